@@ -1,0 +1,72 @@
+"""The ``adaptspec`` command.
+
+Each subcommand lives in its own module under ``adaptspec.cli`` with two functions,
+``add_arguments(parser)`` and ``run(args) -> int``; only the module of the command being
+run is imported, so ``adaptspec simulate`` never pays for loading torch.
+User errors (:class:`~adaptspec.errors.AdaptspecError`) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from ..errors import AdaptspecError
+
+#: name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("adaptspec.cli.demo", "run the bundled target and drafter through AdaptiveController"),
+    "simulate": ("adaptspec.cli.simulate", "replay a trace set through one or more policies"),
+    "ope": ("adaptspec.cli.ope", "off-policy evaluation of a policy on decision logs"),
+    "synth": ("adaptspec.cli.synth", "write a synthetic trace set with a known optimum"),
+    "import-blockpilot": ("adaptspec.cli.import_blockpilot", "import a BlockPilot per-prompt result folder"),
+    "traces": ("adaptspec.cli.traces", "inspect trace sets and decision logs"),
+    "train-head": ("adaptspec.cli.train_head", "train the BlockPilot-style offline head on a trace set"),
+    "train-drafter": ("adaptspec.cli.train_drafter", "generate distillation data and train a drafter"),
+    "collect": ("adaptspec.cli.collect", "run the real decoder at every block size to collect a trace set"),
+    "profile-latency": ("adaptspec.cli.profile_latency", "measure draft/verify latency on this machine"),
+    "serve": ("adaptspec.cli.serve", "HTTP server with A/B testing, decision logs and metrics"),
+    "ab-report": ("adaptspec.cli.ab_report", "A/B analysis of decision logs"),
+    "evaluate": ("adaptspec.cli.evaluate", "regenerate docs/evaluation.md and its plots"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    return {n: v for n, v in COMMANDS.items() if importlib.util.find_spec(v[0]) is not None}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported to add its arguments."""
+    parser = argparse.ArgumentParser(
+        prog="adaptspec",
+        description="Adaptive block sizes for block-diffusion speculative decoding.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == command:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except AdaptspecError as e:
+        print(f"adaptspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"adaptspec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
