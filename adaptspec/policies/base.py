@@ -11,6 +11,10 @@ epsilon floor.
 from __future__ import annotations
 
 import abc
+import copy
+import json
+import operator
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -70,7 +74,7 @@ class Policy(abc.ABC):
     def _choose(self, context: np.ndarray | None) -> tuple[int, np.ndarray]:
         """Index of the chosen arm and the probabilities it was drawn from."""
         probs = self._mix(self._probs(context))
-        return int(self.rng.choice(len(self.arms), p=probs)), probs
+        return self._draw(probs), probs
 
     @abc.abstractmethod
     def _update(self, context: np.ndarray | None, arm: int, reward: float) -> None:
@@ -113,59 +117,148 @@ class Policy(abc.ABC):
 
     def update(self, context: Sequence[float] | np.ndarray | None, block_size: int, reward: float) -> None:
         """Feed back the reward of ``block_size``. Bad input raises and changes nothing."""
-        ctx = self.check_context(context)
         arm = self.arm_index(block_size)
         reward = self.check_reward(reward)
+        ctx = self.check_context(context)
         self._update(ctx, arm, reward)
         self.version += 1
 
     def decide_batch(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Decide for ``n`` requests without learning in between.
 
-        Returns arm indices (int64) and their propensities. Subclasses vectorise this.
+        ``contexts`` is an ``(n, dim)`` array (``None`` for context-free policies, with ``n``).
+        Returns arm indices (int64, positions in ``arms``) and their propensities. The whole
+        batch is validated before any decision is drawn.
         """
-        n = self._batch_size(contexts, n)
+        X, n = self.check_contexts(contexts, n)
+        return self._choose_batch(X, n)
+
+    def update_batch(self, contexts: np.ndarray | None, block_sizes: np.ndarray, rewards: np.ndarray) -> None:
+        """Feed back many rewards, in order.
+
+        The whole batch is validated first: one unknown arm, non-finite reward or bad context
+        raises and nothing is learnt.
+        """
+        idx = self.arm_indices(block_sizes)
+        r = self.check_rewards(rewards, len(idx))
+        X, _ = self.check_contexts(contexts, len(idx))
+        self._update_batch(X, idx, r)
+        self.version += len(idx)
+
+    def _choose_batch(self, X: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorise in subclasses; ``X`` is validated (or None)."""
         idx = np.empty(n, dtype=np.int64)
         prop = np.empty(n, dtype=np.float64)
         for t in range(n):
-            ctx = None if contexts is None else self.check_context(contexts[t])
-            i, probs = self._choose(ctx)
+            i, probs = self._choose(None if X is None else X[t])
             idx[t], prop[t] = i, probs[i]
         return idx, prop
 
-    def update_batch(self, contexts: np.ndarray | None, block_sizes: np.ndarray, rewards: np.ndarray) -> None:
-        """Feed back many rewards, in order."""
-        block_sizes = np.asarray(block_sizes)
-        for t in range(len(block_sizes)):
-            self.update(None if contexts is None else contexts[t], int(block_sizes[t]), float(rewards[t]))
+    def _update_batch(self, X: np.ndarray | None, idx: np.ndarray, rewards: np.ndarray) -> None:
+        """Vectorise in subclasses; inputs are validated. Must equal sequential ``_update`` calls."""
+        for t in range(len(idx)):
+            self._update(None if X is None else X[t], int(idx[t]), float(rewards[t]))
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly where this policy is."""
-        return {
+        """Everything needed to continue exactly where this policy is.
+
+        A plain dict: ``name``, ``arms``, ``version``, ``dim``, ``rng`` (the numpy bit
+        generator's state) and ``state`` (the subclass's learnt statistics: numpy arrays and
+        plain values, nested dicts allowed). It is a copy: later updates do not change it.
+        Hyper-parameters are not in it: load it into a policy built with the same ones.
+        """
+        return copy.deepcopy({
             "name": self.name,
             "arms": list(self.arms),
             "version": self.version,
             "dim": self.dim,
             "rng": self.rng.bit_generator.state,
             "state": self._state(),
-        }
+        })
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict``; the arms and the policy type must match."""
+        """Restore a ``state_dict``; the arms and the policy type must match.
+
+        A state that does not fit raises and leaves this policy as it was.
+        """
+        if not isinstance(state, dict) or "state" not in state or "rng" not in state:
+            raise AdaptspecError("not a policy state_dict (needs 'name', 'arms', 'rng', 'state')")
         if state.get("name") != self.name:
             raise AdaptspecError(f"state is for policy {state.get('name')!r}, not {self.name!r}")
         if tuple(state.get("arms", ())) != self.arms:
             raise AdaptspecError(f"state has arms {state.get('arms')}, this policy has {list(self.arms)}")
-        self.rng.bit_generator.state = state["rng"]
-        self.version = int(state["version"])
-        self.dim = state.get("dim")
-        self._load_state(state["state"])
+        backup = self.state_dict()
+        state = copy.deepcopy(state)
+        try:
+            self.rng.bit_generator.state = state["rng"]
+            self.version = int(state["version"])
+            dim = state.get("dim")
+            self.dim = None if dim is None else int(dim)
+            self._load_state(state["state"])
+        except AdaptspecError:
+            self._restore(backup)
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            self._restore(backup)
+            raise AdaptspecError(f"state_dict does not fit this {self.name} policy: {e!r}") from None
+
+    def _restore(self, backup: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = backup["rng"]
+        self.version = backup["version"]
+        self.dim = backup["dim"]
+        self._load_state(backup["state"])
+
+    def save_state(self, path: str | os.PathLike) -> None:
+        """Write ``state_dict()`` to ``path`` (a ``.npz`` file: arrays as entries, the rest as JSON)."""
+        arrays: dict[str, np.ndarray] = {}
+
+        def pack(obj: Any, key: str) -> Any:
+            if isinstance(obj, np.ndarray):
+                arrays[key] = obj
+                return {"__array__": key}
+            if isinstance(obj, dict):
+                return {str(k): pack(v, f"{key}/{k}") for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [pack(v, f"{key}/{i}") for i, v in enumerate(obj)]
+            if isinstance(obj, np.generic):
+                return obj.item()
+            return obj
+
+        meta = pack(self.state_dict(), "s")
+        blob = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        with open(path, "wb") as f:
+            np.savez(f, __meta__=blob, **arrays)
+
+    def load_state(self, path: str | os.PathLike) -> None:
+        """Load a file written by ``save_state`` (same checks as ``load_state_dict``)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as e:
+            raise AdaptspecError(f"cannot read policy state {str(path)!r}: {e}") from None
+        if "__meta__" not in arrays:
+            raise AdaptspecError(f"{str(path)!r} is not a policy state file")
+        meta = json.loads(arrays.pop("__meta__").tobytes().decode())
+
+        def unpack(obj: Any) -> Any:
+            if isinstance(obj, dict):
+                if set(obj) == {"__array__"}:
+                    return arrays[obj["__array__"]]
+                return {k: unpack(v) for k, v in obj.items()}
+            if isinstance(obj, list):
+                return [unpack(v) for v in obj]
+            return obj
+
+        self.load_state_dict(unpack(meta))
 
     # ------------------------------------------------------------------ shared checks
     def arm_index(self, block_size: int) -> int:
         """Position of ``block_size`` in ``arms``; an unknown arm raises."""
         try:
-            return self._index[int(block_size)]
+            if isinstance(block_size, (bool, np.bool_)):
+                raise TypeError
+            i = self._index.get(block_size)
+            return i if i is not None else self._index[operator.index(block_size)]
         except (KeyError, TypeError, ValueError):
             raise AdaptspecError(f"unknown arm {block_size!r}: this policy's arms are {list(self.arms)}") from None
 
@@ -180,26 +273,115 @@ class Policy(abc.ABC):
         return r
 
     def check_context(self, context: Sequence[float] | np.ndarray | None) -> np.ndarray | None:
-        """Validate a context: a finite 1-D vector of the policy's dimension (None if context-free)."""
+        """Validate a context: a finite 1-D vector of the policy's dimension (None if context-free).
+
+        The first valid context fixes ``dim`` when it was not given; an invalid one changes nothing.
+        """
         if not self.contextual:
             return None
         if context is None:
             raise AdaptspecError(f"{self.name} is contextual: it needs a feature vector, got None")
-        x = np.asarray(context, dtype=np.float64)
+        try:
+            x = np.asarray(context, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise AdaptspecError(f"context must be a vector of numbers, got {type(context).__name__}") from None
         if x.ndim != 1:
             raise AdaptspecError(f"context must be a 1-D vector, got shape {x.shape}")
-        if self.dim is None:
-            self.dim = x.shape[0]
-        elif x.shape[0] != self.dim:
+        if self.dim is not None and x.shape[0] != self.dim:
             raise AdaptspecError(f"context has {x.shape[0]} features, {self.name} expects {self.dim}")
-        if not np.all(np.isfinite(x)):
+        if not np.isfinite(x).all():
             raise AdaptspecError("context has NaN or infinite values")
+        if self.dim is None:
+            self.dim = int(x.shape[0])
         return x
+
+    def check_contexts(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray | None, int]:
+        """Validate a batch of contexts: an ``(n, dim)`` finite array (None for context-free policies)."""
+        if not self.contextual:
+            if contexts is not None:
+                n_c = len(contexts)
+                if n is not None and n_c != n:
+                    raise AdaptspecError(f"got {n_c} contexts for {n} requests")
+                return None, n_c
+            if n is None:
+                raise AdaptspecError("decide_batch needs contexts or n")
+            return None, int(n)
+        if contexts is None:
+            raise AdaptspecError(f"{self.name} is contextual: it needs a feature matrix, got None")
+        try:
+            X = np.asarray(contexts, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise AdaptspecError("contexts must be a 2-D array of numbers") from None
+        if X.ndim != 2:
+            raise AdaptspecError(f"contexts must be a 2-D array (requests x features), got shape {X.shape}")
+        if n is not None and X.shape[0] != n:
+            raise AdaptspecError(f"got {X.shape[0]} contexts for {n} requests")
+        if self.dim is not None and X.shape[1] != self.dim:
+            raise AdaptspecError(f"contexts have {X.shape[1]} features, {self.name} expects {self.dim}")
+        if not np.isfinite(X).all():
+            bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+            raise AdaptspecError(f"context {bad} has NaN or infinite values")
+        if self.dim is None and X.shape[0] > 0:
+            self.dim = int(X.shape[1])
+        return X, int(X.shape[0])
+
+    def arm_indices(self, block_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Positions of many block sizes in ``arms`` (int64); any unknown arm raises."""
+        b = np.asarray(block_sizes)
+        if b.ndim != 1:
+            raise AdaptspecError(f"block sizes must be a 1-D array, got shape {b.shape}")
+        if b.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if not (np.issubdtype(b.dtype, np.integer) or (np.issubdtype(b.dtype, np.floating)
+                                                       and np.all(np.isfinite(b)) and np.all(b == np.round(b)))):
+            raise AdaptspecError(f"block sizes must be integers, got dtype {b.dtype}")
+        b = b.astype(np.int64)
+        pos = np.searchsorted(self.arm_array, b)
+        pos_c = np.minimum(pos, len(self.arms) - 1)
+        bad = self.arm_array[pos_c] != b
+        if bad.any():
+            raise AdaptspecError(
+                f"unknown arm {int(b[np.argmax(bad)])}: this policy's arms are {list(self.arms)}")
+        return pos_c.astype(np.int64)
+
+    @staticmethod
+    def check_rewards(rewards: Sequence[float] | np.ndarray, n: int | None = None) -> np.ndarray:
+        """Validate a batch of rewards: finite numbers, ``n`` of them."""
+        try:
+            r = np.asarray(rewards, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise AdaptspecError("rewards must be numbers") from None
+        if r.ndim != 1:
+            raise AdaptspecError(f"rewards must be a 1-D array, got shape {r.shape}")
+        if n is not None and r.shape[0] != n:
+            raise AdaptspecError(f"got {r.shape[0]} rewards for {n} block sizes")
+        if not np.isfinite(r).all():
+            bad = int(np.flatnonzero(~np.isfinite(r))[0])
+            raise AdaptspecError(f"reward {bad} must be finite, got {r[bad]}")
+        return r
 
     def _mix(self, probs: np.ndarray) -> np.ndarray:
         if self.epsilon > 0.0:
             probs = (1.0 - self.epsilon) * probs + self.epsilon / len(self.arms)
         return probs
+
+    def _draw(self, probs: np.ndarray) -> int:
+        """One arm index drawn from ``probs`` with the policy's generator (no draw when one arm has all the mass)."""
+        k = len(probs)
+        if k == 1:
+            return 0
+        j = int(np.argmax(probs))
+        if probs[j] >= 1.0:
+            return j
+        u = self.rng.random()
+        c = np.cumsum(probs)
+        return int(min(np.searchsorted(c, u * c[-1], side="right"), k - 1))
+
+    def _draw_many(self, probs: np.ndarray) -> np.ndarray:
+        """One arm index per row of ``probs`` (n, K), one uniform draw per row."""
+        c = np.cumsum(probs, axis=1)
+        u = self.rng.random(probs.shape[0]) * c[:, -1]
+        return np.minimum((c <= u[:, None]).sum(axis=1), probs.shape[1] - 1).astype(np.int64)
 
     @staticmethod
     def _batch_size(contexts: np.ndarray | None, n: int | None) -> int:
