@@ -1,0 +1,390 @@
+"""Latency model: seconds of one draft pass and one verify pass, by block size, context and batch.
+
+Form (the same for draft and verify). With ``n = block_size * batch`` tokens in the forward pass
+and ``c`` tokens of context per sequence::
+
+    t(n, c, batch) = f(n) + per_context_s * c * batch + per_pair_s * n * c
+
+``f`` is piecewise linear through ``(knots, values_s)``, flat below the first knot and rising
+with ``tail_slope_s`` past the last one; the values never decrease. With every coefficient
+non-negative, ``t`` never decreases in block size, context or batch. It covers both regimes:
+a GPU's roofline ``max(memory, compute)`` is a flat piece up to the ridge point and then a
+slope; a CPU's curve is a gentle slope from one token on. The context terms are the KV-cache
+reads (``per_context_s``) and the attention arithmetic (``per_pair_s``, per query-key pair).
+
+A block of size 1 is plain decoding: no draft pass, so ``draft_s`` is 0 there.
+
+>>> p = get_profile("cpu-smollm2-bf16")
+>>> [round(1000 * float(p.verify_s(b)), 1) for b in (1, 8, 16, 32)]
+[40.0, 45.0, 52.0, 67.0]
+>>> float(p.draft_s(1)), round(1000 * float(p.draft_s(8)), 1)
+(0.0, 10.0)
+>>> p.round_s(np.array([1, 4, 16])).round(4)
+array([0.04  , 0.0508, 0.068 ])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from scipy.optimize import nnls
+
+from .errors import AdaptspecError
+
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one forward pass; see the module docstring for the form.
+
+    >>> c = CostCurve(knots=(1, 16), values_s=(0.010, 0.012), tail_slope_s=0.001)
+    >>> c(np.array([1, 8, 16, 32])).round(5)
+    array([0.01   , 0.01093, 0.012  , 0.028  ])
+    """
+
+    knots: tuple[float, ...]
+    values_s: tuple[float, ...]
+    tail_slope_s: float = 0.0
+    per_context_s: float = 0.0
+    per_pair_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        k = np.asarray(self.knots, dtype=float)
+        v = np.asarray(self.values_s, dtype=float)
+        if k.ndim != 1 or k.size == 0 or k.shape != v.shape:
+            raise AdaptspecError("a cost curve needs as many values_s as knots (at least one)")
+        if not (np.all(np.isfinite(k)) and np.all(np.isfinite(v))):
+            raise AdaptspecError("cost curve knots and values must be finite")
+        if np.any(np.diff(k) <= 0):
+            raise AdaptspecError(f"cost curve knots must increase, got {list(self.knots)}")
+        if v[0] < 0 or np.any(np.diff(v) < -1e-12):
+            raise AdaptspecError(f"cost curve values must be >= 0 and never decrease, got {list(self.values_s)}")
+        for name in ("tail_slope_s", "per_context_s", "per_pair_s"):
+            x = getattr(self, name)
+            if not (math.isfinite(x) and x >= 0):
+                raise AdaptspecError(f"cost curve {name} must be finite and >= 0, got {x}")
+
+    def __call__(self, block_size: Any, context: Any = 0, batch: Any = 1) -> np.ndarray:
+        """Seconds for blocks of ``block_size`` tokens (broadcasts over arrays)."""
+        b = np.asarray(block_size, dtype=np.float64)
+        c = np.asarray(context, dtype=np.float64)
+        m = np.asarray(batch, dtype=np.float64)
+        n = b * m
+        k = np.asarray(self.knots, dtype=np.float64)
+        t = np.interp(n, k, np.asarray(self.values_s, dtype=np.float64))
+        t = t + self.tail_slope_s * np.maximum(n - k[-1], 0.0)
+        return t + self.per_context_s * c * m + self.per_pair_s * n * c
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CostCurve":
+        try:
+            return cls(
+                knots=tuple(float(x) for x in d["knots"]),
+                values_s=tuple(float(x) for x in d["values_s"]),
+                tail_slope_s=float(d.get("tail_slope_s", 0.0)),
+                per_context_s=float(d.get("per_context_s", 0.0)),
+                per_pair_s=float(d.get("per_pair_s", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise AdaptspecError(f"not a cost curve: {e!r}") from None
+
+
+def fit_curve(
+    block_size: Any,
+    seconds: Any,
+    context: Any = 0,
+    batch: Any = 1,
+    *,
+    knots: Iterable[float] | None = None,
+    per_context_s: float | None = None,
+    per_pair_s: float | None = None,
+) -> CostCurve:
+    """Least-squares :class:`CostCurve` through measured passes, never decreasing.
+
+    Knots default to the distinct token counts measured (at most 12, spread by quantile).
+    The context coefficients are fitted when the context varies in the data, else taken
+    from ``per_context_s`` / ``per_pair_s`` (default 0). Non-negative least squares on the
+    slope of each piece keeps the curve monotone; past the largest measurement the last
+    measured slope continues.
+
+    >>> b = np.array([1, 8, 16, 32])
+    >>> c = fit_curve(b, [0.040, 0.045, 0.052, 0.067])
+    >>> [round(1000 * float(x), 1) for x in c(b)], c.knots
+    ([40.0, 45.0, 52.0, 67.0], (1.0, 8.0, 16.0, 32.0))
+    >>> fit_curve([1, 2, 4], [0.05, 0.04, 0.06])(np.array([1, 2, 4])).round(3)  # never decreases
+    array([0.045, 0.045, 0.06 ])
+    """
+    b, s, c, m = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (block_size, seconds, context, batch)))
+    b, s, c, m = (x.ravel() for x in (b, s, c, m))
+    if b.size == 0:
+        raise AdaptspecError("no measurements to fit a latency curve to")
+    for name, x in (("block_size", b), ("seconds", s), ("context", c), ("batch", m)):
+        if not np.all(np.isfinite(x)):
+            raise AdaptspecError(f"latency measurements: {name} has NaN or infinite values")
+        if np.any(x < 0) or (name in ("block_size", "batch") and np.any(x < 1)):
+            raise AdaptspecError(f"latency measurements: {name} out of range (min {x.min()})")
+    n = b * m
+    if knots is None:
+        uniq = np.unique(n)
+        k = uniq if uniq.size <= 12 else np.unique(np.quantile(uniq, np.linspace(0, 1, 12), method="nearest"))
+    else:
+        k = np.unique(np.asarray(list(knots), dtype=np.float64))
+        if k.size == 0:
+            raise AdaptspecError("knots must not be empty")
+    cols = [np.ones_like(n)]
+    for j in range(k.size - 1):
+        cols.append(np.clip(n - k[j], 0.0, k[j + 1] - k[j]))
+    target = s.copy()
+    vary = np.ptp(c) > 0
+    fixed_ctx = 0.0 if per_context_s is None else float(per_context_s)
+    fixed_pair = 0.0 if per_pair_s is None else float(per_pair_s)
+    fit_ctx = vary and per_context_s is None
+    fit_pair = vary and per_pair_s is None
+    if not fit_ctx:
+        target -= fixed_ctx * c * m
+    if not fit_pair:
+        target -= fixed_pair * n * c
+    if fit_ctx:
+        cols.append(c * m)
+    if fit_pair:
+        cols.append(n * c)
+    A = np.stack(cols, axis=1)
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(A / scale, target, maxiter=50 * A.shape[1])
+    coef = coef / scale
+    slopes = coef[1:k.size]
+    values = coef[0] + np.concatenate([[0.0], np.cumsum(slopes * np.diff(k))])
+    i = k.size
+    ctx_s = coef[i] if fit_ctx else fixed_ctx
+    i += int(fit_ctx)
+    pair_s = coef[i] if fit_pair else fixed_pair
+    tail = float(slopes[-1]) if slopes.size else 0.0
+    return CostCurve(tuple(float(x) for x in k), tuple(float(x) for x in values), tail, float(ctx_s), float(pair_s))
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Draft and verify cost curves for one target/drafter pair on one machine.
+
+    ``context_tokens`` is the context assumed when a caller does not give one.
+    """
+
+    name: str
+    draft: CostCurve
+    verify: CostCurve
+    context_tokens: int = 300
+    source: str = ""
+    extras: dict = field(default_factory=dict, compare=False)
+
+    def draft_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
+        """Seconds of one drafter pass; 0 for block size 1 (plain decoding drafts nothing)."""
+        b = np.asarray(block_size, dtype=np.float64)
+        t = self.draft(b, self._ctx(context), batch)
+        return np.where(b <= 1, 0.0, t)
+
+    def verify_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
+        """Seconds of one target pass over ``block_size`` tokens per sequence."""
+        return self.verify(block_size, self._ctx(context), batch)
+
+    def round_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
+        """Seconds of one draft + verify round."""
+        return self.draft_s(block_size, context, batch) + self.verify_s(block_size, context, batch)
+
+    def plain_token_s(self, context: Any = None, batch: Any = 1) -> np.ndarray:
+        """Seconds per token of plain (non-speculative) decoding: one target pass per token."""
+        return self.verify_s(1, context, batch)
+
+    def _ctx(self, context: Any) -> Any:
+        return self.context_tokens if context is None else context
+
+    # -------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "context_tokens": self.context_tokens,
+            "draft": self.draft.to_dict(),
+            "verify": self.verify.to_dict(),
+            **({"extras": self.extras} if self.extras else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LatencyProfile":
+        try:
+            return cls(
+                name=str(d["name"]),
+                draft=CostCurve.from_dict(d["draft"]),
+                verify=CostCurve.from_dict(d["verify"]),
+                context_tokens=int(d.get("context_tokens", 300)),
+                source=str(d.get("source", "")),
+                extras=dict(d.get("extras", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise AdaptspecError(f"not a latency profile: missing or bad field {e!s}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as JSON (temporary file, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LatencyProfile":
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise AdaptspecError(f"{path}: no such latency profile file") from None
+        except (OSError, json.JSONDecodeError) as e:
+            raise AdaptspecError(f"{path}: not a JSON latency profile ({e})") from None
+        if not isinstance(d, dict):
+            raise AdaptspecError(f"{path}: not a JSON latency profile (top level is not an object)")
+        try:
+            return cls.from_dict(d)
+        except AdaptspecError as e:
+            raise AdaptspecError(f"{path}: {e}") from None
+
+
+# ---------------------------------------------------------------------------- fitting from rounds
+def _field(r: Any, name: str, default: Any = None) -> Any:
+    if isinstance(r, Mapping):
+        return r.get(name, default)
+    return getattr(r, name, default)
+
+
+def fit_profile(
+    rounds: Iterable[Any],
+    name: str = "measured",
+    *,
+    context_tokens: int | None = None,
+    source: str = "",
+    per_context_s: float | None = None,
+    per_pair_s: float | None = None,
+) -> LatencyProfile:
+    """Fit a profile to measured rounds.
+
+    Each round is a :class:`~adaptspec.speculator.Round` or any object or mapping with
+    ``block_size``, ``draft_s``, ``verify_s`` and optionally ``context_tokens`` and
+    ``batch_size`` (default: ``context_tokens`` below, and 1). Rounds of block size 1 inform
+    the verify curve only. ``adaptspec profile-latency`` calls this.
+
+    >>> rs = [{"block_size": b, "draft_s": 0.008 + 0.0005 * b, "verify_s": 0.04 + 0.001 * b}
+    ...       for b in (1, 2, 4, 8, 16) for _ in range(3)]
+    >>> p = fit_profile(rs, "toy")
+    >>> round(float(p.verify_s(16)), 4), round(float(p.draft_s(16)), 4), float(p.draft_s(1))
+    (0.056, 0.016, 0.0)
+    """
+    rows = list(rounds)
+    if not rows:
+        raise AdaptspecError("fit_profile needs at least one measured round")
+    ctx0 = 0 if context_tokens is None else int(context_tokens)
+    cols: dict[str, list[float]] = {k: [] for k in ("b", "d", "v", "c", "m")}
+    for i, r in enumerate(rows):
+        try:
+            b = int(_field(r, "block_size"))
+            d = float(_field(r, "draft_s"))
+            v = float(_field(r, "verify_s"))
+            c = float(_field(r, "context_tokens", None) if _field(r, "context_tokens", None) is not None else ctx0)
+            m = int(_field(r, "batch_size", 1) or 1)
+        except (TypeError, ValueError):
+            raise AdaptspecError(f"round {i}: needs numeric block_size, draft_s and verify_s") from None
+        if b < 1 or not (math.isfinite(d) and math.isfinite(v)) or d < 0 or v <= 0:
+            raise AdaptspecError(f"round {i}: block_size {b}, draft_s {d}, verify_s {v} out of range")
+        for k, x in zip("bdvcm", (b, d, v, c, m)):
+            cols[k].append(x)
+    a = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+    verify = fit_curve(a["b"], a["v"], a["c"], a["m"], per_context_s=per_context_s, per_pair_s=per_pair_s)
+    spec = a["b"] > 1
+    if spec.any():
+        draft = fit_curve(a["b"][spec], a["d"][spec], a["c"][spec], a["m"][spec])
+    else:
+        draft = CostCurve(knots=(1.0,), values_s=(0.0,))
+    ref = int(np.median(a["c"])) if context_tokens is None else ctx0
+    return LatencyProfile(name, draft, verify, context_tokens=ref, source=source or f"fitted to {len(rows)} rounds")
+
+
+# ---------------------------------------------------------------------------- named profiles
+def _cpu_smollm2_bf16() -> LatencyProfile:
+    """SmolLM2-135M target + 2-layer DFlash-style drafter, bfloat16, 2 CPU cores.
+
+    Verify: the figures measured on this project's machines (REFERENCES.md, "Measured on this
+    project's machines"): ~40, 45, 52, 67 ms for 1, 8, 16, 32 tokens at a 300-token context.
+    Draft: ~10 ms at B=8 (the bf16 break-even arithmetic there) and ~16 ms at B=16 (the
+    drafter's measured forward pass); 8 ms at B=2 is an assumption (fixed per-pass overhead
+    dominates a 2-layer drafter at small blocks). The context terms are not measured: they are estimated
+    from the architecture (30 layers x 3 KV heads x 64 dims, ~23 KB of bf16 KV cache per
+    token read at ~10 GB/s; ~0.07 MFLOP of attention per query-key pair at ~350 GFLOP/s) and
+    the token curve absorbs them at 300 tokens, so the measured figures hold exactly there.
+    ``adaptspec profile-latency`` replaces this with a fit to rounds measured on the machine.
+    """
+    ctx = 300
+    per_ctx, per_pair = 2.3e-6, 2.0e-10
+    b = np.array([1, 8, 16, 32])
+    verify = fit_curve(b, np.array([0.040, 0.045, 0.052, 0.067]), ctx, per_context_s=per_ctx, per_pair_s=per_pair)
+    draft = fit_curve(np.array([2, 8, 16]), np.array([0.008, 0.010, 0.016]), ctx,
+                      per_context_s=per_ctx / 15, per_pair_s=per_pair / 15)  # 2 layers, not 30
+    return LatencyProfile("cpu-smollm2-bf16", draft, verify, context_tokens=ctx, source=_cpu_smollm2_bf16.__doc__ or "")
+
+
+def _h100_qwen3_8b() -> LatencyProfile:
+    """Qwen3-8B target + 5-layer DFlash drafter, bfloat16, one H100 SXM (batch 1 by default).
+
+    No published per-pass latencies for this pair were found, so this is a roofline of
+    published specifications, not a measurement: H100 SXM 3.35 TB/s HBM3 and 989 TFLOP/s
+    dense BF16 (NVIDIA data sheet), taken at 75% of bandwidth and 60% of peak compute; Qwen3-8B
+    8.2 B parameters (16.4 GB of bf16 weights), 36 layers, 32 query / 8 KV heads of 128 dims.
+
+    - verify: weight reads 16.4 GB / 2.5 TB/s = 6.5 ms, + 0.3 ms launch overhead; compute
+      2 x 8.2 GFLOP per token at ~590 TFLOP/s = 28 us per token, so the pass is memory-bound
+      up to ~256 tokens (ridge point) and compute-bound past it; a small slope (15 us/token)
+      below the ridge for attention and sampling work; KV reads of 147 KB per context token
+      and sequence (59 ns), attention 0.59 MFLOP per query-key pair at ~300 TFLOP/s (2 ps).
+    - draft: 5 target-size layers + the shared 0.62 B-parameter LM head (~1.6 B parameters,
+      3.1 GB): 1.25 ms + 0.2 ms overhead, 5 us per token, ridge also ~256 tokens.
+
+    Sanity check against DFlash (arXiv 2602.06036): at tau 6.5 and B=16 this gives
+    6.5 x 6.8 ms / (1.5 + 7.1 ms) = 5.1x over plain decoding; DFlash reports 5.15x at tau 6.53
+    (Qwen3-4B, GSM8K, H200) and up to ~6x on Qwen3-8B.
+    """
+    verify = CostCurve(knots=(1.0, 256.0), values_s=(6.8e-3, 6.8e-3 + 255 * 15e-6),
+                       tail_slope_s=28e-6, per_context_s=5.9e-8, per_pair_s=2.0e-12)
+    draft = CostCurve(knots=(1.0, 256.0), values_s=(1.45e-3, 1.45e-3 + 255 * 3e-6),
+                      tail_slope_s=5.3e-6, per_context_s=8.2e-9, per_pair_s=2.8e-13)
+    return LatencyProfile("h100-qwen3-8b", draft, verify, context_tokens=512, source=_h100_qwen3_8b.__doc__ or "")
+
+
+#: name -> builder of the named profiles
+PROFILES: dict[str, Any] = {
+    "cpu-smollm2-bf16": _cpu_smollm2_bf16,
+    "h100-qwen3-8b": _h100_qwen3_8b,
+}
+
+
+def get_profile(name_or_path: str | os.PathLike | LatencyProfile) -> LatencyProfile:
+    """A named profile (see ``PROFILES``) or one saved as JSON at a path.
+
+    >>> get_profile("h100-qwen3-8b").name
+    'h100-qwen3-8b'
+    >>> get_profile("tpu")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: unknown latency profile 'tpu': not a file, and not one of cpu-smollm2-bf16, h100-qwen3-8b
+    """
+    if isinstance(name_or_path, LatencyProfile):
+        return name_or_path
+    key = str(name_or_path)
+    if key in PROFILES:
+        return PROFILES[key]()
+    if os.path.exists(key):
+        return LatencyProfile.load(key)
+    raise AdaptspecError(f"unknown latency profile {key!r}: not a file, and not one of {', '.join(PROFILES)}")

@@ -1,0 +1,150 @@
+"""Reward functions: what a policy is paid for choosing a block size.
+
+Three rewards, the same for the simulator and the controller:
+
+- ``throughput``: measured new tokens per second of decoding (prefill excluded);
+- ``modelled``: the observed acceptance re-timed with a latency profile,
+  ``mean_tau / (draft_s(B) + verify_s(B, context, batch))`` tokens per second: what the same
+  acceptance would give on another machine or at another batch size;
+- ``tau``: mean tokens committed per round (ignores cost: larger blocks never look worse).
+
+>>> from adaptspec.speculator import Outcome, Round
+>>> out = Outcome(tokens=[1] * 9, rounds=[Round(8, 3, 0.01, 0.05), Round(8, 5, 0.01, 0.05)], decode_s=0.125)
+>>> measured_throughput(out), mean_tau(out)
+(72.0, 4.0)
+>>> from adaptspec.latency import get_profile
+>>> p = get_profile("cpu-smollm2-bf16")
+>>> round(float(modelled_throughput(4.0, 8, p)), 2)   # 4 tokens per 10 + 45 ms round
+72.73
+>>> modelled_throughput(np.array([1.0, 3.0]), np.array([1, 16]), p).round(1)
+array([25. , 44.1])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import AdaptspecError
+from .latency import LatencyProfile, get_profile
+from .speculator import Outcome
+
+#: The reward names accepted everywhere (``--reward``).
+REWARDS = ("throughput", "modelled", "tau")
+
+
+def mean_tau(outcome: Outcome) -> float:
+    """Mean tokens committed per round; a request that ran no round raises."""
+    if not outcome.rounds:
+        raise AdaptspecError("outcome has no rounds: mean tau is undefined")
+    return float(outcome.mean_tau)
+
+
+def measured_throughput(outcome: Outcome) -> float:
+    """New tokens per second of decoding (``new_tokens / decode_s``)."""
+    s = float(outcome.decode_s)
+    if not np.isfinite(s) or s <= 0:
+        raise AdaptspecError(f"outcome has decode_s={outcome.decode_s}: throughput is undefined")
+    return outcome.new_tokens / s
+
+
+def throughput(tokens: Any, seconds: Any) -> np.ndarray:
+    """Tokens per second, elementwise (vectorised form of :func:`measured_throughput`).
+
+    >>> throughput([100, 50], [2.0, 0.5])
+    array([ 50., 100.])
+    """
+    return np.asarray(tokens, dtype=np.float64) / np.asarray(seconds, dtype=np.float64)
+
+
+def modelled_throughput(mean_tau: Any, block_size: Any, profile: LatencyProfile | str,
+                        context: Any = None, batch_size: Any = 1) -> np.ndarray:
+    """Tokens per second if each round commits ``mean_tau`` tokens and costs one draft and one
+    verify pass of ``block_size`` on ``profile`` (broadcasts over arrays). ``context`` defaults
+    to the profile's reference context."""
+    p = get_profile(profile)
+    return np.asarray(mean_tau, dtype=np.float64) / p.round_s(block_size, context, batch_size)
+
+
+def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
+                    context_tokens: int | None = None, batch_size: int = 1) -> Callable[[Outcome], float]:
+    """``reward(outcome) -> float`` for the controller: ``throughput``, ``modelled`` or ``tau``.
+
+    >>> from adaptspec.speculator import Outcome, Round
+    >>> f = reward_function("modelled", "h100-qwen3-8b")
+    >>> round(f(Outcome([1] * 7, [Round(16, 6, 0.001, 0.007)], 0.008)), 1)
+    701.4
+    """
+    check_reward_name(name)
+    if name == "throughput":
+        return measured_throughput
+    if name == "tau":
+        return mean_tau
+    if profile is None:
+        raise AdaptspecError("the modelled reward needs a latency profile (--latency)")
+    p = get_profile(profile)
+
+    def modelled(outcome: Outcome) -> float:
+        tau = mean_tau(outcome)
+        return float(modelled_throughput(tau, outcome.rounds[0].block_size, p, context_tokens, batch_size))
+
+    return modelled
+
+
+def check_reward_name(name: str) -> str:
+    if name not in REWARDS:
+        raise AdaptspecError(f"unknown reward {name!r}: choose one of {', '.join(REWARDS)}")
+    return name
+
+
+# ---------------------------------------------------------------------------- trace sets
+def trace_context(traces: Any, profile: LatencyProfile) -> np.ndarray:
+    """Mean context during decoding per (request, arm): prompt + half the new tokens.
+
+    Unknown prompt lengths fall back to the profile's reference context; unknown new-token
+    counts to the prompt alone.
+    """
+    pt = traces.prompt_tokens[:, None]
+    new = traces.new_tokens_matrix()
+    ctx = np.where(np.isnan(pt), float(profile.context_tokens), pt) + np.where(np.isnan(new), 0.0, new / 2.0)
+    return ctx
+
+
+def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None = None,
+                  batch_size: int = 1) -> np.ndarray:
+    """``(n_requests, n_arms)`` reward matrix of a :class:`~adaptspec.traces.TraceSet`."""
+    check_reward_name(reward)
+    tau = traces.tau_matrix()
+    if reward == "tau":
+        return tau
+    if reward == "throughput":
+        secs = traces.decode_s_matrix()
+        new = traces.new_tokens_matrix()
+        if secs is None or np.isnan(new).any():
+            where = f" {traces.path}" if traces.path else ""
+            raise AdaptspecError(f"trace set{where} has no measured decode times or token counts: "
+                                 "use --reward modelled with --latency PROFILE, or --reward tau")
+        return throughput(new, secs)
+    if latency is None:
+        raise AdaptspecError("--reward modelled needs --latency PROFILE")
+    p = get_profile(latency)
+    return modelled_throughput(tau, traces.arm_array[None, :], p, trace_context(traces, p), batch_size)
+
+
+def trace_costs(traces: Any, latency: LatencyProfile | str | None = None,
+                batch_size: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+    """Tokens and decode seconds per (request, arm), for aggregate throughput.
+
+    With a latency profile the seconds are modelled (tokens / modelled throughput); without
+    one they are the measured ones; None when neither exists. Unknown token counts count as
+    one token per request, so the aggregate is then the harmonic mean of per-request throughput.
+    """
+    new = traces.new_tokens_matrix()
+    tokens = np.where(np.isnan(new), 1.0, new)
+    if latency is not None:
+        return tokens, tokens / trace_rewards(traces, "modelled", latency, batch_size)
+    secs = traces.decode_s_matrix()
+    if secs is None or np.isnan(new).any():
+        return None
+    return tokens, secs
