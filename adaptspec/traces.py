@@ -828,6 +828,8 @@ class DecisionLog:
         log = cls(path)
         if not log.path.exists():
             raise _err(str(log.path), "no such decision log")
+        if (log.path / "meta.json").exists():
+            raise _err(str(log.path), "this is a trace set (meta.json), not a decision log")
         _ = log.table
         return log
 

@@ -1,0 +1,166 @@
+"""``adaptspec simulate``: replay a trace set through policies and compare them with the oracle.
+
+Examples::
+
+    adaptspec simulate                                    # bundled trace set, default policies
+    adaptspec simulate TRACES --policy fixed:16 --policy random --reward tau
+    adaptspec simulate --policy ucb --seeds 5 --order shuffled --plot replay.png
+    adaptspec simulate TRACES --reward modelled --latency h100-qwen3-8b --batch-size 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..rewards import REWARDS
+
+DEFAULT_POLICIES = ("random", "ucb", "linucb")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
+                   help="trace set directory (default: the bundled one)")
+    p.add_argument("--policy", action="append", metavar="SPEC",
+                   help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
+                        f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)")
+    p.add_argument("--reward", choices=REWARDS, default=None,
+                   help="reward: measured throughput, modelled throughput (needs --latency) or tau "
+                        "(default: throughput when the trace set has timings, else modelled with --latency, else tau)")
+    p.add_argument("--latency", metavar="PROFILE", default=None,
+                   help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
+                        "trace's acceptance for --reward modelled and the tok/s column")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--seeds", default="1", metavar="N|LIST",
+                   help="number of seeds (0..N-1) or a comma-separated list (default: 1)")
+    p.add_argument("--order", choices=("logged", "shuffled", "drift"), default="logged",
+                   help="request order: as stored, shuffled per seed, or a drifting domain mix")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="requests to stream (default: one pass; more repeats the trace set)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="write cumulative regret and block sizes over time")
+    p.add_argument("--log", metavar="DIR", default=None,
+                   help="also write each policy's seed-0 decisions as a decision log (for adaptspec ope)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` -> [0, 1, 2]; ``"4,7"`` -> [4, 7]."""
+    try:
+        if "," in text:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+        else:
+            k = int(text)
+            if k < 1:
+                raise ValueError
+            seeds = list(range(k))
+    except ValueError:
+        raise AdaptspecError(f"--seeds: expected a count >= 1 or a list like 0,1,2, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise AdaptspecError(f"--seeds: seeds must be distinct, got {text!r}")
+    return seeds
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..policies.spec import REGISTRY
+    from ..simulators.replay import replay, replay_log
+    from ..traces import DecisionLog, load_traces
+
+    traces = load_traces(args.traces)
+    if args.batch_size < 1:
+        raise AdaptspecError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.steps is not None and args.steps < 1:
+        raise AdaptspecError(f"--steps must be >= 1, got {args.steps}")
+    reward = args.reward
+    if reward is None:
+        reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
+    policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
+                               and not (s.startswith("lin") and traces.features is None)]
+    if args.plot and Path(args.plot).suffix.lower() != ".png":
+        raise AdaptspecError(f"--plot: expected a .png file name, got {args.plot!r}")
+    if args.log and Path(args.log).exists() and not Path(args.log).is_dir():
+        raise AdaptspecError(f"--log: {args.log} exists and is not a directory")
+    report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
+                    seeds=parse_seeds(args.seeds), order=args.order, n_steps=args.steps,
+                    progress=False if args.no_progress else None)
+    if args.plot:
+        plot_report(report, args.plot)
+    if args.log:
+        log = DecisionLog(args.log)
+        for spec in policies:
+            if spec.split(":")[0].strip().lower() == "oracle":
+                continue
+            log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
+                                  seed=report.seeds[0], order=args.order, n_steps=args.steps))
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(report.table())
+        if args.plot:
+            print(f"plot: {args.plot}")
+        if args.log:
+            print(f"decision log: {args.log}")
+    return 0
+
+
+def plot_report(report, path: str) -> None:
+    """Two panels: cumulative regret (mean over seeds, band = min..max) and the block size
+    each policy chose over time (seed 0, moving average), against the oracle's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = np.asarray(report.arms)
+    steps = report.curve_steps
+    T = report.n_steps
+    win = max(1, T // 30)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True)
+    results = [*report.policies, report.best_fixed]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, res in enumerate(results):
+        c = colors[i % len(colors)]
+        label = res.name + (" (best fixed)" if res is report.best_fixed else "")
+        ls = "--" if res is report.best_fixed else "-"
+        mean = res.curve.mean(axis=0)
+        ax1.plot(steps, mean, ls, color=c, label=label)
+        if res.curve.shape[0] > 1:
+            ax1.fill_between(steps, res.curve.min(axis=0), res.curve.max(axis=0), color=c, alpha=0.15, lw=0)
+        b = arms[res.chosen.astype(np.int64)].astype(float)
+        if len(b) >= win:
+            ma = np.convolve(b, np.ones(win) / win, mode="valid")
+            ax2.plot(np.arange(win, len(b) + 1), ma, ls, color=c, label=label)
+    ob = arms[report.oracle.chosen.astype(np.int64)].astype(float)
+    if len(ob) >= win:
+        ax2.plot(np.arange(win, len(ob) + 1), np.convolve(ob, np.ones(win) / win, mode="valid"),
+                 ":", color="black", label="oracle")
+    unit = {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s (modelled)"}[report.reward]
+    ax1.set_ylabel(f"cumulative regret ({unit})")
+    ax1.set_title(f"{Path(report.traces).name if report.traces else 'trace set'}: regret against the per-request "
+                  f"oracle, {len(report.seeds)} seed{'s' if len(report.seeds) > 1 else ''}, order {report.order}")
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1.grid(alpha=0.3)
+    ax2.set_ylabel(f"block size chosen ({win}-request moving average)")
+    ax2.set_xlabel("request")
+    ax2.set_yticks(arms)
+    ax2.set_ylim(arms.min() - 0.5, arms.max() + 0.5)
+    ax2.grid(alpha=0.3)
+    ax2.legend(loc="upper left", fontsize=8, ncol=2)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(out)
+    except OSError as e:
+        raise AdaptspecError(f"--plot: cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
+

@@ -1,0 +1,46 @@
+"""``adaptspec traces info PATH`` / ``adaptspec traces validate PATH``: trace sets and decision logs.
+
+Examples::
+
+    adaptspec traces info                   # the bundled trace set
+    adaptspec traces info runs/log --json   # a decision log
+    adaptspec traces validate runs/bp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help_ in (("info", "summarise a trace set or decision log"),
+                        ("validate", "check a trace set or decision log; exit 2 naming the first problem")):
+        s = sub.add_parser(name, help=help_, description=help_)
+        s.add_argument("path", nargs="?", default=None, metavar="PATH",
+                       help="trace set directory or decision log (default: the bundled trace set)")
+        s.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..traces import DEFAULT_TRACES, open_any
+
+    obj = open_any(DEFAULT_TRACES if args.path is None else args.path)
+    info = obj.info()
+    if args.action == "validate":
+        if args.json:
+            print(json.dumps({"ok": True, "kind": info["kind"], "path": info["path"]}))
+        else:
+            n = info.get("requests", info.get("decisions"))
+            print(f"ok: {info['kind']} {info['path']} ({n} {'requests' if info['kind'] == 'traceset' else 'decisions'})")
+        return 0
+    if args.json:
+        print(json.dumps(info, default=str))
+        return 0
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        if isinstance(v, dict) and v and not any(isinstance(x, dict) for x in v.values()):
+            v = ", ".join(f"{a}: {b}" for a, b in v.items())
+        print(f"{k.ljust(width)}  {v}")
+    return 0

@@ -1,0 +1,470 @@
+"""Replay: stream a trace set's requests through policies and score them against the oracle.
+
+A trace set holds the outcome of every block size on every request, so any policy can be
+replayed on it: the policy sees the request's features, picks an arm, and receives that
+arm's reward from the trace. Policies that do not learn (``learning = False``: fixed,
+random, oracle, a frozen offline head) are replayed vectorised with ``decide_batch``;
+learning ones in a tight loop of ``decide`` + ``update``. The oracle
+(``full_information = True``) is given each request's reward row.
+
+>>> from adaptspec.traces import TraceSet
+>>> ts = TraceSet.from_arrays(["a", "b"], ["math", "chat"], [1, 2, 4],
+...                           np.array([[1.0, 1.9, 3.0], [1.0, 2.0, 1.5]]))
+>>> rep = replay(ts, ["fixed:2", "random"], reward="tau", seeds=[0, 1, 2])
+>>> [(p.name, round(p.mean("mean_tau"), 2), round(p.mean("pct_oracle"), 1)) for p in rep.policies]
+[('fixed:2', 1.95, 78.0), ('random', 1.38, 55.3)]
+>>> rep.best_fixed_block_size, rep.oracle.mean("mean_reward"), rep.best_fixed.mean("pct_oracle")
+(4, 2.5, 90.0)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from scipy import stats
+from tqdm.auto import tqdm
+
+from ..errors import AdaptspecError
+from ..latency import LatencyProfile, get_profile
+from ..policies.base import Policy
+from ..policies.baselines import Fixed, Oracle
+from ..policies.spec import make_policy
+from ..rewards import check_reward_name, trace_costs
+from ..traces import TraceSet
+
+ORDERS = ("logged", "shuffled", "drift")
+METRICS = ("mean_reward", "mean_tau", "throughput", "pct_oracle", "pct_best_fixed", "cumulative_regret")
+_CHUNK = 65536
+
+PolicyLike = "str | Policy | Callable[[tuple[int, ...], int], Policy]"
+
+
+# ============================================================================ request streams
+def stream_order(traces: TraceSet, order: str = "logged", seed: int = 0, n_steps: int | None = None) -> np.ndarray:
+    """Request indices in the order they are replayed (``n_steps`` of them, default one pass).
+
+    - ``logged``: stored order, repeated if ``n_steps`` exceeds the trace set;
+    - ``shuffled``: a seeded permutation per pass;
+    - ``drift``: the domain mix changes over time: domains come in a seeded order, each
+      concentrated in its own stretch of the stream and overlapping its neighbours.
+
+    >>> from adaptspec.traces import TraceSet
+    >>> ts = TraceSet.from_arrays(list("abcdef"), list("xxxyyy"), [1], np.ones((6, 1)))
+    >>> stream_order(ts, "logged", n_steps=8).tolist()
+    [0, 1, 2, 3, 4, 5, 0, 1]
+    >>> sorted(stream_order(ts, "shuffled", seed=1).tolist())
+    [0, 1, 2, 3, 4, 5]
+    """
+    if order not in ORDERS:
+        raise AdaptspecError(f"unknown order {order!r}: choose one of {', '.join(ORDERS)}")
+    n = traces.n_requests
+    T = n if n_steps is None else int(n_steps)
+    if T < 1:
+        raise AdaptspecError(f"the number of steps must be >= 1, got {n_steps}")
+    if order == "logged":
+        return np.resize(np.arange(n, dtype=np.int64), T)
+    rng = np.random.default_rng([int(seed), 7])
+    passes = -(-T // n)
+    idx = np.concatenate([rng.permutation(n) for _ in range(passes)])[:T].astype(np.int64)
+    if order == "shuffled":
+        return idx
+    names, dom = np.unique(traces.domains.astype(str), return_inverse=True)
+    d = len(names)
+    rank = rng.permutation(d)[dom[idx]]
+    key = (rank + 0.5) / d + rng.normal(0.0, 0.5 / d, size=T)
+    return idx[np.argsort(key, kind="stable")]
+
+
+# ============================================================================ running one policy
+def _build(p: Any, arms: tuple[int, ...], seed: int) -> tuple[str, Policy]:
+    if isinstance(p, str):
+        return p, make_policy(p, arms, seed=seed)
+    if isinstance(p, Policy):
+        q = copy.deepcopy(p)
+        if q.arms != arms:
+            raise AdaptspecError(f"policy {q.label} has arms {list(q.arms)}, the trace set has {list(arms)}")
+        q.seed = seed
+        q.rng = np.random.default_rng(seed)
+        return q.label, q
+    if callable(p):
+        q = p(arms, seed)
+        if not isinstance(q, Policy):
+            raise AdaptspecError(f"policy factory {p!r} returned {type(q).__name__}, not a Policy")
+        return q.label, q
+    raise AdaptspecError(f"not a policy, spec or factory: {p!r}")
+
+
+def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: np.ndarray | None = None,
+               progress: Any = None) -> np.ndarray:
+    """Arm index chosen at each step of the stream ``idx`` over the reward matrix ``rewards``.
+
+    Learning policies get ``update`` with the chosen arm's reward after every decision.
+    ``progress`` is a tqdm bar (or None) advanced by steps.
+    """
+    T = len(idx)
+    if policy.contextual and contexts is None:
+        raise AdaptspecError(f"policy {policy.label} needs features, and this trace set has none")
+    X = None
+    if policy.contextual:
+        X = np.asarray(contexts, dtype=np.float64)
+        policy.check_contexts(X, len(X))  # validates every row once; fixes dim
+    if policy.full_information:
+        if getattr(policy, "learning", True):
+            raise AdaptspecError(f"{policy.label}: full-information policies must not learn")
+        out = np.empty(T, dtype=np.int64)
+        for s in range(0, T, _CHUNK):
+            j = idx[s:s + _CHUNK]
+            out[s:s + len(j)] = policy.decide_batch(None if X is None else X[j], len(j), rewards=rewards[j])[0]
+            if progress is not None:
+                progress.update(len(j))
+        return out
+    if not getattr(policy, "learning", True):
+        out = np.empty(T, dtype=np.int64)
+        for s in range(0, T, _CHUNK):
+            j = idx[s:s + _CHUNK]
+            out[s:s + len(j)] = policy.decide_batch(None if X is None else X[j], len(j))[0]
+            if progress is not None:
+                progress.update(len(j))
+        return out
+    return _learning_loop(policy, rewards, idx, X, progress)
+
+
+def _learning_loop(policy: Policy, rewards: np.ndarray, idx: np.ndarray, X: np.ndarray | None,
+                   progress: Any) -> np.ndarray:
+    T = len(idx)
+    out = np.empty(T, dtype=np.int64)
+    R = rewards.tolist()
+    steps = idx.tolist()
+    # Inputs were validated once above, so the per-step path skips the public checks, unless
+    # a policy overrides the public methods (then they are what defines it).
+    fast = type(policy).decide is Policy.decide and type(policy).update is Policy.update
+    choose, learn = policy._choose, policy._update
+    tick = 2048
+    for t, i in enumerate(steps):
+        x = None if X is None else X[i]
+        if fast:
+            a, _ = choose(x)
+            learn(x, a, R[i][a])
+            policy.version += 1
+        else:
+            d = policy.decide(x)
+            a = policy.arm_index(d.block_size)
+            policy.update(x, d.block_size, R[i][a])
+        out[t] = a
+        if progress is not None and (t + 1) % tick == 0:
+            progress.update(tick)
+    if progress is not None:
+        progress.update(T % tick)
+    return out
+
+
+# ============================================================================ reports
+def _ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2 or not np.all(np.isfinite(v)):
+        return None
+    m, se = v.mean(), v.std(ddof=1) / math.sqrt(len(v))
+    h = float(stats.t.ppf(0.5 + level / 2, len(v) - 1) * se)
+    return float(m - h), float(m + h)
+
+
+@dataclass
+class PolicyResult:
+    """One policy over all seeds: per-seed metrics, mean regret curve, seed-0 choices."""
+
+    name: str
+    values: dict[str, np.ndarray]
+    curve: np.ndarray
+    chosen: np.ndarray
+    block_size: int | None = None
+
+    def mean(self, metric: str) -> float:
+        v = self.values[metric]
+        return float(np.mean(v)) if np.all(np.isfinite(v)) else float("nan")
+
+    def ci(self, metric: str) -> tuple[float, float] | None:
+        """95% t-interval over seeds (None with one seed)."""
+        return _ci(self.values[metric])
+
+    def summary(self, curve: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {"policy": self.name}
+        if self.block_size is not None:
+            d["block_size"] = self.block_size
+        for m in METRICS:
+            x = self.mean(m)
+            d[m] = None if not math.isfinite(x) else round(x, 6)
+        if curve:
+            d["cumulative_regret_curve"] = [round(float(x), 6) for x in self.curve.mean(axis=0)]
+        d["ci95"] = {m: (None if (c := self.ci(m)) is None else [round(c[0], 6), round(c[1], 6)]) for m in METRICS}
+        return d
+
+
+@dataclass
+class ReplayReport:
+    """What :func:`replay` returns: per-policy results plus the oracle and the best fixed arm."""
+
+    policies: list[PolicyResult]
+    oracle: PolicyResult
+    best_fixed: PolicyResult
+    reward: str
+    order: str
+    seeds: list[int]
+    n_steps: int
+    arms: tuple[int, ...]
+    curve_steps: np.ndarray
+    latency: str | None = None
+    traces: str | None = None
+    has_throughput: bool = True
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def best_fixed_block_size(self) -> int:
+        return int(self.best_fixed.block_size)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``simulate --json`` object (see DESIGN.md), plus run details and curves."""
+        return {
+            "traces": self.traces,
+            "reward": self.reward,
+            "latency": self.latency,
+            "order": self.order,
+            "seeds": list(self.seeds),
+            "n_steps": self.n_steps,
+            "arms": list(self.arms),
+            "curve_steps": [int(s) for s in self.curve_steps],
+            "policies": [p.summary() for p in self.policies],
+            "oracle": self.oracle.summary(),
+            "best_fixed": self.best_fixed.summary(),
+        }
+
+    def table(self) -> str:
+        """A plain-text table for people."""
+        unit = {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s"}[self.reward]
+        head = ["policy", f"reward ({unit})", "mean tau", "tok/s", "% oracle", "% best fixed", "regret"]
+        rows = []
+        for p in [*self.policies, self.best_fixed, self.oracle]:
+            name = p.name + (" (best fixed)" if p is self.best_fixed else "")
+            ci = p.ci("mean_reward")
+            rew = _fmt(p.mean("mean_reward")) + ("" if ci is None else f" ± {_fmt((ci[1] - ci[0]) / 2)}")
+            tp = p.mean("throughput")
+            rows.append([name, rew, f"{p.mean('mean_tau'):.2f}", "-" if not math.isfinite(tp) else f"{tp:.1f}",
+                         f"{p.mean('pct_oracle'):.1f}", f"{p.mean('pct_best_fixed'):.1f}",
+                         _fmt(p.mean("cumulative_regret"))])
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        seeds = f"{len(self.seeds)} seed{'s' if len(self.seeds) > 1 else ''}"
+        title = (f"{self.traces or 'trace set'}: {self.n_steps} steps over {self.extras.get('requests', '?')} requests, "
+                 f"arms {list(self.arms)}, "
+                 f"reward {self.reward}{'' if self.latency is None else ' @ ' + self.latency}, "
+                 f"order {self.order}, {seeds}" + ("" if len(self.seeds) < 2 else " (± is the 95% CI)"))
+        out = [title, line(head), line(["-" * w for w in widths])]
+        out += [line(r) for r in rows]
+        if not self.has_throughput:
+            out.append("tok/s: no timings in this trace set; pass --latency PROFILE to model them")
+        return "\n".join(out)
+
+
+def _fmt(x: float) -> str:
+    if not math.isfinite(x):
+        return "-"
+    a = abs(x)
+    return f"{x:.0f}" if a >= 1000 else f"{x:.1f}" if a >= 100 else f"{x:.2f}" if a >= 1 else f"{x:.3f}"
+
+
+# ============================================================================ replay
+def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, best: np.ndarray,
+             fixed: int, costs: tuple[np.ndarray, np.ndarray] | None, steps: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    r = R[idx, a]
+    opt = best[idx]
+    fx = R[idx, fixed]
+    regret = np.cumsum(opt - r)
+    m = {
+        "mean_reward": float(r.mean()),
+        "mean_tau": float(tau[idx, a].mean()),
+        "throughput": float("nan") if costs is None else float(costs[0][idx, a].sum() / costs[1][idx, a].sum()),
+        "pct_oracle": float(100.0 * r.sum() / opt.sum()),
+        "pct_best_fixed": float(100.0 * r.sum() / fx.sum()),
+        "cumulative_regret": float(regret[-1]),
+    }
+    return m, regret[steps - 1]
+
+
+def replay(
+    traces: TraceSet,
+    policies: Sequence[Any] | str | Policy,
+    *,
+    reward: str = "tau",
+    latency: LatencyProfile | str | None = None,
+    batch_size: int = 1,
+    seeds: Iterable[int] = (0,),
+    order: str = "logged",
+    n_steps: int | None = None,
+    progress: bool | None = None,
+    curve_points: int = 200,
+) -> ReplayReport:
+    """Replay ``policies`` (specs, Policy objects or ``factory(arms, seed)``) on ``traces``.
+
+    Each policy runs once per seed (a fresh policy seeded with it; Policy objects are copied,
+    keeping what they learnt, with their generator re-seeded); the stream order uses the
+    same seed. ``reward`` is ``tau``, ``throughput`` (measured) or ``modelled`` (with
+    ``latency``). Throughput in the report is total tokens over total decode time (modelled
+    when a latency profile is given). Regret is against the per-request oracle.
+    """
+    check_reward_name(reward)
+    if isinstance(policies, (str, Policy)):
+        policies = [policies]
+    policies = list(policies)
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise AdaptspecError("replay needs at least one seed")
+    prof = None if latency is None else get_profile(latency)
+    R = traces.reward_matrix(reward, prof, batch_size)
+    if not np.all(np.isfinite(R)):
+        bad = np.argwhere(~np.isfinite(R))[0]
+        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
+                             f"block size {traces.arms[bad[1]]}")
+    tau = traces.tau_matrix()
+    costs = trace_costs(traces, prof, batch_size)
+    best = R.max(axis=1)
+    fixed = int(np.argmax(R.mean(axis=0)))
+    arms = traces.arms
+    X = traces.features
+    T = traces.n_requests if n_steps is None else int(n_steps)
+    steps = np.unique(np.linspace(1, T, min(T, max(2, curve_points))).round().astype(np.int64))
+
+    names: list[str] = []
+    vals: list[dict[str, list[float]]] = []
+    curves: list[list[np.ndarray]] = []
+    chosen: list[np.ndarray] = []
+    refs = {"oracle": Oracle(arms), "fixed": Fixed(arms[fixed], arms=arms)}
+    ref_vals = {k: {m: [] for m in METRICS} for k in refs}
+    ref_curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
+    ref_chosen: dict[str, np.ndarray] = {}
+    total = T * len(seeds) * len(policies)
+    bar = tqdm(total=total, desc="replay", unit="step", unit_scale=True, leave=False,
+               disable=(not progress) if progress is not None else None, delay=1.0)
+    try:
+        for k, seed in enumerate(seeds):
+            idx = stream_order(traces, order, seed, T)
+            for key, ref in refs.items():
+                a = run_policy(ref, R, idx, X)
+                m, c = _metrics(a, idx, R, tau, best, fixed, costs, steps)
+                for name, v in m.items():
+                    ref_vals[key][name].append(v)
+                ref_curves[key].append(c)
+                if k == 0:
+                    ref_chosen[key] = a.astype(np.int16)
+            for j, spec in enumerate(policies):
+                name, pol = _build(spec, arms, seed)
+                bar.set_postfix_str(name, refresh=False)
+                a = run_policy(pol, R, idx, X, bar)
+                m, c = _metrics(a, idx, R, tau, best, fixed, costs, steps)
+                if k == 0:
+                    names.append(name)
+                    vals.append({mm: [] for mm in METRICS})
+                    curves.append([])
+                    chosen.append(a.astype(np.int16))
+                for mm, v in m.items():
+                    vals[j][mm].append(v)
+                curves[j].append(c)
+    finally:
+        bar.close()
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        seen[n] = seen.get(n, 0) + 1
+        if seen[n] > 1:
+            names[i] = f"{n}#{seen[n]}"
+
+    def result(name: str, v: dict[str, list[float]], c: list[np.ndarray], ch: np.ndarray, b: int | None = None) -> PolicyResult:
+        return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b)
+
+    return ReplayReport(
+        policies=[result(n, v, c, ch) for n, v, c, ch in zip(names, vals, curves, chosen)],
+        oracle=result("oracle", ref_vals["oracle"], ref_curves["oracle"], ref_chosen["oracle"]),
+        best_fixed=result(f"fixed:{arms[fixed]}", ref_vals["fixed"], ref_curves["fixed"], ref_chosen["fixed"], arms[fixed]),
+        reward=reward,
+        order=order,
+        seeds=seeds,
+        n_steps=T,
+        arms=arms,
+        curve_steps=steps,
+        latency=None if prof is None else prof.name,
+        traces=None if traces.path is None else str(traces.path),
+        has_throughput=costs is not None,
+        extras={"requests": traces.n_requests},
+    )
+
+
+# ============================================================================ decision logs
+def replay_log(
+    traces: TraceSet,
+    policy: Any,
+    *,
+    reward: str = "tau",
+    latency: LatencyProfile | str | None = None,
+    batch_size: int = 1,
+    seed: int = 0,
+    order: str = "logged",
+    n_steps: int | None = None,
+    start_time: float = 1.7e9,
+    variant: str | None = None,
+):
+    """Run one policy like the controller would and return its decision log as a table.
+
+    Every step goes through the public ``decide`` / ``update``, so each row carries the
+    decision's full probability vector and propensity; append it to a
+    :class:`~adaptspec.traces.DecisionLog` to evaluate other policies off-policy.
+    """
+    import pyarrow as pa
+
+    check_reward_name(reward)
+    prof = None if latency is None else get_profile(latency)
+    R = traces.reward_matrix(reward, prof, batch_size)
+    name, pol = _build(policy, traces.arms, seed)
+    if pol.full_information:
+        raise AdaptspecError(f"{name} sees every arm's reward: it cannot produce a decision log")
+    X = traces.features
+    if pol.contextual and X is None:
+        raise AdaptspecError(f"policy {name} needs features, and this trace set has none")
+    idx = stream_order(traces, order, seed, n_steps)
+    T, K = len(idx), len(traces.arms)
+    chosen = np.empty(T, dtype=np.int64)
+    probs = np.empty((T, K))
+    version = np.empty(T, dtype=np.int64)
+    learning = getattr(pol, "learning", True)
+    for t, i in enumerate(idx.tolist()):
+        x = None if X is None else X[i].astype(np.float64)
+        d = pol.decide(x if pol.contextual else None)
+        a = pol.arm_index(d.block_size)
+        chosen[t], probs[t], version[t] = a, d.probs, d.version
+        if learning:
+            pol.update(x if pol.contextual else None, d.block_size, R[i, a])
+    arms = traces.arm_array
+    new = traces.new_tokens_matrix()[idx, chosen]
+    rounds = traces.rounds_matrix()[idx, chosen]
+    dec = traces.decode_s_matrix()
+    cols = {
+        "decision_id": pa.array([f"{name}/{seed}/{t}" for t in range(T)]),
+        "time": pa.array(((start_time + np.arange(T)) * 1e6).astype(np.int64)).cast(pa.timestamp("us", tz="UTC")),
+        "request_id": pa.array(traces.request_ids[idx].tolist(), pa.string()),
+        "policy": pa.array([name] * T),
+        "version": pa.array(version),
+        "variant": pa.array([variant] * T, pa.string()),
+        "block_size": pa.array(arms[chosen]),
+        "propensity": pa.array(probs[np.arange(T), chosen]),
+        "probs": pa.FixedSizeListArray.from_arrays(pa.array(probs.ravel()), K).cast(pa.list_(pa.float64())),
+        "arms": pa.FixedSizeListArray.from_arrays(pa.array(np.tile(arms, T)), K).cast(pa.list_(pa.int64())),
+        "reward": pa.array(R[idx, chosen]),
+        "new_tokens": pa.array(new, pa.float64(), mask=np.isnan(new)).cast(pa.int64()),
+        "decode_ms": pa.array(np.zeros(T) if dec is None else 1000 * dec[idx, chosen], mask=None if dec is not None else np.ones(T, bool)),
+        "mean_tau": pa.array(traces.tau_matrix()[idx, chosen]),
+        "rounds": pa.array(rounds, pa.float64(), mask=np.isnan(rounds)).cast(pa.int64()),
+    }
+    if X is not None:
+        f = X[idx].astype(np.float32)
+        cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(pa.list_(pa.float32()))
+    return pa.table(cols)
