@@ -154,6 +154,22 @@ class Policy(abc.ABC):
             idx[t], prop[t] = i, probs[i]
         return idx, prop
 
+    def probs_batch(self, contexts: np.ndarray | None = None, n: int | None = None) -> np.ndarray:
+        """``(n, K)`` probabilities the policy would give each request now, without learning.
+
+        For off-policy evaluation of this policy as a target. Thompson-style policies estimate
+        them by Monte-Carlo (and so draw from the generator).
+        """
+        X, n = self.check_contexts(contexts, n)
+        return self._probs_batch(X, n)
+
+    def _probs_batch(self, X: np.ndarray | None, n: int) -> np.ndarray:
+        """Vectorise in subclasses."""
+        out = np.empty((n, len(self.arms)))
+        for t in range(n):
+            out[t] = self._mix(self._probs(None if X is None else X[t]))
+        return out
+
     def _update_batch(self, X: np.ndarray | None, idx: np.ndarray, rewards: np.ndarray) -> None:
         """Vectorise in subclasses; inputs are validated. Must equal sequential ``_update`` calls."""
         for t in range(len(idx)):

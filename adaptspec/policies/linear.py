@@ -232,6 +232,10 @@ class RidgeArms:
     def mean_of(self, arm: int, phi: np.ndarray) -> float:
         return float(self.theta[arm] @ phi)
 
+    def mean_var_arm(self, arm: int, phi: np.ndarray) -> tuple[float, float]:
+        """Posterior mean and ``phi^T A^-1 phi`` of one arm."""
+        return float(self.theta[arm] @ phi), float(phi @ (self.A_inv[arm] @ phi))
+
     def update(self, arm: int, phi: np.ndarray, r: float) -> None:
         """Add one observation to ``arm``: O(D^2)."""
         Ai = self.A_inv[arm]
@@ -316,7 +320,13 @@ class DiscountedRidgeArms:
         return np.sum(Z * (q * (self.c1 + g * self.c2)), axis=2), np.sum(Z * Z * q, axis=2)
 
     def mean_of(self, arm: int, phi: np.ndarray) -> float:
-        return float(self.mean_var(phi)[0][arm])
+        return self.mean_var_arm(arm, phi)[0]
+
+    def mean_var_arm(self, arm: int, phi: np.ndarray) -> tuple[float, float]:
+        z = self.V[arm] @ phi
+        g = self.discount ** float(self.t - self.t_arm[arm])
+        q = 1.0 / (1.0 + g * self.S[arm])
+        return float(np.sum(z * q * (self.c1[arm] + g * self.c2[arm]))), float(np.sum(z * z * q))
 
     def update(self, arm: int, phi: np.ndarray, r: float) -> None:
         self.t += 1
@@ -516,6 +526,13 @@ class LinearPolicy(Policy):
         idx = self._draw_many(probs)
         return idx, probs[np.arange(n), idx]
 
+    def _probs_batch(self, X: np.ndarray | None, n: int) -> np.ndarray:
+        self._ensure_core()
+        if self.core is None:
+            return np.full((n, len(self.arms)), 1.0 / len(self.arms))
+        mu, var = self.core.mean_var_many(self.map.phi_many(X))
+        return self._mix(self._probs_from_many(mu, var))
+
     def predict(self, contexts: np.ndarray) -> np.ndarray:
         """Posterior mean reward of every arm, in reward units: (n, d) -> (n, K)."""
         X, _ = self.check_contexts(np.atleast_2d(contexts))
@@ -636,7 +653,8 @@ class LinUCB(LinearPolicy):
     arms
         Block sizes.
     alpha
-        Width of the confidence bonus, in posterior standard deviations.
+        Width of the confidence bonus, in posterior standard deviations (default 0.5, chosen on a
+        development scenario, see BENCHMARKS.md).
     lam
         Default prior precision (ridge penalty) ``lam * I``.
     standardize, warmup
@@ -654,7 +672,7 @@ class LinUCB(LinearPolicy):
         As in :class:`~adaptspec.policies.base.Policy`.
 
     >>> rng = np.random.default_rng(0)
-    >>> pol = LinUCB([4, 8], alpha=1.0, warmup=20, seed=0)
+    >>> pol = LinUCB([4, 8], warmup=20, seed=0)
     >>> for _ in range(300):
     ...     x = rng.normal(size=2)
     ...     d = pol.decide(x)
@@ -665,7 +683,7 @@ class LinUCB(LinearPolicy):
 
     name = "linucb"
 
-    def __init__(self, arms: Sequence[int], alpha: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, arms: Sequence[int], alpha: float = 0.5, **kwargs: Any) -> None:
         if not (alpha >= 0 and math.isfinite(alpha)):
             raise AdaptspecError(f"alpha must be >= 0, got {alpha}")
         self.alpha = float(alpha)
@@ -695,7 +713,8 @@ class LinTS(LinearPolicy):
     arms
         Block sizes.
     v
-        Posterior inflation (1: plain Bayesian posterior).
+        Posterior scale (1: the plain Bayesian posterior; default 0.5, chosen on a development
+        scenario, see BENCHMARKS.md).
     mc_samples
         Draws per decision for the propensity (default 512).
     **kwargs
@@ -715,7 +734,7 @@ class LinTS(LinearPolicy):
     name = "lints"
     _stochastic = True
 
-    def __init__(self, arms: Sequence[int], v: float = 1.0, mc_samples: int = MC_SAMPLES, **kwargs: Any) -> None:
+    def __init__(self, arms: Sequence[int], v: float = 0.5, mc_samples: int = MC_SAMPLES, **kwargs: Any) -> None:
         if not (v > 0 and math.isfinite(v)):
             raise AdaptspecError(f"v must be > 0, got {v}")
         if int(mc_samples) != mc_samples or mc_samples < 1:

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .base import Policy
 
-__all__ = ["ArmStats", "EpsilonGreedy", "UCB", "ThompsonSampling", "EXP3", "greedy_probs"]
+__all__ = ["ArmStats", "EpsilonGreedy", "UCB", "ThompsonSampling", "EXP3", "greedy_probs", "ucb_throughput"]
 
 #: default number of Monte-Carlo draws used to estimate Thompson sampling's propensities
 MC_SAMPLES = 512
@@ -616,3 +616,10 @@ class EXP3(_ContextFree):
     def _update_batch(self, X: np.ndarray | None, idx: np.ndarray, rewards: np.ndarray) -> None:
         for a, r in zip(idx.tolist(), rewards.tolist()):
             self._update(None, a, r)
+
+
+def ucb_throughput(arms: Sequence[int], seed: int | None = None, warmup_rounds: int = 8, c: float = 1.0,
+                   discount: float | None = None, window: int | None = None, epsilon: float = 0.0) -> UCB:
+    """Factory of the ``ucb-throughput`` spec: :meth:`UCB.throughput`."""
+    return UCB.throughput(arms, warmup_rounds=warmup_rounds, c=c, discount=discount, window=window,
+                          epsilon=epsilon, seed=seed)

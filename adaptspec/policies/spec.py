@@ -44,6 +44,29 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
     "oracle": Oracle,
 }
 
+# Learning policies (adaptspec.policies.mab / linear / offline_head / neural_linear / squarecb /
+# river_adapter); none of these imports torch or river until a policy that needs it is built.
+from .linear import LinTS, LinUCB  # noqa: E402
+from .mab import EXP3, UCB, EpsilonGreedy, ThompsonSampling, ucb_throughput  # noqa: E402
+from .neural_linear import neural_linear_policy  # noqa: E402
+from .offline_head import head_policy  # noqa: E402
+from .river_adapter import river_policy  # noqa: E402
+from .squarecb import SquareCB  # noqa: E402
+
+REGISTRY.update({
+    "eps-greedy": EpsilonGreedy,
+    "ucb": UCB,
+    "ucb-throughput": ucb_throughput,
+    "ts": ThompsonSampling,
+    "exp3": EXP3,
+    "linucb": LinUCB,
+    "lints": LinTS,
+    "head": head_policy,
+    "neural-linear": neural_linear_policy,
+    "squarecb": SquareCB,
+    "river": river_policy,
+})
+
 
 def parse_spec(spec: str) -> tuple[str, list[str], dict[str, str]]:
     """Split a spec into its name, positional values and ``key=value`` options (all text)."""

@@ -1,0 +1,311 @@
+"""Neural-linear (Riquelme et al. 2018) warm-started from the offline head: the product's default policy.
+
+Features: the head's last hidden layer plus a constant, ``phi(x) = [h(x), 1]``. Rewards: in
+the head's standardised units. On top, per arm, Bayesian linear regression in ridge form
+(see :mod:`adaptspec.policies.linear`): ``A_a = P_a + sum phi phi^T``, posterior covariance
+``sigma^2 A_a^-1``, updated online by Sherman-Morrison (or discounted, for drift).
+
+Warm start (:func:`head_prior`):
+
+- prior mean of arm ``a`` = the head's output-layer row for ``a`` and its bias, so before any
+  feedback the posterior mean is exactly the head's prediction;
+- prior precision ``P_a = prior_n * (s2 / mse_a) * G``, where ``G`` is the mean of
+  ``phi phi^T`` over the head's validation split, ``mse_a`` the head's validation MSE for arm
+  ``a`` and ``s2`` the mean of ``mse_a`` over arms (also the noise prior). In words: the head
+  counts as ``prior_n`` typical observations of every arm, fewer for arms it predicted worse
+  on validation, more for arms it predicted better. The prior predictive variance of the mean
+  reward at a typical context is then about ``mse_a * D / prior_n`` (D = hidden width + 1):
+  at ``prior_n = D`` the head's own validation error.
+
+How much to trust the head is chosen online by default (``prior_n="auto"``, in the spirit of
+Zhang et al. 2019's warm start with a weight chosen online): one posterior is kept per weight in
+``PRIOR_GRID``, all updated with every reward, each scored by its prequential log predictive
+density (the Bayesian evidence for that weight, discounted like the data when ``discount`` is
+set), and decisions use the posterior with the highest evidence. A head that keeps predicting
+well earns a strong prior (little exploration: the policy stays with the head); one that
+turns out wrong (a different machine, batch size or drafter than it was trained for) loses its
+weight after a few dozen requests and the policy learns from the feedback instead.
+
+Exploration: UCB (default, ``alpha=0.5``) or Thompson sampling (randomised, so its logs carry
+informative propensities without an ``epsilon`` floor; it explored more than UCB on the
+development scenario, see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from .linear import DiscountedRidgeArms, LinearPolicy, RidgeArms, _mc_probs
+from .mab import MC_SAMPLES, greedy_probs
+from .offline_head import HeadModel
+
+__all__ = ["HeadFeatures", "NeuralLinear", "head_prior", "head_fingerprint", "neural_linear_policy", "PRIOR_GRID"]
+
+#: head weights (observations per arm) compared online when ``prior_n="auto"``
+PRIOR_GRID = (4.0, 16.0, 64.0, 256.0, 1024.0)
+_DEFAULT_PRIOR = 64.0
+
+
+class HeadFeatures:
+    """Feature map ``x -> [h(x), 1]`` of a regression head; rewards in the head's units."""
+
+    intercept = True
+
+    def __init__(self, head: HeadModel) -> None:
+        if head.mode != "regression":
+            raise AdaptspecError(
+                f"a {head.mode} head predicts no rewards: train it with mode='regression' for neural-linear / SquareCB")
+        self.head = head
+        self.reward_mean = float(head.reward_mean)
+        self.reward_scale = float(head.reward_scale)
+
+    @property
+    def in_dim(self) -> int:
+        return self.head.in_dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.head.hidden_dim + 1
+
+    def phi(self, x: np.ndarray) -> np.ndarray:
+        return np.append(self.head.hidden(x), 1.0)
+
+    def phi_many(self, X: np.ndarray) -> np.ndarray:
+        H = self.head.hidden(X)
+        return np.concatenate([H, np.ones((H.shape[0], 1))], axis=1)
+
+    def reward(self, r: float | np.ndarray) -> Any:
+        return (r - self.reward_mean) / self.reward_scale
+
+    def reward_back(self, r: float | np.ndarray) -> Any:
+        return r * self.reward_scale + self.reward_mean
+
+
+def head_fingerprint(head: HeadModel) -> str:
+    """Short hash of a head's weights (a saved policy state records which head it belongs to)."""
+    h = hashlib.sha256()
+    for W, b in head.layers:
+        h.update(np.ascontiguousarray(W, dtype=np.float32).tobytes())
+        h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
+    h.update(np.ascontiguousarray(head.x_mean).tobytes())
+    return h.hexdigest()[:16]
+
+
+def head_prior(head: HeadModel, prior_n: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Prior mean (K, D), prior precision (K, D, D) and noise variance from a regression head."""
+    if head.val_mse is None or head.val_gram is None:
+        raise AdaptspecError("this head has no validation statistics (val_mse, val_gram): retrain it with train_head")
+    if not (prior_n > 0 and math.isfinite(prior_n)):
+        raise AdaptspecError(f"prior_n must be > 0, got {prior_n}")
+    W, b = head.layers[-1]
+    mean = np.concatenate([W, b[:, None]], axis=1)
+    mse = np.maximum(np.asarray(head.val_mse, dtype=np.float64), 1e-6)
+    s2 = float(mse.mean())
+    G = np.asarray(head.val_gram, dtype=np.float64)
+    D = G.shape[0]
+    if G.shape != (D, D) or D != mean.shape[1]:
+        raise AdaptspecError(f"head val_gram has shape {G.shape}, expected ({mean.shape[1]}, {mean.shape[1]})")
+    # a small ridge keeps directions the validation split never excited (dead units) proper
+    G = 0.5 * (G + G.T) + (1e-3 * np.trace(G) / D + 1e-8) * np.eye(D)
+    prec = (prior_n * s2 / mse)[:, None, None] * G[None]
+    return mean, prec, s2
+
+
+class NeuralLinear(LinearPolicy):
+    """Bayesian linear regression per arm on the head's last hidden layer, warm-started from the head.
+
+    Before any feedback it decides as the head does (its posterior mean is the head's
+    prediction); each reward then updates the chosen arm's posterior. See the module docstring
+    for the prior.
+
+    Parameters
+    ----------
+    head
+        A :class:`~adaptspec.policies.offline_head.HeadModel` (regression mode) or the path of
+        a saved head.
+    exploration
+        ``"ucb"`` (default; deterministic, add ``epsilon`` for off-policy logs) or ``"ts"``
+        (Thompson sampling, Monte-Carlo propensities).
+    alpha
+        UCB width in posterior standard deviations.
+    v
+        Thompson posterior inflation.
+    prior_n
+        Weight of the head, in observations per arm (see the module docstring), or ``"auto"``
+        to choose it online from ``PRIOR_GRID`` by evidence.
+    noise_weight
+        Weight, in observations, of the head's validation MSE as the prior noise variance.
+    discount
+        Forget feedback (not the head's prior) with this factor per update, for drift.
+    noise, mc_samples, epsilon, seed
+        As in :class:`~adaptspec.policies.linear.LinTS`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(600, 3))
+    >>> R = np.stack([X[:, 0], -X[:, 0], 0 * X[:, 0]], axis=1) + rng.normal(0, 0.3, size=(600, 3))
+    >>> from adaptspec.policies.offline_head import train_head
+    >>> head = train_head(X, R, arms=[4, 8, 16], hidden=(16, 8), max_epochs=60, seed=0)
+    >>> pol = NeuralLinear(head, seed=0)
+    >>> d = pol.decide([2.0, 0.0, 0.0])
+    >>> d.block_size, d.policy
+    (4, 'neural-linear')
+    >>> pol.update([2.0, 0.0, 0.0], 4, 2.1)
+    >>> pol.version
+    1
+    """
+
+    name = "neural-linear"
+
+    def __init__(
+        self,
+        head: HeadModel | str | Path,
+        exploration: str = "ucb",
+        alpha: float = 0.5,
+        v: float = 0.5,
+        prior_n: float | str = "auto",
+        noise_weight: float = 100.0,
+        discount: float | None = None,
+        noise: float | str = "auto",
+        mc_samples: int = MC_SAMPLES,
+        epsilon: float = 0.0,
+        seed: int | None = None,
+        arms: Sequence[int] | None = None,
+    ) -> None:
+        self.head = head if isinstance(head, HeadModel) else HeadModel.load(head)
+        if arms is not None and tuple(sorted(int(a) for a in arms)) != tuple(sorted(self.head.arms)):
+            raise AdaptspecError(f"the head was trained for arms {list(self.head.arms)}, not {list(arms)}")
+        if exploration not in ("ts", "ucb"):
+            raise AdaptspecError(f"exploration must be 'ts' or 'ucb', got {exploration!r}")
+        if not (alpha >= 0 and math.isfinite(alpha)):
+            raise AdaptspecError(f"alpha must be >= 0, got {alpha}")
+        if not (v > 0 and math.isfinite(v)):
+            raise AdaptspecError(f"v must be > 0, got {v}")
+        if int(mc_samples) != mc_samples or mc_samples < 1:
+            raise AdaptspecError(f"mc_samples must be a positive integer, got {mc_samples}")
+        if not (noise_weight > 0 and math.isfinite(noise_weight)):
+            raise AdaptspecError(f"noise_weight must be > 0, got {noise_weight}")
+        if prior_n == "auto":
+            grid = PRIOR_GRID
+        elif isinstance(prior_n, (int, float)) and prior_n > 0 and math.isfinite(prior_n):
+            grid = (float(prior_n),)
+        else:
+            raise AdaptspecError(f"prior_n must be 'auto' or a positive number, got {prior_n!r}")
+        self.exploration = exploration
+        self.alpha, self.v, self.mc_samples = float(alpha), float(v), int(mc_samples)
+        self.prior_n = prior_n if prior_n == "auto" else float(prior_n)
+        self.prior_grid = np.asarray(grid)
+        self._stochastic = exploration == "ts"
+        fmap = HeadFeatures(self.head)
+        mean, prec1, s2 = head_prior(self.head, 1.0)
+        self._prior_unit = (mean, prec1)
+        self.fingerprint = head_fingerprint(self.head)
+        # tie-break of the evidence before any feedback: prefer the default weight
+        self._tiebreak = -1e-9 * np.abs(np.log(self.prior_grid / _DEFAULT_PRIOR))
+        super().__init__(
+            self.head.arms, feature_map=fmap, prior_mean=mean, prior_precision=prec1 * grid[0], discount=discount,
+            noise=noise, noise_prior=(s2, float(noise_weight)), epsilon=epsilon, seed=seed,
+        )
+
+    # ------------------------------------------------------------------ one posterior per head weight
+    def _make_core(self, dim_out: int) -> RidgeArms | DiscountedRidgeArms:
+        return self._core_for(float(self.prior_grid[0]))
+
+    def _core_for(self, weight: float) -> RidgeArms | DiscountedRidgeArms:
+        mean, prec1 = self._prior_unit
+        k, d = len(self.arms), mean.shape[1]
+        if self.discount is not None:
+            return DiscountedRidgeArms(k, d, self.discount, 1.0, mean, prec1 * weight)
+        return RidgeArms(k, d, 1.0, mean, prec1 * weight)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.cores = [self._core_for(float(w)) for w in self.prior_grid]
+        self.evidence = np.zeros(len(self.cores))
+        self._select()
+
+    def _select(self) -> None:
+        self.selected = int(np.argmax(self.evidence + self._tiebreak))
+        self.core = self.cores[self.selected]
+
+    @property
+    def head_weight(self) -> float:
+        """The head's current weight, in observations per arm (the selected ``prior_n``)."""
+        return float(self.prior_grid[self.selected])
+
+    def set_prior(self, mean: Any = None, precision: Any = None) -> None:
+        raise AdaptspecError("NeuralLinear's prior comes from its head (choose its weight with prior_n)")
+
+    def _update(self, context: np.ndarray | None, arm: int, reward: float) -> None:
+        phi = self.map.phi(context)
+        r = float(self.map.reward(reward))
+        s2 = self.noise_std() ** 2
+        g = self.discount if self.discount is not None else 1.0
+        if len(self.cores) > 1:
+            for i, core in enumerate(self.cores):
+                mu, v = core.mean_var_arm(arm, phi)
+                var = s2 * (1.0 + max(v, 0.0))
+                self.evidence[i] = g * self.evidence[i] - 0.5 * (math.log(2.0 * math.pi * var) + (r - mu) ** 2 / var)
+        err = r - self.core.mean_of(arm, phi)
+        ns = self.noise_stats
+        ns *= g
+        ns[0] += 1.0
+        ns[1] += err * err
+        for core in self.cores:
+            core.update(arm, phi, r)
+        self._select()
+
+    def _probs_from(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+        if self.exploration == "ucb":
+            return greedy_probs(mu + (self.alpha * self.noise_std()) * np.sqrt(np.maximum(var, 0.0)))
+        sd = (self.v * self.noise_std()) * np.sqrt(np.maximum(var, 0.0))
+        return _mc_probs(self.rng, mu, sd, self.mc_samples)
+
+    def _probs_from_many(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+        if self.exploration == "ucb":
+            s = mu + (self.alpha * self.noise_std()) * np.sqrt(np.maximum(var, 0.0))
+            m = s == s.max(axis=1, keepdims=True)
+            return m / m.sum(axis=1, keepdims=True)
+        sd = (self.v * self.noise_std()) * np.sqrt(np.maximum(var, 0.0))
+        return _mc_probs(self.rng, mu, sd, self.mc_samples)
+
+    def _state(self) -> dict[str, Any]:
+        return {"head": self.fingerprint, "noise_stats": self.noise_stats, "evidence": self.evidence,
+                "prior_grid": self.prior_grid, "cores": [c.state() for c in self.cores]}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        if state.get("head") != self.fingerprint:
+            raise AdaptspecError(
+                f"state was saved with head {state.get('head')!r}, this policy uses head {self.fingerprint!r}")
+        grid = np.asarray(state["prior_grid"], dtype=np.float64)
+        if grid.shape != self.prior_grid.shape or not np.allclose(grid, self.prior_grid):
+            raise AdaptspecError(f"state has head weights {grid.tolist()}, this policy uses {self.prior_grid.tolist()}")
+        noise_stats = np.array(state["noise_stats"], dtype=np.float64)
+        evidence = np.array(state["evidence"], dtype=np.float64)
+        if noise_stats.shape != (2,) or evidence.shape != self.evidence.shape or len(state["cores"]) != len(self.cores):
+            raise AdaptspecError("state does not fit this NeuralLinear policy")
+        cores = [self._core_for(float(w)) for w in self.prior_grid]
+        for c, st in zip(cores, state["cores"]):
+            c.load(st)
+        self.cores, self.evidence, self.noise_stats = cores, evidence, noise_stats
+        self._select()
+
+    def __repr__(self) -> str:
+        return (f"NeuralLinear(arms={list(self.arms)}, exploration={self.exploration!r}, "
+                f"prior_n={self.prior_n!r}, hidden={list(self.head.hidden_sizes)})")
+
+
+def neural_linear_policy(arms: Sequence[int], seed: int | None = None, head: Path | None = None,
+                         exploration: str = "ucb", alpha: float = 0.5, v: float = 0.5, prior_n: float | str = "auto",
+                         discount: float | None = None, epsilon: float = 0.0,
+                         mc_samples: int = MC_SAMPLES) -> NeuralLinear:
+    """Factory of the ``neural-linear:head=PATH[,exploration=ucb,...]`` spec."""
+    if head is None:
+        raise AdaptspecError("neural-linear needs a trained head: neural-linear:head=PATH (adaptspec train-head)")
+    return NeuralLinear(head, exploration=exploration, alpha=alpha, v=v, prior_n=prior_n, discount=discount,
+                        epsilon=epsilon, seed=seed, arms=arms, mc_samples=mc_samples)
