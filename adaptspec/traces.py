@@ -672,7 +672,7 @@ def _rows_to_table(rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
         elif pa.types.is_list(typ):
             vals = [None if v is None else np.asarray(v).tolist() for v in vals]
         try:
-            cols[name] = pa.array(vals, typ, from_pandas=True)
+            cols[name] = pa.array(vals, typ)
         except (pa.ArrowException, TypeError, ValueError) as e:
             raise AdaptspecError(f"decision rows: column {name!r} does not convert to {typ} ({e})") from None
     return pa.table(cols)

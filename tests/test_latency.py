@@ -1,0 +1,116 @@
+"""Latency model: the named profiles' figures, monotonicity, fitting, persistence."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptspec.errors import AdaptspecError
+from adaptspec.latency import PROFILES, CostCurve, LatencyProfile, fit_curve, fit_profile, get_profile
+from adaptspec.speculator import Round
+
+
+def test_cpu_profile_reproduces_the_measured_figures():
+    p = get_profile("cpu-smollm2-bf16")
+    np.testing.assert_allclose(1000 * p.verify_s([1, 8, 16, 32], 300), [40, 45, 52, 67], atol=1e-6)
+    np.testing.assert_allclose(1000 * p.draft_s([8, 16], 300), [10, 16], atol=1e-6)
+    assert float(p.draft_s(1)) == 0.0
+    # break-even arithmetic of REFERENCES.md: ~1.4 tokens per round at B=8
+    assert 1.3 < float(p.round_s(8) / p.plain_token_s()) < 1.5
+
+
+def test_gpu_profile_is_a_roofline_consistent_with_dflash():
+    p = get_profile("h100-qwen3-8b")
+    flat = p.verify_s(np.array([1, 16, 64]))
+    assert flat[1] / flat[0] < 1.05 and flat[2] / flat[0] < 1.2        # memory-bound: nearly flat
+    assert p.verify_s(16, batch=64) / p.verify_s(16) > 2.0              # compute-bound under load
+    speedup = 6.5 * p.plain_token_s() / p.round_s(16)
+    assert 4.5 < float(speedup) < 6.0                                   # DFlash: 5.15x at tau 6.53
+    assert "roofline" in p.source and "3.35 TB/s" in p.source
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(PROFILES)), b=st.integers(1, 63), c=st.integers(0, 8000),
+       m=st.integers(1, 64), db=st.integers(0, 8), dc=st.integers(0, 500), dm=st.integers(0, 8))
+def test_profiles_never_decrease(name, b, c, m, db, dc, dm):
+    p = get_profile(name)
+    for f in (p.draft_s, p.verify_s, p.round_s):
+        assert f(b + db, c + dc, m + dm) >= f(b, c, m) - 1e-15
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 64), min_size=2, max_size=12),
+       secs=st.lists(st.floats(0.001, 0.2), min_size=12, max_size=12), seed=st.integers(0, 100))
+def test_fit_is_monotone_whatever_the_data(sizes, secs, seed):
+    c = fit_curve(np.array(sizes), np.array(secs[:len(sizes)]))
+    grid = np.arange(1, 100)
+    assert np.all(np.diff(c(grid)) >= -1e-12)
+    assert c.tail_slope_s >= 0 and np.all(np.asarray(c.values_s) >= 0)
+
+
+def test_fit_recovers_a_known_curve_with_context_terms():
+    rng = np.random.default_rng(0)
+    truth = CostCurve(knots=(1, 8, 32), values_s=(0.02, 0.025, 0.05), tail_slope_s=0.001,
+                      per_context_s=2e-6, per_pair_s=1e-9)
+    b = rng.choice([1, 2, 4, 8, 16, 24, 32, 48], 600)
+    ctx = rng.integers(50, 3000, 600)
+    m = rng.choice([1, 2, 4], 600)
+    y = truth(b, ctx, m) * np.exp(rng.normal(0, 0.01, 600))
+    c = fit_curve(b, y, ctx, m)
+    grid_b, grid_c = np.meshgrid([1, 4, 8, 16, 32, 48], [100, 1000, 2500])
+    np.testing.assert_allclose(c(grid_b, grid_c, 2), truth(grid_b, grid_c, 2), rtol=0.03)
+    assert c.per_context_s == pytest.approx(2e-6, rel=0.2)
+
+
+def test_fit_profile_from_rounds_and_json_round_trip(tmp_path):
+    rounds = [Round(b, 1, 0.005 + 0.0004 * b, 0.03 + 0.001 * b) for b in (1, 2, 4, 8, 16) for _ in range(4)]
+    p = fit_profile(rounds, "mine", context_tokens=200)
+    assert p.name == "mine" and p.context_tokens == 200
+    assert float(p.verify_s(8)) == pytest.approx(0.038, rel=1e-6)
+    assert float(p.draft_s(8)) == pytest.approx(0.0082, rel=1e-6) and float(p.draft_s(1)) == 0.0
+    p.save(tmp_path / "p.json")
+    q = get_profile(str(tmp_path / "p.json"))
+    assert q == p
+    np.testing.assert_array_equal(q.round_s(np.arange(1, 40)), p.round_s(np.arange(1, 40)))
+    assert not list(tmp_path.glob(".*"))
+
+
+def test_vectorised_prediction_broadcasts():
+    p = get_profile("cpu-smollm2-bf16")
+    out = p.round_s(np.array([1, 4, 16])[None, :], np.array([[100], [1000]]), 1)
+    assert out.shape == (2, 3)
+    assert out[1, 2] > out[0, 2] > out[0, 1] > out[0, 0]
+
+
+@pytest.mark.parametrize("content,msg", [
+    ("{", "not a JSON latency profile"),
+    ("[]", "top level is not an object"),
+    (json.dumps({"name": "x", "verify": {"knots": [1], "values_s": [0.01]}}), "missing or bad field 'draft'"),
+    (json.dumps({"name": "x", "draft": {"knots": [1, 2], "values_s": [0.02, 0.01]},
+                 "verify": {"knots": [1], "values_s": [0.01]}}), "never decrease"),
+])
+def test_bad_profile_files_name_the_file(tmp_path, content, msg):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(AdaptspecError) as e:
+        LatencyProfile.load(f)
+    assert msg in str(e.value) and str(f) in str(e.value)
+
+
+def test_bad_inputs():
+    with pytest.raises(AdaptspecError, match="unknown latency profile 'nope'"):
+        get_profile("nope")
+    with pytest.raises(AdaptspecError, match="knots must increase"):
+        CostCurve(knots=(2, 1), values_s=(0.1, 0.2))
+    with pytest.raises(AdaptspecError, match="per_context_s must be finite and >= 0"):
+        CostCurve(knots=(1,), values_s=(0.1,), per_context_s=-1.0)
+    with pytest.raises(AdaptspecError, match="seconds has NaN"):
+        fit_curve([1, 2], [0.1, float("nan")])
+    with pytest.raises(AdaptspecError, match="needs at least one measured round"):
+        fit_profile([])
+    with pytest.raises(AdaptspecError, match="round 1: block_size 0"):
+        fit_profile([Round(2, 1, 0.01, 0.02), {"block_size": 0, "draft_s": 0.0, "verify_s": 0.01}])

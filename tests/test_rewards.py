@@ -1,0 +1,90 @@
+"""Reward functions: the same numbers for one outcome (controller) and for trace matrices (simulator)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptspec.errors import AdaptspecError
+from adaptspec.latency import get_profile
+from adaptspec.rewards import (REWARDS, mean_tau, measured_throughput, modelled_throughput, reward_function,
+                               throughput, trace_costs, trace_rewards)
+from adaptspec.simulators.synthetic import generate
+from adaptspec.speculator import Outcome, Round
+from adaptspec.traces import TraceSet
+
+
+def outcome(taus, b=8, d=0.01, v=0.04, extra=0.0):
+    rounds = [Round(b, t, d, v) for t in taus]
+    return Outcome(tokens=[0] * (1 + sum(taus)), rounds=rounds, decode_s=len(taus) * (d + v) + extra)
+
+
+def test_outcome_rewards():
+    o = outcome([3, 5, 4])
+    assert mean_tau(o) == 4.0
+    assert measured_throughput(o) == pytest.approx(13 / 0.15)
+    p = get_profile("cpu-smollm2-bf16")
+    assert reward_function("modelled", p, context_tokens=300)(o) == pytest.approx(4.0 / float(p.round_s(8, 300)))
+    assert reward_function("throughput")(o) == measured_throughput(o)
+    assert reward_function("tau")(o) == 4.0
+
+
+def test_outcome_reward_errors():
+    empty = Outcome(tokens=[1], rounds=[], decode_s=0.0)
+    with pytest.raises(AdaptspecError, match="no rounds"):
+        mean_tau(empty)
+    with pytest.raises(AdaptspecError, match="throughput is undefined"):
+        measured_throughput(empty)
+    with pytest.raises(AdaptspecError, match="needs a latency profile"):
+        reward_function("modelled")
+    with pytest.raises(AdaptspecError, match="unknown reward 'speed'"):
+        reward_function("speed")
+    assert REWARDS == ("throughput", "modelled", "tau")
+
+
+def test_modelled_throughput_is_tau_over_round_time_elementwise():
+    p = get_profile("h100-qwen3-8b")
+    tau = np.array([[1.0, 3.0, 6.5], [1.0, 2.0, 4.0]])
+    b = np.array([1, 4, 16])
+    ctx = np.array([[100.0], [3000.0]])
+    got = modelled_throughput(tau, b, p, ctx, 4)
+    want = np.array([[tau[i, j] / (float(p.draft_s(b[j], ctx[i, 0], 4)) + float(p.verify_s(b[j], ctx[i, 0], 4)))
+                      for j in range(3)] for i in range(2)])
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(throughput([10, 20], [0.5, 0.5]), [20, 40])
+
+
+def test_trace_rewards_match_the_outcome_functions():
+    """The simulator's reward matrix equals the controller's reward of the same outcome."""
+    ts = generate("cpu-small", n_requests=6, seed=3)
+    R = trace_rewards(ts, "throughput")
+    taus = ts.outcomes.column("tau").to_pylist()
+    dec = ts.outcomes.column("decode_ms").to_numpy()
+    new = ts.outcomes.column("new_tokens").to_numpy()
+    K = len(ts.arms)
+    for row in range(0, 6 * K, 7):
+        i, j = divmod(row, K)
+        o = Outcome(tokens=[0] * int(new[row]), rounds=[Round(ts.arms[j], t, 0.0, 0.0) for t in taus[row]],
+                    decode_s=dec[row] / 1000)
+        assert R[i, j] == pytest.approx(measured_throughput(o))
+        assert ts.tau_matrix()[i, j] == pytest.approx(mean_tau(o))
+    M = trace_rewards(ts, "modelled", "cpu-smollm2-bf16")
+    ctx = ts.prompt_tokens + ts.new_tokens_matrix()[:, 0] / 2
+    p = get_profile("cpu-smollm2-bf16")
+    np.testing.assert_allclose(M[:, 3], ts.tau_matrix()[:, 3] / p.round_s(ts.arms[3], ctx))
+    np.testing.assert_array_equal(trace_rewards(ts, "tau"), ts.tau_matrix())
+
+
+def test_trace_costs_and_missing_timings():
+    ts = TraceSet.from_arrays(["a", "b"], ["x", "y"], [1, 4], np.array([[1.0, 3.0], [1.0, 2.0]]))
+    assert trace_costs(ts) is None
+    with pytest.raises(AdaptspecError, match="no measured decode times"):
+        trace_rewards(ts, "throughput")
+    with pytest.raises(AdaptspecError, match="needs --latency"):
+        trace_rewards(ts, "modelled")
+    tok, sec = trace_costs(ts, "cpu-smollm2-bf16")
+    np.testing.assert_array_equal(tok, 1.0)  # unknown token counts: one per request
+    np.testing.assert_allclose(tok / sec, trace_rewards(ts, "modelled", "cpu-smollm2-bf16"))
+    syn = generate("cpu-small", n_requests=4, seed=0, per_round=False)
+    tok, sec = trace_costs(syn)
+    np.testing.assert_allclose(tok / sec, trace_rewards(syn, "throughput"))
