@@ -187,8 +187,11 @@ def _atomic_dir(path: Path, overwrite: bool, write: Any, marker: str) -> None:
             raise _err(str(path), "already exists (pass --force / overwrite=True to replace it)")
         if not path.is_dir() or (any(path.iterdir()) and not (path / marker).exists()):
             raise _err(str(path), f"refusing to replace: not a directory holding {marker}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as e:
+        raise _err(str(path), f"cannot write here ({e.strerror or e})") from None
     try:
         write(tmp)
         os.chmod(tmp, 0o755)
@@ -199,6 +202,9 @@ def _atomic_dir(path: Path, overwrite: bool, write: Any, marker: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, path)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _err(str(path), f"cannot write ({e.strerror or e}); nothing was changed") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -377,11 +383,13 @@ class TraceSet:
         draft_ms: Sequence[Sequence[float]] | None = None,
         verify_ms: Sequence[Sequence[float]] | None = None,
         request_columns: Mapping[str, Any] | None = None,
+        outcome_columns: Mapping[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> "TraceSet":
         """Build from arrays: matrices are ``(n_requests, n_arms)``; per-round lists are given
         row-major (request by request, arms in the order given), ``n_requests * n_arms`` of them.
-        ``new_tokens`` may be ``(n,)`` (the same for every arm)."""
+        ``new_tokens`` may be ``(n,)`` (the same for every arm). Extra columns: per request in
+        ``request_columns``, per outcome (row-major, ``n * K`` values) in ``outcome_columns``."""
         n, k = len(request_ids), len(arms)
         mt = np.asarray(mean_tau, dtype=np.float64)
         if mt.shape != (n, k):
@@ -426,6 +434,8 @@ class TraceSet:
                 out[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat).cast(typ.value_type))
         if decode_ms is not None:
             out["decode_ms"] = mat(decode_ms, np.float64)
+        for name, values in (outcome_columns or {}).items():
+            out[name] = pa.array(values)
         m = {"schema_version": SCHEMA_VERSION, **dict(meta or {})}
         return cls(pa.table(req), pa.table(out), m)
 
@@ -801,12 +811,15 @@ class DecisionLog:
             f = table.column("features").drop_null()
             if len(f):
                 self._dim = len(f[0])
-        self.path.mkdir(parents=True, exist_ok=True)
         name = f"part-{_time.time_ns():020d}-{os.getpid()}-{next(_part_counter):06d}.parquet"
         tmp = self.path / f".{name}.tmp"
         try:
+            self.path.mkdir(parents=True, exist_ok=True)
             _write_parquet(table, tmp, {"adaptspec.schema_version": str(SCHEMA_VERSION)})
             os.replace(tmp, self.path / name)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _err(str(self.path), f"cannot append ({e.strerror or e}); nothing was written") from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -198,7 +198,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
         pq.write_table(table, p)
 
     monkeypatch.setattr(traces_mod, "_write_parquet", failing)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(AdaptspecError, match="cannot write \\(disk full\\); nothing was changed"):
         small_traces(seed=5).write(path, overwrite=True)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # old set intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]        # no temporary left

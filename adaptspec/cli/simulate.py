@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             if spec.split(":")[0].strip().lower() == "oracle":
                 continue
             log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                                  seed=report.seeds[0], order=args.order, n_steps=args.steps))
+                                  seed=report.seeds[0], order=args.order, n_steps=args.steps,
+                                  progress=False if args.no_progress else None))
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ..errors import AdaptspecError
 from ..policies.base import Policy
@@ -230,10 +231,12 @@ def evaluate(
     n_boot: int = 500,
     level: float = 0.95,
     seed: int = 0,
+    progress: bool | None = None,
 ) -> dict[str, Estimate]:
     """Every requested estimator with a bootstrap percentile interval.
 
     ``r_hat`` (``(n, K)`` predicted rewards) replaces the fitted reward model when given.
+    ``progress``: a progress bar on stderr (None: only in a terminal, after a second).
     """
     r, a, p, pi = _check(rewards, actions, propensities, target)
     unknown = [e for e in estimators if e not in ESTIMATORS]
@@ -263,14 +266,20 @@ def evaluate(
     point = {e: _ratio(num.sum(), den.sum()) for e, (num, den) in parts.items()}
     reps = {e: np.empty(n_boot) for e in parts}
     rng = np.random.default_rng([seed, 11])
+    if n_boot < 1:
+        raise AdaptspecError(f"n_boot must be >= 1, got {n_boot}")
     chunk = max(1, int(2e6 // n))
+    bar = tqdm(total=n_boot, desc="bootstrap", unit="resample", leave=False, delay=1.0,
+               disable=(not progress) if progress is not None else None)
     for s in range(0, n_boot, chunk):
         m = min(chunk, n_boot - s)
+        bar.update(m)
         idx = rng.integers(0, n, (m, n))
         for e, (num, den) in parts.items():
             nn, dd = num[idx].sum(axis=1), den[idx].sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 reps[e][s:s + m] = np.where(dd > 0, nn / np.where(dd > 0, dd, 1.0), np.nan)
+    bar.close()
     out = {}
     q = (1 - level) / 2
     for e in parts:

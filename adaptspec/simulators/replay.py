@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -39,8 +39,6 @@ from ..traces import TraceSet
 ORDERS = ("logged", "shuffled", "drift")
 METRICS = ("mean_reward", "mean_tau", "throughput", "pct_oracle", "pct_best_fixed", "cumulative_regret")
 _CHUNK = 65536
-
-PolicyLike = "str | Policy | Callable[[tuple[int, ...], int], Policy]"
 
 
 # ============================================================================ request streams
@@ -412,6 +410,7 @@ def replay_log(
     n_steps: int | None = None,
     start_time: float = 1.7e9,
     variant: str | None = None,
+    progress: bool | None = None,
 ):
     """Run one policy like the controller would and return its decision log as a table.
 
@@ -436,7 +435,8 @@ def replay_log(
     probs = np.empty((T, K))
     version = np.empty(T, dtype=np.int64)
     learning = getattr(pol, "learning", True)
-    for t, i in enumerate(idx.tolist()):
+    for t, i in enumerate(tqdm(idx.tolist(), desc=f"log {name}", unit="step", leave=False, delay=1.0,
+                               disable=(not progress) if progress is not None else None)):
         x = None if X is None else X[i].astype(np.float64)
         d = pol.decide(x if pol.contextual else None)
         a = pol.arm_index(d.block_size)

@@ -28,9 +28,9 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -300,11 +300,9 @@ def generate(
         draft_ms=flat(d_lists),
         verify_ms=flat(v_lists),
         request_columns={"skill": skill.astype(np.float32)},
+        outcome_columns={"expected_tau": exp_tau.ravel()},
         meta=meta,
     )
-    import pyarrow as pa
-
-    ts.outcomes = ts.outcomes.append_column("expected_tau", pa.array(exp_tau.ravel()))
     return ts
 
 
