@@ -178,13 +178,14 @@ class Policy(abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this policy is.
 
-        A plain dict: ``name``, ``arms``, ``version``, ``dim``, ``rng`` (the numpy bit
+        A plain dict: ``name``, ``label``, ``arms``, ``version``, ``dim``, ``rng`` (the numpy bit
         generator's state) and ``state`` (the subclass's learnt statistics: numpy arrays and
         plain values, nested dicts allowed). It is a copy: later updates do not change it.
         Hyper-parameters are not in it: load it into a policy built with the same ones.
         """
         return copy.deepcopy({
             "name": self.name,
+            "label": self.label,
             "arms": list(self.arms),
             "version": self.version,
             "dim": self.dim,
@@ -201,6 +202,8 @@ class Policy(abc.ABC):
             raise AdaptspecError("not a policy state_dict (needs 'name', 'arms', 'rng', 'state')")
         if state.get("name") != self.name:
             raise AdaptspecError(f"state is for policy {state.get('name')!r}, not {self.name!r}")
+        if "label" in state and state["label"] != self.label:
+            raise AdaptspecError(f"state is for policy {state['label']!r}, not {self.label!r}")
         if tuple(state.get("arms", ())) != self.arms:
             raise AdaptspecError(f"state has arms {state.get('arms')}, this policy has {list(self.arms)}")
         backup = self.state_dict()

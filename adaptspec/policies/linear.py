@@ -573,7 +573,7 @@ class LinearPolicy(Policy):
 
     # -------------------------------------------------------------- state
     def _state(self) -> dict[str, Any]:
-        st: dict[str, Any] = {"noise_stats": self.noise_stats, "buf_n": self._buf_n}
+        st: dict[str, Any] = {"noise_stats": self.noise_stats, "buf_n": self._buf_n, "discount": self.discount}
         if self._buf_X is not None:
             st.update(buf_X=self._buf_X[: self._buf_n], buf_a=self._buf_a[: self._buf_n],
                       buf_r=self._buf_r[: self._buf_n])
@@ -584,6 +584,8 @@ class LinearPolicy(Policy):
         return st
 
     def _load_state(self, state: dict[str, Any]) -> None:
+        if state.get("discount") != self.discount:
+            raise AdaptspecError(f"state was saved with discount={state.get('discount')}, this policy has {self.discount}")
         noise_stats = np.array(state["noise_stats"], dtype=np.float64)
         if noise_stats.shape != (2,):
             raise AdaptspecError("state 'noise_stats' must have 2 values")

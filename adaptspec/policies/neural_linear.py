@@ -275,13 +275,15 @@ class NeuralLinear(LinearPolicy):
         return _mc_probs(self.rng, mu, sd, self.mc_samples)
 
     def _state(self) -> dict[str, Any]:
-        return {"head": self.fingerprint, "noise_stats": self.noise_stats, "evidence": self.evidence,
+        return {"head": self.fingerprint, "discount": self.discount, "noise_stats": self.noise_stats, "evidence": self.evidence,
                 "prior_grid": self.prior_grid, "cores": [c.state() for c in self.cores]}
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("head") != self.fingerprint:
             raise AdaptspecError(
                 f"state was saved with head {state.get('head')!r}, this policy uses head {self.fingerprint!r}")
+        if state.get("discount") != self.discount:
+            raise AdaptspecError(f"state was saved with discount={state.get('discount')}, this policy has {self.discount}")
         grid = np.asarray(state["prior_grid"], dtype=np.float64)
         if grid.shape != self.prior_grid.shape or not np.allclose(grid, self.prior_grid):
             raise AdaptspecError(f"state has head weights {grid.tolist()}, this policy uses {self.prior_grid.tolist()}")

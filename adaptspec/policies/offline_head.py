@@ -213,13 +213,14 @@ def train_head(
     batch_size: int = 128,
     seed: int = 0,
     info: dict[str, Any] | None = None,
+    min_delta: float = 1e-4,
 ) -> HeadModel:
     """Train a head on contexts ``X`` (n, d) and full-information rewards ``R`` (n, K).
 
     ``R[i, j]`` is the reward of arm ``arms[j]`` on request ``i``. A seeded random
     ``val_fraction`` of the requests is held out for early stopping (stop when the validation
-    loss has not improved for ``patience`` epochs; keep the best epoch's weights). The same seed
-    gives the same head.
+    loss has not improved by a relative ``min_delta`` for ``patience`` epochs; keep the best
+    epoch's weights). The same seed gives the same head.
     """
     import torch
 
@@ -263,7 +264,7 @@ def train_head(
     torch.set_num_threads(1)  # a small MLP on mini-batches: one thread is fastest and deterministic
     try:
         model = _fit(torch, Xs, Y, tr_idx, val_idx, X.shape[1], hidden, len(arms), mode, rng, seed,
-                     lr, weight_decay, batch_size, max_epochs, patience)
+                     lr, weight_decay, batch_size, max_epochs, patience, min_delta)
     finally:
         torch.set_num_threads(threads)
     layers, best, best_epoch, epoch = model
@@ -273,7 +274,8 @@ def train_head(
 
 def _fit(torch: Any, Xs: np.ndarray, Y: np.ndarray, tr_idx: np.ndarray, val_idx: np.ndarray, d: int,
          hidden: tuple[int, ...], k: int, mode: str, rng: np.random.Generator, seed: int, lr: float,
-         weight_decay: float, batch_size: int, max_epochs: int, patience: int) -> tuple[Any, ...]:
+         weight_decay: float, batch_size: int, max_epochs: int, patience: int,
+         min_delta: float) -> tuple[Any, ...]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         sizes = (d,) + hidden
@@ -305,7 +307,7 @@ def _fit(torch: Any, Xs: np.ndarray, Y: np.ndarray, tr_idx: np.ndarray, val_idx:
             net.eval()
             with torch.no_grad():
                 vl = float(loss_fn(net(xv), yv))
-            if vl < best - 1e-9:
+            if best_state is None or vl < best - min_delta * abs(best):
                 best, best_epoch, wait = vl, epoch, 0
                 best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
             else:

@@ -4,9 +4,9 @@ Two modes of :class:`RiverPolicy`:
 
 - ``policy=`` a ``river.bandit`` policy (context-free, or contextual such as
   ``LinUCBDisjoint``). Contexts are passed to contextual ones as dicts ``{"x0": .., "x1": ..}``.
-  Propensities: river policies only return an arm, so the adapter pulls a copy-free probe
-  ``probe`` times (the river policy's random generators are reseeded from the adapter's own
-  generator first, which keeps the whole adapter deterministic under ``seed``), estimates the
+  Propensities: river policies only return an arm, so the adapter pulls the policy ``probe``
+  times (its random generators are reseeded from the adapter's own generator before every
+  decision, which keeps the whole adapter deterministic under ``seed``), estimates the
   probabilities as the pull frequencies and draws the arm from them: the logged propensity is
   exact given the probe. Policies that are argmax rules (``UCB``, ``BayesUCB``,
   ``LinUCBDisjoint``: randomness only breaks exact ties) are pulled once (propensity 1).
@@ -162,8 +162,7 @@ class RiverPolicy(Policy):
         if self.mode == "bandit":
             ids = list(self.arms)
             xd = self._dict(context)
-            if self.probe > 1:
-                self._reseed()
+            self._reseed()
             counts = np.zeros(k)
             for _ in range(self.probe):
                 a = self.model.pull(ids, context=xd) if self.contextual else self.model.pull(ids)
@@ -227,7 +226,8 @@ def _presets() -> dict[str, tuple[str, Any]]:
     return {
         "ucb": ("policy", lambda seed, delta=1.0, **kw: bandit.UCB(delta=delta, seed=seed, **kw)),
         "eps-greedy": ("policy", lambda seed, epsilon=0.1, **kw: bandit.EpsilonGreedy(epsilon=epsilon, seed=seed, **kw)),
-        "ts": ("policy", lambda seed, **kw: bandit.ThompsonSampling(reward_obj=proba.Gaussian(), seed=seed, **kw)),
+        "ts": ("policy", lambda seed, burn_in=2, **kw: bandit.ThompsonSampling(
+            reward_obj=proba.Gaussian(), burn_in=burn_in, seed=seed, **kw)),
         "exp3": ("policy", lambda seed, gamma=0.1, **kw: bandit.Exp3(gamma=gamma, seed=seed, **kw)),
         "linucb": ("policy", lambda seed, **kw: bandit.LinUCBDisjoint(seed=seed, **kw)),
         "random": ("policy", lambda seed, **kw: bandit.RandomPolicy(seed=seed, **kw)),
@@ -239,7 +239,8 @@ def river_policy(arms: Sequence[int], seed: int | None = None, model: str = "lin
                  c: float = 1.0, probe: int = 32, epsilon: float = 0.0, **params: Any) -> RiverPolicy:
     """Build a :class:`RiverPolicy` from a preset name (the ``river:NAME,key=value`` spec).
 
-    Presets: ``ucb``, ``eps-greedy``, ``ts`` (Gaussian reward distributions), ``exp3``,
+    Presets: ``ucb``, ``eps-greedy``, ``ts`` (Gaussian reward distributions, two burn-in pulls
+    per arm: river's Gaussian samples 0 for an arm it has not seen), ``exp3``,
     ``linucb`` (``LinUCBDisjoint``), ``random`` (river.bandit policies) and ``linear``
     (``StandardScaler | LinearRegression`` per arm, with ``exploration`` greedy or ucb).
     Other ``key=value`` options go to the river constructor.

@@ -1,0 +1,123 @@
+"""``adaptspec train-head``: train the BlockPilot-style offline head on a trace set.
+
+The head maps a request's prefill features to the expected reward of every block size
+(``--mode regression``, the default, which NeuralLinear and SquareCB build on) or to the best
+block size (``--mode classification``, as BlockPilot). It is written as a directory with
+``model.safetensors`` and ``config.json``, usable as ``head:path=HEAD`` or
+``neural-linear:head=HEAD``.
+
+Examples::
+
+    adaptspec train-head TRACES --out runs/head
+    adaptspec train-head TRACES --out runs/head --reward modelled --latency cpu-smollm2-bf16 --json
+    adaptspec simulate TRACES --policy neural-linear:head=runs/head --policy head:path=runs/head
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..rewards import REWARDS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
+                   help="trace set directory with features (default: the bundled one)")
+    p.add_argument("--out", required=True, metavar="HEAD", help="directory to write the head to")
+    p.add_argument("--mode", choices=("regression", "classification"), default="regression",
+                   help="predict every arm's reward (default) or the best arm (BlockPilot)")
+    p.add_argument("--reward", choices=REWARDS, default=None,
+                   help="reward the head predicts (default: throughput when the trace set has timings, "
+                        "else modelled with --latency, else tau)")
+    p.add_argument("--latency", metavar="PROFILE", default=None,
+                   help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--hidden", default="64,32", metavar="W1,W2,...", help="hidden layer widths (default 64,32)")
+    p.add_argument("--val-fraction", type=float, default=0.2, metavar="F", help="held-out share for early stopping")
+    p.add_argument("--epochs", type=int, default=300, metavar="N", help="maximum epochs")
+    p.add_argument("--patience", type=int, default=20, metavar="N", help="epochs without validation improvement before stopping")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam weight decay")
+    p.add_argument("--batch", type=int, default=128, metavar="N", help="mini-batch size")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing head at --out")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise AdaptspecError(f"--hidden: expected widths like 64,32, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise AdaptspecError(f"--hidden: widths must be positive integers, got {text!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..policies.offline_head import train_head
+    from ..traces import load_traces
+
+    hidden = _hidden(args.hidden)
+    for name, v, lo in (("--epochs", args.epochs, 1), ("--patience", args.patience, 1),
+                        ("--batch", args.batch, 1), ("--batch-size", args.batch_size, 1)):
+        if v < lo:
+            raise AdaptspecError(f"{name} must be >= {lo}, got {v}")
+    if not 0.0 < args.val_fraction < 1.0:
+        raise AdaptspecError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    if not args.lr > 0:
+        raise AdaptspecError(f"--lr must be > 0, got {args.lr}")
+    out = Path(args.out)
+    if out.exists() and not args.overwrite and (out.is_file() or any(out.iterdir())):
+        raise AdaptspecError(f"{out} exists and is not empty (use --overwrite to replace it)")
+
+    traces = load_traces(args.traces)
+    X = traces.features
+    if X is None:
+        raise AdaptspecError(f"trace set {traces.path or ''} has no features: the head learns from the prefill "
+                             "features (collect traces with features, or use a synthetic set)")
+    reward = args.reward
+    if reward is None:
+        reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
+    R = traces.reward_matrix(reward, args.latency, args.batch_size)
+    ok = np.isfinite(R).all(axis=1)
+    if not ok.all():
+        bad = int(np.flatnonzero(~ok)[0])
+        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
+    info = {"traces": None if traces.path is None else str(traces.path), "reward": reward,
+            "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1])}
+    head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,
+                      val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
+                      lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        head.save(tmp)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    keys = ("n_train", "n_val", "best_epoch", "epochs", "val_loss", "val_accuracy", "val_pct_oracle", "val_pct_best_fixed")
+    summary = {"out": str(out), "mode": head.mode, "arms": list(head.arms), "hidden": list(head.hidden_sizes),
+               "reward": reward, **{k: head.info[k] for k in keys}}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"head ({head.mode}, hidden {list(head.hidden_sizes)}) trained on {summary['n_train']} requests, "
+              f"validated on {summary['n_val']}; best epoch {summary['best_epoch']} of {summary['epochs']}")
+        print(f"validation: {summary['val_pct_oracle']:.1f}% of the per-request oracle, "
+              f"{summary['val_pct_best_fixed']:.1f}% of the best fixed block size, "
+              f"best arm picked {100 * summary['val_accuracy']:.1f}% of the time (reward {reward})")
+        print(f"wrote {out}  (use: --policy head:path={out}  or  --policy neural-linear:head={out})")
+    return 0
