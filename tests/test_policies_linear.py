@@ -14,8 +14,10 @@ from adaptspec.policies.linear import DiscountedRidgeArms, RidgeArms
 from adaptspec.policies.squarecb import squarecb_probs
 
 
-def _direct(k, d, data, prior_mean, prior_prec, gamma=None):
-    """theta and A for every arm by solving the normal equations from scratch."""
+def _direct(k, d, data, prior_mean, prior_prec, gamma=None, every=1):
+    """theta and A for every arm by solving the normal equations from scratch. With a discount,
+    observation s (1-based) weighs gamma^(every * decays after it), decays happening at the
+    start of updates every+1, 2 every+1, ..."""
     T = len(data)
     thetas, As = [], []
     for a in range(k):
@@ -23,7 +25,8 @@ def _direct(k, d, data, prior_mean, prior_prec, gamma=None):
         b = prior_prec[a] @ prior_mean[a]
         for t, (arm, x, r) in enumerate(data):
             if arm == a:
-                w = 1.0 if gamma is None else gamma ** (T - 1 - t)
+                s = t + 1
+                w = 1.0 if gamma is None else gamma ** (every * ((T - 1) // every - (s - 1) // every))
                 A += w * np.outer(x, x)
                 b += w * r * x
         thetas.append(np.linalg.solve(A, b))
@@ -33,8 +36,8 @@ def _direct(k, d, data, prior_mean, prior_prec, gamma=None):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(0, 60), gamma=st.sampled_from([None, 0.9, 0.99]),
-       full=st.booleans())
-def test_cores_equal_direct_solves(seed, n, gamma, full):
+       full=st.booleans(), every=st.sampled_from([1, 3, 16]))
+def test_cores_equal_direct_solves(seed, n, gamma, full, every):
     rng = np.random.default_rng(seed)
     k, d = 3, 4
     pm = rng.normal(size=(k, d))
@@ -44,11 +47,11 @@ def test_cores_equal_direct_solves(seed, n, gamma, full):
     else:
         pp = np.stack([np.diag(v) for v in rng.uniform(0.2, 3.0, size=(k, d))])
     core = RidgeArms(k, d, prior_mean=pm, prior_precision=pp) if gamma is None else \
-        DiscountedRidgeArms(k, d, gamma, prior_mean=pm, prior_precision=pp)
+        DiscountedRidgeArms(k, d, gamma, prior_mean=pm, prior_precision=pp, every=every)
     data = [(int(rng.integers(k)), rng.normal(size=d) * 3, float(rng.normal() * 5)) for _ in range(n)]
     for a, x, r in data:
         core.update(a, x, r)
-    thetas, As = _direct(k, d, data, pm, pp, gamma)
+    thetas, As = _direct(k, d, data, pm, pp, gamma, every)
     X = rng.normal(size=(5, d))
     mu, var = core.mean_var_many(X)
     for a in range(k):

@@ -37,9 +37,14 @@ def greedy_probs(scores: np.ndarray) -> np.ndarray:
     >>> greedy_probs(np.array([1.0, 3.0, 3.0]))
     array([0. , 0.5, 0.5])
     """
-    m = scores == scores.max()
-    c = m.sum()
-    return m.astype(np.float64) if c == 1 else m / c
+    j = scores.argmax()
+    m = scores == scores[j]
+    c = np.count_nonzero(m)
+    if c == 1:
+        p = np.zeros(scores.shape[0])
+        p[j] = 1.0
+        return p
+    return m / c
 
 
 def _check_forgetting(discount: float | None, window: int | None) -> tuple[float | None, int | None]:

@@ -256,6 +256,7 @@ class NeuralLinear(LinearPolicy):
         ns *= g
         ns[0] += 1.0
         ns[1] += err * err
+        self._sigma, self._last = None, None
         for core in self.cores:
             core.update(arm, phi, r)
         self._select()
@@ -295,6 +296,7 @@ class NeuralLinear(LinearPolicy):
         for c, st in zip(cores, state["cores"]):
             c.load(st)
         self.cores, self.evidence, self.noise_stats = cores, evidence, noise_stats
+        self._sigma, self._last = None, None
         self._select()
 
     def __repr__(self) -> str:
