@@ -195,3 +195,13 @@ def test_train_head_needs_features(tmp_path, capsys):
     TraceSet.from_arrays(list("abcdef"), ["x"] * 6, [1, 2], np.ones((6, 2))).write(path)
     assert main(["train-head", str(path), "--out", str(tmp_path / "h")]) == 2
     assert "no features" in capsys.readouterr().err
+
+
+def test_head_outputs_follow_sorted_arms():
+    X, R, _ = linear_stream(200, seed=15)
+    a = train_head(X, R, ARMS, hidden=(8,), max_epochs=30, seed=0)
+    b = train_head(X, R[:, ::-1], ARMS[::-1], hidden=(8,), max_epochs=30, seed=0)
+    assert b.arms == ARMS
+    assert np.allclose(a.predict(X), b.predict(X))
+    with pytest.raises(AdaptspecError, match="unique"):
+        train_head(X, R, [2, 2, 8])

@@ -329,7 +329,8 @@ class UCB(_ContextFree):
     arms
         Block sizes.
     c
-        Exploration weight.
+        Exploration weight (default 0.25: the std-scaled UCB1 bonus with ``c = 1`` over-explored
+        ten block sizes on the development scenario, see BENCHMARKS.md).
     scale
         ``"auto"`` (running std of rewards; 1 until two different rewards were seen) or a
         fixed reward scale.
@@ -355,7 +356,7 @@ class UCB(_ContextFree):
     def __init__(
         self,
         arms: Sequence[int],
-        c: float = 1.0,
+        c: float = 0.25,
         scale: float | str = "auto",
         warmup: int = 1,
         discount: float | None = None,
@@ -628,7 +629,7 @@ class EXP3(_ContextFree):
             self._update(None, a, r)
 
 
-def ucb_throughput(arms: Sequence[int], seed: int | None = None, warmup_rounds: int = 8, c: float = 1.0,
+def ucb_throughput(arms: Sequence[int], seed: int | None = None, warmup_rounds: int = 8, c: float = 0.25,
                    discount: float | None = None, window: int | None = None, epsilon: float = 0.0) -> UCB:
     """Factory of the ``ucb-throughput`` spec: :meth:`UCB.throughput`."""
     return UCB.throughput(arms, warmup_rounds=warmup_rounds, c=c, discount=discount, window=window,

@@ -33,7 +33,6 @@ development scenario, see BENCHMARKS.md).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,7 +42,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .linear import DiscountedRidgeArms, LinearPolicy, RidgeArms, _mc_probs
 from .mab import MC_SAMPLES, greedy_probs
-from .offline_head import HeadModel
+from .offline_head import HeadModel, head_fingerprint
 
 __all__ = ["HeadFeatures", "NeuralLinear", "head_prior", "head_fingerprint", "neural_linear_policy", "PRIOR_GRID"]
 
@@ -85,16 +84,6 @@ class HeadFeatures:
 
     def reward_back(self, r: float | np.ndarray) -> Any:
         return r * self.reward_scale + self.reward_mean
-
-
-def head_fingerprint(head: HeadModel) -> str:
-    """Short hash of a head's weights (a saved policy state records which head it belongs to)."""
-    h = hashlib.sha256()
-    for W, b in head.layers:
-        h.update(np.ascontiguousarray(W, dtype=np.float32).tobytes())
-        h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
-    h.update(np.ascontiguousarray(head.x_mean).tobytes())
-    return h.hexdigest()[:16]
 
 
 def head_prior(head: HeadModel, prior_n: float) -> tuple[np.ndarray, np.ndarray, float]:

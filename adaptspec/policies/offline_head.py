@@ -21,6 +21,7 @@ metrics).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from ..errors import AdaptspecError
 from .base import Policy
 from .mab import greedy_probs
 
-__all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "HEAD_FORMAT"]
+__all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 
 #: version of the saved head format
 HEAD_FORMAT = 1
@@ -65,6 +66,8 @@ class HeadModel:
 
     def __post_init__(self) -> None:
         self.arms = tuple(int(a) for a in self.arms)
+        if list(self.arms) != sorted(set(self.arms)) or not self.arms or self.arms[0] < 1:
+            raise AdaptspecError(f"head arms must be unique positive block sizes in increasing order, got {list(self.arms)}")
         if self.mode not in MODES:
             raise AdaptspecError(f"head mode must be one of {MODES}, got {self.mode!r}")
         if len(self.layers) < 2:
@@ -190,6 +193,16 @@ class HeadModel:
             raise AdaptspecError(f"{path}: saved head lacks {e}") from None
 
 
+def head_fingerprint(head: HeadModel) -> str:
+    """Short hash of a head's weights (a saved policy state records which head it belongs to)."""
+    h = hashlib.sha256()
+    for W, b in head.layers:
+        h.update(np.ascontiguousarray(W, dtype=np.float32).tobytes())
+        h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
+    h.update(np.ascontiguousarray(head.x_mean).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _jsonable(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
@@ -217,7 +230,8 @@ def train_head(
 ) -> HeadModel:
     """Train a head on contexts ``X`` (n, d) and full-information rewards ``R`` (n, K).
 
-    ``R[i, j]`` is the reward of arm ``arms[j]`` on request ``i``. A seeded random
+    ``R[i, j]`` is the reward of arm ``arms[j]`` on request ``i`` (the head's outputs follow the
+    arms sorted in increasing order, as the policies' do). A seeded random
     ``val_fraction`` of the requests is held out for early stopping (stop when the validation
     loss has not improved by a relative ``min_delta`` for ``patience`` epochs; keep the best
     epoch's weights). The same seed gives the same head.
@@ -227,6 +241,8 @@ def train_head(
     X = np.asarray(X, dtype=np.float64)
     R = np.asarray(R, dtype=np.float64)
     arms = tuple(int(a) for a in arms)
+    if len(set(arms)) != len(arms) or not arms or min(arms) < 1:
+        raise AdaptspecError(f"arms must be unique positive block sizes, got {list(arms)}")
     n = X.shape[0] if X.ndim == 2 else 0
     if X.ndim != 2 or n < 5:
         raise AdaptspecError(f"train_head needs a (n, d) feature matrix with n >= 5, got shape {X.shape}")
@@ -243,6 +259,9 @@ def train_head(
         raise AdaptspecError(f"hidden must list positive layer widths, got {hidden}")
     if not 0.0 < val_fraction < 1.0:
         raise AdaptspecError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    order = np.argsort(arms)  # the head's outputs follow the arms in increasing order, as policies do
+    arms = tuple(arms[i] for i in order)
+    R = R[:, order]
 
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
@@ -373,17 +392,14 @@ class OfflineHead(Policy):
         self.head = head if isinstance(head, HeadModel) else HeadModel.load(head)
         if arms is not None and tuple(sorted(int(a) for a in arms)) != tuple(sorted(self.head.arms)):
             raise AdaptspecError(f"the head was trained for arms {list(self.head.arms)}, not {list(arms)}")
-        if list(self.head.arms) != sorted(self.head.arms):
-            raise AdaptspecError("head arms must be sorted")
         super().__init__(self.head.arms, seed=seed, epsilon=epsilon, dim=self.head.in_dim)
+        self.fingerprint = head_fingerprint(self.head)
 
     @classmethod
     def fit(cls, X: np.ndarray, R: np.ndarray, arms: Sequence[int], epsilon: float = 0.0,
             seed: int = 0, **train_kwargs: Any) -> "OfflineHead":
         """Train a head (see :func:`train_head`) and wrap it as a policy."""
-        order = np.argsort(np.asarray(arms))
-        return cls(train_head(X, np.asarray(R)[:, order], [int(a) for a in np.asarray(arms)[order]],
-                              seed=seed, **train_kwargs), epsilon=epsilon, seed=seed)
+        return cls(train_head(X, R, arms, seed=seed, **train_kwargs), epsilon=epsilon, seed=seed)
 
     def save(self, path: str | Path) -> Path:
         return self.head.save(path)
@@ -406,6 +422,13 @@ class OfflineHead(Policy):
 
     def _update_batch(self, X: np.ndarray | None, idx: np.ndarray, rewards: np.ndarray) -> None:
         pass
+
+    def _state(self) -> dict[str, Any]:
+        return {"head": self.fingerprint}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        if state.get("head") != self.fingerprint:
+            raise AdaptspecError(f"state was saved with head {state.get('head')!r}, this policy uses {self.fingerprint!r}")
 
     def __repr__(self) -> str:
         return f"OfflineHead(arms={list(self.arms)}, mode={self.head.mode!r}, hidden={list(self.head.hidden_sizes)})"
