@@ -1,0 +1,85 @@
+"""``adaptspec train-drafter``: distillation data and training for a drafter, resumable.
+
+Stages: ``data`` (prompts, greedy responses, hidden states), ``train`` (resumes from the
+last checkpoint; trains on the shards present, picking up new ones), ``eval`` (held-out
+greedy acceptance), ``export`` (bfloat16 weights + config). ``all`` runs them in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import AdaptspecError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work", type=Path, default=None, help="work directory for data and checkpoints (default: cache dir)")
+    p.add_argument("--stage", choices=["all", "data", "train", "eval", "export"], default="all")
+    p.add_argument("--target", default=None, help="target model directory (default: the bundled SmolLM2)")
+    p.add_argument("--per-domain", type=int, default=800, help="prompts per domain before the held-out split")
+    p.add_argument("--eval-prompts", type=int, default=100, help="held-out prompts for evaluation")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (one core leaves the other free)")
+    p.add_argument("--layers", type=int, default=2, help="drafter layers")
+    p.add_argument("--steps", type=int, default=20_000, help="total optimiser steps (cosine schedule length)")
+    p.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
+    p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..models.loading import cache_dir, load_target
+    from ..models.train_drafter import TrainConfig, export, greedy_acceptance, prepare_data, train, ShardData
+
+    work = args.work or cache_dir() / "drafter-work"
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    if args.stage in ("all", "data"):
+        prepare_data(work, args.per_domain, args.eval_prompts, args.max_new_tokens, args.threads, args.target)
+    if args.stage == "data":
+        return 0
+    meta = work / "data.json"
+    if not meta.exists():
+        raise AdaptspecError(f"{work}: no distillation data yet; run --stage data first")
+    layers = json.loads(meta.read_text())["layers"]
+    target, _ = load_target(args.target, dtype="float32")
+    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads)
+    ckpt = work / "checkpoints"
+    if args.stage in ("all", "train"):
+        drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes, target_layers=layers)
+    else:
+        drafter = _load_checkpoint(target, ckpt, cfg, layers)
+    if args.stage in ("all", "eval", "export"):
+        ev = greedy_acceptance(drafter, ShardData([work / "heldout"]), block_sizes=(2, 4, 8, 12, 16, 24), max_seqs=400)
+        print(json.dumps({"heldout_greedy_tau": ev}, indent=2))
+        if args.export is not None:
+            st = torch.load(ckpt / "state.pt", weights_only=False)
+            data = ShardData([work / "train"])
+            export(drafter, args.export, {
+                "steps": st["step"], "config": asdict(cfg), "train_sequences": len(data),
+                "train_response_tokens": data.n_tokens(), "heldout_greedy_tau": ev,
+            })
+            print(f"wrote {args.export}")
+    return 0
+
+
+def _load_checkpoint(target, ckpt: Path, cfg, layers):
+    import torch
+
+    from ..decoding.drafter import BlockDiffusionDrafter
+
+    path = ckpt / "state.pt"
+    if not path.exists():
+        raise AdaptspecError(f"{path}: no checkpoint; run --stage train first")
+    st = torch.load(path, weights_only=False)
+    dv = st["draft_vocab"]
+    d = BlockDiffusionDrafter.for_target(
+        target, num_layers=st["cfg"]["num_layers"], max_block_size=st["cfg"]["max_block_size"],
+        target_layers=layers, draft_vocab=None if dv is None else dv.tolist(),
+    )
+    d.load_state_dict(st["model"])
+    return d.eval()

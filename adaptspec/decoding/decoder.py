@@ -1,0 +1,239 @@
+"""The draft/verify loop: lossless speculative decoding with a block-diffusion drafter.
+
+One round: the drafter drafts ``B - 1`` tokens after the last committed token in one pass;
+the target scores ``[last, d_1 .. d_{B-1}]`` in one pass; the longest acceptable prefix is
+kept, plus one token from the target (the bonus), so every round commits ``tau`` tokens,
+``1 <= tau <= B``. At temperature 0 a draft is acceptable when it equals the target's
+argmax; at T > 0 it is accepted with probability ``min(1, p/q)`` and the first rejected
+position is resampled from ``normalise(max(0, p - q))`` (standard speculative sampling),
+so the output distribution is exactly the target's. ``B = 1`` drafts nothing: that is plain
+decoding, through the same code.
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> torch.manual_seed(0) and None
+>>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+...                   num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
+>>> model = LlamaForCausalLM(cfg).eval()
+>>> target = TargetModel(model)
+>>> decoder = SpeculativeDecoder(target, BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0))
+>>> prompt = [3, 14, 15, 9, 2, 6]
+>>> spec = decoder.generate(prompt, block_size=4, max_new_tokens=12)
+>>> plain = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12)
+>>> spec.tokens == plain[0, len(prompt):].tolist()
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import AdaptspecError
+from ..speculator import Outcome, Prefill, Round
+from .drafter import BlockDiffusionDrafter, DraftState
+from .target import TargetModel
+
+#: A fixed block size, or a function ``(round_index, rounds_so_far) -> block size``.
+BlockSchedule = int | Callable[[int, list[Round]], int]
+
+
+@dataclass
+class _PrefillState:
+    cache: Any
+    context_hidden: torch.Tensor | None
+    generator: torch.Generator | None
+
+
+class SpeculativeDecoder:
+    """Implements the speculator protocol (``prefill`` / ``decode``) over a target and a drafter.
+
+    Without a drafter only ``block_size=1`` (plain decoding) is possible.
+    """
+
+    def __init__(self, target: TargetModel, drafter: BlockDiffusionDrafter | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.attach(target.model)
+            target.context_layers = list(drafter.config.target_layers)
+        self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
+
+    # ------------------------------------------------------------------ protocol
+    def prefill(
+        self, prompt_ids: Sequence[int] | torch.Tensor, temperature: float = 0.0, seed: int | None = None
+    ) -> Prefill:
+        """Run the target on the prompt and choose the first token.
+
+        At ``temperature > 0`` the first token is sampled from a generator seeded by ``seed``;
+        ``decode`` keeps drawing from the same generator unless given a seed of its own.
+        """
+        _check_temperature(temperature)
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
+        tp = self.target.prefill(ids)
+        gen = _generator(self.target.device, seed) if temperature > 0 else None
+        first = _sample(tp.logits[None], temperature, gen)[0]
+        return Prefill(
+            first_token=first,
+            prompt_tokens=int(ids.numel()),
+            features=tp.features,
+            state=_PrefillState(tp.cache, tp.context_hidden, gen),
+        )
+
+    def decode(
+        self,
+        prefill: Prefill,
+        block_size: BlockSchedule,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> Outcome:
+        """Draft/verify rounds after ``prefill`` until EOS or ``max_new_tokens`` new tokens.
+
+        ``block_size`` may be a function of the rounds so far, so it can change between
+        rounds. ``prefill`` is not consumed: it can be decoded again with another block size.
+        """
+        _check_temperature(temperature)
+        if max_new_tokens < 1:
+            raise AdaptspecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        state: _PrefillState = prefill.state
+        if not isinstance(state, _PrefillState):
+            raise AdaptspecError("this Prefill was not made by this decoder")
+        choose = block_size if callable(block_size) else (lambda i, r, b=block_size: b)
+        if not callable(block_size):
+            self._check_block_size(block_size)
+        cache = copy.deepcopy(state.cache)
+        gen = state.generator
+        if temperature > 0 and (gen is None or seed is not None):
+            gen = _generator(self.target.device, seed)
+        draft = None
+        if self.drafter is not None:
+            draft = self.drafter.new_state(state.context_hidden)
+
+        eos = self.target.eos_token_ids
+        tokens = [prefill.first_token]
+        rounds: list[Round] = []
+        n = prefill.prompt_tokens  # positions in the target's cache
+        finish = "eos" if tokens[-1] in eos else "length"
+        start = _now(self.target.device)
+        while finish == "length" and len(tokens) < max_new_tokens:
+            b = self._check_block_size(choose(len(rounds), rounds))
+            b = min(b, max_new_tokens - len(tokens))  # drafts past the end would be thrown away
+            new, r = self._round(tokens[-1], n, b, cache, draft, temperature, gen)
+            rounds.append(r)
+            n += r.tau
+            for t in new:
+                tokens.append(t)
+                if t in eos:
+                    finish = "eos"
+                    break
+        decode_s = _now(self.target.device) - start
+        return Outcome(tokens=tokens[:max_new_tokens], rounds=rounds, decode_s=decode_s, finish_reason=finish)
+
+    def generate(
+        self,
+        input_ids: Sequence[int] | torch.Tensor,
+        block_size: BlockSchedule,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> Outcome:
+        """Prefill + decode. ``block_size=1`` is plain (target-only) decoding."""
+        if not callable(block_size):
+            self._check_block_size(block_size)
+        pre = self.prefill(input_ids, temperature=temperature, seed=seed)
+        return self.decode(pre, block_size, max_new_tokens, temperature=temperature)
+
+    # ------------------------------------------------------------------ one round
+    def _round(
+        self,
+        last: int,
+        n: int,
+        b: int,
+        cache: Any,
+        draft: DraftState | None,
+        temperature: float,
+        gen: torch.Generator | None,
+    ) -> tuple[list[int], Round]:
+        dev = self.target.device
+        t0 = _now(dev)
+        drafts = torch.empty(0, dtype=torch.long, device=dev)
+        q = None
+        if b > 1:
+            logits = self.drafter.draft_logits(draft, last, b).float()
+            if temperature == 0:
+                idx = logits.argmax(-1)
+            else:
+                q = torch.softmax(logits / temperature, dim=-1)
+                idx = torch.multinomial(q.to(dev), 1, generator=gen)[:, 0]
+                q = self.drafter.target_probs(q).to(dev)
+            drafts = self.drafter.to_target_ids(idx).to(dev)
+        t1 = _now(dev)
+        block = torch.cat([torch.tensor([last], device=dev), drafts])
+        logits, hidden = self.target.verify(block, cache)
+        logits = logits.float()
+        if temperature == 0:
+            best = logits.argmax(-1)  # target's choice after each block position
+            ok = (best[:-1] == drafts).int()
+            j = int(ok.cumprod(0).sum())  # accepted drafts; one host sync per round
+            new = drafts[:j].tolist() + [int(best[j])]
+        else:
+            p = torch.softmax(logits / temperature, dim=-1)
+            j = b - 1
+            if b > 1:
+                pos = torch.arange(b - 1, device=dev)
+                ratio = p[pos, drafts] / q[pos, drafts]
+                u = torch.rand(b - 1, generator=gen, device=dev)
+                j = int((u < ratio).int().cumprod(0).sum())
+            if j < b - 1:  # first rejection: resample from the residual
+                resid = (p[j] - q[j]).clamp_min(0)
+                dist = resid if float(resid.sum()) > 0 else p[j]
+                nxt = int(torch.multinomial(dist / dist.sum(), 1, generator=gen))
+            else:  # all accepted: the bonus token comes from the target
+                nxt = int(torch.multinomial(p[b - 1], 1, generator=gen))
+            new = drafts[:j].tolist() + [nxt]
+        tau = j + 1
+        self.target.crop(cache, n + tau)
+        if draft is not None:
+            draft.append(hidden[:tau])
+        t2 = _now(dev)
+        return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1)
+
+    def _check_block_size(self, b: int) -> int:
+        if not isinstance(b, int) or isinstance(b, bool):
+            raise AdaptspecError(f"block size must be an int, got {b!r}")
+        if not 1 <= b <= self.max_block_size:
+            why = " (no drafter: only plain decoding)" if self.drafter is None else ""
+            raise AdaptspecError(f"block size {b} outside 1..{self.max_block_size}{why}")
+        return b
+
+
+def _check_temperature(t: float) -> None:
+    if not t >= 0:
+        raise AdaptspecError(f"temperature must be >= 0, got {t}")
+
+
+def _generator(device: torch.device, seed: int | None) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(int(seed))
+    return g
+
+
+def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> list[int]:
+    if temperature == 0:
+        return logits.argmax(-1).tolist()
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,227 @@
+"""Target adapter: any Hugging Face causal LM, with the three calls a speculator needs.
+
+``prefill`` runs the prompt and returns the first-token logits, the hidden states the drafter
+reads and the prefill feature vector; ``verify`` runs a block against the KV cache;
+``crop`` rolls the cache back after a partial acceptance.
+
+The feature vector is described by a short spec, parts joined by commas:
+
+- ``last:L`` the last position's hidden state at layer ``L``,
+- ``mean:L`` the mean over prompt positions at layer ``L``,
+- ``logits:D`` the last position's logits, projected to ``D`` dims by a fixed random matrix,
+- ``len`` log(1 + prompt length) (context length matters: long contexts favour small blocks).
+
+Layers are indices into ``hidden_states`` (0 = embeddings); ``-1`` is the last layer (after
+the final norm) and ``mid`` the middle one.
+
+>>> parse_feature_spec("last:-1,mean:mid,len", num_layers=30)
+[('last', 30), ('mean', 15), ('len', 0)]
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import AdaptspecError
+from .batch_invariant import make_batch_invariant
+
+DEFAULT_FEATURES = "last:-1,mean:mid,len"
+
+
+def parse_feature_spec(spec: str, num_layers: int) -> list[tuple[str, int]]:
+    """Parse a feature spec into ``(kind, layer-or-dim)`` parts (see the module docstring)."""
+    parts: list[tuple[str, int]] = []
+    for raw in spec.split(","):
+        raw = raw.strip()
+        kind, _, arg = raw.partition(":")
+        if kind == "len" and not arg:
+            parts.append(("len", 0))
+            continue
+        if kind not in ("last", "mean", "logits") or not arg:
+            raise AdaptspecError(f"bad feature part {raw!r} in {spec!r}: use last:L, mean:L, logits:D or len")
+        if kind == "logits":
+            if not arg.isdigit() or int(arg) < 1:
+                raise AdaptspecError(f"logits:D needs a positive dimension, got {raw!r}")
+            parts.append(("logits", int(arg)))
+            continue
+        if arg == "mid":
+            layer = num_layers // 2
+        else:
+            try:
+                layer = int(arg)
+            except ValueError:
+                raise AdaptspecError(f"bad layer {arg!r} in feature part {raw!r}") from None
+            if layer < 0:
+                layer = num_layers + 1 + layer
+        if not 0 <= layer <= num_layers:
+            raise AdaptspecError(f"feature layer {arg} outside 0..{num_layers}")
+        parts.append((kind, layer))
+    return parts
+
+
+@dataclass
+class TargetPrefill:
+    """What the target computed on a prompt."""
+
+    logits: torch.Tensor  # [V] at the last prompt position
+    context_hidden: torch.Tensor | None  # [T, k*H] at the drafter's layers, or None
+    features: np.ndarray  # float32 [d]
+    cache: Any  # transformers Cache holding T positions
+
+
+class TargetModel:
+    """Wraps a causal LM (a model object or a local path) for speculative decoding.
+
+    With ``batch_invariant=True`` (the default) the model is patched in place so that a
+    block is computed row for row exactly as token-by-token decoding computes it (see
+    :mod:`adaptspec.decoding.batch_invariant`): that is what makes greedy speculative output
+    bit-identical to the model's own ``generate``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | str | os.PathLike,
+        tokenizer: Any = None,
+        features: str = DEFAULT_FEATURES,
+        context_layers: Sequence[int] | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        batch_invariant: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            from ..models.loading import load_target
+
+            model, tokenizer = load_target(model, dtype=_dtype_name(dtype) or "bfloat16", device=str(device or "cpu"))
+        else:
+            if dtype is not None or device is not None:
+                model = model.to(device=device, dtype=_torch_dtype(dtype))
+        if batch_invariant:
+            make_batch_invariant(model)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        cfg = model.config
+        self.num_layers: int = cfg.num_hidden_layers
+        self.vocab_size: int = cfg.vocab_size
+        self.feature_parts = parse_feature_spec(features, self.num_layers)
+        self.feature_spec = features
+        self.context_layers: list[int] | None = list(context_layers) if context_layers is not None else None
+        self._projection: torch.Tensor | None = None
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(cfg, "eos_token_id", None)
+        self.eos_token_ids: set[int] = set() if eos is None else set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def feature_dim(self) -> int:
+        h = self.model.config.hidden_size
+        return sum(h if k in ("last", "mean") else (1 if k == "len" else d) for k, d in self.feature_parts)
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        """Token ids of ``prompt`` as one user turn in the chat template (plain text if none)."""
+        if self.tokenizer is None:
+            raise AdaptspecError("this target has no tokenizer: pass token ids instead of text")
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    # ------------------------------------------------------------------ forward passes
+    def _forward(self, ids: torch.Tensor, cache: Any, want_hidden: bool, last_only: bool = False):
+        from transformers import DynamicCache
+
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out, cache
+
+    def _context(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        if self.context_layers is None:
+            return None
+        return torch.cat([hidden_states[i][0] for i in self.context_layers], dim=-1)
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> TargetPrefill:
+        """Run the prompt; return last-position logits, drafter context, features and the cache."""
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        if ids.shape[1] == 0:
+            raise AdaptspecError("empty prompt: give at least one token")
+        if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
+            raise AdaptspecError(f"prompt has token ids outside 0..{self.vocab_size - 1}")
+        out, cache = self._forward(ids, None, want_hidden=True, last_only=True)
+        hs = out.hidden_states
+        logits = out.logits[0, -1]
+        return TargetPrefill(logits, self._context(hs), self._features(hs, logits, ids.shape[1]), cache)
+
+    @torch.no_grad()
+    def verify(self, block: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``block[B]`` after the cached positions: logits ``[B, V]`` and drafter context ``[B, k*H]``."""
+        out, _ = self._forward(block.reshape(1, -1), cache, want_hidden=self.context_layers is not None)
+        ctx = self._context(out.hidden_states) if self.context_layers is not None else None
+        return out.logits[0], ctx
+
+    @staticmethod
+    def crop(cache: Any, length: int) -> None:
+        """Keep the first ``length`` cached positions (transformers 5: ``crop(-n)`` drops the last n)."""
+        extra = cache.get_seq_length() - length
+        if extra > 0:
+            cache.crop(-extra)
+
+    # ------------------------------------------------------------------ features
+    def _features(self, hs: tuple[torch.Tensor, ...], logits: torch.Tensor, n: int) -> np.ndarray:
+        out: list[torch.Tensor] = []
+        for kind, arg in self.feature_parts:
+            if kind == "last":
+                out.append(hs[arg][0, -1].float())
+            elif kind == "mean":
+                out.append(hs[arg][0].float().mean(0))
+            elif kind == "logits":
+                out.append(logits.float() @ self._logit_projection(arg))
+            else:
+                out.append(torch.tensor([np.log1p(n)], dtype=torch.float32, device=logits.device))
+        return torch.cat(out).cpu().numpy().astype(np.float32)
+
+    def _logit_projection(self, dim: int) -> torch.Tensor:
+        if self._projection is None or self._projection.shape[1] != dim:
+            g = torch.Generator().manual_seed(0)
+            p = torch.randn(self.vocab_size, dim, generator=g) / np.sqrt(dim)
+            self._projection = p.to(self.device)
+        return self._projection
+
+
+def _torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    t = getattr(torch, str(dtype), None)
+    if not isinstance(t, torch.dtype):
+        raise AdaptspecError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return t
+
+
+def _dtype_name(dtype: str | torch.dtype | None) -> str | None:
+    if dtype is None:
+        return None
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,361 @@
+"""Train a block-diffusion drafter for a target (the DFlash recipe, scaled to a CPU).
+
+Steps, each resumable (``adaptspec train-drafter`` runs them in order):
+
+1. prompts: a varied pool in five domains (:mod:`adaptspec.models.prompts`), held-out ones removed;
+2. responses: the target's own greedy answers (:func:`~adaptspec.models.distill.generate_responses`);
+3. hidden states at the drafter's context layers, in shards;
+4. training: random anchor positions in the responses, each opening a block of ``B - 1``
+   masks that reads the context before the anchor; cross-entropy over the draft vocabulary
+   weighted by ``exp(-(k-1)/gamma)`` at block position ``k``; AdamW with warm-up and cosine
+   decay; bfloat16 autocast; checkpoints (model, optimiser, step, generator) every few
+   minutes, so a killed run continues where it stopped;
+5. evaluation on held-out responses: the exact greedy acceptance length at random anchors
+   (on text the target generated greedily, the accepted length at an anchor is the longest
+   prefix where the drafter's argmax equals the text, so no decoding loop is needed).
+
+Checkpoints and data live in a work directory outside the repository; ``--export`` writes
+the final weights (bfloat16 safetensors + config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..decoding.drafter import BlockDiffusionDrafter, block_position_weights
+
+
+@dataclass
+class TrainConfig:
+    num_layers: int = 2
+    block_size: int = 16
+    max_block_size: int = 32
+    draft_vocab_size: int | None = 8192
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 8
+    max_seq_len: int = 640
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 200
+    total_steps: int = 20_000
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    gamma: float | None = None
+    seed: int = 0
+    threads: int = 1
+    bf16_autocast: bool = True
+    checkpoint_every_s: float = 300.0
+    eval_every: int = 500
+    log_every: int = 50
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- data
+class ShardData:
+    """All sequences of the shards under ``dirs``, in memory (float16 hidden states)."""
+
+    def __init__(self, dirs: Iterable[Path]) -> None:
+        self.dirs = [Path(d) for d in dirs]
+        self.tokens: list[np.ndarray] = []
+        self.hidden: list[np.ndarray] = []
+        self.prompt_lens: list[int] = []
+        self.domains: list[str] = []
+        self.files: set[Path] = set()
+        self.reload()
+
+    def reload(self) -> int:
+        """Load shards written since the last call; returns how many were added."""
+        new = sorted(p for d in self.dirs for p in (d / "shards").glob("shard-*.npz") if p not in self.files)
+        for path in new:
+            with np.load(path) as z:
+                lens, tok, hid = z["lengths"], z["tokens"], z["hidden"]
+                starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+                for s, n, pl, d in zip(starts, lens, z["prompt_lens"], z["domains"]):
+                    if n - pl >= 3:  # needs at least one anchor with a label
+                        self.tokens.append(tok[s : s + n])
+                        self.hidden.append(hid[s : s + n])
+                        self.prompt_lens.append(int(pl))
+                        self.domains.append(str(d))
+            self.files.add(path)
+        return len(new)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def n_tokens(self, responses_only: bool = True) -> int:
+        return int(sum(len(t) - (pl if responses_only else 0) for t, pl in zip(self.tokens, self.prompt_lens)))
+
+    def token_counts(self) -> Counter:
+        c: Counter = Counter()
+        for t, pl in zip(self.tokens, self.prompt_lens):
+            c.update(np.asarray(t[pl:]).tolist())
+        return c
+
+
+def make_batch(
+    data: ShardData, idx: np.ndarray, cfg: TrainConfig, rng: np.random.Generator, vocab_map: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """Sequences ``idx`` truncated to ``max_seq_len``, with random anchors in their responses."""
+    b, a = cfg.block_size, cfg.anchors_per_seq
+    seqs = []
+    for i in idx:
+        tok, hid, pl = data.tokens[i], data.hidden[i], data.prompt_lens[i]
+        n, m = len(tok), cfg.max_seq_len
+        if n > m:  # a window of m positions that still holds response tokens to anchor on
+            lo = int(rng.integers(max(0, pl + 2 - m), n - m + 1))
+            tok, hid, pl = tok[lo : lo + m], hid[lo : lo + m], max(1, pl - lo)
+        seqs.append((np.asarray(tok, dtype=np.int64), np.asarray(hid, dtype=np.float32), max(1, pl)))
+    width = max(len(t) for t, _, _ in seqs)
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    hidden = torch.zeros(len(seqs), width, seqs[0][1].shape[1])
+    anchors = torch.zeros(len(seqs), a, dtype=torch.long)
+    labels = torch.full((len(seqs), a, b - 1), -100, dtype=torch.long)
+    for r, (tok, hid, pl) in enumerate(seqs):
+        n = len(tok)
+        tokens[r, :n] = torch.from_numpy(tok)
+        hidden[r, :n] = torch.from_numpy(hid)
+        cand = np.arange(pl, n - 1)  # the anchor token must have at least one label after it
+        pick = np.sort(rng.choice(cand, size=a, replace=len(cand) < a))
+        anchors[r] = torch.from_numpy(pick)
+        for j, p in enumerate(pick.tolist()):
+            lab = tok[p + 1 : p + b]
+            labels[r, j, : len(lab)] = torch.from_numpy(lab)
+    if vocab_map is not None:
+        labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
+    return {"tokens": tokens, "hidden": hidden, "anchors": anchors, "labels": labels}
+
+
+def draft_vocabulary(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ``size`` most frequent response tokens (plus ``always``), sorted by id."""
+    keep = set(always)
+    for t, _ in counts.most_common():
+        if len(keep) >= size:
+            break
+        keep.add(int(t))
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Target id -> draft index (-100 for ids outside the draft vocabulary)."""
+    m = torch.full((vocab_size,), -100, dtype=torch.long)
+    m[draft_vocab] = torch.arange(len(draft_vocab))
+    return m
+
+
+# ---------------------------------------------------------------------- loss and eval
+def block_loss(drafter: BlockDiffusionDrafter, batch: dict, weights: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Position-weighted cross-entropy of a batch, and its top-1 accuracy on valid labels."""
+    h = drafter.forward_train(batch["hidden"], batch["tokens"], batch["anchors"], weights.numel() + 1)
+    logits = (h @ drafter.lm_weight().T.to(h.dtype)).float()  # [N, A, B-1, Vd]
+    labels = batch["labels"]
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
+    ce = ce.view(labels.shape)
+    valid = (labels >= 0).float()
+    w = weights.view(1, 1, -1) * valid
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    acc = float(((logits.argmax(-1) == labels).float() * valid).sum() / valid.sum().clamp_min(1))
+    return loss, acc
+
+
+@torch.no_grad()
+def greedy_acceptance(
+    drafter: BlockDiffusionDrafter,
+    data: ShardData,
+    block_sizes: Iterable[int] = (4, 8, 16),
+    anchors_per_seq: int = 8,
+    max_seqs: int = 200,
+    seed: int = 0,
+) -> dict:
+    """Exact T=0 acceptance length per block size on held-out greedy text, overall and per domain.
+
+    At an anchor, tau = 1 + the longest prefix of drafted positions whose argmax equals the
+    text (which is the target's greedy continuation).
+    """
+    rng = np.random.default_rng(seed)
+    bmax = max(block_sizes)
+    cfg = TrainConfig(block_size=bmax, anchors_per_seq=anchors_per_seq, max_seq_len=10_000)
+    per: dict[int, dict[str, list[float]]] = {b: {} for b in block_sizes}
+    n = min(len(data), max_seqs)
+    for i in range(n):
+        batch = make_batch(data, np.array([i]), cfg, rng, None)
+        h = drafter.forward_train(batch["hidden"], batch["tokens"], batch["anchors"], bmax)
+        pred = drafter.to_target_ids((h @ drafter.lm_weight().T.to(h.dtype)).argmax(-1))[0]  # [A, bmax-1]
+        labels = batch["labels"][0]
+        for b in block_sizes:
+            ok = (pred[:, : b - 1] == labels[:, : b - 1]) & (labels[:, : b - 1] >= 0)
+            tau = 1 + ok.int().cumprod(1).sum(1)
+            # at the end of a response fewer than b-1 drafts can be checked; a tail still counts
+            per[b].setdefault(data.domains[i], []).extend(tau.tolist())
+    out = {}
+    for b, doms in per.items():
+        allv = [v for vs in doms.values() for v in vs]
+        out[b] = {"all": float(np.mean(allv))} | {d: float(np.mean(v)) for d, v in sorted(doms.items())}
+    return out
+
+
+# ---------------------------------------------------------------------- training loop
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train(
+    target,
+    train_dirs: list[Path],
+    eval_dirs: list[Path],
+    ckpt_dir: Path,
+    cfg: TrainConfig,
+    max_minutes: float | None = None,
+    log=print,
+    target_layers: list[int] | None = None,
+) -> BlockDiffusionDrafter:
+    """Train (or resume) a drafter for ``target``; returns it. Checkpoints go to ``ckpt_dir``."""
+    torch.set_num_threads(cfg.threads)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    data = ShardData(train_dirs)
+    held = ShardData(eval_dirs) if eval_dirs else None
+    if len(data) == 0:
+        raise RuntimeError(f"no training shards under {train_dirs}")
+    state_path = ckpt_dir / "state.pt"
+    rng = np.random.default_rng(cfg.seed)
+    if state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        draft_vocab = st["draft_vocab"]
+        drafter = BlockDiffusionDrafter.for_target(
+            target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
+            draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
+        )
+        drafter.load_state_dict(st["model"])
+        step = st["step"]
+        rng.bit_generator.state = st["rng"]
+        log(f"resumed from step {step}")
+    else:
+        draft_vocab = None
+        if cfg.draft_vocab_size:
+            eos = target.generation_config.eos_token_id
+            always = [eos] if isinstance(eos, int) else list(eos or [])
+            draft_vocab = draft_vocabulary(data.token_counts(), cfg.draft_vocab_size, always)
+            counts = data.token_counts()
+            cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
+            log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
+        drafter = BlockDiffusionDrafter.for_target(
+            target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
+            draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
+        )
+        step, st = 0, None
+    for p in target.parameters():
+        p.requires_grad_(False)
+    drafter.train()
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    if st is not None:
+        opt.load_state_dict(st["opt"])
+    vmap = None if draft_vocab is None else vocab_index(draft_vocab, target.config.vocab_size)
+    weights = block_position_weights(cfg.block_size, cfg.gamma)
+    log(f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}")
+
+    def save() -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(
+            {"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.bit_generator.state,
+             "draft_vocab": draft_vocab, "cfg": asdict(cfg)},
+            tmp,
+        )
+        os.replace(tmp, state_path)
+
+    t_start = last_ckpt = time.time()
+    run_loss = run_acc = 0.0
+    logf = open(ckpt_dir / "train_log.jsonl", "a")
+    while step < cfg.total_steps:
+        if max_minutes is not None and time.time() - t_start > max_minutes * 60:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        idx = rng.choice(len(data), size=cfg.seqs_per_step, replace=False)
+        batch = make_batch(data, idx, cfg, rng, vmap)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+            loss, acc = block_loss(drafter, batch, weights)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        run_loss += float(loss.detach())
+        run_acc += acc
+        if step % cfg.log_every == 0:
+            rec = {"step": step, "loss": run_loss / cfg.log_every, "acc": run_acc / cfg.log_every,
+                   "lr": lr_at(step, cfg), "elapsed_s": time.time() - t_start}
+            log(json.dumps(rec))
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+            run_loss = run_acc = 0.0
+        if held is not None and step % cfg.eval_every == 0:
+            drafter.eval()
+            ev = greedy_acceptance(drafter, held, max_seqs=120)
+            drafter.train()
+            rec = {"step": step, "eval_tau": ev}
+            log(json.dumps(rec))
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+        if time.time() - last_ckpt > cfg.checkpoint_every_s:
+            save()
+            last_ckpt = time.time()
+            if data.reload():  # shards written meanwhile by a running distillation
+                log(f"now {len(data)} sequences, {data.n_tokens()} response tokens")
+    save()
+    logf.close()
+    return drafter.eval()
+
+
+# ---------------------------------------------------------------------- pipeline
+def prepare_data(
+    work: Path,
+    per_domain: int = 800,
+    eval_prompts: int = 100,
+    max_new_tokens: int = 256,
+    threads: int = 1,
+    target: str | None = None,
+    seed: int = 0,
+    num_target_layers: int = 5,
+) -> None:
+    """Prompts -> greedy responses -> hidden-state shards, for training and held-out evaluation."""
+    from ..decoding.drafter import default_target_layers
+    from .distill import distill
+    from .loading import load_target
+    from .prompts import build_prompt_pool, split_pool, write_jsonl
+
+    torch.set_num_threads(threads)
+    model, tok = load_target(target, dtype="bfloat16")
+    layers = default_target_layers(model.config.num_hidden_layers, num_target_layers)
+    train_p, held_p = split_pool(build_prompt_pool(per_domain, seed=seed))
+    # held-out evaluation: a balanced subset, never trained on
+    by_dom: dict[str, list] = {}
+    for p in held_p:
+        by_dom.setdefault(p.domain, []).append(p)
+    k = max(1, eval_prompts // max(1, len(by_dom)))
+    held_eval = [p for ps in by_dom.values() for p in ps[:k]]
+    write_jsonl(train_p, work / "train_prompts.jsonl")
+    write_jsonl(held_eval, work / "heldout_prompts.jsonl")
+    (work / "data.json").write_text(json.dumps({"layers": layers, "max_new_tokens": max_new_tokens, "per_domain": per_domain}))
+    distill(model, tok, held_eval, work / "heldout", layers, max_new_tokens=max_new_tokens)
+    distill(model, tok, train_p, work / "train", layers, max_new_tokens=max_new_tokens)
+
+
+def export(drafter: BlockDiffusionDrafter, out: Path, card: dict | None = None) -> None:
+    """Write the drafter's weights (bfloat16) and config; ``card`` goes to ``training.json``."""
+    drafter.save_pretrained(out, dtype=torch.bfloat16)
+    if card is not None:
+        (Path(out) / "training.json").write_text(json.dumps(card, indent=2))
