@@ -448,6 +448,10 @@ class LinearPolicy(Policy):
             if warmup < 2:
                 raise AdaptspecError(f"warmup must be >= 2 to estimate scales, got {warmup}")
         self.warmup = warmup if self.standardize is True else 0
+        if prior_mean is not None or prior_precision is not None:
+            if self._fixed_map is None:
+                raise AdaptspecError("a prior needs the context dimension: pass dim= (or a Standardizer)")
+            _prior_arrays(k, self._fixed_map.out_dim, prior_mean, prior_precision, self.lam)  # validate now
         self._prior = (prior_mean, prior_precision)
         super().__init__(arms, seed=seed, epsilon=epsilon, dim=dim)
 
