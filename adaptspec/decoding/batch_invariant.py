@@ -53,7 +53,10 @@ def rowwise_attention(
 ) -> tuple[torch.Tensor, None]:
     """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``."""
     if query.shape[0] != 1:
-        raise ValueError("row-wise attention serves one unpadded sequence at a time")
+        raise ValueError(
+            "this model was patched by adaptspec for batch-invariant decoding of one sequence at a "
+            "time (TargetModel(batch_invariant=True)); use an unpatched copy for batched work"
+        )
     gqa = query.shape[1] != key.shape[1]
     q_len, kv_len = query.shape[2], key.shape[2]
     if q_len == kv_len:  # prefill: the standard causal kernel

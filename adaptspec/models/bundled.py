@@ -1,0 +1,46 @@
+"""The bundled speculator: SmolLM2-135M-Instruct and the drafter trained for it.
+
+>>> BUNDLED_DRAFTER.name
+'smollm2-135m-drafter'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import AdaptspecError
+
+BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
+
+
+def load_speculator(
+    target: str | os.PathLike | None = None,
+    drafter: str | os.PathLike | None = None,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    features: str | None = None,
+    threads: int | None = None,
+):
+    """A ready :class:`~adaptspec.decoding.SpeculativeDecoder`: the bundled models by default.
+
+    ``target`` is a local Hugging Face model directory (default: the bundled SmolLM2);
+    ``drafter`` a directory written by ``BlockDiffusionDrafter.save_pretrained`` (default:
+    the drafter shipped for the bundled target). Both run in ``dtype`` on ``device``.
+    """
+    import torch
+
+    from ..decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+    from ..decoding.target import DEFAULT_FEATURES
+    from .loading import load_target
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tok = load_target(target, dtype=dtype, device=device)
+    path = Path(drafter) if drafter is not None else BUNDLED_DRAFTER
+    if drafter is None and target is not None:
+        raise AdaptspecError("a custom target needs its own drafter: pass drafter=PATH")
+    if not (path / "drafter_config.json").exists():
+        raise AdaptspecError(f"{path}: no drafter weights (drafter_config.json missing)")
+    d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, dtype), device=device)
+    return SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES), d)

@@ -1,0 +1,68 @@
+"""Tiny randomly initialised targets and drafters for the decoding tests."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+
+ARCHS = ("llama", "qwen3")
+
+
+def tiny_target(arch: str = "llama", vocab: int = 96, eos: int | None = 5, seed: int = 0, layers: int = 4):
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    else:
+        raise ValueError(arch)
+    # sharper logits: fewer near-ties, longer repeated patterns, like a trained model
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt):].tolist()
+
+
+class PeekingDrafter(BlockDiffusionDrafter):
+    """Test drafter that drafts from a known continuation, with some positions corrupted.
+
+    Its drafts are right for a while and then wrong, so rounds accept 0..B-1 drafts and the
+    loop's acceptance, cropping and EOS handling are all exercised.
+    """
+
+    def __init__(self, base: BlockDiffusionDrafter, sequence: list[int], error_rate: float, seed: int = 0):
+        super().__init__(base.config, base.draft_vocab)
+        self.load_state_dict(base.state_dict())
+        self.__dict__["_shared"] = base._shared
+        self.sequence = sequence
+        self.error_rate = error_rate
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def draft_logits(self, state, last_token, block_size):
+        logits = super().draft_logits(state, last_token, block_size)  # keeps the real code path busy
+        n = state.length
+        want = self.sequence[n + 1 : n + block_size]
+        v = self.config.vocab_size
+        for i in range(block_size - 1):
+            bad = i >= len(want) or float(torch.rand(1, generator=self.gen)) < self.error_rate
+            tok = int(torch.randint(v, (1,), generator=self.gen)) if bad else want[i]
+            logits[i] = -1e4
+            logits[i, tok] = 1e4
+        return logits
+
+
+def make_decoder(model, drafter_seed: int = 0, max_block_size: int = 32, **kw) -> SpeculativeDecoder:
+    target = TargetModel(model)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=drafter_seed, max_block_size=max_block_size, **kw)
+    return SpeculativeDecoder(target, drafter)
