@@ -34,12 +34,12 @@ def load_speculator(
     from ..decoding.target import DEFAULT_FEATURES
     from .loading import load_target
 
+    if drafter is None and target is not None:
+        raise AdaptspecError("a custom target needs its own drafter: pass drafter=PATH")
+    path = Path(drafter) if drafter is not None else BUNDLED_DRAFTER
     if threads is not None:
         torch.set_num_threads(threads)
     model, tok = load_target(target, dtype=dtype, device=device)
-    path = Path(drafter) if drafter is not None else BUNDLED_DRAFTER
-    if drafter is None and target is not None:
-        raise AdaptspecError("a custom target needs its own drafter: pass drafter=PATH")
     if not (path / "drafter_config.json").exists():
         raise AdaptspecError(f"{path}: no drafter weights (drafter_config.json missing)")
     d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, dtype), device=device)
