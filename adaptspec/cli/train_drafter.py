@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads)
     ckpt = work / "checkpoints"
     if args.stage in ("all", "train"):
-        drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes, target_layers=layers)
+        drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes,
+                        target_layers=layers, vocab_prior=_prompt_token_counts(work, args.target))
     else:
         drafter = _load_checkpoint(target, ckpt, cfg, layers)
     if args.stage in ("all", "eval", "export"):
@@ -65,6 +66,26 @@ def run(args: argparse.Namespace) -> int:
             })
             print(f"wrote {args.export}")
     return 0
+
+
+def _prompt_token_counts(work: Path, target: str | None):
+    """Token counts of all training prompts (chat template applied): a vocabulary prior."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from ..models.distill import chat_ids
+    from ..models.loading import resolve_model_path
+    from ..models.prompts import read_prompts
+
+    path = work / "train_prompts.jsonl"
+    if not path.exists():
+        return None
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(target))
+    counts: Counter = Counter()
+    for p in read_prompts(path):
+        counts.update(chat_ids(tok, p.prompt))
+    return counts
 
 
 def _load_checkpoint(target, ckpt: Path, cfg, layers):

@@ -221,8 +221,13 @@ def train(
     max_minutes: float | None = None,
     log=print,
     target_layers: list[int] | None = None,
+    vocab_prior: Counter | None = None,
 ) -> BlockDiffusionDrafter:
-    """Train (or resume) a drafter for ``target``; returns it. Checkpoints go to ``ckpt_dir``."""
+    """Train (or resume) a drafter for ``target``; returns it. Checkpoints go to ``ckpt_dir``.
+
+    The draft vocabulary is fixed at the first step from the response tokens present (and
+    ``vocab_prior`` counts, e.g. of all prompts, when training starts before distillation ends).
+    """
     torch.set_num_threads(cfg.threads)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     data = ShardData(train_dirs)
@@ -247,8 +252,10 @@ def train(
         if cfg.draft_vocab_size:
             eos = target.generation_config.eos_token_id
             always = [eos] if isinstance(eos, int) else list(eos or [])
-            draft_vocab = draft_vocabulary(data.token_counts(), cfg.draft_vocab_size, always)
             counts = data.token_counts()
+            weighted = Counter({t: 10 * c for t, c in counts.items()})
+            weighted.update(vocab_prior or {})
+            draft_vocab = draft_vocabulary(weighted, cfg.draft_vocab_size, always)
             cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
             log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
         drafter = BlockDiffusionDrafter.for_target(
