@@ -1,0 +1,123 @@
+"""Trace collection: run a speculator at every candidate block size on every prompt.
+
+The result is a full-information :class:`~adaptspec.traces.TraceSet`: features from the real
+prefill, and per block size the tokens, the per-round tau and the measured draft and verify
+times. Each prompt is prefilled once and decoded at every block size (in a rotating order,
+so slow drift of the machine's speed does not favour one block size). Progress is appended
+to ``OUT.partial.jsonl`` after every prompt, so an interrupted collection resumes where it
+stopped; the trace set is written (atomically) when all prompts are done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from .errors import AdaptspecError
+from .speculator import BlockSpeculator
+from .traces import TraceSet
+
+
+def collect_traces(
+    speculator: BlockSpeculator,
+    prompts: Sequence[tuple[str, str, Sequence[int]]],
+    arms: Sequence[int],
+    out: str | os.PathLike,
+    max_new_tokens: int = 96,
+    temperature: float = 0.0,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    on_prompt: Callable[[int], None] | None = None,
+) -> TraceSet:
+    """Collect a trace set. ``prompts`` are ``(request_id, domain, token_ids)`` triples."""
+    arms = sorted(int(a) for a in arms)
+    if not arms or arms[0] < 1 or arms[-1] > speculator.max_block_size or len(set(arms)) != len(arms):
+        raise AdaptspecError(f"arms must be unique block sizes in 1..{speculator.max_block_size}, got {arms}")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise AdaptspecError(f"{out} exists; pass --force to replace it")
+    partial = out.with_name(out.name + ".partial.jsonl")
+    done = _read_partial(partial, arms)
+    rows = {r["request_id"]: r for r in done}
+    todo = [p for p in prompts if p[0] not in rows]
+    with open(partial, "a") as f:
+        for i, (rid, domain, ids) in enumerate(tqdm(todo, desc="collect", unit="prompt", disable=not progress)):
+            pre = speculator.prefill(list(ids), temperature=temperature, seed=seed) if temperature > 0 else speculator.prefill(list(ids))
+            k = len(rows) % len(arms)
+            per_arm = {}
+            for b in arms[k:] + arms[:k]:
+                o = speculator.decode(pre, b, max_new_tokens, temperature=temperature, seed=seed)
+                per_arm[b] = {
+                    "new_tokens": o.new_tokens,
+                    "tau": [r.tau for r in o.rounds],
+                    "draft_ms": [r.draft_s * 1e3 for r in o.rounds],
+                    "verify_ms": [r.verify_s * 1e3 for r in o.rounds],
+                    "decode_ms": o.decode_s * 1e3,
+                }
+            row = {
+                "request_id": rid, "domain": domain, "prompt_tokens": len(ids),
+                "features": np.asarray(pre.features, dtype=np.float32).tolist(),
+                "arms": arms, "outcomes": {str(b): v for b, v in per_arm.items()},
+            }
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            rows[rid] = row
+            if on_prompt is not None:
+                on_prompt(i)
+    ordered = [rows[p[0]] for p in prompts]
+    traces = _to_traceset(ordered, arms, {
+        "source": "adaptspec collect", "max_new_tokens": max_new_tokens, "temperature": temperature,
+        "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(), **(meta or {}),
+    })
+    traces.write(out, overwrite=overwrite)
+    partial.unlink(missing_ok=True)
+    return traces
+
+
+def _read_partial(path: Path, arms: list[int]) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                break  # torn last line from a crash
+            if r.get("arms") != arms:
+                raise AdaptspecError(f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart")
+            rows.append(r)
+    return rows
+
+
+def _to_traceset(rows: list[dict], arms: list[int], meta: dict) -> TraceSet:
+    def per(key: str) -> list:
+        return [r["outcomes"][str(b)][key] for r in rows for b in arms]
+
+    taus = per("tau")
+    n, k = len(rows), len(arms)
+    mean_tau = np.array([np.mean(t) if t else 1.0 for t in taus]).reshape(n, k)
+    return TraceSet.from_arrays(
+        [r["request_id"] for r in rows],
+        [r["domain"] for r in rows],
+        arms,
+        mean_tau,
+        prompt_tokens=[r["prompt_tokens"] for r in rows],
+        features=np.asarray([r["features"] for r in rows], dtype=np.float32),
+        new_tokens=np.asarray(per("new_tokens")).reshape(n, k),
+        rounds=np.asarray([len(t) for t in taus]).reshape(n, k),
+        decode_ms=np.asarray(per("decode_ms")).reshape(n, k),
+        tau=taus,
+        draft_ms=per("draft_ms"),
+        verify_ms=per("verify_ms"),
+        meta={"arms": arms, **meta},
+    )
