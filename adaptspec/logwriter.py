@@ -1,0 +1,383 @@
+"""Durable decision-log writer: a fsync'd journal, rolled into Parquet parts.
+
+Parquet files cannot be appended to row by row, and a part per decision would leave
+thousands of tiny files. So :class:`DecisionLogWriter` appends each row as one JSON line to
+a journal segment and ``fsync``\\ s it before :meth:`~DecisionLogWriter.append` returns: from
+then on the decision survives a crash (that is what "acknowledged" means). Every
+``roll_rows`` rows or ``roll_interval_s`` seconds the segment is closed and written as one
+Parquet part of the :class:`~adaptspec.traces.DecisionLog` (validated, atomic, fsync'd), and
+only then deleted. A writer that starts on a directory holding segments of a dead writer of
+the same name turns them into parts first, skipping rows a part already holds (a crash
+between writing a part and deleting its segment), and ignoring a torn last line (a row
+whose ``append`` never returned).
+
+Journal segments are hidden files (``.journal-NAME-SEQ.jsonl``), so readers of the log see
+complete parts only; :func:`journal_rows` reads the segments too. One writer per name and
+directory: a second one (another process, or the same one) is refused with a clear error.
+
+>>> import tempfile
+>>> from adaptspec.traces import DecisionLog
+>>> d = tempfile.mkdtemp()
+>>> w = DecisionLogWriter(d, name="A", roll_rows=2)
+>>> for i in range(3):
+...     w.append({"decision_id": f"d{i}", "time": 0.0, "policy": "fixed:4", "variant": "A", "block_size": 4,
+...               "propensity": 1.0, "probs": [0.0, 1.0], "arms": [1, 4], "reward": float(i)})
+>>> len(DecisionLog.read(d)), len(w.pending_rows())     # two rolled into a part, one in the journal
+(2, 1)
+>>> w.close(); len(DecisionLog.read(d))
+3
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .errors import AdaptspecError
+
+__all__ = ["DecisionLogWriter", "journal_rows", "log_rows"]
+
+log = logging.getLogger("adaptspec.logwriter")
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SEGMENT = re.compile(r"^\.journal-(?P<name>[A-Za-z0-9_.-]+)-(?P<seq>\d{8})\.jsonl$")
+_PART_TIME = re.compile(r"^part-(\d+)-")
+
+
+class DecisionLogWriter:
+    """Append decision rows durably to the decision log at ``path`` (see the module docstring).
+
+    Parameters
+    ----------
+    path
+        The decision log directory (created if needed).
+    name
+        This writer's name (the A/B variant, say): letters, digits, ``_.-``.
+    roll_rows, roll_interval_s
+        Roll the journal into a Parquet part after this many rows, or when its oldest row is
+        this old (checked by :meth:`maybe_roll`, which the controller calls periodically).
+    fsync
+        ``fsync`` every row (default). Without it rows survive a process crash but not a
+        machine crash.
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str = "default", roll_rows: int = 1000,
+                 roll_interval_s: float | None = 60.0, fsync: bool = True) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise AdaptspecError(f"log writer name must be 1-64 letters, digits or _.- characters, got {name!r}")
+        if int(roll_rows) != roll_rows or roll_rows < 1:
+            raise AdaptspecError(f"roll_rows must be a positive integer, got {roll_rows!r}")
+        if roll_interval_s is not None and not roll_interval_s > 0:
+            raise AdaptspecError(f"roll_interval_s must be > 0 or None, got {roll_interval_s!r}")
+        self.path = Path(path)
+        self.name = name
+        self.roll_rows = int(roll_rows)
+        self.roll_interval_s = roll_interval_s
+        self.fsync = bool(fsync)
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self._rows: list[dict[str, Any]] = []
+        self._opened = 0.0
+        self.rows_written = 0
+        self.parts_written = 0
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if (self.path / "meta.json").exists():
+                raise AdaptspecError(f"{self.path}: this is a trace set (meta.json), not a decision log")
+            self._lock_file = open(self.path / f".writer-{name}.lock", "a+")
+        except OSError as e:
+            raise AdaptspecError(f"{self.path}: cannot write the decision log here ({e.strerror or e})") from None
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            raise AdaptspecError(f"{self.path}: another writer named {name!r} is using this decision log") from None
+        try:
+            self.recovered = self._recover()
+            self._seq = max([s for s, _ in self._segments()] + [0]) + 1
+        except BaseException:
+            self._release()
+            raise
+
+    # ------------------------------------------------------------------ writing
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Write one row durably (validated first: bad rows raise and nothing is written)."""
+        clean, line = _encode(row)
+        with self._lock:
+            if self._lock_file is None:
+                raise AdaptspecError(f"{self.path}: decision log writer {self.name!r} is closed")
+            if self._file is None:
+                self._open_segment()
+            try:
+                self._file.write(line)
+                self._file.flush()
+                if self.fsync:
+                    os.fsync(self._file.fileno())
+            except OSError as e:
+                raise AdaptspecError(f"{self.path}: cannot append to the decision log ({e.strerror or e})") from None
+            self._rows.append(clean)
+            self.rows_written += 1
+            if len(self._rows) >= self.roll_rows:
+                self._roll()
+
+    def maybe_roll(self) -> bool:
+        """Roll the journal if its oldest row is older than ``roll_interval_s``; True if it rolled."""
+        with self._lock:
+            if (self._rows and self.roll_interval_s is not None
+                    and time.monotonic() - self._opened >= self.roll_interval_s):
+                self._roll()
+                return True
+        return False
+
+    def roll(self) -> None:
+        """Write the journal's rows as a Parquet part now (nothing happens if it is empty)."""
+        with self._lock:
+            self._roll()
+
+    def pending_rows(self) -> list[dict[str, Any]]:
+        """Rows appended but not yet rolled into a part (copies, in order)."""
+        with self._lock:
+            return [dict(r) for r in self._rows]
+
+    def close(self) -> None:
+        """Roll what is left and release the directory. Idempotent."""
+        with self._lock:
+            if self._lock_file is None:
+                return
+            try:
+                self._roll()
+                if self._file is not None:
+                    self._file.close()
+                    os.unlink(self._file.name)
+                    self._file = None
+            finally:
+                self._release()
+
+    def __enter__(self) -> "DecisionLogWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _release(self) -> None:
+        if self._lock_file is not None:
+            try:
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._lock_file.close()
+                self._lock_file = None
+
+    def _segments(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.path.iterdir():
+            m = _SEGMENT.match(p.name)
+            if m and m.group("name") == self.name:
+                out.append((int(m.group("seq")), p))
+        return sorted(out)
+
+    def _open_segment(self) -> None:
+        p = self.path / f".journal-{self.name}-{self._seq:08d}.jsonl"
+        self._seq += 1
+        try:
+            f = open(p, "x", encoding="utf-8")
+            f.write(json.dumps({"__journal__": 1, "writer": self.name, "created_ns": time.time_ns()}) + "\n")
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+                _fsync_dir(self.path)
+        except OSError as e:
+            raise AdaptspecError(f"{self.path}: cannot create a journal segment ({e.strerror or e})") from None
+        self._file = f
+        self._opened = time.monotonic()
+
+    def _roll(self) -> None:
+        if not self._rows:
+            return
+        self._write_part(self._rows)
+        f, self._file = self._file, None
+        f.close()
+        os.unlink(f.name)
+        self._rows = []
+
+    def _write_part(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        from .traces import DecisionLog
+
+        part = DecisionLog(self.path).append(rows)
+        if self.fsync:
+            fd = os.open(part, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_dir(self.path)
+        self.parts_written += 1
+
+    def _recover(self) -> int:
+        """Turn a dead writer's journal segments into parts; returns the number of rows recovered."""
+        n = 0
+        for _, seg in self._segments():
+            rows, created_ns = _read_segment(seg)
+            if rows:
+                have = _ids_in_parts(self.path, created_ns)
+                rows = [r for r in rows if r["decision_id"] not in have]
+            if rows:
+                self._write_part(rows)
+                n += len(rows)
+                log.warning("%s: recovered %d decision(s) of writer %r from %s", self.path, len(rows), self.name, seg.name)
+            seg.unlink()
+        return n
+
+
+# ============================================================================ reading
+def journal_rows(path: str | os.PathLike, name: str | None = None) -> list[dict[str, Any]]:
+    """Rows in the journal segments of ``path`` (every writer, or writer ``name``), not yet in parts."""
+    out: list[dict[str, Any]] = []
+    p = Path(path)
+    if not p.is_dir():
+        return out
+    segs = []
+    for f in p.iterdir():
+        m = _SEGMENT.match(f.name)
+        if m and (name is None or m.group("name") == name):
+            segs.append((m.group("name"), int(m.group("seq")), f))
+    for _, _, f in sorted(segs):
+        try:
+            rows, _ = _read_segment(f)
+        except FileNotFoundError:  # rolled meanwhile: its rows are in a part now
+            continue
+        out.extend(rows)
+    return out
+
+
+def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
+             journals: bool = True) -> list[dict[str, Any]]:
+    """Every row of a decision log directory as dicts, in order: parts, then unrolled journal rows.
+
+    ``columns`` limits what is read from the parts. Rows a part and a journal both hold
+    (a writer died between the two) appear once.
+    """
+    from .traces import DecisionLog
+
+    p = Path(path)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for part in DecisionLog(p).parts():
+        try:
+            names = pq.read_schema(part).names
+            cols = None if columns is None else [c for c in dict.fromkeys(["decision_id", *columns]) if c in names]
+            t = pq.read_table(part, columns=cols)
+        except (OSError, ValueError) as e:
+            raise AdaptspecError(f"{part}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        for r in t.to_pylist():
+            seen.add(r["decision_id"])
+            rows.append(r)
+    if journals:
+        for r in journal_rows(p):
+            if r["decision_id"] not in seen:
+                seen.add(r["decision_id"])
+                rows.append(r if columns is None else {k: r.get(k) for k in ["decision_id", *columns]})
+    return rows
+
+
+# ============================================================================ helpers
+def _encode(row: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row."""
+    from .traces import DECISION_COLUMNS
+
+    unknown = sorted(set(row) - set(DECISION_COLUMNS))
+    if unknown:
+        raise AdaptspecError(f"unknown decision-log column {unknown[0]!r}")
+    for req in ("decision_id", "policy", "block_size", "propensity", "probs", "arms"):
+        if row.get(req) is None:
+            raise AdaptspecError(f"decision row lacks {req!r}")
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        elif isinstance(v, np.generic):
+            v = v.item()
+        elif isinstance(v, (list, tuple)):
+            v = [x.item() if isinstance(x, np.generic) else x for x in v]
+        out[k] = v
+    t = out.get("time")
+    if t is None:
+        out["time"] = time.time()
+    elif not isinstance(t, (int, float)):
+        raise AdaptspecError(f"decision row time must be seconds since the epoch, got {t!r}")
+    arms, probs = list(out["arms"]), list(out["probs"])
+    b, p = int(out["block_size"]), float(out["propensity"])
+    if len(arms) != len(probs) or not arms:
+        raise AdaptspecError(f"decision row has {len(probs)} probabilities for {len(arms)} arms")
+    if b not in arms:
+        raise AdaptspecError(f"decision row block_size {b} is not one of its arms {arms}")
+    if not all(math.isfinite(x) and x >= -1e-12 for x in probs) or abs(sum(probs) - 1.0) > 1e-6:
+        raise AdaptspecError("decision row probabilities must be finite, >= 0 and sum to 1")
+    if not (0.0 < p <= 1.0 + 1e-9) or abs(probs[arms.index(b)] - p) > 1e-6:
+        raise AdaptspecError(f"decision row propensity {p} does not match its probabilities")
+    for k in ("reward", "decode_ms", "mean_tau"):
+        v = out.get(k)
+        if v is not None and not math.isfinite(float(v)):
+            raise AdaptspecError(f"decision row {k} is {v} (use None for a missing value)")
+    f = out.get("features")
+    if f is not None and not all(math.isfinite(x) for x in f):
+        raise AdaptspecError("decision row features have NaN or infinite values")
+    try:
+        return out, json.dumps(out, allow_nan=False, separators=(",", ":")) + "\n"
+    except (TypeError, ValueError) as e:
+        raise AdaptspecError(f"decision row cannot be written: {e}") from None
+
+
+def _read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a journal segment and its creation time; a torn last line is dropped."""
+    rows: list[dict[str, Any]] = []
+    created = 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:  # the last, unfinished line: its append never returned
+                break
+            raise AdaptspecError(f"{path}: line {i + 1} is not valid JSON") from None
+        if "__journal__" in r:
+            created = int(r.get("created_ns", 0))
+            continue
+        rows.append(r)
+    return rows, created
+
+
+def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
+    """decision_ids held by the parts written at or after ``since_ns``."""
+    from .traces import DecisionLog
+
+    ids: set[str] = set()
+    for part in DecisionLog(path).parts():
+        m = _PART_TIME.match(part.name)
+        if m and int(m.group(1)) < since_ns:
+            continue
+        ids.update(pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist())
+    return ids
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
