@@ -6,6 +6,7 @@ Examples::
     adaptspec simulate TRACES --policy fixed:16 --policy random --reward tau
     adaptspec simulate --policy ucb --seeds 5 --order shuffled --plot replay.png
     adaptspec simulate TRACES --reward modelled --latency h100-qwen3-8b --batch-size 8 --json
+    adaptspec simulate --ab A=fixed:16,B=linucb --seeds 5 --order shuffled --steps 3000
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", metavar="DIR", default=None,
                    help="also write each policy's seed-0 decisions as a decision log (for adaptspec ope)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ab", metavar="A=SPEC,B=SPEC", default=None,
+                   help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
+                        "always-valid sequential test have stopped, and did it pick the better policy? "
+                        "--json then prints {\"ab\": {...}}")
+    p.add_argument("--ab-split", type=float, default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
+    p.add_argument("--ab-alpha", type=float, default=0.05, metavar="A", help="significance level of the --ab test")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -78,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     reward = args.reward
     if reward is None:
         reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
+    if args.ab:
+        return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
                                and not (s.startswith("lin") and traces.features is None)]
     if args.plot and Path(args.plot).suffix.lower() != ".png":
@@ -105,6 +114,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"plot: {args.plot}")
         if args.log:
             print(f"decision log: {args.log}")
+    return 0
+
+
+def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
+    from ..simulators.ab import format_simulation, parse_ab_specs, simulate_ab
+
+    for flag, value in (("--policy", args.policy), ("--plot", args.plot), ("--log", args.log)):
+        if value:
+            raise AdaptspecError(f"--ab replays its own two policies: {flag} does not apply")
+    if not 0 < args.ab_split < 1:
+        raise AdaptspecError(f"--ab-split must be in (0, 1), got {args.ab_split}")
+    if not 0 < args.ab_alpha < 1:
+        raise AdaptspecError(f"--ab-alpha must be in (0, 1), got {args.ab_alpha}")
+    sim = simulate_ab(traces, parse_ab_specs(args.ab), reward=reward, latency=args.latency, batch_size=args.batch_size,
+                      seeds=parse_seeds(args.seeds), order=args.order, n_steps=args.steps, split=args.ab_split,
+                      alpha=args.ab_alpha)
+    print(json.dumps({"ab": sim}) if args.json else format_simulation(sim))
     return 0
 
 

@@ -1,0 +1,109 @@
+"""``adaptspec ab-report LOGS``: A/B analysis of a decision log written by ``adaptspec serve``.
+
+Per variant: reward, tau, throughput and latency with intervals; an always-valid sequential
+test of the difference in reward between every pair of variants (stop when it is
+significant: the answer stays valid however often the report is run); off-policy estimates
+of each variant's value on the other variants' logged requests when the variants' policies
+are given (``--checkpoint-dir`` of the server, or ``--policy NAME=SPEC``). Journal rows not
+yet rolled into Parquet parts are included. See docs/serving.md.
+
+Examples::
+
+    adaptspec ab-report runs/serve/log
+    adaptspec ab-report runs/serve/log --checkpoint-dir runs/serve/ckpt --json
+    adaptspec ab-report runs/serve/log --policy B=fixed:16 --alpha 0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import AdaptspecError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logs", metavar="LOGS", help="decision log directory")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="the server's checkpoint directory: each variant's policy is rebuilt from its newest "
+                        "checkpoint for the off-policy estimates")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
+                   help="the policy of variant NAME for the off-policy estimates (as built: a learning policy is "
+                        "untrained unless --checkpoint-dir gives its state), repeatable")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the sequential test")
+    p.add_argument("--tau", type=float, default=0.2, metavar="SD",
+                   help="width of the test's mixture, in pooled standard deviations (default 0.2)")
+    p.add_argument("--min-n", type=int, default=10, metavar="N", help="rewards per variant before testing")
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples of the estimates")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[str, Any]:
+    """Variant -> policy: rebuilt from the newest checkpoint of each variant, or from ``NAME=SPEC``."""
+    from ..checkpoint import latest_checkpoint, load_policy, read_checkpoint
+    from ..controller import _build_policy
+    from ..policies.spec import make_policy
+
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for s in specs:
+        name, eq, spec = s.partition("=")
+        if not eq or not name.strip() or not spec.strip():
+            raise AdaptspecError(f"--policy {s!r}: expected NAME=SPEC, e.g. B=fixed:16")
+        given[name.strip()] = spec.strip()
+    if checkpoint_dir is not None:
+        root = Path(checkpoint_dir)
+        if not root.is_dir():
+            raise AdaptspecError(f"--checkpoint-dir {root}: no such directory")
+        for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+            ck = latest_checkpoint(sub)
+            if ck is None or sub.name in given:
+                continue
+            meta = read_checkpoint(ck)
+            spec = meta.get("policy_spec")
+            if not spec:
+                continue
+            pol = _build_policy(make_policy, spec, tuple(meta["arms"]), meta.get("seed"))
+            load_policy(ck, pol)
+            out[meta.get("variant") or sub.name] = pol
+    for name, spec in given.items():
+        out[name] = spec
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..logwriter import log_rows
+    from ..simulators.ab import analyze, finite, format_report, rows_to_arrays
+
+    if not 0 < args.alpha < 1:
+        raise AdaptspecError(f"--alpha must be in (0, 1), got {args.alpha}")
+    if not args.tau > 0:
+        raise AdaptspecError(f"--tau must be > 0, got {args.tau}")
+    if args.bootstrap < 10:
+        raise AdaptspecError(f"--bootstrap must be >= 10, got {args.bootstrap}")
+    path = Path(args.logs)
+    if not path.is_dir():
+        raise AdaptspecError(f"{path}: no such decision log directory")
+    rows = log_rows(path)
+    if not rows:
+        raise AdaptspecError(f"{path}: the decision log is empty")
+    data = rows_to_arrays(rows)
+    policies = load_policies(args.checkpoint_dir, args.policy)
+    if any(isinstance(p, str) for p in policies.values()):
+        from ..policies.spec import make_policy
+
+        arms = sorted({a for a in data["arms"]})
+        if len(arms) != 1:
+            raise AdaptspecError(f"{path}: rows have different arm sets; cannot build --policy specs")
+        policies = {k: make_policy(v, arms[0]) if isinstance(v, str) else v for k, v in policies.items()}
+    report = analyze(data, policies=policies, alpha=args.alpha, tau_sd=args.tau, min_n=args.min_n,
+                     n_boot=args.bootstrap)
+    report["log"] = str(path)
+    if args.json:
+        print(json.dumps(finite(report)))
+    else:
+        print(f"{path}:")
+        print(format_report(report))
+    return 0
