@@ -1,0 +1,21 @@
+"""Serving: an OpenAI-style HTTP server that runs requests through :class:`~adaptspec.AdaptiveController`,
+an A/B router between policy variants, decision logs and Prometheus metrics.
+
+``adaptspec serve`` starts it; :func:`create_app` builds the FastAPI application from a
+:class:`CompletionService` (``CompletionService.build(speculator, {"A": spec, "B": spec})``).
+FastAPI, uvicorn and prometheus-client come with the ``serve`` extra and are imported only
+when an app is built.
+"""
+
+from .router import ABRouter
+from .service import CompletionRequest, CompletionService, RequestError, ServerLimits
+
+__all__ = ["ABRouter", "CompletionRequest", "CompletionService", "RequestError", "ServerLimits", "create_app"]
+
+
+def __getattr__(name: str):
+    if name == "create_app":
+        from .app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'adaptspec.serving' has no attribute {name!r}")

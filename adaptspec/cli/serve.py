@@ -1,0 +1,161 @@
+"""``adaptspec serve``: HTTP server with A/B testing, decision logs, checkpoints and metrics.
+
+Examples::
+
+    adaptspec serve                                            # bundled models, default policy, port 8000
+    adaptspec serve --variant A=neural-linear:head=runs/head --variant B=fixed:16 --split 50,50 \\
+        --log-dir runs/serve/log --checkpoint-dir runs/serve/ckpt --port 8000
+    adaptspec serve --tiny --variant A=linucb --variant B=fixed:4 --log-dir /tmp/log --port 8001   # for development
+
+    curl -s localhost:8000/v1/completions -d '{"prompt": "Write a haiku", "max_tokens": 32, "user": "u1"}'
+    curl -s localhost:8000/ab; curl -s localhost:8000/metrics; curl -s localhost:8000/health
+
+Stop it with Ctrl-C or SIGTERM: in-flight requests finish, then every variant's queued
+updates are applied, a final checkpoint is written and the log journal becomes a Parquet
+part. After a crash, restarting with the same directories resumes every variant's policy
+(see docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import AdaptspecError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variant", action="append", metavar="NAME=SPEC",
+                   help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
+                        "default policy: neural-linear over the bundled head when there is one, else ucb)")
+    p.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="decision log directory (needed for /ab)")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="policy checkpoints, one subdirectory per variant; resumed from at start")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
+    models.add_argument("--tiny", action="store_true",
+                        help="a tiny random model with a character tokenizer, for development and tests")
+    models.add_argument("--tiny-seed", type=int, default=0, help="seed of the --tiny model")
+    models.add_argument("--target", default=None, metavar="PATH", help="local Hugging Face target model directory")
+    models.add_argument("--drafter", default=None, metavar="PATH", help="drafter directory (save_pretrained)")
+    models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
+    models.add_argument("--device", default="cpu", help="device of the real models (default: cpu)")
+    models.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
+    ctl = p.add_argument_group("controller")
+    ctl.add_argument("--reward", default="throughput", choices=("throughput", "modelled", "tau"),
+                     help="reward the policies learn from (default: measured throughput)")
+    ctl.add_argument("--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled")
+    ctl.add_argument("--arms", default=None, metavar="B1,B2,...", help="block sizes for policies built from a spec")
+    ctl.add_argument("--featurizer", default=None, metavar="DIR",
+                     help="saved featurizer (default: the one next to a policy's head, if any)")
+    ctl.add_argument("--seed", type=int, default=0, help="seed of the policies")
+    ctl.add_argument("--fallback-block-size", type=int, default=None, metavar="B",
+                     help="block size used when a policy fails or is late (default: the arm closest to 8)")
+    ctl.add_argument("--decide-timeout", type=float, default=0.05, metavar="S", help="time budget of a decision")
+    ctl.add_argument("--feedback-timeout", type=float, default=300.0, metavar="S",
+                     help="drop a decision without feedback after this long")
+    ctl.add_argument("--redecide-every", type=int, default=None, metavar="K",
+                     help="decide again every K rounds inside a request (off by default)")
+    ctl.add_argument("--checkpoint-every", type=int, default=100, metavar="N", help="checkpoint after N updates")
+    ctl.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
+                     help="... or S seconds after the last checkpoint")
+    ctl.add_argument("--roll-rows", type=int, default=1000, metavar="N", help="log rows per Parquet part")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N")
+    lim.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="largest max_tokens accepted")
+    lim.add_argument("--default-max-tokens", type=int, default=16, metavar="N")
+    lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _arms(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        arms = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise AdaptspecError(f"--arms: expected block sizes like 1,4,8,16, got {text!r}") from None
+    if not arms or arms[0] < 1:
+        raise AdaptspecError(f"--arms: block sizes must be positive, got {text!r}")
+    return arms
+
+
+def build(args: argparse.Namespace):
+    """The :class:`~adaptspec.serving.CompletionService` the arguments describe."""
+    from ..controller import default_policy_spec
+    from ..serving.codec import HFCodec
+    from ..serving.service import CompletionService, ServerLimits
+
+    for name, v, lo in (("--port", args.port, 0), ("--max-prompt-tokens", args.max_prompt_tokens, 1),
+                        ("--max-tokens", args.max_tokens, 1), ("--default-max-tokens", args.default_max_tokens, 1),
+                        ("--checkpoint-every", args.checkpoint_every, 1), ("--roll-rows", args.roll_rows, 1)):
+        if v < lo:
+            raise AdaptspecError(f"{name} must be >= {lo}, got {v}")
+    if args.default_max_tokens > args.max_tokens:
+        raise AdaptspecError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
+    if args.tiny and (args.target or args.drafter):
+        raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
+    variants = args.variant or [f"default={default_policy_spec()}"]
+    specs: dict[str, str] = {}
+    for v in variants:
+        name, eq, spec = v.partition("=")
+        if not eq or not name.strip() or not spec.strip():
+            raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
+        if name.strip() in specs:
+            raise AdaptspecError(f"--variant: variant {name.strip()!r} given twice")
+        specs[name.strip()] = spec.strip()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.tiny:
+        from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
+
+        speculator, codec = tiny_speculator(args.tiny_seed)
+        model_name, max_context = f"adaptspec-tiny-{args.tiny_seed}", TINY_MAX_POSITIONS
+    else:
+        from ..models import load_speculator
+
+        speculator = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device)
+        tok = speculator.target.tokenizer
+        codec = None if tok is None else HFCodec(tok, chat=args.chat)
+        model_name = str(args.target or "smollm2-135m-instruct")
+        max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
+    vocab = getattr(getattr(speculator, "target", None), "vocab_size", None)
+    limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
+                          default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
+    return CompletionService.build(
+        speculator, specs, args.split, codec=codec, log_dir=args.log_dir, checkpoint_dir=args.checkpoint_dir,
+        limits=limits, model_name=model_name, arms=_arms(args.arms), featurizer=args.featurizer, reward=args.reward,
+        latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
+        decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
+        redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
+        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..serving.app import create_app
+    except ImportError as e:
+        raise AdaptspecError(f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'") from None
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    service = build(args)
+    try:
+        app = create_app(service)
+        for name, c in service.controllers.items():
+            r = c.resumed or {}
+            print(f"adaptspec serve: variant {name}: {c.policy_label} (arms {list(c.arms)}), weight "
+                  f"{service.router.weights[service.router.variants.index(name)]:.2f}"
+                  + (f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
+                     if r.get("checkpoint") or r.get("replayed") else ""), file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=30)
+        uvicorn.Server(config).run()
+    finally:
+        service.close()
+    return 0

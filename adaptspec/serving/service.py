@@ -1,0 +1,340 @@
+"""The completion service behind the HTTP layer: request checks, routing, running, reports.
+
+Everything here is plain Python (no web framework), so it is usable and testable on its own:
+:meth:`CompletionService.parse` turns a request body into a checked
+:class:`CompletionRequest` or raises :class:`RequestError` (an HTTP status and a one-line
+message), :meth:`CompletionService.run` routes it to a variant's
+:class:`~adaptspec.AdaptiveController` and generates, :meth:`CompletionService.ab_report`
+analyses the decision log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import AdaptspecError
+from .codec import Codec
+from .router import ABRouter
+
+__all__ = ["CompletionRequest", "CompletionService", "RequestError", "ServerLimits"]
+
+#: fields of the OpenAI completions API that this server does not implement, with their neutral values
+_UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, 0, False), "echo": (None, False),
+                "suffix": (None, ""), "stop": (None, [], ""), "logit_bias": (None, {})}
+
+
+class RequestError(AdaptspecError):
+    """A request the server refuses: ``status`` (4xx) and a message naming what is wrong."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the server accepts."""
+
+    max_prompt_tokens: int = 2048
+    max_tokens: int = 1024
+    default_max_tokens: int = 16
+    max_context: int | None = None  # prompt + new tokens (the model's positions)
+    max_body_bytes: int = 1 << 20
+    vocab_size: int | None = None
+
+
+@dataclass
+class CompletionRequest:
+    """A checked completion request."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    stream: bool
+    variant: str
+    user: str | None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    received: float = field(default_factory=time.perf_counter)
+
+
+class CompletionService:
+    """Controllers per variant, the router, the tokenizer and the limits; thread-safe."""
+
+    def __init__(self, controllers: Mapping[str, Any], router: ABRouter, codec: Codec | None = None,
+                 limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: Any = None,
+                 log_dir: str | Path | None = None) -> None:
+        missing = [v for v in router.variants if v not in controllers]
+        if missing:
+            raise AdaptspecError(f"no controller for variant {missing[0]!r}")
+        self.controllers = dict(controllers)
+        self.router = router
+        self.codec = codec
+        self.limits = limits or ServerLimits()
+        self.model_name = model_name
+        self.metrics = metrics
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.started = time.time()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._parts_cache: dict[str, list[dict[str, Any]]] = {}
+
+    @classmethod
+    def build(cls, speculator: Any, variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
+              log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+              limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
+              **controller_options: Any) -> "CompletionService":
+        """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
+
+        ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
+        Every variant logs to ``log_dir`` (its name in the ``variant`` column) and checkpoints to
+        ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
+        """
+        from ..controller import AdaptiveController
+        from .metrics import ServingMetrics
+
+        router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
+        controllers: dict[str, Any] = {}
+        try:
+            for name, spec in router.specs.items():
+                controllers[name] = AdaptiveController(
+                    speculator, spec, variant=name, log_dir=log_dir,
+                    checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name, **controller_options)
+        except BaseException:
+            for c in controllers.values():
+                c.close()
+            raise
+        return cls(controllers, router, codec, limits, model_name, ServingMetrics(controllers) if metrics else None,
+                   log_dir)
+
+    # ------------------------------------------------------------------ requests
+    def parse(self, body: bytes, variant_header: str | None = None) -> CompletionRequest:
+        """Check a ``/v1/completions`` body; raises :class:`RequestError` naming the problem."""
+        lim = self.limits
+        if len(body) > lim.max_body_bytes:
+            raise RequestError(f"request body is {len(body)} bytes; the limit is {lim.max_body_bytes}", 413)
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+        for name, neutral in _UNSUPPORTED.items():
+            if name in data and data[name] not in neutral:
+                raise RequestError(f"{name}={data[name]!r} is not supported by this server", param=name)
+        ids = self._prompt_ids(data.get("prompt"))
+        if len(ids) > lim.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(ids)} tokens; this server accepts at most {lim.max_prompt_tokens}",
+                               param="prompt")
+        mt = data.get("max_tokens", lim.default_max_tokens)
+        if mt is None:
+            mt = lim.default_max_tokens
+        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+            raise RequestError(f"max_tokens must be a positive integer, got {mt!r}", param="max_tokens")
+        if mt > lim.max_tokens:
+            raise RequestError(f"max_tokens={mt} exceeds this server's limit of {lim.max_tokens}", param="max_tokens")
+        if lim.max_context is not None and len(ids) + mt > lim.max_context:
+            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({mt}) exceeds the model's context of "
+                               f"{lim.max_context} tokens", param="max_tokens")
+        temp = data.get("temperature", 0.0)
+        if temp is None:
+            temp = 0.0
+        if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or temp < 0:
+            raise RequestError(f"temperature must be a number >= 0, got {temp!r}", param="temperature")
+        seed = data.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise RequestError(f"seed must be a non-negative integer, got {seed!r}", param="seed")
+        stream = data.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
+        user = data.get("user")
+        if user is not None and not isinstance(user, str):
+            raise RequestError(f"user must be a string, got {user!r}", param="user")
+        variant = data.get("variant", variant_header)
+        if variant is not None:
+            if not isinstance(variant, str) or variant not in self.router.variants:
+                raise RequestError(f"unknown variant {variant!r}: this server has {', '.join(self.router.variants)}",
+                                   param="variant")
+        else:
+            variant = self.router.assign(user)
+        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user)
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if prompt is None:
+            raise RequestError("prompt is required (a string, or a list of token ids)", param="prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if self.codec is None:
+                raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
+            ids = self.codec.encode(prompt)
+        elif isinstance(prompt, list):
+            if prompt and all(isinstance(p, (str, list)) for p in prompt):
+                raise RequestError(f"one prompt per request, got {len(prompt)}", param="prompt")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                raise RequestError("prompt must be a string or a list of integer token ids", param="prompt")
+            ids = list(prompt)
+        else:
+            raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+                               param="prompt")
+        if not ids:
+            raise RequestError("prompt is empty", param="prompt")
+        v = self.limits.vocab_size
+        if v is not None and (min(ids) < 0 or max(ids) >= v):
+            bad = next(t for t in ids if t < 0 or t >= v)
+            raise RequestError(f"prompt token id {bad} is outside the vocabulary 0..{v - 1}", param="prompt")
+        return ids
+
+    def run(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None) -> Any:
+        """Generate for a checked request through its variant's controller; returns the Generation.
+
+        The decision and its outcome are in the decision log when this returns.
+        """
+        ctrl = self.controllers[req.variant]
+        try:
+            gen = ctrl.generate(req.prompt_ids, max_new_tokens=req.max_tokens, temperature=req.temperature,
+                                seed=req.seed, request_id=req.request_id, on_tokens=on_tokens)
+        except AdaptspecError as e:  # the speculator rejected this input
+            if self.metrics is not None:
+                self.metrics.failed(req.variant)
+            raise RequestError(str(e)) from None
+        except Exception:
+            if self.metrics is not None:
+                self.metrics.failed(req.variant)
+            raise
+        return gen
+
+    def observe(self, req: CompletionRequest, gen: Any, ttft_s: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s)
+
+    # ------------------------------------------------------------------ bodies
+    def text(self, ids: list[int]) -> str:
+        return "" if self.codec is None else self.codec.decode(ids)
+
+    def info(self, req: CompletionRequest, gen: Any) -> dict[str, Any]:
+        """The ``adaptspec`` part of a response: what was decided and how it went."""
+        out = gen.outcome
+        d = gen.decision
+        return {
+            "variant": req.variant,
+            "decision_id": d.decision_id,
+            "decisions": [x.decision_id for x in gen.decisions],
+            "policy": d.policy,
+            "policy_version": d.version,
+            "block_size": d.block_size,
+            "propensity": d.propensity,
+            "fallback": gen.fallback,
+            "reward": gen.reward,
+            "mean_tau": None if not out.rounds else round(out.mean_tau, 4),
+            "rounds": len(out.rounds),
+            "decode_s": round(out.decode_s, 6),
+            "tokens_per_s": round(out.new_tokens / out.decode_s, 3) if out.decode_s > 0 else None,
+        }
+
+    def completion_body(self, req: CompletionRequest, gen: Any) -> dict[str, Any]:
+        out = gen.outcome
+        return {
+            "id": f"cmpl-{req.request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{"index": 0, "text": self.text(out.tokens), "token_ids": list(out.tokens),
+                         "logprobs": None, "finish_reason": _finish(out.finish_reason)}],
+            "usage": {"prompt_tokens": len(req.prompt_ids), "completion_tokens": out.new_tokens,
+                      "total_tokens": len(req.prompt_ids) + out.new_tokens},
+            "adaptspec": self.info(req, gen),
+        }
+
+    def chunk(self, req: CompletionRequest, text: str, ids: list[int], finish: str | None = None,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": f"cmpl-{req.request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{"index": 0, "text": text, "token_ids": ids, "logprobs": None, "finish_reason": finish}],
+        }
+        if extra:
+            body.update(extra)
+        return body
+
+    # ------------------------------------------------------------------ reports
+    def health(self, digest: bool = False) -> dict[str, Any]:
+        variants = {}
+        for name, w in zip(self.router.variants, self.router.weights):
+            c = self.controllers[name]
+            s = c.stats()
+            v = {"spec": self.router.specs.get(name), "weight": round(float(w), 6), "policy": s["policy"],
+                 "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
+                 "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
+                 "resumed": s["resumed"]}
+            if digest:
+                c.sync()
+                v["policy_digest"] = c.policy_digest()
+            variants[name] = v
+        return {"status": "ok" if not self._closed else "closing", "model": self.model_name,
+                "uptime_s": round(time.time() - self.started, 3), "variants": variants}
+
+    def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:
+        """The live A/B report over the decision log (see :mod:`adaptspec.simulators.ab`)."""
+        from ..simulators.ab import analyze, rows_to_arrays
+
+        if self.log_dir is None:
+            raise RequestError("no decision log: start the server with --log-dir to get an A/B report", 503)
+        rows = self._log_rows()
+        policies = {}
+        if ope:
+            for name, c in self.controllers.items():
+                try:
+                    policies[name] = c.policy_snapshot()
+                except Exception:  # a stuck policy: report without its off-policy estimates
+                    pass
+        report = analyze(rows_to_arrays(rows), policies=policies, n_boot=n_boot)
+        report["router"] = self.router.to_dict()
+        return report
+
+    def _log_rows(self) -> list[dict[str, Any]]:
+        from ..logwriter import journal_rows
+        from ..traces import DecisionLog
+        import pyarrow.parquet as pq
+
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for part in DecisionLog(self.log_dir).parts():  # parts never change: read each once
+            key = str(part)
+            if key not in self._parts_cache:
+                self._parts_cache[key] = pq.read_table(part).to_pylist()
+            for r in self._parts_cache[key]:
+                seen.add(r["decision_id"])
+                rows.append(r)
+        for r in journal_rows(self.log_dir):
+            if r["decision_id"] not in seen:
+                seen.add(r["decision_id"])
+                rows.append(r)
+        return rows
+
+    def close(self) -> None:
+        """Close every controller: apply queued updates, final checkpoints, roll the logs."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for c in self.controllers.values():
+            c.close()
+
+
+def _finish(reason: str) -> str:
+    return "stop" if reason == "eos" else "length"
