@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20_000, help="total optimiser steps (cosine schedule length)")
     p.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
+    p.add_argument("--reverse", action="store_true",
+                   help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     if args.stage in ("all", "data"):
-        prepare_data(work, args.per_domain, args.eval_prompts, args.max_new_tokens, args.threads, args.target)
+        prepare_data(work, args.per_domain, args.eval_prompts, args.max_new_tokens, args.threads, args.target,
+                     reverse=args.reverse)
     if args.stage == "data":
         return 0
     meta = work / "data.json"

@@ -91,13 +91,19 @@ def distill(
     batch_size: int = 16,
     max_new_tokens: int = 256,
     max_prompt_tokens: int = 384,
+    reverse: bool = False,
 ) -> list[Path]:
-    """Write one shard per chunk of ``prompts`` under ``work/shards`` (existing shards are kept)."""
+    """Write one shard per chunk of ``prompts`` under ``work/shards`` (existing shards are kept).
+
+    ``reverse`` walks the chunks from the last: a second process started that way shares the
+    work with a first one (each skips the shards the other has written).
+    """
     shard_dir = Path(work) / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     n_chunks = (len(prompts) + chunk - 1) // chunk
-    for k in tqdm(range(n_chunks), desc=f"distill {Path(work).name}", unit="shard"):
+    order = range(n_chunks - 1, -1, -1) if reverse else range(n_chunks)
+    for k in tqdm(order, desc=f"distill {Path(work).name}", unit="shard"):
         path = shard_dir / f"shard-{k:05d}.npz"
         paths.append(path)
         ids = list(range(k * chunk, min(len(prompts), (k + 1) * chunk)))

@@ -337,6 +337,7 @@ def prepare_data(
     target: str | None = None,
     seed: int = 0,
     num_target_layers: int = 5,
+    reverse: bool = False,
 ) -> None:
     """Prompts -> greedy responses -> hidden-state shards, for training and held-out evaluation."""
     from ..decoding.drafter import default_target_layers
@@ -358,7 +359,7 @@ def prepare_data(
     write_jsonl(held_eval, work / "heldout_prompts.jsonl")
     (work / "data.json").write_text(json.dumps({"layers": layers, "max_new_tokens": max_new_tokens, "per_domain": per_domain}))
     distill(model, tok, held_eval, work / "heldout", layers, max_new_tokens=max_new_tokens)
-    distill(model, tok, train_p, work / "train", layers, max_new_tokens=max_new_tokens)
+    distill(model, tok, train_p, work / "train", layers, max_new_tokens=max_new_tokens, reverse=reverse)
 
 
 def export(drafter: BlockDiffusionDrafter, out: Path, card: dict | None = None) -> None:
