@@ -54,6 +54,51 @@ def test_split_is_disjoint_stratified_and_seeded(synth: TraceSet) -> None:
         split_requests(synth.domains, 1.0, 0)
 
 
+def _wide_traces(real: bool) -> TraceSet:
+    """Collect-style ids and meta, 100 features (wider than the raw limit), the last one the log prompt length."""
+    from adaptspec.models.prompts import heldout_prompts
+
+    pool = heldout_prompts()[:40]
+    n = len(pool)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 100)).astype(np.float32)
+    tau = np.stack([np.ones(n), 1 + rng.uniform(0, 3, n)], axis=1)
+    meta = {"source": "adaptspec collect" if real else {"kind": "synthetic"}, "features": "last:-1,mean:mid,len"}
+    return TraceSet.from_arrays([f"{p.domain}-{i:04d}" for i, p in enumerate(pool)], [p.domain for p in pool],
+                                [1, 4], tau, features=X, new_tokens=np.full(n, 50), rounds=np.full((n, 2), 20),
+                                decode_ms=rng.uniform(500, 900, (n, 2)), meta=meta)
+
+
+def test_wide_features_are_reduced_on_the_training_split_only() -> None:
+    from adaptspec.evaluation.core import PCA_DIM, make_contexts
+
+    ts = _wide_traces(True)
+    tr, ev = split_requests(ts.domains, 0.5, 0)
+    ctx = make_contexts(ts, tr)
+    assert ctx.X.shape == (ts.n_requests, min(PCA_DIM, len(tr) - 1) + 1)  # components + the kept log length
+    assert np.allclose(ctx.featurizer.mean, ts.features[tr].mean(axis=0), atol=1e-5)
+    assert not np.allclose(ctx.featurizer.mean, ts.features[ev].mean(axis=0), atol=1e-3)
+    assert make_contexts(ts, tr) is ctx  # shared by the sections
+
+
+def test_e2e_policy_uses_the_traces_head_only_when_it_fits_the_decoder() -> None:
+    from adaptspec.evaluation.e2e import e2e_policy, pick_prompts
+    from adaptspec.policies import NeuralLinear
+
+    real = _wide_traces(True)
+    pol, feat, how = e2e_policy(real, 100, 0.5)
+    assert isinstance(pol, NeuralLinear) and feat is not None and feat.in_dim == 100 and "training split" in how
+    spec, feat, how = e2e_policy(real, 1153, 0.5)  # another decoder's features: the product default instead
+    assert isinstance(spec, str) and feat is None and "not this decoder's" in how
+    assert "synthetic" in e2e_policy(_wide_traces(False), 100, 0.5)[2]
+    prompts, how = pick_prompts(real, 5, 0.5)
+    _, ev = split_requests(real.domains, 0.5, 0)
+    held = {str(real.request_ids[j]) for j in ev}
+    known = set(map(str, real.request_ids))
+    assert len(prompts) == 5 and all(rid in held or rid not in known for rid, _, _ in prompts)
+    assert not any(rid in known and rid not in held for rid, _, _ in prompts)  # never a prompt the head trained on
+
+
 def test_stream_passes_are_permutations() -> None:
     pool = np.array([3, 5, 9, 11])
     s = shuffled_stream(pool, 10, seed=1)

@@ -100,6 +100,9 @@ class Contexts:
     description: str = "no features"
 
 
+_CONTEXTS: dict[tuple[int, bytes], tuple[Any, Contexts]] = {}
+
+
 def make_contexts(traces: Any, train_idx: np.ndarray) -> Contexts:
     """The trace set's features as policy contexts.
 
@@ -107,7 +110,18 @@ def make_contexts(traces: Any, train_idx: np.ndarray) -> Contexts:
     1,153-d prefill representation) go through the product's featurizer, a PCA to
     :data:`PCA_DIM` whitened components fitted on the *training* requests only (plus the log
     prompt length when the feature spec ends with it), as the controller would use it.
+    Results are cached per trace set object and training split (sections share splits).
     """
+    key = (id(traces), np.asarray(train_idx, dtype=np.int64).tobytes())
+    hit = _CONTEXTS.get(key)
+    if hit is not None and hit[0] is traces:
+        return hit[1]
+    ctx = _make_contexts(traces, train_idx)
+    _CONTEXTS[key] = (traces, ctx)
+    return ctx
+
+
+def _make_contexts(traces: Any, train_idx: np.ndarray) -> Contexts:
     X = traces.features
     if X is None:
         return Contexts(None)

@@ -128,7 +128,7 @@ def plot_blockpilot(data: dict, path: Path) -> Path:
     a1.plot(arms, [tau[str(a)] for a in arms], "o-", label="fixed B")
     rows = {r["policy"]: r for r in data["rewards"][0]["policies"]} if data["rewards"][0]["reward"] == "tau" else {}
     if "oracle" in rows:
-        a1.axhline(rows["oracle"]["mean_tau"]["mean"], color="black", ls=":", label="per-prompt oracle")
+        a1.axhline(rows["oracle"]["mean_tau"]["mean"], color="black", lw=3, alpha=0.4, label="per-prompt oracle")
     sel = "BlockPilot's selector (released choices)"
     if sel in rows:
         a1.axhline(rows[sel]["mean_tau"]["mean"], color="C3", ls="--", label="BlockPilot's released choices")

@@ -278,7 +278,7 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
         f"Identical outputs across the three methods: {d['identical_outputs']} of {d['prompts']} prompts.",
         "",
         table(["request", "domain", "prompt tokens", "plain tok/s", f"fixed B={d['fixed_block']} tok/s",
-               "controller B", "controller tok/s", "controller tau", "identical"], per),
+               "controller B", "controller tok/s", "controller tau", "identical"], per, "llrrrrrrl"),
         "",
         bullets(F.e2e_findings(d)),
     ]
@@ -389,7 +389,8 @@ def summary_lines(secs: dict[str, Any]) -> list[str]:
     pick = {"replay": (F.replay_findings, lambda xs: xs[:1] + [x for x in xs if F.DEFAULT in x][:1]),
             "hardware": (F.hardware_findings, lambda xs: xs[:2]),
             "blockpilot": (F.blockpilot_findings, lambda xs: xs[1:2]),
-            "drift": (F.drift_findings, lambda xs: xs),
+            "drift": (F.drift_findings, lambda xs: [x for x in xs if "best fixed block from" in x
+                                                     or "does not move" in x or "did not recover" in x]),
             "coldstart": (F.coldstart_findings, lambda xs: xs[:1]),
             "e2e": (F.e2e_findings, lambda xs: xs[:2])}
     for key, (fn, sel) in pick.items():
