@@ -96,7 +96,6 @@ def test_e2e_policy_uses_the_traces_head_only_when_it_fits_the_decoder() -> None
     held = {str(real.request_ids[j]) for j in ev}
     known = set(map(str, real.request_ids))
     assert len(prompts) == 5 and all(rid in held or rid not in known for rid, _, _ in prompts)
-    assert not any(rid in known and rid not in held for rid, _, _ in prompts)  # never a prompt the head trained on
 
 
 def test_stream_passes_are_permutations() -> None:
@@ -123,16 +122,15 @@ def test_oracle_bounds_every_policy_and_percentages_agree(lineup) -> None:
     best = rows["best fixed"]
     assert oracle["pct_oracle"]["values"] == [100.0] * lineup["runs"]
     for name, r in rows.items():
-        for k in range(lineup["runs"]):
-            mr = r["mean_reward"]["values"][k]
-            assert mr <= oracle["mean_reward"]["values"][k] + 1e-6, name
-            # % of oracle and gain are the same stream's ratios, run by run
-            assert r["pct_oracle"]["values"][k] == pytest.approx(
-                100 * mr / oracle["mean_reward"]["values"][k], abs=1e-3)
-            assert r["gain_pct"]["values"][k] == pytest.approx(
-                100 * (mr / best["mean_reward"]["values"][k] - 1), abs=1e-3)
+        # % of oracle and gain are ratios of the same streams' rewards (means over runs of equal length)
+        assert r["mean_reward"]["mean"] <= oracle["mean_reward"]["mean"] + 1e-6, name
+        assert r["pct_oracle"]["mean"] <= 100.0 + 1e-9
+        if "values" in r["gain_pct"]:
+            assert len(r["gain_pct"]["values"]) == lineup["runs"]
+            for g, p, bb in zip(r["gain_pct"]["values"], r["pct_oracle"]["values"], best["pct_oracle"]["values"]):
+                assert g == pytest.approx(100 * (p / bb - 1), abs=1e-2), name  # run by run
         if r["kind"] == "fixed":  # the best fixed block is the best in hindsight
-            assert max(r["gain_pct"]["values"]) <= 1e-9
+            assert r["gain_pct"]["hi"] <= 1e-9
     assert {f"fixed:{a}" for a in lineup["arms"]} <= set(rows)
     assert rows[f"fixed:{lineup['best_fixed']}"]["gain_pct"]["mean"] == pytest.approx(0.0)
     for name in ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)",
@@ -335,6 +333,9 @@ def test_report_written_and_sections_carried_over(tmp_path: Path, synth: TraceSe
     assert stored["sections"]["coldstart"]["run"] == run2 and stored["sections"]["drift"]["run"] == run1
     md2 = out.report.read_text()
     assert "test run 1" in md2 and "test run 2" in md2
+    out.report.unlink()
+    third = run_evaluation(Request(traces=str(traces), sections=(), settings=Settings(**TINY)), out, log=lambda s: None)
+    assert set(third["runs"]) == {run1, run2} and out.report.read_text() == md2  # render only: same report
 
 
 def test_bad_requests_fail_with_one_line(tmp_path: Path) -> None:

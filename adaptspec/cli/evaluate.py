@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--orders", type=int, default=None, metavar="N", help="stream orders per split (default 3)")
     p.add_argument("--passes", type=int, default=None, metavar="N",
                    help="passes over the evaluation requests per stream (default 10)")
+    p.add_argument("--render-only", action="store_true",
+                   help="recompute nothing: rewrite the report and the headline from evaluation/results.json")
     p.add_argument("--quick", action="store_true", help="far fewer runs and shorter streams (rough figures, seconds)")
     p.add_argument("--docs", default=None, metavar="DIR",
                    help="write evaluation.md, evaluation_headline.md and evaluation/ here (default: the repo's docs/)")
@@ -64,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
                 raise AdaptspecError(f"--{name} must be >= 1, got {v}")
             opts[name] = v
     settings = Settings(progress=not args.no_progress, **opts)
-    if args.sections is not None:
+    if args.render_only:
+        if args.sections is not None or args.e2e is not None:
+            raise AdaptspecError("--render-only recomputes nothing: it does not take --sections or --e2e")
+        sections: tuple[str, ...] = ()
+    elif args.sections is not None:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
         if not sections:
             raise AdaptspecError("--sections is empty")
@@ -89,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"report": str(out.report), "headline": str(out.headline), **results}))
     else:
         latest = max(results["runs"])
-        ran = [k for k, s in results["sections"].items() if s["run"] == latest]
-        print(f"wrote {out.report}, {out.headline} and {out.folder}/ (regenerated: {', '.join(ran)})")
+        ran = [k for k, s in results["sections"].items() if s["run"] == latest] if not args.render_only else []
+        print(f"wrote {out.report}, {out.headline} and {out.folder}/ (regenerated: {', '.join(ran) or 'nothing'})")
     return 0

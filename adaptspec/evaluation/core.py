@@ -334,14 +334,20 @@ class Tally:
         for k, v in scores.items():
             self.values[label].setdefault(k, []).append(float(v))
 
+    #: metrics whose per-run values are kept in summaries (for comparisons paired by run)
+    PAIRED = ("pct_oracle", "gain_pct")
+
     def summary(self) -> list[dict[str, Any]]:
-        """``[{"policy", **meta, metric: {"mean", "lo", "hi"}, "runs"}]`` in insertion order."""
+        """``[{"policy", **meta, metric: {"mean", "lo", "hi"[, "values"]}, "runs"}]`` in insertion order;
+        per-run ``values`` for :attr:`PAIRED` metrics of non-fixed contenders."""
         rows = []
         for label in self.order:
             row: dict[str, Any] = {"policy": label, **self.meta[label]}
             for k, vs in self.values[label].items():
                 m, lo, hi = ci95(vs)
-                row[k] = {"mean": _r(m), "lo": _r(lo), "hi": _r(hi), "values": [_r(x) for x in vs]}
+                row[k] = {"mean": _r(m), "lo": _r(lo), "hi": _r(hi)}
+                if k in self.PAIRED and self.meta[label].get("kind") != "fixed":
+                    row[k]["values"] = [_r(x) for x in vs]
             row["runs"] = len(next(iter(self.values[label].values()), []))
             rows.append(row)
         return rows
@@ -357,6 +363,18 @@ def curve_points(T: int, n: int = 120) -> np.ndarray:
 
 
 # ============================================================================ provenance
+def display_path(path: Any) -> str:
+    """``path`` relative to the checkout this package lives in when it is inside it, else as given."""
+    from pathlib import Path
+
+    p = Path(path).resolve()
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return p.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def provenance(traces: Any) -> dict[str, Any]:
     """Where a trace set came from (its ``meta.json``), with a fingerprint of its contents.
 
@@ -373,7 +391,7 @@ def provenance(traces: Any) -> dict[str, Any]:
     h.update("\n".join(str(x) for x in traces.request_ids).encode())
     h.update(np.ascontiguousarray(traces.tau_matrix()).tobytes())
     return {
-        "path": None if traces.path is None else str(traces.path),
+        "path": None if traces.path is None else display_path(traces.path),
         "source": json.loads(json.dumps(src, default=str)) if src is not None else None,
         "source_kind": kind,
         "synthetic": kind == "synthetic" or str(meta.get("target", "")).startswith("synthetic"),

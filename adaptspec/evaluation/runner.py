@@ -213,7 +213,8 @@ def run_evaluation(req: Request, out: Outputs | None = None, log: Any = None) ->
         }
         say(f"evaluate: section {key} done in {secs:.0f} s")
     run.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 1))
-    results["runs"][run_id] = run
+    if todo:
+        results["runs"][run_id] = run
     used = {s["run"] for s in results["sections"].values() if s}
     results["runs"] = {k: v for k, v in results["runs"].items() if k in used}
     _write(out.folder / "results.json", json.dumps(results, indent=1, default=_json_default) + "\n")
