@@ -13,7 +13,7 @@ from typing import Any
 from . import findings as F
 
 TITLES = {
-    "replay": "1. Replay on the bundled trace set",
+    "replay": "1. Replay on the trace set",
     "hardware": "2. Same acceptance, other hardware",
     "blockpilot": "3. Real published acceptance: BlockPilot",
     "drift": "4. Drift",

@@ -187,6 +187,7 @@ def run_evaluation(req: Request, out: Outputs | None = None, log: Any = None) ->
         prev = load_results(out.folder / "results.json")["sections"].get("blockpilot")
         if prev and prev["data"].get("status") == "ok":
             todo.remove("blockpilot")  # keep the earlier result rather than overwrite it with "not run"
+            say(f"evaluate: section blockpilot kept from run {prev['run']} (pass --blockpilot DIR to regenerate it)")
     traces = load_traces(req.traces)
     current = provenance(traces)
     if current["synthetic"]:
