@@ -67,7 +67,7 @@ from .errors import AdaptspecError
 from .featurizer import Featurizer
 from .speculator import Decision, Outcome, Round
 
-__all__ = ["AdaptiveController", "Generation", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
+__all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
 
 log = logging.getLogger("adaptspec.controller")
 
@@ -80,6 +80,10 @@ BUNDLED_HEAD = Path(__file__).resolve().parent / "models" / "weights" / "smollm2
 _FALLBACK_REASONS = ("error", "timeout", "invalid")
 _FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error")
 _DONE_MEMORY = 100_000
+
+
+class PrefillError(AdaptspecError):
+    """The speculator refused the prompt (empty, token ids out of range, ...): the caller's input is wrong."""
 
 
 def default_policy_spec(head: str | Path | None = None) -> str:
@@ -221,6 +225,10 @@ class AdaptiveController:
         contextual policies and for replay on resume).
     roll_rows, roll_interval_s
         When the log journal becomes a Parquet part.
+    log_fsync
+        ``fsync`` every logged row before ``feedback`` returns (default): acknowledged decisions
+        survive a machine crash. Without it they survive a crash of the process (the rows are
+        in the operating system's cache), and feedback is a few milliseconds cheaper.
     """
 
     def __init__(
@@ -238,7 +246,7 @@ class AdaptiveController:
         checkpoint_every: int = 100,
         checkpoint_interval_s: float | None = 60.0,
         fallback_block_size: int | None = None,
-        decide_timeout_s: float = 0.05,
+        decide_timeout_s: float = 0.1,
         feedback_timeout_s: float | None = 300.0,
         redecide_every: int | None = None,
         seed: int | None = 0,
@@ -246,6 +254,7 @@ class AdaptiveController:
         log_features: bool = True,
         roll_rows: int = 1000,
         roll_interval_s: float | None = 60.0,
+        log_fsync: bool = True,
     ) -> None:
         from .rewards import reward_function
 
@@ -260,6 +269,8 @@ class AdaptiveController:
         self.variant = variant
         self._spec_lock = speculator_lock(speculator)
         self._on_round = "on_round" in _parameters(speculator.decode)
+        pp = _parameters(speculator.prefill)
+        self._prefill_kw = [k for k in ("temperature", "seed") if k in pp or "**" in pp]
 
         # ---------------------------------------------------------------- policy and featurizer
         self.policy_spec: str | None = None
@@ -324,6 +335,7 @@ class AdaptiveController:
         self._queue: SimpleQueue = SimpleQueue()
         self._enqueued = 0
         self._applied = 0
+        self._inflight = 0
         self._closed = False
         self._learner = learner
         self._n_updates = 0                 # updates consumed since the policy was new (incl. before a restart)
@@ -339,8 +351,12 @@ class AdaptiveController:
             from .logwriter import DecisionLogWriter
 
             self._log = DecisionLogWriter(self.log_dir, name=variant or "default", roll_rows=roll_rows,
-                                          roll_interval_s=roll_interval_s)
+                                          roll_interval_s=roll_interval_s, fsync=log_fsync)
         try:
+            dim_log = None if self._log is None else self._log.feature_dim
+            if dim_log is not None and self.featurizer is not None and self.log_features and dim_log != self.featurizer.out_dim:
+                raise AdaptspecError(f"{self.log_dir}: this decision log holds contexts of {dim_log} features, the "
+                                     f"featurizer gives {self.featurizer.out_dim}: use another log directory")
             if self.checkpoint_dir is not None and resume:
                 self._resume()
             self._ckpt_updates = self._n_updates
@@ -370,15 +386,34 @@ class AdaptiveController:
 
         ``on_tokens(new_ids)`` is called with the first token after prefill and then with the
         rest: after every round when the speculator's ``decode`` takes an ``on_round``
-        callback, else once when decoding ends. Exceptions from the speculator propagate
-        (the decision is then logged without a reward).
+        callback, else once when decoding ends. ``temperature`` and ``seed`` go to the
+        speculator's ``prefill`` when it takes them. Exceptions from the speculator propagate
+        (a prefill's ``AdaptspecError`` as :class:`PrefillError`; after a decision, the decision
+        is logged without a reward). Re-decisions (``redecide_every``) run
+        inside decode and count in its time.
         """
-        self._check_open()
-        if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        with self._cond:
+            if self._closed:
+                raise AdaptspecError("this AdaptiveController is closed")
+            self._inflight += 1
+        try:
+            return self._generate(prompt_ids, int(max_new_tokens), temperature, seed, request_id, on_tokens)
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def _generate(self, prompt_ids: Any, max_new_tokens: int, temperature: float, seed: int | None,
+                  request_id: str | None, on_tokens: Callable[[list[int]], None] | None) -> Generation:
+        given = {"temperature": temperature, "seed": seed}
         t0 = time.perf_counter()
-        with self._spec_lock:
-            pre = self.speculator.prefill(prompt_ids, temperature=temperature, seed=seed)
+        try:
+            with self._spec_lock:
+                pre = self.speculator.prefill(prompt_ids, **{k: given[k] for k in self._prefill_kw})
+        except AdaptspecError as e:
+            raise PrefillError(str(e)) from None
         t1 = time.perf_counter()
         if on_tokens is not None:
             on_tokens([int(pre.first_token)])
@@ -446,6 +481,14 @@ class AdaptiveController:
             if not math.isfinite(reward):
                 raise AdaptspecError(f"reward must be finite, got {reward!r}")
         self._check_open()
+        if outcome is not None:
+            with self._lock:
+                p = self._pending.get(decision_id)
+            if p is not None:
+                big = max((r.block_size for r in outcome.rounds), default=0)
+                if big > p.decision.block_size:
+                    raise AdaptspecError(f"outcome ran block size {big}, but decision {decision_id} chose "
+                                         f"{p.decision.block_size}: report the outcome of the decided block size")
         return self._feedback(decision_id, outcome, reward)[0]
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
@@ -506,15 +549,17 @@ class AdaptiveController:
         """Log rows written durably but not yet rolled into a Parquet part."""
         return [] if self._log is None else self._log.pending_rows()
 
-    def close(self) -> None:
-        """Apply queued updates, write a final checkpoint, roll the log. Idempotent.
+    def close(self, timeout: float = 120.0) -> None:
+        """Let running ``generate`` calls finish (up to ``timeout`` s), apply queued updates, write a
+        final checkpoint, roll the log. Idempotent.
 
         Decisions still waiting for feedback are logged without a reward (counted as dropped).
         """
-        with self._lock:
+        with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self._cond.wait_for(lambda: self._inflight == 0, timeout)
         self._queue.put(_STOP)
         self._worker.join()
         self._decider.shutdown(wait=False, cancel_futures=True)
@@ -876,10 +921,12 @@ def _build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, .
 
 
 def _parameters(fn: Callable[..., Any]) -> set[str]:
+    """Names ``fn`` takes; ``"**"`` stands for a ``**kwargs`` catch-all."""
     try:
-        return set(inspect.signature(fn).parameters)
+        ps = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return set()
+        return {"**"}
+    return {"**" if p.kind is p.VAR_KEYWORD else p.name for p in ps}
 
 
 def _split(outcome: Outcome, starts: list[int]) -> list[Outcome]:

@@ -39,7 +39,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -89,6 +89,8 @@ class DecisionLogWriter:
         self._file: Any = None
         self._rows: list[dict[str, Any]] = []
         self._opened = 0.0
+        self._dim: int | None = None
+        self.roll_errors = 0
         self.rows_written = 0
         self.parts_written = 0
         try:
@@ -104,26 +106,38 @@ class DecisionLogWriter:
             self._lock_file.close()
             raise AdaptspecError(f"{self.path}: another writer named {name!r} is using this decision log") from None
         try:
+            self._dim = _last_feature_dim(self.path)
             self.recovered = self._recover()
             self._seq = max([s for s, _ in self._segments()] + [0]) + 1
         except BaseException:
             self._release()
             raise
 
+    @property
+    def feature_dim(self) -> int | None:
+        """Length of the ``features`` this log holds (None until a row has some)."""
+        return self._dim
+
     # ------------------------------------------------------------------ writing
     def append(self, row: Mapping[str, Any]) -> None:
         """Write one row durably (validated first: bad rows raise and nothing is written)."""
         clean, line = _encode(row)
+        f = clean.get("features")
         with self._lock:
             if self._lock_file is None:
                 raise AdaptspecError(f"{self.path}: decision log writer {self.name!r} is closed")
+            if f is not None:
+                if self._dim is None:
+                    self._dim = len(f)
+                elif len(f) != self._dim:
+                    raise AdaptspecError(f"decision row has {len(f)} features, earlier rows of this log have {self._dim}")
             if self._file is None:
                 self._open_segment()
             try:
                 self._file.write(line)
                 self._file.flush()
                 if self.fsync:
-                    os.fsync(self._file.fileno())
+                    _sync(self._file.fileno())
             except OSError as e:
                 raise AdaptspecError(f"{self.path}: cannot append to the decision log ({e.strerror or e})") from None
             self._rows.append(clean)
@@ -205,7 +219,12 @@ class DecisionLogWriter:
     def _roll(self) -> None:
         if not self._rows:
             return
-        self._write_part(self._rows)
+        try:
+            self._write_part(self._rows)
+        except AdaptspecError as e:  # e.g. a full disk: the rows stay in the journal; retried at the next roll
+            self.roll_errors += 1
+            log.error("%s: could not roll the journal of writer %r into a part (%s); will retry", self.path, self.name, e)
+            return
         f, self._file = self._file, None
         f.close()
         os.unlink(f.name)
@@ -330,6 +349,13 @@ def _encode(row: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         v = out.get(k)
         if v is not None and not math.isfinite(float(v)):
             raise AdaptspecError(f"decision row {k} is {v} (use None for a missing value)")
+    mt = out.get("mean_tau")
+    if mt is not None and not 1 - 1e-9 <= float(mt) <= b + 1e-9:
+        raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{b} (its block size)")
+    for k in ("new_tokens", "rounds"):
+        v = out.get(k)
+        if v is not None and (isinstance(v, bool) or int(v) != v or v < 0):
+            raise AdaptspecError(f"decision row {k} must be a non-negative integer, got {v!r}")
     f = out.get("features")
     if f is not None and not all(math.isfinite(x) for x in f):
         raise AdaptspecError("decision row features have NaN or infinite values")
@@ -372,6 +398,27 @@ def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
             continue
         ids.update(pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist())
     return ids
+
+
+def _last_feature_dim(path: Path) -> int | None:
+    """Feature length of the newest part that has features (what the next part must match)."""
+    from .traces import DecisionLog
+
+    for part in reversed(DecisionLog(path).parts()):
+        try:
+            if "features" not in pq.read_schema(part).names:
+                continue
+            col = pq.read_table(part, columns=["features"]).column("features").drop_null()
+        except (OSError, ValueError) as e:
+            raise AdaptspecError(f"{part}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        if len(col):
+            return len(col[0])
+    return None
+
+
+def _sync(fd: int) -> None:
+    """Flush a file's data to disk (fdatasync where there is one: the size is data, times are not)."""
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -7,7 +7,6 @@ offline), so its greedy output can be recomputed here with the same weights.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -105,6 +104,31 @@ def test_a_good_request_is_parsed():
     no_tok = CompletionService({"A": _NoController()}, ABRouter({"A": 1}), None)
     with pytest.raises(RequestError, match="no tokenizer"):
         no_tok.parse(b'{"prompt": "text"}')
+
+
+def test_the_service_runs_requests_and_maps_a_refused_prompt_to_400(tmp_path):
+    from _controller_helpers import FakeSpeculator
+
+    spec = FakeSpeculator()
+    svc = CompletionService.build(spec, {"A": "fixed:4", "B": "fixed:8"}, "1,0", log_dir=tmp_path, metrics=False)
+    try:
+        req = svc.parse(b'{"prompt": [1, 2, 3], "max_tokens": 6, "user": "anyone"}')
+        assert req.variant == "A"  # weight 0 for B: reachable only by name
+        gen = svc.run(req)
+        body = svc.completion_body(req, gen)
+        assert body["choices"][0]["token_ids"] == gen.outcome.tokens and body["adaptspec"]["block_size"] == 4
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+
+        def refuse(prompt_ids, **kw):
+            raise AdaptspecError("prompt has token ids outside 0..95")
+
+        spec.prefill = refuse
+        with pytest.raises(RequestError) as e:
+            svc.run(svc.parse(b'{"prompt": [500], "variant": "B"}'))
+        assert e.value.status == 400 and "outside 0..95" in str(e.value)
+        assert svc.health()["variants"]["A"]["decisions"] == 1
+    finally:
+        svc.close()
 
 
 def test_text_stream_adds_up_to_the_decoded_text():
@@ -301,7 +325,7 @@ def test_metrics_ab_and_health(server):
     for needle in ('adaptspec_requests_total{status="ok",variant="A"}', 'adaptspec_generated_tokens_total{variant="B"}',
                    'adaptspec_mean_tau_count{variant="A"}', 'adaptspec_decode_tokens_per_second_bucket',
                    'adaptspec_block_size_chosen_total{block_size="4",variant="B"}',
-                   'adaptspec_fallbacks_total{reason="timeout",variant="A"} 0.0', 'adaptspec_policy_updates_total',
+                   'adaptspec_fallbacks_total{reason="timeout",variant="A"}', 'adaptspec_policy_updates_total',
                    'adaptspec_time_to_first_token_seconds_count'):
         assert needle in text, needle
     assert h["status"] == "ok" and set(h["variants"]) == {"A", "B"} and h["variants"]["B"]["spec"] == "fixed:4"

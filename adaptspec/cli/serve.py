@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--seed", type=int, default=0, help="seed of the policies")
     ctl.add_argument("--fallback-block-size", type=int, default=None, metavar="B",
                      help="block size used when a policy fails or is late (default: the arm closest to 8)")
-    ctl.add_argument("--decide-timeout", type=float, default=0.05, metavar="S", help="time budget of a decision")
+    ctl.add_argument("--decide-timeout", type=float, default=0.1, metavar="S", help="time budget of a decision (default 0.1)")
     ctl.add_argument("--feedback-timeout", type=float, default=300.0, metavar="S",
                      help="drop a decision without feedback after this long")
     ctl.add_argument("--redecide-every", type=int, default=None, metavar="K",
@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                      help="... or S seconds after the last checkpoint")
     ctl.add_argument("--roll-rows", type=int, default=1000, metavar="N", help="log rows per Parquet part")
+    ctl.add_argument("--no-fsync", action="store_true",
+                     help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
+                          "server but not of the machine (saves a few ms per request)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="largest max_tokens accepted")
@@ -133,7 +136,7 @@ def build(args: argparse.Namespace):
         latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
-        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows)
+        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync)
 
 
 def run(args: argparse.Namespace) -> int:

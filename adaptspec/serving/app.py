@@ -118,18 +118,24 @@ async def _events(service: CompletionService, req: Any, pool: cf.Executor) -> As
     queue: asyncio.Queue = asyncio.Queue()
     first: list[float] = []
 
+    def send(item: tuple[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening any more
+            pass
+
     def on_tokens(ids: list[int]) -> None:
         if not first:
             first.append(time.perf_counter())
-        loop.call_soon_threadsafe(queue.put_nowait, ("tokens", ids))
+        send(("tokens", ids))
 
     def work() -> None:
         try:
             gen = service.run(req, on_tokens)
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+            send(("error", e))
         else:
-            loop.call_soon_threadsafe(queue.put_nowait, ("done", gen))
+            send(("done", gen))
 
     pool.submit(work)
     text = TextStream(service.codec)

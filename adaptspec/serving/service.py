@@ -202,14 +202,16 @@ class CompletionService:
 
         The decision and its outcome are in the decision log when this returns.
         """
+        from ..controller import PrefillError
+
         ctrl = self.controllers[req.variant]
         try:
             gen = ctrl.generate(req.prompt_ids, max_new_tokens=req.max_tokens, temperature=req.temperature,
                                 seed=req.seed, request_id=req.request_id, on_tokens=on_tokens)
-        except AdaptspecError as e:  # the speculator rejected this input
+        except PrefillError as e:  # the speculator refused this prompt
             if self.metrics is not None:
                 self.metrics.failed(req.variant)
-            raise RequestError(str(e)) from None
+            raise RequestError(str(e), param="prompt") from None
         except Exception:
             if self.metrics is not None:
                 self.metrics.failed(req.variant)
