@@ -92,6 +92,19 @@ def test_stops_at_eos_and_at_max_tokens():
             assert out.finish_reason == "length" and out.new_tokens == 60
 
 
+def test_on_round_streams_exactly_the_output():
+    model, decoder = target_for("llama")
+    prompt = [21, 22, 23]
+    ref = reference_greedy(model, prompt, 33)
+    peek = PeekingDrafter(decoder.drafter, prompt + ref, 0.3, 5)
+    chunks, seen = [], []
+    out = SpeculativeDecoder(decoder.target, peek).decode(
+        decoder.prefill(prompt), 6, 33, on_round=lambda toks, r: (chunks.append(toks), seen.append(r))
+    )
+    assert [decoder.prefill(prompt).first_token] + [t for c in chunks for t in c] == out.tokens == ref
+    assert seen == out.rounds and all(1 <= len(c) <= r.tau for c, r in zip(chunks, seen))
+
+
 def test_prefill_is_reusable_across_block_sizes():
     model, decoder = target_for("llama")
     pre = decoder.prefill([11, 12, 13])

@@ -91,11 +91,14 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         temperature: float = 0.0,
         seed: int | None = None,
+        on_round: Callable[[list[int], Round], None] | None = None,
     ) -> Outcome:
         """Draft/verify rounds after ``prefill`` until EOS or ``max_new_tokens`` new tokens.
 
         ``block_size`` may be a function of the rounds so far, so it can change between
         rounds. ``prefill`` is not consumed: it can be decoded again with another block size.
+        ``on_round(tokens, round)`` is called after each round with the tokens it committed
+        (for streaming).
         """
         _check_temperature(temperature)
         if max_new_tokens < 1:
@@ -126,13 +129,16 @@ class SpeculativeDecoder:
             new, r = self._round(tokens[-1], n, b, cache, draft, temperature, gen)
             rounds.append(r)
             n += r.tau
-            for t in new:
+            kept = len(tokens)
+            for t in new[: max_new_tokens - len(tokens)]:
                 tokens.append(t)
                 if t in eos:
                     finish = "eos"
                     break
+            if on_round is not None:
+                on_round(tokens[kept:], r)
         decode_s = _now(self.target.device) - start
-        return Outcome(tokens=tokens[:max_new_tokens], rounds=rounds, decode_s=decode_s, finish_reason=finish)
+        return Outcome(tokens=tokens, rounds=rounds, decode_s=decode_s, finish_reason=finish)
 
     def generate(
         self,
