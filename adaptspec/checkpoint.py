@@ -34,6 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import AdaptspecError
+from ._io import fsync_path, json_default
 
 __all__ = ["CHECKPOINT_FORMAT", "latest_checkpoint", "load_policy", "read_checkpoint", "state_digest",
            "write_checkpoint"]
@@ -61,9 +62,9 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
         policy.save_state(tmp / "policy.npz")
         if featurizer is not None:
             featurizer.save(tmp)
-        (tmp / "checkpoint.json").write_text(json.dumps(info, indent=2, default=_plain) + "\n")
+        (tmp / "checkpoint.json").write_text(json.dumps(info, indent=2, default=json_default) + "\n")
         for f in tmp.iterdir():
-            _fsync(f)
+            fsync_path(f)
         os.chmod(tmp, 0o755)
         if final.exists():  # the same update count again (e.g. at shutdown): replace it
             old = root / f".{final.name}.old-{os.getpid()}"
@@ -72,7 +73,7 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync(root)
+        fsync_path(root)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise AdaptspecError(f"{root}: cannot write a checkpoint ({e.strerror or e})") from None
@@ -138,25 +139,9 @@ def state_digest(policy: Any) -> str:
                 feed(v)
             h.update(b"]")
         else:
-            h.update(repr(_plain(obj) if isinstance(obj, np.generic) else obj).encode())
+            h.update(repr(json_default(obj) if isinstance(obj, np.generic) else obj).encode())
 
     state = dict(policy.state_dict())
     state.pop("rng", None)
     feed(state)
     return h.hexdigest()[:16]
-
-
-def _plain(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

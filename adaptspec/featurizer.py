@@ -47,6 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import AdaptspecError
+from ._io import fsync_path, json_default
 
 __all__ = ["Featurizer", "FEATURIZER_FORMAT", "KINDS"]
 
@@ -243,9 +244,9 @@ class Featurizer:
             path.mkdir(parents=True, exist_ok=True)
             tmp_t, tmp_j = path / f".{_TENSORS}.tmp", path / f".{_JSON}.tmp"
             save_file(tensors, str(tmp_t))
-            tmp_j.write_text(json.dumps(cfg, indent=2, default=_jsonable) + "\n")
-            _fsync(tmp_t)
-            _fsync(tmp_j)
+            tmp_j.write_text(json.dumps(cfg, indent=2, default=json_default) + "\n")
+            fsync_path(tmp_t)
+            fsync_path(tmp_j)
             os.replace(tmp_t, path / _TENSORS)
             os.replace(tmp_j, path / _JSON)
         except OSError as e:
@@ -302,19 +303,3 @@ class Featurizer:
 
 def _bad_keep(k: Any, d: int) -> int:
     raise AdaptspecError(f"keep index {k} outside -{d}..{d - 1}")
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import AdaptspecError
+from ._io import json_default
 
 #: Version of the on-disk formats this code writes; it reads this version and older.
 SCHEMA_VERSION = 1
@@ -361,7 +362,7 @@ class TraceSet:
         def write(tmp: Path) -> None:
             _write_parquet(self.requests, tmp / "requests.parquet")
             _write_parquet(self.outcomes, tmp / "outcomes.parquet")
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default) + "\n")
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=json_default) + "\n")
 
         _atomic_dir(Path(path), overwrite, write, "meta.json")
         return Path(path)
@@ -584,15 +585,6 @@ class TraceSet:
         f = "no features" if self.features is None else f"{self.features.shape[1]} features"
         return f"TraceSet({self.n_requests} requests, arms {list(self.arms)}, {f})"
 
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from _policy_helpers import ARMS, DIM, clustered_stream, linear_stream, small_head
+from _policy_helpers import ARMS, clustered_stream, linear_stream, small_head
 from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import HeadModel, NeuralLinear, OfflineHead, SquareCB, make_policy, train_head

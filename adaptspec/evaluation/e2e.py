@@ -159,7 +159,7 @@ def e2e_policy(traces: Any, feature_dim: int, train_fraction: float) -> tuple[An
             f"{ctx.description})")
     spec = default_policy_spec()
     why = ("the trace set has no features" if X is None else
-           f"the trace set is synthetic" if prov["synthetic"] else
+           "the trace set is synthetic" if prov["synthetic"] else
            f"the trace set's features ({X.shape[1]}) are not this decoder's ({feature_dim})")
     return spec, None, f"`{spec}` (the product default without a matching head: {why})"
 

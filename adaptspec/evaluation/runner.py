@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import AdaptspecError
 from .core import Settings, provenance
 from .report import SECTIONS, render_headline, render_report
+from .._io import json_default
 
 #: sections a plain run regenerates (the end-to-end one needs ``e2e_prompts``)
 REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart")
@@ -218,19 +219,7 @@ def run_evaluation(req: Request, out: Outputs | None = None, log: Any = None) ->
         results["runs"][run_id] = run
     used = {s["run"] for s in results["sections"].values() if s}
     results["runs"] = {k: v for k, v in results["runs"].items() if k in used}
-    _write(out.folder / "results.json", json.dumps(results, indent=1, default=_json_default) + "\n")
+    _write(out.folder / "results.json", json.dumps(results, indent=1, default=json_default) + "\n")
     _write(out.report, render_report(results, current, _rel(out.headline, out.report.parent)))
     _write(out.headline, render_headline(results, _rel(out.report, out.headline.parent)))
     return results
-
-
-def _json_default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

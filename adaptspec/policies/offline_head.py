@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .base import Policy
 from .mab import greedy_probs
+from .._io import json_default
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 
@@ -155,7 +156,7 @@ class HeadModel:
             "reward_scale": self.reward_scale,
             "info": self.info,
         }
-        (path / "config.json").write_text(json.dumps(config, indent=2, default=_jsonable) + "\n")
+        (path / "config.json").write_text(json.dumps(config, indent=2, default=json_default) + "\n")
         return path
 
     @classmethod
@@ -202,13 +203,6 @@ def head_fingerprint(head: HeadModel) -> str:
     h.update(np.ascontiguousarray(head.x_mean).tobytes())
     return h.hexdigest()[:16]
 
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 # ---------------------------------------------------------------------------------- training

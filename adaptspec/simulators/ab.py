@@ -498,7 +498,7 @@ def format_simulation(sim: Mapping[str, Any]) -> str:
     lines = [f"A/B replay: {names[0]} = {sim['variants'][names[0]]['spec']}, {names[1]} = "
              f"{sim['variants'][names[1]]['spec']}; reward {sim['reward']}, split {sim['split']:.2f}, "
              f"alpha {sim['alpha']}, order {sim['order']}",
-             f"true value on the whole stream: " + ", ".join(f"{n} {_f(sim['variants'][n]['true_value'])}" for n in names)
+             "true value on the whole stream: " + ", ".join(f"{n} {_f(sim['variants'][n]['true_value'])}" for n in names)
              + f" -> {sim['better']} is better"]
     head = ["seed", "requests", "stopped at", "winner", "correct", "final p", f"mean {names[0]}", f"mean {names[1]}"]
     rows = [[str(d["seed"]), str(d["requests"]), "-" if d["stopped_at"] is None else str(d["stopped_at"]),
