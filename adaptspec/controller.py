@@ -65,6 +65,7 @@ import numpy as np
 
 from .errors import AdaptspecError
 from .featurizer import Featurizer
+from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
 from .speculator import Decision, Outcome, Round
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
@@ -74,8 +75,6 @@ log = logging.getLogger("adaptspec.controller")
 #: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
 #: the same as the bundled trace set's.
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
-#: Where the regression head trained on the bundled real traces is expected (with its featurizer).
-BUNDLED_HEAD = Path(__file__).resolve().parent / "models" / "weights" / "smollm2-135m-head"
 
 _FALLBACK_REASONS = ("error", "timeout", "invalid")
 _FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error")

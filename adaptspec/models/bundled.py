@@ -12,6 +12,8 @@ from pathlib import Path
 from ..errors import AdaptspecError
 
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
+#: The offline head (and its featurizer) trained on the bundled real trace set.
+BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
 
 
 def load_speculator(

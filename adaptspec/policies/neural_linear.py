@@ -297,8 +297,12 @@ def neural_linear_policy(arms: Sequence[int], seed: int | None = None, head: Pat
                          exploration: str = "ucb", alpha: float = 0.5, v: float = 0.5, prior_n: float | str = "auto",
                          discount: float | None = None, epsilon: float = 0.0,
                          mc_samples: int = MC_SAMPLES) -> NeuralLinear:
-    """Factory of the ``neural-linear:head=PATH[,exploration=ucb,...]`` spec."""
+    """Factory of the ``neural-linear[:head=PATH,exploration=ucb,...]`` spec (default head: the bundled one)."""
     if head is None:
-        raise AdaptspecError("neural-linear needs a trained head: neural-linear:head=PATH (adaptspec train-head)")
+        from ..models.bundled import BUNDLED_HEAD
+
+        if not (BUNDLED_HEAD / "config.json").is_file():
+            raise AdaptspecError("neural-linear needs a trained head: neural-linear:head=PATH (adaptspec train-head)")
+        head = BUNDLED_HEAD
     return NeuralLinear(head, exploration=exploration, alpha=alpha, v=v, prior_n=prior_n, discount=discount,
                         epsilon=epsilon, seed=seed, arms=arms, mc_samples=mc_samples)
