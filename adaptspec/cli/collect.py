@@ -20,7 +20,7 @@ def _arms(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, default=None,
-                   help="JSONL with 'prompt' and optional 'domain' (default: the bundled held-out prompts)")
+                   help="JSONL with 'prompt' and optional 'domain' (default: the held-out prompts minus the demo's)")
     p.add_argument("--arms", type=_arms, default=[1, 2, 4, 6, 8, 12, 16], help="comma-separated block sizes")
     p.add_argument("--out", type=Path, required=True, help="trace set directory to write")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -38,18 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..collection import collect_traces
     from ..models import load_speculator
-    from ..models.prompts import heldout_prompts, read_prompts
+    from ..models.prompts import read_prompts, trace_prompts
 
     if args.max_new_tokens < 1:
         raise AdaptspecError("--max-new-tokens must be >= 1")
-    prompts = read_prompts(args.prompts) if args.prompts else heldout_prompts()
+    numbered = list(enumerate(read_prompts(args.prompts))) if args.prompts else trace_prompts()
     if args.limit:
-        prompts = prompts[: args.limit]
+        numbered = numbered[: args.limit]
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
-    triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in enumerate(prompts)]
+    triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in numbered]
     traces = collect_traces(
         spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force,
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",

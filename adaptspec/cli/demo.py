@@ -17,7 +17,7 @@ from ..errors import AdaptspecError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=10, help="how many held-out prompts (spread over domains)")
+    p.add_argument("--prompts", type=int, default=10, help="how many demo prompts (held out, domains in turn; at most 20)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--policy", default=None, help="policy spec (default: the product default, see docs/controller.md)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
@@ -25,30 +25,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show", type=int, default=1, help="print the text of the first N responses")
 
 
-def pick_prompts(n: int):
-    """``n`` held-out prompts, taking the domains in turn."""
-    from ..models.prompts import heldout_prompts
-
-    pool = heldout_prompts()
-    by: dict[str, list] = {}
-    for p in pool:
-        by.setdefault(p.domain, []).append(p)
-    doms = sorted(by)
-    return [by[doms[i % len(doms)]][i // len(doms)] for i in range(n)]
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..controller import AdaptiveController
     from ..models import load_speculator
+    from ..models.prompts import demo_prompts
 
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise AdaptspecError("--prompts and --max-new-tokens must be >= 1")
     t0 = time.perf_counter()
     spec = load_speculator(drafter=args.drafter, threads=args.threads)
     tok = spec.target.tokenizer
-    prompts = pick_prompts(args.prompts)
+    prompts = demo_prompts()[: args.prompts]
     rows = []
     with AdaptiveController(spec, args.policy) as ctl:
         print(f"target {spec.target.model.config.model_type} ({spec.target.dtype}), drafter {spec.drafter.config.num_layers} layers; "

@@ -361,7 +361,30 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 
 
 def heldout_prompts() -> list[Prompt]:
-    """The held-out prompts that ship with the package."""
+    """The held-out prompts that ship with the package (never used to train the drafter)."""
     return read_prompts(HELDOUT_PATH)
+
+
+#: held-out prompts per domain kept out of the bundled trace set, for the demo and end-to-end runs
+DEMO_PER_DOMAIN = 4
+
+
+def demo_prompts() -> list[Prompt]:
+    """The first :data:`DEMO_PER_DOMAIN` held-out prompts of each domain, taking domains in turn.
+
+    Neither the drafter nor the bundled head (trained on :func:`trace_prompts`) saw them.
+    """
+    by: dict[str, list[Prompt]] = {}
+    for p in heldout_prompts():
+        by.setdefault(p.domain, []).append(p)
+    doms = sorted(by)
+    return [by[d][i] for i in range(DEMO_PER_DOMAIN) for d in doms if i < len(by[d])]
+
+
+def trace_prompts() -> list[tuple[int, Prompt]]:
+    """The held-out prompts the bundled trace set is collected on (all but :func:`demo_prompts`),
+    each with its index in the held-out file (``adaptspec collect`` numbers requests by it)."""
+    demo = {p.prompt for p in demo_prompts()}
+    return [(i, p) for i, p in enumerate(heldout_prompts()) if p.prompt not in demo]
 
 
