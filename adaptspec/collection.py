@@ -6,6 +6,10 @@ times. Each prompt is prefilled once and decoded at every block size (in a rotat
 so slow drift of the machine's speed does not favour one block size). Progress is appended
 to ``OUT.partial.jsonl`` after every prompt, so an interrupted collection resumes where it
 stopped; the trace set is written (atomically) when all prompts are done.
+
+Several processes can share a collection: each runs with ``part=(i, n)`` on the prompts
+``i, i+n, i+2n, ...`` and writes only its own ``OUT.partial-i-of-n.jsonl``; a last run
+without ``part`` finds every prompt done and writes the trace set.
 """
 
 from __future__ import annotations
@@ -36,18 +40,25 @@ def collect_traces(
     overwrite: bool = False,
     progress: bool = True,
     on_prompt: Callable[[int], None] | None = None,
-) -> TraceSet:
-    """Collect a trace set. ``prompts`` are ``(request_id, domain, token_ids)`` triples."""
+    part: tuple[int, int] | None = None,
+) -> TraceSet | None:
+    """Collect a trace set. ``prompts`` are ``(request_id, domain, token_ids)`` triples.
+
+    Returns the trace set, or None for a ``part`` run (see the module docstring).
+    """
     arms = sorted(int(a) for a in arms)
     if not arms or arms[0] < 1 or arms[-1] > speculator.max_block_size or len(set(arms)) != len(arms):
         raise AdaptspecError(f"arms must be unique block sizes in 1..{speculator.max_block_size}, got {arms}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise AdaptspecError(f"{out} exists; pass --force to replace it")
-    partial = out.with_name(out.name + ".partial.jsonl")
-    done = _read_partial(partial, arms)
+    if part is not None and not 0 <= part[0] < part[1]:
+        raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
+    partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))
+    done = [r for path in sorted(out.parent.glob(out.name + ".partial*.jsonl")) for r in _read_partial(path, arms)]
     rows = {r["request_id"]: r for r in done}
-    todo = [p for p in prompts if p[0] not in rows]
+    mine = prompts if part is None else prompts[part[0] :: part[1]]
+    todo = [p for p in mine if p[0] not in rows]
     with open(partial, "a") as f:
         for i, (rid, domain, ids) in enumerate(tqdm(todo, desc="collect", unit="prompt", disable=not progress)):
             pre = speculator.prefill(list(ids), temperature=temperature, seed=seed) if temperature > 0 else speculator.prefill(list(ids))
@@ -73,13 +84,16 @@ def collect_traces(
             rows[rid] = row
             if on_prompt is not None:
                 on_prompt(i)
+    if part is not None:
+        return None
     ordered = [rows[p[0]] for p in prompts]
     traces = _to_traceset(ordered, arms, {
         "source": "adaptspec collect", "max_new_tokens": max_new_tokens, "temperature": temperature,
         "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(), **(meta or {}),
     })
     traces.write(out, overwrite=overwrite)
-    partial.unlink(missing_ok=True)
+    for path in out.parent.glob(out.name + ".partial*.jsonl"):
+        path.unlink()
     return traces
 
 

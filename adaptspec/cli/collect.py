@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,10 +52,20 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in numbered]
+    part = None
+    if args.part:
+        try:
+            i, n = (int(x) for x in args.part.split("/"))
+        except ValueError:
+            raise AdaptspecError(f"--part takes I/N, e.g. 0/2, got {args.part!r}") from None
+        part = (i, n)
     traces = collect_traces(
-        spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force,
+        spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force, part=part,
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
               "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec},
     )
-    print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
+    if traces is None:
+        print(f"part {args.part} done; run again without --part to write {args.out}")
+    else:
+        print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
     return 0

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20_000, help="total optimiser steps (cosine schedule length)")
     p.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
+    p.add_argument("--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)")
+    p.add_argument("--layer-norm", action="store_true",
+                   help="RMS-normalise each target layer's hidden state before fusing them")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="loss weight decay over block positions, exp(-(k-1)/gamma) (default: DFlash's for the block size)")
     p.add_argument("--reverse", action="store_true",
                    help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")
 
@@ -50,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"{work}: no distillation data yet; run --stage data first")
     layers = json.loads(meta.read_text())["layers"]
     target, _ = load_target(args.target, dtype="float32")
-    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads)
-    ckpt = work / "checkpoints"
+    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
+                      normalize_context_layers=args.layer_norm, gamma=args.gamma)
+    ckpt = args.checkpoints or work / "checkpoints"
     if args.stage in ("all", "train"):
         drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes,
                         target_layers=layers, vocab_prior=_prompt_token_counts(work, args.target))
@@ -104,6 +110,7 @@ def _load_checkpoint(target, ckpt: Path, cfg, layers):
     d = BlockDiffusionDrafter.for_target(
         target, num_layers=st["cfg"]["num_layers"], max_block_size=st["cfg"]["max_block_size"],
         target_layers=layers, draft_vocab=None if dv is None else dv.tolist(),
+        normalize_context_layers=st["cfg"].get("normalize_context_layers", False),
     )
     d.load_state_dict(st["model"])
     return d.eval()

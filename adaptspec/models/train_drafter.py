@@ -39,6 +39,7 @@ from ..decoding.drafter import BlockDiffusionDrafter, block_position_weights
 @dataclass
 class TrainConfig:
     num_layers: int = 2
+    normalize_context_layers: bool = False
     block_size: int = 16
     max_block_size: int = 32
     draft_vocab_size: int | None = 8192
@@ -242,6 +243,7 @@ def train(
         drafter = BlockDiffusionDrafter.for_target(
             target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
             draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
+            normalize_context_layers=cfg.normalize_context_layers,
         )
         drafter.load_state_dict(st["model"])
         step = st["step"]
@@ -261,6 +263,7 @@ def train(
         drafter = BlockDiffusionDrafter.for_target(
             target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
             draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
+            normalize_context_layers=cfg.normalize_context_layers,
         )
         step, st = 0, None
     for p in target.parameters():
@@ -272,6 +275,7 @@ def train(
         opt.load_state_dict(st["opt"])
     vmap = None if draft_vocab is None else vocab_index(draft_vocab, target.config.vocab_size)
     weights = block_position_weights(cfg.block_size, cfg.gamma)
+    log(f"position weights (gamma {cfg.gamma or 'default'}): {[round(float(w), 3) for w in weights]}")
     log(f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}")
 
     def save() -> None:

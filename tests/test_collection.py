@@ -1,0 +1,56 @@
+"""Trace collection from a real (tiny) decoder: every arm, resumable, shareable between processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaptspec.collection import collect_traces
+from adaptspec.errors import AdaptspecError
+from adaptspec.traces import TraceSet
+
+from decoding_helpers import make_decoder, reference_greedy, tiny_target
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_target("llama")
+    prompts = [(f"r{i}", "ab"[i % 2], [6 + i, 7, 8, 9, 10]) for i in range(6)]
+    return model, make_decoder(model), prompts
+
+
+def test_collect_every_arm_with_real_stats(setup, tmp_path):
+    model, dec, prompts = setup
+    ts = collect_traces(dec, prompts, [4, 1, 2], tmp_path / "t", max_new_tokens=12, progress=False)
+    assert ts.arms == (1, 2, 4) and len(ts) == 6
+    assert ts.features.shape == (6, dec.target.feature_dim)
+    tau = ts.tau_matrix()
+    assert np.all(tau[:, 0] == 1.0) and np.all((tau >= 1) & (tau <= np.array([1, 2, 4])))
+    assert np.all(ts.new_tokens_matrix() == np.array([len(reference_greedy(model, p[2], 12)) for p in prompts])[:, None])
+    assert np.all(ts.decode_s_matrix() > 0)
+    assert TraceSet.read(tmp_path / "t").info()["requests"] == 6
+    with pytest.raises(AdaptspecError, match="exists"):
+        collect_traces(dec, prompts, [1, 2], tmp_path / "t", progress=False)
+    with pytest.raises(AdaptspecError, match="arms must be"):
+        collect_traces(dec, prompts, [1, 99], tmp_path / "u", progress=False)
+
+
+def test_parts_and_resume_give_the_same_trace_set(setup, tmp_path):
+    _, dec, prompts = setup
+    out = tmp_path / "t"
+    assert collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2)) is None
+    assert not out.exists()
+    seen = []
+    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(1, 2), on_prompt=seen.append)
+    assert len(seen) == 3
+    again = []
+    ts = collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, on_prompt=again.append)
+    assert again == []  # everything was done by the parts
+    assert list(ts.request_ids) == [p[0] for p in prompts]
+    assert not list(tmp_path.glob("t.partial*"))
+    collect_traces(dec, prompts, [1, 2], tmp_path / "v", max_new_tokens=8, progress=False, part=(0, 2))
+    with pytest.raises(AdaptspecError, match="collected with arms"):
+        collect_traces(dec, prompts, [1, 4], tmp_path / "v", max_new_tokens=8, progress=False)
