@@ -888,8 +888,9 @@ class AdaptiveController:
         if self.policy_spec is not None:
             from .policies.spec import parse_spec
 
-            _, args, opts = parse_spec(self.policy_spec)
-            for v in [opts.get("head"), opts.get("path"), *args[:1]]:
+            name, args, opts = parse_spec(self.policy_spec)
+            default = BUNDLED_HEAD if name in ("neural-linear", "head") else None
+            for v in [opts.get("head"), opts.get("path"), *args[:1], default]:
                 if v and Featurizer.exists(Path(v).expanduser()):
                     return Featurizer.load(Path(v).expanduser())
         return None

@@ -301,5 +301,36 @@ class Featurizer:
         return f"Featurizer(kind={self.kind!r}, in_dim={self.in_dim}, out_dim={self.out_dim})"
 
 
+def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | None = "auto") -> Featurizer | None:
+    """The featurizer replay should apply for these policy specs (``choice``: auto, none or a path).
+
+    ``auto``: the featurizer saved with a head the specs name (``head=`` / ``path=``; one at
+    most), else the bundled head's when it fits ``feature_dim``, else none (features as they are).
+    """
+    if choice in (None, "none"):
+        return None
+    if choice != "auto":
+        return Featurizer.load(choice)
+    from .models.bundled import BUNDLED_HEAD
+    from .policies.spec import parse_spec
+
+    found = set()
+    for spec in specs:
+        name, args, opts = parse_spec(spec)
+        head = opts.get("head") or opts.get("path") or (BUNDLED_HEAD if name in ("neural-linear", "head") else None)
+        if head and Featurizer.exists(Path(head).expanduser()):
+            found.add(Path(head).expanduser().resolve())
+    if len(found) > 1:
+        raise AdaptspecError(f"the policies' heads have different featurizers ({', '.join(map(str, sorted(found)))}); "
+                             "pass --featurizer PATH")
+    if found:
+        return Featurizer.load(found.pop())
+    if feature_dim is not None and Featurizer.exists(BUNDLED_HEAD):
+        f = Featurizer.load(BUNDLED_HEAD)
+        if f.in_dim == feature_dim:
+            return f
+    return None
+
+
 def _bad_keep(k: Any, d: int) -> int:
     raise AdaptspecError(f"keep index {k} outside -{d}..{d - 1}")

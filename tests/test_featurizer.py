@@ -163,3 +163,28 @@ def test_replay_and_the_controller_see_identical_contexts(tmp_path):
                            featurizer=Featurizer.fit_traces(ts, dim=4, keep=[1]))
     with pytest.raises(AdaptspecError, match="expects 5"):
         AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", featurizer=other)
+
+
+def test_train_head_saves_a_featurizer_and_simulate_applies_it(tmp_path, capsys):
+    """Wide features: the head trains on the featurizer's contexts, replay maps the same way."""
+    import json as _json
+
+    from adaptspec.cli import main
+    from adaptspec.featurizer import Featurizer
+    from adaptspec.simulators.synthetic import generate
+
+    ts = generate("cpu-small", n_requests=240, seed=3, dim=96)
+    ts.meta["features"] = "last:-1,len"
+    ts.write(tmp_path / "wide")
+    assert main(["train-head", str(tmp_path / "wide"), "--out", str(tmp_path / "head"), "--epochs", "30",
+                 "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    f = Featurizer.load(tmp_path / "head")
+    assert (f.in_dim, f.out_dim) == (96, 33) and out["hidden"] == [64, 32]
+    spec = f"neural-linear:head={tmp_path / 'head'}"
+    assert main(["simulate", str(tmp_path / "wide"), "--policy", spec, "--json", "--no-progress"]) == 0
+    rep = _json.loads(capsys.readouterr().out)
+    assert rep["policies"][0]["pct_oracle"] > 50
+    # without the featurizer the head cannot read the raw 96 features
+    assert main(["simulate", str(tmp_path / "wide"), "--policy", spec, "--featurizer", "none", "--no-progress"]) == 2
+    assert "96" in capsys.readouterr().err

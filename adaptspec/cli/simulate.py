@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="request order: as stored, shuffled per seed, or a drifting domain mix")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="requests to stream (default: one pass; more repeats the trace set)")
+    p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
+                   help="map the features to policy contexts as the controller does (auto: the featurizer saved "
+                        "with the policies' head, else the bundled head's when it fits the trace set)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="write cumulative regret and block sizes over time")
     p.add_argument("--log", metavar="DIR", default=None,
@@ -89,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
                                and not (s.startswith("lin") and traces.features is None)]
+    from ..featurizer import featurizer_for
+
+    feat = featurizer_for([s for s in policies if isinstance(s, str)],
+                          None if traces.features is None else traces.features.shape[1], args.featurizer)
+    if feat is not None:
+        traces = feat.transform_traces(traces)
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         raise AdaptspecError(f"--plot: expected a .png file name, got {args.plot!r}")
     if args.log and Path(args.log).exists() and not Path(args.log).is_dir():

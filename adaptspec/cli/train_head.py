@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)")
     p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--pca", type=int, default=None, metavar="N",
+                   help="fit a featurizer (standardise + whitened PCA to N dims, keeping the log prompt length) "
+                        "and save it with the head; default 32 when there are more than 64 features, 0 disables")
     p.add_argument("--hidden", default="64,32", metavar="W1,W2,...", help="hidden layer widths (default 64,32)")
     p.add_argument("--val-fraction", type=float, default=0.2, metavar="F", help="held-out share for early stopping")
     p.add_argument("--epochs", type=int, default=300, metavar="N", help="maximum epochs")
@@ -87,12 +90,21 @@ def run(args: argparse.Namespace) -> int:
     if reward is None:
         reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
     R = traces.reward_matrix(reward, args.latency, args.batch_size)
+    pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
+    featurizer = None
+    if pca:
+        from ..featurizer import Featurizer
+
+        keep = [-1] if str(traces.meta.get("features", "")).endswith("len") else []
+        featurizer = Featurizer.fit_traces(traces, dim=pca, keep=keep)
+        X = featurizer.transform(X)
     ok = np.isfinite(R).all(axis=1)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
     info = {"traces": None if traces.path is None else str(traces.path), "reward": reward,
-            "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1])}
+            "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1]),
+            "featurizer": None if featurizer is None else featurizer.fingerprint}
     head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,
                       val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
                       lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)
@@ -101,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         head.save(tmp)
+        if featurizer is not None:
+            featurizer.save(tmp)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         tmp.rename(out)
