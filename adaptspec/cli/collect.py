@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--limit", type=int, default=None, help="only N prompts, taking the domains in turn")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
     p.add_argument("--dtype", default="bfloat16")
@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError("--max-new-tokens must be >= 1")
     numbered = list(enumerate(read_prompts(args.prompts))) if args.prompts else trace_prompts()
     if args.limit:
-        numbered = numbered[: args.limit]
+        by: dict[str, list] = {}
+        for item in numbered:
+            by.setdefault(item[1].domain, []).append(item)
+        turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
+        numbered = sorted(turns[: args.limit])
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
