@@ -364,9 +364,13 @@ def _h100_qwen3_8b() -> LatencyProfile:
 
 
 #: name -> builder of the named profiles
+#: Profiles measured with ``adaptspec profile-latency`` and shipped as JSON, named by file stem.
+MEASURED_DIR = Path(__file__).resolve().parent / "data" / "latency"
+
 PROFILES: dict[str, Any] = {
     "cpu-smollm2-bf16": _cpu_smollm2_bf16,
     "h100-qwen3-8b": _h100_qwen3_8b,
+    **{p.stem: (lambda p=p: LatencyProfile.load(p)) for p in sorted(MEASURED_DIR.glob("*.json"))},
 }
 
 
