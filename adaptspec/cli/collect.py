@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..collection import collect_traces
     from ..models import load_speculator
     from ..models.prompts import read_prompts, trace_prompts
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     traces = collect_traces(
         spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force, part=part,
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
-              "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec},
+              "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec,
+              "threads": torch.get_num_threads(), "processes": 1 if part is None else part[1]},
     )
     if traces is None:
         print(f"part {args.part} done; run again without --part to write {args.out}")
