@@ -55,7 +55,8 @@ def collect_traces(
     if part is not None and not 0 <= part[0] < part[1]:
         raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
     partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))
-    done = [r for path in sorted(out.parent.glob(out.name + ".partial*.jsonl")) for r in _read_partial(path, arms)]
+    partials = sorted(out.parent.glob(out.name + ".partial*.jsonl"))
+    done = [r for path in partials for r in _read_partial(path, arms)]
     rows = {r["request_id"]: r for r in done}
     mine = prompts if part is None else prompts[part[0] :: part[1]]
     todo = [p for p in mine if p[0] not in rows]
@@ -89,7 +90,8 @@ def collect_traces(
     ordered = [rows[p[0]] for p in prompts]
     traces = _to_traceset(ordered, arms, {
         "source": "adaptspec collect", "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(), **(meta or {}),
+        "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "processes": max(1, sum(1 for p in partials if "-of-" in p.name)), **(meta or {}),
     })
     traces.write(out, overwrite=overwrite)
     for path in out.parent.glob(out.name + ".partial*.jsonl"):

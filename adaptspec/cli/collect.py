@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force, part=part,
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
               "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec,
-              "threads": torch.get_num_threads(), "processes": 1 if part is None else part[1]},
+              "threads": torch.get_num_threads()},
     )
     if traces is None:
         print(f"part {args.part} done; run again without --part to write {args.out}")
