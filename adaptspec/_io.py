@@ -32,3 +32,36 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dict[str, Any]:
+    """Read a JSON file that describes a saved object: a dict with ``kind`` and ``format``.
+
+    Every failure is an :class:`~adaptspec.errors.AdaptspecError` naming the file: unreadable,
+    not JSON, another kind of object, or a format newer than ``newest_format``.
+    """
+    import json
+
+    from .errors import AdaptspecError
+
+    try:
+        info = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise AdaptspecError(f"{path}: not a readable {what} ({e})") from None
+    if not isinstance(info, dict) or info.get("kind") != kind:
+        raise AdaptspecError(f"{path} does not describe an adaptspec {what}")
+    if int(info.get("format", 0)) > newest_format:
+        raise AdaptspecError(f"{path}: {what} format {info.get('format')} is newer than this adaptspec reads ({newest_format})")
+    return info
+
+
+def read_tensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file as numpy arrays, with an :class:`~adaptspec.errors.AdaptspecError` naming it."""
+    from safetensors.numpy import load_file
+
+    from .errors import AdaptspecError
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types
+        raise AdaptspecError(f"{path}: cannot read ({e})") from None

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import AdaptspecError
-from ._io import fsync_path, json_default
+from ._io import fsync_path, json_default, read_descriptor
 
 __all__ = ["CHECKPOINT_FORMAT", "latest_checkpoint", "load_policy", "read_checkpoint", "state_digest",
            "write_checkpoint"]
@@ -101,16 +101,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The ``checkpoint.json`` of a checkpoint directory."""
-    p = Path(path) / "checkpoint.json"
-    try:
-        info = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise AdaptspecError(f"{p}: not a readable checkpoint ({e})") from None
-    if not isinstance(info, dict) or info.get("kind") != "adaptspec-checkpoint":
-        raise AdaptspecError(f"{p} does not describe an adaptspec checkpoint")
-    if int(info.get("format", 0)) > CHECKPOINT_FORMAT:
-        raise AdaptspecError(f"{p}: checkpoint format {info.get('format')} is newer than this adaptspec reads")
-    return info
+    return read_descriptor(Path(path) / "checkpoint.json", "adaptspec-checkpoint", CHECKPOINT_FORMAT, "checkpoint")
 
 
 def load_policy(path: str | os.PathLike, policy: Any) -> None:

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import AdaptspecError
-from ._io import fsync_path, json_default
+from ._io import fsync_path, json_default, read_descriptor, read_tensors
 
 __all__ = ["Featurizer", "FEATURIZER_FORMAT", "KINDS"]
 
@@ -256,26 +256,14 @@ class Featurizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Featurizer":
         """Read a featurizer written by :meth:`save` (its directory or its ``featurizer.json``)."""
-        from safetensors.numpy import load_file
-
         path = Path(path)
         if path.is_file() and path.name == _JSON:
             path = path.parent
         cfg_file, st_file = path / _JSON, path / _TENSORS
         if not cfg_file.is_file() or not st_file.is_file():
             raise AdaptspecError(f"{path}: no saved featurizer ({_JSON} and {_TENSORS})")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise AdaptspecError(f"{cfg_file}: not valid JSON ({e})") from None
-        if not isinstance(cfg, dict) or cfg.get("kind") != "adaptspec-featurizer":
-            raise AdaptspecError(f"{cfg_file} does not describe an adaptspec featurizer")
-        if int(cfg.get("format", 0)) > FEATURIZER_FORMAT:
-            raise AdaptspecError(f"{cfg_file}: format {cfg.get('format')} is newer than this adaptspec ({FEATURIZER_FORMAT})")
-        try:
-            t = load_file(str(st_file))
-        except Exception as e:  # safetensors raises its own error types
-            raise AdaptspecError(f"{st_file}: cannot read ({e})") from None
+        cfg = read_descriptor(cfg_file, "adaptspec-featurizer", FEATURIZER_FORMAT, "featurizer")
+        t = read_tensors(st_file)
         try:
             f = cls(cfg["map"], t["mean"], t["scale"], t.get("components"), keep=cfg.get("keep", ()),
                     info=cfg.get("info", {}))

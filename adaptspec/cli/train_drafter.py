@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             st = torch.load(ckpt / "state.pt", weights_only=False)
             data = ShardData([work / "train"])
             export(drafter, args.export, {
-                "steps": st["step"], "config": asdict(cfg), "train_sequences": len(data),
+                "steps": st["step"], "config": st.get("cfg", asdict(cfg)), "train_sequences": len(data),
                 "train_response_tokens": data.n_tokens(), "heldout_greedy_tau": ev,
             })
             print(f"wrote {args.export}")

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AdaptspecError
 from ..latency import get_profile
 from ..rewards import trace_costs
+from ..simulators.replay import finite_rewards
 from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, curve_points, fixed_contenders, make_contexts,
                    provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
                    train_heads)
@@ -56,11 +56,7 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
     splits x ``st.orders`` stream orders. Heads are trained on each split's training part with the
     same reward; the stream is ``st.passes`` shuffled passes over the evaluation part."""
     prof = None if latency is None else get_profile(latency)
-    R = traces.reward_matrix(reward, prof, batch_size)
-    if not np.all(np.isfinite(R)):
-        bad = np.argwhere(~np.isfinite(R))[0]
-        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
-                             f"block size {traces.arms[bad[1]]}")
+    R = finite_rewards(traces, reward, prof, batch_size)
     arms = traces.arms
     scorer = Scorer(R, traces.tau_matrix(), trace_costs(traces, prof, batch_size))
     stream, first = Tally(), Tally()

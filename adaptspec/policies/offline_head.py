@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .base import Policy
 from .mab import greedy_probs
-from .._io import json_default
+from .._io import json_default, read_descriptor, read_tensors
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 
@@ -162,26 +162,14 @@ class HeadModel:
     @classmethod
     def load(cls, path: str | Path) -> "HeadModel":
         """Read a head written by :meth:`save` (a directory, or its ``config.json``)."""
-        from safetensors.numpy import load_file
-
         path = Path(path)
         if path.is_file() and path.name == "config.json":
             path = path.parent
         cfg_file, st_file = path / "config.json", path / "model.safetensors"
         if not cfg_file.is_file() or not st_file.is_file():
             raise AdaptspecError(f"{str(path)!r} is not a saved head (needs config.json and model.safetensors)")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise AdaptspecError(f"{cfg_file}: invalid JSON ({e})") from None
-        if cfg.get("kind") != "adaptspec-offline-head":
-            raise AdaptspecError(f"{cfg_file} does not describe an adaptspec offline head")
-        if int(cfg.get("format", 0)) > HEAD_FORMAT:
-            raise AdaptspecError(f"{cfg_file}: head format {cfg.get('format')} is newer than this adaptspec ({HEAD_FORMAT})")
-        try:
-            t = load_file(str(st_file))
-        except Exception as e:  # safetensors raises its own error types
-            raise AdaptspecError(f"{st_file}: cannot read ({e})") from None
+        cfg = read_descriptor(cfg_file, "adaptspec-offline-head", HEAD_FORMAT, "offline head")
+        t = read_tensors(st_file)
         try:
             layers = [(t[f"layers.{i}.weight"], t[f"layers.{i}.bias"]) for i in range(int(cfg["n_layers"]))]
             return cls(

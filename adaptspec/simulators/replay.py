@@ -291,6 +291,17 @@ def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, bes
     return m, regret[steps - 1]
 
 
+def finite_rewards(traces: TraceSet, reward: str, profile: Any = None, batch_size: int = 1) -> np.ndarray:
+    """``traces.reward_matrix(...)`` (n, K), with an error naming the first request and block
+    size whose reward is not finite (a replay cannot score it)."""
+    R = traces.reward_matrix(reward, profile, batch_size)
+    if not np.all(np.isfinite(R)):
+        bad = np.argwhere(~np.isfinite(R))[0]
+        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
+                             f"block size {traces.arms[bad[1]]}")
+    return R
+
+
 def replay(
     traces: TraceSet,
     policies: Sequence[Any] | str | Policy,
@@ -320,11 +331,7 @@ def replay(
     if not seeds:
         raise AdaptspecError("replay needs at least one seed")
     prof = None if latency is None else get_profile(latency)
-    R = traces.reward_matrix(reward, prof, batch_size)
-    if not np.all(np.isfinite(R)):
-        bad = np.argwhere(~np.isfinite(R))[0]
-        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
-                             f"block size {traces.arms[bad[1]]}")
+    R = finite_rewards(traces, reward, prof, batch_size)
     tau = traces.tau_matrix()
     costs = trace_costs(traces, prof, batch_size)
     best = R.max(axis=1)
