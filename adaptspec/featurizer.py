@@ -151,7 +151,9 @@ class Featurizer:
         if X is None:
             where = f" {traces.path}" if getattr(traces, "path", None) else ""
             raise AdaptspecError(f"trace set{where} has no features to fit a featurizer on")
-        src = None if getattr(traces, "path", None) is None else str(traces.path)
+        from .traces import path_label
+
+        src = path_label(getattr(traces, "path", None))
         return cls.fit(X, kind=kind, dim=dim, whiten=whiten, keep=keep, info={"traces": src})
 
     # ------------------------------------------------------------------ shapes

@@ -47,7 +47,7 @@ from ._io import json_default
 #: Version of the on-disk formats this code writes; it reads this version and older.
 SCHEMA_VERSION = 1
 
-#: The bundled trace set (synthetic until real traces replace it).
+#: The bundled trace set: the bundled speculator on 200 held-out prompts (docs/data.md).
 DEFAULT_TRACES = Path(__file__).resolve().parent / "data" / "traces" / "default"
 
 _F32_LIST = pa.list_(pa.float32())
@@ -614,6 +614,20 @@ def _check_meta(meta: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
 def load_traces(path: str | os.PathLike | None = None) -> TraceSet:
     """Read a trace set; ``None`` reads the bundled default."""
     return TraceSet.read(DEFAULT_TRACES if path is None else path)
+
+
+def path_label(path: str | os.PathLike | None) -> str | None:
+    """How saved artefacts name the trace set they came from: bundled sets relative to the
+    package (the same on every machine), others as given.
+
+    >>> path_label(DEFAULT_TRACES)
+    'adaptspec/data/traces/default'
+    """
+    if path is None:
+        return None
+    p = Path(path).resolve()
+    package = DEFAULT_TRACES.parents[2]
+    return str(Path("adaptspec") / p.relative_to(package)) if p.is_relative_to(package) else str(path)
 
 
 # ============================================================================ decision logs

@@ -2,7 +2,7 @@
 
 The baseline is what one would write without the simulator: for each request, call the
 policy's public ``decide``, look the chosen arm's reward up, and (for a learning policy)
-call ``update``. Both run in the same process on the bundled trace set.
+call ``update``. Both run in the same process on the synthetic cpu-small trace set (32 features).
 
     python benchmarks/bench_replay.py            # 1M vectorised decisions, 50k looped
     python benchmarks/bench_replay.py --steps 200000 --loop-steps 20000
@@ -19,7 +19,7 @@ import numpy as np
 from adaptspec.policies import make_policy
 from adaptspec.policies.spec import REGISTRY
 from adaptspec.simulators.replay import replay, stream_order
-from adaptspec.traces import load_traces
+from adaptspec.simulators.synthetic import generate
 
 
 def plain_loop(traces, spec: str, R: np.ndarray, idx: np.ndarray) -> float:
@@ -60,9 +60,9 @@ def main() -> None:
     ap.add_argument("--learning-steps", type=int, default=50_000, help="steps for learning policies")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs per figure")
     args = ap.parse_args()
-    ts = load_traces()
+    ts = generate("cpu-small", n_requests=300, seed=0, per_round=False, progress=False)  # 32 features
     R = ts.reward_matrix("throughput")
-    print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}; bundled trace set "
+    print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}; synthetic cpu-small trace set "
           f"({len(ts)} requests, {len(ts.arms)} arms); reward: measured throughput")
     # replay() also scores the oracle and the best fixed arm on the same stream; their time is included.
     timed_replay(ts, "fixed:4", args.steps)  # warm-up (imports, first-touch memory)

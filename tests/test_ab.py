@@ -13,7 +13,7 @@ from _controller_helpers import FakeSpeculator
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.cli import main
 from adaptspec.simulators.ab import analyze, parse_ab_specs, rows_to_arrays, sequential_test, simulate_ab
-from adaptspec.traces import load_traces
+from adaptspec.simulators.synthetic import generate
 
 
 # ============================================================================ the sequential test
@@ -154,8 +154,14 @@ def test_parse_ab_specs():
             parse_ab_specs(bad)
 
 
-def test_simulate_ab_stops_and_picks_the_better_policy():
-    traces = load_traces(None)
+@pytest.fixture(scope="module")
+def cpu_small():
+    """The synthetic cpu-small scenario, where LinUCB is known to beat fixed:16."""
+    return generate("cpu-small", n_requests=300, seed=0, per_round=False, progress=False)
+
+
+def test_simulate_ab_stops_and_picks_the_better_policy(cpu_small):
+    traces = cpu_small
     sim = simulate_ab(traces, {"A": "fixed:16", "B": "linucb"}, reward="throughput", seeds=[0, 1, 2], n_steps=2000)
     assert sim["better"] == "B" and sim["true_difference"] < 0
     assert sim["stopped"] == 3 and sim["correct"] == 3 and sim["wrong"] == 0
@@ -167,12 +173,13 @@ def test_simulate_ab_stops_and_picks_the_better_policy():
         simulate_ab(traces, {"A": "oracle", "B": "fixed:8"}, n_steps=100)
 
 
-def test_simulate_cli_ab(capsys):
-    assert main(["simulate", "--ab", "A=fixed:16,B=ucb", "--seeds", "2", "--order", "shuffled", "--steps", "1500",
+def test_simulate_cli_ab(cpu_small, tmp_path, capsys):
+    ts = str(cpu_small.write(tmp_path / "cpu-small"))
+    assert main(["simulate", ts, "--ab", "A=fixed:16,B=ucb", "--seeds", "2", "--order", "shuffled", "--steps", "1500",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"ab"} and out["ab"]["better"] == "B" and len(out["ab"]["seeds"]) == 2
-    assert main(["simulate", "--ab", "A=fixed:16,B=ucb", "--steps", "300"]) == 0
+    assert main(["simulate", ts, "--ab", "A=fixed:16,B=ucb", "--steps", "300"]) == 0
     text = capsys.readouterr().out
     assert "stopped in" in text and "true value on the whole stream" in text
     assert main(["simulate", "--ab", "A=fixed:16,B=ucb", "--policy", "ucb"]) == 2

@@ -182,8 +182,11 @@ def test_train_head_command_and_specs(tiny_traces, tmp_path, capsys):
     assert main(["train-head", str(tiny_traces), "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
     assert main(["train-head", str(tiny_traces), "--out", str(tmp_path / "h2"), "--hidden", "0"]) == 2
-    with pytest.raises(AdaptspecError, match="trained head"):
-        make_policy("neural-linear", arms)
+    # without head=, neural-linear stands on the bundled head (trained on the bundled traces)
+    from adaptspec.models.bundled import BUNDLED_HEAD
+
+    bundled = make_policy("neural-linear", list(HeadModel.load(BUNDLED_HEAD).arms))
+    assert isinstance(bundled, NeuralLinear) and bundled.dim == 33  # its featurizer maps 1,153 prefill features to 33
     with pytest.raises(AdaptspecError, match="not a saved head"):
         make_policy(f"neural-linear:head={tmp_path / 'missing'}", arms)
 

@@ -66,7 +66,7 @@ def _hidden(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from ..policies.offline_head import train_head
-    from ..traces import load_traces
+    from ..traces import load_traces, path_label
 
     hidden = _hidden(args.hidden)
     for name, v, lo in (("--epochs", args.epochs, 1), ("--patience", args.patience, 1),
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
-    info = {"traces": None if traces.path is None else str(traces.path), "reward": reward,
+    info = {"traces": path_label(traces.path), "reward": reward,
             "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1]),
             "featurizer": None if featurizer is None else featurizer.fingerprint}
     head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,

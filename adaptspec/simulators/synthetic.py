@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ..errors import AdaptspecError
 from ..latency import LatencyProfile, get_profile
-from ..traces import DEFAULT_TRACES, SCHEMA_VERSION, TraceSet
+from ..traces import SCHEMA_VERSION, TraceSet
 
 ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
@@ -304,9 +304,3 @@ def generate(
         meta=meta,
     )
     return ts
-
-
-def write_default(path: str | Path = DEFAULT_TRACES) -> Path:
-    """Regenerate the bundled default trace set (cpu-small, 300 requests, seed 0)."""
-    ts = generate("cpu-small", n_requests=300, seed=0, per_round=True)
-    return ts.write(path, overwrite=True)
