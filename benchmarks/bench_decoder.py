@@ -8,7 +8,9 @@ speculative against plain decoding of the same target, in one process.
 Verify time is measured after a context of ``--context`` tokens, with and without the
 batch-invariant patch (the price of bit-exact losslessness). Speed is new tokens per second
 of decoding (prefill excluded) on held-out prompts; plain decoding is block size 1 through
-the same loop, and each block size is compared with it in the same run.
+the same loop, and each block size is compared with it in the same run. A second baseline
+is plain greedy decoding with transformers' own kernels and KV cache (no speculation, no
+batch-invariant patch) on the same prompts: the fastest way to run the target alone.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 import torch
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+from adaptspec.decoding.greedy import plain_greedy
 from adaptspec.models import BUNDLED_DRAFTER, load_target
 from adaptspec.models.prompts import heldout_prompts
 
@@ -69,10 +72,15 @@ def time_draft(drafter: BlockDiffusionDrafter, context: int, block_sizes, repeat
     return out
 
 
-def speed(decoder: SpeculativeDecoder, prompts, block_sizes, max_new: int) -> dict[int, dict]:
+def speed(decoder: SpeculativeDecoder, prompts, block_sizes, max_new: int, plain_model=None) -> dict:
+    """Tokens/s of every block size on the same prefills, interleaved, and of ``plain_model``
+    (transformers' greedy loop with standard kernels) on the same prompts; "hf" holds the latter
+    and the share of prompts where its tokens equal the decoder's."""
     res = {b: {"tokens": 0, "seconds": 0.0, "taus": []} for b in block_sizes}
+    hf = {"tokens": 0, "seconds": 0.0, "same": 0}
     for p in prompts:
-        pre = decoder.prefill(decoder.target.encode_chat(p.prompt))
+        ids = decoder.target.encode_chat(p.prompt)
+        pre = decoder.prefill(ids)
         ref = None
         for b in block_sizes:  # every block size on the same prefill, interleaved
             out = decoder.decode(pre, b, max_new)
@@ -81,12 +89,20 @@ def speed(decoder: SpeculativeDecoder, prompts, block_sizes, max_new: int) -> di
             res[b]["tokens"] += out.new_tokens
             res[b]["seconds"] += out.decode_s
             res[b]["taus"].append(out.mean_tau)
+        if plain_model is not None:
+            toks, sec = plain_greedy(plain_model, ids, max_new, decoder.target.eos_token_ids)
+            hf["tokens"] += len(toks)
+            hf["seconds"] += sec
+            hf["same"] += toks == ref
     plain = res[1]["tokens"] / res[1]["seconds"]
-    return {
+    out = {
         b: {"tokens_per_s": r["tokens"] / r["seconds"], "speedup": r["tokens"] / r["seconds"] / plain,
             "mean_tau": statistics.mean(r["taus"])}
         for b, r in res.items()
     }
+    if plain_model is not None:
+        out["hf"] = {"tokens_per_s": hf["tokens"] / hf["seconds"], "same_output": hf["same"] / len(prompts)}
+    return out
 
 
 def main() -> None:
@@ -108,7 +124,8 @@ def main() -> None:
     sizes = [1, 2, 4, 8, 12, 16, 20, 24, 32]
 
     model, tok = load_target(None, dtype=args.dtype, device=args.device)
-    fast = time_verify(TargetModel(copy.deepcopy(model), tok, batch_invariant=False), args.context, sizes, args.repeats, args.device)
+    standard = copy.deepcopy(model)
+    fast = time_verify(TargetModel(standard, tok, batch_invariant=False), args.context, sizes, args.repeats, args.device)
     target = TargetModel(model, tok)
     exact = time_verify(target, args.context, sizes, args.repeats, args.device)
     if args.untrained:
@@ -121,7 +138,7 @@ def main() -> None:
     pool = heldout_prompts()
     domains = sorted({p.domain for p in pool})
     prompts = [p for i in range(args.prompts) for p in [[q for q in pool if q.domain == domains[i % len(domains)]][i // len(domains)]]]
-    spd = speed(decoder, prompts, [b for b in sizes if b <= drafter.max_block_size], args.max_new)
+    spd = speed(decoder, prompts, [b for b in sizes if b <= drafter.max_block_size], args.max_new, standard)
 
     report = {
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}, {args.device}, {args.dtype}",
@@ -135,6 +152,11 @@ def main() -> None:
         s = spd.get(b, {})
         print(f"| {b} | {exact[b]:.1f} | {fast[b]:.1f} | {draft.get(b, 0):.1f} | {s.get('tokens_per_s', 0):.1f} | "
               f"{s.get('speedup', 0):.2f}x | {s.get('mean_tau', 0):.2f} |")
+    hf = spd["hf"]
+    best = max((b for b in spd if b != "hf"), key=lambda b: spd[b]["tokens_per_s"])
+    print(f"\nplain greedy with transformers' own kernels and cache: {hf['tokens_per_s']:.1f} tokens/s "
+          f"(same tokens as the decoder on {hf['same_output']:.0%} of prompts); best block size {best}: "
+          f"{spd[best]['tokens_per_s']:.1f} tokens/s = {spd[best]['tokens_per_s'] / hf['tokens_per_s']:.2f}x of it")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -240,3 +240,18 @@ def test_save_and_load_round_trip(tmp_path):
     )
     with pytest.raises(AdaptspecError, match="not a drafter"):
         BlockDiffusionDrafter.from_pretrained(tmp_path / "nope")
+
+
+def test_standard_copy_restores_the_standard_kernels_and_plain_greedy_matches_generate():
+    from adaptspec.decoding.batch_invariant import is_batch_invariant, standard_copy
+    from adaptspec.decoding.greedy import plain_greedy
+
+    model = tiny_target("llama")
+    plain_ref = model.generate(torch.tensor([[3, 9, 4]]), do_sample=False, max_new_tokens=12)[0, 3:].tolist()
+    TargetModel(model)  # patches in place
+    assert is_batch_invariant(model)
+    std = standard_copy(model)
+    assert is_batch_invariant(model) and not is_batch_invariant(std)
+    assert not any(type(m).__name__ == "RowPaddedLinear" for m in std.modules())
+    tokens, seconds = plain_greedy(std, [3, 9, 4], 12, eos=[5])
+    assert seconds >= 0 and tokens == plain_ref[: len(tokens)] and (len(tokens) == 12 or tokens[-1] == 5)

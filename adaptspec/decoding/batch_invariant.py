@@ -113,3 +113,18 @@ def make_batch_invariant(model: nn.Module) -> nn.Module:
 
 def is_batch_invariant(model: nn.Module) -> bool:
     return getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME
+
+
+def standard_copy(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
+    """A deep copy of a patched model with the standard kernels back: what plain decoding of the
+    same weights runs (baselines in the demo and the benchmarks)."""
+    import copy
+
+    out = copy.deepcopy(model)
+    for sub in out.modules():
+        if type(sub) is RowPaddedLinear:
+            sub.__class__ = nn.Linear
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) == ATTENTION_NAME:
+            cfg._attn_implementation = attn_implementation
+    return out
