@@ -114,7 +114,7 @@ def _plain_decoder(speculator: Any) -> Any:
         tokens, seconds = plain_greedy(model, ids, max_new, eos)
         return Outcome(tokens=tokens, rounds=[], decode_s=seconds, finish_reason="eos" if tokens[-1] in eos else "length")
 
-    transformers_loop.__doc__ = "transformers' greedy loop on the target alone (standard kernels, KV cache)"
+    transformers_loop.__doc__ = "transformers' greedy loop on the target alone: standard kernels, KV cache"
     transformers_loop.exact = lambda ids, max_new: plain_greedy(target.model, ids, max_new, eos)[0]
     return transformers_loop
 
