@@ -1,8 +1,12 @@
 """Reward functions: what a policy is paid for choosing a block size.
 
-Three rewards, the same for the simulator and the controller:
+Four rewards, the same for the simulator and the controller:
 
 - ``throughput``: measured new tokens per second of decoding (prefill excluded);
+- ``token_latency``: minus the measured milliseconds of decoding per new token (a cost, so
+  negative; higher is better). Its mean over requests follows aggregate throughput (all tokens
+  over all decode time, what a server delivers) for requests of similar length, where the mean
+  of per-request ``throughput`` favours a block size that is very fast on a few requests;
 - ``modelled``: the observed acceptance re-timed with a latency profile,
   ``mean_tau / (draft_s(B) + verify_s(B, context, batch))`` tokens per second: what the same
   acceptance would give on another machine or at another batch size;
@@ -10,8 +14,8 @@ Three rewards, the same for the simulator and the controller:
 
 >>> from adaptspec.speculator import Outcome, Round
 >>> out = Outcome(tokens=[1] * 9, rounds=[Round(8, 3, 0.01, 0.05), Round(8, 5, 0.01, 0.05)], decode_s=0.125)
->>> measured_throughput(out), mean_tau(out)
-(72.0, 4.0)
+>>> measured_throughput(out), mean_tau(out), round(measured_token_latency(out), 2)
+(72.0, 4.0, -13.89)
 >>> from adaptspec.latency import get_profile
 >>> p = get_profile("cpu-smollm2-bf16")
 >>> round(float(modelled_throughput(4.0, 8, p)), 2)   # 4 tokens per 10 + 45 ms round
@@ -31,7 +35,10 @@ from .latency import LatencyProfile, get_profile
 from .speculator import Outcome
 
 #: The reward names accepted everywhere (``--reward``).
-REWARDS = ("throughput", "modelled", "tau")
+REWARDS = ("throughput", "token_latency", "modelled", "tau")
+
+#: Units of each reward, for reports.
+REWARD_UNITS = {"throughput": "tok/s", "token_latency": "-ms/token", "modelled": "tok/s", "tau": "tau"}
 
 
 def mean_tau(outcome: Outcome) -> float:
@@ -47,6 +54,25 @@ def measured_throughput(outcome: Outcome) -> float:
     if not np.isfinite(s) or s <= 0:
         raise AdaptspecError(f"outcome has decode_s={outcome.decode_s}: throughput is undefined")
     return outcome.new_tokens / s
+
+
+def measured_token_latency(outcome: Outcome) -> float:
+    """Minus milliseconds of decoding per new token (higher is better)."""
+    return -1000.0 / measured_throughput(outcome)
+
+
+def pct_of(value: Any, reference: Any) -> Any:
+    """``value`` as a percentage of ``reference``, two totals of the same reward; above 100 is
+    better. For a cost-like reward (negative totals, ``token_latency``) the ratio is inverted, so
+    that it still reads as relative speed.
+
+    >>> float(pct_of(90.0, 100.0)), float(pct_of(-50.0, -40.0))
+    (90.0, 80.0)
+    """
+    value = np.asarray(value, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(reference < 0, 100.0 * reference / value, 100.0 * value / reference)
 
 
 def throughput(tokens: Any, seconds: Any) -> np.ndarray:
@@ -69,7 +95,7 @@ def modelled_throughput(mean_tau: Any, block_size: Any, profile: LatencyProfile 
 
 def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
                     context_tokens: int | None = None, batch_size: int = 1) -> Callable[[Outcome], float]:
-    """``reward(outcome) -> float`` for the controller: ``throughput``, ``modelled`` or ``tau``.
+    """``reward(outcome) -> float`` for the controller: one of :data:`REWARDS`.
 
     >>> from adaptspec.speculator import Outcome, Round
     >>> f = reward_function("modelled", "h100-qwen3-8b")
@@ -79,6 +105,8 @@ def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
     check_reward_name(name)
     if name == "throughput":
         return measured_throughput
+    if name == "token_latency":
+        return measured_token_latency
     if name == "tau":
         return mean_tau
     if profile is None:
@@ -118,14 +146,15 @@ def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None
     tau = traces.tau_matrix()
     if reward == "tau":
         return tau
-    if reward == "throughput":
+    if reward in ("throughput", "token_latency"):
         secs = traces.decode_s_matrix()
         new = traces.new_tokens_matrix()
         if secs is None or np.isnan(new).any():
             where = f" {traces.path}" if traces.path else ""
             raise AdaptspecError(f"trace set{where} has no measured decode times or token counts: "
                                  "use --reward modelled with --latency PROFILE, or --reward tau")
-        return throughput(new, secs)
+        tps = throughput(new, secs)
+        return tps if reward == "throughput" else -1000.0 / tps
     if latency is None:
         raise AdaptspecError("--reward modelled needs --latency PROFILE")
     p = get_profile(latency)

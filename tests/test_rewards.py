@@ -39,7 +39,7 @@ def test_outcome_reward_errors():
         reward_function("modelled")
     with pytest.raises(AdaptspecError, match="unknown reward 'speed'"):
         reward_function("speed")
-    assert REWARDS == ("throughput", "modelled", "tau")
+    assert REWARDS == ("throughput", "token_latency", "modelled", "tau")
 
 
 def test_modelled_throughput_is_tau_over_round_time_elementwise():
@@ -88,3 +88,24 @@ def test_trace_costs_and_missing_timings():
     syn = generate("cpu-small", n_requests=4, seed=0, per_round=False)
     tok, sec = trace_costs(syn)
     np.testing.assert_allclose(tok / sec, trace_rewards(syn, "throughput"))
+
+
+def test_token_latency_follows_aggregate_throughput_and_reports_read_as_speed():
+    from adaptspec.simulators.replay import replay
+
+    # two requests of 48 tokens; arm 1 is very fast on the first and slow on the second, arm 2 steady
+    secs = np.array([[0.5, 1.6], [3.0, 1.6]])
+    ts = TraceSet.from_arrays(["a", "b"], ["x", "x"], [1, 2], np.ones((2, 2)),
+                              new_tokens=np.full((2, 2), 48), decode_ms=secs * 1000, rounds=np.full((2, 2), 48))
+    tps, lat = trace_rewards(ts, "throughput"), trace_rewards(ts, "token_latency")
+    assert tps.mean(axis=0).argmax() == 0 and (96 / secs.sum(axis=0)).argmax() == 1  # mean tok/s picks the slower arm
+    assert lat.mean(axis=0).argmax() == 1  # minus ms/token picks the arm with the best aggregate throughput
+    np.testing.assert_allclose(lat, -1000 * secs / 48)
+    out = Outcome(tokens=[1] * 10, rounds=[Round(1, 1, 0.0, 0.01)] * 10, decode_s=0.2)
+    assert reward_function("token_latency")(out) == pytest.approx(-20.0)
+    rep = replay(ts, ["fixed:1", "fixed:2"], reward="token_latency", progress=False).to_json()
+    by = {p["policy"]: p for p in rep["policies"]}
+    # percentages of a cost read as speed: the oracle takes 0.5 + 1.6 s, fixed:2 3.2 s, fixed:1 3.5 s
+    assert by["fixed:2"]["pct_oracle"] == pytest.approx(100 * 2.1 / 3.2)
+    assert by["fixed:1"]["pct_best_fixed"] == pytest.approx(100 * 3.2 / 3.5)
+    assert rep["best_fixed"]["block_size"] == 2

@@ -19,6 +19,7 @@ from scipy import stats
 
 from ..errors import AdaptspecError
 from ..policies.base import Policy
+from ..rewards import pct_of
 from ..simulators.replay import run_policy
 
 #: features wider than this are reduced (PCA, fitted on the training split) before policies see them
@@ -292,8 +293,8 @@ class Scorer:
             "mean_reward": float(r.mean()),
             "mean_tau": float(self.tau[idx, chosen].mean()),
             "throughput": tp,
-            "pct_oracle": float(100.0 * r.sum() / R.max(axis=1).sum()),
-            "gain_pct": float(100.0 * (r.sum() / R[:, ref].sum() - 1.0)),
+            "pct_oracle": float(pct_of(r.sum(), R.max(axis=1).sum())),
+            "gain_pct": float(pct_of(r.sum(), R[:, ref].sum()) - 100.0),
         }
 
     def oracle_choice(self, idx: np.ndarray) -> np.ndarray:

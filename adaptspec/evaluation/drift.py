@@ -20,6 +20,7 @@ import numpy as np
 
 from .core import (Contender, ProgressBar, Scorer, Settings, ci95, curve_points, make_contexts, provenance,
                    run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
+from ..rewards import pct_of
 from .replay_sections import default_reward
 
 #: a window is "recovered" when it earns this share of the new phase's best fixed block
@@ -57,7 +58,7 @@ def recovery_time(r: np.ndarray, ref: np.ndarray, window: int, level: float = RE
     cf = np.concatenate([[0.0], np.cumsum(ref)])
     ws = cr[window:] - cr[:-window]
     wf = cf[window:] - cf[:-window]
-    ok = np.flatnonzero(ws >= level * wf - 1e-12)
+    ok = np.flatnonzero(pct_of(ws, wf) >= 100.0 * level - 1e-9)
     return int(ok[0]) if len(ok) else None
 
 
@@ -66,7 +67,7 @@ def windowed_pct(r: np.ndarray, best: np.ndarray, window: int, points: np.ndarra
     cr = np.concatenate([[0.0], np.cumsum(r)])
     cb = np.concatenate([[0.0], np.cumsum(best)])
     lo = np.maximum(points - window, 0)
-    return 100.0 * (cr[points] - cr[lo]) / (cb[points] - cb[lo])
+    return pct_of(cr[points] - cr[lo], cb[points] - cb[lo])
 
 
 def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, seed: int = 0) -> tuple[dict, dict]:
@@ -109,10 +110,10 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
                 r = R[idx, a]
                 e = rows.setdefault(lbl, {"before": [], "first_window": [], "last_window": [], "recovery": [],
                                           "phase_b": []})
-                e["before"].append(100.0 * r[:P].sum() / best[:P].sum())
-                e["phase_b"].append(100.0 * r[P:].sum() / best[P:].sum())
-                e["first_window"].append(100.0 * r[P:P + W].sum() / best[P:P + W].sum())
-                e["last_window"].append(100.0 * r[-W:].sum() / best[-W:].sum())
+                e["before"].append(float(pct_of(r[:P].sum(), best[:P].sum())))
+                e["phase_b"].append(float(pct_of(r[P:].sum(), best[P:].sum())))
+                e["first_window"].append(float(pct_of(r[P:P + W].sum(), best[P:P + W].sum())))
+                e["last_window"].append(float(pct_of(r[-W:].sum(), best[-W:].sum())))
                 e["recovery"].append(recovery_time(r[P:], ref_r[P:], W))
                 curves.setdefault(lbl, []).append(windowed_pct(r, best, W, pts))
     finally:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..rewards import REWARD_UNITS
 
 #: contenders drawn in line plots (others would crowd them); the rest appear in the tables
 MAIN = ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)", "linucb (cold)",
@@ -41,7 +42,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def _unit(reward: str) -> str:
-    return {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s, modelled"}[reward]
+    return {**REWARD_UNITS, "modelled": "tok/s, modelled"}[reward]
 
 
 def _bars(ax: Any, rows: list[dict], metric: str, title: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..latency import get_profile
-from ..rewards import trace_costs
+from ..rewards import pct_of, trace_costs
 from ..simulators.replay import finite_rewards
 from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, curve_points, fixed_contenders, make_contexts,
                    provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
@@ -38,7 +38,7 @@ def arm_profile(R: np.ndarray, arms: tuple[int, ...]) -> dict[str, Any]:
     return {
         "mean_reward": {str(a): round(float(m), 5) for a, m in zip(arms, means)},
         "best_fixed": int(arms[j]),
-        "oracle_gain_pct": round(float(100.0 * (R.max(axis=1).sum() / R[:, j].sum() - 1.0)), 4),
+        "oracle_gain_pct": round(float(pct_of(R.max(axis=1).sum(), R[:, j].sum()) - 100.0), 4),
         "oracle_best_share": {str(a): round(float(s), 4) for a, s in zip(arms, best_share)},
     }
 
@@ -139,11 +139,11 @@ def _domain_scores(doms: np.ndarray, R: np.ndarray, chosen: dict[str, np.ndarray
         best.setdefault(d, Counter())[int(arms[j])] += 1
         share[d] = share.get(d, 0.0) + float(m.mean())
         entry = acc.setdefault(d, {})
-        entry.setdefault("domain's own best fixed", []).append(100.0 * (R[m, j].sum() / base - 1.0))
+        entry.setdefault("domain's own best fixed", []).append(float(pct_of(R[m, j].sum(), base)) - 100.0)
         for label, a in chosen.items():
             if label.startswith("fixed:") or label == "best fixed":
                 continue
-            entry.setdefault(label, []).append(100.0 * (R[rows[m], a[m]].sum() / base - 1.0))
+            entry.setdefault(label, []).append(float(pct_of(R[rows[m], a[m]].sum(), base)) - 100.0)
 
 
 # ============================================================================ section 1

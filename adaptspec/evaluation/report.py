@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..rewards import REWARD_UNITS, pct_of
 from . import findings as F
 
 TITLES = {
@@ -77,7 +78,7 @@ def synthetic_warning(p: dict[str, Any]) -> str:
 
 # ============================================================================ sections
 def _policy_table(rows: list[dict], reward: str, first: list[dict] | None = None) -> str:
-    unit = {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s (modelled)"}[reward]
+    unit = {**REWARD_UNITS, "modelled": "tok/s (modelled)"}[reward]
     fp = F.rows_by_name(first or [])
     head = ["policy", f"mean reward ({unit})", "mean tau", "aggregate tok/s", "% of oracle", "gain over best fixed, %"]
     if first:
@@ -141,7 +142,7 @@ def render_hardware(d: dict[str, Any], figs: list[str]) -> str:
     for name, prof in settings:
         best = max(prof["mean_reward"].values())
         rows.append([name, prof["best_fixed"], num(prof["oracle_gain_pct"], 1)]
-                    + [num(100 * prof["mean_reward"][str(a)] / best, 0) for a in arms])
+                    + [num(float(pct_of(prof["mean_reward"][str(a)], best)), 0) for a in arms])
     parts = [
         f"The trace set's acceptance (tau of every request at every B) re-timed with the `{d['profile']}` latency "
         "profile (a roofline of published H100 and Qwen3-8B figures, see docs/simulator.md) at each batch size: "

@@ -34,6 +34,7 @@ from ..errors import AdaptspecError
 from .base import Policy
 from .mab import greedy_probs
 from .._io import json_default, read_descriptor, read_tensors
+from ..rewards import pct_of
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 
@@ -336,8 +337,8 @@ def _finish(X: np.ndarray, R: np.ndarray, arms: tuple[int, ...], layers: list, x
         "epochs": int(epoch), "val_loss": float(best), "seed": int(seed),
         "lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "patience": patience,
         "val_accuracy": float(np.mean(pick == np.argmax(Rv, axis=1))),
-        "val_pct_oracle": float(100.0 * got.mean() / Rv.max(axis=1).mean()),
-        "val_pct_best_fixed": float(100.0 * got.mean() / Rv.mean(axis=0).max()),
+        "val_pct_oracle": float(pct_of(got.mean(), Rv.max(axis=1).mean())),
+        "val_pct_best_fixed": float(pct_of(got.mean(), Rv.mean(axis=0).max())),
     }
     if mode == "regression":
         err = s - (Rv - r_mean) / r_scale

@@ -33,7 +33,7 @@ from ..latency import LatencyProfile, get_profile
 from ..policies.base import Policy
 from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
-from ..rewards import check_reward_name, trace_costs
+from ..rewards import REWARD_UNITS, check_reward_name, pct_of, trace_costs
 from ..traces import TraceSet
 
 ORDERS = ("logged", "shuffled", "drift")
@@ -241,7 +241,7 @@ class ReplayReport:
 
     def table(self) -> str:
         """A plain-text table for people."""
-        unit = {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s"}[self.reward]
+        unit = REWARD_UNITS[self.reward]
         head = ["policy", f"reward ({unit})", "mean tau", "tok/s", "% oracle", "% best fixed", "regret"]
         rows = []
         for p in [*self.policies, self.best_fixed, self.oracle]:
@@ -284,8 +284,8 @@ def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, bes
         "mean_reward": float(r.mean()),
         "mean_tau": float(tau[idx, a].mean()),
         "throughput": float("nan") if costs is None else float(costs[0][idx, a].sum() / costs[1][idx, a].sum()),
-        "pct_oracle": float(100.0 * r.sum() / opt.sum()),
-        "pct_best_fixed": float(100.0 * r.sum() / fx.sum()),
+        "pct_oracle": float(pct_of(r.sum(), opt.sum())),
+        "pct_best_fixed": float(pct_of(r.sum(), fx.sum())),
         "cumulative_regret": float(regret[-1]),
     }
     return m, regret[steps - 1]
@@ -319,7 +319,7 @@ def replay(
 
     Each policy runs once per seed (a fresh policy seeded with it; Policy objects are copied,
     keeping what they learnt, with their generator re-seeded); the stream order uses the
-    same seed. ``reward`` is ``tau``, ``throughput`` (measured) or ``modelled`` (with
+    same seed. ``reward`` is ``tau``, ``throughput`` or ``token_latency`` (measured) or ``modelled`` (with
     ``latency``). Throughput in the report is total tokens over total decode time (modelled
     when a latency profile is given). Regret is against the per-request oracle.
     """
