@@ -382,7 +382,7 @@ def get_profile(name_or_path: str | os.PathLike | LatencyProfile) -> LatencyProf
     >>> get_profile("tpu")
     Traceback (most recent call last):
     ...
-    adaptspec.errors.AdaptspecError: unknown latency profile 'tpu': not a file, and not one of cpu-smollm2-bf16, h100-qwen3-8b
+    adaptspec.errors.AdaptspecError: unknown latency profile 'tpu': not a file, and not one of cpu-smollm2-bf16, h100-qwen3-8b, ...
     """
     if isinstance(name_or_path, LatencyProfile):
         return name_or_path
