@@ -65,3 +65,25 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types
         raise AdaptspecError(f"{path}: cannot read ({e})") from None
+
+
+def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Write a matplotlib figure through a temporary file and a rename, then close it; a write
+    failure is an :class:`~adaptspec.errors.AdaptspecError` naming the path."""
+    import matplotlib.pyplot as plt
+
+    from .errors import AdaptspecError
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=dpi)
+        tmp.replace(path)
+    except OSError as e:
+        raise AdaptspecError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
+    return path

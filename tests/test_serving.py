@@ -42,7 +42,7 @@ def test_router_is_stable_and_follows_the_weights():
     assert ABRouter({"A": 1, "B": 0}).assign("anyone") == "A"
     salted = ABRouter({"A": 50, "B": 50}, salt="experiment-2")
     assert [salted.assign(k) for k in keys[:200]] != [ABRouter({"A": 50, "B": 50}).assign(k) for k in keys[:200]]
-    for bad, msg in ((["A=fixed:4", "A=ucb"], "twice"), (["A"], "NAME=POLICY_SPEC"), (["A=fixed:4"], "weights")):
+    for bad, msg in ((["A=fixed:4", "A=ucb"], "twice"), (["A"], "expected NAME=SPEC, e.g. A=fixed:16"), (["A=fixed:4"], "weights")):
         with pytest.raises(AdaptspecError, match=msg):
             ABRouter.parse(bad, "1,1" if msg == "weights" else None)
     with pytest.raises(AdaptspecError, match="variant name"):

@@ -151,6 +151,8 @@ def plot_report(report, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .._io import save_figure
+
     arms = np.asarray(report.arms)
     steps = report.curve_steps
     T = report.n_steps
@@ -187,16 +189,5 @@ def plot_report(report, path: str) -> None:
     ax2.grid(alpha=0.3)
     ax2.legend(loc="upper left", fontsize=8, ncol=2)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(out)
-    except OSError as e:
-        raise AdaptspecError(f"--plot: cannot write {path}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
+    save_figure(fig, path, dpi=110)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AdaptspecError
 from ..rewards import REWARD_UNITS
+from .._io import save_figure
 
 #: contenders drawn in line plots (others would crowd them); the rest appear in the tables
 MAIN = ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)", "linucb (cold)",
@@ -22,23 +22,6 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    plt = _plt()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, dpi=100)
-        tmp.replace(path)
-    except OSError as e:
-        raise AdaptspecError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
-    return path
 
 
 def _unit(reward: str) -> str:
@@ -81,7 +64,7 @@ def plot_replay(data: dict, res: Any, path: Path) -> Path:
     a1.grid(alpha=0.3)
     _bars(a2, data["stream"], "gain_pct", "% gain over the best fixed block (in hindsight), 95% CI")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_hardware(plot: dict, path: Path) -> Path:
@@ -116,7 +99,7 @@ def plot_hardware(plot: dict, path: Path) -> Path:
     a2.legend(fontsize=8)
     a2.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_blockpilot(data: dict, path: Path) -> Path:
@@ -146,7 +129,7 @@ def plot_blockpilot(data: dict, path: Path) -> Path:
         lo = min(r["pct_oracle"]["lo"] for r in rw["policies"] if r["kind"] != "fixed")
         ax.set_xlim(max(0.0, lo - 5), 101)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_drift(plots: list[dict], path: Path) -> Path:
@@ -170,7 +153,7 @@ def plot_drift(plots: list[dict], path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_coldstart(data: dict, path: Path) -> Path:
@@ -200,4 +183,4 @@ def plot_coldstart(data: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

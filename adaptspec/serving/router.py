@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..variants import named_specs
 
 __all__ = ["ABRouter", "VARIANT_NAME"]
 
@@ -58,15 +59,7 @@ class ABRouter:
     @classmethod
     def parse(cls, variants: Sequence[str], split: str | None = None, salt: str = "") -> "ABRouter":
         """From CLI values: ``["A=SPEC", "B=SPEC"]`` and ``"50,50"`` (default: equal split)."""
-        specs: dict[str, str] = {}
-        for v in variants:
-            name, eq, spec = v.partition("=")
-            name, spec = name.strip(), spec.strip()
-            if not eq or not name or not spec:
-                raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
-            if name in specs:
-                raise AdaptspecError(f"--variant: variant {name!r} given twice")
-            specs[name] = spec
+        specs = named_specs(variants, "--variant", "A=fixed:16")
         if split is None:
             weights = [1.0] * len(specs)
         else:

@@ -51,6 +51,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import AdaptspecError
+from ..variants import named_specs
 
 __all__ = ["SequentialTest", "analyze", "rows_to_arrays", "sequential_test", "simulate_ab", "parse_ab_specs",
            "format_report", "format_simulation", "finite"]
@@ -367,17 +368,7 @@ def parse_ab_specs(text: str) -> dict[str, str]:
             else:
                 pieces.append(part)
         pieces.append("\x00")  # ';' boundary
-    out: dict[str, str] = {}
-    for p in pieces:
-        if p == "\x00":
-            continue
-        name, eq, spec = p.partition("=")
-        name, spec = name.strip(), spec.strip()
-        if not eq or not name or not spec:
-            raise AdaptspecError(f"--ab: expected NAME=SPEC,NAME=SPEC (e.g. A=fixed:16,B=ucb), got {text!r}")
-        if name in out:
-            raise AdaptspecError(f"--ab: variant {name!r} given twice")
-        out[name] = spec
+    out = named_specs((p for p in pieces if p != "\x00"), "--ab", "A=fixed:16,B=ucb")
     if len(out) != 2:
         raise AdaptspecError(f"--ab needs exactly two variants, got {len(out)} in {text!r}")
     return out
