@@ -255,3 +255,18 @@ def test_standard_copy_restores_the_standard_kernels_and_plain_greedy_matches_ge
     assert not any(type(m).__name__ == "RowPaddedLinear" for m in std.modules())
     tokens, seconds = plain_greedy(std, [3, 9, 4], 12, eos=[5])
     assert seconds >= 0 and tokens == plain_ref[: len(tokens)] and (len(tokens) == 12 or tokens[-1] == 5)
+
+
+def test_plain_greedy_baseline_checks_losslessness_against_the_exact_kernels():
+    from adaptspec.decoding.greedy import PlainGreedy
+
+    model = tiny_target("llama")
+    target = TargetModel(model)
+    base = PlainGreedy(target)
+    assert base.model is not model  # a standard-kernel copy; the target keeps its exact kernels
+    ids = [3, 9, 4]
+    plain, _ = base(ids, 12)
+    exact = SpeculativeDecoder(target, None).generate(ids, 1, 12).tokens
+    assert base.verdict(plain, plain, ids, 12) == "yes"
+    assert base.verdict(exact, exact[:-1] + [(exact[-1] + 1) % 96], ids, 12) == "yes*"  # plain drifted, exact holds
+    assert base.verdict([t + 1 for t in exact], plain, ids, 12) == "NO"

@@ -2,7 +2,7 @@
 
 For a handful of varied held-out prompts (one domain after another) it decodes each prompt
 twice in the same process: plain greedy decoding of the target alone (transformers' own
-kernels and KV cache, :func:`~adaptspec.decoding.greedy.plain_greedy`) and through
+kernels and KV cache, :class:`~adaptspec.decoding.greedy.PlainGreedy`) and through
 ``AdaptiveController`` with the default policy, which chooses the block size from the
 prefill and learns from every request. It prints, per request, the chosen block size, the
 acceptance length tau, tokens per second and the speedup over plain decoding, and checks
@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..controller import AdaptiveController
-    from ..decoding.batch_invariant import standard_copy
-    from ..decoding.greedy import plain_greedy
+    from ..decoding.greedy import PlainGreedy
     from ..models import load_speculator
     from ..models.prompts import demo_prompts
 
@@ -48,10 +47,9 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     # One-time costs (first calls of each kernel shape, allocator growth) would land on the
     # first request; pay them before timing anything.
-    plain_model = standard_copy(spec.target.model)  # the target alone, transformers' own kernels
-    eos = spec.target.eos_token_ids
+    baseline = PlainGreedy(spec.target)  # the target alone, transformers' own kernels
     warm = spec.target.encode_chat("Warm-up.")
-    plain_greedy(plain_model, warm, 8, eos)
+    baseline(warm, 8)
     for b in (1, spec.max_block_size):
         spec.decode(spec.prefill(warm), b, 8)
     with AdaptiveController(spec, args.policy) as ctl:
@@ -59,12 +57,9 @@ def run(args: argparse.Namespace) -> int:
               f"policy {ctl.policy_label}; arms {list(ctl.arms)}; loaded in {time.perf_counter() - t0:.1f} s")
         for p in tqdm(prompts, desc="demo", unit="request"):
             ids = spec.target.encode_chat(p.prompt)
-            plain = plain_greedy(plain_model, ids, args.max_new_tokens, eos)
+            plain = baseline(ids, args.max_new_tokens)
             g = ctl.generate(ids, max_new_tokens=args.max_new_tokens)
-            same = "yes" if g.tokens == plain[0] else "NO"
-            if same == "NO" and g.tokens == plain_greedy(spec.target.model, ids, args.max_new_tokens, eos)[0]:
-                same = "yes*"  # the target's own greedy output under the exact kernels
-            rows.append((p, plain, g, same))
+            rows.append((p, plain, g, baseline.verdict(g.tokens, plain[0], ids, args.max_new_tokens)))
         ctl.sync()
     print()
     print(f"{'domain':<12} {'prompt':<42} {'B':>3} {'tau':>5} {'tok/s':>6} {'plain':>6} {'speedup':>8}  same")

@@ -44,3 +44,33 @@ def plain_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, eos: Ite
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class PlainGreedy:
+    """The baseline of a :class:`~adaptspec.decoding.TargetModel`: its weights decoded greedily with
+    transformers' own kernels (a :func:`~adaptspec.decoding.batch_invariant.standard_copy` when the
+    target runs the batch-invariant ones), and the losslessness check against it.
+
+    ``plain(ids, max_new) -> (tokens, decode seconds)``; ``plain.verdict(tokens, plain_tokens, ids,
+    max_new)`` says whether a speculative output is the target's own greedy output: ``"yes"``
+    when it equals the plain tokens, ``"yes*"`` when it differs from them only because standard
+    bfloat16 kernels round differently (it equals the greedy output under the exact kernels the
+    decoder runs), else ``"NO"``.
+    """
+
+    def __init__(self, target) -> None:
+        from .batch_invariant import is_batch_invariant, standard_copy
+
+        self.target = target
+        self.model = standard_copy(target.model) if is_batch_invariant(target.model) else target.model
+        self.eos = target.eos_token_ids
+
+    def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], float]:
+        return plain_greedy(self.model, prompt_ids, max_new_tokens, self.eos)
+
+    def verdict(self, tokens: list[int], plain_tokens: list[int], prompt_ids: Sequence[int], max_new_tokens: int) -> str:
+        if tokens == plain_tokens:
+            return "yes"
+        if self.model is not self.target.model and tokens == plain_greedy(self.target.model, prompt_ids, max_new_tokens, self.eos)[0]:
+            return "yes*"
+        return "NO"

@@ -39,7 +39,7 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
         raise AdaptspecError("the end-to-end section needs at least one prompt")
     if not 1 <= fixed_block <= speculator.max_block_size:
         raise AdaptspecError(f"fixed block size {fixed_block} outside 1..{speculator.max_block_size}")
-    plain = _plain_decoder(speculator)
+    plain = _Plain(speculator)
     if warmup:  # first calls pay for lazy initialisation; keep them out of the timings
         pre = speculator.prefill(list(prompts[0][2]))
         for b in sorted({1, fixed_block}):
@@ -73,11 +73,9 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
                 rec[m].update(new_tokens=int(out.new_tokens), decode_s=float(out.decode_s),
                               mean_tau=float(out.mean_tau) if out.rounds else None)
                 toks[m] = list(out.tokens)
-            rec["identical"] = toks["fixed"] == toks["controller"] == toks["plain"]
-            if not rec["identical"] and toks["fixed"] == toks["controller"] and hasattr(plain, "exact"):
-                # standard bf16 kernels may round differently from the decoder's batch-invariant
-                # ones; lossless means equal to the target's own greedy output under the latter
-                rec["identical"] = plain.exact(ids, max_new_tokens) == toks["fixed"]
+            verdict = plain.verdict(toks["fixed"], toks["plain"], ids, max_new_tokens)
+            rec["identical"] = toks["fixed"] == toks["controller"] and verdict != "NO"
+            if verdict == "yes*":  # standard bf16 kernels drifted; equal to the exact-kernel greedy output
                 rec["plain_kernels_differ"] = True
             rows.append(rec)
             bar.update(1)
@@ -87,36 +85,37 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
         bar.close()
         ctrl.close()
     summary = summarize_e2e(rows, stats, fixed_block, ctrl.policy_label)
-    summary["plain"] = plain.__doc__
+    summary["plain"] = plain.description
     return summary
 
 
-def _plain_decoder(speculator: Any) -> Any:
-    """``decode(ids, max_new) -> Outcome`` of plain greedy decoding: transformers' greedy loop on a
-    copy of the target with its standard kernels when the speculator holds a transformers
+class _Plain:
+    """Plain decoding for section 6: transformers' greedy loop on the target alone
+    (:class:`~adaptspec.decoding.greedy.PlainGreedy`) when the speculator holds a transformers
     model, else block size 1 through the speculator's own loop."""
-    from ..decoding.batch_invariant import standard_copy
-    from ..decoding.greedy import plain_greedy
-    from ..speculator import Outcome
 
-    target = getattr(speculator, "target", None)
-    model = getattr(target, "model", None)
-    if model is None or not hasattr(model, "config"):
-        def own_loop(ids: list[int], max_new: int) -> Outcome:
-            return speculator.decode(speculator.prefill(ids), 1, max_new)
+    def __init__(self, speculator: Any) -> None:
+        from ..decoding.greedy import PlainGreedy
 
-        own_loop.__doc__ = "block size 1 through the speculator's own loop"
-        return own_loop
-    model = standard_copy(model)
-    eos = getattr(target, "eos_token_ids", ())
+        target = getattr(speculator, "target", None)
+        self.speculator = speculator
+        self.greedy = PlainGreedy(target) if hasattr(getattr(target, "model", None), "config") else None
+        self.description = ("transformers' greedy loop on the target alone: standard kernels, KV cache"
+                            if self.greedy else "block size 1 through the speculator's own loop")
 
-    def transformers_loop(ids: list[int], max_new: int) -> Outcome:
-        tokens, seconds = plain_greedy(model, ids, max_new, eos)
-        return Outcome(tokens=tokens, rounds=[], decode_s=seconds, finish_reason="eos" if tokens[-1] in eos else "length")
+    def __call__(self, ids: list[int], max_new: int) -> Any:
+        from ..speculator import Outcome
 
-    transformers_loop.__doc__ = "transformers' greedy loop on the target alone: standard kernels, KV cache"
-    transformers_loop.exact = lambda ids, max_new: plain_greedy(target.model, ids, max_new, eos)[0]
-    return transformers_loop
+        if self.greedy is None:
+            return self.speculator.decode(self.speculator.prefill(ids), 1, max_new)
+        tokens, seconds = self.greedy(ids, max_new)
+        finish = "eos" if tokens[-1] in self.greedy.eos else "length"
+        return Outcome(tokens=tokens, rounds=[], decode_s=seconds, finish_reason=finish)
+
+    def verdict(self, tokens: list[int], plain_tokens: list[int], ids: list[int], max_new: int) -> str:
+        if self.greedy is None:
+            return "yes" if tokens == plain_tokens else "NO"
+        return self.greedy.verdict(tokens, plain_tokens, ids, max_new)
 
 
 def summarize_e2e(rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block: int, policy: str) -> dict[str, Any]:
