@@ -153,8 +153,7 @@ def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None
             where = f" {traces.path}" if traces.path else ""
             raise AdaptspecError(f"trace set{where} has no measured decode times or token counts: "
                                  "use --reward modelled with --latency PROFILE, or --reward tau")
-        tps = throughput(new, secs)
-        return tps if reward == "throughput" else -1000.0 / tps
+        return throughput(new, secs) if reward == "throughput" else -1000.0 * secs / new
     if latency is None:
         raise AdaptspecError("--reward modelled needs --latency PROFILE")
     p = get_profile(latency)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..rewards import pct_of
 from .core import (Contender, ProgressBar, Scorer, Settings, ci95, curve_points, make_contexts, provenance,
                    run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
-from ..rewards import pct_of
 from .replay_sections import default_reward
 
 #: a window is "recovered" when it earns this share of the new phase's best fixed block
