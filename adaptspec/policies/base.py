@@ -24,6 +24,9 @@ from ..errors import AdaptspecError
 from ..speculator import Decision
 
 
+_F64 = np.dtype(np.float64)
+
+
 class Policy(abc.ABC):
     """Base class: arms, seed, validation, epsilon floor, state round trips.
 
@@ -288,7 +291,7 @@ class Policy(abc.ABC):
             r = float(reward)
         except (TypeError, ValueError):
             raise AdaptspecError(f"reward must be a number, got {reward!r}") from None
-        if not np.isfinite(r):
+        if not math.isfinite(r):
             raise AdaptspecError(f"reward must be finite, got {reward!r}")
         return r
 
@@ -301,10 +304,13 @@ class Policy(abc.ABC):
             return None
         if context is None:
             raise AdaptspecError(f"{self.name} is contextual: it needs a feature vector, got None")
-        try:
-            x = np.asarray(context, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise AdaptspecError(f"context must be a vector of numbers, got {type(context).__name__}") from None
+        if type(context) is np.ndarray and context.dtype is _F64:
+            x = context
+        else:
+            try:
+                x = np.asarray(context, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise AdaptspecError(f"context must be a vector of numbers, got {type(context).__name__}") from None
         if x.ndim != 1:
             raise AdaptspecError(f"context must be a 1-D vector, got shape {x.shape}")
         if self.dim is not None and x.shape[0] != self.dim:

@@ -53,6 +53,7 @@ import numpy as np
 from scipy.linalg.blas import dger as _dger
 
 from ..errors import AdaptspecError
+from . import ridge_kernels
 from .base import Policy
 from .mab import MC_SAMPLES, greedy_probs
 
@@ -119,6 +120,8 @@ class Standardizer:
 
     def phi(self, x: np.ndarray) -> np.ndarray:
         """Features of one context (1-D)."""
+        if ridge_kernels.AVAILABLE:
+            return ridge_kernels.standardize(x, self.mean, self._inv, self.intercept)
         d = self.mean.shape[0]
         z = np.empty(d + 1) if self.intercept else np.empty(d)
         w = z[:d]
@@ -198,7 +201,8 @@ class RidgeArms:
     updates per arm.
 
     >>> core = RidgeArms(2, 2, lam=1.0)
-    >>> core.update(0, np.array([1.0, 0.0]), 2.0)
+    >>> core.update(0, np.array([1.0, 0.0]), 2.0)  # returns the error of the prior mean
+    2.0
     >>> mu, var = core.mean_var(np.array([1.0, 0.0]))
     >>> mu.tolist(), var.tolist()
     ([1.0, 0.0], [0.5, 1.0])
@@ -227,6 +231,9 @@ class RidgeArms:
         # A^-1 of every arm and theta live in one (K*D + K, D) buffer, so that one matrix-vector
         # product gives A_a^-1 phi for every arm and every mean theta_a . phi at once.
         self._buf = np.zeros((self.k * self.dim + self.k, self.dim))
+        # A_a^-1 phi of the last decision, and that phi's bytes (None: nothing kept)
+        self._u = np.zeros((self.k, self.dim))
+        self._u_for: bytes | None = None
 
     @property
     def A_inv(self) -> np.ndarray:
@@ -239,18 +246,30 @@ class RidgeArms:
         """``(K, D)`` view of the posterior means."""
         return self._buf[self.k * self.dim:]
 
-    def mean_var_u(self, phi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Means, ``phi^T A^-1 phi`` and ``A^-1 phi`` (K, D) of every arm, from one product."""
-        kd = self.k * self.dim
-        v = self._buf @ phi
-        u = v[:kd].reshape(self.k, self.dim)
-        return v[kd:], u @ phi, u
+    def mean_var_score(self, phi: np.ndarray, width: float = 0.0) -> tuple[np.ndarray, int, int]:
+        """Rows ``(mu, var, score)`` (3, K) for one feature vector: the posterior mean
+        ``theta_a . phi``, ``var = phi^T A_a^-1 phi`` and the UCB score ``mu + width * sqrt(var)``;
+        then the best arm by score and how many arms tie with it. One compiled call when numba
+        is installed (:mod:`~adaptspec.policies.ridge_kernels`), else one matrix-vector product.
+        The products ``A_a^-1 phi`` are kept: an update with the same ``phi`` reuses them."""
+        k, d = self.k, self.dim
+        if ridge_kernels.AVAILABLE:
+            out = np.empty((3, k))
+            best, ties = ridge_kernels.mean_var_score(self._buf, k, d, phi, float(width), out, self._u)
+        else:
+            v = self._buf @ phi
+            self._u[...] = v[:k * d].reshape(k, d)
+            var = np.maximum(self._u @ phi, 0.0)
+            out = np.stack([v[k * d:], var, v[k * d:] + width * np.sqrt(var)])
+            best = int(out[2].argmax())
+            ties = int(np.count_nonzero(out[2] == out[2, best]))
+        self._u_for = phi.tobytes()
+        return out, best, ties
 
     def mean_var(self, phi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean ``theta_a . phi`` and ``phi^T A_a^-1 phi`` for every arm."""
-        kd = self.k * self.dim
-        v = self._buf @ phi
-        return v[kd:], v[:kd].reshape(self.k, self.dim) @ phi
+        out = self.mean_var_score(phi)[0]
+        return out[0], out[1]
 
     def mean_var_many(self, Phi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Same for many feature vectors (n, D) -> (n, K), (n, K)."""
@@ -266,23 +285,27 @@ class RidgeArms:
         d = self.dim
         return self.mean_of(arm, phi), float(phi @ (self._buf[arm * d:(arm + 1) * d] @ phi))
 
-    def update(self, arm: int, phi: np.ndarray, r: float, u: np.ndarray | None = None,
-               mean: float | None = None) -> None:
-        """Add one observation to ``arm``: O(D^2). ``u = A_a^-1 phi`` and ``mean = theta_a . phi``
-        may be passed when already computed for this ``phi`` and this state."""
+    def update(self, arm: int, phi: np.ndarray, r: float) -> float:
+        """Add one observation to ``arm``: one Sherman-Morrison step, O(D^2). Returns the
+        prediction error ``r - theta_a . phi`` of the statistics before the step."""
+        fresh = self._u_for is not None and self._u_for == phi.tobytes()
+        self._u_for = None
+        self.count[arm] += 1
+        u = self._u[arm]
+        if ridge_kernels.AVAILABLE:
+            return ridge_kernels.sherman_morrison(self._buf, self.k, self.dim, arm, phi, float(r), u, fresh)
         d = self.dim
         Ai = self._buf[arm * d:(arm + 1) * d]
         th = self._buf[self.k * d + arm]
-        if u is None:
+        if not fresh:
             u = Ai @ phi
-        if mean is None:
-            mean = float(th @ phi)
         h = 1.0 + float(phi @ u)
+        mean = float(th @ phi)
         # A^-1 <- A^-1 - u u^T / h, in place (A^-1 is symmetric, so its transpose is the
         # Fortran-ordered view BLAS updates without a copy).
         _dger(-1.0 / h, u, u, a=Ai.T, overwrite_a=True)
         th += u * ((r - mean) / h)
-        self.count[arm] += 1
+        return r - mean
 
     def state(self) -> dict[str, Any]:
         return {"A_inv": self.A_inv, "theta": self.theta, "count": self.count,
@@ -311,11 +334,13 @@ class DiscountedRidgeArms(RidgeArms):
     weights. Decisions cost the same as without discount; updates one batched inverse per block.
 
     >>> core = DiscountedRidgeArms(1, 1, gamma=0.5, lam=1.0, every=1)
-    >>> core.update(0, np.array([1.0]), 3.0)   # (0 + 3) / (1 + 1)
+    >>> core.update(0, np.array([1.0]), 3.0)   # mean (0 + 3) / (1 + 1); returns the error 3 - 0
+    3.0
     >>> core.mean_var(np.array([1.0]))[0].round(3).tolist()
     [1.5]
-    >>> core.update(0, np.array([1.0]), 0.0)   # the first now weighs 0.5: 1.5 / (1 + 0.5 + 1)
-    >>> core.mean_var(np.array([1.0]))[0].round(3).tolist()
+    >>> core.update(0, np.array([1.0]), 0.0)   # decayed first: mean 1.5 / (1 + 0.5) = 1, error -1
+    -1.0
+    >>> core.mean_var(np.array([1.0]))[0].round(3).tolist()  # 1.5 / (1 + 0.5 + 1)
     [0.6]
     """
 
@@ -334,17 +359,17 @@ class DiscountedRidgeArms(RidgeArms):
         self.e = np.zeros((self.k, self.dim))
         self.since = 0
 
-    def update(self, arm: int, phi: np.ndarray, r: float, u: np.ndarray | None = None,
-               mean: float | None = None) -> None:
+    def update(self, arm: int, phi: np.ndarray, r: float) -> float:
         if self.since >= self.every:
             self._decay()
-            u = mean = None  # computed for the statistics before the decay
-        super().update(arm, phi, r, u=u, mean=mean)
+        err = super().update(arm, phi, r)
         _dger(1.0, phi, phi, a=self.Dw[arm].T, overwrite_a=True)
         self.e[arm] += r * phi
         self.since += 1
+        return err
 
     def _decay(self) -> None:
+        self._u_for = None
         g = self.discount ** self.since
         self.Dw *= g
         self.e *= g
@@ -531,15 +556,20 @@ class LinearPolicy(Policy):
         if core is None:
             probs = np.full(len(self.arms), 1.0 / len(self.arms))
             return self._draw(probs), probs
-        phi = self.map.phi(context)
-        if isinstance(core, RidgeArms):
-            mu, var, u = core.mean_var_u(phi)
-            # kept for the update of this request (valid while nothing is learnt in between)
-            self._last = (context.tobytes(), phi, u, mu, self.version)
-        else:
-            mu, var = core.mean_var(phi)
+        phi = self._phi_of(context)
+        mu, var = core.mean_var(phi)
         probs = self._mix(self._probs_from(mu, var))
         return self._draw(probs), probs
+
+    def _phi_of(self, context: np.ndarray) -> np.ndarray:
+        """Features of ``context``; the decision's are kept for the update of the same request
+        (a request is decided, then updated, usually with nothing learnt in between)."""
+        last = self._last
+        if last is not None and last[2] == self.version and last[0] == context.tobytes():
+            return last[1]
+        phi = self.map.phi(context)
+        self._last = (context.tobytes(), phi, self.version)
+        return phi
 
     def _choose_batch(self, X: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         k = len(self.arms)
@@ -575,23 +605,15 @@ class LinearPolicy(Policy):
             self._buffer(context, arm, reward)
             return
         r = self.map.reward(reward)
-        last = self._last
-        if last is not None and last[4] == self.version and last[0] == context.tobytes():
-            phi, u, mean = last[1], last[2][arm], float(last[3][arm])
-        else:
-            phi, u = self.map.phi(context), None
-            mean = core.mean_of(arm, phi)
+        phi = self._phi_of(context)
         self._last = None
-        err = r - mean
+        err = core.update(arm, phi, r)  # the prequential residual: before this reward is learnt
+        ns = self.noise_stats
         if self.discount is not None:
-            self.noise_stats *= self.discount
-        self.noise_stats[0] += 1.0
-        self.noise_stats[1] += err * err
+            ns *= self.discount
+        ns[0] += 1.0
+        ns[1] += err * err
         self._sigma = None
-        if u is not None:
-            core.update(arm, phi, r, u=u, mean=mean)
-        else:
-            core.update(arm, phi, r)
 
     def _buffer(self, x: np.ndarray, arm: int, reward: float) -> None:
         if self._buf_X is None:
@@ -727,6 +749,8 @@ class LinUCB(LinearPolicy):
             raise AdaptspecError(f"alpha must be >= 0, got {alpha}")
         self.alpha = float(alpha)
         super().__init__(arms, **kwargs)
+        self._one_hot = np.eye(len(self.arms))  # read-only rows: the probabilities of a sure choice
+        self._one_hot.flags.writeable = False
 
     def _probs_from(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
         return greedy_probs(mu + (self.alpha * self.noise_std()) * np.sqrt(np.abs(var)))
@@ -737,17 +761,11 @@ class LinUCB(LinearPolicy):
             return super()._choose(context)
         # the hot path (decide + update in tens of microseconds): one product for all arms,
         # the chosen index straight from the scores
-        phi = self.map.phi(context)
-        mu, var, u = core.mean_var_u(phi)
-        self._last = (context.tobytes(), phi, u, mu, self.version)
-        s = mu + (self.alpha * self.noise_std()) * np.sqrt(np.abs(var))
-        j = int(s.argmax())
-        if np.count_nonzero(s == s[j]) > 1:
-            probs = greedy_probs(s)
+        out, j, ties = core.mean_var_score(self._phi_of(context), self.alpha * self.noise_std())
+        if ties > 1:
+            probs = greedy_probs(out[2])
             return self._draw(probs), probs
-        probs = np.zeros(len(mu))
-        probs[j] = 1.0
-        return j, probs
+        return j, self._one_hot[j]
 
     def _probs_from_many(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
         s = mu + (self.alpha * self.noise_std()) * np.sqrt(var)
