@@ -258,11 +258,16 @@ class RidgeArms:
             best, ties = ridge_kernels.mean_var_score(self._buf, k, d, phi, float(width), out, self._u)
         else:
             v = self._buf @ phi
-            self._u[...] = v[:k * d].reshape(k, d)
-            var = np.maximum(self._u @ phi, 0.0)
-            out = np.stack([v[k * d:], var, v[k * d:] + width * np.sqrt(var)])
-            best = int(out[2].argmax())
-            ties = int(np.count_nonzero(out[2] == out[2, best]))
+            self._u = v[:k * d].reshape(k, d)
+            out = np.empty((3, k))
+            mu, var, score = out
+            mu[:] = v[k * d:]
+            np.maximum(np.matmul(self._u, phi, out=var), 0.0, out=var)
+            np.sqrt(var, out=score)
+            score *= width
+            score += mu
+            best = int(score.argmax())
+            ties = int(np.count_nonzero(score == score[best]))
         self._u_for = phi.tobytes()
         return out, best, ties
 
