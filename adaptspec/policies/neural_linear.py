@@ -1,9 +1,9 @@
 """Neural-linear (Riquelme et al. 2018) warm-started from the offline head: the product's default policy.
 
 Features: the head's last hidden layer plus a constant, ``phi(x) = [h(x), 1]``. Rewards: in
-the head's standardised units. On top, per arm, Bayesian linear regression in ridge form
-(see :mod:`adaptspec.policies.linear`): ``A_a = P_a + sum phi phi^T``, posterior covariance
-``sigma^2 A_a^-1``, updated online by Sherman-Morrison (or discounted, for drift).
+the head's standardised units. On top, Bayesian linear regression of every arm's reward on
+``phi`` (ridge form, as in :mod:`adaptspec.policies.linear`; below, first written per arm, then
+joint over the arms), updated online by Sherman-Morrison (or discounted, for drift).
 
 Warm start (:func:`head_prior`):
 
@@ -17,6 +17,14 @@ Warm start (:func:`head_prior`):
   reward at a typical context is then about ``mse_a * D / prior_n`` (D = hidden width + 1):
   at ``prior_n = D`` the head's own validation error.
 
+The arms are not independent: the head's errors have a large per-request part common to all
+arms (its validation errors are correlated across arms), which per-arm regressions would each
+re-learn, the arms learnt at different speeds making the argmax noisy. So the prior is one
+Gaussian over all arms' weights, covariance ``(C / prior_n) kron (s2 G^-1)`` with ``C`` the
+head's validation error covariance across arms over ``s2`` (:func:`head_arm_cov`; its
+diagonal is the ``mse_a / s2`` above), and the posterior is updated jointly
+(:class:`JointArms`): a reward of one arm corrects the common part of every arm's prediction.
+
 How much to trust the head is chosen online by default (``prior_n="auto"``, in the spirit of
 Zhang et al. 2019's warm start with a weight chosen online): one posterior is kept per weight in
 ``PRIOR_GRID``, all updated with every reward, each scored by its prequential log predictive
@@ -26,8 +34,9 @@ well earns a strong prior (little exploration: the policy stays with the head); 
 turns out wrong (a different machine, batch size or drafter than it was trained for) loses its
 weight after a few dozen requests and the policy learns from the feedback instead.
 
-Exploration: UCB (default, ``alpha=0.5``) or Thompson sampling (randomised, so its logs carry
-informative propensities without an ``epsilon`` floor; it explored more than UCB on the
+Exploration: UCB (default, ``alpha=0.1``: the warm prior leaves little to explore; chosen on
+development seed 100, where 0.5 cost 0.2-0.5 points of the oracle) or Thompson sampling
+(randomised, so its logs carry informative propensities without an ``epsilon`` floor; it explored more than UCB on the
 development scenario, see BENCHMARKS.md).
 """
 
@@ -290,7 +299,7 @@ class NeuralLinear(LinearPolicy):
         self,
         head: HeadModel | str | Path,
         exploration: str = "ucb",
-        alpha: float = 0.5,
+        alpha: float = 0.1,
         v: float = 0.5,
         prior_n: float | str = "auto",
         noise_weight: float = 100.0,
@@ -428,7 +437,7 @@ class NeuralLinear(LinearPolicy):
 
 
 def neural_linear_policy(arms: Sequence[int], seed: int | None = None, head: Path | None = None,
-                         exploration: str = "ucb", alpha: float = 0.5, v: float = 0.5, prior_n: float | str = "auto",
+                         exploration: str = "ucb", alpha: float = 0.1, v: float = 0.5, prior_n: float | str = "auto",
                          discount: float | None = None, epsilon: float = 0.0,
                          mc_samples: int = MC_SAMPLES) -> NeuralLinear:
     """Factory of the ``neural-linear[:head=PATH,exploration=ucb,...]`` spec (default head: the bundled one)."""
