@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from .linear import LinearPolicy, _mc_probs
+from .linear import LinearPolicy, _dger, _mc_probs
 from .mab import MC_SAMPLES, greedy_probs
 from .offline_head import HeadModel, head_fingerprint
 
@@ -136,6 +136,20 @@ def head_arm_cov(head: HeadModel) -> np.ndarray:
     return C / mse.mean()
 
 
+def _spd_inv(A: np.ndarray) -> np.ndarray:
+    """Inverse of a symmetric positive-definite matrix (Cholesky; twice as fast as a general inverse)."""
+    from scipy.linalg import lapack
+
+    c, info = lapack.dpotrf(A, lower=True)
+    if info == 0:
+        S, info = lapack.dpotri(c, lower=True)
+        if info == 0:
+            S = np.tril(S) + np.tril(S, -1).T
+            return np.ascontiguousarray(S)
+    S = np.linalg.inv(A)
+    return 0.5 * (S + S.T)
+
+
 class JointArms:
     """Bayesian linear regression of all arms' weights at once: one Gaussian over (K*D) weights.
 
@@ -213,7 +227,7 @@ class JointArms:
         h = 1.0 + float(u[b] @ phi)
         err = r - float(self.theta[arm] @ phi)
         self.theta += (u * (err / h)).reshape(self.k, self.dim)
-        self.S -= np.outer(u, u / h)
+        _dger(-1.0 / h, u, u, a=self.S.T, overwrite_a=True)  # S -= u u^T / h in place (S is symmetric)
         self.count[arm] += 1
 
     def _decay(self) -> None:
@@ -225,8 +239,7 @@ class JointArms:
         A = self._prior_prec.copy()
         for a in range(self.k):
             A[self._block(a), self._block(a)] += self.Dw[a]
-        S = np.linalg.inv(A)
-        self.S = 0.5 * (S + S.T)
+        self.S = _spd_inv(A)
         self.theta = (self.S @ (self._prior_prec @ self.prior_mean.reshape(-1) + self.e.reshape(-1))).reshape(self.k, self.dim)
         self.since = 0
 
