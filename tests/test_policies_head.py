@@ -159,6 +159,8 @@ def test_neural_linear_learns_all_arms_jointly(tmp_path):
     nl_old = NeuralLinear(old, prior_n=16.0)
     nl_old.update(x, ARMS[0], float(before[0]) + 5.0)
     assert np.allclose(nl_old.predict(x[None])[0][1:], before[1:])
+    few = dataclasses.replace(head, info={**head.info, "n_val": 2 * len(ARMS) - 1})  # too few to estimate C
+    assert np.allclose(head_arm_cov(few), np.diag(np.diag(C)))
 
 
 def test_joint_arms_discount_matches_a_weighted_refit():

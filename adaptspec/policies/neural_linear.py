@@ -124,15 +124,18 @@ def head_arm_cov(head: HeadModel) -> np.ndarray:
 
     Its diagonal is ``val_mse / s2`` (the per-arm weighting of :func:`head_prior`); off the
     diagonal, the part of the errors that is common to the arms of a request. A head saved
-    without ``val_cov`` gives the diagonal (independent arms).
+    without ``val_cov``, or validated on fewer than ``2 K`` requests (too few to estimate a
+    K x K covariance), gives the diagonal: independent arms.
     """
     mse = np.maximum(np.asarray(head.val_mse, dtype=np.float64), 1e-6)
-    if head.val_cov is None:
+    k = len(mse)
+    if head.val_cov is None or float(head.info.get("n_val", 0)) < 2 * k:
         return np.diag(mse / mse.mean())
-    C = 0.5 * (np.asarray(head.val_cov, dtype=np.float64) + np.asarray(head.val_cov, dtype=np.float64).T)
-    if C.shape != (len(mse), len(mse)):
-        raise AdaptspecError(f"head val_cov has shape {C.shape}, expected ({len(mse)}, {len(mse)})")
-    C[np.diag_indices_from(C)] = mse
+    C = np.asarray(head.val_cov, dtype=np.float64)
+    if C.shape != (k, k):
+        raise AdaptspecError(f"head val_cov has shape {C.shape}, expected ({k}, {k})")
+    C = 0.5 * (C + C.T)
+    C[np.diag_indices_from(C)] = mse * (1.0 + 1e-6)  # strictly positive definite
     return C / mse.mean()
 
 
