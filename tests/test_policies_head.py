@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ from _policy_helpers import ARMS, clustered_stream, linear_stream, small_head
 from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import HeadModel, NeuralLinear, OfflineHead, SquareCB, make_policy, train_head
-from adaptspec.policies.neural_linear import PRIOR_GRID, head_prior
+from adaptspec.policies.neural_linear import PRIOR_GRID, JointArms, head_arm_cov, head_prior
 
 
 def test_head_save_load_round_trip(tmp_path):
@@ -25,6 +26,7 @@ def test_head_save_load_round_trip(tmp_path):
     assert np.allclose(back.predict(X), head.predict(X))
     assert np.allclose(back.hidden(X), head.hidden(X))
     assert np.allclose(back.val_gram, head.val_gram) and np.allclose(back.val_mse, head.val_mse)
+    assert np.allclose(back.val_cov, head.val_cov) and np.allclose(np.diag(head.val_cov), head.val_mse)
     assert back.info["n_val"] == head.info["n_val"]
 
 
@@ -139,6 +141,47 @@ def test_neural_linear_prior_grid_and_state_checks():
         auto.set_prior(np.zeros(9), 1.0)
     with pytest.raises(AdaptspecError, match="exploration"):
         NeuralLinear(head, exploration="greedy")
+
+
+def test_neural_linear_learns_all_arms_jointly(tmp_path):
+    head = small_head()
+    C = head_arm_cov(head)
+    assert C.shape == (len(ARMS), len(ARMS)) and np.allclose(np.diag(C), head.val_mse / head.val_mse.mean())
+    x = linear_stream(1, seed=4)[0][0]
+    nl = NeuralLinear(head, prior_n=16.0)
+    before = nl.predict(x[None])[0]
+    nl.update(x, ARMS[0], float(before[0]) + 5.0)
+    moved = nl.predict(x[None])[0] - before
+    # the other arms move by the correlation of the head's validation errors with arm 0
+    assert moved[0] > 0 and np.all(np.sign(moved[1:]) == np.sign(C[0, 1:]))
+    # a head saved without val_cov: independent arms, as before
+    old = dataclasses.replace(head, val_cov=None)
+    nl_old = NeuralLinear(old, prior_n=16.0)
+    nl_old.update(x, ARMS[0], float(before[0]) + 5.0)
+    assert np.allclose(nl_old.predict(x[None])[0][1:], before[1:])
+    few = dataclasses.replace(head, info={**head.info, "n_val": 2 * len(ARMS) - 1})  # too few to estimate C
+    assert np.allclose(head_arm_cov(few), np.diag(np.diag(C)))
+
+
+def test_joint_arms_discount_matches_a_weighted_refit():
+    rng = np.random.default_rng(0)
+    prior = np.array([[1.0, 0.3], [0.3, 2.0]])
+    core = JointArms(np.zeros((2, 1)), prior, discount=0.9, every=1)
+    phis, arms, rs = rng.normal(size=(6, 1)), [0, 1, 0, 0, 1, 1], rng.normal(size=6)
+    for a, p, r in zip(arms, phis, rs):
+        core.update(a, p, r)
+    # exact posterior with weights 0.9^(updates after it)
+    w = 0.9 ** np.arange(5, -1, -1)
+    A, b = np.linalg.inv(prior), np.zeros(2)
+    for wi, a, p, r in zip(w, arms, phis, rs):
+        f = np.zeros(2)
+        f[a] = p[0]
+        A += wi * np.outer(f, f)
+        b += wi * r * f
+    assert np.allclose(core.theta.ravel(), np.linalg.solve(A, b))
+    back = JointArms(np.zeros((2, 1)), prior, discount=0.9, every=1)
+    back.load(core.state())
+    assert np.allclose(back.S, core.S) and np.allclose(back.theta, core.theta)
 
 
 def test_squarecb_with_the_head_starts_from_it():

@@ -1,9 +1,9 @@
 """Neural-linear (Riquelme et al. 2018) warm-started from the offline head: the product's default policy.
 
 Features: the head's last hidden layer plus a constant, ``phi(x) = [h(x), 1]``. Rewards: in
-the head's standardised units. On top, per arm, Bayesian linear regression in ridge form
-(see :mod:`adaptspec.policies.linear`): ``A_a = P_a + sum phi phi^T``, posterior covariance
-``sigma^2 A_a^-1``, updated online by Sherman-Morrison (or discounted, for drift).
+the head's standardised units. On top, Bayesian linear regression of every arm's reward on
+``phi`` (ridge form, as in :mod:`adaptspec.policies.linear`; below, first written per arm, then
+joint over the arms), updated online by Sherman-Morrison (or discounted, for drift).
 
 Warm start (:func:`head_prior`):
 
@@ -17,6 +17,14 @@ Warm start (:func:`head_prior`):
   reward at a typical context is then about ``mse_a * D / prior_n`` (D = hidden width + 1):
   at ``prior_n = D`` the head's own validation error.
 
+The arms are not independent: the head's errors have a large per-request part common to all
+arms (its validation errors are correlated across arms), which per-arm regressions would each
+re-learn, the arms learnt at different speeds making the argmax noisy. So the prior is one
+Gaussian over all arms' weights, covariance ``(C / prior_n) kron (s2 G^-1)`` with ``C`` the
+head's validation error covariance across arms over ``s2`` (:func:`head_arm_cov`; its
+diagonal is the ``mse_a / s2`` above), and the posterior is updated jointly
+(:class:`JointArms`): a reward of one arm corrects the common part of every arm's prediction.
+
 How much to trust the head is chosen online by default (``prior_n="auto"``, in the spirit of
 Zhang et al. 2019's warm start with a weight chosen online): one posterior is kept per weight in
 ``PRIOR_GRID``, all updated with every reward, each scored by its prequential log predictive
@@ -26,8 +34,9 @@ well earns a strong prior (little exploration: the policy stays with the head); 
 turns out wrong (a different machine, batch size or drafter than it was trained for) loses its
 weight after a few dozen requests and the policy learns from the feedback instead.
 
-Exploration: UCB (default, ``alpha=0.5``) or Thompson sampling (randomised, so its logs carry
-informative propensities without an ``epsilon`` floor; it explored more than UCB on the
+Exploration: UCB (default, ``alpha=0.1``: the warm prior leaves little to explore; chosen on
+development seed 100, where 0.5 cost 0.2-0.5 points of the oracle) or Thompson sampling
+(randomised, so its logs carry informative propensities without an ``epsilon`` floor; it explored more than UCB on the
 development scenario, see BENCHMARKS.md).
 """
 
@@ -40,7 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from .linear import DiscountedRidgeArms, LinearPolicy, RidgeArms, _mc_probs
+from .linear import LinearPolicy, _dger, _mc_probs
 from .mab import MC_SAMPLES, greedy_probs
 from .offline_head import HeadModel, head_fingerprint
 
@@ -96,14 +105,165 @@ def head_prior(head: HeadModel, prior_n: float) -> tuple[np.ndarray, np.ndarray,
     mean = np.concatenate([W, b[:, None]], axis=1)
     mse = np.maximum(np.asarray(head.val_mse, dtype=np.float64), 1e-6)
     s2 = float(mse.mean())
-    G = np.asarray(head.val_gram, dtype=np.float64)
-    D = G.shape[0]
-    if G.shape != (D, D) or D != mean.shape[1]:
-        raise AdaptspecError(f"head val_gram has shape {G.shape}, expected ({mean.shape[1]}, {mean.shape[1]})")
-    # a small ridge keeps directions the validation split never excited (dead units) proper
-    G = 0.5 * (G + G.T) + (1e-3 * np.trace(G) / D + 1e-8) * np.eye(D)
-    prec = (prior_n * s2 / mse)[:, None, None] * G[None]
+    prec = (prior_n * s2 / mse)[:, None, None] * head_gram(head)[None]
     return mean, prec, s2
+
+
+def head_gram(head: HeadModel) -> np.ndarray:
+    """The head's validation Gram matrix ``G`` of ``phi``, made proper by a small ridge."""
+    G = np.asarray(head.val_gram, dtype=np.float64)
+    D = head.hidden_dim + 1
+    if G.shape != (D, D):
+        raise AdaptspecError(f"head val_gram has shape {G.shape}, expected ({D}, {D})")
+    # a small ridge keeps directions the validation split never excited (dead units) proper
+    return 0.5 * (G + G.T) + (1e-3 * np.trace(G) / D + 1e-8) * np.eye(D)
+
+
+def head_arm_cov(head: HeadModel) -> np.ndarray:
+    """Covariance across arms (K, K) of the head's validation errors, in units of their mean variance.
+
+    Its diagonal is ``val_mse / s2`` (the per-arm weighting of :func:`head_prior`); off the
+    diagonal, the part of the errors that is common to the arms of a request. A head saved
+    without ``val_cov``, or validated on fewer than ``2 K`` requests (too few to estimate a
+    K x K covariance), gives the diagonal: independent arms.
+    """
+    mse = np.maximum(np.asarray(head.val_mse, dtype=np.float64), 1e-6)
+    k = len(mse)
+    if head.val_cov is None or float(head.info.get("n_val", 0)) < 2 * k:
+        return np.diag(mse / mse.mean())
+    C = np.asarray(head.val_cov, dtype=np.float64)
+    if C.shape != (k, k):
+        raise AdaptspecError(f"head val_cov has shape {C.shape}, expected ({k}, {k})")
+    C = 0.5 * (C + C.T)
+    C[np.diag_indices_from(C)] = mse * (1.0 + 1e-6)  # strictly positive definite
+    return C / mse.mean()
+
+
+def _spd_inv(A: np.ndarray) -> np.ndarray:
+    """Inverse of a symmetric positive-definite matrix (Cholesky; twice as fast as a general inverse)."""
+    from scipy.linalg import lapack
+
+    c, info = lapack.dpotrf(A, lower=True)
+    if info == 0:
+        S, info = lapack.dpotri(c, lower=True)
+        if info == 0:
+            S = np.tril(S) + np.tril(S, -1).T
+            return np.ascontiguousarray(S)
+    S = np.linalg.inv(A)
+    return 0.5 * (S + S.T)
+
+
+class JointArms:
+    """Bayesian linear regression of all arms' weights at once: one Gaussian over (K*D) weights.
+
+    ``reward = w_a . phi + noise`` with a prior on ``w = (w_1, ..., w_K)`` whose arms may be
+    correlated, so that a reward of one arm also moves the others (by their prior
+    correlation). Stored as the posterior mean ``theta`` (K, D) and covariance ``S`` (K*D, K*D)
+    in units of the noise variance; an update is a rank-one (Sherman-Morrison) step, O((KD)^2).
+    With ``discount`` the data (not the prior) decay by ``gamma`` per update, applied in blocks
+    of ``every`` updates as in :class:`~adaptspec.policies.linear.DiscountedRidgeArms`.
+
+    >>> core = JointArms(np.zeros((2, 1)), np.array([[1.0, 0.5], [0.5, 1.0]]))
+    >>> core.update(0, np.array([1.0]), 2.0)   # arm 1 learns half as much through the correlation
+    >>> mu, var = core.mean_var(np.array([1.0]))
+    >>> mu.tolist(), var.tolist()
+    ([1.0, 0.5], [0.5, 0.875])
+    """
+
+    def __init__(self, prior_mean: np.ndarray, prior_cov: np.ndarray, discount: float | None = None,
+                 every: int = 16) -> None:
+        self.k, self.dim = prior_mean.shape
+        n = self.k * self.dim
+        if prior_cov.shape != (n, n):
+            raise AdaptspecError(f"prior covariance must be ({n}, {n}), got {prior_cov.shape}")
+        if discount is not None and not 0.0 < discount < 1.0:
+            raise AdaptspecError(f"discount must be in (0, 1), got {discount}")
+        self.discount, self.every = discount, int(every)
+        self.prior_mean = np.array(prior_mean, dtype=np.float64)
+        self.prior_cov = 0.5 * (prior_cov + prior_cov.T)
+        self._prior_prec: np.ndarray | None = None
+        self.clear()
+
+    def clear(self) -> None:
+        """Back to the prior."""
+        self.S = self.prior_cov.copy()
+        self.theta = self.prior_mean.copy()
+        self.count = np.zeros(self.k, dtype=np.int64)
+        if self.discount is not None:
+            self.Dw = np.zeros((self.k, self.dim, self.dim))
+            self.e = np.zeros((self.k, self.dim))
+            self.since = 0
+
+    def _block(self, arm: int) -> slice:
+        return slice(arm * self.dim, (arm + 1) * self.dim)
+
+    def _diag_blocks(self) -> np.ndarray:
+        k, d = self.k, self.dim
+        S4 = self.S.reshape(k, d, k, d)
+        return S4[np.arange(k), :, np.arange(k), :]
+
+    def mean_var(self, phi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean ``theta_a . phi`` and ``phi^T S_aa phi`` of every arm."""
+        return self.theta @ phi, self._diag_blocks() @ phi @ phi
+
+    def mean_var_many(self, Phi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        var = np.einsum("nd,kde,ne->nk", Phi, self._diag_blocks(), Phi, optimize=True)
+        return Phi @ self.theta.T, np.maximum(var, 0.0)
+
+    def mean_of(self, arm: int, phi: np.ndarray) -> float:
+        return float(self.theta[arm] @ phi)
+
+    def mean_var_arm(self, arm: int, phi: np.ndarray) -> tuple[float, float]:
+        b = self._block(arm)
+        return self.mean_of(arm, phi), float(phi @ self.S[b, b] @ phi)
+
+    def update(self, arm: int, phi: np.ndarray, r: float, **_: Any) -> None:
+        """Add one observation of ``arm``."""
+        if self.discount is not None:
+            if self.since >= self.every:
+                self._decay()
+            self.Dw[arm] += np.outer(phi, phi)
+            self.e[arm] += r * phi
+            self.since += 1
+        b = self._block(arm)
+        u = self.S[:, b] @ phi  # covariance of every weight with this arm's prediction
+        h = 1.0 + float(u[b] @ phi)
+        err = r - float(self.theta[arm] @ phi)
+        self.theta += (u * (err / h)).reshape(self.k, self.dim)
+        _dger(-1.0 / h, u, u, a=self.S.T, overwrite_a=True)  # S -= u u^T / h in place (S is symmetric)
+        self.count[arm] += 1
+
+    def _decay(self) -> None:
+        g = self.discount ** self.since
+        self.Dw *= g
+        self.e *= g
+        if self._prior_prec is None:
+            self._prior_prec = np.linalg.inv(self.prior_cov)
+        A = self._prior_prec.copy()
+        for a in range(self.k):
+            A[self._block(a), self._block(a)] += self.Dw[a]
+        self.S = _spd_inv(A)
+        self.theta = (self.S @ (self._prior_prec @ self.prior_mean.reshape(-1) + self.e.reshape(-1))).reshape(self.k, self.dim)
+        self.since = 0
+
+    def state(self) -> dict[str, Any]:
+        st = {"S": self.S, "theta": self.theta, "count": self.count}
+        if self.discount is not None:
+            st.update(Dw=self.Dw, e=self.e, since=self.since)
+        return st
+
+    def load(self, st: dict[str, Any]) -> None:
+        n = self.k * self.dim
+        S, theta = np.array(st["S"], dtype=np.float64), np.array(st["theta"], dtype=np.float64)
+        count = np.array(st["count"], dtype=np.int64)
+        if S.shape != (n, n) or theta.shape != (self.k, self.dim) or count.shape != (self.k,):
+            raise AdaptspecError("state does not fit this policy's statistics")
+        if self.discount is not None:
+            Dw, e = np.array(st["Dw"], dtype=np.float64), np.array(st["e"], dtype=np.float64)
+            if Dw.shape != (self.k, self.dim, self.dim) or e.shape != (self.k, self.dim):
+                raise AdaptspecError("state does not fit this policy's statistics")
+            self.Dw, self.e, self.since = Dw, e, int(st["since"])
+        self.S, self.theta, self.count = S, theta, count
 
 
 class NeuralLinear(LinearPolicy):
@@ -155,7 +315,7 @@ class NeuralLinear(LinearPolicy):
         self,
         head: HeadModel | str | Path,
         exploration: str = "ucb",
-        alpha: float = 0.5,
+        alpha: float = 0.1,
         v: float = 0.5,
         prior_n: float | str = "auto",
         noise_weight: float = 100.0,
@@ -192,7 +352,9 @@ class NeuralLinear(LinearPolicy):
         self._stochastic = exploration == "ts"
         fmap = HeadFeatures(self.head)
         mean, prec1, s2 = head_prior(self.head, 1.0)
-        self._prior_unit = (mean, prec1)
+        # prior covariance of all arms' weights at head weight 1, in noise units: the head's
+        # error covariance across arms (Kronecker) the inverse validation Gram matrix
+        self._prior_unit = (mean, np.kron(head_arm_cov(self.head), np.linalg.inv(head_gram(self.head))))
         self.fingerprint = head_fingerprint(self.head)
         # tie-break of the evidence before any feedback: prefer the default weight
         self._tiebreak = -1e-9 * np.abs(np.log(self.prior_grid / _DEFAULT_PRIOR))
@@ -202,15 +364,12 @@ class NeuralLinear(LinearPolicy):
         )
 
     # ------------------------------------------------------------------ one posterior per head weight
-    def _make_core(self, dim_out: int) -> RidgeArms | DiscountedRidgeArms:
+    def _make_core(self, dim_out: int) -> JointArms:
         return self._core_for(float(self.prior_grid[0]))
 
-    def _core_for(self, weight: float) -> RidgeArms | DiscountedRidgeArms:
-        mean, prec1 = self._prior_unit
-        k, d = len(self.arms), mean.shape[1]
-        if self.discount is not None:
-            return DiscountedRidgeArms(k, d, self.discount, 1.0, mean, prec1 * weight)
-        return RidgeArms(k, d, 1.0, mean, prec1 * weight)
+    def _core_for(self, weight: float) -> JointArms:
+        mean, cov1 = self._prior_unit
+        return JointArms(mean, cov1 / weight, self.discount)
 
     def _reset(self) -> None:
         super()._reset()
@@ -294,7 +453,7 @@ class NeuralLinear(LinearPolicy):
 
 
 def neural_linear_policy(arms: Sequence[int], seed: int | None = None, head: Path | None = None,
-                         exploration: str = "ucb", alpha: float = 0.5, v: float = 0.5, prior_n: float | str = "auto",
+                         exploration: str = "ucb", alpha: float = 0.1, v: float = 0.5, prior_n: float | str = "auto",
                          discount: float | None = None, epsilon: float = 0.0,
                          mc_samples: int = MC_SAMPLES) -> NeuralLinear:
     """Factory of the ``neural-linear[:head=PATH,exploration=ucb,...]`` spec (default head: the bundled one)."""

@@ -52,7 +52,8 @@ class HeadModel:
     regression the outputs are in standardised reward units (``(r - reward_mean) /
     reward_scale``). ``val_mse`` (K,) is the validation MSE per arm in those units and
     ``val_gram`` (H+1, H+1) the mean of ``[h, 1] [h, 1]^T`` over the validation split, ``h``
-    the last hidden layer (both used by NeuralLinear's prior).
+    the last hidden layer; ``val_cov`` (K, K) the covariance of the validation errors across
+    arms (its diagonal is ``val_mse``; all used by NeuralLinear's prior).
     """
 
     arms: tuple[int, ...]
@@ -64,6 +65,7 @@ class HeadModel:
     reward_scale: float = 1.0
     val_mse: np.ndarray | None = None
     val_gram: np.ndarray | None = None
+    val_cov: np.ndarray | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,6 +146,8 @@ class HeadModel:
             tensors["val_mse"] = np.asarray(self.val_mse, dtype=np.float64)
         if self.val_gram is not None:
             tensors["val_gram"] = np.asarray(self.val_gram, dtype=np.float64)
+        if self.val_cov is not None:
+            tensors["val_cov"] = np.asarray(self.val_cov, dtype=np.float64)
         save_file(tensors, str(path / "model.safetensors"))
         config = {
             "format": HEAD_FORMAT,
@@ -177,7 +181,7 @@ class HeadModel:
                 arms=tuple(cfg["arms"]), layers=layers, x_mean=t["x_mean"], x_scale=t["x_scale"],
                 mode=cfg["mode"], reward_mean=float(cfg["reward_mean"]),
                 reward_scale=float(cfg["reward_scale"]), val_mse=t.get("val_mse"),
-                val_gram=t.get("val_gram"), info=cfg.get("info", {}),
+                val_gram=t.get("val_gram"), val_cov=t.get("val_cov"), info=cfg.get("info", {}),
             )
         except KeyError as e:
             raise AdaptspecError(f"{path}: saved head lacks {e}") from None
@@ -342,7 +346,8 @@ def _finish(X: np.ndarray, R: np.ndarray, arms: tuple[int, ...], layers: list, x
     }
     if mode == "regression":
         err = s - (Rv - r_mean) / r_scale
-        model.val_mse = np.mean(err * err, axis=0)
+        model.val_cov = err.T @ err / len(err)  # errors are correlated across arms (request-level part)
+        model.val_mse = np.diag(model.val_cov).copy()
         metrics["val_mse"] = model.val_mse.tolist()
     H = np.concatenate([model.hidden(Xv), np.ones((len(Xv), 1))], axis=1)
     model.val_gram = H.T @ H / len(H)
