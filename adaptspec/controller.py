@@ -66,6 +66,7 @@ import numpy as np
 from .errors import AdaptspecError
 from .featurizer import Featurizer
 from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
+from .rewards import DEFAULT_REWARD
 from .speculator import Decision, Outcome, Round
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
@@ -193,8 +194,9 @@ class AdaptiveController:
         A :class:`~adaptspec.featurizer.Featurizer` or the directory of a saved one. None: the
         one saved next to the policy's head if there is one, else the features unchanged.
     reward
-        ``"throughput"`` (measured tokens/s, default), ``"modelled"`` (with ``latency``) or
-        ``"tau"`` -- :func:`adaptspec.rewards.reward_function`, as in the simulator -- or any
+        ``"token_latency"`` (minus measured ms per new token, default), ``"throughput"``
+        (measured tokens/s), ``"modelled"`` (with ``latency``) or ``"tau"`` --
+        :func:`adaptspec.rewards.reward_function`, as in the simulator -- or any
         ``f(outcome) -> float``.
     variant
         Name written in the log's ``variant`` column (the A/B variant); also the log writer's name.
@@ -237,7 +239,7 @@ class AdaptiveController:
         *,
         arms: Sequence[int] | None = None,
         featurizer: Featurizer | str | Path | None = None,
-        reward: str | Callable[[Outcome], float] = "throughput",
+        reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
         latency: Any = None,
         variant: str | None = None,
         log_dir: str | Path | None = None,

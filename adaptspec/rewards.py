@@ -12,6 +12,11 @@ Four rewards, the same for the simulator and the controller:
   acceptance would give on another machine or at another batch size;
 - ``tau``: mean tokens committed per round (ignores cost: larger blocks never look worse).
 
+The default (:data:`DEFAULT_REWARD`, for the controller, ``serve``, ``train-head`` and
+``simulate`` on trace sets with timings) is ``token_latency``: a server is judged on aggregate
+throughput, and on the bundled trace set per-request ``throughput`` made every learner favour
+B = 8 (very fast on math, slower overall) where aggregate throughput is best at B = 4.
+
 >>> from adaptspec.speculator import Outcome, Round
 >>> out = Outcome(tokens=[1] * 9, rounds=[Round(8, 3, 0.01, 0.05), Round(8, 5, 0.01, 0.05)], decode_s=0.125)
 >>> measured_throughput(out), mean_tau(out), round(measured_token_latency(out), 2)
@@ -37,8 +42,15 @@ from .speculator import Outcome
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")
 
+#: The reward learnt from by default where decode times are measured (see the module docstring).
+DEFAULT_REWARD = "token_latency"
+
 #: Units of each reward, for reports.
-REWARD_UNITS = {"throughput": "tok/s", "token_latency": "-ms/token", "modelled": "tok/s", "tau": "tau"}
+REWARD_UNITS = {"throughput": "tok/s", "token_latency": "-ms/token", "modelled": "tok/s (modelled)", "tau": "tau"}
+
+#: What each reward is, in words, for reports.
+REWARD_NAMES = {"throughput": "measured throughput", "token_latency": "measured ms per token (negated)",
+                "modelled": "modelled throughput", "tau": "tau"}
 
 
 def mean_tau(outcome: Outcome) -> float:

@@ -47,7 +47,7 @@ def test_simulate_json_shape(capsys):
     assert [p["policy"] for p in d["policies"]] == ["fixed:8", "random"]
     for p in [*d["policies"], d["oracle"], d["best_fixed"]]:
         assert KEYS <= set(p)
-    assert isinstance(d["best_fixed"]["block_size"], int) and d["reward"] == "throughput"
+    assert isinstance(d["best_fixed"]["block_size"], int) and d["reward"] == "token_latency"
     assert d["oracle"]["pct_oracle"] == 100.0 and d["seeds"] == [0, 5]
     assert d["policies"][0]["pct_oracle"] < 100.0
 

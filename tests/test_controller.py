@@ -19,7 +19,7 @@ from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.checkpoint import latest_checkpoint, read_checkpoint, state_digest
 from adaptspec.logwriter import DecisionLogWriter, journal_rows, log_rows
 from adaptspec.policies import LinUCB, make_policy
-from adaptspec.rewards import reward_function
+from adaptspec.rewards import DEFAULT_REWARD, reward_function
 from adaptspec.speculator import Outcome
 from adaptspec.traces import DecisionLog
 
@@ -60,8 +60,8 @@ def test_generate_runs_the_whole_loop_and_logs_it(tmp_path):
     with AdaptiveController(spec, "linucb:standardize=false", variant="A", log_dir=tmp_path / "log") as c:
         g = c.generate(prompt(3), max_new_tokens=20, request_id="r3")
         c.sync()
-        # the reward is the simulator's reward function applied to the outcome
-        assert g.reward == pytest.approx(reward_function("throughput")(g.outcome))
+        # the reward is the simulator's reward function (the default one) applied to the outcome
+        assert g.reward == pytest.approx(reward_function(DEFAULT_REWARD)(g.outcome)) and DEFAULT_REWARD == "token_latency"
         assert g.outcome.new_tokens == 20 and g.decision.block_size in ARMS and g.fallback is None
         assert g.decision.decision_id and g.prefill_s >= 0 and 0 <= g.overhead_s < 1.0
         s = c.stats()

@@ -23,6 +23,7 @@ import logging
 import sys
 
 from ..errors import AdaptspecError
+from ..rewards import DEFAULT_REWARD, REWARDS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     models.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
     ctl = p.add_argument_group("controller")
-    ctl.add_argument("--reward", default="throughput", choices=("throughput", "modelled", "tau"),
-                     help="reward the policies learn from (default: measured throughput)")
+    ctl.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
+                     help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)")
     ctl.add_argument("--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled")
     ctl.add_argument("--arms", default=None, metavar="B1,B2,...", help="block sizes for policies built from a spec")
     ctl.add_argument("--featurizer", default=None, metavar="DIR",

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..rewards import REWARDS
+from ..rewards import DEFAULT_REWARD, REWARD_UNITS, REWARDS
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
                         f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)")
     p.add_argument("--reward", choices=REWARDS, default=None,
-                   help="reward: measured throughput, modelled throughput (needs --latency) or tau "
-                        "(default: throughput when the trace set has timings, else modelled with --latency, else tau)")
+                   help="reward: measured ms per token (token_latency), measured throughput, modelled throughput "
+                        "(needs --latency) or tau (default: token_latency when the trace set has timings, else "
+                        "modelled with --latency, else tau)")
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
                         "trace's acceptance for --reward modelled and the tok/s column")
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--steps must be >= 1, got {args.steps}")
     reward = args.reward
     if reward is None:
-        reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
+        reward = DEFAULT_REWARD if traces.has_timings else ("modelled" if args.latency else "tau")
     if args.ab:
         return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
@@ -176,7 +177,7 @@ def plot_report(report, path: str) -> None:
     if len(ob) >= win:
         ax2.plot(np.arange(win, len(ob) + 1), np.convolve(ob, np.ones(win) / win, mode="valid"),
                  ":", color="black", label="oracle")
-    unit = {"tau": "tau", "throughput": "tok/s", "modelled": "tok/s (modelled)"}[report.reward]
+    unit = REWARD_UNITS[report.reward]
     ax1.set_ylabel(f"cumulative regret ({unit})")
     ax1.set_title(f"{Path(report.traces).name if report.traces else 'trace set'}: regret against the per-request "
                   f"oracle, {len(report.seeds)} seed{'s' if len(report.seeds) > 1 else ''}, order {report.order}")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..rewards import REWARDS
+from ..rewards import DEFAULT_REWARD, REWARDS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("regression", "classification"), default="regression",
                    help="predict every arm's reward (default) or the best arm (BlockPilot)")
     p.add_argument("--reward", choices=REWARDS, default=None,
-                   help="reward the head predicts (default: throughput when the trace set has timings, "
+                   help="reward the head predicts (default: token_latency when the trace set has timings, "
                         "else modelled with --latency, else tau)")
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                              "features (collect traces with features, or use a synthetic set)")
     reward = args.reward
     if reward is None:
-        reward = "throughput" if traces.has_timings else ("modelled" if args.latency else "tau")
+        reward = DEFAULT_REWARD if traces.has_timings else ("modelled" if args.latency else "tau")
     R = traces.reward_matrix(reward, args.latency, args.batch_size)
     pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
     featurizer = None

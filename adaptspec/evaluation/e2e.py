@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..rewards import DEFAULT_REWARD
 from .core import ProgressBar, Settings, make_contexts, provenance, split_requests
 from .replay_sections import default_reward
 
@@ -30,8 +31,8 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
             progress: bool = True) -> dict[str, Any]:
     """Decode every prompt plainly, at ``fixed_block`` and through a controller over ``policy``.
 
-    ``prompts`` are ``(request_id, domain, token_ids)``. The controller learns online (measured
-    throughput reward) from the first prompt on.
+    ``prompts`` are ``(request_id, domain, token_ids)``. The controller learns online (the
+    default reward, minus measured ms per token) from the first prompt on.
     """
     from ..controller import AdaptiveController
 
@@ -45,7 +46,7 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
         for b in sorted({1, fixed_block}):
             speculator.decode(pre, b, min(8, max_new_tokens))
         plain(list(prompts[0][2]), min(8, max_new_tokens))
-    ctrl = AdaptiveController(speculator, policy, featurizer=featurizer, reward="throughput", seed=0,
+    ctrl = AdaptiveController(speculator, policy, featurizer=featurizer, reward=DEFAULT_REWARD, seed=0,
                               feedback_timeout_s=None, checkpoint_interval_s=None, roll_interval_s=None)
     rows = []
     bar = ProgressBar("6 end to end", progress, unit="prompt")

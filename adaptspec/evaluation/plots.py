@@ -25,7 +25,7 @@ def _plt() -> Any:
 
 
 def _unit(reward: str) -> str:
-    return {**REWARD_UNITS, "modelled": "tok/s, modelled"}[reward]
+    return REWARD_UNITS[reward]
 
 
 def _bars(ax: Any, rows: list[dict], metric: str, title: str) -> None:

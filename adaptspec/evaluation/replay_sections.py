@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..latency import get_profile
-from ..rewards import pct_of, trace_costs
+from ..rewards import DEFAULT_REWARD, pct_of, trace_costs
 from ..simulators.replay import finite_rewards
 from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, curve_points, fixed_contenders, make_contexts,
                    provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
@@ -26,8 +26,9 @@ FALLBACK_PROFILE = "cpu-smollm2-bf16"
 
 
 def default_reward(traces: Any) -> tuple[str, str | None]:
-    """Measured throughput when the trace set has timings, else throughput modelled on the CPU profile."""
-    return ("throughput", None) if traces.has_timings else ("modelled", FALLBACK_PROFILE)
+    """The product's default reward (measured ms per token) when the trace set has timings, else
+    throughput modelled on the CPU profile."""
+    return (DEFAULT_REWARD, None) if traces.has_timings else ("modelled", FALLBACK_PROFILE)
 
 
 def arm_profile(R: np.ndarray, arms: tuple[int, ...]) -> dict[str, Any]:

@@ -211,6 +211,7 @@ class RidgeArms:
     discount = None
 
     def __init__(self, k: int, dim: int, lam: float = 1.0, prior_mean: Any = None, prior_precision: Any = None) -> None:
+        ridge_kernels.warm_up()
         self.k, self.dim = int(k), int(dim)
         self.set_prior(prior_mean, prior_precision, lam)
 
@@ -483,6 +484,7 @@ class LinearPolicy(Policy):
                 raise AdaptspecError("a prior needs the context dimension: pass dim= (or a Standardizer)")
             _prior_arrays(k, self._fixed_map.out_dim, prior_mean, prior_precision, self.lam)  # validate now
         self._prior = (prior_mean, prior_precision)
+        ridge_kernels.warm_up()  # compile now, not in the first decision
         super().__init__(arms, seed=seed, epsilon=epsilon, dim=dim)
 
     # -------------------------------------------------------------- structure

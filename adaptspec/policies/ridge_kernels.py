@@ -20,92 +20,107 @@ import os
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "standardize", "mean_var_score", "sherman_morrison"]
+__all__ = ["AVAILABLE", "warm_up", "standardize", "mean_var_score", "sherman_morrison"]
 
-AVAILABLE = False
-standardize = None
-mean_var_score = None
-sherman_morrison = None
+try:
+    import numba
+except ImportError:  # the optional extra is not installed: numpy path
+    numba = None
 
-if os.environ.get("ADAPTSPEC_NUMBA", "1") != "0":
-    try:
-        import numba
-    except ImportError:  # the optional extra is not installed: numpy path
-        numba = None
+#: whether the kernels below exist (numba installed and not switched off)
+AVAILABLE = numba is not None and os.environ.get("ADAPTSPEC_NUMBA", "1") != "0"
 
-    if numba is not None:
-        # reassociation lets the compiler vectorise the dot products (numpy's BLAS reorders too)
-        _jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+if AVAILABLE:
+    # reassociation lets the compiler vectorise the dot products (numpy's BLAS reorders too)
+    _jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
 
-        @_jit
-        def standardize(x, mean, inv, intercept):  # pragma: no cover - compiled
-            """``(x - mean) * inv``, with a trailing 1 when ``intercept``."""
-            d = x.shape[0]
-            z = np.empty(d + 1 if intercept else d)
-            for i in range(d):
-                z[i] = (x[i] - mean[i]) * inv[i]
-            if intercept:
-                z[d] = 1.0
-            return z
+    @_jit
+    def standardize(x, mean, inv, intercept):  # pragma: no cover - compiled
+        """``(x - mean) * inv``, with a trailing 1 when ``intercept``."""
+        d = x.shape[0]
+        z = np.empty(d + 1 if intercept else d)
+        for i in range(d):
+            z[i] = (x[i] - mean[i]) * inv[i]
+        if intercept:
+            z[d] = 1.0
+        return z
 
-        @_jit
-        def mean_var_score(buf, k, d, phi, width, out, u):  # pragma: no cover - compiled
-            """Rows of ``out`` (3, K): ``theta_a . phi``, ``max(phi^T A_a^-1 phi, 0)`` and the UCB
-            score ``mu + width * sqrt(var)``; rows of ``u`` (K, D): ``A_a^-1 phi`` (for the update).
-            Returns the best arm and how many arms tie with it."""
-            kd = k * d
-            best, ties = 0, 0
-            for a in range(k):
-                base = a * d
-                ua = u[a]
-                acc = 0.0
-                for i in range(d):
-                    row = buf[base + i]
-                    s = 0.0
-                    for j in range(d):
-                        s += row[j] * phi[j]
-                    ua[i] = s
-                    acc += phi[i] * s
-                th = buf[kd + a]
-                m = 0.0
-                for j in range(d):
-                    m += th[j] * phi[j]
-                var = acc if acc > 0.0 else 0.0  # rounding can take it just below 0
-                score = m + width * math.sqrt(var)
-                out[0, a], out[1, a], out[2, a] = m, var, score
-                if a == 0 or score > out[2, best]:
-                    best, ties = a, 1
-                elif score == out[2, best]:
-                    ties += 1
-            return best, ties
-
-        @_jit
-        def sherman_morrison(buf, k, d, arm, phi, r, u, fresh):  # pragma: no cover - compiled
-            """Add ``(phi, r)`` to ``arm``: ``A^-1 -= u u^T / h``, ``theta += u (r - theta.phi) / h``,
-            with ``u = A^-1 phi`` (computed into ``u`` unless ``fresh``), ``h = 1 + phi.u``.
-            Returns the error ``r - theta.phi`` before the update."""
-            base = arm * d
-            th = buf[k * d + arm]
-            if not fresh:
-                for i in range(d):
-                    row = buf[base + i]
-                    s = 0.0
-                    for j in range(d):
-                        s += row[j] * phi[j]
-                    u[i] = s
-            h = 1.0
-            m = 0.0
-            for i in range(d):
-                h += phi[i] * u[i]
-                m += th[i] * phi[i]
-            c = (r - m) / h
-            g = -1.0 / h
+    @_jit
+    def mean_var_score(buf, k, d, phi, width, out, u):  # pragma: no cover - compiled
+        """Rows of ``out`` (3, K): ``theta_a . phi``, ``max(phi^T A_a^-1 phi, 0)`` and the UCB
+        score ``mu + width * sqrt(var)``; rows of ``u`` (K, D): ``A_a^-1 phi`` (for the update).
+        Returns the best arm and how many arms tie with it."""
+        kd = k * d
+        best, ties = 0, 0
+        for a in range(k):
+            base = a * d
+            ua = u[a]
+            acc = 0.0
             for i in range(d):
                 row = buf[base + i]
-                ui = g * u[i]
+                s = 0.0
                 for j in range(d):
-                    row[j] += ui * u[j]
-                th[i] += c * u[i]
-            return r - m
+                    s += row[j] * phi[j]
+                ua[i] = s
+                acc += phi[i] * s
+            th = buf[kd + a]
+            m = 0.0
+            for j in range(d):
+                m += th[j] * phi[j]
+            var = acc if acc > 0.0 else 0.0  # rounding can take it just below 0
+            score = m + width * math.sqrt(var)
+            out[0, a], out[1, a], out[2, a] = m, var, score
+            if a == 0 or score > out[2, best]:
+                best, ties = a, 1
+            elif score == out[2, best]:
+                ties += 1
+        return best, ties
 
-        AVAILABLE = True
+    @_jit
+    def sherman_morrison(buf, k, d, arm, phi, r, u, fresh):  # pragma: no cover - compiled
+        """Add ``(phi, r)`` to ``arm``: ``A^-1 -= u u^T / h``, ``theta += u (r - theta.phi) / h``,
+        with ``u = A^-1 phi`` (computed into ``u`` unless ``fresh``), ``h = 1 + phi.u``.
+        Returns the error ``r - theta.phi`` before the update."""
+        base = arm * d
+        th = buf[k * d + arm]
+        if not fresh:
+            for i in range(d):
+                row = buf[base + i]
+                s = 0.0
+                for j in range(d):
+                    s += row[j] * phi[j]
+                u[i] = s
+        h = 1.0
+        m = 0.0
+        for i in range(d):
+            h += phi[i] * u[i]
+            m += th[i] * phi[i]
+        c = (r - m) / h
+        g = -1.0 / h
+        for i in range(d):
+            row = buf[base + i]
+            ui = g * u[i]
+            for j in range(d):
+                row[j] += ui * u[j]
+            th[i] += c * u[i]
+        return r - m
+else:
+    standardize = mean_var_score = sherman_morrison = None
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Compile the kernels now (or load them from numba's on-disk cache: ~0.1 s; compiling takes
+    ~0.7 s the first time), so that no decision pays for it. Policies call it when
+    they are built; later calls return at once."""
+    global _warm
+    if _warm or not AVAILABLE:
+        return
+    buf = np.vstack([np.eye(2), np.zeros((1, 2))])  # one arm, two features
+    phi = standardize(np.ones(2), np.zeros(2), np.ones(2), False)
+    u = np.zeros((1, 2))
+    mean_var_score(buf, 1, 2, phi, 1.0, np.empty((3, 1)), u)
+    sherman_morrison(buf, 1, 2, 0, phi, 1.0, u[0], True)
+    sherman_morrison(buf, 1, 2, 0, phi, 1.0, u[0], False)
+    _warm = True
