@@ -427,11 +427,13 @@ class AdaptiveController:
         if self.redecide_every is not None:
             k = self.redecide_every
 
-            def schedule(i: int, rounds: list[Round]) -> int:
+            def redecide(i: int, rounds: list[Round]) -> int:
                 if i > 0 and i % k == 0 and starts[-1] != i:
                     decisions.append(self._decide(ctx, request_id))
                     starts.append(i)
                 return decisions[-1].block_size
+
+            schedule = redecide
 
         kwargs: dict[str, Any] = {"temperature": temperature}
         if on_tokens is not None and self._on_round:
