@@ -46,28 +46,29 @@ if AVAILABLE:
         return z
 
     @_jit
+    def _dot(x, y, d):  # pragma: no cover - compiled
+        s = 0.0
+        for j in range(d):
+            s += x[j] * y[j]
+        return s
+
+    @_jit
+    def _arm_times(buf, arm, d, phi, out):  # pragma: no cover - compiled
+        """``out = A_arm^-1 phi``."""
+        base = arm * d
+        for i in range(d):
+            out[i] = _dot(buf[base + i], phi, d)
+
+    @_jit
     def mean_var_score(buf, k, d, phi, width, out, u):  # pragma: no cover - compiled
         """Rows of ``out`` (3, K): ``theta_a . phi``, ``max(phi^T A_a^-1 phi, 0)`` and the UCB
         score ``mu + width * sqrt(var)``; rows of ``u`` (K, D): ``A_a^-1 phi`` (for the update).
         Returns the best arm and how many arms tie with it."""
-        kd = k * d
         best, ties = 0, 0
         for a in range(k):
-            base = a * d
-            ua = u[a]
-            acc = 0.0
-            for i in range(d):
-                row = buf[base + i]
-                s = 0.0
-                for j in range(d):
-                    s += row[j] * phi[j]
-                ua[i] = s
-                acc += phi[i] * s
-            th = buf[kd + a]
-            m = 0.0
-            for j in range(d):
-                m += th[j] * phi[j]
-            var = acc if acc > 0.0 else 0.0  # rounding can take it just below 0
+            _arm_times(buf, a, d, phi, u[a])
+            m = _dot(buf[k * d + a], phi, d)
+            var = max(_dot(u[a], phi, d), 0.0)  # rounding can take it just below 0
             score = m + width * math.sqrt(var)
             out[0, a], out[1, a], out[2, a] = m, var, score
             if a == 0 or score > out[2, best]:
@@ -81,22 +82,14 @@ if AVAILABLE:
         """Add ``(phi, r)`` to ``arm``: ``A^-1 -= u u^T / h``, ``theta += u (r - theta.phi) / h``,
         with ``u = A^-1 phi`` (computed into ``u`` unless ``fresh``), ``h = 1 + phi.u``.
         Returns the error ``r - theta.phi`` before the update."""
-        base = arm * d
-        th = buf[k * d + arm]
         if not fresh:
-            for i in range(d):
-                row = buf[base + i]
-                s = 0.0
-                for j in range(d):
-                    s += row[j] * phi[j]
-                u[i] = s
-        h = 1.0
-        m = 0.0
-        for i in range(d):
-            h += phi[i] * u[i]
-            m += th[i] * phi[i]
+            _arm_times(buf, arm, d, phi, u)
+        th = buf[k * d + arm]
+        h = 1.0 + _dot(phi, u, d)
+        m = _dot(th, phi, d)
         c = (r - m) / h
         g = -1.0 / h
+        base = arm * d
         for i in range(d):
             row = buf[base + i]
             ui = g * u[i]
