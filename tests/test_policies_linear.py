@@ -59,8 +59,9 @@ def test_cores_equal_direct_solves(seed, n, gamma, full, every):
         assert np.allclose(var[:, a], np.einsum("nd,nd->n", X, np.linalg.solve(As[a], X.T).T), rtol=1e-7, atol=1e-9)
     m1, v1 = core.mean_var(X[0])
     assert np.allclose(m1, mu[0]) and np.allclose(v1, var[0])
-    for a in range(k):
-        assert core.mean_var_arm(a, X[1]) == pytest.approx((mu[1, a], var[1, a]), rel=1e-9, abs=1e-12)
+    out, best, _ = core.mean_var_score(X[1], 0.5)
+    assert np.allclose(out, [mu[1], var[1], mu[1] + 0.5 * np.sqrt(var[1])], rtol=1e-9, atol=1e-12)
+    assert best == int(np.argmax(out[2]))
 
 
 def test_warmup_standardises_then_equals_a_frozen_standardizer():

@@ -283,14 +283,6 @@ class RidgeArms:
         var = np.einsum("nd,kde,ne->nk", Phi, self.A_inv, Phi, optimize=True)
         return mu, np.maximum(var, 0.0)
 
-    def mean_of(self, arm: int, phi: np.ndarray) -> float:
-        return float(self._buf[self.k * self.dim + arm] @ phi)
-
-    def mean_var_arm(self, arm: int, phi: np.ndarray) -> tuple[float, float]:
-        """Posterior mean and ``phi^T A^-1 phi`` of one arm."""
-        d = self.dim
-        return self.mean_of(arm, phi), float(phi @ (self._buf[arm * d:(arm + 1) * d] @ phi))
-
     def update(self, arm: int, phi: np.ndarray, r: float) -> float:
         """Add one observation to ``arm``: one Sherman-Morrison step, O(D^2). Returns the
         prediction error ``r - theta_a . phi`` of the statistics before the step."""

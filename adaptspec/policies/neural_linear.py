@@ -164,7 +164,9 @@ class JointArms:
     of ``every`` updates as in :class:`~adaptspec.policies.linear.DiscountedRidgeArms`.
 
     >>> core = JointArms(np.zeros((2, 1)), np.array([[1.0, 0.5], [0.5, 1.0]]))
-    >>> core.update(0, np.array([1.0]), 2.0)   # arm 1 learns half as much through the correlation
+    >>> core.update(0, np.array([1.0]), 2.0)   # the prior's prediction: mean 0, variance 1
+    (0.0, 1.0)
+    >>> # arm 1 learns half as much through the correlation
     >>> mu, var = core.mean_var(np.array([1.0]))
     >>> mu.tolist(), var.tolist()
     ([1.0, 0.5], [0.5, 0.875])
@@ -210,15 +212,9 @@ class JointArms:
         var = np.einsum("nd,kde,ne->nk", Phi, self._diag_blocks(), Phi, optimize=True)
         return Phi @ self.theta.T, np.maximum(var, 0.0)
 
-    def mean_of(self, arm: int, phi: np.ndarray) -> float:
-        return float(self.theta[arm] @ phi)
-
-    def mean_var_arm(self, arm: int, phi: np.ndarray) -> tuple[float, float]:
-        b = self._block(arm)
-        return self.mean_of(arm, phi), float(phi @ self.S[b, b] @ phi)
-
-    def update(self, arm: int, phi: np.ndarray, r: float, **_: Any) -> None:
-        """Add one observation of ``arm``."""
+    def update(self, arm: int, phi: np.ndarray, r: float) -> tuple[float, float]:
+        """Add one observation of ``arm``. Returns the prediction it was scored against: the
+        posterior mean ``theta_a . phi`` and ``phi^T S_aa phi`` (noise units) before the update."""
         if self.discount is not None:
             if self.since >= self.every:
                 self._decay()
@@ -227,11 +223,13 @@ class JointArms:
             self.since += 1
         b = self._block(arm)
         u = self.S[:, b] @ phi  # covariance of every weight with this arm's prediction
-        h = 1.0 + float(u[b] @ phi)
-        err = r - float(self.theta[arm] @ phi)
-        self.theta += (u * (err / h)).reshape(self.k, self.dim)
+        v = float(u[b] @ phi)
+        mean = float(self.theta[arm] @ phi)
+        h = 1.0 + v
+        self.theta += (u * ((r - mean) / h)).reshape(self.k, self.dim)
         _dger(-1.0 / h, u, u, a=self.S.T, overwrite_a=True)  # S -= u u^T / h in place (S is symmetric)
         self.count[arm] += 1
+        return mean, v
 
     def _decay(self) -> None:
         g = self.discount ** self.since
@@ -390,23 +388,24 @@ class NeuralLinear(LinearPolicy):
         raise AdaptspecError("NeuralLinear's prior comes from its head (choose its weight with prior_n)")
 
     def _update(self, context: np.ndarray | None, arm: int, reward: float) -> None:
-        phi = self.map.phi(context)
+        phi = self._phi_of(context)
         r = float(self.map.reward(reward))
         s2 = self.noise_std() ** 2
         g = self.discount if self.discount is not None else 1.0
-        if len(self.cores) > 1:
-            for i, core in enumerate(self.cores):
-                mu, v = core.mean_var_arm(arm, phi)
+        err = 0.0
+        for i, core in enumerate(self.cores):
+            # each posterior is scored on the prediction it made (prequential evidence), then learns
+            mu, v = core.update(arm, phi, r)
+            if i == self.selected:
+                err = r - mu
+            if len(self.cores) > 1:
                 var = s2 * (1.0 + max(v, 0.0))
                 self.evidence[i] = g * self.evidence[i] - 0.5 * (math.log(2.0 * math.pi * var) + (r - mu) ** 2 / var)
-        err = r - self.core.mean_of(arm, phi)
         ns = self.noise_stats
         ns *= g
         ns[0] += 1.0
         ns[1] += err * err
         self._sigma, self._last = None, None
-        for core in self.cores:
-            core.update(arm, phi, r)
         self._select()
 
     def _probs_from(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
