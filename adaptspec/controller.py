@@ -62,6 +62,7 @@ from queue import Empty, SimpleQueue
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .errors import AdaptspecError
 from .featurizer import Featurizer
@@ -230,6 +231,12 @@ class AdaptiveController:
         ``fsync`` every logged row before ``feedback`` returns (default): acknowledged decisions
         survive a machine crash. Without it they survive a crash of the process (the rows are
         in the operating system's cache), and feedback is a few milliseconds cheaper.
+    blas_threads
+        Threads numpy's and scipy's BLAS may use while the controller is open (default 1; None
+        leaves them alone). A policy's matrices are small; more threads only compete with the
+        decoder for the same cores. With two on 2 cores, NeuralLinear's update took 7 ms of
+        wall time in place of 0.5 ms. The previous limits come back at ``close``. torch's own
+        threads are not touched.
     """
 
     def __init__(
@@ -256,6 +263,7 @@ class AdaptiveController:
         roll_rows: int = 1000,
         roll_interval_s: float | None = 60.0,
         log_fsync: bool = True,
+        blas_threads: int | None = 1,
     ) -> None:
         from .rewards import reward_function
 
@@ -265,6 +273,8 @@ class AdaptiveController:
         max_b = getattr(speculator, "max_block_size", None)
         if not isinstance(max_b, (int, np.integer)) or max_b < 1:
             raise AdaptspecError(f"speculator {type(speculator).__name__} needs an integer max_block_size >= 1")
+        if blas_threads is not None and (int(blas_threads) != blas_threads or blas_threads < 1):
+            raise AdaptspecError(f"blas_threads must be a positive integer or None, got {blas_threads!r}")
         self.speculator = speculator
         self.max_block_size = int(max_b)
         self.variant = variant
@@ -367,6 +377,7 @@ class AdaptiveController:
             self._tick = 0.25 if feedback_timeout_s is None else min(0.25, feedback_timeout_s / 4)
             self._worker = threading.Thread(target=self._work, name=f"adaptspec-update-{variant or ''}", daemon=True)
             self._worker.start()
+            self._blas_limits = None if blas_threads is None else threadpool_limits(int(blas_threads), user_api="blas")
         except BaseException:
             if self._log is not None:
                 self._log.close()
@@ -568,6 +579,8 @@ class AdaptiveController:
         self._decider.shutdown(wait=False, cancel_futures=True)
         if self._log is not None:
             self._log.close()
+        if self._blas_limits is not None:
+            self._blas_limits.restore_original_limits()
 
     def __enter__(self) -> "AdaptiveController":
         return self

@@ -54,6 +54,22 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+def test_blas_threads_limited_while_open_and_restored_at_close():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with AdaptiveController(FakeSpeculator(), "fixed:4"):
+        assert blas_threads() and all(n == 1 for n in blas_threads())
+    assert blas_threads() == before
+    with AdaptiveController(FakeSpeculator(), "fixed:4", blas_threads=None):
+        assert blas_threads() == before
+    with pytest.raises(AdaptspecError, match="blas_threads"):
+        AdaptiveController(FakeSpeculator(), "fixed:4", blas_threads=0)
+
+
 # ============================================================================ the loop
 def test_generate_runs_the_whole_loop_and_logs_it(tmp_path):
     spec = FakeSpeculator()
