@@ -132,6 +132,16 @@ def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
     return modelled
 
 
+def trace_reward_name(has_timings: bool, latency: Any = None) -> str:
+    """The reward ``simulate`` and ``train-head`` use when none is given: :data:`DEFAULT_REWARD`
+    when the trace set has decode times, else ``modelled`` with a latency profile, else ``tau``.
+
+    >>> trace_reward_name(True), trace_reward_name(False, "h100-qwen3-8b"), trace_reward_name(False)
+    ('token_latency', 'modelled', 'tau')
+    """
+    return DEFAULT_REWARD if has_timings else ("modelled" if latency else "tau")
+
+
 def check_reward_name(name: str) -> str:
     if name not in REWARDS:
         raise AdaptspecError(f"unknown reward {name!r}: choose one of {', '.join(REWARDS)}")

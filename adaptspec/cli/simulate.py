@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..rewards import DEFAULT_REWARD, REWARD_UNITS, REWARDS
+from ..rewards import REWARD_UNITS, REWARDS, trace_reward_name
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
@@ -86,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise AdaptspecError(f"--steps must be >= 1, got {args.steps}")
-    reward = args.reward
-    if reward is None:
-        reward = DEFAULT_REWARD if traces.has_timings else ("modelled" if args.latency else "tau")
+    reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     if args.ab:
         return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY

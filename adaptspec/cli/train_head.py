@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..rewards import DEFAULT_REWARD, REWARDS
+from ..rewards import REWARDS, trace_reward_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if X is None:
         raise AdaptspecError(f"trace set {traces.path or ''} has no features: the head learns from the prefill "
                              "features (collect traces with features, or use a synthetic set)")
-    reward = args.reward
-    if reward is None:
-        reward = DEFAULT_REWARD if traces.has_timings else ("modelled" if args.latency else "tau")
+    reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     R = traces.reward_matrix(reward, args.latency, args.batch_size)
     pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
     featurizer = None

@@ -24,10 +24,6 @@ def _plt() -> Any:
     return plt
 
 
-def _unit(reward: str) -> str:
-    return REWARD_UNITS[reward]
-
-
 def _bars(ax: Any, rows: list[dict], metric: str, title: str) -> None:
     rows = [r for r in rows if r["kind"] != "fixed"]
     names = [r["policy"] for r in rows][::-1]
@@ -57,7 +53,7 @@ def plot_replay(data: dict, res: Any, path: Path) -> Path:
         if len(c) > 1:
             a1.fill_between(steps, c.min(axis=0), c.max(axis=0), color=f"C{i % 10}", alpha=0.12, lw=0)
     a1.set_xlabel("request in the stream")
-    a1.set_ylabel(f"cumulative regret against the per-request oracle ({_unit(data['reward'])})")
+    a1.set_ylabel(f"cumulative regret against the per-request oracle ({REWARD_UNITS[data['reward']]})")
     a1.set_title(f"{data['passes']} passes over {data['n_eval']} evaluation requests; mean of {data['runs']} runs "
                  "(band: min..max)", fontsize=9)
     a1.legend(fontsize=7, loc="upper left")
