@@ -12,7 +12,7 @@ from _policy_helpers import ARMS, clustered_stream, linear_stream, small_head
 from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import HeadModel, NeuralLinear, OfflineHead, SquareCB, make_policy, train_head
-from adaptspec.policies.neural_linear import PRIOR_GRID, JointArms, head_arm_cov, head_prior
+from adaptspec.policies.neural_linear import PRIOR_GRID, JointArms, head_arm_cov, head_prior, systematic_corr
 
 
 def test_head_save_load_round_trip(tmp_path):
@@ -161,6 +161,23 @@ def test_neural_linear_learns_all_arms_jointly(tmp_path):
     assert np.allclose(nl_old.predict(x[None])[0][1:], before[1:])
     few = dataclasses.replace(head, info={**head.info, "n_val": 2 * len(ARMS) - 1})  # too few to estimate C
     assert np.allclose(head_arm_cov(few), np.diag(np.diag(C)))
+
+
+def test_systematic_corr_undoes_the_dilution_by_independent_noise():
+    rng = np.random.default_rng(0)
+    k, n = 6, 20000
+    # systematic errors correlated 0.9 ** |a - b| across arms, plus noise of each arm's own, twice as large
+    true = 0.9 ** np.abs(np.subtract.outer(np.arange(k), np.arange(k)))
+    err = rng.multivariate_normal(np.zeros(k), true, n) + rng.normal(0.0, np.sqrt(2.0), (n, k))
+    cov = err.T @ err / n
+    raw = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
+    R = systematic_corr(cov)
+    off = ~np.eye(k, dtype=bool)
+    assert np.allclose(np.diag(R), 1.0) and np.linalg.eigvalsh(R).min() > 0
+    assert np.abs(raw - true)[off].mean() > 0.4  # the raw correlations are a third of the truth
+    assert np.abs(R - true)[off].mean() < 0.1
+    # uncorrelated errors stay (nearly) uncorrelated
+    assert np.abs(systematic_corr(np.diag([1.0, 2.0, 3.0])) - np.eye(3)).max() < 1e-9
 
 
 def test_joint_arms_discount_matches_a_weighted_refit():
