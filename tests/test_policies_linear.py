@@ -203,3 +203,25 @@ def test_lints_propensity_matches_its_choices():
     pol.load_state_dict(state)
     idx, _ = pol.decide_batch(np.repeat(x[None], 1500, axis=0))
     assert np.allclose(np.bincount(idx, minlength=3) / 1500, probs / 1500, atol=0.04)
+
+
+@pytest.mark.parametrize("cls", [LinUCB, LinTS])
+def test_update_rechecks_a_context_changed_since_its_decision(cls):
+    # an update whose context equals the decision's is not validated twice; one that was
+    # changed in place since (here to NaN) is, and raises without learning anything
+    pol = cls([2, 4], warmup=4, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        x = rng.normal(size=3)
+        pol.update(x, pol.decide(x).block_size, 1.0)
+    x = rng.normal(size=3)
+    d = pol.decide(x)
+    before = pol.state_dict()
+    with pytest.raises(AdaptspecError, match="1-D"):  # the same bytes, another shape
+        pol.update(x.reshape(1, 3), d.block_size, 1.0)
+    x[1] = np.nan
+    with pytest.raises(AdaptspecError, match="NaN"):
+        pol.update(x, d.block_size, 1.0)
+    after = pol.state_dict()
+    np.testing.assert_equal(after["state"]["core"]["A_inv"], before["state"]["core"]["A_inv"])
+    assert after["version"] == before["version"]

@@ -54,7 +54,7 @@ from scipy.linalg.blas import dger as _dger
 
 from ..errors import AdaptspecError
 from . import ridge_kernels
-from .base import Policy
+from .base import _F64, Policy
 from .mab import MC_SAMPLES, greedy_probs
 
 __all__ = ["Standardizer", "RidgeArms", "DiscountedRidgeArms", "LinearPolicy", "LinUCB", "LinTS"]
@@ -120,10 +120,11 @@ class Standardizer:
 
     def phi(self, x: np.ndarray) -> np.ndarray:
         """Features of one context (1-D)."""
-        if ridge_kernels.AVAILABLE:
-            return ridge_kernels.standardize(x, self.mean, self._inv, self.intercept)
         d = self.mean.shape[0]
         z = np.empty(d + 1) if self.intercept else np.empty(d)
+        if ridge_kernels.AVAILABLE:
+            ridge_kernels.standardize(x, self.mean, self._inv, z)
+            return z
         w = z[:d]
         np.subtract(x, self.mean, out=w)
         w *= self._inv
@@ -230,22 +231,30 @@ class RidgeArms:
 
     def _alloc(self) -> None:
         # A^-1 of every arm and theta live in one (K*D + K, D) buffer, so that one matrix-vector
-        # product gives A_a^-1 phi for every arm and every mean theta_a . phi at once.
-        self._buf = np.zeros((self.k * self.dim + self.k, self.dim))
-        # A_a^-1 phi of the last decision, and that phi's bytes (None: nothing kept)
-        self._u = np.zeros((self.k, self.dim))
+        # product gives A_a^-1 phi for every arm and every mean theta_a . phi at once. The
+        # compiled path keeps its rows on cache lines (padded: use the first D columns); the
+        # numpy path needs them contiguous (BLAS updates A^-1 in place). A core keeps its path.
+        k, d = self.k, self.dim
+        self._compiled = ridge_kernels.AVAILABLE
+        if self._compiled:
+            self._buf = ridge_kernels.cache_aligned_rows(k * d + k, d)
+        else:
+            self._buf = np.zeros((k * d + k, d))
+        # A_a^-1 phi of the last decision (compiled: a last row for an aligned copy of phi),
+        # and that phi's bytes (None: nothing kept)
+        self._u = ridge_kernels.cache_aligned_rows(k + 1, d) if self._compiled else np.zeros((k, d))
         self._u_for: bytes | None = None
 
     @property
     def A_inv(self) -> np.ndarray:
         """``(K, D, D)`` view of the inverses."""
-        kd = self.k * self.dim
-        return self._buf[:kd].reshape(self.k, self.dim, self.dim)
+        k, d = self.k, self.dim
+        return self._buf[:k * d].reshape(k, d, -1)[:, :, :d]
 
     @property
     def theta(self) -> np.ndarray:
         """``(K, D)`` view of the posterior means."""
-        return self._buf[self.k * self.dim:]
+        return self._buf[self.k * self.dim:, :self.dim]
 
     def mean_var_score(self, phi: np.ndarray, width: float = 0.0) -> tuple[np.ndarray, int, int]:
         """Rows ``(mu, var, score)`` (3, K) for one feature vector: the posterior mean
@@ -254,7 +263,7 @@ class RidgeArms:
         is installed (:mod:`~adaptspec.policies.ridge_kernels`), else one matrix-vector product.
         The products ``A_a^-1 phi`` are kept: an update with the same ``phi`` reuses them."""
         k, d = self.k, self.dim
-        if ridge_kernels.AVAILABLE:
+        if self._compiled:
             out = np.empty((3, k))
             best, ties = ridge_kernels.mean_var_score(self._buf, k, d, phi, float(width), out, self._u)
         else:
@@ -290,7 +299,7 @@ class RidgeArms:
         self._u_for = None
         self.count[arm] += 1
         u = self._u[arm]
-        if ridge_kernels.AVAILABLE:
+        if self._compiled:
             return ridge_kernels.sherman_morrison(self._buf, self.k, self.dim, arm, phi, float(r), u, fresh)
         d = self.dim
         Ai = self._buf[arm * d:(arm + 1) * d]
@@ -491,7 +500,7 @@ class LinearPolicy(Policy):
         if self.map is None and self.standardize is False and self.dim is not None:
             self.map = self._fixed_map = Standardizer.identity(self.dim, self.fit_intercept)
         self.core = self._make_core(self.map.out_dim) if self.map is not None else None
-        self.noise_stats = np.zeros(2)  # weighted count, weighted sum of squared residuals
+        self.noise_stats = np.zeros(2)
         self._sigma: float | None = None
         self._last: tuple | None = None
         self._buf_X: np.ndarray | None = None
@@ -520,6 +529,25 @@ class LinearPolicy(Policy):
         """True while the standardiser is still being estimated (decisions are uniform)."""
         return self.core is None
 
+    @property
+    def noise_stats(self) -> np.ndarray:
+        """Weighted count and weighted sum of squares of the prequential residuals (model units)."""
+        return np.array([self._noise_n, self._noise_ss])
+
+    @noise_stats.setter
+    def noise_stats(self, value: np.ndarray) -> None:
+        self._noise_n, self._noise_ss = (float(v) for v in value)
+        self._sigma = None
+
+    def _add_residual(self, err: float) -> None:
+        """Count one prediction error in the noise estimate (decayed like the data)."""
+        if self.discount is not None:
+            self._noise_n *= self.discount
+            self._noise_ss *= self.discount
+        self._noise_n += 1.0
+        self._noise_ss += err * err
+        self._sigma = None
+
     def noise_std(self) -> float:
         """Current noise standard deviation in model (standardised) units."""
         if self._sigma is None:
@@ -531,8 +559,7 @@ class LinearPolicy(Policy):
             v = float(self.noise)
             return v / self.map.reward_scale if self.map is not None else v
         s0, n0 = self.noise_prior
-        n, ss = self.noise_stats.tolist()
-        return math.sqrt((n0 * s0 + ss) / (n0 + n))
+        return math.sqrt((n0 * s0 + self._noise_ss) / (n0 + self._noise_n))
 
     # -------------------------------------------------------------- deciding
     def _probs_from(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
@@ -559,6 +586,15 @@ class LinearPolicy(Policy):
         mu, var = core.mean_var(phi)
         probs = self._mix(self._probs_from(mu, var))
         return self._draw(probs), probs
+
+    def _check_update_context(self, context: Any) -> np.ndarray | None:
+        """A context equal to the one of the last decision (the update of the request just
+        decided) was validated then, so it is not checked twice."""
+        last = self._last
+        if (last is not None and type(context) is np.ndarray and context.ndim == 1
+                and context.dtype is _F64 and context.tobytes() == last[0]):
+            return context
+        return super().check_context(context)
 
     def _phi_of(self, context: np.ndarray) -> np.ndarray:
         """Features of ``context``; the decision's are kept for the update of the same request
@@ -607,12 +643,7 @@ class LinearPolicy(Policy):
         phi = self._phi_of(context)
         self._last = None
         err = core.update(arm, phi, r)  # the prequential residual: before this reward is learnt
-        ns = self.noise_stats
-        if self.discount is not None:
-            ns *= self.discount
-        ns[0] += 1.0
-        ns[1] += err * err
-        self._sigma = None
+        self._add_residual(err)
 
     def _buffer(self, x: np.ndarray, arm: int, reward: float) -> None:
         if self._buf_X is None:

@@ -430,11 +430,8 @@ class NeuralLinear(LinearPolicy):
             if len(self.cores) > 1:
                 var = s2 * (1.0 + max(v, 0.0))
                 self.evidence[i] = g * self.evidence[i] - 0.5 * (math.log(2.0 * math.pi * var) + (r - mu) ** 2 / var)
-        ns = self.noise_stats
-        ns *= g
-        ns[0] += 1.0
-        ns[1] += err * err
-        self._sigma, self._last = None, None
+        self._add_residual(err)
+        self._last = None
         self._select()
 
     def _probs_from(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
