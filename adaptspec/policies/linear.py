@@ -594,7 +594,7 @@ class LinearPolicy(Policy):
         if (last is not None and type(context) is np.ndarray and context.ndim == 1
                 and context.dtype is _F64 and context.tobytes() == last[0]):
             return context
-        return super().check_context(context)
+        return self.check_context(context)
 
     def _phi_of(self, context: np.ndarray) -> np.ndarray:
         """Features of ``context``; the decision's are kept for the update of the same request
