@@ -125,8 +125,8 @@ def main() -> None:
 
     model, tok = load_target(None, dtype=args.dtype, device=args.device)
     standard = copy.deepcopy(model)
-    fast = time_verify(TargetModel(standard, tok, batch_invariant=False), args.context, sizes, args.repeats, args.device)
-    target = TargetModel(model, tok)
+    fast = time_verify(TargetModel(standard, tok, verification="fast"), args.context, sizes, args.repeats, args.device)
+    target = TargetModel(model, tok, verification="exact")
     exact = time_verify(target, args.context, sizes, args.repeats, args.device)
     if args.untrained:
         drafter = BlockDiffusionDrafter.for_target(model, num_layers=2, seed=0, max_block_size=32)

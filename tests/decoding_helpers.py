@@ -63,6 +63,6 @@ class PeekingDrafter(BlockDiffusionDrafter):
 
 
 def make_decoder(model, drafter_seed: int = 0, max_block_size: int = 32, **kw) -> SpeculativeDecoder:
-    target = TargetModel(model)
+    target = TargetModel(model, verification="exact")
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=drafter_seed, max_block_size=max_block_size, **kw)
     return SpeculativeDecoder(target, drafter)

@@ -1,4 +1,5 @@
-"""The bundled speculator (SmolLM2-135M-Instruct + its trained drafter) is lossless in bfloat16.
+"""The bundled speculator (SmolLM2-135M-Instruct + its trained drafter) is lossless in bfloat16
+(exact verification) and keeps fast verification's guarantee.
 
 This loads the real models (the GGUF target is converted once to the cache directory), so it
 is the slowest test file; it is what guards "lossless is sacred" on the shipped models.
@@ -16,7 +17,12 @@ from adaptspec.models.prompts import demo_prompts
 @pytest.fixture(scope="module")
 def speculator():
     torch.set_num_threads(2)
-    return load_speculator()
+    return load_speculator(verification="exact")
+
+
+@pytest.fixture(scope="module")
+def fast_speculator():
+    return load_speculator()  # the product default: fast verification
 
 
 def test_bundled_drafter_ships_small():
@@ -44,3 +50,20 @@ def test_sampling_is_reproducible(speculator):
     a = speculator.generate(ids, 8, 24, temperature=1.0, seed=7).tokens
     b = speculator.generate(ids, 8, 24, temperature=1.0, seed=7).tokens
     assert a == b
+
+
+def test_fast_verification_is_plain_decoding_at_b1_and_differs_only_at_near_ties(fast_speculator):
+    from adaptspec.decoding.greedy import TIE_GAP, divergence, plain_greedy
+
+    spec = fast_speculator
+    assert spec.verification == "fast"
+    model, eos = spec.target.model, spec.target.eos_token_ids
+    for index in (0, 3):
+        ids = spec.target.encode_chat(demo_prompts()[index].prompt)
+        plain = plain_greedy(model, ids, 40, eos)[0]
+        pre = spec.prefill(ids)
+        assert spec.decode(pre, 1, 40).tokens == plain  # the model's own step, bit for bit
+        for b in (4, 12):
+            out = spec.decode(pre, b, 40).tokens
+            d = divergence(model, ids, out, plain)
+            assert out == plain or d[1] <= TIE_GAP, (b, d)

@@ -178,7 +178,7 @@ def test_sampling_keeps_the_target_distribution(draft_vocab):
         model.lm_head.weight.mul_(0.25)  # back to a spread-out distribution
     prompt = [1, 4, 2]
     exact = _exact_second_third(model, prompt, 1.0).ravel()  # batched: before the one-sequence patch
-    target = TargetModel(model)
+    target = TargetModel(model, verification="exact")
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=1, draft_vocab=draft_vocab)
     decoder = SpeculativeDecoder(target, drafter)
     n = 3000
@@ -248,7 +248,7 @@ def test_standard_copy_restores_the_standard_kernels_and_plain_greedy_matches_ge
 
     model = tiny_target("llama")
     plain_ref = model.generate(torch.tensor([[3, 9, 4]]), do_sample=False, max_new_tokens=12)[0, 3:].tolist()
-    TargetModel(model)  # patches in place
+    TargetModel(model, verification="exact")  # patches in place
     assert is_batch_invariant(model)
     std = standard_copy(model)
     assert is_batch_invariant(model) and not is_batch_invariant(std)
@@ -261,7 +261,7 @@ def test_plain_greedy_baseline_checks_losslessness_against_the_exact_kernels():
     from adaptspec.decoding.greedy import PlainGreedy
 
     model = tiny_target("llama")
-    target = TargetModel(model)
+    target = TargetModel(model, verification="exact")
     base = PlainGreedy(target)
     assert base.model is not model  # a standard-kernel copy; the target keeps its exact kernels
     ids = [3, 9, 4]

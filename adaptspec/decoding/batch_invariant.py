@@ -66,7 +66,7 @@ def rowwise_attention(
     if query.shape[0] != 1:
         raise ValueError(
             "this model was patched by adaptspec for batch-invariant decoding of one sequence at a "
-            "time (TargetModel(batch_invariant=True)); use an unpatched copy for batched work"
+            "time (TargetModel(verification='exact')); use an unpatched copy for batched work"
         )
     n_heads, q_len, dim = query.shape[1:]
     kv_heads, kv_len = key.shape[1], key.shape[2]

@@ -7,7 +7,15 @@ kept, plus one token from the target (the bonus), so every round commits ``tau``
 argmax; at T > 0 it is accepted with probability ``min(1, p/q)`` and the first rejected
 position is resampled from ``normalise(max(0, p - q))`` (standard speculative sampling),
 so the output distribution is exactly the target's. ``B = 1`` drafts nothing: that is plain
-decoding, through the same code.
+decoding, through the same code; a request decoded at ``B = 1`` throughout runs the
+target's own one-token step and never touches the drafter ("no speculation", at full plain
+speed in fast verification).
+
+What "the target's" means depends on the target's verification mode
+(:data:`~adaptspec.decoding.target.VERIFICATION_MODES`): in ``"exact"`` mode the output is
+bit-identical to one-token greedy decoding; in ``"fast"`` mode every committed token is the
+target's argmax (or exact sample) in the pass that verified it, which can differ from
+one-token greedy decoding only where two logits tie within rounding.
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -15,7 +23,7 @@ decoding, through the same code.
 >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
 ...                   num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
 >>> model = LlamaForCausalLM(cfg).eval()
->>> target = TargetModel(model)
+>>> target = TargetModel(model, verification="exact")
 >>> decoder = SpeculativeDecoder(target, BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0))
 >>> prompt = [3, 14, 15, 9, 2, 6]
 >>> spec = decoder.generate(prompt, block_size=4, max_new_tokens=12)
@@ -62,6 +70,11 @@ class SpeculativeDecoder:
             drafter.attach(target.model)
             target.context_layers = list(drafter.config.target_layers)
         self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
+
+    @property
+    def verification(self) -> str:
+        """``"fast"`` or ``"exact"``: the target's verification mode (see the module docstring)."""
+        return self.target.verification
 
     # ------------------------------------------------------------------ protocol
     def prefill(
@@ -113,8 +126,9 @@ class SpeculativeDecoder:
         gen = state.generator
         if temperature > 0 and (gen is None or seed is not None):
             gen = _generator(self.target.device, seed)
+        # A request at B = 1 throughout never drafts: no drafter state, no hidden states.
         draft = None
-        if self.drafter is not None:
+        if self.drafter is not None and (callable(block_size) or block_size > 1):
             draft = self.drafter.new_state(state.context_hidden)
 
         eos = self.target.eos_token_ids
@@ -180,7 +194,7 @@ class SpeculativeDecoder:
             drafts = self.drafter.to_target_ids(idx).to(dev)
         t1 = _now(dev)
         block = torch.cat([torch.tensor([last], device=dev), drafts])
-        logits, hidden = self.target.verify(block, cache)
+        logits, hidden = self.target.verify(block, cache, context=draft is not None)
         logits = logits.float()
         if temperature == 0:
             best = logits.argmax(-1)  # target's choice after each block position
@@ -204,7 +218,7 @@ class SpeculativeDecoder:
             new = drafts[:j].tolist() + [nxt]
         tau = j + 1
         self.target.crop(cache, n + tau)
-        if draft is not None:
+        if hidden is not None:
             draft.append(hidden[:tau])
         t2 = _now(dev)
         return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1)

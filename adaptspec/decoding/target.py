@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import AdaptspecError
-from .batch_invariant import make_batch_invariant
+from .batch_invariant import is_batch_invariant, make_batch_invariant
 
 DEFAULT_FEATURES = "last:-1,mean:mid,len"
 
@@ -75,13 +75,23 @@ class TargetPrefill:
     cache: Any  # transformers Cache holding T positions
 
 
+#: How a block is verified: ``"fast"`` runs the model's ordinary kernels (what serving engines
+#: do: every committed token is the target's argmax in the pass that verified it, which can
+#: differ from one-token greedy decoding only where two logits tie within rounding);
+#: ``"exact"`` runs batch-invariant kernels, bit-identical to one-token greedy decoding.
+VERIFICATION_MODES = ("fast", "exact")
+
+
 class TargetModel:
     """Wraps a causal LM (a model object or a local path) for speculative decoding.
 
-    With ``batch_invariant=True`` (the default) the model is patched in place so that a
-    block is computed row for row exactly as token-by-token decoding computes it (see
-    :mod:`adaptspec.decoding.batch_invariant`): that is what makes greedy speculative output
-    bit-identical to the model's own ``generate``.
+    ``verification="fast"`` (the default) leaves the model's kernels as they are: a one-token
+    step is the model's own, so block size 1 is plain decoding at full speed. With
+    ``verification="exact"`` the model is patched in place so that a block is computed row
+    for row exactly as token-by-token decoding computes it (see
+    :mod:`adaptspec.decoding.batch_invariant`): greedy speculative output is then
+    bit-identical to the model's own ``generate`` under the same (patched) kernels, at the
+    price of slower steps (docs/decoding.md has both guarantees and their costs).
     """
 
     def __init__(
@@ -92,8 +102,10 @@ class TargetModel:
         context_layers: Sequence[int] | None = None,
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
-        batch_invariant: bool = True,
+        verification: str = "fast",
     ) -> None:
+        if verification not in VERIFICATION_MODES:
+            raise AdaptspecError(f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}")
         if not isinstance(model, nn.Module):
             from ..models.loading import load_target
 
@@ -101,8 +113,11 @@ class TargetModel:
         else:
             if dtype is not None or device is not None:
                 model = model.to(device=device, dtype=_torch_dtype(dtype))
-        if batch_invariant:
+        if verification == "exact":
             make_batch_invariant(model)
+        elif is_batch_invariant(model):
+            raise AdaptspecError("this model was patched for exact verification; load a fresh copy for fast verification")
+        self.verification = verification
         self.model = model.eval()
         self.tokenizer = tokenizer
         cfg = model.config
@@ -177,11 +192,13 @@ class TargetModel:
         return TargetPrefill(logits, self._context(hs), self._features(hs, logits, ids.shape[1]), cache)
 
     @torch.no_grad()
-    def verify(self, block: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run ``block[B]`` after the cached positions: logits ``[B, V]`` and drafter context ``[B, k*H]``."""
-        out, _ = self._forward(block.reshape(1, -1), cache, want_hidden=self.context_layers is not None)
-        ctx = self._context(out.hidden_states) if self.context_layers is not None else None
-        return out.logits[0], ctx
+    def verify(self, block: torch.Tensor, cache: Any, context: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``block[B]`` after the cached positions: logits ``[B, V]`` and drafter context ``[B, k*H]``
+        (None when ``context`` is False or the target feeds no drafter: then this is the model's
+        plain forward step)."""
+        context = context and self.context_layers is not None
+        out, _ = self._forward(block.reshape(1, -1), cache, want_hidden=context)
+        return out.logits[0], self._context(out.hidden_states) if context else None
 
     @staticmethod
     def crop(cache: Any, length: int) -> None:
