@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="only N prompts, taking the domains in turn")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
+    p.add_argument("--verification", choices=["fast", "exact"], default="fast",
+                     help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
             by.setdefault(item[1].domain, []).append(item)
         turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
         numbered = sorted(turns[: args.limit])
-    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads)
+    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
+                           verification=args.verification)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json)")
     p.add_argument("--target", default=None)
     p.add_argument("--drafter", default=None)
+    p.add_argument("--verification", choices=["fast", "exact"], default="fast",
+                     help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -40,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from ..models.loading import cache_dir
     from ..models.prompts import heldout_prompts
 
-    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads)
+    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
+                           verification=args.verification)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")

@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     models.add_argument("--tiny-seed", type=int, default=0, help="seed of the --tiny model")
     models.add_argument("--target", default=None, metavar="PATH", help="local Hugging Face target model directory")
     models.add_argument("--drafter", default=None, metavar="PATH", help="drafter directory (save_pretrained)")
+    models.add_argument("--verification", choices=["fast", "exact"], default="fast",
+                          help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
     models.add_argument("--device", default="cpu", help="device of the real models (default: cpu)")
     models.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
@@ -118,12 +120,12 @@ def build(args: argparse.Namespace):
     if args.tiny:
         from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
 
-        speculator, codec = tiny_speculator(args.tiny_seed)
+        speculator, codec = tiny_speculator(args.tiny_seed, verification=args.verification)
         model_name, max_context = f"adaptspec-tiny-{args.tiny_seed}", TINY_MAX_POSITIONS
     else:
         from ..models import load_speculator
 
-        speculator = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device)
+        speculator = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, verification=args.verification)
         tok = speculator.target.tokenizer
         codec = None if tok is None else HFCodec(tok, chat=args.chat)
         model_name = str(args.target or "smollm2-135m-instruct")

@@ -77,6 +77,9 @@ class SpeculativeDecoder:
         return self.target.verification
 
     # ------------------------------------------------------------------ protocol
+    # inference mode, not just no_grad: a plain one-token step is ~3% faster without autograd's
+    # version counters, and that is the speed a B = 1 request must match
+    @torch.inference_mode()
     def prefill(
         self, prompt_ids: Sequence[int] | torch.Tensor, temperature: float = 0.0, seed: int | None = None
     ) -> Prefill:
@@ -97,6 +100,7 @@ class SpeculativeDecoder:
             state=_PrefillState(tp.cache, tp.context_hidden, gen),
         )
 
+    @torch.inference_mode()
     def decode(
         self,
         prefill: Prefill,

