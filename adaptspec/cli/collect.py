@@ -20,7 +20,8 @@ def _arms(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, default=None,
-                   help="JSONL with 'prompt' and optional 'domain' (default: the held-out prompts minus the demo's)")
+                   help="JSONL with 'prompt' and optional 'domain', or 'benchmarks' for the public benchmark prompts "
+                        "(GSM8K, MT-Bench, HumanEval in turn; default: the held-out template prompts minus the demo's)")
     p.add_argument("--arms", type=_arms, default=[1, 2, 4, 6, 8, 12, 16], help="comma-separated block sizes")
     p.add_argument("--out", type=Path, required=True, help="trace set directory to write")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -44,11 +45,16 @@ def run(args: argparse.Namespace) -> int:
 
     from ..collection import collect_traces
     from ..models import load_speculator
-    from ..models.prompts import read_prompts, trace_prompts
+    from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
 
     if args.max_new_tokens < 1:
         raise AdaptspecError("--max-new-tokens must be >= 1")
-    numbered = list(enumerate(read_prompts(args.prompts))) if args.prompts else trace_prompts()
+    if args.prompts is None:
+        numbered = trace_prompts()
+    elif str(args.prompts) == "benchmarks":
+        numbered = list(enumerate(benchmark_prompts()))
+    else:
+        numbered = list(enumerate(read_prompts(args.prompts)))
     if args.limit:
         by: dict[str, list] = {}
         for item in numbered:
