@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--dense", action="store_true",
+                   help="T=0 only: one greedy pass per prompt, then the drafts accepted at every position for every "
+                        "block size up to max(--arms) (a dense trace set; derive per-request traces with "
+                        "'adaptspec traces derive'); resumes an interrupted run in OUT")
     p.add_argument("--part", default=None, metavar="I/N",
                    help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
 
@@ -67,6 +71,16 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in numbered]
+    if args.dense:
+        from ..dense import collect_dense
+
+        if args.temperature != 0 or args.part:
+            raise AdaptspecError("--dense is for T=0 in one process: drop --temperature/--part")
+        ds = collect_dense(spec, triples, args.out, args.max_new_tokens, max(args.arms), meta={
+            "target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
+            "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec})
+        print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
+        return 0
     part = None
     if args.part:
         try:

@@ -21,10 +21,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         s.add_argument("path", nargs="?", default=None, metavar="PATH",
                        help="trace set directory or decision log (default: the bundled trace set)")
         s.add_argument("--json", action="store_true", help="print one JSON object")
+    d = sub.add_parser("derive", help="per-request trace set implied by a dense one (fixed block sizes, a latency profile)",
+                       description="per-request trace set implied by a dense one: every round replayed exactly, "
+                                   "its time from a latency profile")
+    d.add_argument("path", metavar="DENSE", help="dense trace set directory (adaptspec collect --dense)")
+    d.add_argument("--out", required=True, metavar="TRACES", help="trace set directory to write")
+    d.add_argument("--arms", default="1,2,4,6,8,10,12,16", help="block sizes (default 1,2,4,6,8,10,12,16)")
+    d.add_argument("--latency", default="cpu-smollm2-bf16", metavar="PROFILE", help="latency profile name or JSON file")
+    d.add_argument("--force", action="store_true", help="replace TRACES if it is a trace set")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..traces import DEFAULT_TRACES, open_any
+
+    if args.action == "derive":
+        from ..dense import DenseTraceSet, to_traceset
+        from ..errors import AdaptspecError
+        from ..latency import get_profile
+
+        try:
+            arms = [int(a) for a in args.arms.split(",") if a.strip()]
+        except ValueError:
+            raise AdaptspecError(f"--arms takes comma-separated block sizes, got {args.arms!r}") from None
+        traces = to_traceset(DenseTraceSet.open(args.path), arms, get_profile(args.latency))
+        traces.write(args.out, overwrite=args.force)
+        print(f"wrote {args.out}: {len(traces)} requests x {len(arms)} block sizes (times from {args.latency})")
+        return 0
 
     obj = open_any(DEFAULT_TRACES if args.path is None else args.path)
     info = obj.info()

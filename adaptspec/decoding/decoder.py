@@ -158,6 +158,20 @@ class SpeculativeDecoder:
         decode_s = _now(self.target.device) - start
         return Outcome(tokens=tokens, rounds=rounds, decode_s=decode_s, finish_reason=finish)
 
+    @torch.inference_mode()
+    def teacher_forced_context(self, prefill: Prefill, tokens: Sequence[int]) -> torch.Tensor:
+        """The drafter's context along a known continuation: the target's hidden states at the
+        drafter's layers for the prompt and ``tokens``, ``[T + len(tokens), k*H]``, from one
+        target pass after ``prefill`` (with exact verification, row for row what decoding those
+        tokens computes). Dense traces (:mod:`adaptspec.dense`) are built on it."""
+        state: _PrefillState = prefill.state
+        if not isinstance(state, _PrefillState) or state.context_hidden is None:
+            raise AdaptspecError("this Prefill was not made by this decoder with a drafter")
+        if not len(tokens):
+            return state.context_hidden
+        _, hidden = self.target.verify(torch.tensor(list(tokens), device=self.target.device), copy.deepcopy(state.cache))
+        return torch.cat([state.context_hidden, hidden])
+
     def generate(
         self,
         input_ids: Sequence[int] | torch.Tensor,

@@ -1,0 +1,281 @@
+"""Dense traces: at T = 0, how many drafts the target accepts at every position and block size.
+
+At temperature 0 the target's output is fixed, so what any block-size schedule would do on a
+prompt is known once three things are: the greedy output ``y``, the target's hidden states
+along it (one teacher-forced pass: the drafter's context) and, for every position ``p`` and
+block size ``b``, the drafts the drafter makes there. ``accept[p, b - 2]`` is the number of
+drafts accepted by a round of block size ``b`` whose last committed token is ``y[p]``: the
+longest prefix of its ``b - 1`` drafts equal to ``y[p + 1 :]``. One greedy generation and one
+drafter pass per block size (batched over all positions) replace a full decode per block
+size; :func:`replay` then walks any schedule through the table, round by round, as
+:class:`~adaptspec.decoding.SpeculativeDecoder` does.
+
+With exact verification the teacher-forced pass computes each row exactly as decoding does
+(batch invariance), so replayed tokens, rounds and acceptance equal the real decoder's
+(tested); with fast verification they can differ where a near-tie rounds differently. Drafts
+past an EOS are never checked, so a round that commits the EOS may count fewer drafts than
+the real decoder (which compares drafts after the EOS too); its tokens are the same.
+
+>>> accept = np.array([[1, 2, 3], [0, 0, 0], [1, 1, 1], [0, 0, 0], [0, 0, 0]], dtype=np.uint8)
+>>> replay(accept, n_tokens=6, max_new_tokens=6, schedule=4)   # tau of each round, B = 4
+[4, 1]
+>>> replay(accept, n_tokens=6, max_new_tokens=6, schedule=1)
+[1, 1, 1, 1, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DenseRequest:
+    """One prompt's dense trace (see the module docstring)."""
+
+    tokens: np.ndarray  # int64 [L]: the greedy output, the token chosen at prefill first
+    accept: np.ndarray  # uint8 [L - 1, max_block_size - 1]
+    top1: np.ndarray  # float32 [L - 1, max_block_size - 1]: drafter's top-1 probability, block of max size
+    entropy: np.ndarray  # float32 [L - 1, max_block_size - 1]: drafter's entropy (nats), same block
+    features: np.ndarray  # float32 [d]: the prefill features
+    prompt_tokens: int
+    finish_reason: str
+
+
+@torch.inference_mode()
+def dense_request(decoder, prompt_ids, max_new_tokens: int, max_block_size: int, chunk: int = 32) -> DenseRequest:
+    """The dense trace of one prompt on a :class:`~adaptspec.decoding.SpeculativeDecoder`."""
+    drafter, target = decoder.drafter, decoder.target
+    pre = decoder.prefill(prompt_ids)
+    out = decoder.decode(pre, 1, max_new_tokens)  # the greedy output
+    y = torch.tensor(out.tokens)
+    context = decoder.teacher_forced_context(pre, out.tokens[:-1])  # positions < T + L - 1
+    t = pre.prompt_tokens
+    seq = torch.cat([torch.as_tensor(list(prompt_ids)), y])[None]
+    n = len(out.tokens) - 1  # round starts: after y[0] .. y[L - 2]
+    accept = np.zeros((n, max_block_size - 1), dtype=np.uint8)
+    top1 = np.zeros((n, max_block_size - 1), dtype=np.float32)
+    entropy = np.zeros((n, max_block_size - 1), dtype=np.float32)
+    labels = torch.full((n, max_block_size - 1), -1, dtype=torch.long)
+    for p in range(n):
+        nxt = y[p + 1 : p + max_block_size]
+        labels[p, : len(nxt)] = nxt
+    w = drafter.lm_weight()
+    for start in range(0, n, chunk):
+        rows = torch.arange(start, min(n, start + chunk))
+        anchors = (t + rows)[None]
+        end = t + int(rows[-1]) + 1  # a block at anchor a reads context positions < a only
+        ctx, tok = context[None, :end], seq[:, :end]
+        for b in range(2, max_block_size + 1):
+            h = drafter.forward_train(ctx, tok, anchors, b)[0]  # [A, b - 1, H]
+            logits = (h.to(w.dtype) @ w.T).float()
+            drafts = drafter.to_target_ids(logits.argmax(-1)).cpu()
+            ok = (drafts == labels[rows, : b - 1]).int().cumprod(1).sum(1)
+            accept[rows.numpy(), b - 2] = ok.numpy()
+            if b == max_block_size:
+                logp = torch.log_softmax(logits, -1)
+                top1[rows.numpy()] = logp.max(-1).values.exp().cpu().numpy()
+                entropy[rows.numpy()] = -(logp.exp() * logp).sum(-1).cpu().numpy()
+    return DenseRequest(np.asarray(out.tokens, dtype=np.int64), accept, top1, entropy,
+                        np.asarray(pre.features, dtype=np.float32), t, out.finish_reason)
+
+
+def replay(
+    accept: np.ndarray,
+    n_tokens: int,
+    max_new_tokens: int,
+    schedule: int | Callable[[int, list[int]], int],
+) -> list[int]:
+    """Tau of every round a schedule makes on a dense trace, as the decoder would run it.
+
+    ``schedule`` is a block size or a function ``(round index, taus so far) -> block size``;
+    blocks are shortened near ``max_new_tokens`` as the decoder shortens them.
+    """
+    choose = schedule if callable(schedule) else (lambda i, taus: schedule)
+    taus: list[int] = []
+    m = 1  # committed tokens (the prefill's token included)
+    while m < n_tokens:
+        b = min(int(choose(len(taus), taus)), max_new_tokens - m)
+        j = int(accept[m - 1, b - 2]) if b > 1 else 0
+        j = min(j, n_tokens - 1 - m)  # nothing past the end of the greedy output is checked
+        taus.append(j + 1)
+        m += j + 1
+    return taus
+
+
+# ---------------------------------------------------------------------- storage
+FORMAT = "adaptspec-dense-traces/1"
+_PART = "part-{:05d}.parquet"
+
+
+class DenseTraceSet:
+    """Dense traces on disk: ``meta.json`` and Parquet parts of ``rows_per_part`` requests, one row
+    per request (``request_id``, ``domain``, ``prompt_tokens``, ``finish_reason``, ``features``,
+    ``tokens``, and ``accept``/``top1``/``entropy`` flattened row-major over
+    ``[len(tokens) - 1, max_block_size - 1]``). Parts are written atomically as collection goes,
+    so an interrupted collection resumes where it stopped (docs/data.md)."""
+
+    def __init__(self, path, meta: dict) -> None:
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.meta = meta
+        self.max_block_size = int(meta["max_block_size"])
+        self.max_new_tokens = int(meta["max_new_tokens"])
+
+    @classmethod
+    def open(cls, path) -> "DenseTraceSet":
+        import json
+        from pathlib import Path
+
+        from .errors import AdaptspecError
+
+        path = Path(path)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            raise AdaptspecError(f"{path}: not a dense trace set (no readable meta.json)") from None
+        if meta.get("format") != FORMAT:
+            raise AdaptspecError(f"{path}/meta.json: format {meta.get('format')!r}, expected {FORMAT!r}")
+        return cls(path, meta)
+
+    @classmethod
+    def create(cls, path, meta: dict) -> "DenseTraceSet":
+        """A new dense set at ``path``, or the existing one when it was made with the same ``meta``."""
+        import json
+        from pathlib import Path
+
+        from .errors import AdaptspecError
+
+        path = Path(path)
+        meta = {"format": FORMAT, **meta}
+        if (path / "meta.json").exists():
+            old = cls.open(path)
+            if old.meta != meta:
+                raise AdaptspecError(f"{path}: a dense trace set made with other settings; use another directory")
+            return old
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise AdaptspecError(f"{path}: exists and is not a dense trace set; refusing to write into it")
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return cls(path, meta)
+
+    def parts(self) -> list:
+        return sorted(self.path.glob("part-*.parquet"))
+
+    def table(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parts = self.parts()
+        return pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None
+
+    def request_ids(self) -> set[str]:
+        import pyarrow.parquet as pq
+
+        return {r for p in self.parts() for r in pq.read_table(p, columns=["request_id"])["request_id"].to_pylist()}
+
+    def requests(self):
+        """``(request_id, domain, DenseRequest)`` in stored order."""
+        t = self.table()
+        if t is None:
+            return
+        k = self.max_block_size - 1
+        for row in t.to_pylist():
+            n = len(row["tokens"]) - 1
+            mat = lambda key, dt: np.asarray(row[key], dtype=dt).reshape(n, k)  # noqa: E731
+            yield row["request_id"], row["domain"], DenseRequest(
+                np.asarray(row["tokens"], dtype=np.int64), mat("accept", np.uint8), mat("top1", np.float32),
+                mat("entropy", np.float32), np.asarray(row["features"], dtype=np.float32), row["prompt_tokens"],
+                row["finish_reason"])
+
+    def write_part(self, rows: list[tuple[str, str, DenseRequest]]) -> None:
+        import os
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        f32 = pa.list_(pa.float32())
+        table = pa.table({
+            "request_id": pa.array([r for r, _, _ in rows], pa.string()),
+            "domain": pa.array([d for _, d, _ in rows], pa.string()),
+            "prompt_tokens": pa.array([x.prompt_tokens for _, _, x in rows], pa.int64()),
+            "finish_reason": pa.array([x.finish_reason for _, _, x in rows], pa.string()),
+            "features": pa.array([x.features.tolist() for _, _, x in rows], f32),
+            "tokens": pa.array([x.tokens.tolist() for _, _, x in rows], pa.list_(pa.int32())),
+            "accept": pa.array([x.accept.ravel().tolist() for _, _, x in rows], pa.list_(pa.uint8())),
+            "top1": pa.array([x.top1.ravel().tolist() for _, _, x in rows], f32),
+            "entropy": pa.array([x.entropy.ravel().tolist() for _, _, x in rows], f32),
+        })
+        path = self.path / _PART.format(len(self.parts()))
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+
+
+def collect_dense(decoder, prompts, out, max_new_tokens: int = 128, max_block_size: int = 16,
+                  rows_per_part: int = 8, meta: dict | None = None, progress: bool = True) -> DenseTraceSet:
+    """Dense traces of ``prompts`` (``(request_id, domain, token_ids)`` triples) into ``out``,
+    skipping requests already there (resumable)."""
+    from tqdm import tqdm
+
+    from .errors import AdaptspecError
+
+    if not 2 <= max_block_size <= decoder.max_block_size:
+        raise AdaptspecError(f"max block size {max_block_size} outside 2..{decoder.max_block_size}")
+    ds = DenseTraceSet.create(out, {"max_new_tokens": max_new_tokens, "max_block_size": max_block_size,
+                                    "verification": decoder.verification, **(meta or {})})
+    done = ds.request_ids()
+    todo = [p for p in prompts if p[0] not in done]
+    rows: list = []
+    for rid, domain, ids in tqdm(todo, desc="collect --dense", unit="prompt", disable=not progress):
+        rows.append((rid, domain, dense_request(decoder, ids, max_new_tokens, max_block_size)))
+        if len(rows) == rows_per_part:
+            ds.write_part(rows)
+            rows = []
+    if rows:
+        ds.write_part(rows)
+    return ds
+
+
+def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
+    """The per-request trace set a dense one implies for fixed block sizes ``arms``: tau of every
+    round replayed exactly (:func:`replay`), each round's draft and verify time from ``profile``
+    (a :class:`~adaptspec.latency.LatencyProfile`) at its context length."""
+    from .errors import AdaptspecError
+    from .traces import TraceSet
+
+    arms = sorted(int(a) for a in arms)
+    if not arms or arms[0] < 1 or arms[-1] > ds.max_block_size:
+        raise AdaptspecError(f"arms must be block sizes in 1..{ds.max_block_size} (the dense set's largest), got {arms}")
+    ids, doms, prompt_tokens, feats, taus, draft_ms, verify_ms, new_tokens = [], [], [], [], [], [], [], []
+    for rid, dom, r in ds.requests():
+        ids.append(rid)
+        doms.append(dom)
+        prompt_tokens.append(r.prompt_tokens)
+        feats.append(r.features)
+        new_tokens.append(len(r.tokens))
+        for b in arms:
+            t = replay(r.accept, len(r.tokens), ds.max_new_tokens, b)
+            m = 1 + np.cumsum([0] + t[:-1], dtype=int)  # tokens committed before each round
+            bs, ctx = np.minimum(b, ds.max_new_tokens - m), r.prompt_tokens + m  # as profile-latency counts context
+            taus.append(t)
+            draft_ms.append((1e3 * profile.draft_s(bs, ctx)).tolist() if t else [])
+            verify_ms.append((1e3 * profile.verify_s(bs, ctx)).tolist() if t else [])
+    n, k = len(ids), len(arms)
+    if n == 0:
+        raise AdaptspecError(f"{ds.path}: no requests yet")
+    per = [np.mean(t) if t else 1.0 for t in taus]
+    decode_ms = [sum(d) + sum(v) for d, v in zip(draft_ms, verify_ms)]
+    return TraceSet.from_arrays(
+        ids, doms, arms, np.asarray(per).reshape(n, k), prompt_tokens=prompt_tokens,
+        features=np.asarray(feats, dtype=np.float32), new_tokens=np.asarray(new_tokens),
+        rounds=np.asarray([len(t) for t in taus]).reshape(n, k), decode_ms=np.asarray(decode_ms).reshape(n, k),
+        tau=taus, draft_ms=draft_ms, verify_ms=verify_ms,
+        meta={"arms": arms, "source": "adaptspec dense traces", "dense": str(ds.path),
+              "latency_profile": getattr(profile, "name", ""), "max_new_tokens": ds.max_new_tokens,
+              **{k_: v for k_, v in ds.meta.items() if k_ not in ("format",)}, **(meta or {})},
+    )
