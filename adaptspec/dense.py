@@ -46,7 +46,7 @@ class DenseRequest:
 
 
 @torch.inference_mode()
-def dense_request(decoder, prompt_ids, max_new_tokens: int, max_block_size: int, chunk: int = 32) -> DenseRequest:
+def dense_request(decoder, prompt_ids, max_new_tokens: int, max_block_size: int, chunk: int = 128) -> DenseRequest:
     """The dense trace of one prompt on a :class:`~adaptspec.decoding.SpeculativeDecoder`."""
     drafter, target = decoder.drafter, decoder.target
     pre = decoder.prefill(prompt_ids)
