@@ -52,14 +52,14 @@ def wait_until_ready(client: httpx.Client, server: subprocess.Popen, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited with status {server.returncode} before it was ready")
+            raise SystemExit(f"ab_serving: the server exited with status {server.returncode} before it was ready")
         try:
             if client.get("/health").status_code == 200:
                 return
         except httpx.TransportError:  # not listening yet
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
+    raise SystemExit(f"ab_serving: the server was not ready after {timeout:.0f} s")
 
 
 def main() -> None:
