@@ -13,8 +13,8 @@ What it shows:
    variant reward, tau and throughput with intervals, and an always-valid sequential test.
 
 The tiny model's drafter is untrained (its drafts are nearly always rejected), so this
-exercises the whole path, not the speed-up. Run it (about 15 s; it needs the ``serve``
-extra, ``pip install -e '.[serve]'``)::
+exercises the whole path, not the speed-up. No request is sent after ``--budget-s`` (30 s).
+Run it (about 15 s; it needs the ``serve`` extra, ``pip install -e '.[serve]'``)::
 
     python examples/ab_serving.py
     python examples/ab_serving.py --requests 200 --variant A=ucb --variant B=fixed:8
@@ -59,7 +59,7 @@ def wait_until_ready(client: httpx.Client, server: subprocess.Popen, timeout: fl
         except httpx.TransportError:  # not listening yet
             pass
         time.sleep(0.2)
-    raise SystemExit(f"ab_serving: the server was not ready after {timeout:.0f} s")
+    raise SystemExit(f"ab_serving: the server was not ready within the time budget ({timeout:.0f} s left)")
 
 
 def main() -> None:
@@ -70,9 +70,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--users", type=int, default=20, help="distinct user ids the requests come from")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--budget-s", type=float, default=30.0,
+                        help="stop sending requests this long after the start, served or not (default 30)")
     args = parser.parse_args()
-    if args.requests < 1 or args.users < 1 or args.max_tokens < 1:
-        parser.error("--requests, --users and --max-tokens must be >= 1")
+    if args.requests < 1 or args.users < 1 or args.max_tokens < 1 or not args.budget_s > 0:
+        parser.error("--requests, --users and --max-tokens must be >= 1, --budget-s > 0")
+    deadline = time.monotonic() + args.budget_s
     variants = args.variant or ["A=ucb", "B=fixed:4"]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,10 +89,13 @@ def main() -> None:
         server = subprocess.Popen(cmd, stdout=server_output, stderr=subprocess.STDOUT)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
-                wait_until_ready(client, server, timeout=60.0)
+                wait_until_ready(client, server, timeout=deadline - time.monotonic())
                 served: Counter = Counter()
                 blocks: dict[str, Counter] = {}
                 for i in range(args.requests):
+                    if time.monotonic() > deadline:
+                        print(f"time budget of {args.budget_s:.0f} s spent after {i} requests")
+                        break
                     body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
                             "user": f"user-{i % args.users}"}     # same user -> same variant
                     answer = client.post("/v1/completions", json=body)

@@ -102,7 +102,8 @@ def test_off_policy_truth_and_estimates():
 
 
 def test_ab_serving():
-    out = run_example("ab_serving.py", "--requests", "24", "--users", "12", "--max-tokens", "8", timeout=90)
+    out = run_example("ab_serving.py", "--requests", "24", "--users", "12", "--max-tokens", "8", "--budget-s", "80",
+                      timeout=120)
     served = {v: int(n) for v, n in re.findall(r"^variant (\w+): (\d+) requests", out, re.M)}
     assert set(served) == {"A", "B"} and sum(served.values()) == 24
     assert "B=4: " + str(served["B"]) in out  # fixed:4 always picks 4
