@@ -62,9 +62,11 @@ def main() -> None:
                 ids = speculator.target.encode_chat(p.prompt)       # chat template -> token ids
                 g = ctl.generate(ids, max_new_tokens=args.max_new_tokens)
                 o = g.outcome
-                # reward = minus milliseconds per new token (bigger is better)
-                print(f"{p.domain:<20} {g.decision.block_size:>3} {o.mean_tau:>5.2f} "
-                      f"{o.new_tokens / o.decode_s:>6.1f} {g.reward:>8.2f}")
+                # reward = minus milliseconds per new token (bigger is better); None when it is
+                # undefined (no decode time measured), and then nothing is learnt
+                speed = f"{o.new_tokens / o.decode_s:.1f}" if o.decode_s > 0 else "-"
+                reward = "-" if g.reward is None else f"{g.reward:.2f}"
+                print(f"{p.domain:<20} {g.decision.block_size:>3} {o.mean_tau:>5.2f} {speed:>6} {reward:>8}")
 
             # --- 2. an engine that decodes itself ------------------------------------------
             ids = speculator.target.encode_chat(prompts[0].prompt)
