@@ -61,7 +61,10 @@ def mean_tau(outcome: Outcome) -> float:
 
 
 def measured_throughput(outcome: Outcome) -> float:
-    """New tokens per second of decoding (``new_tokens / decode_s``)."""
+    """New tokens per second of decoding (``new_tokens / decode_s``); undefined when no round ran
+    (a request that ended at its prefill token: the block size played no part in it)."""
+    if not outcome.rounds:
+        raise AdaptspecError("no draft/verify round ran: the block size played no part in this request")
     s = float(outcome.decode_s)
     if not np.isfinite(s) or s <= 0:
         raise AdaptspecError(f"outcome has decode_s={outcome.decode_s}: throughput is undefined")

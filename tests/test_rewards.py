@@ -33,8 +33,13 @@ def test_outcome_reward_errors():
     empty = Outcome(tokens=[1], rounds=[], decode_s=0.0)
     with pytest.raises(AdaptspecError, match="no rounds"):
         mean_tau(empty)
-    with pytest.raises(AdaptspecError, match="throughput is undefined"):
+    with pytest.raises(AdaptspecError, match="no draft/verify round ran"):
         measured_throughput(empty)
+    # a request that ended at its prefill token took (almost) no decode time: no reward, not ~0 ms/token
+    with pytest.raises(AdaptspecError, match="no draft/verify round ran"):
+        reward_function("token_latency")(Outcome(tokens=[1], rounds=[], decode_s=1e-5))
+    with pytest.raises(AdaptspecError, match="throughput is undefined"):
+        measured_throughput(Outcome(tokens=[1, 2], rounds=[Round(1, 1, 0.0, 0.0)], decode_s=0.0))
     with pytest.raises(AdaptspecError, match="needs a latency profile"):
         reward_function("modelled")
     with pytest.raises(AdaptspecError, match="unknown reward 'speed'"):
