@@ -87,15 +87,32 @@ class PrefillError(AdaptspecError):
     """The speculator refused the prompt (empty, token ids out of range, ...): the caller's input is wrong."""
 
 
-def default_policy_spec(head: str | Path | None = None) -> str:
+def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
     """The product default: NeuralLinear over ``head`` (default: the bundled head) if it exists, else UCB.
 
-    UCB is the context-free fallback while no trained head is available.
+    UCB is the context-free fallback while no trained head is available, or, given
+    ``speculator``, when the head does not fit it: a head trained for block sizes beyond the
+    speculator's ``max_block_size``, or for prefill features of another width (another model).
     """
     h = Path(head) if head is not None else BUNDLED_HEAD
-    if (h / "config.json").is_file():
-        return f"neural-linear:head={h}"
-    return "ucb"
+    if not (h / "config.json").is_file():
+        return "ucb"
+    if speculator is not None and not _head_fits(h, speculator):
+        return "ucb"
+    return f"neural-linear:head={h}"
+
+
+def _head_fits(head: Path, speculator: Any) -> bool:
+    from .policies.offline_head import HeadModel
+
+    model = HeadModel.load(head)
+    if max(model.arms) > int(getattr(speculator, "max_block_size", 0) or 0):
+        return False
+    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
+    if width is None:
+        return True
+    want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
+    return int(width) == int(want)
 
 
 @dataclass
@@ -302,7 +319,11 @@ class AdaptiveController:
                 raise AdaptspecError(f"arms {list(arms)} differ from the policy's {list(learner.arms)}")
         self.arms: tuple[int, ...] = tuple(int(a) for a in learner.arms)
         if max(self.arms) > self.max_block_size:
-            raise AdaptspecError(f"policy arms {list(self.arms)} exceed the speculator's max_block_size {self.max_block_size}")
+            too_big = [a for a in self.arms if a > self.max_block_size]
+            label = getattr(learner, "label", type(learner).__name__)
+            whose = "given" if arms is not None and tuple(sorted(arms)) == self.arms else f"of policy {label}"
+            raise AdaptspecError(f"block sizes {too_big} {whose} exceed the speculator's max_block_size "
+                                 f"{self.max_block_size} (arms {list(self.arms)})")
         self.policy_label = str(getattr(learner, "label", type(learner).__name__))
         self._contextual = bool(getattr(learner, "contextual", True))
         self.featurizer = self._resolve_featurizer(featurizer, learner)

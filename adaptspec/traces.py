@@ -27,8 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 import time as _time
 import uuid
 from datetime import datetime, timezone
@@ -174,41 +172,6 @@ def _matrix(col: pa.ChunkedArray, where: str, name: str, rows: np.ndarray | None
         bad = _first(~np.isfinite(x).all(axis=1))
         raise _err(where, f"column {name!r}, row {bad if rows is None else int(rows[bad])}: NaN or infinite value")
     return x
-
-
-def _atomic_dir(path: Path, overwrite: bool, write: Any, marker: str) -> None:
-    """Write a directory via ``write(tmpdir)`` and rename it to ``path``.
-
-    An existing ``path`` is replaced only with ``overwrite`` and only if it holds ``marker``
-    (so a typo cannot wipe an unrelated directory) or is empty.
-    """
-    path = Path(path)
-    if path.exists():
-        if not overwrite:
-            raise _err(str(path), "already exists (pass --force / overwrite=True to replace it)")
-        if not path.is_dir() or (any(path.iterdir()) and not (path / marker).exists()):
-            raise _err(str(path), f"refusing to replace: not a directory holding {marker}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    except OSError as e:
-        raise _err(str(path), f"cannot write here ({e.strerror or e})") from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _err(str(path), f"cannot write ({e.strerror or e}); nothing was changed") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _write_parquet(table: pa.Table, path: Path, metadata: Mapping[str, str] | None = None) -> None:
@@ -364,8 +327,9 @@ class TraceSet:
             _write_parquet(self.outcomes, tmp / "outcomes.parquet")
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=json_default) + "\n")
 
-        _atomic_dir(Path(path), overwrite, write, "meta.json")
-        return Path(path)
+        from ._outputs import write_dir
+
+        return write_dir(path, "traceset", overwrite, write)
 
     @classmethod
     def from_arrays(

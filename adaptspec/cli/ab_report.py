@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptspecError
+from ._types import float_range, int_range
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,11 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
                    help="the policy of variant NAME for the off-policy estimates (as built: a learning policy is "
                         "untrained unless --checkpoint-dir gives its state), repeatable")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the sequential test")
-    p.add_argument("--tau", type=float, default=0.2, metavar="SD",
+    p.add_argument("--alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, help="significance level of the sequential test")
+    p.add_argument("--tau", type=float_range(0, lo_open=True), default=0.2, metavar="SD",
                    help="width of the test's mixture, in pooled standard deviations (default 0.2)")
-    p.add_argument("--min-n", type=int, default=10, metavar="N", help="rewards per variant before testing")
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples of the estimates")
+    p.add_argument("--min-n", type=int_range(2), default=10, metavar="N", help="rewards per variant before testing")
+    p.add_argument("--bootstrap", type=int_range(10), default=200, metavar="N", help="bootstrap resamples of the estimates")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

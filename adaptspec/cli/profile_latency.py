@@ -14,19 +14,20 @@ import platform
 from pathlib import Path
 
 from .collect import _arms
+from ._types import int_range, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=6, help="held-out prompts to decode (spread over domains)")
+    p.add_argument("--prompts", type=int_range(1), default=6, help="held-out prompts to decode (spread over domains)")
     p.add_argument("--arms", type=_arms, default=[1, 2, 4, 8, 12, 16, 24, 32])
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int_range(1), default=64)
     p.add_argument("--name", default="cpu-measured")
     p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json)")
     p.add_argument("--target", default=None)
     p.add_argument("--drafter", default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
 

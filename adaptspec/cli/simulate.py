@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..rewards import REWARD_UNITS, REWARDS, trace_reward_name
+from ._types import float_range, int_range
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
@@ -36,12 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
                         "trace's acceptance for --reward modelled and the tok/s column")
-    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--batch-size", type=int_range(1), default=1, metavar="N", help="batch size the latency profile is taken at")
     p.add_argument("--seeds", default="1", metavar="N|LIST",
                    help="number of seeds (0..N-1) or a comma-separated list (default: 1)")
     p.add_argument("--order", choices=("logged", "shuffled", "drift"), default="logged",
                    help="request order: as stored, shuffled per seed, or a drifting domain mix")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    p.add_argument("--steps", type=int_range(1), default=None, metavar="N",
                    help="requests to stream (default: one pass; more repeats the trace set)")
     p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
                    help="map the features to policy contexts as the controller does (auto: the featurizer saved "
@@ -55,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
                         "always-valid sequential test have stopped, and did it pick the better policy? "
                         "--json then prints {\"ab\": {...}}")
-    p.add_argument("--ab-split", type=float, default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
-    p.add_argument("--ab-alpha", type=float, default=0.05, metavar="A", help="significance level of the --ab test")
+    p.add_argument("--ab-split", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
+    p.add_argument("--ab-alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, metavar="A", help="significance level of the --ab test")
 
 
 def parse_seeds(text: str) -> list[int]:
