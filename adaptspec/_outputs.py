@@ -85,7 +85,7 @@ KINDS: dict[str, tuple[str, Callable[[Path], bool], bool]] = {
     "traceset": ("trace set", _is_traceset, True),
     "head": ("offline head", _is_head, True),
     "decision-log": ("decision log", _is_decision_log, True),
-    "png": ("PNG image", _is_png, False),
+    "png": ("plot (PNG file)", _is_png, False),
     "latency-profile": ("latency profile", _is_latency_profile, False),
 }
 

@@ -121,6 +121,8 @@ def _check_columns(table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, 
                 col = pa.nulls(len(col), typ)
             else:
                 try:
+                    if not _castable(col.type, typ):
+                        raise ValueError
                     col = col.cast(typ, safe=True)
                 except (pa.ArrowException, ValueError):
                     raise _err(where, f"column {name!r} has type {col.type}, expected {typ}") from None
@@ -129,6 +131,20 @@ def _check_columns(table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, 
             row = _first(np.asarray(pc.is_null(col)))
             raise _err(where, f"column {name!r}, row {row}: missing value")
     return table
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether a column of type ``src`` may be read as ``dst``: numbers as other numbers (the cast
+    itself refuses lossy ones), never text or booleans as numbers."""
+    nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    if any(f(src) for f in nested) and any(f(dst) for f in nested):
+        return _castable(src.value_type, dst.value_type)
+    if pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_binary(src) \
+            or pa.types.is_large_binary(src):
+        return pa.types.is_string(dst) or pa.types.is_large_string(dst)
+    if pa.types.is_boolean(src):
+        return pa.types.is_boolean(dst)
+    return True
 
 
 def _np(col: pa.ChunkedArray | pa.Array, dtype: Any = None, fill: float = np.nan) -> np.ndarray:
@@ -826,6 +842,8 @@ class DecisionLog:
             tables, dim = [], None
             for p in parts:
                 t = _read_parquet(p)
+                if t.num_rows == 0:
+                    raise _err(str(p), "part has no rows (adaptspec never writes an empty part; remove it)")
                 md = t.schema.metadata or {}
                 v = md.get(b"adaptspec.schema_version")
                 if v is not None and int(v) > SCHEMA_VERSION:
@@ -848,6 +866,12 @@ class DecisionLog:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    @property
+    def feature_dim(self) -> int | None:
+        """Length of the features in the newest part that has any (what a new part must match)."""
+        _ = self.table
+        return self._dim
 
     # ------------------------------------------------------------------ array views
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from ..errors import AdaptspecError
@@ -72,12 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a flag that does not parse (its one line is printed)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except AdaptspecError as e:
         print(f"adaptspec {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as e:  # a file the command could not read or write: the user's to fix
         where = f"{e.filename}: " if e.filename else ""
         print(f"adaptspec {args.command}: error: {where}{_one_line(e.strerror or e)}", file=sys.stderr)
