@@ -112,11 +112,12 @@ _VALID = {  # requests that should run: the generated ones above are mostly refu
     "prompt": st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(0, 127), min_size=1, max_size=20)),
     "max_tokens": st.integers(1, 4),
     "temperature": st.one_of(st.just(0), st.floats(0.001, 2), st.floats(0, 1e-250), st.floats(2, 1e308)),
-    "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1), st.integers(2**63, 2**80)), "stream": st.booleans(),
+    "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1), st.integers(2**64, 2**80)), "stream": st.booleans(),
     "user": st.text(max_size=8), "variant": st.sampled_from(["A", "B"]),
 }
 _BODIES = st.one_of(
-    st.fixed_dictionaries({"prompt": _VALID["prompt"]}, optional={k: v for k, v in _VALID.items() if k != "prompt"})
+    st.fixed_dictionaries({k: _VALID[k] for k in ("prompt", "max_tokens", "temperature", "seed")},
+                          optional={k: _VALID[k] for k in ("stream", "user", "variant")})
     .map(lambda d: json.dumps(d).encode()),
     st.fixed_dictionaries({}, optional=_FIELDS).map(lambda d: json.dumps(d).encode()),
     _JSON.map(lambda v: json.dumps(v).encode()),
