@@ -94,6 +94,7 @@ class DecisionLogWriter:
         self.last_error: tuple[float, str] | None = None  # (time, message) of the newest failed roll
         self.rows_written = 0
         self.parts_written = 0
+        self._parts: Any = None  # the DecisionLog parts are appended to (it remembers the ids logged)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             if (self.path / "meta.json").exists():
@@ -235,7 +236,9 @@ class DecisionLogWriter:
     def _write_part(self, rows: Sequence[Mapping[str, Any]]) -> None:
         from .traces import DecisionLog
 
-        part = DecisionLog(self.path).append(rows)
+        if self._parts is None:
+            self._parts = DecisionLog(self.path)
+        part = self._parts.append(rows)
         if self.fsync:
             fd = os.open(part, os.O_RDONLY)
             try:

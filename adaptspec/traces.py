@@ -774,6 +774,8 @@ class DecisionLog:
         self.path = Path(path)
         self._table: pa.Table | None = None
         self._dim: int | None = None
+        self._ids: set[str] = set()        # decision ids of the parts in _id_parts
+        self._id_parts: set[str] = set()
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: Iterable[Mapping[str, Any]] | pa.Table) -> Path:
@@ -793,6 +795,10 @@ class DecisionLog:
         table = _validate_decisions(table, "decision rows", self._dim)
         if table.num_rows == 0:
             raise AdaptspecError("no decision rows to append")
+        new_ids = table.column("decision_id").to_pylist()
+        dup = next((i for i in new_ids if i in self._logged_ids()), None)
+        if dup is not None:
+            raise _err(str(self.path), f"decision_id {dup!r} is already in this log; nothing was written")
         if "features" in table.column_names:
             f = table.column("features").drop_null()
             if len(f):
@@ -810,7 +816,21 @@ class DecisionLog:
             tmp.unlink(missing_ok=True)
             raise
         self._table = None
+        self._ids.update(new_ids)
+        self._id_parts.add(name)
         return self.path / name
+
+    def _logged_ids(self) -> set[str]:
+        """Decision ids of every part (each part read once per instance: parts never change)."""
+        for part in self.parts():
+            if part.name not in self._id_parts:
+                try:
+                    ids = pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist()
+                except (pa.ArrowException, OSError, KeyError) as e:
+                    raise _err(str(part), f"not a readable decision-log part ({str(e).splitlines()[0]})") from None
+                self._ids.update(ids)
+                self._id_parts.add(part.name)
+        return self._ids
 
     # ------------------------------------------------------------------ reading
     def parts(self) -> list[Path]:
