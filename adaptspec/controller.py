@@ -733,12 +733,12 @@ class AdaptiveController:
         status = "applied" if r is not None else "no_reward"
         try:
             self._commit(p, outcome, r)
-        except DecisionLogError:
-            status = "log_error"
-            raise
-        finally:
+        except DecisionLogError:  # not logged, so not applied either
             with self._lock:
-                self._counters.feedback[status] += 1
+                self._counters.feedback["log_error"] += 1
+            raise
+        with self._lock:
+            self._counters.feedback[status] += 1
         return status, r
 
     def _abandon(self, decision_id: str, why: str) -> None:
