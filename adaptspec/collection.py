@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from ._outputs import check_output
 from .errors import AdaptspecError
 from .speculator import BlockSpeculator
 from .traces import TraceSet
@@ -50,8 +51,11 @@ def collect_traces(
     if not arms or arms[0] < 1 or arms[-1] > speculator.max_block_size or len(set(arms)) != len(arms):
         raise AdaptspecError(f"arms must be unique block sizes in 1..{speculator.max_block_size}, got {arms}")
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise AdaptspecError(f"{out} exists; pass --force to replace it")
+    check_output(out, "traceset", overwrite)  # now, not after decoding every prompt
+    if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
+        raise AdaptspecError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if part is not None and not 0 <= part[0] < part[1]:
         raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
     partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))

@@ -51,6 +51,7 @@ import copy
 import inspect
 import logging
 import math
+import tempfile
 import threading
 import time
 import uuid
@@ -79,7 +80,7 @@ log = logging.getLogger("adaptspec.controller")
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
 _FALLBACK_REASONS = ("error", "timeout", "invalid")
-_FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error")
+_FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error", "log_error")
 _DONE_MEMORY = 100_000
 
 
@@ -87,15 +88,37 @@ class PrefillError(AdaptspecError):
     """The speculator refused the prompt (empty, token ids out of range, ...): the caller's input is wrong."""
 
 
-def default_policy_spec(head: str | Path | None = None) -> str:
+class DecisionLogError(AdaptspecError):
+    """A decision could not be written to the decision log (a full disk, say): it is not acknowledged,
+    and the policy does not learn from it."""
+
+
+def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
     """The product default: NeuralLinear over ``head`` (default: the bundled head) if it exists, else UCB.
 
-    UCB is the context-free fallback while no trained head is available.
+    UCB is the context-free fallback while no trained head is available, or, given
+    ``speculator``, when the head does not fit it: a head trained for block sizes beyond the
+    speculator's ``max_block_size``, or for prefill features of another width (another model).
     """
     h = Path(head) if head is not None else BUNDLED_HEAD
-    if (h / "config.json").is_file():
-        return f"neural-linear:head={h}"
-    return "ucb"
+    if not (h / "config.json").is_file():
+        return "ucb"
+    if speculator is not None and not _head_fits(h, speculator):
+        return "ucb"
+    return f"neural-linear:head={h}"
+
+
+def _head_fits(head: Path, speculator: Any) -> bool:
+    from .policies.offline_head import HeadModel
+
+    model = HeadModel.load(head)
+    if max(model.arms) > int(getattr(speculator, "max_block_size", 0) or 0):
+        return False
+    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
+    if width is None:
+        return True
+    want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
+    return int(width) == int(want)
 
 
 @dataclass
@@ -156,6 +179,8 @@ class _Counters:
     update_max_s: float = 0.0
     checkpoints: int = 0
     checkpoint_errors: int = 0
+    log_errors: int = 0
+    last_error: tuple[float, str] | None = None  # (time, what) of the newest failure of a checkpoint or log write
 
 
 _STOP = object()
@@ -302,7 +327,11 @@ class AdaptiveController:
                 raise AdaptspecError(f"arms {list(arms)} differ from the policy's {list(learner.arms)}")
         self.arms: tuple[int, ...] = tuple(int(a) for a in learner.arms)
         if max(self.arms) > self.max_block_size:
-            raise AdaptspecError(f"policy arms {list(self.arms)} exceed the speculator's max_block_size {self.max_block_size}")
+            too_big = [a for a in self.arms if a > self.max_block_size]
+            label = getattr(learner, "label", type(learner).__name__)
+            whose = "given" if arms is not None and tuple(sorted(arms)) == self.arms else f"of policy {label}"
+            raise AdaptspecError(f"block sizes {too_big} {whose} exceed the speculator's max_block_size "
+                                 f"{self.max_block_size} (arms {list(self.arms)})")
         self.policy_label = str(getattr(learner, "label", type(learner).__name__))
         self._contextual = bool(getattr(learner, "contextual", True))
         self.featurizer = self._resolve_featurizer(featurizer, learner)
@@ -357,6 +386,8 @@ class AdaptiveController:
 
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        if self.checkpoint_dir is not None:
+            _check_checkpoint_dir(self.checkpoint_dir)
         self._log = None
         if self.log_dir is not None:
             from .logwriter import DecisionLogWriter
@@ -365,12 +396,15 @@ class AdaptiveController:
                                           roll_interval_s=roll_interval_s, fsync=log_fsync)
         try:
             dim_log = None if self._log is None else self._log.feature_dim
-            if dim_log is not None and self.featurizer is not None and self.log_features and dim_log != self.featurizer.out_dim:
-                raise AdaptspecError(f"{self.log_dir}: this decision log holds contexts of {dim_log} features, the "
-                                     f"featurizer gives {self.featurizer.out_dim}: use another log directory")
+            dim_now = self._context_width()
+            if dim_log is not None and dim_now is not None and self.log_features and dim_log != dim_now:
+                source = "the featurizer" if self.featurizer is not None else "the speculator's prefill"
+                raise AdaptspecError(f"{self.log_dir}: this decision log holds contexts of {dim_log} features, "
+                                     f"{source} gives {dim_now}: use another log directory")
             if self.checkpoint_dir is not None and resume:
                 self._resume()
-            self._ckpt_updates = self._n_updates
+            # replayed updates are in no checkpoint yet: the next due one (or the one at close) writes them
+            self._ckpt_updates = self._n_updates if not self.resumed else self.resumed["updates_at_checkpoint"]
             self._snapshot = self._copy(self._learner)
             self._published = self._snapshot
             self._decider = cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{variant or ''}")
@@ -541,12 +575,16 @@ class AdaptiveController:
                 "update_max_s": c.update_max_s,
                 "checkpoints": c.checkpoints,
                 "checkpoint_errors": c.checkpoint_errors,
+                "log_errors": c.log_errors + (0 if self._log is None else self._log.roll_errors),
                 "checkpoint_updates": self._ckpt_updates,
                 "resumed": self.resumed,
             }
+        errors = [c.last_error, None if self._log is None else self._log.last_error]
+        newest = max((e for e in errors if e is not None), default=None)
+        out["last_error"] = None if newest is None else newest[1]
         if self._log is not None:
             out["log"] = {"rows": self._log.rows_written, "parts": self._log.parts_written,
-                          "recovered": self._log.recovered}
+                          "recovered": self._log.recovered, "roll_errors": self._log.roll_errors}
         return out
 
     def policy_snapshot(self, timeout: float = 5.0) -> Any:
@@ -693,9 +731,14 @@ class AdaptiveController:
             if r is not None and not math.isfinite(r):
                 r = None
         status = "applied" if r is not None else "no_reward"
+        try:
+            self._commit(p, outcome, r)
+        except DecisionLogError:  # not logged, so not applied either
+            with self._lock:
+                self._counters.feedback["log_error"] += 1
+            raise
         with self._lock:
             self._counters.feedback[status] += 1
-        self._commit(p, outcome, r)
         return status, r
 
     def _abandon(self, decision_id: str, why: str) -> None:
@@ -718,7 +761,14 @@ class AdaptiveController:
         learn = reward is not None and p.decision.block_size in self.arms
         with self._seq_lock:  # the log's order is the order updates are applied in
             if self._log is not None:
-                self._log.append(row)
+                try:
+                    self._log.append(row)
+                except AdaptspecError as e:
+                    with self._lock:
+                        self._counters.log_errors += 1
+                        self._counters.last_error = (time.time(), f"decision log: {e}")
+                    log.error("%s: decision %s not logged: %s", self.variant or "controller", p.decision.decision_id, e)
+                    raise DecisionLogError(f"decision {p.decision.decision_id} could not be logged: {e}") from None
             if learn:
                 with self._cond:
                     self._enqueued += 1
@@ -820,7 +870,9 @@ class AdaptiveController:
         try:
             self._write_checkpoint()
         except Exception as e:
-            self._counters.checkpoint_errors += 1
+            with self._lock:
+                self._counters.checkpoint_errors += 1
+                self._counters.last_error = (time.time(), f"checkpoint: {e}")
             log.error("%s: checkpoint failed: %r", self.variant or "controller", e)
 
     def _write_checkpoint(self) -> Path:
@@ -897,6 +949,13 @@ class AdaptiveController:
         return len(todo)
 
     # ================================================================== helpers
+    def _context_width(self) -> int | None:
+        """Length of the contexts this controller logs (None: not known before the first request)."""
+        if self.featurizer is not None:
+            return int(self.featurizer.out_dim)
+        width = getattr(getattr(self.speculator, "target", None), "feature_dim", None)
+        return width if isinstance(width, (int, np.integer)) else None
+
     def _resolve_featurizer(self, featurizer: Any, policy: Any) -> Featurizer | None:
         if isinstance(featurizer, Featurizer):
             return featurizer
@@ -935,6 +994,18 @@ def _build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, .
             head_arms = HeadModel.load(Path(h).expanduser()).arms
             return make_policy(spec, head_arms, seed=seed)
     return make_policy(spec, arms, seed=seed)
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    """Refuse, now, a checkpoint directory no checkpoint could be written to (rather than fail
+    every checkpoint later, in the background)."""
+    if path.exists() and not path.is_dir():
+        raise AdaptspecError(f"{path}: cannot keep checkpoints here: it is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=".probe-", dir=path)).rmdir()
+    except OSError as e:
+        raise AdaptspecError(f"{path}: cannot keep checkpoints here ({e.strerror or e})") from None
 
 
 def _parameters(fn: Callable[..., Any]) -> set[str]:

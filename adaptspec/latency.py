@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-from scipy.optimize import nnls
 
 from .errors import AdaptspecError
 
@@ -160,6 +159,8 @@ def fit_curve(
     A = np.stack(cols, axis=1)
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy.optimize import nnls  # here, not at import: every command reads profiles, few fit them
+
     coef, _ = nnls(A / scale, target, maxiter=50 * A.shape[1])
     coef = coef / scale
     slopes = coef[1:k.size]

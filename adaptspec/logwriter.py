@@ -91,8 +91,10 @@ class DecisionLogWriter:
         self._opened = 0.0
         self._dim: int | None = None
         self.roll_errors = 0
+        self.last_error: tuple[float, str] | None = None  # (time, message) of the newest failed roll
         self.rows_written = 0
         self.parts_written = 0
+        self._parts: Any = None  # the DecisionLog parts are appended to (it remembers the ids logged)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             if (self.path / "meta.json").exists():
@@ -106,7 +108,7 @@ class DecisionLogWriter:
             self._lock_file.close()
             raise AdaptspecError(f"{self.path}: another writer named {name!r} is using this decision log") from None
         try:
-            self._dim = _last_feature_dim(self.path)
+            self._dim = _check_parts(self.path)
             self.recovered = self._recover()
             self._seq = max([s for s, _ in self._segments()] + [0]) + 1
         except BaseException:
@@ -223,6 +225,7 @@ class DecisionLogWriter:
             self._write_part(self._rows)
         except AdaptspecError as e:  # e.g. a full disk: the rows stay in the journal; retried at the next roll
             self.roll_errors += 1
+            self.last_error = (time.time(), f"decision log roll: {e}")
             log.error("%s: could not roll the journal of writer %r into a part (%s); will retry", self.path, self.name, e)
             return
         f, self._file = self._file, None
@@ -233,7 +236,9 @@ class DecisionLogWriter:
     def _write_part(self, rows: Sequence[Mapping[str, Any]]) -> None:
         from .traces import DecisionLog
 
-        part = DecisionLog(self.path).append(rows)
+        if self._parts is None:
+            self._parts = DecisionLog(self.path)
+        part = self._parts.append(rows)
         if self.fsync:
             fd = os.open(part, os.O_RDONLY)
             try:
@@ -284,29 +289,35 @@ def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
              journals: bool = True) -> list[dict[str, Any]]:
     """Every row of a decision log directory as dicts, in order: parts, then unrolled journal rows.
 
-    ``columns`` limits what is read from the parts. Rows a part and a journal both hold
-    (a writer died between the two) appear once.
+    Everything is validated as :class:`~adaptspec.traces.DecisionLog` validates a log (each
+    part, and across parts: a decision id appears once); journal rows are checked as when
+    they were appended. ``columns`` limits what is returned. Rows a part and a journal both
+    hold (a writer died between writing the part and deleting the journal) appear once.
     """
     from .traces import DecisionLog
 
     p = Path(path)
+    if (p / "meta.json").exists():
+        raise AdaptspecError(f"{p}: this is a trace set (meta.json), not a decision log")
+    log = DecisionLog(p)
+    keep = None if columns is None else list(dict.fromkeys(["decision_id", *columns]))
     rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for part in DecisionLog(p).parts():
-        try:
-            names = pq.read_schema(part).names
-            cols = None if columns is None else [c for c in dict.fromkeys(["decision_id", *columns]) if c in names]
-            t = pq.read_table(part, columns=cols)
-        except (OSError, ValueError) as e:
-            raise AdaptspecError(f"{part}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
-        for r in t.to_pylist():
-            seen.add(r["decision_id"])
-            rows.append(r)
+    if log.parts():
+        t = log.table
+        if keep is not None:
+            t = t.select([c for c in keep if c in t.column_names])
+        rows = t.to_pylist()
+    seen = {r["decision_id"] for r in rows}
     if journals:
         for r in journal_rows(p):
-            if r["decision_id"] not in seen:
-                seen.add(r["decision_id"])
-                rows.append(r if columns is None else {k: r.get(k) for k in ["decision_id", *columns]})
+            if r.get("decision_id") in seen:
+                continue
+            try:
+                clean, _ = _encode(r)
+            except AdaptspecError as e:
+                raise AdaptspecError(f"{p}: journal row {r.get('decision_id')!r}: {e}") from None
+            seen.add(clean["decision_id"])
+            rows.append(clean if keep is None else {k: clean.get(k) for k in keep})
     return rows
 
 
@@ -400,20 +411,15 @@ def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
     return ids
 
 
-def _last_feature_dim(path: Path) -> int | None:
-    """Feature length of the newest part that has features (what the next part must match)."""
+def _check_parts(path: Path) -> int | None:
+    """Validate every part of the log at ``path`` (a writer refuses a log it could not extend
+    into a valid one); returns the feature length the next part must match (None: no features yet)."""
     from .traces import DecisionLog
 
-    for part in reversed(DecisionLog(path).parts()):
-        try:
-            if "features" not in pq.read_schema(part).names:
-                continue
-            col = pq.read_table(part, columns=["features"]).column("features").drop_null()
-        except (OSError, ValueError) as e:
-            raise AdaptspecError(f"{part}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
-        if len(col):
-            return len(col[0])
-    return None
+    log = DecisionLog(path)
+    if not log.parts():
+        return None
+    return log.feature_dim  # reads and validates every part; raises naming the first problem
 
 
 def _sync(fd: int) -> None:

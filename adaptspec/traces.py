@@ -27,8 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 import time as _time
 import uuid
 from datetime import datetime, timezone
@@ -123,6 +121,8 @@ def _check_columns(table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, 
                 col = pa.nulls(len(col), typ)
             else:
                 try:
+                    if not _castable(col.type, typ):
+                        raise ValueError
                     col = col.cast(typ, safe=True)
                 except (pa.ArrowException, ValueError):
                     raise _err(where, f"column {name!r} has type {col.type}, expected {typ}") from None
@@ -131,6 +131,20 @@ def _check_columns(table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, 
             row = _first(np.asarray(pc.is_null(col)))
             raise _err(where, f"column {name!r}, row {row}: missing value")
     return table
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether a column of type ``src`` may be read as ``dst``: numbers as other numbers (the cast
+    itself refuses lossy ones), never text or booleans as numbers."""
+    nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    if any(f(src) for f in nested) and any(f(dst) for f in nested):
+        return _castable(src.value_type, dst.value_type)
+    if pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_binary(src) \
+            or pa.types.is_large_binary(src):
+        return pa.types.is_string(dst) or pa.types.is_large_string(dst)
+    if pa.types.is_boolean(src):
+        return pa.types.is_boolean(dst)
+    return True
 
 
 def _np(col: pa.ChunkedArray | pa.Array, dtype: Any = None, fill: float = np.nan) -> np.ndarray:
@@ -174,41 +188,6 @@ def _matrix(col: pa.ChunkedArray, where: str, name: str, rows: np.ndarray | None
         bad = _first(~np.isfinite(x).all(axis=1))
         raise _err(where, f"column {name!r}, row {bad if rows is None else int(rows[bad])}: NaN or infinite value")
     return x
-
-
-def _atomic_dir(path: Path, overwrite: bool, write: Any, marker: str) -> None:
-    """Write a directory via ``write(tmpdir)`` and rename it to ``path``.
-
-    An existing ``path`` is replaced only with ``overwrite`` and only if it holds ``marker``
-    (so a typo cannot wipe an unrelated directory) or is empty.
-    """
-    path = Path(path)
-    if path.exists():
-        if not overwrite:
-            raise _err(str(path), "already exists (pass --force / overwrite=True to replace it)")
-        if not path.is_dir() or (any(path.iterdir()) and not (path / marker).exists()):
-            raise _err(str(path), f"refusing to replace: not a directory holding {marker}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    except OSError as e:
-        raise _err(str(path), f"cannot write here ({e.strerror or e})") from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _err(str(path), f"cannot write ({e.strerror or e}); nothing was changed") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _write_parquet(table: pa.Table, path: Path, metadata: Mapping[str, str] | None = None) -> None:
@@ -364,8 +343,9 @@ class TraceSet:
             _write_parquet(self.outcomes, tmp / "outcomes.parquet")
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=json_default) + "\n")
 
-        _atomic_dir(Path(path), overwrite, write, "meta.json")
-        return Path(path)
+        from ._outputs import write_dir
+
+        return write_dir(path, "traceset", overwrite, write)
 
     @classmethod
     def from_arrays(
@@ -794,6 +774,8 @@ class DecisionLog:
         self.path = Path(path)
         self._table: pa.Table | None = None
         self._dim: int | None = None
+        self._ids: set[str] = set()        # decision ids of the parts in _id_parts
+        self._id_parts: set[str] = set()
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: Iterable[Mapping[str, Any]] | pa.Table) -> Path:
@@ -813,6 +795,10 @@ class DecisionLog:
         table = _validate_decisions(table, "decision rows", self._dim)
         if table.num_rows == 0:
             raise AdaptspecError("no decision rows to append")
+        new_ids = table.column("decision_id").to_pylist()
+        dup = next((i for i in new_ids if i in self._logged_ids()), None)
+        if dup is not None:
+            raise _err(str(self.path), f"decision_id {dup!r} is already in this log; nothing was written")
         if "features" in table.column_names:
             f = table.column("features").drop_null()
             if len(f):
@@ -830,7 +816,21 @@ class DecisionLog:
             tmp.unlink(missing_ok=True)
             raise
         self._table = None
+        self._ids.update(new_ids)
+        self._id_parts.add(name)
         return self.path / name
+
+    def _logged_ids(self) -> set[str]:
+        """Decision ids of every part (each part read once per instance: parts never change)."""
+        for part in self.parts():
+            if part.name not in self._id_parts:
+                try:
+                    ids = pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist()
+                except (pa.ArrowException, OSError, KeyError) as e:
+                    raise _err(str(part), f"not a readable decision-log part ({str(e).splitlines()[0]})") from None
+                self._ids.update(ids)
+                self._id_parts.add(part.name)
+        return self._ids
 
     # ------------------------------------------------------------------ reading
     def parts(self) -> list[Path]:
@@ -862,6 +862,8 @@ class DecisionLog:
             tables, dim = [], None
             for p in parts:
                 t = _read_parquet(p)
+                if t.num_rows == 0:
+                    raise _err(str(p), "part has no rows (adaptspec never writes an empty part; remove it)")
                 md = t.schema.metadata or {}
                 v = md.get(b"adaptspec.schema_version")
                 if v is not None and int(v) > SCHEMA_VERSION:
@@ -884,6 +886,12 @@ class DecisionLog:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    @property
+    def feature_dim(self) -> int | None:
+        """Length of the features in the newest part that has any (what a new part must match)."""
+        _ = self.table
+        return self._dim
 
     # ------------------------------------------------------------------ array views
     @property

@@ -96,7 +96,7 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
     (["simulate", "/no/such/dir"], "/no/such/dir: no such trace set directory"),
     (["simulate", "--policy", "fixed:3"], "fixed:3: block size 3 is not one of the arms"),
     (["simulate", "--seeds", "x"], "--seeds: expected a count"),
-    (["simulate", "--steps", "0"], "--steps must be >= 1"),
+    (["simulate", "--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
     (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
     (["simulate", "--plot", "x.jpg"], "--plot: expected a .png file name"),
     (["ope", "/no/log", "--policy", "random"], "/no/log: no such decision log"),

@@ -392,13 +392,19 @@ def test_checkpoint_now_and_write_failures_are_counted(tmp_path):
         assert path is not None and read_checkpoint(path)["updates"] == 1
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with AdaptiveController(spec, "ucb", checkpoint_dir=blocker / "ck", checkpoint_every=1) as c:
+    with pytest.raises(AdaptspecError, match="cannot keep checkpoints here"):  # refused at start, not later
+        AdaptiveController(spec, "ucb", checkpoint_dir=blocker / "ck")
+    later = tmp_path / "later"
+    with AdaptiveController(spec, "ucb", checkpoint_dir=later, checkpoint_every=1) as c:
+        later.rmdir()
+        later.write_text("the directory went away after the start")
         g = c.generate(prompt(0), max_new_tokens=8)  # requests go on when checkpoints fail
         c.sync()
         deadline = time.time() + 5
         while c.stats()["checkpoint_errors"] == 0 and time.time() < deadline:
             time.sleep(0.05)
-        assert c.stats()["checkpoint_errors"] >= 1 and g.reward is not None
+        s = c.stats()
+        assert s["checkpoint_errors"] >= 1 and g.reward is not None and "checkpoint" in s["last_error"]
 
 
 # ============================================================================ featurizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -277,7 +278,12 @@ def test_decision_log_checks_across_parts(tmp_path):
     # a second writer (fresh object) is checked against the stored parts too
     with pytest.raises(AdaptspecError, match="earlier parts of this log have 2"):
         DecisionLog(tmp_path / "log").append([row(1, features=[1.0])])
-    log.append([row(0, time=5.0)])  # same decision id in another part: caught on read
+    for writer in (log, DecisionLog(tmp_path / "log")):  # the same decision id again: refused on write
+        with pytest.raises(AdaptspecError, match="decision_id 'd0' is already in this log; nothing was written"):
+            writer.append([row(0, time=5.0)])
+    assert len(DecisionLog(tmp_path / "log").parts()) == 1
+    first = DecisionLog(tmp_path / "log").parts()[0]  # ... and on read, for a part written by other means
+    shutil.copy(first, first.with_name("part-99999999999999999999-0-000000.parquet"))
     with pytest.raises(AdaptspecError, match="duplicate decision_id 'd0'"):
         DecisionLog.read(tmp_path / "log")
 

@@ -3,7 +3,11 @@
 Each subcommand lives in its own module under ``adaptspec.cli`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; only the module of the command being
 run is imported, so ``adaptspec simulate`` never pays for loading torch.
-User errors (:class:`~adaptspec.errors.AdaptspecError`) print one line and exit 2.
+User errors print one line, ``adaptspec COMMAND: error: ...``, and exit 2, without a
+traceback: a flag that does not parse (every flag is checked as it is parsed, by the types
+in :mod:`adaptspec.cli._types`, before anything is loaded), an
+:class:`~adaptspec.errors.AdaptspecError`, or an ``OSError`` (a file that cannot be read or
+written).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from ..errors import AdaptspecError
@@ -38,9 +43,16 @@ def _available() -> dict[str, tuple[str, str]]:
     return {n: v for n, v in COMMANDS.items() if importlib.util.find_spec(v[0]) is not None}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line on stderr (exit 2), naming the command."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="adaptspec",
         description="Adaptive block sizes for block-diffusion speculative decoding.",
     )
@@ -54,15 +66,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a flag that does not parse (its one line is printed)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except AdaptspecError as e:
-        print(f"adaptspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"adaptspec {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # a file the command could not read or write: the user's to fix
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"adaptspec {args.command}: error: {where}{_one_line(e.strerror or e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"adaptspec {args.command}: interrupted", file=sys.stderr)

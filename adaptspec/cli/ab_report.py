@@ -22,21 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptspecError
+from ._types import float_range, input_dir, int_range
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", metavar="LOGS", help="decision log directory")
-    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+    p.add_argument("--checkpoint-dir", type=input_dir, default=None, metavar="DIR",
                    help="the server's checkpoint directory: each variant's policy is rebuilt from its newest "
                         "checkpoint for the off-policy estimates")
     p.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
                    help="the policy of variant NAME for the off-policy estimates (as built: a learning policy is "
                         "untrained unless --checkpoint-dir gives its state), repeatable")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the sequential test")
-    p.add_argument("--tau", type=float, default=0.2, metavar="SD",
+    p.add_argument("--alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, help="significance level of the sequential test")
+    p.add_argument("--tau", type=float_range(0, lo_open=True), default=0.2, metavar="SD",
                    help="width of the test's mixture, in pooled standard deviations (default 0.2)")
-    p.add_argument("--min-n", type=int, default=10, metavar="N", help="rewards per variant before testing")
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples of the estimates")
+    p.add_argument("--min-n", type=int_range(2), default=10, metavar="N",
+                   help="rewards per variant before testing (at least 2; default 10)")
+    p.add_argument("--bootstrap", type=int_range(10), default=200, metavar="N", help="bootstrap resamples of the estimates")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -57,8 +59,11 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
         root = Path(checkpoint_dir)
         if not root.is_dir():
             raise AdaptspecError(f"--checkpoint-dir {root}: no such directory")
-        for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-            ck = latest_checkpoint(sub)
+        found = {sub: latest_checkpoint(sub) for sub in sorted(p for p in root.iterdir() if p.is_dir())}
+        if not any(found.values()):
+            raise AdaptspecError(f"--checkpoint-dir {root}: no checkpoints (a server's checkpoint directory has one "
+                                 "subdirectory per variant holding ckpt-* checkpoints)")
+        for sub, ck in found.items():
             if ck is None or sub.name in given:
                 continue
             meta = read_checkpoint(ck)
@@ -77,12 +82,6 @@ def run(args: argparse.Namespace) -> int:
     from ..logwriter import log_rows
     from ..simulators.ab import analyze, finite, format_report, rows_to_arrays
 
-    if not 0 < args.alpha < 1:
-        raise AdaptspecError(f"--alpha must be in (0, 1), got {args.alpha}")
-    if not args.tau > 0:
-        raise AdaptspecError(f"--tau must be > 0, got {args.tau}")
-    if args.bootstrap < 10:
-        raise AdaptspecError(f"--bootstrap must be >= 10, got {args.bootstrap}")
     path = Path(args.logs)
     if not path.is_dir():
         raise AdaptspecError(f"{path}: no such decision log directory")

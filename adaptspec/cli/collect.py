@@ -1,4 +1,5 @@
-"""``adaptspec collect``: run the real decoder at every candidate block size to build a trace set."""
+"""``adaptspec collect``: run the real decoder at every candidate block size to build a trace set
+(or, with ``--dense``, a dense trace set from one greedy pass per prompt)."""
 
 from __future__ import annotations
 
@@ -6,56 +7,62 @@ import argparse
 from pathlib import Path
 
 from ..errors import AdaptspecError
+from ._types import block_sizes, float_range, input_file, int_range, seed, threads
 
 
-def _arms(text: str) -> list[int]:
+def _part(text: str) -> tuple[int, int]:
     try:
-        arms = [int(x) for x in text.split(",") if x.strip()]
+        i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--arms takes comma-separated block sizes, got {text!r}") from None
-    if not arms:
-        raise argparse.ArgumentTypeError("--arms is empty")
-    return arms
+        raise argparse.ArgumentTypeError(f"expected I/N, e.g. 0/2, got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I/N needs 0 <= I < N, got {text!r}")
+    return i, n
+
+
+def _prompt_source(text: str) -> Path | str:
+    return "benchmarks" if text == "benchmarks" else input_file(text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, default=None,
+    p.add_argument("--prompts", type=_prompt_source, default=None,
                    help="JSONL with 'prompt' and optional 'domain', or 'benchmarks' for the public benchmark prompts "
                         "(GSM8K, MT-Bench, HumanEval in turn; default: the held-out template prompts minus the demo's)")
-    p.add_argument("--arms", type=_arms, default=[1, 2, 4, 6, 8, 12, 16], help="comma-separated block sizes")
-    p.add_argument("--out", type=Path, required=True, help="trace set directory to write")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="only N prompts, taking the domains in turn")
+    p.add_argument("--arms", type=block_sizes, default=[1, 2, 4, 6, 8, 12, 16], help="comma-separated block sizes")
+    p.add_argument("--out", type=Path, required=True,
+                   help="trace set directory to write (new, empty, or a trace set to replace with --force)")
+    p.add_argument("--max-new-tokens", type=int_range(1), default=96)
+    p.add_argument("--temperature", type=float_range(0), default=0.0)
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                     help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
+                   help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--threads", type=threads, default=None)
+    p.add_argument("--force", action="store_true", help="replace the trace set at OUT (only a trace set)")
     p.add_argument("--dense", action="store_true",
                    help="T=0 only: one greedy pass per prompt, then the drafts accepted at every position for every "
                         "block size up to max(--arms) (a dense trace set; derive per-request traces with "
                         "'adaptspec traces derive'); resumes an interrupted run in OUT")
-    p.add_argument("--part", default=None, metavar="I/N",
+    p.add_argument("--part", type=_part, default=None, metavar="I/N",
                    help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..collection import collect_traces
-    from ..models import load_speculator
+    from .._outputs import check_output
     from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
 
-    if args.max_new_tokens < 1:
-        raise AdaptspecError("--max-new-tokens must be >= 1")
+    if args.dense:
+        if args.temperature != 0 or args.part or args.force:
+            raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
+    else:
+        check_output(args.out, "traceset", args.force)  # before the model is loaded and any prompt decoded
     if args.prompts is None:
         numbered = trace_prompts()
-    elif str(args.prompts) == "benchmarks":
+    elif args.prompts == "benchmarks":
         numbered = list(enumerate(benchmark_prompts()))
     else:
         numbered = list(enumerate(read_prompts(args.prompts)))
@@ -65,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
             by.setdefault(item[1].domain, []).append(item)
         turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
         numbered = sorted(turns[: args.limit])
+
+    import torch
+
+    from ..collection import collect_traces
+    from ..models import load_speculator
+
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                            verification=args.verification)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
@@ -74,28 +87,20 @@ def run(args: argparse.Namespace) -> int:
     if args.dense:
         from ..dense import collect_dense
 
-        if args.temperature != 0 or args.part:
-            raise AdaptspecError("--dense is for T=0 in one process: drop --temperature/--part")
         ds = collect_dense(spec, triples, args.out, args.max_new_tokens, max(args.arms), meta={
             "target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
             "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec})
         print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
         return 0
-    part = None
-    if args.part:
-        try:
-            i, n = (int(x) for x in args.part.split("/"))
-        except ValueError:
-            raise AdaptspecError(f"--part takes I/N, e.g. 0/2, got {args.part!r}") from None
-        part = (i, n)
     traces = collect_traces(
-        spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force, part=part,
+        spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force,
+        part=args.part,
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
               "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec,
               "threads": torch.get_num_threads()},
     )
     if traces is None:
-        print(f"part {args.part} done; run again without --part to write {args.out}")
+        print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
     else:
         print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
     return 0

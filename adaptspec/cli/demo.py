@@ -19,18 +19,25 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..errors import AdaptspecError
+from ._types import int_range, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=10, help="how many benchmark prompts (GSM8K, MT-Bench, HumanEval in turn)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--prompts", type=_prompt_count, default=10,
+                   help="how many public benchmark prompts (GSM8K, MT-Bench, HumanEval in turn; at most all 722)")
+    p.add_argument("--max-new-tokens", type=int_range(1), default=96)
     p.add_argument("--policy", default=None, help="policy spec (default: the product default, see docs/controller.md)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                     help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--show", type=int, default=1, help="print the text of the first N responses")
+                   help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
+    p.add_argument("--threads", type=threads, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--show", type=int_range(0), default=1, help="print the text of the first N responses")
+
+
+def _prompt_count(text: str) -> int:
+    from ..models.prompts import benchmark_prompts
+
+    return int_range(1, len(benchmark_prompts()))(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
 
-    if args.prompts < 1 or args.max_new_tokens < 1:
-        raise AdaptspecError("--prompts and --max-new-tokens must be >= 1")
     t0 = time.perf_counter()
     spec = load_speculator(drafter=args.drafter, threads=args.threads, verification=args.verification)
     tok = spec.target.tokenizer

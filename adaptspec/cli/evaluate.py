@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ..errors import AdaptspecError
+from ._types import MAX_BLOCK_SIZE, int_range, threads
 
 QUICK = {"splits": 1, "orders": 2, "passes": 3, "blockpilot_passes": 10, "drift_phase_steps": 300,
          "drift_synthetic_requests": 800, "coldstart_repeats": 1}
@@ -31,18 +32,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", default=None, metavar="LIST",
                    help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e "
                         "(default: all but e2e; e2e is added by --e2e)")
-    p.add_argument("--e2e", type=int, default=None, metavar="N_PROMPTS",
+    p.add_argument("--e2e", type=int_range(1), default=None, metavar="N_PROMPTS",
                    help="also run section 6: N held-out prompts through the real decoder (slow: minutes per prompt "
                         "set on a CPU)")
-    p.add_argument("--e2e-max-new-tokens", type=int, default=64, metavar="N", help="new tokens per prompt in section 6")
-    p.add_argument("--e2e-fixed", type=int, default=None, metavar="B",
+    p.add_argument("--e2e-max-new-tokens", type=int_range(1), default=64, metavar="N", help="new tokens per prompt in section 6")
+    p.add_argument("--e2e-fixed", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
                    help="fixed block size for section 6 (default: the best on the trace set's training split)")
     p.add_argument("--drafter", default=None, metavar="DIR", help="drafter for section 6 (default: the bundled one)")
     p.add_argument("--target", default=None, metavar="DIR", help="target for section 6 (default: the bundled SmolLM2)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads for section 6")
-    p.add_argument("--splits", type=int, default=None, metavar="N", help="training/evaluation splits (default 3)")
-    p.add_argument("--orders", type=int, default=None, metavar="N", help="stream orders per split (default 3)")
-    p.add_argument("--passes", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=threads, default=None, metavar="N", help="torch threads for section 6")
+    p.add_argument("--splits", type=int_range(1), default=None, metavar="N", help="training/evaluation splits (default 3)")
+    p.add_argument("--orders", type=int_range(1), default=None, metavar="N", help="stream orders per split (default 3)")
+    p.add_argument("--passes", type=int_range(1), default=None, metavar="N",
                    help="passes over the evaluation requests per stream (default 10)")
     p.add_argument("--render-only", action="store_true",
                    help="recompute nothing: rewrite the report and the headline from evaluation/results.json")

@@ -19,15 +19,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model name to record in meta.json")
     p.add_argument("--drafter", default=None, help="drafter name to record in meta.json")
     p.add_argument("--hardware", default=None, help="hardware to record in meta.json")
-    p.add_argument("--force", action="store_true", help="replace an existing trace set at --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing trace set at --out (only a trace set: anything else is refused)")
     p.add_argument("--json", action="store_true", help="print the new trace set's summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .._outputs import check_output
     from ..traces import TraceSet, import_blockpilot
 
+    check_output(args.out, "traceset", args.force)
     ts = import_blockpilot(args.dir, target=args.target, drafter=args.drafter, hardware=args.hardware)
     path = ts.write(args.out, overwrite=args.force)
     info = TraceSet.read(path).info()

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from ..errors import AdaptspecError
+from ._types import float_range, int_range, seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,11 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"estimator, repeatable: {', '.join(ESTIMATORS)} (default: all)")
     p.add_argument("--reward-model", choices=("ridge", "mean"), default="ridge",
                    help="DM/DR reward model: per-arm ridge on features, or per-arm mean (default: ridge)")
-    p.add_argument("--alpha", type=float, default=1.0, help="ridge regularisation (default: 1)")
-    p.add_argument("--folds", type=int, default=2, help="cross-fitting folds for the reward model (default: 2)")
-    p.add_argument("--switch-tau", type=float, default=10.0, help="switch-DR weight threshold (default: 10)")
-    p.add_argument("--bootstrap", type=int, default=500, metavar="N", help="bootstrap resamples (default: 500)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--alpha", type=float_range(0, lo_open=True), default=1.0, help="ridge regularisation (default: 1)")
+    p.add_argument("--folds", type=int_range(1), default=2, help="cross-fitting folds for the reward model (default: 2)")
+    p.add_argument("--switch-tau", type=float_range(0, lo_open=True), default=10.0, help="switch-DR weight threshold (default: 10)")
+    p.add_argument("--bootstrap", type=int_range(10), default=500, metavar="N", help="bootstrap resamples (default: 500)")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -39,12 +39,6 @@ def run(args: argparse.Namespace) -> int:
     from ..simulators.ope import ESTIMATORS, evaluate_log
     from ..traces import DecisionLog
 
-    if args.bootstrap < 10:
-        raise AdaptspecError(f"--bootstrap must be >= 10, got {args.bootstrap}")
-    if args.folds < 1:
-        raise AdaptspecError(f"--folds must be >= 1, got {args.folds}")
-    if not args.alpha > 0:
-        raise AdaptspecError(f"--alpha must be > 0, got {args.alpha}")
     log = DecisionLog.read(args.logs)
     estimators = args.estimator or list(ESTIMATORS)
     r = log.rewards

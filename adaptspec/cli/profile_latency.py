@@ -13,22 +13,22 @@ import json
 import platform
 from pathlib import Path
 
-from .collect import _arms
+from ._types import block_sizes, int_range, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=6, help="held-out prompts to decode (spread over domains)")
-    p.add_argument("--arms", type=_arms, default=[1, 2, 4, 8, 12, 16, 24, 32])
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompts", type=int_range(1), default=6, help="held-out prompts to decode (spread over domains)")
+    p.add_argument("--arms", type=block_sizes, default=[1, 2, 4, 8, 12, 16, 24, 32])
+    p.add_argument("--max-new-tokens", type=int_range(1), default=64)
     p.add_argument("--name", default="cpu-measured")
-    p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json)")
+    p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json); replaces only a latency profile")
     p.add_argument("--target", default=None)
     p.add_argument("--drafter", default=None)
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                      help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
 
@@ -42,13 +42,20 @@ def run(args: argparse.Namespace) -> int:
     from ..models.loading import cache_dir
     from ..models.prompts import heldout_prompts
 
+    from .._outputs import check_output, write_file
+
+    out = args.out or cache_dir() / "latency" / f"{args.name}.json"
+    check_output(out, "latency-profile", replace=True)
+    pool = heldout_prompts()
+    domains = sorted({p.domain for p in pool})
+    most = len(domains) * min(sum(p.domain == d for p in pool) for d in domains)
+    if args.prompts > most:
+        raise AdaptspecError(f"--prompts {args.prompts}: there are {most} held-out prompts to take in turn by domain")
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                            verification=args.verification)
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
-    pool = heldout_prompts()
-    domains = sorted({p.domain for p in pool})
     picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
     rounds = []
     for p in tqdm(picked, desc="profile", unit="prompt"):
@@ -62,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 ctx += r.tau
     machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
     profile = fit_profile(rounds, args.name, source=f"adaptspec profile-latency: {len(rounds)} rounds on {machine}")
-    out = args.out or cache_dir() / "latency" / f"{args.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    profile.save(out)
+    write_file(out, "latency-profile", True, profile.save)
     ctx = profile.context_tokens
     rows = [{"block_size": b, "draft_ms": float(profile.draft_s(b, ctx)) * 1e3, "verify_ms": float(profile.verify_s(b, ctx)) * 1e3}
             for b in args.arms]

@@ -24,95 +24,97 @@ import sys
 
 from ..errors import AdaptspecError
 from ..rewards import DEFAULT_REWARD, REWARDS
+from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, port, seed, state_dir, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", action="append", metavar="NAME=SPEC",
                    help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
-                        "default policy: neural-linear over the bundled head when there is one, else ucb)")
+                        "default policy: neural-linear over the bundled head when it fits the model, else ucb)")
     p.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
-    p.add_argument("--log-dir", default=None, metavar="DIR", help="decision log directory (needed for /ab)")
-    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                   help="policy checkpoints, one subdirectory per variant; resumed from at start")
+    p.add_argument("--log-dir", type=state_dir, default=None, metavar="DIR",
+                   help="decision log directory (needed for /ab): new, or a decision log this server can append to "
+                        "(every part readable, contexts of this server's width); anything else is refused at start")
+    p.add_argument("--checkpoint-dir", type=state_dir, default=None, metavar="DIR",
+                   help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
+                        "unless it is a writable directory)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
     models.add_argument("--tiny", action="store_true",
                         help="a tiny random model with a character tokenizer, for development and tests")
-    models.add_argument("--tiny-seed", type=int, default=0, help="seed of the --tiny model")
+    models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
     models.add_argument("--target", default=None, metavar="PATH", help="local Hugging Face target model directory")
     models.add_argument("--drafter", default=None, metavar="PATH", help="drafter directory (save_pretrained)")
     models.add_argument("--verification", choices=["fast", "exact"], default="fast",
                           help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
     models.add_argument("--device", default="cpu", help="device of the real models (default: cpu)")
-    models.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
     models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
     ctl = p.add_argument_group("controller")
     ctl.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
                      help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)")
     ctl.add_argument("--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled")
-    ctl.add_argument("--arms", default=None, metavar="B1,B2,...", help="block sizes for policies built from a spec")
-    ctl.add_argument("--featurizer", default=None, metavar="DIR",
+    ctl.add_argument("--arms", type=block_sizes, default=None, metavar="B1,B2,...",
+                     help="block sizes for policies built from a spec, at most the speculator's max_block_size "
+                          "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's)")
+    ctl.add_argument("--featurizer", type=input_dir, default=None, metavar="DIR",
                      help="saved featurizer (default: the one next to a policy's head, if any)")
-    ctl.add_argument("--seed", type=int, default=0, help="seed of the policies")
-    ctl.add_argument("--fallback-block-size", type=int, default=None, metavar="B",
+    ctl.add_argument("--seed", type=seed, default=0, help="seed of the policies")
+    ctl.add_argument("--fallback-block-size", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
                      help="block size used when a policy fails or is late (default: the arm closest to 8)")
-    ctl.add_argument("--decide-timeout", type=float, default=0.1, metavar="S", help="time budget of a decision (default 0.1)")
-    ctl.add_argument("--feedback-timeout", type=float, default=300.0, metavar="S",
+    ctl.add_argument("--decide-timeout", type=float_range(0, lo_open=True), default=0.1, metavar="S", help="time budget of a decision (default 0.1)")
+    ctl.add_argument("--feedback-timeout", type=float_range(0, lo_open=True), default=300.0, metavar="S",
                      help="drop a decision without feedback after this long")
-    ctl.add_argument("--redecide-every", type=int, default=None, metavar="K",
+    ctl.add_argument("--redecide-every", type=int_range(1), default=None, metavar="K",
                      help="decide again every K rounds inside a request (off by default)")
-    ctl.add_argument("--checkpoint-every", type=int, default=100, metavar="N", help="checkpoint after N updates")
-    ctl.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
+    ctl.add_argument("--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates")
+    ctl.add_argument("--checkpoint-interval", type=float_range(0, lo_open=True), default=60.0, metavar="S",
                      help="... or S seconds after the last checkpoint")
-    ctl.add_argument("--roll-rows", type=int, default=1000, metavar="N", help="log rows per Parquet part")
+    ctl.add_argument("--roll-rows", type=int_range(1), default=1000, metavar="N", help="log rows per Parquet part")
     ctl.add_argument("--no-fsync", action="store_true",
                      help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
                           "server but not of the machine (saves a few ms per request)")
     lim = p.add_argument_group("limits")
-    lim.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N")
-    lim.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="largest max_tokens accepted")
-    lim.add_argument("--default-max-tokens", type=int, default=16, metavar="N")
+    lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
+    lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
+    lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
     lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
-def _arms(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        arms = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise AdaptspecError(f"--arms: expected block sizes like 1,4,8,16, got {text!r}") from None
-    if not arms or arms[0] < 1:
-        raise AdaptspecError(f"--arms: block sizes must be positive, got {text!r}")
-    return arms
-
-
 def build(args: argparse.Namespace):
-    """The :class:`~adaptspec.serving.CompletionService` the arguments describe."""
+    """The :class:`~adaptspec.serving.CompletionService` the arguments describe.
+
+    Everything that can be checked without the model is checked before it is loaded.
+    """
     from ..controller import default_policy_spec
+    from ..rewards import reward_function
     from ..serving.codec import HFCodec
     from ..serving.service import CompletionService, ServerLimits
 
-    for name, v, lo in (("--port", args.port, 0), ("--max-prompt-tokens", args.max_prompt_tokens, 1),
-                        ("--max-tokens", args.max_tokens, 1), ("--default-max-tokens", args.default_max_tokens, 1),
-                        ("--checkpoint-every", args.checkpoint_every, 1), ("--roll-rows", args.roll_rows, 1)):
-        if v < lo:
-            raise AdaptspecError(f"{name} must be >= {lo}, got {v}")
     if args.default_max_tokens > args.max_tokens:
         raise AdaptspecError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
     if args.tiny and (args.target or args.drafter):
         raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
-    variants = args.variant or [f"default={default_policy_spec()}"]
+    if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
+        raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
+    reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
     specs: dict[str, str] = {}
-    for v in variants:
+    for v in args.variant or []:
         name, eq, spec = v.partition("=")
         if not eq or not name.strip() or not spec.strip():
             raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
         if name.strip() in specs:
             raise AdaptspecError(f"--variant: variant {name.strip()!r} given twice")
         specs[name.strip()] = spec.strip()
+    from ..serving.router import ABRouter
+
+    ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
+    if args.tiny:
+        from ..serving.tiny import TINY_MAX_BLOCK_SIZE
+
+        _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's")
     if args.threads is not None:
         import torch
 
@@ -130,16 +132,25 @@ def build(args: argparse.Namespace):
         codec = None if tok is None else HFCodec(tok, chat=args.chat)
         model_name = str(args.target or "smollm2-135m-instruct")
         max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
+        _check_arms(args.arms, speculator.max_block_size, "the speculator's")
+    if not specs:
+        specs = {"default": default_policy_spec(speculator=speculator)}
     vocab = getattr(getattr(speculator, "target", None), "vocab_size", None)
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
     return CompletionService.build(
         speculator, specs, args.split, codec=codec, log_dir=args.log_dir, checkpoint_dir=args.checkpoint_dir,
-        limits=limits, model_name=model_name, arms=_arms(args.arms), featurizer=args.featurizer, reward=args.reward,
+        limits=limits, model_name=model_name, arms=args.arms, featurizer=args.featurizer, reward=args.reward,
         latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync)
+
+
+def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:
+    if arms is not None and arms[-1] > max_block_size:
+        raise AdaptspecError(f"--arms {','.join(map(str, arms))}: {whose} max_block_size is {max_block_size}, "
+                             f"so block sizes {[a for a in arms if a > max_block_size]} cannot be drafted")
 
 
 def run(args: argparse.Namespace) -> int:

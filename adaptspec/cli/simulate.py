@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..rewards import REWARD_UNITS, REWARDS, trace_reward_name
+from ._types import float_range, int_range, png_output
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
@@ -36,43 +37,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
                         "trace's acceptance for --reward modelled and the tok/s column")
-    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
-    p.add_argument("--seeds", default="1", metavar="N|LIST",
+    p.add_argument("--batch-size", type=int_range(1), default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--seeds", type=parse_seeds, default="1", metavar="N|LIST",
                    help="number of seeds (0..N-1) or a comma-separated list (default: 1)")
     p.add_argument("--order", choices=("logged", "shuffled", "drift"), default="logged",
                    help="request order: as stored, shuffled per seed, or a drifting domain mix")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    p.add_argument("--steps", type=int_range(1), default=None, metavar="N",
                    help="requests to stream (default: one pass; more repeats the trace set)")
     p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
                    help="map the features to policy contexts as the controller does (auto: the featurizer saved "
                         "with the policies' head, else the bundled head's when it fits the trace set)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--plot", metavar="FILE.png", default=None, help="write cumulative regret and block sizes over time")
+    p.add_argument("--plot", metavar="FILE.png", type=png_output, default=None,
+                   help="write cumulative regret and block sizes over time (in an existing directory; replaces "
+                        "only a PNG file)")
     p.add_argument("--log", metavar="DIR", default=None,
-                   help="also write each policy's seed-0 decisions as a decision log (for adaptspec ope)")
+                   help="also write each policy's seed-0 decisions as a new decision log (for adaptspec ope)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the decision log at --log (only a decision log: anything else is refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--ab", metavar="A=SPEC,B=SPEC", default=None,
                    help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
                         "always-valid sequential test have stopped, and did it pick the better policy? "
                         "--json then prints {\"ab\": {...}}")
-    p.add_argument("--ab-split", type=float, default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
-    p.add_argument("--ab-alpha", type=float, default=0.05, metavar="A", help="significance level of the --ab test")
+    p.add_argument("--ab-split", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
+    p.add_argument("--ab-alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, metavar="A", help="significance level of the --ab test")
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"3"`` -> [0, 1, 2]; ``"4,7"`` -> [4, 7]."""
+    """``"3"`` -> [0, 1, 2]; ``"4,7"`` -> [4, 7] (an argparse type)."""
     try:
         if "," in text:
             seeds = [int(s) for s in text.split(",") if s.strip()]
         else:
             k = int(text)
-            if k < 1:
+            if not 1 <= k <= 10_000:
                 raise ValueError
             seeds = list(range(k))
     except ValueError:
-        raise AdaptspecError(f"--seeds: expected a count >= 1 or a list like 0,1,2, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise AdaptspecError(f"--seeds: seeds must be distinct, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a count in 1..10000 or a list like 0,1,2, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**63:
+        raise argparse.ArgumentTypeError(f"seeds must be distinct integers in 0..2**63-1, got {text!r}")
     return seeds
 
 
@@ -81,11 +86,12 @@ def run(args: argparse.Namespace) -> int:
     from ..simulators.replay import replay, replay_log
     from ..traces import DecisionLog, load_traces
 
+    seeds = args.seeds
+    if args.log and not args.ab:
+        from .._outputs import check_output
+
+        check_output(args.log, "decision-log", args.force)
     traces = load_traces(args.traces)
-    if args.batch_size < 1:
-        raise AdaptspecError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.steps is not None and args.steps < 1:
-        raise AdaptspecError(f"--steps must be >= 1, got {args.steps}")
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     if args.ab:
         return _run_ab(args, traces, reward)
@@ -97,23 +103,24 @@ def run(args: argparse.Namespace) -> int:
                           None if traces.features is None else traces.features.shape[1], args.featurizer)
     if feat is not None:
         traces = feat.transform_traces(traces)
-    if args.plot and Path(args.plot).suffix.lower() != ".png":
-        raise AdaptspecError(f"--plot: expected a .png file name, got {args.plot!r}")
-    if args.log and Path(args.log).exists() and not Path(args.log).is_dir():
-        raise AdaptspecError(f"--log: {args.log} exists and is not a directory")
     report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                    seeds=parse_seeds(args.seeds), order=args.order, n_steps=args.steps,
+                    seeds=seeds, order=args.order, n_steps=args.steps,
                     progress=False if args.no_progress else None)
     if args.plot:
         plot_report(report, args.plot)
     if args.log:
-        log = DecisionLog(args.log)
-        for spec in policies:
-            if spec.split(":")[0].strip().lower() == "oracle":
-                continue
-            log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                                  seed=report.seeds[0], order=args.order, n_steps=args.steps,
-                                  progress=False if args.no_progress else None))
+        from .._outputs import write_dir
+
+        def write(tmp: Path) -> None:
+            log = DecisionLog(tmp)
+            for spec in policies:
+                if spec.split(":")[0].strip().lower() == "oracle":
+                    continue
+                log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
+                                      seed=report.seeds[0], order=args.order, n_steps=args.steps,
+                                      progress=False if args.no_progress else None))
+
+        write_dir(args.log, "decision-log", args.force, write)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
@@ -131,12 +138,8 @@ def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
     for flag, value in (("--policy", args.policy), ("--plot", args.plot), ("--log", args.log)):
         if value:
             raise AdaptspecError(f"--ab replays its own two policies: {flag} does not apply")
-    if not 0 < args.ab_split < 1:
-        raise AdaptspecError(f"--ab-split must be in (0, 1), got {args.ab_split}")
-    if not 0 < args.ab_alpha < 1:
-        raise AdaptspecError(f"--ab-alpha must be in (0, 1), got {args.ab_alpha}")
     sim = simulate_ab(traces, parse_ab_specs(args.ab), reward=reward, latency=args.latency, batch_size=args.batch_size,
-                      seeds=parse_seeds(args.seeds), order=args.order, n_steps=args.steps, split=args.ab_split,
+                      seeds=args.seeds, order=args.order, n_steps=args.steps, split=args.ab_split,
                       alpha=args.ab_alpha)
     print(json.dumps({"ab": sim}) if args.json else format_simulation(sim))
     return 0

@@ -13,24 +13,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import AdaptspecError
+from ._types import float_range, int_range, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", type=Path, default=None, help="work directory for data and checkpoints (default: cache dir)")
     p.add_argument("--stage", choices=["all", "data", "train", "eval", "export"], default="all")
     p.add_argument("--target", default=None, help="target model directory (default: the bundled SmolLM2)")
-    p.add_argument("--per-domain", type=int, default=800, help="prompts per domain before the held-out split")
-    p.add_argument("--eval-prompts", type=int, default=100, help="held-out prompts for evaluation")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (one core leaves the other free)")
-    p.add_argument("--layers", type=int, default=2, help="drafter layers")
-    p.add_argument("--steps", type=int, default=20_000, help="total optimiser steps (cosine schedule length)")
-    p.add_argument("--minutes", type=float, default=None, help="stop training after this long (resume later)")
+    p.add_argument("--per-domain", type=int_range(1), default=800, help="prompts per domain before the held-out split")
+    p.add_argument("--eval-prompts", type=int_range(1), default=100, help="held-out prompts for evaluation")
+    p.add_argument("--max-new-tokens", type=int_range(1), default=256)
+    p.add_argument("--threads", type=threads, default=1, help="CPU threads (one core leaves the other free)")
+    p.add_argument("--layers", type=int_range(1), default=2, help="drafter layers")
+    p.add_argument("--steps", type=int_range(1), default=20_000, help="total optimiser steps (cosine schedule length)")
+    p.add_argument("--minutes", type=float_range(0, lo_open=True), default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
     p.add_argument("--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)")
     p.add_argument("--layer-norm", action="store_true",
                    help="RMS-normalise each target layer's hidden state before fusing them")
-    p.add_argument("--gamma", type=float, default=None,
+    p.add_argument("--gamma", type=float_range(0, lo_open=True), default=None,
                    help="loss weight decay over block positions, exp(-(k-1)/gamma) (default: DFlash's for the block size)")
     p.add_argument("--reverse", action="store_true",
                    help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import AdaptspecError
 from ..rewards import REWARDS, trace_reward_name
+from ._types import float_range, int_range, seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,19 +37,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else modelled with --latency, else tau)")
     p.add_argument("--latency", metavar="PROFILE", default=None,
                    help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)")
-    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="batch size the latency profile is taken at")
-    p.add_argument("--pca", type=int, default=None, metavar="N",
+    p.add_argument("--batch-size", type=int_range(1), default=1, metavar="N", help="batch size the latency profile is taken at")
+    p.add_argument("--pca", type=int_range(0), default=None, metavar="N",
                    help="fit a featurizer (standardise + whitened PCA to N dims, keeping the log prompt length) "
                         "and save it with the head; default 32 when there are more than 64 features, 0 disables")
-    p.add_argument("--hidden", default="64,32", metavar="W1,W2,...", help="hidden layer widths (default 64,32)")
-    p.add_argument("--val-fraction", type=float, default=0.2, metavar="F", help="held-out share for early stopping")
-    p.add_argument("--epochs", type=int, default=300, metavar="N", help="maximum epochs")
-    p.add_argument("--patience", type=int, default=20, metavar="N", help="epochs without validation improvement before stopping")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--weight-decay", type=float, default=1e-4, help="Adam weight decay")
-    p.add_argument("--batch", type=int, default=128, metavar="N", help="mini-batch size")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing head at --out")
+    p.add_argument("--hidden", type=_hidden, default=(64, 32), metavar="W1,W2,...", help="hidden layer widths (default 64,32)")
+    p.add_argument("--val-fraction", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.2, metavar="F", help="held-out share for early stopping")
+    p.add_argument("--epochs", type=int_range(1), default=300, metavar="N", help="maximum epochs")
+    p.add_argument("--patience", type=int_range(1), default=20, metavar="N", help="epochs without validation improvement before stopping")
+    p.add_argument("--lr", type=float_range(0, lo_open=True), default=1e-3, help="Adam learning rate")
+    p.add_argument("--weight-decay", type=float_range(0), default=1e-4, help="Adam weight decay")
+    p.add_argument("--batch", type=int_range(1), default=128, metavar="N", help="mini-batch size")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the split, the initialisation and the batches")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing head at --out (only a head: any other file or directory is refused)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
 
@@ -58,28 +58,20 @@ def _hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise AdaptspecError(f"--hidden: expected widths like 64,32, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise AdaptspecError(f"--hidden: widths must be positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected widths like 64,32, got {text!r}") from None
+    if not sizes or min(sizes) < 1 or max(sizes) > 65536:
+        raise argparse.ArgumentTypeError(f"widths must be integers in 1..65536, got {text!r}")
     return sizes
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._outputs import check_output, write_dir
     from ..policies.offline_head import train_head
     from ..traces import load_traces, path_label
 
-    hidden = _hidden(args.hidden)
-    for name, v, lo in (("--epochs", args.epochs, 1), ("--patience", args.patience, 1),
-                        ("--batch", args.batch, 1), ("--batch-size", args.batch_size, 1)):
-        if v < lo:
-            raise AdaptspecError(f"{name} must be >= {lo}, got {v}")
-    if not 0.0 < args.val_fraction < 1.0:
-        raise AdaptspecError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
-    if not args.lr > 0:
-        raise AdaptspecError(f"--lr must be > 0, got {args.lr}")
+    hidden = args.hidden
     out = Path(args.out)
-    if out.exists() and not args.overwrite and (out.is_file() or any(out.iterdir())):
-        raise AdaptspecError(f"{out} exists and is not empty (use --overwrite to replace it)")
+    check_output(out, "head", args.overwrite, "--overwrite")
 
     traces = load_traces(args.traces)
     X = traces.features
@@ -107,18 +99,12 @@ def run(args: argparse.Namespace) -> int:
                       val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
                       lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    def write(tmp: Path) -> None:
         head.save(tmp)
         if featurizer is not None:
             featurizer.save(tmp)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    write_dir(out, "head", args.overwrite, write, "--overwrite")
 
     keys = ("n_train", "n_val", "best_epoch", "epochs", "val_loss", "val_accuracy", "val_pct_oracle", "val_pct_best_fixed")
     summary = {"out": str(out), "mode": head.mode, "arms": list(head.arms), "hidden": list(head.hidden_sizes),

@@ -3,7 +3,11 @@
 Per request (observed by the HTTP layer): requests by outcome, prompt and generated tokens,
 mean tau, decode tokens/s, latency, time to first token, block size chosen. Read from each
 controller at scrape time: fallbacks by reason, feedback by status (applied, duplicate,
-late, expired, ...), policy updates, pending decisions, queued updates, checkpoints.
+late, expired, ..., log_error), policy updates, pending decisions, queued updates,
+checkpoints, and the failures of background work: checkpoints that could not be written
+(``adaptspec_checkpoint_errors``) and decision-log writes or rolls that failed
+(``adaptspec_log_errors``). Anything but 0 there needs an operator; ``/health`` then says
+``"degraded"`` and gives the newest error.
 
 Each server has its own registry, so several apps can live in one process (tests).
 """
@@ -85,12 +89,16 @@ class _ControllerCollector:
         fb = CounterMetricFamily("adaptspec_fallbacks", "Decisions that fell back to the fallback block size, by reason",
                                  labels=["variant", "reason"])
         feed = CounterMetricFamily("adaptspec_feedback", "Feedback by status (applied, no_reward, duplicate, late, "
-                                   "unknown, expired, dropped, decode_error)", labels=["variant", "status"])
+                                   "unknown, expired, dropped, decode_error, log_error)", labels=["variant", "status"])
         dec = CounterMetricFamily("adaptspec_decisions", "Decisions made (re-decisions included)", labels=["variant"])
         upd = CounterMetricFamily("adaptspec_policy_updates", "Updates the policy has learnt from (restarts included)",
                                   labels=["variant"])
         uerr = CounterMetricFamily("adaptspec_policy_update_errors", "Updates the policy raised on", labels=["variant"])
         ck = CounterMetricFamily("adaptspec_checkpoints", "Checkpoints written by this process", labels=["variant"])
+        ckerr = CounterMetricFamily("adaptspec_checkpoint_errors", "Checkpoints that failed to be written",
+                                    labels=["variant"])
+        logerr = CounterMetricFamily("adaptspec_log_errors", "Decision-log writes and rolls that failed",
+                                     labels=["variant"])
         pend = GaugeMetricFamily("adaptspec_pending_decisions", "Decisions waiting for feedback", labels=["variant"])
         queued = GaugeMetricFamily("adaptspec_queued_updates", "Feedback logged but not yet applied to the policy",
                                    labels=["variant"])
@@ -104,6 +112,8 @@ class _ControllerCollector:
             upd.add_metric([name], s["updates"])
             uerr.add_metric([name], s["update_errors"])
             ck.add_metric([name], s["checkpoints"])
+            ckerr.add_metric([name], s["checkpoint_errors"])
+            logerr.add_metric([name], s["log_errors"])
             pend.add_metric([name], s["pending"])
             queued.add_metric([name], s["queued"])
-        yield from (fb, feed, dec, upd, uerr, ck, pend, queued)
+        yield from (fb, feed, dec, upd, uerr, ck, ckerr, logerr, pend, queued)

@@ -26,8 +26,25 @@ from .router import ABRouter
 __all__ = ["CompletionRequest", "CompletionService", "RequestError", "ServerLimits"]
 
 #: fields of the OpenAI completions API that this server does not implement, with their neutral values
-_UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, 0, False), "echo": (None, False),
+_UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "echo": (None, False),
                 "suffix": (None, ""), "stop": (None, [], ""), "logit_bias": (None, {})}
+
+
+#: what ``temperature`` may be besides 0: below the minimum, logits / T overflow
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
+#: the largest ``seed`` (torch and numpy generators take 64-bit seeds)
+MAX_SEED = 2**63 - 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality that keeps types apart (``0`` is not ``false``, ``1.0`` is not ``1``)."""
+    return type(a) is type(b) and a == b
+
+
+def _short(v: Any, n: int = 60) -> str:
+    """A value for an error message, cut to ``n`` characters."""
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
 
 
 class RequestError(AdaptspecError):
@@ -129,11 +146,15 @@ class CompletionService:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(f"request body is not valid JSON: {e}") from None
+        except ValueError as e:  # an integer literal of more digits than Python converts
+            raise RequestError(f"request body has a number that cannot be read ({e})") from None
+        except RecursionError:
+            raise RequestError("request body is nested too deeply") from None
         if not isinstance(data, dict):
             raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
         for name, neutral in _UNSUPPORTED.items():
-            if name in data and data[name] not in neutral:
-                raise RequestError(f"{name}={data[name]!r} is not supported by this server", param=name)
+            if name in data and not any(_same(data[name], v) for v in neutral):
+                raise RequestError(f"{name}={_short(data[name])} is not supported by this server", param=name)
         ids = self._prompt_ids(data.get("prompt"))
         if len(ids) > lim.max_prompt_tokens:
             raise RequestError(f"prompt has {len(ids)} tokens; this server accepts at most {lim.max_prompt_tokens}",
@@ -142,7 +163,7 @@ class CompletionService:
         if mt is None:
             mt = lim.default_max_tokens
         if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            raise RequestError(f"max_tokens must be a positive integer, got {mt!r}", param="max_tokens")
+            raise RequestError(f"max_tokens must be a positive integer, got {_short(mt)}", param="max_tokens")
         if mt > lim.max_tokens:
             raise RequestError(f"max_tokens={mt} exceeds this server's limit of {lim.max_tokens}", param="max_tokens")
         if lim.max_context is not None and len(ids) + mt > lim.max_context:
@@ -151,21 +172,23 @@ class CompletionService:
         temp = data.get("temperature", 0.0)
         if temp is None:
             temp = 0.0
-        if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or temp < 0:
-            raise RequestError(f"temperature must be a number >= 0, got {temp!r}", param="temperature")
+        if (isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp)
+                or not (temp == 0 or MIN_TEMPERATURE <= temp <= MAX_TEMPERATURE)):
+            raise RequestError(f"temperature must be 0 (greedy) or a number in {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}, "
+                               f"got {_short(temp)}", param="temperature")
         seed = data.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise RequestError(f"seed must be a non-negative integer, got {seed!r}", param="seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+            raise RequestError(f"seed must be an integer in 0..{MAX_SEED}, got {_short(seed)}", param="seed")
         stream = data.get("stream", False)
         if not isinstance(stream, bool):
-            raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
+            raise RequestError(f"stream must be true or false, got {_short(stream)}", param="stream")
         user = data.get("user")
         if user is not None and not isinstance(user, str):
-            raise RequestError(f"user must be a string, got {user!r}", param="user")
+            raise RequestError(f"user must be a string, got {_short(user)}", param="user")
         variant = data.get("variant", variant_header)
         if variant is not None:
             if not isinstance(variant, str) or variant not in self.router.variants:
-                raise RequestError(f"unknown variant {variant!r}: this server has {', '.join(self.router.variants)}",
+                raise RequestError(f"unknown variant {_short(variant)}: this server has {', '.join(self.router.variants)}",
                                    param="variant")
         else:
             variant = self.router.assign(user)
@@ -179,7 +202,10 @@ class CompletionService:
         if isinstance(prompt, str):
             if self.codec is None:
                 raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
-            ids = self.codec.encode(prompt)
+            try:
+                ids = self.codec.encode(prompt)
+            except Exception as e:  # noqa: BLE001 - a tokenizer refusing the text (lone surrogates, ...)
+                raise RequestError(f"prompt cannot be tokenized ({type(e).__name__})", param="prompt") from None
         elif isinstance(prompt, list):
             if prompt and all(isinstance(p, (str, list)) for p in prompt):
                 raise RequestError(f"one prompt per request, got {len(prompt)}", param="prompt")
@@ -191,8 +217,8 @@ class CompletionService:
                                param="prompt")
         if not ids:
             raise RequestError("prompt is empty", param="prompt")
-        v = self.limits.vocab_size
-        if v is not None and (min(ids) < 0 or max(ids) >= v):
+        v = self.limits.vocab_size if self.limits.vocab_size is not None else 2**31
+        if min(ids) < 0 or max(ids) >= v:
             bad = next(t for t in ids if t < 0 or t >= v)
             raise RequestError(f"prompt token id {bad} is outside the vocabulary 0..{v - 1}", param="prompt")
         return ids
@@ -202,7 +228,7 @@ class CompletionService:
 
         The decision and its outcome are in the decision log when this returns.
         """
-        from ..controller import PrefillError
+        from ..controller import DecisionLogError, PrefillError
 
         ctrl = self.controllers[req.variant]
         try:
@@ -212,6 +238,10 @@ class CompletionService:
             if self.metrics is not None:
                 self.metrics.failed(req.variant)
             raise RequestError(str(e), param="prompt") from None
+        except DecisionLogError as e:  # not acknowledged: the client may retry
+            if self.metrics is not None:
+                self.metrics.failed(req.variant)
+            raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
         except Exception:
             if self.metrics is not None:
                 self.metrics.failed(req.variant)
@@ -282,12 +312,15 @@ class CompletionService:
             v = {"spec": self.router.specs.get(name), "weight": round(float(w), 6), "policy": s["policy"],
                  "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
                  "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
-                 "resumed": s["resumed"]}
+                 "resumed": s["resumed"], "checkpoint_errors": s["checkpoint_errors"], "log_errors": s["log_errors"],
+                 "last_error": s["last_error"]}
             if digest:
                 c.sync()
                 v["policy_digest"] = c.policy_digest()
             variants[name] = v
-        return {"status": "ok" if not self._closed else "closing", "model": self.model_name,
+        failing = any(v["checkpoint_errors"] or v["log_errors"] for v in variants.values())
+        status = "closing" if self._closed else "degraded" if failing else "ok"
+        return {"status": status, "model": self.model_name,
                 "uptime_s": round(time.time() - self.started, 3), "variants": variants}
 
     def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:

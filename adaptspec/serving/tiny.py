@@ -17,9 +17,10 @@ from typing import Any
 
 from .codec import CharCodec
 
-__all__ = ["tiny_model", "tiny_speculator", "TINY_MAX_POSITIONS"]
+__all__ = ["tiny_model", "tiny_speculator", "TINY_MAX_BLOCK_SIZE", "TINY_MAX_POSITIONS"]
 
 TINY_MAX_POSITIONS = 512
+TINY_MAX_BLOCK_SIZE = 16
 
 
 def tiny_model(seed: int = 0) -> Any:
@@ -39,7 +40,7 @@ def tiny_model(seed: int = 0) -> Any:
     return model.eval()
 
 
-def tiny_speculator(seed: int = 0, max_block_size: int = 16, verification: str = "fast") -> tuple[Any, CharCodec]:
+def tiny_speculator(seed: int = 0, max_block_size: int = TINY_MAX_BLOCK_SIZE, verification: str = "fast") -> tuple[Any, CharCodec]:
     """``(SpeculativeDecoder, CharCodec)`` over :func:`tiny_model` and a fresh 1-layer drafter."""
     import torch
 

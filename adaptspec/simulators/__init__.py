@@ -1,25 +1,28 @@
-"""Simulators: trace replay, synthetic scenarios with a known optimum, off-policy evaluation."""
+"""Simulators: trace replay, synthetic scenarios with a known optimum, off-policy evaluation.
 
-from .ope import ESTIMATORS, Estimate, dm, dr, evaluate, evaluate_log, fit_reward_model, ips, policy_probs, snips, switch_dr
-from .replay import ReplayReport, replay, replay_log, stream_order
-from .synthetic import SCENARIOS, generate
+The names below load their module on first use, so importing one simulator (say
+``adaptspec.simulators.synthetic``, which ``adaptspec synth`` needs) does not import the
+policies the others need.
+"""
 
-__all__ = [
-    "ESTIMATORS",
-    "Estimate",
-    "ReplayReport",
-    "SCENARIOS",
-    "dm",
-    "dr",
-    "evaluate",
-    "evaluate_log",
-    "fit_reward_model",
-    "generate",
-    "ips",
-    "policy_probs",
-    "replay",
-    "replay_log",
-    "snips",
-    "stream_order",
-    "switch_dr",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    **dict.fromkeys(["ESTIMATORS", "Estimate", "dm", "dr", "evaluate", "evaluate_log", "fit_reward_model", "ips",
+                     "policy_probs", "snips", "switch_dr"], "ope"),
+    **dict.fromkeys(["ReplayReport", "replay", "replay_log", "stream_order"], "replay"),
+    **dict.fromkeys(["SCENARIOS", "generate"], "synthetic"),
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

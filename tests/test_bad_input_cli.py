@@ -1,0 +1,213 @@
+"""Bad input on the command line never costs data and never shows a traceback (issue 18).
+
+Every case runs ``python -m adaptspec ...`` as a user would, in a directory of its own that
+holds a trace set, decision logs, a head, a user's notes and a regular file, and expects:
+exit status 2, exactly one line on stderr (``adaptspec CMD: error: ...``, naming the
+problem), no traceback, and the directory exactly as it was (nothing created, nothing
+deleted, nothing changed). Case ids ``dN-...`` are the numbered defects of the issue; the
+others are the same classes with other values. Commands that would load a model (collect,
+demo, serve) must fail before loading it, which keeps every case about a second.
+
+The cases run concurrently (two at a time) in a module fixture; each test checks one result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from adaptspec.traces import DecisionLog, TraceSet
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (id, argv, the text stderr must contain)
+CASES: list[tuple[str, list[str], str]] = [
+    # 1: writers replace only their own kind of artefact
+    ("d1-train-head-overwrite-foreign-dir", ["train-head", "ts", "--out", "notes", "--overwrite"],
+     "notes exists and is not an adaptspec offline head: refusing to replace it"),
+    ("d1-train-head-overwrite-regular-file", ["train-head", "ts", "--out", "afile", "--overwrite"],
+     "afile exists and is not an adaptspec offline head"),
+    ("d1-train-head-overwrite-trace-set", ["train-head", "ts", "--out", "ts", "--overwrite"],
+     "ts exists and is not an adaptspec offline head"),
+    ("d1-train-head-existing-head-needs-overwrite", ["train-head", "ts", "--out", "head"],
+     "head already exists (pass --overwrite to replace the offline head)"),
+    ("d1-train-head-out-under-a-file", ["train-head", "ts", "--out", "afile/head"], "afile is not a directory"),
+    ("d1-synth-force-foreign-dir", ["synth", "--out", "notes", "--force"], "notes exists and is not an adaptspec trace set"),
+    ("d1-synth-force-decision-log", ["synth", "--out", "log", "--force"], "log exists and is not an adaptspec trace set"),
+    ("d1-import-blockpilot-force-regular-file", ["import-blockpilot", "notes", "--out", "afile", "--force"],
+     "afile exists and is not an adaptspec trace set"),
+    # 2: simulate --log writes a new log (or, with --force, replaces a log): never duplicate ids
+    ("d2-simulate-log-twice", ["simulate", "ts", "--policy", "random", "--log", "log", "--no-progress"],
+     "log already exists (pass --force to replace the decision log)"),
+    ("d2-simulate-log-force-foreign-dir", ["simulate", "ts", "--policy", "random", "--log", "notes", "--force"],
+     "notes exists and is not an adaptspec decision log"),
+    # 3: ab-report validates the log as every reader does
+    ("d3-ab-report-duplicate-ids", ["ab-report", "dup"], "duplicate decision_id 'd0'"),
+    ("d3-ab-report-nan-reward", ["ab-report", "nan"], "column 'reward', row 3: nan"),
+    ("d3-ab-report-negative-block-size", ["ab-report", "neg"], "column 'block_size', row 4: -4 is not one of the row's arms"),
+    ("d3-ab-report-no-propensity", ["ab-report", "noprop"], "missing column 'propensity'"),
+    # 6 (command line half; the server half is in test_bad_input_server.py)
+    ("d6-serve-checkpoint-dir-regular-file", ["serve", "--tiny", "--checkpoint-dir", "afile"],
+     "argument --checkpoint-dir: afile exists and is not a directory"),
+    ("d6-serve-log-dir-regular-file", ["serve", "--tiny", "--log-dir", "afile"], "argument --log-dir: afile exists and is not a directory"),
+    # 7: arms beyond the speculator's max_block_size: one line, before the model is built
+    ("d7-serve-tiny-arms-beyond-max-block-size", ["serve", "--tiny", "--arms", "1,2,4,8,32"],
+     "--arms 1,2,4,8,32: the --tiny model's max_block_size is 16, so block sizes [32] cannot be drafted"),
+    # 8: tracebacks on user errors
+    ("d8-serve-port-overflow", ["serve", "--port", "99999"], "argument --port: expected an integer in 0..65535, got '99999'"),
+    ("d8-serve-threads-zero", ["serve", "--threads", "0"], "argument --threads: expected an integer in 1..4096"),
+    ("d8-collect-threads-negative", ["collect", "--out", "new", "--threads", "-2"], "argument --threads"),
+    ("d8-demo-threads-zero", ["demo", "--threads", "0"], "argument --threads"),
+    ("d8-collect-prompts-directory", ["collect", "--out", "new", "--prompts", "notes"], "notes: not a regular file"),
+    ("d8-ope-zero-row-part", ["ope", "empty", "--policy", "fixed:4"], "part has no rows"),
+    ("d8-traces-validate-zero-row-part", ["traces", "validate", "empty"], "part has no rows"),
+    ("d8-traces-info-zero-row-file", ["traces", "info", "empty.parquet"], "empty.parquet: part has no rows"),
+    # 9: counts out of range
+    ("d9-collect-limit-zero", ["collect", "--out", "new", "--limit", "0"], "argument --limit: expected an integer >= 1, got '0'"),
+    ("d9-collect-limit-negative", ["collect", "--out", "new", "--limit", "-1"], "argument --limit"),
+    ("d9-demo-prompts-beyond-the-benchmark-set", ["demo", "--prompts", "999"], "argument --prompts: expected an integer in 1..722"),
+    # 10: collect fails before loading the model, leaving no OUT.partial.jsonl
+    ("d10-collect-force-foreign-dir", ["collect", "--out", "notes", "--force", "--limit", "1"],
+     "notes exists and is not an adaptspec trace set"),
+    ("d10-collect-existing-trace-set-needs-force", ["collect", "--out", "ts", "--limit", "1"],
+     "ts already exists (pass --force to replace the trace set)"),
+    ("d10-collect-temperature-negative", ["collect", "--out", "new", "--temperature", "-1"],
+     "argument --temperature: expected a number >= 0, got '-1'"),
+    # 11: minor ones
+    ("d11-ope-string-reward", ["ope", "strrew", "--policy", "fixed:4"], "column 'reward' has type string, expected double"),
+    ("d11-ope-switch-tau-negative", ["ope", "log", "--policy", "fixed:4", "--switch-tau", "-1"], "argument --switch-tau"),
+    ("d11-ab-report-min-n-negative", ["ab-report", "log", "--min-n", "-1"], "argument --min-n: expected an integer >= 2"),
+    ("d11-ab-report-checkpoint-dir-foreign", ["ab-report", "log", "--checkpoint-dir", "notes"], "notes: no checkpoints"),
+    ("d11-simulate-plot-missing-dir", ["simulate", "ts", "--plot", "nodir/deeper/x.png"],
+     "directory nodir/deeper does not exist"),
+    ("d11-synth-arms-overflow", ["synth", "--out", "new", "--arms", "4,100000"], "block sizes must be in 1..64"),
+    # the same classes with other values
+    ("serve-port-negative", ["serve", "--port", "-1"], "argument --port"),
+    ("serve-port-not-a-number", ["serve", "--port", "http"], "argument --port: expected an integer in 0..65535, got 'http'"),
+    ("serve-decide-timeout-nan", ["serve", "--decide-timeout", "nan"], "argument --decide-timeout: expected a number > 0"),
+    ("serve-fallback-block-size-zero", ["serve", "--fallback-block-size", "0"], "argument --fallback-block-size"),
+    ("serve-split-weights-mismatch", ["serve", "--tiny", "--split", "1,2"], "--split has 2 weights for 1 variants"),
+    ("synth-requests-zero", ["synth", "--out", "new", "--requests", "0"], "argument --requests"),
+    ("synth-seed-negative", ["synth", "--out", "new", "--seed", "-3"], "argument --seed: expected an integer in 0.."),
+    ("synth-existing-trace-set-needs-force", ["synth", "--out", "ts"], "ts already exists (pass --force"),
+    ("simulate-seeds-zero", ["simulate", "ts", "--seeds", "0"], "argument --seeds"),
+    ("simulate-plot-over-a-text-file", ["simulate", "ts", "--plot", "notes/plot.png"],
+     "plot.png exists and is not an adaptspec plot (PNG file)"),
+    ("train-head-epochs-zero", ["train-head", "ts", "--out", "new", "--epochs", "0"], "argument --epochs"),
+    ("train-head-hidden-negative", ["train-head", "ts", "--out", "new", "--hidden", "64,-1"], "argument --hidden"),
+    ("collect-arms-zero", ["collect", "--out", "new", "--arms", "0,4"], "argument --arms: block sizes must be in 1..64"),
+    ("collect-part-out-of-range", ["collect", "--out", "new", "--part", "2/2"], "argument --part: I/N needs 0 <= I < N"),
+    ("collect-prompts-missing", ["collect", "--out", "new", "--prompts", "nope.jsonl"], "nope.jsonl: no such file"),
+    ("ope-bootstrap-too-few", ["ope", "log", "--policy", "fixed:4", "--bootstrap", "3"], "argument --bootstrap"),
+    ("ope-trace-set-is-not-a-log", ["ope", "ts", "--policy", "fixed:4"], "this is a trace set"),
+    ("ab-report-trace-set-is-not-a-log", ["ab-report", "ts"], "this is a trace set"),
+]
+
+
+# ============================================================================ the world each case runs in
+def _rows(n: int = 60) -> list[dict]:
+    return [{"decision_id": f"d{i}", "time": 1.7e9 + i, "policy": "fixed:4", "variant": "AB"[i % 2],
+             "block_size": 4, "propensity": 1.0, "probs": [0.0, 1.0], "arms": [1, 4], "reward": float(i % 7)}
+            for i in range(n)]
+
+
+def _make_world(root: Path) -> None:
+    """A trace set, decision logs good and bad, a head, a user's notes and a regular file."""
+    from adaptspec.simulators.synthetic import generate
+
+    generate("cpu-small", 60, seed=0, per_round=False).write(root / "ts")
+    part = DecisionLog(root / "log").append(_rows())
+    good = pq.read_table(part)
+    for name, table in (("dup", good), ("nan", good), ("neg", good), ("noprop", good.drop(["propensity"])),
+                        ("strrew", good.set_column(good.column_names.index("reward"), "reward",
+                                                   pa.array([str(v) for v in good.column("reward").to_pylist()]))),
+                        ("empty", good.slice(0, 0))):
+        (root / name).mkdir()
+        if name in ("nan", "neg"):
+            rows = good.to_pylist()
+            if name == "nan":
+                rows[3]["reward"] = float("nan")
+            else:
+                rows[4]["block_size"] = -4
+            table = pa.Table.from_pylist(rows, schema=good.schema)
+        pq.write_table(table, root / name / "part-00000000000000000001-1-000000.parquet")
+        if name == "dup":  # the same rows again in a second part: 120 rows, 60 decisions
+            pq.write_table(table, root / name / "part-00000000000000000002-1-000000.parquet")
+    pq.write_table(good.slice(0, 0), root / "empty.parquet")
+    (root / "head").mkdir()
+    (root / "head" / "config.json").write_text(json.dumps({"kind": "adaptspec-offline-head", "format": 1}))
+    (root / "notes").mkdir()
+    (root / "notes" / "notes.txt").write_text("a user's notes: nothing may delete them\n")
+    (root / "notes" / "plot.png").write_text("not a PNG, but named like one\n")
+    (root / "afile").write_text("a regular file\n")
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with a hash of its contents (directories as 'dir')."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _run(case: tuple[str, list[str], str], template: Path, base: Path) -> dict:
+    cid, argv, _ = case
+    cwd = base / cid
+    shutil.copytree(template, cwd)
+    before = _snapshot(cwd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "adaptspec", *argv], cwd=cwd, capture_output=True, text=True,
+                       timeout=120, env=env)
+    return {"rc": p.returncode, "stderr": p.stderr, "stdout": p.stdout, "before": before, "after": _snapshot(cwd)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    template = tmp_path_factory.mktemp("world")
+    _make_world(template)
+    base = tmp_path_factory.mktemp("cases")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {c[0]: pool.submit(_run, c, template, base) for c in CASES}
+        return {cid: f.result() for cid, f in futures.items()}
+
+
+def test_the_case_ids_are_unique():
+    ids = [c[0] for c in CASES]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(results, case):
+    cid, argv, needle = case
+    r = results[cid]
+    err = r["stderr"]
+    assert "Traceback" not in err, err
+    assert r["rc"] == 2, (r["rc"], err, r["stdout"])
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert err.startswith(f"adaptspec {argv[0]}"), err
+    assert needle in err, err
+    assert r["after"] == r["before"], {k: (r["before"].get(k), r["after"].get(k))
+                                       for k in set(r["before"]) ^ set(r["after"]) or r["after"]
+                                       if r["before"].get(k) != r["after"].get(k)}
+
+
+def test_the_world_is_what_the_cases_assume(tmp_path):
+    """The fixtures are what the case table says: a valid trace set and log, bad logs that the
+    library's own reader refuses (so a case passing means the command validated)."""
+    _make_world(tmp_path)
+    assert len(TraceSet.read(tmp_path / "ts")) == 60 and len(DecisionLog.read(tmp_path / "log")) == 60
+    assert pq.read_table(tmp_path / "dup").num_rows == 120
+    assert np.isnan(pq.read_table(tmp_path / "nan").column("reward").to_pylist()[3])
+    assert "propensity" not in pq.read_schema(next((tmp_path / "noprop").glob("*.parquet"))).names
