@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="only N prompts, taking the domains in turn")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
+    p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)

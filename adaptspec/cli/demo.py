@@ -25,7 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=10, help="how many demo prompts (held out, domains in turn; at most 20)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--policy", default=None, help="policy spec (default: the product default, see docs/controller.md)")
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
+    p.add_argument("--target", default=None, metavar="DIR",
+                   help="local Hugging Face target directory with a tokenizer (default: the bundled SmolLM2)")
+    p.add_argument("--drafter", default=None, metavar="DIR",
+                   help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--show", type=int, default=1, help="print the text of the first N responses")
 
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise AdaptspecError("--prompts and --max-new-tokens must be >= 1")
     t0 = time.perf_counter()
-    spec = load_speculator(drafter=args.drafter, threads=args.threads)
+    spec = load_speculator(args.target, args.drafter, threads=args.threads)
     tok = spec.target.tokenizer
     prompts = demo_prompts()[: args.prompts]
     rows = []
