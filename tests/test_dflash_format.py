@@ -28,13 +28,16 @@ DATA = Path(__file__).resolve().parent / "data"
 TRAINED_B16 = DATA / "dflash-reference-tiny"  # float32, block_size 16 at the top level, taps 1,3,4
 TRAINED_B8 = DATA / "dflash-reference-tiny-b8"  # bfloat16, block_size 8 inside dflash_config, taps 1,4,6
 FIXTURES = [TRAINED_B16, TRAINED_B8]
+# a drafter distilled for TRAINED_B16's target (its drafts are often accepted), with the reference
+# decoder's rounds on three prompts at seven block sizes
+DISTILLED = DATA / "dflash-trained-tiny"
 
 _SPECULATORS: dict = {}
 
 
-def speculator(fixture: Path):
+def speculator(fixture: Path, target: Path | None = None):
     if fixture not in _SPECULATORS:
-        _SPECULATORS[fixture] = load_speculator(fixture / "target", fixture / "drafter", dtype="float32")
+        _SPECULATORS[fixture] = load_speculator(target or fixture / "target", fixture / "drafter", dtype="float32")
     return _SPECULATORS[fixture]
 
 
@@ -111,17 +114,14 @@ def test_a_loaded_dflash_drafter_saves_and_reloads_in_adaptspecs_format(tmp_path
 
 
 # ---------------------------------------------------------------------- decoding
-@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name)
-def test_every_round_drafts_and_accepts_what_the_reference_does(fixture):
-    g = golden(fixture)
-    spec = speculator(fixture)
-    n = len(g["greedy"])
-    for b, ref in g["by_block_size"].items():
+def check_rounds_against_reference(spec, run: dict) -> None:
+    n = len(run["greedy"])
+    for b, ref in run["by_block_size"].items():
         b = int(b)
         # The reference runs rounds until n + 1 tokens are committed and then cuts to n; ask
         # for more so that none of its rounds is shortened here.
-        out, blocks = decode_recording(spec, g["prompt"], b, n + 2 * b)
-        assert out.tokens[:n] == ref["tokens"] == g["greedy"]
+        out, blocks = decode_recording(spec, run["prompt"], b, n + 2 * b)
+        assert out.tokens[:n] == ref["tokens"] == run["greedy"]
         if b == 1:
             assert blocks == []
             continue
@@ -133,6 +133,20 @@ def test_every_round_drafts_and_accepts_what_the_reference_does(fixture):
             taus.append(min(r.tau, n - pos))
             pos += r.tau
         assert taus == ref["acceptance_lengths"]
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name)
+def test_every_round_drafts_and_accepts_what_the_reference_does(fixture):
+    check_rounds_against_reference(speculator(fixture), golden(fixture))
+
+
+def test_a_drafter_whose_drafts_are_accepted_matches_the_reference_round_by_round():
+    runs = golden(DISTILLED)["runs"]
+    spec = speculator(DISTILLED, target=TRAINED_B16 / "target")
+    for run in runs:
+        check_rounds_against_reference(spec, run)
+    longest = max(max(r["acceptance_lengths"]) for run in runs for r in run["by_block_size"].values())
+    assert longest >= 8  # rounds that accept many drafts are part of the check
 
 
 @pytest.mark.parametrize("fixture, schedule", [(TRAINED_B16, [16, 3, 7, 2, 1, 11, 5]), (TRAINED_B8, [8, 3, 5, 2, 1, 6])],
