@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
+    p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                    help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")

@@ -27,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how many public benchmark prompts (GSM8K, MT-Bench, HumanEval in turn; at most all 722)")
     p.add_argument("--max-new-tokens", type=int_range(1), default=96)
     p.add_argument("--policy", default=None, help="policy spec (default: the product default, see docs/controller.md)")
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
+    p.add_argument("--target", default=None, metavar="DIR",
+                   help="local Hugging Face target directory with a tokenizer (default: the bundled SmolLM2)")
+    p.add_argument("--drafter", default=None, metavar="DIR",
+                   help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                    help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--threads", type=threads, default=None, help="torch CPU threads (default: torch's choice)")
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.prompts import benchmark_prompts
 
     t0 = time.perf_counter()
-    spec = load_speculator(drafter=args.drafter, threads=args.threads, verification=args.verification)
+    spec = load_speculator(args.target, args.drafter, threads=args.threads, verification=args.verification)
     tok = spec.target.tokenizer
     prompts = benchmark_prompts()[: args.prompts]
     rows = []

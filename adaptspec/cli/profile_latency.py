@@ -22,10 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int_range(1), default=64)
     p.add_argument("--name", default="cpu-measured")
     p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json); replaces only a latency profile")
-    p.add_argument("--target", default=None)
-    p.add_argument("--drafter", default=None)
+    p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
+    p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                     help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
+                   help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=threads, default=None)

@@ -45,9 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="a tiny random model with a character tokenizer, for development and tests")
     models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
     models.add_argument("--target", default=None, metavar="PATH", help="local Hugging Face target model directory")
-    models.add_argument("--drafter", default=None, metavar="PATH", help="drafter directory (save_pretrained)")
+    models.add_argument("--drafter", default=None, metavar="PATH",
+                        help="drafter directory: adaptspec's save_pretrained or a published DFlash v1 one")
     models.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                          help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
+                        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
     models.add_argument("--device", default="cpu", help="device of the real models (default: cpu)")
     models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")

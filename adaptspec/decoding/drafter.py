@@ -60,6 +60,12 @@ class DrafterConfig:
     # massive activations (|h| up to ~25,000 in SmolLM2 beside a median of ~3); in a 1,200-step
     # ablation normalising made no difference, so it is off by default.
     normalize_context_layers: bool = False
+    # Per-head RMS norm of queries and keys before RoPE (as Qwen3 and the DFlash drafters do).
+    qk_norm: bool = False
+    # The mask is the target's embedding of this token (DFlash); None: a learned vector.
+    mask_token_id: int | None = None
+    # The target depth the drafter was trained for, checked on attach (None: not recorded).
+    num_target_layers: int | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -135,6 +141,8 @@ class DrafterLayer(nn.Module):
         self.v_proj = nn.Linear(h, c.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(c.num_heads * hd, h, bias=False)
         self.post_norm = RMSNorm(h, c.rms_norm_eps)
+        self.q_norm = RMSNorm(hd, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(hd, c.rms_norm_eps) if c.qk_norm else None
         self.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
@@ -142,11 +150,21 @@ class DrafterLayer(nn.Module):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # [N, T, n*hd] -> [N, n, T, hd]
         return x.view(x.shape[0], x.shape[1], n, self.c.head_dim).transpose(1, 2)
 
+    def _queries(self, hx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q = self._heads(self.q_proj(hx), self.c.num_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return rotate(q, positions, self.c.rope_theta)
+
+    def _keys(self, hx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        k = self._heads(self.k_proj(hx), self.c.num_kv_heads)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return rotate(k, positions, self.c.rope_theta)
+
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of projected context features ``ctx[N, T, H]``."""
-        k = rotate(self._heads(self.k_proj(ctx), self.c.num_kv_heads), positions, self.c.rope_theta)
-        v = self._heads(self.v_proj(ctx), self.c.num_kv_heads)
-        return k, v
+        return self._keys(ctx, positions), self._heads(self.v_proj(ctx), self.c.num_kv_heads)
 
     def forward(
         self,
@@ -158,8 +176,8 @@ class DrafterLayer(nn.Module):
     ) -> torch.Tensor:
         c = self.c
         hx = self.input_norm(x)
-        q = rotate(self._heads(self.q_proj(hx), c.num_heads), positions, c.rope_theta)
-        k = rotate(self._heads(self.k_proj(hx), c.num_kv_heads), positions, c.rope_theta)
+        q = self._queries(hx, positions)
+        k = self._keys(hx, positions)
         v = self._heads(self.v_proj(hx), c.num_kv_heads)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
@@ -222,7 +240,8 @@ class BlockDiffusionDrafter(nn.Module):
         self.context_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))
+        # A learned mask vector, or (mask_token_id set) the target's embedding of that token.
+        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size)) if c.mask_token_id is None else None
         if draft_vocab is not None:
             draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.long)
             if c.draft_vocab_size != len(draft_vocab):
@@ -289,18 +308,23 @@ class BlockDiffusionDrafter(nn.Module):
 
     def attach(self, target: nn.Module) -> "BlockDiffusionDrafter":
         """Share ``target``'s token embedding and LM head (frozen). Checks that they fit."""
-        tc = target.config
-        if tc.vocab_size != self.config.vocab_size:
+        tc, c = target.config, self.config
+        if tc.vocab_size != c.vocab_size:
             raise AdaptspecError(
-                f"drafter was built for a vocabulary of {self.config.vocab_size} tokens, "
+                f"vocab_size: drafter was built for a vocabulary of {c.vocab_size} tokens, "
                 f"the target has {tc.vocab_size}"
             )
-        if tc.hidden_size != self.config.hidden_size:
+        if tc.hidden_size != c.hidden_size:
+            raise AdaptspecError(f"hidden_size: drafter {c.hidden_size} != target {tc.hidden_size}")
+        if c.num_target_layers is not None and c.num_target_layers != tc.num_hidden_layers:
             raise AdaptspecError(
-                f"drafter hidden size {self.config.hidden_size} != target hidden size {tc.hidden_size}"
+                f"num_target_layers: drafter was trained on a target of {c.num_target_layers} layers, "
+                f"this target has {tc.num_hidden_layers}"
             )
-        if max(self.config.target_layers) > tc.num_hidden_layers:
-            raise AdaptspecError(f"drafter reads target layer {max(self.config.target_layers)}, target has {tc.num_hidden_layers}")
+        if max(c.target_layers) > tc.num_hidden_layers:
+            raise AdaptspecError(f"drafter reads target layer {max(c.target_layers)}, target has {tc.num_hidden_layers}")
+        if c.mask_token_id is not None and not 0 <= c.mask_token_id < tc.vocab_size:
+            raise AdaptspecError(f"mask_token_id {c.mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}")
         self.__dict__["_shared"] = (target.get_input_embeddings(), target.get_output_embeddings().weight)
         return self
 
@@ -326,6 +350,14 @@ class BlockDiffusionDrafter(nn.Module):
         self._check_attached()
         w = self._shared[1]
         return w if self.draft_vocab is None else w[self.draft_vocab.to(w.device)]
+
+    def mask_vector(self) -> torch.Tensor:
+        """The input vector of a masked block position ``[H]``, in the drafter's dtype and device."""
+        if self.mask_embedding is not None:
+            return self.mask_embedding
+        p = self.fc.weight
+        tok = torch.tensor([self.config.mask_token_id], device=self._embed.weight.device)
+        return self._embed(tok)[0].to(device=p.device, dtype=p.dtype)
 
     # ------------------------------------------------------------------ inference
     def new_state(self, context_hidden: torch.Tensor | None = None) -> DraftState:
@@ -369,7 +401,7 @@ class BlockDiffusionDrafter(nn.Module):
         self._sync(state)
         if state.keys is None:
             raise AdaptspecError("the drafter needs at least one context position")
-        p = self.mask_embedding
+        p = self.mask_vector()
         tok = torch.tensor([[last_token]], device=self._embed.weight.device)
         first = self._embed(tok).to(device=p.device, dtype=p.dtype)  # [1, 1, H]
         x = torch.cat([first, p.expand(1, block_size - 1, -1)], dim=1)
@@ -416,7 +448,7 @@ class BlockDiffusionDrafter(nn.Module):
         offs = torch.arange(block_size, device=ctx.device)
         blk_pos = (anchors[:, :, None] + offs).reshape(n, a * block_size)  # [N, A*B]
         first = self._embed(tokens.gather(1, anchors)).to(ctx.dtype)  # [N, A, H]
-        x = self.mask_embedding.to(ctx.dtype).expand(n, a, block_size, -1).clone()
+        x = self.mask_vector().to(ctx.dtype).expand(n, a, block_size, -1).clone()
         x[:, :, 0] = first
         x = x.reshape(n, a * block_size, -1)
         # Attention mask [N, 1, A*B, T + A*B]: context before the anchor, and the own block.
@@ -455,24 +487,47 @@ class BlockDiffusionDrafter(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> "BlockDiffusionDrafter":
-        """Load a drafter saved by :meth:`save_pretrained`; attach it to ``target`` if given."""
+        """Load a drafter saved by :meth:`save_pretrained`, or a published DFlash v1 checkpoint
+        (``config.json`` naming ``DFlashDraftModel`` + ``model.safetensors``, see
+        :mod:`adaptspec.decoding.dflash_format`), as it is; attach it to ``target`` if given."""
         from safetensors.torch import load_file
 
+        from . import dflash_format
+
         path = Path(path)
-        if not (path / CONFIG_NAME).exists():
-            raise AdaptspecError(f"{path}: no {CONFIG_NAME}; not a drafter saved by adaptspec")
-        try:
-            config = DrafterConfig(**json.loads((path / CONFIG_NAME).read_text()))
-        except (TypeError, ValueError) as e:
-            raise AdaptspecError(f"{path / CONFIG_NAME}: invalid drafter config ({e})") from None
-        tensors = load_file(str(path / WEIGHTS_NAME))
+        if (path / CONFIG_NAME).exists():
+            try:
+                config = DrafterConfig(**json.loads((path / CONFIG_NAME).read_text()))
+            except (TypeError, ValueError) as e:
+                raise AdaptspecError(f"{path / CONFIG_NAME}: invalid drafter config ({e})") from None
+            tensors = load_file(str(path / WEIGHTS_NAME))
+        elif dflash_format.is_dflash_dir(path):
+            config, tensors = dflash_format.load(path)
+        else:
+            raise AdaptspecError(
+                f"{path}: not a drafter: neither {CONFIG_NAME} (adaptspec) nor a config.json "
+                f"naming {dflash_format.ARCHITECTURE} (DFlash v1)"
+            )
         draft_vocab = tensors.pop("draft_vocab", None)
         drafter = cls(config, draft_vocab)
+        _check_tensors(path, drafter, tensors)
         drafter.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
         drafter.to(device=device, dtype=dtype)
         if target is not None:
             drafter.attach(target)
         return drafter.eval()
+
+
+def _check_tensors(path: Path, drafter: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """One clear line when the stored tensors do not fit the config (before load_state_dict)."""
+    want = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    missing = sorted(set(want) - set(tensors))
+    extra = sorted(set(tensors) - set(want))
+    if missing or extra:
+        raise AdaptspecError(f"{path}: weights do not fit the config: missing {missing[:4]}, unexpected {extra[:4]}")
+    for k, shape in want.items():
+        if tuple(tensors[k].shape) != shape:
+            raise AdaptspecError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, the config implies {shape}")
 
 
 def _final_norm(target: nn.Module) -> nn.Module | None:

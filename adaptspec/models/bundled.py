@@ -28,8 +28,9 @@ def load_speculator(
     """A ready :class:`~adaptspec.decoding.SpeculativeDecoder`: the bundled models by default.
 
     ``target`` is a local Hugging Face model directory (default: the bundled SmolLM2);
-    ``drafter`` a directory written by ``BlockDiffusionDrafter.save_pretrained`` (default:
-    the drafter shipped for the bundled target). Both run in ``dtype`` on ``device``.
+    ``drafter`` a directory written by ``BlockDiffusionDrafter.save_pretrained`` or a
+    published DFlash v1 drafter as it is (default: the drafter shipped for the bundled
+    target). Both run in ``dtype`` on ``device``.
     ``verification`` is ``"fast"`` (the model's own kernels; block size 1 is plain decoding
     at full speed) or ``"exact"`` (bit-identical to one-token greedy decoding, slower):
     see :class:`~adaptspec.decoding.TargetModel`.
@@ -46,7 +47,5 @@ def load_speculator(
     if threads is not None:
         torch.set_num_threads(threads)
     model, tok = load_target(target, dtype=dtype, device=device)
-    if not (path / "drafter_config.json").exists():
-        raise AdaptspecError(f"{path}: no drafter weights (drafter_config.json missing)")
     d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, dtype), device=device)
     return SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification), d)

@@ -88,7 +88,8 @@ def resolve_model_path(name_or_path: str | os.PathLike | None) -> Path:
 def load_target(name_or_path: str | os.PathLike | None = None, dtype: str = "bfloat16", device: str = "cpu"):
     """Load a causal LM and its tokenizer: the bundled target by default.
 
-    Returns ``(model, tokenizer)``; the model is in eval mode on ``device``.
+    Returns ``(model, tokenizer)``; the model is in eval mode on ``device``. The tokenizer is
+    None when the directory has none (a model used with token ids only).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -98,5 +99,8 @@ def load_target(name_or_path: str | os.PathLike | None = None, dtype: str = "bfl
     if not isinstance(torch_dtype, torch.dtype):
         raise AdaptspecError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path) if any((path / f).exists() for f in _TOKENIZER_FILES) else None
     return model, tok
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
