@@ -32,22 +32,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-benchmark", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--arms", default="1,2,4,8,16")
-    ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="also time exact mode")
+    ap.add_argument("--arms", default="1,2,3,4,8,16", help="block sizes timed in fast mode")
+    ap.add_argument("--exact-arms", default="1,4", help="block sizes also timed in exact mode ('' for none)")
     ap.add_argument("--policy", default=None, help="controller policy (default: the product default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "real_prompts.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     arms = [int(a) for a in args.arms.split(",")]
+    exact_arms = [int(a) for a in args.exact_arms.split(",") if a.strip()]
     fast = load_speculator(verification="fast")
-    exact = load_speculator(verification="exact") if args.exact else None
+    exact = load_speculator(verification="exact") if exact_arms else None
     plain = PlainGreedy(fast.target)
     prompts = benchmark_prompts(per_benchmark=args.per_benchmark)
     n = args.max_new_tokens
     warm = fast.target.encode_chat("Warm-up.")
     plain(warm, 8)
-    for spec in filter(None, (fast, exact)):
+    for spec in (fast, exact) if exact is not None else (fast,):
         for b in (1, max(arms)):
             spec.decode(spec.prefill(warm), b, 8)
 
@@ -58,11 +59,11 @@ def main() -> None:
             ids = fast.target.encode_chat(p.prompt)
             ptoks, psec = plain(ids, n)
             row = {"domain": p.domain, "benchmark": _bench(p.domain), "plain": {"tokens": len(ptoks), "s": psec}}
-            for mode, spec in (("fast", fast), ("exact", exact)):
+            for mode, spec, bs in (("fast", fast, arms), ("exact", exact, exact_arms)):
                 if spec is None:
                     continue
                 pre = spec.prefill(ids)
-                for b in arms:
+                for b in bs:
                     o = spec.decode(pre, b, n)
                     rec = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau, "rounds": len(o.rounds),
                            "draft_s": o.draft_s, "verify_s": o.verify_s}
@@ -78,10 +79,10 @@ def main() -> None:
                   + "  ".join(f"B{b} {_speed(row[f'fast:{b}']) / _speed(row['plain']):.2f}x" for b in arms)
                   + f"  ctl B{g.decision.block_size} {_speed(row['controller']) / _speed(row['plain']):.2f}x", flush=True)
         ctl.sync()
-    summary = summarise(rows, arms, args.exact)
+    summary = summarise(rows, arms, exact_arms)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out)}, "summary": summary, "rows": rows}, indent=1))
-    print(markdown(summary, arms, args.exact))
+    print(markdown(summary, arms, exact_arms))
 
 
 def _bench(domain: str) -> str:
@@ -97,19 +98,21 @@ def _agg(rows: list[dict], key) -> float:
     return sum(x["tokens"] for x in recs) / sum(x["s"] for x in recs)
 
 
-def summarise(rows: list[dict], arms: list[int], with_exact: bool) -> dict:
+def _modes(arms: list[int], exact_arms: list[int]) -> list[tuple[str, int]]:
+    return [("fast", b) for b in arms] + [("exact", b) for b in exact_arms]
+
+
+def summarise(rows: list[dict], arms: list[int], exact_arms: list[int]) -> dict:
     out: dict = {}
     groups = {b: [r for r in rows if r["benchmark"] == b] for b in BENCHMARKS} | {"all": rows}
-    modes = ["fast"] + (["exact"] if with_exact else [])
     for name, rs in groups.items():
         if not rs:
             continue
         base = _agg(rs, lambda r: r["plain"])
         g = {"requests": len(rs), "plain_tok_s": base}
-        for m in modes:
-            for b in arms:
-                k = f"{m}:{b}"
-                g[k] = {"speedup": _agg(rs, lambda r: r[k]) / base, "tau": float(np.mean([r[k]["tau"] for r in rs]))}
+        for m, b in _modes(arms, exact_arms):
+            k = f"{m}:{b}"
+            g[k] = {"speedup": _agg(rs, lambda r: r[k]) / base, "tau": float(np.mean([r[k]["tau"] for r in rs]))}
         g["controller"] = {"speedup": _agg(rs, lambda r: r["controller"]) / base,
                            "block_sizes": sorted({r["controller"]["block_size"] for r in rs})}
         g["oracle"] = {"speedup": _agg(rs, lambda r: min((r[f"fast:{b}"] for b in arms), key=lambda x: x["s"] / x["tokens"])) / base}
@@ -120,26 +123,24 @@ def summarise(rows: list[dict], arms: list[int], with_exact: bool) -> dict:
                          "max_gap": max((x["gap"] for x in div if x["gap"] is not None), default=None)}
     plain_step = sum(r["plain"]["s"] for r in rows) / sum(r["plain"]["tokens"] - 1 for r in rows)
     out["round_cost"] = {"plain_step_ms": 1e3 * plain_step}
-    for m in modes:
-        for b in arms:
-            k = f"{m}:{b}"
-            cost = sum(r[k]["draft_s"] + r[k]["verify_s"] for r in rows) / sum(r[k]["rounds"] for r in rows)
-            out["round_cost"][k] = {"ms": 1e3 * cost, "break_even_tau": cost / plain_step}
+    for m, b in _modes(arms, exact_arms):
+        k = f"{m}:{b}"
+        cost = sum(r[k]["draft_s"] + r[k]["verify_s"] for r in rows) / sum(r[k]["rounds"] for r in rows)
+        out["round_cost"][k] = {"ms": 1e3 * cost, "break_even_tau": cost / plain_step}
     ctl = [r["controller"] for r in rows]
     out["controller_overhead_pct"] = 100 * sum(c["overhead_s"] for c in ctl) / sum(c["s"] for c in ctl)
     return out
 
 
-def markdown(s: dict, arms: list[int], with_exact: bool) -> str:
-    modes = ["fast"] + (["exact"] if with_exact else [])
-    cols = [f"{m} B={b}" for m in modes for b in arms]
+def markdown(s: dict, arms: list[int], exact_arms: list[int]) -> str:
+    cols = [f"{m} B={b}" for m, b in _modes(arms, exact_arms)]
     head = "| prompts | plain tok/s | " + " | ".join(cols) + " | controller | per-request oracle |"
     lines = [head, "|" + "---|" * (len(cols) + 4)]
     for name in [*BENCHMARKS, "all"]:
         if name not in s:
             continue
         g = s[name]
-        cells = [f"{g[f'{m}:{b}']['speedup']:.2f}x (tau {g[f'{m}:{b}']['tau']:.2f})" for m in modes for b in arms]
+        cells = [f"{g[f'{m}:{b}']['speedup']:.2f}x (tau {g[f'{m}:{b}']['tau']:.2f})" for m, b in _modes(arms, exact_arms)]
         lines.append(f"| {name} ({g['requests']}) | {g['plain_tok_s']:.1f} | " + " | ".join(cells)
                      + f" | {g['controller']['speedup']:.2f}x | {g['oracle']['speedup']:.2f}x |")
     rc = s["round_cost"]

@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
         ids = spec.target.encode_chat(p.prompt)
         pre = spec.prefill(ids)
         for b in args.arms:
-            out = spec.decode(pre, b, args.max_new_tokens)
+            outcome = spec.decode(pre, b, args.max_new_tokens)
             ctx = len(ids) + 1
-            for r in out.rounds:
+            for r in outcome.rounds:
                 rounds.append({"block_size": r.block_size, "draft_s": r.draft_s, "verify_s": r.verify_s, "context_tokens": ctx})
                 ctx += r.tau
     machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
