@@ -25,8 +25,9 @@ import tempfile
 from pathlib import Path
 
 from adaptspec.featurizer import Featurizer
-from adaptspec.models import BUNDLED_HEAD
-from adaptspec.simulators import evaluate_log, replay, replay_log
+from adaptspec.models import TEMPLATES_HEAD  # the head trained on the default (template) trace set
+from adaptspec.simulators import evaluate_log, replay_log
+from adaptspec.simulators.replay import replay
 from adaptspec.traces import DecisionLog, load_traces
 
 
@@ -42,9 +43,9 @@ def main() -> None:
     if args.log and Path(args.log).exists() and any(Path(args.log).iterdir()):
         parser.error(f"--log {args.log} is not empty: a decision log keeps every row appended to it")
 
-    # Contexts as the controller computes them: the bundled head's featurizer over the
+    # Contexts as the controller computes them: the template head's featurizer over the
     # prefill features, so a contextual target (the head) can be evaluated on the log.
-    traces = Featurizer.load(BUNDLED_HEAD).transform_traces(load_traces())
+    traces = Featurizer.load(TEMPLATES_HEAD).transform_traces(load_traces())
     stream = dict(reward="token_latency", order="shuffled", n_steps=args.steps)   # minus ms per token
 
     # 1. The logging policy serves the stream, learning as it goes; every row keeps the
@@ -56,7 +57,7 @@ def main() -> None:
         print(f"decision log of {logger}: {len(log)} decisions, mean reward {log.rewards.mean():.2f} (-ms/token)")
 
         # 2. Target policies, evaluated as they are built (frozen: they do not learn from the log).
-        targets = {"fixed:4": "fixed:4", "fixed:16": "fixed:16", "bundled head (frozen)": f"head:path={BUNDLED_HEAD}"}
+        targets = {"fixed:4": "fixed:4", "fixed:16": "fixed:16", "template head (frozen)": f"head:path={TEMPLATES_HEAD}"}
         print(f"{'target':<22} {'true':>7}   {'estimator':<6} {'estimate':>8} {'95% interval':>18}  covers")
         for name, spec in targets.items():
             estimates = evaluate_log(log, spec, seed=args.seed, estimators=["ips", "snips", "dr"], progress=False)

@@ -331,6 +331,17 @@ def render_headline(results: dict[str, Any], report_link: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _in_distribution_note(current: dict[str, Any]) -> list[str]:
+    """A trace set of template prompts measures the drafter's training distribution: say so."""
+    if "benchmark" in str(current.get("path", "")) or "benchmark" in str(current.get("source", "")):
+        return []
+    return ["**In-distribution figures.** Unless the trace set above is the public benchmark prompts' "
+            "(`adaptspec/data/traces/benchmarks`), its prompts come from the same templates as the drafter's "
+            "training prompts: these figures describe the training distribution, not prompts nobody here wrote. "
+            "The headline on the public benchmark prompts (GSM8K, MT-Bench, HumanEval) is in "
+            "[BENCHMARKS.md](../BENCHMARKS.md#real-prompts).", ""]
+
+
 def render_report(results: dict[str, Any], current: dict[str, Any], headline_link: str) -> str:
     """The whole ``docs/evaluation.md``."""
     runs = results["runs"]
@@ -343,6 +354,7 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
            "python benchmarks/evaluate.py --e2e 50                # + section 6 on the real decoder (slow)",
            "```", "",
            f"**Trace set under evaluation:** {provenance_text(current)}", "",
+           *(_in_distribution_note(current)),
            synthetic_warning(current),
            "## Which run produced which section", "",
            "A run regenerates the sections it was asked for and keeps the others from the run that last produced "

@@ -14,6 +14,9 @@ from ..errors import AdaptspecError
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
 #: The offline head (and its featurizer) trained on the bundled real trace set.
 BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
+#: The head trained on the template prompts' trace set (``adaptspec/data/traces/default``, the
+#: drafter's training distribution), with its featurizer: the pair for in-distribution replay.
+TEMPLATES_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head-templates"
 
 
 def load_speculator(

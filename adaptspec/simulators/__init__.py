@@ -2,7 +2,9 @@
 
 The names below load their module on first use, so importing one simulator (say
 ``adaptspec.simulators.synthetic``, which ``adaptspec synth`` needs) does not import the
-policies the others need.
+policies the others need. The replay function shares its module's name, so it is not among
+them (the package attribute ``replay`` is the module once anything imported it): use
+``from adaptspec.simulators.replay import replay``.
 """
 
 import importlib
@@ -11,7 +13,7 @@ from typing import Any
 _WHERE = {
     **dict.fromkeys(["ESTIMATORS", "Estimate", "dm", "dr", "evaluate", "evaluate_log", "fit_reward_model", "ips",
                      "policy_probs", "snips", "switch_dr"], "ope"),
-    **dict.fromkeys(["ReplayReport", "replay", "replay_log", "stream_order"], "replay"),
+    **dict.fromkeys(["ReplayReport", "replay_log", "stream_order"], "replay"),
     **dict.fromkeys(["SCENARIOS", "generate"], "synthetic"),
 }
 
