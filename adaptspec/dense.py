@@ -25,11 +25,19 @@ the real decoder (which compares drafts after the EOS too); its tokens are the s
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
+from tqdm import tqdm
+
+from .errors import AdaptspecError
 
 
 @dataclass
@@ -119,8 +127,6 @@ class DenseTraceSet:
     so an interrupted collection resumes where it stopped (docs/data.md)."""
 
     def __init__(self, path, meta: dict) -> None:
-        from pathlib import Path
-
         self.path = Path(path)
         self.meta = meta
         self.max_block_size = int(meta["max_block_size"])
@@ -128,11 +134,6 @@ class DenseTraceSet:
 
     @classmethod
     def open(cls, path) -> "DenseTraceSet":
-        import json
-        from pathlib import Path
-
-        from .errors import AdaptspecError
-
         path = Path(path)
         try:
             meta = json.loads((path / "meta.json").read_text())
@@ -145,11 +146,6 @@ class DenseTraceSet:
     @classmethod
     def create(cls, path, meta: dict) -> "DenseTraceSet":
         """A new dense set at ``path``, or the existing one when it was made with the same ``meta``."""
-        import json
-        from pathlib import Path
-
-        from .errors import AdaptspecError
-
         path = Path(path)
         meta = {"format": FORMAT, **meta}
         if (path / "meta.json").exists():
@@ -167,15 +163,10 @@ class DenseTraceSet:
         return sorted(self.path.glob("part-*.parquet"))
 
     def table(self):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         parts = self.parts()
         return pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None
 
     def request_ids(self) -> set[str]:
-        import pyarrow.parquet as pq
-
         return {r for p in self.parts() for r in pq.read_table(p, columns=["request_id"])["request_id"].to_pylist()}
 
     def requests(self):
@@ -193,11 +184,6 @@ class DenseTraceSet:
                 row["finish_reason"])
 
     def write_part(self, rows: list[tuple[str, str, DenseRequest]]) -> None:
-        import os
-
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         f32 = pa.list_(pa.float32())
         table = pa.table({
             "request_id": pa.array([r for r, _, _ in rows], pa.string()),
@@ -220,10 +206,6 @@ def collect_dense(decoder, prompts, out, max_new_tokens: int = 128, max_block_si
                   rows_per_part: int = 8, meta: dict | None = None, progress: bool = True) -> DenseTraceSet:
     """Dense traces of ``prompts`` (``(request_id, domain, token_ids)`` triples) into ``out``,
     skipping requests already there (resumable)."""
-    from tqdm import tqdm
-
-    from .errors import AdaptspecError
-
     if not 2 <= max_block_size <= decoder.max_block_size:
         raise AdaptspecError(f"max block size {max_block_size} outside 2..{decoder.max_block_size}")
     ds = DenseTraceSet.create(out, {"max_new_tokens": max_new_tokens, "max_block_size": max_block_size,
@@ -245,7 +227,6 @@ def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
     """The per-request trace set a dense one implies for fixed block sizes ``arms``: tau of every
     round replayed exactly (:func:`replay`), each round's draft and verify time from ``profile``
     (a :class:`~adaptspec.latency.LatencyProfile`) at its context length."""
-    from .errors import AdaptspecError
     from .traces import TraceSet
 
     arms = sorted(int(a) for a in arms)

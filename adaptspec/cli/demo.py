@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     plain_tok = sum(len(r[1][0]) for r in rows)
     plain_s = sum(r[1][1] for r in rows)
     same = sum(r[3] != "NO" for r in rows)
+    verdicts = ", ".join(f"{v} {sum(r[3] == v for r in rows)}" for v in ("yes", "yes*", "tie", "NO") if any(r[3] == v for r in rows))
     print(f"\nall {len(rows)} requests: {spec_tok / spec_s:.1f} tok/s adaptive vs {plain_tok / plain_s:.1f} tok/s plain "
-          f"= {(spec_tok / spec_s) / (plain_tok / plain_s):.2f}x; identical output on {same}/{len(rows)}; "
+          f"= {(spec_tok / spec_s) / (plain_tok / plain_s):.2f}x; output against plain greedy: {verdicts}; "
           f"total {time.perf_counter() - t0:.0f} s")
     if any(r[3] == "tie" for r in rows):
         print("tie: fast verification committed the argmax of the verify pass, which differed from one-token greedy "
