@@ -66,11 +66,13 @@ class Corpus:
                 for s, n, pl, d, f in zip(starts, lens, z["prompt_lens"], z["domains"], z["finished"]):
                     yield DistilledSequence(toks[s : s + n].astype(np.int64), int(pl), str(d), bool(f))
 
-    def prompts(self) -> list[str]:
+    def prompts(self, skip: set[Path] = frozenset()) -> list[str]:
+        """The prompts of every shard (but those in ``skip``), in shard order."""
         out: list[str] = []
         for path in self.shard_paths():
-            with np.load(path) as z:
-                out.extend(str(p) for p in z["prompts"])
+            if path not in skip:
+                with np.load(path) as z:
+                    out.extend(str(p) for p in z["prompts"])
         return out
 
     def stats(self) -> dict:
@@ -124,6 +126,8 @@ def extend(
     dirty = Decontaminator()
     templates: list[Prompt] | None = None
     total = corpus.stats()["response_tokens"]
+    seen: set[str] = set()  # normalised prompts already in the corpus, other workers' shards included
+    read: set[Path] = set()
     written = 0
     bar = tqdm(total=until_tokens, initial=min(total, until_tokens), unit="tok", desc=f"distill {corpus.path.name}")
     k = worker
@@ -132,7 +136,9 @@ def extend(
         if path.exists():
             k += workers
             continue
-        seen = {normalise(p) for p in corpus.prompts()}  # other workers' shards included
+        fresh = set(corpus.shard_paths()) - read
+        seen.update(normalise(p) for p in corpus.prompts(skip=read))
+        read |= fresh
         if k % TEMPLATE_EVERY == TEMPLATE_EVERY - 1:
             if templates is None:
                 templates = [p for p in split_pool(build_prompt_pool(2000, seed=seed))[0] if p.prompt not in dirty]
