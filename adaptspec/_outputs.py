@@ -125,6 +125,18 @@ def check_output(path: str | os.PathLike, kind: str, replace: bool, flag: str = 
         raise AdaptspecError(f"{p} already exists (pass {flag} to replace the {what})")
 
 
+def swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished directory ``tmp`` to ``path``, replacing what is there (renames only)."""
+    os.chmod(tmp, 0o755)
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, path)
+
+
 def write_dir(path: str | os.PathLike, kind: str, replace: bool, write: Callable[[Path], Any],
               flag: str = "--force") -> Path:
     """Check ``path`` (:func:`check_output`), run ``write(tmpdir)``, rename ``tmpdir`` to ``path``."""
@@ -137,14 +149,7 @@ def write_dir(path: str | os.PathLike, kind: str, replace: bool, write: Callable
         raise AdaptspecError(f"{path}: cannot write here ({e.strerror or e})") from None
     try:
         write(tmp)
-        os.chmod(tmp, 0o755)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        swap_into_place(tmp, path)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise AdaptspecError(f"{path}: cannot write ({e.strerror or e}); nothing was changed") from None

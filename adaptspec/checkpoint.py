@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ._outputs import swap_into_place
 from .errors import AdaptspecError
 from ._io import fsync_path, json_default, read_descriptor
 
@@ -65,14 +66,7 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
         (tmp / "checkpoint.json").write_text(json.dumps(info, indent=2, default=json_default) + "\n")
         for f in tmp.iterdir():
             fsync_path(f)
-        os.chmod(tmp, 0o755)
-        if final.exists():  # the same update count again (e.g. at shutdown): replace it
-            old = root / f".{final.name}.old-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        swap_into_place(tmp, final)  # the same update count again (e.g. at shutdown) replaces it
         fsync_path(root)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
