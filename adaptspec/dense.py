@@ -95,23 +95,58 @@ def replay(
     accept: np.ndarray,
     n_tokens: int,
     max_new_tokens: int,
-    schedule: int | Callable[[int, list[int]], int],
+    schedule,
+    top1: np.ndarray | None = None,
 ) -> list[int]:
     """Tau of every round a schedule makes on a dense trace, as the decoder would run it.
 
-    ``schedule`` is a block size or a function ``(round index, taus so far) -> block size``;
-    blocks are shortened near ``max_new_tokens`` as the decoder shortens them.
+    ``schedule`` is a block size, a :class:`~adaptspec.speculator.RoundSchedule` or a function
+    ``(round index, rounds so far) -> block size`` (see :func:`replay_rounds`).
     """
-    choose = schedule if callable(schedule) else (lambda i, taus: schedule)
-    taus: list[int] = []
+    return [r.tau for r in _walk(accept, top1, n_tokens, max_new_tokens, schedule, None, 0, 1)]
+
+
+def replay_rounds(request: DenseRequest, schedule, max_new_tokens: int, profile=None, batch: int = 1) -> list:
+    """The rounds (:class:`~adaptspec.speculator.Round`) a schedule makes on one dense trace,
+    exactly as :class:`~adaptspec.decoding.SpeculativeDecoder` runs them at T = 0: blocks are
+    shortened near ``max_new_tokens`` as the decoder shortens them, and a schedule that
+    ``uses_confidence`` sees the drafter's top-1 probabilities of the block it drafted (stored
+    for the dense set's largest block size only, so such a schedule must draft that size or 1).
+    With a latency ``profile`` each round's draft and verify seconds are the profile's at the
+    round's block sizes, context length and ``batch``; without one they are 0.
+    """
+    return _walk(request.accept, request.top1, len(request.tokens), max_new_tokens, schedule, profile,
+                 request.prompt_tokens, batch)
+
+
+def _walk(accept, top1, n_tokens, max_new_tokens, schedule, profile, prompt_tokens, batch) -> list:
+    from .schedules import as_schedule
+    from .speculator import Round
+
+    schedule = as_schedule(schedule)
+    largest = accept.shape[1] + 1
+    rounds: list = []
     m = 1  # committed tokens (the prefill's token included)
     while m < n_tokens:
-        b = min(int(choose(len(taus), taus)), max_new_tokens - m)
-        j = int(accept[m - 1, b - 2]) if b > 1 else 0
+        room = max_new_tokens - m
+        b = int(schedule.draft_size(rounds))
+        if not 1 <= b <= largest:
+            raise AdaptspecError(f"block size {b} outside 1..{largest} (this dense set's largest)")
+        if schedule.uses_confidence and b > 1:
+            if b != largest or top1 is None:
+                raise AdaptspecError(f"{schedule!r} drafts {b}, but drafter confidences are stored "
+                                     f"for block size {largest} only")
+            v = min(int(schedule.verify_size(top1[m - 1], rounds)), room)
+        else:
+            b = v = min(b, room)
+        j = min(int(accept[m - 1, b - 2]), v - 1) if v > 1 else 0
         j = min(j, n_tokens - 1 - m)  # nothing past the end of the greedy output is checked
-        taus.append(j + 1)
+        ctx = prompt_tokens + m  # as profile-latency counts context
+        draft_s = float(profile.draft_s(b, ctx, batch)) if profile is not None and b > 1 else 0.0
+        verify_s = float(profile.verify_s(v, ctx, batch)) if profile is not None else 0.0
+        rounds.append(Round(block_size=v, tau=j + 1, draft_s=draft_s, verify_s=verify_s, drafted=b if b != v else 0))
         m += j + 1
-    return taus
+    return rounds
 
 
 # ---------------------------------------------------------------------- storage

@@ -14,23 +14,36 @@ and one attribute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class Round:
-    """One draft/verify round: ``tau`` tokens committed (accepted drafts + the bonus token)."""
+    """One draft/verify round: ``tau`` tokens committed (accepted drafts + the bonus token).
+
+    ``block_size`` positions were verified (the last committed token and ``block_size - 1``
+    drafts); ``drafted`` is the size of the block the drafter drafted, larger when a per-round
+    schedule verified only a prefix of it (0: the same as ``block_size``).
+    """
 
     block_size: int
     tau: int
     draft_s: float
     verify_s: float
+    drafted: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.tau <= self.block_size:
             raise ValueError(f"tau={self.tau} outside 1..block_size={self.block_size}")
+        if self.drafted and self.drafted < self.block_size:
+            raise ValueError(f"drafted={self.drafted} smaller than the verified block_size={self.block_size}")
+
+    @property
+    def draft_size(self) -> int:
+        """The size of the drafted block (1: a plain step, nothing drafted)."""
+        return self.drafted or self.block_size
 
 
 @dataclass
@@ -108,18 +121,46 @@ class Decision:
 
 
 @runtime_checkable
+class RoundSchedule(Protocol):
+    """Chooses, round by round inside one request, how much to draft and how much to verify.
+
+    Before a round the decoder asks ``draft_size(rounds)`` (the rounds of this request so far):
+    the block to draft, ``1`` for a plain step that drafts nothing. When ``uses_confidence`` is
+    true the decoder then passes the drafter's top-1 probability of each of the ``B - 1`` drafts
+    to ``verify_size(confidence, rounds)``, which returns how many block positions to verify,
+    ``1..B`` (the last committed token and that many drafts minus one): a prefix of the block.
+    Ready-made schedules are in :mod:`adaptspec.schedules`.
+    """
+
+    uses_confidence: bool
+
+    def draft_size(self, rounds: Sequence[Round]) -> int: ...
+
+    def verify_size(self, confidence: np.ndarray, rounds: Sequence[Round]) -> int: ...
+
+
+@runtime_checkable
 class BlockSpeculator(Protocol):
-    """What :class:`adaptspec.AdaptiveController` needs from a speculative decoder."""
+    """What :class:`adaptspec.AdaptiveController` needs from a speculative decoder.
+
+    ``decode`` takes a block size or a :class:`RoundSchedule`; a speculator that cannot change
+    the block size between rounds may ask the schedule once, and one that has no drafter
+    confidences may ignore ``verify_size`` (verifying the whole block). ``on_round(tokens,
+    round)``, when given, is called after every round with the tokens it committed (streaming).
+    At ``temperature > 0`` the first token is sampled at ``prefill`` from a generator seeded by
+    ``seed``.
+    """
 
     max_block_size: int
 
-    def prefill(self, prompt_ids: Sequence[int], **kwargs: Any) -> Prefill: ...
+    def prefill(self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None) -> Prefill: ...
 
     def decode(
         self,
         prefill: Prefill,
-        block_size: int,
+        block_size: "int | RoundSchedule",
         max_new_tokens: int,
         temperature: float = 0.0,
         seed: int | None = None,
+        on_round: "Callable[[list[int], Round], None] | None" = None,
     ) -> Outcome: ...

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from adaptspec.dense import DenseTraceSet, collect_dense, dense_request, replay, to_traceset
+from adaptspec.dense import DenseTraceSet, collect_dense, dense_request, replay, replay_rounds, to_traceset
 from adaptspec.errors import AdaptspecError
 from adaptspec.latency import get_profile
+from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 
 from decoding_helpers import make_decoder, tiny_target
 
@@ -29,7 +32,8 @@ def test_replay_equals_the_real_decoder_round_by_round(bundled_exact):
     spec = bundled_exact
     n = 40
     schedule = lambda i, taus: (2, 8, 4, 16, 1)[i % 5]  # noqa: E731  a per-round schedule
-    accepted = 0
+    accepted = prefixes = 0
+    worst = 0.0
     for p in benchmark_prompts(per_benchmark=1)[:2]:
         ids = spec.target.encode_chat(p.prompt)
         d = dense_request(spec, ids, n, 16)
@@ -40,7 +44,39 @@ def test_replay_equals_the_real_decoder_round_by_round(bundled_exact):
             if out.finish_reason == "length":  # (after an EOS the decoder also checks drafts past it)
                 assert replay(d.accept, len(d.tokens), n, b) == [r.tau for r in out.rounds], b
             accepted += sum(r.tau - 1 for r in out.rounds)
+        # Per-round schedules: the drafted and verified size and the tau of every round agree, given
+        # the confidences the decoder saw; those differ from the batched dense pass's by bf16 rounding
+        # only (a threshold between the two could flip one round).
+        for s in (ConfidenceThreshold(0.3), ConfidenceThreshold(0.6, backoff=False), AcceptanceHistory(4, 16)):
+            seen = _Recording(s)
+            out = spec.decode(pre, seen, n)
+            assert out.tokens == d.tokens.tolist()
+            if out.finish_reason == "length":
+                top1 = d.top1.copy()
+                for m, conf in seen.confidences:
+                    worst = max(worst, float(np.abs(top1[m - 1] - conf).max()))
+                    top1[m - 1] = conf
+                seen_d = dataclasses.replace(d, top1=top1)
+                shape = lambda rs: [(r.draft_size, r.block_size, r.tau) for r in rs]  # noqa: E731
+                assert shape(replay_rounds(seen_d, s, n)) == shape(out.rounds), s
+                prefixes += sum(r.block_size < r.draft_size for r in out.rounds)
+    assert worst < 0.1, worst  # the decoder's confidences and the dense set's agree to bf16 rounding (0.047 measured)
     assert accepted > 0  # the drafter was right sometimes: acceptance was exercised
+    assert prefixes > 0  # a confidence schedule verified only part of a drafted block
+
+
+class _Recording:
+    """A schedule that passes every call through and records the confidences it was shown."""
+
+    def __init__(self, inner):
+        self.inner, self.uses_confidence, self.confidences = inner, inner.uses_confidence, []
+
+    def draft_size(self, rounds):
+        return self.inner.draft_size(rounds)
+
+    def verify_size(self, confidence, rounds):
+        self.confidences.append((1 + sum(r.tau for r in rounds), np.array(confidence)))
+        return self.inner.verify_size(confidence, rounds)
 
 
 def test_dense_set_resumes_and_refuses_foreign_directories(tmp_path):

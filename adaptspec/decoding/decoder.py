@@ -39,15 +39,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import AdaptspecError
-from ..speculator import Outcome, Prefill, Round
+from ..schedules.fixed import FixedBlock, as_schedule
+from ..speculator import Outcome, Prefill, Round, RoundSchedule
 from .drafter import BlockDiffusionDrafter, DraftState
 from .target import TargetModel
 
-#: A fixed block size, or a function ``(round_index, rounds_so_far) -> block size``.
-BlockSchedule = int | Callable[[int, list[Round]], int]
+#: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
+#: ``(round_index, rounds_so_far) -> block size``.
+BlockSchedule = int | RoundSchedule | Callable[[int, list[Round]], int]
 
 
 @dataclass
@@ -112,8 +115,11 @@ class SpeculativeDecoder:
     ) -> Outcome:
         """Draft/verify rounds after ``prefill`` until EOS or ``max_new_tokens`` new tokens.
 
-        ``block_size`` may be a function of the rounds so far, so it can change between
-        rounds. ``prefill`` is not consumed: it can be decoded again with another block size.
+        ``block_size`` is an int or a per-round schedule (:class:`~adaptspec.speculator.RoundSchedule`,
+        :mod:`adaptspec.schedules`; or a function ``(round_index, rounds_so_far) -> block size``):
+        a schedule chooses each round's block and, when it ``uses_confidence``, the prefix of the
+        drafts to verify from the drafter's top-1 probabilities (then the block is drafted whole
+        even near ``max_new_tokens``, and the verified prefix is cut there). ``prefill`` is not consumed: it can be decoded again with another block size.
         ``on_round(tokens, round)`` is called after each round with the tokens it committed
         (for streaming).
         """
@@ -123,16 +129,16 @@ class SpeculativeDecoder:
         state: _PrefillState = prefill.state
         if not isinstance(state, _PrefillState):
             raise AdaptspecError("this Prefill was not made by this decoder")
-        choose = block_size if callable(block_size) else (lambda i, r, b=block_size: b)
-        if not callable(block_size):
-            self._check_block_size(block_size)
+        schedule = as_schedule(block_size)
+        if isinstance(schedule, FixedBlock):
+            self._check_block_size(schedule.block_size)
         cache = copy.deepcopy(state.cache)
         gen = state.generator
         if temperature > 0 and (gen is None or seed is not None):
             gen = _generator(self.target.device, seed)
         # A request at B = 1 throughout never drafts: no drafter state, no hidden states.
         draft = None
-        if self.drafter is not None and (callable(block_size) or block_size > 1):
+        if self.drafter is not None and schedule != FixedBlock(1):
             draft = self.drafter.new_state(state.context_hidden)
 
         eos = self.target.eos_token_ids
@@ -142,13 +148,15 @@ class SpeculativeDecoder:
         finish = "eos" if tokens[-1] in eos else "length"
         start = _now(self.target.device)
         while finish == "length" and len(tokens) < max_new_tokens:
-            b = self._check_block_size(choose(len(rounds), rounds))
-            b = min(b, max_new_tokens - len(tokens))  # drafts past the end would be thrown away
-            new, r = self._round(tokens[-1], n, b, cache, draft, temperature, gen)
+            b = self._check_block_size(schedule.draft_size(rounds))
+            room = max_new_tokens - len(tokens)
+            if not schedule.uses_confidence:
+                b = min(b, room)  # drafts past the end would be thrown away
+            new, r = self._round(tokens[-1], n, b, room, cache, draft, temperature, gen, schedule, rounds)
             rounds.append(r)
             n += r.tau
             kept = len(tokens)
-            for t in new[: max_new_tokens - len(tokens)]:
+            for t in new[:room]:
                 tokens.append(t)
                 if t in eos:
                     finish = "eos"
@@ -181,7 +189,7 @@ class SpeculativeDecoder:
         seed: int | None = None,
     ) -> Outcome:
         """Prefill + decode. ``block_size=1`` is plain (target-only) decoding."""
-        if not callable(block_size):
+        if isinstance(block_size, int):
             self._check_block_size(block_size)
         pre = self.prefill(input_ids, temperature=temperature, seed=seed)
         return self.decode(pre, block_size, max_new_tokens, temperature=temperature)
@@ -192,10 +200,13 @@ class SpeculativeDecoder:
         last: int,
         n: int,
         b: int,
+        room: int,
         cache: Any,
         draft: DraftState | None,
         temperature: float,
         gen: torch.Generator | None,
+        schedule: RoundSchedule,
+        rounds: list[Round],
     ) -> tuple[list[int], Round]:
         dev = self.target.device
         t0 = _now(dev)
@@ -210,6 +221,14 @@ class SpeculativeDecoder:
                 idx = torch.multinomial(q.to(dev), 1, generator=gen)[:, 0]
                 q = self.drafter.target_probs(q).to(dev)
             drafts = self.drafter.to_target_ids(idx).to(dev)
+            if schedule.uses_confidence:  # verify a prefix, chosen from the drafter's top-1 probabilities
+                top1 = torch.softmax(logits, dim=-1).amax(-1).cpu().numpy()
+                v = schedule.verify_size(top1, rounds)
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= b:
+                    raise AdaptspecError(f"{schedule!r}.verify_size gave {v!r}, outside 1..{b}")
+                drafts = drafts[: min(int(v), room) - 1]
+                q = q[: len(drafts)] if q is not None else None
+        drafted, b = b, len(drafts) + 1
         t1 = _now(dev)
         block = torch.cat([torch.tensor([last], device=dev), drafts])
         logits, hidden = self.target.verify(block, cache, context=draft is not None)
@@ -239,7 +258,7 @@ class SpeculativeDecoder:
         if hidden is not None:
             draft.append(hidden[:tau])
         t2 = _now(dev)
-        return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1)
+        return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1, drafted=drafted if drafted != b else 0)
 
     def _check_block_size(self, b: int) -> int:
         if not isinstance(b, int) or isinstance(b, bool):
