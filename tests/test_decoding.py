@@ -11,6 +11,7 @@ from scipy import stats
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
+from adaptspec.schedules import ConfidenceThreshold
 
 from decoding_helpers import ARCHS, PeekingDrafter, make_decoder, reference_greedy, tiny_target
 
@@ -166,8 +167,11 @@ def _exact_second_third(model, prompt: list[int], temperature: float) -> np.ndar
     return joint.sum(0).numpy()
 
 
-@pytest.mark.parametrize("draft_vocab", [None, list(range(0, 12, 2))])
-def test_sampling_keeps_the_target_distribution(draft_vocab):
+@pytest.mark.parametrize("draft_vocab, schedule", [
+    (None, 4), (list(range(0, 12, 2)), 4),
+    (None, ConfidenceThreshold(0.0248, block_size=3, backoff=False)),  # both drafts or one, by context
+])
+def test_sampling_keeps_the_target_distribution(draft_vocab, schedule):
     """Chi-square test of (x2, x3), the first tokens drafted and verified, at T=1.
 
     The seeds are fixed, so the test is deterministic; with fresh seeds its false-alarm
@@ -183,13 +187,16 @@ def test_sampling_keeps_the_target_distribution(draft_vocab):
     decoder = SpeculativeDecoder(target, drafter)
     n = 3000
     counts = np.zeros_like(exact)
-    accepted = 0
+    accepted = prefixes = 0
     pre_gen_seed = 0
     for i in range(n):
-        out = decoder.generate(prompt, block_size=4, max_new_tokens=4, temperature=1.0, seed=pre_gen_seed + i)
+        out = decoder.generate(prompt, block_size=schedule, max_new_tokens=4, temperature=1.0, seed=pre_gen_seed + i)
         counts[out.tokens[1] * 12 + out.tokens[2]] += 1
         accepted += out.rounds[0].tau - 1
+        prefixes += out.rounds[0].block_size < out.rounds[0].draft_size
     assert 0 < accepted < 2 * n  # both acceptance and rejection happened
+    if not isinstance(schedule, int):
+        assert 0 < prefixes < n  # some rounds verified the whole block, some a prefix
     expected = exact * n
     big = expected >= 5
     obs, exp = counts[big], expected[big]
