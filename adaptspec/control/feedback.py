@@ -117,7 +117,7 @@ class FeedbackMixin:
                            reward=reward, request_id=p.request_id, variant=self.variant)
         if outcome is not None and not outcome.rounds:
             row["mean_tau"] = None
-        learn = reward is not None and p.decision.block_size in self.arms
+        learn = reward is not None  # its block size was checked when it was decided (control.block_sizes)
         with self._seq_lock:  # the log's order is the order updates are applied in
             if self._log is not None:
                 try:
