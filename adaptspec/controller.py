@@ -30,6 +30,12 @@ re-applies, in order, every logged feedback after the checkpoint's last update: 
 state is exactly what it was after the last acknowledged feedback before a crash. (The
 policy's random generator resumes from the checkpoint.)
 
+Where the parts are: this module holds the request loop and the public API; the policy a
+controller runs is built in :mod:`adaptspec.control.policy_build`, block sizes are checked
+where they enter in :mod:`adaptspec.control.block_sizes`, feedback bookkeeping is
+:mod:`adaptspec.control.feedback`, the threads :mod:`adaptspec.control.workers`, checkpoints
+and resume :mod:`adaptspec.control.checkpoints`.
+
 >>> from adaptspec.speculator import Outcome, Prefill, Round
 >>> class Toy:                      # any object with prefill/decode/max_block_size
 ...     max_block_size = 8
@@ -47,24 +53,27 @@ policy's random generator resumes from the checkpoint.)
 from __future__ import annotations
 
 import concurrent.futures as cf
-import copy
 import inspect
 import logging
 import math
-import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .control.block_sizes import check_arms, check_outcome, choose_fallback, fallback_decision, valid_decision
+from .control.checkpoints import CheckpointsMixin, check_checkpoint_dir
+from .control.feedback import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
+from .control.feedback import FeedbackMixin, _Counters, _Pending
+from .control.policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer
+from .control.workers import _STOP, WorkersMixin, speculator_lock
 from .errors import AdaptspecError
 from .featurizer import Featurizer
 from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
@@ -75,50 +84,9 @@ __all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "
 
 log = logging.getLogger("adaptspec.controller")
 
-#: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
-#: the same as the bundled trace set's.
-DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
-
-_FALLBACK_REASONS = ("error", "timeout", "invalid")
-_FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error", "log_error")
-_DONE_MEMORY = 100_000
-
 
 class PrefillError(AdaptspecError):
     """The speculator refused the prompt (empty, token ids out of range, ...): the caller's input is wrong."""
-
-
-class DecisionLogError(AdaptspecError):
-    """A decision could not be written to the decision log (a full disk, say): it is not acknowledged,
-    and the policy does not learn from it."""
-
-
-def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
-    """The product default: NeuralLinear over ``head`` (default: the bundled head) if it exists, else UCB.
-
-    UCB is the context-free fallback while no trained head is available, or, given
-    ``speculator``, when the head does not fit it: a head trained for block sizes beyond the
-    speculator's ``max_block_size``, or for prefill features of another width (another model).
-    """
-    h = Path(head) if head is not None else BUNDLED_HEAD
-    if not (h / "config.json").is_file():
-        return "ucb"
-    if speculator is not None and not _head_fits(h, speculator):
-        return "ucb"
-    return f"neural-linear:head={h}"
-
-
-def _head_fits(head: Path, speculator: Any) -> bool:
-    from .policies.offline_head import HeadModel
-
-    model = HeadModel.load(head)
-    if max(model.arms) > int(getattr(speculator, "max_block_size", 0) or 0):
-        return False
-    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
-    if width is None:
-        return True
-    want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
-    return int(width) == int(want)
 
 
 @dataclass
@@ -153,55 +121,7 @@ class Generation:
         return self.decision.extras.get("fallback")
 
 
-@dataclass
-class _Pending:
-    decision: Decision
-    context: np.ndarray | None
-    request_id: str | None
-    since: float
-
-
-@dataclass
-class _Update:
-    context: np.ndarray | None
-    block_size: int
-    reward: float
-    decision_id: str
-
-
-@dataclass
-class _Counters:
-    decisions: int = 0
-    fallbacks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_FALLBACK_REASONS, 0))
-    feedback: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_FEEDBACK, 0))
-    update_errors: int = 0
-    update_s: float = 0.0
-    update_max_s: float = 0.0
-    checkpoints: int = 0
-    checkpoint_errors: int = 0
-    log_errors: int = 0
-    last_error: tuple[float, str] | None = None  # (time, what) of the newest failure of a checkpoint or log write
-
-
-_STOP = object()
-_LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
-_LOCKS_BY_ID: dict[int, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def speculator_lock(speculator: Any) -> threading.Lock:
-    """The lock every controller uses around calls into ``speculator`` (one per speculator object)."""
-    with _LOCKS_GUARD:
-        try:
-            lock = _LOCKS.get(speculator)
-            if lock is None:
-                lock = _LOCKS[speculator] = threading.Lock()
-        except TypeError:  # not weak-referenceable
-            lock = _LOCKS_BY_ID.setdefault(id(speculator), threading.Lock())
-        return lock
-
-
-class AdaptiveController:
+class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
     """Wrap a speculator and a policy; decide, decode, learn and log (see the module docstring).
 
     Parameters
@@ -309,41 +229,16 @@ class AdaptiveController:
         self._prefill_kw = [k for k in ("temperature", "seed") if k in pp or "**" in pp]
 
         # ---------------------------------------------------------------- policy and featurizer
-        self.policy_spec: str | None = None
-        if policy is None:
-            policy = default_policy_spec()
-        if isinstance(policy, str):
-            from .policies.spec import make_policy
-
-            self.policy_spec = policy
-            cand = tuple(arms) if arms is not None else tuple(a for a in DEFAULT_ARMS if a <= self.max_block_size)
-            learner = _build_policy(make_policy, policy, cand, seed)
-        else:
-            learner = policy
-            for name in ("decide", "update", "arms"):
-                if not hasattr(learner, name):
-                    raise AdaptspecError(f"policy {type(learner).__name__} has no {name}: not a block-size policy")
-            if arms is not None and tuple(sorted(arms)) != tuple(learner.arms):
-                raise AdaptspecError(f"arms {list(arms)} differ from the policy's {list(learner.arms)}")
-        self.arms: tuple[int, ...] = tuple(int(a) for a in learner.arms)
-        if max(self.arms) > self.max_block_size:
-            too_big = [a for a in self.arms if a > self.max_block_size]
-            label = getattr(learner, "label", type(learner).__name__)
-            whose = "given" if arms is not None and tuple(sorted(arms)) == self.arms else f"of policy {label}"
-            raise AdaptspecError(f"block sizes {too_big} {whose} exceed the speculator's max_block_size "
-                                 f"{self.max_block_size} (arms {list(self.arms)})")
+        self.policy_spec, learner = make_learner(policy, arms, self.max_block_size, seed)
+        self.arms: tuple[int, ...] = check_arms(learner, arms, self.max_block_size)
         self.policy_label = str(getattr(learner, "label", type(learner).__name__))
         self._contextual = bool(getattr(learner, "contextual", True))
-        self.featurizer = self._resolve_featurizer(featurizer, learner)
+        self.featurizer = resolve_featurizer(featurizer, self.policy_spec)
         dim = getattr(learner, "dim", None)
         if self.featurizer is not None and dim is not None and self._contextual and dim != self.featurizer.out_dim:
             raise AdaptspecError(f"the featurizer gives {self.featurizer.out_dim} values, policy {self.policy_label} "
                                  f"expects {dim}")
-        if fallback_block_size is None:
-            fallback_block_size = min(self.arms, key=lambda a: (abs(a - 8), a))
-        if fallback_block_size not in self.arms:
-            raise AdaptspecError(f"fallback block size {fallback_block_size} is not one of the arms {list(self.arms)}")
-        self.fallback_block_size = int(fallback_block_size)
+        self.fallback_block_size = choose_fallback(fallback_block_size, self.arms)
         self.reward_fn: Callable[[Outcome], float] = (
             reward if callable(reward) else reward_function(reward, latency))
         self.reward_name = reward if isinstance(reward, str) else getattr(reward, "__name__", "custom")
@@ -387,7 +282,7 @@ class AdaptiveController:
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         if self.checkpoint_dir is not None:
-            _check_checkpoint_dir(self.checkpoint_dir)
+            check_checkpoint_dir(self.checkpoint_dir)
         self._log = None
         if self.log_dir is not None:
             from .logwriter import DecisionLogWriter
@@ -533,10 +428,7 @@ class AdaptiveController:
             with self._lock:
                 p = self._pending.get(decision_id)
             if p is not None:
-                big = max((r.block_size for r in outcome.rounds), default=0)
-                if big > p.decision.block_size:
-                    raise AdaptspecError(f"outcome ran block size {big}, but decision {decision_id} chose "
-                                         f"{p.decision.block_size}: report the outcome of the decided block size")
+                check_outcome(outcome, p.decision)
         return self._feedback(decision_id, outcome, reward)[0]
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
@@ -652,7 +544,7 @@ class AdaptiveController:
         reason = None
         try:
             d = self._decider.submit(self._decide_now, ctx if self._contextual else None).result(self.decide_timeout_s)
-            if not self._valid(d):
+            if not valid_decision(d, self.arms):
                 reason = "invalid"
                 log.warning("%s: policy %s returned an invalid decision %r; using block size %d",
                             self.variant or "controller", self.policy_label, d, self.fallback_block_size)
@@ -665,10 +557,7 @@ class AdaptiveController:
             log.warning("%s: policy %s raised %r; using block size %d", self.variant or "controller",
                         self.policy_label, e, self.fallback_block_size)
         if reason is not None:
-            probs = np.zeros(len(self.arms))
-            probs[self.arms.index(self.fallback_block_size)] = 1.0
-            d = Decision(self.fallback_block_size, 1.0, probs, self.arms, f"fallback:{self.fallback_block_size}",
-                         version=-1, extras={"fallback": reason})
+            d = fallback_decision(self.fallback_block_size, self.arms, reason)
         did = uuid.uuid4().hex
         d = d.with_id(did)
         with self._lock:
@@ -678,276 +567,6 @@ class AdaptiveController:
                 self._counters.fallbacks[reason] += 1
         return d
 
-    def _decide_now(self, ctx: np.ndarray | None) -> Decision:
-        """Runs on the decision thread, the only one that touches the snapshot."""
-        self._adopt()
-        return self._snapshot.decide(ctx)
-
-    def _adopt(self) -> None:
-        """Switch decisions to the newest published copy, carrying the random generator over."""
-        nxt = self._published
-        if nxt is not self._snapshot:
-            rng = getattr(self._snapshot, "rng", None)
-            if rng is not None and getattr(nxt, "rng", None) is not None:
-                nxt.rng.bit_generator.state = rng.bit_generator.state
-            self._snapshot = nxt
-
-    def _copy_snapshot(self) -> Any:
-        self._adopt()
-        return self._copy(self._snapshot)
-
-    def _valid(self, d: Any) -> bool:
-        if not isinstance(d, Decision):
-            return False
-        try:
-            b = int(d.block_size)
-            if b != d.block_size or b not in self.arms or tuple(d.arms) != self.arms:
-                return False
-            p = np.asarray(d.probs, dtype=np.float64)
-            prop = float(d.propensity)
-        except (TypeError, ValueError):
-            return False
-        return (p.shape == (len(self.arms),) and bool(np.isfinite(p).all()) and bool((p >= -1e-12).all())
-                and abs(float(p.sum()) - 1.0) <= 1e-6 and 0.0 < prop <= 1.0 + 1e-9
-                and abs(p[self.arms.index(b)] - prop) <= 1e-6)
-
-    # ================================================================== feedback
-    def _feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None) -> tuple[str, float | None]:
-        with self._lock:
-            p = self._pending.pop(decision_id, None)
-            if p is None:
-                prev = self._done.get(decision_id)
-                status = "unknown" if prev is None else ("late" if prev in ("expired", "dropped") else "duplicate")
-                self._counters.feedback[status] += 1
-                return status, None
-            self._remember(decision_id, "done")
-        r = reward
-        if r is None and outcome is not None:
-            try:
-                r = float(self.reward_fn(outcome))
-            except Exception as e:  # e.g. no round ran: the reward is undefined, the row is still logged
-                log.info("%s: no reward for decision %s: %s", self.variant or "controller", decision_id, e)
-                r = None
-            if r is not None and not math.isfinite(r):
-                r = None
-        status = "applied" if r is not None else "no_reward"
-        try:
-            self._commit(p, outcome, r)
-        except DecisionLogError:  # not logged, so not applied either
-            with self._lock:
-                self._counters.feedback["log_error"] += 1
-            raise
-        with self._lock:
-            self._counters.feedback[status] += 1
-        return status, r
-
-    def _abandon(self, decision_id: str, why: str) -> None:
-        """Log a pending decision without a reward (expired, dropped at close, decode error)."""
-        with self._lock:
-            p = self._pending.pop(decision_id, None)
-            if p is None:
-                return
-            self._remember(decision_id, why)
-            self._counters.feedback[why] += 1
-        self._commit(p, None, None)
-
-    def _commit(self, p: _Pending, outcome: Outcome | None, reward: float | None) -> None:
-        from .traces import decision_row
-
-        row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
-                           reward=reward, request_id=p.request_id, variant=self.variant)
-        if outcome is not None and not outcome.rounds:
-            row["mean_tau"] = None
-        learn = reward is not None and p.decision.block_size in self.arms
-        with self._seq_lock:  # the log's order is the order updates are applied in
-            if self._log is not None:
-                try:
-                    self._log.append(row)
-                except AdaptspecError as e:
-                    with self._lock:
-                        self._counters.log_errors += 1
-                        self._counters.last_error = (time.time(), f"decision log: {e}")
-                    log.error("%s: decision %s not logged: %s", self.variant or "controller", p.decision.decision_id, e)
-                    raise DecisionLogError(f"decision {p.decision.decision_id} could not be logged: {e}") from None
-            if learn:
-                with self._cond:
-                    self._enqueued += 1
-                self._queue.put(_Update(p.context, int(p.decision.block_size), float(reward), p.decision.decision_id))
-
-    def _remember(self, decision_id: str, status: str) -> None:
-        self._done[decision_id] = status
-        if len(self._done) > _DONE_MEMORY:
-            self._done.popitem(last=False)
-
-    # ================================================================== update thread
-    def _work(self) -> None:
-        stop = False
-        while not stop:
-            try:
-                item = self._queue.get(timeout=self._tick)
-            except Empty:
-                item = None
-            batch: list[_Update] = []
-            requests: list[Any] = []
-            while item is not None:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, _Update):
-                    batch.append(item)
-                else:
-                    requests.append(item)
-                if len(batch) >= 256:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except Empty:
-                    item = None
-            if batch:
-                for u in batch:
-                    self._apply(u)
-                self._published = self._copy(self._learner)
-                with self._cond:
-                    self._applied += len(batch)
-                    self._cond.notify_all()
-            try:
-                self._housekeeping(force_checkpoint=stop)
-            except Exception as e:  # never let the update thread die
-                log.error("%s: housekeeping failed: %r", self.variant or "controller", e)
-            for kind, fut in requests:
-                try:
-                    fut.set_result(self._write_checkpoint() if kind == "checkpoint" else None)
-                except Exception as e:
-                    fut.set_exception(e)
-            if stop:
-                with self._lock:
-                    left = list(self._pending)
-                for did in left:
-                    self._abandon(did, "dropped")
-                while True:  # rows just logged: apply them so the final checkpoint has them
-                    try:
-                        u = self._queue.get_nowait()
-                    except Empty:
-                        break
-                    if isinstance(u, _Update):
-                        self._apply(u)
-                        with self._cond:
-                            self._applied += 1
-                if self.checkpoint_dir is not None and self._n_updates > self._ckpt_updates:
-                    self._safe_checkpoint()
-                with self._cond:
-                    self._cond.notify_all()
-
-    def _apply(self, u: _Update) -> None:
-        t = time.perf_counter()
-        try:
-            self._learner.update(u.context if self._contextual else None, u.block_size, u.reward)
-        except Exception as e:
-            self._counters.update_errors += 1
-            log.error("%s: policy update failed for decision %s: %r", self.variant or "controller", u.decision_id, e)
-        dt = time.perf_counter() - t
-        self._counters.update_s += dt
-        self._counters.update_max_s = max(self._counters.update_max_s, dt)
-        self._n_updates += 1
-        self._last_update_id = u.decision_id
-
-    def _housekeeping(self, force_checkpoint: bool = False) -> None:
-        if self.feedback_timeout_s is not None:
-            now = time.monotonic()
-            with self._lock:
-                old = [k for k, p in self._pending.items() if now - p.since > self.feedback_timeout_s]
-            for did in old:
-                self._abandon(did, "expired")
-        if self.checkpoint_dir is not None and self._n_updates > self._ckpt_updates and not force_checkpoint:
-            due = self._n_updates - self._ckpt_updates >= self.checkpoint_every
-            if not due and self.checkpoint_interval_s is not None:
-                due = time.monotonic() - self._ckpt_time >= self.checkpoint_interval_s
-            if due:
-                self._safe_checkpoint()
-        if self._log is not None:
-            self._log.maybe_roll()
-
-    def _safe_checkpoint(self) -> None:
-        try:
-            self._write_checkpoint()
-        except Exception as e:
-            with self._lock:
-                self._counters.checkpoint_errors += 1
-                self._counters.last_error = (time.time(), f"checkpoint: {e}")
-            log.error("%s: checkpoint failed: %r", self.variant or "controller", e)
-
-    def _write_checkpoint(self) -> Path:
-        """Runs on the update thread (it owns the learner)."""
-        from .checkpoint import write_checkpoint
-
-        try:  # the decisions' generator, so that a resumed policy draws on from there
-            state = self._decider.submit(self._decision_rng_state).result(timeout=1.0)
-            self._learner.rng.bit_generator.state = state
-        except Exception:  # a stuck or generator-less policy: keep the learner's own
-            pass
-        meta = {"updates": self._n_updates, "last_decision_id": self._last_update_id, "variant": self.variant,
-                "policy_label": self.policy_label, "policy_spec": self.policy_spec, "arms": list(self.arms),
-                "seed": self.seed, "reward": self.reward_name}
-        path = write_checkpoint(self.checkpoint_dir, self._learner, meta, self.featurizer)
-        self._ckpt_updates = self._n_updates
-        self._ckpt_time = time.monotonic()
-        self._counters.checkpoints += 1
-        return path
-
-    def _decision_rng_state(self) -> dict[str, Any]:
-        self._adopt()
-        return self._snapshot.rng.bit_generator.state
-
-    # ================================================================== resume
-    def _resume(self) -> None:
-        from .checkpoint import latest_checkpoint, load_policy, read_checkpoint
-
-        ck = latest_checkpoint(self.checkpoint_dir)
-        anchor = None
-        info: dict[str, Any] = {"checkpoint": None, "updates_at_checkpoint": 0, "replayed": 0}
-        if ck is not None:
-            meta = read_checkpoint(ck)
-            if meta.get("variant") != self.variant:
-                raise AdaptspecError(f"{ck}: checkpoint of variant {meta.get('variant')!r}, this controller is "
-                                     f"{self.variant!r}")
-            if tuple(meta.get("arms", ())) != self.arms:
-                raise AdaptspecError(f"{ck}: checkpoint has arms {meta.get('arms')}, the policy has {list(self.arms)}")
-            fp = None if self.featurizer is None else self.featurizer.fingerprint
-            if meta.get("featurizer") != fp:
-                raise AdaptspecError(f"{ck}: checkpoint was written with featurizer {meta.get('featurizer')}, "
-                                     f"this controller uses {fp}")
-            load_policy(ck, self._learner)
-            self._n_updates = int(meta["updates"])
-            anchor = meta.get("last_decision_id")
-            info.update(checkpoint=str(ck), updates_at_checkpoint=self._n_updates)
-        if self.log_dir is not None:
-            info["replayed"] = self._replay_log(anchor)
-        self.resumed = info
-        if ck is not None or info["replayed"]:
-            log.info("%s: resumed from %s (%d updates) and replayed %d logged feedbacks",
-                     self.variant or "controller", ck, info["updates_at_checkpoint"], info["replayed"])
-
-    def _replay_log(self, anchor: str | None) -> int:
-        from .logwriter import log_rows
-
-        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features"], journals=False)
-                if r.get("variant") == self.variant]
-        todo = [r for r in rows if r.get("reward") is not None and int(r["block_size"]) in self.arms]
-        if anchor is not None:
-            ids = [r["decision_id"] for r in todo]
-            if anchor not in ids:
-                log.warning("%s: the checkpoint's last update %s is not in %s; resuming from the checkpoint alone",
-                            self.variant or "controller", anchor, self.log_dir)
-                return 0
-            todo = todo[ids.index(anchor) + 1:]
-        for r in todo:
-            f = r.get("features")
-            if self._contextual and f is None:
-                raise AdaptspecError(f"{self.log_dir}: logged decision {r['decision_id']} has no features: cannot "
-                                     "replay it into a contextual policy (log_features was off)")
-            ctx = None if f is None else np.asarray(f, dtype=np.float32).astype(np.float64)
-            self._apply(_Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"]))
-        return len(todo)
-
     # ================================================================== helpers
     def _context_width(self) -> int | None:
         """Length of the contexts this controller logs (None: not known before the first request)."""
@@ -956,56 +575,9 @@ class AdaptiveController:
         width = getattr(getattr(self.speculator, "target", None), "feature_dim", None)
         return width if isinstance(width, (int, np.integer)) else None
 
-    def _resolve_featurizer(self, featurizer: Any, policy: Any) -> Featurizer | None:
-        if isinstance(featurizer, Featurizer):
-            return featurizer
-        if featurizer is not None:
-            return Featurizer.load(featurizer)
-        if self.policy_spec is not None:
-            from .policies.spec import parse_spec
-
-            name, args, opts = parse_spec(self.policy_spec)
-            default = BUNDLED_HEAD if name in ("neural-linear", "head") else None
-            for v in [opts.get("head"), opts.get("path"), *args[:1], default]:
-                if v and Featurizer.exists(Path(v).expanduser()):
-                    return Featurizer.load(Path(v).expanduser())
-        return None
-
-    @staticmethod
-    def _copy(policy: Any) -> Any:
-        head = getattr(policy, "head", None)  # read-only after training: share it
-        memo = {} if head is None else {id(head): head}
-        return copy.deepcopy(policy, memo)
-
     def _check_open(self) -> None:
         if self._closed:
             raise AdaptspecError("this AdaptiveController is closed")
-
-
-def _build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ...], seed: int | None) -> Any:
-    from .policies.spec import parse_spec
-
-    name, args, opts = parse_spec(spec)
-    if name in ("neural-linear", "head") or (name == "squarecb" and "head" in opts):
-        from .policies.offline_head import HeadModel
-
-        h = opts.get("head") or opts.get("path") or (args[0] if args else None)
-        if h is not None:  # a head decides the arms
-            head_arms = HeadModel.load(Path(h).expanduser()).arms
-            return make_policy(spec, head_arms, seed=seed)
-    return make_policy(spec, arms, seed=seed)
-
-
-def _check_checkpoint_dir(path: Path) -> None:
-    """Refuse, now, a checkpoint directory no checkpoint could be written to (rather than fail
-    every checkpoint later, in the background)."""
-    if path.exists() and not path.is_dir():
-        raise AdaptspecError(f"{path}: cannot keep checkpoints here: it is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        Path(tempfile.mkdtemp(prefix=".probe-", dir=path)).rmdir()
-    except OSError as e:
-        raise AdaptspecError(f"{path}: cannot keep checkpoints here ({e.strerror or e})") from None
 
 
 def _parameters(fn: Callable[..., Any]) -> set[str]:

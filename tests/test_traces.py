@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adaptspec.traces as traces_mod
+import adaptspec.traces.traceset as traceset_mod
 from adaptspec.errors import AdaptspecError
 from adaptspec.speculator import Decision, Outcome, Round
 from adaptspec.traces import DecisionLog, TraceSet, decision_row, import_blockpilot, open_any
@@ -198,7 +199,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
             raise OSError("disk full")
         pq.write_table(table, p)
 
-    monkeypatch.setattr(traces_mod, "_write_parquet", failing)
+    monkeypatch.setattr(traceset_mod, "_write_parquet", failing)
     with pytest.raises(AdaptspecError, match="cannot write \\(disk full\\); nothing was changed"):
         small_traces(seed=5).write(path, overwrite=True)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # old set intact

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[str, Any]:
     """Variant -> policy: rebuilt from the newest checkpoint of each variant, or from ``NAME=SPEC``."""
     from ..checkpoint import latest_checkpoint, load_policy, read_checkpoint
-    from ..controller import _build_policy
+    from ..control.policy_build import build_policy
     from ..policies.spec import make_policy
 
     out: dict[str, Any] = {}
@@ -70,7 +70,7 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
             spec = meta.get("policy_spec")
             if not spec:
                 continue
-            pol = _build_policy(make_policy, spec, tuple(meta["arms"]), meta.get("seed"))
+            pol = build_policy(make_policy, spec, tuple(meta["arms"]), meta.get("seed"))
             load_policy(ck, pol)
             out[meta.get("variant") or sub.name] = pol
     for name, spec in given.items():

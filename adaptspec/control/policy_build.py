@@ -1,0 +1,101 @@
+"""Which policy a controller runs: the product default, a policy built from a spec (a head's
+arms win over the default arms), and the featurizer saved next to a policy's head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import AdaptspecError
+from ..featurizer import Featurizer
+from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
+
+#: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
+#: the same as the bundled trace set's.
+DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
+
+
+def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
+    """The product default: NeuralLinear over ``head`` (default: the bundled head) if it exists, else UCB.
+
+    UCB is the context-free fallback while no trained head is available, or, given
+    ``speculator``, when the head does not fit it: a head trained for block sizes beyond the
+    speculator's ``max_block_size``, or for prefill features of another width (another model).
+    """
+    h = Path(head) if head is not None else BUNDLED_HEAD
+    if not (h / "config.json").is_file():
+        return "ucb"
+    if speculator is not None and not head_fits(h, speculator):
+        return "ucb"
+    return f"neural-linear:head={h}"
+
+
+def head_fits(head: Path, speculator: Any) -> bool:
+    """Whether ``head`` can run on ``speculator``: its arms up to the speculator's
+    ``max_block_size``, its input as wide as the speculator's prefill features (when known)."""
+    from ..policies.offline_head import HeadModel
+
+    model = HeadModel.load(head)
+    if max(model.arms) > int(getattr(speculator, "max_block_size", 0) or 0):
+        return False
+    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
+    if width is None:
+        return True
+    want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
+    return int(width) == int(want)
+
+
+def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, seed: int | None) -> tuple[str | None, Any]:
+    """``(spec, policy)`` for :class:`~adaptspec.controller.AdaptiveController`'s ``policy`` argument.
+
+    None means :func:`default_policy_spec`; a spec string is built over ``arms`` (default:
+    :data:`DEFAULT_ARMS` up to ``max_block_size``; a head-based spec uses its head's arms); a
+    policy object is checked to be one (``spec`` is then None) and must have ``arms`` if given.
+    """
+    if policy is None:
+        policy = default_policy_spec()
+    if isinstance(policy, str):
+        from ..policies.spec import make_policy
+
+        cand = tuple(arms) if arms is not None else tuple(a for a in DEFAULT_ARMS if a <= max_block_size)
+        return policy, build_policy(make_policy, policy, cand, seed)
+    learner = policy
+    for name in ("decide", "update", "arms"):
+        if not hasattr(learner, name):
+            raise AdaptspecError(f"policy {type(learner).__name__} has no {name}: not a block-size policy")
+    if arms is not None and tuple(sorted(arms)) != tuple(learner.arms):
+        raise AdaptspecError(f"arms {list(arms)} differ from the policy's {list(learner.arms)}")
+    return None, learner
+
+
+def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer | None:
+    """A :class:`~adaptspec.featurizer.Featurizer`, the one saved in directory ``featurizer``, or
+    (None) the one saved next to the head of ``policy_spec`` if there is one."""
+    if isinstance(featurizer, Featurizer):
+        return featurizer
+    if featurizer is not None:
+        return Featurizer.load(featurizer)
+    if policy_spec is not None:
+        from ..policies.spec import parse_spec
+
+        name, args, opts = parse_spec(policy_spec)
+        default = BUNDLED_HEAD if name in ("neural-linear", "head") else None
+        for v in [opts.get("head"), opts.get("path"), *args[:1], default]:
+            if v and Featurizer.exists(Path(v).expanduser()):
+                return Featurizer.load(Path(v).expanduser())
+    return None
+
+
+def build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ...], seed: int | None) -> Any:
+    """The policy of ``spec`` over ``arms``, or over its head's arms when it names a head."""
+    from ..policies.spec import parse_spec
+
+    name, args, opts = parse_spec(spec)
+    if name in ("neural-linear", "head") or (name == "squarecb" and "head" in opts):
+        from ..policies.offline_head import HeadModel
+
+        h = opts.get("head") or opts.get("path") or (args[0] if args else None)
+        if h is not None:  # a head decides the arms
+            head_arms = HeadModel.load(Path(h).expanduser()).arms
+            return make_policy(spec, head_arms, seed=seed)
+    return make_policy(spec, arms, seed=seed)

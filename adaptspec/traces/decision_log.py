@@ -1,0 +1,407 @@
+"""Decision logs: partial feedback, one row per decision (written by the controller).
+
+A **decision log** is a directory of ``part-*.parquet`` files, each appended atomically;
+readers read them all (or one Parquet file). :func:`decision_row` makes a row from a
+:class:`~adaptspec.speculator.Decision`; :func:`_validate_decisions` is the check every
+reader and writer of a log runs (types, probabilities, propensities, the chosen block size
+among the row's arms, duplicate ids). The durable, journalled writer the controller uses is
+:class:`adaptspec.logwriter.DecisionLogWriter`. See ``docs/data.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import time as _time
+import uuid
+from datetime import datetime, timezone
+from itertools import count
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import AdaptspecError
+from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
+from .schema import DECISION_COLUMNS, SCHEMA_VERSION
+
+_part_counter = count()
+
+
+def decision_row(
+    decision: Any,
+    *,
+    features: Sequence[float] | np.ndarray | None = None,
+    outcome: Any = None,
+    reward: float | None = None,
+    request_id: str | None = None,
+    variant: str | None = None,
+    time: float | datetime | None = None,
+) -> dict[str, Any]:
+    """One decision-log row from a :class:`~adaptspec.speculator.Decision` and what followed.
+
+    ``outcome`` (an :class:`~adaptspec.speculator.Outcome`, or None when feedback never came)
+    fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``.
+    """
+    row: dict[str, Any] = {
+        "decision_id": decision.decision_id or uuid.uuid4().hex,
+        "time": _time.time() if time is None else time,
+        "request_id": request_id,
+        "policy": decision.policy,
+        "version": int(decision.version),
+        "variant": variant,
+        "features": None if features is None else np.asarray(features, dtype=np.float32),
+        "block_size": int(decision.block_size),
+        "propensity": float(decision.propensity),
+        "probs": np.asarray(decision.probs, dtype=np.float64),
+        "arms": list(decision.arms),
+        "reward": None if reward is None else float(reward),
+    }
+    if outcome is not None:
+        row.update(new_tokens=int(outcome.new_tokens), decode_ms=1000.0 * float(outcome.decode_s),
+                   mean_tau=float(outcome.mean_tau) if outcome.rounds else None, rounds=len(outcome.rounds))
+    return row
+
+
+def _rows_to_table(rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    rows = list(rows)
+    if not rows:
+        raise AdaptspecError("no decision rows to append")
+    unknown = sorted({k for r in rows for k in r} - set(DECISION_COLUMNS))
+    if unknown:
+        raise AdaptspecError(f"unknown decision-log column {unknown[0]!r} (known: {', '.join(DECISION_COLUMNS)})")
+    cols: dict[str, pa.Array] = {}
+    for name, (typ, _, _) in DECISION_COLUMNS.items():
+        if not any(name in r for r in rows):
+            continue
+        vals = [r.get(name) for r in rows]
+        if name == "time":
+            vals = [_to_datetime(v, i) for i, v in enumerate(vals)]
+        elif pa.types.is_list(typ):
+            vals = [None if v is None else np.asarray(v).tolist() for v in vals]
+        try:
+            cols[name] = pa.array(vals, typ)
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise AdaptspecError(f"decision rows: column {name!r} does not convert to {typ} ({e})") from None
+    return pa.table(cols)
+
+
+def _to_datetime(v: Any, row: int) -> datetime | None:
+    if v is None or isinstance(v, datetime):
+        return v
+    if isinstance(v, np.datetime64):
+        return datetime.fromtimestamp(v.astype("datetime64[us]").astype(np.int64) / 1e6, tz=timezone.utc)
+    try:
+        return datetime.fromtimestamp(float(v), tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise AdaptspecError(f"decision rows: column 'time', row {row}: {v!r} is not a time") from None
+
+
+def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = None) -> pa.Table:
+    """Check a decision-log table; returns it with canonical column types."""
+    table = _check_columns(table, DECISION_COLUMNS, where)
+    n = table.num_rows
+    if n == 0:
+        return table
+    prop = _np(table.column("propensity"), np.float64)
+    bad = ~np.isfinite(prop) | (prop <= 0) | (prop > 1 + 1e-9)
+    if bad.any():
+        r = _first(bad)
+        raise _err(where, f"column 'propensity', row {r}: {prop[r]} outside (0, 1]")
+    la, arms_flat, ap = _list_parts(table.column("arms"))
+    lp, probs_flat, pp = _list_parts(table.column("probs"))
+    if np.any(la == 0):
+        raise _err(where, f"column 'arms', row {_first(la == 0)}: empty arm set")
+    if np.any(lp != la):
+        r = _first(lp != la)
+        raise _err(where, f"column 'probs', row {r}: {lp[r]} probabilities for {la[r]} arms")
+    if not np.all(np.isfinite(probs_flat)) or np.any(probs_flat < -1e-12):
+        r = int(pp[_first(~np.isfinite(probs_flat) | (probs_flat < -1e-12))])
+        raise _err(where, f"column 'probs', row {r}: probabilities must be finite and >= 0")
+    sums = np.bincount(pp, weights=probs_flat, minlength=n)
+    off = np.abs(sums - 1) > 1e-6
+    if off.any():
+        r = _first(off)
+        raise _err(where, f"column 'probs', row {r}: probabilities sum to {sums[r]:.6g}, not 1")
+    bs = _np(table.column("block_size"), np.int64)
+    hit = arms_flat == bs[ap]
+    chosen = np.bincount(ap, weights=hit, minlength=n)
+    if np.any(chosen != 1):
+        r = _first(chosen != 1)
+        arms_r = table.column("arms")[r].as_py()
+        raise _err(where, f"column 'block_size', row {r}: {bs[r]} is not one of the row's arms {arms_r}")
+    p_chosen = np.zeros(n)
+    p_chosen[ap[hit]] = probs_flat[hit]
+    off = np.abs(p_chosen - prop) > 1e-6
+    if off.any():
+        r = _first(off)
+        raise _err(where, f"column 'propensity', row {r}: {prop[r]} but probs gives {p_chosen[r]:.6g} to block size {bs[r]}")
+    for name in ("reward", "decode_ms", "mean_tau"):
+        if name in table.column_names:
+            col = table.column(name).combine_chunks()
+            bad = ~np.asarray(pc.is_finite(col).fill_null(True))
+            if bad.any():
+                r = _first(bad)
+                raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} (use null for a missing value)")
+    if "mean_tau" in table.column_names:
+        mt = _np(table.column("mean_tau"), np.float64)
+        bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))
+        if bad.any():
+            r = _first(bad)
+            raise _err(where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{bs[r]}")
+    if "features" in table.column_names:
+        col = table.column("features")
+        present = ~np.asarray(pc.is_null(col.combine_chunks()))
+        if present.any():
+            rows = np.flatnonzero(present)
+            X = _matrix(col, where, "features", rows)
+            if feature_dim is not None and X.shape[1] != feature_dim:
+                raise _err(where, f"column 'features', row {int(rows[0])}: {X.shape[1]} values, "
+                                  f"earlier parts of this log have {feature_dim}")
+    ids = np.asarray(table.column("decision_id").to_pylist(), dtype=object)
+    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    if len(first) != n:
+        r = _first(np.bincount(inv)[inv] > 1)
+        raise _err(where, f"column 'decision_id', row {r}: duplicate decision_id {ids[r]!r}")
+    return table
+
+
+class DecisionLog:
+    """A decision log: a directory of ``part-*.parquet`` files (or one Parquet file).
+
+    Writers append parts; each :meth:`append` validates its rows and writes one new part
+    atomically. Readers see every complete part (temporary files start with ``.``).
+
+    >>> import tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> log = DecisionLog(d)
+    >>> _ = log.append([{"decision_id": "d1", "time": 0.0, "policy": "fixed:4", "block_size": 4,
+    ...                  "propensity": 1.0, "probs": [0.0, 1.0], "arms": [1, 4], "reward": 2.5}])
+    >>> r = DecisionLog.read(d)
+    >>> len(r), r.arms, r.actions.tolist(), r.rewards.tolist()
+    (1, (1, 4), [1], [2.5])
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._table: pa.Table | None = None
+        self._dim: int | None = None
+        self._ids: set[str] = set()        # decision ids of the parts in _id_parts
+        self._id_parts: set[str] = set()
+
+    # ------------------------------------------------------------------ writing
+    def append(self, rows: Iterable[Mapping[str, Any]] | pa.Table) -> Path:
+        """Validate ``rows`` (dicts, e.g. from :func:`decision_row`, or a table) and write them as
+        one new part; returns its path. Invalid rows raise and nothing is written."""
+        if self.path.exists() and not self.path.is_dir():
+            raise _err(str(self.path), "cannot append: a single-file log is read-only; use a directory")
+        table = _rows_to_table(rows)
+        if self._dim is None and self.path.exists():
+            parts = self.parts()
+            if parts:
+                last = _read_parquet(parts[-1])
+                if "features" in last.column_names:
+                    f = last.column("features").drop_null()
+                    if len(f):
+                        self._dim = len(f[0])
+        table = _validate_decisions(table, "decision rows", self._dim)
+        if table.num_rows == 0:
+            raise AdaptspecError("no decision rows to append")
+        new_ids = table.column("decision_id").to_pylist()
+        dup = next((i for i in new_ids if i in self._logged_ids()), None)
+        if dup is not None:
+            raise _err(str(self.path), f"decision_id {dup!r} is already in this log; nothing was written")
+        if "features" in table.column_names:
+            f = table.column("features").drop_null()
+            if len(f):
+                self._dim = len(f[0])
+        name = f"part-{_time.time_ns():020d}-{os.getpid()}-{next(_part_counter):06d}.parquet"
+        tmp = self.path / f".{name}.tmp"
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            _write_parquet(table, tmp, {"adaptspec.schema_version": str(SCHEMA_VERSION)})
+            os.replace(tmp, self.path / name)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _err(str(self.path), f"cannot append ({e.strerror or e}); nothing was written") from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._table = None
+        self._ids.update(new_ids)
+        self._id_parts.add(name)
+        return self.path / name
+
+    def _logged_ids(self) -> set[str]:
+        """Decision ids of every part (each part read once per instance: parts never change)."""
+        for part in self.parts():
+            if part.name not in self._id_parts:
+                try:
+                    ids = pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist()
+                except (pa.ArrowException, OSError, KeyError) as e:
+                    raise _err(str(part), f"not a readable decision-log part ({str(e).splitlines()[0]})") from None
+                self._ids.update(ids)
+                self._id_parts.add(part.name)
+        return self._ids
+
+    # ------------------------------------------------------------------ reading
+    def parts(self) -> list[Path]:
+        """The complete part files, oldest first."""
+        if self.path.is_file():
+            return [self.path]
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.glob("*.parquet") if not p.name.startswith("."))
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "DecisionLog":
+        """Open and validate every part of the log at ``path`` (directory or one file)."""
+        log = cls(path)
+        if not log.path.exists():
+            raise _err(str(log.path), "no such decision log")
+        if (log.path / "meta.json").exists():
+            raise _err(str(log.path), "this is a trace set (meta.json), not a decision log")
+        _ = log.table
+        return log
+
+    @property
+    def table(self) -> pa.Table:
+        """All rows of all parts, validated, in part order."""
+        if self._table is None:
+            parts = self.parts()
+            if not parts:
+                raise _err(str(self.path), "no part-*.parquet files: not a decision log")
+            tables, dim = [], None
+            for p in parts:
+                t = _read_parquet(p)
+                if t.num_rows == 0:
+                    raise _err(str(p), "part has no rows (adaptspec never writes an empty part; remove it)")
+                md = t.schema.metadata or {}
+                v = md.get(b"adaptspec.schema_version")
+                if v is not None and int(v) > SCHEMA_VERSION:
+                    raise _err(str(p), f"schema_version {int(v)} is newer than this adaptspec reads ({SCHEMA_VERSION})")
+                t = _validate_decisions(t, str(p), dim)
+                if "features" in t.column_names:
+                    f = t.column("features").drop_null()
+                    if len(f):
+                        dim = len(f[0])
+                tables.append(t.select([c for c in t.column_names if c in DECISION_COLUMNS]).replace_schema_metadata(None))
+            try:
+                table = pa.concat_tables(tables, promote_options="default")
+            except pa.ArrowException as e:
+                raise _err(str(self.path), f"parts do not share a schema ({e})") from None
+            if len(tables) > 1:
+                table = _validate_decisions(table, str(self.path), None)
+            self._table = table
+            self._dim = dim
+        return self._table
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def feature_dim(self) -> int | None:
+        """Length of the features in the newest part that has any (what a new part must match)."""
+        _ = self.table
+        return self._dim
+
+    # ------------------------------------------------------------------ array views
+    @property
+    def arms(self) -> tuple[int, ...]:
+        """The arm set shared by every row; rows with different arm sets raise."""
+        col = self.table.column("arms").combine_chunks()
+        first = col[0].as_py()
+        la, flat, _ = _list_parts(col)
+        k = len(first)
+        same = la == k
+        if same.all():
+            same = (flat.reshape(-1, k) == np.asarray(first)).all(axis=1)
+        if not same.all():
+            r = _first(~same)
+            raise _err(str(self.path), f"column 'arms', row {r}: arms {col[r].as_py()} differ from row 0's {first}")
+        return tuple(int(a) for a in first)
+
+    @property
+    def block_sizes(self) -> np.ndarray:
+        return _np(self.table.column("block_size"), np.int64)
+
+    @property
+    def actions(self) -> np.ndarray:
+        """Index of the chosen block size in :attr:`arms`, per row."""
+        return np.searchsorted(np.asarray(self.arms), self.block_sizes) if _sorted(self.arms) else \
+            np.asarray([self.arms.index(b) for b in self.block_sizes], dtype=np.int64)
+
+    @property
+    def propensities(self) -> np.ndarray:
+        return _np(self.table.column("propensity"), np.float64)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """Reward per row, NaN where feedback never arrived."""
+        if "reward" not in self.table.column_names:
+            return np.full(len(self), np.nan)
+        return _np(self.table.column("reward"), np.float64)
+
+    @property
+    def probs(self) -> np.ndarray:
+        """``(n, K)`` logging probabilities over :attr:`arms`."""
+        k = len(self.arms)
+        _, flat, _ = _list_parts(self.table.column("probs"))
+        return flat.astype(np.float64).reshape(-1, k)
+
+    @property
+    def contexts(self) -> np.ndarray | None:
+        """``(n, d)`` float32 features; None if no row has features; rows without raise."""
+        if "features" not in self.table.column_names:
+            return None
+        col = self.table.column("features")
+        if col.null_count == len(col):
+            return None
+        if col.null_count:
+            r = _first(np.asarray(pc.is_null(col.combine_chunks())))
+            raise _err(str(self.path), f"column 'features', row {r}: missing (other rows have features)")
+        return _matrix(col, str(self.path), "features")
+
+    def info(self) -> dict[str, Any]:
+        t = self.table
+        r = self.rewards
+        pol = np.asarray(t.column("policy").to_pylist(), dtype=object)
+        per_policy = {}
+        for name in sorted(set(pol)):
+            m = pol == name
+            rr = r[m]
+            per_policy[str(name)] = {"decisions": int(m.sum()), "with_reward": int(np.isfinite(rr).sum()),
+                                     "mean_reward": None if not np.isfinite(rr).any() else round(float(np.nanmean(rr)), 4)}
+        times = t.column("time")
+        d: dict[str, Any] = {
+            "kind": "decision_log",
+            "path": str(self.path),
+            "parts": len(self.parts()),
+            "decisions": t.num_rows,
+            "with_reward": int(np.isfinite(r).sum()),
+            "policies": per_policy,
+            "time": [str(pc.min(times).as_py()), str(pc.max(times).as_py())],
+        }
+        try:
+            d["arms"] = list(self.arms)
+        except AdaptspecError:
+            d["arms"] = "differ between rows"
+        ctx = None
+        if "features" in t.column_names and t.column("features").null_count < t.num_rows:
+            f = t.column("features").drop_null()
+            ctx = len(f[0])
+        d["features"] = ctx
+        if "variant" in t.column_names:
+            d["variants"] = sorted({str(v) for v in t.column("variant").drop_null().to_pylist()})
+        return d
+
+    def __repr__(self) -> str:
+        return f"DecisionLog({str(self.path)!r})"
+
+
+def _sorted(a: Sequence[int]) -> bool:
+    return all(x < y for x, y in zip(a, a[1:]))

@@ -1,0 +1,52 @@
+"""The on-disk formats' columns and version: what every reader checks and every writer writes.
+
+``name -> (type, required, nullable)`` for the three Parquet tables (docs/data.md):
+``requests.parquet`` and ``outcomes.parquet`` of a trace set, and the parts of a decision log.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: Version of the on-disk formats this code writes; it reads this version and older.
+SCHEMA_VERSION = 1
+
+_F32_LIST = pa.list_(pa.float32())
+_F64_LIST = pa.list_(pa.float64())
+
+# name -> (type, required, nullable)
+REQUEST_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
+    "request_id": (pa.string(), True, False),
+    "domain": (pa.string(), True, False),
+    "prompt_tokens": (pa.int64(), True, True),
+    "features": (_F32_LIST, False, False),
+}
+OUTCOME_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
+    "request_id": (pa.string(), True, False),
+    "block_size": (pa.int64(), True, False),
+    "new_tokens": (pa.int64(), True, True),
+    "rounds": (pa.int64(), True, True),
+    "mean_tau": (pa.float64(), True, False),
+    "tau": (pa.list_(pa.int32()), False, False),
+    "draft_ms": (_F32_LIST, False, False),
+    "verify_ms": (_F32_LIST, False, False),
+    "decode_ms": (pa.float64(), False, True),
+}
+DECISION_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
+    "decision_id": (pa.string(), True, False),
+    "time": (pa.timestamp("us", tz="UTC"), True, False),
+    "request_id": (pa.string(), False, True),
+    "policy": (pa.string(), True, False),
+    "version": (pa.int64(), False, True),
+    "variant": (pa.string(), False, True),
+    "features": (_F32_LIST, False, True),
+    "block_size": (pa.int64(), True, False),
+    "propensity": (pa.float64(), True, False),
+    "probs": (_F64_LIST, True, False),
+    "arms": (pa.list_(pa.int64()), True, False),
+    "reward": (pa.float64(), False, True),
+    "new_tokens": (pa.int64(), False, True),
+    "decode_ms": (pa.float64(), False, True),
+    "mean_tau": (pa.float64(), False, True),
+    "rounds": (pa.int64(), False, True),
+}
