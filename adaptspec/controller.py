@@ -262,6 +262,10 @@ class AdaptiveController:
         decoder for the same cores. With two on 2 cores, NeuralLinear's update took 7 ms of
         wall time in place of 0.5 ms. The previous limits come back at ``close``. torch's own
         threads are not touched.
+    shared
+        A :class:`~adaptspec.fleet.SharedState`: learn with the other replicas of a fleet
+        (statistics published and merged off the decision path; see docs/serving.md#fleet).
+        None (default): this process learns alone.
     """
 
     def __init__(
@@ -289,6 +293,7 @@ class AdaptiveController:
         roll_interval_s: float | None = 60.0,
         log_fsync: bool = True,
         blas_threads: int | None = 1,
+        shared: Any = None,
     ) -> None:
         from .rewards import reward_function
 
@@ -403,6 +408,10 @@ class AdaptiveController:
                                      f"{source} gives {dim_now}: use another log directory")
             if self.checkpoint_dir is not None and resume:
                 self._resume()
+            self._shared = None
+            if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
+                shared.attach(self._learner, variant, self.log_dir, self._contextual)
+                self._shared = shared
             # replayed updates are in no checkpoint yet: the next due one (or the one at close) writes them
             self._ckpt_updates = self._n_updates if not self.resumed else self.resumed["updates_at_checkpoint"]
             self._snapshot = self._copy(self._learner)
@@ -582,6 +591,8 @@ class AdaptiveController:
         errors = [c.last_error, None if self._log is None else self._log.last_error]
         newest = max((e for e in errors if e is not None), default=None)
         out["last_error"] = None if newest is None else newest[1]
+        if self._shared is not None:
+            out["shared"] = self._shared.status()
         if self._log is not None:
             out["log"] = {"rows": self._log.rows_written, "parts": self._log.parts_written,
                           "recovered": self._log.recovered, "roll_errors": self._log.roll_errors}
@@ -614,6 +625,8 @@ class AdaptiveController:
             self._cond.wait_for(lambda: self._inflight == 0, timeout)
         self._queue.put(_STOP)
         self._worker.join()
+        if self._shared is not None:
+            self._shared.close()  # publishes every update applied, one last time
         self._decider.shutdown(wait=False, cancel_futures=True)
         if self._log is not None:
             self._log.close()
@@ -811,6 +824,8 @@ class AdaptiveController:
                     self._cond.notify_all()
             try:
                 self._housekeeping(force_checkpoint=stop)
+                if self._shared is not None and self._shared.apply_pending(self._learner):
+                    self._published = self._copy(self._learner)  # the fleet's statistics, to decisions
             except Exception as e:  # never let the update thread die
                 log.error("%s: housekeeping failed: %r", self.variant or "controller", e)
             for kind, fut in requests:
@@ -840,7 +855,11 @@ class AdaptiveController:
     def _apply(self, u: _Update) -> None:
         t = time.perf_counter()
         try:
-            self._learner.update(u.context if self._contextual else None, u.block_size, u.reward)
+            ctx = u.context if self._contextual else None
+            if self._shared is not None:
+                self._shared.update(self._learner, ctx, u.block_size, u.reward)
+            else:
+                self._learner.update(ctx, u.block_size, u.reward)
         except Exception as e:
             self._counters.update_errors += 1
             log.error("%s: policy update failed for decision %s: %r", self.variant or "controller", u.decision_id, e)
