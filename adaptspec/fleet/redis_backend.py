@@ -64,10 +64,13 @@ class RedisBackend:
         self.url = url if isinstance(url, RedisURL) else parse_url(url)
         try:
             import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError:
             raise AdaptspecError("--shared needs the redis client: pip install 'adaptspec[fleet]'") from None
         self._redis = redis.Redis(host=self.url.host, port=self.url.port, password=self.url.password,
-                                  socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False)
+                                  socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                  retry=Retry(NoBackoff(), 0))  # no retries: the next sync is the retry
         self.describe = str(self.url)
 
     def connect(self) -> "RedisBackend":

@@ -75,6 +75,7 @@ class SharedState:
         self.channel = "default"
         self.fingerprint = ""
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one publish + fetch at a time (the sync thread, or sync_now)
         self._local: dict[str, np.ndarray] = {}
         self._local_updates = 0
         self._published_updates = 0
@@ -219,6 +220,10 @@ class SharedState:
 
     def _sync_once(self) -> bool:
         """Publish own sums, fetch everyone's; False (and counted) when the backend failed."""
+        with self._sync_lock:
+            return self._sync_locked()
+
+    def _sync_locked(self) -> bool:
         with self._lock:
             mine = Published(self.replica, self.fingerprint, self._local_updates,
                              {k: np.array(v) for k, v in self._local.items()})
