@@ -11,7 +11,7 @@ client (``pip install 'adaptspec[fleet]'``).
 >>> parse_url("http://x/y")
 Traceback (most recent call last):
 ...
-adaptspec.errors.AdaptspecError: --shared 'http://x/y': expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)
+adaptspec.errors.AdaptspecError: 'http://x/y': expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class RedisURL:
 
 def parse_url(url: str) -> RedisURL:
     """Check a ``--shared`` URL; anything else raises one line."""
-    bad = AdaptspecError(f"--shared {url!r}: expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)")
+    bad = AdaptspecError(f"{url!r}: expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)")
     try:
         u = urlsplit(url)
         port = u.port if u.port is not None else 6379
