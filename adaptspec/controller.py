@@ -388,6 +388,7 @@ class AdaptiveController:
         self._ckpt_updates = 0
         self._ckpt_time = time.monotonic()
         self.resumed: dict[str, Any] | None = None
+        self._shared: Any = None            # SharedState once attached (after resume: replayed feedback is this replica's own)
 
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
@@ -408,7 +409,6 @@ class AdaptiveController:
                                      f"{source} gives {dim_now}: use another log directory")
             if self.checkpoint_dir is not None and resume:
                 self._resume()
-            self._shared = None
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 shared.attach(self._learner, variant, self.log_dir, self._contextual)
                 self._shared = shared
