@@ -182,6 +182,10 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         decoder for the same cores. With two on 2 cores, NeuralLinear's update took 7 ms of
         wall time in place of 0.5 ms. The previous limits come back at ``close``. torch's own
         threads are not touched.
+    shared
+        A :class:`~adaptspec.fleet.SharedState`: learn with the other replicas of a fleet
+        (statistics published and merged off the decision path; see docs/serving.md#fleet).
+        None (default): this process learns alone.
     """
 
     def __init__(
@@ -209,6 +213,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         roll_interval_s: float | None = 60.0,
         log_fsync: bool = True,
         blas_threads: int | None = 1,
+        shared: Any = None,
     ) -> None:
         from .rewards import reward_function
 
@@ -278,6 +283,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         self._ckpt_updates = 0
         self._ckpt_time = time.monotonic()
         self.resumed: dict[str, Any] | None = None
+        self._shared: Any = None            # SharedState once attached (after resume: replayed feedback is this replica's own)
 
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
@@ -298,6 +304,9 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
                                      f"{source} gives {dim_now}: use another log directory")
             if self.checkpoint_dir is not None and resume:
                 self._resume()
+            if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
+                shared.attach(self._learner, variant, self.log_dir, self._contextual)
+                self._shared = shared
             # replayed updates are in no checkpoint yet: the next due one (or the one at close) writes them
             self._ckpt_updates = self._n_updates if not self.resumed else self.resumed["updates_at_checkpoint"]
             self._snapshot = self._copy(self._learner)
@@ -474,6 +483,8 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         errors = [c.last_error, None if self._log is None else self._log.last_error]
         newest = max((e for e in errors if e is not None), default=None)
         out["last_error"] = None if newest is None else newest[1]
+        if self._shared is not None:
+            out["shared"] = self._shared.status()
         if self._log is not None:
             out["log"] = {"rows": self._log.rows_written, "parts": self._log.parts_written,
                           "recovered": self._log.recovered, "roll_errors": self._log.roll_errors}
@@ -506,6 +517,8 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
             self._cond.wait_for(lambda: self._inflight == 0, timeout)
         self._queue.put(_STOP)
         self._worker.join()
+        if self._shared is not None:
+            self._shared.close()  # publishes every update applied, one last time
         self._decider.shutdown(wait=False, cancel_futures=True)
         if self._log is not None:
             self._log.close()

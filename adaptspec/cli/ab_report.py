@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from ._types import float_range, input_dir, int_range
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", metavar="LOGS", help="decision log directory")
+    p.add_argument("logs", metavar="LOGS", nargs="+",
+                   help="decision log directory; several (one per replica of a fleet), or a parent directory of "
+                        "replicas' log directories, give one report over all of them")
     p.add_argument("--checkpoint-dir", type=input_dir, default=None, metavar="DIR",
                    help="the server's checkpoint directory: each variant's policy is rebuilt from its newest "
                         "checkpoint for the off-policy estimates")
@@ -79,13 +82,12 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..logwriter import log_rows
+    from ..fleet.logs import fleet_log_rows, log_dirs
     from ..simulators.ab import analyze, finite, format_report, rows_to_arrays
 
-    path = Path(args.logs)
-    if not path.is_dir():
-        raise AdaptspecError(f"{path}: no such decision log directory")
-    rows = log_rows(path)
+    dirs = log_dirs(args.logs)
+    path = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([str(d) for d in dirs]))
+    rows = fleet_log_rows(dirs)
     if not rows:
         raise AdaptspecError(f"{path}: the decision log is empty")
     data = rows_to_arrays(rows)
@@ -100,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     report = analyze(data, policies=policies, alpha=args.alpha, tau_sd=args.tau, min_n=args.min_n,
                      n_boot=args.bootstrap)
     report["log"] = str(path)
+    if len(dirs) > 1:
+        report["logs"] = [str(d) for d in dirs]
     if args.json:
         print(json.dumps(finite(report)))
     else:
-        print(f"{path}:")
+        print(f"{path}:" if len(dirs) == 1 else f"{len(dirs)} decision logs ({', '.join(d.name for d in dirs)}):")
         print(format_report(report))
     return 0

@@ -77,11 +77,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--no-fsync", action="store_true",
                      help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
                           "server but not of the machine (saves a few ms per request)")
+    fleet = p.add_argument_group("fleet (replicas learning together; see docs/serving.md#fleet)")
+    fleet.add_argument("--shared", type=_shared_url, default=None, metavar="redis://HOST:PORT/NAME",
+                       help="share every variant's policy statistics with the other replicas of fleet NAME through "
+                            "Redis (needs the fleet extra); off by default: this server learns alone")
+    fleet.add_argument("--replica-id", default=None, metavar="ID",
+                       help="this replica's id in the fleet, stable across restarts (default: HOSTNAME:PORT)")
+    fleet.add_argument("--sync-every", type=int_range(1), default=32, metavar="N",
+                       help="publish and merge after N own updates (default 32) ...")
+    fleet.add_argument("--sync-interval", type=float_range(0, lo_open=True), default=1.0, metavar="S",
+                       help="... or every S seconds (default 1)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
     lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
     lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _shared_url(text: str) -> str:
+    from ..fleet.redis_backend import parse_url
+
+    try:
+        parse_url(text)
+    except AdaptspecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _shared(args: argparse.Namespace):
+    """A factory of one SharedState per variant over one Redis connection (None without --shared).
+
+    Redis is pinged now, before any model is loaded: unreachable, it is one line."""
+    if not getattr(args, "shared", None):
+        return None
+    import socket
+
+    from ..fleet import SharedState
+    from ..fleet.redis_backend import RedisBackend
+
+    backend = RedisBackend(args.shared).connect()
+    replica = args.replica_id or f"{socket.gethostname()}:{args.port}"
+    return lambda variant: SharedState(backend, replica, sync_every=args.sync_every,
+                                       sync_interval_s=args.sync_interval)
 
 
 def build(args: argparse.Namespace):
@@ -112,6 +149,7 @@ def build(args: argparse.Namespace):
     from ..serving.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
+    shared = _shared(args)
     if args.tiny:
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
@@ -145,7 +183,8 @@ def build(args: argparse.Namespace):
         latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
-        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync)
+        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
+        **({} if shared is None else {"shared": shared}))
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:

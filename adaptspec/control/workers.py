@@ -111,6 +111,8 @@ class WorkersMixin:
                     self._cond.notify_all()
             try:
                 self._housekeeping(force_checkpoint=stop)
+                if self._shared is not None and self._shared.apply_pending(self._learner):
+                    self._published = self._copy(self._learner)  # the fleet's statistics, to decisions
             except Exception as e:  # never let the update thread die
                 log.error("%s: housekeeping failed: %r", self.variant or "controller", e)
             for kind, fut in requests:
@@ -140,7 +142,11 @@ class WorkersMixin:
     def _apply(self, u: _Update) -> None:
         t = time.perf_counter()
         try:
-            self._learner.update(u.context if self._contextual else None, u.block_size, u.reward)
+            ctx = u.context if self._contextual else None
+            if self._shared is not None:
+                self._shared.update(self._learner, ctx, u.block_size, u.reward)
+            else:
+                self._learner.update(ctx, u.block_size, u.reward)
         except Exception as e:
             self._counters.update_errors += 1
             log.error("%s: policy update failed for decision %s: %r", self.variant or "controller", u.decision_id, e)

@@ -117,3 +117,6 @@ class _ControllerCollector:
             pend.add_metric([name], s["pending"])
             queued.add_metric([name], s["queued"])
         yield from (fb, feed, dec, upd, uerr, ck, ckerr, logerr, pend, queued)
+        from ..fleet.metrics import shared_families
+
+        yield from shared_families(self.controllers)

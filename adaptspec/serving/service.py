@@ -124,8 +124,11 @@ class CompletionService:
 
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, Any] = {}
+        shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
         try:
             for name, spec in router.specs.items():
+                if shared is not None:
+                    controller_options["shared"] = shared(name)
                 controllers[name] = AdaptiveController(
                     speculator, spec, variant=name, log_dir=log_dir,
                     checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name, **controller_options)
@@ -314,11 +317,14 @@ class CompletionService:
                  "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
                  "resumed": s["resumed"], "checkpoint_errors": s["checkpoint_errors"], "log_errors": s["log_errors"],
                  "last_error": s["last_error"]}
+            if "shared" in s:
+                v["shared"] = s["shared"]
             if digest:
                 c.sync()
                 v["policy_digest"] = c.policy_digest()
             variants[name] = v
-        failing = any(v["checkpoint_errors"] or v["log_errors"] for v in variants.values())
+        failing = any(v["checkpoint_errors"] or v["log_errors"] or not v.get("shared", {}).get("connected", True)
+                      for v in variants.values())
         status = "closing" if self._closed else "degraded" if failing else "ok"
         return {"status": status, "model": self.model_name,
                 "uptime_s": round(time.time() - self.started, 3), "variants": variants}

@@ -1,0 +1,286 @@
+"""SharedState: one controller's link to the fleet (publish its own statistics, merge everyone's).
+
+Three threads touch it, none of them the decision thread:
+
+- the controller's **update thread** calls :meth:`SharedState.update` in place of
+  ``policy.update`` (the policy learns, and the update is added to this replica's own sums) and
+  :meth:`SharedState.apply_pending` at every tick: when a fetch brought new statistics from the
+  other replicas, the learning copy becomes *prior + others + own* and the controller publishes
+  a fresh snapshot to decisions;
+- a **sync thread** publishes this replica's cumulative sums every ``sync_every`` updates or
+  ``sync_interval_s`` seconds, whichever comes first, and fetches every replica's; all network
+  calls happen here, so a slow or dead Redis delays neither decisions nor updates;
+- the constructor's thread calls :meth:`attach` once: this replica's own sums are rebuilt from
+  its decision log (the record of every acknowledged feedback), checked against what it published
+  before, published, and merged with the others' before the first decision.
+
+Consistency window: a feedback applied on replica R reaches replica S after R's next publish
+(at most ``sync_every`` updates or ``sync_interval_s`` seconds) and S's next fetch (at most
+``sync_interval_s``) plus S's next update-thread tick (0.25 s). If R dies (SIGKILL) before
+publishing, its unpublished updates are missing from the fleet until R restarts on the same
+decision log and replica id; what it published keeps counting meanwhile. While Redis cannot be
+reached, every replica keeps deciding and learning from its own state (``status()["connected"]``
+is False, ``sync_errors`` counts) and catches up at the first sync that works: sums are
+cumulative, so nothing published late is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from .stats import NOTHING, Family, family_for, merge_sums
+from .wire import Published, decode, encode
+
+__all__ = ["SharedState"]
+
+log = logging.getLogger("adaptspec.fleet")
+
+
+class SharedState:
+    """Share one variant's policy statistics with the other replicas through ``backend``.
+
+    Parameters
+    ----------
+    backend
+        A :class:`~adaptspec.fleet.backend.MemoryBackend`, a
+        :class:`~adaptspec.fleet.redis_backend.RedisBackend`, or anything with
+        ``publish(channel, replica, blob)``, ``fetch(channel)`` and ``fetch_one(channel, replica)``.
+    replica
+        This replica's id: stable across restarts (a restarted replica must overwrite its own
+        key, not add a second one), unique in the fleet.
+    sync_every, sync_interval_s
+        Publish and fetch after this many own updates, or this many seconds, whichever first.
+    """
+
+    def __init__(self, backend: Any, replica: str, *, sync_every: int = 32, sync_interval_s: float = 1.0) -> None:
+        if not replica or not isinstance(replica, str):
+            raise AdaptspecError(f"replica id must be a non-empty string, got {replica!r}")
+        if int(sync_every) != sync_every or sync_every < 1:
+            raise AdaptspecError(f"sync_every must be a positive integer, got {sync_every!r}")
+        if not sync_interval_s > 0:
+            raise AdaptspecError(f"sync_interval_s must be > 0, got {sync_interval_s!r}")
+        self.backend = backend
+        self.replica = replica
+        self.sync_every = int(sync_every)
+        self.sync_interval_s = float(sync_interval_s)
+        self.family: Family = NOTHING
+        self.channel = "default"
+        self.fingerprint = ""
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one publish + fetch at a time (the sync thread, or sync_now)
+        self._local: dict[str, np.ndarray] = {}
+        self._local_updates = 0
+        self._published_updates = 0
+        self._others: dict[str, np.ndarray] | None = None
+        self._others_updates: dict[str, int] = {}
+        self._fetch_seq = 0
+        self._applied_seq = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = False
+        self.syncs = 0
+        self.sync_errors = 0
+        self.refused = 0
+        self.merges = 0
+        self.last_sync: float | None = None
+        self.last_error: str | None = None
+        self.rebuilt: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    def attach(self, policy: Any, variant: str | None, log_dir: str | Path | None = None,
+               contextual: bool | None = None) -> None:
+        """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
+
+        Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward),
+        refuses to start (one line) when the backend holds more of this replica's updates than the
+        log, publishes, merges the others' statistics into ``policy`` and starts the sync thread.
+        A backend that cannot be reached now raises (one line).
+        """
+        self.family = family_for(policy)
+        self.channel = variant or "default"
+        self.fingerprint = self.family.fingerprint(policy)
+        self._contextual = bool(getattr(policy, "contextual", True) if contextual is None else contextual)
+        try:
+            own_blob = self.backend.fetch_one(self.channel, self.replica)
+        except Exception as e:  # noqa: BLE001
+            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: cannot be reached "
+                                 f"({type(e).__name__}: {e})") from None
+        own = None
+        if own_blob is not None:
+            own = self._read(own_blob, check_fingerprint=True)
+            if own is None:
+                raise AdaptspecError(f"replica {self.replica!r} of variant {self.channel!r} published statistics of "
+                                     f"another policy before ({self.last_error}): use another replica id or fleet name")
+        if log_dir is not None:
+            local, n = self._rebuild(policy, Path(log_dir))
+            if own is not None and own.updates > n:
+                raise AdaptspecError(f"replica {self.replica!r} published {own.updates} updates of variant "
+                                     f"{self.channel!r}, but its decision log {log_dir} holds {n}: start it on its own "
+                                     "log directory, or give it another replica id")
+            if own is not None and own.updates == n:  # keep what the fleet has seen of the estimates
+                for key in self.family.approximate:
+                    local[key] = np.asarray(own.sums[key], dtype=np.float64).copy()
+            self.rebuilt = {"from": "log", "updates": n, "published_before": None if own is None else own.updates}
+        elif own is not None:
+            local, n = {k: np.array(v) for k, v in own.sums.items()}, own.updates
+            self.rebuilt = {"from": "shared", "updates": n, "published_before": n}
+        else:
+            local, n = self.family.zero(), 0
+            self.rebuilt = {"from": "none", "updates": 0, "published_before": None}
+        self._local, self._local_updates = local, n
+        if not self._sync_once():
+            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: cannot be reached "
+                                 f"({self.last_error})")
+        self.apply_pending(policy)
+        self._thread = threading.Thread(target=self._run, name=f"adaptspec-fleet-{self.channel}", daemon=True)
+        self._thread.start()
+
+    def _rebuild(self, policy: Any, log_dir: Path) -> tuple[dict[str, np.ndarray], int]:
+        """This replica's sums from its decision log: every logged reward of this variant, in log order,
+        replayed into a fresh copy of the policy (the estimates are scored against that copy)."""
+        from ..logwriter import log_rows
+
+        sums = self.family.zero()
+        if not log_dir.is_dir():
+            return sums, 0
+        rows = [r for r in log_rows(log_dir, ["variant", "block_size", "reward", "features"])
+                if r.get("variant") == self.channel and r.get("reward") is not None
+                and int(r["block_size"]) in self.family.arms]
+        if not rows or self.family is NOTHING:
+            return sums, 0
+        head = getattr(policy, "head", None)
+        scratch = copy.deepcopy(policy, {} if head is None else {id(head): head})
+        scratch.reset()
+        for r in rows:
+            f = r.get("features")
+            if self._contextual and f is None:
+                raise AdaptspecError(f"{log_dir}: logged decision {r['decision_id']} has no features: cannot rebuild "
+                                     "this replica's shared statistics (log_features was off)")
+            ctx = None if (f is None or not self._contextual) else np.asarray(f, dtype=np.float32).astype(np.float64)
+            self._learn(scratch, sums, ctx, int(r["block_size"]), float(r["reward"]))
+        return sums, len(rows)
+
+    # ------------------------------------------------------------------ update thread
+    def _learn(self, policy: Any, sums: dict[str, np.ndarray], context: Any, block_size: int, reward: float) -> None:
+        pre = self.family.before(policy)
+        policy.update(context, block_size, reward)
+        self.family.observe(sums, policy, context, policy.arm_index(block_size), float(reward), pre)
+
+    def update(self, policy: Any, context: Any, block_size: int, reward: float) -> None:
+        """``policy.update(context, block_size, reward)``, and the update counted in this replica's sums."""
+        with self._lock:
+            self._learn(policy, self._local, context, block_size, reward)
+            self._local_updates += 1
+            due = self._local_updates - self._published_updates >= self.sync_every
+        if due:
+            self._wake.set()
+
+    def apply_pending(self, policy: Any) -> bool:
+        """If a fetch brought news since the last call, make ``policy`` prior + others + own; True if it did."""
+        if self._fetch_seq == self._applied_seq or self.family is NOTHING:
+            return False
+        with self._lock:
+            seq, others = self._fetch_seq, self._others
+            total = self.family.add(others, self._local) if others is not None else self._local
+            self.family.apply(policy, total)
+        self._applied_seq = seq
+        self.merges += 1
+        return True
+
+    # ------------------------------------------------------------------ sync thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.sync_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._sync_once()
+
+    def _read(self, blob: bytes, check_fingerprint: bool = True) -> Published | None:
+        try:
+            p = decode(blob)
+            if check_fingerprint and p.fingerprint != self.fingerprint:
+                raise AdaptspecError(f"replica {p.replica!r} runs another policy (fingerprint {p.fingerprint}, this "
+                                     f"one {self.fingerprint})")
+            self.family.check(p.sums)
+            return p
+        except AdaptspecError as e:
+            self.refused += 1
+            self.last_error = str(e)
+            return None
+
+    def _sync_once(self) -> bool:
+        """Publish own sums, fetch everyone's; False (and counted) when the backend failed."""
+        with self._sync_lock:
+            return self._sync_locked()
+
+    def _sync_locked(self) -> bool:
+        with self._lock:
+            mine = Published(self.replica, self.fingerprint, self._local_updates,
+                             {k: np.array(v) for k, v in self._local.items()})
+        try:
+            self.backend.publish(self.channel, self.replica, encode(mine))
+            blobs = self.backend.fetch(self.channel)
+        except Exception as e:  # noqa: BLE001 - any backend failure: keep serving from local state
+            self.sync_errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            if self.connected or self.syncs == 0:
+                log.warning("%s: shared state %s unreachable, serving from local state: %s", self.channel,
+                            getattr(self.backend, "describe", ""), self.last_error)
+            self.connected = False
+            return False
+        parts, counts = [], {}
+        for rid, blob in sorted(blobs.items()):
+            if rid == self.replica:
+                continue
+            p = self._read(blob)
+            if p is not None:
+                parts.append(p.sums)
+                counts[rid] = p.updates
+        others = merge_sums(self.family, parts)
+        with self._lock:
+            self._published_updates = mine.updates
+            self._others, self._others_updates = others, counts
+            self._fetch_seq += 1
+        if not self.connected and self.syncs:
+            log.warning("%s: shared state %s reachable again", self.channel, getattr(self.backend, "describe", ""))
+        self.connected = True
+        self.syncs += 1
+        self.last_sync = time.time()
+        return True
+
+    def sync_now(self) -> bool:
+        """Publish and fetch now, on the caller's thread (tests, shutdown); True if the backend answered."""
+        return self._sync_once()
+
+    # ------------------------------------------------------------------ reports
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            others = dict(self._others_updates)
+            local, published = self._local_updates, self._published_updates
+        return {"backend": getattr(self.backend, "describe", type(self.backend).__name__), "replica": self.replica,
+                "connected": self.connected, "syncs": self.syncs, "sync_errors": self.sync_errors,
+                "refused": self.refused, "merges": self.merges,
+                "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
+                "local_updates": local, "unpublished_updates": local - published, "other_replicas": len(others),
+                "fleet_updates": local + sum(others.values()), "last_error": self.last_error,
+                "rebuilt": self.rebuilt}
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the sync thread and publish one last time (best effort: a dead backend is only counted)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self.family is not NOTHING:
+            self._sync_once()

@@ -1,0 +1,339 @@
+"""Additive statistics of a policy: what replicas of a fleet exchange, and how a policy is rebuilt from them.
+
+Every policy family that can be shared learns from sums: per arm, the context-free bandits keep
+a count, a reward sum and a sum of squares; the linear ones (LinUCB, LinTS) and NeuralLinear a
+ridge posterior ``A_a = P_a + sum phi phi^T``, ``b_a = P_a m_a + sum r phi`` (``P``, ``m``: the
+prior). A replica keeps the sums of *its own* feedback (:meth:`Family.observe`), publishes them
+whole, and rebuilds its policy as *prior + the sum over replicas* (:meth:`Family.apply`). Sums
+do not depend on the order of the updates, so the merged statistics are those of one process
+that saw every feedback (to floating-point rounding), and publishing cumulative sums (not
+increments) makes a repeated or replayed message harmless.
+
+Two quantities are *not* order-free, and are shared as the sum of each replica's own
+increments, an estimate of the same quantity rather than the single process's value:
+
+- the noise estimate of the linear policies and NeuralLinear (prequential residuals: each was
+  scored against the replica's posterior at that moment);
+- NeuralLinear's evidence for each head weight (the same prequential scores).
+
+The context-free families' running reward statistics (count, mean, M2, min, max: what UCB's
+bonus scale and Thompson sampling's prior use) merge exactly (Chan et al.'s parallel variance).
+
+Not shareable (refused by :func:`family_for` with one line): discounted or windowed policies
+(a discount weighs an observation by its age in *global* update order, which replicas do not
+share; a window needs that order too), EXP3 (its importance weights use each replica's own
+probabilities and running reward range), LinUCB / LinTS with the default warm-up standardiser
+(each replica would fit its own feature map: use ``standardize=false`` on a featurizer's
+output, or a fixed ``Standardizer``), SquareCB and river policies. Policies that learn nothing
+(``fixed``, ``random``, ``head``) share nothing and need no family (:data:`NOTHING`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from ..errors import AdaptspecError
+
+__all__ = ["Family", "family_for", "NOTHING", "merge_sums"]
+
+Sums = dict[str, np.ndarray]
+
+
+def merge_sums(family: "Family", parts: list[Sums]) -> Sums:
+    """The fleet's sums: the sum of the parts (exact merge of running statistics where there are some)."""
+    out = family.zero()
+    for p in parts:
+        out = family.add(out, p)
+    return out
+
+
+class Family:
+    """How one policy family's statistics are kept, added and applied (subclasses per family)."""
+
+    #: keys of the sums whose merge is an estimate (see the module docstring), for reports
+    approximate: tuple[str, ...] = ()
+
+    def __init__(self, policy: Any) -> None:
+        self.arms = tuple(int(a) for a in policy.arms)
+        self.k = len(self.arms)
+
+    def fingerprint(self, policy: Any) -> str:
+        """What every replica of one variant must agree on (policy type, arms, feature map, prior)."""
+        h = hashlib.sha256(json.dumps(self._identity(policy), sort_keys=True, default=str).encode())
+        return h.hexdigest()[:16]
+
+    def _identity(self, policy: Any) -> dict[str, Any]:
+        return {"name": policy.name, "label": policy.label, "arms": list(self.arms)}
+
+    def zero(self) -> Sums:
+        raise NotImplementedError
+
+    def add(self, a: Sums, b: Sums) -> Sums:
+        return {k: a[k] + b[k] for k in a}
+
+    def before(self, policy: Any) -> Any:
+        """What :meth:`observe` needs from the policy just before an update (default: nothing)."""
+        return None
+
+    def observe(self, sums: Sums, policy: Any, context: np.ndarray | None, arm: int, reward: float, pre: Any) -> None:
+        """Add one update, already applied to ``policy``, to ``sums`` (in place)."""
+        raise NotImplementedError
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        """Set ``policy``'s learnt statistics to prior + ``total``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def updates(sums: Sums) -> int:
+        """Number of updates the sums hold."""
+        return int(np.asarray(sums["count"]).sum())
+
+    def check(self, sums: Sums) -> None:
+        """Refuse sums of other shapes than this family's (another policy, head or dimension)."""
+        ref = self.zero_like(sums)
+        for k, v in ref.items():
+            if k not in sums or np.shape(sums[k]) != np.shape(v):
+                raise AdaptspecError(f"shared statistics {k!r} have shape {np.shape(sums.get(k))}, expected {np.shape(v)}")
+
+    def zero_like(self, sums: Sums) -> Sums:
+        return self.zero()
+
+
+class _Nothing(Family):
+    """Policies that learn nothing online: nothing to share."""
+
+    def __init__(self) -> None:
+        self.arms, self.k = (), 0
+
+    def zero(self) -> Sums:
+        return {"count": np.zeros(0, np.int64)}
+
+    def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
+        pass
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        pass
+
+    def fingerprint(self, policy: Any) -> str:
+        return "nothing"
+
+
+NOTHING = _Nothing()
+
+
+# ----------------------------------------------------------------------------- context-free
+def _welford_merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Merge two running (count, mean, M2, min, max) vectors (Chan, Golub & LeVeque)."""
+    na, nb = a[0], b[0]
+    if nb == 0:
+        return a.copy()
+    if na == 0:
+        return b.copy()
+    n = na + nb
+    d = b[1] - a[1]
+    return np.array([n, a[1] + d * nb / n, a[2] + b[2] + d * d * na * nb / n, min(a[3], b[3]), max(a[4], b[4])])
+
+
+class ContextFree(Family):
+    """EpsilonGreedy, UCB (and ucb-throughput), ThompsonSampling: per-arm n, s, ss, pulls and running stats."""
+
+    def zero(self) -> Sums:
+        k = self.k
+        return {"n": np.zeros(k), "s": np.zeros(k), "ss": np.zeros(k), "count": np.zeros(k, np.int64),
+                "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf])}
+
+    def add(self, a: Sums, b: Sums) -> Sums:
+        out = {k: a[k] + b[k] for k in ("n", "s", "ss", "count")}
+        out["running"] = _welford_merge(a["running"], b["running"])
+        return out
+
+    def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
+        from ..policies.mab import _Running
+
+        sums["n"][arm] += 1.0
+        sums["s"][arm] += reward
+        sums["ss"][arm] += reward * reward
+        sums["count"][arm] += 1
+        _Running.add(sums["running"], reward)
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        st = policy.stats
+        st.n, st.s, st.ss = total["n"].copy(), total["s"].copy(), total["ss"].copy()
+        st.pulls = total["count"].astype(np.int64).copy()
+        policy.running = total["running"].copy()
+        policy.version = self.updates(total)
+
+    def _identity(self, policy: Any) -> dict[str, Any]:
+        return {**super()._identity(policy), "discount": policy.discount, "window": policy.window}
+
+
+# ----------------------------------------------------------------------------- linear
+class Linear(Family):
+    """LinUCB and LinTS with a fixed feature map: per-arm ``sum phi phi^T``, ``sum r phi``, counts, noise."""
+
+    approximate = ("noise",)
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(policy)
+        self.dim_out: int | None = None if policy.map is None else int(policy.map.out_dim)
+
+    def _identity(self, policy: Any) -> dict[str, Any]:
+        # stable before the dimension is known (standardize=false learns it from the first context);
+        # a dimension mismatch shows as a shape mismatch of the sums
+        ident = {**super()._identity(policy), "lam": policy.lam, "intercept": policy.fit_intercept,
+                 "noise": str(policy.noise), "noise_prior": list(policy.noise_prior)}
+        pm, pp = policy._prior
+        if pm is not None or pp is not None:
+            ident["prior"] = hashlib.sha256(np.asarray(0.0 if pm is None else pm, float).tobytes() + np.asarray(0.0 if pp is None else pp, float).tobytes()).hexdigest()
+        m = policy.standardize
+        if m is not False:  # a fixed Standardizer
+            ident["map"] = hashlib.sha256(np.concatenate([m.mean, m.scale, [m.reward_mean, m.reward_scale]]).tobytes()).hexdigest()
+        return ident
+
+    def zero(self) -> Sums:
+        d = self.dim_out or 0
+        return {"xx": np.zeros((self.k, d, d)), "xr": np.zeros((self.k, d)), "count": np.zeros(self.k, np.int64),
+                "noise": np.zeros(2)}
+
+    def zero_like(self, sums: Sums) -> Sums:
+        if self.dim_out is None and "xr" in sums and np.ndim(sums["xr"]) == 2:  # dimension learnt from the fleet
+            self.dim_out = int(np.shape(sums["xr"])[1])
+        return self.zero()
+
+    def add(self, a: Sums, b: Sums) -> Sums:
+        if a["xr"].shape != b["xr"].shape:  # one side has not learnt the dimension yet
+            if a["count"].sum() == 0:
+                return {k: v.copy() for k, v in b.items()} | {"noise": a["noise"] + b["noise"]}
+            if b["count"].sum() == 0:
+                return {k: v.copy() for k, v in a.items()} | {"noise": a["noise"] + b["noise"]}
+        return super().add(a, b)
+
+    def before(self, policy: Any) -> Any:
+        return policy.noise_stats.copy()
+
+    def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
+        if policy.map is None:
+            policy._ensure_core()
+        phi = policy.map.phi(np.asarray(context, dtype=np.float64))
+        if self.dim_out is None or sums["xr"].shape[1] != phi.shape[0]:
+            self.dim_out = int(phi.shape[0])
+            fresh = self.zero()
+            fresh["noise"] = sums["noise"]
+            sums.update(fresh)
+        r = float(policy.map.reward(reward))
+        sums["xx"][arm] += np.outer(phi, phi)
+        sums["xr"][arm] += r * phi
+        sums["count"][arm] += 1
+        sums["noise"] += policy.noise_stats - pre
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        if self.updates(total) == 0 and policy.core is None:
+            return
+        if policy.core is None:
+            d = total["xr"].shape[1] - int(policy.fit_intercept)
+            policy.dim = d if policy.dim is None else policy.dim
+            policy._ensure_core()
+        core = policy.core
+        P, m = core.prior_precision, core.prior_mean
+        A = P + total["xx"]
+        A_inv = np.linalg.inv(A)
+        A_inv = 0.5 * (A_inv + A_inv.transpose(0, 2, 1))
+        b = np.einsum("kde,ke->kd", P, m) + total["xr"]
+        core.A_inv[...] = A_inv
+        core.theta[...] = np.einsum("kde,ke->kd", A_inv, b)
+        core.count = total["count"].astype(np.int64).copy()
+        core._u_for = None
+        policy.noise_stats = total["noise"].copy()
+        policy._last = None
+        policy.version = self.updates(total)
+
+
+# ----------------------------------------------------------------------------- neural-linear
+class NeuralLinearFamily(Linear):
+    """NeuralLinear: the same sums on the head's features, for every head weight's posterior, plus the evidence."""
+
+    approximate = ("noise", "evidence")
+
+    def __init__(self, policy: Any) -> None:
+        Family.__init__(self, policy)
+        self.dim_out = int(policy.map.out_dim)
+        self.grid = len(policy.prior_grid)
+        self._prior_prec: list[np.ndarray] | None = None
+
+    def _identity(self, policy: Any) -> dict[str, Any]:
+        return {**Family._identity(self, policy), "head": policy.fingerprint, "grid": policy.prior_grid.tolist(),
+                "discount": policy.discount}
+
+    def zero(self) -> Sums:
+        return {**super().zero(), "evidence": np.zeros(self.grid)}
+
+    def zero_like(self, sums: Sums) -> Sums:
+        return self.zero()
+
+    def before(self, policy: Any) -> Any:
+        return policy.noise_stats.copy(), policy.evidence.copy()
+
+    def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
+        noise, evidence = pre
+        phi = policy.map.phi(np.asarray(context, dtype=np.float64))
+        r = float(policy.map.reward(reward))
+        sums["xx"][arm] += np.outer(phi, phi)
+        sums["xr"][arm] += r * phi
+        sums["count"][arm] += 1
+        sums["noise"] += policy.noise_stats - noise
+        sums["evidence"] += policy.evidence - evidence
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        from ..policies.neural_linear import _spd_inv
+
+        k, d = self.k, self.dim_out
+        if self._prior_prec is None:  # the prior precision of every head weight, once
+            self._prior_prec = [np.linalg.inv(c.prior_cov) for c in policy.cores]
+        data = np.zeros((k * d, k * d))
+        for a in range(k):
+            data[a * d:(a + 1) * d, a * d:(a + 1) * d] = total["xx"][a]
+        for core, L in zip(policy.cores, self._prior_prec):
+            S = _spd_inv(L + data)
+            core.S = S
+            core.theta = (S @ (L @ core.prior_mean.reshape(-1) + total["xr"].reshape(-1))).reshape(k, d)
+            core.count = total["count"].astype(np.int64).copy()
+        policy.evidence = total["evidence"].copy()
+        policy.noise_stats = total["noise"].copy()
+        policy._last = None
+        policy._select()
+        policy.version = self.updates(total)
+
+
+def family_for(policy: Any) -> Family:
+    """The :class:`Family` of ``policy``; a policy whose statistics cannot be merged raises one line."""
+    from ..policies.linear import LinearPolicy, Standardizer
+    from ..policies.mab import EXP3, _ContextFree
+    from ..policies.neural_linear import NeuralLinear
+
+    label = getattr(policy, "label", type(policy).__name__)
+    if getattr(policy, "discount", None) is not None or getattr(policy, "window", None) is not None:
+        raise AdaptspecError(f"policy {label} forgets (discount or window) and cannot be shared: its weights depend "
+                             "on the global order of updates, which replicas do not share; drop discount/window")
+    if isinstance(policy, NeuralLinear):
+        return NeuralLinearFamily(policy)
+    if isinstance(policy, EXP3):
+        raise AdaptspecError(f"policy {label} cannot be shared: EXP3's importance weights use each replica's own "
+                             "probabilities and reward range")
+    if isinstance(policy, _ContextFree):
+        return ContextFree(policy)
+    if type(policy).__name__ in ("LinUCB", "LinTS") and isinstance(policy, LinearPolicy):
+        if policy.standardize is True:
+            raise AdaptspecError(f"policy {label} with its warm-up standardiser cannot be shared: each replica would "
+                                 "fit its own feature map; use standardize=false (on a featurizer's output) or a fixed "
+                                 "Standardizer")
+        if policy.standardize is not False and not isinstance(policy.standardize, Standardizer):
+            raise AdaptspecError(f"policy {label}: unknown standardize setting")
+        return Linear(policy)
+    if not getattr(policy, "learning", True) or getattr(policy, "name", None) in ("fixed", "random", "head", "oracle"):
+        return NOTHING
+    raise AdaptspecError(f"policy {label} cannot be shared: sharing supports ucb, ucb-throughput, eps-greedy, ts, "
+                         "linucb/lints (standardize=false) and neural-linear")
