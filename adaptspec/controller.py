@@ -36,13 +36,14 @@ where they enter in :mod:`adaptspec.control.block_sizes`, feedback bookkeeping i
 :mod:`adaptspec.control.feedback`, the threads :mod:`adaptspec.control.workers`, checkpoints
 and resume :mod:`adaptspec.control.checkpoints`.
 
+>>> from adaptspec.schedules import as_schedule
 >>> from adaptspec.speculator import Outcome, Prefill, Round
->>> class Toy:                      # any object with prefill/decode/max_block_size
+>>> class Toy:                      # a BlockSpeculator: prefill, decode, max_block_size
 ...     max_block_size = 8
-...     def prefill(self, prompt_ids, **kw):
+...     def prefill(self, prompt_ids, temperature=0.0, seed=None):
 ...         return Prefill(first_token=1, prompt_tokens=len(prompt_ids), features=np.ones(3, np.float32))
-...     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None):
-...         b = block_size(0, []) if callable(block_size) else block_size
+...     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+...         b = as_schedule(block_size).draft_size([])   # an int, or a per-round schedule
 ...         return Outcome([1] * 5, [Round(b, min(b, 4), 0.001, 0.004)], decode_s=0.005)
 >>> with AdaptiveController(Toy(), "fixed:4", arms=[1, 2, 4, 8], reward="tau") as c:
 ...     g = c.generate([5, 6, 7], max_new_tokens=5)
@@ -53,7 +54,6 @@ and resume :mod:`adaptspec.control.checkpoints`.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import inspect
 import logging
 import math
 import threading
@@ -78,6 +78,8 @@ from .errors import AdaptspecError
 from .featurizer import Featurizer
 from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
 from .rewards import DEFAULT_REWARD
+from .schedules import parse_schedule
+from .schedules.fixed import BlockFunction
 from .speculator import Decision, Outcome, Round
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
@@ -163,6 +165,11 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
     redecide_every
         Decide again every k rounds inside one request (off by default). Each re-decision is
         its own decision, logged and rewarded on its own rounds.
+    round_rule
+        A per-round schedule (:mod:`adaptspec.schedules`, or its spec: ``"history"``,
+        ``"confidence:0.4"``) that runs inside every request, starting from (or drafting) the
+        block size the policy chose; a choice of 1 is plain decoding throughout. Off by default:
+        on the benchmark prompts no round rule beat the per-request choice (docs/controller.md).
     seed
         Seed of a policy built from a spec.
     resume
@@ -206,6 +213,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         decide_timeout_s: float = 0.1,
         feedback_timeout_s: float | None = 300.0,
         redecide_every: int | None = None,
+        round_rule: Any = None,
         seed: int | None = 0,
         resume: bool = True,
         log_features: bool = True,
@@ -229,9 +237,6 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         self.max_block_size = int(max_b)
         self.variant = variant
         self._spec_lock = speculator_lock(speculator)
-        self._on_round = "on_round" in _parameters(speculator.decode)
-        pp = _parameters(speculator.prefill)
-        self._prefill_kw = [k for k in ("temperature", "seed") if k in pp or "**" in pp]
 
         # ---------------------------------------------------------------- policy and featurizer
         self.policy_spec, learner = make_learner(policy, arms, self.max_block_size, seed)
@@ -260,6 +265,13 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         self.decide_timeout_s = float(decide_timeout_s)
         self.feedback_timeout_s = feedback_timeout_s
         self.redecide_every = None if redecide_every is None else int(redecide_every)
+        if isinstance(round_rule, str):
+            round_rule = parse_schedule(round_rule, self.max_block_size)
+        if round_rule is not None and not callable(getattr(round_rule, "with_block_size", None)):
+            raise AdaptspecError(f"round_rule must be a schedule with with_block_size (adaptspec.schedules), got {round_rule!r}")
+        if round_rule is not None and redecide_every is not None:
+            raise AdaptspecError("round_rule and redecide_every cannot be combined: a round rule already decides every round")
+        self.round_rule = round_rule
         self.checkpoint_every = int(checkpoint_every)
         self.checkpoint_interval_s = checkpoint_interval_s
         self.log_features = bool(log_features)
@@ -334,10 +346,10 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
     ) -> Generation:
         """Prefill, decide, decode, learn and log one request.
 
-        ``on_tokens(new_ids)`` is called with the first token after prefill and then with the
-        rest: after every round when the speculator's ``decode`` takes an ``on_round``
-        callback, else once when decoding ends. ``temperature`` and ``seed`` go to the
-        speculator's ``prefill`` when it takes them. Exceptions from the speculator propagate
+        ``on_tokens(new_ids)`` is called with the first token after prefill and then after
+        every round with the tokens it committed (through ``decode``'s ``on_round``).
+        ``temperature`` and ``seed`` go to the speculator's ``prefill``, ``temperature`` to its
+        ``decode`` (the protocol, :class:`~adaptspec.speculator.BlockSpeculator`). Exceptions from the speculator propagate
         (a prefill's ``AdaptspecError`` as :class:`PrefillError`; after a decision, the decision
         is logged without a reward). Re-decisions (``redecide_every``) run
         inside decode and count in its time.
@@ -357,11 +369,10 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
 
     def _generate(self, prompt_ids: Any, max_new_tokens: int, temperature: float, seed: int | None,
                   request_id: str | None, on_tokens: Callable[[list[int]], None] | None) -> Generation:
-        given = {"temperature": temperature, "seed": seed}
         t0 = time.perf_counter()
         try:
             with self._spec_lock:
-                pre = self.speculator.prefill(prompt_ids, **{k: given[k] for k in self._prefill_kw})
+                pre = self.speculator.prefill(prompt_ids, temperature=temperature, seed=seed)
         except AdaptspecError as e:
             raise PrefillError(str(e)) from None
         t1 = time.perf_counter()
@@ -372,7 +383,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         first = self._decide(ctx, request_id)
         decisions = [first]
         starts = [0]
-        schedule: Any = first.block_size
+        schedule: Any = first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
         if self.redecide_every is not None:
             k = self.redecide_every
 
@@ -382,10 +393,10 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
                     starts.append(i)
                 return decisions[-1].block_size
 
-            schedule = redecide
+            schedule = BlockFunction(redecide)
 
         kwargs: dict[str, Any] = {"temperature": temperature}
-        if on_tokens is not None and self._on_round:
+        if on_tokens is not None:
             kwargs["on_round"] = lambda new, r: on_tokens(list(new))
         t2 = time.perf_counter()
         try:
@@ -395,8 +406,6 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
             for d in decisions:
                 self._abandon(d.decision_id, "decode_error")
             raise
-        if on_tokens is not None and not self._on_round and len(outcome.tokens) > 1:
-            on_tokens([int(t) for t in outcome.tokens[1:]])
         t3 = time.perf_counter()
         segments = [outcome] if len(decisions) == 1 else _split(outcome, starts)
         rewards = [self._feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
@@ -591,15 +600,6 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
     def _check_open(self) -> None:
         if self._closed:
             raise AdaptspecError("this AdaptiveController is closed")
-
-
-def _parameters(fn: Callable[..., Any]) -> set[str]:
-    """Names ``fn`` takes; ``"**"`` stands for a ``**kwargs`` catch-all."""
-    try:
-        ps = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return {"**"}
-    return {"**" if p.kind is p.VAR_KEYWORD else p.name for p in ps}
 
 
 def _split(outcome: Outcome, starts: list[int]) -> list[Outcome]:

@@ -26,6 +26,7 @@ from adaptspec import AdaptiveController
 from adaptspec.decoding.greedy import PlainGreedy, divergence
 from adaptspec.models import load_speculator
 from adaptspec.models.prompts import BENCHMARKS, benchmark_prompts
+from adaptspec.schedules import parse_schedule
 
 
 def main() -> None:
@@ -35,12 +36,14 @@ def main() -> None:
     ap.add_argument("--arms", default="1,2,3,4,8,16", help="block sizes timed in fast mode")
     ap.add_argument("--exact-arms", default="1,4", help="block sizes also timed in exact mode ('' for none)")
     ap.add_argument("--policy", default=None, help="controller policy (default: the product default)")
+    ap.add_argument("--rules", default="history", help="per-round schedules also timed in fast mode, ';'-separated ('' for none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "real_prompts.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     arms = [int(a) for a in args.arms.split(",")]
     exact_arms = [int(a) for a in args.exact_arms.split(",") if a.strip()]
+    rules = [r.strip() for r in args.rules.split(";") if r.strip()]
     fast = load_speculator(verification="fast")
     exact = load_speculator(verification="exact") if exact_arms else None
     plain = PlainGreedy(fast.target)
@@ -71,6 +74,10 @@ def main() -> None:
                         d = divergence(plain.model, ids, o.tokens, ptoks)
                         rec["diverged_at"], rec["gap"] = (None, None) if d is None else d
                     row[f"{mode}:{b}"] = rec
+                if mode == "fast":
+                    for rule in rules:
+                        o = spec.decode(pre, parse_schedule(rule, spec.max_block_size), n)
+                        row[f"rule:{rule}"] = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau}
             g = ctl.generate(ids, max_new_tokens=n)
             row["controller"] = {"tokens": g.outcome.new_tokens, "s": g.outcome.decode_s, "tau": g.outcome.mean_tau,
                                  "block_size": g.decision.block_size, "overhead_s": g.overhead_s}
@@ -79,10 +86,13 @@ def main() -> None:
                   + "  ".join(f"B{b} {_speed(row[f'fast:{b}']) / _speed(row['plain']):.2f}x" for b in arms)
                   + f"  ctl B{g.decision.block_size} {_speed(row['controller']) / _speed(row['plain']):.2f}x", flush=True)
         ctl.sync()
-    summary = summarise(rows, arms, exact_arms)
+    summary = summarise(rows, arms, exact_arms, rules)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out)}, "summary": summary, "rows": rows}, indent=1))
     print(markdown(summary, arms, exact_arms))
+    for rule in rules:
+        print(f"rule {rule}: " + ", ".join(f"{k} {v[f'rule:{rule}']['speedup']:.2f}x" for k, v in summary.items()
+                                          if isinstance(v, dict) and f"rule:{rule}" in v))
 
 
 def _bench(domain: str) -> str:
@@ -102,7 +112,7 @@ def _modes(arms: list[int], exact_arms: list[int]) -> list[tuple[str, int]]:
     return [("fast", b) for b in arms] + [("exact", b) for b in exact_arms]
 
 
-def summarise(rows: list[dict], arms: list[int], exact_arms: list[int]) -> dict:
+def summarise(rows: list[dict], arms: list[int], exact_arms: list[int], rules: list[str] = ()) -> dict:
     out: dict = {}
     groups = {b: [r for r in rows if r["benchmark"] == b] for b in BENCHMARKS} | {"all": rows}
     for name, rs in groups.items():
@@ -113,6 +123,9 @@ def summarise(rows: list[dict], arms: list[int], exact_arms: list[int]) -> dict:
         for m, b in _modes(arms, exact_arms):
             k = f"{m}:{b}"
             g[k] = {"speedup": _agg(rs, lambda r: r[k]) / base, "tau": float(np.mean([r[k]["tau"] for r in rs]))}
+        for rule in rules:
+            g[f"rule:{rule}"] = {"speedup": _agg(rs, lambda r: r[f"rule:{rule}"]) / base,
+                                 "tau": float(np.mean([r[f"rule:{rule}"]["tau"] for r in rs]))}
         g["controller"] = {"speedup": _agg(rs, lambda r: r["controller"]) / base,
                            "block_sizes": sorted({r["controller"]["block_size"] for r in rs})}
         g["oracle"] = {"speedup": _agg(rs, lambda r: min((r[f"fast:{b}"] for b in arms), key=lambda x: x["s"] / x["tokens"])) / base}

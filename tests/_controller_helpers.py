@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from adaptspec.policies.base import Policy
+from adaptspec.schedules import as_schedule
 from adaptspec.speculator import Outcome, Prefill, Round
 
 
@@ -35,8 +36,8 @@ class FakeSpeculator:
         return Prefill(first_token=sum(ids) % 97, prompt_tokens=len(ids), features=f, state={"acc": acc})
 
     def decode(self, prefill: Prefill, block_size: Any, max_new_tokens: int, temperature: float = 0.0,
-               seed: int | None = None) -> Outcome:
-        return self._decode(prefill, block_size, max_new_tokens, None)
+               seed: int | None = None, on_round: Callable[[list[int], Round], None] | None = None) -> Outcome:
+        return self._decode(prefill, block_size, max_new_tokens, on_round)
 
     def _decode(self, prefill: Prefill, block_size: Any, max_new_tokens: int,
                 on_round: Callable[[list[int], Round], None] | None) -> Outcome:
@@ -44,11 +45,12 @@ class FakeSpeculator:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         acc = prefill.state["acc"]
+        schedule = as_schedule(block_size)
         tokens = [prefill.first_token]
         rounds: list[Round] = []
         finish = "length"
         while len(tokens) < max_new_tokens and finish == "length":
-            b = block_size(len(rounds), rounds) if callable(block_size) else block_size
+            b = schedule.draft_size(rounds)
             b = min(b, max_new_tokens - len(tokens))
             tau = min(b, 1 + int(acc * acc * (b - 1) + 0.5 * (len(rounds) % 2)))
             new = [(tokens[-1] + 1 + i) % 97 for i in range(tau)]
@@ -62,14 +64,6 @@ class FakeSpeculator:
             if on_round is not None:
                 on_round(new, r)
         return Outcome(tokens[:max_new_tokens], rounds, sum(r.draft_s + r.verify_s for r in rounds), finish)
-
-
-class StreamingFakeSpeculator(FakeSpeculator):
-    """The same, with an ``on_round`` callback in ``decode`` (per-round streaming)."""
-
-    def decode(self, prefill: Prefill, block_size: Any, max_new_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, on_round: Callable[[list[int], Round], None] | None = None) -> Outcome:
-        return self._decode(prefill, block_size, max_new_tokens, on_round)
 
 
 class Misbehaving(Policy):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _controller_helpers import FakeSpeculator, Misbehaving, StreamingFakeSpeculator
+from _controller_helpers import FakeSpeculator, Misbehaving
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.checkpoint import latest_checkpoint, read_checkpoint, state_digest
 from adaptspec.logwriter import DecisionLogWriter, journal_rows, log_rows
@@ -272,13 +272,38 @@ def test_redecide_every_k_rounds_splits_the_request(tmp_path):
 
 
 def test_on_tokens_streams_first_token_then_rounds():
-    for spec, per_round in ((FakeSpeculator(), False), (StreamingFakeSpeculator(), True)):
-        got = []
-        with AdaptiveController(spec, "fixed:4") as c:
-            g = c.generate(prompt(4), max_new_tokens=20, on_tokens=got.append)
-        assert got[0] == g.outcome.tokens[:1]
-        assert sum(got, []) == g.outcome.tokens
-        assert len(got) == (1 + len(g.outcome.rounds) if per_round else 2)
+    got = []
+    with AdaptiveController(FakeSpeculator(), "fixed:4") as c:
+        g = c.generate(prompt(4), max_new_tokens=20, on_tokens=got.append)
+    assert got[0] == g.outcome.tokens[:1]
+    assert sum(got, []) == g.outcome.tokens
+    assert len(got) == 1 + len(g.outcome.rounds)
+
+
+def test_a_round_rule_runs_inside_every_request_from_the_chosen_block_size(one_torch_thread):
+    from adaptspec.schedules import AcceptanceHistory
+
+    from decoding_helpers import make_decoder, reference_greedy, tiny_target
+
+    model = tiny_target("llama", vocab=96)
+    dec = make_decoder(model, max_block_size=16)
+    ids = [3, 14, 15, 9, 2, 6, 53, 58]
+    want = reference_greedy(model, ids, 24)
+    rule = AcceptanceHistory(block_size=2, max_block_size=16, shrink=1)
+    with AdaptiveController(dec, "fixed:6", arms=[1, 6], round_rule=rule, reward="tau") as c:
+        g = c.generate(ids, max_new_tokens=24)
+        assert g.tokens == want
+        # the rule starts from the policy's choice and then follows the rounds
+        expect = [rule.with_block_size(6).draft_size(g.outcome.rounds[:i]) for i in range(len(g.outcome.rounds))]
+        assert [r.draft_size for r in g.outcome.rounds] == [min(e, 24 - 1 - sum(r.tau for r in g.outcome.rounds[:i]))
+                                                            for i, e in enumerate(expect)]
+        assert len({r.draft_size for r in g.outcome.rounds}) > 1
+    with AdaptiveController(dec, "fixed:1", arms=[1, 6], round_rule="history") as c:
+        assert {r.draft_size for r in c.generate(ids, max_new_tokens=12).outcome.rounds} == {1}  # 1: plain throughout
+    with pytest.raises(AdaptspecError, match="cannot be combined"):
+        AdaptiveController(dec, "fixed:6", arms=[1, 6], round_rule="history", redecide_every=2)
+    with pytest.raises(AdaptspecError, match="unknown round schedule"):
+        AdaptiveController(dec, "fixed:6", arms=[1, 6], round_rule="sometimes")
 
 
 def test_lossless_on_a_real_tiny_decoder_with_redecisions(one_torch_thread):

@@ -130,15 +130,16 @@ class SpeculativeDecoder:
         if not isinstance(state, _PrefillState):
             raise AdaptspecError("this Prefill was not made by this decoder")
         schedule = as_schedule(block_size)
-        if isinstance(schedule, FixedBlock):
-            self._check_block_size(schedule.block_size)
+        fixed = schedule.block_size if isinstance(schedule, FixedBlock) else None
+        if fixed is not None:  # checked once here; a schedule's choices are checked every round
+            self._check_block_size(fixed)
         cache = copy.deepcopy(state.cache)
         gen = state.generator
         if temperature > 0 and (gen is None or seed is not None):
             gen = _generator(self.target.device, seed)
         # A request at B = 1 throughout never drafts: no drafter state, no hidden states.
         draft = None
-        if self.drafter is not None and schedule != FixedBlock(1):
+        if self.drafter is not None and fixed != 1:
             draft = self.drafter.new_state(state.context_hidden)
 
         eos = self.target.eos_token_ids
@@ -148,7 +149,7 @@ class SpeculativeDecoder:
         finish = "eos" if tokens[-1] in eos else "length"
         start = _now(self.target.device)
         while finish == "length" and len(tokens) < max_new_tokens:
-            b = self._check_block_size(schedule.draft_size(rounds))
+            b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
             room = max_new_tokens - len(tokens)
             if not schedule.uses_confidence:
                 b = min(b, room)  # drafts past the end would be thrown away
