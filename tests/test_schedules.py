@@ -188,3 +188,29 @@ def test_replayed_rounds_are_timed_at_their_drafted_and_verified_sizes():
     assert [r.verify_s for r in rounds] == pytest.approx(prof.verify_s(np.array([3, 3, 2]), ctx).tolist())
     with pytest.raises(AdaptspecError, match="stored for block size 4 only"):
         replay_rounds(req, ConfidenceThreshold(0.5, block_size=3), 9)
+
+
+def test_evaluation_section_replays_the_dense_set_the_trace_set_names(tmp_path):
+    from types import SimpleNamespace
+
+    from adaptspec.dense import DenseTraceSet
+    from adaptspec.evaluation.core import Settings
+    from adaptspec.evaluation.rounds import render_rounds, section_rounds
+
+    rng = np.random.default_rng(1)
+    ds = DenseTraceSet.create(tmp_path / "dense", {"max_new_tokens": 21, "max_block_size": 16})
+    ds.write_part([(f"r{i}", ("gsm8k", "mt-bench/writing")[i % 2], _request(_random_accept(rng, 20, 16),
+                                                                            rng.random((20, 15)).astype(np.float32)))
+                   for i in range(4)])
+    d = section_rounds(SimpleNamespace(meta={"dense": str(tmp_path / "dense")}), Settings(batch_sizes=(1, 8)))
+    assert d["status"] == "ok" and d["requests"] == 4
+    assert [(p["profile"], p["batch"]) for p in d["profiles"]] == [("cpu-smollm2-fast", 1), ("h100-qwen3-8b", 1),
+                                                                   ("h100-qwen3-8b", 8)]
+    for p in d["profiles"]:
+        rows = {r["schedule"]: r for r in p["rows"]}
+        assert p["domains"] == ["gsm8k", "mt-bench"]
+        assert rows["plain"]["all"] == 1.0 and rows["per-round oracle"]["headroom"] == pytest.approx(1.0)
+        assert rows["per-round oracle"]["all"] >= rows["per-request oracle"]["all"] >= rows[p["best_fixed"]]["all"]
+    assert "confidence threshold 0.4" in render_rounds(d, [])
+    gone = section_rounds(SimpleNamespace(meta={}), Settings())
+    assert gone["status"] == "absent" and render_rounds(gone, []).startswith("Not run")

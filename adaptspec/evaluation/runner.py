@@ -25,7 +25,7 @@ from .report import SECTIONS, render_headline, render_report
 from .._io import json_default
 
 #: sections a plain run regenerates (the end-to-end one needs ``e2e_prompts``)
-REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart")
+REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart", "rounds")
 RESULTS_FORMAT = 1
 
 
@@ -171,6 +171,10 @@ def run_section(key: str, traces: Any, req: Request, out: Outputs) -> tuple[dict
         assert e is not None
         return section_e2e(traces, st, e.prompts, max_new_tokens=e.max_new_tokens, drafter=e.drafter,
                            target=e.target, fixed_block=e.fixed_block, threads=e.threads), []
+    if key == "rounds":
+        from .rounds import section_rounds
+
+        return section_rounds(traces, st), []
     raise AdaptspecError(f"unknown section {key!r}")
 
 
