@@ -323,6 +323,8 @@ def collect_dense_ray(
     done: set = set()
     if (out / "meta.json").exists():
         done = DenseTraceSet.open(out).request_ids()
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):  # before any task loads a model
+        raise AdaptspecError(f"{out}: exists and is not a dense trace set; refusing to write into it")
     todo = [p for p in prompts if p[0] not in done]
     ds = None
 

@@ -20,6 +20,7 @@ from adaptspec.cli import main
 from adaptspec.collection import collect_traces
 from adaptspec.dense import DenseTraceSet, collect_dense
 from adaptspec.distributed import collect_dense_ray, collect_traces_ray
+from adaptspec.errors import AdaptspecError
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import load_traces
 from adaptspec.traces.traceset import DEFAULT_TRACES
@@ -135,6 +136,10 @@ def test_bad_ray_input_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
     assert err.count("\n") == 1 and "--ray" in err and "Traceback" not in err
     assert main(["collect", "--out", str(tmp_path / "t"), "--ray", "x", "--limit", "1"]) == 2
     assert "--ray" in capsys.readouterr().err
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    with pytest.raises(AdaptspecError, match="not a dense trace set"):  # refused before a task starts
+        collect_dense_ray(tiny_speculator, PROMPTS, tmp_path / "foreign", max_block_size=8, progress=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     assert main(["simulate", str(BENCHMARKS), "--policy", "ucb", "--ray", "--no-progress"]) == 2
     err = capsys.readouterr().err
