@@ -18,7 +18,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -47,50 +47,87 @@ def collect_traces(
 
     Returns the trace set, or None for a ``part`` run (see the module docstring).
     """
-    arms = sorted(int(a) for a in arms)
-    if not arms or arms[0] < 1 or arms[-1] > speculator.max_block_size or len(set(arms)) != len(arms):
-        raise AdaptspecError(f"arms must be unique block sizes in 1..{speculator.max_block_size}, got {arms}")
+    arms = check_arms(arms, speculator.max_block_size)
     out = Path(out)
+    check_request(out, temperature, max_new_tokens, overwrite)
+    if part is not None and not 0 <= part[0] < part[1]:
+        raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
+    partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))
+    rows = read_partials(out, arms)
+    mine = prompts if part is None else prompts[part[0] :: part[1]]
+    todo = [p for p in mine if p[0] not in rows]
+    with open(partial, "a") as f:
+        prompt_rows = collect_rows(speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows))
+        for i, row in enumerate(tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)):
+            append_row(f, row)
+            rows[row["request_id"]] = row
+            if on_prompt is not None:
+                on_prompt(i)
+    if part is not None:
+        return None
+    return finish(out, prompts, arms, rows, max_new_tokens, temperature, meta, overwrite)
+
+
+def check_arms(arms: Sequence[int], max_block_size: int) -> list[int]:
+    """``arms`` sorted, checked to be unique block sizes in ``1..max_block_size``."""
+    arms = sorted(int(a) for a in arms)
+    if not arms or arms[0] < 1 or arms[-1] > max_block_size or len(set(arms)) != len(arms):
+        raise AdaptspecError(f"arms must be unique block sizes in 1..{max_block_size}, got {arms}")
+    return arms
+
+
+def check_request(out: Path, temperature: float, max_new_tokens: int, overwrite: bool) -> None:
+    """The checks of a collection that need no speculator (before any prompt is decoded)."""
     check_output(out, "traceset", overwrite)  # now, not after decoding every prompt
     if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
         raise AdaptspecError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if part is not None and not 0 <= part[0] < part[1]:
-        raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
-    partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))
+
+
+def read_partials(out: Path, arms: list[int]) -> dict[str, dict]:
+    """The rows of every ``OUT.partial*.jsonl`` (any part), by request id."""
     partials = sorted(out.parent.glob(out.name + ".partial*.jsonl"))
-    done = [r for path in partials for r in _read_partial(path, arms)]
-    rows = {r["request_id"]: r for r in done}
-    mine = prompts if part is None else prompts[part[0] :: part[1]]
-    todo = [p for p in mine if p[0] not in rows]
-    with open(partial, "a") as f:
-        for i, (rid, domain, ids) in enumerate(tqdm(todo, desc="collect", unit="prompt", disable=not progress)):
-            pre = speculator.prefill(list(ids), temperature=temperature, seed=seed) if temperature > 0 else speculator.prefill(list(ids))
-            k = len(rows) % len(arms)
-            per_arm = {}
-            for b in arms[k:] + arms[:k]:
-                o = speculator.decode(pre, b, max_new_tokens, temperature=temperature, seed=seed)
-                per_arm[b] = {
-                    "new_tokens": o.new_tokens,
-                    "tau": [r.tau for r in o.rounds],
-                    "draft_ms": [r.draft_s * 1e3 for r in o.rounds],
-                    "verify_ms": [r.verify_s * 1e3 for r in o.rounds],
-                    "decode_ms": o.decode_s * 1e3,
-                }
-            row = {
-                "request_id": rid, "domain": domain, "prompt_tokens": len(ids),
-                "features": np.asarray(pre.features, dtype=np.float32).tolist(),
-                "arms": arms, "outcomes": {str(b): v for b, v in per_arm.items()},
+    return {r["request_id"]: r for path in partials for r in _read_partial(path, arms)}
+
+
+def collect_rows(speculator: BlockSpeculator, prompts, arms: list[int], max_new_tokens: int, temperature: float,
+                 seed: int, offset: int = 0, positions: Sequence[int] | None = None) -> Iterator[dict]:
+    """One partial-file row per prompt (``(request_id, domain, token_ids)``), as it is decoded. The
+    block sizes are decoded in an order rotated by the prompt's position (``offset + i``, or
+    ``offset + positions[i]``), so slow drift of the machine's speed favours none of them."""
+    for i, (rid, domain, ids) in enumerate(prompts):
+        pre = speculator.prefill(list(ids), temperature=temperature, seed=seed) if temperature > 0 else speculator.prefill(list(ids))
+        k = (offset + (i if positions is None else positions[i])) % len(arms)
+        per_arm = {}
+        for b in arms[k:] + arms[:k]:
+            o = speculator.decode(pre, b, max_new_tokens, temperature=temperature, seed=seed)
+            per_arm[b] = {
+                "new_tokens": o.new_tokens,
+                "tau": [r.tau for r in o.rounds],
+                "draft_ms": [r.draft_s * 1e3 for r in o.rounds],
+                "verify_ms": [r.verify_s * 1e3 for r in o.rounds],
+                "decode_ms": o.decode_s * 1e3,
             }
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            rows[rid] = row
-            if on_prompt is not None:
-                on_prompt(i)
-    if part is not None:
-        return None
+        yield {
+            "request_id": rid, "domain": domain, "prompt_tokens": len(ids),
+            "features": np.asarray(pre.features, dtype=np.float32).tolist(),
+            "arms": arms, "outcomes": {str(b): v for b, v in per_arm.items()},
+        }
+
+
+def append_row(f, row: dict) -> None:
+    """Append one row to an open partial file, durably (a crash loses at most a torn last line)."""
+    f.write(json.dumps(row) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def finish(out: Path, prompts, arms: list[int], rows: dict[str, dict], max_new_tokens: int, temperature: float,
+           meta: dict | None, overwrite: bool) -> TraceSet:
+    """Write the trace set of ``prompts`` (every one in ``rows``) at ``out``, in prompt order, and
+    remove the partial files."""
+    partials = sorted(out.parent.glob(out.name + ".partial*.jsonl"))
     ordered = [rows[p[0]] for p in prompts]
     traces = _to_traceset(ordered, arms, {
         "source": "adaptspec collect", "max_new_tokens": max_new_tokens, "temperature": temperature,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..distributed import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
 from ._types import block_sizes, float_range, input_file, int_range, seed, threads
 
@@ -49,12 +50,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'adaptspec traces derive'); resumes an interrupted run in OUT")
     p.add_argument("--part", type=_part, default=None, metavar="I/N",
                    help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", type=parse_address,
+                   help="split the prompts into parts run as Ray tasks, each loading the speculator with one thread "
+                        "(pip install 'adaptspec[ray]'); resumable like --part. " + ADDRESS_HELP[len("run as Ray tasks: "):])
+    p.add_argument("--ray-tasks", type=int_range(1), default=None, metavar="N",
+                   help="with --ray: this many parts (default: one per CPU of the Ray cluster, one per GPU with "
+                        "--device cuda)")
 
 
 def run(args: argparse.Namespace) -> int:
     from .._outputs import check_output
     from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
 
+    if args.ray_tasks and not args.ray:
+        raise AdaptspecError("--ray-tasks needs --ray")
+    if args.ray and args.part:
+        raise AdaptspecError("--ray makes its own parts: drop --part")
     if args.dense:
         if args.temperature != 0 or args.part or args.force:
             raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
@@ -72,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
             by.setdefault(item[1].domain, []).append(item)
         turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
         numbered = sorted(turns[: args.limit])
+
+    if args.ray:
+        return _run_ray(args, numbered)
 
     import torch
 
@@ -103,4 +117,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
     else:
         print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
+    return 0
+
+
+def _run_ray(args: argparse.Namespace, numbered: list) -> int:
+    """``collect --ray``: the same collection as Ray tasks; the driver loads no model (the tasks
+    encode the prompts)."""
+    import functools
+
+    from ..distributed import collect_dense_ray, collect_traces_ray, import_ray, session
+    from ..models import load_speculator
+
+    import_ray()  # a missing Ray is one line, before anything else
+    if args.dense and (args.out / "meta.json").exists():
+        from ..dense import DenseTraceSet
+
+        DenseTraceSet.open(args.out)  # a foreign directory is refused before Ray starts
+    make = functools.partial(load_speculator, args.target, args.drafter, dtype=args.dtype, device=args.device,
+                             threads=1, verification=args.verification)
+    triples = [(f"{p.domain}-{i:04d}", p.domain, p.prompt) for i, p in numbered]
+    meta = {"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
+            "dtype": args.dtype, "device": args.device, "features": None}
+    gpu = args.device.startswith("cuda")
+    with session(args.ray):
+        if args.dense:
+            ds = collect_dense_ray(make, triples, args.out, args.max_new_tokens, max(args.arms), meta=meta,
+                                   tasks=args.ray_tasks, gpu=gpu, address=args.ray)
+            print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
+            return 0
+        traces = collect_traces_ray(make, triples, args.arms, args.out, args.max_new_tokens, args.temperature,
+                                    args.seed, meta=meta, overwrite=args.force, tasks=args.ray_tasks, gpu=gpu,
+                                    address=args.ray)
+    print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
     return 0

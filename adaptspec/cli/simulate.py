@@ -7,6 +7,7 @@ Examples::
     adaptspec simulate --policy ucb --seeds 5 --order shuffled --plot replay.png
     adaptspec simulate TRACES --reward modelled --latency h100-qwen3-8b --batch-size 8 --json
     adaptspec simulate --ab A=fixed:16,B=linucb --seeds 5 --order shuffled --steps 3000
+    adaptspec simulate TRACES --seeds 20 --order shuffled --ray auto    # the replays as Ray tasks
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..rewards import REWARD_UNITS, REWARDS, trace_reward_name
+from ..distributed import ADDRESS_HELP, parse_address
 from ._types import float_range, int_range, png_output
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
@@ -56,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace the decision log at --log (only a decision log: anything else is refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", type=parse_address,
+                   help="run the (policy, seed) replays as Ray tasks (pip install 'adaptspec[ray]'); same report. "
+                        + ADDRESS_HELP[len("run as Ray tasks: "):])
     p.add_argument("--ab", metavar="A=SPEC,B=SPEC", default=None,
                    help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
                         "always-valid sequential test have stopped, and did it pick the better policy? "
@@ -94,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     traces = load_traces(args.traces)
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     if args.ab:
+        if args.ray:
+            raise AdaptspecError("--ray runs the replays of --policy sweeps; --ab runs in one process")
         return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
                                and not (s.startswith("lin") and traces.features is None)]
@@ -103,9 +110,17 @@ def run(args: argparse.Namespace) -> int:
                           None if traces.features is None else traces.features.shape[1], args.featurizer)
     if feat is not None:
         traces = feat.transform_traces(traces)
-    report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                    seeds=seeds, order=args.order, n_steps=args.steps,
-                    progress=False if args.no_progress else None)
+    if args.ray:
+        from ..distributed import session
+
+        with session(args.ray):
+            report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
+                            seeds=seeds, order=args.order, n_steps=args.steps,
+                            progress=False if args.no_progress else None, ray=True)
+    else:
+        report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
+                        seeds=seeds, order=args.order, n_steps=args.steps,
+                        progress=False if args.no_progress else None)
     if args.plot:
         plot_report(report, args.plot)
     if args.log:

@@ -274,6 +274,18 @@ def _fmt(x: float) -> str:
 
 
 # ============================================================================ replay
+def replay_job(ctx: dict, spec: Any, seed: int, idx: np.ndarray, progress: Any = None) -> tuple:
+    """One (policy, seed) replay of :func:`replay` over the stream ``idx``: ``(name, metrics,
+    regret curve, arm indices chosen)``. ``ctx`` holds what :func:`replay` derived from the
+    trace set (reward, tau and cost matrices, features, arms, the curve's steps)."""
+    name, pol = _build(spec, ctx["arms"], seed)
+    if progress is not None:
+        progress.set_postfix_str(name, refresh=False)
+    a = run_policy(pol, ctx["R"], idx, ctx["X"], progress)
+    m, c = _metrics(a, idx, ctx["R"], ctx["tau"], ctx["best"], ctx["fixed"], ctx["costs"], ctx["steps"])
+    return name, m, c, a.astype(np.int16)
+
+
 def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, best: np.ndarray,
              fixed: int, costs: tuple[np.ndarray, np.ndarray] | None, steps: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
     r = R[idx, a]
@@ -314,6 +326,7 @@ def replay(
     n_steps: int | None = None,
     progress: bool | None = None,
     curve_points: int = 200,
+    ray: str | bool | None = None,
 ) -> ReplayReport:
     """Replay ``policies`` (specs, Policy objects or ``factory(arms, seed)``) on ``traces``.
 
@@ -322,6 +335,11 @@ def replay(
     same seed. ``reward`` is ``tau``, ``throughput`` or ``token_latency`` (measured) or ``modelled`` (with
     ``latency``). Throughput in the report is total tokens over total decode time (modelled
     when a latency profile is given). Regret is against the per-request oracle.
+
+    ``ray`` runs every (policy, seed) replay as a Ray task (:mod:`adaptspec.distributed`):
+    ``True`` (a local Ray, or the one already initialised) or a cluster address. The report
+    is the same as without it: each replay is deterministic given its seed, and the results
+    are assembled in the same order.
     """
     check_reward_name(reward)
     if isinstance(policies, (str, Policy)):
@@ -341,20 +359,18 @@ def replay(
     T = traces.n_requests if n_steps is None else int(n_steps)
     steps = np.unique(np.linspace(1, T, min(T, max(2, curve_points))).round().astype(np.int64))
 
-    names: list[str] = []
-    vals: list[dict[str, list[float]]] = []
-    curves: list[list[np.ndarray]] = []
-    chosen: list[np.ndarray] = []
     refs = {"oracle": Oracle(arms), "fixed": Fixed(arms[fixed], arms=arms)}
     ref_vals = {k: {m: [] for m in METRICS} for k in refs}
     ref_curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
     ref_chosen: dict[str, np.ndarray] = {}
-    total = T * len(seeds) * len(policies)
+    ctx = {"R": R, "tau": tau, "best": best, "fixed": fixed, "costs": costs, "steps": steps, "X": X, "arms": arms}
+    orders = [stream_order(traces, order, seed, T) for seed in seeds]
+    jobs = [(spec, seed, idx) for seed, idx in zip(seeds, orders) for spec in policies]
+    total = T * len(jobs)
     bar = tqdm(total=total, desc="replay", unit="step", unit_scale=True, leave=False,
                disable=(not progress) if progress is not None else None, delay=1.0)
     try:
-        for k, seed in enumerate(seeds):
-            idx = stream_order(traces, order, seed, T)
+        for k, idx in enumerate(orders):
             for key, ref in refs.items():
                 a = run_policy(ref, R, idx, X)
                 m, c = _metrics(a, idx, R, tau, best, fixed, costs, steps)
@@ -363,21 +379,28 @@ def replay(
                 ref_curves[key].append(c)
                 if k == 0:
                     ref_chosen[key] = a.astype(np.int16)
-            for j, spec in enumerate(policies):
-                name, pol = _build(spec, arms, seed)
-                bar.set_postfix_str(name, refresh=False)
-                a = run_policy(pol, R, idx, X, bar)
-                m, c = _metrics(a, idx, R, tau, best, fixed, costs, steps)
-                if k == 0:
-                    names.append(name)
-                    vals.append({mm: [] for mm in METRICS})
-                    curves.append([])
-                    chosen.append(a.astype(np.int16))
-                for mm, v in m.items():
-                    vals[j][mm].append(v)
-                curves[j].append(c)
+        if ray is not None and ray is not False:
+            from ..distributed import replay_jobs
+
+            results = replay_jobs(ctx, jobs, None if ray is True else ray, bar, T)
+        else:
+            results = [replay_job(ctx, spec, seed, idx, bar) for spec, seed, idx in jobs]
     finally:
         bar.close()
+    names: list[str] = []
+    vals: list[dict[str, list[float]]] = []
+    curves: list[list[np.ndarray]] = []
+    chosen: list[np.ndarray] = []
+    for n, (name, m, c, a) in enumerate(results):  # seed-major, as the jobs
+        k, j = divmod(n, len(policies))
+        if k == 0:
+            names.append(name)
+            vals.append({mm: [] for mm in METRICS})
+            curves.append([])
+            chosen.append(a)
+        for mm, v in m.items():
+            vals[j][mm].append(v)
+        curves[j].append(c)
     seen: dict[str, int] = {}
     for i, n in enumerate(names):
         seen[n] = seen.get(n, 0) + 1
