@@ -66,6 +66,18 @@ class FakeSpeculator:
         return Outcome(tokens[:max_new_tokens], rounds, sum(r.draft_s + r.verify_s for r in rounds), finish)
 
 
+class SplitFormOnly:
+    """A speculator for controllers used only in the split form (``decide`` / ``feedback``)."""
+
+    max_block_size = 8
+
+    def prefill(self, prompt_ids, temperature=0.0, seed=None):  # pragma: no cover - never prefills
+        raise NotImplementedError
+
+    def decode(self, *a, **kw):  # pragma: no cover
+        raise NotImplementedError
+
+
 class Misbehaving(Policy):
     """A policy that raises, sleeps or answers nonsense on demand (for fallback tests)."""
 

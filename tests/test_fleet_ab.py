@@ -15,6 +15,8 @@ from adaptspec import AdaptiveController
 from adaptspec.cli import main
 from adaptspec.simulators.ab import sequential_test
 
+from _controller_helpers import SplitFormOnly as _Toy
+
 
 def write_fleet(root, n=300, replicas=3, seed=0):
     """Replicas r0..r2, each serving variants A and B; B earns 0.6 more on average. Returns the
@@ -34,16 +36,6 @@ def write_fleet(root, n=300, replicas=3, seed=0):
     for c in ctls.values():
         c.close()
     return fed
-
-
-class _Toy:
-    max_block_size = 8
-
-    def prefill(self, prompt_ids, **kw):  # pragma: no cover - the split form never prefills
-        raise NotImplementedError
-
-    def decode(self, *a, **kw):  # pragma: no cover
-        raise NotImplementedError
 
 
 def expected(fed):

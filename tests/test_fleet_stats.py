@@ -10,17 +10,9 @@ from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.fleet import MemoryBackend, SharedState, family_for
 from adaptspec.policies.spec import make_policy
 
+from _controller_helpers import SplitFormOnly as _Toy
+
 ARMS = [1, 2, 4, 8]
-
-
-class _Toy:
-    max_block_size = 8
-
-    def prefill(self, prompt_ids, **kw):  # pragma: no cover - the split form never prefills
-        raise NotImplementedError
-
-    def decode(self, *a, **kw):  # pragma: no cover
-        raise NotImplementedError
 
 
 @pytest.mark.parametrize("spec, needle", [
