@@ -260,7 +260,7 @@ def collect_dense(decoder, prompts, out, max_new_tokens: int = 128, max_block_si
 
 def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
     """The per-request trace set a dense one implies for fixed block sizes ``arms``: tau of every
-    round replayed exactly (:func:`replay`), each round's draft and verify time from ``profile``
+    round replayed exactly (:func:`replay_rounds`), each round's draft and verify time from ``profile``
     (a :class:`~adaptspec.latency.LatencyProfile`) at its context length."""
     from .traces import TraceSet
 
@@ -275,12 +275,10 @@ def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
         feats.append(r.features)
         new_tokens.append(len(r.tokens))
         for b in arms:
-            t = replay(r.accept, len(r.tokens), ds.max_new_tokens, b)
-            m = 1 + np.cumsum([0] + t[:-1], dtype=int)  # tokens committed before each round
-            bs, ctx = np.minimum(b, ds.max_new_tokens - m), r.prompt_tokens + m  # as profile-latency counts context
-            taus.append(t)
-            draft_ms.append((1e3 * profile.draft_s(bs, ctx)).tolist() if t else [])
-            verify_ms.append((1e3 * profile.verify_s(bs, ctx)).tolist() if t else [])
+            rounds = replay_rounds(r, b, ds.max_new_tokens, profile)
+            taus.append([x.tau for x in rounds])
+            draft_ms.append([1e3 * x.draft_s for x in rounds])
+            verify_ms.append([1e3 * x.verify_s for x in rounds])
     n, k = len(ids), len(arms)
     if n == 0:
         raise AdaptspecError(f"{ds.path}: no requests yet")
