@@ -3,6 +3,11 @@
 Stages: ``data`` (prompts, greedy responses, hidden states), ``train`` (resumes from the
 last checkpoint; trains on the shards present, picking up new ones), ``eval`` (held-out
 greedy acceptance), ``export`` (bfloat16 weights + config). ``all`` runs them in order.
+
+With ``--corpus DIR`` (a corpus grown by ``adaptspec distill``) the data stage recomputes the
+target's hidden states for the corpus's token ids (:mod:`adaptspec.models.contexts`) instead
+of generating, and held-out figures are the per-position tau on the public benchmark prompts'
+greedy answers (:mod:`adaptspec.models.drafter_eval`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="RMS-normalise each target layer's hidden state before fusing them")
     p.add_argument("--gamma", type=float_range(0, lo_open=True), default=None,
                    help="loss weight decay over block positions, exp(-(k-1)/gamma) (default: DFlash's for the block size)")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="train on a distillation corpus (adaptspec distill): the data stage recomputes its "
+                        "hidden states into WORK instead of generating; evaluation is on the benchmark prompts")
+    p.add_argument("--eval-dense", type=Path, default=None,
+                   help="with --corpus: dense traces of the benchmark prompts whose greedy answers are the "
+                        "held-out text (default: datasets/dense/benchmarks-fast)")
+    p.add_argument("--train-tokens", type=int_range(1), default=None,
+                   help="train on the first corpus shards holding this many response tokens (a learning-curve point)")
     p.add_argument("--reverse", action="store_true",
                    help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")
 
@@ -46,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     work = args.work or cache_dir() / "drafter-work"
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
+    if args.corpus is not None:
+        return _run_corpus(args, work)
     if args.stage in ("all", "data"):
         prepare_data(work, args.per_domain, args.eval_prompts, args.max_new_tokens, args.threads, args.target,
                      reverse=args.reverse)
@@ -73,6 +88,60 @@ def run(args: argparse.Namespace) -> int:
             export(drafter, args.export, {
                 "steps": st["step"], "config": st.get("cfg", asdict(cfg)), "train_sequences": len(data),
                 "train_response_tokens": data.n_tokens(), "heldout_greedy_tau": ev,
+            })
+            print(f"wrote {args.export}")
+    return 0
+
+
+def _run_corpus(args: argparse.Namespace, work: Path) -> int:
+    """The corpus path: contexts (teacher-forced hidden states) -> training -> benchmark evaluation."""
+    import torch
+
+    from ..models.corpus import Corpus
+    from ..models.drafter_eval import acceptance_everywhere
+    from ..models.loading import load_target
+    from ..models.train_drafter import ShardData, TrainConfig, export, train
+
+    corpus = Corpus(args.corpus)  # refuses a directory that is not one, before any model loads
+    meta = work / "data.json"
+    dense = args.eval_dense or Path("datasets/dense/benchmarks-fast")
+    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
+                      normalize_context_layers=args.layer_norm, gamma=args.gamma, max_train_tokens=args.train_tokens)
+    if args.stage in ("all", "data"):
+        from ..decoding.drafter import default_target_layers
+        from ..models.contexts import benchmark_sequences, build_benchmark_contexts, build_corpus_contexts
+        from ..models.distill import chat_ids
+
+        model, tok = load_target(args.target, dtype="bfloat16")  # the dtype decoding runs in
+        layers = default_target_layers(model.config.num_hidden_layers, 5)
+        if meta.exists() and json.loads(meta.read_text()).get("layers") != layers:
+            raise AdaptspecError(f"{meta}: made for other context layers; use another --work")
+        meta.write_text(json.dumps({"layers": layers, "corpus": str(args.corpus), "eval_dense": str(dense)}))
+        build_benchmark_contexts(benchmark_sequences(dense, lambda t: chat_ids(tok, t)), model, work / "benchmarks", layers)
+        n = build_corpus_contexts(corpus, model, work / "corpus", layers, max_seq_len=cfg.max_seq_len)
+        print(f"{work}: contexts of {n} new corpus shards")
+        if args.stage == "data":
+            return 0
+    if not meta.exists():
+        raise AdaptspecError(f"{work}: no contexts yet; run --stage data --corpus {args.corpus} first")
+    layers = json.loads(meta.read_text())["layers"]
+    target, _ = load_target(args.target, dtype="float32")
+    ckpt = args.checkpoints or work / "checkpoints"
+    held = ShardData([work / "benchmarks"])
+    if args.stage in ("all", "train"):
+        drafter = train(target, [work / "corpus"], [work / "benchmarks"], ckpt, cfg, args.minutes, target_layers=layers,
+                        evaluate=lambda d, h: acceptance_everywhere(d, h, (4, 16), max_seqs=60))
+    else:
+        drafter = _load_checkpoint(target, ckpt, cfg, layers)
+    if args.stage in ("all", "eval", "export"):
+        ev = acceptance_everywhere(drafter, held, (2, 4, 8, 12, 16))
+        print(json.dumps({"benchmark_tau_every_position": ev}, indent=2))
+        if args.export is not None:
+            st = torch.load(ckpt / "state.pt", weights_only=False)
+            data = ShardData([work / "corpus"], st["cfg"].get("max_train_tokens"))
+            export(drafter, args.export, {
+                "steps": st["step"], "config": st["cfg"], "corpus": str(args.corpus), "train_sequences": len(data),
+                "train_response_tokens": data.n_tokens(), "benchmark_tau_every_position": ev,
             })
             print(f"wrote {args.export}")
     return 0

@@ -51,6 +51,7 @@ class TrainConfig:
     warmup_steps: int = 200
     total_steps: int = 20_000
     min_lr_ratio: float = 0.1
+    max_train_tokens: int | None = None  # train on the first shards holding this many response tokens
     grad_clip: float = 1.0
     gamma: float | None = None
     seed: int = 0
@@ -64,10 +65,11 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------- data
 class ShardData:
-    """All sequences of the shards under ``dirs``, in memory (float16 hidden states)."""
+    """All sequences of the shards under ``dirs`` (float16 hidden states, in memory or memory-mapped)."""
 
-    def __init__(self, dirs: Iterable[Path]) -> None:
+    def __init__(self, dirs: Iterable[Path], max_response_tokens: int | None = None) -> None:
         self.dirs = [Path(d) for d in dirs]
+        self.max_response_tokens = max_response_tokens  # stop adding shards past this many (a data budget)
         self.tokens: list[np.ndarray] = []
         self.hidden: list[np.ndarray] = []
         self.prompt_lens: list[int] = []
@@ -79,8 +81,12 @@ class ShardData:
         """Load shards written since the last call; returns how many were added."""
         new = sorted(p for d in self.dirs for p in (d / "shards").glob("shard-*.npz") if p not in self.files)
         for path in new:
+            if self.max_response_tokens is not None and self.n_tokens() >= self.max_response_tokens:
+                break
             with np.load(path) as z:
-                lens, tok, hid = z["lengths"], z["tokens"], z["hidden"]
+                lens, tok = z["lengths"], z["tokens"]
+                # hidden states inline (distill shards) or beside, memory-mapped (context shards)
+                hid = z["hidden"] if "hidden" in z.files else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r")
                 starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
                 for s, n, pl, d in zip(starts, lens, z["prompt_lens"], z["domains"]):
                     if n - pl >= 3:  # needs at least one anchor with a label
@@ -223,15 +229,18 @@ def train(
     log=print,
     target_layers: list[int] | None = None,
     vocab_prior: Counter | None = None,
+    evaluate=None,
 ) -> BlockDiffusionDrafter:
     """Train (or resume) a drafter for ``target``; returns it. Checkpoints go to ``ckpt_dir``.
 
     The draft vocabulary is fixed at the first step from the response tokens present (and
     ``vocab_prior`` counts, e.g. of all prompts, when training starts before distillation ends).
+    ``evaluate(drafter, held)`` gives the held-out figures logged every ``eval_every`` steps
+    (default: :func:`greedy_acceptance` on 120 sequences).
     """
     torch.set_num_threads(cfg.threads)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    data = ShardData(train_dirs)
+    data = ShardData(train_dirs, cfg.max_train_tokens)
     held = ShardData(eval_dirs) if eval_dirs else None
     if len(data) == 0:
         raise RuntimeError(f"no training shards under {train_dirs}")
@@ -315,7 +324,7 @@ def train(
             run_loss = run_acc = 0.0
         if held is not None and step % cfg.eval_every == 0:
             drafter.eval()
-            ev = greedy_acceptance(drafter, held, max_seqs=120)
+            ev = (evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120)))(drafter, held)
             drafter.train()
             rec = {"step": step, "eval_tau": ev}
             log(json.dumps(rec))

@@ -1,0 +1,135 @@
+"""The drafter's context for stored token ids: the target's hidden states, recomputed once.
+
+A distillation corpus (:mod:`adaptspec.models.corpus`) keeps only token ids. The drafter
+trains on the target's hidden states at its context layers along each sequence; one
+teacher-forced pass over prompt + answer gives them all at once (a prefill runs ~25x faster
+than token-by-token generation on this CPU, so recomputing costs a few percent of what
+generating cost). The states go to a work directory outside the repository, one file per
+corpus shard, in the layout :class:`~adaptspec.models.train_drafter.ShardData` reads:
+``shards/shard-XXXXX.npz`` (tokens, lengths, prompt lengths, domains) and
+``shards/shard-XXXXX.hidden.npy`` (float16 ``[sum(lengths), k * H]``, memory-mapped at
+training time, so the corpus need not fit in memory). A run computes only the shards that
+are missing, so it resumes, and picks up shards a running distillation added meanwhile.
+
+Sequences are batched by length and right-padded: under causal attention a position never
+sees the padding after it, so no attention mask is needed.
+
+:func:`benchmark_sequences` gives the evaluation side: the public benchmark prompts with the
+target's greedy answers, taken from a dense trace set (never trained on).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..errors import AdaptspecError
+
+
+@torch.inference_mode()
+def teacher_forced_hidden(
+    model, sequences: Sequence[np.ndarray], layers: Sequence[int], max_batch_tokens: int = 4096
+) -> list[np.ndarray]:
+    """``hidden_states[l]`` for ``l`` in ``layers`` along each sequence, concatenated: float16 ``[n, k*H]``.
+
+    ``model`` is a Hugging Face causal LM; index 0 of ``hidden_states`` is the embeddings.
+    """
+    out: list[np.ndarray | None] = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    start = 0
+    while start < len(order):
+        width = len(sequences[order[start]])
+        stop = start + 1
+        while stop < len(order) and len(sequences[order[stop]]) * (stop - start + 1) <= max_batch_tokens:
+            stop += 1
+        rows = order[start:stop]
+        width = len(sequences[rows[-1]])
+        ids = torch.zeros(len(rows), width, dtype=torch.long)  # right padding: never seen by earlier positions
+        for r, i in enumerate(rows):
+            ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i], dtype=np.int64))
+        hs = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+        cat = torch.cat([hs[l] for l in layers], dim=-1).to(torch.float16)
+        for r, i in enumerate(rows):
+            out[i] = cat[r, : len(sequences[i])].numpy()
+        start = stop
+    return out  # type: ignore[return-value]
+
+
+def write_shard(path: Path, tokens: list[np.ndarray], prompt_lens: list[int], domains: list[str],
+                hidden: list[np.ndarray]) -> None:
+    """One context shard: ``path`` (``.npz``, written last, so its presence means complete) and its ``.hidden.npy``."""
+    flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+    hid = np.concatenate(hidden) if hidden else np.zeros((0, 0), np.float16)
+    hpath = path.with_suffix(".hidden.npy")
+    tmp = hpath.with_name(hpath.stem + ".tmp.npy")
+    np.save(tmp, hid)
+    os.replace(tmp, hpath)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, tokens=flat.astype(np.int32), lengths=np.asarray([len(t) for t in tokens], dtype=np.int32),
+             prompt_lens=np.asarray(prompt_lens, dtype=np.int32), domains=np.asarray(domains))
+    os.replace(tmp, path)
+
+
+def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequence[int], max_seq_len: int | None = None,
+                          max_batch_tokens: int = 4096, progress: bool = True) -> int:
+    """Context shards under ``out/shards`` for every corpus shard that has none yet; returns how many were written.
+
+    ``max_seq_len`` cuts each sequence (prompt kept whole where it fits) to bound the pass.
+    """
+    shards = Path(out) / "shards"
+    shards.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in corpus.shard_paths() if not (shards / p.name).exists()]
+    for path in tqdm(todo, desc="contexts", unit="shard", disable=not progress):
+        with np.load(path) as z:
+            lens, toks, pls, doms = z["lengths"], z["tokens"].astype(np.int64), z["prompt_lens"], z["domains"]
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        seqs = [toks[s : s + n][:max_seq_len] for s, n in zip(starts, lens)]
+        keep = [i for i, (s, pl) in enumerate(zip(seqs, pls)) if len(s) - pl >= 2]
+        seqs = [seqs[i] for i in keep]
+        hidden = teacher_forced_hidden(model, seqs, layers, max_batch_tokens)
+        write_shard(shards / path.name, seqs, [int(pls[i]) for i in keep], [str(doms[i]) for i in keep], hidden)
+    return len(todo)
+
+
+def benchmark_sequences(dense_dir: str | os.PathLike, encode, per_benchmark: int | None = None
+                        ) -> list[tuple[np.ndarray, int, str]]:
+    """``(prompt + greedy answer, prompt length, benchmark)`` for the requests of a dense trace set
+    collected on the public benchmark prompts (``adaptspec collect --dense --prompts benchmarks``).
+
+    ``encode(text)`` gives a prompt's token ids in the chat template (as the collector did);
+    ``per_benchmark`` keeps the first N requests of each benchmark. MT-Bench's categories are
+    folded into one ``mt-bench`` domain.
+    """
+    from ..dense import DenseTraceSet
+    from .prompts import benchmark_prompts
+
+    prompts = {f"{p.domain}-{i:04d}": p for i, p in enumerate(benchmark_prompts())}
+    out: list[tuple[np.ndarray, int, str]] = []
+    count: dict[str, int] = {}
+    for rid, domain, req in DenseTraceSet.open(dense_dir).requests():
+        if rid not in prompts:
+            raise AdaptspecError(f"{dense_dir}: request {rid!r} is not one of the benchmark prompts")
+        bench = domain.split("/")[0]
+        if per_benchmark is not None and count.get(bench, 0) >= per_benchmark:
+            continue
+        count[bench] = count.get(bench, 0) + 1
+        ids = np.asarray(encode(prompts[rid].prompt), dtype=np.int64)
+        out.append((np.concatenate([ids, req.tokens]), len(ids), bench))
+    return out
+
+
+def build_benchmark_contexts(sequences: Iterable[tuple[np.ndarray, int, str]], model, out: str | os.PathLike,
+                             layers: Sequence[int], max_batch_tokens: int = 4096) -> None:
+    """The evaluation side's context shard (``out/shards/shard-00000.npz``), unless it exists."""
+    path = Path(out) / "shards" / "shard-00000.npz"
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seqs = list(sequences)
+    hidden = teacher_forced_hidden(model, [s for s, _, _ in seqs], layers, max_batch_tokens)
+    write_shard(path, [s for s, _, _ in seqs], [pl for _, pl, _ in seqs], [d for _, _, d in seqs], hidden)

@@ -1,0 +1,130 @@
+"""Training a drafter from token ids: recomputed contexts, per-position evaluation, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaptspec.models import corpus as C
+from adaptspec.models.contexts import build_corpus_contexts, teacher_forced_hidden
+from adaptspec.models.drafter_eval import acceptance_everywhere
+from adaptspec.models.prompts import Prompt
+from adaptspec.models.train_drafter import ShardData, TrainConfig, train
+from adaptspec.decoding import BlockDiffusionDrafter
+
+from decoding_helpers import tiny_target
+
+torch.set_num_threads(1)
+LAYERS = [1, 3]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_target(vocab=96, eos=None)
+
+
+def _alone(model, seq):
+    with torch.no_grad():
+        hs = model.model(input_ids=torch.as_tensor(seq)[None], output_hidden_states=True).hidden_states
+    return torch.cat([hs[l][0] for l in LAYERS], -1).numpy()
+
+
+def test_batched_right_padded_pass_equals_one_sequence_at_a_time(model):
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 96, n) for n in (7, 30, 12, 30, 3, 21)]
+    got = teacher_forced_hidden(model, seqs, LAYERS, max_batch_tokens=64)  # several batches of mixed lengths
+    for s, h in zip(seqs, got):
+        assert h.dtype == np.float16 and h.shape == (len(s), 2 * 64)
+        np.testing.assert_allclose(h.astype(np.float32), _alone(model, s), rtol=2e-3, atol=2e-3)
+
+
+def _corpus(tmp_path, n_shards, rng):
+    c = C.create(tmp_path / "corpus", "tiny", max_new_tokens=40, max_prompt_tokens=16)
+    for k in range(n_shards):
+        prompts = [Prompt(f"p{k}-{i}", "chat") for i in range(3)]
+        ids = [rng.integers(0, 96, 5).tolist() for _ in prompts]
+        answers = [rng.integers(0, 96, n).tolist() for n in (20, 1, 33)]  # the 1-token answer has no label to learn
+        C._write_shard(c.path / f"shard-{k:05d}.npz", prompts, ids, answers, eos=set())
+    return c
+
+
+def test_contexts_resume_skip_short_answers_and_are_read_memory_mapped(tmp_path, model):
+    rng = np.random.default_rng(1)
+    c = _corpus(tmp_path, 2, rng)
+    out = tmp_path / "ctx"
+    assert build_corpus_contexts(c, model, out, LAYERS, progress=False) == 2
+    assert build_corpus_contexts(c, model, out, LAYERS, progress=False) == 0  # nothing missing
+    data = ShardData([out])
+    want = [s for s in c.sequences() if len(s.tokens) - s.prompt_len >= 2]
+    assert len(data) == len(want) == 4
+    for tok, hid, pl, s in zip(data.tokens, data.hidden, data.prompt_lens, want):
+        assert isinstance(hid, np.memmap)
+        assert tok.tolist() == s.tokens.tolist() and pl == s.prompt_len
+        np.testing.assert_allclose(np.asarray(hid, np.float32), _alone(model, s.tokens), rtol=2e-3, atol=2e-3)
+    assert data.n_tokens() == 20 + 33 + 20 + 33
+    assert len(ShardData([out], max_response_tokens=1)) == 2  # a data budget stops after the first shard
+    C._write_shard(c.path / "shard-00002.npz", [Prompt("x", "chat")], [[1, 2]], [[3, 4, 5]], eos=set())
+    assert build_corpus_contexts(C.Corpus(c.path), model, out, LAYERS, progress=False) == 1
+    assert data.reload() == 1 and len(data) == 5
+
+
+def _text_the_drafter_half_predicts(model, drafter, rng, n=40):
+    """A sequence built one token at a time: with probability 0.7 the token the decoding path
+    drafts first at that position, otherwise random; so acceptance is neither 0 nor total."""
+    seq = rng.integers(0, 96, 4).tolist()
+    while len(seq) < n:
+        hid = torch.from_numpy(_alone(model, seq[:-1]))
+        logits = drafter.draft_logits(drafter.new_state(hid), seq[-1], 3)
+        first = int(drafter.to_target_ids(logits.argmax(-1))[0])
+        seq.append(first if rng.random() < 0.7 else int(rng.integers(0, 96)))
+    return np.asarray(seq)
+
+
+def test_every_position_tau_equals_the_decoding_paths_drafts(tmp_path, model):
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=3, max_block_size=8)
+    rng = np.random.default_rng(2)
+    seqs = [_text_the_drafter_half_predicts(model, drafter, rng) for _ in range(2)]
+
+    class Data:  # what acceptance_everywhere reads
+        tokens = seqs
+        hidden = [_alone(model, s) for s in seqs]
+        prompt_lens = [4, 4]
+        domains = ["a", "b"]
+
+    got = acceptance_everywhere(drafter, Data, block_sizes=(2, 3, 6), anchors_per_pass=7)
+    for b in (2, 3, 6):  # reference: one draft_logits call (the decoder's path) per position
+        per = {}
+        for s, dom in zip(seqs, ["a", "b"]):
+            taus = []
+            for p in range(4, len(s) - 1):
+                state = drafter.new_state(torch.from_numpy(_alone(model, s[:p])))
+                draft = drafter.to_target_ids(drafter.draft_logits(state, int(s[p]), b).argmax(-1)).tolist()
+                n_ok = 0
+                while n_ok < b - 1 and p + 1 + n_ok < len(s) and draft[n_ok] == s[p + 1 + n_ok]:
+                    n_ok += 1
+                taus.append(1 + n_ok)
+            per[dom] = np.mean(taus)
+        assert got[b]["a"] == pytest.approx(per["a"]) and got[b]["b"] == pytest.approx(per["b"])
+        assert got[b]["all"] == pytest.approx((per["a"] + per["b"]) / 2)
+    assert 1.3 < got[2]["all"] < 1.95  # the constructed text: about 70% of first drafts are right
+
+
+def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
+    rng = np.random.default_rng(4)
+    c = C.create(tmp_path / "corpus", "tiny", max_new_tokens=64, max_prompt_tokens=16)
+    # a learnable language: answers count up by a fixed step from a random start
+    prompts = [Prompt(f"p{i}", "chat") for i in range(8)]
+    ids = [rng.integers(0, 96, 4).tolist() for _ in prompts]
+    answers = [[(int(s) + 3 * j) % 96 for j in range(48)] for s in rng.integers(0, 96, 8)]
+    C._write_shard(c.path / "shard-00000.npz", prompts, ids, answers, eos=set())
+    build_corpus_contexts(c, model, tmp_path / "ctx", LAYERS, progress=False)
+    data = ShardData([tmp_path / "ctx"])
+    cfg = TrainConfig(num_layers=1, block_size=4, max_block_size=8, draft_vocab_size=None, seqs_per_step=4,
+                      anchors_per_seq=8, lr=3e-3, warmup_steps=10, total_steps=150, eval_every=10**9,
+                      checkpoint_every_s=10**9, bf16_autocast=False)
+    before = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
+    tau0 = acceptance_everywhere(before, data, (4,))[4]["all"]
+    after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", cfg, log=lambda *_: None, target_layers=LAYERS)
+    tau1 = acceptance_everywhere(after, data, (4,))[4]["all"]
+    assert tau0 < 1.3 and tau1 > 2.5, (tau0, tau1)
