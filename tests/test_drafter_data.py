@@ -128,3 +128,24 @@ def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
     after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", cfg, log=lambda *_: None, target_layers=LAYERS)
     tau1 = acceptance_everywhere(after, data, (4,))[4]["all"]
     assert tau0 < 1.3 and tau1 > 2.5, (tau0, tau1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_drafter_layers_can_start_as_the_targets_last_layers(arch):
+    from adaptspec.models.train_drafter import copy_target_layers
+
+    target = tiny_target(arch, layers=4)
+    kw = {"qk_norm": True} if arch == "qwen3" else {}
+    drafter = BlockDiffusionDrafter.for_target(target, num_layers=2, target_layers=LAYERS, seed=0)
+    if kw:  # a Qwen3 target's layers have per-head q/k norms: give the drafter some too
+        from dataclasses import replace
+        drafter = BlockDiffusionDrafter(replace(drafter.config, **kw)).attach(target)
+    assert copy_target_layers(drafter, target) == [2, 3]
+    for mine, theirs in zip(drafter.layers, target.model.layers[2:]):
+        pairs = [(mine.q_proj, theirs.self_attn.q_proj), (mine.o_proj, theirs.self_attn.o_proj),
+                 (mine.down_proj, theirs.mlp.down_proj), (mine.input_norm, theirs.input_layernorm),
+                 (mine.post_norm, theirs.post_attention_layernorm)]
+        if kw:
+            pairs.append((mine.k_norm, theirs.self_attn.k_norm))
+        for a, b in pairs:
+            assert torch.equal(a.weight, b.weight)

@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "held-out text (default: datasets/dense/benchmarks-fast)")
     p.add_argument("--train-tokens", type=int_range(1), default=None,
                    help="train on the first corpus shards holding this many response tokens (a learning-curve point)")
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start the drafter's layers as copies of the target's last layers (same shapes)")
     p.add_argument("--reverse", action="store_true",
                    help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")
 
@@ -106,7 +108,8 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     meta = work / "data.json"
     dense = args.eval_dense or Path("datasets/dense/benchmarks-fast")
     cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
-                      normalize_context_layers=args.layer_norm, gamma=args.gamma, max_train_tokens=args.train_tokens)
+                      normalize_context_layers=args.layer_norm, gamma=args.gamma, max_train_tokens=args.train_tokens,
+                      init_from_target=args.init_from_target)
     if args.stage in ("all", "data"):
         from ..decoding.drafter import default_target_layers
         from ..models.contexts import benchmark_sequences, build_benchmark_contexts, build_corpus_contexts

@@ -52,6 +52,7 @@ class TrainConfig:
     total_steps: int = 20_000
     min_lr_ratio: float = 0.1
     max_train_tokens: int | None = None  # train on the first shards holding this many response tokens
+    init_from_target: bool = False  # start the drafter's layers as copies of the target's last layers
     grad_clip: float = 1.0
     gamma: float | None = None
     seed: int = 0
@@ -158,6 +159,27 @@ def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
     m = torch.full((vocab_size,), -100, dtype=torch.long)
     m[draft_vocab] = torch.arange(len(draft_vocab))
     return m
+
+
+def copy_target_layers(drafter: BlockDiffusionDrafter, target) -> list[int]:
+    """Start each drafter layer as a copy of one of the target's last layers; returns their ids.
+
+    A drafter layer has a target layer's shapes (same width, heads and MLP), so the target's
+    last layers, which turn hidden states into next-token predictions, are a pretrained
+    starting point where random initialisation has only the distilled data to learn from.
+    """
+    layers = target.model.layers
+    ids = list(range(len(layers) - len(drafter.layers), len(layers)))
+    names = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
+             **{n: f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")},
+             **{n: f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")}}
+    with torch.no_grad():
+        for mine, i in zip(drafter.layers, ids):
+            src = dict(layers[i].named_modules())
+            for name, module in mine.named_children():
+                if module is not None and names.get(name) in src:
+                    module.weight.copy_(src[names[name]].weight.float())
+    return ids
 
 
 # ---------------------------------------------------------------------- loss and eval
@@ -275,6 +297,8 @@ def train(
             normalize_context_layers=cfg.normalize_context_layers,
         )
         step, st = 0, None
+        if cfg.init_from_target:
+            log(f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}")
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.train()
