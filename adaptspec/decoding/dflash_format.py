@@ -289,7 +289,7 @@ def to_config(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16) -> dic
         "intermediate_size": c.intermediate_size,
         "layer_types": ["full_attention"] * c.num_layers,
         "max_position_embeddings": int(c.extra.get("max_position_embeddings", 32768)),
-        "max_window_layers": c.num_layers,
+        "max_window_layers": 28,  # Qwen3Config's default; unused without sliding windows
         "num_attention_heads": c.num_heads,
         "num_hidden_layers": c.num_layers,
         "num_key_value_heads": c.num_kv_heads,
