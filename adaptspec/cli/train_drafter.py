@@ -2,7 +2,8 @@
 
 Stages: ``data`` (prompts, greedy responses, hidden states), ``train`` (resumes from the
 last checkpoint; trains on the shards present, picking up new ones), ``eval`` (held-out
-greedy acceptance), ``export`` (bfloat16 weights + config). ``all`` runs them in order.
+greedy acceptance), ``export`` (bfloat16 weights + config: the DFlash v1 layout for a drafter
+trained with ``--layout dflash``, else adaptspec's). ``all`` runs them in order.
 
 With ``--corpus DIR`` (a corpus grown by ``adaptspec distill``) the data stage recomputes the
 target's hidden states for the corpus's token ids (:mod:`adaptspec.models.contexts`) instead
@@ -36,6 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)")
     p.add_argument("--layer-norm", action="store_true",
                    help="RMS-normalise each target layer's hidden state before fusing them")
+    p.add_argument("--layout", choices=["adaptspec", "dflash"], default="adaptspec",
+                   help="drafter architecture: dflash = the published DFlash v1 one (q/k norm, mask token), "
+                        "exported in that layout (a resumed checkpoint keeps the layout it was trained with)")
+    p.add_argument("--mask-token-id", type=int_range(0), default=None,
+                   help="layout dflash: the target token whose embedding is the mask (default: pad token, else the last id)")
+    p.add_argument("--draft-vocab-size", type=int_range(0), default=8192,
+                   help="reduced draft vocabulary (0: the target's full vocabulary, which DFlash engines need)")
     p.add_argument("--gamma", type=float_range(0, lo_open=True), default=None,
                    help="loss weight decay over block positions, exp(-(k-1)/gamma) (default: DFlash's for the block size)")
     p.add_argument("--corpus", type=Path, default=None,
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     layers = json.loads(meta.read_text())["layers"]
     target, _ = load_target(args.target, dtype="float32")
     cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
-                      normalize_context_layers=args.layer_norm, gamma=args.gamma)
+                      normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
+                      mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None)
     ckpt = args.checkpoints or work / "checkpoints"
     if args.stage in ("all", "train"):
         drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes,
@@ -87,11 +96,11 @@ def run(args: argparse.Namespace) -> int:
         if args.export is not None:
             st = torch.load(ckpt / "state.pt", weights_only=False)
             data = ShardData([work / "train"])
-            export(drafter, args.export, {
+            layout = export(drafter, args.export, {
                 "steps": st["step"], "config": st.get("cfg", asdict(cfg)), "train_sequences": len(data),
                 "train_response_tokens": data.n_tokens(), "heldout_greedy_tau": ev,
             })
-            print(f"wrote {args.export}")
+            print(f"wrote {args.export} ({layout} layout)")
     return 0
 
 
@@ -108,8 +117,9 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     meta = work / "data.json"
     dense = args.eval_dense or Path("datasets/dense/benchmarks-fast")
     cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
-                      normalize_context_layers=args.layer_norm, gamma=args.gamma, max_train_tokens=args.train_tokens,
-                      init_from_target=args.init_from_target)
+                      normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
+                      mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
+                      max_train_tokens=args.train_tokens, init_from_target=args.init_from_target)
     if args.stage in ("all", "data"):
         from ..decoding.drafter import default_target_layers
         from ..models.contexts import benchmark_sequences, build_benchmark_contexts, build_corpus_contexts
@@ -142,11 +152,11 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
         if args.export is not None:
             st = torch.load(ckpt / "state.pt", weights_only=False)
             data = ShardData([work / "corpus"], st["cfg"].get("max_train_tokens"))
-            export(drafter, args.export, {
+            layout = export(drafter, args.export, {
                 "steps": st["step"], "config": st["cfg"], "corpus": str(args.corpus), "train_sequences": len(data),
                 "train_response_tokens": data.n_tokens(), "benchmark_tau_every_position": ev,
             })
-            print(f"wrote {args.export}")
+            print(f"wrote {args.export} ({layout} layout)")
     return 0
 
 
@@ -174,16 +184,18 @@ def _load_checkpoint(target, ckpt: Path, cfg, layers):
     import torch
 
     from ..decoding.drafter import BlockDiffusionDrafter
+    from ..models.train_drafter import checkpoint_architecture, max_block_size
 
     path = ckpt / "state.pt"
     if not path.exists():
         raise AdaptspecError(f"{path}: no checkpoint; run --stage train first")
     st = torch.load(path, weights_only=False)
     dv = st["draft_vocab"]
+    arch = checkpoint_architecture(st)
     d = BlockDiffusionDrafter.for_target(
-        target, num_layers=st["cfg"]["num_layers"], max_block_size=st["cfg"]["max_block_size"],
+        target, num_layers=st["cfg"]["num_layers"], max_block_size=max_block_size(st["cfg"], arch["layout"]),
         target_layers=layers, draft_vocab=None if dv is None else dv.tolist(),
-        normalize_context_layers=st["cfg"].get("normalize_context_layers", False),
+        normalize_context_layers=st["cfg"].get("normalize_context_layers", False), **arch,
     )
     d.load_state_dict(st["model"])
     return d.eval()

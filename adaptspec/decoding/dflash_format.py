@@ -34,6 +34,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import AdaptspecError
 from .drafter import DrafterConfig
 
@@ -46,12 +48,28 @@ _DFLASH_KEYS = {"mask_token_id", "target_layer_ids", "block_size"}
 #: Top-level keys that mark a newer (DFlash2) layout this port does not implement.
 _NEWER_LAYOUT_KEYS = ("projector_type", "use_swa", "swa_window", "sliding_window_layers", "num_swa_layers")
 
+#: adaptspec extension (not DFlash v1): a reduced draft vocabulary, stored as this tensor
+#: (int64 target ids) in ``model.safetensors`` and its length under this config key.
+DRAFT_VOCAB_TENSOR = "draft_vocab"
+DRAFT_VOCAB_KEY = "adaptspec_draft_vocab_size"
+
 _RENAMES = [
     (r"layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.weight", r"layers.\1.\2.weight"),
     (r"layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"layers.\1.\2.weight"),
     (r"layers\.(\d+)\.input_layernorm\.weight", r"layers.\1.input_norm.weight"),
     (r"layers\.(\d+)\.post_attention_layernorm\.weight", r"layers.\1.post_norm.weight"),
     (r"hidden_norm\.weight", "context_norm.weight"),
+    (r"(fc|norm)\.weight", r"\1.weight"),
+]
+
+
+#: The inverse of ``_RENAMES``: the drafter's parameter names -> DFlash v1 tensor names.
+_REVERSE = [
+    (r"layers\.(\d+)\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.weight", r"layers.\1.self_attn.\2.weight"),
+    (r"layers\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", r"layers.\1.mlp.\2.weight"),
+    (r"layers\.(\d+)\.input_norm\.weight", r"layers.\1.input_layernorm.weight"),
+    (r"layers\.(\d+)\.post_norm\.weight", r"layers.\1.post_attention_layernorm.weight"),
+    (r"context_norm\.weight", "hidden_norm.weight"),
     (r"(fc|norm)\.weight", r"\1.weight"),
 ]
 
@@ -124,8 +142,21 @@ def read_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> DrafterConfig
         qk_norm=True,
         mask_token_id=mask,
         num_target_layers=num_target_layers,
-        extra={"format": "dflash-v1"},
+        draft_vocab_size=_draft_vocab_size(raw, vocab, fail),
+        extra={"format": "dflash-v1"} | (
+            {"max_position_embeddings": raw["max_position_embeddings"]} if "max_position_embeddings" in raw else {}
+        ),
     )
+
+
+def _draft_vocab_size(raw: dict, vocab: int, fail) -> int | None:
+    """The adaptspec extension's reduced vocabulary size, or None (the full vocabulary)."""
+    if DRAFT_VOCAB_KEY not in raw:
+        return None
+    v = raw[DRAFT_VOCAB_KEY]
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= vocab:
+        raise fail(f"{DRAFT_VOCAB_KEY}={v!r} must be an integer in 1..{vocab} (vocab_size)")
+    return v
 
 
 def _positive_int(raw: dict, key: str, fail) -> int:
@@ -170,8 +201,24 @@ def to_adaptspec_names(name: str) -> str:
     raise AdaptspecError(f"tensor {name!r} is not part of the DFlash v1 layout")
 
 
+def to_dflash_names(name: str) -> str:
+    """The drafter's parameter name -> its DFlash v1 tensor name (the inverse of :func:`to_adaptspec_names`).
+
+    >>> to_dflash_names("layers.0.post_norm.weight")
+    'layers.0.post_attention_layernorm.weight'
+    """
+    for pattern, repl in _REVERSE:
+        if re.fullmatch(pattern, name):
+            return re.sub(pattern, repl, name)
+    raise AdaptspecError(f"parameter {name!r} has no name in the DFlash v1 layout")
+
+
 def load(path: str | Path):
-    """``(DrafterConfig, state dict with the drafter's names)`` of a DFlash v1 directory."""
+    """``(DrafterConfig, state dict with the drafter's names)`` of a DFlash v1 directory.
+
+    A reduced draft vocabulary (the adaptspec extension written by :func:`save`) comes back as
+    the state dict's ``draft_vocab`` entry, which ``BlockDiffusionDrafter.from_pretrained`` takes.
+    """
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -183,8 +230,119 @@ def load(path: str | Path):
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise AdaptspecError(f"{path}: no {WEIGHTS_FILE} (sharded checkpoints are not supported)")
-    tensors = {to_adaptspec_names(k): v for k, v in load_file(str(weights)).items()}
+    stored = load_file(str(weights))
+    draft_vocab = stored.pop(DRAFT_VOCAB_TENSOR, None)
+    if (draft_vocab is None) != (config.draft_vocab_size is None):
+        have = "has" if draft_vocab is not None else "has no"
+        key = "sets" if config.draft_vocab_size is not None else "does not set"
+        raise AdaptspecError(
+            f"{path}: {WEIGHTS_FILE} {have} a {DRAFT_VOCAB_TENSOR} tensor but {CONFIG_FILE} {key} {DRAFT_VOCAB_KEY}"
+        )
+    tensors = {to_adaptspec_names(k): v for k, v in stored.items()}
+    if draft_vocab is not None:
+        if draft_vocab.dim() != 1 or len(draft_vocab) != config.draft_vocab_size or draft_vocab.is_floating_point():
+            raise AdaptspecError(
+                f"{path}: {DRAFT_VOCAB_TENSOR} must be {config.draft_vocab_size} integer token ids "
+                f"({DRAFT_VOCAB_KEY}), got shape {tuple(draft_vocab.shape)} {draft_vocab.dtype}"
+            )
+        if draft_vocab.numel() and not (0 <= int(draft_vocab.min()) and int(draft_vocab.max()) < config.vocab_size):
+            raise AdaptspecError(f"{path}: {DRAFT_VOCAB_TENSOR} holds ids outside 0..{config.vocab_size - 1} (vocab_size)")
+        tensors[DRAFT_VOCAB_TENSOR] = draft_vocab.to(torch.long)
     return config, tensors
 
 
-__all__ = ["is_dflash_dir", "load", "read_config", "to_adaptspec_names"]
+def unsupported(config: DrafterConfig) -> str | None:
+    """Why a drafter of this config cannot be written in the DFlash v1 layout (None: it can)."""
+    c = config
+    if c.mask_token_id is None:
+        return "the mask is a learned vector (mask_token_id None); DFlash v1 uses the target's embedding of mask_token_id"
+    if c.normalize_context_layers:
+        return "normalize_context_layers=True has no DFlash v1 equivalent (one hidden_norm after fc only)"
+    if not c.qk_norm:
+        return "qk_norm=False; DFlash v1 always applies q_norm/k_norm"
+    if c.num_target_layers is None:
+        return "num_target_layers is not recorded; DFlash v1 needs the target's depth"
+    if min(c.target_layers) < 1 or max(c.target_layers) > c.num_target_layers:
+        return (f"target_layers {c.target_layers} outside 1..{c.num_target_layers}: DFlash v1 taps decoder "
+                f"outputs (target_layer_ids 0..num_target_layers-1), not the embeddings")
+    return None
+
+
+def to_config(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """The DFlash v1 ``config.json`` (as a dict) of a drafter config; refuses what v1 cannot express."""
+    why = unsupported(config)
+    if why is not None:
+        raise AdaptspecError(f"cannot save in the DFlash v1 layout: {why}")
+    c = config
+    dtype_name = str(dtype).removeprefix("torch.")
+    raw: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "block_size": c.max_block_size,
+        "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": [i - 1 for i in c.target_layers]},
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size,
+        "layer_types": ["full_attention"] * c.num_layers,
+        "max_position_embeddings": int(c.extra.get("max_position_embeddings", 32768)),
+        "max_window_layers": 28,  # Qwen3Config's default; unused without sliding windows
+        "num_attention_heads": c.num_heads,
+        "num_hidden_layers": c.num_layers,
+        "num_key_value_heads": c.num_kv_heads,
+        "num_target_layers": c.num_target_layers,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "rope_scaling": None,
+        "rope_theta": c.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": c.vocab_size,
+        "dtype": dtype_name,
+        "torch_dtype": dtype_name,
+    }
+    if c.draft_vocab_size is not None:
+        raw[DRAFT_VOCAB_KEY] = c.draft_vocab_size
+    return raw
+
+
+def save(drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write ``drafter`` as a DFlash v1 directory (``config.json`` + ``model.safetensors``), the
+    inverse of :func:`load`. No embedding or LM head (they are the target's). A reduced draft
+    vocabulary is stored as the adaptspec extension (``draft_vocab`` tensor, config key
+    ``adaptspec_draft_vocab_size``), which DFlash engines do not read.
+
+    Refused with one line: a learned mask vector, ``normalize_context_layers``, ``qk_norm=False``,
+    an unrecorded target depth or an embeddings tap; a directory that holds an adaptspec drafter
+    (its ``drafter_config.json`` would be read first).
+    """
+    import os
+
+    from safetensors.torch import save_file
+
+    from .drafter import CONFIG_NAME
+
+    raw = to_config(drafter.config, dtype)
+    path = Path(path)
+    if (path / CONFIG_NAME).exists():
+        raise AdaptspecError(f"{path}: holds an adaptspec drafter ({CONFIG_NAME}), which loads before config.json; "
+                             "choose another directory")
+    tensors = {to_dflash_names(k): v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
+    if drafter.draft_vocab is not None:
+        tensors[DRAFT_VOCAB_TENSOR] = drafter.draft_vocab.detach().cpu().to(torch.int64).contiguous()
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / (WEIGHTS_FILE + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path / WEIGHTS_FILE)
+    tmp = path / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    os.replace(tmp, path / CONFIG_FILE)
+
+
+__all__ = ["is_dflash_dir", "load", "read_config", "save", "to_adaptspec_names", "to_config", "to_dflash_names",
+           "unsupported"]

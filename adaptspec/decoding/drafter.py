@@ -73,6 +73,22 @@ class DrafterConfig:
         return self.hidden_size * len(self.target_layers)
 
 
+#: Architectures :meth:`BlockDiffusionDrafter.for_target` builds (``TrainConfig.layout``).
+LAYOUTS = ("adaptspec", "dflash")
+
+
+def default_mask_token_id(target: nn.Module) -> int:
+    """The mask token of a fresh DFlash-layout drafter: the target's pad token if it has one,
+    else its last vocabulary id. (DFlash adds a dedicated mask token to the target's
+    vocabulary; the drafter only reads that token's frozen embedding, as the input of block
+    positions 1..B-1, so an existing id serves; pass ``mask_token_id`` to choose another.)"""
+    tc = target.config
+    pad = getattr(tc, "pad_token_id", None)
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < tc.vocab_size:
+        return pad
+    return tc.vocab_size - 1
+
+
 def default_target_layers(num_target_layers: int, k: int = 5) -> list[int]:
     """``k`` layers spread evenly from layer 1 to layer L-3 (as DFlash does).
 
@@ -263,13 +279,34 @@ class BlockDiffusionDrafter(nn.Module):
         draft_vocab: Sequence[int] | None = None,
         seed: int | None = None,
         normalize_context_layers: bool = False,
+        layout: str = "adaptspec",
+        mask_token_id: int | None = None,
     ) -> "BlockDiffusionDrafter":
-        """A fresh drafter shaped after ``target`` (a Hugging Face causal LM)."""
+        """A fresh drafter shaped after ``target`` (a Hugging Face causal LM).
+
+        ``layout="dflash"`` builds the architecture of the published DFlash v1 drafters, which
+        :func:`~adaptspec.decoding.dflash_format.save` can write: per-head q/k RMS norm, the
+        mask is the target's embedding of ``mask_token_id`` (default: :func:`default_mask_token_id`),
+        the target's depth recorded. ``"adaptspec"`` (default): no q/k norm and a learned mask
+        vector, unless ``mask_token_id`` is given.
+        """
+        if layout not in LAYOUTS:
+            raise AdaptspecError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
         tc = target.config
         L = tc.num_hidden_layers
         layers = list(target_layers) if target_layers is not None else default_target_layers(L, num_target_layers)
         if any(not 0 <= i <= L for i in layers):
             raise AdaptspecError(f"target_layers {layers} outside 0..{L}")
+        dflash = layout == "dflash"
+        if dflash:
+            if normalize_context_layers:
+                raise AdaptspecError("layout dflash: normalize_context_layers has no DFlash v1 equivalent")
+            if 0 in layers:
+                raise AdaptspecError(f"layout dflash: target_layers {layers} tap the embeddings (0); DFlash v1 taps layers 1..{L}")
+            if mask_token_id is None:
+                mask_token_id = default_mask_token_id(target)
+        if mask_token_id is not None and not 0 <= mask_token_id < tc.vocab_size:
+            raise AdaptspecError(f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}")
         heads = tc.num_attention_heads
         rope = getattr(tc, "rope_parameters", None) or {}
         config = DrafterConfig(
@@ -287,6 +324,11 @@ class BlockDiffusionDrafter(nn.Module):
             draft_vocab_size=None if draft_vocab is None else len(draft_vocab),
             target_name=getattr(tc, "_name_or_path", "") or tc.model_type,
             normalize_context_layers=normalize_context_layers,
+            qk_norm=dflash,
+            mask_token_id=mask_token_id,
+            num_target_layers=L if dflash else None,
+            extra={"max_position_embeddings": tc.max_position_embeddings}
+            if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int) else {},
         )
         if seed is not None:
             torch.manual_seed(seed)
@@ -296,9 +338,10 @@ class BlockDiffusionDrafter(nn.Module):
         if final_norm is not None:
             with torch.no_grad():
                 drafter.norm.weight.copy_(final_norm.weight.float())
-        with torch.no_grad():
-            emb = target.get_input_embeddings().weight
-            drafter.mask_embedding.copy_(emb.float().mean(0))
+        if drafter.mask_embedding is not None:
+            with torch.no_grad():
+                emb = target.get_input_embeddings().weight
+                drafter.mask_embedding.copy_(emb.float().mean(0))
         drafter.attach(target)
         return drafter
 
@@ -552,7 +595,9 @@ __all__ = [
     "BlockDiffusionDrafter",
     "DrafterConfig",
     "DraftState",
+    "LAYOUTS",
     "block_position_weights",
+    "default_mask_token_id",
     "default_target_layers",
 ]
 

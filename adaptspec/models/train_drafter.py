@@ -15,7 +15,8 @@ Steps, each resumable (``adaptspec train-drafter`` runs them in order):
    prefix where the drafter's argmax equals the text, so no decoding loop is needed).
 
 Checkpoints and data live in a work directory outside the repository; ``--export`` writes
-the final weights (bfloat16 safetensors + config).
+the final weights (bfloat16 safetensors + config; in the DFlash v1 layout when trained with
+``layout="dflash"``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from ..decoding.drafter import BlockDiffusionDrafter, block_position_weights
 class TrainConfig:
     num_layers: int = 2
     normalize_context_layers: bool = False
+    # "adaptspec" or "dflash" (the DFlash v1 architecture, exported in that layout; its largest
+    # block is block_size, not max_block_size, as DFlash's block_size is the trained one)
+    layout: str = "adaptspec"
+    mask_token_id: int | None = None  # layout dflash: None picks default_mask_token_id(target)
     block_size: int = 16
     max_block_size: int = 32
     draft_vocab_size: int | None = 8192
@@ -234,6 +239,27 @@ def greedy_acceptance(
 
 
 # ---------------------------------------------------------------------- training loop
+def checkpoint_architecture(st: dict, cfg: TrainConfig | None = None, log=print) -> dict:
+    """``for_target`` keywords that rebuild a checkpoint's architecture: its layout and mask
+    token as trained (checkpoints older than the option are the adaptspec layout)."""
+    saved = st.get("cfg") or {}
+    arch = {"layout": saved.get("layout", "adaptspec"), "mask_token_id": saved.get("mask_token_id")}
+    if cfg is not None and (cfg.layout != arch["layout"] or cfg.mask_token_id not in (None, arch["mask_token_id"])):
+        log(f"the checkpoint was trained with layout {arch['layout']} (mask token {arch['mask_token_id']}); continuing with it")
+    return arch
+
+
+def max_block_size(cfg: dict, layout: str) -> int:
+    """The drafter's largest block: DFlash's ``block_size`` is the trained one, so layout dflash
+    uses ``cfg["block_size"]``; the adaptspec layout ``cfg["max_block_size"]``."""
+    return cfg["block_size"] if layout == "dflash" else cfg["max_block_size"]
+
+
+def trained_architecture(drafter: BlockDiffusionDrafter) -> dict:
+    """The layout and mask token a checkpoint records (what :func:`checkpoint_architecture` reads)."""
+    return {"layout": "dflash" if drafter.config.qk_norm else "adaptspec", "mask_token_id": drafter.config.mask_token_id}
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -271,10 +297,11 @@ def train(
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
         draft_vocab = st["draft_vocab"]
+        arch = checkpoint_architecture(st, cfg, log)
         drafter = BlockDiffusionDrafter.for_target(
-            target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
-            draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
-            normalize_context_layers=cfg.normalize_context_layers,
+            target, num_layers=cfg.num_layers, max_block_size=max_block_size(asdict(cfg), arch["layout"]),
+            target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(),
+            seed=cfg.seed, normalize_context_layers=cfg.normalize_context_layers, **arch,
         )
         drafter.load_state_dict(st["model"])
         step = st["step"]
@@ -292,9 +319,10 @@ def train(
             cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
             log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
         drafter = BlockDiffusionDrafter.for_target(
-            target, num_layers=cfg.num_layers, max_block_size=cfg.max_block_size, target_layers=target_layers,
-            draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=cfg.seed,
-            normalize_context_layers=cfg.normalize_context_layers,
+            target, num_layers=cfg.num_layers, max_block_size=max_block_size(asdict(cfg), cfg.layout),
+            target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(),
+            seed=cfg.seed, normalize_context_layers=cfg.normalize_context_layers, layout=cfg.layout,
+            mask_token_id=cfg.mask_token_id,
         )
         step, st = 0, None
         if cfg.init_from_target:
@@ -315,7 +343,7 @@ def train(
         tmp = state_path.with_suffix(".tmp")
         torch.save(
             {"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.bit_generator.state,
-             "draft_vocab": draft_vocab, "cfg": asdict(cfg)},
+             "draft_vocab": draft_vocab, "cfg": asdict(cfg) | trained_architecture(drafter)},
             tmp,
         )
         os.replace(tmp, state_path)
@@ -399,8 +427,21 @@ def prepare_data(
     distill(model, tok, train_p, work / "train", layers, max_new_tokens=max_new_tokens, reverse=reverse)
 
 
-def export(drafter: BlockDiffusionDrafter, out: Path, card: dict | None = None) -> None:
-    """Write the drafter's weights (bfloat16) and config; ``card`` goes to ``training.json``."""
-    drafter.save_pretrained(out, dtype=torch.bfloat16)
+def export(drafter: BlockDiffusionDrafter, out: Path, card: dict | None = None) -> str:
+    """Write the drafter's weights (bfloat16) and config; ``card`` goes to ``training.json``.
+
+    In the DFlash v1 layout (``config.json`` + ``model.safetensors``) when the drafter's
+    architecture allows it (``layout="dflash"``), else in adaptspec's (``save_pretrained``).
+    Returns the layout written.
+    """
+    from ..decoding import dflash_format
+
+    if dflash_format.unsupported(drafter.config) is None:
+        dflash_format.save(drafter, out, dtype=torch.bfloat16)
+        layout = "dflash"
+    else:
+        drafter.save_pretrained(out, dtype=torch.bfloat16)
+        layout = "adaptspec"
     if card is not None:
         (Path(out) / "training.json").write_text(json.dumps(card, indent=2))
+    return layout
