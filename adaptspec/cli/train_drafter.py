@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage", choices=["all", "data", "train", "eval", "export"], default="all")
     p.add_argument("--target", default=None, help="target model directory (default: the bundled SmolLM2)")
     p.add_argument("--per-domain", type=int_range(1), default=800, help="prompts per domain before the held-out split")
-    p.add_argument("--eval-prompts", type=int_range(1), default=100, help="held-out prompts for evaluation")
+    p.add_argument("--eval-prompts", type=int_range(1), default=100,
+                   help="held-out prompts for evaluation (with --corpus: the first N benchmark prompts, in turn)")
     p.add_argument("--max-new-tokens", type=int_range(1), default=256)
     p.add_argument("--threads", type=threads, default=1, help="CPU threads (one core leaves the other free)")
     p.add_argument("--layers", type=int_range(1), default=2, help="drafter layers")
@@ -147,7 +148,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     else:
         drafter = _load_checkpoint(target, ckpt, cfg, layers)
     if args.stage in ("all", "eval", "export"):
-        ev = acceptance_everywhere(drafter, held, (2, 4, 8, 12, 16))
+        ev = acceptance_everywhere(drafter, held, (2, 4, 8, 12, 16), max_seqs=args.eval_prompts)
         print(json.dumps({"benchmark_tau_every_position": ev}, indent=2))
         if args.export is not None:
             st = torch.load(ckpt / "state.pt", weights_only=False)
