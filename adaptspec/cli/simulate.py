@@ -2,7 +2,7 @@
 
 Examples::
 
-    adaptspec simulate                                    # bundled trace set, default policies
+    adaptspec simulate                                    # bundled benchmark trace set, default policies
     adaptspec simulate TRACES --policy fixed:16 --policy random --reward tau
     adaptspec simulate --policy ucb --seeds 5 --order shuffled --plot replay.png
     adaptspec simulate TRACES --reward modelled --latency h100-qwen3-8b --batch-size 8 --json
@@ -28,7 +28,8 @@ DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
-                   help="trace set directory (default: the bundled one)")
+                   help="trace set directory (default: the bundled public benchmark set, "
+                        "adaptspec/data/traces/benchmarks)")
     p.add_argument("--policy", action="append", metavar="SPEC",
                    help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
                         f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)")

@@ -12,10 +12,12 @@ from pathlib import Path
 from ..errors import AdaptspecError
 
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
-#: The offline head (and its featurizer) trained on the bundled real trace set.
+#: The offline head (and its featurizer) trained on the bundled default trace set, the public
+#: benchmark prompts' (:data:`adaptspec.traces.DEFAULT_TRACES`, ``adaptspec/data/traces/benchmarks``).
 BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
-#: The head trained on the template prompts' trace set (``adaptspec/data/traces/default``, the
-#: drafter's training distribution), with its featurizer: the pair for in-distribution replay.
+#: The head trained on the template prompts' trace set (:data:`adaptspec.traces.TEMPLATE_TRACES`,
+#: ``adaptspec/data/traces/templates``, the drafter's training distribution), with its
+#: featurizer: the pair for in-distribution replay.
 TEMPLATES_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head-templates"
 
 
