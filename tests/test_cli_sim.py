@@ -94,7 +94,10 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["simulate", "/no/such/dir"], "/no/such/dir: no such trace set directory"),
-    (["simulate", "--policy", "fixed:3"], "fixed:3: block size 3 is not one of the arms"),
+    (["simulate", "--policy", "fixed:5"], "fixed:5: block size 5 is not one of the arms"),  # default set: 1-4,6,8,12,16
+    (["simulate", "adaptspec/data/traces/default"], "default: no such trace set directory (the bundled template set "
+                                                    "moved to adaptspec/data/traces/templates; the default is now "
+                                                    "adaptspec/data/traces/benchmarks)"),
     (["simulate", "--seeds", "x"], "--seeds: expected a count"),
     (["simulate", "--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
     (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
@@ -103,6 +106,7 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
     (["synth", "--out", "OUT", "--arms", "1,x"], "--arms: expected block sizes"),
     (["import-blockpilot", "/no/bp", "--out", "OUT"], "/no/bp: no such directory"),
     (["traces", "info", "/no/where"], "/no/where: no such file or directory"),
+    (["traces", "info", "adaptspec/data/traces/default"], "moved to adaptspec/data/traces/templates"),
 ])
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, msg):
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
