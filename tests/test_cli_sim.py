@@ -137,3 +137,24 @@ def test_subprocess_json_and_error():
     bad = _run("simulate", "--reward", "modelled", "--policy", "random")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "adaptspec simulate: error: --reward modelled needs --latency PROFILE"
+
+
+def test_each_bundled_trace_set_is_replayed_with_the_head_trained_on_it(capsys):
+    # neural-linear without head= and the automatic featurizer: BUNDLED_HEAD on the default (benchmark)
+    # set, TEMPLATES_HEAD on the template set (the head config's fingerprints, read as JSON)
+    from adaptspec.featurizer import featurizer_for
+    from adaptspec.models.bundled import BUNDLED_HEAD, TEMPLATES_HEAD
+    from adaptspec.traces import TEMPLATE_TRACES
+
+    for head in (BUNDLED_HEAD, TEMPLATES_HEAD):
+        want = json.loads((head / "config.json").read_text())["info"]["featurizer"]
+        assert featurizer_for(["linucb"], 1153, "auto", default_head=head).fingerprint == want
+    assert featurizer_for(["linucb"], 1153).fingerprint == json.loads(
+        (BUNDLED_HEAD / "config.json").read_text())["info"]["featurizer"]
+    d = run_json(capsys, ["simulate", "--policy", "neural-linear", "--steps", "50", "--json", "--no-progress"])
+    assert d["policies"][0]["policy"] == "neural-linear"
+    assert d["arms"] == json.loads((BUNDLED_HEAD / "config.json").read_text())["arms"]
+    d = run_json(capsys, ["simulate", str(TEMPLATE_TRACES), "--policy", "neural-linear", "--steps", "50", "--json",
+                          "--no-progress"])
+    assert d["policies"][0]["policy"] == f"neural-linear:head={TEMPLATES_HEAD}"
+    assert d["arms"] == json.loads((TEMPLATES_HEAD / "config.json").read_text())["arms"]

@@ -21,6 +21,21 @@ BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
 TEMPLATES_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head-templates"
 
 
+def paired_head(traces: str | os.PathLike | None) -> Path:
+    """The shipped head that goes with trace set directory ``traces``: :data:`TEMPLATES_HEAD`
+    for the bundled template set, else :data:`BUNDLED_HEAD` (trained on the bundled default).
+
+    >>> from adaptspec.traces import DEFAULT_TRACES, TEMPLATE_TRACES
+    >>> paired_head(DEFAULT_TRACES).name, paired_head(TEMPLATE_TRACES).name, paired_head(None).name
+    ('smollm2-135m-head', 'smollm2-135m-head-templates', 'smollm2-135m-head')
+    """
+    from ..traces import TEMPLATE_TRACES
+
+    if traces is not None and Path(traces).resolve() == TEMPLATE_TRACES.resolve():
+        return TEMPLATES_HEAD
+    return BUNDLED_HEAD
+
+
 def load_speculator(
     target: str | os.PathLike | None = None,
     drafter: str | os.PathLike | None = None,
