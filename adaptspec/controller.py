@@ -76,7 +76,7 @@ from .control.policy_build import DEFAULT_ARMS, default_policy_spec, make_learne
 from .control.workers import _STOP, WorkersMixin, speculator_lock
 from .errors import AdaptspecError
 from .featurizer import Featurizer
-from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
+from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from .rewards import DEFAULT_REWARD
 from .schedules import parse_schedule
 from .schedules.fixed import BlockFunction

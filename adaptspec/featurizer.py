@@ -291,11 +291,14 @@ class Featurizer:
         return f"Featurizer(kind={self.kind!r}, in_dim={self.in_dim}, out_dim={self.out_dim})"
 
 
-def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | None = "auto") -> Featurizer | None:
+def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | None = "auto",
+                   default_head: str | Path | None = None) -> Featurizer | None:
     """The featurizer replay should apply for these policy specs (``choice``: auto, none or a path).
 
     ``auto``: the featurizer saved with a head the specs name (``head=`` / ``path=``; one at
-    most), else the bundled head's when it fits ``feature_dim``, else none (features as they are).
+    most), else ``default_head``'s (default: the bundled head's; for a bundled trace set, the
+    head trained on it: :func:`adaptspec.models.bundled.paired_head`) when it fits
+    ``feature_dim``, else none (features as they are).
     """
     if choice in (None, "none"):
         return None
@@ -304,6 +307,7 @@ def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | 
     from .models.bundled import BUNDLED_HEAD
     from .policies.spec import parse_spec
 
+    home = Path(default_head) if default_head is not None else BUNDLED_HEAD
     found = set()
     for spec in specs:
         name, args, opts = parse_spec(spec)
@@ -315,8 +319,8 @@ def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | 
                              "pass --featurizer PATH")
     if found:
         return Featurizer.load(found.pop())
-    if feature_dim is not None and Featurizer.exists(BUNDLED_HEAD):
-        f = Featurizer.load(BUNDLED_HEAD)
+    if feature_dim is not None and Featurizer.exists(home):
+        f = Featurizer.load(home)
         if f.in_dim == feature_dim:
             return f
     return None

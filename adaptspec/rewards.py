@@ -14,7 +14,7 @@ Four rewards, the same for the simulator and the controller:
 
 The default (:data:`DEFAULT_REWARD`, for the controller, ``serve``, ``train-head`` and
 ``simulate`` on trace sets with timings) is ``token_latency``: a server is judged on aggregate
-throughput, and on the bundled trace set per-request ``throughput`` made every learner favour
+throughput, and on the template trace set per-request ``throughput`` made every learner favour
 B = 8 (very fast on math, slower overall) where aggregate throughput is best at B = 4.
 
 >>> from adaptspec.speculator import Outcome, Round

@@ -5,7 +5,8 @@ chose it with (the propensity). From such a log the value of *another* policy ca
 estimated without running it: IPS and SNIPS reweight the logged rewards, DR also uses a reward
 model fitted on the log (``adaptspec.simulators.ope``).
 
-Here the log comes from replaying the bundled trace set through a logging policy, exactly
+Here the log comes from replaying the bundled default trace set (288 public benchmark prompts)
+through a logging policy, exactly
 as ``adaptspec simulate --log DIR`` writes it: UCB that keeps exploring with probability
 ``--epsilon`` (a policy that never explores gives no information about the block sizes it
 never plays). Because the trace set holds every block size's outcome, each target policy's
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from adaptspec.featurizer import Featurizer
-from adaptspec.models import TEMPLATES_HEAD  # the head trained on the default (template) trace set
+from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
 from adaptspec.simulators import evaluate_log, replay_log
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import DecisionLog, load_traces
@@ -33,7 +34,7 @@ from adaptspec.traces import DecisionLog, load_traces
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2000, help="requests in the log (passes over the 200 traced ones)")
+    parser.add_argument("--steps", type=int, default=2000, help="requests in the log (passes over the 288 traced ones)")
     parser.add_argument("--epsilon", type=float, default=0.3, help="exploration floor of the logging policy")
     parser.add_argument("--log", default=None, help="a new directory for the decision log (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
@@ -43,9 +44,9 @@ def main() -> None:
     if args.log and Path(args.log).exists() and any(Path(args.log).iterdir()):
         parser.error(f"--log {args.log} is not empty: a decision log keeps every row appended to it")
 
-    # Contexts as the controller computes them: the template head's featurizer over the
+    # Contexts as the controller computes them: the bundled head's featurizer over the
     # prefill features, so a contextual target (the head) can be evaluated on the log.
-    traces = Featurizer.load(TEMPLATES_HEAD).transform_traces(load_traces())
+    traces = Featurizer.load(BUNDLED_HEAD).transform_traces(load_traces())
     stream = dict(reward="token_latency", order="shuffled", n_steps=args.steps)   # minus ms per token
 
     # 1. The logging policy serves the stream, learning as it goes; every row keeps the
@@ -57,7 +58,7 @@ def main() -> None:
         print(f"decision log of {logger}: {len(log)} decisions, mean reward {log.rewards.mean():.2f} (-ms/token)")
 
         # 2. Target policies, evaluated as they are built (frozen: they do not learn from the log).
-        targets = {"fixed:4": "fixed:4", "fixed:16": "fixed:16", "template head (frozen)": f"head:path={TEMPLATES_HEAD}"}
+        targets = {"fixed:4": "fixed:4", "fixed:16": "fixed:16", "bundled head (frozen)": f"head:path={BUNDLED_HEAD}"}
         print(f"{'target':<22} {'true':>7}   {'estimator':<6} {'estimate':>8} {'95% interval':>18}  covers")
         for name, spec in targets.items():
             estimates = evaluate_log(log, spec, seed=args.seed, estimators=["ips", "snips", "dr"], progress=False)
@@ -69,7 +70,7 @@ def main() -> None:
                 true = f"{truth:.2f}" if k == "ips" else ""
                 print(f"{name:<22} {true:>7}   {k:<6} {e.value:>8.2f} {f'[{lo:.2f}, {hi:.2f}]':>18}  {covers}")
                 name = ""
-    # The bootstrap intervals treat logged requests as independent; here the same 200 requests
+    # The bootstrap intervals treat logged requests as independent; here the same 288 requests
     # recur pass after pass and the logger learns as it goes, so an interval may miss the truth
     # more often than one time in twenty.
 

@@ -1,8 +1,8 @@
 """Replay a trace set through a few policies and compare them with the best they could do.
 
-A trace set holds the outcome of every block size on every request (the bundled one: 200
-prompts decoded by the bundled SmolLM2 pair at 10 block sizes), so any policy can be replayed
-on it offline. This script:
+A trace set holds the outcome of every block size on every request (the bundled default: 288
+public benchmark prompts, GSM8K, MT-Bench and HumanEval, decoded by the bundled SmolLM2 pair at
+8 block sizes), so any policy can be replayed on it offline. This script:
 
 1. splits the requests in two halves (stratified by domain);
 2. on the first half, fits the featurizer (PCA of the prefill features) and trains an offline
@@ -15,14 +15,17 @@ on it offline. This script:
    intervals over seeds.
 
 The reward is minus milliseconds per token, so both percentages are ratios of speed.
-``--bundled-head`` replays the head shipped for this trace set (`TEMPLATES_HEAD`) on all requests instead; it was
-trained on these same requests, so its figures are in-sample (optimistic).
+``--bundled-head`` replays the head shipped for this trace set on all requests instead:
+`BUNDLED_HEAD` for the default set (trained and validated on 264 of its 288 requests: all but
+the end-to-end prompts), `TEMPLATES_HEAD` for the in-distribution template set
+(``adaptspec/data/traces/templates``, on all 200), so its figures are in-sample (optimistic).
 
 Run it (about 10 s)::
 
     python examples/replay_policies.py
     python examples/replay_policies.py --seeds 10 --passes 20
     python examples/replay_policies.py --bundled-head
+    python examples/replay_policies.py adaptspec/data/traces/templates --bundled-head   # in-distribution
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import argparse
 
 from adaptspec.evaluation.core import split_requests
 from adaptspec.featurizer import Featurizer
-from adaptspec.models import TEMPLATES_HEAD  # the head trained on the default (template) trace set
+from adaptspec.models import BUNDLED_HEAD, TEMPLATES_HEAD  # heads trained on the default / the template set
 from adaptspec.policies import NeuralLinear, OfflineHead, train_head
 from adaptspec.simulators.replay import replay
-from adaptspec.traces import load_traces
+from adaptspec.traces import TEMPLATE_TRACES, load_traces
 
 
 def main() -> None:
@@ -43,21 +46,26 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="seeds (stream orders and policy randomness)")
     parser.add_argument("--passes", type=int, default=10, help="shuffled passes over the evaluation requests per seed")
     parser.add_argument("--bundled-head", action="store_true",
-                        help="use the shipped head of this trace set (TEMPLATES_HEAD) on all requests (in-sample) instead of training one on half")
+                        help="use the shipped head of this trace set (BUNDLED_HEAD; TEMPLATES_HEAD for the template "
+                             "set) on all requests (in-sample) instead of training one on half")
     args = parser.parse_args()
     if args.seeds < 2 or args.passes < 1:
         parser.error("--seeds must be >= 2 (for an interval) and --passes >= 1")
 
-    traces = load_traces(args.traces)                 # None: adaptspec/data/traces/default
+    traces = load_traces(args.traces)                 # None: adaptspec/data/traces/benchmarks
     reward = "token_latency" if traces.has_timings else "tau"
     if traces.features is None:
         parser.error(f"{traces.path}: no prefill features; the contextual policies need them")
 
     if args.bundled_head:
+        # Each shipped head goes with the trace set it was trained on.
+        templates = traces.path is not None and traces.path.resolve() == TEMPLATE_TRACES.resolve()
+        head = TEMPLATES_HEAD if templates else BUNDLED_HEAD
         # The head's own featurizer maps the 1,153 raw features to its 33 inputs.
-        evaluation = Featurizer.load(TEMPLATES_HEAD).transform_traces(traces)
-        policies = ["ucb", f"head:path={TEMPLATES_HEAD}", f"neural-linear:head={TEMPLATES_HEAD}"]   # spec strings
-        print(f"template head on all {traces.n_requests} requests (in-sample: it was trained on them)")
+        evaluation = Featurizer.load(head).transform_traces(traces)
+        policies = ["ucb", f"head:path={head}", f"neural-linear:head={head}"]   # spec strings
+        print(f"{'template' if templates else 'bundled'} head on all {traces.n_requests} requests "
+              "(in-sample: it was trained on these requests)")
     else:
         train_idx, eval_idx = split_requests(traces.domains, train_fraction=0.5, seed=0)
         train, evaluation = traces.subset(train_idx), traces.subset(eval_idx)

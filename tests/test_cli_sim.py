@@ -94,7 +94,10 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["simulate", "/no/such/dir"], "/no/such/dir: no such trace set directory"),
-    (["simulate", "--policy", "fixed:3"], "fixed:3: block size 3 is not one of the arms"),
+    (["simulate", "--policy", "fixed:5"], "fixed:5: block size 5 is not one of the arms"),  # default set: 1-4,6,8,12,16
+    (["simulate", "adaptspec/data/traces/default"], "default: no such trace set directory (the bundled template set "
+                                                    "moved to adaptspec/data/traces/templates; the default is now "
+                                                    "adaptspec/data/traces/benchmarks)"),
     (["simulate", "--seeds", "x"], "--seeds: expected a count"),
     (["simulate", "--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
     (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
@@ -103,6 +106,7 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
     (["synth", "--out", "OUT", "--arms", "1,x"], "--arms: expected block sizes"),
     (["import-blockpilot", "/no/bp", "--out", "OUT"], "/no/bp: no such directory"),
     (["traces", "info", "/no/where"], "/no/where: no such file or directory"),
+    (["traces", "info", "adaptspec/data/traces/default"], "moved to adaptspec/data/traces/templates"),
 ])
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, msg):
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
@@ -133,3 +137,24 @@ def test_subprocess_json_and_error():
     bad = _run("simulate", "--reward", "modelled", "--policy", "random")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "adaptspec simulate: error: --reward modelled needs --latency PROFILE"
+
+
+def test_each_bundled_trace_set_is_replayed_with_the_head_trained_on_it(capsys):
+    # neural-linear without head= and the automatic featurizer: BUNDLED_HEAD on the default (benchmark)
+    # set, TEMPLATES_HEAD on the template set (the head config's fingerprints, read as JSON)
+    from adaptspec.featurizer import featurizer_for
+    from adaptspec.models.bundled import BUNDLED_HEAD, TEMPLATES_HEAD
+    from adaptspec.traces import TEMPLATE_TRACES
+
+    for head in (BUNDLED_HEAD, TEMPLATES_HEAD):
+        want = json.loads((head / "config.json").read_text())["info"]["featurizer"]
+        assert featurizer_for(["linucb"], 1153, "auto", default_head=head).fingerprint == want
+    assert featurizer_for(["linucb"], 1153).fingerprint == json.loads(
+        (BUNDLED_HEAD / "config.json").read_text())["info"]["featurizer"]
+    d = run_json(capsys, ["simulate", "--policy", "neural-linear", "--steps", "50", "--json", "--no-progress"])
+    assert d["policies"][0]["policy"] == "neural-linear"
+    assert d["arms"] == json.loads((BUNDLED_HEAD / "config.json").read_text())["arms"]
+    d = run_json(capsys, ["simulate", str(TEMPLATE_TRACES), "--policy", "neural-linear", "--steps", "50", "--json",
+                          "--no-progress"])
+    assert d["policies"][0]["policy"] == f"neural-linear:head={TEMPLATES_HEAD}"
+    assert d["arms"] == json.loads((TEMPLATES_HEAD / "config.json").read_text())["arms"]

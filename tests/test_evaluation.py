@@ -352,3 +352,14 @@ def test_bad_requests_fail_with_one_line(tmp_path: Path) -> None:
         run_evaluation(Request(sections=("e2e",)), Outputs.default(tmp_path), log=lambda s: None)
     assert main(["evaluate", "--sections", "nope", "--docs", str(tmp_path), "--no-progress"]) == 2
     assert not (tmp_path / "evaluation.md").exists()
+
+
+def test_only_the_template_set_gets_the_in_distribution_note():
+    # the bundled default (public benchmark prompts) is the headline; the template set is labelled in-distribution
+    from adaptspec.evaluation.core import provenance
+    from adaptspec.evaluation.report import _in_distribution_note
+    from adaptspec.traces import TEMPLATE_TRACES, load_traces
+
+    assert _in_distribution_note(provenance(load_traces())) == []
+    note = _in_distribution_note(provenance(load_traces(TEMPLATE_TRACES)))
+    assert note and note[0].startswith("**In-distribution figures.**")

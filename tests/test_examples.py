@@ -1,8 +1,9 @@
 """The scripts in examples/ run as a user would run them and print what they promise.
 
 Each runs as a subprocess with small arguments. Where a printed figure has a closed form on
-the bundled trace set (the oracle's gain over the best fixed block size, the true value of a
-fixed block size), it is recomputed here from the trace set's raw timings.
+the bundled default trace set (the public benchmark prompts': the oracle's gain over the best
+fixed block size, the true value of a fixed block size), it is recomputed here from the trace
+set's raw Parquet columns, read with pyarrow (not through adaptspec).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from adaptspec.models.prompts import benchmark_prompts
-from adaptspec.traces import load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "adaptspec" / "data" / "traces" / "benchmarks"  # the bundled default trace set
 
 
 def run_example(name: str, *args: str, timeout: float = 120) -> str:
@@ -29,10 +31,27 @@ def run_example(name: str, *args: str, timeout: float = 120) -> str:
     return p.stdout
 
 
+def raw_arms() -> list[int]:
+    """The bundled default set's block sizes, ascending, from outcomes.parquet."""
+    return sorted(set(pq.read_table(DEFAULT / "outcomes.parquet", columns=["block_size"])["block_size"].to_pylist()))
+
+
+def n_requests() -> int:
+    return pq.read_table(DEFAULT / "requests.parquet", columns=["request_id"]).num_rows
+
+
 def token_latency() -> np.ndarray:
-    """Minus milliseconds per new token of every (request, block size) of the bundled set, from its raw columns."""
-    ts = load_traces()
-    return -1000.0 * ts.decode_s_matrix() / ts.new_tokens_matrix()
+    """Minus milliseconds per new token of every (request, block size) of the bundled default set,
+    ``(requests, arms)`` with arms ascending, from the raw decode_ms and new_tokens columns."""
+    rows = pq.read_table(DEFAULT / "outcomes.parquet", columns=["request_id", "block_size", "new_tokens",
+                                                                "decode_ms"]).to_pylist()
+    arms = raw_arms()
+    ids = sorted({r["request_id"] for r in rows})
+    out = np.full((len(ids), len(arms)), np.nan)
+    for r in rows:
+        out[ids.index(r["request_id"]), arms.index(r["block_size"])] = -r["decode_ms"] / r["new_tokens"]
+    assert not np.isnan(out).any()
+    return out
 
 
 def test_every_example_has_a_docstring_a_main_and_a_readme_line():
@@ -62,7 +81,9 @@ def test_wrap_speculator(tmp_path):
 
 def test_replay_policies_held_out():
     out = run_example("replay_policies.py", "--seeds", "2", "--passes", "1")
-    assert "head trained on 100 requests, policies replayed on the other 100" in out
+    m = re.search(r"^head trained on (\d+) requests, policies replayed on the other (\d+)$", out, re.M)
+    n, domains = n_requests(), len(set(pq.read_table(DEFAULT / "requests.parquet")["domain"].to_pylist()))
+    assert m and int(m[1]) + int(m[2]) == n and abs(int(m[1]) - int(m[2])) <= domains, out  # halves, by domain
     rows = {m[1].strip(): m for m in re.finditer(
         r"^(.{26}) +([0-9.]+) \[([0-9.]+), ([0-9.]+)\] +([-+][0-9.]+) \[([-+][0-9.]+), ([-+][0-9.]+)\] +([0-9.]+)$",
         out, re.M)}
@@ -77,10 +98,11 @@ def test_replay_policies_held_out():
 
 def test_replay_policies_bundled_head_matches_the_trace_set():
     out = run_example("replay_policies.py", "--bundled-head", "--seeds", "2", "--passes", "1")
+    assert f"bundled head on all {n_requests()} requests" in out  # BUNDLED_HEAD goes with the default set
     cost = -token_latency()
     best = int(np.argmin(cost.sum(axis=0)))
     gain = 100.0 * cost[:, best].sum() / cost.min(axis=1).sum() - 100.0  # oracle's speed over the best fixed block's
-    arms = load_traces().arms
+    arms = raw_arms()
     m = re.search(rf"^best fixed \(B={arms[best]}\) .*$", out, re.M)
     assert m, out
     oracle = re.search(r"^per-request oracle +100\.0 \[100\.0, 100\.0\] +([-+][0-9.]+)", out, re.M)
@@ -88,9 +110,10 @@ def test_replay_policies_bundled_head_matches_the_trace_set():
 
 
 def test_off_policy_truth_and_estimates():
-    out = run_example("off_policy.py", "--steps", "200")  # one shuffled pass: every request once
+    n = n_requests()
+    out = run_example("off_policy.py", "--steps", str(n))  # one shuffled pass: every request once
     R = token_latency()
-    arms = list(load_traces().arms)
+    arms = raw_arms()
     for spec in ("fixed:4", "fixed:16"):
         m = re.search(rf"^{spec} +(-[0-9.]+) +ips +(-[0-9.]+) +\[(-[0-9.]+), (-[0-9.]+)\]", out, re.M)
         assert m, out
@@ -98,7 +121,7 @@ def test_off_policy_truth_and_estimates():
     estimates = re.findall(r"(ips|snips|dr) +(-[0-9.]+) +\[(-[0-9.]+), (-[0-9.]+)\] +(yes|no)$", out, re.M)
     assert len(estimates) == 9
     assert all(float(lo) <= float(v) <= float(hi) for _, v, lo, hi, _ in estimates)
-    assert "decision log of ucb:epsilon=0.3: 200 decisions" in out
+    assert f"decision log of ucb:epsilon=0.3: {n} decisions" in out
 
 
 def test_ab_serving():

@@ -27,7 +27,7 @@ from adaptspec.traces.traceset import DEFAULT_TRACES
 
 from decoding_helpers import make_decoder, tiny_target
 
-BENCHMARKS = DEFAULT_TRACES.parent / "benchmarks"
+BENCHMARKS = DEFAULT_TRACES  # the bundled default: the public benchmark prompts' trace set
 PROMPTS = [(f"r{i}", "ab"[i % 2], [6 + i, 7 + i % 3, 8, 9, 10]) for i in range(6)]
 
 

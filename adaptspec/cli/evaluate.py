@@ -2,7 +2,7 @@
 
 Examples::
 
-    adaptspec evaluate                                   # sections 1-5 on the bundled trace set
+    adaptspec evaluate                                   # sections 1-5 on the bundled benchmark trace set
     adaptspec evaluate --blockpilot ../shared/data/blockpilot_qwen3-8b_dflash-b16/gsm8k_0T0.0
     adaptspec evaluate --e2e 50                          # also section 6, on the real decoder
     adaptspec evaluate --sections e2e --e2e 3 --e2e-max-new-tokens 32 --drafter runs/drafter
@@ -25,7 +25,8 @@ QUICK = {"splits": 1, "orders": 2, "passes": 3, "blockpilot_passes": 10, "drift_
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--traces", default=None, metavar="DIR", help="trace set to evaluate (default: the bundled one)")
+    p.add_argument("--traces", default=None, metavar="DIR", help="trace set to evaluate (default: the bundled public "
+                   "benchmark set, adaptspec/data/traces/benchmarks)")
     p.add_argument("--blockpilot", default=None, metavar="DIR",
                    help="BlockPilot per-prompt result folder for section 3 (e.g. .../gsm8k_0T0.0); without it an "
                         "earlier section 3 is kept, or the section says how to run it")

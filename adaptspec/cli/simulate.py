@@ -2,7 +2,7 @@
 
 Examples::
 
-    adaptspec simulate                                    # bundled trace set, default policies
+    adaptspec simulate                                    # bundled benchmark trace set, default policies
     adaptspec simulate TRACES --policy fixed:16 --policy random --reward tau
     adaptspec simulate --policy ucb --seeds 5 --order shuffled --plot replay.png
     adaptspec simulate TRACES --reward modelled --latency h100-qwen3-8b --batch-size 8 --json
@@ -28,7 +28,8 @@ DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
-                   help="trace set directory (default: the bundled one)")
+                   help="trace set directory (default: the bundled public benchmark set, "
+                        "adaptspec/data/traces/benchmarks)")
     p.add_argument("--policy", action="append", metavar="SPEC",
                    help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
                         f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)")
@@ -69,6 +70,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ab-alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, metavar="A", help="significance level of the --ab test")
 
 
+def pair_spec(spec: str, head: Path) -> str:
+    """``spec`` with ``head=HEAD`` when it is a ``neural-linear`` spec that names no head (which
+    would stand on the bundled head, trained on another trace set).
+
+    >>> pair_spec("neural-linear", Path("h")), pair_spec("neural-linear:alpha=0.2", Path("h"))
+    ('neural-linear:head=h', 'neural-linear:alpha=0.2,head=h')
+    >>> pair_spec("neural-linear:head=mine", Path("h")), pair_spec("ucb", Path("h"))
+    ('neural-linear:head=mine', 'ucb')
+    """
+    from ..policies.spec import parse_spec
+
+    name, args, opts = parse_spec(spec)
+    if name != "neural-linear" or args or "head" in opts:
+        return spec
+    return f"{spec.strip()}{',' if ':' in spec and spec.partition(':')[2].strip() else ':'}head={head}"
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"3"`` -> [0, 1, 2]; ``"4,7"`` -> [4, 7] (an argparse type)."""
     try:
@@ -105,9 +123,14 @@ def run(args: argparse.Namespace) -> int:
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
                                and not (s.startswith("lin") and traces.features is None)]
     from ..featurizer import featurizer_for
+    from ..models.bundled import BUNDLED_HEAD, paired_head
 
+    home = paired_head(traces.path)  # each bundled trace set with the head trained on it
+    if home != BUNDLED_HEAD:
+        policies = [pair_spec(s, home) for s in policies]
     feat = featurizer_for([s for s in policies if isinstance(s, str)],
-                          None if traces.features is None else traces.features.shape[1], args.featurizer)
+                          None if traces.features is None else traces.features.shape[1], args.featurizer,
+                          default_head=home)
     if feat is not None:
         traces = feat.transform_traces(traces)
     if args.ray:

@@ -2,7 +2,7 @@
 
 Examples::
 
-    adaptspec traces info                   # the bundled trace set
+    adaptspec traces info                   # the bundled default (public benchmark) trace set
     adaptspec traces info runs/log --json   # a decision log
     adaptspec traces validate runs/bp
 """
@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         ("validate", "check a trace set or decision log; exit 2 naming the first problem")):
         s = sub.add_parser(name, help=help_, description=help_)
         s.add_argument("path", nargs="?", default=None, metavar="PATH",
-                       help="trace set directory or decision log (default: the bundled trace set)")
+                       help="trace set directory or decision log (default: the bundled public "
+                            "benchmark set, adaptspec/data/traces/benchmarks)")
         s.add_argument("--json", action="store_true", help="print one JSON object")
     d = sub.add_parser("derive", help="per-request trace set implied by a dense one (fixed block sizes, a latency profile)",
                        description="per-request trace set implied by a dense one: every round replayed exactly, "

@@ -28,7 +28,8 @@ from ._types import float_range, int_range, seed
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
-                   help="trace set directory with features (default: the bundled one)")
+                   help="trace set directory with features (default: the bundled public benchmark "
+                        "set, adaptspec/data/traces/benchmarks)")
     p.add_argument("--out", required=True, metavar="HEAD", help="directory to write the head to")
     p.add_argument("--mode", choices=("regression", "classification"), default="regression",
                    help="predict every arm's reward (default) or the best arm (BlockPilot)")

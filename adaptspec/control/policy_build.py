@@ -8,10 +8,11 @@ from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
 from ..featurizer import Featurizer
-from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled real traces, with its featurizer
+from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 
 #: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
-#: the same as the bundled trace set's.
+#: the same as the template trace set's (``adaptspec/data/traces/templates``). A head-based
+#: spec, the default policy included, uses its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
 

@@ -343,8 +343,9 @@ def _in_distribution_note(current: dict[str, Any]) -> list[str]:
     if "benchmark" in str(current.get("path", "")) or "benchmark" in str(current.get("source", "")):
         return []
     return ["**In-distribution figures.** Unless the trace set above is the public benchmark prompts' "
-            "(`adaptspec/data/traces/benchmarks`), its prompts come from the same templates as the drafter's "
-            "training prompts: these figures describe the training distribution, not prompts nobody here wrote. "
+            "(`adaptspec/data/traces/benchmarks`, the bundled default), its prompts come from the same "
+            "templates as the drafter's training prompts: these figures describe the training distribution, "
+            "not prompts nobody here wrote. "
             "The headline on the public benchmark prompts (GSM8K, MT-Bench, HumanEval) is in "
             "[BENCHMARKS.md](../BENCHMARKS.md#real-prompts).", ""]
 

@@ -12,11 +12,28 @@ from pathlib import Path
 from ..errors import AdaptspecError
 
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
-#: The offline head (and its featurizer) trained on the bundled real trace set.
+#: The offline head (and its featurizer) trained on the bundled default trace set, the public
+#: benchmark prompts' (:data:`adaptspec.traces.DEFAULT_TRACES`, ``adaptspec/data/traces/benchmarks``).
 BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
-#: The head trained on the template prompts' trace set (``adaptspec/data/traces/default``, the
-#: drafter's training distribution), with its featurizer: the pair for in-distribution replay.
+#: The head trained on the template prompts' trace set (:data:`adaptspec.traces.TEMPLATE_TRACES`,
+#: ``adaptspec/data/traces/templates``, the drafter's training distribution), with its
+#: featurizer: the pair for in-distribution replay.
 TEMPLATES_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head-templates"
+
+
+def paired_head(traces: str | os.PathLike | None) -> Path:
+    """The shipped head that goes with trace set directory ``traces``: :data:`TEMPLATES_HEAD`
+    for the bundled template set, else :data:`BUNDLED_HEAD` (trained on the bundled default).
+
+    >>> from adaptspec.traces import DEFAULT_TRACES, TEMPLATE_TRACES
+    >>> paired_head(DEFAULT_TRACES).name, paired_head(TEMPLATE_TRACES).name, paired_head(None).name
+    ('smollm2-135m-head', 'smollm2-135m-head-templates', 'smollm2-135m-head')
+    """
+    from ..traces import TEMPLATE_TRACES
+
+    if traces is not None and Path(traces).resolve() == TEMPLATE_TRACES.resolve():
+        return TEMPLATES_HEAD
+    return BUNDLED_HEAD
 
 
 def load_speculator(

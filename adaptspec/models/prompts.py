@@ -368,14 +368,15 @@ def heldout_prompts() -> list[Prompt]:
     return read_prompts(HELDOUT_PATH)
 
 
-#: held-out prompts per domain kept out of the bundled trace set, for the demo and end-to-end runs
+#: held-out prompts per domain kept out of the template trace set, for the demo and end-to-end runs
 DEMO_PER_DOMAIN = 4
 
 
 def demo_prompts() -> list[Prompt]:
     """The first :data:`DEMO_PER_DOMAIN` held-out prompts of each domain, taking domains in turn.
 
-    Neither the drafter nor the bundled head (trained on :func:`trace_prompts`) saw them.
+    Neither the drafter nor the templates head (``TEMPLATES_HEAD``, trained on :func:`trace_prompts`)
+    saw them.
     """
     by: dict[str, list[Prompt]] = {}
     for p in heldout_prompts():
@@ -385,7 +386,8 @@ def demo_prompts() -> list[Prompt]:
 
 
 def trace_prompts() -> list[tuple[int, Prompt]]:
-    """The held-out prompts the bundled trace set is collected on (all but :func:`demo_prompts`),
+    """The held-out prompts the template trace set (``adaptspec/data/traces/templates``, the
+    bundled in-distribution set) is collected on (all but :func:`demo_prompts`),
     each with its index in the held-out file (``adaptspec collect`` numbers requests by it)."""
     demo = {p.prompt for p in demo_prompts()}
     return [(i, p) for i, p in enumerate(heldout_prompts()) if p.prompt not in demo]

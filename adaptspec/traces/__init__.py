@@ -3,7 +3,8 @@
 Where things are:
 
 - :mod:`adaptspec.traces.traceset`: trace sets (full information: every block size ran on
-  every request): :class:`TraceSet`, :func:`load_traces`, :data:`DEFAULT_TRACES`, :func:`path_label`;
+  every request): :class:`TraceSet`, :func:`load_traces`, :data:`DEFAULT_TRACES` (the bundled
+  public benchmark set), :data:`TEMPLATE_TRACES` (the bundled in-distribution set), :func:`path_label`;
 - :mod:`adaptspec.traces.decision_log`: decision logs (partial feedback, one row per
   decision): :class:`DecisionLog`, :func:`decision_row` and the validation of log rows;
 - :mod:`adaptspec.traces.blockpilot`: :func:`import_blockpilot`;
@@ -25,17 +26,17 @@ from .blockpilot import import_blockpilot
 from .decision_log import DecisionLog, decision_row
 from .parquet import _err
 from .schema import DECISION_COLUMNS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
-from .traceset import DEFAULT_TRACES, TraceSet, load_traces, path_label
+from .traceset import DEFAULT_TRACES, TEMPLATE_TRACES, TraceSet, load_traces, moved_hint, path_label
 
 __all__ = ["TraceSet", "DecisionLog", "load_traces", "import_blockpilot", "open_any", "decision_row", "path_label",
-           "DEFAULT_TRACES", "SCHEMA_VERSION", "REQUEST_COLUMNS", "OUTCOME_COLUMNS", "DECISION_COLUMNS"]
+           "DEFAULT_TRACES", "TEMPLATE_TRACES", "SCHEMA_VERSION", "REQUEST_COLUMNS", "OUTCOME_COLUMNS", "DECISION_COLUMNS"]
 
 
 def open_any(path: str | os.PathLike) -> TraceSet | DecisionLog:
     """A trace set (directory with meta.json) or a decision log (Parquet parts), whichever ``path`` is."""
     p = Path(path)
     if not p.exists():
-        raise _err(str(p), "no such file or directory")
+        raise _err(str(p), "no such file or directory" + moved_hint(p))
     if p.is_dir() and (p / "meta.json").exists():
         return TraceSet.read(p)
     if p.is_file() and p.suffix == ".parquet" or p.is_dir() and any(p.glob("*.parquet")):

@@ -34,8 +34,13 @@ from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
-#: The bundled trace set: the bundled speculator on 200 held-out prompts (docs/data.md).
-DEFAULT_TRACES = Path(__file__).resolve().parent.parent / "data" / "traces" / "default"
+_BUNDLED = Path(__file__).resolve().parent.parent / "data" / "traces"
+#: The bundled default trace set: the bundled speculator on 288 public benchmark prompts
+#: (GSM8K, MT-Bench, HumanEval), derived from dense traces in fast verification (docs/data.md).
+DEFAULT_TRACES = _BUNDLED / "benchmarks"
+#: The bundled in-distribution trace set: 200 held-out template prompts, made by the same
+#: templates as the drafter's training prompts (not independent evidence; docs/data.md).
+TEMPLATE_TRACES = _BUNDLED / "templates"
 
 
 class TraceSet:
@@ -166,7 +171,7 @@ class TraceSet:
         """Read and validate the trace set in directory ``path``."""
         p = Path(path)
         if not p.exists():
-            raise _err(str(p), "no such trace set directory")
+            raise _err(str(p), "no such trace set directory" + moved_hint(p))
         if not p.is_dir():
             raise _err(str(p), "a trace set is a directory (meta.json, requests.parquet, outcomes.parquet)")
         meta = _read_meta(p / "meta.json")
@@ -430,19 +435,34 @@ def _check_meta(meta: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
 
 
 def load_traces(path: str | os.PathLike | None = None) -> TraceSet:
-    """Read a trace set; ``None`` reads the bundled default."""
+    """Read a trace set; ``None`` reads the bundled default (:data:`DEFAULT_TRACES`, the public
+    benchmark prompts'; :data:`TEMPLATE_TRACES` is the in-distribution one)."""
     return TraceSet.read(DEFAULT_TRACES if path is None else path)
+
+
+def moved_hint(path: str | os.PathLike) -> str:
+    """For a missing ``path`` that names the old bundled default, where the bundled sets are now.
+
+    >>> moved_hint("adaptspec/data/traces/default")[:48]
+    ' (the bundled template set moved to adaptspec/da'
+    >>> moved_hint("runs/traces")
+    ''
+    """
+    if Path(path).as_posix().rstrip("/").endswith("data/traces/default"):
+        return (f" (the bundled template set moved to {path_label(TEMPLATE_TRACES)}; the default is now "
+                f"{path_label(DEFAULT_TRACES)})")
+    return ""
 
 
 def path_label(path: str | os.PathLike | None) -> str | None:
     """How saved artefacts name the trace set they came from: bundled sets relative to the
     package (the same on every machine), others as given.
 
-    >>> path_label(DEFAULT_TRACES)
-    'adaptspec/data/traces/default'
+    >>> path_label(DEFAULT_TRACES), path_label(TEMPLATE_TRACES)
+    ('adaptspec/data/traces/benchmarks', 'adaptspec/data/traces/templates')
     """
     if path is None:
         return None
     p = Path(path).resolve()
-    package = DEFAULT_TRACES.parents[2]
+    package = _BUNDLED.parents[1]
     return str(Path("adaptspec") / p.relative_to(package)) if p.is_relative_to(package) else str(path)
