@@ -2,11 +2,10 @@
 
 The drafter has no LM head of its own: each draft multiplies the ``B - 1`` final hidden
 states by the target's LM head, all ``V`` rows, or only the ``V_draft`` rows of the reduced
-draft vocabulary (``BlockDiffusionDrafter.lm_weight``, which gathers those rows at every
-draft). Timed here on random tensors of the given sizes, one thread, median of ``--repeats``:
+draft vocabulary (``BlockDiffusionDrafter.lm_weight``, which gathers those rows once and reuses them). Timed here on random tensors of the given sizes, one thread, median of ``--repeats``:
 
 - ``full``: ``h[B-1, H] @ W[V, H].T``;
-- ``reduced, gather + matmul``: ``h @ W[draft_vocab].T``, as ``draft_logits`` computes it;
+- ``reduced, gather + matmul``: ``h @ W[draft_vocab].T``, gathering at every draft (what ``draft_logits`` did before the slice was cached);
 - ``reduced, matmul only``: ``h @ W_draft.T`` with the slice gathered once beforehand.
 
     python benchmarks/bench_draft_vocab.py                       # SmolLM2-135M sizes

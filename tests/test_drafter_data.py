@@ -149,3 +149,17 @@ def test_drafter_layers_can_start_as_the_targets_last_layers(arch):
             pairs.append((mine.k_norm, theirs.self_attn.k_norm))
         for a, b in pairs:
             assert torch.equal(a.weight, b.weight)
+
+
+def test_reduced_vocabulary_head_rows_are_reused_and_follow_changes_to_the_target(model):
+    target = tiny_target(vocab=96, eos=None, seed=5)
+    vocab = [3, 7, 11, 50, 95]
+    drafter = BlockDiffusionDrafter.for_target(target, num_layers=1, target_layers=LAYERS, seed=0, draft_vocab=vocab)
+    head = target.get_output_embeddings().weight
+    assert torch.equal(drafter.lm_weight(), head[vocab])
+    assert drafter.lm_weight() is drafter.lm_weight()  # gathered once
+    with torch.no_grad():
+        head.mul_(2.0)  # an in-place change to the target's head is seen
+    assert torch.equal(drafter.lm_weight(), head[vocab])
+    drafter.attach(tiny_target(vocab=96, eos=None, seed=6))  # so is another target
+    assert torch.equal(drafter.lm_weight(), drafter._shared[1][vocab])

@@ -392,7 +392,16 @@ class BlockDiffusionDrafter(nn.Module):
         """LM-head rows of the draft vocabulary ``[V_draft, H]`` (all rows if no reduced vocab)."""
         self._check_attached()
         w = self._shared[1]
-        return w if self.draft_vocab is None else w[self.draft_vocab.to(w.device)]
+        if self.draft_vocab is None:
+            return w
+        # gathered once and reused: the gather costs as much as the matmul it feeds (docs/dflash.md);
+        # the key notices a moved draft vocabulary, another head and any in-place change to it
+        key = (w.data_ptr(), w._version, w.device, w.dtype, self.draft_vocab.data_ptr())
+        cached = self.__dict__.get("_lm_rows")
+        if cached is None or cached[0] != key:
+            cached = (key, w[self.draft_vocab.to(w.device)])
+            self.__dict__["_lm_rows"] = cached
+        return cached[1]
 
     def mask_vector(self) -> torch.Tensor:
         """The input vector of a masked block position ``[H]``, in the drafter's dtype and device."""
