@@ -53,25 +53,28 @@ _NEWER_LAYOUT_KEYS = ("projector_type", "use_swa", "swa_window", "sliding_window
 DRAFT_VOCAB_TENSOR = "draft_vocab"
 DRAFT_VOCAB_KEY = "adaptspec_draft_vocab_size"
 
-_RENAMES = [
-    (r"layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.weight", r"layers.\1.\2.weight"),
-    (r"layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"layers.\1.\2.weight"),
-    (r"layers\.(\d+)\.input_layernorm\.weight", r"layers.\1.input_norm.weight"),
-    (r"layers\.(\d+)\.post_attention_layernorm\.weight", r"layers.\1.post_norm.weight"),
-    (r"hidden_norm\.weight", "context_norm.weight"),
-    (r"(fc|norm)\.weight", r"\1.weight"),
-]
+#: A decoder layer's modules: DFlash v1 (and Qwen3/Llama) name -> the drafter layer's name.
+LAYER_MODULES = {
+    **{f"self_attn.{n}": n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")},
+    **{f"mlp.{n}": n for n in ("gate_proj", "up_proj", "down_proj")},
+    "input_layernorm": "input_norm",
+    "post_attention_layernorm": "post_norm",
+}
+#: Modules outside the layers, same direction.
+_TOP_MODULES = {"hidden_norm": "context_norm", "fc": "fc", "norm": "norm"}
+_TO_MINE = {**_TOP_MODULES, **{f"layers.{{}}.{k}": f"layers.{{}}.{v}" for k, v in LAYER_MODULES.items()}}
+_TO_DFLASH = {v: k for k, v in _TO_MINE.items()}
 
 
-#: The inverse of ``_RENAMES``: the drafter's parameter names -> DFlash v1 tensor names.
-_REVERSE = [
-    (r"layers\.(\d+)\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.weight", r"layers.\1.self_attn.\2.weight"),
-    (r"layers\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", r"layers.\1.mlp.\2.weight"),
-    (r"layers\.(\d+)\.input_norm\.weight", r"layers.\1.input_layernorm.weight"),
-    (r"layers\.(\d+)\.post_norm\.weight", r"layers.\1.post_attention_layernorm.weight"),
-    (r"context_norm\.weight", "hidden_norm.weight"),
-    (r"(fc|norm)\.weight", r"\1.weight"),
-]
+def _rename(name: str, table: dict[str, str]) -> str | None:
+    """``name`` (``MODULE.weight``, the layer index as ``{}``) through ``table``; None if absent."""
+    if not name.endswith(".weight"):
+        return None
+    module = name[: -len(".weight")]
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", module)
+    key = f"layers.{{}}.{m.group(2)}" if m else module
+    out = table.get(key)
+    return None if out is None else f"{out.format(m.group(1)) if m else out}.weight"
 
 
 def is_dflash_dir(path: str | Path) -> bool:
@@ -195,10 +198,10 @@ def _rope_theta(raw: dict, fail) -> float:
 
 def to_adaptspec_names(name: str) -> str:
     """A DFlash v1 tensor name -> the drafter's parameter name (unknown names are refused)."""
-    for pattern, repl in _RENAMES:
-        if re.fullmatch(pattern, name):
-            return re.sub(pattern, repl, name)
-    raise AdaptspecError(f"tensor {name!r} is not part of the DFlash v1 layout")
+    out = _rename(name, _TO_MINE)
+    if out is None:
+        raise AdaptspecError(f"tensor {name!r} is not part of the DFlash v1 layout")
+    return out
 
 
 def to_dflash_names(name: str) -> str:
@@ -207,10 +210,10 @@ def to_dflash_names(name: str) -> str:
     >>> to_dflash_names("layers.0.post_norm.weight")
     'layers.0.post_attention_layernorm.weight'
     """
-    for pattern, repl in _REVERSE:
-        if re.fullmatch(pattern, name):
-            return re.sub(pattern, repl, name)
-    raise AdaptspecError(f"parameter {name!r} has no name in the DFlash v1 layout")
+    out = _rename(name, _TO_DFLASH)
+    if out is None:
+        raise AdaptspecError(f"parameter {name!r} has no name in the DFlash v1 layout")
+    return out
 
 
 def load(path: str | Path):

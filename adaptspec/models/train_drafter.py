@@ -173,17 +173,17 @@ def copy_target_layers(drafter: BlockDiffusionDrafter, target) -> list[int]:
     last layers, which turn hidden states into next-token predictions, are a pretrained
     starting point where random initialisation has only the distilled data to learn from.
     """
+    from ..decoding.dflash_format import LAYER_MODULES  # the target's names are DFlash's (Qwen3/Llama)
+
     layers = target.model.layers
     ids = list(range(len(layers) - len(drafter.layers), len(layers)))
-    names = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
-             **{n: f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")},
-             **{n: f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")}}
     with torch.no_grad():
         for mine, i in zip(drafter.layers, ids):
-            src = dict(layers[i].named_modules())
-            for name, module in mine.named_children():
-                if module is not None and names.get(name) in src:
-                    module.weight.copy_(src[names[name]].weight.float())
+            theirs = dict(layers[i].named_modules())
+            for their_name, my_name in LAYER_MODULES.items():
+                module = getattr(mine, my_name)
+                if module is not None and their_name in theirs:
+                    module.weight.copy_(theirs[their_name].weight.float())
     return ids
 
 
