@@ -29,7 +29,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -56,39 +55,55 @@ class DenseRequest:
 @torch.inference_mode()
 def dense_request(decoder, prompt_ids, max_new_tokens: int, max_block_size: int, chunk: int = 128) -> DenseRequest:
     """The dense trace of one prompt on a :class:`~adaptspec.decoding.SpeculativeDecoder`."""
-    drafter, target = decoder.drafter, decoder.target
     pre = decoder.prefill(prompt_ids)
     out = decoder.decode(pre, 1, max_new_tokens)  # the greedy output
-    y = torch.tensor(out.tokens)
     context = decoder.teacher_forced_context(pre, out.tokens[:-1])  # positions < T + L - 1
-    t = pre.prompt_tokens
-    seq = torch.cat([torch.as_tensor(list(prompt_ids)), y])[None]
-    n = len(out.tokens) - 1  # round starts: after y[0] .. y[L - 2]
-    accept = np.zeros((n, max_block_size - 1), dtype=np.uint8)
-    top1 = np.zeros((n, max_block_size - 1), dtype=np.float32)
-    entropy = np.zeros((n, max_block_size - 1), dtype=np.float32)
-    labels = torch.full((n, max_block_size - 1), -1, dtype=torch.long)
+    seq = torch.cat([torch.as_tensor(list(prompt_ids)), torch.tensor(out.tokens)])
+    accept, top1, entropy = draft_acceptance(decoder.drafter, context, seq, pre.prompt_tokens,
+                                             range(2, max_block_size + 1), chunk, confidences=True)
+    return DenseRequest(np.asarray(out.tokens, dtype=np.int64), accept, top1, entropy,
+                        np.asarray(pre.features, dtype=np.float32), pre.prompt_tokens, out.finish_reason)
+
+
+@torch.inference_mode()
+def draft_acceptance(drafter, context: torch.Tensor, seq: torch.Tensor, start: int, block_sizes, chunk: int = 128,
+                     confidences: bool = False):
+    """Drafts the target would accept at every position of the text ``seq[start:]``.
+
+    ``context[i]`` is the target's hidden state at position ``i`` (at least up to
+    ``len(seq) - 2``). A round whose last committed token is ``seq[p]``, ``p`` in
+    ``start .. len(seq) - 2``, reads the context before ``p``; ``accept[p - start, j]`` is the
+    longest prefix of its ``block_sizes[j] - 1`` drafts equal to ``seq[p + 1 :]`` (uint8).
+    With ``confidences``, also the drafter's top-1 probability and entropy (nats) of every
+    draft of the largest block, ``[n, max - 1]`` each; else ``None`` for both. Batched over
+    ``chunk`` positions, one drafter pass per block size, drafts computed as decoding does.
+    """
+    block_sizes = list(block_sizes)
+    bmax = max(block_sizes)
+    n = len(seq) - 1 - start
+    accept = np.zeros((n, len(block_sizes)), dtype=np.uint8)
+    top1 = np.zeros((n, bmax - 1), dtype=np.float32) if confidences else None
+    entropy = np.zeros((n, bmax - 1), dtype=np.float32) if confidences else None
+    labels = torch.full((n, bmax - 1), -1, dtype=torch.long)
     for p in range(n):
-        nxt = y[p + 1 : p + max_block_size]
+        nxt = seq[start + p + 1 : start + p + bmax]
         labels[p, : len(nxt)] = nxt
     w = drafter.lm_weight()
-    for start in range(0, n, chunk):
-        rows = torch.arange(start, min(n, start + chunk))
-        anchors = (t + rows)[None]
-        end = t + int(rows[-1]) + 1  # a block at anchor a reads context positions < a only
-        ctx, tok = context[None, :end], seq[:, :end]
-        for b in range(2, max_block_size + 1):
+    for first in range(0, n, chunk):
+        rows = torch.arange(first, min(n, first + chunk))
+        anchors = (start + rows)[None]
+        end = start + int(rows[-1]) + 1  # a block at anchor a reads context positions < a only
+        ctx, tok = context[None, :end], seq[None, :end]
+        for j, b in enumerate(block_sizes):
             h = drafter.forward_train(ctx, tok, anchors, b)[0]  # [A, b - 1, H]
             logits = (h.to(w.dtype) @ w.T).float()
             drafts = drafter.to_target_ids(logits.argmax(-1)).cpu()
-            ok = (drafts == labels[rows, : b - 1]).int().cumprod(1).sum(1)
-            accept[rows.numpy(), b - 2] = ok.numpy()
-            if b == max_block_size:
+            accept[rows.numpy(), j] = (drafts == labels[rows, : b - 1]).int().cumprod(1).sum(1).numpy()
+            if confidences and b == bmax:
                 logp = torch.log_softmax(logits, -1)
                 top1[rows.numpy()] = logp.max(-1).values.exp().cpu().numpy()
                 entropy[rows.numpy()] = -(logp.exp() * logp).sum(-1).cpu().numpy()
-    return DenseRequest(np.asarray(out.tokens, dtype=np.int64), accept, top1, entropy,
-                        np.asarray(pre.features, dtype=np.float32), t, out.finish_reason)
+    return accept, top1, entropy
 
 
 def replay(

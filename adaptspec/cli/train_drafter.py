@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import AdaptspecError
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..models.loading import cache_dir, load_target
-    from ..models.train_drafter import TrainConfig, export, greedy_acceptance, prepare_data, train, ShardData
+    from ..models.train_drafter import ShardData, greedy_acceptance, prepare_data, train
 
     work = args.work or cache_dir() / "drafter-work"
     work.mkdir(parents=True, exist_ok=True)
@@ -82,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"{work}: no distillation data yet; run --stage data first")
     layers = json.loads(meta.read_text())["layers"]
     target, _ = load_target(args.target, dtype="float32")
-    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
-                      normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
-                      mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None)
+    cfg = _train_config(args)
     ckpt = args.checkpoints or work / "checkpoints"
     if args.stage in ("all", "train"):
         drafter = train(target, [work / "train"], [work / "heldout"], ckpt, cfg, args.minutes,
@@ -95,32 +92,22 @@ def run(args: argparse.Namespace) -> int:
         ev = greedy_acceptance(drafter, ShardData([work / "heldout"]), block_sizes=(2, 4, 8, 12, 16, 24), max_seqs=400)
         print(json.dumps({"heldout_greedy_tau": ev}, indent=2))
         if args.export is not None:
-            st = torch.load(ckpt / "state.pt", weights_only=False)
-            data = ShardData([work / "train"])
-            layout = export(drafter, args.export, {
-                "steps": st["step"], "config": st.get("cfg", asdict(cfg)), "train_sequences": len(data),
-                "train_response_tokens": data.n_tokens(), "heldout_greedy_tau": ev,
-            })
-            print(f"wrote {args.export} ({layout} layout)")
+            _export(args.export, drafter, ckpt, work / "train", {"heldout_greedy_tau": ev})
     return 0
 
 
 def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     """The corpus path: contexts (teacher-forced hidden states) -> training -> benchmark evaluation."""
-    import torch
 
     from ..models.corpus import Corpus
     from ..models.drafter_eval import acceptance_everywhere
     from ..models.loading import load_target
-    from ..models.train_drafter import ShardData, TrainConfig, export, train
+    from ..models.train_drafter import ShardData, train
 
     corpus = Corpus(args.corpus)  # refuses a directory that is not one, before any model loads
     meta = work / "data.json"
     dense = args.eval_dense or Path("datasets/dense/benchmarks-fast")
-    cfg = TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
-                      normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
-                      mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
-                      max_train_tokens=args.train_tokens, init_from_target=args.init_from_target)
+    cfg = _train_config(args)
     if args.stage in ("all", "data"):
         from ..decoding.drafter import default_target_layers
         from ..models.contexts import benchmark_sequences, build_benchmark_contexts, build_corpus_contexts
@@ -141,23 +128,18 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     layers = json.loads(meta.read_text())["layers"]
     target, _ = load_target(args.target, dtype="float32")
     ckpt = args.checkpoints or work / "checkpoints"
-    held = ShardData([work / "benchmarks"])
     if args.stage in ("all", "train"):
         drafter = train(target, [work / "corpus"], [work / "benchmarks"], ckpt, cfg, args.minutes, target_layers=layers,
                         evaluate=lambda d, h: acceptance_everywhere(d, h, (4, 16), max_seqs=60))
     else:
         drafter = _load_checkpoint(target, ckpt, cfg, layers)
     if args.stage in ("all", "eval", "export"):
-        ev = acceptance_everywhere(drafter, held, (2, 4, 8, 12, 16), max_seqs=args.eval_prompts)
+        ev = acceptance_everywhere(drafter, ShardData([work / "benchmarks"]), (2, 4, 8, 12, 16),
+                                   max_seqs=args.eval_prompts)
         print(json.dumps({"benchmark_tau_every_position": ev}, indent=2))
         if args.export is not None:
-            st = torch.load(ckpt / "state.pt", weights_only=False)
-            data = ShardData([work / "corpus"], st["cfg"].get("max_train_tokens"))
-            layout = export(drafter, args.export, {
-                "steps": st["step"], "config": st["cfg"], "corpus": str(args.corpus), "train_sequences": len(data),
-                "train_response_tokens": data.n_tokens(), "benchmark_tau_every_position": ev,
-            })
-            print(f"wrote {args.export} ({layout} layout)")
+            _export(args.export, drafter, ckpt, work / "corpus",
+                    {"corpus": str(args.corpus), "benchmark_tau_every_position": ev})
     return 0
 
 
@@ -184,19 +166,34 @@ def _prompt_token_counts(work: Path, target: str | None):
 def _load_checkpoint(target, ckpt: Path, cfg, layers):
     import torch
 
-    from ..decoding.drafter import BlockDiffusionDrafter
-    from ..models.train_drafter import checkpoint_architecture, max_block_size
+    from ..models.train_drafter import build_drafter
 
     path = ckpt / "state.pt"
     if not path.exists():
         raise AdaptspecError(f"{path}: no checkpoint; run --stage train first")
     st = torch.load(path, weights_only=False)
-    dv = st["draft_vocab"]
-    arch = checkpoint_architecture(st)
-    d = BlockDiffusionDrafter.for_target(
-        target, num_layers=st["cfg"]["num_layers"], max_block_size=max_block_size(st["cfg"], arch["layout"]),
-        target_layers=layers, draft_vocab=None if dv is None else dv.tolist(),
-        normalize_context_layers=st["cfg"].get("normalize_context_layers", False), **arch,
-    )
+    d = build_drafter(target, st["cfg"], st["draft_vocab"], layers)
     d.load_state_dict(st["model"])
     return d.eval()
+
+
+def _train_config(args: argparse.Namespace):
+    from ..models.train_drafter import TrainConfig
+
+    return TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
+                       normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
+                       mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
+                       max_train_tokens=args.train_tokens, init_from_target=args.init_from_target)
+
+
+def _export(out: Path, drafter, ckpt: Path, train_dir: Path, card: dict) -> None:
+    """Weights to ``out`` and a ``training.json`` card: steps, config, data trained on, ``card``."""
+    import torch
+
+    from ..models.train_drafter import ShardData, export
+
+    st = torch.load(ckpt / "state.pt", weights_only=False)
+    data = ShardData([train_dir], st["cfg"].get("max_train_tokens"))
+    layout = export(drafter, out, {"steps": st["step"], "config": st["cfg"], "train_sequences": len(data),
+                                   "train_response_tokens": data.n_tokens(), **card})
+    print(f"wrote {out} ({layout} layout)")

@@ -239,24 +239,24 @@ def greedy_acceptance(
 
 
 # ---------------------------------------------------------------------- training loop
-def checkpoint_architecture(st: dict, cfg: TrainConfig | None = None, log=print) -> dict:
-    """``for_target`` keywords that rebuild a checkpoint's architecture: its layout and mask
-    token as trained (checkpoints older than the option are the adaptspec layout)."""
-    saved = st.get("cfg") or {}
-    arch = {"layout": saved.get("layout", "adaptspec"), "mask_token_id": saved.get("mask_token_id")}
-    if cfg is not None and (cfg.layout != arch["layout"] or cfg.mask_token_id not in (None, arch["mask_token_id"])):
-        log(f"the checkpoint was trained with layout {arch['layout']} (mask token {arch['mask_token_id']}); continuing with it")
-    return arch
-
-
-def max_block_size(cfg: dict, layout: str) -> int:
-    """The drafter's largest block: DFlash's ``block_size`` is the trained one, so layout dflash
-    uses ``cfg["block_size"]``; the adaptspec layout ``cfg["max_block_size"]``."""
-    return cfg["block_size"] if layout == "dflash" else cfg["max_block_size"]
+def build_drafter(target, cfg: dict, draft_vocab: torch.Tensor | None, target_layers: list[int] | None,
+                  seed: int | None = None) -> BlockDiffusionDrafter:
+    """A fresh drafter shaped as ``cfg`` says (``asdict(TrainConfig)``, or a checkpoint's ``cfg``,
+    which also records the layout and mask token it was trained with; older ones are the
+    adaptspec layout). DFlash's ``block_size`` is the trained one, so layout dflash's largest
+    block is ``block_size``; the adaptspec layout's is ``max_block_size``."""
+    layout = cfg.get("layout", "adaptspec")
+    return BlockDiffusionDrafter.for_target(
+        target, num_layers=cfg["num_layers"],
+        max_block_size=cfg["block_size"] if layout == "dflash" else cfg["max_block_size"],
+        target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=seed,
+        normalize_context_layers=cfg.get("normalize_context_layers", False), layout=layout,
+        mask_token_id=cfg.get("mask_token_id"),
+    )
 
 
 def trained_architecture(drafter: BlockDiffusionDrafter) -> dict:
-    """The layout and mask token a checkpoint records (what :func:`checkpoint_architecture` reads)."""
+    """The layout and mask token a checkpoint records (what :func:`build_drafter` reads back)."""
     return {"layout": "dflash" if drafter.config.qk_norm else "adaptspec", "mask_token_id": drafter.config.mask_token_id}
 
 
@@ -287,6 +287,7 @@ def train(
     (default: :func:`greedy_acceptance` on 120 sequences).
     """
     torch.set_num_threads(cfg.threads)
+    evaluate = evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     data = ShardData(train_dirs, cfg.max_train_tokens)
     held = ShardData(eval_dirs) if eval_dirs else None
@@ -297,12 +298,11 @@ def train(
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
         draft_vocab = st["draft_vocab"]
-        arch = checkpoint_architecture(st, cfg, log)
-        drafter = BlockDiffusionDrafter.for_target(
-            target, num_layers=cfg.num_layers, max_block_size=max_block_size(asdict(cfg), arch["layout"]),
-            target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(),
-            seed=cfg.seed, normalize_context_layers=cfg.normalize_context_layers, **arch,
-        )
+        saved = st["cfg"]
+        if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
+            log(f"the checkpoint was trained with {saved['num_layers']} layers, layout "
+                f"{saved.get('layout', 'adaptspec')}; continuing with it")
+        drafter = build_drafter(target, saved, draft_vocab, target_layers, cfg.seed)
         drafter.load_state_dict(st["model"])
         step = st["step"]
         rng.bit_generator.state = st["rng"]
@@ -318,12 +318,7 @@ def train(
             draft_vocab = draft_vocabulary(weighted, cfg.draft_vocab_size, always)
             cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
             log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
-        drafter = BlockDiffusionDrafter.for_target(
-            target, num_layers=cfg.num_layers, max_block_size=max_block_size(asdict(cfg), cfg.layout),
-            target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(),
-            seed=cfg.seed, normalize_context_layers=cfg.normalize_context_layers, layout=cfg.layout,
-            mask_token_id=cfg.mask_token_id,
-        )
+        drafter = build_drafter(target, asdict(cfg), draft_vocab, target_layers, cfg.seed)
         step, st = 0, None
         if cfg.init_from_target:
             log(f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}")
@@ -376,7 +371,7 @@ def train(
             run_loss = run_acc = 0.0
         if held is not None and step % cfg.eval_every == 0:
             drafter.eval()
-            ev = (evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120)))(drafter, held)
+            ev = evaluate(drafter, held)
             drafter.train()
             rec = {"step": step, "eval_tau": ev}
             log(json.dumps(rec))
