@@ -298,13 +298,8 @@ class BlockDiffusionDrafter(nn.Module):
         if any(not 0 <= i <= L for i in layers):
             raise AdaptspecError(f"target_layers {layers} outside 0..{L}")
         dflash = layout == "dflash"
-        if dflash:
-            if normalize_context_layers:
-                raise AdaptspecError("layout dflash: normalize_context_layers has no DFlash v1 equivalent")
-            if 0 in layers:
-                raise AdaptspecError(f"layout dflash: target_layers {layers} tap the embeddings (0); DFlash v1 taps layers 1..{L}")
-            if mask_token_id is None:
-                mask_token_id = default_mask_token_id(target)
+        if dflash and mask_token_id is None:
+            mask_token_id = default_mask_token_id(target)
         if mask_token_id is not None and not 0 <= mask_token_id < tc.vocab_size:
             raise AdaptspecError(f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}")
         heads = tc.num_attention_heads
@@ -330,6 +325,12 @@ class BlockDiffusionDrafter(nn.Module):
             extra={"max_position_embeddings": tc.max_position_embeddings}
             if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int) else {},
         )
+        if dflash:  # the layout's own rules, in one place
+            from .dflash_format import unsupported
+
+            why = unsupported(config)
+            if why is not None:
+                raise AdaptspecError(f"layout dflash: {why}")
         if seed is not None:
             torch.manual_seed(seed)
         drafter = cls(config, None if draft_vocab is None else torch.as_tensor(list(draft_vocab)))
