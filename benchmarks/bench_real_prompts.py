@@ -38,14 +38,15 @@ def main() -> None:
     ap.add_argument("--policy", default=None, help="controller policy (default: the product default)")
     ap.add_argument("--rules", default="history", help="per-round schedules also timed in fast mode, ';'-separated ('' for none)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--drafter", type=Path, default=None, help="drafter directory (default: the bundled one)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "real_prompts.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     arms = [int(a) for a in args.arms.split(",")]
     exact_arms = [int(a) for a in args.exact_arms.split(",") if a.strip()]
     rules = [r.strip() for r in args.rules.split(";") if r.strip()]
-    fast = load_speculator(verification="fast")
-    exact = load_speculator(verification="exact") if exact_arms else None
+    fast = load_speculator(drafter=args.drafter, verification="fast")
+    exact = load_speculator(drafter=args.drafter, verification="exact") if exact_arms else None
     plain = PlainGreedy(fast.target)
     prompts = benchmark_prompts(per_benchmark=args.per_benchmark)
     n = args.max_new_tokens
@@ -88,7 +89,7 @@ def main() -> None:
         ctl.sync()
     summary = summarise(rows, arms, exact_arms, rules)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out)}, "summary": summary, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out), "drafter": str(args.drafter or "bundled")}, "summary": summary, "rows": rows}, indent=1))
     print(markdown(summary, arms, exact_arms))
     for rule in rules:
         print(f"rule {rule}: " + ", ".join(f"{k} {v[f'rule:{rule}']['speedup']:.2f}x" for k, v in summary.items()

@@ -103,6 +103,47 @@ def test_dense_set_resumes_and_refuses_foreign_directories(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
+class _CountingDecodes:
+    """A decoder that counts its decode calls (everything else passes through)."""
+
+    def __init__(self, inner):
+        self.inner, self.decodes = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode(self, *a, **kw):
+        self.decodes += 1
+        return self.inner.decode(*a, **kw)
+
+
+def test_reused_greedy_outputs_give_the_tables_a_full_collection_gives(tmp_path):
+    """A second drafter's dense set from the first set's greedy outputs equals its own full collection."""
+    model = tiny_target("llama", eos=None)
+    first, second = make_decoder(model, drafter_seed=0, max_block_size=8), make_decoder(model, drafter_seed=1, max_block_size=8)
+    prompts = [(f"r{i}", "d", [6 + i, 7, 8 + i]) for i in range(4)]
+    kw = dict(max_new_tokens=12, max_block_size=8, progress=False)
+    collect_dense(first, prompts[:3], tmp_path / "first", meta={"drafter": "seed 0"}, **kw)
+    full = collect_dense(second, prompts, tmp_path / "full", meta={"drafter": "seed 1"}, **kw)
+    counting = _CountingDecodes(second)
+    lent = collect_dense(counting, prompts, tmp_path / "lent", meta={"drafter": "seed 1"}, greedy_from=tmp_path / "first", **kw)
+    assert counting.decodes == 1  # only r3, which the first set lacks, was decoded
+    want = {rid: r for rid, _, r in full.requests()}
+    got = {rid: r for rid, _, r in lent.requests()}
+    assert got.keys() == want.keys()
+    for rid in want:
+        for field in ("tokens", "accept", "top1", "entropy", "features"):
+            np.testing.assert_array_equal(getattr(got[rid], field), getattr(want[rid], field), err_msg=f"{rid} {field}")
+        assert got[rid].finish_reason == want[rid].finish_reason
+    firsts = {rid: r for rid, _, r in DenseTraceSet.open(tmp_path / "first").requests()}
+    assert any((firsts[r].accept != want[r].accept).any() for r in firsts)  # the drafters do differ
+    with pytest.raises(AdaptspecError, match="other settings .*max_new_tokens"):
+        collect_dense(second, prompts, tmp_path / "other", max_new_tokens=10, max_block_size=8, progress=False,
+                      greedy_from=tmp_path / "first")
+    with pytest.raises(AdaptspecError, match="not the same prompt"):
+        collect_dense(second, [("r0", "d", [6, 7, 8, 9])], tmp_path / "wrong", greedy_from=tmp_path / "first", **kw)
+
+
 def test_derived_trace_set_times_rounds_with_the_profile(tmp_path):
     model = tiny_target("qwen3", eos=None)
     dec = make_decoder(model, max_block_size=8)

@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="T=0 only: one greedy pass per prompt, then the drafts accepted at every position for every "
                         "block size up to max(--arms) (a dense trace set; derive per-request traces with "
                         "'adaptspec traces derive'); resumes an interrupted run in OUT")
+    p.add_argument("--greedy-from", type=Path, default=None, metavar="DENSE",
+                   help="with --dense: reuse the greedy outputs of this dense set (same target and settings, any "
+                        "drafter) instead of decoding; a new drafter's dense traces then cost a teacher-forced "
+                        "pass and drafter passes per prompt")
     p.add_argument("--part", type=_part, default=None, metavar="I/N",
                    help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", type=parse_address,
@@ -66,6 +70,12 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError("--ray-tasks needs --ray")
     if args.ray and args.part:
         raise AdaptspecError("--ray makes its own parts: drop --part")
+    if args.greedy_from is not None:
+        if not args.dense or args.ray:
+            raise AdaptspecError("--greedy-from is for --dense in one process: add --dense, drop --ray")
+        from ..dense import DenseTraceSet
+
+        DenseTraceSet.open(args.greedy_from)  # not a dense set: one line, before the model loads
     if args.dense:
         if args.temperature != 0 or args.part or args.force:
             raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
@@ -103,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
         ds = collect_dense(spec, triples, args.out, args.max_new_tokens, max(args.arms), meta={
             "target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
-            "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec})
+            "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec},
+            greedy_from=args.greedy_from)
         print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
         return 0
     traces = collect_traces(
