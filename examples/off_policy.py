@@ -5,7 +5,7 @@ chose it with (the propensity). From such a log the value of *another* policy ca
 estimated without running it: IPS and SNIPS reweight the logged rewards, DR also uses a reward
 model fitted on the log (``adaptspec.simulators.ope``).
 
-Here the log comes from replaying the bundled default trace set (288 public benchmark prompts)
+Here the log comes from replaying the bundled default trace set (336 public benchmark prompts)
 through a logging policy, exactly
 as ``adaptspec simulate --log DIR`` writes it: UCB that keeps exploring with probability
 ``--epsilon`` (a policy that never explores gives no information about the block sizes it
@@ -34,7 +34,7 @@ from adaptspec.traces import DecisionLog, load_traces
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2000, help="requests in the log (passes over the 288 traced ones)")
+    parser.add_argument("--steps", type=int, default=2000, help="requests in the log (passes over the 336 traced ones)")
     parser.add_argument("--epsilon", type=float, default=0.3, help="exploration floor of the logging policy")
     parser.add_argument("--log", default=None, help="a new directory for the decision log (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
@@ -70,7 +70,7 @@ def main() -> None:
                 true = f"{truth:.2f}" if k == "ips" else ""
                 print(f"{name:<22} {true:>7}   {k:<6} {e.value:>8.2f} {f'[{lo:.2f}, {hi:.2f}]':>18}  {covers}")
                 name = ""
-    # The bootstrap intervals treat logged requests as independent; here the same 288 requests
+    # The bootstrap intervals treat logged requests as independent; here the same 336 requests
     # recur pass after pass and the logger learns as it goes, so an interval may miss the truth
     # more often than one time in twenty.
 

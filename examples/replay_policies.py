@@ -1,6 +1,6 @@
 """Replay a trace set through a few policies and compare them with the best they could do.
 
-A trace set holds the outcome of every block size on every request (the bundled default: 288
+A trace set holds the outcome of every block size on every request (the bundled default: 336
 public benchmark prompts, GSM8K, MT-Bench and HumanEval, decoded by the bundled SmolLM2 pair at
 8 block sizes), so any policy can be replayed on it offline. This script:
 
@@ -16,7 +16,7 @@ public benchmark prompts, GSM8K, MT-Bench and HumanEval, decoded by the bundled 
 
 The reward is minus milliseconds per token, so both percentages are ratios of speed.
 ``--bundled-head`` replays the head shipped for this trace set on all requests instead:
-`BUNDLED_HEAD` for the default set (trained and validated on 264 of its 288 requests: all but
+`BUNDLED_HEAD` for the default set (trained and validated on 312 of its 336 requests: all but
 the end-to-end prompts), `TEMPLATES_HEAD` for the in-distribution template set
 (``adaptspec/data/traces/templates``, on all 200), so its figures are in-sample (optimistic).
 

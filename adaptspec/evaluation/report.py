@@ -344,7 +344,8 @@ def _in_distribution_note(current: dict[str, Any]) -> list[str]:
         return []
     return ["**In-distribution figures.** Unless the trace set above is the public benchmark prompts' "
             "(`adaptspec/data/traces/benchmarks`, the bundled default), its prompts come from the same "
-            "templates as the drafter's training prompts: these figures describe the training distribution, "
+            "templates as a drafter's training prompts (the bundled template set: the previous drafter's, collected "
+            "with it): these figures describe that training distribution, "
             "not prompts nobody here wrote. "
             "The headline on the public benchmark prompts (GSM8K, MT-Bench, HumanEval) is in "
             "[BENCHMARKS.md](../BENCHMARKS.md#real-prompts).", ""]

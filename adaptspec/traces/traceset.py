@@ -35,11 +35,12 @@ from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _r
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
 _BUNDLED = Path(__file__).resolve().parent.parent / "data" / "traces"
-#: The bundled default trace set: the bundled speculator on 288 public benchmark prompts
+#: The bundled default trace set: the bundled speculator on 336 public benchmark prompts
 #: (GSM8K, MT-Bench, HumanEval), derived from dense traces in fast verification (docs/data.md).
 DEFAULT_TRACES = _BUNDLED / "benchmarks"
 #: The bundled in-distribution trace set: 200 held-out template prompts, made by the same
-#: templates as the drafter's training prompts (not independent evidence; docs/data.md).
+#: templates as the previous bundled drafter's training prompts and collected with that drafter
+#: (not independent evidence; docs/data.md).
 TEMPLATE_TRACES = _BUNDLED / "templates"
 
 
