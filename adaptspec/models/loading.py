@@ -101,7 +101,7 @@ def load_target(name_or_path: str | os.PathLike | None = None, dtype: str = "bfl
     if not isinstance(torch_dtype, torch.dtype):
         raise AdaptspecError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-    if path == bundled_target_path():  # its name, not this machine's cache path
+    if path == cache_dir() / BUNDLED_TARGET:  # the bundled target: its name, not this machine's cache path
         model.config._name_or_path = BUNDLED_TARGET_HUB_NAME
     tok = AutoTokenizer.from_pretrained(path) if any((path / f).exists() for f in _TOKENIZER_FILES) else None
     return model, tok
