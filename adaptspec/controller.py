@@ -72,7 +72,7 @@ from .control.block_sizes import check_arms, check_outcome, choose_fallback, fal
 from .control.checkpoints import CheckpointsMixin, check_checkpoint_dir
 from .control.feedback import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
 from .control.feedback import FeedbackMixin, _Counters, _Pending
-from .control.policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer
+from .control.policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer, resolve_machine_speed
 from .control.workers import _STOP, WorkersMixin, speculator_lock
 from .errors import AdaptspecError
 from .featurizer import Featurizer
@@ -146,6 +146,13 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         (measured tokens/s), ``"modelled"`` (with ``latency``) or ``"tau"`` --
         :func:`adaptspec.rewards.reward_function`, as in the simulator -- or any
         ``f(outcome) -> float``.
+    speed_reference
+        A latency profile the measured rewards are calibrated to before the policy learns from
+        them (:class:`~adaptspec.machine_speed.MachineSpeed`: a uniform machine slowdown cancels,
+        what differs between arms on this machine stays). ``"auto"`` (default): the profile the
+        policy's head was trained with, if it records one (the bundled head does); None: learn
+        from the measured rewards as they are. The log keeps the measured reward and the
+        ``speed_ratio``; ``stats()["machine_speed"]`` is the current factor.
     variant
         Name written in the log's ``variant`` column (the A/B variant); also the log writer's name.
     log_dir
@@ -204,6 +211,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         featurizer: Featurizer | str | Path | None = None,
         reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
         latency: Any = None,
+        speed_reference: Any = "auto",
         variant: str | None = None,
         log_dir: str | Path | None = None,
         checkpoint_dir: str | Path | None = None,
@@ -252,6 +260,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         self.reward_fn: Callable[[Outcome], float] = (
             reward if callable(reward) else reward_function(reward, latency))
         self.reward_name = reward if isinstance(reward, str) else getattr(reward, "__name__", "custom")
+        self.machine_speed = resolve_machine_speed(speed_reference, self.policy_spec, reward)
 
         # ---------------------------------------------------------------- settings
         if not decide_timeout_s > 0:
@@ -488,6 +497,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
                 "log_errors": c.log_errors + (0 if self._log is None else self._log.roll_errors),
                 "checkpoint_updates": self._ckpt_updates,
                 "resumed": self.resumed,
+                "machine_speed": None if self.machine_speed is None else self.machine_speed.factor,
             }
         errors = [c.last_error, None if self._log is None else self._log.last_error]
         newest = max((e for e in errors if e is not None), default=None)

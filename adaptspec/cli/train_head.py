@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..machine_speed import MEASURED_REWARDS
 from ..rewards import REWARDS, trace_reward_name
 from ._types import float_range, int_range, seed
 
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
     info = {"traces": path_label(traces.path), "reward": reward,
             "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1]),
-            "featurizer": None if featurizer is None else featurizer.fingerprint}
+            "featurizer": None if featurizer is None else featurizer.fingerprint,
+            # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
+            "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None}
     head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,
                       val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
                       lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)

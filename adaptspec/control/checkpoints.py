@@ -69,6 +69,8 @@ class CheckpointsMixin:
         meta = {"updates": self._n_updates, "last_decision_id": self._last_update_id, "variant": self.variant,
                 "policy_label": self.policy_label, "policy_spec": self.policy_spec, "arms": list(self.arms),
                 "seed": self.seed, "reward": self.reward_name}
+        if self.machine_speed is not None:  # as of the last applied update, like the policy
+            meta["machine_speed"] = self.machine_speed.state_dict()
         path = write_checkpoint(self.checkpoint_dir, self._learner, meta, self.featurizer)
         self._ckpt_updates = self._n_updates
         self._ckpt_time = time.monotonic()
@@ -98,6 +100,8 @@ class CheckpointsMixin:
                 raise AdaptspecError(f"{ck}: checkpoint was written with featurizer {meta.get('featurizer')}, "
                                      f"this controller uses {fp}")
             load_policy(ck, self._learner)
+            if self.machine_speed is not None and "machine_speed" in meta:
+                self.machine_speed.load_state_dict(meta["machine_speed"])
             self._n_updates = int(meta["updates"])
             anchor = meta.get("last_decision_id")
             info.update(checkpoint=str(ck), updates_at_checkpoint=self._n_updates)
@@ -111,7 +115,8 @@ class CheckpointsMixin:
     def _replay_log(self, anchor: str | None) -> int:
         from ..logwriter import log_rows
 
-        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features"], journals=False)
+        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features", "speed_ratio"],
+                                       journals=False)
                 if r.get("variant") == self.variant]
         todo = [r for r in rows if r.get("reward") is not None and int(r["block_size"]) in self.arms]
         if anchor is not None:
@@ -127,5 +132,6 @@ class CheckpointsMixin:
                 raise AdaptspecError(f"{self.log_dir}: logged decision {r['decision_id']} has no features: cannot "
                                      "replay it into a contextual policy (log_features was off)")
             ctx = None if f is None else np.asarray(f, dtype=np.float32).astype(np.float64)
-            self._apply(_Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"]))
+            ratio = r.get("speed_ratio") if self.machine_speed is not None else None
+            self._apply(_Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"], ratio))
         return len(todo)

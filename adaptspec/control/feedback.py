@@ -47,6 +47,7 @@ class _Update:
     block_size: int
     reward: float
     decision_id: str
+    speed_ratio: float | None = None  # measured / speed-reference time; None: learn from ``reward`` as it is
 
 
 @dataclass
@@ -72,6 +73,7 @@ class FeedbackMixin:
     """
 
     def _feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None) -> tuple[str, float | None]:
+        # a reward the controller computes is calibrated for machine speed (MachineSpeed); a given one is not
         with self._lock:
             p = self._pending.pop(decision_id, None)
             if p is None:
@@ -81,6 +83,7 @@ class FeedbackMixin:
                 return status, None
             self._remember(decision_id, "done")
         r = reward
+        ratio = None
         if r is None and outcome is not None:
             try:
                 r = float(self.reward_fn(outcome))
@@ -89,9 +92,11 @@ class FeedbackMixin:
                 r = None
             if r is not None and not math.isfinite(r):
                 r = None
+            if r is not None and self.machine_speed is not None:
+                ratio = self.machine_speed.ratio(outcome)
         status = "applied" if r is not None else "no_reward"
         try:
-            self._commit(p, outcome, r)
+            self._commit(p, outcome, r, ratio)
         except DecisionLogError:  # not logged, so not applied either
             with self._lock:
                 self._counters.feedback["log_error"] += 1
@@ -110,11 +115,11 @@ class FeedbackMixin:
             self._counters.feedback[why] += 1
         self._commit(p, None, None)
 
-    def _commit(self, p: _Pending, outcome: Outcome | None, reward: float | None) -> None:
+    def _commit(self, p: _Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None) -> None:
         from ..traces import decision_row
 
         row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
-                           reward=reward, request_id=p.request_id, variant=self.variant)
+                           reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio)
         if outcome is not None and not outcome.rounds:
             row["mean_tau"] = None
         learn = reward is not None  # its block size was checked when it was decided (control.block_sizes)
@@ -131,7 +136,8 @@ class FeedbackMixin:
             if learn:
                 with self._cond:
                     self._enqueued += 1
-                self._queue.put(_Update(p.context, int(p.decision.block_size), float(reward), p.decision.decision_id))
+                self._queue.put(_Update(p.context, int(p.decision.block_size), float(reward), p.decision.decision_id,
+                                        speed_ratio))
 
     def _remember(self, decision_id: str, status: str) -> None:
         self._done[decision_id] = status

@@ -1,8 +1,10 @@
 """Which policy a controller runs: the product default, a policy built from a spec (a head's
-arms win over the default arms), and the featurizer saved next to a policy's head."""
+arms win over the default arms), the featurizer saved next to a policy's head, and the latency
+profile its head's rewards were timed with (the controller's machine-speed reference)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,6 +16,8 @@ from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled def
 #: the same as the template trace set's (``adaptspec/data/traces/templates``). A head-based
 #: spec, the default policy included, uses its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
+
+log = logging.getLogger("adaptspec.controller")
 
 
 def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
@@ -69,6 +73,22 @@ def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, s
     return None, learner
 
 
+def spec_head(policy_spec: str | None) -> Path | None:
+    """The head directory a policy spec names (``neural-linear`` and ``head`` default to the
+    bundled one); None for a spec without a head."""
+    if policy_spec is None:
+        return None
+    from ..policies.spec import parse_spec
+
+    name, args, opts = parse_spec(policy_spec)
+    if name not in ("neural-linear", "head", "squarecb"):
+        return None
+    h = opts.get("head") or opts.get("path") or (args[0] if args else None)
+    if h is None and name != "squarecb":
+        h = BUNDLED_HEAD
+    return None if h is None else Path(h).expanduser()
+
+
 def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer | None:
     """A :class:`~adaptspec.featurizer.Featurizer`, the one saved in directory ``featurizer``, or
     (None) the one saved next to the head of ``policy_spec`` if there is one."""
@@ -76,15 +96,42 @@ def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer |
         return featurizer
     if featurizer is not None:
         return Featurizer.load(featurizer)
-    if policy_spec is not None:
-        from ..policies.spec import parse_spec
-
-        name, args, opts = parse_spec(policy_spec)
-        default = BUNDLED_HEAD if name in ("neural-linear", "head") else None
-        for v in [opts.get("head"), opts.get("path"), *args[:1], default]:
-            if v and Featurizer.exists(Path(v).expanduser()):
-                return Featurizer.load(Path(v).expanduser())
+    h = spec_head(policy_spec)
+    if h is not None and Featurizer.exists(h):
+        return Featurizer.load(h)
     return None
+
+
+def resolve_machine_speed(speed_reference: Any, policy_spec: str | None, reward: Any) -> Any:
+    """The controller's :class:`~adaptspec.machine_speed.MachineSpeed`, or None (no calibration).
+
+    ``"auto"``: the latency profile the policy's head was trained on (its ``timings``), when the
+    reward is measured on this machine; ``None``: none; a profile (name, path or object): that one.
+    """
+    from ..machine_speed import MEASURED_REWARDS, MachineSpeed
+
+    if speed_reference is None:
+        return None
+    measured = isinstance(reward, str) and reward in MEASURED_REWARDS
+    if isinstance(speed_reference, str) and speed_reference == "auto":
+        h = spec_head(policy_spec)
+        if not measured or h is None or not (h / "config.json").is_file():
+            return None
+        from ..policies.offline_head import HeadModel
+
+        timings = HeadModel.load(h).info.get("timings")
+        if not timings:
+            return None
+        try:
+            return MachineSpeed(timings)
+        except AdaptspecError as e:  # e.g. a profile file that stayed on the machine the head was trained on
+            log.warning("head %s was timed with latency profile %r, which is not available here (%s): learning "
+                        "from uncalibrated rewards; pass speed_reference=PROFILE to calibrate", h, timings, e)
+            return None
+    if not measured:
+        raise AdaptspecError(f"speed_reference calibrates measured rewards ({', '.join(MEASURED_REWARDS)}); "
+                             f"the reward is {reward if isinstance(reward, str) else 'a custom function'}")
+    return MachineSpeed(speed_reference)
 
 
 def build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ...], seed: int | None) -> Any:

@@ -143,10 +143,14 @@ class WorkersMixin:
         t = time.perf_counter()
         try:
             ctx = u.context if self._contextual else None
+            reward = u.reward
+            if u.speed_ratio is not None and self.machine_speed is not None:  # on this thread: in log order
+                self.machine_speed.observe(u.speed_ratio)
+                reward = self.machine_speed.calibrate(self.reward_name, reward)
             if self._shared is not None:
-                self._shared.update(self._learner, ctx, u.block_size, u.reward)
+                self._shared.update(self._learner, ctx, u.block_size, reward)
             else:
-                self._learner.update(ctx, u.block_size, u.reward)
+                self._learner.update(ctx, u.block_size, reward)
         except Exception as e:
             self._counters.update_errors += 1
             log.error("%s: policy update failed for decision %s: %r", self.variant or "controller", u.decision_id, e)

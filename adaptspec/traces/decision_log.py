@@ -39,11 +39,14 @@ def decision_row(
     request_id: str | None = None,
     variant: str | None = None,
     time: float | datetime | None = None,
+    speed_ratio: float | None = None,
 ) -> dict[str, Any]:
     """One decision-log row from a :class:`~adaptspec.speculator.Decision` and what followed.
 
     ``outcome`` (an :class:`~adaptspec.speculator.Outcome`, or None when feedback never came)
-    fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``.
+    fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``. ``speed_ratio`` is the
+    decode time over the speed reference's (:class:`~adaptspec.machine_speed.MachineSpeed`)
+    when the policy learnt from a calibrated reward; ``reward`` is always the measured one.
     """
     row: dict[str, Any] = {
         "decision_id": decision.decision_id or uuid.uuid4().hex,
@@ -59,6 +62,8 @@ def decision_row(
         "arms": list(decision.arms),
         "reward": None if reward is None else float(reward),
     }
+    if speed_ratio is not None:
+        row["speed_ratio"] = float(speed_ratio)
     if outcome is not None:
         row.update(new_tokens=int(outcome.new_tokens), decode_ms=1000.0 * float(outcome.decode_s),
                    mean_tau=float(outcome.mean_tau) if outcome.rounds else None, rounds=len(outcome.rounds))

@@ -49,4 +49,5 @@ DECISION_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
     "decode_ms": (pa.float64(), False, True),
     "mean_tau": (pa.float64(), False, True),
     "rounds": (pa.int64(), False, True),
+    "speed_ratio": (pa.float64(), False, True),
 }
