@@ -81,13 +81,15 @@ def main() -> None:
                         row[f"rule:{rule}"] = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau}
             g = ctl.generate(ids, max_new_tokens=n)
             row["controller"] = {"tokens": g.outcome.new_tokens, "s": g.outcome.decode_s, "tau": g.outcome.mean_tau,
-                                 "block_size": g.decision.block_size, "overhead_s": g.overhead_s}
+                                 "block_size": g.decision.block_size, "overhead_s": g.overhead_s,
+                                 "machine_speed": ctl.sync().stats()["machine_speed"]}
             rows.append(row)
             print(f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<22} plain {len(ptoks) / psec:5.1f} tok/s  "
                   + "  ".join(f"B{b} {_speed(row[f'fast:{b}']) / _speed(row['plain']):.2f}x" for b in arms)
                   + f"  ctl B{g.decision.block_size} {_speed(row['controller']) / _speed(row['plain']):.2f}x", flush=True)
         ctl.sync()
     summary = summarise(rows, arms, exact_arms, rules)
+    summary["machine_speed"] = ctl.stats()["machine_speed"]  # the controller's measured/profile time at the end
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out), "drafter": str(args.drafter or "bundled")}, "summary": summary, "rows": rows}, indent=1))
     print(markdown(summary, arms, exact_arms))
@@ -163,7 +165,8 @@ def markdown(s: dict, arms: list[int], exact_arms: list[int]) -> str:
     d = s["divergence"]
     lines += ["", f"fast mode differs from plain greedy in {d['diverged']}/{d['decodes']} speculative decodes; "
               f"largest logit gap at a divergence {d['max_gap']}",
-              f"controller overhead {s['controller_overhead_pct']:.3f}% of decode time"]
+              f"controller overhead {s['controller_overhead_pct']:.3f}% of decode time"
+              + ("" if s.get("machine_speed") is None else f"; its machine-speed factor at the end {s['machine_speed']:.2f}")]
     return "\n".join(lines)
 
 

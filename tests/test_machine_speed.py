@@ -161,3 +161,21 @@ def test_resume_replays_the_calibration_exactly(tmp_path):
         second = run(c, 10, 16)
         assert c.policy_digest() == digest
     assert first + second == straight
+
+
+def test_the_factor_is_exported_to_prometheus():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from adaptspec.serving.metrics import _ControllerCollector
+
+    with AdaptiveController(TraceClock(2.0, noise=0.0), None, variant="A") as a, \
+            AdaptiveController(TraceClock(), "fixed:4", variant="B") as b:
+        for i in range(3):
+            a.generate([i], 128)
+            b.generate([i], 128)
+        a.sync()
+        registry = CollectorRegistry()
+        registry.register(_ControllerCollector({"A": a, "B": b}))
+        text = generate_latest(registry).decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("adaptspec_machine_speed{")]
+    assert 'variant="A"' in line and float(line.split()[-1]) == pytest.approx(2.0, rel=0.1)

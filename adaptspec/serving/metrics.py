@@ -102,6 +102,8 @@ class _ControllerCollector:
         pend = GaugeMetricFamily("adaptspec_pending_decisions", "Decisions waiting for feedback", labels=["variant"])
         queued = GaugeMetricFamily("adaptspec_queued_updates", "Feedback logged but not yet applied to the policy",
                                    labels=["variant"])
+        speed = GaugeMetricFamily("adaptspec_machine_speed", "Measured decode time over the speed reference "
+                                  "profile's (above 1: slower than the machine the head was timed on)", labels=["variant"])
         for name, c in self.controllers.items():
             s = c.stats()
             for reason, n in s["fallbacks"].items():
@@ -116,7 +118,9 @@ class _ControllerCollector:
             logerr.add_metric([name], s["log_errors"])
             pend.add_metric([name], s["pending"])
             queued.add_metric([name], s["queued"])
-        yield from (fb, feed, dec, upd, uerr, ck, ckerr, logerr, pend, queued)
+            if s["machine_speed"] is not None:
+                speed.add_metric([name], s["machine_speed"])
+        yield from (fb, feed, dec, upd, uerr, ck, ckerr, logerr, pend, queued, speed)
         from ..fleet.metrics import shared_families
 
         yield from shared_families(self.controllers)

@@ -316,7 +316,7 @@ class CompletionService:
                  "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
                  "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
                  "resumed": s["resumed"], "checkpoint_errors": s["checkpoint_errors"], "log_errors": s["log_errors"],
-                 "last_error": s["last_error"]}
+                 "last_error": s["last_error"], "machine_speed": s["machine_speed"]}
             if "shared" in s:
                 v["shared"] = s["shared"]
             if digest:
