@@ -10,7 +10,16 @@ issue 16 measured offline: a ridge regression per block size predicting the acce
 of the next round from in-request history only (the last drafted round's acceptance, the run
 of plain steps, the round index), fitted on rounds of a random schedule over one half of the
 requests (split by seed) and used greedily (fastest predicted tokens per second) on the other
-half; every other row is on the held-out half too. Results: benchmarks/results/rounds.json.
+half; every other row is on the held-out half too.
+
+Two more rows say where the per-round oracle's headroom is. The **first-draft oracle** drafts
+B = 4 every round except where the first draft would be rejected, where it takes a plain step
+(clairvoyant: it reads the dense trace). The **learned pre-draft skip** is the realistic
+version of it: a logistic model of "the first draft will be accepted" from what is known
+before drafting (the rounds so far and the last drafted block's confidences past the point
+where it was rejected), fitted on the B = 4 rounds of the training half. It takes a plain step
+when the predicted probability is below a threshold chosen on the training half for each
+profile. Results: benchmarks/results/rounds.json.
 """
 
 from __future__ import annotations
@@ -99,6 +108,88 @@ def fit_learned(train, max_new_tokens: int, ridge: float = 0.1) -> dict[int, np.
     return out
 
 
+class FirstDraftOracle:
+    """B = ``block_size`` every round, a plain step where the first draft would be rejected (clairvoyant)."""
+
+    uses_confidence = False
+
+    def __init__(self, request, block_size: int = 4) -> None:
+        self.accept, self.b = request.accept, block_size
+
+    def draft_size(self, rounds) -> int:
+        m = 1 + sum(r.tau for r in rounds)
+        return 1 if self.accept[m - 1, 0] == 0 else self.b
+
+    def verify_size(self, confidence, rounds) -> int:
+        return len(confidence) + 1
+
+
+def predraft_features(request, rounds) -> np.ndarray:
+    """What is known before drafting the next round: the rounds so far, and the drafter's top-1
+    probabilities of the last drafted block past the draft that was rejected (stored for the
+    largest block of the dense set)."""
+    drafted = [i for i, r in enumerate(rounds) if r.draft_size > 1]
+    if not drafted:
+        return np.array([1.0, 0.0, 0.0, 0.35, 0.5, 0.5, 0.0, np.log1p(len(rounds))])
+    i = drafted[-1]
+    last, start = rounds[i], 1 + sum(r.tau for r in rounds[:i])
+    j, width = last.tau - 1, request.top1.shape[1]
+    rejected = request.top1[start - 1, j] if j < width else 0.5
+    further = request.top1[start - 1, j + 1] if j + 1 < width else 0.5
+    acc = np.mean([rounds[k].tau - 1 for k in drafted[-4:]])
+    return np.array([1.0, j, float(j == last.block_size - 1), acc, further, rejected,
+                     np.log1p(len(rounds) - 1 - i), np.log1p(len(rounds))])
+
+
+class PreDraftSkip:
+    """B = ``block_size``, or a plain step when the predicted chance that the first draft is
+    accepted is below ``threshold``; ``collect`` (a list) records (features, accepted) instead."""
+
+    uses_confidence = False
+
+    def __init__(self, request, w=None, threshold: float = 0.0, block_size: int = 4, collect=None) -> None:
+        self.req, self.w, self.t, self.b, self.collect = request, w, threshold, block_size, collect
+
+    def draft_size(self, rounds) -> int:
+        f = predraft_features(self.req, rounds)
+        if self.collect is not None:
+            m = 1 + sum(r.tau for r in rounds)
+            self.collect.append((f, float(self.req.accept[m - 1, 0] >= 1)))
+            return self.b
+        return 1 if 1.0 / (1.0 + np.exp(-f @ self.w)) < self.t else self.b
+
+    def verify_size(self, confidence, rounds) -> int:
+        return len(confidence) + 1
+
+
+def fit_predraft(train, max_new_tokens: int, ridge: float = 1e-3) -> tuple[np.ndarray, float]:
+    """Logistic weights for "the first draft is accepted", and their in-sample AUC."""
+    from scipy.optimize import minimize
+    from scipy.stats import rankdata
+
+    data: list = []
+    for _, _, req in train:
+        replay_rounds(req, PreDraftSkip(req, collect=data), max_new_tokens)
+    x, y = np.array([d[0] for d in data]), np.array([d[1] for d in data])
+
+    def loss(w):
+        z = x @ w
+        return np.sum(np.logaddexp(0.0, z) - y * z) + ridge * w @ w, x.T @ (1 / (1 + np.exp(-z)) - y) + 2 * ridge * w
+
+    w = minimize(loss, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B").x
+    ranks, pos = rankdata(x @ w), int(y.sum())
+    return w, float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
+
+
+def pick_threshold(train, w, prof, batch: int, max_new_tokens: int) -> float:
+    """The skip threshold that is fastest on the training half."""
+    def speed(t):
+        rep = evaluate_rounds(train, {}, prof, fixed=[4], batch=batch, max_new_tokens=max_new_tokens,
+                              choose={"skip": lambda rid, req: PreDraftSkip(req, w, t)})
+        return rep.speedup("skip")
+    return max((0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35), key=speed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dense", default="datasets/dense/benchmarks-fast")
@@ -111,7 +202,10 @@ def main() -> None:
     train = [items[i] for i in order[: len(items) // 2]]
     test = [items[i] for i in order[len(items) // 2:]]
     weights = fit_learned(train, ds.max_new_tokens)
-    results = {"dense": args.dense, "requests": len(items), "held_out": len(test), "seed": args.seed, "profiles": []}
+    w_skip, auc = fit_predraft(train, ds.max_new_tokens)
+    print(f"pre-draft model of first-draft acceptance: in-sample AUC {auc:.3f}")
+    results = {"dense": args.dense, "requests": len(items), "held_out": len(test), "seed": args.seed,
+               "predraft_auc": auc, "profiles": []}
     t0 = time.perf_counter()
     for name, batch in PROFILES:
         prof = get_profile(name)
@@ -121,9 +215,13 @@ def main() -> None:
             "history,probe_after=4": AcceptanceHistory(4, 16, probe_after=4),
             "learned per-round (ridge, history features)": LearnedRounds(weights, prof, batch),
         }
-        rep = evaluate_rounds(test, schedules, prof, batch=batch, max_new_tokens=ds.max_new_tokens)
+        t_skip = pick_threshold(train, w_skip, prof, batch, ds.max_new_tokens)
+        skip = f"learned pre-draft skip (logistic, threshold {t_skip})"
+        choose = {"first-draft oracle (B = 4, plain where the first draft fails)": lambda rid, req: FirstDraftOracle(req),
+                  skip: lambda rid, req: PreDraftSkip(req, w_skip, t_skip)}
+        rep = evaluate_rounds(test, schedules, prof, batch=batch, max_new_tokens=ds.max_new_tokens, choose=choose)
         best = rep.best_fixed()
-        names = ["plain", best, *schedules, "per-request oracle", "per-round oracle"]
+        names = ["plain", best, *schedules, skip, "per-request oracle", *list(choose)[:1], "per-round oracle"]
         rows = rep.table(names)
         for row in rows:
             row["headroom_captured"] = rep.headroom_captured(row["schedule"]) if row["schedule"] != "plain" else None
