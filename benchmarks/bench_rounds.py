@@ -162,8 +162,9 @@ class PreDraftSkip:
         return len(confidence) + 1
 
 
-def fit_predraft(train, max_new_tokens: int, ridge: float = 1e-3) -> tuple[np.ndarray, float]:
-    """Logistic weights for "the first draft is accepted", and their in-sample AUC."""
+def fit_predraft(train, max_new_tokens: int, ridge: float = 1e-3) -> tuple[np.ndarray, dict]:
+    """Logistic weights for "the first draft is accepted", their in-sample AUC and the range of
+    their predicted probabilities."""
     from scipy.optimize import minimize
     from scipy.stats import rankdata
 
@@ -178,7 +179,9 @@ def fit_predraft(train, max_new_tokens: int, ridge: float = 1e-3) -> tuple[np.nd
 
     w = minimize(loss, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B").x
     ranks, pos = rankdata(x @ w), int(y.sum())
-    return w, float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
+    p = 1 / (1 + np.exp(-x @ w))
+    return w, {"auc": float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos))),
+               "rounds": len(y), "accepted": float(y.mean()), "p_min": float(p.min()), "p_max": float(p.max())}
 
 
 def pick_threshold(train, w, prof, batch: int, max_new_tokens: int) -> float:
@@ -202,10 +205,11 @@ def main() -> None:
     train = [items[i] for i in order[: len(items) // 2]]
     test = [items[i] for i in order[len(items) // 2:]]
     weights = fit_learned(train, ds.max_new_tokens)
-    w_skip, auc = fit_predraft(train, ds.max_new_tokens)
-    print(f"pre-draft model of first-draft acceptance: in-sample AUC {auc:.3f}")
+    w_skip, fit = fit_predraft(train, ds.max_new_tokens)
+    print(f"pre-draft model of first-draft acceptance ({fit['rounds']} rounds of B = 4, {100 * fit['accepted']:.0f}% "
+          f"accepted): in-sample AUC {fit['auc']:.3f}, predictions {fit['p_min']:.2f}-{fit['p_max']:.2f}")
     results = {"dense": args.dense, "requests": len(items), "held_out": len(test), "seed": args.seed,
-               "predraft_auc": auc, "profiles": []}
+               "predraft_model": fit, "profiles": []}
     t0 = time.perf_counter()
     for name, batch in PROFILES:
         prof = get_profile(name)
