@@ -73,7 +73,6 @@ class FeedbackMixin:
     """
 
     def _feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None) -> tuple[str, float | None]:
-        # a reward the controller computes is calibrated for machine speed (MachineSpeed); a given one is not
         with self._lock:
             p = self._pending.pop(decision_id, None)
             if p is None:
@@ -92,7 +91,7 @@ class FeedbackMixin:
                 r = None
             if r is not None and not math.isfinite(r):
                 r = None
-            if r is not None and self.machine_speed is not None:
+            if r is not None and self.machine_speed is not None:  # a computed reward is calibrated, a given one not
                 ratio = self.machine_speed.ratio(outcome)
         status = "applied" if r is not None else "no_reward"
         try:
