@@ -98,6 +98,25 @@ def test_e2e_policy_uses_the_traces_head_only_when_it_fits_the_decoder() -> None
     assert len(prompts) == 5 and all(rid in held or rid not in known for rid, _, _ in prompts)
 
 
+def test_e2e_prompts_of_the_bundled_set_are_its_held_out_benchmark_prompts() -> None:
+    from collections import Counter
+
+    from adaptspec.evaluation.e2e import pick_prompts
+    from adaptspec.models.prompts import benchmark_prompts
+    from adaptspec.traces import load_traces
+
+    ts = load_traces()  # the bundled default: the public benchmark prompts
+    prompts, how = pick_prompts(ts, 30, 0.5)
+    tr, _ = split_requests(ts.domains, 0.5, 0)
+    trained = {str(ts.request_ids[j]) for j in tr}
+    pool = benchmark_prompts()
+    for rid, domain, text in prompts:
+        i = int(rid.rsplit("-", 1)[1])
+        assert (pool[i].domain, pool[i].prompt) == (domain, text) and rid not in trained
+    assert Counter(d.split("/")[0] for _, d, _ in prompts) == {"gsm8k": 10, "humaneval": 10, "mt-bench": 10}
+    assert how.startswith("public benchmark prompts")
+
+
 def test_stream_passes_are_permutations() -> None:
     pool = np.array([3, 5, 9, 11])
     s = shuffled_stream(pool, 10, seed=1)

@@ -153,30 +153,34 @@ def summarize_e2e(rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block
 
 
 def pick_prompts(traces: Any, n: int, train_fraction: float) -> tuple[list[tuple[str, str, str]], str]:
-    """``n`` held-out prompts, one domain after another. When the trace set was collected from the
-    held-out prompts (request ids as ``adaptspec collect`` writes them), only prompts in its
-    evaluation split are used, so the head never trained on them."""
-    from ..models.prompts import heldout_prompts
+    """``n`` prompts the head never trained on, from the pool the trace set was collected from:
+    the public benchmark prompts when its request ids are theirs (the bundled default), else the
+    held-out template prompts. Prompts the trace set holds are used only from its evaluation
+    split. Benchmarks (or domains) are taken in turn."""
+    from ..models.prompts import benchmark_prompts, heldout_prompts
 
-    pool = heldout_prompts()
-    ids = [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)]
     known = {str(r): j for j, r in enumerate(traces.request_ids)}
+    pool, source = benchmark_prompts(), "public benchmark prompts"
+    ids = [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)]
+    if not any(i in known for i in ids):
+        pool, source = heldout_prompts(), "held-out template prompts (in distribution for the drafter's templates)"
+        ids = [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)]
     allowed = set(range(len(pool)))
-    how = "held-out prompts (the trace set was not collected from them)"
+    how = f"{source}; the trace set was not collected from them"
     if any(i in known for i in ids):
         _, ev = split_requests(traces.domains, train_fraction, 0)
         ev_ids = {str(traces.request_ids[j]) for j in ev}
         allowed = {k for k, i in enumerate(ids) if i in ev_ids or i not in known}
-        how = "held-out prompts in the trace set's evaluation split (the head never trained on them)"
-    by_dom: dict[str, list[int]] = {}
-    for k in sorted(allowed):
-        by_dom.setdefault(pool[k].domain, []).append(k)
-    doms = sorted(by_dom)
+        how = f"{source}: the trace set's evaluation split and prompts it does not hold (the head never trained on them)"
+    by_group: dict[str, list[int]] = {}
+    for k in sorted(allowed):  # MT-Bench's categories count as one benchmark
+        by_group.setdefault(pool[k].domain.split("/")[0], []).append(k)
+    groups = sorted(by_group)
     chosen: list[int] = []
-    while len(chosen) < n and any(by_dom.values()):
-        for d in doms:
-            if by_dom[d] and len(chosen) < n:
-                chosen.append(by_dom[d].pop(0))
+    while len(chosen) < n and any(by_group.values()):
+        for g in groups:
+            if by_group[g] and len(chosen) < n:
+                chosen.append(by_group[g].pop(0))
     return [(ids[k], pool[k].domain, pool[k].prompt) for k in chosen], how
 
 
