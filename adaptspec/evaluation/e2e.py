@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..machine_speed import MEASURED_REWARDS
 from ..rewards import DEFAULT_REWARD
 from .core import ProgressBar, Settings, make_contexts, provenance, split_requests
 from .replay_sections import default_reward
@@ -28,11 +29,12 @@ METHODS = ("plain", "fixed", "controller")
 
 def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], fixed_block: int, policy: Any,
             *, featurizer: Any = None, max_new_tokens: int = 64, warmup: bool = True,
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, speed_reference: Any = "auto") -> dict[str, Any]:
     """Decode every prompt plainly, at ``fixed_block`` and through a controller over ``policy``.
 
     ``prompts`` are ``(request_id, domain, token_ids)``. The controller learns online (the
-    default reward, minus measured ms per token) from the first prompt on.
+    default reward, minus measured ms per token) from the first prompt on, calibrated to
+    ``speed_reference`` (the controller's argument: the profile that timed the head's rewards).
     """
     from ..controller import AdaptiveController
 
@@ -47,7 +49,7 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
             speculator.decode(pre, b, min(8, max_new_tokens))
         plain(list(prompts[0][2]), min(8, max_new_tokens))
     ctrl = AdaptiveController(speculator, policy, featurizer=featurizer, reward=DEFAULT_REWARD, seed=0,
-                              feedback_timeout_s=None, checkpoint_interval_s=None, roll_interval_s=None)
+                              speed_reference=speed_reference, feedback_timeout_s=None, checkpoint_interval_s=None, roll_interval_s=None)
     rows = []
     bar = ProgressBar("6 end to end", progress, unit="prompt")
     bar.plan(len(prompts))
@@ -147,6 +149,7 @@ def summarize_e2e(rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block
         "fallbacks": int(sum(1 for r in rows if r["controller"]["fallback"])),
         "update_mean_ms": round(1000 * float(stats.get("update_mean_s", 0.0)), 4),
         "updates": int(stats.get("updates", 0)),
+        "machine_speed": stats.get("machine_speed"),
     }
     out["identical_outputs"] = int(sum(1 for r in rows if r["identical"]))
     return out
@@ -239,12 +242,16 @@ def section_e2e(traces: Any, st: Settings, n_prompts: int, *, max_new_tokens: in
         fixed_how = "the best fixed block size on the trace set's training split"
     else:
         fixed_how = "given with --e2e-fixed"
+    # a head trained here on the trace set learnt rewards timed by the trace set's profile, if any
+    profile = traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None
+    speed_reference = "auto" if isinstance(policy, str) else profile
     res = run_e2e(spec, encoded, fixed_block, policy, featurizer=featurizer, max_new_tokens=max_new_tokens,
-                  progress=st.progress)
+                  progress=st.progress, speed_reference=speed_reference)
     res.update(
         prompt_selection=how, policy_description=policy_desc, fixed_how=fixed_how, max_new_tokens=max_new_tokens,
         drafter=str(drafter) if drafter else "bundled", target=str(target) if target else "smollm2-135m-instruct (bundled)",
         feature_dim=dim, load_s=round(load_s, 2), traces=provenance(traces),
+        speed_reference=None if speed_reference is None else str(speed_reference),
         machine=f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
     )
     return res

@@ -278,7 +278,11 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
         f"Controller overhead (featurize + decide + reward + log + enqueue, per request): mean "
         f"{c['overhead_ms_mean']:.2f} ms, max {c['overhead_ms_max']:.2f} ms = {num(c['overhead_pct_of_decode'], 2)}% of "
         f"decode time; tokens/s counting it: {num(c['tokens_per_s_with_overhead'], 2)}. Policy updates (background "
-        f"thread): {c['updates']} updates, {c['update_mean_ms']:.3f} ms each. Fallback decisions: {c['fallbacks']}. "
+        f"thread): {c['updates']} updates, {c['update_mean_ms']:.3f} ms each"
+        + ("" if c.get("machine_speed") is None else
+           f", rewards calibrated to the `{d.get('speed_reference')}` profile (machine-speed factor at the end "
+           f"{c['machine_speed']:.2f})")
+        + f". Fallback decisions: {c['fallbacks']}. "
         f"Identical outputs across the three methods: {d['identical_outputs']} of {d['prompts']} prompts"
         + (" (yes*: the speculative outputs equal the target's own greedy output under the decoder's batch-invariant "
            "kernels; transformers' standard bfloat16 kernels round differently and drifted on that prompt)."
