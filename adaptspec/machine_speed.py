@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from .errors import AdaptspecError
 from .latency import LatencyProfile, get_profile
 
@@ -60,8 +62,9 @@ class MachineSpeed:
     def profile_s(self, rounds: Sequence[Any]) -> float:
         """The profile's seconds for ``rounds`` (draft at each round's drafted size, verify at its
         verified size, at the profile's reference context)."""
-        return float(sum(float(self.profile.draft_s(r.draft_size)) + float(self.profile.verify_s(r.block_size))
-                         for r in rounds))
+        drafted = np.fromiter((r.draft_size for r in rounds), dtype=np.float64, count=len(rounds))
+        verified = np.fromiter((r.block_size for r in rounds), dtype=np.float64, count=len(rounds))
+        return float(self.profile.draft_s(drafted).sum() + self.profile.verify_s(verified).sum())
 
     def ratio(self, outcome: Any) -> float | None:
         """Measured over the profile's decode time for ``outcome``; None when undefined (no round ran)."""
