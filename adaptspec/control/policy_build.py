@@ -74,18 +74,25 @@ def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, s
 
 
 def spec_head(policy_spec: str | None) -> Path | None:
-    """The head directory a policy spec names (``neural-linear`` and ``head`` default to the
-    bundled one); None for a spec without a head."""
+    """The head directory a policy spec names; None for a spec without a head.
+
+    ``neural-linear`` takes its head as ``head=`` or its first value and defaults to the bundled
+    one; ``head`` takes ``path=`` or its first value; ``squarecb`` only ``head=`` (its first value
+    is ``gamma``).
+    """
     if policy_spec is None:
         return None
     from ..policies.spec import parse_spec
 
     name, args, opts = parse_spec(policy_spec)
-    if name not in ("neural-linear", "head", "squarecb"):
-        return None
-    h = opts.get("head") or opts.get("path") or (args[0] if args else None)
-    if h is None and name != "squarecb":
-        h = BUNDLED_HEAD
+    if name == "neural-linear":
+        h = opts.get("head") or (args[0] if args else None) or BUNDLED_HEAD
+    elif name == "head":
+        h = opts.get("path") or (args[0] if args else None)
+    elif name == "squarecb":
+        h = opts.get("head")
+    else:
+        h = None
     return None if h is None else Path(h).expanduser()
 
 
@@ -136,14 +143,9 @@ def resolve_machine_speed(speed_reference: Any, policy_spec: str | None, reward:
 
 def build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ...], seed: int | None) -> Any:
     """The policy of ``spec`` over ``arms``, or over its head's arms when it names a head."""
-    from ..policies.spec import parse_spec
-
-    name, args, opts = parse_spec(spec)
-    if name in ("neural-linear", "head") or (name == "squarecb" and "head" in opts):
+    h = spec_head(spec)
+    if h is not None and (h / "config.json").is_file():  # a head decides the arms
         from ..policies.offline_head import HeadModel
 
-        h = opts.get("head") or opts.get("path") or (args[0] if args else None)
-        if h is not None:  # a head decides the arms
-            head_arms = HeadModel.load(Path(h).expanduser()).arms
-            return make_policy(spec, head_arms, seed=seed)
-    return make_policy(spec, arms, seed=seed)
+        arms = HeadModel.load(h).arms
+    return make_policy(spec, arms, seed=seed)  # a missing head is the policy's own error
