@@ -260,7 +260,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         self.reward_fn: Callable[[Outcome], float] = (
             reward if callable(reward) else reward_function(reward, latency))
         self.reward_name = reward if isinstance(reward, str) else getattr(reward, "__name__", "custom")
-        self.machine_speed = resolve_machine_speed(speed_reference, self.policy_spec, reward)
+        self.machine_speed = resolve_machine_speed(speed_reference, learner, reward)
 
         # ---------------------------------------------------------------- settings
         if not decide_timeout_s > 0:

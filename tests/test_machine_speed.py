@@ -107,6 +107,18 @@ def test_the_bundled_head_names_its_profile_and_the_default_controller_uses_it()
         AdaptiveController(TraceClock(), None, reward="tau", speed_reference=PROFILE)
 
 
+def test_a_policy_object_is_calibrated_by_its_own_heads_profile():
+    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.policies import NeuralLinear, SquareCB, make_policy
+
+    for policy in (NeuralLinear(BUNDLED_HEAD), SquareCB(head=BUNDLED_HEAD), make_policy("ucb", [1, 2, 4])):
+        with AdaptiveController(TraceClock(), policy) as c:
+            has_head = getattr(policy, "head", None) is not None
+            assert (c.machine_speed is not None) == has_head, type(policy).__name__
+            if has_head:
+                assert c.machine_speed.profile.name == PROFILE
+
+
 @given(st.floats(0.4, 3.0))
 @settings(max_examples=4, deadline=None)
 def test_a_uniformly_slower_or_faster_machine_leaves_every_choice_unchanged(slow):

@@ -109,31 +109,30 @@ def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer |
     return None
 
 
-def resolve_machine_speed(speed_reference: Any, policy_spec: str | None, reward: Any) -> Any:
+def resolve_machine_speed(speed_reference: Any, learner: Any, reward: Any) -> Any:
     """The controller's :class:`~adaptspec.machine_speed.MachineSpeed`, or None (no calibration).
 
-    ``"auto"``: the latency profile the policy's head was trained on (its ``timings``), when the
-    reward is measured on this machine; ``None``: none; a profile (name, path or object): that one.
+    ``"auto"``: the latency profile the policy's head was trained on (the ``info["timings"]`` of
+    its ``head``, which the head-based policies, NeuralLinear, OfflineHead and SquareCB, carry),
+    when the reward is measured on this machine; ``None``: none; a profile (name, path or
+    object): that one.
     """
     from ..machine_speed import MEASURED_REWARDS, MachineSpeed
+    from ..policies.offline_head import HeadModel
 
     if speed_reference is None:
         return None
     measured = isinstance(reward, str) and reward in MEASURED_REWARDS
     if isinstance(speed_reference, str) and speed_reference == "auto":
-        h = spec_head(policy_spec)
-        if not measured or h is None or not (h / "config.json").is_file():
-            return None
-        from ..policies.offline_head import HeadModel
-
-        timings = HeadModel.load(h).info.get("timings")
-        if not timings:
+        head = getattr(learner, "head", None)
+        timings = head.info.get("timings") if isinstance(head, HeadModel) else None
+        if not measured or not timings:
             return None
         try:
             return MachineSpeed(timings)
         except AdaptspecError as e:  # e.g. a profile file that stayed on the machine the head was trained on
-            log.warning("head %s was timed with latency profile %r, which is not available here (%s): learning "
-                        "from uncalibrated rewards; pass speed_reference=PROFILE to calibrate", h, timings, e)
+            log.warning("the policy's head was timed with latency profile %r, which is not available here (%s): "
+                        "learning from uncalibrated rewards; pass speed_reference=PROFILE to calibrate", timings, e)
             return None
     if not measured:
         raise AdaptspecError(f"speed_reference calibrates measured rewards ({', '.join(MEASURED_REWARDS)}); "
