@@ -110,7 +110,7 @@ def test_every_position_tau_equals_the_decoding_paths_drafts(tmp_path, model):
     assert 1.3 < got[2]["all"] < 1.95  # the constructed text: about 70% of first drafts are right
 
 
-def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
+def _counting_corpus(tmp_path, model) -> ShardData:
     rng = np.random.default_rng(4)
     c = C.create(tmp_path / "corpus", "tiny", max_new_tokens=64, max_prompt_tokens=16)
     # a learnable language: answers count up by a fixed step from a random start
@@ -119,15 +119,37 @@ def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
     answers = [[(int(s) + 3 * j) % 96 for j in range(48)] for s in rng.integers(0, 96, 8)]
     C._write_shard(c.path / "shard-00000.npz", prompts, ids, answers, eos=set())
     build_corpus_contexts(c, model, tmp_path / "ctx", LAYERS, progress=False)
-    data = ShardData([tmp_path / "ctx"])
-    cfg = TrainConfig(num_layers=1, block_size=4, max_block_size=8, draft_vocab_size=None, seqs_per_step=4,
-                      anchors_per_seq=8, lr=3e-3, warmup_steps=10, total_steps=150, eval_every=10**9,
-                      checkpoint_every_s=10**9, bf16_autocast=False)
+    return ShardData([tmp_path / "ctx"])
+
+
+def _tiny_config(**kw) -> TrainConfig:
+    base = dict(num_layers=1, block_size=4, max_block_size=8, draft_vocab_size=None, seqs_per_step=4,
+                anchors_per_seq=8, lr=3e-3, warmup_steps=10, total_steps=150, eval_every=10**9,
+                checkpoint_every_s=10**9, bf16_autocast=False)
+    return TrainConfig(**(base | kw))
+
+
+def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
+    data = _counting_corpus(tmp_path, model)
     before = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
     tau0 = acceptance_everywhere(before, data, (4,))[4]["all"]
-    after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", cfg, log=lambda *_: None, target_layers=LAYERS)
+    after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", _tiny_config(), log=lambda *_: None,
+                  target_layers=LAYERS)
     tau1 = acceptance_everywhere(after, data, (4,))[4]["all"]
     assert tau0 < 1.3 and tau1 > 2.5, (tau0, tau1)
+
+    # a new run started from those weights (init_from): the same drafter at step 0, whatever the
+    # new run's own layer count, and a fresh schedule after it
+    quiet = dict(log=lambda *_: None, target_layers=LAYERS)
+    same = train(model, [tmp_path / "ctx"], [], tmp_path / "warm0", _tiny_config(num_layers=2, total_steps=0,
+                 init_from=str(tmp_path / "ckpt")), **quiet)
+    assert same.state_dict().keys() == after.state_dict().keys()
+    assert all(torch.equal(v, after.state_dict()[k]) for k, v in same.state_dict().items())
+    assert torch.load(tmp_path / "warm0" / "state.pt", weights_only=False)["step"] == 0
+    fresh, warm = (train(model, [tmp_path / "ctx"], [], tmp_path / name, _tiny_config(total_steps=10, lr=1e-4, **kw),
+                         **quiet) for name, kw in (("fresh", {}), ("warm", {"init_from": str(tmp_path / "ckpt")})))
+    tau_fresh, tau_warm = (acceptance_everywhere(d, data, (4,))[4]["all"] for d in (fresh, warm))
+    assert tau_fresh < 1.3 and tau_warm > 2.5, (tau_fresh, tau_warm)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

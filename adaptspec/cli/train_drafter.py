@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=threads, default=1, help="CPU threads (one core leaves the other free)")
     p.add_argument("--layers", type=int_range(1), default=2, help="drafter layers")
     p.add_argument("--steps", type=int_range(1), default=20_000, help="total optimiser steps (cosine schedule length)")
+    p.add_argument("--anchors", type=int_range(1), default=8,
+                   help="blocks drafted per training sequence in one pass (random anchors in its response)")
+    p.add_argument("--lr", type=float_range(0, lo_open=True), default=6e-4, help="peak learning rate (cosine schedule)")
     p.add_argument("--minutes", type=float_range(0, lo_open=True), default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
     p.add_argument("--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)")
@@ -56,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train on the first corpus shards holding this many response tokens (a learning-curve point)")
     p.add_argument("--init-from-target", action="store_true",
                    help="start the drafter's layers as copies of the target's last layers (same shapes)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from the weights of this checkpoint directory (another run's), with a new "
+                        "optimiser and schedule; its architecture and draft vocabulary carry over")
     p.add_argument("--reverse", action="store_true",
                    help="data stage: take the prompt chunks from the last (run beside a forward run to share the work)")
 
@@ -183,7 +189,9 @@ def _train_config(args: argparse.Namespace):
     return TrainConfig(num_layers=args.layers, total_steps=args.steps, threads=args.threads,
                        normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
                        mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
-                       max_train_tokens=args.train_tokens, init_from_target=args.init_from_target)
+                       max_train_tokens=args.train_tokens, init_from_target=args.init_from_target,
+                       anchors_per_seq=args.anchors, lr=args.lr,
+                       init_from=None if args.init_from is None else str(args.init_from))
 
 
 def _export(out: Path, drafter, ckpt: Path, train_dir: Path, card: dict) -> None:

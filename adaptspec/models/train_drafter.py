@@ -58,6 +58,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     max_train_tokens: int | None = None  # train on the first shards holding this many response tokens
     init_from_target: bool = False  # start the drafter's layers as copies of the target's last layers
+    init_from: str | None = None  # start from this checkpoint directory's weights (new optimiser and schedule)
     grad_clip: float = 1.0
     gamma: float | None = None
     seed: int = 0
@@ -307,6 +308,19 @@ def train(
         step = st["step"]
         rng.bit_generator.state = st["rng"]
         log(f"resumed from step {step}")
+    elif cfg.init_from is not None:
+        src = Path(cfg.init_from) / "state.pt"
+        if not src.is_file():
+            raise RuntimeError(f"--init-from {cfg.init_from}: no checkpoint (state.pt) there")
+        st0 = torch.load(src, weights_only=False)
+        draft_vocab = st0["draft_vocab"]  # the weights' output rows: the vocabulary stays
+        drafter = build_drafter(target, st0["cfg"], draft_vocab, target_layers, cfg.seed)
+        drafter.load_state_dict(st0["model"])
+        for k in ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size"):
+            if k in st0["cfg"]:  # the architecture is the source's
+                setattr(cfg, k, st0["cfg"][k])
+        step, st = 0, None
+        log(f"starting from the weights of {src} (trained {st0['step']} steps), new optimiser and schedule")
     else:
         draft_vocab = None
         if cfg.draft_vocab_size:
