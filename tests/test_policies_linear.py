@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from _policy_helpers import ARMS, DIM, linear_stream
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import LinTS, LinUCB, SquareCB, Standardizer
-from adaptspec.policies.linear import DiscountedRidgeArms, RidgeArms
+from adaptspec.policies.ridge import DiscountedRidgeArms, RidgeArms
 from adaptspec.policies.squarecb import squarecb_probs
 
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import EXP3, UCB, EpsilonGreedy, ThompsonSampling
-from adaptspec.policies.mab import ArmStats, greedy_probs
+from adaptspec.policies.base import greedy_probs
+from adaptspec.policies.context_free import ArmStats
 
 pairs = st.lists(st.tuples(st.integers(0, 3), st.floats(-100, 100, allow_nan=False)), min_size=1, max_size=80)
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec.policies import LinTS, LinUCB, ridge_kernels
-from adaptspec.policies.linear import DiscountedRidgeArms, RidgeArms, Standardizer
+from adaptspec.policies.ridge import DiscountedRidgeArms, RidgeArms
+from adaptspec.policies.standardizer import Standardizer
 
 
 def test_numba_is_installed_for_the_suite():

@@ -152,13 +152,13 @@ class ContextFree(Family):
         return out
 
     def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
-        from ..policies.mab import _Running
+        from ..policies.context_free import RunningStats
 
         sums["n"][arm] += 1.0
         sums["s"][arm] += reward
         sums["ss"][arm] += reward * reward
         sums["count"][arm] += 1
-        _Running.add(sums["running"], reward)
+        RunningStats.add(sums["running"], reward)
 
     def apply(self, policy: Any, total: Sums) -> None:
         st = policy.stats
@@ -310,8 +310,10 @@ class NeuralLinearFamily(Linear):
 
 def family_for(policy: Any) -> Family:
     """The :class:`Family` of ``policy``; a policy whose statistics cannot be merged raises one line."""
-    from ..policies.linear import LinearPolicy, Standardizer
-    from ..policies.mab import EXP3, _ContextFree
+    from ..policies.context_free import ContextFreePolicy
+    from ..policies.exp3 import EXP3
+    from ..policies.linear import LinearPolicy
+    from ..policies.standardizer import Standardizer
     from ..policies.neural_linear import NeuralLinear
 
     label = getattr(policy, "label", type(policy).__name__)
@@ -323,7 +325,7 @@ def family_for(policy: Any) -> Family:
     if isinstance(policy, EXP3):
         raise AdaptspecError(f"policy {label} cannot be shared: EXP3's importance weights use each replica's own "
                              "probabilities and reward range")
-    if isinstance(policy, _ContextFree):
+    if isinstance(policy, ContextFreePolicy):
         return ContextFree(policy)
     if type(policy).__name__ in ("LinUCB", "LinTS") and isinstance(policy, LinearPolicy):
         if policy.standardize is True:

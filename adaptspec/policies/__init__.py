@@ -2,8 +2,13 @@
 
 from .base import Policy
 from .baselines import Fixed, Oracle, RandomPolicy
-from .linear import LinTS, LinUCB, Standardizer
-from .mab import EXP3, UCB, EpsilonGreedy, ThompsonSampling
+from .epsilon_greedy import EpsilonGreedy
+from .exp3 import EXP3
+from .lints import LinTS
+from .linucb import LinUCB
+from .standardizer import Standardizer
+from .thompson import ThompsonSampling
+from .ucb import UCB
 from .neural_linear import NeuralLinear
 from .offline_head import HeadModel, OfflineHead, train_head
 from .river_adapter import RiverPolicy

@@ -426,3 +426,23 @@ def one_hot(k: int, i: int) -> np.ndarray:
     p = np.zeros(k)
     p[i] = 1.0
     return p
+
+
+#: default number of Monte-Carlo draws used to estimate Thompson sampling's propensities
+MC_SAMPLES = 512
+
+
+def greedy_probs(scores: np.ndarray) -> np.ndarray:
+    """Uniform probability over the arms with the highest score (ties share the mass).
+
+    >>> greedy_probs(np.array([1.0, 3.0, 3.0]))
+    array([0. , 0.5, 0.5])
+    """
+    j = scores.argmax()
+    m = scores == scores[j]
+    c = np.count_nonzero(m)
+    if c == 1:
+        p = np.zeros(scores.shape[0])
+        p[j] = 1.0
+        return p
+    return m / c

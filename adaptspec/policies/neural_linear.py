@@ -2,7 +2,7 @@
 
 Features: the head's last hidden layer plus a constant, ``phi(x) = [h(x), 1]``. Rewards: in
 the head's standardised units. On top, Bayesian linear regression of every arm's reward on
-``phi`` (ridge form, as in :mod:`adaptspec.policies.linear`; below, first written per arm, then
+``phi`` (ridge form, as in :mod:`adaptspec.policies.ridge`; below, first written per arm, then
 joint over the arms), updated online by Sherman-Morrison (or discounted, for drift).
 
 Warm start (:func:`head_prior`):
@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from scipy.linalg.blas import dger
 
 from ..errors import AdaptspecError
-from .linear import LinearPolicy, _dger, _mc_probs
-from .mab import MC_SAMPLES, greedy_probs
+from .base import MC_SAMPLES, greedy_probs
+from .linear import LinearPolicy, mc_probs
 from .offline_head import HeadModel, head_fingerprint
 
 __all__ = ["HeadFeatures", "NeuralLinear", "head_prior", "systematic_corr", "head_fingerprint", "neural_linear_policy", "PRIOR_GRID"]
@@ -190,7 +191,7 @@ class JointArms:
     correlation). Stored as the posterior mean ``theta`` (K, D) and covariance ``S`` (K*D, K*D)
     in units of the noise variance; an update is a rank-one (Sherman-Morrison) step, O((KD)^2).
     With ``discount`` the data (not the prior) decay by ``gamma`` per update, applied in blocks
-    of ``every`` updates as in :class:`~adaptspec.policies.linear.DiscountedRidgeArms`.
+    of ``every`` updates as in :class:`~adaptspec.policies.ridge.DiscountedRidgeArms`.
 
     >>> core = JointArms(np.zeros((2, 1)), np.array([[1.0, 0.5], [0.5, 1.0]]))
     >>> core.update(0, np.array([1.0]), 2.0)   # the prior's prediction: mean 0, variance 1
@@ -256,7 +257,7 @@ class JointArms:
         mean = float(self.theta[arm] @ phi)
         h = 1.0 + v
         self.theta += (u * ((r - mean) / h)).reshape(self.k, self.dim)
-        _dger(-1.0 / h, u, u, a=self.S.T, overwrite_a=True)  # S -= u u^T / h in place (S is symmetric)
+        dger(-1.0 / h, u, u, a=self.S.T, overwrite_a=True)  # S -= u u^T / h in place (S is symmetric)
         self.count[arm] += 1
         return mean, v
 
@@ -320,7 +321,7 @@ class NeuralLinear(LinearPolicy):
     discount
         Forget feedback (not the head's prior) with this factor per update, for drift.
     noise, mc_samples, epsilon, seed
-        As in :class:`~adaptspec.policies.linear.LinTS`.
+        As in :class:`~adaptspec.policies.lints.LinTS`.
 
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(600, 3))
@@ -438,7 +439,7 @@ class NeuralLinear(LinearPolicy):
         if self.exploration == "ucb":
             return greedy_probs(mu + (self.alpha * self.noise_std()) * np.sqrt(np.maximum(var, 0.0)))
         sd = (self.v * self.noise_std()) * np.sqrt(np.maximum(var, 0.0))
-        return _mc_probs(self.rng, mu, sd, self.mc_samples)
+        return mc_probs(self.rng, mu, sd, self.mc_samples)
 
     def _probs_from_many(self, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
         if self.exploration == "ucb":
@@ -446,7 +447,7 @@ class NeuralLinear(LinearPolicy):
             m = s == s.max(axis=1, keepdims=True)
             return m / m.sum(axis=1, keepdims=True)
         sd = (self.v * self.noise_std()) * np.sqrt(np.maximum(var, 0.0))
-        return _mc_probs(self.rng, mu, sd, self.mc_samples)
+        return mc_probs(self.rng, mu, sd, self.mc_samples)
 
     def _state(self) -> dict[str, Any]:
         return {"head": self.fingerprint, "discount": self.discount, "noise_stats": self.noise_stats, "evidence": self.evidence,

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from .base import Policy
-from .mab import greedy_probs
+from .base import greedy_probs
 from .._io import json_default, read_descriptor, read_tensors
 from ..rewards import pct_of
 

@@ -1,4 +1,4 @@
-"""Compiled kernels for the hot path of :class:`~adaptspec.policies.linear.RidgeArms`.
+"""Compiled kernels for the hot path of :class:`~adaptspec.policies.ridge.RidgeArms`.
 
 A LinUCB decision plus update is a handful of tiny array operations (K * D^2 multiply-adds,
 with K = 9 and D = 65 about 38 k). In numpy each is a separate call of ~0.5 us, so Python

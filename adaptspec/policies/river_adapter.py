@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from .base import Policy
-from .mab import greedy_probs
+from .base import greedy_probs
 
 __all__ = ["RiverPolicy", "river_policy"]
 

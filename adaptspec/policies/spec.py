@@ -44,10 +44,15 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
     "oracle": Oracle,
 }
 
-# Learning policies (adaptspec.policies.mab / linear / offline_head / neural_linear / squarecb /
+# Learning policies (one module each: epsilon_greedy, exp3, lints, linucb, thompson, ucb,
+# offline_head, neural_linear, squarecb,
 # river_adapter); none of these imports torch or river until a policy that needs it is built.
-from .linear import LinTS, LinUCB  # noqa: E402
-from .mab import EXP3, UCB, EpsilonGreedy, ThompsonSampling, ucb_throughput  # noqa: E402
+from .epsilon_greedy import EpsilonGreedy  # noqa: E402
+from .exp3 import EXP3  # noqa: E402
+from .lints import LinTS  # noqa: E402
+from .linucb import LinUCB  # noqa: E402
+from .thompson import ThompsonSampling  # noqa: E402
+from .ucb import UCB, ucb_throughput  # noqa: E402
 from .neural_linear import neural_linear_policy  # noqa: E402
 from .offline_head import head_policy  # noqa: E402
 from .river_adapter import river_policy  # noqa: E402

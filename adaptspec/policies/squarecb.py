@@ -9,7 +9,7 @@ weighting):
 The oracle learns with plain square loss on the chosen arm only. Two oracles:
 
 - linear (default): per-arm ridge regression on standardised features, exact online least
-  squares (the ``RidgeArms`` statistics of :mod:`adaptspec.policies.linear`, same
+  squares (the ``RidgeArms`` statistics of :mod:`adaptspec.policies.ridge`, same
   warm-up / standardisation options);
 - the offline head (``head=``): per-arm ridge regression on the head's last hidden layer,
   starting from the head's output layer (the prior of
