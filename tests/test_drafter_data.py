@@ -145,7 +145,8 @@ def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
                  init_from=str(tmp_path / "ckpt")), **quiet)
     assert same.state_dict().keys() == after.state_dict().keys()
     assert all(torch.equal(v, after.state_dict()[k]) for k, v in same.state_dict().items())
-    assert torch.load(tmp_path / "warm0" / "state.pt", weights_only=False)["step"] == 0
+    warm0 = torch.load(tmp_path / "warm0" / "state.pt", weights_only=False)
+    assert warm0["step"] == 0 and warm0["cfg"]["extra"]["steps_before"] == 150  # the source's steps
     fresh, warm = (train(model, [tmp_path / "ctx"], [], tmp_path / name, _tiny_config(total_steps=10, lr=1e-4, **kw),
                          **quiet) for name, kw in (("fresh", {}), ("warm", {"init_from": str(tmp_path / "ckpt")})))
     tau_fresh, tau_warm = (acceptance_everywhere(d, data, (4,))[4]["all"] for d in (fresh, warm))

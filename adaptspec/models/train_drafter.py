@@ -319,6 +319,8 @@ def train(
         for k in ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size"):
             if k in st0["cfg"]:  # the architecture is the source's
                 setattr(cfg, k, st0["cfg"][k])
+        earlier = st0["cfg"].get("extra", {}).get("steps_before", 0)
+        cfg.extra = {**cfg.extra, "steps_before": int(st0["step"]) + int(earlier), "init_from": str(cfg.init_from)}
         step, st = 0, None
         log(f"starting from the weights of {src} (trained {st0['step']} steps), new optimiser and schedule")
     else:
