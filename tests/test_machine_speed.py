@@ -129,7 +129,7 @@ def test_without_calibration_a_slower_machine_drives_the_policy_off_the_head():
     # the failure the calibration is for: 35% slower, the default policy switches speculation off
     same_machine = choices(TraceClock(1.0), speed_reference=None)
     slower = choices(TraceClock(1.35), speed_reference=None)
-    assert same_machine.count(1) <= 1
+    assert same_machine.count(1) <= 2  # on the profile's own machine it rarely stops speculating (noise: 10%)
     assert slower.count(1) >= same_machine.count(1) + 4
 
 
