@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.drafter import BlockDiffusionDrafter, block_position_weights
+from ..errors import AdaptspecError
 
 
 @dataclass
@@ -311,7 +312,7 @@ def train(
     elif cfg.init_from is not None:
         src = Path(cfg.init_from) / "state.pt"
         if not src.is_file():
-            raise RuntimeError(f"--init-from {cfg.init_from}: no checkpoint (state.pt) there")
+            raise AdaptspecError(f"--init-from {cfg.init_from}: no checkpoint (state.pt) there")
         st0 = torch.load(src, weights_only=False)
         draft_vocab = st0["draft_vocab"]  # the weights' output rows: the vocabulary stays
         drafter = build_drafter(target, st0["cfg"], draft_vocab, target_layers, cfg.seed)
