@@ -21,7 +21,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "AdaptiveController":
-        from .controller import AdaptiveController
+        from .control.controller import AdaptiveController
 
         return AdaptiveController
     raise AttributeError(f"module 'adaptspec' has no attribute {name!r}")

@@ -90,7 +90,7 @@ def _policy(spec, encode, workdir: Path, arms: tuple[int, ...]):
     """
     import torch
 
-    from adaptspec.featurizer import Featurizer
+    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.policies import train_head
 
     X = np.stack([spec.prefill(encode(p + f" {i}")).features for i, p in enumerate(PROMPTS * 4)])
@@ -175,7 +175,7 @@ def bench_server(models: str, threads: int, policy: str, workdir: Path, clients:
     if models == "tiny":
         cmd.append("--tiny")
     elif models == "bundled-target":
-        from adaptspec.models.loading import bundled_target_path
+        from adaptspec.decoding.loading import bundled_target_path
 
         cmd += ["--target", str(bundled_target_path()), "--drafter", str(workdir / "drafter"), "--chat"]
     else:
@@ -261,7 +261,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         spec, encode, _ = _speculator(args.bundled, args.threads, args.bundled_target, work)
-        from adaptspec.controller import DEFAULT_ARMS
+        from adaptspec.control.controller import DEFAULT_ARMS
 
         arms = tuple(a for a in DEFAULT_ARMS if a <= spec.max_block_size)
         policy = _policy(spec, encode, work, arms)

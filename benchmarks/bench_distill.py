@@ -23,7 +23,7 @@ import torch
 
 from adaptspec.models.batched import generate
 from adaptspec.models.distill import chat_ids
-from adaptspec.models.loading import load_target
+from adaptspec.decoding.loading import load_target
 from adaptspec.models.prompts import build_prompt_pool, split_pool
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Redis test server (tests/_redis.p
 
 
 def learning(steps: int = 500, seeds: int = 20, width: int = 40) -> dict:
-    from adaptspec.featurizer import Featurizer
+    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
     from adaptspec.models.bundled import BUNDLED_HEAD
     from adaptspec.policies.spec import make_policy

@@ -34,11 +34,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from adaptspec.latency import get_profile
+from adaptspec.reward.latency import get_profile
 from adaptspec.policies import (EXP3, UCB, EpsilonGreedy, LinTS, LinUCB, NeuralLinear, OfflineHead, SquareCB,
                                 ThompsonSampling, train_head)
 from adaptspec.policies.river_adapter import river_policy
-from adaptspec.rewards import modelled_throughput, trace_context
+from adaptspec.reward.functions import modelled_throughput, trace_context
 from adaptspec.simulators.replay import run_policy
 from adaptspec.simulators.synthetic import generate
 

@@ -30,7 +30,7 @@ POLICIES = ["ucb", "ts", "linucb", "lints"]
 def sweep(steps_list=(None, 20000), seeds=5) -> dict:
     import ray
 
-    from adaptspec.featurizer import featurizer_for
+    from adaptspec.policies.featurizer import featurizer_for
     from adaptspec.simulators.replay import replay
     from adaptspec.traces import load_traces
 
@@ -64,7 +64,7 @@ def sweep(steps_list=(None, 20000), seeds=5) -> dict:
 
 def collect_dense(n: int = 8, verification: str = "fast") -> dict:
     import pyarrow  # noqa: F401
-    from adaptspec.dense import DenseTraceSet
+    from adaptspec.traces.dense import DenseTraceSet
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "adaptspec", "collect", "--prompts", "benchmarks", "--limit", str(n), "--dense",

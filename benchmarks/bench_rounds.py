@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptspec.dense import DenseTraceSet, replay_rounds
-from adaptspec.latency import get_profile
+from adaptspec.traces.dense import DenseTraceSet, replay_rounds
+from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 from adaptspec.simulators.rounds import evaluate_rounds
 

@@ -20,12 +20,12 @@ mkdir -p "$work"
 
 echo "== 1/4 dense traces with the new drafter ($dense's greedy outputs)"
 # the set holds the first N benchmark prompts taking the benchmarks' domains in turn (--limit N)
-n=$(python -c "from adaptspec.dense import DenseTraceSet; print(len(DenseTraceSet.open('$dense').request_ids()))")
+n=$(python -c "from adaptspec.collect.dense import DenseTraceSet; print(len(DenseTraceSet.open('$dense').request_ids()))")
 adaptspec collect --dense --prompts benchmarks --limit "$n" --arms 1,16 --max-new-tokens 128 --threads "$threads" \
   --greedy-from "$dense" --out "$work/dense"
 python - "$dense" "$work/dense" <<'PY'
 import sys
-from adaptspec.dense import DenseTraceSet
+from adaptspec.collect.dense import DenseTraceSet
 old, new = (DenseTraceSet.open(p).request_ids() for p in sys.argv[1:])
 if old != new:
     sys.exit(f"{sys.argv[2]} holds other requests than {sys.argv[1]} ({len(new)} against {len(old)})")

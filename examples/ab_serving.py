@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from adaptspec.logwriter import log_rows
+from adaptspec.traces.log_writer import log_rows
 from adaptspec.simulators.ab import analyze, format_report, rows_to_arrays
 
 PROMPTS = ["Write a haiku about the sea.", "What is 17 times 23?", "def fibonacci(n):",

@@ -25,7 +25,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from adaptspec.featurizer import Featurizer
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
 from adaptspec.simulators import evaluate_log, replay_log
 from adaptspec.simulators.replay import replay

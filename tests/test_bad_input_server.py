@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptspec import AdaptspecError
-from adaptspec.checkpoint import latest_checkpoint, load_policy, read_checkpoint, state_digest
+from adaptspec.control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint, state_digest
 from adaptspec.serving import CompletionService, ServerLimits, create_app
 from adaptspec.serving.codec import CharCodec
 from adaptspec.traces import DecisionLog

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaptspec.collection import collect_traces
+from adaptspec.collect.every_arm import collect_traces
 from adaptspec.errors import AdaptspecError
 from adaptspec.traces import TraceSet
 

@@ -16,10 +16,10 @@ import pytest
 
 from _controller_helpers import FakeSpeculator, Misbehaving
 from adaptspec import AdaptiveController, AdaptspecError
-from adaptspec.checkpoint import latest_checkpoint, read_checkpoint, state_digest
-from adaptspec.logwriter import DecisionLogWriter, journal_rows, log_rows
+from adaptspec.control.policy_checkpoint import latest_checkpoint, read_checkpoint, state_digest
+from adaptspec.traces.log_writer import DecisionLogWriter, journal_rows, log_rows
 from adaptspec.policies import LinUCB, make_policy
-from adaptspec.rewards import DEFAULT_REWARD, reward_function
+from adaptspec.reward.functions import DEFAULT_REWARD, reward_function
 from adaptspec.speculator import Outcome
 from adaptspec.traces import DecisionLog
 
@@ -434,7 +434,7 @@ def test_checkpoint_now_and_write_failures_are_counted(tmp_path):
 
 # ============================================================================ featurizer
 def test_featurizer_maps_features_and_checks_them(tmp_path):
-    from adaptspec.featurizer import Featurizer
+    from adaptspec.policies.featurizer import Featurizer
 
     spec = FakeSpeculator(dim=6)
     X = np.stack([spec.prefill(prompt(i)).features for i in range(50)])
@@ -513,7 +513,7 @@ def test_close_waits_for_running_requests(tmp_path):
 
 
 def test_a_refused_prompt_is_a_prefill_error():
-    from adaptspec.controller import PrefillError
+    from adaptspec.control.controller import PrefillError
 
     spec = FakeSpeculator()
 

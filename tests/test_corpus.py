@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.models import corpus as C
-from adaptspec.models.loading import bundled_target_path
+from adaptspec.decoding.loading import bundled_target_path
 from adaptspec.models.self_instruct import Decontaminator, distinct_ngrams, user_turn_prefix
 
 torch.set_num_threads(1)

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from adaptspec.dense import DenseTraceSet, collect_dense, dense_request, replay, replay_rounds, to_traceset
+from adaptspec.traces.dense import DenseTraceSet, replay, replay_rounds, to_traceset
+
+from adaptspec.collect.dense import collect_dense, dense_request
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import get_profile
+from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 
 from decoding_helpers import make_decoder, tiny_target

@@ -9,7 +9,7 @@ import pytest
 
 from _controller_helpers import FakeSpeculator
 from adaptspec import AdaptiveController, AdaptspecError
-from adaptspec.featurizer import Featurizer
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.traces import TraceSet
 
 
@@ -170,7 +170,7 @@ def test_train_head_saves_a_featurizer_and_simulate_applies_it(tmp_path, capsys)
     import json as _json
 
     from adaptspec.cli import main
-    from adaptspec.featurizer import Featurizer
+    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.simulators.synthetic import generate
 
     ts = generate("cpu-small", n_requests=240, seed=3, dim=96)

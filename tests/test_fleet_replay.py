@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptspec.featurizer import Featurizer
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
 from adaptspec.models.bundled import BUNDLED_HEAD
 from adaptspec.policies.spec import make_policy

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import PROFILES, CostCurve, LatencyProfile, fit_curve, fit_profile, get_profile
+from adaptspec.reward.latency import PROFILES, CostCurve, LatencyProfile, fit_curve, fit_profile, get_profile
 from adaptspec.speculator import Round
 
 

@@ -1,4 +1,4 @@
-"""The controller's machine-speed calibration (adaptspec.machine_speed).
+"""The controller's machine-speed calibration (adaptspec.reward.machine_speed).
 
 The requests are the bundled trace set's (features and outcomes of the public benchmark prompts,
 timed by the ``cpu-smollm2-fast`` profile the bundled head was trained with), replayed through a
@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec import AdaptiveController
-from adaptspec.checkpoint import latest_checkpoint
+from adaptspec.control.policy_checkpoint import latest_checkpoint
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import get_profile
-from adaptspec.logwriter import log_rows
-from adaptspec.machine_speed import MachineSpeed
+from adaptspec.reward.latency import get_profile
+from adaptspec.traces.log_writer import log_rows
+from adaptspec.reward.machine_speed import MachineSpeed
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import load_traces
 

@@ -17,9 +17,10 @@ import torch
 
 import adaptspec
 from adaptspec.cli import main
-from adaptspec.collection import collect_traces
-from adaptspec.dense import DenseTraceSet, collect_dense
-from adaptspec.distributed import collect_dense_ray, collect_traces_ray
+from adaptspec.collect.every_arm import collect_traces
+from adaptspec.traces.dense import DenseTraceSet
+from adaptspec.collect.dense import collect_dense
+from adaptspec.collect.ray_tasks import collect_dense_ray, collect_traces_ray
 from adaptspec.errors import AdaptspecError
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import load_traces

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import get_profile
-from adaptspec.rewards import (REWARDS, mean_tau, measured_throughput, modelled_throughput, reward_function,
+from adaptspec.reward.latency import get_profile
+from adaptspec.reward.functions import (REWARDS, mean_tau, measured_throughput, modelled_throughput, reward_function,
                                throughput, trace_costs, trace_rewards)
 from adaptspec.simulators.synthetic import generate
 from adaptspec.speculator import Outcome, Round

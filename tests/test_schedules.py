@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptspec.dense import DenseRequest, replay_rounds
+from adaptspec.traces.dense import DenseRequest, replay_rounds
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import CostCurve, LatencyProfile, get_profile
+from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold, FixedBlock, as_schedule, parse_schedule
 from adaptspec.simulators.rounds import evaluate_rounds, per_round_oracle_s, schedule_time_s
 from adaptspec.speculator import Round
@@ -192,7 +192,7 @@ def test_replayed_rounds_are_timed_at_their_drafted_and_verified_sizes():
 def test_evaluation_section_replays_the_dense_set_the_trace_set_names(tmp_path):
     from types import SimpleNamespace
 
-    from adaptspec.dense import DenseTraceSet
+    from adaptspec.traces.dense import DenseTraceSet
     from adaptspec.evaluation.core import Settings
     from adaptspec.evaluation.rounds import render_rounds, section_rounds
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from adaptspec import AdaptspecError
-from adaptspec.checkpoint import state_digest
-from adaptspec.logwriter import journal_rows, log_rows
+from adaptspec.control.policy_checkpoint import state_digest
+from adaptspec.traces.log_writer import journal_rows, log_rows
 from adaptspec.policies import make_policy
 from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
@@ -398,6 +398,6 @@ def test_sigkill_mid_stream_then_restart_loses_nothing_acknowledged(tmp_path):
     assert not list(srv.log.glob(".journal-*"))
     rows = DecisionLog.read(srv.log).table.to_pylist()
     n_a = sum(r["variant"] == "A" and r["reward"] is not None for r in rows)
-    from adaptspec.checkpoint import latest_checkpoint, read_checkpoint
+    from adaptspec.control.policy_checkpoint import latest_checkpoint, read_checkpoint
 
     assert read_checkpoint(latest_checkpoint(srv.ck / "A"))["updates"] == n_a

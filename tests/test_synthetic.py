@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.latency import get_profile
+from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.synthetic import SCENARIOS, expected_tau, generate
 from adaptspec.traces import TraceSet
 

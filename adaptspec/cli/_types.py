@@ -144,7 +144,7 @@ def state_dir(text: str) -> Path:
 
 def png_output(text: str) -> Path:
     """Where to write a plot: a ``.png`` name in an existing directory, replacing only a PNG."""
-    from .._outputs import check_output
+    from .._util.outputs import check_output
     from ..errors import AdaptspecError
 
     p = Path(text)

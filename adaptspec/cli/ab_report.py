@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[str, Any]:
     """Variant -> policy: rebuilt from the newest checkpoint of each variant, or from ``NAME=SPEC``."""
-    from ..checkpoint import latest_checkpoint, load_policy, read_checkpoint
+    from ..control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
     from ..control.policy_build import build_policy
     from ..policies.spec import make_policy
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..distributed import ADDRESS_HELP, parse_address
+from .._util.ray import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
 from ._types import block_sizes, float_range, input_file, int_range, seed, threads
 
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._outputs import check_output
+    from .._util.outputs import check_output
     from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
 
     if args.ray_tasks and not args.ray:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.greedy_from is not None:
         if not args.dense or args.ray:
             raise AdaptspecError("--greedy-from is for --dense in one process: add --dense, drop --ray")
-        from ..dense import DenseTraceSet
+        from ..traces.dense import DenseTraceSet
 
         DenseTraceSet.open(args.greedy_from)  # not a dense set: one line, before the model loads
     if args.dense:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..collection import collect_traces
+    from ..collect.every_arm import collect_traces
     from ..models import load_speculator
 
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in numbered]
     if args.dense:
-        from ..dense import collect_dense
+        from ..collect.dense import collect_dense
 
         ds = collect_dense(spec, triples, args.out, args.max_new_tokens, max(args.arms), meta={
             "target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
@@ -136,12 +136,13 @@ def _run_ray(args: argparse.Namespace, numbered: list) -> int:
     encode the prompts)."""
     import functools
 
-    from ..distributed import collect_dense_ray, collect_traces_ray, import_ray, session
+    from .._util.ray import import_ray, session
+    from ..collect.ray_tasks import collect_dense_ray, collect_traces_ray
     from ..models import load_speculator
 
     import_ray()  # a missing Ray is one line, before anything else
     if args.dense and (args.out / "meta.json").exists():
-        from ..dense import DenseTraceSet
+        from ..traces.dense import DenseTraceSet
 
         DenseTraceSet.open(args.out)  # a foreign directory is refused before Ray starts
     make = functools.partial(load_speculator, args.target, args.drafter, dtype=args.dtype, device=args.device,

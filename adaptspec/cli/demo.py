@@ -46,7 +46,7 @@ def _prompt_count(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..controller import AdaptiveController
+    from ..control.controller import AdaptiveController
     from ..decoding.greedy import TIE_GAP, PlainGreedy
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from ..models.loading import BUNDLED_TARGET, load_target
+    from ..decoding.loading import BUNDLED_TARGET, load_target
 
     c = corpus_mod.create(args.out, args.target or BUNDLED_TARGET, args.max_new_tokens, args.max_prompt_tokens)
     torch.set_num_threads(args.threads)

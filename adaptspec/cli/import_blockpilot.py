@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .._outputs import check_output
+    from .._util.outputs import check_output
     from ..traces import TraceSet, import_blockpilot
 
     check_output(args.out, "traceset", args.force)

@@ -2,7 +2,7 @@
 
 Runs the real decoder on a few held-out prompts at several block sizes, records every
 round's draft and verify seconds with its context length, fits the monotone latency model
-of :mod:`adaptspec.latency` and writes it as JSON (usable anywhere a profile name is:
+of :mod:`adaptspec.reward.latency` and writes it as JSON (usable anywhere a profile name is:
 ``adaptspec simulate --latency FILE``).
 """
 
@@ -37,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..errors import AdaptspecError
-    from ..latency import fit_profile
+    from ..reward.latency import fit_profile
     from ..models import load_speculator
-    from ..models.loading import cache_dir
+    from ..decoding.loading import cache_dir
     from ..models.prompts import heldout_prompts
 
-    from .._outputs import check_output, write_file
+    from .._util.outputs import check_output, write_file
 
     out = args.out or cache_dir() / "latency" / f"{args.name}.json"
     check_output(out, "latency-profile", replace=True)

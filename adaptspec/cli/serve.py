@@ -23,7 +23,7 @@ import logging
 import sys
 
 from ..errors import AdaptspecError
-from ..rewards import DEFAULT_REWARD, REWARDS
+from ..reward.functions import DEFAULT_REWARD, REWARDS
 from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, port, seed, state_dir, threads
 
 
@@ -126,8 +126,8 @@ def build(args: argparse.Namespace):
 
     Everything that can be checked without the model is checked before it is loaded.
     """
-    from ..controller import default_policy_spec
-    from ..rewards import reward_function
+    from ..control.controller import default_policy_spec
+    from ..reward.functions import reward_function
     from ..serving.codec import HFCodec
     from ..serving.service import CompletionService, ServerLimits
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..rewards import REWARD_UNITS, REWARDS, trace_reward_name
-from ..distributed import ADDRESS_HELP, parse_address
+from ..reward.functions import REWARD_UNITS, REWARDS, trace_reward_name
+from .._util.ray import ADDRESS_HELP, parse_address
 from ._types import float_range, int_range, png_output
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     seeds = args.seeds
     if args.log and not args.ab:
-        from .._outputs import check_output
+        from .._util.outputs import check_output
 
         check_output(args.log, "decision-log", args.force)
     traces = load_traces(args.traces)
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_ab(args, traces, reward)
     policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
                                and not (s.startswith("lin") and traces.features is None)]
-    from ..featurizer import featurizer_for
+    from ..policies.featurizer import featurizer_for
     from ..models.bundled import BUNDLED_HEAD, paired_head
 
     home = paired_head(traces.path)  # each bundled trace set with the head trained on it
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if feat is not None:
         traces = feat.transform_traces(traces)
     if args.ray:
-        from ..distributed import session
+        from .._util.ray import session
 
         with session(args.ray):
             report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(report, args.plot)
     if args.log:
-        from .._outputs import write_dir
+        from .._util.outputs import write_dir
 
         def write(tmp: Path) -> None:
             log = DecisionLog(tmp)
@@ -191,7 +191,7 @@ def plot_report(report, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .._io import save_figure
+    from .._util.atomic import save_figure
 
     arms = np.asarray(report.arms)
     steps = report.curve_steps

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._outputs import check_output
+    from .._util.outputs import check_output
     from ..simulators.synthetic import generate
 
     check_output(args.out, "traceset", args.force)

@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from ..traces import DEFAULT_TRACES, open_any
 
     if args.action == "derive":
-        from ..dense import DenseTraceSet, to_traceset
+        from ..traces.dense import DenseTraceSet, to_traceset
         from ..errors import AdaptspecError
-        from ..latency import get_profile
+        from ..reward.latency import get_profile
 
         try:
             arms = [int(a) for a in args.arms.split(",") if a.strip()]
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rounds(args: argparse.Namespace) -> int:
-    from ..dense import DenseTraceSet
+    from ..traces.dense import DenseTraceSet
     from ..schedules import parse_schedule
     from ..simulators.rounds import evaluate_rounds
 

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..models.loading import cache_dir, load_target
+    from ..decoding.loading import cache_dir, load_target
     from ..models.train_drafter import ShardData, greedy_acceptance, prepare_data, train
 
     work = args.work or cache_dir() / "drafter-work"
@@ -107,7 +107,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
 
     from ..models.corpus import Corpus
     from ..models.drafter_eval import acceptance_everywhere
-    from ..models.loading import load_target
+    from ..decoding.loading import load_target
     from ..models.train_drafter import ShardData, train
 
     corpus = Corpus(args.corpus)  # refuses a directory that is not one, before any model loads
@@ -156,7 +156,7 @@ def _prompt_token_counts(work: Path, target: str | None):
     from transformers import AutoTokenizer
 
     from ..models.distill import chat_ids
-    from ..models.loading import resolve_model_path
+    from ..decoding.loading import resolve_model_path
     from ..models.prompts import read_prompts
 
     path = work / "train_prompts.jsonl"

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..machine_speed import MEASURED_REWARDS
-from ..rewards import REWARDS, trace_reward_name
+from ..reward.machine_speed import MEASURED_REWARDS
+from ..reward.functions import REWARDS, trace_reward_name
 from ._types import float_range, int_range, seed
 
 
@@ -67,7 +67,7 @@ def _hidden(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._outputs import check_output, write_dir
+    from .._util.outputs import check_output, write_dir
     from ..policies.offline_head import train_head
     from ..traces import load_traces, path_label
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
     featurizer = None
     if pca:
-        from ..featurizer import Featurizer
+        from ..policies.featurizer import Featurizer
 
         keep = [-1] if str(traces.meta.get("features", "")).endswith("len") else []
         featurizer = Featurizer.fit_traces(traces, dim=pca, keep=keep)

@@ -1,4 +1,4 @@
-"""The parts of :class:`adaptspec.controller.AdaptiveController`, one concern per module.
+"""The parts of :class:`adaptspec.control.controller.AdaptiveController`, one concern per module.
 
 - :mod:`~adaptspec.control.policy_build`: which policy a controller runs: the product default
   (:func:`~adaptspec.control.policy_build.default_policy_spec`), a policy built from a spec,
@@ -14,5 +14,14 @@
   replaying the decision log after it.
 
 The request loop (prefill, decide, decode, reward) and the public API stay in
-:mod:`adaptspec.controller`; the classes here are mixins of its one class and share its state.
+:mod:`adaptspec.control.controller`; the classes here are mixins of its one class and share its state.
 """
+
+
+def __getattr__(name: str):
+    # lazy, as in adaptspec/__init__.py: importing one part (block_sizes, say) loads no policy or torch
+    if name == "AdaptiveController":
+        from .controller import AdaptiveController
+
+        return AdaptiveController
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Block sizes entering a controller, checked here, once.
 
-A block size enters :class:`~adaptspec.controller.AdaptiveController` at four places, and
+A block size enters :class:`~adaptspec.control.controller.AdaptiveController` at four places, and
 each is checked where it enters:
 
 - the policy's arms, when the controller is built: every one at most the speculator's

@@ -2,7 +2,7 @@
 replay the decision log after it.
 
 A checkpoint holds the learning policy, the number of updates it has seen and the id of the
-last one (:mod:`adaptspec.checkpoint`). On resume the controller loads the newest, checks it
+last one (:mod:`adaptspec.control.policy_checkpoint`). On resume the controller loads the newest, checks it
 is for the same variant, arms and featurizer, then re-applies in order every logged feedback
 after that id: the learnt state is what it was after the last acknowledged feedback.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .feedback import _Update
 
-log = logging.getLogger("adaptspec.controller")  # one logger for the controller and its parts
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
 
 def check_checkpoint_dir(path: Path) -> None:
@@ -36,7 +36,7 @@ def check_checkpoint_dir(path: Path) -> None:
 
 
 class CheckpointsMixin:
-    """Checkpoints of :class:`~adaptspec.controller.AdaptiveController`: runs on the update
+    """Checkpoints of :class:`~adaptspec.control.controller.AdaptiveController`: runs on the update
     thread (which owns the learning copy), except :meth:`_resume` (in ``__init__``)."""
 
     def _checkpoint_if_due(self) -> None:
@@ -59,7 +59,7 @@ class CheckpointsMixin:
 
     def _write_checkpoint(self) -> Path:
         """Runs on the update thread (it owns the learner)."""
-        from ..checkpoint import write_checkpoint
+        from .policy_checkpoint import write_checkpoint
 
         try:  # the decisions' generator, so that a resumed policy draws on from there
             state = self._decider.submit(self._decision_rng_state).result(timeout=1.0)
@@ -83,7 +83,7 @@ class CheckpointsMixin:
 
     # ================================================================== resume
     def _resume(self) -> None:
-        from ..checkpoint import latest_checkpoint, load_policy, read_checkpoint
+        from .policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
 
         ck = latest_checkpoint(self.checkpoint_dir)
         anchor = None
@@ -113,7 +113,7 @@ class CheckpointsMixin:
                      self.variant or "controller", ck, info["updates_at_checkpoint"], info["replayed"])
 
     def _replay_log(self, anchor: str | None) -> int:
-        from ..logwriter import log_rows
+        from ..traces.log_writer import log_rows
 
         rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features", "speed_ratio"],
                                        journals=False)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from ..speculator import Decision, Outcome
 
-log = logging.getLogger("adaptspec.controller")  # one logger for the controller and its parts
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
 _FALLBACK_REASONS = ("error", "timeout", "invalid")
 _FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error", "log_error")
@@ -65,7 +65,7 @@ class _Counters:
 
 
 class FeedbackMixin:
-    """The feedback half of :class:`~adaptspec.controller.AdaptiveController`.
+    """The feedback half of :class:`~adaptspec.control.controller.AdaptiveController`.
 
     Uses the controller's ``_lock`` (pending decisions, counters), ``_seq_lock`` (log order ==
     update order), ``_cond``/``_enqueued``/``_queue`` (the update queue), ``_pending``,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
-from ..featurizer import Featurizer
+from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 
 #: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
@@ -17,7 +17,7 @@ from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled def
 #: spec, the default policy included, uses its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
-log = logging.getLogger("adaptspec.controller")
+log = logging.getLogger("adaptspec.control.controller")
 
 
 def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
@@ -51,7 +51,7 @@ def head_fits(head: Path, speculator: Any) -> bool:
 
 
 def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, seed: int | None) -> tuple[str | None, Any]:
-    """``(spec, policy)`` for :class:`~adaptspec.controller.AdaptiveController`'s ``policy`` argument.
+    """``(spec, policy)`` for :class:`~adaptspec.control.controller.AdaptiveController`'s ``policy`` argument.
 
     None means :func:`default_policy_spec`; a spec string is built over ``arms`` (default:
     :data:`DEFAULT_ARMS` up to ``max_block_size``; a head-based spec uses its head's arms); a
@@ -97,7 +97,7 @@ def spec_head(policy_spec: str | None) -> Path | None:
 
 
 def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer | None:
-    """A :class:`~adaptspec.featurizer.Featurizer`, the one saved in directory ``featurizer``, or
+    """A :class:`~adaptspec.policies.featurizer.Featurizer`, the one saved in directory ``featurizer``, or
     (None) the one saved next to the head of ``policy_spec`` if there is one."""
     if isinstance(featurizer, Featurizer):
         return featurizer
@@ -110,14 +110,14 @@ def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer |
 
 
 def resolve_machine_speed(speed_reference: Any, learner: Any, reward: Any) -> Any:
-    """The controller's :class:`~adaptspec.machine_speed.MachineSpeed`, or None (no calibration).
+    """The controller's :class:`~adaptspec.reward.machine_speed.MachineSpeed`, or None (no calibration).
 
     ``"auto"``: the latency profile the policy's head was trained on (the ``info["timings"]`` of
     its ``head``, which the head-based policies, NeuralLinear, OfflineHead and SquareCB, carry),
     when the reward is measured on this machine; ``None``: none; a profile (name, path or
     object): that one.
     """
-    from ..machine_speed import MEASURED_REWARDS, MachineSpeed
+    from ..reward.machine_speed import MEASURED_REWARDS, MachineSpeed
     from ..policies.offline_head import HeadModel
 
     if speed_reference is None:

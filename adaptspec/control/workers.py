@@ -26,7 +26,7 @@ import numpy as np
 from ..speculator import Decision
 from .feedback import _Update
 
-log = logging.getLogger("adaptspec.controller")  # one logger for the controller and its parts
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
 _STOP = object()
 _LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
@@ -47,7 +47,7 @@ def speculator_lock(speculator: Any) -> threading.Lock:
 
 
 class WorkersMixin:
-    """The threads of :class:`~adaptspec.controller.AdaptiveController`.
+    """The threads of :class:`~adaptspec.control.controller.AdaptiveController`.
 
     Uses the controller's ``_learner`` (the learning copy, owned by the update thread),
     ``_published`` (the newest copy for decisions), ``_snapshot`` (owned by the decision

@@ -172,7 +172,7 @@ class SpeculativeDecoder:
         """The drafter's context along a known continuation: the target's hidden states at the
         drafter's layers for the prompt and ``tokens``, ``[T + len(tokens), k*H]``, from one
         target pass after ``prefill`` (with exact verification, row for row what decoding those
-        tokens computes). Dense traces (:mod:`adaptspec.dense`) are built on it."""
+        tokens computes). Dense traces (:mod:`adaptspec.collect.dense`) are built on it."""
         state: _PrefillState = prefill.state
         if not isinstance(state, _PrefillState) or state.context_hidden is None:
             raise AdaptspecError("this Prefill was not made by this decoder with a drafter")

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import AdaptspecError
-from .drafter import DrafterConfig
+from .drafter_config import CONFIG_NAME, DrafterConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -327,8 +327,6 @@ def save(drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None
     import os
 
     from safetensors.torch import save_file
-
-    from .drafter import CONFIG_NAME
 
     raw = to_config(drafter.config, dtype)
     path = Path(path)

@@ -107,7 +107,7 @@ class TargetModel:
         if verification not in VERIFICATION_MODES:
             raise AdaptspecError(f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}")
         if not isinstance(model, nn.Module):
-            from ..models.loading import load_target
+            from .loading import load_target
 
             model, tokenizer = load_target(model, dtype=_dtype_name(dtype) or "bfloat16", device=str(device or "cpu"))
         else:

@@ -19,7 +19,7 @@ from scipy import stats
 
 from ..errors import AdaptspecError
 from ..policies.base import Policy
-from ..rewards import pct_of
+from ..reward.functions import pct_of
 from ..simulators.replay import run_policy
 
 #: features wider than this are reduced (PCA, fitted on the training split) before policies see them
@@ -129,7 +129,7 @@ def _make_contexts(traces: Any, train_idx: np.ndarray) -> Contexts:
     X = np.asarray(X, dtype=np.float64)
     if X.shape[1] <= MAX_RAW_DIM:
         return Contexts(X, None, f"{X.shape[1]} stored features")
-    from ..featurizer import Featurizer
+    from ..policies.featurizer import Featurizer
 
     spec = str(traces.meta.get("features") or "")
     keep = [-1] if spec.split(",")[-1].strip() == "len" else []

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..rewards import pct_of
+from ..reward.functions import pct_of
 from .core import (Contender, ProgressBar, Scorer, Settings, ci95, curve_points, make_contexts, provenance,
                    run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
 from .replay_sections import default_reward

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..machine_speed import MEASURED_REWARDS
-from ..rewards import DEFAULT_REWARD
+from ..reward.machine_speed import MEASURED_REWARDS
+from ..reward.functions import DEFAULT_REWARD
 from .core import ProgressBar, Settings, make_contexts, provenance, split_requests
 from .replay_sections import default_reward
 
@@ -36,7 +36,7 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
     default reward, minus measured ms per token) from the first prompt on, calibrated to
     ``speed_reference`` (the controller's argument: the profile that timed the head's rewards).
     """
-    from ..controller import AdaptiveController
+    from ..control.controller import AdaptiveController
 
     if not prompts:
         raise AdaptspecError("the end-to-end section needs at least one prompt")
@@ -191,7 +191,7 @@ def e2e_policy(traces: Any, feature_dim: int, train_fraction: float) -> tuple[An
     """The default policy for the controller: NeuralLinear warm-started from a head trained on the
     trace set's training split when the trace set's features come from this decoder; otherwise
     the product default (the bundled head if there is one, else UCB), with the reason."""
-    from ..controller import default_policy_spec
+    from ..control.controller import default_policy_spec
     from ..policies.neural_linear import NeuralLinear
     from ..policies.offline_head import train_head
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..rewards import REWARD_UNITS
-from .._io import save_figure
+from ..reward.functions import REWARD_UNITS
+from .._util.atomic import save_figure
 
 #: contenders drawn in line plots (others would crowd them); the rest appear in the tables
 MAIN = ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)", "linucb (cold)",

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..latency import get_profile
-from ..rewards import DEFAULT_REWARD, pct_of, trace_costs
+from ..reward.latency import get_profile
+from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs
 from ..simulators.replay import finite_rewards
 from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, curve_points, fixed_contenders, make_contexts,
                    provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,

@@ -22,7 +22,7 @@ CPU_PROFILE = "cpu-smollm2-fast"
 
 
 def section_rounds(traces: Any, st: Settings) -> dict[str, Any]:
-    from ..dense import DenseTraceSet
+    from ..traces.dense import DenseTraceSet
     from ..schedules import parse_schedule
     from ..simulators.rounds import evaluate_rounds
 
@@ -46,7 +46,7 @@ def section_rounds(traces: Any, st: Settings) -> dict[str, Any]:
 
 
 def render_rounds(d: dict[str, Any] | None, figs: list[str]) -> str:
-    from .report import table
+    from .._util.markdown import table
 
     if not d or d.get("status") != "ok":
         return f"Not run: {d.get('reason') if d else 'never run'}."

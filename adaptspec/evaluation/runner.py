@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import AdaptspecError
 from .core import Settings, provenance
 from .report import SECTIONS, render_headline, render_report
-from .._io import json_default
+from .._util.atomic import json_default
 
 #: sections a plain run regenerates (the end-to-end one needs ``e2e_prompts``)
 REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart", "rounds")

@@ -147,7 +147,7 @@ class SharedState:
     def _rebuild(self, policy: Any, log_dir: Path) -> tuple[dict[str, np.ndarray], int]:
         """This replica's sums from its decision log: every logged reward of this variant, in log order,
         replayed into a fresh copy of the policy (the estimates are scored against that copy)."""
-        from ..logwriter import log_rows
+        from ..traces.log_writer import log_rows
 
         sums = self.family.zero()
         if not log_dir.is_dir():

@@ -59,7 +59,7 @@ def load_speculator(
 
     from ..decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
     from ..decoding.target import DEFAULT_FEATURES
-    from .loading import load_target
+    from ..decoding.loading import load_target
 
     if drafter is None and target is not None:
         raise AdaptspecError("a custom target needs its own drafter: pass drafter=PATH")

@@ -104,7 +104,7 @@ def benchmark_sequences(dense_dir: str | os.PathLike, encode, per_benchmark: int
     ``per_benchmark`` keeps the first N requests of each benchmark. MT-Bench's categories are
     folded into one ``mt-bench`` domain.
     """
-    from ..dense import DenseTraceSet
+    from ..traces.dense import DenseTraceSet
     from .prompts import benchmark_prompts
 
     prompts = {f"{p.domain}-{i:04d}": p for i, p in enumerate(benchmark_prompts())}

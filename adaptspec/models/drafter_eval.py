@@ -3,7 +3,7 @@
 On text the target wrote greedily, a round of block size ``B`` whose last committed token is
 position ``p`` accepts the longest prefix of its ``B - 1`` drafts that equals the text after
 ``p``: no decoding loop is needed. :func:`acceptance_everywhere` drafts at *every* position
-of each answer (:func:`adaptspec.dense.draft_acceptance`, as a dense trace set is made), so
+of each answer (:func:`adaptspec.decoding.acceptance.draft_acceptance`, as a dense trace set is made), so
 its figure is the mean of ``1 + accepted`` over positions, the per-position tau a dense
 trace set records. A decode visits only the positions its rounds land on, so its own
 tau can differ a little from this mean; the ranking of drafters does not.
@@ -28,7 +28,7 @@ def acceptance_everywhere(drafter, data, block_sizes: Iterable[int] = (2, 4, 8, 
     ``data`` has ``tokens``, ``hidden``, ``prompt_lens`` and ``domains`` per sequence (a
     :class:`~adaptspec.models.train_drafter.ShardData`).
     """
-    from ..dense import draft_acceptance
+    from ..decoding.acceptance import draft_acceptance
 
     block_sizes = sorted(block_sizes)
     taus: dict[int, dict[str, list[np.ndarray]]] = {b: {} for b in block_sizes}

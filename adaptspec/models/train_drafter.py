@@ -419,7 +419,7 @@ def prepare_data(
     """Prompts -> greedy responses -> hidden-state shards, for training and held-out evaluation."""
     from ..decoding.drafter import default_target_layers
     from .distill import distill
-    from .loading import load_target
+    from ..decoding.loading import load_target
     from .prompts import build_prompt_pool, split_pool, write_jsonl
 
     torch.set_num_threads(threads)

@@ -33,8 +33,8 @@ import numpy as np
 from ..errors import AdaptspecError
 from .base import Policy
 from .base import greedy_probs
-from .._io import json_default, read_descriptor, read_tensors
-from ..rewards import pct_of
+from .._util.atomic import json_default, read_descriptor, read_tensors
+from ..reward.functions import pct_of
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 

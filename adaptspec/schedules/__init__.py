@@ -5,7 +5,7 @@ A per-request policy chooses a request's block size once, after prefill; a sched
 inside the request (the rounds so far) and, when it ``uses_confidence``, from the drafter's
 top-1 probability of each draft before the target verifies them. The decoder
 (:class:`~adaptspec.decoding.SpeculativeDecoder`), the dense-trace replay
-(:func:`adaptspec.dense.replay`) and :class:`~adaptspec.AdaptiveController` (``round_rule=``) all
+(:func:`adaptspec.traces.dense.replay`) and :class:`~adaptspec.AdaptiveController` (``round_rule=``) all
 take them. Each schedule is one small file:
 
 - :class:`FixedBlock` -- the same block size every round (what a plain ``int`` means);

@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..variants import named_specs
+from ..policies.variants import named_specs
 
 __all__ = ["ABRouter", "VARIANT_NAME"]
 

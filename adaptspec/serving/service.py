@@ -119,7 +119,7 @@ class CompletionService:
         Every variant logs to ``log_dir`` (its name in the ``variant`` column) and checkpoints to
         ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
         """
-        from ..controller import AdaptiveController
+        from ..control.controller import AdaptiveController
         from .metrics import ServingMetrics
 
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
@@ -231,7 +231,7 @@ class CompletionService:
 
         The decision and its outcome are in the decision log when this returns.
         """
-        from ..controller import DecisionLogError, PrefillError
+        from ..control.controller import DecisionLogError, PrefillError
 
         ctrl = self.controllers[req.variant]
         try:
@@ -348,7 +348,7 @@ class CompletionService:
         return report
 
     def _log_rows(self) -> list[dict[str, Any]]:
-        from ..logwriter import journal_rows
+        from ..traces.log_writer import journal_rows
         from ..traces import DecisionLog
         import pyarrow.parquet as pq
 

@@ -51,7 +51,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import AdaptspecError
-from ..variants import named_specs
+from ..policies.variants import named_specs
 
 __all__ = ["SequentialTest", "analyze", "rows_to_arrays", "sequential_test", "simulate_ab", "parse_ab_specs",
            "format_report", "format_simulation", "finite"]
@@ -151,7 +151,7 @@ def sequential_test(groups: Any, values: Any, *, alpha: float = 0.05, tau_sd: fl
 
 # ============================================================================ log rows
 def rows_to_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Decision-log rows (dicts, as :func:`adaptspec.logwriter.log_rows` gives) as arrays, in time order."""
+    """Decision-log rows (dicts, as :func:`adaptspec.traces.log_writer.log_rows` gives) as arrays, in time order."""
     n = len(rows)
 
     def col(name: str, fill: float = np.nan) -> np.ndarray:
@@ -385,7 +385,7 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
     policy's mean reward when it alone serves the whole stream (possible because every arm's
     reward is in the trace), so "correct" means the test picked the policy that is better.
     """
-    from ..latency import get_profile
+    from ..reward.latency import get_profile
     from ..policies.spec import make_policy
     from .replay import run_policy, stream_order
 

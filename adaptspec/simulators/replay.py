@@ -29,11 +29,11 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from ..errors import AdaptspecError
-from ..latency import LatencyProfile, get_profile
+from ..reward.latency import LatencyProfile, get_profile
 from ..policies.base import Policy
 from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
-from ..rewards import REWARD_UNITS, check_reward_name, pct_of, trace_costs
+from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
 from ..traces import TraceSet
 
 ORDERS = ("logged", "shuffled", "drift")
@@ -336,7 +336,7 @@ def replay(
     ``latency``). Throughput in the report is total tokens over total decode time (modelled
     when a latency profile is given). Regret is against the per-request oracle.
 
-    ``ray`` runs every (policy, seed) replay as a Ray task (:mod:`adaptspec.distributed`):
+    ``ray`` runs every (policy, seed) replay as a Ray task (:mod:`adaptspec.collect.ray_tasks`):
     ``True`` (a local Ray, or the one already initialised) or a cluster address. The report
     is the same as without it: each replay is deterministic given its seed, and the results
     are assembled in the same order.
@@ -380,9 +380,9 @@ def replay(
                 if k == 0:
                     ref_chosen[key] = a.astype(np.int16)
         if ray is not None and ray is not False:
-            from ..distributed import replay_jobs
+            from .ray_sweep import replay_jobs
 
-            results = replay_jobs(ctx, jobs, None if ray is True else ray, bar, T)
+            results = replay_jobs(replay_job, ctx, jobs, None if ray is True else ray, bar, T)
         else:
             results = [replay_job(ctx, spec, seed, idx, bar) for spec, seed, idx in jobs]
     finally:

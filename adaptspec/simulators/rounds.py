@@ -1,8 +1,8 @@
 """Per-round replay on dense traces: schedules, the per-request oracle and the per-round oracle.
 
-A dense trace (:mod:`adaptspec.dense`) knows, at T = 0, how many drafts the target accepts at
+A dense trace (:mod:`adaptspec.collect.dense`) knows, at T = 0, how many drafts the target accepts at
 every position for every block size, so any schedule can be walked through it round by round
-(:func:`adaptspec.dense.replay_rounds`) and timed with a latency profile. Three references put
+(:func:`adaptspec.traces.dense.replay_rounds`) and timed with a latency profile. Three references put
 a schedule's time in perspective, all on the same profile:
 
 - **plain**: block size 1 throughout (plain decoding);
@@ -16,8 +16,8 @@ a schedule's time in perspective, all on the same profile:
 Aggregate speed is total tokens over total time (what a server sees), and speed-ups are
 against plain decoding on the same profile.
 
->>> from adaptspec.dense import DenseRequest
->>> from adaptspec.latency import CostCurve, LatencyProfile
+>>> from adaptspec.collect.dense import DenseRequest
+>>> from adaptspec.reward.latency import CostCurve, LatencyProfile
 >>> flat = LatencyProfile("toy", draft=CostCurve((2.0,), (0.01,)), verify=CostCurve((1.0,), (0.04,)))
 >>> accept = np.array([[1, 2, 3]] * 8, dtype=np.uint8)     # 3 drafts accepted of 3 at B = 4
 >>> r = DenseRequest(np.arange(9), accept, np.ones((8, 3), np.float32), np.zeros((8, 3), np.float32),
@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..dense import DenseRequest, DenseTraceSet, replay_rounds
+from ..traces.dense import DenseRequest, DenseTraceSet, replay_rounds
 from ..errors import AdaptspecError
-from ..latency import LatencyProfile, get_profile
+from ..reward.latency import LatencyProfile, get_profile
 
 
 def schedule_time_s(request: DenseRequest, schedule: Any, max_new_tokens: int, profile: LatencyProfile,

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import AdaptspecError
-from ..latency import LatencyProfile, get_profile
+from ..reward.latency import LatencyProfile, get_profile
 from ..traces import SCHEMA_VERSION, TraceSet
 
 ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)

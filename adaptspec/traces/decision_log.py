@@ -5,7 +5,7 @@ readers read them all (or one Parquet file). :func:`decision_row` makes a row fr
 :class:`~adaptspec.speculator.Decision`; :func:`_validate_decisions` is the check every
 reader and writer of a log runs (types, probabilities, propensities, the chosen block size
 among the row's arms, duplicate ids). The durable, journalled writer the controller uses is
-:class:`adaptspec.logwriter.DecisionLogWriter`. See ``docs/data.md``.
+:class:`adaptspec.traces.log_writer.DecisionLogWriter`. See ``docs/data.md``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def decision_row(
 
     ``outcome`` (an :class:`~adaptspec.speculator.Outcome`, or None when feedback never came)
     fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``. ``speed_ratio`` is the
-    decode time over the speed reference's (:class:`~adaptspec.machine_speed.MachineSpeed`)
+    decode time over the speed reference's (:class:`~adaptspec.reward.machine_speed.MachineSpeed`)
     when the policy learnt from a calibrated reward; ``reward`` is always the measured one.
     """
     row: dict[str, Any] = {

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._io import json_default
+from .._util.atomic import json_default
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
@@ -188,7 +188,7 @@ class TraceSet:
             _write_parquet(self.outcomes, tmp / "outcomes.parquet")
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=json_default) + "\n")
 
-        from .._outputs import write_dir
+        from .._util.outputs import write_dir
 
         return write_dir(path, "traceset", overwrite, write)
 
@@ -354,8 +354,8 @@ class TraceSet:
 
     def reward_matrix(self, reward: str = "tau", latency: Any = None, batch_size: int = 1) -> np.ndarray:
         """``(n_requests, n_arms)`` rewards: ``tau``, measured ``throughput`` or ``modelled``
-        throughput (see :mod:`adaptspec.rewards`)."""
-        from ..rewards import trace_rewards
+        throughput (see :mod:`adaptspec.reward.functions`)."""
+        from ..reward.functions import trace_rewards
 
         return trace_rewards(self, reward, latency, batch_size)
 

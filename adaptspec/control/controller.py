@@ -68,23 +68,23 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .control.block_sizes import check_arms, check_outcome, choose_fallback, fallback_decision, valid_decision
-from .control.checkpoints import CheckpointsMixin, check_checkpoint_dir
-from .control.feedback import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
-from .control.feedback import FeedbackMixin, _Counters, _Pending
-from .control.policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer, resolve_machine_speed
-from .control.workers import _STOP, WorkersMixin, speculator_lock
-from .errors import AdaptspecError
-from .featurizer import Featurizer
-from .models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
-from .rewards import DEFAULT_REWARD
-from .schedules import parse_schedule
-from .schedules.fixed import BlockFunction
-from .speculator import Decision, Outcome, Round
+from .block_sizes import check_arms, check_outcome, choose_fallback, fallback_decision, valid_decision
+from .checkpoints import CheckpointsMixin, check_checkpoint_dir
+from .feedback import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
+from .feedback import FeedbackMixin, _Counters, _Pending
+from .policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer, resolve_machine_speed
+from .workers import _STOP, WorkersMixin, speculator_lock
+from ..errors import AdaptspecError
+from ..policies.featurizer import Featurizer
+from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..reward.functions import DEFAULT_REWARD
+from ..schedules import parse_schedule
+from ..schedules.fixed import BlockFunction
+from ..speculator import Decision, Outcome, Round
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
 
-log = logging.getLogger("adaptspec.controller")
+log = logging.getLogger("adaptspec.control.controller")
 
 
 class PrefillError(AdaptspecError):
@@ -139,16 +139,16 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         Block sizes for a policy built from a spec (default: :data:`DEFAULT_ARMS` up to the
         speculator's maximum; a head-based policy uses its head's arms).
     featurizer
-        A :class:`~adaptspec.featurizer.Featurizer` or the directory of a saved one. None: the
+        A :class:`~adaptspec.policies.featurizer.Featurizer` or the directory of a saved one. None: the
         one saved next to the policy's head if there is one, else the features unchanged.
     reward
         ``"token_latency"`` (minus measured ms per new token, default), ``"throughput"``
         (measured tokens/s), ``"modelled"`` (with ``latency``) or ``"tau"`` --
-        :func:`adaptspec.rewards.reward_function`, as in the simulator -- or any
+        :func:`adaptspec.reward.functions.reward_function`, as in the simulator -- or any
         ``f(outcome) -> float``.
     speed_reference
         A latency profile the measured rewards are calibrated to before the policy learns from
-        them (:class:`~adaptspec.machine_speed.MachineSpeed`: a uniform machine slowdown cancels,
+        them (:class:`~adaptspec.reward.machine_speed.MachineSpeed`: a uniform machine slowdown cancels,
         what differs between arms on this machine stays). ``"auto"`` (default): the profile the
         policy's head was trained with, if it records one (the bundled head does); None: learn
         from the measured rewards as they are. The log keeps the measured reward and the
@@ -231,7 +231,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         blas_threads: int | None = 1,
         shared: Any = None,
     ) -> None:
-        from .rewards import reward_function
+        from ..reward.functions import reward_function
 
         for name in ("prefill", "decode"):
             if not callable(getattr(speculator, name, None)):
@@ -312,7 +312,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
             check_checkpoint_dir(self.checkpoint_dir)
         self._log = None
         if self.log_dir is not None:
-            from .logwriter import DecisionLogWriter
+            from ..traces.log_writer import DecisionLogWriter
 
             self._log = DecisionLogWriter(self.log_dir, name=variant or "default", roll_rows=roll_rows,
                                           roll_interval_s=roll_interval_s, fsync=log_fsync)
@@ -514,8 +514,8 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         return self._decider.submit(self._copy_snapshot).result(timeout=timeout)
 
     def policy_digest(self) -> str:
-        """Hash of the learnt state decisions use now (see :func:`adaptspec.checkpoint.state_digest`)."""
-        from .checkpoint import state_digest
+        """Hash of the learnt state decisions use now (see :func:`adaptspec.control.policy_checkpoint.state_digest`)."""
+        from .policy_checkpoint import state_digest
 
         return state_digest(self.policy_snapshot())
 

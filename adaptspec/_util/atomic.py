@@ -42,7 +42,7 @@ def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dic
     """
     import json
 
-    from .errors import AdaptspecError
+    from ..errors import AdaptspecError
 
     try:
         info = json.loads(Path(path).read_text())
@@ -59,7 +59,7 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
     """A safetensors file as numpy arrays, with an :class:`~adaptspec.errors.AdaptspecError` naming it."""
     from safetensors.numpy import load_file
 
-    from .errors import AdaptspecError
+    from ..errors import AdaptspecError
 
     try:
         return load_file(str(path))
@@ -72,7 +72,7 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
     failure is an :class:`~adaptspec.errors.AdaptspecError` naming the path."""
     import matplotlib.pyplot as plt
 
-    from .errors import AdaptspecError
+    from ..errors import AdaptspecError
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")

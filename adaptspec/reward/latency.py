@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 
 
 def named_specs(pieces: Iterable[str], flag: str, example: str) -> dict[str, str]:

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 from .latency import LatencyProfile, get_profile
 
 #: Rewards measured on the machine (the ones a machine-speed factor multiplies).

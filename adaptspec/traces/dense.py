@@ -1,4 +1,4 @@
-"""Dense traces: at T = 0, how many drafts the target accepts at every position and block size.
+"""Dense traces, the format: at T = 0, how many drafts the target accepts at every position and block size.
 
 At temperature 0 the target's output is fixed, so what any block-size schedule would do on a
 prompt is known once three things are: the greedy output ``y``, the target's hidden states
@@ -6,8 +6,8 @@ along it (one teacher-forced pass: the drafter's context) and, for every positio
 block size ``b``, the drafts the drafter makes there. ``accept[p, b - 2]`` is the number of
 drafts accepted by a round of block size ``b`` whose last committed token is ``y[p]``: the
 longest prefix of its ``b - 1`` drafts equal to ``y[p + 1 :]``. One greedy generation and one
-drafter pass per block size (batched over all positions) replace a full decode per block
-size; :func:`replay` then walks any schedule through the table, round by round, as
+drafter pass per block size (batched over all positions, :mod:`adaptspec.collect.dense`)
+replace a full decode per block size; :func:`replay` then walks any schedule through the table, round by round, as
 :class:`~adaptspec.decoding.SpeculativeDecoder` does.
 
 With exact verification the teacher-forced pass computes each row exactly as decoding does
@@ -33,10 +33,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-from tqdm import tqdm
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 
 
 @dataclass
@@ -51,72 +49,6 @@ class DenseRequest:
     prompt_tokens: int
     finish_reason: str
 
-
-@torch.inference_mode()
-def dense_request(decoder, prompt_ids, max_new_tokens: int, max_block_size: int, chunk: int = 128,
-                  greedy: DenseRequest | None = None) -> DenseRequest:
-    """The dense trace of one prompt on a :class:`~adaptspec.decoding.SpeculativeDecoder`.
-
-    ``greedy``: this prompt's trace from an earlier dense set of the same target and settings;
-    its greedy output is reused instead of decoded again (the output does not depend on the
-    drafter), so only the teacher-forced pass and the drafter passes run.
-    """
-    pre = decoder.prefill(prompt_ids)
-    if greedy is None:
-        out = decoder.decode(pre, 1, max_new_tokens)  # the greedy output
-        tokens, finish_reason = out.tokens, out.finish_reason
-    elif greedy.prompt_tokens != pre.prompt_tokens:
-        raise AdaptspecError(f"the reused greedy output was made for a prompt of {greedy.prompt_tokens} tokens, "
-                             f"this one has {pre.prompt_tokens}: not the same prompt")
-    else:
-        tokens, finish_reason = greedy.tokens.tolist(), greedy.finish_reason
-    context = decoder.teacher_forced_context(pre, tokens[:-1])  # positions < T + L - 1
-    seq = torch.cat([torch.as_tensor(list(prompt_ids)), torch.tensor(tokens)])
-    accept, top1, entropy = draft_acceptance(decoder.drafter, context, seq, pre.prompt_tokens,
-                                             range(2, max_block_size + 1), chunk, confidences=True)
-    return DenseRequest(np.asarray(tokens, dtype=np.int64), accept, top1, entropy,
-                        np.asarray(pre.features, dtype=np.float32), pre.prompt_tokens, finish_reason)
-
-
-@torch.inference_mode()
-def draft_acceptance(drafter, context: torch.Tensor, seq: torch.Tensor, start: int, block_sizes, chunk: int = 128,
-                     confidences: bool = False):
-    """Drafts the target would accept at every position of the text ``seq[start:]``.
-
-    ``context[i]`` is the target's hidden state at position ``i`` (at least up to
-    ``len(seq) - 2``). A round whose last committed token is ``seq[p]``, ``p`` in
-    ``start .. len(seq) - 2``, reads the context before ``p``; ``accept[p - start, j]`` is the
-    longest prefix of its ``block_sizes[j] - 1`` drafts equal to ``seq[p + 1 :]`` (uint8).
-    With ``confidences``, also the drafter's top-1 probability and entropy (nats) of every
-    draft of the largest block, ``[n, max - 1]`` each; else ``None`` for both. Batched over
-    ``chunk`` positions, one drafter pass per block size, drafts computed as decoding does.
-    """
-    block_sizes = list(block_sizes)
-    bmax = max(block_sizes)
-    n = len(seq) - 1 - start
-    accept = np.zeros((n, len(block_sizes)), dtype=np.uint8)
-    top1 = np.zeros((n, bmax - 1), dtype=np.float32) if confidences else None
-    entropy = np.zeros((n, bmax - 1), dtype=np.float32) if confidences else None
-    labels = torch.full((n, bmax - 1), -1, dtype=torch.long)
-    for p in range(n):
-        nxt = seq[start + p + 1 : start + p + bmax]
-        labels[p, : len(nxt)] = nxt
-    w = drafter.lm_weight()
-    for first in range(0, n, chunk):
-        rows = torch.arange(first, min(n, first + chunk))
-        anchors = (start + rows)[None]
-        end = start + int(rows[-1]) + 1  # a block at anchor a reads context positions < a only
-        ctx, tok = context[None, :end], seq[None, :end]
-        for j, b in enumerate(block_sizes):
-            h = drafter.forward_train(ctx, tok, anchors, b)[0]  # [A, b - 1, H]
-            logits = (h.to(w.dtype) @ w.T).float()
-            drafts = drafter.to_target_ids(logits.argmax(-1)).cpu()
-            accept[rows.numpy(), j] = (drafts == labels[rows, : b - 1]).int().cumprod(1).sum(1).numpy()
-            if confidences and b == bmax:
-                logp = torch.log_softmax(logits, -1)
-                top1[rows.numpy()] = logp.max(-1).values.exp().cpu().numpy()
-                entropy[rows.numpy()] = -(logp.exp() * logp).sum(-1).cpu().numpy()
-    return accept, top1, entropy
 
 
 def replay(
@@ -148,8 +80,8 @@ def replay_rounds(request: DenseRequest, schedule, max_new_tokens: int, profile=
 
 
 def _walk(accept, top1, n_tokens, max_new_tokens, schedule, profile, prompt_tokens, batch) -> list:
-    from .schedules import as_schedule
-    from .speculator import Round
+    from ..schedules import as_schedule
+    from ..speculator import Round
 
     schedule = as_schedule(schedule)
     largest = accept.shape[1] + 1
@@ -270,50 +202,11 @@ class DenseTraceSet:
 _NOT_GREEDY_KEYS = ("format", "drafter", "max_block_size", "features", "greedy_from")
 
 
-def collect_dense(decoder, prompts, out, max_new_tokens: int = 128, max_block_size: int = 16,
-                  rows_per_part: int = 8, meta: dict | None = None, progress: bool = True,
-                  greedy_from: str | os.PathLike | None = None) -> DenseTraceSet:
-    """Dense traces of ``prompts`` (``(request_id, domain, token_ids)`` triples) into ``out``,
-    skipping requests already there (resumable).
-
-    ``greedy_from``: a dense set of the same target and settings (any drafter) whose greedy
-    outputs are reused for the requests it holds, so a new drafter's dense traces cost a
-    teacher-forced pass and drafter passes per request instead of a decode; requests it lacks
-    are decoded.
-    """
-    if not 2 <= max_block_size <= decoder.max_block_size:
-        raise AdaptspecError(f"max block size {max_block_size} outside 2..{decoder.max_block_size}")
-    meta = {"max_new_tokens": max_new_tokens, "max_block_size": max_block_size,
-            "verification": decoder.verification, **(meta or {})}
-    lent: dict[str, DenseRequest] = {}
-    if greedy_from is not None:
-        src = DenseTraceSet.open(greedy_from)
-        mine = {k: v for k, v in meta.items() if k not in _NOT_GREEDY_KEYS}
-        theirs = {k: v for k, v in src.meta.items() if k not in _NOT_GREEDY_KEYS}
-        if mine != theirs:
-            diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-            raise AdaptspecError(f"{greedy_from}: its greedy outputs were made with other settings ({', '.join(diff)})")
-        lent = {rid: r for rid, _, r in src.requests()}
-        meta["greedy_from"] = str(greedy_from)
-    ds = DenseTraceSet.create(out, meta)
-    done = ds.request_ids()
-    todo = [p for p in prompts if p[0] not in done]
-    rows: list = []
-    for rid, domain, ids in tqdm(todo, desc="collect --dense", unit="prompt", disable=not progress):
-        rows.append((rid, domain, dense_request(decoder, ids, max_new_tokens, max_block_size, greedy=lent.get(rid))))
-        if len(rows) == rows_per_part:
-            ds.write_part(rows)
-            rows = []
-    if rows:
-        ds.write_part(rows)
-    return ds
-
-
 def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
     """The per-request trace set a dense one implies for fixed block sizes ``arms``: tau of every
     round replayed exactly (:func:`replay_rounds`), each round's draft and verify time from ``profile``
-    (a :class:`~adaptspec.latency.LatencyProfile`) at its context length."""
-    from .traces import TraceSet
+    (a :class:`~adaptspec.reward.latency.LatencyProfile`) at its context length."""
+    from ..traces import TraceSet
 
     arms = sorted(int(a) for a in arms)
     if not arms or arms[0] < 1 or arms[-1] > ds.max_block_size:

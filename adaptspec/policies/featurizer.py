@@ -46,8 +46,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import AdaptspecError
-from ._io import fsync_path, json_default, read_descriptor, read_tensors
+from ..errors import AdaptspecError
+from .._util.atomic import fsync_path, json_default, read_descriptor, read_tensors
 
 __all__ = ["Featurizer", "FEATURIZER_FORMAT", "KINDS"]
 
@@ -151,7 +151,7 @@ class Featurizer:
         if X is None:
             where = f" {traces.path}" if getattr(traces, "path", None) else ""
             raise AdaptspecError(f"trace set{where} has no features to fit a featurizer on")
-        from .traces import path_label
+        from ..traces import path_label
 
         src = path_label(getattr(traces, "path", None))
         return cls.fit(X, kind=kind, dim=dim, whiten=whiten, keep=keep, info={"traces": src})
@@ -207,7 +207,7 @@ class Featurizer:
         """
         import pyarrow as pa
 
-        from .traces import TraceSet
+        from ..traces import TraceSet
 
         X = traces.features
         if X is None:
@@ -304,8 +304,8 @@ def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | 
         return None
     if choice != "auto":
         return Featurizer.load(choice)
-    from .models.bundled import BUNDLED_HEAD
-    from .policies.spec import parse_spec
+    from ..models.bundled import BUNDLED_HEAD
+    from .spec import parse_spec
 
     home = Path(default_head) if default_head is not None else BUNDLED_HEAD
     found = set()

@@ -33,9 +33,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._outputs import swap_into_place
-from .errors import AdaptspecError
-from ._io import fsync_path, json_default, read_descriptor
+from .._util.outputs import swap_into_place
+from ..errors import AdaptspecError
+from .._util.atomic import fsync_path, json_default, read_descriptor
 
 __all__ = ["CHECKPOINT_FORMAT", "latest_checkpoint", "load_policy", "read_checkpoint", "state_digest",
            "write_checkpoint"]

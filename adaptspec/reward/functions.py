@@ -21,7 +21,7 @@ B = 8 (very fast on math, slower overall) where aggregate throughput is best at 
 >>> out = Outcome(tokens=[1] * 9, rounds=[Round(8, 3, 0.01, 0.05), Round(8, 5, 0.01, 0.05)], decode_s=0.125)
 >>> measured_throughput(out), mean_tau(out), round(measured_token_latency(out), 2)
 (72.0, 4.0, -13.89)
->>> from adaptspec.latency import get_profile
+>>> from adaptspec.reward.latency import get_profile
 >>> p = get_profile("cpu-smollm2-bf16")
 >>> round(float(modelled_throughput(4.0, 8, p)), 2)   # 4 tokens per 10 + 45 ms round
 72.73
@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 from .latency import LatencyProfile, get_profile
-from .speculator import Outcome
+from ..speculator import Outcome
 
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")

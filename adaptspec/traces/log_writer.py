@@ -44,11 +44,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 
 __all__ = ["DecisionLogWriter", "journal_rows", "log_rows"]
 
-log = logging.getLogger("adaptspec.logwriter")
+log = logging.getLogger("adaptspec.traces.log_writer")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SEGMENT = re.compile(r"^\.journal-(?P<name>[A-Za-z0-9_.-]+)-(?P<seq>\d{8})\.jsonl$")
@@ -234,7 +234,7 @@ class DecisionLogWriter:
         self._rows = []
 
     def _write_part(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        from .traces import DecisionLog
+        from . import DecisionLog
 
         if self._parts is None:
             self._parts = DecisionLog(self.path)
@@ -294,7 +294,7 @@ def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
     they were appended. ``columns`` limits what is returned. Rows a part and a journal both
     hold (a writer died between writing the part and deleting the journal) appear once.
     """
-    from .traces import DecisionLog
+    from . import DecisionLog
 
     p = Path(path)
     if (p / "meta.json").exists():
@@ -324,7 +324,7 @@ def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
 # ============================================================================ helpers
 def _encode(row: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row."""
-    from .traces import DECISION_COLUMNS
+    from . import DECISION_COLUMNS
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
     if unknown:
@@ -400,7 +400,7 @@ def _read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
     """decision_ids held by the parts written at or after ``since_ns``."""
-    from .traces import DecisionLog
+    from . import DecisionLog
 
     ids: set[str] = set()
     for part in DecisionLog(path).parts():
@@ -414,7 +414,7 @@ def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
 def _check_parts(path: Path) -> int | None:
     """Validate every part of the log at ``path`` (a writer refuses a log it could not extend
     into a valid one); returns the feature length the next part must match (None: no features yet)."""
-    from .traces import DecisionLog
+    from . import DecisionLog
 
     log = DecisionLog(path)
     if not log.parts():

@@ -1,11 +1,7 @@
-"""Trace collection and replay sweeps as Ray tasks (the ``ray`` extra): ``collect --ray`` and
-``simulate --ray``.
+"""Trace collection as Ray tasks (the ``ray`` extra): ``collect --ray``.
 
 Nothing here changes what is computed, only where:
 
-- :func:`replay_jobs` runs the (policy, seed) replays of :func:`~adaptspec.simulators.replay.replay`
-  as one task each; the report is assembled in the single-process order, so it is the same
-  report (every (policy, seed) replay is deterministic given its seed).
 - :func:`collect_traces_ray` splits the prompts still to collect into N parts (prompts
   ``i, i + N, ...`` of them, as ``collect --part``) and runs each part as a task that loads the
   speculator itself (``make_speculator()``, one CPU, one torch thread) and streams back one row
@@ -14,7 +10,7 @@ Nothing here changes what is computed, only where:
   trace set as the single-process run does.
 - :func:`collect_dense_ray` does the same for a dense trace set: the driver writes the dense
   set's Parquet parts (``rows_per_part`` requests, in prompt order) as soon as their requests are
-  back, so the parts, and the set, are those of :func:`~adaptspec.dense.collect_dense`.
+  back, so the parts, and the set, are those of :func:`~adaptspec.collect.dense.collect_dense`.
 
 The driver needs no model: the tasks encode text prompts themselves. On a cluster every node
 needs adaptspec installed (and any ``--target``/``--drafter`` path present); tasks ask for one
@@ -24,151 +20,12 @@ GPU each when the speculator runs on ``cuda``.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .errors import AdaptspecError
-
-#: what ``--ray`` accepts: nothing (a local Ray with this machine's CPUs), ``local``, ``auto`` (the
-#: cluster this machine is part of), ``ray://HOST:PORT`` (Ray Client) or ``HOST:PORT`` (a head's GCS)
-ADDRESS_HELP = ("run as Ray tasks: no ADDRESS (or 'local') starts a local Ray with this machine's CPUs; "
-                "'auto' joins the cluster this machine belongs to; ray://HOST:PORT or HOST:PORT a remote one")
-_HOSTPORT = re.compile(r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
-
-
-def parse_address(text: str) -> str:
-    """An argparse type for ``--ray``: ``local``, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT``.
-
-    >>> parse_address("auto"), parse_address("ray://head:10001"), parse_address("10.0.0.2:6379")
-    ('auto', 'ray://head:10001', '10.0.0.2:6379')
-    >>> parse_address("traces/mine")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: expected local, auto, ray://HOST:PORT or HOST:PORT, got 'traces/mine' (a positional argument goes before --ray)
-    """
-    import argparse
-
-    if text in ("local", "auto") or _HOSTPORT.match(text):
-        return text
-    raise argparse.ArgumentTypeError(f"expected local, auto, ray://HOST:PORT or HOST:PORT, got {text!r} "
-                                     "(a positional argument goes before --ray)")
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise AdaptspecError("--ray needs Ray, which is not installed: pip install 'adaptspec[ray]'") from None
-    return ray
-
-
-def connect(address: str | None = "local"):
-    """``ray``, initialised: the running Ray when there is one, else a new local one (``address``
-    None or ``local``: this machine's CPUs) or the cluster at ``address``. Returns
-    ``(ray, started)``; ``started`` says this call started it (see :func:`session`)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray, False
-    kw: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        if address in (None, "local"):
-            ray.init(address="local", include_dashboard=False, **kw)
-        else:
-            if address != "auto":
-                _reachable(address)
-            with _quiet_stderr():  # Ray's C++ client logs a line per retry to fd 2
-                ray.init(address=address, **kw)
-    except AdaptspecError:
-        raise
-    except Exception as e:  # noqa: BLE001  (Ray raises ConnectionError, ValueError, RuntimeError, ...)
-        msg = " ".join(str(e).split())[:300] or type(e).__name__
-        raise AdaptspecError(f"cannot start or join Ray at {address or 'local'}: {msg}") from None
-    return ray, True
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    import sys
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _reachable(address: str, timeout: float = 5.0) -> None:
-    """Refuse an address nothing answers at, at once (Ray itself retries for minutes)."""
-    import socket
-
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise AdaptspecError(f"cannot start or join Ray at {address}: nothing answers there "
-                             f"({e.strerror or type(e).__name__})") from None
-
-
-@contextlib.contextmanager
-def session(address: str | None = "local"):
-    """:func:`connect` for the span of a command: shuts Ray down after it if it started it."""
-    ray, started = connect(address)
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _cause(e: BaseException) -> BaseException:
-    """A task's own exception (an AdaptspecError or OSError: the user's to fix) out of Ray's wrapper."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, (AdaptspecError, OSError)):
-        return cause
-    return e
-
-
-def get(ray, refs):
-    try:
-        return ray.get(refs)
-    except Exception as e:  # noqa: BLE001
-        c = _cause(e)
-        if c is e:
-            raise
-        raise c from None
-
-
-def cluster_slots(ray, gpu: bool = False) -> int:
-    """How many one-CPU (or one-GPU) tasks the cluster runs at once."""
-    res = ray.cluster_resources()
-    return max(1, int(res.get("GPU" if gpu else "CPU", 1)))
-
-
-# ============================================================================ replay sweeps
-def replay_jobs(ctx: dict, jobs: Sequence[tuple[Any, int, Any]], address: str | None = "local",
-                progress: Any = None, steps: int = 0) -> list:
-    """``[replay_job(ctx, spec, seed, idx) for spec, seed, idx in jobs]``, as Ray tasks."""
-    from .simulators.replay import replay_job
-
-    ray, _ = connect(address)
-    task = ray.remote(num_cpus=1)(replay_job)
-    data = ray.put(ctx)
-    refs = [task.remote(data, spec, seed, idx) for spec, seed, idx in jobs]
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        get(ray, done)  # an error surfaces now, not after every other task
-        if progress is not None:
-            progress.update(steps)
-    return get(ray, refs)
+from ..errors import AdaptspecError
+from .._util.ray import cluster_slots, connect, get
 
 
 # ============================================================================ collection
@@ -192,7 +49,7 @@ def _header(spec) -> dict:
 
 def _every_arm_part(make_speculator, prompts, positions, arms, max_new_tokens, temperature, seed, offset) -> Iterator:
     """A task: a header, then one partial-file row per prompt."""
-    from .collection import check_arms, collect_rows
+    from .every_arm import check_arms, collect_rows
 
     spec = _speculator(make_speculator)
     check_arms(arms, spec.max_block_size)
@@ -254,14 +111,14 @@ def collect_traces_ray(
     gpu: bool = False,
     address: str | None = "local",
 ):
-    """:func:`~adaptspec.collection.collect_traces` as ``tasks`` Ray tasks (default: one per CPU
+    """:func:`~adaptspec.collect.every_arm.collect_traces` as ``tasks`` Ray tasks (default: one per CPU
     of the cluster, or per GPU with ``gpu``). ``make_speculator`` is a picklable callable
     that returns the speculator (called once in every task); a prompt's third element is its
     token ids or its text (then encoded in the task with the target's chat template). A
     ``features`` of None in ``meta`` is filled in with the target's feature spec."""
     from tqdm import tqdm
 
-    from .collection import append_row, check_request, finish, read_partials
+    from .every_arm import append_row, check_request, finish, read_partials
 
     out = Path(out)
     arms = sorted(int(a) for a in arms)
@@ -311,7 +168,7 @@ def collect_dense_ray(
     gpu: bool = False,
     address: str | None = "local",
 ):
-    """:func:`~adaptspec.dense.collect_dense` as Ray tasks (see :func:`collect_traces_ray`):
+    """:func:`~adaptspec.collect.dense.collect_dense` as Ray tasks (see :func:`collect_traces_ray`):
     resumes the dense set at ``out`` (its meta must match: the tasks report the speculator's
     verification), and writes the same parts in the same order."""
     from tqdm import tqdm

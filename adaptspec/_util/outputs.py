@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import AdaptspecError
+from ..errors import AdaptspecError
 
 __all__ = ["KINDS", "check_output", "is_kind", "write_dir", "write_file"]
 

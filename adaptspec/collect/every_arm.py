@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ._outputs import check_output
-from .errors import AdaptspecError
-from .speculator import BlockSpeculator
-from .traces import TraceSet
+from .._util.outputs import check_output
+from ..errors import AdaptspecError
+from ..speculator import BlockSpeculator
+from ..traces import TraceSet
 
 
 def collect_traces(
