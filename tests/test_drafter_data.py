@@ -8,10 +8,11 @@ import torch
 
 from adaptspec.models import corpus as C
 from adaptspec.models.contexts import build_corpus_contexts, teacher_forced_hidden
-from adaptspec.models.drafter_eval import acceptance_everywhere
+from adaptspec.models.drafter_eval import acceptance_everywhere, drafter_figures
 from adaptspec.models.prompts import Prompt
-from adaptspec.models.train_drafter import ShardData, TrainConfig, train
+from adaptspec.models.train_drafter import ShardData, TrainConfig, export, train
 from adaptspec.decoding import BlockDiffusionDrafter
+from adaptspec.errors import AdaptspecError
 
 from decoding_helpers import tiny_target
 
@@ -92,11 +93,13 @@ def test_every_position_tau_equals_the_decoding_paths_drafts(tmp_path, model):
         prompt_lens = [4, 4]
         domains = ["a", "b"]
 
+    figures = drafter_figures(drafter, Data, block_sizes=(2, 3, 6), anchors_per_pass=7)
     got = acceptance_everywhere(drafter, Data, block_sizes=(2, 3, 6), anchors_per_pass=7)
+    assert got == figures["tau"]
     for b in (2, 3, 6):  # reference: one draft_logits call (the decoder's path) per position
-        per = {}
+        per, first = {}, {}
         for s, dom in zip(seqs, ["a", "b"]):
-            taus = []
+            taus, firsts = [], []
             for p in range(4, len(s) - 1):
                 state = drafter.new_state(torch.from_numpy(_alone(model, s[:p])))
                 draft = drafter.to_target_ids(drafter.draft_logits(state, int(s[p]), b).argmax(-1)).tolist()
@@ -104,9 +107,13 @@ def test_every_position_tau_equals_the_decoding_paths_drafts(tmp_path, model):
                 while n_ok < b - 1 and p + 1 + n_ok < len(s) and draft[n_ok] == s[p + 1 + n_ok]:
                     n_ok += 1
                 taus.append(1 + n_ok)
-            per[dom] = np.mean(taus)
+                firsts.append(draft[0] == s[p + 1])  # a count of its own, not read off n_ok
+            per[dom], first[dom] = np.mean(taus), np.mean(firsts)
         assert got[b]["a"] == pytest.approx(per["a"]) and got[b]["b"] == pytest.approx(per["b"])
         assert got[b]["all"] == pytest.approx((per["a"] + per["b"]) / 2)
+        fd = figures["first_draft"][b]
+        assert fd["a"] == pytest.approx(first["a"]) and fd["b"] == pytest.approx(first["b"])
+        assert fd["all"] == pytest.approx((first["a"] + first["b"]) / 2)
     assert 1.3 < got[2]["all"] < 1.95  # the constructed text: about 70% of first drafts are right
 
 
@@ -151,6 +158,33 @@ def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
                          **quiet) for name, kw in (("fresh", {}), ("warm", {"init_from": str(tmp_path / "ckpt")})))
     tau_fresh, tau_warm = (acceptance_everywhere(d, data, (4,))[4]["all"] for d in (fresh, warm))
     assert tau_fresh < 1.3 and tau_warm > 2.5, (tau_fresh, tau_warm)
+
+
+def test_a_run_can_start_from_exported_weights(tmp_path, model):
+    _counting_corpus(tmp_path, model)
+    src = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=7, max_block_size=8,
+                                           draft_vocab=list(range(0, 96, 2)))
+    export(src, tmp_path / "shipped", {"steps": 30, "steps_before": 12, "config": {"block_size": 4}})
+    quiet = dict(log=lambda *_: None, target_layers=LAYERS)
+    start = train(model, [tmp_path / "ctx"], [], tmp_path / "warm0",
+                  _tiny_config(num_layers=2, block_size=6, total_steps=0, init_from=str(tmp_path / "shipped")), **quiet)
+    # the exported weights are bfloat16: the run starts from the source's weights rounded to it
+    want = {k: v.to(torch.bfloat16).float() for k, v in src.state_dict().items()}
+    assert start.state_dict().keys() == want.keys()
+    assert all(torch.equal(v, want[k]) for k, v in start.state_dict().items())
+    assert torch.equal(start.draft_vocab, torch.arange(0, 96, 2))
+    st = torch.load(tmp_path / "warm0" / "state.pt", weights_only=False)
+    assert st["cfg"]["num_layers"] == 1 and st["cfg"]["block_size"] == 4  # the source's, from its card
+    assert st["cfg"]["extra"]["steps_before"] == 42
+    # the checkpoint it wrote records that architecture: a run started from it rebuilds the same drafter
+    again = train(model, [tmp_path / "ctx"], [], tmp_path / "warm1",
+                  _tiny_config(num_layers=3, total_steps=0, init_from=str(tmp_path / "warm0")), **quiet)
+    assert all(torch.equal(v, want[k]) for k, v in again.state_dict().items())
+    with pytest.raises(AdaptspecError, match="target layers"):
+        train(model, [tmp_path / "ctx"], [], tmp_path / "other", _tiny_config(init_from=str(tmp_path / "shipped")),
+              log=lambda *_: None, target_layers=[0, 2])
+    with pytest.raises(AdaptspecError, match="neither a training checkpoint"):
+        train(model, [tmp_path / "ctx"], [], tmp_path / "none", _tiny_config(init_from=str(tmp_path / "ctx")), **quiet)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

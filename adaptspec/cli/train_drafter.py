@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors", type=int_range(1), default=8,
                    help="blocks drafted per training sequence in one pass (random anchors in its response)")
     p.add_argument("--lr", type=float_range(0, lo_open=True), default=6e-4, help="peak learning rate (cosine schedule)")
+    p.add_argument("--eval-every", type=int_range(1), default=500, help="steps between held-out evaluations")
     p.add_argument("--minutes", type=float_range(0, lo_open=True), default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
     p.add_argument("--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)")
@@ -106,7 +107,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     """The corpus path: contexts (teacher-forced hidden states) -> training -> benchmark evaluation."""
 
     from ..models.corpus import Corpus
-    from ..models.drafter_eval import acceptance_everywhere
+    from ..models.drafter_eval import acceptance_everywhere, drafter_figures
     from ..decoding.loading import load_target
     from ..models.train_drafter import ShardData, train
 
@@ -140,12 +141,11 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     else:
         drafter = _load_checkpoint(target, ckpt, cfg, layers)
     if args.stage in ("all", "eval", "export"):
-        ev = acceptance_everywhere(drafter, ShardData([work / "benchmarks"]), (2, 4, 8, 12, 16),
-                                   max_seqs=args.eval_prompts)
-        print(json.dumps({"benchmark_tau_every_position": ev}, indent=2))
+        ev = drafter_figures(drafter, ShardData([work / "benchmarks"]), (2, 4, 8, 12, 16), max_seqs=args.eval_prompts)
+        figures = {"benchmark_tau_every_position": ev["tau"], "benchmark_first_draft_every_position": ev["first_draft"]}
+        print(json.dumps(figures, indent=2))
         if args.export is not None:
-            _export(args.export, drafter, ckpt, work / "corpus",
-                    {"corpus": str(args.corpus), "benchmark_tau_every_position": ev})
+            _export(args.export, drafter, ckpt, work / "corpus", {"corpus": str(args.corpus), **figures})
     return 0
 
 
@@ -170,17 +170,13 @@ def _prompt_token_counts(work: Path, target: str | None):
 
 
 def _load_checkpoint(target, ckpt: Path, cfg, layers):
-    import torch
+    """The drafter of a training checkpoint, or an exported one (evaluation only)."""
+    from ..decoding.dflash_format import is_dflash_dir
+    from ..models.train_drafter import weights_to_start_from
 
-    from ..models.train_drafter import build_drafter
-
-    path = ckpt / "state.pt"
-    if not path.exists():
-        raise AdaptspecError(f"{path}: no checkpoint; run --stage train first")
-    st = torch.load(path, weights_only=False)
-    d = build_drafter(target, st["cfg"], st["draft_vocab"], layers)
-    d.load_state_dict(st["model"])
-    return d.eval()
+    if not ((ckpt / "state.pt").exists() or (ckpt / "drafter_config.json").exists() or is_dflash_dir(ckpt)):
+        raise AdaptspecError(f"{ckpt / 'state.pt'}: no checkpoint; run --stage train first")
+    return weights_to_start_from(ckpt, target, layers)[0].eval()
 
 
 def _train_config(args: argparse.Namespace):
@@ -190,7 +186,7 @@ def _train_config(args: argparse.Namespace):
                        normalize_context_layers=args.layer_norm, gamma=args.gamma, layout=args.layout,
                        mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
                        max_train_tokens=args.train_tokens, init_from_target=args.init_from_target,
-                       anchors_per_seq=args.anchors, lr=args.lr,
+                       anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                        init_from=None if args.init_from is None else str(args.init_from))
 
 
@@ -200,6 +196,8 @@ def _export(out: Path, drafter, ckpt: Path, train_dir: Path, card: dict) -> None
 
     from ..models.train_drafter import ShardData, export
 
+    if not (ckpt / "state.pt").exists():
+        raise AdaptspecError(f"{ckpt / 'state.pt'}: export needs a training checkpoint")
     st = torch.load(ckpt / "state.pt", weights_only=False)
     data = ShardData([train_dir], st["cfg"].get("max_train_tokens"))
     layout = export(drafter, out, {"steps": st["step"], "config": st["cfg"], "train_sequences": len(data),

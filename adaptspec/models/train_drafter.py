@@ -257,6 +257,39 @@ def build_drafter(target, cfg: dict, draft_vocab: torch.Tensor | None, target_la
     )
 
 
+_ARCHITECTURE = ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size")
+
+
+def weights_to_start_from(path: Path, target, target_layers: list[int] | None, seed: int | None = None):
+    """``(drafter, draft_vocab, architecture, steps trained)`` from another run's checkpoint
+    directory (``state.pt``) or an exported drafter (``save_pretrained``'s or the DFlash layout,
+    e.g. the bundled weights; steps from its ``training.json`` card, 0 without one)."""
+    if (path / "state.pt").is_file():
+        st = torch.load(path / "state.pt", weights_only=False)
+        drafter = build_drafter(target, st["cfg"], st["draft_vocab"], target_layers, seed)
+        drafter.load_state_dict(st["model"])
+        earlier = st["cfg"].get("extra", {}).get("steps_before", 0)
+        return drafter, st["draft_vocab"], {k: st["cfg"][k] for k in _ARCHITECTURE if k in st["cfg"]}, \
+            int(st["step"]) + int(earlier)
+    try:
+        drafter = BlockDiffusionDrafter.from_pretrained(path, target, dtype=torch.float32)
+    except AdaptspecError:
+        raise AdaptspecError(f"{path}: neither a training checkpoint (state.pt) nor an exported drafter") from None
+    c = drafter.config
+    if target_layers is not None and list(c.target_layers) != list(target_layers):
+        raise AdaptspecError(f"{path}: the drafter reads target layers {c.target_layers}, the contexts hold {target_layers}")
+    card_path = path / "training.json"
+    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    trained = int(card.get("steps", 0)) + int(card.get("steps_before", card.get("config", {}).get("extra", {}).get("steps_before", 0)))
+    arch = {"num_layers": c.num_layers, "normalize_context_layers": c.normalize_context_layers,
+            "mask_token_id": c.mask_token_id, "max_block_size": c.max_block_size} | trained_architecture(drafter)
+    if arch["layout"] == "dflash":  # DFlash's block_size is the trained (and largest) one
+        arch["block_size"] = c.max_block_size
+    elif "block_size" in card.get("config", {}):
+        arch["block_size"] = card["config"]["block_size"]
+    return drafter, drafter.draft_vocab, arch, trained
+
+
 def trained_architecture(drafter: BlockDiffusionDrafter) -> dict:
     """The layout and mask token a checkpoint records (what :func:`build_drafter` reads back)."""
     return {"layout": "dflash" if drafter.config.qk_norm else "adaptspec", "mask_token_id": drafter.config.mask_token_id}
@@ -310,20 +343,12 @@ def train(
         rng.bit_generator.state = st["rng"]
         log(f"resumed from step {step}")
     elif cfg.init_from is not None:
-        src = Path(cfg.init_from) / "state.pt"
-        if not src.is_file():
-            raise AdaptspecError(f"--init-from {cfg.init_from}: no checkpoint (state.pt) there")
-        st0 = torch.load(src, weights_only=False)
-        draft_vocab = st0["draft_vocab"]  # the weights' output rows: the vocabulary stays
-        drafter = build_drafter(target, st0["cfg"], draft_vocab, target_layers, cfg.seed)
-        drafter.load_state_dict(st0["model"])
-        for k in ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size"):
-            if k in st0["cfg"]:  # the architecture is the source's
-                setattr(cfg, k, st0["cfg"][k])
-        earlier = st0["cfg"].get("extra", {}).get("steps_before", 0)
-        cfg.extra = {**cfg.extra, "steps_before": int(st0["step"]) + int(earlier), "init_from": str(cfg.init_from)}
+        drafter, draft_vocab, arch, trained = weights_to_start_from(Path(cfg.init_from), target, target_layers, cfg.seed)
+        for k, v in arch.items():  # the architecture is the source's
+            setattr(cfg, k, v)
+        cfg.extra = {**cfg.extra, "steps_before": trained, "init_from": str(cfg.init_from)}
         step, st = 0, None
-        log(f"starting from the weights of {src} (trained {st0['step']} steps), new optimiser and schedule")
+        log(f"starting from the weights of {cfg.init_from} (trained {trained} steps), new optimiser and schedule")
     else:
         draft_vocab = None
         if cfg.draft_vocab_size:
