@@ -192,13 +192,11 @@ def _train_config(args: argparse.Namespace):
 
 def _export(out: Path, drafter, ckpt: Path, train_dir: Path, card: dict) -> None:
     """Weights to ``out`` and a ``training.json`` card: steps, config, data trained on, ``card``."""
-    import torch
-
-    from ..models.train_drafter import ShardData, export
+    from ..models.train_drafter import ShardData, export, load_state
 
     if not (ckpt / "state.pt").exists():
         raise AdaptspecError(f"{ckpt / 'state.pt'}: export needs a training checkpoint")
-    st = torch.load(ckpt / "state.pt", weights_only=False)
+    st = load_state(ckpt / "state.pt")
     data = ShardData([train_dir], st["cfg"].get("max_train_tokens"))
     layout = export(drafter, out, {"steps": st["step"], "config": st["cfg"], "train_sequences": len(data),
                                    "train_response_tokens": data.n_tokens(), **card})

@@ -257,6 +257,24 @@ def build_drafter(target, cfg: dict, draft_vocab: torch.Tensor | None, target_la
     )
 
 
+def load_state(path: Path) -> dict:
+    """A training checkpoint (``state.pt``), tensors and plain values only: ``weights_only=True``,
+    so a hostile file cannot run code; anything else is one line naming the file."""
+    import pickle
+
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise AdaptspecError(f"{path}: holds objects other than tensors and plain values; refused "
+                             "(loading them could run code)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise AdaptspecError(f"{path}: not a readable training checkpoint ({msg})") from None
+    if not isinstance(st, dict):
+        raise AdaptspecError(f"{path}: not a training checkpoint (holds a {type(st).__name__}, not a dict)")
+    return st
+
+
 _ARCHITECTURE = ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size")
 
 
@@ -265,7 +283,7 @@ def weights_to_start_from(path: Path, target, target_layers: list[int] | None, s
     directory (``state.pt``) or an exported drafter (``save_pretrained``'s or the DFlash layout,
     e.g. the bundled weights; steps from its ``training.json`` card, 0 without one)."""
     if (path / "state.pt").is_file():
-        st = torch.load(path / "state.pt", weights_only=False)
+        st = load_state(path / "state.pt")
         drafter = build_drafter(target, st["cfg"], st["draft_vocab"], target_layers, seed)
         drafter.load_state_dict(st["model"])
         earlier = st["cfg"].get("extra", {}).get("steps_before", 0)
@@ -331,7 +349,7 @@ def train(
     state_path = ckpt_dir / "state.pt"
     rng = np.random.default_rng(cfg.seed)
     if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
+        st = load_state(state_path)
         draft_vocab = st["draft_vocab"]
         saved = st["cfg"]
         if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
