@@ -64,6 +64,8 @@ def rowwise_attention(
     row's reductions do not depend on how many rows or keys came with it.
     """
     if query.shape[0] != 1:
+        if attention_mask is not None and attention_mask.dim() == 4:  # adaptspec.batching's rows
+            return _each_row(module, query, key, value, attention_mask, scaling)
         raise ValueError(
             "this model was patched by adaptspec for batch-invariant decoding of one sequence at a "
             "time (TargetModel(verification='exact')); use an unpatched copy for batched work"
@@ -95,6 +97,19 @@ def rowwise_attention(
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)[:, :rows].reshape(1, n_heads, q_len, dim)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _each_row(module, query, key, value, mask, scaling):
+    """Several sequences of different lengths in one pass (:mod:`adaptspec.batching`): each row
+    through the one-sequence kernel above, over its own keys (those its last query may see,
+    ``mask[r, 0, -1]``) made contiguous, so every row computes what it computes alone."""
+    lengths = mask[:, 0, -1].sum(-1).tolist()
+    out = [
+        rowwise_attention(module, query[r : r + 1], key[r : r + 1, :, :n].contiguous(),
+                          value[r : r + 1, :, :n].contiguous(), None, scaling=scaling)[0]
+        for r, n in enumerate(lengths)
+    ]
+    return torch.cat(out), None
 
 
 def make_batch_invariant(model: nn.Module) -> nn.Module:

@@ -1,0 +1,63 @@
+"""Per-row acceptance after a batched verification pass.
+
+Greedy (``temperature == 0``): row ``i`` keeps the longest prefix of its drafts equal to the
+target's argmax, plus the target's token after it; all rows at once, one host sync.
+
+>>> import torch
+>>> logits = torch.zeros(2, 3, 5)
+>>> logits[0, [0, 1, 2], [4, 2, 1]] = 1.0      # row 0: the target's choices are 4, 2, 1
+>>> logits[1, [0, 1, 2], [3, 3, 3]] = 1.0      # row 1: 3 (a plain step: width 1)
+>>> drafts = torch.tensor([[4, 0], [-1, -1]])  # row 0 drafted 4, 0
+>>> greedy(logits, drafts, widths=[3, 1])
+[[4, 2], [3]]
+
+Sampled (``temperature > 0``): standard speculative sampling, row by row with the row's own
+generator, drawing exactly as :class:`~adaptspec.decoding.SpeculativeDecoder` draws (so a
+seed gives a request the same tokens whatever it is batched with).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy(logits: torch.Tensor, drafts: torch.Tensor, widths: list[int]) -> list[list[int]]:
+    """Committed tokens of every row: ``logits[R, T, V]``, ``drafts[R, T - 1]`` (padding
+    ignored), row ``i`` verified ``widths[i]`` positions."""
+    r, t = logits.shape[:2]
+    best = logits.argmax(-1)  # [R, T]
+    if t > 1:
+        valid = torch.arange(t - 1, device=best.device)[None, :] < (torch.tensor(widths, device=best.device) - 1)[:, None]
+        ok = (best[:, :-1] == drafts) & valid
+        accepted = ok.int().cumprod(1).sum(1)
+    else:
+        accepted = best.new_zeros(r)
+    host = torch.cat([accepted[:, None], best], dim=1).tolist()  # the one host sync
+    return [row[1 : row[0] + 2] for row in host]
+
+
+def sampled(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    temperature: float,
+    gen: torch.Generator | None,
+) -> list[int]:
+    """Committed tokens of one row: ``logits[b, V]`` of its verified positions, ``drafts[b - 1]``
+    and their draft probabilities ``q[b - 1, V]`` (None when ``b == 1``)."""
+    dev = logits.device
+    b = logits.shape[0]
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    j = b - 1
+    if b > 1:
+        pos = torch.arange(b - 1, device=dev)
+        ratio = p[pos, drafts] / q[pos, drafts]
+        u = torch.rand(b - 1, generator=gen, device=dev)
+        j = int((u < ratio).int().cumprod(0).sum())
+    if j < b - 1:  # first rejection: resample from the residual
+        resid = (p[j] - q[j]).clamp_min(0)
+        dist = resid if float(resid.sum()) > 0 else p[j]
+        nxt = int(torch.multinomial(dist / dist.sum(), 1, generator=gen))
+    else:  # all accepted: the bonus token comes from the target
+        nxt = int(torch.multinomial(p[b - 1], 1, generator=gen))
+    return drafts[:j].tolist() + [nxt]

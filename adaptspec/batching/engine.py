@@ -1,0 +1,272 @@
+"""Continuous batching: every active request's draft/verify round in one target pass.
+
+The engine holds up to ``max_rows`` active requests (rows), each with its own block size.
+One round (:meth:`BatchEngine.step`):
+
+1. requests that were cancelled leave; waiting requests join (each prefilled alone, batch 1,
+   by :meth:`TargetModel.prefill <adaptspec.decoding.TargetModel.prefill>`, its cache copied
+   into a free KV slot) while there are free rows;
+2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1`` (one
+   drafter pass per such row: the drafter is small, and a row's drafts then do not depend on
+   the batch);
+3. one target pass verifies every row's block ``[last_i, drafts_i]``, padded to the round's
+   widest block (:mod:`~adaptspec.batching.target_pass`); ``B_i = 1`` is a plain step;
+4. each row accepts (:mod:`~adaptspec.batching.accept`) and commits ``tau_i`` tokens; its KV
+   slot keeps ``tau_i`` of the positions written (:mod:`~adaptspec.batching.kv_slots`);
+5. rows that reached EOS or ``max_new_tokens`` leave.
+
+Guarantees (tests/test_batching*.py, docs/batching.md): with ``"exact"`` verification every
+row is bit-identical to decoding that request alone (greedy: the target's own one-token
+``generate``; ``temperature > 0``: :class:`~adaptspec.decoding.SpeculativeDecoder` with the
+same seed), whatever else is in the batch and whenever it joined. With ``"fast"``
+verification every committed token is the argmax of the pass that verified it. A request
+that fails (bad prompt, too long for the context, cancelled) fails alone, on its handle.
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
+>>> torch.manual_seed(0) and None
+>>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+...                   num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
+>>> model = LlamaForCausalLM(cfg).eval()
+>>> engine = BatchEngine(TargetModel(model, verification="exact"),
+...                      BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0), max_rows=4)
+>>> a = engine.submit([3, 14, 15, 9, 2, 6], block_size=4, max_new_tokens=12)
+>>> b = engine.submit([5, 8], block_size=1, max_new_tokens=7)
+>>> engine.run_until_done()
+>>> def alone(p, n):
+...     return model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n, min_new_tokens=n)[0, len(p):].tolist()
+>>> a.result().tokens == alone([3, 14, 15, 9, 2, 6], 12), b.result().tokens == alone([5, 8], 7)
+(True, True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Sequence
+
+import torch
+
+from ..decoding.decoder import _generator, _now, _sample
+from ..decoding.drafter import BlockDiffusionDrafter
+from ..decoding.target import TargetModel
+from ..errors import AdaptspecError
+from ..speculator import Round
+from . import accept
+from .records import RoundRecord
+from .rows import RequestHandle, Row
+from .target_pass import new_store, prefill_layers, verify_rows
+
+
+class BatchEngine:
+    """Continuous-batching speculative decoding over a target and (optionally) a drafter.
+
+    ``max_rows`` requests decode at once; ``token_budget`` caps the positions one target pass
+    computes (rows x the widest block): each row's block is cut to ``token_budget // rows``
+    (at least 1). ``max_context`` (default: the model's ``max_position_embeddings``) bounds
+    prompt + new tokens of a request. ``history`` round records are kept in :attr:`history`.
+    """
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: BlockDiffusionDrafter | None = None,
+        max_rows: int = 8,
+        token_budget: int | None = None,
+        max_context: int | None = None,
+        capacity: int = 256,
+        history: int = 10_000,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.attach(target.model)
+            target.context_layers = list(drafter.config.target_layers)
+        self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise AdaptspecError(f"max_rows must be an int >= 1, got {max_rows!r}")
+        self.max_rows = max_rows
+        self.token_budget = max_rows * self.max_block_size if token_budget is None else token_budget
+        if not isinstance(self.token_budget, int) or self.token_budget < 1:
+            raise AdaptspecError(f"token_budget must be an int >= 1, got {token_budget!r}")
+        self.max_context = max_context or int(getattr(target.model.config, "max_position_embeddings", 4096))
+        self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
+        self.rows: list[Row] = []  # row i lives in KV slot i
+        self.waiting: deque[RequestHandle] = deque()
+        self.history: deque[RoundRecord] = deque(maxlen=history)
+        self._next_id = 0
+
+    # ------------------------------------------------------------------ requests
+    def submit(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        block_size: int = 1,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> RequestHandle:
+        """Queue a request; it joins at the next round with a free row. Settings are checked
+        here; the prompt when it joins (a bad one fails that request alone, on its handle)."""
+        self._check_block_size(block_size)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise AdaptspecError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if not temperature >= 0:
+            raise AdaptspecError(f"temperature must be >= 0, got {temperature}")
+        handle = RequestHandle(self._next_id, prompt_ids, block_size, max_new_tokens, float(temperature), seed)
+        self._next_id += 1
+        self.waiting.append(handle)
+        return handle
+
+    def set_block_size(self, handle: RequestHandle, block_size: int) -> None:
+        """Change a request's block size from its next round on."""
+        handle.block_size = self._check_block_size(block_size)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def run_until_done(self) -> None:
+        """Run rounds until every submitted request has finished or failed."""
+        while self.busy:
+            self.step()
+
+    # ------------------------------------------------------------------ one round
+    @torch.inference_mode()
+    def step(self) -> RoundRecord | None:
+        """One round over every active row (see the module docstring); None when idle."""
+        dev = self.target.device
+        t0 = _now(dev)
+        self._leave([i for i, row in enumerate(self.rows) if row.handle.cancelled], cancelled=True)
+        joined = self._join()
+        if not self.rows:
+            return None
+        t1 = _now(dev)
+        cap = max(1, self.token_budget // len(self.rows))
+        widths = [min(row.handle.block_size, row.room, cap) for row in self.rows]
+        blocks, drafts, q = self._draft(widths)
+        t2 = _now(dev)
+        logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)
+        new = accept.greedy(logits, drafts, widths)
+        for i, row in enumerate(self.rows):
+            if row.handle.temperature > 0:
+                b = widths[i]
+                new[i] = accept.sampled(logits[i, :b], drafts[i, : b - 1], q[i], row.handle.temperature, row.generator)
+        taus = [len(n) for n in new]
+        self.store.commit(taus)
+        if hidden is not None:
+            for i, row in enumerate(self.rows):
+                row.draft.append(hidden[i, : taus[i]])
+        t3 = _now(dev)
+        record = RoundRecord(
+            requests=tuple(row.handle.id for row in self.rows), block_sizes=tuple(widths), taus=tuple(taus),
+            draft_s=t2 - t1, verify_s=t3 - t2, round_s=t3 - t0, joined=joined, join_s=t1 - t0,
+        )
+        done = []
+        for i, row in enumerate(self.rows):
+            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=t2 - t1, verify_s=t3 - t2))
+            if self._commit(row.handle, new[i]):
+                done.append(i)
+        self._leave(done)
+        self.history.append(record)
+        return record
+
+    def _draft(self, widths: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+        """Every row's block ``[R, T]`` (padded with its last token), its drafts ``[R, T - 1]``
+        (-1 where none) and, for sampled rows, the drafts' probabilities over the target's vocabulary."""
+        dev = self.target.device
+        width = max(widths)
+        last = torch.tensor([row.last for row in self.rows], device=dev)
+        blocks = last[:, None].repeat(1, width)
+        drafts = torch.full((len(self.rows), width - 1), -1, dtype=torch.long, device=dev)
+        q: list[torch.Tensor | None] = [None] * len(self.rows)
+        for i, (row, b) in enumerate(zip(self.rows, widths)):
+            if b == 1:
+                continue
+            logits = self.drafter.draft_logits(row.draft, row.last, b).float()
+            t = row.handle.temperature
+            if t == 0:
+                idx = logits.argmax(-1)
+            else:  # drawn as SpeculativeDecoder draws them
+                probs = torch.softmax(logits / t, dim=-1)
+                idx = torch.multinomial(probs.to(dev), 1, generator=row.generator)[:, 0]
+                q[i] = self.drafter.target_probs(probs).to(dev)
+            d = self.drafter.to_target_ids(idx).to(dev)
+            blocks[i, 1:b] = d
+            drafts[i, : b - 1] = d
+        return blocks, drafts, q
+
+    # ------------------------------------------------------------------ joining and leaving
+    def _join(self) -> int:
+        """Prefill waiting requests into free rows; returns how many joined."""
+        joined = 0
+        limit = min(self.max_rows, self.token_budget)
+        while self.waiting and len(self.rows) < limit:
+            handle = self.waiting.popleft()
+            if handle.cancelled:
+                handle.fail(AdaptspecError(f"request {handle.id} cancelled"))
+                continue
+            try:
+                row = self._prefill(handle)
+            except AdaptspecError as e:
+                handle.fail(AdaptspecError(f"request {handle.id}: {e}"))
+                continue
+            joined += 1
+            if row is not None:
+                self.rows.append(row)
+        return joined
+
+    def _prefill(self, handle: RequestHandle) -> Row | None:
+        """Run the prompt alone; the first token is chosen here. None when that already ends it."""
+        try:
+            ids = torch.as_tensor(handle.prompt, dtype=torch.long).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise AdaptspecError(f"prompt is not a sequence of token ids ({e})") from None
+        n = int(ids.numel())
+        if n + handle.max_new_tokens > self.max_context:
+            raise AdaptspecError(
+                f"prompt of {n} tokens + max_new_tokens {handle.max_new_tokens} exceeds the context of {self.max_context}"
+            )
+        tp = self.target.prefill(ids)  # checks empty prompts and token ids outside the vocabulary
+        gen = _generator(self.target.device, handle.seed) if handle.temperature > 0 else None
+        first = _sample(tp.logits[None], handle.temperature, gen)[0]
+        handle.first_token_at = time.perf_counter()
+        if self._commit(handle, [first]):
+            handle.decode_s = 0.0
+            return None
+        self.store.load(len(self.rows), prefill_layers(tp.cache))
+        draft = self.drafter.new_state(tp.context_hidden) if self.drafter is not None else None
+        return Row(handle, draft, gen)
+
+    def _commit(self, handle: RequestHandle, new: list[int]) -> bool:
+        """Append a round's tokens (up to EOS and ``max_new_tokens``); True when the request is done."""
+        eos = self.target.eos_token_ids
+        for t in new[: handle.max_new_tokens - len(handle.tokens)]:
+            handle.tokens.append(t)
+            if t in eos:
+                handle.finish_reason = "eos"
+                break
+        if handle.finish_reason is None and len(handle.tokens) >= handle.max_new_tokens:
+            handle.finish_reason = "length"
+        if handle.finish_reason is not None:
+            handle.finished_at = time.perf_counter()
+        return handle.finish_reason is not None
+
+    def _leave(self, indices: list[int], cancelled: bool = False) -> None:
+        """Free the rows at ``indices`` (highest first: the last row moves into each hole)."""
+        for i in sorted(indices, reverse=True):
+            row = self.rows[i]
+            if cancelled:
+                row.handle.fail(AdaptspecError(f"request {row.handle.id} cancelled"))
+            row.handle.decode_s = time.perf_counter() - row.started_at
+            self.store.remove(i)
+            self.rows[i] = self.rows[-1]
+            self.rows.pop()
+
+    def _check_block_size(self, b: int) -> int:
+        if not isinstance(b, int) or isinstance(b, bool):
+            raise AdaptspecError(f"block size must be an int, got {b!r}")
+        if not 1 <= b <= self.max_block_size:
+            why = " (no drafter: only plain decoding)" if self.drafter is None else ""
+            raise AdaptspecError(f"block size {b} outside 1..{self.max_block_size}{why}")
+        return b

@@ -1,0 +1,144 @@
+"""Per-row KV storage for continuous batching: one preallocated slot per active request.
+
+Every layer keeps keys and values in ``[max_rows, kv_heads, capacity, head_dim]`` tensors;
+row ``i`` holds ``lengths[i]`` committed positions. The active rows are always slots
+``0 .. rows - 1`` (a leaving row's slot is filled by the last row), so a round reads the
+store as a view, without copies. A round writes row ``i``'s ``T`` new positions at
+``lengths[i] .. lengths[i] + T - 1``, whatever the other rows' lengths; committing ``tau_i``
+of them is ``lengths[i] += tau_i``: the rejected tail is overwritten by the next round, so
+rollback costs nothing and leaves no holes.
+
+:class:`SlotCache` is what the target model sees as its cache during a batched pass (it
+implements the one method transformers' attention layers call, ``update``).
+
+>>> import torch
+>>> store = SlotStore(num_layers=1, max_rows=2, kv_heads=1, head_dim=2, capacity=8, dtype=torch.float32)
+>>> store.load(0, [(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))])  # a 3-token prefill
+>>> store.load(1, [(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2))])
+>>> store.lengths
+[3, 5]
+>>> cache = store.pass_cache(width=2)          # a round verifying 2 positions a row
+>>> k, v = cache.update(torch.full((2, 1, 2, 2), 7.0), torch.full((2, 1, 2, 2), 7.0), 0)
+>>> k.shape                                    # keys up to the longest row's new end
+torch.Size([2, 1, 7, 2])
+>>> k[0, 0, :, 0].tolist()                     # row 0: its 3 keys, then the 2 new ones
+[1.0, 1.0, 1.0, 7.0, 7.0, 0.0, 0.0]
+>>> store.commit([1, 2])                       # row 0 keeps 1 new position, row 1 both
+>>> store.lengths
+[4, 7]
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import AdaptspecError
+
+
+class SlotStore:
+    """Keys and values of up to ``max_rows`` sequences, each in its own slot (see the module docstring).
+
+    ``capacity`` grows (doubling, a copy) up to ``max_capacity`` as rows get longer.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        max_rows: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int = 256,
+        max_capacity: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.max_rows = max_rows
+        self.max_capacity = max_capacity or 1 << 62
+        self.capacity = min(capacity, self.max_capacity)
+        shape = (max_rows, kv_heads, self.capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths: list[int] = []  # committed positions of each active row (slot i = row i)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def ensure(self, length: int) -> None:
+        """Make room for ``length`` positions in every slot."""
+        if length <= self.capacity:
+            return
+        if length > self.max_capacity:
+            raise AdaptspecError(f"{length} positions exceed the KV store's capacity of {self.max_capacity}")
+        new = self.capacity
+        while new < length:
+            new *= 2
+        new = min(new, self.max_capacity)
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                grown = t.new_zeros(t.shape[0], t.shape[1], new, t.shape[3])
+                grown[:, :, : self.capacity] = t
+                store[i] = grown
+        self.capacity = new
+
+    def load(self, slot: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put one sequence's cache (per layer ``(keys, values)``, each ``[1, kv_heads, n, head_dim]``)
+        into ``slot``, which must be the next free one."""
+        if slot != self.rows or slot >= self.max_rows:
+            raise AdaptspecError(f"slot {slot} is not the next free slot ({self.rows} of {self.max_rows} used)")
+        n = layers[0][0].shape[2]
+        self.ensure(n)
+        for (k, v), ks, vs in zip(layers, self.keys, self.values):
+            ks[slot, :, :n] = k[0]
+            vs[slot, :, :n] = v[0]
+        self.lengths.append(n)
+
+    def remove(self, slot: int) -> None:
+        """Free ``slot``; the last row moves into it (so rows stay ``0 .. rows - 1``)."""
+        last = self.rows - 1
+        if slot != last:
+            n = self.lengths[last]
+            for store in (self.keys, self.values):
+                for t in store:
+                    t[slot, :, :n] = t[last, :, :n]
+            self.lengths[slot] = n
+        self.lengths.pop()
+
+    def pass_cache(self, width: int) -> "SlotCache":
+        """The cache for one batched pass writing ``width`` positions in every active row."""
+        self.ensure(max(self.lengths) + width)
+        return SlotCache(self, width)
+
+    def commit(self, kept: Sequence[int]) -> None:
+        """After a pass: row ``i`` keeps the first ``kept[i]`` positions it wrote."""
+        self.lengths = [n + k for n, k in zip(self.lengths, kept)]
+
+
+class SlotCache:
+    """The target's cache for one batched pass (transformers calls ``update`` once per layer)."""
+
+    def __init__(self, store: SlotStore, width: int) -> None:
+        self.store = store
+        self.width = width
+        rows = store.rows
+        device = store.keys[0].device
+        self.starts = torch.tensor(store.lengths, device=device)  # [R], one host -> device copy a pass
+        self.positions = self.starts[:, None] + torch.arange(width, device=device)  # [R, T]
+        self.rows = torch.arange(rows, device=device)[:, None]
+        self.key_length = max(store.lengths) + width
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the pass's ``[R, kv_heads, T, head_dim]`` keys/values at each row's own positions;
+        return every row's keys/values up to the longest row's end (a view of the store)."""
+        s, r = self.store, self.store.rows
+        keys, values = s.keys[layer_idx], s.values[layer_idx]
+        keys[self.rows, :, self.positions] = key_states.transpose(1, 2).to(keys.dtype)
+        values[self.rows, :, self.positions] = value_states.transpose(1, 2).to(values.dtype)
+        return keys[:r, :, : self.key_length], values[:r, :, : self.key_length]
+
+    def attention_mask(self) -> torch.Tensor:
+        """``[R, 1, T, K]`` booleans: query ``q`` of row ``i`` sees keys ``j <= lengths[i] + q``."""
+        keys = torch.arange(self.key_length, device=self.positions.device)
+        return (keys[None, None, :] <= self.positions[:, :, None])[:, None]
