@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from .base import Policy, greedy_probs
+from .base import Policy, greedy_probs, one_hot
 from .context_free import ContextFreePolicy, RunningStats
 
 
@@ -115,27 +115,42 @@ class UCB(ContextFreePolicy):
         bonus = self.c * scale * np.sqrt(2.0 * math.log(max(total, math.e)) / np.maximum(n, 1e-12))
         return self.stats.mean() + bonus
 
+    def _warmup_arms(self, n: int) -> np.ndarray | None:
+        """Arm indices the next ``n`` decisions play round-robin, without learning in between
+        (the arms still in warm-up, in arm order from the round-robin position); None after warm-up."""
+        need = self._warming()
+        if need is None:
+            return None
+        k = len(self.arms)
+        order = (self._rr + np.arange(k)) % k
+        cycle = order[need[order]]
+        return cycle[np.arange(n) % len(cycle)]
+
     def _probs(self, context: np.ndarray | None) -> np.ndarray:
+        # during warm-up the next decision is the round-robin arm: an arm without data has no
+        # mean (nan), so its score is no probability
+        warm = self._warmup_arms(1)
+        if warm is not None:
+            return one_hot(len(self.arms), int(warm[0]))
         return greedy_probs(self._scores())
 
     def _choose(self, context: np.ndarray | None) -> tuple[int, np.ndarray]:
-        need = self._warming()
-        if need is None:
-            probs = self._mix(self._probs(context))
-            return self._draw(probs), probs
-        k = len(self.arms)
-        order = (self._rr + np.arange(k)) % k
-        first = int(order[np.argmax(need[order])])
-        self._rr = (first + 1) % k
-        probs = np.zeros(k)
-        probs[first] = 1.0
-        probs = self._mix(probs)
+        probs = self._mix(self._probs(context))
+        warm = self._warmup_arms(1)
+        if warm is not None:  # the round-robin moves on
+            self._rr = (int(warm[0]) + 1) % len(self.arms)
         return self._draw(probs), probs
 
     def _choose_batch(self, X: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         if self._warming() is not None:
             return Policy._choose_batch(self, X, n)
         return super()._choose_batch(X, n)
+
+    def _probs_batch(self, X: np.ndarray | None, n: int) -> np.ndarray:
+        warm = self._warmup_arms(n)
+        if warm is None:
+            return np.broadcast_to(self._mix(greedy_probs(self._scores())), (n, len(self.arms))).copy()
+        return self._mix(np.eye(len(self.arms))[warm])
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "rr": self._rr}
