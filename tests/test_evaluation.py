@@ -306,16 +306,33 @@ class ToySpeculator:
         return Outcome(out[:max_new_tokens], rounds, sum(r.draft_s + r.verify_s for r in rounds))
 
 
+def _toy_walk(ids, b: int, max_new_tokens: int) -> tuple[int, float]:
+    """New tokens and decode seconds of ToySpeculator at fixed block size ``b``, by its stated rule."""
+    acc = 0.5 + (sum(ids) % 7) / 14
+    n, s = 1, 0.0
+    while n < max_new_tokens:
+        bb = min(b, max_new_tokens - n)
+        s += 0.001 * (bb > 1) + 0.010 + 0.001 * bb
+        n += min(bb, 1 + int(acc * (bb - 1)))
+    return min(n, max_new_tokens), s
+
+
 def test_e2e_summary_is_consistent() -> None:
     prompts = [(f"p{i}", "toy", [3 + i, 5, 7 * i]) for i in range(4)]
     d = run_e2e(ToySpeculator(), prompts, 4, "ucb", max_new_tokens=20, progress=False)
     m = d["methods"]
     assert d["prompts"] == 4 and d["identical_outputs"] == 4
-    for k in ("plain", "fixed", "controller"):
-        assert m[k]["tokens_per_s"] == pytest.approx(m[k]["new_tokens"] / m[k]["decode_s"], rel=1e-3)
-        assert m[k]["speedup"] == pytest.approx(m[k]["tokens_per_s"] / m["plain"]["tokens_per_s"], rel=1e-3)
-    assert m["plain"]["mean_tau"] == 1.0 and m["fixed"]["speedup"] > 1.0
     c = d["controller"]
+    # expected totals from the toy's timing rule, walked here independently of run_e2e
+    plain = [_toy_walk(ids, 1, 20) for _, _, ids in prompts]
+    fixed = [_toy_walk(ids, 4, 20) for _, _, ids in prompts]
+    ctrl = [_toy_walk(ids, b, 20) for (_, _, ids), b in zip(prompts, c["block_sizes"])]
+    tps = {k: sum(n for n, _ in w) / sum(s for _, s in w) for k, w in (("plain", plain), ("fixed", fixed), ("controller", ctrl))}
+    for k in ("plain", "fixed", "controller"):
+        assert m[k]["new_tokens"] == 80
+        assert m[k]["tokens_per_s"] == pytest.approx(tps[k], rel=1e-3)
+        assert m[k]["speedup"] == pytest.approx(tps[k] / tps["plain"], rel=1e-3)
+    assert m["plain"]["mean_tau"] == 1.0 and m["fixed"]["speedup"] > 1.0
     assert len(c["block_sizes"]) == 4 and c["updates"] == 4 and c["fallbacks"] == 0
     dec = sum(r["controller"]["decode_s"] for r in d["rows"])
     ov = sum(r["controller"]["overhead_s"] for r in d["rows"])

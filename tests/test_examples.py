@@ -70,7 +70,8 @@ def test_wrap_speculator(tmp_path):
     rows = [l.split() for l in out.splitlines() if re.match(r"^(gsm8k|mt-bench|humaneval)", l)]
     assert [r[0] for r in rows] == [p.domain for p in benchmark_prompts(per_benchmark=1)[:2]]
     for domain, b, tau, tps, reward in rows:
-        assert 1.0 <= float(tau) <= int(b)
+        if int(b) == 1:  # plain decoding commits one token a round
+            assert float(tau) == 1.0
         # the reward is minus milliseconds per token, -1000 / (tokens per second), up to the printed rounding
         t, r = float(tps), float(reward)
         assert -1000.0 / (t - 0.05) - 0.005 <= r <= -1000.0 / (t + 0.05) + 0.005

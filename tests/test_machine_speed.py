@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from adaptspec import AdaptiveController
 from adaptspec.control.policy_checkpoint import latest_checkpoint
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import get_profile
+from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.traces.log_writer import log_rows
 from adaptspec.reward.machine_speed import MachineSpeed
 from adaptspec.speculator import Outcome, Prefill, Round
@@ -75,11 +75,13 @@ def test_factor_is_the_discounted_geometric_mean_of_the_ratios(ratios, half_life
 
 
 def test_profile_time_is_the_profiles_round_time_summed():
-    p = get_profile(PROFILE)
+    # closed form: draft 10 ms + 1 ms per drafted token past the first (none at B = 1), verify
+    # 40 ms + 2 ms per verified token past the first; no context terms
+    toy = LatencyProfile("toy", draft=CostCurve((1,), (0.010,), tail_slope_s=0.001),
+                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
     rounds = [Round(1, 1, 0.0, 0.0), Round(4, 2, 0.0, 0.0), Round(8, 8, 0.0, 0.0), Round(3, 1, 0.0, 0.0, drafted=8)]
-    want = (float(p.plain_token_s()) + float(p.round_s(4)) + float(p.round_s(8))
-            + float(p.draft_s(8)) + float(p.verify_s(3)))
-    assert MachineSpeed(PROFILE).profile_s(rounds) == pytest.approx(want, rel=1e-12)
+    want = (0.040) + (0.013 + 0.046) + (0.017 + 0.054) + (0.017 + 0.044)
+    assert MachineSpeed(toy).profile_s(rounds) == pytest.approx(want, rel=1e-12)
 
 
 def test_no_round_or_no_time_is_no_observation():

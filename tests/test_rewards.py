@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import get_profile
+from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.reward.functions import (REWARDS, mean_tau, measured_throughput, modelled_throughput, reward_function,
                                throughput, trace_costs, trace_rewards)
 from adaptspec.simulators.synthetic import generate
@@ -47,15 +47,27 @@ def test_outcome_reward_errors():
     assert REWARDS == ("throughput", "token_latency", "modelled", "tau")
 
 
+#: A profile whose passes cost, in closed form (n = block size x batch, c = context tokens):
+#: draft 10 ms + 1 ms per token past the first + 1 us per context token per sequence (0 at B = 1);
+#: verify 40 ms + 2 ms per token past the first + 10 ns per query-key pair.
+TOY = LatencyProfile("toy", draft=CostCurve((1,), (0.010,), tail_slope_s=0.001, per_context_s=1e-6),
+                     verify=CostCurve((1,), (0.040,), tail_slope_s=0.002, per_pair_s=1e-8), context_tokens=300)
+
+
+def _toy_round_s(b: int, c: float, batch: int) -> float:
+    n = b * batch
+    draft = 0.0 if b == 1 else 0.010 + 0.001 * (n - 1) + 1e-6 * c * batch
+    return draft + 0.040 + 0.002 * (n - 1) + 1e-8 * n * c
+
+
 def test_modelled_throughput_is_tau_over_round_time_elementwise():
-    p = get_profile("h100-qwen3-8b")
     tau = np.array([[1.0, 3.0, 6.5], [1.0, 2.0, 4.0]])
     b = np.array([1, 4, 16])
     ctx = np.array([[100.0], [3000.0]])
-    got = modelled_throughput(tau, b, p, ctx, 4)
-    want = np.array([[tau[i, j] / (float(p.draft_s(b[j], ctx[i, 0], 4)) + float(p.verify_s(b[j], ctx[i, 0], 4)))
-                      for j in range(3)] for i in range(2)])
-    np.testing.assert_allclose(got, want)
+    got = modelled_throughput(tau, b, TOY, ctx, 4)
+    want = np.array([[tau[i, j] / _toy_round_s(int(b[j]), ctx[i, 0], 4) for j in range(3)] for i in range(2)])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert float(modelled_throughput(4.0, 8, TOY)) == pytest.approx(4.0 / _toy_round_s(8, 300, 1), rel=1e-12)
     np.testing.assert_allclose(throughput([10, 20], [0.5, 0.5]), [20, 40])
 
 
