@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors", type=int_range(1), default=8,
                    help="blocks drafted per training sequence in one pass (random anchors in its response)")
     p.add_argument("--lr", type=float_range(0, lo_open=True), default=6e-4, help="peak learning rate (cosine schedule)")
+    p.add_argument("--warmup", type=int_range(0), default=200, help="learning-rate warm-up steps")
     p.add_argument("--eval-every", type=int_range(1), default=500, help="steps between held-out evaluations")
     p.add_argument("--minutes", type=float_range(0, lo_open=True), default=None, help="stop training after this long (resume later)")
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
@@ -187,6 +188,7 @@ def _train_config(args: argparse.Namespace):
                        mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
                        max_train_tokens=args.train_tokens, init_from_target=args.init_from_target,
                        anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
+                       warmup_steps=args.warmup,
                        init_from=None if args.init_from is None else str(args.init_from))
 
 
