@@ -1,6 +1,6 @@
 """Per-round replay on dense traces: schedules, the per-request oracle and the per-round oracle.
 
-A dense trace (:mod:`adaptspec.collect.dense`) knows, at T = 0, how many drafts the target accepts at
+A dense trace (:mod:`adaptspec.traces.dense`) knows, at T = 0, how many drafts the target accepts at
 every position for every block size, so any schedule can be walked through it round by round
 (:func:`adaptspec.traces.dense.replay_rounds`) and timed with a latency profile. Three references put
 a schedule's time in perspective, all on the same profile:
@@ -16,7 +16,7 @@ a schedule's time in perspective, all on the same profile:
 Aggregate speed is total tokens over total time (what a server sees), and speed-ups are
 against plain decoding on the same profile.
 
->>> from adaptspec.collect.dense import DenseRequest
+>>> from adaptspec.traces.dense import DenseRequest
 >>> from adaptspec.reward.latency import CostCurve, LatencyProfile
 >>> flat = LatencyProfile("toy", draft=CostCurve((2.0,), (0.01,)), verify=CostCurve((1.0,), (0.04,)))
 >>> accept = np.array([[1, 2, 3]] * 8, dtype=np.uint8)     # 3 drafts accepted of 3 at B = 4
