@@ -50,5 +50,5 @@ PY
 adaptspec train-head "$work/head-train" --out adaptspec/models/weights/smollm2-135m-head --overwrite
 
 echo "== 4/4 evaluation report and per-round replay"
-python benchmarks/evaluate.py
+python benchmarks/evaluate.py --force
 python benchmarks/bench_rounds.py --dense "$dense"

@@ -39,7 +39,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("d1-train-head-overwrite-regular-file", ["train-head", "ts", "--out", "afile", "--overwrite"],
      "afile exists and is not an adaptspec offline head"),
     ("d1-train-head-overwrite-trace-set", ["train-head", "ts", "--out", "ts", "--overwrite"],
-     "ts exists and is not an adaptspec offline head"),
+     "ts: the output overlaps this command's own input ts"),
     ("d1-train-head-existing-head-needs-overwrite", ["train-head", "ts", "--out", "head"],
      "head already exists (pass --overwrite to replace the offline head)"),
     ("d1-train-head-out-under-a-file", ["train-head", "ts", "--out", "afile/head"], "afile is not a directory"),

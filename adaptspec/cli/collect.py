@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         if args.temperature != 0 or args.part or args.force:
             raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
     else:
-        check_output(args.out, "traceset", args.force)  # before the model is loaded and any prompt decoded
+        check_output(args.out, "traceset", args.force,  # before the model is loaded and any prompt decoded
+                     reads=[p for p in (args.prompts,) if isinstance(p, Path)])
     if args.prompts is None:
         numbered = trace_prompts()
     elif args.prompts == "benchmarks":

@@ -7,6 +7,11 @@ Examples::
     adaptspec evaluate --e2e 50                          # also section 6, on the real decoder
     adaptspec evaluate --sections e2e --e2e 3 --e2e-max-new-tokens 32 --drafter runs/drafter
     adaptspec evaluate --quick --docs /tmp/eval          # a fast, rough pass somewhere else
+    adaptspec evaluate --force                           # replace the checkout's docs/evaluation.md
+
+An earlier report is replaced only with ``--force``, and only files an earlier run wrote (the
+markdown files carry a generated-by line; the figures folder holds only results.json and the
+figures): anything else is refused with one line before any section runs.
 """
 
 from __future__ import annotations
@@ -50,7 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute nothing: rewrite the report and the headline from evaluation/results.json")
     p.add_argument("--quick", action="store_true", help="far fewer runs and shorter streams (rough figures, seconds)")
     p.add_argument("--docs", default=None, metavar="DIR",
-                   help="write evaluation.md, evaluation_headline.md and evaluation/ here (default: the repo's docs/)")
+                   help="write evaluation.md, evaluation_headline.md and evaluation/ here (default: the checkout's "
+                        "docs/; needed when adaptspec is installed, not run from a checkout)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier report in --docs (only files adaptspec evaluate wrote: anything else "
+                        "is refused)")
     p.add_argument("--json", action="store_true", help="print the results (every section's data) as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)  # how benchmarks/evaluate.py was called
@@ -58,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import E2EOptions, Outputs, Request, Settings, run_evaluation
-    from ..evaluation.runner import REPLAY_SECTIONS
+    from ..evaluation.runner import REPLAY_SECTIONS, checkout
 
     opts = dict(QUICK) if args.quick else {}
     for name in ("splits", "orders", "passes"):
@@ -91,12 +100,19 @@ def run(args: argparse.Namespace) -> int:
                                     if sys.argv[1:2] == ["evaluate"] else "adaptspec evaluate")
     req = Request(traces=args.traces, sections=sections, blockpilot=args.blockpilot, e2e=e2e, settings=settings,
                   command=command)
+    if args.docs is None and checkout() is None:
+        raise AdaptspecError("--docs DIR is needed: adaptspec is installed, not run from a checkout with a docs/ "
+                             "folder to regenerate")
     out = Outputs.default(Path(args.docs) if args.docs else None)
+    out.check(args.force)  # before any section runs
+    if args.render_only and not (out.folder / "results.json").is_file():
+        raise AdaptspecError(f"--render-only rewrites the report from an earlier run's {out.folder / 'results.json'}, "
+                             "which does not exist")
     results = run_evaluation(req, out)
     if args.json:
         print(json.dumps({"report": str(out.report), "headline": str(out.headline), **results}))
     else:
-        latest = max(results["runs"])
+        latest = max(results["runs"], default=None)
         ran = [k for k, s in results["sections"].items() if s["run"] == latest] if not args.render_only else []
         print(f"wrote {out.report}, {out.headline} and {out.folder}/ (regenerated: {', '.join(ran) or 'nothing'})")
     return 0

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output
     from ..traces import TraceSet, import_blockpilot
 
-    check_output(args.out, "traceset", args.force)
+    check_output(args.out, "traceset", args.force, reads=[args.dir])
     ts = import_blockpilot(args.dir, target=args.target, drafter=args.drafter, hardware=args.hardware)
     path = ts.write(args.out, overwrite=args.force)
     info = TraceSet.read(path).info()

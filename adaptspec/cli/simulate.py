@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.log and not args.ab:
         from .._util.outputs import check_output
 
-        check_output(args.log, "decision-log", args.force)
+        check_output(args.log, "decision-log", args.force, reads=[args.traces])
     traces = load_traces(args.traces)
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     if args.ab:
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                                       seed=report.seeds[0], order=args.order, n_steps=args.steps,
                                       progress=False if args.no_progress else None))
 
-        write_dir(args.log, "decision-log", args.force, write)
+        write_dir(args.log, "decision-log", args.force, write, reads=[args.traces])
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--out", required=True, metavar="TRACES", help="trace set directory to write")
     d.add_argument("--arms", default="1,2,4,6,8,10,12,16", help="block sizes (default 1,2,4,6,8,10,12,16)")
     d.add_argument("--latency", default="cpu-smollm2-bf16", metavar="PROFILE", help="latency profile name or JSON file")
-    d.add_argument("--force", action="store_true", help="replace TRACES if it is a trace set")
+    d.add_argument("--force", action="store_true", help="replace TRACES if it is a trace set adaptspec wrote (and nothing else)")
     r = sub.add_parser("rounds", help="per-round schedules, fixed block sizes and both oracles replayed on a dense set",
                        description="replay per-round schedules and every fixed block size on a dense trace set, "
                                    "with the per-request and per-round oracles; aggregate tok/s over plain decoding")
@@ -48,9 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from ..traces import DEFAULT_TRACES, open_any
 
     if args.action == "derive":
+        from .._util.outputs import check_output
         from ..traces.dense import DenseTraceSet, to_traceset
         from ..errors import AdaptspecError
         from ..reward.latency import get_profile
+
+        check_output(args.out, "traceset", args.force, reads=[args.path])  # never the dense set itself
 
         try:
             arms = [int(a) for a in args.arms.split(",") if a.strip()]

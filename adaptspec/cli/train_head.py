@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     hidden = args.hidden
     out = Path(args.out)
-    check_output(out, "head", args.overwrite, "--overwrite")
+    check_output(out, "head", args.overwrite, "--overwrite", reads=[args.traces])
 
     traces = load_traces(args.traces)
     X = traces.features
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if featurizer is not None:
             featurizer.save(tmp)
 
-    write_dir(out, "head", args.overwrite, write, "--overwrite")
+    write_dir(out, "head", args.overwrite, write, "--overwrite", reads=[args.traces])
 
     keys = ("n_train", "n_val", "best_epoch", "epochs", "val_loss", "val_accuracy", "val_pct_oracle", "val_pct_best_fixed")
     summary = {"out": str(out), "mode": head.mode, "arms": list(head.arms), "hidden": list(head.hidden_sizes),
