@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from adaptspec.traces.log_writer import log_rows
-from adaptspec.simulators.ab import analyze, format_report, rows_to_arrays
+from adaptspec.analysis.ab import analyze, rows_to_arrays
 
 PROMPTS = ["Write a haiku about the sea.", "What is 17 times 23?", "def fibonacci(n):",
            "Summarise the plot of Hamlet.", "List three uses of copper."]
@@ -125,10 +125,10 @@ def main() -> None:
 
         # The report `adaptspec ab-report LOG_DIR` prints, from the library.
         report = analyze(rows_to_arrays(log_rows(log_dir)))
-        print(format_report(report))
-        if not report["sequential"]["tests"]:
+        print(report.to_text())
+        if not report.tests:
             print("verdict: one variant, nothing to compare")
-        for test in report["sequential"]["tests"]:
+        for test in report.tests:
             a, b = test["n"]
             verdict = f"{test['winner']} is better" if test["significant"] else "no significant difference yet"
             print(f"verdict {a} vs {b}: {verdict} (always-valid p = {test['p_value']:.3g})")

@@ -3,7 +3,7 @@
 A server logs, for every request, the block size its policy chose and the probability it
 chose it with (the propensity). From such a log the value of *another* policy can be
 estimated without running it: IPS and SNIPS reweight the logged rewards, DR also uses a reward
-model fitted on the log (``adaptspec.simulators.ope``).
+model fitted on the log (``adaptspec.analysis.ope``).
 
 Here the log comes from replaying the bundled default trace set (336 public benchmark prompts)
 through a logging policy, exactly
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from adaptspec.policies.featurizer import Featurizer
 from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
-from adaptspec.simulators import evaluate_log, replay_log
+from adaptspec.analysis import evaluate_log
+from adaptspec.simulators import replay_log
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import DecisionLog, load_traces
 

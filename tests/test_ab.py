@@ -1,75 +1,22 @@
-"""A/B analysis: the always-valid sequential test, per-variant figures, cross-variant OPE, replay, CLIs."""
+"""A/B: the report of a served log (per-variant figures, tests, cross-variant OPE), the offline replay, the CLIs.
+
+The sequential test and the intervals themselves are tested in test_statistics.py."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from _controller_helpers import FakeSpeculator
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.cli import main
-from adaptspec.simulators.ab import analyze, parse_ab_specs, rows_to_arrays, sequential_test, simulate_ab
+from adaptspec.analysis.ab import analyze, rows_to_arrays
+from adaptspec.analysis.statistics import sequential_test
+from adaptspec.policies.variants import parse_ab_specs
+from adaptspec.simulators.ab import simulate_ab
 from adaptspec.simulators.synthetic import generate
-
-
-# ============================================================================ the sequential test
-def test_type_one_error_holds_under_continuous_monitoring():
-    # 300 A/A streams of 1,500 skewed rewards, looked at after every single request
-    rng = np.random.default_rng(0)
-    stopped_msprt = stopped_naive = 0
-    for _ in range(300):
-        g = rng.integers(0, 2, 1500)
-        y = rng.gamma(2.0, 15.0, 1500)
-        stopped_msprt += sequential_test(g, y).stopped_at is not None
-        # what peeking with a plain t-test every 50 requests would do
-        stopped_naive += any(stats.ttest_ind(y[:n][g[:n] == 0], y[:n][g[:n] == 1]).pvalue < 0.05
-                             for n in range(100, 1501, 50))
-    assert stopped_msprt / 300 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 300)
-    assert stopped_naive / 300 > 0.12  # the reason for an always-valid test
-
-
-def test_detects_a_real_difference_and_names_the_winner():
-    rng = np.random.default_rng(1)
-    wins, stops = 0, []
-    for _ in range(40):
-        g = rng.integers(0, 2, 3000)
-        y = rng.normal(30.0 + 1.5 * g, 5.0)  # 0.3 standard deviations
-        t = sequential_test(g, y)
-        if t.stopped_at is not None:
-            stops.append(t.stopped_at)
-            wins += t.winner == 1
-    assert len(stops) >= 36 and wins == len(stops) and np.median(stops) < 1500
-
-
-def test_always_valid_interval_covers_the_truth_and_is_wider_than_a_fixed_one():
-    rng = np.random.default_rng(2)
-    cover = 0
-    for _ in range(100):
-        g = rng.integers(0, 2, 800)
-        y = rng.normal(10.0 - 0.5 * g, 3.0)
-        t = sequential_test(g, y)
-        cover += t.ci[0] <= 0.5 <= t.ci[1]
-        fixed = stats.norm.ppf(0.975) * math.sqrt(np.var(y[g == 0], ddof=1) / t.n[0] + np.var(y[g == 1], ddof=1) / t.n[1])
-        assert (t.ci[1] - t.ci[0]) / 2 > fixed
-    assert cover >= 95
-
-
-def test_sequential_test_edge_cases():
-    t = sequential_test(np.array([0, 1] * 4), np.arange(8.0))  # fewer than min_n: nothing tested
-    assert t.stopped_at is None and t.p_value == 1.0 and t.ci == (-math.inf, math.inf)
-    assert sequential_test(np.array([], int), np.array([])).n == (0, 0)
-    p = sequential_test(np.tile([0, 1], 200), np.tile([5.0, 5.0], 200) + np.arange(400) * 1e-9).p_path
-    assert np.all(np.diff(p) <= 0)  # the always-valid p never goes back up
-    with pytest.raises(AdaptspecError, match="0 or 1"):
-        sequential_test(np.array([0, 2]), np.array([1.0, 2.0]))
-    with pytest.raises(AdaptspecError, match="not finite"):
-        sequential_test(np.array([0, 1]), np.array([1.0, np.nan]))
-    with pytest.raises(AdaptspecError, match="alpha"):
-        sequential_test(np.array([0, 1]), np.array([1.0, 2.0]), alpha=1.5)
 
 
 # ============================================================================ the report
@@ -96,7 +43,7 @@ def test_report_figures_match_direct_computation():
     rows, _ = synthetic_rows()
     rows.append({**rows[0], "decision_id": "x", "reward": None, "time": 1.8e9})  # feedback never came
     data = rows_to_arrays(rows)
-    rep = analyze(data)
+    rep = analyze(data).to_json()
     for v in ("A", "B"):
         mine = [r for r in rows if r["variant"] == v and r["reward"] is not None]
         s = rep["variants"][v]
@@ -115,13 +62,41 @@ def test_report_figures_match_direct_computation():
     assert t["n"]["A"] + t["n"]["B"] == 600 and t["diff_of"] == "A - B"
 
 
+def test_report_tests_are_the_sequential_test_of_the_arrival_stream():
+    rows, _ = synthetic_rows(n=800, seed=3)
+    rows = rows[::-1]  # the report orders rows by time itself
+    rep = analyze(rows_to_arrays(rows), alpha=0.01, tau_sd=0.3, min_n=20)
+    by_time = sorted(rows, key=lambda r: r["time"])
+    g = np.array([r["variant"] == "B" for r in by_time], dtype=np.int64)
+    want = sequential_test(g, np.array([r["reward"] for r in by_time]), alpha=0.01, tau_sd=0.3, min_n=20)
+    (t,) = rep.tests
+    assert t["n"] == {"A": want.n[0], "B": want.n[1]} and t["stopped_at"] == want.stopped_at
+    assert t["p_value"] == pytest.approx(want.p_value, rel=1e-5, abs=1e-6) and t["alpha"] == 0.01
+    assert rep.to_json()["sequential"]["tau_sd"] == 0.3 and rep.to_json()["sequential"]["min_n"] == 20
+
+
+def test_report_as_json_and_text():
+    rows, _ = synthetic_rows(n=60)
+    rows += [{**rows[0], "decision_id": "c", "variant": "C", "reward": None, "mean_tau": None, "decode_ms": None}]
+    rep = analyze(rows_to_arrays(rows))
+    doc = rep.to_json()
+    json.dumps(doc, allow_nan=False)  # a variant with no reward and no latency: nulls, not NaN
+    assert doc["variants"]["C"]["reward"] == {"mean": None, "ci": None} and "off_policy" not in doc
+    assert [(t["n"] and list(t["n"])) for t in doc["sequential"]["tests"]] == [["A", "B"], ["A", "C"], ["B", "C"]]
+    text = rep.to_text()
+    assert "| variant | decisions | reward |" in text and "| C | 1 |" in text
+    assert text.count("sequential test ") == 3
+    rep.logs = ["/x/r0", "/x/r1"]
+    assert rep.to_json()["log"] == "/x" and rep.to_json()["logs"] == ["/x/r0", "/x/r1"]
+
+
 def test_off_policy_estimates_across_variants():
     from adaptspec.policies import Fixed
 
     rows, mu = synthetic_rows(n=3000)
     data = rows_to_arrays(rows)
     arms = (2, 4, 8)
-    rep = analyze(data, policies={"A": Fixed(4, arms=arms), "B": Fixed(8, arms=arms)}, n_boot=100)
+    rep = analyze(data, policies={"A": Fixed(4, arms=arms), "B": Fixed(8, arms=arms)}, n_boot=100).to_json()
     est = {(e["target"], e["logged_by"]): e for e in rep["off_policy"]}
     # "always 8" evaluated on A's uniformly random log: full support, close to the truth (25)
     e = est[("B", "A")]
@@ -162,15 +137,33 @@ def cpu_small():
 
 def test_simulate_ab_stops_and_picks_the_better_policy(cpu_small):
     traces = cpu_small
-    sim = simulate_ab(traces, {"A": "fixed:16", "B": "linucb"}, reward="throughput", seeds=[0, 1, 2], n_steps=2000)
+    sim = simulate_ab(traces, {"A": "fixed:16", "B": "linucb"}, reward="throughput", seeds=[0, 1, 2],
+                      n_steps=2000).to_json()
     assert sim["better"] == "B" and sim["true_difference"] < 0
     assert sim["stopped"] == 3 and sim["correct"] == 3 and sim["wrong"] == 0
     assert all(d["stopped_at"] < 2000 and d["winner"] == "B" for d in sim["seeds"])
     # A/A: the same policy twice rarely "wins" (type I error)
     aa = simulate_ab(traces, {"A": "fixed:8", "B": "fixed:8"}, reward="throughput", seeds=range(10), n_steps=1500)
-    assert aa["stopped"] <= 2
+    assert aa.stopped <= 2
     with pytest.raises(AdaptspecError, match="every arm"):
         simulate_ab(traces, {"A": "oracle", "B": "fixed:8"}, n_steps=100)
+
+
+def test_simulate_ab_truth_of_fixed_policies_is_the_column_mean():
+    from adaptspec.traces import TraceSet
+
+    rng = np.random.default_rng(7)
+    tau = np.column_stack([rng.uniform(1.0, 2.0, 300), rng.uniform(1.0, 4.0, 300)])
+    ts = TraceSet.from_arrays([f"r{i}" for i in range(300)], ["chat"] * 300, [2, 4], tau)
+    sim = simulate_ab(ts, {"A": "fixed:2", "B": "fixed:4"}, order="logged", seeds=[0, 1])
+    assert sim.true_value["A"] == pytest.approx(tau[:, 0].mean()) and sim.true_value["B"] == pytest.approx(tau[:, 1].mean())
+    assert sim.better == "B"
+    for run in sim.runs:  # each variant is paid from its own column on the requests routed to it (seeded split)
+        to_b = np.random.default_rng([run["seed"], 99]).random(300) >= 0.5
+        assert run["mean"]["A"] == pytest.approx(tau[~to_b, 0].mean(), rel=1e-6)
+        assert run["mean"]["B"] == pytest.approx(tau[to_b, 1].mean(), rel=1e-6)
+    text = sim.to_text()
+    assert "| seed | requests | stopped at |" in text and f"stopped in {sim.stopped}/2 runs" in text
 
 
 def test_simulate_cli_ab(cpu_small, tmp_path, capsys):

@@ -26,7 +26,8 @@ LAYERS = [
     {"decoding"},
     {"models", "batching"},
     {"policies"},
-    {"collect", "simulators", "analysis"},
+    {"analysis"},  # served-log analysis and its statistics, which the A/B simulation uses
+    {"collect", "simulators"},
     {"control", "fleet"},
     {"evaluation", "serving"},
     {"cli"},

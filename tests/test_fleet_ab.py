@@ -13,7 +13,7 @@ import pytest
 
 from adaptspec import AdaptiveController
 from adaptspec.cli import main
-from adaptspec.simulators.ab import sequential_test
+from adaptspec.analysis.statistics import sequential_test
 
 from _controller_helpers import SplitFormOnly as _Toy
 

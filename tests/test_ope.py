@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import Fixed, Oracle, RandomPolicy
-from adaptspec.simulators.ope import (dm, dr, evaluate, evaluate_log, fit_reward_model, ips, policy_probs, snips,
+from adaptspec.analysis.ope import (dm, dr, evaluate, evaluate_log, fit_reward_model, ips, policy_probs, snips,
                                       switch_dr)
 from adaptspec.simulators.replay import replay_log
 from adaptspec.simulators.synthetic import generate

@@ -6,10 +6,13 @@
 | 4 | 1.25 |
 >>> ci({"mean": 93.94, "lo": 93.51, "hi": 94.32})
 '93.9 [93.5, 94.3]'
+>>> sig(1234.5), sig(123.45), sig(1.2345), sig(0.012345), sig(None), pm(31.5, [30.25, 32.75])
+('1234', '123.5', '1.23', '0.0123', '-', '31.50 ± 1.25')
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -42,3 +45,21 @@ def ci(m: dict[str, Any] | None, nd: int = 1, sign: bool = False) -> str:
     if m["lo"] is None or m["lo"] == m["hi"]:
         return f.format(m["mean"])
     return f"{f.format(m['mean'])} [{f.format(m['lo'])}, {f.format(m['hi'])}]"
+
+
+def sig(x: Any) -> str:
+    """``x`` with about three significant digits (``-`` for None, NaN or infinity)."""
+    if x is None or not math.isfinite(float(x)):
+        return "-"
+    x = float(x)
+    a = abs(x)
+    return f"{x:.0f}" if a >= 1000 else f"{x:.1f}" if a >= 100 else f"{x:.2f}" if a >= 1 else f"{x:.3g}"
+
+
+def pm(mean: Any, interval: Any) -> str:
+    """``mean ± half the interval's width`` in :func:`sig` digits (the mean alone without an interval)."""
+    if mean is None:
+        return "-"
+    if not interval or interval[0] is None or interval[1] is None:
+        return sig(mean)
+    return f"{sig(mean)} ± {sig((interval[1] - interval[0]) / 2)}"

@@ -50,14 +50,10 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
     from ..control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
     from ..control.policy_build import build_policy
     from ..policies.spec import make_policy
+    from ..policies.variants import named_specs
 
     out: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for s in specs:
-        name, eq, spec = s.partition("=")
-        if not eq or not name.strip() or not spec.strip():
-            raise AdaptspecError(f"--policy {s!r}: expected NAME=SPEC, e.g. B=fixed:16")
-        given[name.strip()] = spec.strip()
+    given = named_specs(specs, "--policy", "B=fixed:16")
     if checkpoint_dir is not None:
         root = Path(checkpoint_dir)
         if not root.is_dir():
@@ -83,7 +79,7 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
 
 def run(args: argparse.Namespace) -> int:
     from ..fleet.logs import fleet_log_rows, log_dirs
-    from ..simulators.ab import analyze, finite, format_report, rows_to_arrays
+    from ..analysis.ab import analyze, rows_to_arrays
 
     dirs = log_dirs(args.logs)
     path = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([str(d) for d in dirs]))
@@ -101,12 +97,10 @@ def run(args: argparse.Namespace) -> int:
         policies = {k: make_policy(v, arms[0]) if isinstance(v, str) else v for k, v in policies.items()}
     report = analyze(data, policies=policies, alpha=args.alpha, tau_sd=args.tau, min_n=args.min_n,
                      n_boot=args.bootstrap)
-    report["log"] = str(path)
-    if len(dirs) > 1:
-        report["logs"] = [str(d) for d in dirs]
+    report.logs = [str(d) for d in dirs]
     if args.json:
-        print(json.dumps(finite(report)))
+        print(json.dumps(report.to_json()))
     else:
         print(f"{path}:" if len(dirs) == 1 else f"{len(dirs)} decision logs ({', '.join(d.name for d in dirs)}):")
-        print(format_report(report))
+        print(report.to_text())
     return 0

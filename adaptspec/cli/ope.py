@@ -18,7 +18,7 @@ from ._types import float_range, int_range, seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..simulators.ope import ESTIMATORS
+    from ..analysis.ope import ESTIMATORS
 
     p.add_argument("logs", metavar="LOGS", help="decision log: a directory of part-*.parquet files, or one Parquet file")
     p.add_argument("--policy", action="append", required=True, metavar="SPEC",
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..simulators.ope import ESTIMATORS, evaluate_log
+    from ..analysis.ope import ESTIMATORS, evaluate_log
     from ..traces import DecisionLog
 
     log = DecisionLog.read(args.logs)

@@ -127,6 +127,7 @@ def build(args: argparse.Namespace):
     Everything that can be checked without the model is checked before it is loaded.
     """
     from ..control.controller import default_policy_spec
+    from ..policies.variants import named_specs
     from ..reward.functions import reward_function
     from ..serving.codec import HFCodec
     from ..serving.service import CompletionService, ServerLimits
@@ -138,14 +139,7 @@ def build(args: argparse.Namespace):
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
-    specs: dict[str, str] = {}
-    for v in args.variant or []:
-        name, eq, spec = v.partition("=")
-        if not eq or not name.strip() or not spec.strip():
-            raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
-        if name.strip() in specs:
-            raise AdaptspecError(f"--variant: variant {name.strip()!r} given twice")
-        specs[name.strip()] = spec.strip()
+    specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     from ..serving.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split

@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
-    from ..simulators.ab import format_simulation, parse_ab_specs, simulate_ab
+    from ..policies.variants import parse_ab_specs
+    from ..simulators.ab import simulate_ab
 
     for flag, value in (("--policy", args.policy), ("--plot", args.plot), ("--log", args.log)):
         if value:
@@ -179,7 +180,7 @@ def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
     sim = simulate_ab(traces, parse_ab_specs(args.ab), reward=reward, latency=args.latency, batch_size=args.batch_size,
                       seeds=args.seeds, order=args.order, n_steps=args.steps, split=args.ab_split,
                       alpha=args.ab_alpha)
-    print(json.dumps({"ab": sim}) if args.json else format_simulation(sim))
+    print(json.dumps({"ab": sim.to_json()}) if args.json else sim.to_text())
     return 0
 
 

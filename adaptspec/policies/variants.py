@@ -1,7 +1,11 @@
-"""Named policy variants, ``NAME=SPEC``, as the A/B command-line options take them.
+"""Named policy variants, ``NAME=SPEC``, as the A/B command-line options take them: one
+``NAME=SPEC`` per value (``serve --variant``, ``ab-report --policy``) or two in one value
+(``simulate --ab``).
 
 >>> named_specs(["A=fixed:16", " B = linucb:alpha=0.5"], "--variant", "A=fixed:16")
 {'A': 'fixed:16', 'B': 'linucb:alpha=0.5'}
+>>> parse_ab_specs("A=fixed:16,B=linucb:alpha=0.5,lam=2")
+{'A': 'fixed:16', 'B': 'linucb:alpha=0.5,lam=2'}
 """
 
 from __future__ import annotations
@@ -23,4 +27,35 @@ def named_specs(pieces: Iterable[str], flag: str, example: str) -> dict[str, str
         if name in out:
             raise AdaptspecError(f"{flag}: variant {name!r} given twice")
         out[name] = spec
+    return out
+
+
+def split_variants(text: str) -> list[str]:
+    """The ``NAME=SPEC`` pieces of one string. ``;`` always separates variants; a comma does only
+    when what follows is ``NAME=`` and a known policy name (a spec's own options have commas).
+
+    >>> split_variants("ctl=linucb:alpha=0.5,lam=2;new=ucb")
+    ['ctl=linucb:alpha=0.5,lam=2', 'new=ucb']
+    """
+    from .spec import REGISTRY
+
+    out: list[str] = []
+    for chunk in text.split(";"):
+        pieces: list[str] = []
+        for part in chunk.split(","):
+            name, eq, rest = part.partition("=")
+            starts_variant = bool(eq) and name.strip().isidentifier() and rest.split(":")[0].strip().lower() in REGISTRY
+            if pieces and not starts_variant:
+                pieces[-1] += "," + part
+            else:
+                pieces.append(part)
+        out += pieces
+    return out
+
+
+def parse_ab_specs(text: str, flag: str = "--ab") -> dict[str, str]:
+    """The two variants of an A/B value such as ``"A=fixed:16,B=ucb"`` (see :func:`split_variants`)."""
+    out = named_specs(split_variants(text), flag, "A=fixed:16,B=ucb")
+    if len(out) != 2:
+        raise AdaptspecError(f"{flag} needs exactly two variants, got {len(out)} in {text!r}")
     return out

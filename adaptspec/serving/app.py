@@ -30,7 +30,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from ..simulators.ab import finite
+from .._util.numbers import finite
 from .codec import TextStream
 from .service import CompletionService, RequestError
 

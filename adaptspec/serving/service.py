@@ -330,8 +330,8 @@ class CompletionService:
                 "uptime_s": round(time.time() - self.started, 3), "variants": variants}
 
     def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:
-        """The live A/B report over the decision log (see :mod:`adaptspec.simulators.ab`)."""
-        from ..simulators.ab import analyze, rows_to_arrays
+        """The live A/B report over the decision log (see :mod:`adaptspec.analysis.ab`)."""
+        from ..analysis.ab import analyze, rows_to_arrays
 
         if self.log_dir is None:
             raise RequestError("no decision log: start the server with --log-dir to get an A/B report", 503)
@@ -343,7 +343,7 @@ class CompletionService:
                     policies[name] = c.policy_snapshot()
                 except Exception:  # a stuck policy: report without its off-policy estimates
                     pass
-        report = analyze(rows_to_arrays(rows), policies=policies, n_boot=n_boot)
+        report = analyze(rows_to_arrays(rows), policies=policies, n_boot=n_boot).to_json()
         report["router"] = self.router.to_dict()
         return report
 

@@ -1,4 +1,6 @@
-"""Simulators: trace replay, synthetic scenarios with a known optimum, off-policy evaluation.
+"""Simulators: trace replay, A/B replay, synthetic scenarios with a known optimum.
+
+Off-policy evaluation of a served log is :mod:`adaptspec.analysis.ope`.
 
 The names below load their module on first use, so importing one simulator (say
 ``adaptspec.simulators.synthetic``, which ``adaptspec synth`` needs) does not import the
@@ -11,8 +13,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(["ESTIMATORS", "Estimate", "dm", "dr", "evaluate", "evaluate_log", "fit_reward_model", "ips",
-                     "policy_probs", "snips", "switch_dr"], "ope"),
+    **dict.fromkeys(["ABSimulation", "simulate_ab"], "ab"),
     **dict.fromkeys(["ReplayReport", "replay_log", "stream_order"], "replay"),
     **dict.fromkeys(["SCENARIOS", "generate"], "synthetic"),
 }

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from .._util.numbers import rounded
 from ..errors import AdaptspecError
 from ..policies.base import Policy
 
@@ -52,11 +53,8 @@ class Estimate:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": _r(self.value), "ci": [_r(self.ci[0]), _r(self.ci[1])], "se": _r(self.se), "n": self.n}
-
-
-def _r(x: float) -> float | None:
-    return None if not math.isfinite(x) else round(float(x), 6)
+        return {"value": rounded(self.value), "ci": [rounded(self.ci[0]), rounded(self.ci[1])], "se": rounded(self.se),
+                "n": self.n}
 
 
 # ============================================================================ checks
