@@ -23,6 +23,15 @@ from decoding_helpers import tiny_target
 VOCAB = 96
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one thread is ~1000x faster than two fighting over a loaded 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @functools.lru_cache(maxsize=None)
 def _setup(arch: str = "llama"):
     model = tiny_target(arch, vocab=VOCAB, eos=5)

@@ -6,17 +6,23 @@ each is checked where it enters:
 - the policy's arms, when the controller is built: every one at most the speculator's
   ``max_block_size`` (:func:`check_arms`);
 - the fallback block size, when the controller is built: one of the arms (:func:`choose_fallback`);
-- each decision a policy returns: a :class:`~adaptspec.speculator.Decision` over the
-  controller's arms whose block size is one of them and whose probabilities are valid
-  (:func:`valid_decision`); an invalid one is replaced by :func:`fallback_decision`;
+- each decision a policy returns (:func:`check_decision`, called by the decider,
+  :mod:`adaptspec.control.decider`, once per decision): a
+  :class:`~adaptspec.speculator.Decision` over the controller's arms whose block size is an
+  integer among them and whose probabilities and propensity are valid
+  (:func:`adaptspec.traces.decision_check.decision_fault`, the one statement of that rule). The
+  checked decision carries plain values (an ``int`` block size); an invalid one is replaced by
+  :func:`fallback_decision`, and counted;
 - an outcome reported through ``feedback``: it ran no block larger than its decision's
   (:func:`check_outcome`).
 
-From there on the controller trusts a decision's block size: deciding, decoding, logging
-and updating do not check it again on the controller's behalf. The components it calls
-check what reaches them from their own callers: the decoder the block size it is asked to
-decode with, a policy the block size it is fed through ``update``, the decision-log writer
-and readers every row.
+From there on the controller's parts trust a decision: the book of pending decisions logs it
+(the log writer is told the row comes from a checked decision and does not check it again),
+the update worker feeds its block size to the policy, nothing casts or checks it again. The
+components the controller calls keep the checks of their own entry points, for their other
+callers: the decoder checks the block size it is asked to decode with, a policy the block
+size fed to ``update``, the decision-log writer the rows of other callers and every row it
+reads back from disk.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..speculator import Decision, Outcome
+from ..traces.decision_check import decision_fault
 
 
 def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int) -> tuple[int, ...]:
@@ -53,30 +60,40 @@ def choose_fallback(fallback_block_size: int | None, arms: tuple[int, ...]) -> i
     return int(fallback_block_size)
 
 
-def valid_decision(d: Any, arms: tuple[int, ...]) -> bool:
-    """Whether ``d`` is a :class:`~adaptspec.speculator.Decision` the controller can run and log:
-    over ``arms``, an integer block size among them, probabilities that are finite, >= 0 and
-    sum to 1, and a propensity in (0, 1] that is the chosen block size's probability."""
+def check_decision(d: Any, arms: tuple[int, ...], decision_id: str) -> Decision:
+    """The decision a policy returned, checked, as the controller keeps it: a
+    :class:`~adaptspec.speculator.Decision` over ``arms`` whose fields pass
+    :func:`~adaptspec.traces.decision_check.decision_fault` (an integer block size among the
+    arms, probabilities finite, >= 0, summing to 1, the propensity the chosen arm's), carrying
+    ``decision_id``, with plain values (an ``int`` block size, a ``float`` propensity, float64
+    probabilities). Anything else raises :class:`~adaptspec.errors.AdaptspecError`; the
+    decider then uses the fallback. The one check of a decision on the request path.
+
+    >>> d = Decision(4, 1.0, np.array([0.0, 1.0]), (1, 4), "fixed:4")
+    >>> check_decision(d, (1, 4), "id1").decision_id
+    'id1'
+    >>> check_decision(Decision(3.5, 1.0, np.array([0.0, 1.0]), (1, 4), "p"), (1, 4), "id2")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: policy p: block_size 3.5 is not an integer
+    """
     if not isinstance(d, Decision):
-        return False
-    try:
-        b = int(d.block_size)
-        if b != d.block_size or b not in arms or tuple(d.arms) != arms:
-            return False
-        p = np.asarray(d.probs, dtype=np.float64)
-        prop = float(d.propensity)
-    except (TypeError, ValueError):
-        return False
-    return (p.shape == (len(arms),) and bool(np.isfinite(p).all()) and bool((p >= -1e-12).all())
-            and abs(float(p.sum()) - 1.0) <= 1e-6 and 0.0 < prop <= 1.0 + 1e-9
-            and abs(p[arms.index(b)] - prop) <= 1e-6)
+        raise AdaptspecError(f"a policy returned {type(d).__name__}, not a Decision")
+    if tuple(d.arms) != arms:
+        raise AdaptspecError(f"policy {d.policy}: decision over arms {list(d.arms)}, the controller's are {list(arms)}")
+    fault = decision_fault(d.block_size, d.propensity, d.probs, arms)
+    if fault is not None:
+        raise AdaptspecError(f"policy {d.policy}: {fault}")
+    return Decision(int(d.block_size), float(d.propensity), np.asarray(d.probs, dtype=np.float64), arms, d.policy,
+                    d.version, decision_id, d.extras)
 
 
-def fallback_decision(block_size: int, arms: tuple[int, ...], reason: str) -> Decision:
-    """The decision that replaces a failed, late or invalid one: ``block_size`` with probability 1."""
+def fallback_decision(block_size: int, arms: tuple[int, ...], reason: str, decision_id: str) -> Decision:
+    """The decision that replaces a failed, late or invalid one: ``block_size`` (an arm, checked
+    by :func:`choose_fallback`) with probability 1."""
     probs = np.zeros(len(arms))
     probs[arms.index(block_size)] = 1.0
-    return Decision(block_size, 1.0, probs, arms, f"fallback:{block_size}", version=-1, extras={"fallback": reason})
+    return Decision(block_size, 1.0, probs, arms, f"fallback:{block_size}", -1, decision_id, {"fallback": reason})
 
 
 def check_outcome(outcome: Outcome, decision: Decision) -> None:

@@ -1,8 +1,16 @@
 """AdaptiveController: choose each request's block size with a policy, and keep learning.
 
-One request through :meth:`AdaptiveController.generate`::
+One request through :meth:`AdaptiveController.generate`, and which part does what::
 
-    prefill -> featurize -> decide -> decode -> reward -> update -> log
+    prefill      the speculator, under the speculator's lock (this module)
+    decide       Decider: the context (Contexts), a decision on the policy snapshot, on the
+                 decision thread, checked where it enters (block_sizes.check_decision), or
+                 the fallback; the BOOK records it as pending
+    decode       the speculator, under its lock, with the checked block size (this module)
+    feedback     DecisionBook: claims the pending decision, computes the reward, writes the
+                 row to the decision log and queues the Update, under one lock (log order)
+    update       UpdateWorker (the update thread): Learner.apply in log order, publishes a
+                 fresh snapshot to the Decider, housekeeping (expiry, Checkpointer, log roll)
 
 Engines that run decoding themselves use the split form: ``decision = controller.decide(
 features)`` when the prefill is done, ``controller.feedback(decision.decision_id, outcome)``
@@ -30,11 +38,12 @@ re-applies, in order, every logged feedback after the checkpoint's last update: 
 state is exactly what it was after the last acknowledged feedback before a crash. (The
 policy's random generator resumes from the checkpoint.)
 
-Where the parts are: this module holds the request loop and the public API; the policy a
-controller runs is built in :mod:`adaptspec.control.policy_build`, block sizes are checked
-where they enter in :mod:`adaptspec.control.block_sizes`, feedback bookkeeping is
-:mod:`adaptspec.control.feedback`, the threads :mod:`adaptspec.control.workers`, checkpoints
-and resume :mod:`adaptspec.control.checkpoints`.
+Where the parts are (each built here from the checked settings, :mod:`adaptspec.control.config`,
+and given what it needs): :mod:`~adaptspec.control.policy_build` (which policy runs),
+:mod:`~adaptspec.control.context` and :mod:`~adaptspec.control.decider` (deciding),
+:mod:`~adaptspec.control.block_sizes` (the block-size checks), :mod:`~adaptspec.control.book`
+(pending decisions, feedback, logging), :mod:`~adaptspec.control.updates` (the learning policy
+and the update thread), :mod:`~adaptspec.control.checkpointer` (checkpoints and resume).
 
 >>> from adaptspec.schedules import as_schedule
 >>> from adaptspec.speculator import Outcome, Prefill, Round
@@ -53,38 +62,53 @@ and resume :mod:`adaptspec.control.checkpoints`.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import math
 import threading
 import time
-import uuid
-from collections import OrderedDict
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from queue import SimpleQueue
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .block_sizes import check_arms, check_outcome, choose_fallback, fallback_decision, valid_decision
-from .checkpoints import CheckpointsMixin, check_checkpoint_dir
-from .feedback import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
-from .feedback import FeedbackMixin, _Counters, _Pending
-from .policy_build import DEFAULT_ARMS, default_policy_spec, make_learner, resolve_featurizer, resolve_machine_speed
-from .workers import _STOP, WorkersMixin, speculator_lock
+from .block_sizes import check_outcome
+from .book import DecisionBook
+from .book import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
+from .checkpointer import Checkpointer
+from .config import ControllerConfig, check_speculator
+from .context import Contexts
+from .decider import Decider, copy_policy
+from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
+from .updates import Learner, UpdateQueue, UpdateWorker
 from ..errors import AdaptspecError
 from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from ..reward.functions import DEFAULT_REWARD
-from ..schedules import parse_schedule
 from ..schedules.fixed import BlockFunction
 from ..speculator import Decision, Outcome, Round
 
-__all__ = ["AdaptiveController", "Generation", "PrefillError", "DEFAULT_ARMS", "BUNDLED_HEAD", "default_policy_spec"]
+__all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
+           "default_policy_spec"]
 
 log = logging.getLogger("adaptspec.control.controller")
+
+_LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
+_LOCKS_BY_ID: dict[int, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def speculator_lock(speculator: Any) -> threading.Lock:
+    """The lock every controller uses around calls into ``speculator`` (one per speculator object)."""
+    with _LOCKS_GUARD:
+        try:
+            lock = _LOCKS.get(speculator)
+            if lock is None:
+                lock = _LOCKS[speculator] = threading.Lock()
+        except TypeError:  # not weak-referenceable
+            lock = _LOCKS_BY_ID.setdefault(id(speculator), threading.Lock())
+        return lock
 
 
 class PrefillError(AdaptspecError):
@@ -123,7 +147,7 @@ class Generation:
         return self.decision.extras.get("fallback")
 
 
-class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
+class AdaptiveController:
     """Wrap a speculator and a policy; decide, decode, learn and log (see the module docstring).
 
     Parameters
@@ -202,145 +226,58 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         None (default): this process learns alone.
     """
 
-    def __init__(
-        self,
-        speculator: Any,
-        policy: Any = None,
-        *,
-        arms: Sequence[int] | None = None,
-        featurizer: Featurizer | str | Path | None = None,
-        reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
-        latency: Any = None,
-        speed_reference: Any = "auto",
-        variant: str | None = None,
-        log_dir: str | Path | None = None,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 100,
-        checkpoint_interval_s: float | None = 60.0,
-        fallback_block_size: int | None = None,
-        decide_timeout_s: float = 0.1,
-        feedback_timeout_s: float | None = 300.0,
-        redecide_every: int | None = None,
-        round_rule: Any = None,
-        seed: int | None = 0,
-        resume: bool = True,
-        log_features: bool = True,
-        roll_rows: int = 1000,
-        roll_interval_s: float | None = 60.0,
-        log_fsync: bool = True,
-        blas_threads: int | None = 1,
-        shared: Any = None,
-    ) -> None:
-        from ..reward.functions import reward_function
-
-        for name in ("prefill", "decode"):
-            if not callable(getattr(speculator, name, None)):
-                raise AdaptspecError(f"speculator {type(speculator).__name__} has no {name}() method")
-        max_b = getattr(speculator, "max_block_size", None)
-        if not isinstance(max_b, (int, np.integer)) or max_b < 1:
-            raise AdaptspecError(f"speculator {type(speculator).__name__} needs an integer max_block_size >= 1")
-        if blas_threads is not None and (int(blas_threads) != blas_threads or blas_threads < 1):
-            raise AdaptspecError(f"blas_threads must be a positive integer or None, got {blas_threads!r}")
-        self.speculator = speculator
-        self.max_block_size = int(max_b)
-        self.variant = variant
+    def __init__(self, speculator: Any, policy: Any = None, *, arms: Sequence[int] | None = None,
+                 featurizer: Featurizer | str | Path | None = None, reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
+                 latency: Any = None, speed_reference: Any = "auto", variant: str | None = None,
+                 log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 100,
+                 checkpoint_interval_s: float | None = 60.0, fallback_block_size: int | None = None,
+                 decide_timeout_s: float = 0.1, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
+                 round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
+                 roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
+                 blas_threads: int | None = 1, shared: Any = None) -> None:
+        settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
+        self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
+        self.speculator, self.max_block_size = speculator, check_speculator(speculator)
+        self.setup = setup = setup_policy(policy, cfg, self.max_block_size)
+        self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator)
-
-        # ---------------------------------------------------------------- policy and featurizer
-        self.policy_spec, learner = make_learner(policy, arms, self.max_block_size, seed)
-        self.arms: tuple[int, ...] = check_arms(learner, arms, self.max_block_size)
-        self.policy_label = str(getattr(learner, "label", type(learner).__name__))
-        self._contextual = bool(getattr(learner, "contextual", True))
-        self.featurizer = resolve_featurizer(featurizer, self.policy_spec)
-        dim = getattr(learner, "dim", None)
-        if self.featurizer is not None and dim is not None and self._contextual and dim != self.featurizer.out_dim:
-            raise AdaptspecError(f"the featurizer gives {self.featurizer.out_dim} values, policy {self.policy_label} "
-                                 f"expects {dim}")
-        self.fallback_block_size = choose_fallback(fallback_block_size, self.arms)
-        self.reward_fn: Callable[[Outcome], float] = (
-            reward if callable(reward) else reward_function(reward, latency))
-        self.reward_name = reward if isinstance(reward, str) else getattr(reward, "__name__", "custom")
-        self.machine_speed = resolve_machine_speed(speed_reference, learner, reward)
-
-        # ---------------------------------------------------------------- settings
-        if not decide_timeout_s > 0:
-            raise AdaptspecError(f"decide_timeout_s must be > 0, got {decide_timeout_s}")
-        if feedback_timeout_s is not None and not feedback_timeout_s > 0:
-            raise AdaptspecError(f"feedback_timeout_s must be > 0 or None, got {feedback_timeout_s}")
-        if redecide_every is not None and (int(redecide_every) != redecide_every or redecide_every < 1):
-            raise AdaptspecError(f"redecide_every must be a positive integer or None, got {redecide_every}")
-        if int(checkpoint_every) != checkpoint_every or checkpoint_every < 1:
-            raise AdaptspecError(f"checkpoint_every must be a positive integer, got {checkpoint_every}")
-        self.decide_timeout_s = float(decide_timeout_s)
-        self.feedback_timeout_s = feedback_timeout_s
-        self.redecide_every = None if redecide_every is None else int(redecide_every)
-        if isinstance(round_rule, str):
-            round_rule = parse_schedule(round_rule, self.max_block_size)
-        if round_rule is not None and not callable(getattr(round_rule, "with_block_size", None)):
-            raise AdaptspecError(f"round_rule must be a schedule with with_block_size (adaptspec.schedules), got {round_rule!r}")
-        if round_rule is not None and redecide_every is not None:
-            raise AdaptspecError("round_rule and redecide_every cannot be combined: a round rule already decides every round")
-        self.round_rule = round_rule
-        self.checkpoint_every = int(checkpoint_every)
-        self.checkpoint_interval_s = checkpoint_interval_s
-        self.log_features = bool(log_features)
-        self.seed = seed
-
-        # ---------------------------------------------------------------- state
-        self._lock = threading.Lock()       # pending decisions, counters
-        self._seq_lock = threading.Lock()   # log order == update order
-        self._cond = threading.Condition()  # enqueued / applied counts
-        self._pending: dict[str, _Pending] = {}
-        self._done: OrderedDict[str, str] = OrderedDict()
-        self._counters = _Counters()
-        self._queue: SimpleQueue = SimpleQueue()
-        self._enqueued = 0
-        self._applied = 0
-        self._inflight = 0
-        self._closed = False
-        self._learner = learner
-        self._n_updates = 0                 # updates consumed since the policy was new (incl. before a restart)
-        self._last_update_id: str | None = None
-        self._ckpt_updates = 0
-        self._ckpt_time = time.monotonic()
-        self.resumed: dict[str, Any] | None = None
-        self._shared: Any = None            # SharedState once attached (after resume: replayed feedback is this replica's own)
-
-        self.log_dir = None if log_dir is None else Path(log_dir)
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-        if self.checkpoint_dir is not None:
-            check_checkpoint_dir(self.checkpoint_dir)
-        self._log = None
-        if self.log_dir is not None:
-            from ..traces.log_writer import DecisionLogWriter
-
-            self._log = DecisionLogWriter(self.log_dir, name=variant or "default", roll_rows=roll_rows,
-                                          roll_interval_s=roll_interval_s, fsync=log_fsync)
+        self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
+        contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
+                            raw_width=_feature_width(speculator))
+        checkpointer, self._log = _checkpointer(cfg, setup), _open_log(cfg, contexts)  # both checked now
         try:
-            dim_log = None if self._log is None else self._log.feature_dim
-            dim_now = self._context_width()
-            if dim_log is not None and dim_now is not None and self.log_features and dim_log != dim_now:
-                source = "the featurizer" if self.featurizer is not None else "the speculator's prefill"
-                raise AdaptspecError(f"{self.log_dir}: this decision log holds contexts of {dim_log} features, "
-                                     f"{source} gives {dim_now}: use another log directory")
-            if self.checkpoint_dir is not None and resume:
-                self._resume()
+            self._updates = UpdateQueue()
+            self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
+                                      machine_speed=setup.machine_speed, log_features=log_features,
+                                      feedback_timeout_s=feedback_timeout_s)
+            learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
+                              reward_name=cfg.reward_name, name=variant or "")
+            self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
-                shared.attach(self._learner, variant, self.log_dir, self._contextual)
-                self._shared = shared
-            # replayed updates are in no checkpoint yet: the next due one (or the one at close) writes them
-            self._ckpt_updates = self._n_updates if not self.resumed else self.resumed["updates_at_checkpoint"]
-            self._snapshot = self._copy(self._learner)
-            self._published = self._snapshot
-            self._decider = cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{variant or ''}")
-            self._tick = 0.25 if feedback_timeout_s is None else min(0.25, feedback_timeout_s / 4)
-            self._worker = threading.Thread(target=self._work, name=f"adaptspec-update-{variant or ''}", daemon=True)
+                learner.attach(shared, variant, cfg.path("log_dir"))
+            self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
+                                    fallback_block_size=setup.fallback_block_size, timeout_s=decide_timeout_s)
+            self._worker = UpdateWorker(learner, self._updates, decider=self._decider, book=self._book,
+                                        checkpointer=checkpointer, log_writer=self._log, name=variant or "")
             self._worker.start()
-            self._blas_limits = None if blas_threads is None else threadpool_limits(int(blas_threads), user_api="blas")
+            self._blas_limits = None if blas_threads is None else threadpool_limits(blas_threads, user_api="blas")
         except BaseException:
             if self._log is not None:
                 self._log.close()
             raise
+
+    # ================================================================== the settings, as resolved
+    variant = property(lambda self: self.config.variant, doc="The A/B variant written in every log row.")
+    arms = property(lambda self: self.setup.arms, doc="The block sizes the policy chooses among.")
+    policy_spec = property(lambda self: self.setup.spec, doc="The policy's spec (None for a policy object).")
+    policy_label = property(lambda self: self.setup.label, doc="The policy's label.")
+    featurizer = property(lambda self: self.setup.featurizer, doc="The featurizer contexts are made with, or None.")
+    fallback_block_size = property(lambda self: self.setup.fallback_block_size, doc="Used when the policy fails.")
+    machine_speed = property(lambda self: self.setup.machine_speed, doc="The reward calibration, or None.")
+    log_dir = property(lambda self: self.config.path("log_dir"), doc="The decision log directory, or None.")
+    checkpoint_dir = property(lambda self: self.config.path("checkpoint_dir"), doc="The checkpoint directory, or None.")
+    _contextual = property(lambda self: self.setup.contextual)
+    _shared = property(lambda self: self._worker.learner.shared)
 
     # ================================================================== public API
     def generate(
@@ -365,16 +302,16 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        with self._cond:
+        with self._requests:
             if self._closed:
                 raise AdaptspecError("this AdaptiveController is closed")
             self._inflight += 1
         try:
             return self._generate(prompt_ids, int(max_new_tokens), temperature, seed, request_id, on_tokens)
         finally:
-            with self._cond:
+            with self._requests:
                 self._inflight -= 1
-                self._cond.notify_all()
+                self._requests.notify_all()
 
     def _generate(self, prompt_ids: Any, max_new_tokens: int, temperature: float, seed: int | None,
                   request_id: str | None, on_tokens: Callable[[list[int]], None] | None) -> Generation:
@@ -388,13 +325,13 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         if on_tokens is not None:
             on_tokens([int(pre.first_token)])
         ta = time.perf_counter()
-        ctx = self._context(pre.features)
+        ctx = self._decider.context(pre.features)
         first = self._decide(ctx, request_id)
         decisions = [first]
         starts = [0]
         schedule: Any = first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
-        if self.redecide_every is not None:
-            k = self.redecide_every
+        if self.config.redecide_every is not None:
+            k = self.config.redecide_every
 
             def redecide(i: int, rounds: list[Round]) -> int:
                 if i > 0 and i % k == 0 and starts[-1] != i:
@@ -410,14 +347,14 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         t2 = time.perf_counter()
         try:
             with self._spec_lock:
-                outcome = self.speculator.decode(pre, schedule, int(max_new_tokens), **kwargs)
+                outcome = self.speculator.decode(pre, schedule, max_new_tokens, **kwargs)
         except BaseException:
             for d in decisions:
-                self._abandon(d.decision_id, "decode_error")
+                self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
         segments = [outcome] if len(decisions) == 1 else _split(outcome, starts)
-        rewards = [self._feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
+        rewards = [self._book.feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
         t4 = time.perf_counter()
         return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))
 
@@ -428,7 +365,7 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         block size (``decision.extras["fallback"]`` says why). Bad ``features`` raise.
         """
         self._check_open()
-        return self._decide(self._context(features), request_id)
+        return self._decide(self._decider.context(features), request_id)
 
     def feedback(self, decision_id: str, outcome: Outcome | None = None, *, reward: float | None = None) -> str:
         """Report how decision ``decision_id`` went: its ``outcome`` (the reward is computed from
@@ -448,70 +385,62 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
                 reward = float(reward)
             except (TypeError, ValueError):
                 raise AdaptspecError(f"reward must be a number, got {reward!r}") from None
-            if not math.isfinite(reward):
+            if not np.isfinite(reward):
                 raise AdaptspecError(f"reward must be finite, got {reward!r}")
         self._check_open()
-        if outcome is not None:
-            with self._lock:
-                p = self._pending.get(decision_id)
-            if p is not None:
-                check_outcome(outcome, p.decision)
-        return self._feedback(decision_id, outcome, reward)[0]
+        decision = self._book.decision(decision_id)
+        if outcome is not None and decision is not None:
+            check_outcome(outcome, decision)
+        return self._book.feedback(decision_id, outcome, reward)[0]
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
         """Wait until every queued update is applied and published to decisions."""
-        with self._cond:
-            target = self._enqueued
-            if not self._cond.wait_for(lambda: self._applied >= target or not self._worker.is_alive(), timeout):
-                raise AdaptspecError(f"updates not applied within {timeout} s")
+        self._worker.sync(timeout)
         return self
 
     def checkpoint(self) -> Path | None:
         """Apply queued updates and write a checkpoint now (None without ``checkpoint_dir``)."""
-        if self.checkpoint_dir is None:
+        if self._worker.checkpointer is None:
             return None
         self.sync()
-        done: cf.Future = cf.Future()
-        self._queue.put(("checkpoint", done))
-        return done.result(timeout=60)
+        return self._worker.checkpoint_now()
 
     def stats(self) -> dict[str, Any]:
         """Counters and state, for metrics and health checks."""
-        c = self._counters
-        with self._lock:
-            pending = len(self._pending)
-            out = {
-                "variant": self.variant,
-                "policy": self.policy_label,
-                "decisions": c.decisions,
-                "fallbacks": dict(c.fallbacks),
-                "feedback": dict(c.feedback),
-                "pending": pending,
-                "updates": self._n_updates,
-                "queued": self._enqueued - self._applied,
-                "update_errors": c.update_errors,
-                "update_mean_s": c.update_s / self._applied if self._applied else 0.0,
-                "update_max_s": c.update_max_s,
-                "checkpoints": c.checkpoints,
-                "checkpoint_errors": c.checkpoint_errors,
-                "log_errors": c.log_errors + (0 if self._log is None else self._log.roll_errors),
-                "checkpoint_updates": self._ckpt_updates,
-                "resumed": self.resumed,
-                "machine_speed": None if self.machine_speed is None else self.machine_speed.factor,
-            }
-        errors = [c.last_error, None if self._log is None else self._log.last_error]
+        learner, ck, book, lw = self._worker.learner, self._worker.checkpointer, self._book, self._log
+        applied = self._updates.applied
+        out = {
+            "variant": self.variant,
+            "policy": self.policy_label,
+            "decisions": self._decider.decisions,
+            "fallbacks": dict(self._decider.fallbacks),
+            "feedback": dict(book.counts),
+            "pending": book.pending,
+            "updates": learner.updates,
+            "queued": self._updates.waiting,
+            "update_errors": learner.errors,
+            "update_mean_s": learner.update_s / applied if applied else 0.0,
+            "update_max_s": learner.update_max_s,
+            "checkpoints": 0 if ck is None else ck.written,
+            "checkpoint_errors": 0 if ck is None else ck.errors,
+            "log_errors": book.log_errors + (0 if lw is None else lw.roll_errors),
+            "checkpoint_updates": 0 if ck is None else ck.updates_written,
+            "resumed": self.resumed,
+            "machine_speed": None if self.machine_speed is None else self.machine_speed.factor,
+        }
+        errors = [book.last_error, None if ck is None else ck.last_error, None if lw is None else lw.last_error]
         newest = max((e for e in errors if e is not None), default=None)
         out["last_error"] = None if newest is None else newest[1]
         if self._shared is not None:
             out["shared"] = self._shared.status()
-        if self._log is not None:
-            out["log"] = {"rows": self._log.rows_written, "parts": self._log.parts_written,
-                          "recovered": self._log.recovered, "roll_errors": self._log.roll_errors}
+        if lw is not None:
+            out["log"] = {"rows": lw.rows_written, "parts": lw.parts_written, "recovered": lw.recovered,
+                          "roll_errors": lw.roll_errors}
         return out
 
     def policy_snapshot(self, timeout: float = 5.0) -> Any:
         """A private copy of the policy decisions use now (for off-policy evaluation, reports)."""
-        return self._decider.submit(self._copy_snapshot).result(timeout=timeout)
+        return self._decider.snapshot(timeout)
 
     def policy_digest(self) -> str:
         """Hash of the learnt state decisions use now (see :func:`adaptspec.control.policy_checkpoint.state_digest`)."""
@@ -529,16 +458,15 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
 
         Decisions still waiting for feedback are logged without a reward (counted as dropped).
         """
-        with self._cond:
+        with self._requests:
             if self._closed:
                 return
             self._closed = True
-            self._cond.wait_for(lambda: self._inflight == 0, timeout)
-        self._queue.put(_STOP)
-        self._worker.join()
+            self._requests.wait_for(lambda: self._inflight == 0, timeout)
+        self._worker.stop()
         if self._shared is not None:
             self._shared.close()  # publishes every update applied, one last time
-        self._decider.shutdown(wait=False, cancel_futures=True)
+        self._decider.close()
         if self._log is not None:
             self._log.close()
         if self._blas_limits is not None:
@@ -554,62 +482,51 @@ class AdaptiveController(FeedbackMixin, WorkersMixin, CheckpointsMixin):
         return (f"AdaptiveController(policy={self.policy_label!r}, arms={list(self.arms)}, variant={self.variant!r}, "
                 f"featurizer={self.featurizer!r})")
 
-    # ================================================================== deciding
-    def _context(self, features: Any) -> np.ndarray | None:
-        if features is None:
-            if self._contextual:
-                raise AdaptspecError(f"policy {self.policy_label} is contextual: it needs the prefill features")
-            return None
-        if self.featurizer is not None:
-            return self.featurizer(features)
-        try:
-            x = np.asarray(features, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
-        if x.ndim != 1 or x.size == 0:
-            raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
-        if not np.isfinite(x).all():
-            raise AdaptspecError("features have NaN or infinite values")
-        return x.astype(np.float64)
-
-    def _decide(self, ctx: np.ndarray | None, request_id: str | None) -> Decision:
-        reason = None
-        try:
-            d = self._decider.submit(self._decide_now, ctx if self._contextual else None).result(self.decide_timeout_s)
-            if not valid_decision(d, self.arms):
-                reason = "invalid"
-                log.warning("%s: policy %s returned an invalid decision %r; using block size %d",
-                            self.variant or "controller", self.policy_label, d, self.fallback_block_size)
-        except cf.TimeoutError:
-            reason = "timeout"
-            log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d",
-                        self.variant or "controller", self.policy_label, self.decide_timeout_s, self.fallback_block_size)
-        except Exception as e:  # the policy failed: the request must still succeed
-            reason = "error"
-            log.warning("%s: policy %s raised %r; using block size %d", self.variant or "controller",
-                        self.policy_label, e, self.fallback_block_size)
-        if reason is not None:
-            d = fallback_decision(self.fallback_block_size, self.arms, reason)
-        did = uuid.uuid4().hex
-        d = d.with_id(did)
-        with self._lock:
-            self._pending[did] = _Pending(d, ctx, request_id, time.monotonic())
-            self._counters.decisions += 1
-            if reason is not None:
-                self._counters.fallbacks[reason] += 1
-        return d
-
     # ================================================================== helpers
-    def _context_width(self) -> int | None:
-        """Length of the contexts this controller logs (None: not known before the first request)."""
-        if self.featurizer is not None:
-            return int(self.featurizer.out_dim)
-        width = getattr(getattr(self.speculator, "target", None), "feature_dim", None)
-        return width if isinstance(width, (int, np.integer)) else None
+    def _decide(self, ctx: np.ndarray | None, request_id: str | None) -> Decision:
+        d = self._decider.decide(ctx)  # checked, with an id; the fallback if the policy failed
+        self._book.open(d, ctx, request_id)
+        return d
 
     def _check_open(self) -> None:
         if self._closed:
             raise AdaptspecError("this AdaptiveController is closed")
+
+
+def _feature_width(speculator: Any) -> int | None:
+    """Length of the speculator's prefill features, when it says (``speculator.target.feature_dim``)."""
+    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
+    return int(width) if isinstance(width, (int, np.integer)) else None
+
+
+def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | None:
+    """The controller's checkpointer (its directory checked now), or None without ``checkpoint_dir``."""
+    directory = cfg.path("checkpoint_dir")
+    if directory is None:
+        return None
+    meta = {"variant": cfg.variant, "policy_label": setup.label, "policy_spec": setup.spec, "arms": list(setup.arms),
+            "seed": cfg.seed, "reward": cfg.reward_name}
+    return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
+                        machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
+                        interval_s=cfg.checkpoint_interval_s)
+
+
+def _open_log(cfg: ControllerConfig, contexts: Contexts) -> Any:
+    """The decision-log writer (None without ``log_dir``), refused now if the log holds contexts of another width."""
+    log_dir = cfg.path("log_dir")
+    if log_dir is None:
+        return None
+    from ..traces.log_writer import DecisionLogWriter
+
+    writer = DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
+                               roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)
+    dim_log, dim_now = writer.feature_dim, contexts.width
+    if dim_log is not None and dim_now is not None and cfg.log_features and dim_log != dim_now:
+        writer.close()
+        source = "the featurizer" if contexts.featurizer is not None else "the speculator's prefill"
+        raise AdaptspecError(f"{log_dir}: this decision log holds contexts of {dim_log} features, "
+                             f"{source} gives {dim_now}: use another log directory")
+    return writer
 
 
 def _split(outcome: Outcome, starts: list[int]) -> list[Outcome]:

@@ -1,10 +1,12 @@
 """Which policy a controller runs: the product default, a policy built from a spec (a head's
 arms win over the default arms), the featurizer saved next to a policy's head, and the latency
-profile its head's rewards were timed with (the controller's machine-speed reference)."""
+profile its head's rewards were timed with (the controller's machine-speed reference).
+:func:`setup_policy` resolves all of it for one controller (:class:`PolicySetup`)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -148,3 +150,41 @@ def build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ..
 
         arms = HeadModel.load(h).arms
     return make_policy(spec, arms, seed=seed)  # a missing head is the policy's own error
+
+
+@dataclass
+class PolicySetup:
+    """What a controller runs, resolved against its speculator: the policy (``learner``, from
+    ``spec`` when it came from one), its checked ``arms``, ``label``, whether it is ``contextual``,
+    the ``featurizer``, the checked ``fallback_block_size``, the reward function and the
+    machine-speed calibration (or None)."""
+
+    spec: str | None
+    learner: Any
+    arms: tuple[int, ...]
+    label: str
+    contextual: bool
+    featurizer: Featurizer | None
+    fallback_block_size: int
+    reward_fn: Callable[[Any], float]
+    machine_speed: Any
+
+
+def setup_policy(policy: Any, config: Any, max_block_size: int) -> PolicySetup:
+    """Build and check the policy side of a controller from its ``policy`` argument and its
+    :class:`~adaptspec.control.config.ControllerConfig`, for a speculator's ``max_block_size``."""
+    from ..reward.functions import reward_function
+    from .block_sizes import check_arms, choose_fallback
+
+    spec, learner = make_learner(policy, config.arms, max_block_size, config.seed)
+    arms = check_arms(learner, config.arms, max_block_size)
+    label = str(getattr(learner, "label", type(learner).__name__))
+    contextual = bool(getattr(learner, "contextual", True))
+    featurizer = resolve_featurizer(config.featurizer, spec)
+    dim = getattr(learner, "dim", None)
+    if featurizer is not None and dim is not None and contextual and dim != featurizer.out_dim:
+        raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values, policy {label} expects {dim}")
+    fallback = choose_fallback(config.fallback_block_size, arms)
+    reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
+    machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)
+    return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed)

@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..errors import AdaptspecError
+from .decision_check import decision_fault
 
 __all__ = ["DecisionLogWriter", "journal_rows", "log_rows"]
 
@@ -121,9 +122,14 @@ class DecisionLogWriter:
         return self._dim
 
     # ------------------------------------------------------------------ writing
-    def append(self, row: Mapping[str, Any]) -> None:
-        """Write one row durably (validated first: bad rows raise and nothing is written)."""
-        clean, line = _encode(row)
+    def append(self, row: Mapping[str, Any], *, checked: bool = False) -> None:
+        """Write one row durably (validated first: bad rows raise and nothing is written).
+
+        ``checked=True``: the row was made from a decision already checked where it entered
+        (the controller's :func:`~adaptspec.control.block_sizes.check_decision`), so its
+        decision fields (block size, arms, probabilities, propensity) are not checked again;
+        its values still go through the encoding (JSON, no NaN)."""
+        clean, line = _encode(row, check_decision=not checked)
         f = clean.get("features")
         with self._lock:
             if self._lock_file is None:
@@ -322,8 +328,10 @@ def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
 
 
 # ============================================================================ helpers
-def _encode(row: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row."""
+def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[str, Any], str]:
+    """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row.
+
+    ``check_decision=False`` skips the decision's own fields (a row made from a checked decision)."""
     from . import DECISION_COLUMNS
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
@@ -346,23 +354,17 @@ def _encode(row: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         out["time"] = time.time()
     elif not isinstance(t, (int, float)):
         raise AdaptspecError(f"decision row time must be seconds since the epoch, got {t!r}")
-    arms, probs = list(out["arms"]), list(out["probs"])
-    b, p = int(out["block_size"]), float(out["propensity"])
-    if len(arms) != len(probs) or not arms:
-        raise AdaptspecError(f"decision row has {len(probs)} probabilities for {len(arms)} arms")
-    if b not in arms:
-        raise AdaptspecError(f"decision row block_size {b} is not one of its arms {arms}")
-    if not all(math.isfinite(x) and x >= -1e-12 for x in probs) or abs(sum(probs) - 1.0) > 1e-6:
-        raise AdaptspecError("decision row probabilities must be finite, >= 0 and sum to 1")
-    if not (0.0 < p <= 1.0 + 1e-9) or abs(probs[arms.index(b)] - p) > 1e-6:
-        raise AdaptspecError(f"decision row propensity {p} does not match its probabilities")
+    if check_decision:
+        fault = decision_fault(out["block_size"], out["propensity"], out["probs"], out["arms"])
+        if fault is not None:
+            raise AdaptspecError(f"decision row {fault}")
+        mt, b = out.get("mean_tau"), out["block_size"]
+        if mt is not None and math.isfinite(float(mt)) and not 1 - 1e-9 <= float(mt) <= b + 1e-9:
+            raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{b} (its block size)")
     for k in ("reward", "decode_ms", "mean_tau"):
         v = out.get(k)
         if v is not None and not math.isfinite(float(v)):
             raise AdaptspecError(f"decision row {k} is {v} (use None for a missing value)")
-    mt = out.get("mean_tau")
-    if mt is not None and not 1 - 1e-9 <= float(mt) <= b + 1e-9:
-        raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{b} (its block size)")
     for k in ("new_tokens", "rounds"):
         v = out.get(k)
         if v is not None and (isinstance(v, bool) or int(v) != v or v < 0):

@@ -1,0 +1,186 @@
+"""The book of pending decisions: what each feedback does, and writing it down.
+
+A decision is *pending* from the moment it is made (:meth:`DecisionBook.open`) until one of:
+its feedback arrives (``applied``, or ``no_reward`` when the reward is undefined), it expires
+(no feedback for ``feedback_timeout_s``: ``expired``), its decode fails (``decode_error``) or
+the controller closes (``dropped``). Each way out writes the decision to the decision log once
+(without a reward unless it was applied). The last 100,000 finished ids are remembered, so a
+second feedback for one is ``duplicate`` and one after it expired or was dropped is ``late``;
+an id never decided here is ``unknown``. A row logged with a reward is queued as an
+:class:`~adaptspec.control.updates.Update`; logging and queueing happen under one lock, so the
+update thread applies rewards in the log's order.
+
+The book trusts the decisions it is given: they were checked where they entered
+(:mod:`adaptspec.control.block_sizes`), so their rows go to the log writer unchecked.
+
+>>> from adaptspec.control.updates import UpdateQueue
+>>> from adaptspec.control.block_sizes import fallback_decision
+>>> book = DecisionBook(UpdateQueue(), reward_fn=lambda outcome: 1.0)
+>>> book.open(fallback_decision(4, (1, 4), "error", "d1"), None, request_id=None)
+>>> book.feedback("d1", None, 2.5), book.feedback("d1", None, 2.5), book.feedback("zz", None, 1.0)
+(('applied', 2.5), ('duplicate', None), ('unknown', None))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..speculator import Decision, Outcome
+from .updates import Update, UpdateQueue
+
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
+
+FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error", "log_error")
+_DONE_MEMORY = 100_000
+
+
+class DecisionLogError(AdaptspecError):
+    """A decision could not be written to the decision log (a full disk, say): it is not acknowledged,
+    and the policy does not learn from it."""
+
+
+@dataclass
+class Pending:
+    decision: Decision
+    context: np.ndarray | None
+    request_id: str | None
+    since: float
+
+
+class DecisionBook:
+    """Pending decisions and their feedback (see the module docstring).
+
+    ``updates`` receives the rewards to learn from; ``log_writer`` (a
+    :class:`~adaptspec.traces.log_writer.DecisionLogWriter`, or None) the rows; ``reward_fn``
+    turns an outcome into the reward; ``machine_speed`` (or None) gives each computed reward its
+    speed ratio; ``variant`` is written in every row; ``log_features`` whether the context is.
+    """
+
+    def __init__(self, updates: UpdateQueue, *, reward_fn: Callable[[Outcome], float], log_writer: Any = None,
+                 machine_speed: Any = None, variant: str | None = None, log_features: bool = True,
+                 feedback_timeout_s: float | None = 300.0) -> None:
+        self.updates = updates
+        self.reward_fn = reward_fn
+        self.log_writer = log_writer
+        self.machine_speed = machine_speed
+        self.variant = variant
+        self.log_features = log_features
+        self.feedback_timeout_s = feedback_timeout_s
+        self._lock = threading.Lock()      # pending decisions, counters
+        self._seq_lock = threading.Lock()  # log order == update order
+        self._pending: dict[str, Pending] = {}
+        self._done: OrderedDict[str, str] = OrderedDict()
+        self.counts = dict.fromkeys(FEEDBACK, 0)
+        self.log_errors = 0
+        self.last_error: tuple[float, str] | None = None  # (time, what) of the newest failed log write
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def open(self, decision: Decision, context: np.ndarray | None, request_id: str | None) -> None:
+        """Record a (checked) decision as waiting for feedback."""
+        with self._lock:
+            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic())
+
+    def decision(self, decision_id: str) -> Decision | None:
+        """The pending decision ``decision_id`` (None when it is not pending)."""
+        with self._lock:
+            p = self._pending.get(decision_id)
+        return None if p is None else p.decision
+
+    def feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None) -> tuple[str, float | None]:
+        """Settle a decision with its ``outcome`` and/or a (checked) ``reward``: ``(status, reward)``.
+
+        A reward computed from the outcome is measured; an undefined or non-finite one is None
+        (``no_reward``). Raises :class:`DecisionLogError` when the row cannot be logged."""
+        with self._lock:
+            p = self._pending.pop(decision_id, None)
+            if p is None:
+                prev = self._done.get(decision_id)
+                status = "unknown" if prev is None else ("late" if prev in ("expired", "dropped") else "duplicate")
+                self.counts[status] += 1
+                return status, None
+            self._remember(decision_id, "done")
+        ratio = None
+        if reward is None and outcome is not None:
+            reward = self._reward(outcome, decision_id)
+            if reward is not None and self.machine_speed is not None:  # a computed reward is calibrated, a given one not
+                ratio = self.machine_speed.ratio(outcome)
+        status = "applied" if reward is not None else "no_reward"
+        try:
+            self._write(p, outcome, reward, ratio)
+        except DecisionLogError:  # not logged, so not applied either
+            with self._lock:
+                self.counts["log_error"] += 1
+            raise
+        with self._lock:
+            self.counts[status] += 1
+        return status, reward
+
+    def abandon(self, decision_id: str, why: str) -> None:
+        """Log a pending decision without a reward (``expired``, ``dropped``, ``decode_error``)."""
+        with self._lock:
+            p = self._pending.pop(decision_id, None)
+            if p is None:
+                return
+            self._remember(decision_id, why)
+            self.counts[why] += 1
+        self._write(p, None, None)
+
+    def expire(self) -> None:
+        """Abandon the decisions pending for longer than ``feedback_timeout_s`` (update thread)."""
+        if self.feedback_timeout_s is not None:
+            now = time.monotonic()
+            with self._lock:
+                old = [k for k, p in self._pending.items() if now - p.since > self.feedback_timeout_s]
+            for did in old:
+                self.abandon(did, "expired")
+
+    def drop_pending(self) -> None:
+        """Abandon every pending decision (at close)."""
+        with self._lock:
+            left = list(self._pending)
+        for did in left:
+            self.abandon(did, "dropped")
+
+    # ------------------------------------------------------------------ internals
+    def _reward(self, outcome: Outcome, decision_id: str) -> float | None:
+        try:
+            r = float(self.reward_fn(outcome))
+        except Exception as e:  # e.g. no round ran: the reward is undefined, the row is still logged
+            log.info("%s: no reward for decision %s: %s", self.variant or "controller", decision_id, e)
+            return None
+        return r if math.isfinite(r) else None
+
+    def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None) -> None:
+        from ..traces import decision_row
+
+        row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
+                           reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio)
+        with self._seq_lock:  # the log's order is the order updates are applied in
+            if self.log_writer is not None:
+                try:
+                    self.log_writer.append(row, checked=True)  # the decision was checked where it entered
+                except AdaptspecError as e:
+                    with self._lock:
+                        self.log_errors += 1
+                        self.last_error = (time.time(), f"decision log: {e}")
+                    log.error("%s: decision %s not logged: %s", self.variant or "controller", p.decision.decision_id, e)
+                    raise DecisionLogError(f"decision {p.decision.decision_id} could not be logged: {e}") from None
+            if reward is not None:
+                self.updates.put(Update(p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio))
+
+    def _remember(self, decision_id: str, status: str) -> None:
+        self._done[decision_id] = status
+        if len(self._done) > _DONE_MEMORY:
+            self._done.popitem(last=False)

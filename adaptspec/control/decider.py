@@ -1,0 +1,143 @@
+"""The decider: each request's block size, from a snapshot of the policy, or the fallback.
+
+:class:`Decider` makes every decision on one *decision thread* (a one-worker
+``ThreadPoolExecutor``), the only thread that touches the policy *snapshot* decisions use.
+The update thread publishes a fresh copy of the learning policy after each batch of updates
+(:meth:`Decider.publish`); before each decision the decision thread adopts the newest copy,
+carrying the random generator over, so a slow update never delays a decision.
+
+A caller waits at most ``timeout_s`` for a decision. A policy that is late, raises, or returns
+a decision :func:`~adaptspec.control.block_sizes.check_decision` refuses gives the fallback
+block size instead (:func:`~adaptspec.control.block_sizes.fallback_decision`): the reason is in
+``decision.extras["fallback"]`` and counted in :attr:`Decider.fallbacks`. Every decision leaves
+here checked and carrying a fresh ``decision_id``.
+
+>>> from adaptspec.policies import make_policy
+>>> from adaptspec.control.context import Contexts
+>>> pol = make_policy("fixed:4", (1, 4))
+>>> d = Decider(copy_policy(pol), Contexts(None, contextual=False, policy_label="fixed:4"),
+...             arms=(1, 4), fallback_block_size=1, timeout_s=1.0)
+>>> d.decide(d.context(None)).block_size, d.decisions, d.fallbacks["invalid"]
+(4, 1, 0)
+>>> d.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import copy
+import logging
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..speculator import Decision
+from .block_sizes import check_decision, fallback_decision
+from .context import Contexts
+
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
+
+FALLBACK_REASONS = ("error", "timeout", "invalid")
+
+
+def copy_policy(policy: Any) -> Any:
+    """A private copy of ``policy`` (a head, read-only after training, is shared, not copied)."""
+    head = getattr(policy, "head", None)
+    memo = {} if head is None else {id(head): head}
+    return copy.deepcopy(policy, memo)
+
+
+class Decider:
+    """Decide on a snapshot of the policy (see the module docstring).
+
+    ``snapshot`` is the first copy of the policy decisions use (the decider owns it from now
+    on); ``contexts`` makes a request's context; ``arms`` and ``fallback_block_size`` are
+    checked already (:mod:`adaptspec.control.block_sizes`); ``timeout_s`` is a decision's budget.
+    """
+
+    def __init__(self, snapshot: Any, contexts: Contexts, *, arms: tuple[int, ...], fallback_block_size: int,
+                 timeout_s: float, label: str = "", name: str = "") -> None:
+        self.contexts = contexts
+        self.arms = arms
+        self.fallback_block_size = fallback_block_size
+        self.timeout_s = timeout_s
+        self.label = label or contexts.policy_label
+        self.name = name or "controller"
+        self._snapshot = snapshot   # touched on the decision thread only
+        self._published = snapshot  # the newest copy, set by the update thread
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{name}")
+        self._lock = threading.Lock()
+        self.decisions = 0
+        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+
+    def context(self, features: Any) -> np.ndarray | None:
+        """The context of a request (:class:`~adaptspec.control.context.Contexts`): the one input of :meth:`decide`."""
+        return self.contexts(features)
+
+    def decide(self, ctx: np.ndarray | None) -> Decision:
+        """A checked decision for context ``ctx``, with a new id; the fallback when the policy fails."""
+        did = uuid.uuid4().hex
+        reason = None
+        try:
+            d = self._pool.submit(self._decide_now, self.contexts.for_policy(ctx)).result(self.timeout_s)
+        except cf.TimeoutError:
+            reason = "timeout"
+            log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d",
+                        self.name, self.label, self.timeout_s, self.fallback_block_size)
+        except Exception as e:  # the policy failed: the request must still succeed
+            reason = "error"
+            log.warning("%s: policy %s raised %r; using block size %d", self.name, self.label, e,
+                        self.fallback_block_size)
+        else:
+            try:
+                d = check_decision(d, self.arms, did)
+            except AdaptspecError as e:
+                reason = "invalid"
+                log.warning("%s: invalid decision (%s); using block size %d", self.name, e, self.fallback_block_size)
+        if reason is not None:
+            d = fallback_decision(self.fallback_block_size, self.arms, reason, did)
+        with self._lock:
+            self.decisions += 1
+            if reason is not None:
+                self.fallbacks[reason] += 1
+        return d
+
+    def publish(self, policy: Any) -> None:
+        """Make ``policy`` (a private copy) the one decisions use from the next decision on."""
+        self._published = policy
+
+    def snapshot(self, timeout: float = 5.0) -> Any:
+        """A private copy of the policy decisions use now."""
+        return self._pool.submit(self._copy_snapshot).result(timeout=timeout)
+
+    def rng_state(self, timeout: float = 1.0) -> dict[str, Any]:
+        """The state of the decisions' random generator (checkpoints carry it)."""
+        return self._pool.submit(self._rng_state).result(timeout=timeout)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ on the decision thread
+    def _decide_now(self, ctx: np.ndarray | None) -> Any:
+        self._adopt()
+        return self._snapshot.decide(ctx)
+
+    def _adopt(self) -> None:
+        """Switch decisions to the newest published copy, carrying the random generator over."""
+        nxt = self._published
+        if nxt is not self._snapshot:
+            rng = getattr(self._snapshot, "rng", None)
+            if rng is not None and getattr(nxt, "rng", None) is not None:
+                nxt.rng.bit_generator.state = rng.bit_generator.state
+            self._snapshot = nxt
+
+    def _copy_snapshot(self) -> Any:
+        self._adopt()
+        return copy_policy(self._snapshot)
+
+    def _rng_state(self) -> dict[str, Any]:
+        self._adopt()
+        return self._snapshot.rng.bit_generator.state
