@@ -200,8 +200,12 @@ class Linear(Family):
                 "noise": np.zeros(2)}
 
     def zero_like(self, sums: Sums) -> Sums:
-        if self.dim_out is None and "xr" in sums and np.ndim(sums["xr"]) == 2:  # dimension learnt from the fleet
-            self.dim_out = int(np.shape(sums["xr"])[1])
+        width = np.shape(sums["xr"])[1] if "xr" in sums and np.ndim(sums["xr"]) == 2 else None
+        if width == 0 and "count" in sums and np.sum(sums["count"]) == 0:
+            # a replica that has learnt nothing yet publishes sums of width 0: zero, whatever the dimension
+            return {**self.zero(), "xx": np.zeros((self.k, 0, 0)), "xr": np.zeros((self.k, 0))}
+        if self.dim_out is None and width:  # dimension learnt from the fleet (never from an empty replica)
+            self.dim_out = int(width)
         return self.zero()
 
     def add(self, a: Sums, b: Sums) -> Sums:
