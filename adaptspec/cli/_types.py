@@ -142,6 +142,22 @@ def state_dir(text: str) -> Path:
     return p
 
 
+def log_dir(text: str) -> Path:
+    """A decision log directory a server appends to: new, empty, or holding only what decision
+    log writers write (parts, journals, lock files); a folder of other files is refused."""
+    from .._util.outputs import foreign_files
+
+    p = state_dir(text)
+    if p.is_dir() and any(p.iterdir()):
+        foreign = foreign_files(p, "decision-log")
+        if foreign is None:
+            raise argparse.ArgumentTypeError(f"{text} exists and is not a decision log: refusing to log into it")
+        if foreign:
+            raise argparse.ArgumentTypeError(f"{text} holds {foreign[0].rstrip('/')}, which is not part of a decision "
+                                             "log: refusing to log into it")
+    return p
+
+
 def png_output(text: str) -> Path:
     """Where to write a plot: a ``.png`` name in an existing directory, replacing only a PNG."""
     from .._util.outputs import check_output

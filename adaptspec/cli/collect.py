@@ -62,6 +62,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--device cuda)")
 
 
+def _check_dense_out(args: argparse.Namespace) -> None:
+    """``--dense`` writes a new dense set at OUT or resumes the one there, made with the same
+    settings: anything else is one line now, before the model loads."""
+    from ..traces.dense import DenseTraceSet
+
+    out = args.out
+    if max(args.arms) < 2:
+        raise AdaptspecError(f"--dense needs a block size >= 2 in --arms (it records every size up to max(--arms)), "
+                             f"got {','.join(map(str, args.arms))}")
+    if out.is_dir() and (out / "meta.json").exists():
+        if not (out / "meta.json").is_file():
+            raise AdaptspecError(f"{out / 'meta.json'}: not a regular file")
+        old = DenseTraceSet.open(out).meta
+        planned = {"max_new_tokens": args.max_new_tokens, "max_block_size": max(args.arms),
+                   "verification": args.verification, "target": args.target or "smollm2-135m-instruct",
+                   "drafter": args.drafter or "bundled", "dtype": args.dtype, "device": args.device}
+        if args.greedy_from is not None or "greedy_from" in old:
+            planned["greedy_from"] = None if args.greedy_from is None else str(args.greedy_from)
+        diff = [f"{k} {old.get(k)!r}, now {v!r}" for k, v in planned.items() if old.get(k) != v]
+        if diff:
+            raise AdaptspecError(f"{out}: a dense trace set made with other settings ({'; '.join(diff)}); "
+                                 "use another directory")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise AdaptspecError(f"{out}: exists and is not a dense trace set; refusing to write into it")
+
+
 def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output
     from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
@@ -79,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dense:
         if args.temperature != 0 or args.part or args.force:
             raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
+        _check_dense_out(args)
     else:
         check_output(args.out, "traceset", args.force,  # before the model is loaded and any prompt decoded
                      reads=[p for p in (args.prompts,) if isinstance(p, Path)])

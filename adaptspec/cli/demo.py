@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
 
+    if args.policy is not None:
+        from ..policies.spec import check_spec
+
+        check_spec(args.policy)  # an unknown policy or option is one line before the model loads
     t0 = time.perf_counter()
     spec = load_speculator(args.target, args.drafter, threads=args.threads, verification=args.verification)
     tok = spec.target.tokenizer

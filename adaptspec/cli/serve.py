@@ -24,7 +24,7 @@ import sys
 
 from ..errors import AdaptspecError
 from ..reward.functions import DEFAULT_REWARD, REWARDS
-from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, port, seed, state_dir, threads
+from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
                         "default policy: neural-linear over the bundled head when it fits the model, else ucb)")
     p.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
-    p.add_argument("--log-dir", type=state_dir, default=None, metavar="DIR",
+    p.add_argument("--log-dir", type=log_dir, default=None, metavar="DIR",
                    help="decision log directory (needed for /ab): new, or a decision log this server can append to "
                         "(every part readable, contexts of this server's width); anything else is refused at start")
     p.add_argument("--checkpoint-dir", type=state_dir, default=None, metavar="DIR",
@@ -127,7 +127,6 @@ def build(args: argparse.Namespace):
     Everything that can be checked without the model is checked before it is loaded.
     """
     from ..control.controller import default_policy_spec
-    from ..policies.variants import named_specs
     from ..reward.functions import reward_function
     from ..serving.codec import HFCodec
     from ..serving.service import CompletionService, ServerLimits
@@ -139,7 +138,14 @@ def build(args: argparse.Namespace):
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
-    specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
+    specs: dict[str, str] = {}
+    for v in args.variant or []:
+        name, eq, spec = v.partition("=")
+        if not eq or not name.strip() or not spec.strip():
+            raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
+        if name.strip() in specs:
+            raise AdaptspecError(f"--variant: variant {name.strip()!r} given twice")
+        specs[name.strip()] = spec.strip()
     from ..serving.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
@@ -187,6 +193,24 @@ def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None
                              f"so block sizes {[a for a in arms if a > max_block_size]} cannot be drafted")
 
 
+def _check_port(host: str, port: int) -> None:
+    """One line when ``host:port`` cannot be listened on (another server has it), before any work."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        raise AdaptspecError(f"--host {host}: cannot resolve it ({e.strerror or e})") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise AdaptspecError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -195,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise AdaptspecError(f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'") from None
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    _check_port(args.host, args.port)  # before anything is loaded or created
     service = build(args)
     try:
         app = create_app(service)

@@ -21,6 +21,9 @@ from ..errors import AdaptspecError
 from ._types import float_range, int_range, threads
 
 
+#: the checkout this package lives in (the default --eval-dense is its datasets/dense/benchmarks-fast)
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", type=Path, default=None, help="work directory for data and checkpoints (default: cache dir)")
     p.add_argument("--stage", choices=["all", "data", "train", "eval", "export"], default="all")
@@ -56,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "hidden states into WORK instead of generating; evaluation is on the benchmark prompts")
     p.add_argument("--eval-dense", type=Path, default=None,
                    help="with --corpus: dense traces of the benchmark prompts whose greedy answers are the "
-                        "held-out text (default: datasets/dense/benchmarks-fast)")
+                        "held-out text (default: the checkout's datasets/dense/benchmarks-fast)")
     p.add_argument("--train-tokens", type=int_range(1), default=None,
                    help="train on the first corpus shards holding this many response tokens (a learning-curve point)")
     p.add_argument("--init-from-target", action="store_true",
@@ -75,7 +78,17 @@ def run(args: argparse.Namespace) -> int:
     from ..models.train_drafter import ShardData, greedy_acceptance, prepare_data, train
 
     work = args.work or cache_dir() / "drafter-work"
-    work.mkdir(parents=True, exist_ok=True)
+    if args.corpus is not None:  # its inputs, before WORK is created
+        from ..models.corpus import Corpus
+
+        Corpus(args.corpus)
+        _eval_dense(args)
+    if work.exists() and not work.is_dir():
+        raise AdaptspecError(f"--work {work}: exists and is not a directory")
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AdaptspecError(f"--work {work}: cannot create it ({e.strerror or e})") from None
     torch.set_num_threads(args.threads)
     if args.corpus is not None:
         return _run_corpus(args, work)
@@ -104,6 +117,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_dense(args: argparse.Namespace) -> Path:
+    """The dense set whose greedy answers are the held-out text, checked when the data stage
+    will read it (a missing or foreign one is one line before any model loads)."""
+    dense = args.eval_dense or _CHECKOUT / "datasets" / "dense" / "benchmarks-fast"
+    if args.stage in ("all", "data"):
+        from ..traces.dense import DenseTraceSet
+
+        if not dense.is_dir():
+            raise AdaptspecError(f"--eval-dense {dense}: no such dense trace set"
+                                 + ("" if args.eval_dense else " (the default, in the checkout; pass --eval-dense DIR)"))
+        DenseTraceSet.open(dense)
+    return dense
+
+
 def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     """The corpus path: contexts (teacher-forced hidden states) -> training -> benchmark evaluation."""
 
@@ -114,7 +141,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
 
     corpus = Corpus(args.corpus)  # refuses a directory that is not one, before any model loads
     meta = work / "data.json"
-    dense = args.eval_dense or Path("datasets/dense/benchmarks-fast")
+    dense = _eval_dense(args)
     cfg = _train_config(args)
     if args.stage in ("all", "data"):
         from ..decoding.drafter import default_target_layers

@@ -236,10 +236,10 @@ def load(path: str | Path):
     stored = load_file(str(weights))
     draft_vocab = stored.pop(DRAFT_VOCAB_TENSOR, None)
     if (draft_vocab is None) != (config.draft_vocab_size is None):
-        have = "has" if draft_vocab is not None else "has no"
+        have = "has a" if draft_vocab is not None else "has no"
         key = "sets" if config.draft_vocab_size is not None else "does not set"
         raise AdaptspecError(
-            f"{path}: {WEIGHTS_FILE} {have} a {DRAFT_VOCAB_TENSOR} tensor but {CONFIG_FILE} {key} {DRAFT_VOCAB_KEY}"
+            f"{path}: {WEIGHTS_FILE} {have} {DRAFT_VOCAB_TENSOR} tensor but {CONFIG_FILE} {key} {DRAFT_VOCAB_KEY}"
         )
     tensors = {to_adaptspec_names(k): v for k, v in stored.items()}
     if draft_vocab is not None:

@@ -191,6 +191,23 @@ def _guess(value: str) -> Any:
 
 def make_policy(spec: str, arms: Sequence[int], seed: int | None = None, **kwargs: Any) -> Policy:
     """Build the policy a spec names, for ``arms``; ``kwargs`` add or override options."""
+    factory, values = check_spec(spec)
+    values.update(kwargs)
+    try:
+        return factory(tuple(arms), seed=seed, **values)
+    except TypeError as e:
+        raise AdaptspecError(f"policy spec {spec!r}: {e}") from None
+
+
+def check_spec(spec: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The factory a spec names and its options, converted: everything about a spec that can be
+    checked without arms or a model (an unknown policy or option, a value of the wrong type).
+
+    >>> check_spec("ucb:c=x")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: ucb: c must be a number, got 'x'
+    """
     name, args, opts = parse_spec(spec)
     factory = REGISTRY.get(name)
     if factory is None:
@@ -210,11 +227,7 @@ def make_policy(spec: str, arms: Sequence[int], seed: int | None = None, **kwarg
         if k in values:
             raise AdaptspecError(f"policy spec {spec!r}: {k!r} given twice")
         values[k] = _convert(v, hints.get(k), f"{name}: {k}")
-    values.update(kwargs)
-    try:
-        return factory(tuple(arms), seed=seed, **values)
-    except TypeError as e:
-        raise AdaptspecError(f"policy spec {spec!r}: {e}") from None
+    return factory, values
 
 
 def describe(name: str) -> str:

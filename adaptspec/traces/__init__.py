@@ -39,6 +39,9 @@ def open_any(path: str | os.PathLike) -> TraceSet | DecisionLog:
         raise _err(str(p), "no such file or directory" + moved_hint(p))
     if p.is_dir() and (p / "meta.json").exists():
         return TraceSet.read(p)
+    if p.is_dir() and ((p / "requests.parquet").exists() or (p / "outcomes.parquet").exists()):
+        raise _err(str(p / "meta.json"), "no such file: the trace set's requests.parquet/outcomes.parquet are "
+                                         "here, but a trace set also needs meta.json with a schema_version")
     if p.is_file() and p.suffix == ".parquet" or p.is_dir() and any(p.glob("*.parquet")):
         return DecisionLog.read(p)
     raise _err(str(p), "neither a trace set (meta.json) nor a decision log (*.parquet parts)")

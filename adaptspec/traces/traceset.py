@@ -175,6 +175,9 @@ class TraceSet:
             raise _err(str(p), "no such trace set directory" + moved_hint(p))
         if not p.is_dir():
             raise _err(str(p), "a trace set is a directory (meta.json, requests.parquet, outcomes.parquet)")
+        for name in ("meta.json", "requests.parquet", "outcomes.parquet"):  # a FIFO or a device would hang the read
+            if (p / name).exists() and not (p / name).is_file():
+                raise _err(str(p / name), "not a regular file")
         meta = _read_meta(p / "meta.json")
         return cls(_read_parquet(p / "requests.parquet"), _read_parquet(p / "outcomes.parquet"), meta, path=p)
 
