@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -140,10 +143,16 @@ def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
     data = _counting_corpus(tmp_path, model)
     before = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
     tau0 = acceptance_everywhere(before, data, (4,))[4]["all"]
+    cpu0 = time.process_time()
     after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", _tiny_config(), log=lambda *_: None,
                   target_layers=LAYERS)
+    cpu_spent = time.process_time() - cpu0
     tau1 = acceptance_everywhere(after, data, (4,))[4]["all"]
     assert tau0 < 1.3 and tau1 > 2.5, (tau0, tau1)
+    # the log counts the CPU time of the steps: growing, within what the whole call took, and kept
+    cpu = [json.loads(line)["cpu_s"] for line in (tmp_path / "ckpt" / "train_log.jsonl").read_text().splitlines()]
+    assert len(cpu) == 3 and 0 < cpu[0] < cpu[1] < cpu[2] <= cpu_spent
+    assert torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)["train_cpu_s"] == cpu[-1]
 
     # a new run started from those weights (init_from): the same drafter at step 0, whatever the
     # new run's own layer count, and a fresh schedule after it

@@ -398,17 +398,19 @@ def train(
         tmp = state_path.with_suffix(".tmp")
         torch.save(
             {"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.bit_generator.state,
-             "draft_vocab": draft_vocab, "cfg": asdict(cfg) | trained_architecture(drafter)},
+             "draft_vocab": draft_vocab, "cfg": asdict(cfg) | trained_architecture(drafter), "train_cpu_s": cpu_s},
             tmp,
         )
         os.replace(tmp, state_path)
 
     t_start = last_ckpt = time.time()
+    cpu_s = float(st.get("train_cpu_s", 0.0)) if st is not None else 0.0  # CPU time of the steps (not evaluations)
     run_loss = run_acc = 0.0
     logf = open(ckpt_dir / "train_log.jsonl", "a")
     while step < cfg.total_steps:
         if max_minutes is not None and time.time() - t_start > max_minutes * 60:
             break
+        c0 = time.process_time()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         idx = rng.choice(len(data), size=cfg.seqs_per_step, replace=False)
@@ -420,11 +422,12 @@ def train(
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         step += 1
+        cpu_s += time.process_time() - c0
         run_loss += float(loss.detach())
         run_acc += acc
         if step % cfg.log_every == 0:
             rec = {"step": step, "loss": run_loss / cfg.log_every, "acc": run_acc / cfg.log_every,
-                   "lr": lr_at(step, cfg), "elapsed_s": time.time() - t_start}
+                   "lr": lr_at(step, cfg), "elapsed_s": time.time() - t_start, "cpu_s": cpu_s}
             log(json.dumps(rec))
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
@@ -433,7 +436,7 @@ def train(
             drafter.eval()
             ev = evaluate(drafter, held)
             drafter.train()
-            rec = {"step": step, "eval_tau": ev}
+            rec = {"step": step, "cpu_s": cpu_s, "eval_tau": ev}
             log(json.dumps(rec))
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
