@@ -1,20 +1,30 @@
-"""The parts of :class:`adaptspec.control.controller.AdaptiveController`, one concern per module.
+"""The controller and its parts: each part an object the controller owns and calls, each in its
+own module, each given what it needs when it is built (none of them sees the controller).
 
-- :mod:`~adaptspec.control.policy_build`: which policy a controller runs: the product default
-  (:func:`~adaptspec.control.policy_build.default_policy_spec`), a policy built from a spec,
-  the featurizer that goes with it;
-- :mod:`~adaptspec.control.block_sizes`: where block sizes enter the controller and are
-  checked, once: the arms, the fallback block size, each decision a policy returns, the
+- :mod:`~adaptspec.control.controller`: :class:`AdaptiveController`, the request loop
+  (prefill, decide, decode, feedback) and the public API; it builds the parts below;
+- :mod:`~adaptspec.control.config`: :class:`~adaptspec.control.config.ControllerConfig`, the
+  constructor's settings as given, each checked once;
+- :mod:`~adaptspec.control.policy_build`: which policy a controller runs (the product default,
+  a policy built from a spec, the featurizer and machine-speed reference that go with it),
+  resolved against the speculator in :func:`~adaptspec.control.policy_build.setup_policy`;
+- :mod:`~adaptspec.control.context`: :class:`~adaptspec.control.context.Contexts`, the one
+  place a request's context is made (today the prefill features, featurized);
+- :mod:`~adaptspec.control.decider`: :class:`~adaptspec.control.decider.Decider`, deciding on
+  a snapshot of the policy on the decision thread, with the fallback;
+- :mod:`~adaptspec.control.block_sizes`: where block sizes enter and are checked, once: the
+  arms, the fallback block size, each decision a policy returns (``check_decision``), the
   block sizes of a reported outcome;
-- :mod:`~adaptspec.control.feedback`: decisions waiting for feedback, what each feedback
-  does (applied, duplicate, late, expired, dropped), logging it, the counters;
-- :mod:`~adaptspec.control.workers`: the decision thread (policy snapshots) and the update
-  thread (applying feedback, housekeeping), and the lock around the speculator;
-- :mod:`~adaptspec.control.checkpoints`: writing checkpoints, resuming from the newest and
-  replaying the decision log after it.
-
-The request loop (prefill, decide, decode, reward) and the public API stay in
-:mod:`adaptspec.control.controller`; the classes here are mixins of its one class and share its state.
+- :mod:`~adaptspec.control.book`: :class:`~adaptspec.control.book.DecisionBook`, the pending
+  decisions and what each feedback does (applied, duplicate, late, expired, dropped), writing
+  rows to the decision log and queueing their updates in one order, the counters;
+- :mod:`~adaptspec.control.updates`: the learning policy
+  (:class:`~adaptspec.control.updates.Learner`), the update queue and the update thread
+  (:class:`~adaptspec.control.updates.UpdateWorker`: applying in log order, publishing
+  snapshots, housekeeping);
+- :mod:`~adaptspec.control.checkpointer`: :class:`~adaptspec.control.checkpointer.Checkpointer`,
+  writing checkpoints, resuming from the newest and replaying the decision log after it;
+- :mod:`~adaptspec.control.policy_checkpoint`: the checkpoint format.
 """
 
 

@@ -15,6 +15,12 @@ Journal segments are hidden files (``.journal-NAME-SEQ.jsonl``), so readers of t
 complete parts only; :func:`journal_rows` reads the segments too. One writer per name and
 directory: a second one (another process, or the same one) is refused with a clear error.
 
+Rows are checked where they enter the writer: a caller's row when it is appended (the
+decision's fields by :func:`~adaptspec.traces.decision_check.decision_fault`, the values, the
+columns), a journal row when it is read back from disk. The controller's rows come from a
+decision checked where it entered the controller, so it appends them with ``checked=True``
+and their decision fields are not checked a second time.
+
 >>> import tempfile
 >>> from adaptspec.traces import DecisionLog
 >>> d = tempfile.mkdtemp()
