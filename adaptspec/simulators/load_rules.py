@@ -1,0 +1,177 @@
+"""Block-size rules under load: what a continuous-batching engine verifies for each row, each round.
+
+A rule has ``choose(rows, load) -> block sizes`` (one per active row, called every round, so it
+can follow the load as it changes) and ``feedback(row, block_size, tau, attributed_s, load)``
+(what that row's round gave and what it cost the batch, :mod:`adaptspec.reward.attribution`).
+
+- :class:`Fixed`: one block size, whatever the load (1 = plain decoding).
+- :class:`Table`: a block size per load level, the static "batch size -> B" table engine users
+  write by hand (vLLM's per-batch-size speculative tokens, TensorRT-LLM's draft length
+  schedule); tuned in hindsight on other requests, or, on the same requests, the per-level
+  oracle.
+- :class:`Goodput`: SmartSpec-style. Each round, the block size that maximises the expected
+  tokens per second of the whole batch: every row's expected tokens at ``B`` from its
+  acceptance so far (independent per-draft acceptance ``a``: ``(1 - a^B) / (1 - a)``) over the
+  cost model's round time at ``B``.
+- :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` choosing each row's
+  block size every round, its context the load level (and the row's acceptance so far),
+  learning from the log of each row's tokens per attributed second.
+
+>>> from adaptspec.simulators.load import Load
+>>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
+[2, 2, 2, 2, 2]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..reward.attribution import batch_round_s
+from ..reward.latency import LatencyProfile
+
+#: Load levels (rows in flight) the learned rule tells apart: 1, 2, 3-4, 5-8, 9-16, 17-32, 33+.
+LEVELS = (1, 2, 4, 8, 16, 32)
+
+
+def level_index(rows: int) -> int:
+    """The load level of ``rows`` rows in flight (0 for 1 row, ... 6 for 33 or more)."""
+    return int(np.searchsorted(LEVELS, rows))
+
+
+class Fixed:
+    """The same block size for every row, every round."""
+
+    def __init__(self, block_size: int) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise AdaptspecError(f"block size must be an int >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.name = "plain" if block_size == 1 else f"fixed:{block_size}"
+
+    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
+        return [self.block_size] * len(rows)
+
+    def feedback(self, *args: Any) -> None:
+        pass
+
+
+class Table:
+    """``{max rows: block size}``: the block size of the smallest level holding the rows in flight
+    (the largest level's beyond it)."""
+
+    def __init__(self, table: Mapping[int, int], name: str = "table") -> None:
+        if not table:
+            raise AdaptspecError("a load table needs at least one level")
+        self.levels = sorted((int(k), int(v)) for k, v in table.items())
+        self.name = name
+
+    def block_size(self, rows: int) -> int:
+        for top, b in self.levels:
+            if rows <= top:
+                return b
+        return self.levels[-1][1]
+
+    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
+        return [self.block_size(load.rows)] * len(rows)
+
+    def feedback(self, *args: Any) -> None:
+        pass
+
+
+def acceptance(row: Any, prior: float, weight: float) -> float:
+    """A row's per-draft acceptance so far: accepted over tried (accepted + rejections),
+    smoothed towards ``prior`` with the weight of ``weight`` trials."""
+    return (row.accepted + prior * weight) / (row.accepted + row.rejected + weight)
+
+
+def expected_tau(acceptance: np.ndarray, block_size: int) -> np.ndarray:
+    """Expected tokens a round of ``block_size`` commits when each draft is accepted with
+    probability ``acceptance`` independently, until the first rejection, plus the bonus token.
+
+    >>> expected_tau(np.array([0.0, 0.5, 1.0]), 4).round(3)
+    array([1.   , 1.875, 4.   ])
+    """
+    a = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0 - 1e-9)
+    return (1.0 - a**block_size) / (1.0 - a) if block_size > 1 else np.ones_like(a)
+
+
+class Goodput:
+    """Each round, the one block size (of ``arms``) with the most expected tokens per second for
+    the batch (SmartSpec's goodput), from each row's acceptance so far and the cost model.
+
+    A row's acceptance is its accepted drafts over accepted drafts and rejections (each round
+    tries drafts until the first rejection), smoothed towards ``prior`` with the weight of
+    ``prior_drafts`` trials (a new row starts at the prior).
+    """
+
+    def __init__(self, arms: Sequence[int], profile: LatencyProfile, prior: float = 0.5, prior_drafts: float = 8.0,
+                 max_new_tokens: int = 128) -> None:
+        self.arms = sorted(int(a) for a in arms)
+        self.profile, self.prior, self.weight = profile, float(prior), float(prior_drafts)
+        self.max_new_tokens = max_new_tokens
+        self.name = "goodput"
+
+    def acceptance(self, rows: Sequence[Any]) -> np.ndarray:
+        return np.array([acceptance(r, self.prior, self.weight) for r in rows])
+
+    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
+        a = self.acceptance(rows)
+        ctx = [r.context for r in rows]
+        best, best_rate = self.arms[0], -1.0
+        for b in self.arms:
+            blocks = [max(1, min(b, self.max_new_tokens - r.m)) for r in rows]
+            gain = sum(float(expected_tau(a[i:i + 1], blocks[i])[0]) for i in range(len(rows)))
+            rate = gain / batch_round_s(self.profile, blocks, ctx)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return [best] * len(rows)
+
+    def feedback(self, *args: Any) -> None:
+        pass  # acceptance is read from the rows themselves
+
+
+class Learned:
+    """A contextual bandit choosing every row's block size each round.
+
+    Context: the load level (one-hot over :data:`LEVELS`) and the row's smoothed acceptance so
+    far. Reward: the row's speed-up in that round over its share of a plain round, ``tau x
+    (plain round / rows) / attributed seconds``: tokens per attributed second in units of what
+    plain decoding gives a row at this load (1.0 = as fast as plain), so a long block pays for
+    the time it adds to the whole batch and rewards are on one scale at every load.
+    ``policy``: a spec for :func:`~adaptspec.policies.spec.make_policy` (default LinUCB).
+    """
+
+    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "linucb", prior: float = 0.5,
+                 prior_drafts: float = 8.0, seed: int = 0) -> None:
+        from ..policies.spec import make_policy
+
+        self.arms = sorted(int(a) for a in arms)
+        self.profile = profile
+        self.policy = make_policy(policy, self.arms, seed=seed)
+        self.prior, self.weight = float(prior), float(prior_drafts)
+        self.name = f"learned ({policy})"
+        self._pending: dict[int, np.ndarray] = {}
+        self._plain_share = 0.0
+
+    def context(self, row: Any, load: Any) -> np.ndarray:
+        x = np.zeros(len(LEVELS) + 2)
+        x[level_index(load.rows)] = 1.0
+        x[-1] = acceptance(row, self.prior, self.weight)
+        return x
+
+    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
+        self._plain_share = batch_round_s(self.profile, [1] * len(rows), [r.context for r in rows]) / len(rows)
+        out = []
+        for r in rows:
+            x = self.context(r, load)
+            self._pending[id(r)] = x
+            out.append(int(self.policy.decide(x).block_size))
+        return out
+
+    def feedback(self, row: Any, block_size: int, tau: int, attributed_s: float, load: Any) -> None:
+        x = self._pending.pop(id(row))
+        if attributed_s > 0:
+            self.policy.update(x, block_size, tau * self._plain_share / attributed_s)
