@@ -18,6 +18,8 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from .errors import AdaptspecError
+
 
 @dataclass(frozen=True)
 class Round:
@@ -137,6 +139,28 @@ class RoundSchedule(Protocol):
     def draft_size(self, rounds: Sequence[Round]) -> int: ...
 
     def verify_size(self, confidence: np.ndarray, rounds: Sequence[Round]) -> int: ...
+
+
+def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | None = None,
+                      whose: str = "the speculator's") -> tuple[int, ...]:
+    """``arms`` as sorted ints, checked to be distinct block sizes from 1 to ``max_block_size``
+    (a larger block cannot be drafted). ``name`` and ``whose`` word the error.
+
+    >>> check_block_sizes([8, 2, 4], 16)
+    (2, 4, 8)
+    >>> check_block_sizes([4, 32], 16, name="--arms 4,32", whose="the --tiny model's")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: --arms 4,32: the --tiny model's max_block_size is 16, so block sizes [32] cannot be drafted
+    """
+    out = tuple(sorted(int(a) for a in arms))
+    name = name or f"arms {list(arms)}"
+    if not out or out[0] < 1 or len(set(out)) != len(out):
+        raise AdaptspecError(f"{name}: block sizes must be distinct integers >= 1")
+    if out[-1] > max_block_size:
+        raise AdaptspecError(f"{name}: {whose} max_block_size is {max_block_size}, so block sizes "
+                             f"{[a for a in out if a > max_block_size]} cannot be drafted")
+    return out
 
 
 @runtime_checkable

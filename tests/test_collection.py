@@ -34,8 +34,10 @@ def test_collect_every_arm_with_real_stats(setup, tmp_path):
     assert TraceSet.read(tmp_path / "t").info()["requests"] == 6
     with pytest.raises(AdaptspecError, match="exists"):
         collect_traces(dec, prompts, [1, 2], tmp_path / "t", progress=False)
-    with pytest.raises(AdaptspecError, match="arms must be"):
+    with pytest.raises(AdaptspecError, match=r"max_block_size is 32, so block sizes \[99\] cannot be drafted"):
         collect_traces(dec, prompts, [1, 99], tmp_path / "u", progress=False)
+    with pytest.raises(AdaptspecError, match="distinct integers >= 1"):
+        collect_traces(dec, prompts, [2, 2, 4], tmp_path / "u", progress=False)
 
 
 def test_parts_and_resume_give_the_same_trace_set(setup, tmp_path):

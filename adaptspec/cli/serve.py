@@ -23,6 +23,7 @@ import logging
 import sys
 
 from ..errors import AdaptspecError
+from ..speculator import check_block_sizes
 from ..reward.functions import DEFAULT_REWARD, REWARDS
 from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 
@@ -188,9 +189,8 @@ def build(args: argparse.Namespace):
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:
-    if arms is not None and arms[-1] > max_block_size:
-        raise AdaptspecError(f"--arms {','.join(map(str, arms))}: {whose} max_block_size is {max_block_size}, "
-                             f"so block sizes {[a for a in arms if a > max_block_size]} cannot be drafted")
+    if arms is not None:
+        check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose)
 
 
 def _check_port(host: str, port: int) -> None:

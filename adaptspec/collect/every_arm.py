@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .._util.outputs import check_output
 from ..errors import AdaptspecError
-from ..speculator import BlockSpeculator
+from ..speculator import BlockSpeculator, check_block_sizes
 from ..traces import TraceSet
 
 
@@ -47,7 +47,7 @@ def collect_traces(
 
     Returns the trace set, or None for a ``part`` run (see the module docstring).
     """
-    arms = check_arms(arms, speculator.max_block_size)
+    arms = list(check_block_sizes(arms, speculator.max_block_size))
     out = Path(out)
     check_request(out, temperature, max_new_tokens, overwrite)
     if part is not None and not 0 <= part[0] < part[1]:
@@ -66,14 +66,6 @@ def collect_traces(
     if part is not None:
         return None
     return finish(out, prompts, arms, rows, max_new_tokens, temperature, meta, overwrite)
-
-
-def check_arms(arms: Sequence[int], max_block_size: int) -> list[int]:
-    """``arms`` sorted, checked to be unique block sizes in ``1..max_block_size``."""
-    arms = sorted(int(a) for a in arms)
-    if not arms or arms[0] < 1 or arms[-1] > max_block_size or len(set(arms)) != len(arms):
-        raise AdaptspecError(f"arms must be unique block sizes in 1..{max_block_size}, got {arms}")
-    return arms
 
 
 def check_request(out: Path, temperature: float, max_new_tokens: int, overwrite: bool) -> None:

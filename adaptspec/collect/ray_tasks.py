@@ -49,10 +49,11 @@ def _header(spec) -> dict:
 
 def _every_arm_part(make_speculator, prompts, positions, arms, max_new_tokens, temperature, seed, offset) -> Iterator:
     """A task: a header, then one partial-file row per prompt."""
-    from .every_arm import check_arms, collect_rows
+    from ..speculator import check_block_sizes
+    from .every_arm import collect_rows
 
     spec = _speculator(make_speculator)
-    check_arms(arms, spec.max_block_size)
+    check_block_sizes(arms, spec.max_block_size)
     yield _header(spec)
     yield from collect_rows(spec, _encode(spec, prompts), arms, max_new_tokens, temperature, seed, offset, positions)
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from scipy import stats
 
+from .._util.numbers import rounded
 from ..errors import AdaptspecError
 from ..policies.base import Policy
 from ..reward.functions import pct_of
@@ -346,16 +347,12 @@ class Tally:
             row: dict[str, Any] = {"policy": label, **self.meta[label]}
             for k, vs in self.values[label].items():
                 m, lo, hi = ci95(vs)
-                row[k] = {"mean": _r(m), "lo": _r(lo), "hi": _r(hi)}
+                row[k] = {"mean": rounded(m, 5), "lo": rounded(lo, 5), "hi": rounded(hi, 5)}
                 if k in self.PAIRED and self.meta[label].get("kind") != "fixed":
-                    row[k]["values"] = [_r(x) for x in vs]
+                    row[k]["values"] = [rounded(x, 5) for x in vs]
             row["runs"] = len(next(iter(self.values[label].values()), []))
             rows.append(row)
         return rows
-
-
-def _r(x: float) -> float | None:
-    return None if not math.isfinite(x) else round(float(x), 5)
 
 
 def curve_points(T: int, n: int = 120) -> np.ndarray:
