@@ -118,12 +118,13 @@ class Goodput:
         return np.array([acceptance(r, self.prior, self.weight) for r in rows])
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        a = self.acceptance(rows)
+        a = np.clip(self.acceptance(rows), 0.0, 1.0 - 1e-9)
+        room = np.array([self.max_new_tokens - r.m for r in rows])
         ctx = [r.context for r in rows]
         best, best_rate = self.arms[0], -1.0
         for b in self.arms:
-            blocks = [max(1, min(b, self.max_new_tokens - r.m)) for r in rows]
-            gain = sum(float(expected_tau(a[i:i + 1], blocks[i])[0]) for i in range(len(rows)))
+            blocks = np.clip(np.minimum(b, room), 1, None)
+            gain = float(((1.0 - a**blocks) / (1.0 - a)).sum())  # expected_tau, row by row
             rate = gain / batch_round_s(self.profile, blocks, ctx)
             if rate > best_rate:
                 best, best_rate = b, rate
@@ -164,14 +165,17 @@ class Learned:
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
         self._plain_share = batch_round_s(self.profile, [1] * len(rows), [r.context for r in rows]) / len(rows)
-        out = []
-        for r in rows:
-            x = self.context(r, load)
-            self._pending[id(r)] = x
-            out.append(int(self.policy.decide(x).block_size))
-        return out
+        X = np.stack([self.context(r, load) for r in rows])
+        idx, _ = self.policy.decide_batch(X)  # one decision per row, no learning in between
+        self._pending = {id(r): x for r, x in zip(rows, X)}
+        self._done: list[tuple[np.ndarray, int, float]] = []
+        return [self.arms[i] for i in idx]
 
     def feedback(self, row: Any, block_size: int, tau: int, attributed_s: float, load: Any) -> None:
         x = self._pending.pop(id(row))
         if attributed_s > 0:
-            self.policy.update(x, block_size, tau * self._plain_share / attributed_s)
+            self._done.append((x, block_size, tau * self._plain_share / attributed_s))
+        if not self._pending and self._done:  # the round's last row: learn from the whole round
+            X, b, r = zip(*self._done)
+            self.policy.update_batch(np.stack(X), np.array(b), np.array(r))
+            self._done = []
