@@ -37,13 +37,14 @@ from adaptspec.models.prompts import benchmark_prompts
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run_threads(spec, prompts: list[list[int]], concurrency: int, max_new: int) -> dict:
+def run_threads(spec, prompts: list[list[int]], concurrency: int, max_new: int, threads: int) -> dict:
     """One thread per request, ``concurrency`` at a time (the server's path)."""
     out: list = [None] * len(prompts)
     lock = threading.Lock()
     nxt = [0]
 
     def worker():
+        torch.set_num_threads(threads)  # per OS thread: a new thread starts with the default (all cores)
         while True:
             with lock:
                 i = nxt[0]
@@ -109,7 +110,7 @@ def main() -> None:
     results = []
     for c in levels:
         prompts = pool[: c * args.requests]
-        rows = {"threads": run_threads(spec, prompts, c, args.max_new_tokens)}
+        rows = {"threads": run_threads(spec, prompts, c, args.max_new_tokens, args.threads)}
         for b in blocks:
             rows[f"B={b}"] = run_engine(spec, prompts, c, b, args.max_new_tokens)
         plain = rows["threads"].pop("outputs")

@@ -1,0 +1,101 @@
+"""The cost surface of a batched round: draft and verify seconds over rows x tokens per row x context.
+
+:func:`measure_surface` times the engine's own passes (the per-row drafter calls and one
+:func:`~adaptspec.batching.target_pass.verify_rows` pass) on synthetic rows: one prompt of
+``context`` tokens prefilled once and copied into every row's KV slot. Each measurement is
+the median of ``repeats`` passes; nothing is committed, so every pass sees the same context.
+The result is a list of round records (``block_size``, ``batch_size``, ``context_tokens``,
+``draft_s``, ``verify_s``) that :func:`adaptspec.reward.latency.fit_profile` fits.
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
+>>> torch.manual_seed(0) and None
+>>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+...                   num_attention_heads=4, num_key_value_heads=2)
+>>> model = LlamaForCausalLM(cfg).eval()
+>>> drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0)
+>>> rows = measure_surface(TargetModel(model), drafter, rows=[1, 3], tokens=[1, 4], contexts=[8], repeats=1)
+>>> [(r["batch_size"], r["block_size"], r["context_tokens"]) for r in rows]
+[(1, 1, 8), (1, 4, 8), (3, 1, 8), (3, 4, 8)]
+>>> rows[0]["draft_s"], rows[1]["draft_s"] > 0
+(0.0, True)
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+import torch
+
+from ..decoding.decoder import _now
+from ..decoding.drafter import BlockDiffusionDrafter
+from ..decoding.target import TargetModel
+from .target_pass import new_store, prefill_layers, verify_rows
+
+
+@torch.inference_mode()
+def measure_surface(
+    target: TargetModel,
+    drafter: BlockDiffusionDrafter | None,
+    rows: Sequence[int] = (1, 2, 4, 8, 16),
+    tokens: Sequence[int] = (1, 2, 4, 8, 16),
+    contexts: Sequence[int] = (64, 256),
+    repeats: int = 3,
+    seed: int = 0,
+) -> list[dict]:
+    """Median draft and verify seconds of one round for every (context, rows, tokens per row)."""
+    if drafter is not None:
+        drafter.attach(target.model)
+        target.context_layers = list(drafter.config.target_layers)
+    dev = target.device
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for context in contexts:
+        prompt = torch.randint(target.vocab_size, (context,), generator=g)
+        tp = target.prefill(prompt)
+        layers = prefill_layers(tp.cache)
+        for m in rows:
+            store = new_store(target, m, context + max(tokens), context + max(tokens))
+            for i in range(m):
+                store.load(i, layers)
+            states = [drafter.new_state(tp.context_hidden) for _ in range(m)] if drafter is not None else []
+            for b in tokens:
+                blocks = torch.randint(target.vocab_size, (m, b), generator=g).to(dev)
+                draft_s, verify_s = [], []
+                for _ in range(repeats + 1):  # the first pass warms up
+                    t0 = _now(dev)
+                    if b > 1 and drafter is not None:
+                        for s in states:
+                            drafter.draft_logits(s, int(blocks[0, 0]), b).argmax(-1)
+                    t1 = _now(dev)
+                    verify_rows(target, store, blocks, context=drafter is not None)
+                    t2 = _now(dev)
+                    draft_s.append(t1 - t0)
+                    verify_s.append(t2 - t1)
+                out.append(dict(block_size=b, batch_size=m, context_tokens=context,
+                                draft_s=statistics.median(draft_s[1:]), verify_s=statistics.median(verify_s[1:])))
+    return out
+
+
+def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
+    """Markdown table of ``field`` in ms: rows x tokens per row, one block per context.
+
+    >>> print(surface_table([dict(block_size=1, batch_size=1, context_tokens=8, draft_s=0.0, verify_s=0.01)]))
+    context 8: verify_s, ms
+    | rows \\ tokens per row | 1 |
+    |---|---:|
+    | 1 | 10.0 |
+    """
+    lines = []
+    for c in sorted({r["context_tokens"] for r in rounds}):
+        rs = [r for r in rounds if r["context_tokens"] == c]
+        bs = sorted({r["block_size"] for r in rs})
+        ms = sorted({r["batch_size"] for r in rs})
+        val = {(r["batch_size"], r["block_size"]): r[field] for r in rs}
+        lines += [f"context {c}: {field}, ms", "| rows \\ tokens per row | " + " | ".join(map(str, bs)) + " |",
+                  "|---|" + "---:|" * len(bs)]
+        for m in ms:
+            lines.append(f"| {m} | " + " | ".join(f"{1e3 * val[m, b]:.1f}" if (m, b) in val else "" for b in bs) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""The prepared GPU check (benchmarks/gpu_check_batching.py) runs end to end on CPU with --tiny."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check_batching.py"
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_tiny_on_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_check_batching", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = mod.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "r.json")])
+    finally:
+        torch.set_num_threads(n)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0 and report["exact_mismatches"] == [] and report["exact_rows"] == 12
+    cells = {(r["batch_size"], r["block_size"], r["context_tokens"]) for r in report["surface"]}
+    assert cells == {(m, b, 16) for m in (1, 3) for b in (1, 4)}
+    assert all(r["verify_s"] > 0 for r in report["surface"])
