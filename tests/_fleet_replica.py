@@ -1,8 +1,8 @@
 """One fleet replica as a process, driven over stdin/stdout by tests/test_fleet_redis.py.
 
-``python tests/_fleet_replica.py REDIS_URL REPLICA_ID LOG_DIR SPEC [SYNC_EVERY]`` builds an
+``python tests/_fleet_replica.py REDIS_URL REPLICA_ID LOG_DIR SPEC [SYNC_EVERY [LEASE_TTL]]`` builds an
 AdaptiveController over a toy speculator, sharing its policy through Redis, and answers JSON
-lines:
+lines (a refusal at start, e.g. a replica id a live replica holds, is one line on stderr, exit 2):
 
 - ``{"op": "step", "x": [...], "rewards": {"B": r, ...}}``: decide on context ``x``, feed back
   the chosen block size's reward, answer ``{"block_size", "reward"}`` once ``feedback`` has
@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from adaptspec import AdaptiveController
+from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import SharedState
 from adaptspec.fleet.redis_backend import RedisBackend
 from adaptspec.policies.spec import make_policy
@@ -41,11 +42,16 @@ class Toy:
 def main() -> None:
     url, replica, log_dir, spec = sys.argv[1:5]
     sync_every = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+    lease_ttl = float(sys.argv[6]) if len(sys.argv) > 6 else 15.0
     backend = RedisBackend(url).connect()
-    shared = SharedState(backend, replica, sync_every=sync_every, sync_interval_s=0.2)
+    shared = SharedState(backend, replica, sync_every=sync_every, sync_interval_s=0.2, lease_ttl_s=lease_ttl)
     # a policy object, not a spec: a spec's head without a featurizer would pick up the bundled one
-    ctl = AdaptiveController(Toy(), make_policy(spec, [1, 2, 4, 8], seed=0), variant="A", log_dir=log_dir, shared=shared,
-                             log_fsync=False, feedback_timeout_s=None)
+    try:
+        ctl = AdaptiveController(Toy(), make_policy(spec, [1, 2, 4, 8], seed=0), variant="A", log_dir=log_dir,
+                                 shared=shared, log_fsync=False, feedback_timeout_s=None)
+    except AdaptspecError as e:
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(2)
     print(json.dumps({"ready": True, "rebuilt": shared.rebuilt}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

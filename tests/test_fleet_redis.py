@@ -57,10 +57,10 @@ def stream(n: int, seed: int = 1) -> list[tuple[list[float], dict[str, float]]]:
 class Replica:
     """One replica process (tests/_fleet_replica.py)."""
 
-    def __init__(self, url: str, rid: str, log_dir: Path, spec: str, sync_every: int = 8) -> None:
+    def __init__(self, url: str, rid: str, log_dir: Path, spec: str, sync_every: int = 8, lease_ttl: float = 15.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fleet_replica.py"), url, rid,
-                                      str(log_dir), spec, str(sync_every)],
+                                      str(log_dir), spec, str(sync_every), str(lease_ttl)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.rid = rid
         self.hello = self._read()
@@ -98,6 +98,16 @@ class Replica:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+
+
+def wait_for_lease_expiry(srv, fleet: str, rid: str, variant: str = "A", timeout: float = 30.0) -> None:
+    import redis
+
+    c = redis.Redis(port=srv.port)
+    deadline = time.monotonic() + timeout
+    while c.exists(f"adaptspec:fleet:{fleet}:{variant}:lease:{rid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    c.close()
 
 
 def single_process(spec: str, triples) -> object:
@@ -150,7 +160,7 @@ def test_four_replicas_equal_one_process_that_saw_every_feedback(redis_server, t
 def test_sigkill_loses_nothing_acknowledged_and_its_key_keeps_counting(redis_server, tmp_path):
     spec, url, k = "ucb", f"{redis_server.url}/kill", 8
     logs = [tmp_path / f"r{i}" for i in range(4)]
-    reps = [Replica(url, f"r{i}", logs[i], spec, sync_every=k) for i in range(4)]
+    reps = [Replica(url, f"r{i}", logs[i], spec, sync_every=k, lease_ttl=2.0) for i in range(4)]
     data = stream(240)
     try:
         for i, (x, rw) in enumerate(data[:120]):
@@ -165,8 +175,10 @@ def test_sigkill_loses_nothing_acknowledged_and_its_key_keeps_counting(redis_ser
         recent = sum(1 for t in dead.acked if t[3] > killed_at - 1.0)
         assert 0 < published <= len(dead.acked)
         assert len(dead.acked) - published <= max(k, recent)
-        # restarted on its own log, it rebuilds every acknowledged update (and republishes them once)
-        back = Replica(url, "r1", logs[1], spec, sync_every=k)
+        # restarted on its own log once its id is free (the lease expired), it rebuilds every acknowledged
+        # update (and republishes them once)
+        wait_for_lease_expiry(redis_server, "kill", "r1")
+        back = Replica(url, "r1", logs[1], spec, sync_every=k, lease_ttl=2.0)
         assert back.hello["rebuilt"] == {"from": "log", "updates": len(dead.acked), "published_before": published}
         back.acked = dead.acked
         reps[1] = back

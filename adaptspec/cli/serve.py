@@ -25,7 +25,7 @@ import sys
 from ..errors import AdaptspecError
 from ..speculator import check_block_sizes
 from ..reward.functions import DEFAULT_REWARD, REWARDS
-from ._types import MAX_BLOCK_SIZE, block_sizes, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
+from ._types import MAX_BLOCK_SIZE, block_sizes, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     models.add_argument("--verification", choices=["fast", "exact"], default="fast",
                         help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
-    models.add_argument("--device", default="cpu", help="device of the real models (default: cpu)")
+    models.add_argument("--device", type=device, default="cpu", help="device of the real models (default: cpu)")
     models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
     models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
     ctl = p.add_argument_group("controller")
@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="publish and merge after N own updates (default 32) ...")
     fleet.add_argument("--sync-interval", type=float_range(0, lo_open=True), default=1.0, metavar="S",
                        help="... or every S seconds (default 1)")
+    fleet.add_argument("--lease-ttl", type=float_range(0, lo_open=True), default=15.0, metavar="S",
+                       help="a replica id is held by one live process: a second one claiming it is refused; a "
+                            "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
@@ -105,10 +108,11 @@ def _shared_url(text: str) -> str:
     return text
 
 
-def _shared(args: argparse.Namespace):
-    """A factory of one SharedState per variant over one Redis connection (None without --shared).
+def _shared(args: argparse.Namespace, variants: list[str]) -> dict | None:
+    """One SharedState per variant over one Redis connection, each holding its replica id (None without --shared).
 
-    Redis is pinged now, before any model is loaded: unreachable, it is one line."""
+    Redis is pinged and the replica id claimed now, before any model is loaded: unreachable, or an
+    id a live replica holds, is one line."""
     if not getattr(args, "shared", None):
         return None
     import socket
@@ -118,8 +122,16 @@ def _shared(args: argparse.Namespace):
 
     backend = RedisBackend(args.shared).connect()
     replica = args.replica_id or f"{socket.gethostname()}:{args.port}"
-    return lambda variant: SharedState(backend, replica, sync_every=args.sync_every,
-                                       sync_interval_s=args.sync_interval)
+    states = {v: SharedState(backend, replica, sync_every=args.sync_every, sync_interval_s=args.sync_interval,
+                             lease_ttl_s=args.lease_ttl) for v in variants}
+    try:
+        for v, s in states.items():
+            s.claim(v)
+    except BaseException:
+        for s in states.values():
+            s.close()
+        raise
+    return states
 
 
 def build(args: argparse.Namespace):
@@ -127,10 +139,8 @@ def build(args: argparse.Namespace):
 
     Everything that can be checked without the model is checked before it is loaded.
     """
-    from ..control.controller import default_policy_spec
+    from ..policies.variants import named_specs
     from ..reward.functions import reward_function
-    from ..serving.codec import HFCodec
-    from ..serving.service import CompletionService, ServerLimits
 
     if args.default_max_tokens > args.max_tokens:
         raise AdaptspecError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
@@ -139,18 +149,25 @@ def build(args: argparse.Namespace):
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
-    specs: dict[str, str] = {}
-    for v in args.variant or []:
-        name, eq, spec = v.partition("=")
-        if not eq or not name.strip() or not spec.strip():
-            raise AdaptspecError(f"--variant {v!r}: expected NAME=POLICY_SPEC, e.g. A=fixed:16")
-        if name.strip() in specs:
-            raise AdaptspecError(f"--variant: variant {name.strip()!r} given twice")
-        specs[name.strip()] = spec.strip()
+    specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     from ..serving.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
-    shared = _shared(args)
+    shared = _shared(args, list(specs) or ["default"])
+    try:
+        return _build(args, specs, shared)
+    except BaseException:
+        for s in (shared or {}).values():
+            s.close()  # frees the replica ids (an attached one was closed by its controller already)
+        raise
+
+
+def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None):
+    """The model and the service (the part of :func:`build` that may take minutes)."""
+    from ..control.controller import default_policy_spec
+    from ..serving.codec import HFCodec
+    from ..serving.service import CompletionService, ServerLimits
+
     if args.tiny:
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
@@ -185,7 +202,7 @@ def build(args: argparse.Namespace):
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
-        **({} if shared is None else {"shared": shared}))
+        **({} if shared is None else {"shared": shared.__getitem__}))
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:

@@ -6,8 +6,15 @@ per field), a fetch one ``HGETALL``. Every call has a short socket timeout (1 s 
 a Redis that is down costs the sync thread a second, never a request. Needs the ``redis``
 client (``pip install 'adaptspec[fleet]'``).
 
+A replica id's lease (:mod:`adaptspec.fleet.identity`) is one string key per (channel, replica),
+``adaptspec:fleet:NAME:VARIANT:lease:REPLICA`` (variant names hold no ``:``), holding its owner's
+token with an expiry (``SET NX PX``); renewing and releasing compare the token first, in one Lua
+script each, so a process never extends or deletes another's lease.
+
 >>> parse_url("redis://10.0.0.5:6380/prod").key("A")
 'adaptspec:fleet:prod:A'
+>>> parse_url("redis://10.0.0.5:6380/prod").lease_key("A", "gpu-3:8000")
+'adaptspec:fleet:prod:A:lease:gpu-3:8000'
 >>> parse_url("http://x/y")
 Traceback (most recent call last):
 ...
@@ -26,6 +33,16 @@ __all__ = ["RedisURL", "RedisBackend", "parse_url"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
+# KEYS[1]: the lease; ARGV[1]: the token; ARGV[2]: the expiry in ms
+_CLAIM = """if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return nil end
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}"""
+_RENEW = """local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0"""
+_RELEASE = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0"""
+
 
 @dataclass(frozen=True)
 class RedisURL:
@@ -36,6 +53,9 @@ class RedisURL:
 
     def key(self, variant: str) -> str:
         return f"adaptspec:fleet:{self.name}:{variant}"
+
+    def lease_key(self, variant: str, replica: str) -> str:
+        return f"{self.key(variant)}:lease:{replica}"
 
     def __str__(self) -> str:
         return f"redis://{self.host}:{self.port}/{self.name}"
@@ -71,6 +91,7 @@ class RedisBackend:
         self._redis = redis.Redis(host=self.url.host, port=self.url.port, password=self.url.password,
                                   socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                   retry=Retry(NoBackoff(), 0))  # no retries: the next sync is the retry
+        self._claim, self._renew, self._release = (self._redis.register_script(x) for x in (_CLAIM, _RENEW, _RELEASE))
         self.describe = str(self.url)
 
     def connect(self) -> "RedisBackend":
@@ -90,8 +111,27 @@ class RedisBackend:
     def fetch_one(self, channel: str, replica: str) -> bytes | None:
         return self._redis.hget(self.url.key(channel), replica)
 
+    def claim(self, channel: str, replica: str, token: str, ttl_s: float) -> tuple[str, float] | None:
+        for _ in range(3):  # a lease that expires between SET NX and GET is tried again
+            held = self._claim(keys=[self.url.lease_key(channel, replica)], args=[token, _ms(ttl_s)])
+            if held is None:
+                return None
+            if held[0] is not None:
+                return held[0].decode(errors="replace"), max(int(held[1]), 0) / 1000.0
+        return "unknown", ttl_s
+
+    def renew(self, channel: str, replica: str, token: str, ttl_s: float) -> bool:
+        return bool(self._renew(keys=[self.url.lease_key(channel, replica)], args=[token, _ms(ttl_s)]))
+
+    def release(self, channel: str, replica: str, token: str) -> None:
+        self._release(keys=[self.url.lease_key(channel, replica)], args=[token])
+
     def close(self) -> None:
         try:
             self._redis.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))

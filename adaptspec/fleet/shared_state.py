@@ -10,9 +10,16 @@ Three threads touch it, none of them the decision thread:
 - a **sync thread** publishes this replica's cumulative sums every ``sync_every`` updates or
   ``sync_interval_s`` seconds, whichever comes first, and fetches every replica's; all network
   calls happen here, so a slow or dead Redis delays neither decisions nor updates;
-- the constructor's thread calls :meth:`attach` once: this replica's own sums are rebuilt from
-  its decision log (the record of every acknowledged feedback), checked against what it published
-  before, published, and merged with the others' before the first decision.
+- the constructor's thread calls :meth:`attach` once: this replica claims its id
+  (:mod:`adaptspec.fleet.identity`: refused with one line while another live process holds it),
+  its own sums are rebuilt from its decision log (the record of every acknowledged feedback),
+  checked against what it published before, published, and merged with the others' before the
+  first decision (a fresh replica starts from the fleet's statistics). :meth:`claim` takes the
+  id earlier (``adaptspec serve`` does, before loading the model).
+
+The sync thread renews the id's lease before every publish; a replica that finds its id taken by
+another process (possible only after it could not renew for ``lease_ttl_s``) stops publishing
+until the id is free again, and says so in :meth:`status` (``connected`` False, ``last_error``).
 
 Consistency window: a feedback applied on replica R reaches replica S after R's next publish
 (at most ``sync_every`` updates or ``sync_interval_s`` seconds) and S's next fetch (at most
@@ -36,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
+from .identity import ReplicaLease
 from .stats import NOTHING, Family, family_for, merge_sums
 from .wire import Published, decode, encode
 
@@ -58,19 +66,29 @@ class SharedState:
         key, not add a second one), unique in the fleet.
     sync_every, sync_interval_s
         Publish and fetch after this many own updates, or this many seconds, whichever first.
+    lease_ttl_s
+        Life of the replica id's lease without renewal (at least 3 sync intervals): how long a
+        crashed replica's id stays taken.
     """
 
-    def __init__(self, backend: Any, replica: str, *, sync_every: int = 32, sync_interval_s: float = 1.0) -> None:
+    def __init__(self, backend: Any, replica: str, *, sync_every: int = 32, sync_interval_s: float = 1.0,
+                 lease_ttl_s: float = 15.0) -> None:
         if not replica or not isinstance(replica, str):
             raise AdaptspecError(f"replica id must be a non-empty string, got {replica!r}")
         if int(sync_every) != sync_every or sync_every < 1:
             raise AdaptspecError(f"sync_every must be a positive integer, got {sync_every!r}")
         if not sync_interval_s > 0:
             raise AdaptspecError(f"sync_interval_s must be > 0, got {sync_interval_s!r}")
+        if not lease_ttl_s >= 3 * sync_interval_s:
+            raise AdaptspecError(f"the lease ttl ({lease_ttl_s!r} s, --lease-ttl) must be at least 3 sync intervals "
+                                 f"({3 * sync_interval_s!r} s): a live replica would lose its id between renewals")
         self.backend = backend
         self.replica = replica
         self.sync_every = int(sync_every)
         self.sync_interval_s = float(sync_interval_s)
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.lease: ReplicaLease | None = None
+        self._closed = False
         self.family: Family = NOTHING
         self.channel = "default"
         self.fingerprint = ""
@@ -96,6 +114,18 @@ class SharedState:
         self.rebuilt: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
+    def claim(self, variant: str | None) -> None:
+        """Claim this replica's id for ``variant`` now (one line when a live replica holds it); :meth:`attach` does it
+        if nobody did before."""
+        channel = variant or "default"
+        if self.lease is not None:
+            if self.lease.channel != channel:
+                raise AdaptspecError(f"replica {self.replica!r} claimed variant {self.lease.channel!r}, not {channel!r}")
+            return
+        lease = ReplicaLease(self.backend, channel, self.replica, self.lease_ttl_s)
+        lease.claim()
+        self.lease, self.channel = lease, channel
+
     def attach(self, policy: Any, variant: str | None, log_dir: str | Path | None = None,
                contextual: bool | None = None) -> None:
         """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
@@ -103,10 +133,17 @@ class SharedState:
         Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward),
         refuses to start (one line) when the backend holds more of this replica's updates than the
         log, publishes, merges the others' statistics into ``policy`` and starts the sync thread.
-        A backend that cannot be reached now raises (one line).
+        A backend that cannot be reached now raises (one line). On any refusal the id is released.
         """
         self.family = family_for(policy)
-        self.channel = variant or "default"
+        self.claim(variant)
+        try:
+            self._attach(policy, log_dir, contextual)
+        except BaseException:
+            self.close()
+            raise
+
+    def _attach(self, policy: Any, log_dir: str | Path | None, contextual: bool | None) -> None:
         self.fingerprint = self.family.fingerprint(policy)
         self._contextual = bool(getattr(policy, "contextual", True) if contextual is None else contextual)
         try:
@@ -228,6 +265,8 @@ class SharedState:
             mine = Published(self.replica, self.fingerprint, self._local_updates,
                              {k: np.array(v) for k, v in self._local.items()})
         try:
+            if self.lease is not None and not self.lease.renew():
+                return self._identity_lost()
             self.backend.publish(self.channel, self.replica, encode(mine))
             blobs = self.backend.fetch(self.channel)
         except Exception as e:  # noqa: BLE001 - any backend failure: keep serving from local state
@@ -258,6 +297,17 @@ class SharedState:
         self.last_sync = time.time()
         return True
 
+    def _identity_lost(self) -> bool:
+        """Another process holds this replica's id: publish nothing (it would overwrite that one's sums)."""
+        self.sync_errors += 1
+        self.last_error = (f"replica id {self.replica!r} of variant {self.channel!r} is held by another process (this "
+                           "one could not renew its lease in time): not publishing until the id is free; give one of "
+                           "them another --replica-id")
+        if self.connected or self.syncs == 0:
+            log.warning("%s: %s", self.channel, self.last_error)
+        self.connected = False
+        return False
+
     def sync_now(self) -> bool:
         """Publish and fetch now, on the caller's thread (tests, shutdown); True if the backend answered."""
         return self._sync_once()
@@ -273,14 +323,20 @@ class SharedState:
                 "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
                 "local_updates": local, "unpublished_updates": local - published, "other_replicas": len(others),
                 "fleet_updates": local + sum(others.values()), "last_error": self.last_error,
-                "rebuilt": self.rebuilt}
+                "rebuilt": self.rebuilt, "lease_held": bool(self.lease is not None and self.lease.held)}
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the sync thread and publish one last time (best effort: a dead backend is only counted)."""
+        """Stop the sync thread, publish one last time (best effort: a dead backend is only counted) and
+        release the replica id."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        if self.family is not NOTHING:
+        if self.family is not NOTHING and self._fetch_seq:  # attached: its sums are worth publishing
             self._sync_once()
+        if self.lease is not None:
+            self.lease.release()
