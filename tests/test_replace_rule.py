@@ -256,3 +256,26 @@ def test_evaluate_into_a_new_folder_needs_no_flag(tmp_path, capsys):
     assert main(["evaluate", "--docs", str(d), "--render-only"]) == 2
     assert "which does not exist" in capsys.readouterr().err
     assert not d.exists()
+
+
+# ---------------------------------------------------------------------- simulate --plot
+def test_a_plot_replaces_only_a_png_adaptspec_wrote(tmp_path, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    photo = tmp_path / "photo.png"
+    fig = plt.figure()
+    fig.savefig(photo)  # a PNG, but the user's
+    plt.close(fig)
+    before = photo.read_bytes()
+    argv = ["simulate", "--policy", "fixed:4", "--steps", "30", "--seeds", "1", "--no-progress", "--plot"]
+    assert main([*argv, str(photo)]) == 2
+    assert "photo.png exists and is not an adaptspec plot" in capsys.readouterr().err
+    assert photo.read_bytes() == before
+    ours = tmp_path / "ours.png"
+    assert main([*argv, str(ours)]) == 0
+    first = ours.read_bytes()
+    assert b"Software\x00adaptspec" in first[:4096]
+    assert main([*argv, str(ours)]) == 0  # its own plot again

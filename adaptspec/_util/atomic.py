@@ -50,7 +50,10 @@ def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dic
         raise AdaptspecError(f"{path}: not a readable {what} ({e})") from None
     if not isinstance(info, dict) or info.get("kind") != kind:
         raise AdaptspecError(f"{path} does not describe an adaptspec {what}")
-    if int(info.get("format", 0)) > newest_format:
+    fmt = info.get("format", 0)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
+        raise AdaptspecError(f"{path}: format={fmt!r} must be a non-negative integer")
+    if fmt > newest_format:
         raise AdaptspecError(f"{path}: {what} format {info.get('format')} is newer than this adaptspec reads ({newest_format})")
     return info
 
@@ -69,7 +72,9 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
 
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Write a matplotlib figure through a temporary file and a rename, then close it; a write
-    failure is an :class:`~adaptspec.errors.AdaptspecError` naming the path."""
+    failure is an :class:`~adaptspec.errors.AdaptspecError` naming the path. The PNG says it was
+    written by adaptspec (a ``Software`` text chunk): only such a file is ever replaced by a plot
+    (``adaptspec._util.outputs``)."""
     import matplotlib.pyplot as plt
 
     from ..errors import AdaptspecError
@@ -78,7 +83,7 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
     tmp = path.with_name(f".{path.name}.tmp.png")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, dpi=dpi)
+        fig.savefig(tmp, dpi=dpi, metadata={"Software": "adaptspec"})
         tmp.replace(path)
     except OSError as e:
         raise AdaptspecError(f"cannot write {path}: {e.strerror or e}") from None

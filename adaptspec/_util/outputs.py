@@ -92,11 +92,26 @@ def _head_legacy(p: Path) -> bool:
 
 
 def _is_png(p: Path) -> bool:
+    """A PNG adaptspec wrote: the signature, then a ``Software`` text chunk saying ``adaptspec``
+    before the image data (``_util.atomic.save_figure`` writes it)."""
+    if not p.is_file():
+        return False
     try:
         with open(p, "rb") as f:
-            return p.is_file() and f.read(8) == _PNG
+            head = f.read(1 << 16)
     except OSError:
         return False
+    if head[:8] != _PNG:
+        return False
+    i = 8
+    while i + 8 <= len(head):
+        n, kind = int.from_bytes(head[i:i + 4], "big"), head[i + 4:i + 8]
+        if kind == b"tEXt" and head[i + 8:i + 8 + n] == b"Software\x00adaptspec":
+            return True
+        if kind == b"IDAT":
+            return False
+        i += 12 + n
+    return False
 
 
 def _is_latency_profile(p: Path) -> bool:
