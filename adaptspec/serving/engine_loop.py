@@ -1,0 +1,215 @@
+"""The engine loop: one thread owns the model and runs batched rounds; request threads submit and wait.
+
+The single-request server gives every request its own thread and its own batch-1 decode, so
+concurrent requests fight over the cores. Here one thread owns a
+:class:`~adaptspec.batching.engine.BatchEngine`: request handlers :meth:`~EngineLoop.submit` a
+request (any thread) and get a :class:`Ticket`; the loop drains new submissions at each round
+boundary, runs one round for every active row, streams each row's new tokens to its ticket's
+callback, and wakes the ticket when its request ends. The queue of requests not yet decoding
+is bounded: past ``max_queue`` a submission raises :class:`QueueFull`, which a server answers
+with 429 and ``Retry-After`` instead of piling up threads.
+
+Callbacks run on the loop thread between rounds: keep them short (hand the tokens to another
+thread or an event loop).
+
+>>> from adaptspec.batching import BatchEngine
+>>> from adaptspec.serving.tiny import tiny_speculator
+>>> spec, codec = tiny_speculator(seed=0, verification="exact")
+>>> with EngineLoop(BatchEngine(spec.target, spec.drafter, max_rows=4)) as loop:
+...     tickets = [loop.submit(codec.encode(p), block_size=b, max_new_tokens=6) for p, b in (("hi", 1), ("yo", 4))]
+...     outs = [t.wait(timeout=60) for t in tickets]
+>>> [o.tokens == spec.generate(codec.encode(p), 1, 6).tokens for o, p in zip(outs, ("hi", "yo"))]
+[True, True]
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import AdaptspecError
+from ..speculator import Outcome
+
+log = logging.getLogger("adaptspec.serving")
+
+
+class QueueFull(AdaptspecError):
+    """The engine's queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, queued: int, retry_after_s: float) -> None:
+        super().__init__(f"the server is at capacity ({queued} requests waiting); retry after {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Ticket:
+    """A submitted request as its handler sees it: wait for the outcome, or cancel."""
+
+    on_tokens: Callable[[list[int]], None] | None = None
+    handle: Any = None  # the engine's RequestHandle, once the loop has taken the request
+    error: AdaptspecError | None = None
+    sent: int = 0  # tokens already given to on_tokens
+    done: threading.Event = field(default_factory=threading.Event)
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    def wait(self, timeout: float | None = None) -> Outcome:
+        """The request's outcome; raises its own error (a bad prompt, a cancel) or TimeoutError."""
+        if not self.done.wait(timeout):
+            raise TimeoutError("the request did not finish in time")
+        if self.error is not None:
+            raise self.error
+        return self.handle.result()
+
+    def cancel(self) -> None:
+        """Stop at the next round boundary (a client that went away)."""
+        self._cancelled = True
+        if self.handle is not None:
+            self.handle.cancel()
+
+    @property
+    def ttft_s(self) -> float | None:
+        h = self.handle
+        return None if h is None or h.first_token_at is None else h.first_token_at - self.submitted_at
+
+
+class EngineLoop:
+    """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
+
+    def __init__(self, engine: Any, max_queue: int = 64) -> None:
+        if not isinstance(max_queue, int) or max_queue < 0:
+            raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
+        self.engine = engine
+        self.max_queue = max_queue
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox_n = 0  # submitted, not yet handed to the engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._tickets: list[Ticket] = []
+        self._closed = False
+        self.rounds = 0
+        self.last_round: Any = None
+        self.round_s_ewma: float | None = None
+        self._thread = threading.Thread(target=self._run, name="adaptspec-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ any thread
+    def submit(self, prompt_ids: Sequence[int], block_size: int = 1, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int | None = None,
+               on_tokens: Callable[[list[int]], None] | None = None) -> Ticket:
+        """Queue a request (checked by the engine when the loop takes it; a bad one fails alone)."""
+        with self._lock:
+            if self._closed:
+                raise AdaptspecError("the engine loop is closed")
+            queued = self._inbox_n + len(self.engine.waiting)
+            if queued >= self.max_queue + self.free_rows:
+                raise QueueFull(queued, self.retry_after_s)
+            self._inbox_n += 1
+        ticket = Ticket(on_tokens)
+        self._inbox.put((ticket, (list(prompt_ids), block_size, max_new_tokens, temperature, seed)))
+        self._wake.set()
+        return ticket
+
+    @property
+    def free_rows(self) -> int:
+        return max(0, self.engine.max_rows - len(self.engine.rows))
+
+    @property
+    def retry_after_s(self) -> float:
+        """A guess at when a row frees up: the mean round time times a typical request's rounds."""
+        per_round = self.round_s_ewma or 0.05
+        return max(1.0, round(per_round * 64))
+
+    def stats(self) -> dict[str, Any]:
+        """Rows in flight, requests waiting, the last round's tokens and time (for /metrics)."""
+        r = self.last_round
+        return {"rows_in_flight": len(self.engine.rows), "queue_length": self._inbox_n + len(self.engine.waiting),
+                "rounds": self.rounds, "tokens_per_round": sum(r.taus) if r is not None else 0,
+                "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0}
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Finish what was submitted, then stop the thread."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "EngineLoop":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the loop thread
+    def _take_submissions(self) -> None:
+        while True:
+            try:
+                ticket, (ids, b, n, t, seed) = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                self._inbox_n -= 1
+            try:
+                ticket.handle = self.engine.submit(ids, block_size=b, max_new_tokens=n, temperature=t, seed=seed)
+            except AdaptspecError as e:
+                ticket.error = e
+                ticket.done.set()
+                continue
+            if getattr(ticket, "_cancelled", False):
+                ticket.handle.cancel()
+            self._tickets.append(ticket)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            self._take_submissions()
+            while self.engine.busy:
+                try:
+                    record = self.engine.step()
+                except Exception as e:  # a defect in a round: fail the rows in it, keep serving
+                    log.exception("engine round failed")
+                    self._fail_all(AdaptspecError(f"internal error in a batched round: {type(e).__name__}: {e}"))
+                    break
+                if record is not None:
+                    self.rounds += 1
+                    self.last_round = record
+                    a = 0.1
+                    self.round_s_ewma = record.round_s if self.round_s_ewma is None else (
+                        (1 - a) * self.round_s_ewma + a * record.round_s)
+                self._stream()
+                self._take_submissions()
+            self._stream()
+            with self._lock:
+                if self._closed and self._inbox.empty():
+                    return
+
+    def _stream(self) -> None:
+        still = []
+        for t in self._tickets:
+            h = t.handle
+            if t.on_tokens is not None and len(h.tokens) > t.sent:
+                new = h.tokens[t.sent:]
+                t.sent = len(h.tokens)
+                try:
+                    t.on_tokens(new)
+                except Exception:  # a broken stream ends that request only
+                    log.exception("a stream callback failed; cancelling its request")
+                    h.cancel()
+            if h.done:
+                t.done.set()
+            else:
+                still.append(t)
+        self._tickets = still
+
+    def _fail_all(self, error: AdaptspecError) -> None:
+        for t in self._tickets:
+            t.error = error
+            t.done.set()
+        self._tickets = []
+        for row in self.engine.rows:
+            row.handle.fail(error)
+        self.engine._leave(list(range(len(self.engine.rows))))  # free their KV slots
