@@ -12,6 +12,8 @@ Endpoints:
   streams rounds), a final chunk with ``finish_reason``, ``usage`` and ``adaptspec``, then
   ``data: [DONE]``. The final chunk (and a non-streamed answer) is sent only after the decision
   is in the decision log: a client that got it holds an acknowledged decision.
+  ``stop`` (a string or up to 4) ends the output before the first stop sequence.
+- ``GET /v1/models``, ``POST /v1/chat/completions``: see :mod:`adaptspec.serving.routes`.
 - ``GET /metrics``: Prometheus text format (see :mod:`adaptspec.serving.metrics`).
 - ``GET /ab``: the live A/B report as JSON (``?ope=0`` skips the off-policy estimates).
 - ``GET /health``: status, uptime and per-variant policy state (``?digest=1`` adds a hash of
@@ -24,15 +26,14 @@ finish, then closes the controllers: queued updates applied, final checkpoints, 
 
 import asyncio
 import concurrent.futures as cf
-import json
 import logging
-import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from .._util.numbers import finite
-from .codec import TextStream
+from .routes import add_openai_routes
 from .service import CompletionService, RequestError
+from .streaming import CompletionChunks, events, generate
 
 __all__ = ["create_app"]
 
@@ -75,18 +76,15 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
             return error(e)
         loop = asyncio.get_running_loop()
         if not req.stream:
-            first: list[float] = []
             try:
-                gen = await loop.run_in_executor(pool, service.run, req,
-                                                 lambda ids: first or first.append(time.perf_counter()))
+                gen, output = await loop.run_in_executor(pool, generate, service, req)
             except RequestError as e:
                 return error(e)
             except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
                 log.exception("request %s failed", req.request_id)
                 return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
-            service.observe(req, gen, first[0] - req.received if first else None)
-            return JSONResponse(service.completion_body(req, gen))
-        return StreamingResponse(_events(service, req, pool), media_type="text/event-stream",
+            return JSONResponse(service.completion_body(req, gen, output))
+        return StreamingResponse(events(service, req, pool, CompletionChunks(service, req)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/metrics")
@@ -109,57 +107,6 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
         h = await asyncio.get_running_loop().run_in_executor(None, service.health, bool(digest))
         return JSONResponse(h)
 
+    add_openai_routes(app, service, pool, error)  # GET /v1/models, POST /v1/chat/completions
     return app
-
-
-async def _events(service: CompletionService, req: Any, pool: cf.Executor) -> AsyncIterator[str]:
-    """Server-sent events of one streamed completion."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    first: list[float] = []
-
-    def send(item: tuple[str, Any]) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening any more
-            pass
-
-    def on_tokens(ids: list[int]) -> None:
-        if not first:
-            first.append(time.perf_counter())
-        send(("tokens", ids))
-
-    def work() -> None:
-        try:
-            gen = service.run(req, on_tokens)
-        except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
-            send(("error", e))
-        else:
-            send(("done", gen))
-
-    pool.submit(work)
-    text = TextStream(service.codec)
-    while True:
-        kind, value = await queue.get()
-        if kind == "tokens":
-            yield _sse(service.chunk(req, text.push(value), list(value)))
-        elif kind == "done":
-            gen = value
-            out = gen.outcome
-            service.observe(req, gen, first[0] - req.received if first else None)
-            extra = {"usage": {"prompt_tokens": len(req.prompt_ids), "completion_tokens": out.new_tokens,
-                               "total_tokens": len(req.prompt_ids) + out.new_tokens},
-                     "adaptspec": service.info(req, gen)}
-            yield _sse(service.chunk(req, text.flush(), [], "stop" if out.finish_reason == "eos" else "length", extra))
-            yield "data: [DONE]\n\n"
-            return
-        else:
-            e = value if isinstance(value, RequestError) else RequestError(f"internal error: {value!r}", 500)
-            yield _sse(e.body())
-            yield "data: [DONE]\n\n"
-            return
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 

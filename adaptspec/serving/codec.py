@@ -10,6 +10,8 @@ ASCII character, built offline.
 ([72, 105, 33], 'Hi!')
 >>> s = TextStream(c); s.push([72, 105]) + s.push([33])
 'Hi!'
+>>> c.decode(c.encode_chat([{"role": "user", "content": "Hi"}]))
+'<user>Hi\\n<assistant>'
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ class CharCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids if 32 <= i < 127 or i in (9, 10))
 
+    #: a minimal chat template (the tiny model has no trained one); like many real ones it refuses some orders
+    chat_template = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+                     "{{ raise_exception('a system message must come first') }}{% endif %}"
+                     "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Ids of ``messages`` rendered with :attr:`chat_template`, ending with the assistant's turn."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template([messages], chat_template=self.chat_template, add_generation_prompt=True)
+        return self.encode(rendered[0])
+
 
 class HFCodec:
     """A Hugging Face tokenizer; with ``chat=True`` a text prompt becomes one user turn of the chat template."""
@@ -63,6 +77,15 @@ class HFCodec:
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
         return [int(i) for i in self.tokenizer(text)["input_ids"]]
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Ids of ``messages`` in the tokenizer's chat template, ending with the assistant's turn."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise AdaptspecError("this model's tokenizer has no chat template: use /v1/completions")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

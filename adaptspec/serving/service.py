@@ -21,13 +21,16 @@ from typing import Any, Callable, Mapping
 
 from ..errors import AdaptspecError
 from .codec import Codec
+from .openai_models import GenerationOptions, validate
+from .request_error import RequestError
+from .request_error import short as _short
 from .router import ABRouter
 
-__all__ = ["CompletionRequest", "CompletionService", "RequestError", "ServerLimits"]
+__all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits"]
 
 #: fields of the OpenAI completions API that this server does not implement, with their neutral values
 _UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "echo": (None, False),
-                "suffix": (None, ""), "stop": (None, [], ""), "logit_bias": (None, {})}
+                "suffix": (None, ""), "logit_bias": (None, {})}
 
 
 #: what ``temperature`` may be besides 0: below the minimum, logits / T overflow
@@ -39,25 +42,6 @@ MAX_SEED = 2**63 - 1
 def _same(a: Any, b: Any) -> bool:
     """JSON equality that keeps types apart (``0`` is not ``false``, ``1.0`` is not ``1``)."""
     return type(a) is type(b) and a == b
-
-
-def _short(v: Any, n: int = 60) -> str:
-    """A value for an error message, cut to ``n`` characters."""
-    r = repr(v)
-    return r if len(r) <= n else r[: n - 3] + "..."
-
-
-class RequestError(AdaptspecError):
-    """A request the server refuses: ``status`` (4xx) and a message naming what is wrong."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
 
 
 @dataclass(frozen=True)
@@ -83,8 +67,19 @@ class CompletionRequest:
     stream: bool
     variant: str
     user: str | None
+    stop: tuple[str, ...] = ()
+    include_usage: bool = False  # stream_options.include_usage
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     received: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Output:
+    """What a request answers: the ids and text up to the first stop sequence (or the end), and why it ended."""
+
+    ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop sequence) | "length"
 
 
 class CompletionService:
@@ -120,8 +115,10 @@ class CompletionService:
         ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
         """
         from ..control.controller import AdaptiveController
+        from .halting import HaltableSpeculator
         from .metrics import ServingMetrics
 
+        speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, Any] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
@@ -142,6 +139,14 @@ class CompletionService:
     # ------------------------------------------------------------------ requests
     def parse(self, body: bytes, variant_header: str | None = None) -> CompletionRequest:
         """Check a ``/v1/completions`` body; raises :class:`RequestError` naming the problem."""
+        data = self.read_json(body)
+        for name, neutral in _UNSUPPORTED.items():
+            if name in data and not any(_same(data[name], v) for v in neutral):
+                raise RequestError(f"{name}={_short(data[name])} is not supported by this server", param=name)
+        return self.request(data, self._prompt_ids(data.get("prompt")), variant_header)
+
+    def read_json(self, body: bytes) -> dict[str, Any]:
+        """A request body as a JSON object, or a :class:`RequestError`."""
         lim = self.limits
         if len(body) > lim.max_body_bytes:
             raise RequestError(f"request body is {len(body)} bytes; the limit is {lim.max_body_bytes}", 413)
@@ -155,10 +160,15 @@ class CompletionService:
             raise RequestError("request body is nested too deeply") from None
         if not isinstance(data, dict):
             raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
-        for name, neutral in _UNSUPPORTED.items():
-            if name in data and not any(_same(data[name], v) for v in neutral):
-                raise RequestError(f"{name}={_short(data[name])} is not supported by this server", param=name)
-        ids = self._prompt_ids(data.get("prompt"))
+        return data
+
+    def request(self, data: dict[str, Any], ids: list[int], variant_header: str | None = None,
+                options: GenerationOptions | None = None) -> CompletionRequest:
+        """Check the fields both endpoints share around the prompt's ``ids``; ``options`` if already checked."""
+        lim = self.limits
+        opts = options if options is not None else validate(GenerationOptions, data)
+        if opts.stop and self.codec is None:
+            raise RequestError("stop sequences need a tokenizer: this model has none", param="stop")
         if len(ids) > lim.max_prompt_tokens:
             raise RequestError(f"prompt has {len(ids)} tokens; this server accepts at most {lim.max_prompt_tokens}",
                                param="prompt")
@@ -188,14 +198,32 @@ class CompletionService:
         user = data.get("user")
         if user is not None and not isinstance(user, str):
             raise RequestError(f"user must be a string, got {_short(user)}", param="user")
-        variant = data.get("variant", variant_header)
+        variant = data.get("variant", self._model_variant(opts.model, data.get("variant")) or variant_header)
         if variant is not None:
             if not isinstance(variant, str) or variant not in self.router.variants:
                 raise RequestError(f"unknown variant {_short(variant)}: this server has {', '.join(self.router.variants)}",
                                    param="variant")
         else:
             variant = self.router.assign(user)
-        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user)
+        include_usage = opts.stream_options is not None and opts.stream_options.include_usage
+        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage)
+
+    def model_ids(self) -> list[str]:
+        """The names ``model`` may take: the served model, and ``MODEL:VARIANT`` for each of several variants."""
+        variants = self.router.variants if len(self.router.variants) > 1 else ()
+        return [self.model_name, *(f"{self.model_name}:{v}" for v in variants)]
+
+    def _model_variant(self, model: str | None, variant: Any) -> str | None:
+        """The variant ``model`` names (None: the router decides); unknown models get a 404."""
+        if model is None or model == self.model_name:
+            return None
+        if model not in self.model_ids():
+            raise RequestError(f"model {_short(model)} is not served here; GET /v1/models lists "
+                               f"{', '.join(self.model_ids())}", 404, param="model")
+        named = model[len(self.model_name) + 1:]
+        if variant is not None and variant != named:
+            raise RequestError(f"model {model!r} is variant {named!r} but variant is {_short(variant)}", param="variant")
+        return named
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if prompt is None:
@@ -279,17 +307,25 @@ class CompletionService:
             "tokens_per_s": round(out.new_tokens / out.decode_s, 3) if out.decode_s > 0 else None,
         }
 
-    def completion_body(self, req: CompletionRequest, gen: Any) -> dict[str, Any]:
+    def output(self, gen: Any) -> Output:
+        """The whole of a generation, as answered when the request had no stop sequence."""
         out = gen.outcome
+        return Output(list(out.tokens), self.text(out.tokens), _finish(out.finish_reason))
+
+    def usage(self, req: CompletionRequest, output: Output) -> dict[str, int]:
+        n = len(output.ids)
+        return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n}
+
+    def completion_body(self, req: CompletionRequest, gen: Any, output: Output | None = None) -> dict[str, Any]:
+        output = output or self.output(gen)
         return {
             "id": f"cmpl-{req.request_id}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [{"index": 0, "text": self.text(out.tokens), "token_ids": list(out.tokens),
-                         "logprobs": None, "finish_reason": _finish(out.finish_reason)}],
-            "usage": {"prompt_tokens": len(req.prompt_ids), "completion_tokens": out.new_tokens,
-                      "total_tokens": len(req.prompt_ids) + out.new_tokens},
+            "choices": [{"index": 0, "text": output.text, "token_ids": output.ids,
+                         "logprobs": None, "finish_reason": output.finish_reason}],
+            "usage": self.usage(req, output),
             "adaptspec": self.info(req, gen),
         }
 
@@ -378,4 +414,4 @@ class CompletionService:
 
 
 def _finish(reason: str) -> str:
-    return "stop" if reason == "eos" else "length"
+    return "length" if reason == "length" else "stop"  # eos, or a stop sequence

@@ -1,0 +1,60 @@
+"""The endpoints OpenAI clients call besides ``/v1/completions``: ``GET /v1/models`` and ``POST /v1/chat/completions``.
+
+:func:`add_openai_routes` adds them to the FastAPI app of :func:`~adaptspec.serving.app.create_app`.
+``/v1/models`` lists the served model and, when there are several A/B variants, one entry
+``MODEL:VARIANT`` per variant (a request for that model runs on that variant), so tools that
+compare models by name can compare variants.
+"""
+
+
+import asyncio
+import concurrent.futures as cf
+import logging
+from typing import Any, Callable
+
+from .chat import ChatChunks, chat_body, parse_chat
+from .request_error import RequestError
+from .service import CompletionService
+from .streaming import events, generate
+
+__all__ = ["add_openai_routes", "models_body"]
+
+log = logging.getLogger("adaptspec.serving")
+
+
+def models_body(service: CompletionService) -> dict[str, Any]:
+    created = int(service.started)
+    return {"object": "list", "data": [{"id": m, "object": "model", "created": created, "owned_by": "adaptspec"}
+                                       for m in service.model_ids()]}
+
+
+def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, error: Callable[[RequestError], Any]) -> None:
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return JSONResponse(models_body(service))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > service.limits.max_body_bytes:
+            return error(RequestError(f"request body is {length} bytes; the limit is "
+                                      f"{service.limits.max_body_bytes}", 413))
+        body = await request.body()
+        try:
+            req = parse_chat(service, body, request.headers.get("x-adaptspec-variant"))
+        except RequestError as e:
+            return error(e)
+        if req.stream:
+            return StreamingResponse(events(service, req, pool, ChatChunks(service, req)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            gen, output = await asyncio.get_running_loop().run_in_executor(pool, generate, service, req)
+        except RequestError as e:
+            return error(e)
+        except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
+            log.exception("request %s failed", req.request_id)
+            return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
+        return JSONResponse(chat_body(service, req, gen, output))

@@ -1,0 +1,117 @@
+"""Running one checked request with its stop sequences, whole or as server-sent events.
+
+:func:`generate` runs a request on the calling (worker) thread: the tokens of each round go
+through a :class:`~adaptspec.serving.stops.StopStream`, decoding halts after the round in which
+a stop sequence completes (:mod:`adaptspec.serving.halting`), and the answer is the
+:class:`~adaptspec.serving.service.Output` up to it. :func:`events` streams the same as
+server-sent events in a format given by a :class:`ChunkFormat` (completions or chat chunks):
+a piece of text is sent as soon as no stop sequence can begin in it, and the final chunk only
+once the decision is in the decision log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import time
+from typing import Any, AsyncIterator, Callable, Protocol
+
+from .halting import halt_when
+from .request_error import RequestError
+from .service import CompletionRequest, CompletionService, Output
+from .stops import StopStream
+
+__all__ = ["ChunkFormat", "events", "generate"]
+
+
+def generate(service: CompletionService, req: CompletionRequest,
+             on_piece: Callable[[str, list[int]], None] | None = None) -> tuple[Any, Output]:
+    """Run ``req``; ``on_piece(text, ids)`` gets each piece that may be sent. Returns ``(generation, output)``.
+
+    The text still held back when generation ends is in neither ``on_piece`` call; a streamed
+    answer sends it with its final chunk (:attr:`Output.text` has it).
+    """
+    stream = StopStream(service.codec, req.stop)
+    first: list[float] = []
+
+    def on_tokens(ids: list[int]) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        text, kept = stream.push(ids)
+        if on_piece is not None and (text or kept):
+            on_piece(text, kept)
+
+    with halt_when(lambda: stream.stopped):
+        gen = service.run(req, on_tokens)
+    stream.finish()
+    service.observe(req, gen, first[0] - req.received if first else None)
+    return gen, Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
+
+
+class ChunkFormat(Protocol):
+    """How one endpoint's streamed chunks look."""
+
+    def piece(self, text: str, ids: list[int]) -> dict[str, Any] | None: ...  # None: no chunk
+
+    def final(self, gen: Any, output: Output, tail: str) -> list[dict[str, Any]]: ...
+
+
+async def events(service: CompletionService, req: CompletionRequest, pool: cf.Executor,
+                 fmt: ChunkFormat) -> AsyncIterator[str]:
+    """Server-sent events of one streamed request, ending with ``data: [DONE]``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def send(item: tuple[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening any more
+            pass
+
+    def work() -> None:
+        try:
+            done = generate(service, req, lambda text, ids: send(("piece", (text, ids))))
+        except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
+            send(("error", e))
+        else:
+            send(("done", done))
+
+    pool.submit(work)
+    sent = ""
+    while True:
+        kind, value = await queue.get()
+        if kind == "piece":
+            sent += value[0]
+            chunk = fmt.piece(*value)
+            if chunk is not None:
+                yield sse(chunk)
+        elif kind == "done":
+            gen, output = value
+            for chunk in fmt.final(gen, output, output.text[len(sent):]):
+                yield sse(chunk)
+            yield "data: [DONE]\n\n"
+            return
+        else:
+            e = value if isinstance(value, RequestError) else RequestError(f"internal error: {value!r}", 500)
+            yield sse(e.body())
+            yield "data: [DONE]\n\n"
+            return
+
+
+class CompletionChunks:
+    """``text_completion`` chunks; the final one has ``usage`` and ``adaptspec``."""
+
+    def __init__(self, service: CompletionService, req: CompletionRequest) -> None:
+        self.service, self.req = service, req
+
+    def piece(self, text: str, ids: list[int]) -> dict[str, Any]:
+        return self.service.chunk(self.req, text, ids)
+
+    def final(self, gen: Any, output: Output, tail: str) -> list[dict[str, Any]]:
+        extra = {"usage": self.service.usage(self.req, output), "adaptspec": self.service.info(self.req, gen)}
+        return [self.service.chunk(self.req, tail, [], output.finish_reason, extra)]
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
