@@ -25,7 +25,7 @@ from pathlib import Path
 
 from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.load import simulate
-from adaptspec.simulators.load_rules import Fixed, Goodput, Learned, Table
+from adaptspec.load.rules import Fixed, Goodput, Learned, Table
 from adaptspec.traces.dense import DenseTraceSet
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Replay under load (adaptspec/simulators/load.py, load_rules.py) and round-time attribution
+"""Replay under load (adaptspec/simulators/load.py, adaptspec/load/rules.py) and round-time attribution
 (adaptspec/reward/attribution.py), against closed forms and brute force."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from adaptspec.errors import AdaptspecError
 from adaptspec.reward.attribution import batch_round_s, by_marginal_cost, by_tokens, speculation_costs
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.simulators.load import simulate
-from adaptspec.simulators.load_rules import Fixed, Goodput, Learned, Table, expected_tau
+from adaptspec.load.rules import Fixed, Goodput, Learned, Table, expected_tau
 from adaptspec.traces.dense import DenseRequest
 
 #: A pass costs a + k * (tokens in the pass): a = 38 ms, k = 2 ms; no draft cost.
