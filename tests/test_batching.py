@@ -85,7 +85,7 @@ def test_fast_mode_commits_the_argmax_of_the_target():
     target = TargetModel(model, verification="fast")
     base = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8)
     drafter = KnowingDrafter(base, error_rate=0.3)
-    engine = BatchEngine(target, drafter, max_rows=5)
+    engine = BatchEngine(target, drafter, max_rows=5, batched_draft=False)  # KnowingDrafter drafts row by row
     g = torch.Generator().manual_seed(3)
     handles = []
     for b in (1, 2, 3, 4, 6, 8, 5):
@@ -106,6 +106,38 @@ def test_fast_mode_commits_the_argmax_of_the_target():
                 assert float(row[chosen]) >= float(row.max()) - 1e-4, (pos, chosen, int(row.argmax()))
                 checked += 1
     assert checked == sum(len(h.tokens) for _, h in handles)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 8), st.integers(0, 95)), min_size=1, max_size=5))
+def test_one_drafter_pass_drafts_what_each_row_drafts_alone(rows):
+    """The batched drafter pass: each row's logits equal its own single-row pass (to rounding)."""
+    from adaptspec.batching.draft_pass import draft_logits_rows
+
+    model = tiny_target("llama", vocab=96)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=2, seed=0, max_block_size=8)
+    g = torch.Generator().manual_seed(len(rows))
+    states = [drafter.new_state(torch.randn(n, drafter.context_width, generator=g)) for n, _, _ in rows]
+    for s in states[::2]:  # some rows with projected context and a queue of new positions
+        drafter.draft_logits(s, 1, 2)
+        s.append(torch.randn(2, drafter.context_width, generator=g))
+    batched = draft_logits_rows(drafter, states, [t for _, _, t in rows], [b for _, b, _ in rows])
+    for s, (_, b, t), got in zip(states, rows, batched):
+        want = drafter.draft_logits(s, t, b)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_fast_engine_with_one_drafter_pass_matches_row_by_row_drafting():
+    model = tiny_target("llama", vocab=96, eos=5)
+    target = TargetModel(model, verification="fast")
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8)
+    outs = []
+    for together in (True, False):
+        engine = BatchEngine(target, drafter, max_rows=4, batched_draft=together)
+        hs = [engine.submit([i + 1, 7, i * 3], block_size=b, max_new_tokens=16) for i, b in enumerate((2, 8, 1, 4, 6))]
+        engine.run_until_done()
+        outs.append([(h.result().tokens, [r.tau for r in h.rounds]) for h in hs])
+    assert outs[0] == outs[1]
 
 
 # ---------------------------------------------------------------------- sampling

@@ -6,9 +6,10 @@ One round (:meth:`BatchEngine.step`):
 1. requests that were cancelled leave; waiting requests join (each prefilled alone, batch 1,
    by :meth:`TargetModel.prefill <adaptspec.decoding.TargetModel.prefill>`, its cache copied
    into a free KV slot) while there are free rows;
-2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1`` (one
-   drafter pass per such row: the drafter is small, and a row's drafts then do not depend on
-   the batch);
+2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1``: one
+   pass for all greedy rows in fast verification (:mod:`~adaptspec.batching.draft_pass`),
+   else one pass per row, so that a row's drafts, and with them its sampled tokens, do not
+   depend on the batch (``batched_draft`` overrides);
 3. one target pass verifies every row's block ``[last_i, drafts_i]``, padded to the round's
    widest block (:mod:`~adaptspec.batching.target_pass`); ``B_i = 1`` is a plain step;
 4. each row accepts (:mod:`~adaptspec.batching.accept`) and commits ``tau_i`` tokens; its KV
@@ -54,6 +55,7 @@ from ..decoding.target import TargetModel
 from ..errors import AdaptspecError
 from ..speculator import Round
 from . import accept
+from .draft_pass import draft_logits_rows
 from .records import RoundRecord
 from .rows import RequestHandle, Row
 from .target_pass import new_store, prefill_layers, verify_rows
@@ -77,6 +79,7 @@ class BatchEngine:
         max_context: int | None = None,
         capacity: int = 256,
         history: int = 10_000,
+        batched_draft: bool | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -95,6 +98,7 @@ class BatchEngine:
         self.rows: list[Row] = []  # row i lives in KV slot i
         self.waiting: deque[RequestHandle] = deque()
         self.history: deque[RoundRecord] = deque(maxlen=history)
+        self.batched_draft = target.verification == "fast" if batched_draft is None else bool(batched_draft)
         self._next_id = 0
 
     # ------------------------------------------------------------------ requests
@@ -180,10 +184,17 @@ class BatchEngine:
         blocks = last[:, None].repeat(1, width)
         drafts = torch.full((len(self.rows), width - 1), -1, dtype=torch.long, device=dev)
         q: list[torch.Tensor | None] = [None] * len(self.rows)
+        together = [i for i, (row, b) in enumerate(zip(self.rows, widths))
+                    if b > 1 and self.batched_draft and row.handle.temperature == 0]
+        shared = {}
+        if together:  # one drafter pass for the greedy rows (fast verification)
+            rows = [self.rows[i] for i in together]
+            out = draft_logits_rows(self.drafter, [r.draft for r in rows], [r.last for r in rows], [widths[i] for i in together])
+            shared = dict(zip(together, out))
         for i, (row, b) in enumerate(zip(self.rows, widths)):
             if b == 1:
                 continue
-            logits = self.drafter.draft_logits(row.draft, row.last, b).float()
+            logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, b)).float()
             t = row.handle.temperature
             if t == 0:
                 idx = logits.argmax(-1)
