@@ -167,11 +167,19 @@ def test_demo_checks_the_policy_spec_before_the_model(capsys, monkeypatch, spec,
 
 
 # ---------------------------------------------------------------------- clearer messages
-def test_a_trace_set_without_meta_json_says_so(tmp_path, capsys):
+@pytest.mark.parametrize("argv,needle", [
+    (["traces", "info"], "a trace set also needs meta.json"),
+    (["simulate"], "a trace set needs meta.json"),
+    (["ope", "--policy", "fixed:4"], "holds a trace set's requests.parquet/outcomes.parquet (without its meta.json)"),
+    (["ab-report"], "holds a trace set's requests.parquet/outcomes.parquet (without its meta.json)"),
+])
+def test_a_trace_set_without_meta_json_says_so(tmp_path, capsys, argv, needle):
     ts = tmp_path / "T"
     assert main(["synth", "--out", str(ts), "--requests", "10", "--summary-only"]) == 0
     (ts / "meta.json").unlink()
-    _refused(capsys, ["traces", "info", str(ts)], "a trace set also needs meta.json")
+    err = _refused(capsys, [argv[0], *argv[1:2], str(ts), *argv[2:]] if argv[0] == "traces"
+                   else [argv[0], str(ts), *argv[1:]], needle)
+    assert "decision_id" not in err
 
 
 @pytest.mark.slow  # builds and saves a reference-shaped drafter (~10 s)

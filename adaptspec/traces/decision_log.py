@@ -280,6 +280,9 @@ class DecisionLog:
             parts = self.parts()
             if not parts:
                 raise _err(str(self.path), "no part-*.parquet files: not a decision log")
+            if {p.name for p in parts} & {"requests.parquet", "outcomes.parquet"}:
+                raise _err(str(self.path), "holds a trace set's requests.parquet/outcomes.parquet (without its "
+                                           "meta.json), not a decision log")
             tables, dim = [], None
             for p in parts:
                 t = _read_parquet(p)
