@@ -21,18 +21,29 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["MAX_BLOCK_SIZE", "block_sizes", "float_range", "input_dir", "input_file", "int_range", "png_output",
-           "port", "seed", "state_dir", "threads"]
+__all__ = ["MAX_BLOCK_SIZE", "block_sizes", "device", "float_range", "input_dir", "input_file", "int_range",
+           "png_output", "port", "seed", "state_dir", "threads"]
 
 #: the largest block size a flag accepts (DFlash drafts at most 16; BlockPilot's sets reach 32)
 MAX_BLOCK_SIZE = 64
+#: the largest integer a flag without its own upper bound accepts (a C int: counts, steps, sizes)
+INT_CEILING = 2**31 - 1
+#: the largest number a flag without its own upper bound accepts (seconds: within threading.TIMEOUT_MAX)
+FLOAT_CEILING = 1e9
 
 
 def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
-    """An integer in ``lo..hi`` (either end may be open)."""
+    """An integer in ``lo..hi``; without ``hi``, at most :data:`INT_CEILING` (the message says so).
+
+    >>> int_range(1)(str(10**12))
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer >= 1 (at most 2147483647), got '1000000000000'
+    """
     if lo is not None and hi is not None:
         want = f"an integer in {lo}..{hi}"
     elif lo is not None:
@@ -47,6 +58,8 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], i
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        if hi is None and abs(v) > INT_CEILING:
+            raise argparse.ArgumentTypeError(f"expected {want} (at most {INT_CEILING}), got {text!r}")
         return v
 
     parse.__name__ = "integer"
@@ -55,7 +68,8 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], i
 
 def float_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
                 hi_open: bool = False) -> Callable[[str], float]:
-    """A finite number between ``lo`` and ``hi`` (ends closed unless ``*_open``)."""
+    """A finite number between ``lo`` and ``hi`` (ends closed unless ``*_open``); without ``hi``, at
+    most :data:`FLOAT_CEILING`."""
     if lo is not None and hi is not None:
         want = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
     elif lo is not None:
@@ -77,6 +91,8 @@ def float_range(lo: float | None = None, hi: float | None = None, *, lo_open: bo
             bad |= v >= hi if hi_open else v > hi
         if bad:
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        if hi is None and abs(v) > FLOAT_CEILING:
+            raise argparse.ArgumentTypeError(f"expected {want} (at most {FLOAT_CEILING:g}), got {text!r}")
         return v
 
     parse.__name__ = "number"
@@ -102,6 +118,36 @@ def block_sizes(text: str) -> list[int]:
     if arms[0] < 1 or arms[-1] > MAX_BLOCK_SIZE:
         raise argparse.ArgumentTypeError(f"block sizes must be in 1..{MAX_BLOCK_SIZE}, got {text!r}")
     return arms
+
+
+def device(text: str) -> str:
+    """A torch device this machine has: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (torch is imported
+    only to check a non-CPU device, before any model loads).
+
+    >>> device("cpu"), device("CPU")
+    ('cpu', 'cpu')
+    >>> device("tpu9")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected cpu, cuda, cuda:N or mps, got 'tpu9'
+    """
+    m = re.fullmatch(r"(cpu|cuda|mps)(?::(\d+))?", text.strip().lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or mps, got {text!r}")
+    kind, index = m.group(1), m.group(2)
+    if kind == "cpu":
+        return "cpu"
+    import torch
+
+    if kind == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (torch.cuda.is_available() is False)")
+        if index is not None and int(index) >= n:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    elif not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device")
+    return m.group(0)
 
 
 def input_file(text: str) -> Path:

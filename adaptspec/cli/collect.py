@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .._util.ray import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
-from ._types import block_sizes, float_range, input_file, int_range, seed, threads
+from ._types import block_sizes, device, float_range, input_file, int_range, seed, threads
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                    help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or mps (checked before the model loads)")
     p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--force", action="store_true", help="replace the trace set at OUT (only a trace set)")
     p.add_argument("--dense", action="store_true",

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="number of seeds (0..N-1) or a comma-separated list (default: 1)")
     p.add_argument("--order", choices=("logged", "shuffled", "drift"), default="logged",
                    help="request order: as stored, shuffled per seed, or a drifting domain mix")
-    p.add_argument("--steps", type=int_range(1), default=None, metavar="N",
+    p.add_argument("--steps", type=int_range(1, 10_000_000), default=None, metavar="N",
                    help="requests to stream (default: one pass; more repeats the trace set)")
     p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
                    help="map the features to policy contexts as the controller does (auto: the featurizer saved "
