@@ -13,7 +13,7 @@ import json
 import platform
 from pathlib import Path
 
-from ._types import block_sizes, int_range, threads
+from ._types import block_sizes, device, int_range, threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                    help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or mps (checked before the model loads)")
     p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
