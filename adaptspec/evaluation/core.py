@@ -10,14 +10,13 @@ the report is computed from those choices.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from scipy import stats
 
 from .._util.numbers import rounded
+from ..analysis.statistics import mean_interval
 from ..errors import AdaptspecError
 from ..policies.base import Policy
 from ..reward.functions import pct_of
@@ -314,10 +313,8 @@ def ci95(values: Sequence[float]) -> tuple[float, float, float]:
     if len(v) == 0:
         return float("nan"), float("nan"), float("nan")
     m = float(v.mean())
-    if len(v) < 2:
-        return m, m, m
-    h = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return m, m - h, m + h
+    lo, hi = mean_interval(v, 0.95) or (m, m)
+    return m, lo, hi
 
 
 @dataclass

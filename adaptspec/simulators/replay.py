@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from scipy import stats
 from tqdm.auto import tqdm
 
+from .._util.numbers import rounded
+from ..analysis.statistics import mean_interval
 from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile, get_profile
 from ..policies.base import Policy
@@ -163,11 +164,7 @@ def _learning_loop(policy: Policy, rewards: np.ndarray, idx: np.ndarray, X: np.n
 # ============================================================================ reports
 def _ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
     v = np.asarray(values, dtype=np.float64)
-    if len(v) < 2 or not np.all(np.isfinite(v)):
-        return None
-    m, se = v.mean(), v.std(ddof=1) / math.sqrt(len(v))
-    h = float(stats.t.ppf(0.5 + level / 2, len(v) - 1) * se)
-    return float(m - h), float(m + h)
+    return mean_interval(v, level) if np.all(np.isfinite(v)) else None
 
 
 @dataclass
@@ -194,10 +191,10 @@ class PolicyResult:
             d["block_size"] = self.block_size
         for m in METRICS:
             x = self.mean(m)
-            d[m] = None if not math.isfinite(x) else round(x, 6)
+            d[m] = rounded(x)
         if curve:
-            d["cumulative_regret_curve"] = [round(float(x), 6) for x in self.curve.mean(axis=0)]
-        d["ci95"] = {m: (None if (c := self.ci(m)) is None else [round(c[0], 6), round(c[1], 6)]) for m in METRICS}
+            d["cumulative_regret_curve"] = [rounded(x) for x in self.curve.mean(axis=0)]
+        d["ci95"] = {m: (None if (c := self.ci(m)) is None else [rounded(c[0]), rounded(c[1])]) for m in METRICS}
         return d
 
 
