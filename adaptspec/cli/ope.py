@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.ope import ESTIMATORS, evaluate_log
+    from .._util.markdown import table
+    from .._util.numbers import rounded
     from ..traces import DecisionLog
 
     log = DecisionLog.read(args.logs)
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     r = log.rewards
     with_r = np.isfinite(r)
     pol = np.asarray(log.table.column("policy").to_pylist(), dtype=object)
-    logged = {str(p): round(float(r[(pol == p) & with_r].mean()), 6) if ((pol == p) & with_r).any() else None
+    logged = {str(p): rounded(r[(pol == p) & with_r].mean()) if ((pol == p) & with_r).any() else None
               for p in sorted(set(pol))}
     results = []
     for spec in args.policy:
@@ -66,10 +68,5 @@ def run(args: argparse.Namespace) -> int:
             ci = "-" if e["ci"][0] is None else f"[{e['ci'][0]:.4g}, {e['ci'][1]:.4g}]"
             rows.append([res["policy"], k, "-" if e["value"] is None else f"{e['value']:.4g}", ci,
                          "-" if e["se"] is None else f"{e['se']:.3g}"])
-    w = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
-    fmt = lambda x: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(x))
-    print(fmt(head))
-    print(fmt(["-" * n for n in w]))
-    for x in rows:
-        print(fmt(x))
+    print(table(head, rows, align="llrrr"))
     return 0
