@@ -13,9 +13,9 @@ can follow the load as it changes) and ``feedback(row, block_size, tau, attribut
   tokens per second of the whole batch: every row's expected tokens at ``B`` from its
   acceptance so far (independent per-draft acceptance ``a``: ``(1 - a^B) / (1 - a)``) over the
   cost model's round time at ``B``.
-- :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` choosing each row's
-  block size every round, its context the load level (and the row's acceptance so far),
-  learning from the log of each row's tokens per attributed second.
+- :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` (LinTS by default)
+  choosing each row's block size every round, its context the load level, learning from each
+  row's tokens per attributed second.
 
 >>> from adaptspec.simulators.load import Load
 >>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
@@ -137,30 +137,31 @@ class Goodput:
 class Learned:
     """A contextual bandit choosing every row's block size each round.
 
-    Context: the load level (one-hot over :data:`LEVELS`) and the row's smoothed acceptance so
-    far. Reward: the row's speed-up in that round over its share of a plain round, ``tau x
-    (plain round / rows) / attributed seconds``: tokens per attributed second in units of what
-    plain decoding gives a row at this load (1.0 = as fast as plain), so a long block pays for
-    the time it adds to the whole batch and rewards are on one scale at every load.
-    ``policy``: a spec for :func:`~adaptspec.policies.spec.make_policy` (default LinUCB).
+    Context: the load level (one-hot over :data:`LEVELS`). Reward: the row's speed-up in that
+    round over its share of a plain round, ``tau x (plain round / rows) / attributed seconds``:
+    tokens per attributed second in units of what plain decoding gives a row at this load (1.0 =
+    as fast as plain), so a long block pays for the time it adds to the whole batch and rewards
+    are on one scale at every load. ``policy``: a spec for
+    :func:`~adaptspec.policies.spec.make_policy`. Measured on the CPU profile (BENCHMARKS.md, load
+    simulation) at 1 and 2 clients: LinTS 1.197x and 1.146x plain (the best fixed sizes there:
+    1.197x, 1.146x), LinUCB 1.126x and 1.127x; adding the row's acceptance so far to the
+    context gave LinTS 1.194x and 1.125x, so the default context is the load level alone.
     """
 
-    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "linucb", prior: float = 0.5,
-                 prior_drafts: float = 8.0, seed: int = 0) -> None:
+    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
         self.profile = profile
         self.policy = make_policy(policy, self.arms, seed=seed)
-        self.prior, self.weight = float(prior), float(prior_drafts)
         self.name = f"learned ({policy})"
         self._pending: dict[int, np.ndarray] = {}
+        self._done: list[tuple[np.ndarray, int, float]] = []
         self._plain_share = 0.0
 
     def context(self, row: Any, load: Any) -> np.ndarray:
-        x = np.zeros(len(LEVELS) + 2)
+        x = np.zeros(len(LEVELS) + 1)
         x[level_index(load.rows)] = 1.0
-        x[-1] = acceptance(row, self.prior, self.weight)
         return x
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
