@@ -100,10 +100,13 @@ def test_a_fifo_in_a_trace_set_is_refused_not_read(tmp_path, capsys, name):
 
 # ---------------------------------------------------------------------- train-drafter
 def _corpus(path: Path) -> Path:
+    """An empty distillation corpus, described as `adaptspec distill` describes one."""
     from adaptspec.models.corpus import FORMAT
 
     path.mkdir()
-    (path / "corpus.json").write_text(json.dumps({"format": FORMAT}))
+    (path / "corpus.json").write_text(json.dumps({"format": FORMAT, "target": "smollm2-135m-instruct",
+                                                  "max_new_tokens": 256, "max_prompt_tokens": 384,
+                                                  "prompts_per_shard": 32}))
     return path
 
 
