@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..speculator import Decision, Outcome
+from .config import ControllerConfig
 from .updates import Update, UpdateQueue
 
 log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
@@ -184,3 +185,22 @@ class DecisionBook:
         self._done[decision_id] = status
         if len(self._done) > _DONE_MEMORY:
             self._done.popitem(last=False)
+
+
+def open_decision_log(cfg: ControllerConfig, context_width: int | None, context_source: str) -> Any:
+    """The decision-log writer of a controller with settings ``cfg`` (None without ``log_dir``),
+    refused now if the log holds contexts of another width than the ``context_width`` this
+    controller logs (made by ``context_source``), rather than failing every request later."""
+    log_dir = cfg.path("log_dir")
+    if log_dir is None:
+        return None
+    from ..traces.log_writer import DecisionLogWriter
+
+    writer = DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
+                               roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)
+    dim = writer.feature_dim
+    if dim is not None and context_width is not None and cfg.log_features and dim != context_width:
+        writer.close()
+        raise AdaptspecError(f"{log_dir}: this decision log holds contexts of {dim} features, "
+                             f"{context_source} gives {context_width}: use another log directory")
+    return writer

@@ -44,6 +44,11 @@ class Contexts:
         """Length of the contexts made here (None: not known before the first request)."""
         return int(self.featurizer.out_dim) if self.featurizer is not None else self.raw_width
 
+    @property
+    def source(self) -> str:
+        """What makes the contexts, in words (for error messages)."""
+        return "the featurizer" if self.featurizer is not None else "the speculator's prefill"
+
     def __call__(self, features: Any) -> np.ndarray | None:
         """The context of a request whose prefill gave ``features`` (None for a non-contextual
         policy given none). Bad features raise one clear error."""

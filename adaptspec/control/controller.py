@@ -66,7 +66,6 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -74,12 +73,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .block_sizes import check_outcome
-from .book import DecisionBook
+from .book import DecisionBook, open_decision_log
 from .book import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
 from .checkpointer import Checkpointer
 from .config import ControllerConfig, check_speculator
 from .context import Contexts
 from .decider import Decider, copy_policy
+from .generation import Generation, PrefillError, split_outcome
 from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
 from .updates import Learner, UpdateQueue, UpdateWorker
 from ..errors import AdaptspecError
@@ -109,42 +109,6 @@ def speculator_lock(speculator: Any) -> threading.Lock:
         except TypeError:  # not weak-referenceable
             lock = _LOCKS_BY_ID.setdefault(id(speculator), threading.Lock())
         return lock
-
-
-class PrefillError(AdaptspecError):
-    """The speculator refused the prompt (empty, token ids out of range, ...): the caller's input is wrong."""
-
-
-@dataclass
-class Generation:
-    """What :meth:`AdaptiveController.generate` returns.
-
-    ``decision`` is the decision made after prefill; ``decisions`` holds it and any
-    re-decisions (``redecide_every``), ``rewards`` their rewards (None where the reward was
-    undefined). ``overhead_s`` is the controller's own time: featurize + decide + reward +
-    log + enqueueing the update (the update itself runs on the update thread).
-    """
-
-    outcome: Outcome
-    decision: Decision
-    decisions: list[Decision]
-    rewards: list[float | None]
-    prefill_s: float
-    overhead_s: float
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.outcome.tokens
-
-    @property
-    def reward(self) -> float | None:
-        """The reward of the whole request (of the first decision when there were re-decisions)."""
-        return self.rewards[0]
-
-    @property
-    def fallback(self) -> str | None:
-        """Why the first decision fell back to the fallback block size, or None."""
-        return self.decision.extras.get("fallback")
 
 
 class AdaptiveController:
@@ -244,7 +208,7 @@ class AdaptiveController:
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
         contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
                             raw_width=_feature_width(speculator))
-        checkpointer, self._log = _checkpointer(cfg, setup), _open_log(cfg, contexts)  # both checked now
+        checkpointer, self._log = _checkpointer(cfg, setup), open_decision_log(cfg, contexts.width, contexts.source)
         try:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
@@ -353,7 +317,7 @@ class AdaptiveController:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
-        segments = [outcome] if len(decisions) == 1 else _split(outcome, starts)
+        segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
         rewards = [self._book.feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
         t4 = time.perf_counter()
         return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))
@@ -509,40 +473,3 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | N
     return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
                         machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
                         interval_s=cfg.checkpoint_interval_s)
-
-
-def _open_log(cfg: ControllerConfig, contexts: Contexts) -> Any:
-    """The decision-log writer (None without ``log_dir``), refused now if the log holds contexts of another width."""
-    log_dir = cfg.path("log_dir")
-    if log_dir is None:
-        return None
-    from ..traces.log_writer import DecisionLogWriter
-
-    writer = DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
-                               roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)
-    dim_log, dim_now = writer.feature_dim, contexts.width
-    if dim_log is not None and dim_now is not None and cfg.log_features and dim_log != dim_now:
-        writer.close()
-        source = "the featurizer" if contexts.featurizer is not None else "the speculator's prefill"
-        raise AdaptspecError(f"{log_dir}: this decision log holds contexts of {dim_log} features, "
-                             f"{source} gives {dim_now}: use another log directory")
-    return writer
-
-
-def _split(outcome: Outcome, starts: list[int]) -> list[Outcome]:
-    """One outcome per re-decision: its rounds, their tokens, its share of the decode time."""
-    rounds = outcome.rounds
-    bounds = starts + [len(rounds)]
-    busy = [r.draft_s + r.verify_s for r in rounds]
-    total = sum(busy)
-    out = []
-    pos = 1
-    for j in range(len(starts)):
-        rs = rounds[bounds[j]:bounds[j + 1]]
-        n = sum(r.tau for r in rs)
-        toks = (outcome.tokens[:1] if j == 0 else []) + outcome.tokens[pos:pos + n]
-        pos += n
-        share = sum(busy[bounds[j]:bounds[j + 1]]) / total if total > 0 else len(rs) / max(1, len(rounds))
-        last = j == len(starts) - 1
-        out.append(Outcome(toks, list(rs), outcome.decode_s * share, outcome.finish_reason if last else "length"))
-    return out
