@@ -3,6 +3,9 @@ own module, each given what it needs when it is built (none of them sees the con
 
 - :mod:`~adaptspec.control.controller`: :class:`AdaptiveController`, the request loop
   (prefill, decide, decode, feedback) and the public API; it builds the parts below;
+- :mod:`~adaptspec.control.generation`: what ``generate`` returns
+  (:class:`~adaptspec.control.generation.Generation`), :class:`~adaptspec.control.generation.PrefillError`,
+  the split of one outcome among re-decisions;
 - :mod:`~adaptspec.control.config`: :class:`~adaptspec.control.config.ControllerConfig`, the
   constructor's settings as given, each checked once;
 - :mod:`~adaptspec.control.policy_build`: which policy a controller runs (the product default,
