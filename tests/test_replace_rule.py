@@ -145,7 +145,8 @@ def test_traces_derive_never_writes_over_its_own_dense_set(tmp_path, capsys, tar
 
 # ---------------------------------------------------------------------- artefacts from before the marker
 BUNDLED = [("traceset", ROOT / "adaptspec/data/traces" / n) for n in ("benchmarks", "sampled-t1", "templates")] + \
-          [("head", ROOT / "adaptspec/models/weights" / n) for n in ("smollm2-135m-head", "smollm2-135m-head-templates")]
+          [("head", ROOT / "adaptspec/models/weights" / n) for n in ("smollm2-135m-head", "smollm2-135m-head-templates")] + \
+          [("drafter", ROOT / "adaptspec/models/weights/smollm2-135m-drafter")]
 
 
 @pytest.mark.parametrize("kind,src", BUNDLED, ids=[p.name for _, p in BUNDLED])
@@ -279,3 +280,17 @@ def test_a_plot_replaces_only_a_png_adaptspec_wrote(tmp_path, capsys):
     first = ours.read_bytes()
     assert b"Software\x00adaptspec" in first[:4096]
     assert main([*argv, str(ours)]) == 0  # its own plot again
+
+
+# ---------------------------------------------------------------------- train-drafter --export
+@pytest.mark.parametrize("files", [("config.json", "model.safetensors", "tokenizer.json"),  # a model folder
+                                   ("config.json", "model.safetensors")])  # a published drafter: no card
+def test_train_drafter_export_never_writes_over_a_folder_it_did_not_export(tmp_path, capsys, files):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in files:
+        (folder / f).write_text(USER_TEXT)
+    before = _snapshot(tmp_path)
+    assert main(["train-drafter", "--stage", "export", "--export", str(folder), "--work", str(tmp_path / "w")]) == 2
+    assert "is not an adaptspec exported drafter: refusing to replace it" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before

@@ -91,6 +91,11 @@ def _head_legacy(p: Path) -> bool:
     return isinstance(cfg, dict) and cfg.get("kind") == "adaptspec-offline-head"
 
 
+def _drafter_legacy(p: Path) -> bool:
+    """A drafter ``train-drafter --export`` wrote (in place, so without a marker): its card, ``training.json``."""
+    return isinstance(_json(p / "training.json"), dict)
+
+
 def _is_png(p: Path) -> bool:
     """A PNG adaptspec wrote: the signature, then a ``Software`` text chunk saying ``adaptspec``
     before the image data (``_util.atomic.save_figure`` writes it)."""
@@ -125,6 +130,8 @@ _DIRS: dict[str, tuple[str, frozenset[str], Callable[[Path], bool]]] = {
     "head": ("offline head", frozenset({"config.json", "model.safetensors", "featurizer.json",
                                         "featurizer.safetensors"}), _head_legacy),
     "decision-log": ("decision log", frozenset(), lambda p: True),
+    "drafter": ("exported drafter", frozenset({"training.json", "drafter_config.json", "drafter.safetensors",
+                                               "config.json", "model.safetensors"}), _drafter_legacy),
 }
 #: file kinds -> (what it is called, its test)
 _FILES: dict[str, tuple[str, Callable[[Path], bool]]] = {

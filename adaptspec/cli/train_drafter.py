@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from ..models.train_drafter import ShardData, greedy_acceptance, prepare_data, train
 
     work = args.work or cache_dir() / "drafter-work"
+    if args.export is not None:  # an earlier export (its training.json card and weights) and nothing else
+        from .._util.outputs import check_output
+
+        check_output(args.export, "drafter", replace=True)
     if args.corpus is not None:  # its inputs, before WORK is created
         from ..models.corpus import Corpus
 
