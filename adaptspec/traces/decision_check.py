@@ -21,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,21 +32,23 @@ NEG_TOL = 1e-12
 
 
 def decision_fault(block_size: Any, propensity: Any, probs: Any, arms: Sequence[Any]) -> str | None:
-    """What is wrong with a decision's fields (one short phrase), or None when it is valid."""
+    """What is wrong with a decision's fields (one short phrase), or None when it is valid.
+
+    Plain Python on purpose: a decision has a handful of arms, where numpy's per-call cost
+    would be most of the time (this runs once per decision)."""
     if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
         return f"block_size {block_size!r} is not an integer"
     try:
-        p = np.asarray(probs, dtype=np.float64)
+        p = [float(x) for x in probs]
         prop = float(propensity)
     except (TypeError, ValueError):
         return "probabilities and propensity must be numbers"
-    arms = list(arms)
-    if p.shape != (len(arms),) or not arms:
-        return f"has {p.size} probabilities for {len(arms)} arms"
+    if len(p) != len(arms) or not p:
+        return f"has {len(p)} probabilities for {len(arms)} arms"
     if block_size not in arms:
-        return f"block_size {block_size} is not one of its arms {arms}"
-    if not np.isfinite(p).all() or (p < -NEG_TOL).any() or abs(float(p.sum()) - 1.0) > SUM_TOL:
+        return f"block_size {block_size} is not one of its arms {list(arms)}"
+    if not all(math.isfinite(x) and x >= -NEG_TOL for x in p) or abs(sum(p) - 1.0) > SUM_TOL:
         return "probabilities must be finite, >= 0 and sum to 1"
-    if not (0.0 < prop <= 1.0 + 1e-9) or abs(p[arms.index(block_size)] - prop) > SUM_TOL:
+    if not (0.0 < prop <= 1.0 + 1e-9) or abs(p[list(arms).index(block_size)] - prop) > SUM_TOL:
         return f"propensity {prop} does not match its probabilities"
     return None
