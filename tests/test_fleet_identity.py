@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import redis
 
+from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import SharedState
+from adaptspec.fleet.identity import ReplicaLease
 from adaptspec.fleet.redis_backend import RedisBackend
 from adaptspec.fleet.wire import decode
 from adaptspec.policies.spec import make_policy
@@ -65,7 +67,7 @@ def assert_same_policy_state(fleet, single) -> None:
 def test_a_second_replica_with_a_live_replicas_id_is_refused_and_nothing_is_lost(redis_server, tmp_path):
     url = f"{redis_server.url}/dup"
     data = stream(20)
-    a = Replica(url, "a", tmp_path / "a", "ucb", lease_ttl=2.0)
+    a = Replica(url, "a", tmp_path / "a", "ucb")
     try:
         for x, rw in data[:10]:
             a.step(x, rw)
@@ -86,7 +88,7 @@ def test_a_second_replica_with_a_live_replicas_id_is_refused_and_nothing_is_lost
 
 @pytest.mark.slow
 def test_a_clean_shutdown_frees_the_id_at_once_a_crash_after_the_lease(redis_server, tmp_path):
-    url, log, ttl = f"{redis_server.url}/restart", tmp_path / "a", 10.0  # > a refused process's start
+    url, log, ttl = f"{redis_server.url}/restart", tmp_path / "a", 3.0
     a = Replica(url, "a", log, "ucb", lease_ttl=ttl)
     for x, rw in stream(5):
         a.step(x, rw)
@@ -98,16 +100,24 @@ def test_a_clean_shutdown_frees_the_id_at_once_a_crash_after_the_lease(redis_ser
     back.call(op="sync")
     back.kill()  # SIGKILL: its lease stays until it expires
     killed = time.monotonic()
-    p = start_refused(url, "a", log)
-    assert p.returncode == 2 and "is held by a live replica" in p.stderr, p.stderr
-    while True:  # free once the lease expires
-        p = start_refused(url, "a", log)
-        if p.returncode != 2 or time.monotonic() - killed > 3 * ttl:
+    # claims from this process (no start-up time to wait for): refused until the lease expires
+    claimant = ReplicaLease(RedisBackend(url).connect(), "A", "a", ttl_s=ttl)
+    refusals = 0
+    while True:
+        try:
+            claimant.claim()
             break
-        time.sleep(0.5)
-    assert p.returncode == 0 and '"rebuilt": {"from": "log", "updates": 8' in p.stdout, p.stdout + p.stderr
+        except AdaptspecError as e:
+            assert "is held by a live replica" in str(e)
+            refusals += 1
+            assert time.monotonic() - killed < 10 * ttl, "the lease never expired"
+            time.sleep(0.05)
     # not before the lease could have expired (renewed at most a sync interval, 0.2 s, before the kill)
-    assert time.monotonic() - killed > ttl - 0.5
+    assert refusals >= 1 and time.monotonic() - killed > ttl - 0.5
+    claimant.release()
+    again = Replica(url, "a", log, "ucb", lease_ttl=ttl)  # and it rebuilds every acknowledged update
+    assert again.hello["rebuilt"] == {"from": "log", "updates": 8, "published_before": 8}
+    again.close()
 
 
 def test_a_replica_that_lost_its_id_stops_publishing_and_takes_it_back_when_free(redis_server):
