@@ -24,11 +24,16 @@ LIMITS = ServerLimits(max_prompt_tokens=128, max_tokens=32, default_max_tokens=8
 def client(tmp_path_factory):
     from adaptspec.serving.tiny import tiny_speculator
 
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's cores are shared: one thread is faster here than two fighting
     spec = tiny_speculator(0, verification="exact")[0]
     svc = CompletionService.build(spec, {"A": "ucb", "B": "fixed:4"}, codec=CharCodec(), limits=LIMITS,
                                   model_name="tiny", log_dir=tmp_path_factory.mktemp("chat") / "log")
     with fastapi_testclient.TestClient(create_app(svc)) as c:
         yield c
+    torch.set_num_threads(threads)
 
 
 def greedy(prompt: str, max_tokens: int) -> list[int]:
