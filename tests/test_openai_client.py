@@ -9,6 +9,7 @@ weights, built in this process), cut at the first stop string with ``str.find``.
 from __future__ import annotations
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -91,6 +92,21 @@ def test_chat_completions_plain_streamed_and_with_stop(client):
                                                  stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut(want, stops)
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_concurrent_requests_each_stop_at_their_own_stop(client):
+    prompts = ["Dear Sir,", "Once", "Tell me a story", "Hello", "print(", "Q: why?"]
+    wants = [greedy_text(f"<user>{p}\n<assistant>", 20)[0] for p in prompts]
+    stops = [[w[4:6]] if i % 2 else [w[2], "~|~"] for i, w in enumerate(wants)]
+
+    def ask(i):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompts[i]}],
+                                           max_tokens=20, stop=stops[i], user=f"user-{i}")
+        return r.choices[0].message.content, r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(ask, range(len(prompts))))
+    assert got == [(cut(w, s), "stop" if first_stop(w, s) is not None else "length") for w, s in zip(wants, stops)]
 
 
 @pytest.mark.parametrize("call,error,param,needle", [
