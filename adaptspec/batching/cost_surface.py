@@ -99,3 +99,26 @@ def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
         for m in ms:
             lines.append(f"| {m} | " + " | ".join(f"{1e3 * val[m, b]:.1f}" if (m, b) in val else "" for b in bs) + " |")
     return "\n".join(lines)
+
+
+def fit_errors(profile, rounds: list[dict]) -> dict[str, float]:
+    """Median and largest relative error of ``profile``'s draft and verify predictions on
+    measured ``rounds`` (how well the latency model's batch axis fits the surface).
+
+    >>> from adaptspec.reward.latency import fit_profile
+    >>> rs = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.001 * b * m, verify_s=0.02 + 0.001 * b * m)
+    ...       for b in (1, 2, 4) for m in (1, 2) for c in (8, 16)]
+    >>> {k: round(v, 3) for k, v in fit_errors(fit_profile(rs), rs).items()}
+    {'verify_median': 0.0, 'verify_max': 0.0, 'draft_median': 0.0, 'draft_max': 0.0}
+    """
+    import numpy as np
+
+    out = {}
+    for name in ("verify", "draft"):
+        rs = [r for r in rounds if name == "verify" or r["block_size"] > 1]
+        if not rs:
+            continue
+        fn = getattr(profile, f"{name}_s")
+        err = [abs(float(fn(r["block_size"], r["context_tokens"], r["batch_size"])) / r[f"{name}_s"] - 1) for r in rs]
+        out[f"{name}_median"], out[f"{name}_max"] = float(np.median(err)), float(np.max(err))
+    return out
