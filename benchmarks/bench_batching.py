@@ -10,7 +10,8 @@ template, bundled pair, fast verification, greedy):
   request at fixed block size ``b`` (``b = 1``: batched plain decoding).
 
 Reported per level and variant: aggregate tokens/s (all new tokens over the level's wall
-time, prefill included), per-request latency p50/p95 and time to first token p50/p95
+time, prefill included), tokens per CPU-second of the process (with one intra-op thread this
+does not count time the process waited for a shared machine's cores), per-request latency p50/p95 and time to first token p50/p95
 (from the moment the request starts), the drafter's share of round time, and how many
 requests' tokens differ from batch-1 plain greedy (the threads' output: fast verification
 can differ where logits tie within rounding). One run, every variant on the same prompts.
@@ -57,19 +58,19 @@ def run_threads(spec, prompts: list[list[int]], concurrency: int, max_new: int, 
             res = spec.decode(pre, 1, max_new)
             out[i] = (res.tokens, t1 - t0, time.perf_counter() - t0)
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(concurrency) as ex:
         for f in [ex.submit(worker) for _ in range(concurrency)]:
             f.result()
     wall = time.perf_counter() - start
-    return _summary([o[0] for o in out], [o[1] for o in out], [o[2] for o in out], wall)
+    return _summary([o[0] for o in out], [o[1] for o in out], [o[2] for o in out], wall, time.process_time() - cpu)
 
 
 def run_engine(spec, prompts: list[list[int]], concurrency: int, block: int, max_new: int) -> dict:
     """A closed loop of ``concurrency`` requests over one engine."""
     engine = BatchEngine(spec.target, spec.drafter, max_rows=concurrency)
     queue, handles = list(prompts), []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while queue or engine.busy:
         while queue and len(engine.rows) + len(engine.waiting) < concurrency:
             handles.append(engine.submit(queue.pop(0), block_size=block, max_new_tokens=max_new))
@@ -78,15 +79,15 @@ def run_engine(spec, prompts: list[list[int]], concurrency: int, block: int, max
     draft = sum(r.draft_s for r in engine.history)
     rounds = sum(r.round_s for r in engine.history)
     s = _summary([h.result().tokens for h in handles], [h.first_token_at - h.submitted_at for h in handles],
-                 [h.finished_at - h.submitted_at for h in handles], wall)
+                 [h.finished_at - h.submitted_at for h in handles], wall, time.process_time() - cpu)
     s.update(draft_share=draft / max(rounds, 1e-9), rounds=len(engine.history),
              mean_tau=float(np.mean([r.tau for h in handles for r in h.rounds])) if handles else float("nan"))
     return s
 
 
-def _summary(tokens, ttft, latency, wall) -> dict:
+def _summary(tokens, ttft, latency, wall, cpu) -> dict:
     n = sum(len(t) for t in tokens)
-    return dict(tokens=n, wall_s=wall, tok_s=n / wall, latency_p50=float(np.percentile(latency, 50)),
+    return dict(tokens=n, wall_s=wall, tok_s=n / wall, cpu_s=cpu, tok_per_cpu_s=n / cpu, latency_p50=float(np.percentile(latency, 50)),
                 latency_p95=float(np.percentile(latency, 95)), ttft_p50=float(np.percentile(ttft, 50)),
                 ttft_p95=float(np.percentile(ttft, 95)), outputs=tokens)
 
@@ -118,7 +119,7 @@ def main() -> None:
             outs = r.pop("outputs", None)
             if outs is not None:
                 r["differ_from_plain"] = sum(o != p for o, p in zip(outs, plain))
-            print(f"c={c:2d} {name:8s} {r['tok_s']:7.1f} tok/s  p50 {r['latency_p50']:6.2f} s  "
+            print(f"c={c:2d} {name:8s} {r['tok_s']:7.1f} tok/s  {r['tok_per_cpu_s']:7.1f} tok/cpu-s  p50 {r['latency_p50']:6.2f} s  "
                   f"p95 {r['latency_p95']:6.2f} s  ttft {r['ttft_p50']:5.2f} s  "
                   f"draft {r.get('draft_share', 0):.0%}  differ {r.get('differ_from_plain', 0)}", flush=True)
         results.append(dict(concurrency=c, requests=len(prompts), variants=rows))
@@ -141,6 +142,14 @@ def table(results: list[dict], blocks: list[int]) -> str:
         best = max(blocks, key=lambda b: v[f"B={b}"]["tok_s"])
         ratio = v[f"B={best}"]["tok_s"] / v["B=1"]["tok_s"] if "B=1" in v else float("nan")
         lines.append(f"| {res['concurrency']} | {base:.1f} | " + " | ".join(cells) + f" | {best} ({ratio:.2f}x) |")
+    lines += ["", "Tokens per CPU-second of the process (robust to other load on a shared machine):", "",
+              "| concurrent | threads (B=1) | " + " | ".join(f"batched B={b}" for b in blocks) + " |",
+              "|" + "---:|" * (len(blocks) + 2)]
+    for res in results:
+        v = res["variants"]
+        base = v["threads"]["tok_per_cpu_s"]
+        lines.append(f"| {res['concurrency']} | {base:.1f} | " + " | ".join(
+            f"{v[f'B={b}']['tok_per_cpu_s']:.1f} ({v[f'B={b}']['tok_per_cpu_s'] / base:.2f}x)" for b in blocks) + " |")
     lines += ["", "| concurrent | variant | latency p50 / p95 (s) | TTFT p50 / p95 (s) | draft share | differ from plain |",
               "|---:|---|---:|---:|---:|---:|"]
     for res in results:
