@@ -2,10 +2,12 @@
 
 :func:`measure_surface` times the engine's own passes (the per-row drafter calls and one
 :func:`~adaptspec.batching.target_pass.verify_rows` pass) on synthetic rows: one prompt of
-``context`` tokens prefilled once and copied into every row's KV slot. Each measurement is
-the median of ``repeats`` passes; nothing is committed, so every pass sees the same context.
+``context`` tokens prefilled once and copied into every row's KV slot. Nothing is
+committed, so every pass sees the same context.
 The result is a list of round records (``block_size``, ``batch_size``, ``context_tokens``,
 ``draft_s``, ``verify_s``) that :func:`adaptspec.reward.latency.fit_profile` fits.
+Each figure is the fastest of ``repeats`` passes (after one warm-up pass): on a shared
+machine the slower ones include waits for a core.
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -24,7 +26,6 @@ The result is a list of round records (``block_size``, ``batch_size``, ``context
 
 from __future__ import annotations
 
-import statistics
 from typing import Sequence
 
 import torch
@@ -45,7 +46,7 @@ def measure_surface(
     repeats: int = 3,
     seed: int = 0,
 ) -> list[dict]:
-    """Median draft and verify seconds of one round for every (context, rows, tokens per row)."""
+    """Draft and verify seconds of one round for every (context, rows, tokens per row)."""
     if drafter is not None:
         drafter.attach(target.model)
         target.context_layers = list(drafter.config.target_layers)
@@ -75,7 +76,7 @@ def measure_surface(
                     draft_s.append(t1 - t0)
                     verify_s.append(t2 - t1)
                 out.append(dict(block_size=b, batch_size=m, context_tokens=context,
-                                draft_s=statistics.median(draft_s[1:]), verify_s=statistics.median(verify_s[1:])))
+                                draft_s=min(draft_s[1:]), verify_s=min(verify_s[1:])))
     return out
 
 

@@ -30,6 +30,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or mps (checked before the model loads)")
     p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+    p.add_argument("--batch-rows", type=_positive_ints, default=None,
+                   help="also time batched rounds (adaptspec.batching) at these row counts, e.g. 1,2,4,8,16: the profile's batch axis")
+    p.add_argument("--batch-tokens", type=_positive_ints, default=[1, 2, 4, 8, 16], help="tokens per row of the batched rounds")
+    p.add_argument("--batch-contexts", type=_positive_ints, default=[64, 256], help="context tokens per row of the batched rounds")
+    p.add_argument("--batch-repeats", type=int_range(1), default=3, help="passes per batched measurement (the fastest is kept)")
+    p.add_argument("--batch-only", action="store_true", help="time only the batched rounds (no prompts decoded)")
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        xs = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4, got {text!r}") from None
+    if not xs or xs[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4, got {text!r}")
+    return xs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .._util.outputs import check_output, write_file
 
+    if args.batch_only and not args.batch_rows:
+        raise AdaptspecError("--batch-only needs --batch-rows")
     out = args.out or cache_dir() / "latency" / f"{args.name}.json"
     check_output(out, "latency-profile", replace=True)
     pool = heldout_prompts()
@@ -58,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
     rounds = []
-    for p in tqdm(picked, desc="profile", unit="prompt"):
+    for p in tqdm([] if args.batch_only else picked, desc="profile", unit="prompt"):
         ids = spec.target.encode_chat(p.prompt)
         pre = spec.prefill(ids)
         for b in args.arms:
@@ -67,9 +85,22 @@ def run(args: argparse.Namespace) -> int:
             for r in outcome.rounds:
                 rounds.append({"block_size": r.block_size, "draft_s": r.draft_s, "verify_s": r.verify_s, "context_tokens": ctx})
                 ctx += r.tau
+    if args.batch_rows:
+        from ..batching.cost_surface import measure_surface, surface_table
+
+        surface = measure_surface(spec.target, spec.drafter, args.batch_rows, args.batch_tokens, args.batch_contexts,
+                                  repeats=args.batch_repeats)
+        rounds += surface
+        if not args.json:
+            print(surface_table(surface, "verify_s"), surface_table(surface, "draft_s"), sep="\n")
     machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
     profile = fit_profile(rounds, args.name, source=f"adaptspec profile-latency: {len(rounds)} rounds on {machine}")
     write_file(out, "latency-profile", True, profile.save)
+    if args.batch_rows and not args.json:
+        from ..batching.cost_surface import fit_errors
+
+        errs = fit_errors(profile, surface)
+        print("fit on the batched rounds: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in errs.items()))
     ctx = profile.context_tokens
     rows = [{"block_size": b, "draft_ms": float(profile.draft_s(b, ctx)) * 1e3, "verify_ms": float(profile.verify_s(b, ctx)) * 1e3}
             for b in args.arms]
