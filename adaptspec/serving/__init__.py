@@ -1,5 +1,6 @@
-"""Serving: an OpenAI-style HTTP server that runs requests through :class:`~adaptspec.AdaptiveController`,
-an A/B router between policy variants, decision logs and Prometheus metrics.
+"""Serving: an OpenAI-compatible HTTP server (completions, chat completions, the model list,
+stop sequences) that runs requests through :class:`~adaptspec.AdaptiveController`, an A/B
+router between policy variants, decision logs and Prometheus metrics.
 
 ``adaptspec serve`` starts it; :func:`create_app` builds the FastAPI application from a
 :class:`CompletionService` (``CompletionService.build(speculator, {"A": spec, "B": spec})``).

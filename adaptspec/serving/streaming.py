@@ -33,19 +33,24 @@ def generate(service: CompletionService, req: CompletionRequest,
     answer sends it with its final chunk (:attr:`Output.text` has it).
     """
     stream = StopStream(service.codec, req.stop)
+    watch = bool(req.stop) or on_piece is not None  # else the text is decoded once, at the end
     first: list[float] = []
 
     def on_tokens(ids: list[int]) -> None:
         if not first:
             first.append(time.perf_counter())
-        text, kept = stream.push(ids)
+        if not watch:
+            return
+        text, kept = stream.push(ids)  # on the decoding thread, so a stop halts decoding right after this round
         if on_piece is not None and (text or kept):
             on_piece(text, kept)
 
     with halt_when(lambda: stream.stopped):
         gen = service.run(req, on_tokens)
-    stream.finish()
     service.observe(req, gen, first[0] - req.received if first else None)
+    if not watch:
+        return gen, service.output(gen)
+    stream.finish()
     return gen, Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
 
 
