@@ -36,7 +36,7 @@ class StopScanner:
     """Text appended piece by piece; :meth:`push` returns what may be sent of it.
 
     Sent text never contains a stop string and is always a prefix of the final output:
-    the text before the first occurrence of any stop string (all of it when none occurs).
+    the text before the first stop string to appear (all of it when none does).
     """
 
     def __init__(self, stops: Sequence[str] = ()) -> None:
