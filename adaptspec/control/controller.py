@@ -5,7 +5,7 @@ One request through :meth:`AdaptiveController.generate`, and which part does wha
     prefill      the speculator, under the speculator's lock (this module)
     decide       Decider: the context (Contexts), a decision on the policy snapshot, on the
                  decision thread, checked where it enters (block_sizes.check_decision), or
-                 the fallback; the BOOK records it as pending
+                 the fallback; the DecisionBook records it as pending
     decode       the speculator, under its lock, with the checked block size (this module)
     feedback     DecisionBook: claims the pending decision, computes the reward, writes the
                  row to the decision log and queues the Update, under one lock (log order)
@@ -62,7 +62,6 @@ and the update thread), :mod:`~adaptspec.control.checkpointer` (checkpoints and 
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import weakref
@@ -91,8 +90,6 @@ from ..speculator import Decision, Outcome, Round
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
            "default_policy_spec"]
-
-log = logging.getLogger("adaptspec.control.controller")
 
 _LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
 _LOCKS_BY_ID: dict[int, threading.Lock] = {}
