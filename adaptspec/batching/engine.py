@@ -49,12 +49,13 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.decoder import _generator, _now, _sample
+from ..decoding.decoder import _generator, _sample
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
 from ..errors import AdaptspecError
 from ..speculator import Round
 from . import accept
+from .clock import RoundClock
 from .draft_pass import draft_logits_rows
 from .records import RoundRecord
 from .rows import RequestHandle, Row
@@ -139,17 +140,16 @@ class BatchEngine:
     @torch.inference_mode()
     def step(self) -> RoundRecord | None:
         """One round over every active row (see the module docstring); None when idle."""
-        dev = self.target.device
-        t0 = _now(dev)
+        clock = RoundClock(self.target.device)
         self._leave([i for i, row in enumerate(self.rows) if row.handle.cancelled], cancelled=True)
         joined = self._join()
         if not self.rows:
             return None
-        t1 = _now(dev)
+        clock.mark()
         cap = max(1, self.token_budget // len(self.rows))
         widths = [min(row.handle.block_size, row.room, cap) for row in self.rows]
         blocks, drafts, q = self._draft(widths)
-        t2 = _now(dev)
+        clock.mark()
         logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)
         new = accept.greedy(logits, drafts, widths)
         for i, row in enumerate(self.rows):
@@ -161,14 +161,16 @@ class BatchEngine:
         if hidden is not None:
             for i, row in enumerate(self.rows):
                 row.draft.append(hidden[i, : taus[i]])
-        t3 = _now(dev)
+        clock.mark()
+        join_s, draft_s, verify_s = clock.spans()
         record = RoundRecord(
             requests=tuple(row.handle.id for row in self.rows), block_sizes=tuple(widths), taus=tuple(taus),
-            draft_s=t2 - t1, verify_s=t3 - t2, round_s=t3 - t0, joined=joined, join_s=t1 - t0,
+            draft_s=draft_s, verify_s=verify_s, round_s=max(clock.total(), join_s + draft_s + verify_s),
+            joined=joined, join_s=join_s,
         )
         done = []
         for i, row in enumerate(self.rows):
-            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=t2 - t1, verify_s=t3 - t2))
+            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s))
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)
