@@ -158,9 +158,9 @@ class BatchEngine:
                 new[i] = accept.sampled(logits[i, :b], drafts[i, : b - 1], q[i], row.handle.temperature, row.generator)
         taus = [len(n) for n in new]
         self.store.commit(taus)
-        if hidden is not None:
+        if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
             for i, row in enumerate(self.rows):
-                row.draft.append(hidden[i, : taus[i]])
+                row.draft.append(hidden[i, : taus[i]].clone())
         clock.mark()
         join_s, draft_s, verify_s = clock.spans()
         record = RoundRecord(
