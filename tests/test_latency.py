@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import adaptspec
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import PROFILES, CostCurve, LatencyProfile, fit_curve, fit_profile, get_profile
 from adaptspec.speculator import Round
@@ -114,3 +116,11 @@ def test_bad_inputs():
         fit_profile([])
     with pytest.raises(AdaptspecError, match="round 1: block_size 0"):
         fit_profile([Round(2, 1, 0.01, 0.02), {"block_size": 0, "draft_s": 0.0, "verify_s": 0.01}])
+
+
+def test_the_shipped_measured_profiles_are_found():
+    # the JSON profiles shipped in adaptspec/data/latency/ (the bundled head's rewards were timed by one)
+    shipped = sorted(p.stem for p in (Path(adaptspec.__file__).parent / "data" / "latency").glob("*.json"))
+    assert "cpu-smollm2-fast" in shipped
+    for name in shipped:
+        assert get_profile(name).name == name

@@ -366,7 +366,7 @@ def _h100_qwen3_8b() -> LatencyProfile:
 
 #: name -> builder of the named profiles
 #: Profiles measured with ``adaptspec profile-latency`` and shipped as JSON, named by file stem.
-MEASURED_DIR = Path(__file__).resolve().parent / "data" / "latency"
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "data" / "latency"
 
 PROFILES: dict[str, Any] = {
     "cpu-smollm2-bf16": _cpu_smollm2_bf16,
