@@ -294,3 +294,20 @@ def test_train_drafter_export_never_writes_over_a_folder_it_did_not_export(tmp_p
     assert main(["train-drafter", "--stage", "export", "--export", str(folder), "--work", str(tmp_path / "w")]) == 2
     assert "is not an adaptspec exported drafter: refusing to replace it" in capsys.readouterr().err
     assert _snapshot(tmp_path) == before
+
+
+def test_checkpoints_never_delete_a_users_file(tmp_path):
+    from adaptspec.control.policy_checkpoint import checkpoints, write_checkpoint
+    from adaptspec.policies import UCB
+
+    root = tmp_path / "ckpt"
+    first = write_checkpoint(root, UCB([1, 2, 4]), {"updates": 1}, keep=1)
+    (first / "notes.txt").write_text("mine")
+    write_checkpoint(root, UCB([1, 2, 4]), {"updates": 2}, keep=1)  # prunes the oldest: not this one
+    write_checkpoint(root, UCB([1, 2, 4]), {"updates": 3}, keep=1)
+    assert (first / "notes.txt").read_text() == "mine"
+    assert [p.name for p in checkpoints(root)] == [first.name, "ckpt-000000000003"]  # ckpt 2 pruned
+    (root / "ckpt-000000000003" / "keep.me").write_text("x")
+    with pytest.raises(AdaptspecError, match="did not write"):  # the same count again: refused
+        write_checkpoint(root, UCB([1, 2, 4]), {"updates": 3}, keep=1)
+    assert (root / "ckpt-000000000003" / "keep.me").read_text() == "x"

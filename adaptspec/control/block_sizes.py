@@ -32,21 +32,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import Decision, Outcome
+from ..speculator import check_block_sizes, Decision, Outcome
 from ..traces.decision_check import decision_fault
 
 
 def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int) -> tuple[int, ...]:
-    """The arms of policy ``learner`` as ints; all of them must be at most ``max_block_size``.
+    """The arms of policy ``learner`` as ints, in the policy's order, checked by
+    :func:`~adaptspec.speculator.check_block_sizes` (the one block-size check).
 
     ``arms`` is what the caller gave (for the error message: "given" or "of policy ...")."""
     out = tuple(int(a) for a in learner.arms)
-    if max(out) > max_block_size:
-        too_big = [a for a in out if a > max_block_size]
-        label = getattr(learner, "label", type(learner).__name__)
-        whose = "given" if arms is not None and tuple(sorted(arms)) == out else f"of policy {label}"
-        raise AdaptspecError(f"block sizes {too_big} {whose} exceed the speculator's max_block_size "
-                             f"{max_block_size} (arms {list(out)})")
+    label = getattr(learner, "label", type(learner).__name__)
+    whose = "given" if arms is not None and tuple(sorted(arms)) == tuple(sorted(out)) else f"of policy {label}"
+    check_block_sizes(out, max_block_size, name=f"arms {list(out)} {whose}")
     return out
 
 

@@ -6,7 +6,8 @@ there is one, and ``checkpoint.json`` (what the controller needs to resume: how 
 the policy had learnt from, the decision id of the last one, the policy's spec, label and
 arms). It is written to a hidden temporary directory, every file fsync'd, then renamed into
 place and the parent fsync'd, so a crash leaves either the new checkpoint complete or none
-of it; readers only ever see complete ones. Older checkpoints beyond ``keep`` are deleted.
+of it; readers only ever see complete ones. Older checkpoints beyond ``keep`` are deleted,
+except one holding a file a checkpoint does not write (a user's), which is kept whole.
 
 >>> import tempfile
 >>> from adaptspec.policies import UCB
@@ -36,12 +37,20 @@ import numpy as np
 from .._util.outputs import swap_into_place
 from ..errors import AdaptspecError
 from .._util.atomic import fsync_path, json_default, read_descriptor
+from .._util.checks import int_list, integer
 
 __all__ = ["CHECKPOINT_FORMAT", "latest_checkpoint", "load_policy", "read_checkpoint", "state_digest",
            "write_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 _CKPT = re.compile(r"^ckpt-(\d{12})$")
+#: Every file a checkpoint directory holds; one holding anything else is a user's, never deleted.
+_FILES = frozenset({"policy.npz", "checkpoint.json", "featurizer.json", "featurizer.safetensors"})
+
+
+def _only_ours(path: Path) -> bool:
+    """True when ``path`` holds nothing but files a checkpoint writes."""
+    return all(f.name in _FILES and f.is_file() and not f.is_symlink() for f in path.iterdir())
 
 
 def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[str, Any],
@@ -66,6 +75,8 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
         (tmp / "checkpoint.json").write_text(json.dumps(info, indent=2, default=json_default) + "\n")
         for f in tmp.iterdir():
             fsync_path(f)
+        if final.exists() and not _only_ours(final):
+            raise OSError(f"{final.name} holds files adaptspec did not write; not replacing it")
         swap_into_place(tmp, final)  # the same update count again (e.g. at shutdown) replaces it
         fsync_path(root)
     except OSError as e:
@@ -75,7 +86,8 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in checkpoints(root)[:-max(1, int(keep))]:
-        shutil.rmtree(old, ignore_errors=True)
+        if _only_ours(old):  # a checkpoint someone put a file into is kept, and the file with it
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -94,8 +106,18 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``checkpoint.json`` of a checkpoint directory."""
-    return read_descriptor(Path(path) / "checkpoint.json", "adaptspec-checkpoint", CHECKPOINT_FORMAT, "checkpoint")
+    """The ``checkpoint.json`` of a checkpoint directory, its fields checked (one line naming a bad one)."""
+    where = Path(path) / "checkpoint.json"
+    info = read_descriptor(where, "adaptspec-checkpoint", CHECKPOINT_FORMAT, "checkpoint")
+    integer(info.get("updates"), str(where), "updates", 0)
+    if "arms" in info:
+        int_list(info["arms"], str(where), "arms", 1)
+    for key in ("last_decision_id", "variant", "featurizer"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise AdaptspecError(f"{where}: {key}={info[key]!r} must be a string")
+    if info.get("machine_speed") is not None and not isinstance(info["machine_speed"], dict):
+        raise AdaptspecError(f"{where}: machine_speed={info['machine_speed']!r} must be an object")
+    return info
 
 
 def load_policy(path: str | os.PathLike, policy: Any) -> None:
