@@ -187,7 +187,7 @@ class DecisionLogWriter:
                 self._roll()
                 if self._file is not None:
                     self._file.close()
-                    os.unlink(self._file.name)
+                    os.unlink(self._segment)
                     self._file = None
             finally:
                 self._release()
@@ -228,6 +228,7 @@ class DecisionLogWriter:
         except OSError as e:
             raise AdaptspecError(f"{self.path}: cannot create a journal segment ({e.strerror or e})") from None
         self._file = f
+        self._segment = p  # what a roll deletes: this writer's own segment, never whatever _file names
         self._opened = time.monotonic()
 
     def _roll(self) -> None:
@@ -242,7 +243,7 @@ class DecisionLogWriter:
             return
         f, self._file = self._file, None
         f.close()
-        os.unlink(f.name)
+        os.unlink(self._segment)
         self._rows = []
 
     def _write_part(self, rows: Sequence[Mapping[str, Any]]) -> None:
