@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-contexts", type=_positive_ints, default=[64, 256], help="context tokens per row of the batched rounds")
     p.add_argument("--batch-repeats", type=int_range(1), default=3, help="passes per batched measurement (the fastest is kept)")
     p.add_argument("--batch-only", action="store_true", help="time only the batched rounds (no prompts decoded)")
+    p.add_argument("--batch-cpu-time", action="store_true",
+                   help="time batched rounds in process CPU seconds (CPU, one thread: robust to other load on a shared machine)")
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         from ..batching.cost_surface import measure_surface, surface_table
 
         surface = measure_surface(spec.target, spec.drafter, args.batch_rows, args.batch_tokens, args.batch_contexts,
-                                  repeats=args.batch_repeats)
+                                  repeats=args.batch_repeats, cpu_time=args.batch_cpu_time)
         rounds += surface
         if not args.json:
             print(surface_table(surface, "verify_s"), surface_table(surface, "draft_s"), sep="\n")
