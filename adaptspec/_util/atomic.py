@@ -70,6 +70,23 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
         raise AdaptspecError(f"{path}: cannot read ({e})") from None
 
 
+def write_tensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """``safetensors.numpy.save_file``, its I/O failures raised as the ``OSError`` they are (a full
+    disk is ENOSPC), so every writer's ``except OSError`` turns them into one line."""
+    import re
+
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(tensors, str(path))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors wraps the OS error in its own (Rust) type
+        m = re.search(r"os error (\d+)", str(e))
+        code = int(m.group(1)) if m else 0
+        raise OSError(code, os.strerror(code) if code else str(e), str(path)) from None
+
+
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Write a matplotlib figure through a temporary file and a rename, then close it; a write
     failure is an :class:`~adaptspec.errors.AdaptspecError` naming the path. The PNG says it was

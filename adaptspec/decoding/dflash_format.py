@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from ..errors import AdaptspecError
-from .drafter_config import CONFIG_NAME, DrafterConfig
+from .._util.checks import integer, number, read_safetensors
+from .drafter_config import CONFIG_NAME, MAX_BLOCK_SIZE, DrafterConfig, check_config
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -110,7 +111,7 @@ def read_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> DrafterConfig
         raise fail("sliding-window attention layers are not supported (only full_attention)")
     if raw.get("hidden_act", "silu") != "silu":
         raise fail(f"hidden_act={raw['hidden_act']!r} is not supported (only silu)")
-    rope_theta = _rope_theta(raw, fail)
+    rope_theta = _rope_theta(raw, fail, source)
 
     block_size = _block_size(raw, dflash, fail)
     mask = dflash.get("mask_token_id")
@@ -126,20 +127,21 @@ def read_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> DrafterConfig
 
     hidden = _positive_int(raw, "hidden_size", fail)
     heads = _positive_int(raw, "num_attention_heads", fail)
-    kv_heads = raw.get("num_key_value_heads") or heads
+    kv_heads = heads if raw.get("num_key_value_heads") is None else integer(
+        raw["num_key_value_heads"], source, "num_key_value_heads", 1)
     if heads % kv_heads:
         raise fail(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-    return DrafterConfig(
+    return check_config(DrafterConfig(
         hidden_size=hidden,
         num_layers=_positive_int(raw, "num_hidden_layers", fail),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=raw.get("head_dim") or hidden // heads,
+        head_dim=hidden // heads if raw.get("head_dim") is None else integer(raw["head_dim"], source, "head_dim", 1),
         intermediate_size=_positive_int(raw, "intermediate_size", fail),
         vocab_size=vocab,
         target_layers=[i + 1 for i in ids],  # hidden_states index: 0 is the embeddings
         max_block_size=block_size,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=number(raw.get("rms_norm_eps", 1e-6), source, "rms_norm_eps", 0, lo_open=True),
         rope_theta=rope_theta,
         target_name=str(raw.get("_name_or_path") or ""),
         qk_norm=True,
@@ -149,7 +151,7 @@ def read_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> DrafterConfig
         extra={"format": "dflash-v1"} | (
             {"max_position_embeddings": raw["max_position_embeddings"]} if "max_position_embeddings" in raw else {}
         ),
-    )
+    ), source)
 
 
 def _draft_vocab_size(raw: dict, vocab: int, fail) -> int | None:
@@ -174,21 +176,25 @@ def _block_size(raw: dict, dflash: dict, fail) -> int:
     if top is not None and inner is not None and top != inner:
         raise fail(f"block_size={top} and dflash_config.block_size={inner} disagree")
     b = inner if inner is not None else top
-    if not isinstance(b, int) or isinstance(b, bool) or b < 2:
-        raise fail(f"block_size={b!r} (top level or in dflash_config) must be an integer >= 2")
+    if not isinstance(b, int) or isinstance(b, bool) or not 2 <= b <= MAX_BLOCK_SIZE:
+        raise fail(f"block_size={b!r} (top level or in dflash_config) must be an integer in 2..{MAX_BLOCK_SIZE}")
     return b
 
 
-def _rope_theta(raw: dict, fail) -> float:
+def _rope_theta(raw: dict, fail, source: str) -> float:
     """``rope_theta`` (transformers 4) or ``rope_parameters.rope_theta`` (5); default RoPE only."""
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
     for name, p in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(p, dict):
+            raise fail(f"{name}={p!r} must be an object")
         kind = p.get("rope_type", p.get("type", "default"))
         extra = set(p) - {"rope_type", "type", "rope_theta"}
         if kind != "default" or extra:
             raise fail(f"{name}={p!r}: only default RoPE is supported (no scaling)")
-    thetas = {float(v) for v in (raw.get("rope_theta"), params.get("rope_theta"), scaling.get("rope_theta")) if v is not None}
+    thetas = {number(v, source, name, 0, lo_open=True)
+              for name, v in (("rope_theta", raw.get("rope_theta")), ("rope_parameters.rope_theta", params.get("rope_theta")),
+                              ("rope_scaling.rope_theta", scaling.get("rope_theta"))) if v is not None}
     if not thetas:
         raise fail("no rope_theta (top level or in rope_parameters)")
     if len(thetas) > 1:
@@ -222,18 +228,18 @@ def load(path: str | Path):
     A reduced draft vocabulary (the adaptspec extension written by :func:`save`) comes back as
     the state dict's ``draft_vocab`` entry, which ``BlockDiffusionDrafter.from_pretrained`` takes.
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     try:
         raw = json.loads((path / CONFIG_FILE).read_text())
     except ValueError as e:
         raise AdaptspecError(f"{path / CONFIG_FILE}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise AdaptspecError(f"{path / CONFIG_FILE}: the top level must be a JSON object")
     config = read_config(raw, str(path / CONFIG_FILE))
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise AdaptspecError(f"{path}: no {WEIGHTS_FILE} (sharded checkpoints are not supported)")
-    stored = load_file(str(weights))
+    stored = read_safetensors(weights, "DFlash weights file")
     draft_vocab = stored.pop(DRAFT_VOCAB_TENSOR, None)
     if (draft_vocab is None) != (config.draft_vocab_size is None):
         have = "has a" if draft_vocab is not None else "has no"

@@ -505,17 +505,16 @@ class BlockDiffusionDrafter(nn.Module):
         """Load a drafter saved by :meth:`save_pretrained`, or a published DFlash v1 checkpoint
         (``config.json`` naming ``DFlashDraftModel`` + ``model.safetensors``, see
         :mod:`adaptspec.decoding.dflash_format`), as it is; attach it to ``target`` if given."""
-        from safetensors.torch import load_file
-
+        from .._util.checks import read_json_object, read_safetensors
         from . import dflash_format
+        from .drafter_config import config_from_json
 
         path = Path(path)
         if (path / CONFIG_NAME).exists():
-            try:
-                config = DrafterConfig(**json.loads((path / CONFIG_NAME).read_text()))
-            except (TypeError, ValueError) as e:
-                raise AdaptspecError(f"{path / CONFIG_NAME}: invalid drafter config ({e})") from None
-            tensors = load_file(str(path / WEIGHTS_NAME))
+            config = config_from_json(read_json_object(path / CONFIG_NAME, "drafter config"), str(path / CONFIG_NAME))
+            if not (path / WEIGHTS_NAME).is_file():
+                raise AdaptspecError(f"{path}: no {WEIGHTS_NAME} beside {CONFIG_NAME}")
+            tensors = read_safetensors(path / WEIGHTS_NAME, "drafter weights file")
         elif dflash_format.is_dflash_dir(path):
             config, tensors = dflash_format.load(path)
         else:

@@ -84,8 +84,10 @@ def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequenc
     shards.mkdir(parents=True, exist_ok=True)
     todo = [p for p in corpus.shard_paths() if not (shards / p.name).exists()]
     for path in tqdm(todo, desc="contexts", unit="shard", disable=not progress):
-        with np.load(path) as z:
-            lens, toks, pls, doms = z["lengths"], z["tokens"].astype(np.int64), z["prompt_lens"], z["domains"]
+        from .corpus import read_shard
+
+        z = read_shard(path)
+        lens, toks, pls, doms = z["lengths"], z["tokens"].astype(np.int64), z["prompt_lens"], z["domains"]
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
         seqs = [toks[s : s + n][:max_seq_len] for s, n in zip(starts, lens)]
         keep = [i for i, (s, pl) in enumerate(zip(seqs, pls)) if len(s) - pl >= 2]

@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
+from .._util.checks import integer, read_json_object, read_npz
 from ..errors import AdaptspecError
 from .prompts import Prompt
 
@@ -51,29 +52,31 @@ class Corpus:
         meta = self.path / "corpus.json"
         if not meta.exists():
             raise AdaptspecError(f"{self.path}: not a distillation corpus (no corpus.json)")
-        self.meta = json.loads(meta.read_text())
+        self.meta = read_json_object(meta, "distillation corpus description")
         if self.meta.get("format") != FORMAT:
             raise AdaptspecError(f"{meta}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
+        for key in ("max_new_tokens", "max_prompt_tokens"):
+            integer(self.meta.get(key), str(meta), key, 1)
 
     def shard_paths(self) -> list[Path]:
         return sorted(self.path.glob("shard-*.npz"))
 
     def sequences(self) -> Iterator[DistilledSequence]:
         for path in self.shard_paths():
-            with np.load(path) as z:
-                lens, toks = z["lengths"], z["tokens"]
-                starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-                for s, n, pl, d, f in zip(starts, lens, z["prompt_lens"], z["domains"], z["finished"]):
-                    yield DistilledSequence(toks[s : s + n].astype(np.int64), int(pl), str(d), bool(f))
+            z = read_shard(path)
+            lens, toks = z["lengths"], z["tokens"]
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+            for s, n, pl, d, f in zip(starts, lens, z["prompt_lens"], z["domains"], z["finished"]):
+                yield DistilledSequence(toks[s : s + n].astype(np.int64), int(pl), str(d), bool(f))
 
     def prompts(self, skip: set[Path] = frozenset()) -> list[str]:
         """The prompts of every shard (but those in ``skip``), in shard order."""
         out: list[str] = []
         for path in self.shard_paths():
             if path not in skip:
-                with np.load(path) as z:
-                    out.extend(str(p) for p in z["prompts"])
+                out.extend(str(p) for p in read_shard(path)["prompts"])
         return out
+
 
     def stats(self) -> dict:
         n_seq = resp = 0
@@ -84,6 +87,34 @@ class Corpus:
             resp += r
             by[s.domain] = by.get(s.domain, 0) + r
         return {"shards": len(self.shard_paths()), "sequences": n_seq, "response_tokens": resp, "by_domain": by}
+
+
+_SHARD_KINDS = {"prompts": "U", "domains": "U", "tokens": "iu", "lengths": "iu", "prompt_lens": "iu", "finished": "b"}
+
+
+def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A corpus shard's arrays, checked: a truncated file, a missing or mistyped array, or lengths
+    that do not add up is one line naming the file, the array and the sequence (row)."""
+    z = read_npz(path, "distillation corpus shard", tuple(_SHARD_KINDS))
+    for key, kinds in _SHARD_KINDS.items():
+        if z[key].ndim != 1 or (z[key].size and z[key].dtype.kind not in kinds):  # an empty shard's are float
+            raise AdaptspecError(f"{path}: array {key!r} has dtype {z[key].dtype} and shape {z[key].shape}, "
+                                 f"expected a 1-D {'text' if kinds == 'U' else 'boolean' if kinds == 'b' else 'integer'} array")
+    n = len(z["lengths"])
+    for key in ("prompts", "prompt_lens", "domains", "finished"):
+        if len(z[key]) != n:
+            raise AdaptspecError(f"{path}: array {key!r} has {len(z[key])} entries, 'lengths' has {n}")
+    lens, pls = z["lengths"].astype(np.int64), z["prompt_lens"].astype(np.int64)
+    bad = np.flatnonzero((lens < 1) | (pls < 0) | (pls > lens))
+    if bad.size:
+        r = int(bad[0])
+        raise AdaptspecError(f"{path}: row {r}: length {lens[r]} and prompt_lens {pls[r]} "
+                             f"(need 0 <= prompt_lens <= length, length >= 1)")
+    if int(lens.sum()) != len(z["tokens"]):
+        raise AdaptspecError(f"{path}: array 'tokens' holds {len(z['tokens'])} tokens, 'lengths' add up to {int(lens.sum())}")
+    if len(z["tokens"]) and int(z["tokens"].min()) < 0:
+        raise AdaptspecError(f"{path}: array 'tokens' holds a negative token id {int(z['tokens'].min())}")
+    return z
 
 
 def create(path: str | os.PathLike, target: str, max_new_tokens: int, max_prompt_tokens: int) -> Corpus:

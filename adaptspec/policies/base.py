@@ -220,7 +220,7 @@ class Policy(abc.ABC):
         except AdaptspecError:
             self._restore(backup)
             raise
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             self._restore(backup)
             raise AdaptspecError(f"state_dict does not fit this {self.name} policy: {e!r}") from None
 
@@ -253,25 +253,29 @@ class Policy(abc.ABC):
 
     def load_state(self, path: str | os.PathLike) -> None:
         """Load a file written by ``save_state`` (same checks as ``load_state_dict``)."""
+        from .._util.checks import read_npz
+
+        arrays = read_npz(path, "policy state file", ("__meta__",))
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise AdaptspecError(f"cannot read policy state {str(path)!r}: {e}") from None
-        if "__meta__" not in arrays:
-            raise AdaptspecError(f"{str(path)!r} is not a policy state file")
-        meta = json.loads(arrays.pop("__meta__").tobytes().decode())
+            meta = json.loads(arrays.pop("__meta__").tobytes().decode())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise AdaptspecError(f"{path}: array '__meta__' is not the policy's JSON description ({e})") from None
 
         def unpack(obj: Any) -> Any:
             if isinstance(obj, dict):
                 if set(obj) == {"__array__"}:
+                    if obj["__array__"] not in arrays:
+                        raise AdaptspecError(f"{path}: policy state file has no array {obj['__array__']!r}")
                     return arrays[obj["__array__"]]
                 return {k: unpack(v) for k, v in obj.items()}
             if isinstance(obj, list):
                 return [unpack(v) for v in obj]
             return obj
 
-        self.load_state_dict(unpack(meta))
+        try:
+            self.load_state_dict(unpack(meta))
+        except AdaptspecError as e:
+            raise AdaptspecError(f"{path}: {e}") from None
 
     # ------------------------------------------------------------------ shared checks
     def arm_index(self, block_size: int) -> int:

@@ -233,7 +233,7 @@ class Featurizer:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``path/featurizer.json`` and ``path/featurizer.safetensors`` (``path`` may be a head's directory)."""
-        from safetensors.numpy import save_file
+        from .._util.atomic import write_tensors
 
         path = Path(path)
         tensors = {"mean": self.mean, "scale": self.scale}
@@ -245,7 +245,7 @@ class Featurizer:
         try:
             path.mkdir(parents=True, exist_ok=True)
             tmp_t, tmp_j = path / f".{_TENSORS}.tmp", path / f".{_JSON}.tmp"
-            save_file(tensors, str(tmp_t))
+            write_tensors(tensors, tmp_t)
             tmp_j.write_text(json.dumps(cfg, indent=2, default=json_default) + "\n")
             fsync_path(tmp_t)
             fsync_path(tmp_j)

@@ -33,7 +33,8 @@ import numpy as np
 from ..errors import AdaptspecError
 from .base import Policy
 from .base import greedy_probs
-from .._util.atomic import json_default, read_descriptor, read_tensors
+from .._util.atomic import json_default, read_descriptor, read_tensors, write_tensors
+from .._util.checks import int_list, integer, number
 from ..reward.functions import pct_of
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
@@ -131,8 +132,8 @@ class HeadModel:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write ``path/model.safetensors`` and ``path/config.json``; returns ``path``."""
-        from safetensors.numpy import save_file
+        """Write ``path/model.safetensors`` and ``path/config.json``; returns ``path``. A failed write
+        (a full disk) is an ``OSError`` naming the file."""
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ class HeadModel:
             tensors["val_gram"] = np.asarray(self.val_gram, dtype=np.float64)
         if self.val_cov is not None:
             tensors["val_cov"] = np.asarray(self.val_cov, dtype=np.float64)
-        save_file(tensors, str(path / "model.safetensors"))
+        write_tensors(tensors, path / "model.safetensors")
         config = {
             "format": HEAD_FORMAT,
             "kind": "adaptspec-offline-head",
@@ -174,17 +175,27 @@ class HeadModel:
         if not cfg_file.is_file() or not st_file.is_file():
             raise AdaptspecError(f"{str(path)!r} is not a saved head (needs config.json and model.safetensors)")
         cfg = read_descriptor(cfg_file, "adaptspec-offline-head", HEAD_FORMAT, "offline head")
+        where = str(cfg_file)
+        arms = int_list(cfg.get("arms"), where, "arms", 1)
+        n_layers = integer(cfg.get("n_layers"), where, "n_layers", 2)
+        reward_mean = number(cfg.get("reward_mean"), where, "reward_mean")
+        reward_scale = number(cfg.get("reward_scale"), where, "reward_scale", 0, lo_open=True)
+        if cfg.get("mode") not in MODES:
+            raise AdaptspecError(f"{where}: mode={cfg.get('mode')!r} must be one of {', '.join(MODES)}")
+        if not isinstance(cfg.get("info", {}), dict):
+            raise AdaptspecError(f"{where}: info={cfg['info']!r} must be an object")
         t = read_tensors(st_file)
         try:
-            layers = [(t[f"layers.{i}.weight"], t[f"layers.{i}.bias"]) for i in range(int(cfg["n_layers"]))]
+            layers = [(t[f"layers.{i}.weight"], t[f"layers.{i}.bias"]) for i in range(n_layers)]
             return cls(
-                arms=tuple(cfg["arms"]), layers=layers, x_mean=t["x_mean"], x_scale=t["x_scale"],
-                mode=cfg["mode"], reward_mean=float(cfg["reward_mean"]),
-                reward_scale=float(cfg["reward_scale"]), val_mse=t.get("val_mse"),
+                arms=tuple(arms), layers=layers, x_mean=t["x_mean"], x_scale=t["x_scale"],
+                mode=cfg["mode"], reward_mean=reward_mean, reward_scale=reward_scale, val_mse=t.get("val_mse"),
                 val_gram=t.get("val_gram"), val_cov=t.get("val_cov"), info=cfg.get("info", {}),
             )
         except KeyError as e:
             raise AdaptspecError(f"{path}: saved head lacks {e}") from None
+        except AdaptspecError as e:
+            raise AdaptspecError(f"{path}: {e}") from None
 
 
 def head_fingerprint(head: HeadModel) -> str:

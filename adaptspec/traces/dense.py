@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import AdaptspecError
+from .dense_checks import check_meta, check_part
 
 
 @dataclass
@@ -124,8 +125,7 @@ class DenseTraceSet:
     def __init__(self, path, meta: dict) -> None:
         self.path = Path(path)
         self.meta = meta
-        self.max_block_size = int(meta["max_block_size"])
-        self.max_new_tokens = int(meta["max_new_tokens"])
+        self.max_block_size, self.max_new_tokens = check_meta(meta, str(self.path / "meta.json"))
 
     @classmethod
     def open(cls, path) -> "DenseTraceSet":
@@ -134,6 +134,8 @@ class DenseTraceSet:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
             raise AdaptspecError(f"{path}: not a dense trace set (no readable meta.json)") from None
+        if not isinstance(meta, dict):
+            raise AdaptspecError(f"{path}/meta.json: not a dense trace set (the top level must be a JSON object)")
         if meta.get("format") != FORMAT:
             raise AdaptspecError(f"{path}/meta.json: format {meta.get('format')!r}, expected {FORMAT!r}")
         return cls(path, meta)
@@ -157,20 +159,35 @@ class DenseTraceSet:
     def parts(self) -> list:
         return sorted(self.path.glob("part-*.parquet"))
 
+    def read_part(self, path, columns: list[str] | None = None):
+        """One part as a table, checked (:mod:`adaptspec.traces.dense_checks`): a truncated file, a
+        missing or mistyped column or an impossible value is one line naming the file, the column
+        and the row. ``columns``: read (and check the types of) only these."""
+        try:
+            schema = pq.read_schema(path)
+            missing = [c for c in columns or () if c not in schema.names]
+            if missing:
+                raise AdaptspecError(f"{path}: missing column {missing[0]!r}")
+            t = pq.read_table(path, columns=columns)
+        except (pa.ArrowException, OSError) as e:
+            raise AdaptspecError(f"{path}: not a readable Parquet part (truncated or corrupted: {e})") from None
+        if columns is None:
+            check_part(t, str(path), self.max_block_size, self.max_new_tokens)
+        elif "request_id" in columns and not pa.types.is_string(t.schema.field("request_id").type):
+            raise AdaptspecError(f"{path}: column 'request_id' has type {t.schema.field('request_id').type}, expected string")
+        return t
+
     def table(self):
         parts = self.parts()
-        return pa.concat_tables([pq.read_table(p) for p in parts]) if parts else None
+        return pa.concat_tables([self.read_part(p) for p in parts]) if parts else None
 
     def request_ids(self) -> set[str]:
-        return {r for p in self.parts() for r in pq.read_table(p, columns=["request_id"])["request_id"].to_pylist()}
+        return {r for p in self.parts() for r in self.read_part(p, ["request_id"])["request_id"].to_pylist()}
 
     def requests(self):
         """``(request_id, domain, DenseRequest)`` in stored order."""
-        t = self.table()
-        if t is None:
-            return
         k = self.max_block_size - 1
-        for row in t.to_pylist():
+        for row in (r for p in self.parts() for r in self.read_part(p).to_pylist()):
             n = len(row["tokens"]) - 1
             mat = lambda key, dt: np.asarray(row[key], dtype=dt).reshape(n, k)  # noqa: E731
             yield row["request_id"], row["domain"], DenseRequest(

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._util.atomic import json_default
+from .._util.checks import int_list
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
@@ -434,6 +435,8 @@ def _check_meta(meta: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
         raise _err(where, f"schema_version must be a positive integer, got {v!r}")
     if v > SCHEMA_VERSION:
         raise _err(where, f"schema_version {v} is newer than this adaptspec reads ({SCHEMA_VERSION}); upgrade adaptspec")
+    if meta.get("arms") is not None:
+        int_list(meta["arms"], where, "arms", 1)
     meta.setdefault("kind", kind)
     return meta
 
