@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..decoding.decoder import _generator, _sample
@@ -106,19 +107,28 @@ class BatchEngine:
     def submit(
         self,
         prompt_ids: Sequence[int] | torch.Tensor,
-        block_size: int = 1,
+        block_size: int | Callable[[np.ndarray], int] = 1,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> RequestHandle:
         """Queue a request; it joins at the next round with a free row. Settings are checked
-        here; the prompt when it joins (a bad one fails that request alone, on its handle)."""
-        self._check_block_size(block_size)
+        here; the prompt when it joins (a bad one fails that request alone, on its handle).
+
+        ``block_size`` may be a function of the prompt's prefill features (``TargetPrefill.features``)
+        returning the block size: it is called once, when the request joins (a policy deciding
+        from the prefill); what it returns is checked there."""
+        choose = block_size if callable(block_size) else None
+        if choose is None:
+            self._check_block_size(block_size)
+        else:
+            block_size = 1
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise AdaptspecError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature >= 0:
             raise AdaptspecError(f"temperature must be >= 0, got {temperature}")
         handle = RequestHandle(self._next_id, prompt_ids, block_size, max_new_tokens, float(temperature), seed)
+        handle.choose = choose
         self._next_id += 1
         self.waiting.append(handle)
         return handle
@@ -217,7 +227,7 @@ class BatchEngine:
         while self.waiting and len(self.rows) < limit:
             handle = self.waiting.popleft()
             if handle.cancelled:
-                handle.fail(AdaptspecError(f"request {handle.id} cancelled"))
+                handle.end_cancelled()
                 continue
             try:
                 row = self._prefill(handle)
@@ -241,6 +251,14 @@ class BatchEngine:
                 f"prompt of {n} tokens + max_new_tokens {handle.max_new_tokens} exceeds the context of {self.max_context}"
             )
         tp = self.target.prefill(ids)  # checks empty prompts and token ids outside the vocabulary
+        if handle.choose is not None:
+            try:
+                b = handle.choose(tp.features)
+            except AdaptspecError:
+                raise
+            except Exception as e:  # a failing chooser fails its request alone
+                raise AdaptspecError(f"choosing the block size failed: {type(e).__name__}: {e}") from None
+            handle.block_size = self._check_block_size(b)
         gen = _generator(self.target.device, handle.seed) if handle.temperature > 0 else None
         first = _sample(tp.logits[None], handle.temperature, gen)[0]
         handle.first_token_at = time.perf_counter()
@@ -270,7 +288,7 @@ class BatchEngine:
         for i in sorted(indices, reverse=True):
             row = self.rows[i]
             if cancelled:
-                row.handle.fail(AdaptspecError(f"request {row.handle.id} cancelled"))
+                row.handle.end_cancelled()
             row.handle.decode_s = time.perf_counter() - row.started_at
             self.store.remove(i)
             self.rows[i] = self.rows[-1]

@@ -10,13 +10,18 @@ when the request ends, its :class:`~adaptspec.speculator.Outcome` or its own
 (False, [])
 >>> h.cancel(); h.cancelled
 True
+>>> h.end_cancelled(); h.done, h.error is not None
+(True, True)
+>>> s = RequestHandle(8, prompt=[1], block_size=1, max_new_tokens=8, temperature=0.0, seed=None)
+>>> s.finish("stop"); s.end_cancelled(); s.done, s.error, s.finish_reason
+(True, None, 'stop')
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,9 +49,11 @@ class RequestHandle:
         self.seed = seed
         self.tokens: list[int] = []  # committed so far (the token chosen at prefill first)
         self.rounds: list[Round] = []
-        self.finish_reason: str | None = None  # "length" | "eos" once done
+        self.finish_reason: str | None = None  # "length" | "eos" (| finish()'s reason) once done
         self.error: AdaptspecError | None = None
         self.cancelled = False
+        self.finish_requested: str | None = None  # set by finish(): the reason a cancel ends with
+        self.choose: Callable[[Any], int] | None = None  # features -> block size, called at join
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -59,6 +66,20 @@ class RequestHandle:
     def cancel(self) -> None:
         """Stop this request at the next round boundary (it ends with an error saying so)."""
         self.cancelled = True
+
+    def finish(self, reason: str = "stop") -> None:
+        """End this request at the next round boundary as finished with ``reason`` (a stop
+        sequence appeared): it keeps the tokens committed so far and ends without an error."""
+        self.finish_requested = reason
+        self.cancelled = True
+
+    def end_cancelled(self) -> None:
+        """What a cancel comes to at a round boundary: finished as :meth:`finish` asked, else failed."""
+        if self.finish_requested is not None:
+            self.finish_reason = self.finish_requested
+            self.finished_at = time.perf_counter()
+        else:
+            self.fail(AdaptspecError(f"request {self.id} cancelled"))
 
     def result(self) -> Outcome:
         """The request's :class:`Outcome`; raises its :class:`AdaptspecError` if it failed."""
