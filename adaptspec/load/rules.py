@@ -15,7 +15,9 @@ can follow the load as it changes) and ``feedback(row, block_size, tau, attribut
   cost model's round time at ``B``.
 - :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` (LinTS by default)
   choosing each row's block size every round, its context the load level, learning from each
-  row's tokens per attributed second.
+  row's tokens per attributed second. Given a prior acceptance it starts warm: before its first
+  round it already prefers, at each level, what the goodput model predicts
+  (:func:`predicted_speedup`), and measured rewards move it from there.
 
 >>> from adaptspec.simulators.load import Load
 >>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
@@ -37,9 +39,30 @@ from ..reward.latency import LatencyProfile
 LEVELS = (1, 2, 4, 8, 16, 32)
 
 
+#: The rows each level stands for when the cost model predicts its rewards: its largest count (64 for 33+).
+LEVEL_ROWS = (*LEVELS, 2 * LEVELS[-1])
+
+
 def level_index(rows: int) -> int:
     """The load level of ``rows`` rows in flight (0 for 1 row, ... 6 for 33 or more)."""
     return int(np.searchsorted(LEVELS, rows))
+
+
+def predicted_speedup(profile: LatencyProfile, arms: Sequence[int], acceptance: float, rows: int,
+                      context: float) -> np.ndarray:
+    """The goodput model's reward of each block size in ``arms`` at ``rows`` rows in flight, in the
+    learned rule's unit (1.0 = plain decoding): a batch all at ``B`` commits :func:`expected_tau`
+    tokens a row in one round of ``batch_round_s``, plain decoding one token a row in a plain
+    round, so ``E[tau_B] x t(plain) / t(B)``.
+
+    >>> from adaptspec.reward.latency import CostCurve
+    >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
+    >>> predicted_speedup(flat, [1, 2, 4], 0.5, rows=8, context=100).round(3)   # 1, 1.5 and 1.875 tokens in 40/50 ms
+    array([1. , 1.2, 1.5])
+    """
+    plain = batch_round_s(profile, [1] * rows, [context] * rows)
+    return np.array([float(expected_tau(np.array([acceptance]), b)[0]) * plain
+                     / batch_round_s(profile, [b] * rows, [context] * rows) for b in arms])
 
 
 class Fixed:
@@ -146,15 +169,43 @@ class Learned:
     simulation) at 1 and 2 clients: LinTS 1.197x and 1.146x plain (the best fixed sizes there:
     1.197x, 1.146x), LinUCB 1.126x and 1.127x; adding the row's acceptance so far to the
     context gave LinTS 1.194x and 1.125x, so the default context is the load level alone.
+
+    **Warm start** (``prior``, a per-draft acceptance, as the product's offline head starts its
+    bandit): each arm's model at each level starts at the goodput model's reward there
+    (:func:`predicted_speedup` at the level's :data:`LEVEL_ROWS`, ``context`` tokens of context,
+    default the profile's), weighted as ``prior_weight`` observations, in the reward's own unit
+    (raw rewards, no standardising warm-up). Before its first round it prefers the goodput
+    model's block size at every level; measured rewards then outweigh the prior, so a wrong cost
+    model is corrected. Without ``prior`` it starts cold (uniform choices while its standardiser
+    warms up).
+
+    >>> from adaptspec.reward.latency import get_profile
+    >>> gpu = get_profile("h100-qwen3-8b")
+    >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
+    >>> [warm.preference(rows) for rows in (1, 8, 64)]     # before any round: the goodput model's choice
+    [6, 4, 3]
     """
 
-    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0) -> None:
+    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
+                 prior: float | None = None, prior_weight: float = 8.0, context: float | None = None) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
         self.profile = profile
-        self.policy = make_policy(policy, self.arms, seed=seed)
-        self.name = f"learned ({policy})"
+        dim = len(LEVELS) + 1
+        if prior is None:
+            self.policy = make_policy(policy, self.arms, seed=seed)
+            self.name = f"learned ({policy})"
+        else:
+            if not 0.0 <= prior < 1.0:
+                raise AdaptspecError(f"prior acceptance must be in [0, 1), got {prior!r}")
+            if not (prior_weight > 0 and math.isfinite(prior_weight)):
+                raise AdaptspecError(f"prior_weight must be > 0, got {prior_weight!r}")
+            ctx = float(profile.context_tokens if context is None else context)
+            mean = np.stack([predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1)
+            self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
+                                      prior_mean=mean, prior_precision=float(prior_weight))
+            self.name = f"learned ({policy}, warm)"
         self._pending: dict[int, np.ndarray] = {}
         self._done: list[tuple[np.ndarray, int, float]] = []
         self._plain_share = 0.0
@@ -163,6 +214,18 @@ class Learned:
         x = np.zeros(len(LEVELS) + 1)
         x[level_index(load.rows)] = 1.0
         return x
+
+    def preference(self, rows: int) -> int | None:
+        """The block size with the highest expected reward at ``rows`` rows in flight now (None while
+        a cold policy is still warming up)."""
+        pol = self.policy
+        pol._ensure_core()
+        if getattr(pol, "core", None) is None:
+            return None
+        x = np.zeros(len(LEVELS) + 1)
+        x[level_index(rows)] = 1.0
+        mu, _ = pol.core.mean_var(pol.map.phi(x))
+        return self.arms[int(np.argmax(mu))]
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
         self._plain_share = batch_round_s(self.profile, [1] * len(rows), [r.context for r in rows]) / len(rows)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -110,13 +110,15 @@ class LoadRun:
 def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *, clients: int | None = None,
              rate: float | None = None, day: Sequence[tuple[float, int]] | None = None, requests: int = 200,
              max_rows: int = 64, max_new_tokens: int = 128, attribution: str = "marginal", prefill: bool = True,
-             seed: int = 0) -> LoadRun:
+             seed: int = 0, model: LatencyProfile | None = None) -> LoadRun:
     """Serve ``requests`` requests drawn in order from ``pool`` (cycling) under one arrival
     process (exactly one of ``clients``, ``rate``, ``day``), choosing block sizes with ``rule``.
 
     ``day`` phases: ``(seconds, clients)``; no request is sent after the last phase ends (nor
     after ``requests``). ``prefill=False`` charges nothing for prefill (a request's first token
-    is free), isolating decode rounds.
+    is free), isolating decode rounds. ``model``: the cost model the engine believes, which
+    splits each round's time among its rows (default ``profile``, the true cost; a wrong one
+    shows what a rule learns when the engine's model of the cost is wrong).
     """
     if sum(x is not None for x in (clients, rate, day)) != 1:
         raise AdaptspecError("give exactly one of clients, rate or day")
@@ -150,7 +152,7 @@ def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *
         blocks = [max(1, min(int(b), max_new_tokens - r.m)) for b, r in zip(chosen, active)]
         contexts = [r.context for r in active]
         round_s = batch_round_s(profile, blocks, contexts)
-        shares = attribute(attribution, round_s, blocks, contexts, profile)
+        shares = attribute(attribution, round_s, blocks, contexts, model or profile)
         t += round_s
         rounds += 1
         rows_time += len(active) * round_s
@@ -174,6 +176,42 @@ def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *
         active = still
     return LoadRun(getattr(rule, "name", type(rule).__name__), tokens, t, rounds, np.asarray(latency),
                    np.asarray(ttft), rows_time / t if t > 0 else 0.0, blocks_seen)
+
+
+def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:
+    """``profile`` with the verify pass's cost per token scaled by ``per_token``: a pass over one
+    token costs what it did, each further token in the pass ``per_token`` times as much (the cost
+    model of an engine that misjudges how its pass grows; the draft pass is unchanged).
+
+    >>> from adaptspec.reward.latency import get_profile
+    >>> cpu = get_profile("cpu-smollm2-bf16")
+    >>> wrong = misjudged(cpu, 2.0)
+    >>> [round(1000 * float(p.verify_s(b)), 1) for p in (cpu, wrong) for b in (1, 16)]   # 40 -> 52 ms becomes 40 -> 64
+    [40.0, 52.0, 40.0, 64.0]
+    """
+    if not (per_token > 0 and math.isfinite(per_token)):
+        raise AdaptspecError(f"per-token cost factor must be > 0, got {per_token!r}")
+    v = profile.verify
+    base = v.values_s[0]
+    verify = replace(v, values_s=tuple(base + per_token * (x - base) for x in v.values_s),
+                     tail_slope_s=per_token * v.tail_slope_s, per_pair_s=per_token * v.per_pair_s)
+    return replace(profile, name=f"{profile.name} (verify x{per_token:g} per token)", verify=verify)
+
+
+def draft_acceptance(pool: Sequence[DenseRequest], block_size: int = 8) -> float:
+    """Per-draft acceptance of ``pool`` at ``block_size``: accepted drafts over accepted drafts and
+    rejections, at every position of every trace (what a goodput model's prior is set from).
+
+    >>> req = DenseRequest(np.arange(4), np.array([[1, 2], [0, 0], [1, 1]], np.uint8), np.ones((3, 2), np.float32),
+    ...                    np.zeros((3, 2), np.float32), np.zeros(2, np.float32), 5, "length")
+    >>> draft_acceptance([req], block_size=3)     # 2 + 0 + 1 accepted, 2 rejections
+    0.6
+    """
+    if not pool or not 2 <= block_size <= min(r.accept.shape[1] for r in pool) + 1:
+        raise AdaptspecError(f"block size {block_size} is not in every trace (2 to the traces' largest)")
+    acc = np.concatenate([r.accept[:, block_size - 2] for r in pool]).astype(np.float64)
+    tried = acc.sum() + (acc < block_size - 1).sum()
+    return float(acc.sum() / tried) if tried > 0 else 0.0
 
 
 class _Arrivals:

@@ -1,0 +1,237 @@
+"""Section 8: block-size rules under load, on the dense traces through the load simulator.
+
+The dense set section 7 reads is split in two (even-numbered requests tune, odd-numbered ones
+are measured) and replayed through :func:`~adaptspec.simulators.load.simulate` at each load level
+(closed-loop clients) and over a *day* whose client count changes: plain decoding and every
+fixed block size, the static table tuned on the other half (the best fixed size per level there),
+the goodput rule (SmartSpec-style, its prior acceptance measured on the other half), the learned
+rule cold (LinTS after a warm-up run on the other half) and warm (started from the goodput
+model's prediction, measured from its first round), and the per-level oracle (each level's best
+fixed size on the measured requests). Optionally the same with a cost model that misjudges the
+verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which rules correct it.
+``benchmarks/bench_load_sim.py`` runs :func:`compare_under_load` with more requests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .core import Settings
+
+ARMS = (1, 2, 3, 4, 6, 8)
+#: client counts per profile: the CPU profile at 1-16 rows, the GPU profile at 1-64
+LEVELS = {"cpu-smollm2-bf16": (1, 2, 4, 8, 16), "h100-qwen3-8b": (1, 2, 4, 8, 16, 32, 64)}
+#: what the section's rules are called in the results (the fixed sizes are "plain" and "fixed:B")
+RULES = ("table", "goodput", "learned (cold)", "learned (warm)")
+#: the day's rules: those plus the per-level oracle
+DAY_RULES = (*RULES, "per-level oracle")
+MAX_NEW_TOKENS = 128
+
+
+def _fixed_name(b: int) -> str:
+    return "plain" if b == 1 else f"fixed:{b}"
+
+
+def day_phases(profile: Any, levels: Sequence[int], requests: int) -> list[tuple[float, int]]:
+    """Low, middle, highest, second, second-highest, lowest again: every level out of order, each
+    phase as long as ``requests / 4`` requests of 128 tokens take plain at one client."""
+    lv = sorted(levels)
+    order = [lv[0], lv[len(lv) // 2], lv[-1], lv[1 % len(lv)], lv[-2] if len(lv) > 2 else lv[-1], lv[0]]
+    phase_s = requests / 4 * MAX_NEW_TOKENS * float(profile.verify_s(1, 300, 1))
+    return [(phase_s, c) for c in order]
+
+
+def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: str, levels: Sequence[int],
+                       requests: int, arms: Sequence[int] = ARMS, wrong: Sequence[float] = (),
+                       say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Every rule at every level and over the day on one profile; ``wrong``: per-token factors of
+    misjudged cost models given to the goodput and warm learned rules (and, in a third run, to the
+    engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run."""
+    from ..load.rules import Fixed, Goodput, Learned, Table
+    from ..reward.latency import get_profile
+    from ..simulators.load import draft_acceptance, misjudged, simulate
+
+    prof = get_profile(profile_name)
+    arms = sorted(int(a) for a in arms)
+    prior = draft_acceptance(tune, max(a for a in arms if a <= tune[0].accept.shape[1] + 1))
+    ctx = sum(r.prompt_tokens for r in tune) / len(tune) + MAX_NEW_TOKENS / 2
+
+    def warm(model: Any) -> Any:
+        return Learned(arms, model, prior=prior, context=ctx)
+
+    def run(rule: Any, pool: Sequence[Any], model: Any = None, **arrivals: Any) -> dict[str, Any]:
+        s = simulate(rule, pool, prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals).summary()
+        return {k: s[k] for k in ("tokens_per_s", "p50_s", "p95_s", "requests", "block_sizes")}
+
+    def wrong_runs(arrivals: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for f in wrong:
+            m = misjudged(prof, f)
+            out[f"{f:g}"] = {"goodput": run(Goodput(arms, m, prior=prior), test, **arrivals),
+                             "learned (warm)": run(warm(m), test, **arrivals),
+                             "learned (warm), attribution misjudged too": run(warm(m), test, model=m, **arrivals)}
+        return out
+
+    rows, tuned, oracle = [], {}, {}
+    for c in levels:
+        arr = {"clients": c, "requests": max(requests, 4 * c)}
+        tuning = {b: run(Fixed(b), tune, **arr)["tokens_per_s"] for b in arms}
+        tuned[c] = max(tuning, key=tuning.get)
+        fixed = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
+        oracle[c] = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
+        cold = Learned(arms, prof, seed=0)
+        run(cold, tune, **arr)  # its warm-up: one run on the tuning half at this level
+        runs = {**fixed, "table": run(Table({c: tuned[c]}), test, **arr),
+                "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
+                "learned (cold)": run(cold, test, **arr), "learned (warm)": run(warm(prof), test, **arr)}
+        rows.append({"clients": c, "requests": arr["requests"], "best_fixed": oracle[c], "tuned_fixed": tuned[c],
+                     "runs": runs, "wrong": wrong_runs(arr)})
+        say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
+    phases = day_phases(prof, levels, requests)
+    arr = {"day": phases, "requests": 100_000}
+    cold = Learned(arms, prof, seed=0)
+    run(cold, tune, **arr)  # warm-up: one day on the tuning half
+    day = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
+    day.update({"table": run(Table(tuned), test, **arr), "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
+                "learned (cold)": run(cold, test, **arr), "learned (warm)": run(warm(prof), test, **arr),
+                "per-level oracle": run(Table(oracle), test, **arr)})
+    say(f"{profile_name}, the day: done")
+    out = {"profile": profile_name, "prior_acceptance": prior, "context": ctx, "levels": rows,
+           "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
+           "tuned_table": {str(k): v for k, v in tuned.items()}, "oracle_table": {str(k): v for k, v in oracle.items()}}
+    return with_ratios(out)
+
+
+def with_ratios(p: dict[str, Any]) -> dict[str, Any]:
+    """Add to one profile's results what the report prints: every run's tok/s over plain and over the
+    best fixed size of its level (or of the day), and issue 28's targets for each adaptive rule."""
+    for part in (*p["levels"], p["day"]):
+        runs = part["runs"]
+        part["best"] = best_fixed(runs)
+        plain, best = runs["plain"]["tokens_per_s"], runs[part["best"]]["tokens_per_s"]
+        for r in [*runs.values(), *(x for w in part.get("wrong", {}).values() for x in w.values())]:
+            r["over_plain"], r["over_best_fixed"] = r["tokens_per_s"] / plain, r["tokens_per_s"] / best
+    p["targets"] = {rule: targets(p, rule) for rule in ("goodput", "learned (cold)", "learned (warm)")}
+    return p
+
+
+def section_load(traces: Any, st: Settings) -> dict[str, Any]:
+    """The comparison on the dense set the trace set names, on the CPU and the GPU profiles."""
+    from ..traces.dense import DenseTraceSet
+
+    where = (getattr(traces, "meta", None) or {}).get("dense")
+    if not where or not (Path(where) / "meta.json").is_file():
+        return {"status": "absent", "reason": f"the trace set names no dense set on disk (meta.json dense: {where!r}); "
+                                              "collect one with `adaptspec collect --dense`"}
+    reqs = [r for _, _, r in DenseTraceSet.open(where).requests()]
+    if len(reqs) < 2:
+        return {"status": "absent", "reason": f"the dense set {where} has fewer than two requests"}
+    say = print if st.progress else (lambda s: None)
+    profiles = [compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say)
+                for name, levels in LEVELS.items()]
+    return {"status": "ok", "dense": str(where), "requests": len(reqs), "arms": list(ARMS),
+            "load_requests": st.load_requests, "profiles": profiles}
+
+
+# ============================================================================ figures from results
+def best_fixed(runs: dict[str, Any]) -> str:
+    """The fixed size (plain included) with the most tok/s."""
+    return max((k for k in runs if k == "plain" or k.startswith("fixed:")), key=lambda k: runs[k]["tokens_per_s"])
+
+
+def targets(p: dict[str, Any], rule: str) -> dict[str, Any]:
+    """Issue 28's simulation targets for ``rule`` on one profile's results: its worst ratio to the best
+    of plain and every fixed size over the levels; on the day its ratio to the best single fixed size,
+    to the table tuned on the other half, and the share of the per-level oracle's gain it captures."""
+    worst = min(r["runs"][rule]["tokens_per_s"] / r["runs"][best_fixed(r["runs"])]["tokens_per_s"] for r in p["levels"])
+    day = p["day"]["runs"]
+    bf = day[best_fixed(day)]["tokens_per_s"]
+    gain = day["per-level oracle"]["tokens_per_s"] - bf
+    got = day[rule]["tokens_per_s"] - bf
+    t = {"worst_level": worst, "day_over_best_fixed": day[rule]["tokens_per_s"] / bf,
+         "day_over_table": day[rule]["tokens_per_s"] / day["table"]["tokens_per_s"],
+         "oracle_gain_captured": got / gain if gain > 0 else None}
+    t["met"] = bool(worst >= 0.98 and got > 0 and t["day_over_table"] >= 0.98 and (gain <= 0 or got >= gain / 2))
+    return t
+
+
+def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
+    """The section's markdown, from its results only."""
+    from .._util.markdown import table
+
+    if not d or d.get("status") != "ok":
+        return f"Not run: {d.get('reason') if d else 'never run'}."
+    arms = d["arms"]
+    out = [f"The dense set `{d['dense']}` ({d['requests']} requests) through the load simulator "
+           "(`adaptspec/simulators/load.py`: continuous batching, closed-loop clients, each round's cost from the "
+           "profile's batched cost model, each round's time attributed to its rows by their marginal cost). "
+           "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
+           "rule's warm-up run), odd-numbered ones are measured; at least "
+           f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
+           "plain decoding at that level. *cold*: LinTS on the load level, after a warm-up run on the other half; "
+           "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
+           "(weighted as 8 observations), measured from its first round.", ""]
+    for p in d["profiles"]:
+        head = ["clients"] + [_label(b) for b in arms] + ["table", "goodput", "cold", "warm", "warm / best"]
+        rows = []
+        for r in p["levels"]:
+            x = r["runs"]
+            rows.append([r["clients"]] + [f"{x[_fixed_name(b)]['over_plain']:.3f}" for b in arms]
+                        + [f"{x[k]['over_plain']:.3f}" for k in RULES] + [f"{x['learned (warm)']['over_best_fixed']:.3f}"])
+        day, bf = p["day"]["runs"], p["day"]["best"]
+        drows = [[k, f"{v['tokens_per_s']:.1f}", f"{v['over_plain']:.3f}", f"{v['over_best_fixed']:.3f}",
+                  f"{v['p50_s']:.2f}", f"{v['p95_s']:.2f}"] for k, v in day.items()]
+        phases = ", ".join(str(c) for _, c in p["day"]["phases"])
+        out += [f"**{p['profile']}** (prior acceptance {p['prior_acceptance']:.3f}, measured on the tuning half):", "",
+                table(head, rows, "r" * len(head)), "",
+                f"The day on `{p['profile']}`: clients {phases}, {p['day']['phases'][0][0]:.1f} s each "
+                f"(best single fixed size: {bf}):", "",
+                table(["rule", "tok/s", "over plain", "over best fixed", "p50 s", "p95 s"], drows, "lrrrrr"), ""]
+        if p["levels"] and p["levels"][0].get("wrong"):
+            out += _render_wrong(p) + [""]
+    out += [bullets_of(load_findings(d))]
+    return "\n".join(out)
+
+
+def _label(b: int) -> str:
+    return "plain" if b == 1 else f"B={b}"
+
+
+def _render_wrong(p: dict[str, Any]) -> list[str]:
+    from .._util.markdown import table
+
+    out = []
+    for f in p["levels"][0]["wrong"]:
+        rows = []
+        for r in [*p["levels"], {**p["day"], "clients": "day"}]:
+            w = r["wrong"][f]
+            rows.append([r["clients"]] + [f"{x['over_best_fixed']:.3f}" for x in (
+                r["runs"]["goodput"], w["goodput"], r["runs"]["learned (warm)"], w["learned (warm)"],
+                w["learned (warm), attribution misjudged too"])])
+        out += [f"A misjudged cost model on `{p['profile']}`: the rules are given a profile whose verify cost per "
+                f"token is {f}x the true one (tok/s over the best fixed size; the last column: the engine's "
+                "attribution of round time uses the misjudged model too):", "",
+                table(["clients", "goodput", f"goodput, x{f}", "warm", f"warm, x{f}", f"warm, x{f}, attribution too"],
+                      rows, "rrrrrr"), ""]
+    return out
+
+
+def load_findings(d: dict[str, Any]) -> list[str]:
+    """What the section's numbers say about issue 28's simulation targets, per profile."""
+    out = []
+    for p in d["profiles"]:
+        for rule in ("learned (warm)", "learned (cold)", "goodput"):
+            t = p["targets"][rule]
+            cap = "n/a (the per-level oracle gains nothing)" if t["oracle_gain_captured"] is None else \
+                f"{100 * t['oracle_gain_captured']:.0f}%"
+            out.append(f"`{p['profile']}`, {rule}: worst level {t['worst_level']:.3f}x the best of plain and every "
+                       f"fixed size (target >= 0.98); the day {t['day_over_best_fixed']:.3f}x the best single fixed "
+                       f"size, {t['day_over_table']:.3f}x the table tuned on the other half (target >= 0.98), "
+                       f"{cap} of the per-level oracle's gain (target >= 50%): "
+                       f"{'all targets met' if t['met'] else 'targets not all met'}.")
+    return out
+
+
+def bullets_of(lines: list[str]) -> str:
+    return "\n".join(f"- {x}" for x in lines) if lines else "- (nothing to report)"

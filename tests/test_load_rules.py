@@ -1,0 +1,100 @@
+"""The learned rule's warm start (adaptspec/load/rules.py) and the simulator's misjudged cost models
+(adaptspec/simulators/load.py): the warm start prefers what the goodput model predicts, computed
+here from the closed forms, and learning from measured rewards corrects a wrong cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptspec.errors import AdaptspecError
+from adaptspec.load.rules import LEVEL_ROWS, LEVELS, Goodput, Learned
+from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
+from adaptspec.simulators.load import draft_acceptance, misjudged, simulate
+from adaptspec.traces.dense import DenseRequest
+
+ARMS = [1, 2, 3, 4, 6, 8]
+#: a pass costs 30 ms up to 16 tokens, then 20 ms a token more; a 2 ms draft pass
+KNEE = LatencyProfile("knee", draft=CostCurve((2,), (0.002,)),
+                      verify=CostCurve((1, 16), (0.030, 0.030), tail_slope_s=0.020))
+#: what an engine that thinks verification is free per token believes of the same machine
+FLAT = LatencyProfile("flat", draft=CostCurve((2,), (0.002,)), verify=CostCurve((1,), (0.030,)))
+
+
+def _request(n_tokens: int, accepted: int, largest: int = 8, prompt: int = 10) -> DenseRequest:
+    n = n_tokens - 1
+    acc = np.array([[min(accepted, b - 1) for b in range(2, largest + 1)]] * n, dtype=np.uint8)
+    ones = np.ones((n, largest - 1), np.float32)
+    return DenseRequest(np.arange(n_tokens), acc, ones, 0 * ones, np.zeros(2, np.float32), prompt, "length")
+
+
+def _goodput_argmax(profile: LatencyProfile, acceptance: float, rows: int, context: float) -> int:
+    """The block size with the most expected tokens per second for ``rows`` rows all at it: the
+    geometric series of independent acceptance over the profile's draft + verify time."""
+    rate = {b: sum(acceptance**k for k in range(b)) / float(profile.round_s(b, context, rows)) for b in ARMS}
+    return max(rate, key=rate.get)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["cpu-smollm2-bf16", "h100-qwen3-8b", "knee"]), st.floats(0.05, 0.95), st.floats(50, 2000))
+def test_the_warm_start_prefers_the_goodput_models_block_size_at_every_level(name, acceptance, context):
+    profile = KNEE if name == "knee" else get_profile(name)
+    rule = Learned(ARMS, profile, prior=acceptance, context=context)
+    for level, rows in enumerate(LEVEL_ROWS):
+        expected = _goodput_argmax(profile, acceptance, rows, context)
+        # every row count of the level shares its preference (the level's largest count: 3 -> 4 rows)
+        for r in {rows, (LEVELS[level - 1] + 1 if level else 1)}:
+            assert rule.preference(r) == expected
+
+
+def test_a_cold_rule_has_no_preference_until_its_warm_up_ends():
+    assert Learned(ARMS, KNEE, seed=0).preference(1) is None
+    with pytest.raises(AdaptspecError, match="prior acceptance"):
+        Learned(ARMS, KNEE, prior=1.0)
+
+
+def test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free():
+    # 16 rows, 5 drafts of 7 right everywhere: on the true (knee) cost one token a row fills the
+    # flat part and plain is best (brute force below); the flat model says B = 8 (6 tokens for
+    # 32 ms instead of 1 for 30). Goodput on the flat model stays at 8; the learned rule starts
+    # there and moves to plain from measured rewards.
+    reqs = [_request(129, 5)]
+    fixed = {b: simulate(_fixed(b), reqs, KNEE, clients=16, requests=32, prefill=False).tokens_per_s for b in ARMS}
+    assert max(fixed, key=fixed.get) == 1
+    prior = draft_acceptance(reqs, 8)
+    assert prior == pytest.approx(5 / 6)
+    rule = Learned(ARMS, FLAT, prior=prior, seed=0)
+    assert rule.preference(16) == 8
+    simulate(rule, reqs, KNEE, clients=16, requests=32, prefill=False)
+    assert rule.preference(16) == 1
+    late = simulate(rule, reqs, KNEE, clients=16, requests=32, prefill=False)
+    assert max(late.block_sizes, key=late.block_sizes.get) == 1
+    goodput = simulate(Goodput(ARMS, FLAT, prior=prior), reqs, KNEE, clients=16, requests=32, prefill=False)
+    assert max(goodput.block_sizes, key=goodput.block_sizes.get) == 8
+    assert late.tokens_per_s > 1.5 * goodput.tokens_per_s and late.tokens_per_s >= 0.9 * fixed[1]
+
+
+def _fixed(b: int):
+    from adaptspec.load.rules import Fixed
+
+    return Fixed(b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.1, 8.0), st.integers(1, 64), st.integers(1, 16), st.floats(0, 3000))
+def test_a_misjudged_profile_scales_only_the_verify_cost_beyond_one_token(factor, batch, block, context):
+    p = get_profile("cpu-smollm2-bf16")
+    wrong = misjudged(p, factor)
+    n = block * batch
+    # the curve's token part scales; its per-sequence context reads (per_context_s) do not
+    v, c = p.verify, float(context)
+    tokens_part = float(p.verify(block, context, batch)) - v.per_context_s * c * batch - v.per_pair_s * n * c
+    base = v.values_s[0]
+    expected = base + factor * (tokens_part - base) + v.per_context_s * c * batch + factor * v.per_pair_s * n * c
+    assert float(wrong.verify(block, context, batch)) == pytest.approx(expected, rel=1e-9)
+    assert float(wrong.draft_s(block, context, batch)) == float(p.draft_s(block, context, batch))
+    assert float(wrong.verify(1, 0, 1)) == pytest.approx(float(p.verify(1, 0, 1)))
+    with pytest.raises(AdaptspecError, match="factor"):
+        misjudged(p, 0.0)
