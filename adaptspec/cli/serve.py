@@ -24,6 +24,7 @@ import sys
 
 from ..errors import AdaptspecError
 from ..speculator import check_block_sizes
+from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
 from ._types import MAX_BLOCK_SIZE, block_sizes, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 
@@ -91,6 +92,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--lease-ttl", type=float_range(0, lo_open=True), default=15.0, metavar="S",
                        help="a replica id is held by one live process: a second one claiming it is refused; a "
                             "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)")
+    bat = p.add_argument_group("batched engine (see docs/serving.md#batched-serving)")
+    bat.add_argument("--batched", action="store_true",
+                     help="decode every request as a row of one continuous-batching engine (one thread owns the "
+                          "model) instead of one decode per request thread; off by default")
+    bat.add_argument("--max-rows", type=int_range(1, 256), default=None, metavar="N",
+                     help="requests decoding at once (default 8; needs --batched)")
+    bat.add_argument("--max-queue", type=int_range(0), default=None, metavar="Q",
+                     help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64; "
+                          "needs --batched)")
+    bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
+                     help="how a round's time is split among its rows for their rewards: marginal (each row's "
+                          "marginal cost on the --latency profile; the default) or tokens (by block size; used "
+                          "when there is no --latency profile); needs --batched")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
@@ -149,6 +163,7 @@ def build(args: argparse.Namespace):
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
+    _check_batched(args)
     specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     from ..serving.router import ABRouter
 
@@ -195,7 +210,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
     vocab = getattr(getattr(speculator, "target", None), "vocab_size", None)
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
-    return CompletionService.build(
+    service = CompletionService.build(
         speculator, specs, args.split, codec=codec, log_dir=args.log_dir, checkpoint_dir=args.checkpoint_dir,
         limits=limits, model_name=model_name, arms=args.arms, featurizer=args.featurizer, reward=args.reward,
         latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
@@ -203,6 +218,28 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
         **({} if shared is None else {"shared": shared.__getitem__}))
+    if getattr(args, "batched", False):
+        from ..serving.batched import serve_batched
+
+        try:
+            serve_batched(service, speculator, max_rows=args.max_rows or 8,
+                          max_queue=64 if args.max_queue is None else args.max_queue,
+                          attribution=args.attribution or "marginal", profile=args.latency)
+        except BaseException:
+            service.close()
+            raise
+    return service
+
+
+def _check_batched(args: argparse.Namespace) -> None:
+    """The batched engine's options: only with --batched, and not with a per-request re-decision."""
+    if not getattr(args, "batched", False):
+        given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
+                                ("--attribution", args.attribution)) if v is not None]
+        if given:
+            raise AdaptspecError(f"{given[0]} needs --batched")
+    elif args.redecide_every is not None:
+        raise AdaptspecError("--redecide-every is not available with --batched (each request decides once, at join)")
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:
@@ -239,7 +276,9 @@ def run(args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)  # before anything is loaded or created
     service = build(args)
     try:
-        app = create_app(service)
+        runner = service.runner
+        app = create_app(service) if runner is None else create_app(
+            service, max_workers=max(64, runner.loop.engine.max_rows + runner.loop.max_queue + 8))
         for name, c in service.controllers.items():
             r = c.resumed or {}
             print(f"adaptspec serve: variant {name}: {c.policy_label} (arms {list(c.arms)}), weight "

@@ -61,7 +61,7 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
     def error(e: RequestError) -> Any:
         if service.metrics is not None:
             service.metrics.rejected_request(e.status)
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:

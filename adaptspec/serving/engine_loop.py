@@ -10,7 +10,13 @@ is bounded: past ``max_queue`` a submission raises :class:`QueueFull`, which a s
 with 429 and ``Retry-After`` instead of piling up threads.
 
 Callbacks run on the loop thread between rounds: keep them short (hand the tokens to another
-thread or an event loop).
+thread or an event loop). A ticket's ``stop_when()`` is asked after its tokens are streamed:
+once true, the request ends at the next round boundary as finished (``"stop"``), not failed.
+
+Who pays for a round: each round's decode time (its prefills excluded) is split among its rows
+by :func:`~adaptspec.reward.attribution.attribute` (``attribution``: ``"marginal"`` with a
+latency ``profile``, else ``"tokens"``) and summed per request in :attr:`Ticket.attributed_s`,
+the time a request's reward is measured on.
 
 >>> from adaptspec.batching import BatchEngine
 >>> from adaptspec.serving.tiny import tiny_speculator
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
+from ..reward.attribution import ATTRIBUTIONS, attribute
 from ..speculator import Outcome
 
 log = logging.getLogger("adaptspec.serving")
@@ -50,9 +57,11 @@ class Ticket:
     """A submitted request as its handler sees it: wait for the outcome, or cancel."""
 
     on_tokens: Callable[[list[int]], None] | None = None
+    stop_when: Callable[[], bool] | None = None  # asked after streaming: true ends the request as "stop"
     handle: Any = None  # the engine's RequestHandle, once the loop has taken the request
     error: AdaptspecError | None = None
     sent: int = 0  # tokens already given to on_tokens
+    attributed_s: float = 0.0  # this request's shares of its rounds' decode time
     done: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
 
@@ -79,9 +88,13 @@ class Ticket:
 class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
-    def __init__(self, engine: Any, max_queue: int = 64) -> None:
+    def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
+        if attribution not in ATTRIBUTIONS:
+            raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
+        self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
+        self.profile = profile
         self.engine = engine
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -99,7 +112,8 @@ class EngineLoop:
     # ------------------------------------------------------------------ any thread
     def submit(self, prompt_ids: Sequence[int], block_size: int = 1, max_new_tokens: int = 128,
                temperature: float = 0.0, seed: int | None = None,
-               on_tokens: Callable[[list[int]], None] | None = None) -> Ticket:
+               on_tokens: Callable[[list[int]], None] | None = None,
+               stop_when: Callable[[], bool] | None = None) -> Ticket:
         """Queue a request (checked by the engine when the loop takes it; a bad one fails alone)."""
         with self._lock:
             if self._closed:
@@ -108,10 +122,17 @@ class EngineLoop:
             if queued >= self.max_queue + self.free_rows:
                 raise QueueFull(queued, self.retry_after_s)
             self._inbox_n += 1
-        ticket = Ticket(on_tokens)
+        ticket = Ticket(on_tokens, stop_when)
         self._inbox.put((ticket, (list(prompt_ids), block_size, max_new_tokens, temperature, seed)))
         self._wake.set()
         return ticket
+
+    def check_room(self) -> None:
+        """Raise :class:`QueueFull` if a submission now would be refused."""
+        with self._lock:
+            queued = self._inbox_n + len(self.engine.waiting)
+            if queued >= self.max_queue + self.free_rows:
+                raise QueueFull(queued, self.retry_after_s)
 
     @property
     def free_rows(self) -> int:
@@ -128,7 +149,8 @@ class EngineLoop:
         r = self.last_round
         return {"rows_in_flight": len(self.engine.rows), "queue_length": self._inbox_n + len(self.engine.waiting),
                 "rounds": self.rounds, "tokens_per_round": sum(r.taus) if r is not None else 0,
-                "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0}
+                "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
+                "rows_last_round": r.rows if r is not None else 0}
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish what was submitted, then stop the thread."""
@@ -175,6 +197,7 @@ class EngineLoop:
                     self._fail_all(AdaptspecError(f"internal error in a batched round: {type(e).__name__}: {e}"))
                     break
                 if record is not None:
+                    self._attribute(record)
                     self.rounds += 1
                     self.last_round = record
                     a = 0.1
@@ -187,6 +210,17 @@ class EngineLoop:
                 if self._closed and self._inbox.empty():
                     return
 
+    def _attribute(self, record: Any) -> None:
+        """Add each row's share of the round's decode time (prefills excluded) to its ticket."""
+        by_id = {t.handle.id: t for t in self._tickets}
+        rows = [by_id.get(i) for i in record.requests]
+        contexts = [0 if t is None else len(t.handle.prompt) + len(t.handle.tokens) for t in rows]
+        decode_s = max(0.0, record.round_s - record.join_s)
+        shares = attribute(self.attribution, decode_s, record.block_sizes, contexts, self.profile)
+        for t, share in zip(rows, shares):
+            if t is not None:
+                t.attributed_s += float(share)
+
     def _stream(self) -> None:
         still = []
         for t in self._tickets:
@@ -198,6 +232,13 @@ class EngineLoop:
                     t.on_tokens(new)
                 except Exception:  # a broken stream ends that request only
                     log.exception("a stream callback failed; cancelling its request")
+                    h.cancel()
+            if t.stop_when is not None and not h.done and not h.cancelled:
+                try:
+                    if t.stop_when():
+                        h.finish("stop")
+                except Exception:
+                    log.exception("a stop condition failed; cancelling its request")
                     h.cancel()
             if h.done:
                 t.done.set()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from ..speculator import Outcome
 
-__all__ = ["HaltableSpeculator", "halt_when"]
+__all__ = ["HaltableSpeculator", "current_halt_condition", "halt_when"]
 
 _condition: ContextVar[Callable[[], bool] | None] = ContextVar("adaptspec_halt_condition", default=None)
 
@@ -41,6 +41,12 @@ def halt_when(condition: Callable[[], bool]) -> Iterator[None]:
         yield
     finally:
         _condition.reset(token)
+
+
+def current_halt_condition() -> Callable[[], bool] | None:
+    """The condition :func:`halt_when` set on this thread (None outside it), for a decoder that
+    runs elsewhere (the batched engine's loop asks it between rounds)."""
+    return _condition.get()
 
 
 class _Halt(Exception):

@@ -9,12 +9,17 @@ checkpoints, and the failures of background work: checkpoints that could not be 
 (``adaptspec_log_errors``). Anything but 0 there needs an operator; ``/health`` then says
 ``"degraded"`` and gives the newest error.
 
+With the batched engine (``serve --batched``), read from the engine loop at scrape time: rows
+in flight (``adaptspec_rows_in_flight``), requests waiting (``adaptspec_queue_length``), rounds
+run, and the last round's committed tokens (``adaptspec_tokens_per_round``) and time
+(``adaptspec_batch_seconds``, with its moving average).
+
 Each server has its own registry, so several apps can live in one process (tests).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["ServingMetrics"]
 
@@ -63,6 +68,10 @@ class ServingMetrics:
         if ttft_s is not None:
             self.ttft.labels(variant).observe(ttft_s)
         self.block.labels(variant, str(generation.decision.block_size)).inc()
+
+    def attach_engine(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the engine loop's ``stats()`` (see the module docstring)."""
+        self.registry.register(_EngineCollector(stats))
 
     def failed(self, variant: str) -> None:
         self.requests.labels(variant, "error").inc()
@@ -124,3 +133,23 @@ class _ControllerCollector:
         from ..fleet.metrics import shared_families
 
         yield from shared_families(self.controllers)
+
+
+class _EngineCollector:
+    """The batched engine's state, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats()
+        yield GaugeMetricFamily("adaptspec_rows_in_flight", "Requests decoding in the batch now", value=s["rows_in_flight"])
+        yield GaugeMetricFamily("adaptspec_queue_length", "Requests waiting for a row", value=s["queue_length"])
+        yield CounterMetricFamily("adaptspec_batch_rounds", "Batched rounds run", value=s["rounds"])
+        yield GaugeMetricFamily("adaptspec_tokens_per_round", "Tokens committed by all rows in the last round",
+                                value=s["tokens_per_round"])
+        yield GaugeMetricFamily("adaptspec_batch_seconds", "Time of the last batched round", value=s["batch_time_s"])
+        yield GaugeMetricFamily("adaptspec_batch_seconds_ewma", "Moving average of the batched round time",
+                                value=s["round_s_ewma"])

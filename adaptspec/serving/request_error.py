@@ -19,10 +19,12 @@ __all__ = ["RequestError", "short"]
 class RequestError(AdaptspecError):
     """A request the server refuses: ``status`` (4xx) and a message naming what is wrong."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
+        self.headers = headers  # extra response headers (a 429's Retry-After)
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"

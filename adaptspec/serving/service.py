@@ -102,6 +102,7 @@ class CompletionService:
         self._closed = False
         self._close_lock = threading.Lock()
         self._parts_cache: dict[str, list[dict[str, Any]]] = {}
+        self.runner: Any = None  # a BatchedRunner (serve --batched): requests decode as rows of one engine
 
     @classmethod
     def build(cls, speculator: Any, variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
@@ -206,6 +207,8 @@ class CompletionService:
         else:
             variant = self.router.assign(user)
         include_usage = opts.stream_options is not None and opts.stream_options.include_usage
+        if self.runner is not None:
+            self.runner.check_room()  # a 429 before a stream's headers go out
         return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage)
 
     def model_ids(self) -> list[str]:
@@ -261,6 +264,8 @@ class CompletionService:
         """
         from ..control.controller import DecisionLogError, PrefillError
 
+        if self.runner is not None:
+            return self.runner.run(self, req, on_tokens)
         ctrl = self.controllers[req.variant]
         try:
             gen = ctrl.generate(req.prompt_ids, max_new_tokens=req.max_tokens, temperature=req.temperature,
@@ -409,6 +414,8 @@ class CompletionService:
             if self._closed:
                 return
             self._closed = True
+        if self.runner is not None:
+            self.runner.loop.close()  # requests in the engine finish first
         for c in self.controllers.values():
             c.close()
 

@@ -1,0 +1,130 @@
+"""Serving on the batched engine (``adaptspec serve --batched``): every request is a row of one engine.
+
+:class:`BatchedRunner` takes the place of the controller's own decode loop. One
+:class:`~adaptspec.serving.engine_loop.EngineLoop` owns the model; a request handler submits
+its request and waits while the loop decodes it with the others. The decision is the
+variant's controller's, through its split API:
+
+- **decide at join**: the engine prefills the request when a row is free and calls the
+  request's chooser with the prefill's features; the chooser asks the variant's controller
+  (``controller.decide(features)``) and returns the decision's block size;
+- **feedback at the end**: the request's :class:`~adaptspec.speculator.Outcome` goes back to
+  ``controller.feedback`` with ``decode_s`` = the request's *attributed* time, the sum of its
+  shares of its rounds (:mod:`adaptspec.reward.attribution`), so its reward counts the cost its
+  block size put on the rows it shared rounds with, not the wall time of a batch it did not
+  own. The decision log then holds that outcome and reward as for any other request.
+
+A stop sequence (the condition :func:`~adaptspec.serving.halting.halt_when` set on the request's
+thread) ends the row at the next round boundary as ``"stop"``. A full queue is refused at once:
+:class:`RequestError` 429 with a ``Retry-After`` header.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from ..errors import AdaptspecError
+from ..speculator import Outcome
+from .engine_loop import EngineLoop, QueueFull
+from .halting import current_halt_condition
+from .request_error import RequestError
+
+__all__ = ["BatchedRunner", "too_busy"]
+
+
+def too_busy(e: QueueFull) -> RequestError:
+    """The 429 a full queue answers with: one line and ``Retry-After`` in whole seconds."""
+    return RequestError(str(e), 429, headers={"Retry-After": str(max(1, math.ceil(e.retry_after_s)))})
+
+
+class BatchedRunner:
+    """Runs checked requests as rows of ``loop``'s engine, deciding through each variant's controller."""
+
+    def __init__(self, loop: EngineLoop) -> None:
+        self.loop = loop
+
+    def check_room(self) -> None:
+        """Raise the 429 now if a request would not be queued (checked before a stream's headers go out)."""
+        try:
+            self.loop.check_room()
+        except QueueFull as e:
+            raise too_busy(e) from None
+
+    def run(self, service: Any, req: Any, on_tokens: Callable[[list[int]], None] | None = None) -> Any:
+        """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
+        whose decision and outcome are in the decision log."""
+        from ..control.controller import DecisionLogError
+        from ..control.generation import Generation
+
+        ctrl = service.controllers[req.variant]
+        decided: dict[str, Any] = {}
+
+        def choose(features: Any) -> int:  # on the loop thread, at join
+            t0 = time.perf_counter()
+            d = ctrl.decide(features, request_id=req.request_id)
+            decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
+            return int(d.block_size)
+
+        try:
+            ticket = self.loop.submit(req.prompt_ids, block_size=choose, max_new_tokens=req.max_tokens,
+                                      temperature=req.temperature, seed=req.seed, on_tokens=on_tokens,
+                                      stop_when=current_halt_condition())
+        except QueueFull as e:
+            raise too_busy(e) from None
+        try:
+            done = ticket.wait()
+        except AdaptspecError as e:
+            if service.metrics is not None:
+                service.metrics.failed(req.variant)
+            if "decision" not in decided:  # the prefill refused the prompt
+                raise RequestError(str(e), param="prompt") from None
+            raise  # after the decision: it stays pending and is logged without a reward when it expires
+        decision = decided.get("decision")
+        if decision is None:  # cannot happen: every joined request is decided before its first token
+            raise AdaptspecError(f"request {req.request_id} finished without a decision")
+        outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.attributed_s,
+                          finish_reason=done.finish_reason)
+        t0 = time.perf_counter()
+        try:
+            status = ctrl.feedback(decision.decision_id, outcome)
+        except DecisionLogError as e:
+            if service.metrics is not None:
+                service.metrics.failed(req.variant)
+            raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
+        reward = _reward(ctrl, outcome) if status == "applied" else None
+        overhead = decided["decide_s"] + time.perf_counter() - t0
+        queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join
+        return Generation(outcome, decision, [decision], [reward], prefill_s=queued_prefill, overhead_s=overhead)
+
+
+def _reward(ctrl: Any, outcome: Outcome) -> float | None:
+    """The measured reward the controller logged for ``outcome`` (its reward function, recomputed)."""
+    try:
+        r = float(ctrl.setup.reward_fn(outcome))
+    except Exception:  # noqa: BLE001 - undefined (no round ran): the log says so too
+        return None
+    return r if math.isfinite(r) else None
+
+
+def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: int = 64,
+                  attribution: str = "marginal", profile: Any = None) -> BatchedRunner:
+    """Put ``service``'s requests on one batched engine over ``speculator``'s target and drafter.
+
+    ``profile`` (a latency profile, or its name) is the cost model of the ``"marginal"``
+    attribution; without one, rounds are split by tokens.
+    """
+    from ..batching import BatchEngine
+    from ..reward.latency import get_profile
+
+    target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)
+    if target is None:
+        raise AdaptspecError(f"--batched needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
+    engine = BatchEngine(target, drafter, max_rows=max_rows)
+    loop = EngineLoop(engine, max_queue=max_queue, attribution=attribution,
+                      profile=None if profile is None else get_profile(profile))
+    service.runner = BatchedRunner(loop)
+    if service.metrics is not None:
+        service.metrics.attach_engine(loop.stats)
+    return service.runner

@@ -1,0 +1,186 @@
+"""``serve --batched``: every request a row of one engine, decided by its variant's controller.
+
+In process (FastAPI TestClient) over the tiny model in exact mode, so every output can be
+checked against the model's own greedy decoding of that prompt alone (plain transformers,
+computed here); then one real server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from adaptspec.cli import main
+from adaptspec.serving import CompletionService, ServerLimits
+from adaptspec.serving.app import create_app
+from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.codec import CharCodec
+from adaptspec.serving.tiny import tiny_model, tiny_speculator
+from adaptspec.traces.log_writer import log_rows
+
+CODEC = CharCodec()
+PROMPTS = ["Hello there", "def f(x):", "1 + 1 =", "Once upon a time", "The quick brown fox", "Q: why?"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's cores are shared
+    yield
+    torch.set_num_threads(n)
+
+
+_MODEL = {}
+
+
+def alone(prompt: str, n: int) -> list[int]:
+    """The reference: the tiny target's own greedy ``generate`` of the prompt alone (stops after EOS)."""
+    model = _MODEL.setdefault(0, tiny_model(0))
+    ids = CODEC.encode(prompt)
+    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+
+
+def batched_service(log_dir, max_rows=3, max_queue=8, variants=None):
+    spec, codec = tiny_speculator(0, verification="exact")
+    svc = CompletionService.build(spec, variants or {"A": "linucb", "B": "fixed:4"}, codec=codec, log_dir=log_dir,
+                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+                                  arms=[1, 2, 4, 8])
+    serve_batched(svc, spec, max_rows=max_rows, max_queue=max_queue)
+    return svc
+
+
+def sse_json(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged_with_rewards(tmp_path):
+    from fastapi.testclient import TestClient
+
+    svc = batched_service(tmp_path / "log")
+    bodies = [{"prompt": p, "max_tokens": 10 + 3 * i, "user": f"u{i}", "stream": i % 2 == 1} for i, p in enumerate(PROMPTS)]
+    with TestClient(create_app(svc)) as client:
+        def one(body):
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            if not body["stream"]:
+                return r.json()["choices"][0]["token_ids"], r.json()["adaptspec"]
+            chunks = sse_json(r.text)
+            return [t for c in chunks for t in c["choices"][0]["token_ids"]], chunks[-1]["adaptspec"]
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(one, bodies))
+        loop = svc.runner.loop
+        assert max(r.rows for r in loop.engine.history) > 1  # they really shared rounds
+        metrics = client.get("/metrics").text
+    for body, (ids, info) in zip(bodies, got):
+        assert ids == alone(body["prompt"], body["max_tokens"])
+        assert info["block_size"] in (1, 2, 4, 8)
+        assert (info["reward"] is None) == (info["rounds"] == 0)  # ended at its first token: no reward (one prompt does)
+    assert sum(info["reward"] is not None for _, info in got) >= 4
+    for name in ("adaptspec_rows_in_flight", "adaptspec_queue_length", "adaptspec_tokens_per_round",
+                 "adaptspec_batch_seconds", "adaptspec_batch_rounds_total"):
+        assert name in metrics
+    rounds = float(next(x for x in metrics.splitlines() if x.startswith("adaptspec_batch_rounds_total")).split()[1])
+    assert rounds == len(loop.engine.history)
+    # every decision is in the log with the reward and the attributed decode time the client was told
+    rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
+    for _, info in got:
+        row = rows[info["decision_id"]]
+        assert row["reward"] == (None if info["reward"] is None else pytest.approx(info["reward"])) and row["decode_ms"] == pytest.approx(1000 * info["decode_s"], abs=1e-3)
+    # attribution conserves time: the requests' decode times add up to the rounds' decode time (prefills excluded)
+    total = sum(r.round_s - r.join_s for r in loop.engine.history)
+    assert sum(r["decode_ms"] for r in rows.values()) == pytest.approx(1000 * total, rel=1e-6)
+
+
+def test_a_stop_sequence_ends_the_row_early_as_stop_and_leaves_its_neighbours_alone(tmp_path):
+    from fastapi.testclient import TestClient
+
+    full = alone("Dear Sir,", 80)
+    text = CODEC.decode(full)
+    assert len(full) == 80 and len(text) > 30  # no EOS: without the stop it would run 80 tokens
+    stop = text[21:23]
+    cut = text[: text.find(stop)]  # the output ends before the first occurrence of the stop string
+    k = next(k for k in range(1, 81) if stop in CODEC.decode(full[:k]))  # tokens until the stop is complete
+    svc = batched_service(tmp_path / "log", variants={"B": "fixed:4"})
+    with TestClient(create_app(svc)) as client:
+        with ThreadPoolExecutor(3) as pool:
+            plain = pool.submit(client.post, "/v1/completions", json={"prompt": "Hello there", "max_tokens": 40})
+            streamed = pool.submit(client.post, "/v1/completions",
+                                   json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": stop, "stream": True})
+            whole = pool.submit(client.post, "/v1/completions",
+                                json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": [stop]})
+            plain, streamed, whole = plain.result(), streamed.result(), whole.result()
+    body = whole.json()
+    assert body["choices"][0]["text"] == cut and body["choices"][0]["finish_reason"] == "stop"
+    # the row ended at the round boundary after the stop: at most a block (4) past the stop's last token
+    committed = {r["decision_id"]: r["new_tokens"] for r in log_rows(tmp_path / "log")}
+    assert k <= committed[body["adaptspec"]["decision_id"]] <= k + 3 < 80
+    chunks = sse_json(streamed.text)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == cut and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert plain.json()["choices"][0]["token_ids"] == alone("Hello there", 40)
+
+
+def test_a_full_queue_answers_429_with_retry_after_for_plain_and_streamed_requests(tmp_path):
+    from fastapi.testclient import TestClient
+
+    svc = batched_service(tmp_path / "log", max_rows=1, max_queue=0)
+    loop = svc.runner.loop
+    with TestClient(create_app(svc)) as client:
+        first = {}
+        th = threading.Thread(target=lambda: first.setdefault(
+            "r", client.post("/v1/completions", json={"prompt": "long", "max_tokens": 300})))
+        th.start()
+        deadline = time.time() + 60
+        while loop.stats()["rows_in_flight"] + loop.stats()["queue_length"] == 0 and time.time() < deadline:
+            time.sleep(0.005)
+        for stream in (False, True):
+            r = client.post("/v1/completions", json={"prompt": "next", "max_tokens": 4, "stream": stream})
+            assert r.status_code == 429, r.text
+            assert int(r.headers["retry-after"]) >= 1
+            msg = r.json()["error"]["message"]
+            assert "at capacity" in msg and "\n" not in msg
+        th.join()
+        assert first["r"].status_code == 200
+        assert client.post("/v1/completions", json={"prompt": "next", "max_tokens": 4}).status_code == 200
+        assert 'adaptspec_rejected_requests_total{code="429"} 2.0' in client.get("/metrics").text
+
+
+def test_batched_options_need_batched(capsys):
+    assert main(["serve", "--tiny", "--port", "0", "--max-rows", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-rows needs --batched" in err and err.count("\n") == 1
+
+
+@pytest.mark.integration
+def test_a_real_batched_server_serves_concurrent_clients_exactly(tmp_path):
+    from test_serving import Server
+
+    s = Server(tmp_path, "--batched", "--verification", "exact", "--max-rows", "4", "--max-queue", "16").start()
+    try:
+        bodies = [{"prompt": p, "max_tokens": 16, "user": f"u{i}", "stream": i % 2 == 0} for i, p in enumerate(PROMPTS)]
+
+        def one(body):
+            with httpx.Client(timeout=120) as c:
+                r = c.post(s.url + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                if body["stream"]:
+                    return [t for ch in sse_json(r.text) for t in ch["choices"][0]["token_ids"]]
+                return r.json()["choices"][0]["token_ids"]
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(one, bodies))
+        for body, ids in zip(bodies, got):
+            assert ids == alone(body["prompt"], 16)
+        metrics = httpx.get(s.url + "/metrics", timeout=30).text
+        assert "adaptspec_rows_in_flight 0.0" in metrics and "adaptspec_batch_seconds" in metrics
+    finally:
+        assert s.stop() in (0, -signal.SIGTERM)
+    logged = log_rows(s.log)
+    assert len(logged) == len(PROMPTS) and sum(r["reward"] is not None for r in logged) >= len(PROMPTS) - 1
