@@ -140,6 +140,45 @@ def test_fast_engine_with_one_drafter_pass_matches_row_by_row_drafting():
     assert outs[0] == outs[1]
 
 
+_FAST = {}
+
+
+def _fast_setup():
+    if not _FAST:
+        model = tiny_target("llama", vocab=96, eos=5)
+        base = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8)
+        _FAST.update(model=model, target=TargetModel(model, verification="fast"), base=base)
+    return _FAST["model"], _FAST["target"], _FAST["base"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 95), min_size=1, max_size=30),
+                                   st.integers(1, 8), st.integers(1, 16)), min_size=1, max_size=6),
+       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 4, 9]))
+def test_fast_mode_argmax_under_random_compositions(requests, max_rows, budget):
+    """Arrivals, prompts, blocks, lengths, row limits and budgets drawn at random: every committed
+    token is the target's argmax after its prefix (recomputed in one causal pass, batch 1)."""
+    model, target, base = _fast_setup()
+    drafter = KnowingDrafter(base, error_rate=0.3)
+    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=budget, batched_draft=False)
+    handles = {}
+    for rnd in range(300):
+        for i, (at, p, b, n) in enumerate(requests):
+            if at == rnd:
+                ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n)[0, len(p):].tolist()
+                drafter.learn(target.prefill(p).context_hidden, p + ref)
+                handles[i] = (p, engine.submit(p, block_size=b, max_new_tokens=n))
+        engine.step()
+        if len(handles) == len(requests) and not engine.busy:
+            break
+    with torch.no_grad():
+        for p, h in handles.values():
+            seq = p + h.result().tokens
+            logits = model(torch.tensor([seq])).logits[0].float()
+            for pos in range(len(p), len(seq)):
+                assert float(logits[pos - 1, seq[pos]]) >= float(logits[pos - 1].max()) - 1e-4
+
+
 # ---------------------------------------------------------------------- sampling
 @pytest.mark.slow
 def test_sampling_is_exact_in_distribution():
