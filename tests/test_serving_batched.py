@@ -152,10 +152,17 @@ def test_a_full_queue_answers_429_with_retry_after_for_plain_and_streamed_reques
         assert 'adaptspec_rejected_requests_total{code="429"} 2.0' in client.get("/metrics").text
 
 
-def test_batched_options_need_batched(capsys):
-    assert main(["serve", "--tiny", "--port", "0", "--max-rows", "4"]) == 2
+@pytest.mark.parametrize("argv,needle", [
+    (["--max-rows", "4"], "--max-rows needs --batched"),
+    (["--load-rule", "goodput"], "--load-rule needs --batched"),
+    (["--batched", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of fixed:B, goodput, learned"),
+    (["--batched", "--load-rule", "fixed:0"], "--load-rule 'fixed:0': the block size must be >= 1"),
+    (["--batched", "--redecide-every", "4"], "--redecide-every is not available with --batched"),
+])
+def test_batched_options_are_checked_in_one_line_before_a_model_loads(capsys, argv, needle):
+    assert main(["serve", "--tiny", "--port", "0", *argv]) == 2
     err = capsys.readouterr().err
-    assert "--max-rows needs --batched" in err and err.count("\n") == 1
+    assert needle in err and err.count("\n") == 1
 
 
 @pytest.mark.integration
@@ -184,3 +191,53 @@ def test_a_real_batched_server_serves_concurrent_clients_exactly(tmp_path):
         assert s.stop() in (0, -signal.SIGTERM)
     logged = log_rows(s.log)
     assert len(logged) == len(PROMPTS) and sum(r["reward"] is not None for r in logged) >= len(PROMPTS) - 1
+
+
+class Recording:
+    """A load rule's choices, as it made them, for the test to compare with what was verified."""
+
+    def __init__(self, rule):
+        self.rule, self.name, self.chosen = rule, rule.name, []
+
+    def choose(self, rows, load):
+        out = self.rule.choose(rows, load)
+        self.chosen.append((load.rows, list(out)))
+        return out
+
+    def feedback(self, *args):
+        self.rule.feedback(*args)
+
+
+@pytest.mark.parametrize("spec", ["fixed:3", "goodput", "learned"])
+def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(tmp_path, spec):
+    from fastapi.testclient import TestClient
+
+    from adaptspec.serving.load_rule import make_load_rule
+
+    rule = Recording(make_load_rule(spec, [1, 2, 3, 4, 6, 8], "cpu-smollm2-bf16", prior=0.4))
+    tiny, codec = tiny_speculator(0, verification="exact")
+    svc = CompletionService.build(tiny, {"A": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
+                                  limits=ServerLimits(max_context=512, vocab_size=128), arms=[1, 2, 4, 8])
+    serve_batched(svc, tiny, max_rows=4, max_queue=8, rule=rule)
+    n = 24
+    with TestClient(create_app(svc)) as client:
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": n}).json(),
+                                PROMPTS))
+        loop = svc.runner.loop
+        history = list(loop.engine.history)
+        stats = loop.stats()
+    for p, r in zip(PROMPTS, got):
+        assert r["choices"][0]["token_ids"] == alone(p, n)  # exact, whatever the rule verified
+    assert len(rule.chosen) == len(history) and max(rec.rows for rec in history) > 1
+    committed: dict[int, int] = {}
+    for (rows, chosen), rec in zip(rule.chosen, history):
+        assert rows == rec.rows == len(chosen)
+        for rid, c, b, tau in zip(rec.requests, chosen, rec.block_sizes, rec.taus):
+            m = committed.get(rid, 1)  # the prefill's token
+            assert b == min(c, 4, n - m)  # the rule's choice, capped by the request's own (fixed:4) and its room
+            committed[rid] = m + tau
+    if spec == "fixed:3":
+        assert {c for _, cs in rule.chosen for c in cs} == {3}
+    assert loop.rule.row_rounds == sum(rec.rows for rec in history)  # every row's round went back to the rule
+    assert 0 < stats["rule_s"] < stats["decode_s"]

@@ -102,6 +102,9 @@ class BatchEngine:
         self.history: deque[RoundRecord] = deque(maxlen=history)
         self.batched_draft = target.verification == "fast" if batched_draft is None else bool(batched_draft)
         self._next_id = 0
+        #: a per-round rule (None: each row verifies its request's block size): called every round,
+        #: after joins, with the active rows; returns each row's block size, capped by its request's
+        self.round_block_sizes: Callable[[list[Row]], Sequence[int]] | None = None
 
     # ------------------------------------------------------------------ requests
     def submit(
@@ -157,7 +160,9 @@ class BatchEngine:
             return None
         clock.mark()
         cap = max(1, self.token_budget // len(self.rows))
-        widths = [min(row.handle.block_size, row.room, cap) for row in self.rows]
+        asked = [row.handle.block_size for row in self.rows] if self.round_block_sizes is None else [
+            max(1, min(int(b), row.handle.block_size)) for b, row in zip(self.round_block_sizes(self.rows), self.rows)]
+        widths = [min(b, row.room, cap) for b, row in zip(asked, self.rows)]
         blocks, drafts, q = self._draft(widths)
         clock.mark()
         logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)

@@ -105,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="how a round's time is split among its rows for their rewards: marginal (each row's "
                           "marginal cost on the --latency profile; the default) or tokens (by block size; used "
                           "when there is no --latency profile); needs --batched")
+    bat.add_argument("--load-rule", default=None, metavar="RULE",
+                     help="a per-round block-size rule under load: fixed:B, goodput or learned (each round every "
+                          "row verifies min(the rule's choice, its request's own); default: none, each request "
+                          "keeps its controller's block size); needs --batched")
+    bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
+                     help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
@@ -224,7 +230,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         try:
             serve_batched(service, speculator, max_rows=args.max_rows or 8,
                           max_queue=64 if args.max_queue is None else args.max_queue,
-                          attribution=args.attribution or "marginal", profile=args.latency)
+                          attribution=args.attribution or "marginal", profile=args.latency,
+                          rule=None if args.load_rule is None else _load_rule(args))
         except BaseException:
             service.close()
             raise
@@ -235,11 +242,20 @@ def _check_batched(args: argparse.Namespace) -> None:
     """The batched engine's options: only with --batched, and not with a per-request re-decision."""
     if not getattr(args, "batched", False):
         given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
-                                ("--attribution", args.attribution)) if v is not None]
+                                ("--attribution", args.attribution), ("--load-rule", args.load_rule)) if v is not None]
         if given:
             raise AdaptspecError(f"{given[0]} needs --batched")
     elif args.redecide_every is not None:
         raise AdaptspecError("--redecide-every is not available with --batched (each request decides once, at join)")
+    elif args.load_rule is not None:
+        _load_rule(args)  # a bad rule is one line before any model is loaded
+
+
+def _load_rule(args: argparse.Namespace) -> object:
+    from ..serving.load_rule import make_load_rule
+
+    arms = args.arms or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
+    return make_load_rule(args.load_rule, arms, args.latency or "cpu-smollm2-bf16", prior=args.load_prior, seed=args.seed)
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:

@@ -109,12 +109,16 @@ def _reward(ctrl: Any, outcome: Outcome) -> float | None:
 
 
 def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: int = 64,
-                  attribution: str = "marginal", profile: Any = None) -> BatchedRunner:
+                  attribution: str = "marginal", profile: Any = None, rule: Any = None) -> BatchedRunner:
     """Put ``service``'s requests on one batched engine over ``speculator``'s target and drafter.
 
     ``profile`` (a latency profile, or its name) is the cost model of the ``"marginal"``
-    attribution; without one, rounds are split by tokens.
+    attribution; without one, rounds are split by tokens. ``rule``: a per-round load rule of
+    :mod:`adaptspec.load.rules` (see :mod:`adaptspec.serving.load_rule`); without one each row
+    verifies its controller's block size.
     """
+    from .load_rule import RoundRule
+
     from ..batching import BatchEngine
     from ..reward.latency import get_profile
 
@@ -122,8 +126,9 @@ def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: i
     if target is None:
         raise AdaptspecError(f"--batched needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
     engine = BatchEngine(target, drafter, max_rows=max_rows)
+    adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
     loop = EngineLoop(engine, max_queue=max_queue, attribution=attribution,
-                      profile=None if profile is None else get_profile(profile))
+                      profile=None if profile is None else get_profile(profile), rule=adapter)
     service.runner = BatchedRunner(loop)
     if service.metrics is not None:
         service.metrics.attach_engine(loop.stats)

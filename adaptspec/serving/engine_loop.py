@@ -88,13 +88,17 @@ class Ticket:
 class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
-    def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None) -> None:
+    def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None,
+                 rule: Any = None) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
         if attribution not in ATTRIBUTIONS:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
         self.profile = profile
+        self.rule = rule  # a serving.load_rule.RoundRule: every row's block size, every round
+        if rule is not None:
+            engine.round_block_sizes = rule.choose
         self.engine = engine
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -104,6 +108,7 @@ class EngineLoop:
         self._tickets: list[Ticket] = []
         self._closed = False
         self.rounds = 0
+        self.decode_s = 0.0  # rounds' decode time (prefills excluded), all rounds
         self.last_round: Any = None
         self.round_s_ewma: float | None = None
         self._thread = threading.Thread(target=self._run, name="adaptspec-engine", daemon=True)
@@ -147,10 +152,16 @@ class EngineLoop:
     def stats(self) -> dict[str, Any]:
         """Rows in flight, requests waiting, the last round's tokens and time (for /metrics)."""
         r = self.last_round
-        return {"rows_in_flight": len(self.engine.rows), "queue_length": self._inbox_n + len(self.engine.waiting),
+        return {"rows_in_flight": len(self.engine.rows), "queue_length": self.queue_length,
                 "rounds": self.rounds, "tokens_per_round": sum(r.taus) if r is not None else 0,
                 "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
-                "rows_last_round": r.rows if r is not None else 0}
+                "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
+                "rule_s": 0.0 if self.rule is None else self.rule.busy_s}
+
+    @property
+    def queue_length(self) -> int:
+        """Requests submitted and not yet decoding."""
+        return self._inbox_n + len(self.engine.waiting)
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish what was submitted, then stop the thread."""
@@ -216,10 +227,13 @@ class EngineLoop:
         rows = [by_id.get(i) for i in record.requests]
         contexts = [0 if t is None else len(t.handle.prompt) + len(t.handle.tokens) for t in rows]
         decode_s = max(0.0, record.round_s - record.join_s)
+        self.decode_s += decode_s
         shares = attribute(self.attribution, decode_s, record.block_sizes, contexts, self.profile)
         for t, share in zip(rows, shares):
             if t is not None:
                 t.attributed_s += float(share)
+        if self.rule is not None and None not in rows:
+            self.rule.feedback(record, shares, [t.handle for t in rows])
 
     def _stream(self) -> None:
         still = []

@@ -1,0 +1,120 @@
+"""A per-round load rule in the batched engine (``serve --batched --load-rule ...``).
+
+Without a rule each row verifies its request's block size (its controller's decision at
+join). With one (:mod:`adaptspec.load.rules`: ``fixed:B``, ``goodput``, ``learned``), every
+round the engine asks the rule for every row's block size, given the load (rows in the pass,
+requests waiting), and verifies ``min(rule's choice, the request's own)``; after the round
+the rule gets each row's tokens and attributed time back. The rule sees a row through a
+:class:`RowView`, the fields the rules read: ``accepted`` (drafts accepted so far),
+``rejected`` (rounds that ended on a rejected draft), ``context`` (prompt + committed tokens)
+and ``m`` (committed tokens).
+
+>>> v = RowView(prompt_tokens=5)
+>>> v.after_round(block_size=4, tau=2, committed=3); (v.accepted, v.rejected, v.m, v.context)
+(1, 1, 3, 8)
+>>> v.after_round(block_size=2, tau=2, committed=5); (v.accepted, v.rejected)
+(2, 1)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from ..errors import AdaptspecError
+
+__all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
+
+#: what ``--load-rule`` takes
+LOAD_RULES = ("fixed:B", "goodput", "learned")
+
+
+class RowView:
+    """What a load rule sees of one request in the batch."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.accepted = 0
+        self.rejected = 0
+        self.m = 0
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.m
+
+    def after_round(self, block_size: int, tau: int, committed: int) -> None:
+        """A round verified ``block_size`` and committed ``tau``; ``committed`` tokens in all now."""
+        self.accepted += tau - 1
+        self.rejected += int(tau < block_size)
+        self.m = committed
+
+
+class RoundRule:
+    """Adapts a rule of :mod:`adaptspec.load.rules` to the engine: the engine's
+    ``round_block_sizes`` hook (:meth:`choose`) and the feedback after a round (:meth:`feedback`)."""
+
+    def __init__(self, rule: Any, queue_length: Any) -> None:
+        from ..simulators.load import Load
+
+        self.rule = rule
+        self.name = getattr(rule, "name", type(rule).__name__)
+        self._Load = Load
+        self._queue_length = queue_length  # () -> requests waiting
+        self._views: dict[int, RowView] = {}
+        self._asked: list[int] = []
+        self._load: Any = None
+        self.busy_s = 0.0  # time spent in the rule (choose + feedback): the decision overhead
+        self.row_rounds = 0
+
+    def choose(self, rows: Sequence[Any]) -> list[int]:
+        t0 = time.perf_counter()
+        views = []
+        for row in rows:  # rows that left (finished, cancelled) are forgotten here
+            h = row.handle
+            v = self._views.get(h.id)
+            if v is None:
+                v = RowView(len(h.prompt))
+                v.m = len(h.tokens)
+            views.append(v)
+        self._views = {row.handle.id: v for row, v in zip(rows, views)}
+        self._load = self._Load(rows=len(rows), queue=int(self._queue_length()))
+        self._asked = [int(b) for b in self.rule.choose(views, self._load)]
+        if len(self._asked) != len(rows):
+            raise AdaptspecError(f"load rule {self.name} gave {len(self._asked)} block sizes for {len(rows)} rows")
+        self.busy_s += time.perf_counter() - t0
+        return self._asked
+
+    def feedback(self, record: Any, shares: Sequence[float], handles: Sequence[Any]) -> None:
+        """After the round ``record``: each row's tau and attributed seconds back to the rule
+        (``handles``: the rows' request handles, in the record's order)."""
+        t0 = time.perf_counter()
+        for h, asked, b, tau, share in zip(handles, self._asked, record.block_sizes, record.taus, shares):
+            v = self._views[h.id]
+            self.rule.feedback(v, asked, int(tau), float(share), self._load)
+            v.after_round(b, int(tau), len(h.tokens))
+        self.row_rounds += len(record.taus)
+        self.busy_s += time.perf_counter() - t0
+
+
+def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0) -> Any:
+    """The rule ``spec`` names (``fixed:B``, ``goodput`` or ``learned``) over block sizes ``arms``;
+    ``profile`` is the cost model of the goodput and learned rules, ``prior`` their prior
+    per-draft acceptance (the learned rule starts warm from it).
+
+    >>> make_load_rule("fixed:3", [1, 2, 4], None).name, make_load_rule("learned", [1, 2, 4], "cpu-smollm2-bf16").name
+    ('fixed:3', 'learned (lints, warm)')
+    """
+    from ..load.rules import Fixed, Goodput, Learned
+    from ..reward.latency import get_profile
+
+    if spec.startswith("fixed:") and spec[len("fixed:"):].isdigit():
+        b = int(spec[len("fixed:"):])
+        if b < 1:
+            raise AdaptspecError(f"--load-rule {spec!r}: the block size must be >= 1")
+        return Fixed(b)
+    if spec in ("goodput", "learned"):
+        prof = get_profile(profile)
+        if spec == "goodput":
+            return Goodput(arms, prof, prior=prior)
+        return Learned(arms, prof, prior=prior, seed=seed)
+    raise AdaptspecError(f"--load-rule {spec!r}: expected one of {', '.join(LOAD_RULES)}")
