@@ -46,11 +46,12 @@ class Settings:
     drift_phase_steps: int = 1000
     drift_synthetic_requests: int = 2400
     coldstart_repeats: int = 3
+    load_requests: int = 24  # section 8: requests per load level (4 per client at higher loads)
     progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("splits", "orders", "passes", "blockpilot_passes", "drift_phase_steps",
-                     "drift_synthetic_requests", "coldstart_repeats"):
+                     "drift_synthetic_requests", "coldstart_repeats", "load_requests"):
             v = getattr(self, name)
             if int(v) != v or v < 1:
                 raise AdaptspecError(f"{name} must be a positive integer, got {v!r}")

@@ -14,6 +14,7 @@ verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which rules c
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -27,6 +28,8 @@ RULES = ("table", "goodput", "learned (cold)", "learned (warm)")
 #: the day's rules: those plus the per-level oracle
 DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
+#: the warm learned rule's prior, in observations per level and block size
+PRIOR_WEIGHT = 32.0
 
 
 def _fixed_name(b: int) -> str:
@@ -58,7 +61,7 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
     ctx = sum(r.prompt_tokens for r in tune) / len(tune) + MAX_NEW_TOKENS / 2
 
     def warm(model: Any) -> Any:
-        return Learned(arms, model, prior=prior, context=ctx)
+        return Learned(arms, model, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx)
 
     def run(rule: Any, pool: Sequence[Any], model: Any = None, **arrivals: Any) -> dict[str, Any]:
         s = simulate(rule, pool, prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals).summary()
@@ -97,7 +100,8 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
                 "learned (cold)": run(cold, test, **arr), "learned (warm)": run(warm(prof), test, **arr),
                 "per-level oracle": run(Table(oracle), test, **arr)})
     say(f"{profile_name}, the day: done")
-    out = {"profile": profile_name, "prior_acceptance": prior, "context": ctx, "levels": rows,
+    out = {"profile": profile_name, "prior_acceptance": prior, "prior_weight": PRIOR_WEIGHT, "context": ctx,
+           "levels": rows,
            "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
            "tuned_table": {str(k): v for k, v in tuned.items()}, "oracle_table": {str(k): v for k, v in oracle.items()}}
     return with_ratios(out)
@@ -127,7 +131,7 @@ def section_load(traces: Any, st: Settings) -> dict[str, Any]:
     reqs = [r for _, _, r in DenseTraceSet.open(where).requests()]
     if len(reqs) < 2:
         return {"status": "absent", "reason": f"the dense set {where} has fewer than two requests"}
-    say = print if st.progress else (lambda s: None)
+    say = (lambda s: print(f"evaluate: load: {s}", file=sys.stderr, flush=True)) if st.progress else (lambda s: None)
     profiles = [compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say)
                 for name, levels in LEVELS.items()]
     return {"status": "ok", "dense": str(where), "requests": len(reqs), "arms": list(ARMS),
@@ -171,7 +175,7 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
            f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
            "plain decoding at that level. *cold*: LinTS on the load level, after a warm-up run on the other half; "
            "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
-           "(weighted as 8 observations), measured from its first round.", ""]
+           f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round.", ""]
     for p in d["profiles"]:
         head = ["clients"] + [_label(b) for b in arms] + ["table", "goodput", "cold", "warm", "warm / best"]
         rows = []
