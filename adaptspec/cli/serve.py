@@ -103,8 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "needs --batched)")
     bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
                      help="how a round's time is split among its rows for their rewards: marginal (each row's "
-                          "marginal cost on the --latency profile; the default) or tokens (by block size; used "
-                          "when there is no --latency profile); needs --batched")
+                          "marginal cost on the --latency profile, default cpu-smollm2-bf16 on a CPU; the default) "
+                          "or tokens (by block size; also used on other devices without --latency); needs --batched")
     bat.add_argument("--load-rule", default=None, metavar="RULE",
                      help="a per-round block-size rule under load: fixed:B, goodput or learned (each round every "
                           "row verifies min(the rule's choice, its request's own); default: none, each request "
@@ -230,7 +230,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         try:
             serve_batched(service, speculator, max_rows=args.max_rows or 8,
                           max_queue=64 if args.max_queue is None else args.max_queue,
-                          attribution=args.attribution or "marginal", profile=args.latency,
+                          attribution=args.attribution or "marginal", profile=_cost_model(args),
                           rule=None if args.load_rule is None else _load_rule(args))
         except BaseException:
             service.close()
@@ -251,11 +251,17 @@ def _check_batched(args: argparse.Namespace) -> None:
         _load_rule(args)  # a bad rule is one line before any model is loaded
 
 
+def _cost_model(args: argparse.Namespace) -> str | None:
+    """The batched engine's cost model: --latency, else the bundled CPU profile on a CPU (None: split by tokens)."""
+    return args.latency or ("cpu-smollm2-bf16" if args.device == "cpu" else None)
+
+
 def _load_rule(args: argparse.Namespace) -> object:
     from ..serving.load_rule import make_load_rule
 
     arms = args.arms or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
-    return make_load_rule(args.load_rule, arms, args.latency or "cpu-smollm2-bf16", prior=args.load_prior, seed=args.seed)
+    return make_load_rule(args.load_rule, arms, _cost_model(args) or "cpu-smollm2-bf16", prior=args.load_prior,
+                          seed=args.seed)
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:
@@ -301,6 +307,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{service.router.weights[service.router.variants.index(name)]:.2f}"
                   + (f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
                      if r.get("checkpoint") or r.get("replayed") else ""), file=sys.stderr, flush=True)
+        if runner is not None:
+            lp = runner.loop
+            print(f"adaptspec serve: batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution "
+                  f"{lp.attribution}, load rule {'none' if lp.rule is None else lp.rule.name}", file=sys.stderr, flush=True)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=30)
         uvicorn.Server(config).run()

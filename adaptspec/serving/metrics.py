@@ -153,3 +153,7 @@ class _EngineCollector:
         yield GaugeMetricFamily("adaptspec_batch_seconds", "Time of the last batched round", value=s["batch_time_s"])
         yield GaugeMetricFamily("adaptspec_batch_seconds_ewma", "Moving average of the batched round time",
                                 value=s["round_s_ewma"])
+        yield CounterMetricFamily("adaptspec_batch_decode_seconds", "Decode time of all batched rounds (prefills "
+                                  "excluded)", value=s["decode_s"])
+        yield CounterMetricFamily("adaptspec_load_rule_seconds", "Time spent in the per-round load rule (choose and "
+                                  "feedback): its overhead over adaptspec_batch_decode_seconds", value=s["rule_s"])

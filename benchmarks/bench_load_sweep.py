@@ -1,0 +1,218 @@
+"""The load sweep, end to end: the real batched server on loopback under closed-loop clients.
+
+For each configuration one ``adaptspec serve --batched`` server (bundled SmolLM2 pair, chat
+template, greedy) is started on 127.0.0.1; closed-loop clients (each sends its next request as
+soon as its last one ends) send the public benchmark prompts (GSM8K, MT-Bench, HumanEval, in
+turn) at 1, 2, 4 and 8 clients, then a run whose client count changes (``--day``: phases of
+clients, each phase a number of requests). Every request is streamed, so the time to its first
+token is measured at the client. Reported per configuration and level: aggregate tokens/s (all
+completion tokens over the level's wall time), per-request latency p50/p95 and TTFT p50.
+
+Configurations (``--configs``): ``plain`` (every request at B = 1: batched plain decoding),
+``fixed:B`` (every request at B), ``learned`` (requests at B = 8 capped each round by the
+learned load rule), ``goodput`` (the same with the goodput rule), ``controller`` (the server's
+default policy deciding each request at join, no load rule).
+
+Bounded: ``--requests-per-client`` requests per client per level (at least 4 a level),
+``--max-tokens`` per request, one server at a time; run it under ``nice -n 19`` on a shared
+machine:
+
+    nice -n 19 python benchmarks/bench_load_sweep.py --levels 1,2,4,8 --configs plain,fixed:2,fixed:3,fixed:4,learned
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+CONFIGS = {
+    "plain": ["--variant", "A=fixed:1"],
+    "fixed:2": ["--variant", "A=fixed:2"],
+    "fixed:3": ["--variant", "A=fixed:3"],
+    "fixed:4": ["--variant", "A=fixed:4"],
+    "fixed:6": ["--variant", "A=fixed:6"],
+    "learned": ["--variant", "A=fixed:8", "--load-rule", "learned"],
+    "goodput": ["--variant", "A=fixed:8", "--load-rule", "goodput"],
+    "controller": [],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One ``adaptspec serve --batched`` process on loopback."""
+
+    def __init__(self, extra: list[str], root: Path, max_rows: int, threads: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out = root / f"server-{self.port}.out"
+        args = [sys.executable, "-m", "adaptspec", "serve", "--batched", "--max-rows", str(max_rows), "--max-queue", "64",
+                "--chat", "--threads", str(threads), "--port", str(self.port), "--log-dir", str(root / f"log-{self.port}"),
+                "--log-level", "warning", "--max-tokens", "1024", *extra]
+        self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.out.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("server did not start in time")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+    """A streamed completion: its tokens, latency and time to first token, at the client."""
+    import httpx
+
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/completions", json={
+            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if first is None and chunk["choices"][0]["token_ids"]:
+                first = time.perf_counter() - t0
+            if "usage" in chunk:
+                tokens = chunk["usage"]["completion_tokens"]
+    return {"tokens": tokens, "latency_s": time.perf_counter() - t0, "ttft_s": first}
+
+
+def closed_loop(url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int, start: int) -> dict:
+    """``phases``: ``(clients, requests)``, run one after another; returns the run's figures."""
+    results: list[dict] = []
+    nxt = [start]
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+    for clients, requests in phases:
+        left = [requests]
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                    i = nxt[0]
+                    nxt[0] += 1
+                res = one_request(url, prompts[i % len(prompts)], max_tokens)
+                with lock:
+                    results.append(res)
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    wall = time.perf_counter() - t0
+    lat = np.array([r["latency_s"] for r in results])
+    ttft = np.array([r["ttft_s"] for r in results if r["ttft_s"] is not None])
+    tokens = sum(r["tokens"] for r in results)
+    return {"requests": len(results), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "p50_s": float(np.percentile(lat, 50)), "p95_s": float(np.percentile(lat, 95)),
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default="plain,fixed:2,fixed:3,fixed:4,learned")
+    ap.add_argument("--levels", default="1,2,4,8", help="client counts, one closed-loop run each")
+    ap.add_argument("--day", default="1:4,8:16,2:6", metavar="C:N,...",
+                    help="the run whose load changes: phases of C clients sending N requests ('' skips it)")
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-rows", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    ap.add_argument("--out", type=Path, default=RESULTS / "load-sweep.json")
+    args = ap.parse_args()
+    from adaptspec.models.prompts import benchmark_prompts
+
+    prompts = [p.prompt for p in benchmark_prompts()]
+    levels = [int(x) for x in args.levels.split(",") if x]
+    day = [tuple(int(v) for v in ph.split(":")) for ph in args.day.split(",") if ph]
+    results: dict = {"settings": vars(args) | {"out": str(args.out)}, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.configs.split(","):
+            server = Server(CONFIGS[name], Path(tmp), args.max_rows, args.threads)
+            try:
+                server.wait_ready()
+                # one short warm-up request (first-call costs), not measured
+                one_request(server.url, prompts[-1], 8)
+                runs = {}
+                start = 0  # every configuration sends the same prompts in the same order
+                for c in levels:
+                    n = max(4, c * args.requests_per_client)
+                    runs[str(c)] = closed_loop(server.url, prompts, [(c, n)], args.max_tokens, start)
+                    start += n
+                    print(f"{name:10s} clients={c}: {runs[str(c)]['tokens_per_s']:.1f} tok/s", flush=True)
+                if day:
+                    runs["day"] = closed_loop(server.url, prompts, day, args.max_tokens, start)
+                    print(f"{name:10s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
+                results["runs"][name] = runs
+            finally:
+                server.stop()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    """Markdown: tok/s (and ratio to plain) per configuration and level; p50/p95/TTFT underneath."""
+    runs = results["runs"]
+    names = list(runs)
+    cols = list(next(iter(runs.values())))
+    lines = ["| config | " + " | ".join(f"{c} clients" if c != "day" else "changing" for c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for n in names:
+        cells = []
+        for c in cols:
+            r = runs[n][c]
+            ratio = f" ({r['tokens_per_s'] / runs['plain'][c]['tokens_per_s']:.2f}x)" if "plain" in runs else ""
+            cells.append(f"{r['tokens_per_s']:.1f}{ratio}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "| config | level | p50 s | p95 s | TTFT p50 s |", "|---|---|---:|---:|---:|"]
+    for n in names:
+        for c in cols:
+            r = runs[n][c]
+            lines.append(f"| {n} | {c} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s'] or float('nan'):.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
