@@ -149,6 +149,22 @@ def closed_loop(url: str, prompts: list[str], phases: list[tuple[int, int]], max
             "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None}
 
 
+def rule_overhead(url: str) -> dict:
+    """The load rule's time over the batched rounds' decode time, from the server's /metrics."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        for name in ("adaptspec_load_rule_seconds_total", "adaptspec_batch_decode_seconds_total",
+                     "adaptspec_batch_rounds_total"):
+            if line.startswith(name + " "):
+                values[name] = float(line.split()[1])
+    decode = values.get("adaptspec_batch_decode_seconds_total", 0.0)
+    rule = values.get("adaptspec_load_rule_seconds_total", 0.0)
+    return {"rule_s": rule, "decode_s": decode, "rounds": values.get("adaptspec_batch_rounds_total"),
+            "rule_share": rule / decode if decode > 0 else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="plain,fixed:2,fixed:3,fixed:4,learned")
@@ -185,6 +201,7 @@ def main() -> None:
                     runs["day"] = closed_loop(server.url, prompts, day, args.max_tokens, start)
                     print(f"{name:10s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
                 results["runs"][name] = runs
+                results.setdefault("overhead", {})[name] = rule_overhead(server.url)
             finally:
                 server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -74,10 +74,18 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
             chunks = sse_json(r.text)
             return [t for c in chunks for t in c["choices"][0]["token_ids"]], chunks[-1]["adaptspec"]
 
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            got = list(pool.map(one, bodies))
         loop = svc.runner.loop
-        assert max(r.rows for r in loop.engine.history) > 1  # they really shared rounds
+        hold = threading.Event()  # hold the engine's thread until every request is queued, so they share rounds
+        blocker = loop.submit(CODEC.encode("wait"), max_new_tokens=2, on_tokens=lambda ids: hold.wait(60))
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            futures = [pool.submit(one, b) for b in bodies]
+            deadline = time.time() + 60
+            while loop.queue_length < len(bodies) and time.time() < deadline:
+                time.sleep(0.005)
+            hold.set()
+            got = [f.result() for f in futures]
+        blocker.wait(60)
+        assert max(r.rows for r in loop.engine.history) == 3  # they really shared rounds (max_rows = 3)
         metrics = client.get("/metrics").text
     for body, (ids, info) in zip(bodies, got):
         assert ids == alone(body["prompt"], body["max_tokens"])
@@ -96,7 +104,8 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
         assert row["reward"] == (None if info["reward"] is None else pytest.approx(info["reward"])) and row["decode_ms"] == pytest.approx(1000 * info["decode_s"], abs=1e-3)
     # attribution conserves time: the requests' decode times add up to the rounds' decode time (prefills excluded)
     total = sum(r.round_s - r.join_s for r in loop.engine.history)
-    assert sum(r["decode_ms"] for r in rows.values()) == pytest.approx(1000 * total, rel=1e-6)
+    logged = sum(r["decode_ms"] for r in rows.values()) + 1000 * blocker.attributed_s  # the blocker is not a logged request
+    assert logged == pytest.approx(1000 * total, rel=1e-6)
 
 
 def test_a_stop_sequence_ends_the_row_early_as_stop_and_leaves_its_neighbours_alone(tmp_path):
@@ -133,12 +142,10 @@ def test_a_full_queue_answers_429_with_retry_after_for_plain_and_streamed_reques
     svc = batched_service(tmp_path / "log", max_rows=1, max_queue=0)
     loop = svc.runner.loop
     with TestClient(create_app(svc)) as client:
-        first = {}
-        th = threading.Thread(target=lambda: first.setdefault(
-            "r", client.post("/v1/completions", json={"prompt": "long", "max_tokens": 300})))
-        th.start()
+        hold = threading.Event()  # the first request's stream callback holds the engine's thread: its row stays taken
+        first = loop.submit(CODEC.encode("long"), max_new_tokens=8, on_tokens=lambda ids: hold.wait(60))
         deadline = time.time() + 60
-        while loop.stats()["rows_in_flight"] + loop.stats()["queue_length"] == 0 and time.time() < deadline:
+        while loop.stats()["rows_in_flight"] == 0 and time.time() < deadline:
             time.sleep(0.005)
         for stream in (False, True):
             r = client.post("/v1/completions", json={"prompt": "next", "max_tokens": 4, "stream": stream})
@@ -146,8 +153,8 @@ def test_a_full_queue_answers_429_with_retry_after_for_plain_and_streamed_reques
             assert int(r.headers["retry-after"]) >= 1
             msg = r.json()["error"]["message"]
             assert "at capacity" in msg and "\n" not in msg
-        th.join()
-        assert first["r"].status_code == 200
+        hold.set()
+        assert first.wait(timeout=60).tokens == alone("long", 8)
         assert client.post("/v1/completions", json={"prompt": "next", "max_tokens": 4}).status_code == 200
         assert 'adaptspec_rejected_requests_total{code="429"} 2.0' in client.get("/metrics").text
 
