@@ -27,6 +27,8 @@ from ..errors import AdaptspecError
 
 #: the largest block size a dense set may be collected at (``accept`` is stored as uint8)
 MAX_BLOCK_SIZE = 64
+#: float32 rounding of a log-softmax: a top-1 probability of 1 + 1e-7 or an entropy of -1e-7 is exact
+_ROUNDING = 1e-4
 
 _STRINGS = ("request_id", "domain", "finish_reason")
 _LISTS = {"features": "float", "tokens": "int", "accept": "int", "top1": "float", "entropy": "float"}
@@ -114,8 +116,8 @@ def check_part(table: pa.Table, where: str, max_block_size: int, max_new_tokens:
         i = int(bad[0])
         raise _fail(where, "accept", int(rows[i]), f"{values[i]} drafts accepted at block size {limit[i] + 1} "
                                                    f"(at most {limit[i]})")
-    for name, lo, hi, what in (("top1", 0.0, 1.0, "a probability in [0, 1]"),
-                               ("entropy", 0.0, np.inf, "an entropy >= 0"),
+    for name, lo, hi, what in (("top1", -_ROUNDING, 1.0 + _ROUNDING, "a probability in [0, 1]"),
+                               ("entropy", -_ROUNDING, np.inf, "an entropy >= 0"),
                                ("features", -np.inf, np.inf, "a finite number")):
         values, rows = _flat(table, name)
         values = values.astype(np.float64)
