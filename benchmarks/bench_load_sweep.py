@@ -64,7 +64,7 @@ class Server:
         self.out = root / f"server-{self.port}.out"
         args = [sys.executable, "-m", "adaptspec", "serve", "--batched", "--max-rows", str(max_rows), "--max-queue", "64",
                 "--chat", "--threads", str(threads), "--port", str(self.port), "--log-dir", str(root / f"log-{self.port}"),
-                "--log-level", "warning", "--max-tokens", "1024", *extra]
+                "--log-level", "warning", "--max-tokens", "1024", "--arms", "1,2,3,4,6,8", *extra]
         self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300) -> None:
@@ -202,6 +202,8 @@ def main() -> None:
                     print(f"{name:10s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
                 results["runs"][name] = runs
                 results.setdefault("overhead", {})[name] = rule_overhead(server.url)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=1))  # after each configuration: a failure keeps the rest
             finally:
                 server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
