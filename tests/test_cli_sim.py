@@ -99,7 +99,7 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
                                                     "moved to adaptspec/data/traces/templates; the default is now "
                                                     "adaptspec/data/traces/benchmarks)"),
     (["simulate", "--seeds", "x"], "--seeds: expected a count"),
-    (["simulate", "--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
+    (["simulate", "--steps", "0"], "--steps: expected an integer in 1..10000000, got '0'"),
     (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
     (["simulate", "--plot", "x.jpg"], "--plot: expected a .png file name"),
     (["ope", "/no/log", "--policy", "random"], "/no/log: no such decision log"),

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "adaptspec" / "data" / "traces" / "benchmarks"  # the bundled default trace set
 
 
-def run_example(name: str, *args: str, timeout: float = 120) -> str:
+def run_example(name: str, *args: str, timeout: float = 900) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT, env=env)
