@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.sampling import speculative_sample
+
 
 def greedy(logits: torch.Tensor, drafts: torch.Tensor, widths: list[int]) -> list[list[int]]:
     """Committed tokens of every row: ``logits[R, T, V]``, ``drafts[R, T - 1]`` (padding
@@ -43,21 +45,7 @@ def sampled(
     temperature: float,
     gen: torch.Generator | None,
 ) -> list[int]:
-    """Committed tokens of one row: ``logits[b, V]`` of its verified positions, ``drafts[b - 1]``
+    """Committed tokens of one row (:func:`~adaptspec.decoding.sampling.speculative_sample`, the
+    single-request decoder's own draw): ``logits[b, V]`` of its verified positions, ``drafts[b - 1]``
     and their draft probabilities ``q[b - 1, V]`` (None when ``b == 1``)."""
-    dev = logits.device
-    b = logits.shape[0]
-    p = torch.softmax(logits.float() / temperature, dim=-1)
-    j = b - 1
-    if b > 1:
-        pos = torch.arange(b - 1, device=dev)
-        ratio = p[pos, drafts] / q[pos, drafts]
-        u = torch.rand(b - 1, generator=gen, device=dev)
-        j = int((u < ratio).int().cumprod(0).sum())
-    if j < b - 1:  # first rejection: resample from the residual
-        resid = (p[j] - q[j]).clamp_min(0)
-        dist = resid if float(resid.sum()) > 0 else p[j]
-        nxt = int(torch.multinomial(dist / dist.sum(), 1, generator=gen))
-    else:  # all accepted: the bonus token comes from the target
-        nxt = int(torch.multinomial(p[b - 1], 1, generator=gen))
-    return drafts[:j].tolist() + [nxt]
+    return speculative_sample(logits, drafts, q, temperature, gen)

@@ -46,6 +46,7 @@ from ..errors import AdaptspecError
 from ..schedules.fixed import FixedBlock, as_schedule
 from ..speculator import Outcome, Prefill, Round, RoundSchedule
 from .drafter import BlockDiffusionDrafter, DraftState
+from .sampling import speculative_sample
 from .target import TargetModel
 
 #: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
@@ -240,20 +241,8 @@ class SpeculativeDecoder:
             j = int(ok.cumprod(0).sum())  # accepted drafts; one host sync per round
             new = drafts[:j].tolist() + [int(best[j])]
         else:
-            p = torch.softmax(logits / temperature, dim=-1)
-            j = b - 1
-            if b > 1:
-                pos = torch.arange(b - 1, device=dev)
-                ratio = p[pos, drafts] / q[pos, drafts]
-                u = torch.rand(b - 1, generator=gen, device=dev)
-                j = int((u < ratio).int().cumprod(0).sum())
-            if j < b - 1:  # first rejection: resample from the residual
-                resid = (p[j] - q[j]).clamp_min(0)
-                dist = resid if float(resid.sum()) > 0 else p[j]
-                nxt = int(torch.multinomial(dist / dist.sum(), 1, generator=gen))
-            else:  # all accepted: the bonus token comes from the target
-                nxt = int(torch.multinomial(p[b - 1], 1, generator=gen))
-            new = drafts[:j].tolist() + [nxt]
+            new = speculative_sample(logits, drafts, q, temperature, gen)
+            j = len(new) - 1
         tau = j + 1
         self.target.crop(cache, n + tau)
         if hidden is not None:
