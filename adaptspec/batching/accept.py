@@ -11,16 +11,15 @@ target's argmax, plus the target's token after it; all rows at once, one host sy
 >>> greedy(logits, drafts, widths=[3, 1])
 [[4, 2], [3]]
 
-Sampled (``temperature > 0``): standard speculative sampling, row by row with the row's own
-generator, drawing exactly as :class:`~adaptspec.decoding.SpeculativeDecoder` draws (so a
-seed gives a request the same tokens whatever it is batched with).
+Sampled rows (``temperature > 0``) go through :func:`~adaptspec.decoding.sampling.speculative_sample`
+with the row's own generator, the single-request decoder's own draw (so a seed gives a request
+the same tokens whatever it is batched with).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..decoding.sampling import speculative_sample
 
 
 def greedy(logits: torch.Tensor, drafts: torch.Tensor, widths: list[int]) -> list[list[int]]:
@@ -36,16 +35,3 @@ def greedy(logits: torch.Tensor, drafts: torch.Tensor, widths: list[int]) -> lis
         accepted = best.new_zeros(r)
     host = torch.cat([accepted[:, None], best], dim=1).tolist()  # the one host sync
     return [row[1 : row[0] + 2] for row in host]
-
-
-def sampled(
-    logits: torch.Tensor,
-    drafts: torch.Tensor,
-    q: torch.Tensor | None,
-    temperature: float,
-    gen: torch.Generator | None,
-) -> list[int]:
-    """Committed tokens of one row (:func:`~adaptspec.decoding.sampling.speculative_sample`, the
-    single-request decoder's own draw): ``logits[b, V]`` of its verified positions, ``drafts[b - 1]``
-    and their draft probabilities ``q[b - 1, V]`` (None when ``b == 1``)."""
-    return speculative_sample(logits, drafts, q, temperature, gen)

@@ -50,7 +50,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding.decoder import _generator, _sample
+from ..decoding.decoder import _generator, _sample, check_block_size
+from ..decoding.sampling import speculative_sample
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
 from ..errors import AdaptspecError
@@ -170,7 +171,7 @@ class BatchEngine:
         for i, row in enumerate(self.rows):
             if row.handle.temperature > 0:
                 b = widths[i]
-                new[i] = accept.sampled(logits[i, :b], drafts[i, : b - 1], q[i], row.handle.temperature, row.generator)
+                new[i] = speculative_sample(logits[i, :b], drafts[i, : b - 1], q[i], row.handle.temperature, row.generator)
         taus = [len(n) for n in new]
         self.store.commit(taus)
         if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
@@ -300,9 +301,4 @@ class BatchEngine:
             self.rows.pop()
 
     def _check_block_size(self, b: int) -> int:
-        if not isinstance(b, int) or isinstance(b, bool):
-            raise AdaptspecError(f"block size must be an int, got {b!r}")
-        if not 1 <= b <= self.max_block_size:
-            why = " (no drafter: only plain decoding)" if self.drafter is None else ""
-            raise AdaptspecError(f"block size {b} outside 1..{self.max_block_size}{why}")
-        return b
+        return check_block_size(b, self.max_block_size, self.drafter is not None)

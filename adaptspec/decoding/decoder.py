@@ -251,12 +251,17 @@ class SpeculativeDecoder:
         return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1, drafted=drafted if drafted != b else 0)
 
     def _check_block_size(self, b: int) -> int:
-        if not isinstance(b, int) or isinstance(b, bool):
-            raise AdaptspecError(f"block size must be an int, got {b!r}")
-        if not 1 <= b <= self.max_block_size:
-            why = " (no drafter: only plain decoding)" if self.drafter is None else ""
-            raise AdaptspecError(f"block size {b} outside 1..{self.max_block_size}{why}")
-        return b
+        return check_block_size(b, self.max_block_size, self.drafter is not None)
+
+
+def check_block_size(b: int, max_block_size: int, has_drafter: bool) -> int:
+    """``b`` if it is an int block size in ``1..max_block_size`` (1 only without a drafter)."""
+    if not isinstance(b, int) or isinstance(b, bool):
+        raise AdaptspecError(f"block size must be an int, got {b!r}")
+    if not 1 <= b <= max_block_size:
+        why = "" if has_drafter else " (no drafter: only plain decoding)"
+        raise AdaptspecError(f"block size {b} outside 1..{max_block_size}{why}")
+    return b
 
 
 def _check_temperature(t: float) -> None:

@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator
 from .._util.numbers import finite
 from .routes import add_openai_routes
 from .service import CompletionService, RequestError
+from .request_error import body_too_large
 from .streaming import CompletionChunks, events, generate
 
 __all__ = ["create_app"]
@@ -65,10 +66,9 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > service.limits.max_body_bytes:
-            return error(RequestError(f"request body is {length} bytes; the limit is "
-                                      f"{service.limits.max_body_bytes}", 413))
+        too_big = body_too_large(service, request.headers.get("content-length"))
+        if too_big is not None:
+            return error(too_big)
         body = await request.body()
         try:
             req = service.parse(body, request.headers.get("x-adaptspec-variant"))

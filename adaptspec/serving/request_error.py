@@ -35,3 +35,11 @@ def short(v: Any, n: int = 60) -> str:
     """A value for an error message, cut to ``n`` characters."""
     r = repr(v)
     return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def body_too_large(service: Any, content_length: str | None) -> "RequestError | None":
+    """The 413 for a request whose declared body exceeds the server's limit (checked before it is read)."""
+    limit = service.limits.max_body_bytes
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        return RequestError(f"request body is {content_length} bytes; the limit is {limit}", 413)
+    return None

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .chat import ChatChunks, chat_body, parse_chat
 from .request_error import RequestError
+from .request_error import body_too_large
 from .service import CompletionService
 from .streaming import events, generate
 
@@ -38,10 +39,9 @@ def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, e
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > service.limits.max_body_bytes:
-            return error(RequestError(f"request body is {length} bytes; the limit is "
-                                      f"{service.limits.max_body_bytes}", 413))
+        too_big = body_too_large(service, request.headers.get("content-length"))
+        if too_big is not None:
+            return error(too_big)
         body = await request.body()
         try:
             req = parse_chat(service, body, request.headers.get("x-adaptspec-variant"))
