@@ -1,5 +1,5 @@
-"""Replay under load (adaptspec/simulators/load.py, adaptspec/load/rules.py) and round-time attribution
-(adaptspec/reward/attribution.py), against closed forms and brute force."""
+"""Replay under load (adaptspec/simulators/load.py, adaptspec/load/rules.py), against closed forms and
+brute force. Round-time attribution (adaptspec/reward/attribution.py) is tested in tests/test_attribution.py."""
 
 from __future__ import annotations
 
@@ -9,15 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.attribution import batch_round_s, by_marginal_cost, by_tokens, speculation_costs
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.simulators.load import simulate
 from adaptspec.load.rules import Fixed, Goodput, Learned, Table, expected_tau
 from adaptspec.traces.dense import DenseRequest
 
-#: A pass costs a + k * (tokens in the pass): a = 38 ms, k = 2 ms; no draft cost.
-A, K = 0.038, 0.002
-LINEAR = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (A + K,), tail_slope_s=K))
 #: Every pass costs 50 ms, whatever it holds (draft 10 ms when any row speculates, verify 40 ms).
 FLAT = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
 
@@ -28,28 +24,6 @@ def _request(n_tokens: int, accepted: int, largest: int = 8, prompt: int = 10) -
     acc = np.array([[min(accepted, b - 1) for b in range(2, largest + 1)]] * n, dtype=np.uint8)
     ones = np.ones((n, largest - 1), np.float32)
     return DenseRequest(np.arange(n_tokens), acc, ones, 0 * ones, np.zeros(2, np.float32), prompt, "length")
-
-
-# ============================================================================ attribution
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(1, 16), min_size=1, max_size=12))
-def test_marginal_shares_are_equal_plain_shares_plus_own_tokens_for_a_linear_cost(blocks):
-    n = len(blocks)
-    round_s = A + K * sum(blocks)  # the closed form of the linear profile
-    assert batch_round_s(LINEAR, blocks, [100] * n) == pytest.approx(round_s, rel=1e-12)
-    got = by_marginal_cost(round_s, blocks, [100] * n, LINEAR)
-    np.testing.assert_allclose(got, [A / n + K * b for b in blocks], rtol=1e-9)
-    np.testing.assert_allclose(by_tokens(round_s, blocks), [round_s * b / sum(blocks) for b in blocks], rtol=1e-12)
-
-
-def test_a_row_that_stays_plain_costs_nothing_extra_and_speculation_pays_its_own_way():
-    p = get_profile("h100-qwen3-8b")
-    blocks, ctx = [1, 4, 8, 2, 1], [300, 500, 100, 50, 900]
-    brute = [batch_round_s(p, blocks, ctx) - batch_round_s(p, blocks[:i] + [1] + blocks[i + 1:], ctx) for i in range(5)]
-    np.testing.assert_allclose(speculation_costs(p, blocks, ctx), brute, rtol=1e-9, atol=1e-15)
-    assert brute[0] == 0.0 and brute[4] == 0.0 and brute[2] > brute[1] > brute[3] > 0
-    shares = by_marginal_cost(0.01, blocks, ctx, p)
-    assert shares.sum() == pytest.approx(0.01) and shares[0] == pytest.approx(shares[4])
 
 
 # ============================================================================ the simulator
