@@ -284,9 +284,11 @@ class CompletionService:
             raise
         return gen
 
-    def observe(self, req: CompletionRequest, gen: Any, ttft_s: float | None) -> None:
+    def observe(self, req: CompletionRequest, gen: Any, ttft_s: float | None, completion_tokens: int | None = None) -> None:
+        """Record a completed request; ``completion_tokens``: what the client got (default: every token decoded)."""
         if self.metrics is not None:
-            self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s)
+            self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s,
+                                 completion_tokens)
 
     # ------------------------------------------------------------------ bodies
     def text(self, ids: list[int]) -> str:

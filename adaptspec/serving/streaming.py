@@ -47,11 +47,14 @@ def generate(service: CompletionService, req: CompletionRequest,
 
     with halt_when(lambda: stream.stopped):
         gen = service.run(req, on_tokens)
-    service.observe(req, gen, first[0] - req.received if first else None)
-    if not watch:
-        return gen, service.output(gen)
-    stream.finish()
-    return gen, Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
+    if watch:
+        stream.finish()
+        output = Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
+    else:
+        output = service.output(gen)
+    # the client gets output.ids (usage.completion_tokens), not what was decoded past a stop sequence
+    service.observe(req, gen, first[0] - req.received if first else None, len(output.ids))
+    return gen, output
 
 
 class ChunkFormat(Protocol):
