@@ -4,7 +4,8 @@ line naming the file, the field and the value.
 Readers of JSON descriptors take their scalars through :func:`integer`, :func:`number` and
 :func:`int_list`; binary containers (``.npz``, safetensors) are opened
 through :func:`read_npz` and :func:`read_safetensors`, which turn a truncated or corrupted
-file into one line instead of the library's own exception.
+file into one line instead of the library's own exception. A path that should be a file goes
+through :func:`regular_file` before it is opened: a FIFO there would block the read forever.
 
 >>> integer(4, "meta.json", "max_block_size", lo=2)
 4
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 
-__all__ = ["integer", "int_list", "number", "read_json_object", "read_npz", "read_safetensors"]
+__all__ = ["integer", "int_list", "number", "read_json_object", "read_npz", "read_safetensors", "regular_file"]
 
 _MISSING = object()
 
@@ -80,8 +82,41 @@ def int_list(value: Any, where: str, field: str, lo: int | None = None, hi: int 
     return [int(v) for v in value]
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def regular_file(path: str | os.PathLike, what: str = "a file") -> Path:
+    """``path``, once it is known not to be a FIFO, a device, a socket or a directory; call it
+    before opening a file for reading (opening a FIFO blocks until something writes to it).
+
+    A missing path passes (the caller's own read says it is missing); a symbolic link is judged by
+    what it points to.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); fifo = os.path.join(d, "meta.json"); os.mkfifo(fifo)
+    >>> regular_file(fifo, "a trace set's meta.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: .../meta.json: not a regular file (a trace set's meta.json expected, found a FIFO (named pipe))
+    >>> regular_file(os.path.join(d, "absent.json")).name
+    'absent.json'
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return Path(path)
+    except OSError as e:
+        raise AdaptspecError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise AdaptspecError(f"{path}: not a regular file ({what} expected, found {kind})")
+    return Path(path)
+
+
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """A JSON file whose top level is an object; unreadable, truncated or other JSON is one line."""
+    regular_file(path, f"a {what}")
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:

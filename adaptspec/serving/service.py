@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .codec import Codec
 from .openai_models import GenerationOptions, validate
@@ -378,7 +379,10 @@ class CompletionService:
 
         if self.log_dir is None:
             raise RequestError("no decision log: start the server with --log-dir to get an A/B report", 503)
-        rows = self._log_rows()
+        try:
+            rows = self._log_rows()
+        except AdaptspecError as e:  # a part that is not a readable file: the report cannot be made now
+            raise RequestError(f"the decision log cannot be read: {e}", 503) from None
         policies = {}
         if ope:
             for name, c in self.controllers.items():
@@ -400,6 +404,7 @@ class CompletionService:
         for part in DecisionLog(self.log_dir).parts():  # parts never change: read each once
             key = str(part)
             if key not in self._parts_cache:
+                regular_file(part, "a decision-log part")  # a FIFO would block the report forever
                 self._parts_cache[key] = pq.read_table(part).to_pylist()
             for r in self._parts_cache[key]:
                 seen.add(r["decision_id"])

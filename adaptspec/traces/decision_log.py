@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
 from .schema import DECISION_COLUMNS, SCHEMA_VERSION
@@ -245,6 +246,7 @@ class DecisionLog:
         """Decision ids of every part (each part read once per instance: parts never change)."""
         for part in self.parts():
             if part.name not in self._id_parts:
+                regular_file(part, "a decision-log part")  # a FIFO would block the read forever
                 try:
                     ids = pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist()
                 except (pa.ArrowException, OSError, KeyError) as e:

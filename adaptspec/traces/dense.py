@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .dense_checks import check_meta, check_part
 
@@ -130,6 +131,7 @@ class DenseTraceSet:
     @classmethod
     def open(cls, path) -> "DenseTraceSet":
         path = Path(path)
+        regular_file(path / "meta.json", "a dense trace set's meta.json")  # a FIFO would block the read forever
         try:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
@@ -163,6 +165,7 @@ class DenseTraceSet:
         """One part as a table, checked (:mod:`adaptspec.traces.dense_checks`): a truncated file, a
         missing or mistyped column or an impossible value is one line naming the file, the column
         and the row. ``columns``: read (and check the types of) only these."""
+        regular_file(path, "a dense trace set's Parquet part")
         try:
             schema = pq.read_schema(path)
             missing = [c for c in columns or () if c not in schema.names]

@@ -50,6 +50,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .decision_check import decision_fault
 
@@ -389,6 +390,7 @@ def _read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Rows of a journal segment and its creation time; a torn last line is dropped."""
     rows: list[dict[str, Any]] = []
     created = 0
+    regular_file(path, "a decision-log journal segment")  # a FIFO would block the read forever
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     for i, line in enumerate(lines):
@@ -416,6 +418,7 @@ def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
         m = _PART_TIME.match(part.name)
         if m and int(m.group(1)) < since_ns:
             continue
+        regular_file(part, "a decision-log part")
         ids.update(pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist())
     return ids
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .._util.checks import regular_file
 from ..errors import AdaptspecError
 
 
@@ -24,6 +25,7 @@ def _err(where: str, msg: str) -> AdaptspecError:
 def _read_parquet(path: Path) -> pa.Table:
     if not path.exists():
         raise _err(str(path), "no such file")
+    regular_file(path, "a Parquet file")  # a FIFO would block the read forever
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as e:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._util.atomic import json_default
-from .._util.checks import int_list
+from .._util.checks import int_list, regular_file
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
@@ -177,8 +177,7 @@ class TraceSet:
         if not p.is_dir():
             raise _err(str(p), "a trace set is a directory (meta.json, requests.parquet, outcomes.parquet)")
         for name in ("meta.json", "requests.parquet", "outcomes.parquet"):  # a FIFO or a device would hang the read
-            if (p / name).exists() and not (p / name).is_file():
-                raise _err(str(p / name), "not a regular file")
+            regular_file(p / name, f"a trace set's {name}")
         meta = _read_meta(p / "meta.json")
         return cls(_read_parquet(p / "requests.parquet"), _read_parquet(p / "outcomes.parquet"), meta, path=p)
 
