@@ -67,7 +67,8 @@ def test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free():
     assert prior == pytest.approx(5 / 6)
     rule = Learned(ARMS, FLAT, prior=prior, seed=0)
     assert rule.preference(16) == 8
-    simulate(rule, reqs, KNEE, clients=16, requests=32, prefill=False)
+    for _ in range(2):  # one decision a round: ~200 rounds to unlearn a prior this wrong
+        simulate(rule, reqs, KNEE, clients=16, requests=32, prefill=False)
     assert rule.preference(16) == 1
     late = simulate(rule, reqs, KNEE, clients=16, requests=32, prefill=False)
     assert max(late.block_sizes, key=late.block_sizes.get) == 1

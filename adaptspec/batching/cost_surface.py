@@ -1,6 +1,12 @@
 """The cost surface of a batched round: draft and verify seconds over rows x tokens per row x context.
 
-:func:`measure_surface` times the engine's own passes (the per-row drafter calls and one
+Two ways to measure it:
+
+- :func:`measure_rounds` runs the engine itself (:class:`~adaptspec.batching.engine.BatchEngine`)
+  on real prompts at every (rows, block size) and keeps each round's measured times: everything a
+  round costs in serving (the passes, acceptance, the KV commit, the drafter catching up on the
+  committed tokens' context), so this is what a load rule should be warm-started from;
+- :func:`measure_surface` times the engine's own passes (the per-row drafter calls and one
 :func:`~adaptspec.batching.target_pass.verify_rows` pass) on synthetic rows: one prompt of
 ``context`` tokens prefilled once and copied into every row's KV slot. Nothing is
 committed, so every pass sees the same context.
@@ -95,6 +101,66 @@ def measure_surface(
     return out
 
 
+@torch.inference_mode()
+def measure_rounds(
+    target: TargetModel,
+    drafter: BlockDiffusionDrafter | None,
+    prompts: Sequence[Sequence[int]],
+    rows: Sequence[int] = (1, 2, 4, 8, 16),
+    block_sizes: Sequence[int] = (1, 2, 3, 4, 6, 8),
+    rounds: int = 8,
+    warmup: int = 2,
+) -> list[dict]:
+    """Measured rounds of the engine at every (rows, block size): ``rows`` requests from
+    ``prompts`` (in turn) decode together at one block size; after ``warmup`` rounds, ``rounds``
+    rounds are kept. Each kept round is a record for
+    :func:`~adaptspec.reward.latency.fit_profile`: ``draft_s`` the drafter phase, ``verify_s``
+    the rest of the round less its prefills (the target pass, acceptance, commit), at the rows'
+    mean context (at B = 1 all of it: there is no drafter pass). Requests are long enough not to
+    finish during the measurement.
+
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
+    >>> torch.manual_seed(0) and None
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                   num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
+    >>> model = LlamaForCausalLM(cfg).eval()
+    >>> drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0)
+    >>> rs = measure_rounds(TargetModel(model), drafter, [[1, 2, 3], [4, 5]], rows=[1, 2], block_sizes=[1, 3], rounds=2)
+    >>> [(r["batch_size"], r["block_size"]) for r in rs]
+    [(1, 1), (1, 1), (1, 3), (1, 3), (2, 1), (2, 1), (2, 3), (2, 3)]
+    >>> all(r["verify_s"] > 0 for r in rs), [r["draft_s"] > 0 for r in rs][::2]
+    (True, [False, True, False, True])
+    """
+    from .engine import BatchEngine
+
+    if not prompts:
+        raise ValueError("measure_rounds needs at least one prompt")
+    out = []
+    longest = max(len(p) for p in prompts)
+    for m in rows:
+        for b in block_sizes:
+            if b > 1 and drafter is None:
+                continue
+            need = (warmup + rounds + 1) * b
+            engine = BatchEngine(target, drafter, max_rows=m, capacity=longest + need + 8)
+            handles = [engine.submit(prompts[i % len(prompts)], block_size=b, max_new_tokens=need) for i in range(m)]
+            for i in range(warmup + rounds):
+                record = engine.step()
+                if record is None or record.rows < m:
+                    break
+                if i >= warmup:
+                    ctx = sum(len(h.prompt) + len(h.tokens) for h in handles) / m
+                    draft = record.draft_s if b > 1 else 0.0  # a plain round has no drafter pass
+                    out.append(dict(block_size=b, batch_size=m, context_tokens=ctx, draft_s=draft,
+                                    verify_s=record.round_s - record.join_s - draft))
+            for h in handles:
+                h.cancel()
+            engine.run_until_done()
+    return out
+
+
 def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
     """Markdown table of ``field`` in ms: rows x tokens per row, one block per context.
 
@@ -114,6 +180,29 @@ def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
                   "|---|" + "---:|" * len(bs)]
         for m in ms:
             lines.append(f"| {m} | " + " | ".join(f"{1e3 * val[m, b]:.1f}" if (m, b) in val else "" for b in bs) + " |")
+    return "\n".join(lines)
+
+
+def round_table(rounds: list[dict]) -> str:
+    """Markdown table of the median round (draft + verify) in ms: rows x block size, all contexts.
+
+    >>> print(round_table([dict(block_size=2, batch_size=1, context_tokens=9, draft_s=0.004, verify_s=0.04)] * 3))
+    median round, ms
+    | rows \\ block size | 2 |
+    |---|---:|
+    | 1 | 44.0 |
+    """
+    import numpy as np
+
+    bs = sorted({r["block_size"] for r in rounds})
+    ms = sorted({r["batch_size"] for r in rounds})
+    cell: dict[tuple[int, int], list[float]] = {}
+    for r in rounds:
+        cell.setdefault((r["batch_size"], r["block_size"]), []).append(r["draft_s"] + r["verify_s"])
+    lines = ["median round, ms", "| rows \\ block size | " + " | ".join(map(str, bs)) + " |", "|---|" + "---:|" * len(bs)]
+    for m in ms:
+        lines.append(f"| {m} | " + " | ".join(f"{1e3 * float(np.median(cell[m, b])):.1f}" if (m, b) in cell else ""
+                                             for b in bs) + " |")
     return "\n".join(lines)
 
 

@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-contexts", type=_positive_ints, default=[64, 256], help="context tokens per row of the batched rounds")
     p.add_argument("--batch-repeats", type=int_range(1), default=3, help="passes per batched measurement (the fastest is kept)")
     p.add_argument("--batch-only", action="store_true", help="time only the batched rounds (no prompts decoded)")
+    p.add_argument("--batch-engine", action="store_true",
+                   help="time the engine's whole rounds on held-out prompts (passes, acceptance, commit: what a "
+                        "served round costs; --batch-repeats rounds kept per cell) instead of its two passes on "
+                        "synthetic rows")
     p.add_argument("--batch-cpu-time", action="store_true",
                    help="time batched rounds in process CPU seconds (CPU, one thread: robust to other load on a shared machine)")
 
@@ -88,13 +92,22 @@ def run(args: argparse.Namespace) -> int:
                 rounds.append({"block_size": r.block_size, "draft_s": r.draft_s, "verify_s": r.verify_s, "context_tokens": ctx})
                 ctx += r.tau
     if args.batch_rows:
-        from ..batching.cost_surface import measure_surface, surface_table
+        from ..batching.cost_surface import measure_rounds, measure_surface, round_table, surface_table
 
-        surface = measure_surface(spec.target, spec.drafter, args.batch_rows, args.batch_tokens, args.batch_contexts,
-                                  repeats=args.batch_repeats, cpu_time=args.batch_cpu_time)
+        if args.batch_engine:
+            bad = [b for b in args.batch_tokens if b > spec.max_block_size]
+            if bad:
+                raise AdaptspecError(f"--batch-tokens {bad}: the drafter's largest block is {spec.max_block_size}")
+            ids = [spec.target.encode_chat(p.prompt) for p in pool[: max(args.batch_rows)]]
+            surface = measure_rounds(spec.target, spec.drafter, ids, args.batch_rows, args.batch_tokens,
+                                     rounds=args.batch_repeats)
+        else:
+            surface = measure_surface(spec.target, spec.drafter, args.batch_rows, args.batch_tokens,
+                                      args.batch_contexts, repeats=args.batch_repeats, cpu_time=args.batch_cpu_time)
         rounds += surface
         if not args.json:
-            print(surface_table(surface, "verify_s"), surface_table(surface, "draft_s"), sep="\n")
+            tables = [round_table(surface)] if args.batch_engine else [surface_table(surface, f) for f in ("verify_s", "draft_s")]
+            print(*tables, sep="\n")
     machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
     profile = fit_profile(rounds, args.name, source=f"adaptspec profile-latency: {len(rounds)} rounds on {machine}")
     write_file(out, "latency-profile", True, profile.save)

@@ -14,8 +14,8 @@ can follow the load as it changes) and ``feedback(row, block_size, tau, attribut
   acceptance so far (independent per-draft acceptance ``a``: ``(1 - a^B) / (1 - a)``) over the
   cost model's round time at ``B``.
 - :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` (LinTS by default)
-  choosing each row's block size every round, its context the load level, learning from each
-  row's tokens per attributed second. Given a prior acceptance it starts warm: before its first
+  choosing one block size for the whole batch every round, its context the load level,
+  learning from the round's tokens per second. Given a prior acceptance it starts warm: before its first
   round it already prefers, at each level, what the goodput model predicts
   (:func:`predicted_speedup`), and measured rewards move it from there.
 
@@ -158,46 +158,57 @@ class Goodput:
 
 
 class Learned:
-    """A contextual bandit choosing every row's block size each round.
+    """A contextual bandit choosing each round's block size, one for the whole batch.
 
-    Context: the load level (one-hot over :data:`LEVELS`). Reward: the row's speed-up in that
-    round over its share of a plain round, ``tau x (plain round / rows) / attributed seconds``:
-    tokens per attributed second in units of what plain decoding gives a row at this load (1.0 =
-    as fast as plain), so a long block pays for the time it adds to the whole batch and rewards
-    are on one scale at every load. ``policy``: a spec for
-    :func:`~adaptspec.policies.spec.make_policy`. Measured on the CPU profile (BENCHMARKS.md, load
-    simulation) at 1 and 2 clients: LinTS 1.197x and 1.146x plain (the best fixed sizes there:
-    1.197x, 1.146x), LinUCB 1.126x and 1.127x; adding the row's acceptance so far to the
-    context gave LinTS 1.194x and 1.125x, so the default context is the load level alone.
+    The engine pads every row's block to the round's widest (:mod:`adaptspec.batching.target_pass`),
+    so a round costs its rows times its widest block: rows at different block sizes pay for the
+    widest anyway, and one row exploring a long block slows every other row. The rule therefore
+    draws **one** block size per round, for every row (each row's own cap, its request's block
+    size and the tokens it has left, still applies), and learns from the round as a whole.
+
+    Context: the load level (one-hot over :data:`LEVELS`). Reward: the round's tokens per second
+    in units of what a plain round gives at this load (1.0 = as fast as plain decoding),
+    ``sum(tau) x t_plain(rows) / (rows x round seconds)``, where ``t_plain`` is the cost model's
+    plain round over the same rows and the round's seconds are the sum of its rows' attributed
+    shares (:mod:`adaptspec.reward.attribution` scales them to the measured round). A wrong
+    ``t_plain`` scales every arm's reward at a level alike, so it cannot change which arm wins.
+    ``policy``: a spec for :func:`~adaptspec.policies.spec.make_policy` (LinTS by default: one
+    posterior draw per round, no propensity sampling, which keeps the rule's time per round in
+    microseconds).
 
     **Warm start** (``prior``, a per-draft acceptance, as the product's offline head starts its
     bandit): each arm's model at each level starts at the goodput model's reward there
     (:func:`predicted_speedup` at the level's :data:`LEVEL_ROWS`, ``context`` tokens of context,
-    default the profile's), weighted as ``prior_weight`` observations, in the reward's own unit
-    (raw rewards, no standardising warm-up). Before its first round it prefers the goodput
-    model's block size at every level; measured rewards (thousands of row-rounds per level)
-    then outweigh the prior, so a wrong cost model is corrected. Without ``prior`` it starts cold
-    (uniform choices while its standardiser warms up). The weight: 32 observations; on the load
-    benchmark's day (one run each, CPU profile) 8 gave 0.979x the hindsight-tuned table, 32 0.992x, 128 0.993x,
-    and with a cost model misjudging the verify cost per token x0.25, 0.977x, 0.969x, 0.968x
-    (GPU profile, misjudged: 1779, 1791, 1788 tok/s): 32 follows its prior more, still corrects.
+    default the profile's), weighted as ``prior_weight`` rounds, in the reward's own unit (raw
+    rewards, no standardising warm-up). Before its first round it prefers the goodput model's
+    block size at every level; measured rounds then outweigh the prior, so a wrong cost model is
+    corrected. Without ``prior`` it starts cold (uniform choices while its standardiser warms up).
+    The weight, 4 rounds: in simulation on the measured CPU surface (``cpu-smollm2-batched``, the
+    336 benchmark traces, one run each) 4, 16 and 32 rounds gave a worst level of 0.976x, 0.985x
+    and 0.983x the best fixed size, all within noise; against a cost model that thinks long
+    blocks are free (tests/test_load_rules.py) 4 unlearns it in ~220 rounds at 16 rows, 16 takes
+    over 700.
 
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
     >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
     >>> [warm.preference(rows) for rows in (1, 8, 64)]     # before any round: the goodput model's choice
     [6, 4, 3]
+    >>> from adaptspec.simulators.load import Load
+    >>> len(set(warm.choose([None] * 5, Load(rows=5, queue=0))))   # one block size for the whole round
+    1
     """
 
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
-                 prior: float | None = None, prior_weight: float = 32.0, context: float | None = None) -> None:
+                 prior: float | None = None, prior_weight: float = 4.0, context: float | None = None) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
         self.profile = profile
         dim = len(LEVELS) + 1
+        fast = {"mc_samples": 1} if policy.split(":")[0] == "lints" else {}
         if prior is None:
-            self.policy = make_policy(policy, self.arms, seed=seed)
+            self.policy = make_policy(policy, self.arms, seed=seed, **fast)
             self.name = f"learned ({policy})"
         else:
             if not 0.0 <= prior < 1.0:
@@ -207,13 +218,14 @@ class Learned:
             ctx = float(profile.context_tokens if context is None else context)
             mean = np.stack([predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1)
             self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
-                                      prior_mean=mean, prior_precision=float(prior_weight))
+                                      prior_mean=mean, prior_precision=float(prior_weight), **fast)
             self.name = f"learned ({policy}, warm)"
-        self._pending: dict[int, np.ndarray] = {}
-        self._done: list[tuple[np.ndarray, int, float]] = []
-        self._plain_share = 0.0
+        self._round: tuple[np.ndarray, int, int, float] | None = None  # context, block size, rows, plain round s
+        self._tokens, self._seconds, self._seen = 0, 0.0, 0
 
-    def context(self, row: Any, load: Any) -> np.ndarray:
+    @staticmethod
+    def context(load: Any) -> np.ndarray:
+        """The one-hot load level of ``load.rows`` rows in flight."""
         x = np.zeros(len(LEVELS) + 1)
         x[level_index(load.rows)] = 1.0
         return x
@@ -225,24 +237,33 @@ class Learned:
         pol._ensure_core()
         if getattr(pol, "core", None) is None:
             return None
-        x = np.zeros(len(LEVELS) + 1)
-        x[level_index(rows)] = 1.0
-        mu, _ = pol.core.mean_var(pol.map.phi(x))
+        mu, _ = pol.core.mean_var(pol.map.phi(self.context(_Rows(rows))))
         return self.arms[int(np.argmax(mu))]
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        self._plain_share = batch_round_s(self.profile, [1] * len(rows), [r.context for r in rows]) / len(rows)
-        X = np.stack([self.context(r, load) for r in rows])
-        idx, _ = self.policy.decide_batch(X)  # one decision per row, no learning in between
-        self._pending = {id(r): x for r, x in zip(rows, X)}
-        self._done: list[tuple[np.ndarray, int, float]] = []
-        return [self.arms[i] for i in idx]
+        x = self.context(load)
+        b = int(self.policy.decide(x).block_size)
+        contexts = [getattr(r, "context", self.profile.context_tokens) for r in rows]
+        plain_s = batch_round_s(self.profile, [1] * len(rows), contexts) if rows else 0.0
+        self._round = (x, b, len(rows), plain_s)
+        self._tokens, self._seconds, self._seen = 0, 0.0, 0
+        return [b] * len(rows)
 
     def feedback(self, row: Any, block_size: int, tau: int, attributed_s: float, load: Any) -> None:
-        x = self._pending.pop(id(row))
-        if attributed_s > 0:
-            self._done.append((x, block_size, tau * self._plain_share / attributed_s))
-        if not self._pending and self._done:  # the round's last row: learn from the whole round
-            X, b, r = zip(*self._done)
-            self.policy.update_batch(np.stack(X), np.array(b), np.array(r))
-            self._done = []
+        if self._round is None:
+            return
+        self._tokens += tau
+        self._seconds += attributed_s
+        self._seen += 1
+        x, b, n, plain_s = self._round
+        if self._seen == n:  # the round's last row: learn from the whole round
+            self._round = None
+            if self._seconds > 0:
+                self.policy.update(x, b, self._tokens * plain_s / (n * self._seconds))
+
+
+class _Rows:
+    """A load of ``rows`` rows in flight (what :meth:`Learned.context` reads)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows

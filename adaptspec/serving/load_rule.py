@@ -25,8 +25,8 @@ from ..errors import AdaptspecError
 
 __all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
 
-#: what ``--load-rule`` takes
-LOAD_RULES = ("fixed:B", "goodput", "learned")
+#: what ``--load-rule`` takes (``none``: no rule)
+LOAD_RULES = ("fixed:B", "goodput", "learned", "none")
 
 
 class RowView:
@@ -97,7 +97,7 @@ class RoundRule:
 
 
 def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0) -> Any:
-    """The rule ``spec`` names (``fixed:B``, ``goodput`` or ``learned``) over block sizes ``arms``;
+    """The rule ``spec`` names (``fixed:B``, ``goodput``, ``learned``; ``none``: None) over block sizes ``arms``;
     ``profile`` is the cost model of the goodput and learned rules, ``prior`` their prior
     per-draft acceptance (the learned rule starts warm from it).
 
@@ -107,6 +107,8 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
     from ..load.rules import Fixed, Goodput, Learned
     from ..reward.latency import get_profile
 
+    if spec == "none":
+        return None
     if spec.startswith("fixed:") and spec[len("fixed:"):].isdigit():
         b = int(spec[len("fixed:"):])
         if b < 1:
