@@ -73,6 +73,7 @@ SLOW_TESTS = {
     "tests/test_schedules.py::test_decoder_output_is_greedy_under_any_schedule",
     "tests/test_serving_batched.py::test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size",
     "tests/test_serving_batched.py::test_a_real_batched_server_serves_concurrent_clients_exactly",
+    "tests/test_switchback.py::test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report_reads_the_slices",
     "tests/test_statistics.py::test_type_one_error_holds_under_continuous_monitoring",
     "tests/test_stops.py::test_generation_ends_at_the_first_stop_whatever_the_block_size",
     "tests/test_synthetic.py::test_cpu_small_is_calibrated_to_this_machine",

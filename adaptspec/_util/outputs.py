@@ -60,9 +60,10 @@ __all__ = ["KINDS", "MARKER", "check_output", "foreign_files", "is_kind", "write
 MARKER = ".adaptspec-output.json"
 
 _PNG = b"\x89PNG\r\n\x1a\n"
-#: what a decision log's writers leave: parts, a part being written, journal segments, lock files
+#: what a decision log's writers leave: parts, a part being written, journal segments, lock files,
+#: switchback slice records (traces.slice_log)
 _LOG_NAMES = re.compile(r"^(part-[^/]*\.parquet|\.part-[^/]*\.parquet\.tmp|\.journal-[A-Za-z0-9_.-]+-\d+\.jsonl"
-                        r"|\.writer-[A-Za-z0-9_.-]+\.lock)$")
+                        r"|\.writer-[A-Za-z0-9_.-]+\.lock|slices-[A-Za-z0-9_.-]+\.jsonl)$")
 
 
 def _json(path: Path) -> Any:

@@ -18,6 +18,12 @@ logged requests (SNIPS and DR from :mod:`adaptspec.analysis.ope`), with the targ
 deterministic logging policy (``fixed:16``, NeuralLinear with UCB) supports only what it
 plays; log with an ``epsilon`` floor for full support.
 
+**Switchback** (``slices`` given: the slice records of ``serve --batched --ab-design
+switchback``): the design's own estimate, throughput per variant over its slices and the
+difference and ratio with intervals over slices (:mod:`adaptspec.analysis.switchback`). The
+per-request figures above still come from the decision log, but their intervals treat
+requests as independent, which requests sharing a slice are not.
+
 >>> rows = [{"variant": "AB"[i % 2], "reward": 1.0 + (i % 2) + 0.1 * (i % 3), "time": float(i),
 ...          "block_size": 4, "new_tokens": 8, "decode_ms": 20.0} for i in range(40)]
 >>> rep = analyze(rows_to_arrays(rows))
@@ -41,6 +47,7 @@ from .._util.markdown import pm, sig, table
 from .._util.numbers import finite, rounded
 from ..errors import AdaptspecError
 from .statistics import mean_interval, quantile_interval, ratio_interval, sequential_test, welch_p
+from .switchback import analyze_slices, slices_text
 
 __all__ = ["ABReport", "analyze", "rows_to_arrays"]
 
@@ -59,6 +66,7 @@ class ABReport:
     min_n: int
     off_policy: list[dict[str, Any]] | None = None
     logs: list[str] | None = None
+    switchback: dict[str, Any] | None = None  # the slice-level analysis of a switchback test
 
     def to_json(self) -> dict[str, Any]:
         """The ``ab-report --json`` object (NaN and infinities as null)."""
@@ -68,6 +76,8 @@ class ABReport:
                            "tau_sd": self.tau_sd, "min_n": self.min_n, "tests": self.tests}}
         if self.off_policy is not None:
             out["off_policy"] = self.off_policy
+        if self.switchback is not None:
+            out["switchback"] = self.switchback
         if self.logs:
             out["log"] = self.logs[0] if len(self.logs) == 1 else _common_parent(self.logs)
             if len(self.logs) > 1:
@@ -97,6 +107,8 @@ class ABReport:
             est = ", ".join(f"{k} {pm(v['value'], v['ci'])}" for k, v in e["estimates"].items())
             lines.append(f"off-policy {e['target']} on {e['logged_by']}'s log (n={e['n']}, support "
                          f"{sig(100 * e['support'])}%): {est}; {e['logged_by']} itself got {sig(e['logged_value'])}")
+        if self.switchback is not None:
+            lines += slices_text(self.switchback)
         return "\n".join(lines)
 
 
@@ -140,11 +152,14 @@ def _seconds(t: Any) -> float:
 # ============================================================================ the report
 def analyze(data: Mapping[str, Any], *, policies: Mapping[str, Any] | None = None, alpha: float = 0.05,
             tau_sd: float = 0.2, min_n: int = 10, level: float = 0.95, n_boot: int = 200,
-            estimators: Sequence[str] = ("snips", "dr"), seed: int = 0) -> ABReport:
+            estimators: Sequence[str] = ("snips", "dr"), seed: int = 0,
+            slices: Sequence[Mapping[str, Any]] | None = None, slice_burn_in: int = 0) -> ABReport:
     """The A/B report of a decision log (arrays from :func:`rows_to_arrays`).
 
     ``policies`` maps variant -> a policy object (its current state is evaluated) for the
-    off-policy estimates; variants without one get none.
+    off-policy estimates; variants without one get none. ``slices``: a switchback test's slice
+    records (:func:`adaptspec.traces.slice_log.slice_rows`), analysed with each slice's first
+    ``slice_burn_in`` rounds left out (:func:`~adaptspec.analysis.switchback.analyze_slices`).
     """
     names = sorted(set(data["variant"].tolist()))
     tests = []
@@ -161,7 +176,8 @@ def analyze(data: Mapping[str, Any], *, policies: Mapping[str, Any] | None = Non
             tests.append(d)
     return ABReport(int(len(data["variant"])), level, {v: _summary(data["variant"] == v, data, level) for v in names},
                     tests, tau_sd, min_n,
-                    off_policy=_off_policy(data, names, policies, n_boot, estimators, seed) if policies else None)
+                    off_policy=_off_policy(data, names, policies, n_boot, estimators, seed) if policies else None,
+                    switchback=analyze_slices(slices, slice_burn_in, level) if slices else None)
 
 
 def _summary(mask: np.ndarray, data: Mapping[str, Any], level: float) -> dict[str, Any]:

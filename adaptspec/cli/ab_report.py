@@ -5,7 +5,9 @@ test of the difference in reward between every pair of variants (stop when it is
 significant: the answer stays valid however often the report is run); off-policy estimates
 of each variant's value on the other variants' logged requests when the variants' policies
 are given (``--checkpoint-dir`` of the server, or ``--policy NAME=SPEC``). Journal rows not
-yet rolled into Parquet parts are included. See docs/serving.md.
+yet rolled into Parquet parts are included. A switchback test's slice records (``serve
+--batched --ab-design switchback``) add the design's own estimate: throughput per variant
+over its slices, and the difference and ratio with intervals over slices. See docs/serving.md.
 
 Examples::
 
@@ -42,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-n", type=int_range(2), default=10, metavar="N",
                    help="rewards per variant before testing (at least 2; default 10)")
     p.add_argument("--bootstrap", type=int_range(10), default=200, metavar="N", help="bootstrap resamples of the estimates")
+    p.add_argument("--slice-burn-in", type=int_range(0), default=0, metavar="K",
+                   help="switchback: leave each slice's first K rounds out of the estimate (rows decided in the "
+                        "previous slice are still finishing then; default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -95,8 +100,13 @@ def run(args: argparse.Namespace) -> int:
         if len(arms) != 1:
             raise AdaptspecError(f"{path}: rows have different arm sets; cannot build --policy specs")
         policies = {k: make_policy(v, arms[0]) if isinstance(v, str) else v for k, v in policies.items()}
+    from ..traces.slice_log import slice_rows
+
+    slices = [r for d in dirs for r in slice_rows(d)]
+    if args.slice_burn_in and not slices:
+        raise AdaptspecError(f"--slice-burn-in: {path} has no switchback slice records (slices-*.jsonl)")
     report = analyze(data, policies=policies, alpha=args.alpha, tau_sd=args.tau, min_n=args.min_n,
-                     n_boot=args.bootstrap)
+                     n_boot=args.bootstrap, slices=slices, slice_burn_in=args.slice_burn_in)
     report.logs = [str(d) for d in dirs]
     if args.json:
         print(json.dumps(report.to_json()))

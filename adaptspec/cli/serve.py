@@ -111,6 +111,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "keeps its controller's block size); needs --batched")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
+    # switchback A/B (adaptspec.serving.switchback; docs/serving.md, Batched serving)
+    bat.add_argument("--ab-design", choices=("requests", "switchback"), default=None,
+                     help="requests: each request is routed to a variant on its own (the default); switchback: "
+                          "rounds are cut into slices, each slice runs one variant (balanced random order from "
+                          "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
+                          "for ab-report; needs --batched, --log-dir and 2+ variants, not --split")
+    bat.add_argument("--slice-rounds", type=int_range(1), default=None, metavar="N",
+                     help="rounds per switchback slice (default 32; needs --ab-design switchback)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
@@ -170,6 +178,7 @@ def build(args: argparse.Namespace):
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
     _check_batched(args)
+    _check_ab_design(args)
     specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     from ..serving.router import ABRouter
 
@@ -230,7 +239,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         try:
             serve_batched(service, speculator, max_rows=args.max_rows or 8,
                           max_queue=64 if args.max_queue is None else args.max_queue,
-                          attribution=args.attribution or "marginal", profile=_cost_model(args),
+                          **_ab_design(args), attribution=args.attribution or "marginal", profile=_cost_model(args),
                           rule=None if args.load_rule is None else _load_rule(args))
         except BaseException:
             service.close()
@@ -249,6 +258,35 @@ def _check_batched(args: argparse.Namespace) -> None:
         raise AdaptspecError("--redecide-every is not available with --batched (each request decides once, at join)")
     elif args.load_rule is not None:
         _load_rule(args)  # a bad rule is one line before any model is loaded
+
+
+
+def _check_ab_design(args: argparse.Namespace) -> None:
+    """--ab-design and --slice-rounds: one line before any model is loaded."""
+    design = getattr(args, "ab_design", None)
+    if design is None and getattr(args, "slice_rounds", None) is None:
+        return
+    if not getattr(args, "batched", False):
+        raise AdaptspecError(f"{'--ab-design' if design else '--slice-rounds'} needs --batched")
+    if design != "switchback":
+        if args.slice_rounds is not None:
+            raise AdaptspecError("--slice-rounds needs --ab-design switchback")
+        return
+    if args.log_dir is None:
+        raise AdaptspecError("--ab-design switchback needs --log-dir (its slices are recorded next to the decision log)")
+    from ..policies.variants import named_specs
+
+    if len(named_specs(args.variant or [], "--variant", "A=fixed:16")) < 2:
+        raise AdaptspecError("--ab-design switchback needs at least 2 --variant")
+    if args.split is not None:
+        raise AdaptspecError("--split does not apply to --ab-design switchback (every variant gets the same number "
+                             "of slices)")
+
+
+def _ab_design(args: argparse.Namespace) -> dict:
+    """serve_batched's A/B design arguments (the slice schedule is drawn from --seed)."""
+    return {"design": getattr(args, "ab_design", None) or "requests", "slice_rounds": getattr(args, "slice_rounds", None),
+            "seed": args.seed}
 
 
 def _cost_model(args: argparse.Namespace) -> str | None:

@@ -14,6 +14,12 @@ variant's controller's, through its split API:
   block size put on the rows it shared rounds with, not the wall time of a batch it did not
   own. The decision log then holds that outcome and reward as for any other request.
 
+**Switchback** (``design="switchback"``, :mod:`adaptspec.serving.switchback`): the router's
+variant is only provisional. A request's variant is fixed at join, on the engine's thread: the
+chooser sets ``req.variant`` to the current slice's variant (overriding the router's choice and
+any variant the request named) before that variant's controller decides, so the decision log,
+the response's ``adaptspec.variant`` and the metrics all name the variant that ran.
+
 A stop sequence (the condition :func:`~adaptspec.serving.halting.halt_when` set on the request's
 thread) ends the row at the next round boundary as ``"stop"``. A full queue is refused at once:
 :class:`RequestError` 429 with a ``Retry-After`` header.
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import AdaptspecError
 from ..speculator import Outcome
@@ -62,6 +68,10 @@ class BatchedRunner:
         decided: dict[str, Any] = {}
 
         def choose(features: Any) -> int:  # on the loop thread, at join
+            nonlocal ctrl
+            if self.loop.switchback is not None:  # switchback: the slice's variant, fixed now (routed late)
+                req.variant = self.loop.switchback.assign(req.request_id)
+                ctrl = service.controllers[req.variant]
             t0 = time.perf_counter()
             d = ctrl.decide(features, request_id=req.request_id)
             decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
@@ -109,13 +119,20 @@ def _reward(ctrl: Any, outcome: Outcome) -> float | None:
 
 
 def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: int = 64,
-                  attribution: str = "marginal", profile: Any = None, rule: Any = None) -> BatchedRunner:
+                  attribution: str = "marginal", profile: Any = None, rule: Any = None,
+                  design: str = "requests", slice_rounds: int | None = None, seed: int = 0) -> BatchedRunner:
     """Put ``service``'s requests on one batched engine over ``speculator``'s target and drafter.
 
     ``profile`` (a latency profile, or its name) is the cost model of the ``"marginal"``
     attribution; without one, rounds are split by tokens. ``rule``: a per-round load rule of
     :mod:`adaptspec.load.rules` (see :mod:`adaptspec.serving.load_rule`); without one each row
     verifies its controller's block size.
+
+    ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
+    (:mod:`adaptspec.serving.switchback`: slices of ``slice_rounds`` rounds, default 32, each on
+    one variant drawn from ``seed``; slice records go to the service's log directory). Under
+    switchback, ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the
+    block sizes of the slice's rounds.
     """
     from .load_rule import RoundRule
 
@@ -125,11 +142,37 @@ def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: i
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)
     if target is None:
         raise AdaptspecError(f"--batched needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
+    switchback = _switchback(service, design, slice_rounds, seed, rule)
     engine = BatchEngine(target, drafter, max_rows=max_rows)
-    adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
+    if isinstance(rule, Mapping):  # per variant (switchback): the slice's variant's rule, each round
+        from .switchback import SliceRule
+
+        adapter: Any = SliceRule(switchback, {v: None if r is None else RoundRule(r, lambda: loop.queue_length)
+                                              for v, r in rule.items()})
+    else:
+        adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
     loop = EngineLoop(engine, max_queue=max_queue, attribution=attribution,
-                      profile=None if profile is None else get_profile(profile), rule=adapter)
+                      profile=None if profile is None else get_profile(profile), rule=adapter, switchback=switchback)
     service.runner = BatchedRunner(loop)
     if service.metrics is not None:
         service.metrics.attach_engine(loop.stats)
     return service.runner
+
+
+def _switchback(service: Any, design: str, slice_rounds: int | None, seed: int, rule: Any) -> Any:
+    """The :class:`~adaptspec.serving.switchback.Switchback` of ``design`` (None for ``"requests"``),
+    writing its slice records next to the service's decision log (when it has one)."""
+    from .switchback import AB_DESIGNS, DEFAULT_SLICE_ROUNDS, Switchback
+
+    if design not in AB_DESIGNS:
+        raise AdaptspecError(f"A/B design must be one of {', '.join(AB_DESIGNS)}, got {design!r}")
+    if design == "requests":
+        if slice_rounds is not None or isinstance(rule, Mapping):
+            raise AdaptspecError("slice rounds and per-variant load rules need the switchback design")
+        return None
+    sb = Switchback(service.router.variants, DEFAULT_SLICE_ROUNDS if slice_rounds is None else slice_rounds, seed)
+    if service.log_dir is not None:
+        from ..traces.slice_log import SliceLogWriter
+
+        sb.writer = SliceLogWriter(service.log_dir)
+    return sb

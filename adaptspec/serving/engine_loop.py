@@ -89,7 +89,7 @@ class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
     def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None,
-                 rule: Any = None) -> None:
+                 rule: Any = None, switchback: Any = None) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
         if attribution not in ATTRIBUTIONS:
@@ -99,6 +99,9 @@ class EngineLoop:
         self.rule = rule  # a serving.load_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
+        # a serving.switchback.Switchback (switchback A/B): it counts the rounds into slices; the
+        # variant of a request joining now is its slice's (switchback.assign), each round is recorded
+        self.switchback = switchback
         self.engine = engine
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -169,6 +172,8 @@ class EngineLoop:
             self._closed = True
         self._wake.set()
         self._thread.join(timeout)
+        if self.switchback is not None:  # the slice in progress is written, marked incomplete
+            self.switchback.close()
 
     def __enter__(self) -> "EngineLoop":
         return self
@@ -234,6 +239,8 @@ class EngineLoop:
                 t.attributed_s += float(share)
         if self.rule is not None and None not in rows:
             self.rule.feedback(record, shares, [t.handle for t in rows])
+        if self.switchback is not None:
+            self.switchback.after_round(record, decode_s)
 
     def _stream(self) -> None:
         still = []
