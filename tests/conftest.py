@@ -17,6 +17,7 @@ INTEGRATION_FILES = {
     "test_examples.py",
     "test_fleet_ab.py",
     "test_fleet_identity.py",
+    "test_fleet_lease_metrics.py",
     "test_fleet_redis.py",
     "test_fleet_serve.py",
     "test_openai_client.py",

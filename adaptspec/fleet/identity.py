@@ -7,6 +7,8 @@ stores its token with an expiry (``ttl_s``); the sync thread renews it at every 
 shutdown releases it. A second process claiming a live replica's id is refused with one line.
 A crashed replica stops renewing: its id is free once the lease expires (``ttl_s`` at most),
 and a replica restarted after a clean shutdown claims it at once.
+:meth:`ReplicaLease.seconds_left` is how long the lease lasts without another renewal (from when
+the last claim or renewal that worked was sent: never longer than the backend keeps it).
 
 If a replica cannot renew for longer than ``ttl_s`` (Redis unreachable) and meanwhile another
 process claims its id, the replica has lost its identity: :meth:`ReplicaLease.renew` says so,
@@ -20,7 +22,10 @@ and the replica stops publishing (it keeps serving from its own state, reports i
 Traceback (most recent call last):
 ...
 adaptspec.errors.AdaptspecError: replica id 'r0' of variant 'A' is held by a live replica (...): give this replica another id (--replica-id), ...
->>> first.release(); ReplicaLease(be, "A", "r0", ttl_s=10.0).claim()  # free after a clean shutdown
+>>> 9.0 < first.seconds_left() <= 10.0
+True
+>>> first.release(); first.seconds_left(), ReplicaLease(be, "A", "r0", ttl_s=10.0).claim()  # free after a clean shutdown
+(0.0, None)
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from typing import Any
 
 from ..errors import AdaptspecError
@@ -44,10 +50,18 @@ class ReplicaLease:
         self.backend, self.channel, self.replica, self.ttl_s = backend, channel, replica, float(ttl_s)
         self.token = f"{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
         self.held = False
+        self.renewed_at: float | None = None  # time.monotonic() when the last claim/renewal that worked was sent
+
+    def seconds_left(self) -> float:
+        """Seconds until the lease expires unless renewed (0 when it is not held)."""
+        if not self.held or self.renewed_at is None:
+            return 0.0
+        return max(0.0, self.ttl_s - (time.monotonic() - self.renewed_at))
 
     def claim(self) -> None:
         """Take the id now; one line when a live replica holds it or the backend cannot be reached."""
         where = getattr(self.backend, "describe", self.backend)
+        sent = time.monotonic()
         try:
             holder = self.backend.claim(self.channel, self.replica, self.token, self.ttl_s)
         except Exception as e:  # noqa: BLE001 - any backend failure is one line
@@ -58,13 +72,16 @@ class ReplicaLease:
                 f"replica id {self.replica!r} of variant {self.channel!r} is held by a live replica ({token}; its "
                 f"lease ends {left:.1f} s after its last renewal): give this replica another id (--replica-id), or stop that "
                 "one (a crashed replica's id is free once its lease has expired)")
-        self.held = True
+        self.held, self.renewed_at = True, sent
 
     def renew(self) -> bool:
         """Extend the lease (or take the id again if it expired free); False when another process holds it.
 
         Backend errors propagate: the caller counts them like any failed sync."""
+        sent = time.monotonic()
         self.held = bool(self.backend.renew(self.channel, self.replica, self.token, self.ttl_s))
+        if self.held:
+            self.renewed_at = sent
         return self.held
 
     def release(self) -> None:

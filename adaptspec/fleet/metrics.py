@@ -8,7 +8,11 @@
 - ``adaptspec_shared_unpublished_updates``: own updates the fleet has not seen yet;
 - ``adaptspec_shared_fleet_updates``: updates in the merged statistics (own + published by the others);
 - ``adaptspec_shared_other_replicas``: replicas whose statistics were merged;
-- ``adaptspec_shared_last_sync_age_seconds``: since the last sync that worked.
+- ``adaptspec_shared_last_sync_age_seconds``: since the last sync that worked;
+- ``adaptspec_fleet_lease_held``: 1 while this replica holds its replica id's lease, 0 once it
+  lost it (another process claimed the id: this one stops publishing);
+- ``adaptspec_fleet_lease_seconds_left``: how long the lease lasts without another renewal (the
+  sync thread renews it at every sync; it falls towards 0 while the backend cannot be reached).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
     fleet = GaugeMetricFamily("adaptspec_shared_fleet_updates", "Updates in the merged statistics", labels=v)
     others = GaugeMetricFamily("adaptspec_shared_other_replicas", "Other replicas whose statistics are merged", labels=v)
     age = GaugeMetricFamily("adaptspec_shared_last_sync_age_seconds", "Seconds since the last sync that worked", labels=v)
+    held = GaugeMetricFamily("adaptspec_fleet_lease_held", "1 while this replica holds its replica id's lease, else 0 "
+                             "(another process holds the id: not publishing)", labels=v)
+    left = GaugeMetricFamily("adaptspec_fleet_lease_seconds_left", "Seconds the replica id's lease lasts without "
+                             "another renewal (0 when not held)", labels=v)
     any_shared = False
     for name, c in controllers.items():
         s = c.stats().get("shared")
@@ -48,5 +56,7 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
         others.add_metric([name], s["other_replicas"])
         if s["last_sync_age_s"] is not None:
             age.add_metric([name], s["last_sync_age_s"])
+        held.add_metric([name], 1.0 if s.get("lease_held") else 0.0)
+        left.add_metric([name], float(s.get("lease_seconds_left") or 0.0))
     if any_shared:
-        yield from (up, syncs, errs, refused, unpub, fleet, others, age)
+        yield from (up, syncs, errs, refused, unpub, fleet, others, age, held, left)

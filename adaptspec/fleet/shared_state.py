@@ -323,7 +323,8 @@ class SharedState:
                 "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
                 "local_updates": local, "unpublished_updates": local - published, "other_replicas": len(others),
                 "fleet_updates": local + sum(others.values()), "last_error": self.last_error,
-                "rebuilt": self.rebuilt, "lease_held": bool(self.lease is not None and self.lease.held)}
+                "rebuilt": self.rebuilt, "lease_held": bool(self.lease is not None and self.lease.held),
+                "lease_seconds_left": 0.0 if self.lease is None else round(self.lease.seconds_left(), 3)}
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the sync thread, publish one last time (best effort: a dead backend is only counted) and
