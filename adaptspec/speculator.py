@@ -122,6 +122,74 @@ class Decision:
         )
 
 
+def _count(v: Any, name: str, least: int) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < least:
+        raise AdaptspecError(f"{name} must be an integer >= {least}, got {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """The serving system's load when a request is decided (batched serving), and the request's
+    own size: what a policy may see besides the prefill features, and what the log keeps.
+
+    ``rows`` is the rows decoding once this request has joined (itself included), ``queue`` the
+    requests waiting behind it, ``context_tokens`` its prompt's tokens, ``temperature`` and
+    ``max_tokens`` its sampling settings. Checked when made.
+
+    >>> LoadState(rows=3, queue=0, context_tokens=12, temperature=0.0, max_tokens=64).rows
+    3
+    >>> LoadState(rows=0, queue=0, context_tokens=12, temperature=0.0, max_tokens=64)
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: rows must be an integer >= 1, got 0
+    """
+
+    rows: int
+    queue: int
+    context_tokens: int
+    temperature: float
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        for name, least in (("rows", 1), ("queue", 0), ("context_tokens", 1), ("max_tokens", 1)):
+            object.__setattr__(self, name, _count(getattr(self, name), name, least))
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) or not 0 <= t < float("inf"):
+            raise AdaptspecError(f"temperature must be a finite number >= 0, got {t!r}")
+        object.__setattr__(self, "temperature", float(t))
+
+
+@dataclass(frozen=True)
+class SharedRounds:
+    """How a batched request's decode time was counted: ``attributed_s``, the sum of its shares
+    of its rounds' time (what its reward is measured on), against ``wall_decode_s``, the wall
+    time from its join to its end, over ``rounds`` rounds that held ``row_rounds`` rows in all.
+
+    >>> SharedRounds(attributed_s=0.02, wall_decode_s=0.05, rounds=4, row_rounds=10).mean_rows
+    2.5
+    """
+
+    attributed_s: float
+    wall_decode_s: float
+    rounds: int
+    row_rounds: int
+
+    def __post_init__(self) -> None:
+        for name in ("attributed_s", "wall_decode_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 <= v < float("inf"):
+                raise AdaptspecError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        object.__setattr__(self, "rounds", _count(self.rounds, "rounds", 0))
+        object.__setattr__(self, "row_rounds", _count(self.row_rounds, "row_rounds", self.rounds))
+
+    @property
+    def mean_rows(self) -> float | None:
+        """Mean rows in its rounds (itself included); None when no round ran."""
+        return self.row_rounds / self.rounds if self.rounds else None
+
+
 @runtime_checkable
 class RoundSchedule(Protocol):
     """Chooses, round by round inside one request, how much to draft and how much to verify.

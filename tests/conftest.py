@@ -67,6 +67,7 @@ SLOW_TESTS = {
     "tests/test_fast_verification.py::test_output_equals_plain_greedy_except_at_near_ties",
     "tests/test_fast_verification.py::test_sampling_keeps_the_verifying_pass_distribution",
     "tests/test_fleet_replay.py::test_four_replicas_learn_about_four_times_sooner",
+    "tests/test_load_context.py::test_batched_decisions_log_their_load_and_attribution_and_decide_on_the_load",
     "tests/test_load_rules.py::test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free",
     "tests/test_load_sim.py::test_the_learned_rule_finds_each_load_levels_best_block_size",
     "tests/test_machine_speed.py::test_a_uniformly_slower_or_faster_machine_leaves_every_choice_unchanged",

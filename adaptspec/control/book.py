@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import Decision, Outcome
+from ..speculator import Decision, LoadState, Outcome, SharedRounds
 from .config import ControllerConfig
 from .updates import Update, UpdateQueue
 
@@ -55,6 +55,7 @@ class Pending:
     context: np.ndarray | None
     request_id: str | None
     since: float
+    load: LoadState | None = None
 
 
 class DecisionBook:
@@ -88,10 +89,11 @@ class DecisionBook:
     def pending(self) -> int:
         return len(self._pending)
 
-    def open(self, decision: Decision, context: np.ndarray | None, request_id: str | None) -> None:
-        """Record a (checked) decision as waiting for feedback."""
+    def open(self, decision: Decision, context: np.ndarray | None, request_id: str | None,
+             load: LoadState | None = None) -> None:
+        """Record a (checked) decision, made under ``load`` (or None), as waiting for feedback."""
         with self._lock:
-            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic())
+            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic(), load)
 
     def decision(self, decision_id: str) -> Decision | None:
         """The pending decision ``decision_id`` (None when it is not pending)."""
@@ -99,8 +101,10 @@ class DecisionBook:
             p = self._pending.get(decision_id)
         return None if p is None else p.decision
 
-    def feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None) -> tuple[str, float | None]:
+    def feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None,
+                 shared: SharedRounds | None = None) -> tuple[str, float | None]:
         """Settle a decision with its ``outcome`` and/or a (checked) ``reward``: ``(status, reward)``.
+        ``shared`` (batched serving) is how its decode time was attributed; it goes to the log.
 
         A reward computed from the outcome is measured; an undefined or non-finite one is None
         (``no_reward``). Raises :class:`DecisionLogError` when the row cannot be logged."""
@@ -119,7 +123,7 @@ class DecisionBook:
                 ratio = self.machine_speed.ratio(outcome)
         status = "applied" if reward is not None else "no_reward"
         try:
-            self._write(p, outcome, reward, ratio)
+            self._write(p, outcome, reward, ratio, shared)
         except DecisionLogError:  # not logged, so not applied either
             with self._lock:
                 self.counts["log_error"] += 1
@@ -163,11 +167,13 @@ class DecisionBook:
             return None
         return r if math.isfinite(r) else None
 
-    def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None) -> None:
+    def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None,
+               shared: SharedRounds | None = None) -> None:
         from ..traces import decision_row
 
         row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
-                           reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio)
+                           reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio,
+                           load=p.load, shared=shared)
         with self._seq_lock:  # the log's order is the order updates are applied in
             if self.log_writer is not None:
                 try:

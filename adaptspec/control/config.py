@@ -57,6 +57,7 @@ class ControllerConfig:
     log_fsync: bool = True
     blas_threads: int | None = 1
     shared: Any = None
+    load_features: bool = False
 
     def __post_init__(self) -> None:
         self._check()
@@ -79,6 +80,8 @@ class ControllerConfig:
             raise AdaptspecError(f"seed must be an integer or None, got {self.seed!r}")
         if not (callable(self.reward) or isinstance(self.reward, str)):
             raise AdaptspecError(f"reward must be a reward name or a function of the outcome, got {self.reward!r}")
+        if not isinstance(self.load_features, (bool, np.bool_)):
+            raise AdaptspecError(f"load_features must be True or False, got {self.load_features!r}")
         if self.variant is not None and not isinstance(self.variant, str):
             raise AdaptspecError(f"variant must be a string or None, got {self.variant!r}")
         rule = self.round_rule

@@ -14,7 +14,10 @@ One request through :meth:`AdaptiveController.generate`, and which part does wha
 
 Engines that run decoding themselves use the split form: ``decision = controller.decide(
 features)`` when the prefill is done, ``controller.feedback(decision.decision_id, outcome)``
-when the request finishes. Feedback may arrive late, out of order, twice (the second is
+when the request finishes. A batched engine also passes the load at the decision
+(``decide(features, load=LoadState(...))``: the log keeps it, and a controller made with
+``load_features=True`` appends it to the policy's context) and how the request's decode time
+was attributed (``feedback(..., shared=SharedRounds(...))``: the log keeps it). Feedback may arrive late, out of order, twice (the second is
 ignored and counted) or never (after ``feedback_timeout_s`` the decision is logged without a
 reward, dropped and counted).
 
@@ -86,7 +89,7 @@ from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from ..reward.functions import DEFAULT_REWARD
 from ..schedules.fixed import BlockFunction
-from ..speculator import Decision, Outcome, Round
+from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
            "default_policy_spec"]
@@ -185,6 +188,12 @@ class AdaptiveController:
         A :class:`~adaptspec.fleet.SharedState`: learn with the other replicas of a fleet
         (statistics published and merged off the decision path; see docs/serving.md#fleet).
         None (default): this process learns alone.
+    load_features
+        Append the load at decision time (:data:`~adaptspec.control.context.LOAD_FEATURES` of
+        the :class:`~adaptspec.speculator.LoadState` given to :meth:`decide`) to every context
+        (default False). It widens the context by 5, so it is chosen when the policy is
+        created: a policy, checkpoint or decision log made without it does not fit. Then every
+        :meth:`decide` needs ``load``; :meth:`generate` gives its own (one row, no queue).
     """
 
     def __init__(self, speculator: Any, policy: Any = None, *, arms: Sequence[int] | None = None,
@@ -195,7 +204,7 @@ class AdaptiveController:
                  decide_timeout_s: float = 0.1, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
                  round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
                  roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
-                 blas_threads: int | None = 1, shared: Any = None) -> None:
+                 blas_threads: int | None = 1, shared: Any = None, load_features: bool = False) -> None:
         settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
         self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
         self.speculator, self.max_block_size = speculator, check_speculator(speculator)
@@ -204,7 +213,7 @@ class AdaptiveController:
         self._spec_lock = speculator_lock(speculator)
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
         contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
-                            raw_width=_feature_width(speculator))
+                            raw_width=_feature_width(speculator), load_features=cfg.load_features)
         checkpointer, self._log = _checkpointer(cfg, setup), open_decision_log(cfg, contexts.width, contexts.source)
         try:
             self._updates = UpdateQueue()
@@ -286,8 +295,12 @@ class AdaptiveController:
         if on_tokens is not None:
             on_tokens([int(pre.first_token)])
         ta = time.perf_counter()
-        ctx = self._decider.context(pre.features)
-        first = self._decide(ctx, request_id)
+        load = None
+        if self.config.load_features:  # decoded alone: one row, nothing counted as queued
+            load = LoadState(rows=1, queue=0, context_tokens=int(pre.prompt_tokens), temperature=float(temperature),
+                             max_tokens=max_new_tokens)
+        ctx = self._decider.context(pre.features, load)
+        first = self._decide(ctx, request_id, load)
         decisions = [first]
         starts = [0]
         schedule: Any = first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
@@ -296,7 +309,7 @@ class AdaptiveController:
 
             def redecide(i: int, rounds: list[Round]) -> int:
                 if i > 0 and i % k == 0 and starts[-1] != i:
-                    decisions.append(self._decide(ctx, request_id))
+                    decisions.append(self._decide(ctx, request_id, load))
                     starts.append(i)
                 return decisions[-1].block_size
 
@@ -319,18 +332,26 @@ class AdaptiveController:
         t4 = time.perf_counter()
         return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))
 
-    def decide(self, features: Sequence[float] | np.ndarray | None = None, *, request_id: str | None = None) -> Decision:
+    def decide(self, features: Sequence[float] | np.ndarray | None = None, *, request_id: str | None = None,
+               load: LoadState | None = None) -> Decision:
         """Choose a block size for a request whose prefill gave ``features``; the decision has an id.
 
-        Never raises because of the policy: a failing or late policy gives the fallback
-        block size (``decision.extras["fallback"]`` says why). Bad ``features`` raise.
+        ``load`` is the load at this decision (a batched engine's rows and queue, the request's
+        size; None for an unbatched caller): logged with the decision, and part of the context
+        with ``load_features`` (then it is required). Never raises because of the policy: a
+        failing or late policy gives the fallback block size (``decision.extras["fallback"]``
+        says why). Bad ``features`` raise.
         """
         self._check_open()
-        return self._decide(self._decider.context(features), request_id)
+        if load is not None and not isinstance(load, LoadState):
+            raise AdaptspecError(f"load must be an adaptspec LoadState, got {type(load).__name__}")
+        return self._decide(self._decider.context(features, load), request_id, load)
 
-    def feedback(self, decision_id: str, outcome: Outcome | None = None, *, reward: float | None = None) -> str:
+    def feedback(self, decision_id: str, outcome: Outcome | None = None, *, reward: float | None = None,
+                 shared: SharedRounds | None = None) -> str:
         """Report how decision ``decision_id`` went: its ``outcome`` (the reward is computed from
-        it) and/or an explicit ``reward``.
+        it) and/or an explicit ``reward``; ``shared``, from a batched engine, how the outcome's
+        ``decode_s`` was attributed among the rows it shared rounds with (logged).
 
         Returns ``"applied"`` (logged; the update is queued), ``"no_reward"`` (logged, but
         the reward was undefined, e.g. no round ran), ``"duplicate"`` (already had feedback:
@@ -339,6 +360,8 @@ class AdaptiveController:
         """
         if outcome is None and reward is None:
             raise AdaptspecError("feedback needs an outcome or a reward")
+        if shared is not None and not isinstance(shared, SharedRounds):
+            raise AdaptspecError(f"shared must be an adaptspec SharedRounds, got {type(shared).__name__}")
         if outcome is not None and not isinstance(outcome, Outcome):
             raise AdaptspecError(f"outcome must be an adaptspec Outcome, got {type(outcome).__name__}")
         if reward is not None:
@@ -352,7 +375,7 @@ class AdaptiveController:
         decision = self._book.decision(decision_id)
         if outcome is not None and decision is not None:
             check_outcome(outcome, decision)
-        return self._book.feedback(decision_id, outcome, reward)[0]
+        return self._book.feedback(decision_id, outcome, reward, shared)[0]
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
         """Wait until every queued update is applied and published to decisions."""
@@ -444,9 +467,9 @@ class AdaptiveController:
                 f"featurizer={self.featurizer!r})")
 
     # ================================================================== helpers
-    def _decide(self, ctx: np.ndarray | None, request_id: str | None) -> Decision:
+    def _decide(self, ctx: np.ndarray | None, request_id: str | None, load: LoadState | None = None) -> Decision:
         d = self._decider.decide(ctx)  # checked, with an id; the fallback if the policy failed
-        self._book.open(d, ctx, request_id)
+        self._book.open(d, ctx, request_id, load)
         return d
 
     def _check_open(self) -> None:

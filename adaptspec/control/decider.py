@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import Decision
+from ..speculator import Decision, LoadState
 from .block_sizes import check_decision, fallback_decision
 from .context import Contexts
 
@@ -73,9 +73,10 @@ class Decider:
         self.decisions = 0
         self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
 
-    def context(self, features: Any) -> np.ndarray | None:
-        """The context of a request (:class:`~adaptspec.control.context.Contexts`): the one input of :meth:`decide`."""
-        return self.contexts(features)
+    def context(self, features: Any, load: LoadState | None = None) -> np.ndarray | None:
+        """The context of a request decided under ``load`` (:class:`~adaptspec.control.context.Contexts`):
+        the one input of :meth:`decide`."""
+        return self.contexts(features, load)
 
     def decide(self, ctx: np.ndarray | None) -> Decision:
         """A checked decision for context ``ctx``, with a new id; the fallback when the policy fails."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
+from .context import LOAD_FEATURES
 from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 
@@ -182,8 +183,12 @@ def setup_policy(policy: Any, config: Any, max_block_size: int) -> PolicySetup:
     contextual = bool(getattr(learner, "contextual", True))
     featurizer = resolve_featurizer(config.featurizer, spec)
     dim = getattr(learner, "dim", None)
-    if featurizer is not None and dim is not None and contextual and dim != featurizer.out_dim:
-        raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values, policy {label} expects {dim}")
+    if featurizer is not None and dim is not None and contextual:
+        extra = len(LOAD_FEATURES) if config.load_features else 0
+        if dim != featurizer.out_dim + extra:
+            with_load = f" + {extra} load features" if extra else ""
+            raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
+                                 f"{' (load_features is chosen when the policy is created)' if extra else ''}")
     fallback = choose_fallback(config.fallback_block_size, arms)
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
     machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)

@@ -7,12 +7,18 @@ variant's controller's, through its split API:
 
 - **decide at join**: the engine prefills the request when a row is free and calls the
   request's chooser with the prefill's features; the chooser asks the variant's controller
-  (``controller.decide(features)``) and returns the decision's block size;
+  (``controller.decide(features, load=...)``) and returns the decision's block size. The
+  :class:`~adaptspec.speculator.LoadState` is read there, on the loop thread (:func:`load_at_join`):
+  the rows decoding once the request has joined, the requests still queued, the prompt's
+  tokens, its temperature and max_tokens. The log keeps it; a controller made with
+  ``load_features=True`` decides on it too;
 - **feedback at the end**: the request's :class:`~adaptspec.speculator.Outcome` goes back to
   ``controller.feedback`` with ``decode_s`` = the request's *attributed* time, the sum of its
   shares of its rounds (:mod:`adaptspec.reward.attribution`), so its reward counts the cost its
   block size put on the rows it shared rounds with, not the wall time of a batch it did not
-  own. The decision log then holds that outcome and reward as for any other request.
+  own. The decision log then holds that outcome and reward as for any other request, and
+  (``shared=``, a :class:`~adaptspec.speculator.SharedRounds`) the attributed time beside the
+  wall decode time and the rows of its rounds.
 
 **Switchback** (``design="switchback"``, :mod:`adaptspec.serving.switchback`): the router's
 variant is only provisional. A request's variant is fixed at join, on the engine's thread: the
@@ -32,17 +38,25 @@ import time
 from typing import Any, Callable, Mapping
 
 from ..errors import AdaptspecError
-from ..speculator import Outcome
+from ..speculator import LoadState, Outcome, SharedRounds
 from .engine_loop import EngineLoop, QueueFull
 from .halting import current_halt_condition
 from .request_error import RequestError
 
-__all__ = ["BatchedRunner", "too_busy"]
+__all__ = ["BatchedRunner", "too_busy", "load_at_join"]
 
 
 def too_busy(e: QueueFull) -> RequestError:
     """The 429 a full queue answers with: one line and ``Retry-After`` in whole seconds."""
     return RequestError(str(e), 429, headers={"Retry-After": str(max(1, math.ceil(e.retry_after_s)))})
+
+
+def load_at_join(loop: EngineLoop, req: Any) -> LoadState:
+    """The load ``req`` is decided under; called on ``loop``'s thread while the request joins (its
+    own row not yet in ``engine.rows``, so it is counted here; the requests joining before it in
+    the same round are in)."""
+    return LoadState(rows=len(loop.engine.rows) + 1, queue=loop.queue_length, context_tokens=len(req.prompt_ids),
+                     temperature=float(req.temperature), max_tokens=int(req.max_tokens))
 
 
 class BatchedRunner:
@@ -73,7 +87,7 @@ class BatchedRunner:
                 req.variant = self.loop.switchback.assign(req.request_id)
                 ctrl = service.controllers[req.variant]
             t0 = time.perf_counter()
-            d = ctrl.decide(features, request_id=req.request_id)
+            d = ctrl.decide(features, request_id=req.request_id, load=load_at_join(self.loop, req))
             decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
             return int(d.block_size)
 
@@ -96,9 +110,11 @@ class BatchedRunner:
             raise AdaptspecError(f"request {req.request_id} finished without a decision")
         outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.attributed_s,
                           finish_reason=done.finish_reason)
+        shared = SharedRounds(attributed_s=ticket.attributed_s, wall_decode_s=done.decode_s, rounds=len(done.rounds),
+                              row_rounds=ticket.row_rounds)
         t0 = time.perf_counter()
         try:
-            status = ctrl.feedback(decision.decision_id, outcome)
+            status = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
             if service.metrics is not None:
                 service.metrics.failed(req.variant)

@@ -62,6 +62,7 @@ class Ticket:
     error: AdaptspecError | None = None
     sent: int = 0  # tokens already given to on_tokens
     attributed_s: float = 0.0  # this request's shares of its rounds' decode time
+    row_rounds: int = 0  # the rows of its rounds, summed (over its rounds: the mean rows it shared)
     done: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
 
@@ -237,6 +238,7 @@ class EngineLoop:
         for t, share in zip(rows, shares):
             if t is not None:
                 t.attributed_s += float(share)
+                t.row_rounds += len(rows)
         if self.rule is not None and None not in rows:
             self.rule.feedback(record, shares, [t.handle for t in rows])
         if self.switchback is not None:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
-from .schema import DECISION_COLUMNS, SCHEMA_VERSION
+from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, SCHEMA_VERSION
 
 _part_counter = count()
 
@@ -41,6 +41,8 @@ def decision_row(
     variant: str | None = None,
     time: float | datetime | None = None,
     speed_ratio: float | None = None,
+    load: Any = None,
+    shared: Any = None,
 ) -> dict[str, Any]:
     """One decision-log row from a :class:`~adaptspec.speculator.Decision` and what followed.
 
@@ -48,6 +50,18 @@ def decision_row(
     fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``. ``speed_ratio`` is the
     decode time over the speed reference's (:class:`~adaptspec.reward.machine_speed.MachineSpeed`)
     when the policy learnt from a calibrated reward; ``reward`` is always the measured one.
+    ``load`` (a :class:`~adaptspec.speculator.LoadState`) fills the load columns
+    (``rows_in_flight``, ``queue_length``, ``context_tokens``, ``temperature``, ``max_tokens``),
+    ``shared`` (a :class:`~adaptspec.speculator.SharedRounds`) the attribution columns
+    (``attributed_ms``, ``wall_decode_ms``, ``row_rounds``, ``mean_rows``); without them those
+    columns are left out.
+
+    >>> from adaptspec.speculator import Decision, LoadState, SharedRounds
+    >>> d = Decision(4, 1.0, [0.0, 1.0], (1, 4), "fixed:4", decision_id="d1")
+    >>> r = decision_row(d, load=LoadState(rows=2, queue=5, context_tokens=9, temperature=0.0, max_tokens=32),
+    ...                  shared=SharedRounds(attributed_s=0.012, wall_decode_s=0.03, rounds=4, row_rounds=6))
+    >>> r["rows_in_flight"], r["queue_length"], r["attributed_ms"], r["wall_decode_ms"], r["mean_rows"]
+    (2, 5, 12.0, 30.0, 1.5)
     """
     row: dict[str, Any] = {
         "decision_id": decision.decision_id or uuid.uuid4().hex,
@@ -65,6 +79,12 @@ def decision_row(
     }
     if speed_ratio is not None:
         row["speed_ratio"] = float(speed_ratio)
+    if load is not None:
+        row.update(rows_in_flight=load.rows, queue_length=load.queue, context_tokens=load.context_tokens,
+                   temperature=load.temperature, max_tokens=load.max_tokens)
+    if shared is not None:
+        row.update(attributed_ms=1000.0 * shared.attributed_s, wall_decode_ms=1000.0 * shared.wall_decode_s,
+                   row_rounds=shared.row_rounds, mean_rows=shared.mean_rows)
     if outcome is not None:
         row.update(new_tokens=int(outcome.new_tokens), decode_ms=1000.0 * float(outcome.decode_s),
                    mean_tau=float(outcome.mean_tau) if outcome.rounds else None, rounds=len(outcome.rounds))
@@ -146,13 +166,20 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
     if off.any():
         r = _first(off)
         raise _err(where, f"column 'propensity', row {r}: {prop[r]} but probs gives {p_chosen[r]:.6g} to block size {bs[r]}")
-    for name in ("reward", "decode_ms", "mean_tau"):
+    for name in DECISION_FLOATS:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
             bad = ~np.asarray(pc.is_finite(col).fill_null(True))
             if bad.any():
                 r = _first(bad)
                 raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} (use null for a missing value)")
+    for name in DECISION_COUNTS:
+        if name in table.column_names:
+            col = table.column(name).combine_chunks()
+            bad = np.asarray(pc.less(col, 0).fill_null(False))
+            if bad.any():
+                r = _first(bad)
+                raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} is negative")
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
         bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))

@@ -340,7 +340,7 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
     """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row.
 
     ``check_decision=False`` skips the decision's own fields (a row made from a checked decision)."""
-    from . import DECISION_COLUMNS
+    from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
     if unknown:
@@ -369,11 +369,11 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         mt, b = out.get("mean_tau"), out["block_size"]
         if mt is not None and math.isfinite(float(mt)) and not 1 - 1e-9 <= float(mt) <= b + 1e-9:
             raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{b} (its block size)")
-    for k in ("reward", "decode_ms", "mean_tau"):
+    for k in DECISION_FLOATS:
         v = out.get(k)
         if v is not None and not math.isfinite(float(v)):
             raise AdaptspecError(f"decision row {k} is {v} (use None for a missing value)")
-    for k in ("new_tokens", "rounds"):
+    for k in DECISION_COUNTS:
         v = out.get(k)
         if v is not None and (isinstance(v, bool) or int(v) != v or v < 0):
             raise AdaptspecError(f"decision row {k} must be a non-negative integer, got {v!r}")

@@ -50,4 +50,20 @@ DECISION_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
     "mean_tau": (pa.float64(), False, True),
     "rounds": (pa.int64(), False, True),
     "speed_ratio": (pa.float64(), False, True),
+    # the load at the decision (batched serving; absent or null elsewhere)
+    "rows_in_flight": (pa.int64(), False, True),
+    "queue_length": (pa.int64(), False, True),
+    "context_tokens": (pa.int64(), False, True),
+    "temperature": (pa.float64(), False, True),
+    "max_tokens": (pa.int64(), False, True),
+    # how a batched request's decode time was attributed (decode_ms is attributed_ms there)
+    "attributed_ms": (pa.float64(), False, True),
+    "wall_decode_ms": (pa.float64(), False, True),
+    "row_rounds": (pa.int64(), False, True),
+    "mean_rows": (pa.float64(), False, True),
 }
+
+#: Decision-log columns checked finite (null is the missing value) and non-negative integers.
+DECISION_FLOATS = ("reward", "decode_ms", "mean_tau", "temperature", "attributed_ms", "wall_decode_ms", "mean_rows")
+DECISION_COUNTS = ("new_tokens", "rounds", "rows_in_flight", "queue_length", "context_tokens", "max_tokens",
+                   "row_rounds")
