@@ -139,6 +139,19 @@ def test_load_features_are_chosen_with_the_policy_a_head_sized_for_the_features_
         AdaptiveController(Toy(), "linucb", arms=[1, 4], load_features=1)
 
 
+def test_a_checkpoint_keeps_the_load_features_choice_and_a_controller_without_it_is_refused(tmp_path):
+    kw = dict(arms=[1, 4], log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", reward="tau")
+    with AdaptiveController(Toy(), "linucb", load_features=True, **kw) as c:
+        d = c.decide([1.0, 2.0, 4.0], load=LOAD)
+        c.feedback(d.decision_id, Outcome([1] * 5, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005))
+        c.checkpoint()
+    with pytest.raises(AdaptspecError, match="checkpoint was written with load_features=True, this controller has "
+                                             "load_features=False"):
+        AdaptiveController(Toy(), "linucb", log_dir=tmp_path / "other", **{k: v for k, v in kw.items() if k != "log_dir"})
+    with AdaptiveController(Toy(), "linucb", load_features=True, **kw) as c:
+        assert c.resumed is not None and c.stats()["updates"] == 1
+
+
 # ============================================================================ the decision log
 OLD_COLUMNS = ["decision_id", "time", "request_id", "policy", "version", "variant", "features", "block_size",
                "propensity", "probs", "arms", "reward", "new_tokens", "decode_ms", "mean_tau", "rounds"]

@@ -133,6 +133,10 @@ class Checkpointer:
             raise AdaptspecError(f"{ck}: checkpoint of variant {meta.get('variant')!r}, this controller is {variant!r}")
         if tuple(meta.get("arms", ())) != arms:
             raise AdaptspecError(f"{ck}: checkpoint has arms {meta.get('arms')}, the policy has {list(arms)}")
+        load = bool(self.meta.get("load_features", False))
+        if bool(meta.get("load_features", False)) != load:  # older checkpoints: written without them
+            raise AdaptspecError(f"{ck}: checkpoint was written with load_features={not load}, this controller has "
+                                 f"load_features={load} (chosen when the policy is created)")
         fp = None if self.featurizer is None else self.featurizer.fingerprint
         if meta.get("featurizer") != fp:
             raise AdaptspecError(f"{ck}: checkpoint was written with featurizer {meta.get('featurizer')}, "

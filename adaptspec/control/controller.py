@@ -489,7 +489,7 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | N
     if directory is None:
         return None
     meta = {"variant": cfg.variant, "policy_label": setup.label, "policy_spec": setup.spec, "arms": list(setup.arms),
-            "seed": cfg.seed, "reward": cfg.reward_name}
+            "seed": cfg.seed, "reward": cfg.reward_name, "load_features": cfg.load_features}
     return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
                         machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
                         interval_s=cfg.checkpoint_interval_s)
