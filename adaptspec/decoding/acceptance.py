@@ -35,11 +35,12 @@ def draft_acceptance(drafter, context: torch.Tensor, seq: torch.Tensor, start: i
         nxt = seq[start + p + 1 : start + p + bmax]
         labels[p, : len(nxt)] = nxt
     w = drafter.lm_weight()
+    context, seq_on = context.to(w.device), seq.to(w.device)  # the drafter's device (a GPU, say)
     for first in range(0, n, chunk):
         rows = torch.arange(first, min(n, first + chunk))
-        anchors = (start + rows)[None]
+        anchors = (start + rows)[None].to(w.device)
         end = start + int(rows[-1]) + 1  # a block at anchor a reads context positions < a only
-        ctx, tok = context[None, :end], seq[None, :end]
+        ctx, tok = context[None, :end], seq_on[None, :end]
         for j, b in enumerate(block_sizes):
             h = drafter.forward_train(ctx, tok, anchors, b)[0]  # [A, b - 1, H]
             logits = (h.to(w.dtype) @ w.T).float()

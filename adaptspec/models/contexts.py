@@ -51,8 +51,8 @@ def teacher_forced_hidden(
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # right padding: never seen by earlier positions
         for r, i in enumerate(rows):
             ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i], dtype=np.int64))
-        hs = model.model(input_ids=ids, output_hidden_states=True).hidden_states
-        cat = torch.cat([hs[l] for l in layers], dim=-1).to(torch.float16)
+        hs = model.model(input_ids=ids.to(model.device), output_hidden_states=True).hidden_states
+        cat = torch.cat([hs[l] for l in layers], dim=-1).to(torch.float16).cpu()
         for r, i in enumerate(rows):
             out[i] = cat[r, : len(sequences[i])].numpy()
         start = stop

@@ -85,6 +85,13 @@ class ShardData:
         self.files: set[Path] = set()
         self.reload()
 
+    def to(self, device: str | torch.device) -> "ShardData":
+        """Hold every sequence's hidden states as a float16 tensor on ``device`` (a GPU: batches
+        are then gathered there, not copied over from memory-mapped files each step); returns self.
+        Shards added later by :meth:`reload` stay memory-mapped."""
+        self.hidden = [torch.from_numpy(np.array(h, dtype=np.float16)).to(device) for h in self.hidden]
+        return self
+
     def reload(self) -> int:
         """Load shards written since the last call; returns how many were added."""
         new = sorted(p for d in self.dirs for p in (d / "shards").glob("shard-*.npz") if p not in self.files)
@@ -119,10 +126,17 @@ class ShardData:
 
 
 def make_batch(
-    data: ShardData, idx: np.ndarray, cfg: TrainConfig, rng: np.random.Generator, vocab_map: torch.Tensor | None
+    data: ShardData, idx: np.ndarray, cfg: TrainConfig, rng: np.random.Generator, vocab_map: torch.Tensor | None,
+    device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """Sequences ``idx`` truncated to ``max_seq_len``, with random anchors in their responses."""
+    """Sequences ``idx`` truncated to ``max_seq_len``, with random anchors in their responses.
+
+    On the CPU the hidden states are float32; on another ``device`` they stay float16 (as
+    stored; the drafter's first layer casts them) and are gathered there when
+    :meth:`ShardData.to` put them there.
+    """
     b, a = cfg.block_size, cfg.anchors_per_seq
+    device = torch.device(device)
     seqs = []
     for i in idx:
         tok, hid, pl = data.tokens[i], data.hidden[i], data.prompt_lens[i]
@@ -130,16 +144,17 @@ def make_batch(
         if n > m:  # a window of m positions that still holds response tokens to anchor on
             lo = int(rng.integers(max(0, pl + 2 - m), n - m + 1))
             tok, hid, pl = tok[lo : lo + m], hid[lo : lo + m], max(1, pl - lo)
-        seqs.append((np.asarray(tok, dtype=np.int64), np.asarray(hid, dtype=np.float32), max(1, pl)))
+        seqs.append((np.asarray(tok, dtype=np.int64), hid, max(1, pl)))
     width = max(len(t) for t, _, _ in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-    hidden = torch.zeros(len(seqs), width, seqs[0][1].shape[1])
+    hidden = torch.zeros(len(seqs), width, seqs[0][1].shape[1], device=device,
+                         dtype=torch.float32 if device.type == "cpu" else torch.float16)
     anchors = torch.zeros(len(seqs), a, dtype=torch.long)
     labels = torch.full((len(seqs), a, b - 1), -100, dtype=torch.long)
     for r, (tok, hid, pl) in enumerate(seqs):
         n = len(tok)
         tokens[r, :n] = torch.from_numpy(tok)
-        hidden[r, :n] = torch.from_numpy(hid)
+        hidden[r, :n] = hid if isinstance(hid, torch.Tensor) else torch.from_numpy(np.asarray(hid, dtype=np.float32))
         cand = np.arange(pl, n - 1)  # the anchor token must have at least one label after it
         pick = np.sort(rng.choice(cand, size=a, replace=len(cand) < a))
         anchors[r] = torch.from_numpy(pick)
@@ -148,7 +163,7 @@ def make_batch(
             labels[r, j, : len(lab)] = torch.from_numpy(lab)
     if vocab_map is not None:
         labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
-    return {"tokens": tokens, "hidden": hidden, "anchors": anchors, "labels": labels}
+    return {"tokens": tokens.to(device), "hidden": hidden, "anchors": anchors.to(device), "labels": labels.to(device)}
 
 
 def draft_vocabulary(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:
@@ -224,10 +239,10 @@ def greedy_acceptance(
     per: dict[int, dict[str, list[float]]] = {b: {} for b in block_sizes}
     n = min(len(data), max_seqs)
     for i in range(n):
-        batch = make_batch(data, np.array([i]), cfg, rng, None)
+        batch = make_batch(data, np.array([i]), cfg, rng, None, device=drafter.fc.weight.device)
         h = drafter.forward_train(batch["hidden"], batch["tokens"], batch["anchors"], bmax)
-        pred = drafter.to_target_ids((h @ drafter.lm_weight().T.to(h.dtype)).argmax(-1))[0]  # [A, bmax-1]
-        labels = batch["labels"][0]
+        pred = drafter.to_target_ids((h @ drafter.lm_weight().T.to(h.dtype)).argmax(-1))[0].cpu()  # [A, bmax-1]
+        labels = batch["labels"][0].cpu()
         for b in block_sizes:
             ok = (pred[:, : b - 1] == labels[:, : b - 1]) & (labels[:, : b - 1] >= 0)
             tau = 1 + ok.int().cumprod(1).sum(1)
@@ -331,8 +346,13 @@ def train(
     target_layers: list[int] | None = None,
     vocab_prior: Counter | None = None,
     evaluate=None,
+    device: str | torch.device = "cpu",
 ) -> BlockDiffusionDrafter:
     """Train (or resume) a drafter for ``target``; returns it. Checkpoints go to ``ckpt_dir``.
+
+    On a ``device`` other than the CPU (a GPU: ``target`` must be there already), the
+    training sequences' hidden states are moved there once (:meth:`ShardData.to`), batches
+    are gathered there and the steps run under that device's bfloat16 autocast.
 
     The draft vocabulary is fixed at the first step from the response tokens present (and
     ``vocab_prior`` counts, e.g. of all prompts, when training starts before distillation ends).
@@ -342,10 +362,16 @@ def train(
     torch.set_num_threads(cfg.threads)
     evaluate = evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    emb_device = target.get_input_embeddings().weight.device
+    if emb_device.type != device.type:
+        raise AdaptspecError(f"training on {device}, but the target is on {emb_device}: move it there first")
     data = ShardData(train_dirs, cfg.max_train_tokens)
     held = ShardData(eval_dirs) if eval_dirs else None
     if len(data) == 0:
         raise RuntimeError(f"no training shards under {train_dirs}")
+    if device.type != "cpu":
+        data.to(device)
     state_path = ckpt_dir / "state.pt"
     rng = np.random.default_rng(cfg.seed)
     if state_path.exists():
@@ -384,13 +410,13 @@ def train(
             log(f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}")
     for p in target.parameters():
         p.requires_grad_(False)
-    drafter.train()
+    drafter.to(device).train()
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     if st is not None:
         opt.load_state_dict(st["opt"])
     vmap = None if draft_vocab is None else vocab_index(draft_vocab, target.config.vocab_size)
-    weights = block_position_weights(cfg.block_size, cfg.gamma)
+    weights = block_position_weights(cfg.block_size, cfg.gamma).to(device)
     log(f"position weights (gamma {cfg.gamma or 'default'}): {[round(float(w), 3) for w in weights]}")
     log(f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}")
 
@@ -414,8 +440,8 @@ def train(
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         idx = rng.choice(len(data), size=cfg.seqs_per_step, replace=False)
-        batch = make_batch(data, idx, cfg, rng, vmap)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+        batch = make_batch(data, idx, cfg, rng, vmap, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
             loss, acc = block_loss(drafter, batch, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
