@@ -158,9 +158,8 @@ def make_batch(
         cand = np.arange(pl, n - 1)  # the anchor token must have at least one label after it
         pick = np.sort(rng.choice(cand, size=a, replace=len(cand) < a))
         anchors[r] = torch.from_numpy(pick)
-        for j, p in enumerate(pick.tolist()):
-            lab = tok[p + 1 : p + b]
-            labels[r, j, : len(lab)] = torch.from_numpy(lab)
+        after = pick[:, None] + np.arange(1, b)  # the b - 1 positions each block drafts; past the end: no label
+        labels[r] = torch.from_numpy(np.where(after < n, tok[np.minimum(after, n - 1)], -100))
     if vocab_map is not None:
         labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
     return {"tokens": tokens.to(device), "hidden": hidden, "anchors": anchors.to(device), "labels": labels.to(device)}
