@@ -2,22 +2,26 @@
 
 For each configuration one ``adaptspec serve --batched`` server (bundled SmolLM2 pair, chat
 template, greedy) is started on 127.0.0.1; closed-loop clients (each sends its next request as
-soon as its last one ends) send the public benchmark prompts (GSM8K, MT-Bench, HumanEval, in
-turn) at 1, 2, 4 and 8 clients, then a run whose client count changes (``--day``: phases of
-clients, each phase a number of requests). Every request is streamed, so the time to its first
-token is measured at the client. Reported per configuration and level: aggregate tokens/s (all
-completion tokens over the level's wall time), per-request latency p50/p95 and TTFT p50.
+soon as its last one ends) send public benchmark prompts (GSM8K, MT-Bench, HumanEval, in turn;
+by default the odd-numbered half) at 1, 2, 4, 8 and 16 clients, then a run whose client count
+changes (``--day``: phases of clients, each phase a number of requests). Every request is
+streamed, so the time to its first token is measured at the client. Reported per configuration
+and level: aggregate tokens/s (all completion tokens over the level's wall time), per-request
+latency p50/p95 and TTFT p50, and the load rule's share of decode time (from /metrics).
 
 Configurations (``--configs``): ``plain`` (every request at B = 1: batched plain decoding),
-``fixed:B`` (every request at B), ``learned`` (requests at B = 8 capped each round by the
-learned load rule), ``goodput`` (the same with the goodput rule), ``controller`` (the server's
-default policy deciding each request at join, no load rule).
+``fixed:B`` (every request at B), ``table`` (requests at B = 8 capped each round by a static
+rows -> B table; ``--table tune`` first runs plain and the fixed sizes on the *other* half of
+the prompts and takes each level's best, as an engine user tunes such a table from a trial
+run), ``goodput`` and ``learned`` (requests at B = 8 capped each round by that load rule),
+``controller`` (the server's default: the controller decides each request's block size at
+join from its prefill, and the learned load rule caps it each round), ``controller-no-load``
+(the controller alone, blind to the load).
 
 Bounded: ``--requests-per-client`` requests per client per level (at least 4 a level),
-``--max-tokens`` per request, one server at a time; run it under ``nice -n 19`` on a shared
-machine:
+``--max-tokens`` per request, one server at a time. Timed figures need a quiet machine:
 
-    nice -n 19 python benchmarks/bench_load_sweep.py --levels 1,2,4,8 --configs plain,fixed:2,fixed:3,fixed:4,learned
+    python benchmarks/bench_load_sweep.py --requests-per-client 4 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -38,14 +42,15 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 CONFIGS = {
-    "plain": ["--variant", "A=fixed:1"],
-    "fixed:2": ["--variant", "A=fixed:2"],
-    "fixed:3": ["--variant", "A=fixed:3"],
-    "fixed:4": ["--variant", "A=fixed:4"],
-    "fixed:6": ["--variant", "A=fixed:6"],
+    "plain": ["--variant", "A=fixed:1", "--load-rule", "none"],
+    "fixed:2": ["--variant", "A=fixed:2", "--load-rule", "none"],
+    "fixed:3": ["--variant", "A=fixed:3", "--load-rule", "none"],
+    "fixed:4": ["--variant", "A=fixed:4", "--load-rule", "none"],
+    "fixed:6": ["--variant", "A=fixed:6", "--load-rule", "none"],
     "learned": ["--variant", "A=fixed:8", "--load-rule", "learned"],
     "goodput": ["--variant", "A=fixed:8", "--load-rule", "goodput"],
-    "controller": [],
+    "controller": [],  # the served default: the controller decides each request at join, the learned rule each round
+    "controller-no-load": ["--load-rule", "none"],  # the controller alone, blind to the load
 }
 
 
@@ -165,48 +170,77 @@ def rule_overhead(url: str) -> dict:
             "rule_share": rule / decode if decode > 0 else None}
 
 
+def run_config(name: str, extra: list[str], prompts: list[str], levels: list[int], day: list, args, tmp: Path) -> dict:
+    """One server with ``extra`` flags: every level, then the day; returns the runs and the rule's overhead."""
+    server = Server(extra, tmp, args.max_rows, args.threads)
+    try:
+        server.wait_ready()
+        one_request(server.url, prompts[-1], 8)  # one short warm-up request (first-call costs), not measured
+        runs = {}
+        start = 0  # every configuration sends the same prompts in the same order
+        for c in levels:
+            n = max(4, c * args.requests_per_client)
+            runs[str(c)] = closed_loop(server.url, prompts, [(c, n)], args.max_tokens, start)
+            start += n
+            print(f"{name:18s} clients={c}: {runs[str(c)]['tokens_per_s']:.1f} tok/s", flush=True)
+        if day:
+            runs["day"] = closed_loop(server.url, prompts, day, args.max_tokens, start)
+            print(f"{name:18s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
+        return {"runs": runs, "overhead": rule_overhead(server.url)}
+    finally:
+        server.stop()
+
+
+def tuned_table(tuning: dict[str, dict], levels: list[int]) -> str:
+    """``table:R=B,...``: at each level the fixed size (plain = 1) with the most tok/s in ``tuning``."""
+    parts = []
+    for c in levels:
+        best = max(tuning, key=lambda n: tuning[n]["runs"][str(c)]["tokens_per_s"])
+        parts.append(f"{c}={1 if best == 'plain' else int(best.split(':')[1])}")
+    return "table:" + ",".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="plain,fixed:2,fixed:3,fixed:4,learned")
-    ap.add_argument("--levels", default="1,2,4,8", help="client counts, one closed-loop run each")
+    ap.add_argument("--configs", default="plain,fixed:2,fixed:3,fixed:4,table,goodput,learned,controller")
+    ap.add_argument("--levels", default="1,2,4,8,16", help="client counts, one closed-loop run each")
     ap.add_argument("--day", default="1:4,8:16,2:6", metavar="C:N,...",
                     help="the run whose load changes: phases of C clients sending N requests ('' skips it)")
+    ap.add_argument("--split", choices=("odd", "even", "all"), default="odd",
+                    help="the benchmark prompts measured (the static table is tuned on the other half)")
+    ap.add_argument("--table", default="tune", metavar="SPEC",
+                    help="the static table: 'tune' runs plain and every fixed size of --configs on the other half "
+                         "first and takes each level's best; or give one, like table:1=3,2=4,4=1")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--max-rows", type=int, default=8)
+    ap.add_argument("--max-rows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
     ap.add_argument("--out", type=Path, default=RESULTS / "load-sweep.json")
     args = ap.parse_args()
     from adaptspec.models.prompts import benchmark_prompts
 
-    prompts = [p.prompt for p in benchmark_prompts()]
+    every = [p.prompt for p in benchmark_prompts()]
+    halves = {"even": every[0::2], "odd": every[1::2], "all": every}
+    prompts = halves[args.split]
+    other = halves[{"odd": "even", "even": "odd", "all": "all"}[args.split]]
     levels = [int(x) for x in args.levels.split(",") if x]
     day = [tuple(int(v) for v in ph.split(":")) for ph in args.day.split(",") if ph]
-    results: dict = {"settings": vars(args) | {"out": str(args.out)}, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.configs.split(","):
-            server = Server(CONFIGS[name], Path(tmp), args.max_rows, args.threads)
-            try:
-                server.wait_ready()
-                # one short warm-up request (first-call costs), not measured
-                one_request(server.url, prompts[-1], 8)
-                runs = {}
-                start = 0  # every configuration sends the same prompts in the same order
-                for c in levels:
-                    n = max(4, c * args.requests_per_client)
-                    runs[str(c)] = closed_loop(server.url, prompts, [(c, n)], args.max_tokens, start)
-                    start += n
-                    print(f"{name:10s} clients={c}: {runs[str(c)]['tokens_per_s']:.1f} tok/s", flush=True)
-                if day:
-                    runs["day"] = closed_loop(server.url, prompts, day, args.max_tokens, start)
-                    print(f"{name:10s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
-                results["runs"][name] = runs
-                results.setdefault("overhead", {})[name] = rule_overhead(server.url)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(results, indent=1))  # after each configuration: a failure keeps the rest
-            finally:
-                server.stop()
+    names = args.configs.split(",")
+    results: dict = {"settings": vars(args) | {"out": str(args.out)}, "runs": {}, "overhead": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        table_spec = args.table
+        if "table" in names and table_spec == "tune":
+            fixed = [n for n in names if n == "plain" or n.startswith("fixed:")]
+            tuning = {n: run_config(f"tune {n}", CONFIGS[n], other, levels, [], args, Path(tmp)) for n in fixed}
+            table_spec = tuned_table(tuning, levels)
+            results["tuning"] = {n: t["runs"] for n, t in tuning.items()} | {"table": table_spec}
+            print(f"tuned on the other half: {table_spec}", flush=True)
+        for name in names:
+            extra = ["--variant", "A=fixed:8", "--load-rule", table_spec] if name == "table" else CONFIGS[name]
+            done = run_config(name, extra, prompts, levels, day, args, Path(tmp))
+            results["runs"][name], results["overhead"][name] = done["runs"], done["overhead"]
+            args.out.write_text(json.dumps(results, indent=1))  # after each configuration: a failure keeps the rest
     args.out.write_text(json.dumps(results, indent=1))
     print(table(results))
 

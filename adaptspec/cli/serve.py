@@ -103,12 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "needs --batched)")
     bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
                      help="how a round's time is split among its rows for their rewards: marginal (each row's "
-                          "marginal cost on the --latency profile, default cpu-smollm2-bf16 on a CPU; the default) "
+                          "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
                           "or tokens (by block size; also used on other devices without --latency); needs --batched")
     bat.add_argument("--load-rule", default=None, metavar="RULE",
-                     help="a per-round block-size rule under load: fixed:B, goodput or learned (each round every "
-                          "row verifies min(the rule's choice, its request's own); default: none, each request "
-                          "keeps its controller's block size); needs --batched")
+                     help="the per-round block-size rule under load: learned (the default with --batched: one block "
+                          "size a round for every row, learned from measured rounds, warm-started from the cost "
+                          "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
+                          "round every row verifies min(the rule's choice, its request's own); needs --batched")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
     # switchback A/B (adaptspec.serving.switchback; docs/serving.md, Batched serving)
@@ -240,7 +241,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
             serve_batched(service, speculator, max_rows=args.max_rows or 8,
                           max_queue=64 if args.max_queue is None else args.max_queue,
                           **_ab_design(args), attribution=args.attribution or "marginal", profile=_cost_model(args),
-                          rule=None if args.load_rule is None else _load_rule(args))
+                          rule=_load_rule(args))
         except BaseException:
             service.close()
             raise
@@ -256,7 +257,7 @@ def _check_batched(args: argparse.Namespace) -> None:
             raise AdaptspecError(f"{given[0]} needs --batched")
     elif args.redecide_every is not None:
         raise AdaptspecError("--redecide-every is not available with --batched (each request decides once, at join)")
-    elif args.load_rule is not None:
+    else:
         _load_rule(args)  # a bad rule is one line before any model is loaded
 
 
@@ -290,15 +291,20 @@ def _ab_design(args: argparse.Namespace) -> dict:
 
 
 def _cost_model(args: argparse.Namespace) -> str | None:
-    """The batched engine's cost model: --latency, else the bundled CPU profile on a CPU (None: split by tokens)."""
-    return args.latency or ("cpu-smollm2-bf16" if args.device == "cpu" else None)
+    """The batched engine's cost model: --latency, else on a CPU the bundled pair's measured batched
+    surface (``cpu-smollm2-batched``); None elsewhere (rounds are split by tokens)."""
+    return args.latency or ("cpu-smollm2-batched" if args.device == "cpu" else None)
 
 
-def _load_rule(args: argparse.Namespace) -> object:
+def _load_rule(args: argparse.Namespace) -> object | None:
+    """The per-round rule ``--load-rule`` names (default ``learned``; ``none``: no rule)."""
     from ..serving.load_rule import make_load_rule
 
+    spec = args.load_rule or "learned"
+    if spec == "none":
+        return None
     arms = args.arms or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
-    return make_load_rule(args.load_rule, arms, _cost_model(args) or "cpu-smollm2-bf16", prior=args.load_prior,
+    return make_load_rule(spec, arms, _cost_model(args) or "cpu-smollm2-batched", prior=args.load_prior,
                           seed=args.seed)
 
 

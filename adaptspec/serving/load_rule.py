@@ -25,8 +25,8 @@ from ..errors import AdaptspecError
 
 __all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
 
-#: what ``--load-rule`` takes (``none``: no rule)
-LOAD_RULES = ("fixed:B", "goodput", "learned", "none")
+#: what ``--load-rule`` takes (``none``: no rule; ``table:R=B,...``: a static rows -> block size table)
+LOAD_RULES = ("fixed:B", "goodput", "learned", "table:R=B,...", "none")
 
 
 class RowView:
@@ -103,8 +103,10 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
 
     >>> make_load_rule("fixed:3", [1, 2, 4], None).name, make_load_rule("learned", [1, 2, 4], "cpu-smollm2-bf16").name
     ('fixed:3', 'learned (lints, warm)')
+    >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
+    [(1, 3), (2, 4), (4, 1)]
     """
-    from ..load.rules import Fixed, Goodput, Learned
+    from ..load.rules import Fixed, Goodput, Learned, Table
     from ..reward.latency import get_profile
 
     if spec == "none":
@@ -114,9 +116,22 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
         if b < 1:
             raise AdaptspecError(f"--load-rule {spec!r}: the block size must be >= 1")
         return Fixed(b)
+    if spec.startswith("table:"):
+        return Table(_table(spec), name=spec)
     if spec in ("goodput", "learned"):
         prof = get_profile(profile)
         if spec == "goodput":
             return Goodput(arms, prof, prior=prior)
         return Learned(arms, prof, prior=prior, seed=seed)
     raise AdaptspecError(f"--load-rule {spec!r}: expected one of {', '.join(LOAD_RULES)}")
+
+
+def _table(spec: str) -> dict[int, int]:
+    """``table:R=B,...`` -> ``{R: B}`` (rows up to R verify B), checked."""
+    table = {}
+    for part in spec[len("table:"):].split(","):
+        rows, eq, b = part.partition("=")
+        if not (eq and rows.strip().isdigit() and b.strip().isdigit() and int(rows) >= 1 and int(b) >= 1):
+            raise AdaptspecError(f"--load-rule {spec!r}: expected table:ROWS=BLOCK,... with integers >= 1, like table:1=3,4=1")
+        table[int(rows)] = int(b)
+    return table
