@@ -180,6 +180,8 @@ def test_chat_completions_run_batched_too(tmp_path):
     (["--load-rule", "goodput"], "--load-rule needs --batched"),
     (["--batched", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of fixed:B, goodput, learned"),
     (["--batched", "--load-rule", "fixed:0"], "--load-rule 'fixed:0': the block size must be >= 1"),
+    (["--batched", "--load-rule", "table:1=3,4"], "--load-rule 'table:1=3,4': expected table:ROWS=BLOCK"),
+    (["--load-features"], "--load-features needs --batched"),
     (["--batched", "--redecide-every", "4"], "--redecide-every is not available with --batched"),
 ])
 def test_batched_options_are_checked_in_one_line_before_a_model_loads(capsys, argv, needle):

@@ -110,6 +110,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "size a round for every row, learned from measured rounds, warm-started from the cost "
                           "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
                           "round every row verifies min(the rule's choice, its request's own); needs --batched")
+    bat.add_argument("--load-features", action="store_true",
+                     help="each variant's policy decides on the load at join too (rows in flight, queue, context "
+                          "tokens, temperature, max_tokens: 5 more context columns; a policy that fits them, such "
+                          "as linucb or lints, not the bundled head; every variant of a log directory alike); "
+                          "needs --batched")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
     # switchback A/B (adaptspec.serving.switchback; docs/serving.md, Batched serving)
@@ -233,6 +238,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
+        **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}))
     if getattr(args, "batched", False):
         from ..serving.batched import serve_batched
@@ -252,7 +258,8 @@ def _check_batched(args: argparse.Namespace) -> None:
     """The batched engine's options: only with --batched, and not with a per-request re-decision."""
     if not getattr(args, "batched", False):
         given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
-                                ("--attribution", args.attribution), ("--load-rule", args.load_rule)) if v is not None]
+                                ("--attribution", args.attribution), ("--load-rule", args.load_rule),
+                                ("--load-features", args.load_features or None)) if v is not None]
         if given:
             raise AdaptspecError(f"{given[0]} needs --batched")
     elif args.redecide_every is not None:
