@@ -118,3 +118,15 @@ def test_the_train_path_runs_tiny_on_cpu_and_writes_the_shipped_layout(g, tmp_pa
     excess = max(float(((after[k].float() - before[k].float()).abs() - 2**-8 * before[k].float().abs()).max())
                  for k in keys)
     assert moved > 0 and excess <= 4.2 * lr
+
+
+def test_training_on_a_device_the_target_is_not_on_is_one_line(tmp_path):
+    from adaptspec.models.train_drafter import TrainConfig, train
+
+    class Target:  # all train() reads before refusing: where the target's embedding lives
+        def get_input_embeddings(self):
+            return torch.nn.Embedding(4, 2)
+
+    with pytest.raises(AdaptspecError, match="training on meta, but the target is on cpu"):
+        train(Target(), [tmp_path], [], tmp_path / "ck", TrainConfig(), device="meta")
+    assert not (tmp_path / "ck").exists()  # refused before anything is written

@@ -358,13 +358,13 @@ def train(
     ``evaluate(drafter, held)`` gives the held-out figures logged every ``eval_every`` steps
     (default: :func:`greedy_acceptance` on 120 sequences).
     """
-    torch.set_num_threads(cfg.threads)
-    evaluate = evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120))
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device)
     emb_device = target.get_input_embeddings().weight.device
     if emb_device.type != device.type:
         raise AdaptspecError(f"training on {device}, but the target is on {emb_device}: move it there first")
+    torch.set_num_threads(cfg.threads)
+    evaluate = evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120))
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     data = ShardData(train_dirs, cfg.max_train_tokens)
     held = ShardData(eval_dirs) if eval_dirs else None
     if len(data) == 0:
