@@ -14,6 +14,7 @@ import pytest
 
 #: Files whose every test starts a server, Redis, Ray or a CLI subprocess.
 INTEGRATION_FILES = {
+    "test_client_disconnect.py",
     "test_examples.py",
     "test_fleet_ab.py",
     "test_fleet_identity.py",

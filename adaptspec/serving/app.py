@@ -20,8 +20,10 @@ Endpoints:
   each policy's learnt state).
 
 Bad requests get a 4xx with ``{"error": {"message", "type", "param", "code"}}``; they never
-reach a controller. Shutting the server down (SIGINT / SIGTERM) lets in-flight requests
-finish, then closes the controllers: queued updates applied, final checkpoints, logs rolled.
+reach a controller. A client that disconnects before its answer cancels its request (with
+``--batched`` its row leaves at the next round boundary: :mod:`adaptspec.serving.streaming`).
+Shutting the server down (SIGINT / SIGTERM) lets in-flight requests finish, then closes the
+controllers: queued updates applied, final checkpoints, logs rolled.
 """
 
 import asyncio
@@ -34,7 +36,7 @@ from .._util.numbers import finite
 from .routes import add_openai_routes
 from .service import CompletionService, RequestError
 from .request_error import body_too_large
-from .streaming import CompletionChunks, events, generate
+from .streaming import CompletionChunks, complete, events
 
 __all__ = ["create_app"]
 
@@ -74,16 +76,17 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
             req = service.parse(body, request.headers.get("x-adaptspec-variant"))
         except RequestError as e:
             return error(e)
-        loop = asyncio.get_running_loop()
         if not req.stream:
             try:
-                gen, output = await loop.run_in_executor(pool, generate, service, req)
+                done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
             except RequestError as e:
                 return error(e)
             except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
                 log.exception("request %s failed", req.request_id)
                 return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
-            return JSONResponse(service.completion_body(req, gen, output))
+            if done is None:
+                return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+            return JSONResponse(service.completion_body(req, *done))
         return StreamingResponse(events(service, req, pool, CompletionChunks(service, req)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping
 from ..errors import AdaptspecError
 from ..speculator import LoadState, Outcome, SharedRounds
 from .engine_loop import EngineLoop, QueueFull
+from .cancelling import on_cancel
 from .halting import current_halt_condition
 from .request_error import RequestError
 
@@ -97,6 +98,7 @@ class BatchedRunner:
                                       stop_when=current_halt_condition())
         except QueueFull as e:
             raise too_busy(e) from None
+        on_cancel(ticket.cancel)  # the client went away: the row leaves at the next round boundary
         try:
             done = ticket.wait()
         except AdaptspecError as e:

@@ -7,7 +7,6 @@ compare models by name can compare variants.
 """
 
 
-import asyncio
 import concurrent.futures as cf
 import logging
 from typing import Any, Callable
@@ -16,7 +15,7 @@ from .chat import ChatChunks, chat_body, parse_chat
 from .request_error import RequestError
 from .request_error import body_too_large
 from .service import CompletionService
-from .streaming import events, generate
+from .streaming import complete, events
 
 __all__ = ["add_openai_routes", "models_body"]
 
@@ -31,7 +30,7 @@ def models_body(service: CompletionService) -> dict[str, Any]:
 
 def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, error: Callable[[RequestError], Any]) -> None:
     from fastapi import Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     @app.get("/v1/models")
     async def models() -> Any:
@@ -51,10 +50,12 @@ def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, e
             return StreamingResponse(events(service, req, pool, ChatChunks(service, req)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            gen, output = await asyncio.get_running_loop().run_in_executor(pool, generate, service, req)
+            done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
         except RequestError as e:
             return error(e)
         except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
             log.exception("request %s failed", req.request_id)
             return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
-        return JSONResponse(chat_body(service, req, gen, output))
+        if done is None:
+            return Response(status_code=499)  # nobody reads it
+        return JSONResponse(chat_body(service, req, *done))

@@ -7,6 +7,13 @@ a stop sequence completes (:mod:`adaptspec.serving.halting`), and the answer is 
 server-sent events in a format given by a :class:`ChunkFormat` (completions or chat chunks):
 a piece of text is sent as soon as no stop sequence can begin in it, and the final chunk only
 once the decision is in the decision log.
+
+A client that goes away cancels its request (:mod:`adaptspec.serving.cancelling`): a stream
+when its response is abandoned (the server cancels the streaming task, or the generator is
+closed), a plain request (:func:`complete`) when the server reports ``http.disconnect`` before
+the answer is ready. With ``serve --batched`` the row then leaves the batch at the next round
+boundary, ends as cancelled and its decision stays without feedback, as any failed request's
+(logged without a reward when it expires, or at shutdown).
 """
 
 from __future__ import annotations
@@ -14,20 +21,28 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import json
+import logging
 import time
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from .cancelling import Cancellation, cancellable
 from .halting import halt_when
 from .request_error import RequestError
 from .service import CompletionRequest, CompletionService, Output
 from .stops import StopStream
 
-__all__ = ["ChunkFormat", "events", "generate"]
+__all__ = ["ChunkFormat", "complete", "events", "generate"]
+
+log = logging.getLogger("adaptspec.serving")
 
 
 def generate(service: CompletionService, req: CompletionRequest,
-             on_piece: Callable[[str, list[int]], None] | None = None) -> tuple[Any, Output]:
+             on_piece: Callable[[str, list[int]], None] | None = None,
+             cancel: Cancellation | None = None) -> tuple[Any, Output]:
     """Run ``req``; ``on_piece(text, ids)`` gets each piece that may be sent. Returns ``(generation, output)``.
+
+    ``cancel``: cancelling it stops the request's decoding where the runner supports it (the
+    batched engine); the request then raises.
 
     The text still held back when generation ends is in neither ``on_piece`` call; a streamed
     answer sends it with its final chunk (:attr:`Output.text` has it).
@@ -45,7 +60,7 @@ def generate(service: CompletionService, req: CompletionRequest,
         if on_piece is not None and (text or kept):
             on_piece(text, kept)
 
-    with halt_when(lambda: stream.stopped):
+    with halt_when(lambda: stream.stopped), cancellable(cancel):
         gen = service.run(req, on_tokens)
     if watch:
         stream.finish()
@@ -70,6 +85,7 @@ async def events(service: CompletionService, req: CompletionRequest, pool: cf.Ex
     """Server-sent events of one streamed request, ending with ``data: [DONE]``."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
+    cancel = Cancellation()
 
     def send(item: tuple[str, Any]) -> None:
         try:
@@ -79,7 +95,7 @@ async def events(service: CompletionService, req: CompletionRequest, pool: cf.Ex
 
     def work() -> None:
         try:
-            done = generate(service, req, lambda text, ids: send(("piece", (text, ids))))
+            done = generate(service, req, lambda text, ids: send(("piece", (text, ids))), cancel)
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
             send(("error", e))
         else:
@@ -87,24 +103,66 @@ async def events(service: CompletionService, req: CompletionRequest, pool: cf.Ex
 
     pool.submit(work)
     sent = ""
-    while True:
-        kind, value = await queue.get()
-        if kind == "piece":
-            sent += value[0]
-            chunk = fmt.piece(*value)
-            if chunk is not None:
-                yield sse(chunk)
-        elif kind == "done":
-            gen, output = value
-            for chunk in fmt.final(gen, output, output.text[len(sent):]):
-                yield sse(chunk)
-            yield "data: [DONE]\n\n"
-            return
-        else:
-            e = value if isinstance(value, RequestError) else RequestError(f"internal error: {value!r}", 500)
-            yield sse(e.body())
-            yield "data: [DONE]\n\n"
-            return
+    ended = False  # the request has finished (answered or failed): nothing to cancel
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "piece":
+                sent += value[0]
+                chunk = fmt.piece(*value)
+                if chunk is not None:
+                    yield sse(chunk)
+            elif kind == "done":
+                ended = True
+                gen, output = value
+                for chunk in fmt.final(gen, output, output.text[len(sent):]):
+                    yield sse(chunk)
+                yield "data: [DONE]\n\n"
+                return
+            else:
+                ended = True
+                e = value if isinstance(value, RequestError) else RequestError(f"internal error: {value!r}", 500)
+                yield sse(e.body())
+                yield "data: [DONE]\n\n"
+                return
+    finally:  # the response was abandoned (client gone: the task cancelled, or the generator closed)
+        if not ended:
+            gone(req, cancel)
+
+
+def gone(req: CompletionRequest, cancel: Cancellation) -> None:
+    """The client of ``req`` went away before its answer: cancel the request, say so in the log."""
+    log.info("request %s: the client went away; cancelling it", req.request_id)
+    cancel.cancel()
+
+
+async def complete(request: Any, service: CompletionService, req: CompletionRequest,
+                   pool: cf.Executor) -> tuple[Any, Output] | None:
+    """Run a plain (not streamed) request on ``pool``; ``None`` if its client went away first
+    (the request is then cancelled, and whatever it raises is dropped: nobody is listening).
+
+    The disconnect is what the server's ``receive`` reports once the body has been read
+    (``http.disconnect``), so the check costs one waiting task, no polling."""
+    cancel = Cancellation()
+    work = asyncio.get_running_loop().run_in_executor(pool, generate, service, req, None, cancel)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done() and watch.done() and not watch.cancelled() and watch.exception() is None:
+        gone(req, cancel)
+        try:
+            await work
+        except Exception:  # noqa: BLE001 - the cancel itself, or any failure: nobody to tell
+            pass
+        return None
+    return await work
+
+
+async def _disconnected(request: Any) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class CompletionChunks:
