@@ -124,3 +124,21 @@ def test_the_shipped_measured_profiles_are_found():
     assert "cpu-smollm2-fast" in shipped
     for name in shipped:
         assert get_profile(name).name == name
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.01, 0.05), st.floats(1e-4, 3e-3), st.floats(0, 2e-5), st.floats(1e-3, 8e-3), st.floats(0, 3e-3))
+def test_whole_round_fit_recovers_a_batched_cost_it_can_represent(base, per_token, per_ctx, draft_base, per_row):
+    # rounds generated from a known model: target pass a + k * tokens + e * context * rows, and for
+    # speculating rounds a draft pass d + r * rows; the joint fit must reproduce every total
+    from adaptspec.reward.latency import fit_round_totals
+
+    rounds = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.0,
+                   verify_s=base + per_token * b * m + per_ctx * c * m + (b > 1) * (draft_base + per_row * m))
+              for b in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16) for c in (64, 256)]
+    p = fit_round_totals(rounds, "known")
+    for r in rounds:
+        want = r["verify_s"]
+        got = float(p.round_s(r["block_size"], r["context_tokens"], r["batch_size"]))
+        assert got == pytest.approx(want, rel=2e-3, abs=2e-5)
+    assert float(p.draft_s(1, 100, 8)) == 0.0  # plain rounds draft nothing

@@ -117,7 +117,7 @@ def measure_rounds(
     :func:`~adaptspec.reward.latency.fit_profile`: ``draft_s`` the drafter phase, ``verify_s``
     the rest of the round less its prefills (the target pass, acceptance, commit), at the rows'
     mean context (at B = 1 all of it: there is no drafter pass). Requests are long enough not to
-    finish during the measurement.
+    finish during the measurement, and end-of-sequence tokens are ignored while it runs.
 
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -137,8 +137,19 @@ def measure_rounds(
 
     if not prompts:
         raise ValueError("measure_rounds needs at least one prompt")
-    out = []
+    out: list[dict] = []
     longest = max(len(p) for p in prompts)
+    eos, target.eos_token_ids = target.eos_token_ids, set()  # no row may end early: every round has all its rows
+    try:
+        _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup, longest, out)
+    finally:
+        target.eos_token_ids = eos
+    return out
+
+
+def _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup, longest, out) -> None:
+    from .engine import BatchEngine
+
     for m in rows:
         for b in block_sizes:
             if b > 1 and drafter is None:
@@ -158,7 +169,6 @@ def measure_rounds(
             for h in handles:
                 h.cancel()
             engine.run_until_done()
-    return out
 
 
 def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
@@ -206,9 +216,10 @@ def round_table(rounds: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def fit_errors(profile, rounds: list[dict]) -> dict[str, float]:
+def fit_errors(profile, rounds: list[dict], totals: bool = False) -> dict[str, float]:
     """Median and largest relative error of ``profile``'s draft and verify predictions on
-    measured ``rounds`` (how well the latency model's batch axis fits the surface).
+    measured ``rounds`` (how well the latency model's batch axis fits the surface); ``totals``:
+    of its whole-round predictions (``round_median``, ``round_max``).
 
     >>> from adaptspec.reward.latency import fit_profile
     >>> rs = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.001 * b * m, verify_s=0.02 + 0.001 * b * m)
@@ -219,6 +230,10 @@ def fit_errors(profile, rounds: list[dict]) -> dict[str, float]:
     import numpy as np
 
     out = {}
+    if totals:
+        err = [abs(float(profile.round_s(r["block_size"], r["context_tokens"], r["batch_size"]))
+                   / (r["draft_s"] + r["verify_s"]) - 1) for r in rounds]
+        return {"round_median": float(np.median(err)), "round_max": float(np.max(err))}
     for name in ("verify", "draft"):
         rs = [r for r in rounds if name == "verify" or r["block_size"] > 1]
         if not rs:

@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-repeats", type=int_range(1), default=3, help="passes per batched measurement (the fastest is kept)")
     p.add_argument("--batch-only", action="store_true", help="time only the batched rounds (no prompts decoded)")
     p.add_argument("--batch-engine", action="store_true",
-                   help="time the engine's whole rounds on held-out prompts (passes, acceptance, commit: what a "
-                        "served round costs; --batch-repeats rounds kept per cell) instead of its two passes on "
-                        "synthetic rows")
+                   help="time the engine's whole rounds on held-out prompt text cut to --batch-contexts tokens "
+                        "(passes, acceptance, commit: what a served round costs; --batch-repeats rounds kept per "
+                        "cell) instead of its two passes on synthetic rows")
     p.add_argument("--batch-cpu-time", action="store_true",
                    help="time batched rounds in process CPU seconds (CPU, one thread: robust to other load on a shared machine)")
 
@@ -98,9 +98,12 @@ def run(args: argparse.Namespace) -> int:
             bad = [b for b in args.batch_tokens if b > spec.max_block_size]
             if bad:
                 raise AdaptspecError(f"--batch-tokens {bad}: the drafter's largest block is {spec.max_block_size}")
-            ids = [spec.target.encode_chat(p.prompt) for p in pool[: max(args.batch_rows)]]
-            surface = measure_rounds(spec.target, spec.drafter, ids, args.batch_rows, args.batch_tokens,
-                                     rounds=args.batch_repeats)
+            text = [t for p in pool for t in spec.target.encode_chat(p.prompt)]  # held-out prompts, end to end
+            surface = []
+            for c in args.batch_contexts:  # each row a different stretch of them, c tokens long
+                ids = [text[i * 37 % max(1, len(text) - c):][:c] for i in range(max(args.batch_rows))]
+                surface += measure_rounds(spec.target, spec.drafter, ids, args.batch_rows, args.batch_tokens,
+                                          rounds=args.batch_repeats)
         else:
             surface = measure_surface(spec.target, spec.drafter, args.batch_rows, args.batch_tokens,
                                       args.batch_contexts, repeats=args.batch_repeats, cpu_time=args.batch_cpu_time)
@@ -109,12 +112,18 @@ def run(args: argparse.Namespace) -> int:
             tables = [round_table(surface)] if args.batch_engine else [surface_table(surface, f) for f in ("verify_s", "draft_s")]
             print(*tables, sep="\n")
     machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
-    profile = fit_profile(rounds, args.name, source=f"adaptspec profile-latency: {len(rounds)} rounds on {machine}")
+    source = f"adaptspec profile-latency: {len(rounds)} rounds on {machine}"
+    if args.batch_engine and args.batch_only:
+        from ..reward.latency import fit_round_totals
+
+        profile = fit_round_totals(rounds, args.name, source=source + " (whole engine rounds)")
+    else:
+        profile = fit_profile(rounds, args.name, source=source)
     write_file(out, "latency-profile", True, profile.save)
     if args.batch_rows and not args.json:
         from ..batching.cost_surface import fit_errors
 
-        errs = fit_errors(profile, surface)
+        errs = fit_errors(profile, surface, totals=args.batch_engine)
         print("fit on the batched rounds: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in errs.items()))
     ctx = profile.context_tokens
     rows = [{"block_size": b, "draft_ms": float(profile.draft_s(b, ctx)) * 1e3, "verify_ms": float(profile.verify_s(b, ctx)) * 1e3}

@@ -52,6 +52,7 @@ class CostCurve:
     tail_slope_s: float = 0.0
     per_context_s: float = 0.0
     per_pair_s: float = 0.0
+    per_row_s: float = 0.0  # a fixed cost per sequence in the pass (per-row work outside the matmuls)
 
     def __post_init__(self) -> None:
         k = np.asarray(self.knots, dtype=float)
@@ -64,7 +65,7 @@ class CostCurve:
             raise AdaptspecError(f"cost curve knots must increase, got {list(self.knots)}")
         if v[0] < 0 or np.any(np.diff(v) < -1e-12):
             raise AdaptspecError(f"cost curve values must be >= 0 and never decrease, got {list(self.values_s)}")
-        for name in ("tail_slope_s", "per_context_s", "per_pair_s"):
+        for name in ("tail_slope_s", "per_context_s", "per_pair_s", "per_row_s"):
             x = getattr(self, name)
             if not (math.isfinite(x) and x >= 0):
                 raise AdaptspecError(f"cost curve {name} must be finite and >= 0, got {x}")
@@ -78,7 +79,7 @@ class CostCurve:
         k = np.asarray(self.knots, dtype=np.float64)
         t = np.interp(n, k, np.asarray(self.values_s, dtype=np.float64))
         t = t + self.tail_slope_s * np.maximum(n - k[-1], 0.0)
-        return t + self.per_context_s * c * m + self.per_pair_s * n * c
+        return t + self.per_context_s * c * m + self.per_pair_s * n * c + self.per_row_s * m
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -92,6 +93,7 @@ class CostCurve:
                 tail_slope_s=float(d.get("tail_slope_s", 0.0)),
                 per_context_s=float(d.get("per_context_s", 0.0)),
                 per_pair_s=float(d.get("per_pair_s", 0.0)),
+                per_row_s=float(d.get("per_row_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise AdaptspecError(f"not a cost curve: {e!r}") from None
@@ -312,6 +314,68 @@ def fit_profile(
         draft = CostCurve(knots=(1.0,), values_s=(0.0,))
     ref = int(np.median(a["c"])) if context_tokens is None else ctx0
     return LatencyProfile(name, draft, verify, context_tokens=ref, source=source or f"fitted to {len(rows)} rounds")
+
+
+def fit_round_totals(rounds: Iterable[Mapping[str, Any]], name: str = "measured", *, source: str = "") -> LatencyProfile:
+    """Fit a profile to whole batched rounds: ``draft_s + verify_s`` of each round is modelled as
+    ``verify(B, c, m) + [B > 1] draft(B, c, m)``, both curves fitted together by non-negative
+    least squares, the draft curve with a cost per speculating row (``per_row_s``).
+
+    For rounds timed on the engine itself (:func:`adaptspec.batching.cost_surface.measure_rounds`),
+    where work outside the two passes (acceptance, the KV commit, the drafter's context update,
+    per-row bookkeeping) falls into either span and grows with the rows that speculate: what
+    speculating adds to a round lands in the draft curve, and plain rounds are fitted as plain.
+    Each round needs ``block_size``, ``batch_size``, ``context_tokens``, ``draft_s``, ``verify_s``.
+
+    >>> rs = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.0,
+    ...            verify_s=0.030 + 0.001 * b * m + 1e-5 * c * m + (b > 1) * (0.004 + 0.002 * m))
+    ...       for b in (1, 2, 4) for m in (1, 2, 4, 8) for c in (100, 300)]
+    >>> p = fit_round_totals(rs, "toy")
+    >>> round(float(p.round_s(1, 300, 8)) * 1e3, 1), round(float(p.round_s(4, 100, 8)) * 1e3, 1)   # 30+8+24; 30+32+8+4+16
+    (62.0, 90.0)
+    """
+    rows = list(rounds)
+    if not rows:
+        raise AdaptspecError("fit_round_totals needs at least one measured round")
+    try:
+        b, m, c, t = (np.array([float(r[k]) if k != "total" else float(r["draft_s"]) + float(r["verify_s"]) for r in rows])
+                      for k in ("block_size", "batch_size", "context_tokens", "total"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise AdaptspecError(f"rounds need block_size, batch_size, context_tokens, draft_s, verify_s: {e!r}") from None
+    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(b >= 1) and np.all(m >= 1) and np.all(c >= 0)):
+        raise AdaptspecError("rounds out of range: block_size and batch_size >= 1, context >= 0, seconds > 0")
+    n, spec = b * m, (b > 1).astype(np.float64)
+
+    def pieces(knots: np.ndarray) -> list[np.ndarray]:
+        return [np.clip(n - knots[j], 0.0, knots[j + 1] - knots[j]) for j in range(knots.size - 1)]
+
+    def knots_of(x: np.ndarray) -> np.ndarray:
+        u = np.unique(x)
+        return u if u.size <= 12 else np.unique(np.quantile(u, np.linspace(0, 1, 12), method="nearest"))
+
+    kv = knots_of(n)
+    kd = knots_of(n[spec > 0]) if spec.any() else np.array([2.0])
+    vcols = [np.ones_like(n), *pieces(kv), c * m, n * c]
+    dcols = [spec * x for x in (np.ones_like(n), *pieces(kd), c * m, n * c, m)]
+    A = np.stack(vcols + dcols, axis=1)
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(A / scale, t, maxiter=50 * A.shape[1])
+    coef = coef / scale
+    cv, cd = coef[:len(vcols)], coef[len(vcols):]
+
+    def curve(cf: np.ndarray, knots: np.ndarray, extra: int) -> CostCurve:
+        slopes = cf[1:knots.size]
+        values = cf[0] + np.concatenate([[0.0], np.cumsum(slopes * np.diff(knots))])
+        tail = float(slopes[-1]) if slopes.size else 0.0
+        rest = [float(x) for x in cf[knots.size:knots.size + extra]]
+        return CostCurve(tuple(float(x) for x in knots), tuple(float(x) for x in values), tail, *rest)
+
+    verify, draft = curve(cv, kv, 2), curve(cd, kd, 3)
+    return LatencyProfile(name, draft, verify, context_tokens=int(np.median(c)),
+                          source=source or f"fitted to {len(rows)} whole rounds")
 
 
 # ---------------------------------------------------------------------------- named profiles
