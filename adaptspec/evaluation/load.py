@@ -28,8 +28,8 @@ RULES = ("table", "goodput", "learned (cold)", "learned (warm)")
 #: the day's rules: those plus the per-level oracle
 DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
-#: the warm learned rule's prior, in rounds per level and block size (the rule's default)
-PRIOR_WEIGHT = 4.0
+#: the warm learned rule's prior, in row-rounds per level and block size (the rule's default)
+PRIOR_WEIGHT = 32.0
 
 
 def _fixed_name(b: int) -> str:

@@ -39,6 +39,13 @@ from ..reward.latency import LatencyProfile
 LEVELS = (1, 2, 4, 8, 16, 32)
 
 
+#: Plain rounds over which the learned rule averages a level's measured / modelled plain round time
+#: (then a moving average over as many).
+SCALE_ROUNDS = 16
+#: The learned rule verifies a plain round at a level after this many rounds without one there (and
+#: at its first round there), to keep that ratio measured.
+PLAIN_EVERY = 32
+
 #: The rows each level stands for when the cost model predicts its rewards: its largest count (64 for 33+).
 LEVEL_ROWS = (*LEVELS, 2 * LEVELS[-1])
 
@@ -166,28 +173,40 @@ class Learned:
     draws **one** block size per round, for every row (each row's own cap, its request's block
     size and the tokens it has left, still applies), and learns from the round as a whole.
 
-    Context: the load level (one-hot over :data:`LEVELS`). Reward: the round's tokens per second
-    in units of what a plain round gives at this load (1.0 = as fast as plain decoding),
-    ``sum(tau) x t_plain(rows) / (rows x round seconds)``, where ``t_plain`` is the cost model's
-    plain round over the same rows and the round's seconds are the sum of its rows' attributed
-    shares (:mod:`adaptspec.reward.attribution` scales them to the measured round). A wrong
-    ``t_plain`` scales every arm's reward at a level alike, so it cannot change which arm wins.
-    ``policy``: a spec for :func:`~adaptspec.policies.spec.make_policy` (LinTS by default: one
-    posterior draw per round, no propensity sampling, which keeps the rule's time per round in
-    microseconds).
+    Context: the load level (one-hot over :data:`LEVELS`). Reward: each row's speed-up in the
+    round over its share of a plain round, ``tau x (t_plain(rows) / rows) / attributed seconds``,
+    where ``t_plain`` is the cost model's plain round over the same rows and the attributed
+    seconds are the row's share of the measured round (:mod:`adaptspec.reward.attribution`): 1.0
+    = as fast as plain decoding, on one scale at every load. Every row of the round is one
+    observation of the round's block size, so a round of 16 rows counts 16 times: at high load
+    the posterior narrows as fast as the evidence grows (learning from the round's mean once,
+    with one noise level for every load, explored too much at 8-16 rows: 0.87x batched plain
+    decoding end to end). The machine may run uniformly slower or faster than the cost model
+    (a server's HTTP and streaming threads share the cores: its rounds took ~1.6x the engine's
+    alone here), which would put measured rewards on another scale than the prior's and send the
+    rule after every arm it has not tried yet. So each level keeps the ratio of measured to
+    modelled *plain* round time (over its last :data:`SCALE_ROUNDS` plain rounds; a plain round
+    is verified at a level's first round and after :data:`PLAIN_EVERY` rounds without one) and
+    rewards are multiplied by it: a row's reward is then its tokens over its share of the round
+    against its share of a plain round as this machine runs it. What stays is the cost model's
+    error between block sizes, which is what the rule should learn (measuring the scale on the
+    arm being played would cancel exactly that). ``policy``: a spec for
+    :func:`~adaptspec.policies.spec.make_policy` (LinTS by default: one posterior draw per
+    round, no propensity sampling, which keeps the rule's time per round well under a
+    millisecond).
 
     **Warm start** (``prior``, a per-draft acceptance, as the product's offline head starts its
     bandit): each arm's model at each level starts at the goodput model's reward there
     (:func:`predicted_speedup` at the level's :data:`LEVEL_ROWS`, ``context`` tokens of context,
-    default the profile's), weighted as ``prior_weight`` rounds, in the reward's own unit (raw
-    rewards, no standardising warm-up). Before its first round it prefers the goodput model's
-    block size at every level; measured rounds then outweigh the prior, so a wrong cost model is
-    corrected. Without ``prior`` it starts cold (uniform choices while its standardiser warms up).
-    The weight, 4 rounds: in simulation on the measured CPU surface (``cpu-smollm2-batched``, the
-    336 benchmark traces, one run each) 4, 16 and 32 rounds gave a worst level of 0.976x, 0.985x
-    and 0.983x the best fixed size, all within noise; against a cost model that thinks long
-    blocks are free (tests/test_load_rules.py) 4 unlearns it in ~220 rounds at 16 rows, 16 takes
-    over 700.
+    default the profile's), weighted as ``prior_weight`` row-rounds, in the reward's own unit
+    (raw rewards, no standardising warm-up). Before its first round it prefers the goodput
+    model's block size at every level; measured rounds then outweigh the prior, so a wrong cost
+    model is corrected. Without ``prior`` it starts cold (uniform choices while its standardiser
+    warms up). The weight, 32 row-rounds: in simulation on the measured CPU cost model
+    (``cpu-smollm2-batched``, the 336 benchmark traces, one run each) 8, 32 and 128 gave a worst
+    level of 0.977x, 0.982x and 0.980x the best fixed size and 1.062x, 1.069x, 1.071x over the
+    day, all within noise; against a cost model that thinks long blocks are free
+    (tests/test_load_rules.py) 32 unlearns it within two runs of 32 requests at 16 rows.
 
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
@@ -200,7 +219,7 @@ class Learned:
     """
 
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
-                 prior: float | None = None, prior_weight: float = 4.0, context: float | None = None) -> None:
+                 prior: float | None = None, prior_weight: float = 32.0, context: float | None = None) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -220,8 +239,14 @@ class Learned:
             self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
                                       prior_mean=mean, prior_precision=float(prior_weight), **fast)
             self.name = f"learned ({policy}, warm)"
-        self._round: tuple[np.ndarray, int, int, float] | None = None  # context, block size, rows, plain round s
-        self._tokens, self._seconds, self._seen = 0, 0.0, 0
+        self._round: tuple | None = None  # context, block size, rows, modelled plain round s, level
+        self._rewards: list[float] = []
+        self._seen, self._seconds = 0, 0.0
+        # per level: measured / modelled plain round time (1 until a plain round is measured), and
+        # rounds since the last plain one (a plain round is forced after PLAIN_EVERY without one)
+        self._scale = np.ones(len(LEVELS) + 1)
+        self._plain_n = np.zeros(len(LEVELS) + 1, dtype=np.int64)
+        self._since_plain = np.full(len(LEVELS) + 1, PLAIN_EVERY, dtype=np.int64)  # the first round is plain
 
     @staticmethod
     def context(load: Any) -> np.ndarray:
@@ -242,24 +267,38 @@ class Learned:
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
         x = self.context(load)
+        level = level_index(load.rows)
         b = int(self.policy.decide(x).block_size)
+        self._since_plain[level] += 1
+        if b != 1 and self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again
+            b = 1
+        if b == 1:
+            self._since_plain[level] = 0
+        n = len(rows)
         contexts = [getattr(r, "context", self.profile.context_tokens) for r in rows]
-        plain_s = batch_round_s(self.profile, [1] * len(rows), contexts) if rows else 0.0
-        self._round = (x, b, len(rows), plain_s)
-        self._tokens, self._seconds, self._seen = 0, 0.0, 0
-        return [b] * len(rows)
+        plain_s = batch_round_s(self.profile, [1] * n, contexts) if rows else 0.0
+        self._round = (x, b, n, plain_s, level)
+        self._rewards: list[float] = []
+        self._seen, self._seconds = 0, 0.0
+        return [b] * n
 
     def feedback(self, row: Any, block_size: int, tau: int, attributed_s: float, load: Any) -> None:
         if self._round is None:
             return
-        self._tokens += tau
-        self._seconds += attributed_s
+        x, b, n, plain_s, level = self._round
+        if attributed_s > 0:  # this row's speed-up over its share of a plain round
+            self._rewards.append(tau * (plain_s / n) / attributed_s)
         self._seen += 1
-        x, b, n, plain_s = self._round
-        if self._seen == n:  # the round's last row: learn from the whole round
+        self._seconds += attributed_s
+        if self._seen == n:  # the round's last row: learn from the whole round, one observation a row
             self._round = None
-            if self._seconds > 0:
-                self.policy.update(x, b, self._tokens * plain_s / (n * self._seconds))
+            if not (self._rewards and plain_s > 0 and self._seconds > 0):
+                return
+            if b == 1:  # a plain round: how much slower (or faster) than the model this machine runs
+                seen = self._plain_n[level] = self._plain_n[level] + 1
+                self._scale[level] += (self._seconds / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
+            r = np.asarray(self._rewards) * self._scale[level]
+            self.policy.update_batch(np.repeat(x[None], r.size, axis=0), np.full(r.size, b), r)
 
 
 class _Rows:

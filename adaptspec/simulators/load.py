@@ -17,7 +17,7 @@ can be compared at any load on the same arrivals:
 - **joining and leaving**: a request is prefilled alone when a row is free (its own pass, the
   profile's cost of its prompt tokens), joins at the next round and leaves when its greedy
   output is complete; a new request's first token is the prefill's (time to first token);
-- **the rule learns** from each row's tokens per second of *attributed* time
+- **the rule learns** from each row's tokens and *attributed* time
   (:mod:`adaptspec.reward.attribution`): the cost each row imposes on the batch.
 
 Aggregate throughput is tokens over the run's duration (what a server sees); latency is per
