@@ -155,19 +155,21 @@ def closed_loop(url: str, prompts: list[str], phases: list[tuple[int, int]], max
 
 
 def rule_overhead(url: str) -> dict:
-    """The load rule's time over the batched rounds' decode time, from the server's /metrics."""
+    """The load rule's CPU time (and wall time, with waits for the interpreter lock) over the batched
+    rounds' decode time, from the server's /metrics."""
     import httpx
 
     values = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        for name in ("adaptspec_load_rule_seconds_total", "adaptspec_batch_decode_seconds_total",
-                     "adaptspec_batch_rounds_total"):
+        for name in ("adaptspec_load_rule_seconds_total", "adaptspec_load_rule_wall_seconds_total",
+                     "adaptspec_batch_decode_seconds_total", "adaptspec_batch_rounds_total"):
             if line.startswith(name + " "):
                 values[name] = float(line.split()[1])
     decode = values.get("adaptspec_batch_decode_seconds_total", 0.0)
     rule = values.get("adaptspec_load_rule_seconds_total", 0.0)
-    return {"rule_s": rule, "decode_s": decode, "rounds": values.get("adaptspec_batch_rounds_total"),
-            "rule_share": rule / decode if decode > 0 else None}
+    wall = values.get("adaptspec_load_rule_wall_seconds_total", 0.0)
+    return {"rule_s": rule, "rule_wall_s": wall, "decode_s": decode, "rounds": values.get("adaptspec_batch_rounds_total"),
+            "rule_share": rule / decode if decode > 0 else None, "rule_wall_share": wall / decode if decode > 0 else None}
 
 
 def run_config(name: str, extra: list[str], prompts: list[str], levels: list[int], day: list, args, tmp: Path) -> dict:

@@ -160,7 +160,8 @@ class EngineLoop:
                 "rounds": self.rounds, "tokens_per_round": sum(r.taus) if r is not None else 0,
                 "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
                 "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
-                "rule_s": 0.0 if self.rule is None else self.rule.busy_s}
+                "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
+                "rule_wall_s": 0.0 if self.rule is None else getattr(self.rule, "busy_wall_s", 0.0)}
 
     @property
     def queue_length(self) -> int:

@@ -160,5 +160,9 @@ class _EngineCollector:
                                 value=s["round_s_ewma"])
         yield CounterMetricFamily("adaptspec_batch_decode_seconds", "Decode time of all batched rounds (prefills "
                                   "excluded)", value=s["decode_s"])
-        yield CounterMetricFamily("adaptspec_load_rule_seconds", "Time spent in the per-round load rule (choose and "
-                                  "feedback): its overhead over adaptspec_batch_decode_seconds", value=s["rule_s"])
+        yield CounterMetricFamily("adaptspec_load_rule_seconds", "CPU seconds of the engine thread spent in the "
+                                  "per-round load rule (choose and feedback): its overhead over "
+                                  "adaptspec_batch_decode_seconds", value=s["rule_s"])
+        yield CounterMetricFamily("adaptspec_load_rule_wall_seconds", "Wall seconds in the per-round load rule, "
+                                  "including waits for the interpreter lock held by other threads",
+                                  value=s.get("rule_wall_s", 0.0))

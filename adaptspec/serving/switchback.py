@@ -204,6 +204,10 @@ class SliceRule:
     def busy_s(self) -> float:
         return sum(r.busy_s for r in self.rules.values() if r is not None)
 
+    @property
+    def busy_wall_s(self) -> float:
+        return sum(r.busy_wall_s for r in self.rules.values() if r is not None)
+
     def choose(self, rows: Sequence[Any]) -> list[int]:
         self._chose = self.rules[self.switchback.variant]
         if self._chose is None:
