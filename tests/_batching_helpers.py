@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaptspec.decoding import BlockDiffusionDrafter
@@ -51,3 +52,12 @@ class KnowingDrafter(BlockDiffusionDrafter):
             logits[i] = -1e4
             logits[i, tok] = 1e4
         return logits
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Import into a test module to run its tests on one torch thread (autouse, per module)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's cores are shared
+    yield
+    torch.set_num_threads(n)

@@ -10,16 +10,11 @@ import torch
 from adaptspec.batching import BatchEngine
 from adaptspec.errors import AdaptspecError
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 SPEC, CODEC = tiny_speculator(seed=0, verification="exact")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine's cores are shared
-    yield
-    torch.set_num_threads(n)
 MODEL = tiny_model(0)
 
 

@@ -27,17 +27,10 @@ from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
 
 from _redis import free_port
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 CODEC = CharCodec()
 N = 400
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine's cores are shared
-    yield
-    torch.set_num_threads(n)
 
 
 class ThreadServer:

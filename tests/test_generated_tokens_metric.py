@@ -19,17 +19,10 @@ from adaptspec.serving.batched import serve_batched
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 CODEC = CharCodec()
 PROMPT = "Q: why?"  # the tiny drafter's drafts are mostly rejected; here two rounds of 4 are accepted
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine's cores are shared
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -249,10 +249,10 @@ class Learned:
         self._since_plain = np.full(len(LEVELS) + 1, PLAIN_EVERY, dtype=np.int64)  # the first round is plain
 
     @staticmethod
-    def context(load: Any) -> np.ndarray:
-        """The one-hot load level of ``load.rows`` rows in flight."""
+    def context(level: int) -> np.ndarray:
+        """The one-hot vector of load level ``level`` (:func:`level_index`)."""
         x = np.zeros(len(LEVELS) + 1)
-        x[level_index(load.rows)] = 1.0
+        x[level] = 1.0
         return x
 
     def preference(self, rows: int) -> int | None:
@@ -262,12 +262,12 @@ class Learned:
         pol._ensure_core()
         if getattr(pol, "core", None) is None:
             return None
-        mu, _ = pol.core.mean_var(pol.map.phi(self.context(_Rows(rows))))
+        mu, _ = pol.core.mean_var(pol.map.phi(self.context(level_index(rows))))
         return self.arms[int(np.argmax(mu))]
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        x = self.context(load)
         level = level_index(load.rows)
+        x = self.context(level)
         b = int(self.policy.decide(x).block_size)
         self._since_plain[level] += 1
         if b != 1 and self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again
@@ -299,10 +299,3 @@ class Learned:
                 self._scale[level] += (self._seconds / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
             r = np.asarray(self._rewards) * self._scale[level]
             self.policy.update_batch(np.repeat(x[None], r.size, axis=0), np.full(r.size, b), r)
-
-
-class _Rows:
-    """A load of ``rows`` rows in flight (what :meth:`Learned.context` reads)."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
