@@ -56,3 +56,21 @@ def test_a_bad_request_fails_alone():
         for t in (bad, worse):
             with pytest.raises(AdaptspecError):
                 t.wait(timeout=120)
+
+
+def test_the_loop_thread_runs_with_its_own_torch_threads_and_leaves_the_callers_alone():
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+    with EngineLoop(BatchEngine(SPEC.target, SPEC.drafter, max_rows=2), threads=3) as loop:
+        t = loop.submit(CODEC.encode("the cat"), max_new_tokens=3,
+                        on_tokens=lambda new: seen.append((threading.current_thread().name, torch.get_num_threads())))
+        assert t.wait(timeout=120).tokens == _alone("the cat", 3)
+    assert seen and all(s == ("adaptspec-engine", 3) for s in seen)
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "2"])
+def test_a_bad_thread_count_is_refused_in_one_line(threads):
+    with pytest.raises(AdaptspecError, match="threads must be an int >= 1"):
+        EngineLoop(BatchEngine(SPEC.target, SPEC.drafter, max_rows=1), threads=threads)

@@ -208,9 +208,14 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
         _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's")
-    if args.threads is not None:
-        import torch
+    import torch
 
+    engine_threads = args.threads or torch.get_num_threads()
+    if getattr(args, "batched", False):
+        # every thread but the engine's at one intra-op thread, from before any torch work: a
+        # second OpenMP team on this thread would make the engine's ~1.6x slower (EngineLoop)
+        torch.set_num_threads(1)
+    elif args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.tiny:
         from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
@@ -247,7 +252,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
             serve_batched(service, speculator, max_rows=args.max_rows or 8,
                           max_queue=64 if args.max_queue is None else args.max_queue,
                           **_ab_design(args), attribution=args.attribution or "marginal", profile=_cost_model(args),
-                          rule=_load_rule(args))
+                          rule=_load_rule(args), threads=engine_threads)
         except BaseException:
             service.close()
             raise

@@ -138,7 +138,8 @@ def _reward(ctrl: Any, outcome: Outcome) -> float | None:
 
 def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: int = 64,
                   attribution: str = "marginal", profile: Any = None, rule: Any = None,
-                  design: str = "requests", slice_rounds: int | None = None, seed: int = 0) -> BatchedRunner:
+                  design: str = "requests", slice_rounds: int | None = None, seed: int = 0,
+                  threads: int | None = None) -> BatchedRunner:
     """Put ``service``'s requests on one batched engine over ``speculator``'s target and drafter.
 
     ``profile`` (a latency profile, or its name) is the cost model of the ``"marginal"``
@@ -151,6 +152,10 @@ def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: i
     one variant drawn from ``seed``; slice records go to the service's log directory). Under
     switchback, ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the
     block sizes of the slice's rounds.
+
+    ``threads``: torch's intra-op threads on the engine's thread (see
+    :class:`~adaptspec.serving.engine_loop.EngineLoop`; ``adaptspec serve --batched`` keeps every
+    other thread at one).
     """
     from .load_rule import RoundRule
 
@@ -170,7 +175,8 @@ def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: i
     else:
         adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
     loop = EngineLoop(engine, max_queue=max_queue, attribution=attribution,
-                      profile=None if profile is None else get_profile(profile), rule=adapter, switchback=switchback)
+                      profile=None if profile is None else get_profile(profile), rule=adapter, switchback=switchback,
+                      threads=threads)
     service.runner = BatchedRunner(loop)
     if service.metrics is not None:
         service.metrics.attach_engine(loop.stats)

@@ -18,6 +18,17 @@ by :func:`~adaptspec.reward.attribution.attribute` (``attribution``: ``"marginal
 latency ``profile``, else ``"tokens"``) and summed per request in :attr:`Ticket.attributed_s`,
 the time a request's reward is measured on.
 
+**Threads.** With OpenMP (torch's CPU build), every thread that runs torch work keeps its own
+team of ``torch.get_num_threads()`` threads. Once two teams hold more threads than the machine
+has cores, OpenMP stops spinning between parallel regions and every small matrix product pays to
+wake its team: on 2 cores the engine's rounds then run 1.5-1.9x slower on this thread than the
+same rounds on the main thread (4 rows of the bundled pair: 55 against 33 ms a round at B = 1, 79
+against 43 ms at B = 4). A team, once made, stays. So a server gives the engine its threads
+(``threads``: set on the loop thread) and keeps every other thread at one, from before any
+torch work: ``torch.set_num_threads(1)`` first thing in the main thread, as
+``adaptspec serve --batched`` does. The loop logs a warning if the thread that starts it is
+allowed more than one.
+
 >>> from adaptspec.batching import BatchEngine
 >>> from adaptspec.serving.tiny import tiny_speculator
 >>> spec, codec = tiny_speculator(seed=0, verification="exact")
@@ -90,9 +101,20 @@ class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
     def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None,
-                 rule: Any = None, switchback: Any = None) -> None:
+                 rule: Any = None, switchback: Any = None, threads: int | None = None) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise AdaptspecError(f"threads must be an int >= 1, got {threads!r}")
+        self.threads = threads
+        if threads is not None and threads > 1:
+            import torch
+
+            if torch.get_num_threads() > 1:
+                log.warning("the engine loop gets %d torch threads while the thread starting it has %d: if that "
+                            "thread has run torch work, the engine runs ~1.6x slower (call "
+                            "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine_loop)",
+                            threads, torch.get_num_threads())
         if attribution not in ATTRIBUTIONS:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
@@ -203,6 +225,10 @@ class EngineLoop:
             self._tickets.append(ticket)
 
     def _run(self) -> None:
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)  # this thread's own intra-op team (see the module docstring)
         while True:
             self._wake.wait()
             self._wake.clear()
