@@ -1,8 +1,9 @@
 """Block-size rules under load: what a continuous-batching engine verifies for each row, each round.
 
 A rule has ``choose(rows, load) -> block sizes`` (one per active row, called every round, so it
-can follow the load as it changes) and ``feedback(row, block_size, tau, attributed_s, load)``
-(what that row's round gave and what it cost the batch, :mod:`adaptspec.reward.attribution`).
+can follow the load as it changes) and, after the round, ``feedback(rows, block_sizes, taus,
+attributed_s, load)``: for every row of it, the block size the rule asked, the tokens the row
+committed and its share of the round's time (:mod:`adaptspec.reward.attribution`).
 
 - :class:`Fixed`: one block size, whatever the load (1 = plain decoding).
 - :class:`Table`: a block size per load level, the static "batch size -> B" table engine users
@@ -240,8 +241,6 @@ class Learned:
                                       prior_mean=mean, prior_precision=float(prior_weight), **fast)
             self.name = f"learned ({policy}, warm)"
         self._round: tuple | None = None  # context, block size, rows, modelled plain round s, level
-        self._rewards: list[float] = []
-        self._seen, self._seconds = 0, 0.0
         # per level: measured / modelled plain round time (1 until a plain round is measured), and
         # rounds since the last plain one (a plain round is forced after PLAIN_EVERY without one)
         self._scale = np.ones(len(LEVELS) + 1)
@@ -275,27 +274,27 @@ class Learned:
         if b == 1:
             self._since_plain[level] = 0
         n = len(rows)
-        contexts = [getattr(r, "context", self.profile.context_tokens) for r in rows]
-        plain_s = batch_round_s(self.profile, [1] * n, contexts) if rows else 0.0
+        # a plain round over these rows (batch_round_s with every block at 1: the target pass alone)
+        context = sum(getattr(r, "context", self.profile.context_tokens) for r in rows) / n if n else 0.0
+        plain_s = float(self.profile.verify(1, context, n)) if n else 0.0
         self._round = (x, b, n, plain_s, level)
-        self._rewards: list[float] = []
-        self._seen, self._seconds = 0, 0.0
         return [b] * n
 
-    def feedback(self, row: Any, block_size: int, tau: int, attributed_s: float, load: Any) -> None:
+    def feedback(self, rows: Sequence[Any], block_sizes: Sequence[int], taus: Sequence[int],
+                 attributed_s: Sequence[float], load: Any) -> None:
+        """Learn from the round :meth:`choose` chose last: one observation a row, in one update."""
         if self._round is None:
             return
         x, b, n, plain_s, level = self._round
-        if attributed_s > 0:  # this row's speed-up over its share of a plain round
-            self._rewards.append(tau * (plain_s / n) / attributed_s)
-        self._seen += 1
-        self._seconds += attributed_s
-        if self._seen == n:  # the round's last row: learn from the whole round, one observation a row
-            self._round = None
-            if not (self._rewards and plain_s > 0 and self._seconds > 0):
-                return
-            if b == 1:  # a plain round: how much slower (or faster) than the model this machine runs
-                seen = self._plain_n[level] = self._plain_n[level] + 1
-                self._scale[level] += (self._seconds / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
-            r = np.asarray(self._rewards) * self._scale[level]
-            self.policy.update_batch(np.repeat(x[None], r.size, axis=0), np.full(r.size, b), r)
+        self._round = None
+        tau = np.asarray(taus, dtype=np.float64)
+        share = np.asarray(attributed_s, dtype=np.float64)
+        spent = float(share.sum())
+        if not (tau.size == n and plain_s > 0 and spent > 0):
+            return
+        if b == 1:  # a plain round: how much slower (or faster) than the model this machine runs
+            seen = self._plain_n[level] = self._plain_n[level] + 1
+            self._scale[level] += (spent / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
+        paid = share > 0  # each row's speed-up over its share of a plain round
+        rewards = tau[paid] * (plain_s / n) / share[paid] * self._scale[level]
+        self.policy.update_repeated(x, b, rewards)

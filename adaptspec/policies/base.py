@@ -148,6 +148,24 @@ class Policy(abc.ABC):
         self._update_batch(X, idx, r)
         self.version += len(idx)
 
+    def update_repeated(self, context: Sequence[float] | np.ndarray | None, block_size: int,
+                        rewards: Sequence[float] | np.ndarray) -> None:
+        """Feed back several rewards of one block size at one context (the rows of one batched
+        round). By default the same as :meth:`update_batch` with the context repeated; linear
+        policies learn them in one step (the same posterior, a fraction of the time).
+        Bad input raises and changes nothing."""
+        arm = self.arm_index(block_size)
+        r = self.check_rewards(rewards)
+        ctx = self.check_context(context)
+        if r.size:
+            self._update_repeated(ctx, arm, r)
+            self.version += int(r.size)
+
+    def _update_repeated(self, context: np.ndarray | None, arm: int, rewards: np.ndarray) -> None:
+        """Vectorise in subclasses; inputs are validated."""
+        X = None if context is None else np.repeat(context[None], rewards.size, axis=0)
+        self._update_batch(X, np.full(rewards.size, arm, dtype=np.int64), rewards)
+
     def _choose_batch(self, X: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Vectorise in subclasses; ``X`` is validated (or None)."""
         idx = np.empty(n, dtype=np.int64)

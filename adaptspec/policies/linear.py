@@ -267,6 +267,35 @@ class LinearPolicy(Policy):
         err = core.update(arm, phi, r)  # the prequential residual: before this reward is learnt
         self._add_residual(err)
 
+    def _update_repeated(self, context: np.ndarray | None, arm: int, rewards: np.ndarray) -> None:
+        """``n`` rewards at one context, one step: adding ``sqrt(n) phi`` with reward
+        ``sqrt(n) mean(r)`` adds ``n phi phi^T`` to the precision and ``phi sum(r)`` to the
+        moment vector, exactly what ``n`` rank-one updates add. The noise estimate counts ``n``
+        residuals, each against the prediction before the round (sequential updates would
+        measure the later ones against a model that had already moved)."""
+        self._ensure_core()
+        core = self.core
+        if (core is None or rewards.size == 1 or self.discount is not None
+                or type(self)._update is not LinearPolicy._update):
+            # warming up (the buffer takes them one by one), decaying data (its clock counts
+            # updates), or a subclass that learns more than the ridge statistics from each one
+            super()._update_repeated(context, arm, rewards)
+            return
+        n = rewards.size
+        r = np.asarray(self.map.reward(rewards), dtype=np.float64)
+        mean = float(r.mean())
+        phi = self._phi_of(context)
+        self._last = None
+        root = math.sqrt(n)
+        err = core.update(arm, root * phi, root * mean) / root  # mean(r) - prediction before the round
+        self._add_residuals(float(((r - mean) ** 2).sum()) + n * err * err, n)
+
+    def _add_residuals(self, sum_sq: float, n: int) -> None:
+        """Count ``n`` prediction errors whose squares sum to ``sum_sq`` (no discount)."""
+        self._noise_n += n
+        self._noise_ss += sum_sq
+        self._sigma = None
+
     def _buffer(self, x: np.ndarray, arm: int, reward: float) -> None:
         if self._buf_X is None:
             self._buf_X = np.zeros((self.warmup, x.shape[0]))

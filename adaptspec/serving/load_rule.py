@@ -4,7 +4,7 @@ Without a rule each row verifies its request's block size (its controller's deci
 join). With one (:mod:`adaptspec.load.rules`: ``fixed:B``, ``goodput``, ``learned``), every
 round the engine asks the rule for every row's block size, given the load (rows in the pass,
 requests waiting), and verifies ``min(rule's choice, the request's own)``; after the round
-the rule gets each row's tokens and attributed time back. The rule sees a row through a
+the rule gets every row's tokens and attributed time back, in one call. The rule sees a row through a
 :class:`RowView`, the fields the rules read: ``accepted`` (drafts accepted so far),
 ``rejected`` (rounds that ended on a rejected draft), ``context`` (prompt + committed tokens)
 and ``m`` (committed tokens).
@@ -94,9 +94,9 @@ class RoundRule:
         """After the round ``record``: each row's tau and attributed seconds back to the rule
         (``handles``: the rows' request handles, in the record's order)."""
         t0, w0 = time.thread_time(), time.perf_counter()
-        for h, asked, b, tau, share in zip(handles, self._asked, record.block_sizes, record.taus, shares):
-            v = self._views[h.id]
-            self.rule.feedback(v, asked, int(tau), float(share), self._load)
+        views = [self._views[h.id] for h in handles]
+        self.rule.feedback(views, self._asked, record.taus, shares, self._load)
+        for v, h, b, tau in zip(views, handles, record.block_sizes, record.taus):
             v.after_round(b, int(tau), len(h.tokens))
         self.row_rounds += len(record.taus)
         self.busy_s += time.thread_time() - t0

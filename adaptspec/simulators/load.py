@@ -157,7 +157,8 @@ def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *
         rounds += 1
         rows_time += len(active) * round_s
         still: list[Row] = []
-        for row, b, asked, share in zip(active, blocks, chosen, shares):
+        taus = []
+        for row, b in zip(active, blocks):
             n = len(row.request.tokens)
             j = min(int(row.request.accept[row.m - 1, b - 2]), n - 1 - row.m) if b > 1 else 0
             row.m += j + 1
@@ -165,7 +166,9 @@ def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *
             row.rejected += int(j < b - 1)
             tokens += j + 1
             blocks_seen[b] = blocks_seen.get(b, 0) + 1
-            rule.feedback(row, int(asked), j + 1, float(share), load)
+            taus.append(j + 1)
+        rule.feedback(active, [int(a) for a in chosen], taus, [float(x) for x in shares], load)
+        for row in active:
             if row.done:
                 latency.append(t - row.arrival_s)
                 ttft.append(row.first_token_s - row.arrival_s)
