@@ -37,6 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int_range(1), default=20_000, help="total optimiser steps (cosine schedule length)")
     p.add_argument("--anchors", type=int_range(1), default=8,
                    help="blocks drafted per training sequence in one pass (random anchors in its response)")
+    p.add_argument("--seqs-per-step", type=int_range(1), default=4,
+                   help="training sequences in one optimiser step (at most the sequences trained on)")
+    p.add_argument("--max-seq-len", type=int_range(2), default=None,
+                   help="crop each training sequence's response to its first L tokens (the prompt stays) before "
+                        "anchors are drawn (default: the whole response)")
+    p.add_argument("--soft-targets", type=int_range(1, 64), default=None, metavar="K",
+                   help="with --corpus: the data stage stores the target's top-K next tokens at every position "
+                        "beside the hidden states; training learns that distribution instead of the greedy token")
+    p.add_argument("--seed", type=int_range(0), default=0, help="seed of the initial weights and of the batches drawn")
     p.add_argument("--lr", type=float_range(0, lo_open=True), default=6e-4, help="peak learning rate (cosine schedule)")
     p.add_argument("--warmup", type=int_range(0), default=200, help="learning-rate warm-up steps")
     p.add_argument("--eval-every", type=int_range(1), default=500, help="steps between held-out evaluations")
@@ -61,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --corpus: dense traces of the benchmark prompts whose greedy answers are the "
                         "held-out text (default: the checkout's datasets/dense/benchmarks-fast)")
     p.add_argument("--train-tokens", type=int_range(1), default=None,
-                   help="train on the first corpus shards holding this many response tokens (a learning-curve point)")
+                   help="train on the first corpus shards holding this many response tokens (a learning-curve "
+                        "point); the data stage computes only those")
     p.add_argument("--init-from-target", action="store_true",
                    help="start the drafter's layers as copies of the target's last layers (same shapes)")
     p.add_argument("--init-from", type=Path, default=None,
@@ -77,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from ..decoding.loading import cache_dir, load_target
     from ..models.train_drafter import ShardData, greedy_acceptance, prepare_data, train
 
+    if args.soft_targets and args.corpus is None:
+        raise AdaptspecError("--soft-targets: needs --corpus (only the corpus data stage stores the target's distribution)")
     work = args.work or cache_dir() / "drafter-work"
     if args.export is not None:  # an earlier export (its training.json card and weights) and nothing else
         from .._util.outputs import check_output
@@ -158,7 +170,8 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
             raise AdaptspecError(f"{meta}: made for other context layers; use another --work")
         meta.write_text(json.dumps({"layers": layers, "corpus": str(args.corpus), "eval_dense": str(dense)}))
         build_benchmark_contexts(benchmark_sequences(dense, lambda t: chat_ids(tok, t)), model, work / "benchmarks", layers)
-        n = build_corpus_contexts(corpus, model, work / "corpus", layers, max_seq_len=cfg.max_seq_len)
+        n = build_corpus_contexts(corpus, model, work / "corpus", layers, max_seq_len=cfg.max_seq_len,
+                                  max_response_tokens=args.train_tokens, top_k=args.soft_targets or 0)
         print(f"{work}: contexts of {n} new corpus shards")
         if args.stage == "data":
             return 0
@@ -219,7 +232,8 @@ def _train_config(args: argparse.Namespace):
                        mask_token_id=args.mask_token_id, draft_vocab_size=args.draft_vocab_size or None,
                        max_train_tokens=args.train_tokens, init_from_target=args.init_from_target,
                        anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
-                       warmup_steps=args.warmup,
+                       warmup_steps=args.warmup, seqs_per_step=args.seqs_per_step, seed=args.seed,
+                       max_response_len=args.max_seq_len, soft_targets=args.soft_targets or 0,
                        init_from=None if args.init_from is None else str(args.init_from))
 
 

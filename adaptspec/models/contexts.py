@@ -8,7 +8,9 @@ generating did, and nothing in the repository). The states go to a work director
 corpus shard, in the layout :class:`~adaptspec.models.train_drafter.ShardData` reads:
 ``shards/shard-XXXXX.npz`` (tokens, lengths, prompt lengths, domains) and
 ``shards/shard-XXXXX.hidden.npy`` (float16 ``[sum(lengths), k * H]``, memory-mapped at
-training time, so the corpus need not fit in memory). A run computes only the shards that
+training time, so the corpus need not fit in memory), and, when asked, the target's top-k
+next tokens at every position beside them (``.topk_ids.npy`` int32 and ``.topk_probs.npy``
+float16, ``[sum(lengths), k]``: soft targets). A run computes only the shards that
 are missing, so it resumes, and picks up shards a running distillation added meanwhile.
 
 Sequences are batched by length and right-padded: under causal attention a position never
@@ -39,7 +41,19 @@ def teacher_forced_hidden(
 
     ``model`` is a Hugging Face causal LM; index 0 of ``hidden_states`` is the embeddings.
     """
-    out: list[np.ndarray | None] = [None] * len(sequences)
+    return [h for h, _ in teacher_forced(model, sequences, layers, max_batch_tokens)]
+
+
+@torch.inference_mode()
+def teacher_forced(
+    model, sequences: Sequence[np.ndarray], layers: Sequence[int], max_batch_tokens: int = 4096, top_k: int = 0,
+) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]]:
+    """Per sequence, its hidden states (as :func:`teacher_forced_hidden`) and, with ``top_k``,
+    the target's ``top_k`` most likely next tokens at every position: ``(ids int32 [n, top_k],
+    probs float16 [n, top_k])``, row ``p`` the distribution of the token after position ``p``
+    (softmax of the LM head at temperature 1, largest first); ``None`` without ``top_k``.
+    """
+    out: list = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     start = 0
     while start < len(order):
@@ -51,23 +65,44 @@ def teacher_forced_hidden(
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # right padding: never seen by earlier positions
         for r, i in enumerate(rows):
             ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i], dtype=np.int64))
-        hs = model.model(input_ids=ids.to(model.device), output_hidden_states=True).hidden_states
-        cat = torch.cat([hs[l] for l in layers], dim=-1).to(torch.float16).cpu()
+        res = model.model(input_ids=ids.to(model.device), output_hidden_states=True)
+        cat = torch.cat([res.hidden_states[l] for l in layers], dim=-1).to(torch.float16).cpu()
         for r, i in enumerate(rows):
-            out[i] = cat[r, : len(sequences[i])].numpy()
+            n = len(sequences[i])
+            top = None if not top_k else _top_k(model, res.last_hidden_state[r, :n], top_k)
+            out[i] = (cat[r, :n].numpy(), top)
         start = stop
-    return out  # type: ignore[return-value]
+    return out
+
+
+def _top_k(model, last_hidden: torch.Tensor, k: int, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """The LM head's top ``k`` next tokens and their probabilities along one sequence, in
+    chunks of positions (a full row of logits is the whole vocabulary)."""
+    ids, probs = [], []
+    for s in range(0, len(last_hidden), chunk):
+        logits = model.lm_head(last_hidden[s : s + chunk]).float()
+        p, i = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+        ids.append(i.to(torch.int32).cpu())
+        probs.append(p.to(torch.float16).cpu())
+    return torch.cat(ids).numpy(), torch.cat(probs).numpy()
 
 
 def write_shard(path: Path, tokens: list[np.ndarray], prompt_lens: list[int], domains: list[str],
-                hidden: list[np.ndarray]) -> None:
-    """One context shard: ``path`` (``.npz``, written last, so its presence means complete) and its ``.hidden.npy``."""
+                hidden: list[np.ndarray], top: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    """One context shard: ``path`` (``.npz``, written last, so its presence means complete), its
+    ``.hidden.npy`` and, with ``top`` (:func:`teacher_forced`'s), the target's top-k next tokens
+    at every position beside them: ``.topk_ids.npy`` (int32 ``[sum(lengths), k]``) and
+    ``.topk_probs.npy`` (float16)."""
     flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
-    hid = np.concatenate(hidden) if hidden else np.zeros((0, 0), np.float16)
-    hpath = path.with_suffix(".hidden.npy")
-    tmp = hpath.with_name(hpath.stem + ".tmp.npy")
-    np.save(tmp, hid)
-    os.replace(tmp, hpath)
+    arrays = {"hidden": np.concatenate(hidden) if hidden else np.zeros((0, 0), np.float16)}
+    if top is not None:
+        arrays["topk_ids"] = np.concatenate([i for i, _ in top])
+        arrays["topk_probs"] = np.concatenate([p for _, p in top])
+    for name, arr in arrays.items():
+        apath = path.with_suffix(f".{name}.npy")
+        tmp = apath.with_name(apath.stem + ".tmp.npy")
+        np.save(tmp, arr)
+        os.replace(tmp, apath)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, tokens=flat.astype(np.int32), lengths=np.asarray([len(t) for t in tokens], dtype=np.int32),
              prompt_lens=np.asarray(prompt_lens, dtype=np.int32), domains=np.asarray(domains))
@@ -75,26 +110,44 @@ def write_shard(path: Path, tokens: list[np.ndarray], prompt_lens: list[int], do
 
 
 def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequence[int], max_seq_len: int | None = None,
-                          max_batch_tokens: int = 4096, progress: bool = True) -> int:
+                          max_batch_tokens: int = 4096, progress: bool = True, max_response_tokens: int | None = None,
+                          top_k: int = 0) -> int:
     """Context shards under ``out/shards`` for every corpus shard that has none yet; returns how many were written.
 
     ``max_seq_len`` cuts each sequence (prompt kept whole where it fits) to bound the pass.
+    ``max_response_tokens`` stops at the first shards that hold that many response tokens
+    (counted as :class:`~adaptspec.models.train_drafter.ShardData` counts them, so a
+    ``--train-tokens`` budget finds all it needs); ``top_k`` also stores the target's top-k
+    next tokens at every position (:func:`write_shard`).
     """
+    from .corpus import read_shard
+
     shards = Path(out) / "shards"
     shards.mkdir(parents=True, exist_ok=True)
-    todo = [p for p in corpus.shard_paths() if not (shards / p.name).exists()]
+    paths, total = [], 0
+    for path in corpus.shard_paths():
+        if max_response_tokens is not None and total >= max_response_tokens:
+            break
+        paths.append(path)
+        if max_response_tokens is not None:
+            total += sum(len(s) - pl for s, pl in zip(*_cut(read_shard(path), max_seq_len)[:2]) if len(s) - pl >= 3)
+    todo = [p for p in paths if not (shards / p.name).exists()]
     for path in tqdm(todo, desc="contexts", unit="shard", disable=not progress):
-        from .corpus import read_shard
-
-        z = read_shard(path)
-        lens, toks, pls, doms = z["lengths"], z["tokens"].astype(np.int64), z["prompt_lens"], z["domains"]
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-        seqs = [toks[s : s + n][:max_seq_len] for s, n in zip(starts, lens)]
+        seqs, pls, doms = _cut(read_shard(path), max_seq_len)
         keep = [i for i, (s, pl) in enumerate(zip(seqs, pls)) if len(s) - pl >= 2]
         seqs = [seqs[i] for i in keep]
-        hidden = teacher_forced_hidden(model, seqs, layers, max_batch_tokens)
-        write_shard(shards / path.name, seqs, [int(pls[i]) for i in keep], [str(doms[i]) for i in keep], hidden)
+        got = teacher_forced(model, seqs, layers, max_batch_tokens, top_k)
+        write_shard(shards / path.name, seqs, [pls[i] for i in keep], [doms[i] for i in keep], [h for h, _ in got],
+                    [t for _, t in got] if top_k else None)
     return len(todo)
+
+
+def _cut(z, max_seq_len: int | None) -> tuple[list[np.ndarray], list[int], list[str]]:
+    """A corpus shard's sequences cut to ``max_seq_len``, their prompt lengths and domains."""
+    lens, toks = z["lengths"], z["tokens"].astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    seqs = [toks[s : s + n][:max_seq_len] for s, n in zip(starts, lens)]
+    return seqs, [int(p) for p in z["prompt_lens"]], [str(d) for d in z["domains"]]
 
 
 def benchmark_sequences(dense_dir: str | os.PathLike, encode, per_benchmark: int | None = None

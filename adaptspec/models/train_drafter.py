@@ -52,6 +52,11 @@ class TrainConfig:
     seqs_per_step: int = 4
     anchors_per_seq: int = 8
     max_seq_len: int = 640
+    # crop each sequence's response to its first N tokens before anchors are drawn (None: whole)
+    max_response_len: int | None = None
+    # > 0: learn the target's top-k next-token distribution (stored by the data stage) instead
+    # of its greedy token alone
+    soft_targets: int = 0
     lr: float = 6e-4
     weight_decay: float = 0.01
     warmup_steps: int = 200
@@ -80,6 +85,8 @@ class ShardData:
         self.max_response_tokens = max_response_tokens  # stop adding shards past this many (a data budget)
         self.tokens: list[np.ndarray] = []
         self.hidden: list[np.ndarray] = []
+        # the target's top-k next tokens at every position (ids, probs), where the data stage stored them
+        self.top: list[tuple[np.ndarray, np.ndarray] | None] = []
         self.prompt_lens: list[int] = []
         self.domains: list[str] = []
         self.files: set[Path] = set()
@@ -102,11 +109,15 @@ class ShardData:
                 lens, tok = z["lengths"], z["tokens"]
                 # hidden states inline (distill shards) or beside, memory-mapped (context shards)
                 hid = z["hidden"] if "hidden" in z.files else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r")
+                top = None
+                if path.with_suffix(".topk_ids.npy").exists():
+                    top = tuple(np.load(path.with_suffix(f".{k}.npy"), mmap_mode="r") for k in ("topk_ids", "topk_probs"))
                 starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
                 for s, n, pl, d in zip(starts, lens, z["prompt_lens"], z["domains"]):
                     if n - pl >= 3:  # needs at least one anchor with a label
                         self.tokens.append(tok[s : s + n])
                         self.hidden.append(hid[s : s + n])
+                        self.top.append(None if top is None else (top[0][s : s + n], top[1][s : s + n]))
                         self.prompt_lens.append(int(pl))
                         self.domains.append(str(d))
             self.files.add(path)
@@ -117,6 +128,10 @@ class ShardData:
 
     def n_tokens(self, responses_only: bool = True) -> int:
         return int(sum(len(t) - (pl if responses_only else 0) for t, pl in zip(self.tokens, self.prompt_lens)))
+
+    def top_k(self) -> int:
+        """How many next tokens every sequence's stored distribution holds (0 where any lacks one)."""
+        return min((0 if t is None else t[0].shape[1] for t in self.top), default=0)
 
     def token_counts(self) -> Counter:
         c: Counter = Counter()
@@ -131,26 +146,42 @@ def make_batch(
 ) -> dict[str, torch.Tensor]:
     """Sequences ``idx`` truncated to ``max_seq_len``, with random anchors in their responses.
 
+    With ``cfg.max_response_len`` each response is first cropped to its first that many
+    tokens: no anchor, label or context position lies past them. With ``cfg.soft_targets = K``
+    the batch also holds ``soft_ids`` (draft indices, 0 where unused) and ``soft_probs``
+    ``[N, A, B-1, K]``: at each labelled position ``t``, the target's top ``K`` next tokens
+    after ``t - 1`` that the draft vocabulary holds, probabilities renormalised over them.
+
     On the CPU the hidden states are float32; on another ``device`` they stay float16 (as
     stored; the drafter's first layer casts them) and are gathered there when
     :meth:`ShardData.to` put them there.
     """
     b, a = cfg.block_size, cfg.anchors_per_seq
     device = torch.device(device)
-    seqs = []
+    k_soft = cfg.soft_targets
+    seqs, tops = [], []
     for i in idx:
         tok, hid, pl = data.tokens[i], data.hidden[i], data.prompt_lens[i]
+        top = data.top[i] if k_soft else None
+        if cfg.max_response_len is not None:  # the response's first max_response_len tokens
+            tok, hid = tok[: pl + cfg.max_response_len], hid[: pl + cfg.max_response_len]
         n, m = len(tok), cfg.max_seq_len
+        lo = 0
         if n > m:  # a window of m positions that still holds response tokens to anchor on
             lo = int(rng.integers(max(0, pl + 2 - m), n - m + 1))
             tok, hid, pl = tok[lo : lo + m], hid[lo : lo + m], max(1, pl - lo)
         seqs.append((np.asarray(tok, dtype=np.int64), hid, max(1, pl)))
+        if k_soft:  # row t - 1 predicts position t; the window's first position has no row before it
+            tops.append((lo, top))
     width = max(len(t) for t, _, _ in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     hidden = torch.zeros(len(seqs), width, seqs[0][1].shape[1], device=device,
                          dtype=torch.float32 if device.type == "cpu" else torch.float16)
     anchors = torch.zeros(len(seqs), a, dtype=torch.long)
     labels = torch.full((len(seqs), a, b - 1), -100, dtype=torch.long)
+    if k_soft:
+        soft_ids = torch.zeros(len(seqs), a, b - 1, k_soft, dtype=torch.long)
+        soft_probs = torch.zeros(len(seqs), a, b - 1, k_soft, dtype=torch.float32)
     for r, (tok, hid, pl) in enumerate(seqs):
         n = len(tok)
         tokens[r, :n] = torch.from_numpy(tok)
@@ -160,9 +191,23 @@ def make_batch(
         anchors[r] = torch.from_numpy(pick)
         after = pick[:, None] + np.arange(1, b)  # the b - 1 positions each block drafts; past the end: no label
         labels[r] = torch.from_numpy(np.where(after < n, tok[np.minimum(after, n - 1)], -100))
+        if k_soft:
+            lo, (top_ids, top_probs) = tops[r]
+            rows = lo + np.minimum(after, n - 1) - 1  # the distribution each labelled token was drawn from
+            soft_ids[r] = torch.from_numpy(np.asarray(top_ids[rows.ravel(), :k_soft], dtype=np.int64)).view(a, b - 1, k_soft)
+            p = torch.from_numpy(np.asarray(top_probs[rows.ravel(), :k_soft], dtype=np.float32)).view(a, b - 1, k_soft)
+            soft_probs[r] = p * torch.from_numpy(after < n)[..., None]
     if vocab_map is not None:
         labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
-    return {"tokens": tokens.to(device), "hidden": hidden, "anchors": anchors.to(device), "labels": labels.to(device)}
+    batch = {"tokens": tokens.to(device), "hidden": hidden, "anchors": anchors.to(device), "labels": labels.to(device)}
+    if k_soft:
+        if vocab_map is not None:  # tokens the draft vocabulary lacks cannot be drafted: no mass
+            mapped = vocab_map[soft_ids]
+            soft_probs = torch.where(mapped >= 0, soft_probs, 0.0)
+            soft_ids = mapped.clamp_min(0)
+        soft_probs = soft_probs / soft_probs.sum(-1, keepdim=True).clamp_min(1e-12)
+        batch |= {"soft_ids": soft_ids.to(device), "soft_probs": soft_probs.to(device)}
+    return batch
 
 
 def draft_vocabulary(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:
@@ -205,12 +250,22 @@ def copy_target_layers(drafter: BlockDiffusionDrafter, target) -> list[int]:
 
 # ---------------------------------------------------------------------- loss and eval
 def block_loss(drafter: BlockDiffusionDrafter, batch: dict, weights: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Position-weighted cross-entropy of a batch, and its top-1 accuracy on valid labels."""
+    """Position-weighted cross-entropy of a batch, and its top-1 accuracy on valid labels.
+
+    Against the greedy labels, or, where the batch holds ``soft_ids``/``soft_probs``
+    (:func:`make_batch` with ``soft_targets``), against the target's top-k distribution:
+    ``-sum_j p_j log q(id_j)`` at each position, weighted as the greedy loss (the positions
+    whose greedy token the draft vocabulary holds).
+    """
     h = drafter.forward_train(batch["hidden"], batch["tokens"], batch["anchors"], weights.numel() + 1)
     logits = (h @ drafter.lm_weight().T.to(h.dtype)).float()  # [N, A, B-1, Vd]
     labels = batch["labels"]
-    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
-    ce = ce.view(labels.shape)
+    if "soft_ids" in batch:
+        logq = torch.log_softmax(logits, dim=-1).gather(-1, batch["soft_ids"])
+        ce = -(batch["soft_probs"] * logq).sum(-1)
+    else:
+        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
+        ce = ce.view(labels.shape)
     valid = (labels >= 0).float()
     w = weights.view(1, 1, -1) * valid
     loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
@@ -369,6 +424,13 @@ def train(
     held = ShardData(eval_dirs) if eval_dirs else None
     if len(data) == 0:
         raise RuntimeError(f"no training shards under {train_dirs}")
+    if cfg.seqs_per_step > len(data):
+        raise AdaptspecError(f"{cfg.seqs_per_step} sequences a step, but the training data holds {len(data)}")
+    if cfg.soft_targets and data.top_k() < cfg.soft_targets:
+        have = data.top_k()
+        raise AdaptspecError(f"soft targets of {cfg.soft_targets} tokens, but " + (
+            f"the training contexts store {have}" if have else
+            "some training contexts store no top-k distribution (run the data stage with --soft-targets)"))
     if device.type != "cpu":
         data.to(device)
     state_path = ckpt_dir / "state.pt"
