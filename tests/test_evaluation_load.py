@@ -16,7 +16,7 @@ from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.load import simulate
 from adaptspec.traces.dense import DenseRequest, DenseTraceSet
 
-SMALL = {"cpu-smollm2-bf16": (1, 2), "h100-qwen3-8b": (1, 4)}
+SMALL = {"cpu-smollm2-batched": (1, 2), "h100-qwen3-8b": (1, 4)}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_the_report_renders_section_8_from_results_and_carries_it_over(tmp_path:
                            out, log=lambda s: None)
     md = out.report.read_text()
     under = md.split("## 8. Under load")[1].split("## 9. What the numbers say")[0]
-    assert "**cpu-smollm2-bf16**" in under and "**h100-qwen3-8b**" in under and "per-level oracle" in under
+    assert "**cpu-smollm2-batched**" in under and "**h100-qwen3-8b**" in under and "per-level oracle" in under
     assert "learned (warm)" in md.split("## 9. What the numbers say")[1]
     data = first["sections"]["load"]["data"]
     warm = data["profiles"][1]["levels"][1]["runs"]["learned (warm)"]["over_plain"]
@@ -115,3 +115,13 @@ def test_the_report_renders_section_8_from_results_and_carries_it_over(tmp_path:
 def test_without_a_dense_set_the_section_says_how_to_get_one() -> None:
     gone = L.section_load(SimpleNamespace(meta={}), Settings(progress=False))
     assert gone["status"] == "absent" and L.render_load(gone).startswith("Not run: the trace set names no dense set")
+
+
+def test_section_8_runs_the_measured_cpu_cost_model_and_the_gpu_profile_at_1_to_64_rows() -> None:
+    """Issue 28: the CPU comparison on the batched server's measured cost model, the GPU one at 1-64 rows."""
+    assert L.LEVELS == {"cpu-smollm2-batched": (1, 2, 4, 8, 16), "h100-qwen3-8b": (1, 2, 4, 8, 16, 32, 64)}
+    cpu = get_profile("cpu-smollm2-batched")
+    # the fit against the median plain rounds measured for it (commit 3abba41, contexts 64 and 256):
+    # 25 ms at one row, 43 ms at 16
+    for rows, ms in ((1, 25), (16, 43)):
+        assert float(cpu.verify_s(1, 160, rows)) == pytest.approx(ms / 1000, rel=0.15)

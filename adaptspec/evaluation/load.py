@@ -21,8 +21,14 @@ from typing import Any, Callable, Sequence
 from .core import Settings
 
 ARMS = (1, 2, 3, 4, 6, 8)
-#: client counts per profile: the CPU profile at 1-16 rows, the GPU profile at 1-64
-LEVELS = {"cpu-smollm2-bf16": (1, 2, 4, 8, 16), "h100-qwen3-8b": (1, 2, 4, 8, 16, 32, 64)}
+#: client counts per profile: the CPU profile at 1-16 rows (the batched engine's whole rounds measured on
+#: this CPU, the batched server's cost model), the GPU profile at 1-64 (a roofline, not a measurement)
+LEVELS = {"cpu-smollm2-batched": (1, 2, 4, 8, 16), "h100-qwen3-8b": (1, 2, 4, 8, 16, 32, 64)}
+#: what each profile of :data:`LEVELS` is, said under its tables (profiles not named here get no note)
+PROFILE_NOTES = {"cpu-smollm2-batched": "the batched engine's whole rounds measured on this CPU "
+                                        "(`adaptspec/data/latency/cpu-smollm2-batched.json`, the batched server's "
+                                        "cost model)",
+                 "h100-qwen3-8b": "a roofline of published H100 SXM and Qwen3-8B figures, not a measurement"}
 #: what the section's rules are called in the results (the fixed sizes are "plain" and "fixed:B")
 RULES = ("table", "goodput", "learned (cold)", "learned (warm)")
 #: the day's rules: those plus the per-level oracle
@@ -187,7 +193,9 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
         drows = [[k, f"{v['tokens_per_s']:.1f}", f"{v['over_plain']:.3f}", f"{v['over_best_fixed']:.3f}",
                   f"{v['p50_s']:.2f}", f"{v['p95_s']:.2f}"] for k, v in day.items()]
         phases = ", ".join(str(c) for _, c in p["day"]["phases"])
-        out += [f"**{p['profile']}** (prior acceptance {p['prior_acceptance']:.3f}, measured on the tuning half):", "",
+        note = f"{PROFILE_NOTES[p['profile']]}; " if p["profile"] in PROFILE_NOTES else ""
+        out += [f"**{p['profile']}** ({note}prior acceptance {p['prior_acceptance']:.3f}, measured on the tuning half):",
+                "",
                 table(head, rows, "r" * len(head)), "",
                 f"The day on `{p['profile']}`: clients {phases}, {p['day']['phases'][0][0]:.1f} s each "
                 f"(best single fixed size: {bf}):", "",
