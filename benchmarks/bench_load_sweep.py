@@ -7,7 +7,8 @@ by default the odd-numbered half) at 1, 2, 4, 8 and 16 clients, then a run whose
 changes (``--day``: phases of clients, each phase a number of requests). Every request is
 streamed, so the time to its first token is measured at the client. Reported per configuration
 and level: aggregate tokens/s (all completion tokens over the level's wall time), per-request
-latency p50/p95 and TTFT p50, and the load rule's share of decode time (from /metrics).
+latency p50/p95 and TTFT p50, and from the server's /metrics the load rule's share of decode time
+and the rounds run by rows x widest block (what the rule chose at each load).
 
 Configurations (``--configs``): ``plain`` (every request at B = 1: batched plain decoding),
 ``fixed:B`` (every request at B), ``table`` (requests at B = 8 capped each round by a static
@@ -154,22 +155,37 @@ def closed_loop(url: str, prompts: list[str], phases: list[tuple[int, int]], max
             "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None}
 
 
-def rule_overhead(url: str) -> dict:
-    """The load rule's CPU time (and wall time, with waits for the interpreter lock) over the batched
-    rounds' decode time, from the server's /metrics."""
+def scrape(url: str) -> dict:
+    """The engine's counters from the server's /metrics: the load rule's CPU and wall seconds, the
+    rounds' decode seconds and count, and rounds by (rows, widest block)."""
     import httpx
 
-    values = {}
+    values: dict = {"widths": {}}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         for name in ("adaptspec_load_rule_seconds_total", "adaptspec_load_rule_wall_seconds_total",
                      "adaptspec_batch_decode_seconds_total", "adaptspec_batch_rounds_total"):
             if line.startswith(name + " "):
                 values[name] = float(line.split()[1])
-    decode = values.get("adaptspec_batch_decode_seconds_total", 0.0)
-    rule = values.get("adaptspec_load_rule_seconds_total", 0.0)
-    wall = values.get("adaptspec_load_rule_wall_seconds_total", 0.0)
-    return {"rule_s": rule, "rule_wall_s": wall, "decode_s": decode, "rounds": values.get("adaptspec_batch_rounds_total"),
-            "rule_share": rule / decode if decode > 0 else None, "rule_wall_share": wall / decode if decode > 0 else None}
+        if line.startswith("adaptspec_batch_rounds_by_width_total{"):
+            labels, count = line[line.index("{") + 1:].split("} ")
+            kv = dict(part.split("=") for part in labels.split(","))
+            values["widths"][f'{kv["rows"].strip(chr(34))}x{kv["block_size"].strip(chr(34))}'] = float(count)
+    return values
+
+
+def overhead(before: dict, after: dict) -> dict:
+    """The load rule's time over the rounds' decode time between two scrapes, and the rounds run
+    then by rows x widest block."""
+    def d(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    decode, rule, wall = (d("adaptspec_batch_decode_seconds_total"), d("adaptspec_load_rule_seconds_total"),
+                          d("adaptspec_load_rule_wall_seconds_total"))
+    widths = {k: int(v - before["widths"].get(k, 0.0)) for k, v in after["widths"].items()
+              if v > before["widths"].get(k, 0.0)}
+    return {"rule_s": rule, "rule_wall_s": wall, "decode_s": decode, "rounds": d("adaptspec_batch_rounds_total"),
+            "rule_share": rule / decode if decode > 0 else None, "rule_wall_share": wall / decode if decode > 0 else None,
+            "rounds_by_rows_x_width": dict(sorted(widths.items(), key=lambda kv: tuple(map(int, kv[0].split("x")))))}
 
 
 def run_config(name: str, extra: list[str], prompts: list[str], levels: list[int], day: list, args, tmp: Path) -> dict:
@@ -180,15 +196,20 @@ def run_config(name: str, extra: list[str], prompts: list[str], levels: list[int
         one_request(server.url, prompts[-1], 8)  # one short warm-up request (first-call costs), not measured
         runs = {}
         start = 0  # every configuration sends the same prompts in the same order
+        first = last = scrape(server.url)
         for c in levels:
             n = max(4, c * args.requests_per_client)
             runs[str(c)] = closed_loop(server.url, prompts, [(c, n)], args.max_tokens, start)
+            now = scrape(server.url)
+            runs[str(c)]["engine"], last = overhead(last, now), now
             start += n
             print(f"{name:18s} clients={c}: {runs[str(c)]['tokens_per_s']:.1f} tok/s", flush=True)
         if day:
             runs["day"] = closed_loop(server.url, prompts, day, args.max_tokens, start)
+            now = scrape(server.url)
+            runs["day"]["engine"], last = overhead(last, now), now
             print(f"{name:18s} day: {runs['day']['tokens_per_s']:.1f} tok/s", flush=True)
-        return {"runs": runs, "overhead": rule_overhead(server.url)}
+        return {"runs": runs, "overhead": overhead(first, last)}
     finally:
         server.stop()
 

@@ -90,6 +90,12 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
         assert name in metrics
     rounds = float(next(x for x in metrics.splitlines() if x.startswith("adaptspec_batch_rounds_total")).split()[1])
     assert rounds == len(loop.engine.history)
+    # rounds by (rows, widest block), counted from the engine's own history
+    from collections import Counter
+
+    by_width = Counter((r.rows, r.width) for r in loop.engine.history)
+    for (n, w), count in by_width.items():
+        assert f'adaptspec_batch_rounds_by_width_total{{block_size="{w}",rows="{n}"}} {float(count)}' in metrics
     # every decision is in the log with the reward and the attributed decode time the client was told
     rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
     for _, info in got:

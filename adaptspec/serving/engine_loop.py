@@ -41,6 +41,7 @@ allowed more than one.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -136,6 +137,7 @@ class EngineLoop:
         self.rounds = 0
         self.decode_s = 0.0  # rounds' decode time (prefills excluded), all rounds
         self.last_round: Any = None
+        self.rounds_by_width: collections.Counter = collections.Counter()  # (rows, widest block) -> rounds
         self.round_s_ewma: float | None = None
         self._thread = threading.Thread(target=self._run, name="adaptspec-engine", daemon=True)
         self._thread.start()
@@ -183,7 +185,8 @@ class EngineLoop:
                 "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
                 "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
                 "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
-                "rule_wall_s": 0.0 if self.rule is None else getattr(self.rule, "busy_wall_s", 0.0)}
+                "rule_wall_s": 0.0 if self.rule is None else getattr(self.rule, "busy_wall_s", 0.0),
+                "rounds_by_width": dict(self.rounds_by_width)}
 
     @property
     def queue_length(self) -> int:
@@ -243,6 +246,7 @@ class EngineLoop:
                 if record is not None:
                     self._attribute(record)
                     self.rounds += 1
+                    self.rounds_by_width[record.rows, record.width] += 1
                     self.last_round = record
                     a = 0.1
                     self.round_s_ewma = record.round_s if self.round_s_ewma is None else (

@@ -166,3 +166,9 @@ class _EngineCollector:
         yield CounterMetricFamily("adaptspec_load_rule_wall_seconds", "Wall seconds in the per-round load rule, "
                                   "including waits for the interpreter lock held by other threads",
                                   value=s.get("rule_wall_s", 0.0))
+        by_width = CounterMetricFamily("adaptspec_batch_rounds_by_width", "Batched rounds by rows in the round "
+                                       "and the block every row was padded to (what a load rule chose, per load)",
+                                       labels=["rows", "block_size"])
+        for (rows, width), n in sorted(s.get("rounds_by_width", {}).items()):
+            by_width.add_metric([str(rows), str(width)], n)
+        yield by_width
