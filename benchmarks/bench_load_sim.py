@@ -1,7 +1,8 @@
 """Block-size rules under load, in simulation: the dense benchmark traces through a
 continuous-batching model (adaptspec/simulators/load.py) on a latency profile with a batch axis.
 
-    python benchmarks/bench_load_sim.py                       # CPU and GPU profiles, ~15 min on 2 cores
+    python benchmarks/bench_load_sim.py                       # CPU and GPU profiles, misjudged costs too: ~2 min
+    python benchmarks/bench_load_sim.py --wrong ""            # benchmarks/results/load-sim.json: ~1.5 min on 2 cores
     python benchmarks/bench_load_sim.py --profiles h100-qwen3-8b --levels 1,8,64 --requests 24 --wrong ""
 
 The 336 public benchmark prompts' dense traces (datasets/dense/benchmarks-fast) are split in
