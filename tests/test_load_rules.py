@@ -99,3 +99,42 @@ def test_a_misjudged_profile_scales_only_the_verify_cost_beyond_one_token(factor
     assert float(wrong.verify(1, 0, 1)) == pytest.approx(float(p.verify(1, 0, 1)))
     with pytest.raises(AdaptspecError, match="factor"):
         misjudged(p, 0.0)
+
+
+class _Row:
+    def __init__(self, context: int) -> None:
+        self.context = context
+
+
+def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in_one_update():
+    from adaptspec.policies.spec import make_policy
+    from adaptspec.simulators.load import Load
+
+    rule = Learned(ARMS, KNEE, prior=0.5, seed=3, hold=3)
+    rows = [_Row(100), _Row(300)]
+    load = Load(rows=2, queue=0)
+    first = rule.choose(rows, load)            # a level's first round is plain (the scale)
+    assert first == [1, 1]
+    rule.feedback(rows, first, [1, 1], [0.015, 0.015], load)    # the model's plain round: scale 1
+    plain = float(KNEE.verify(1, 200, 2))
+    chosen, expected = [], []
+    for k in range(3):
+        b = rule.choose(rows, load)
+        chosen.append(b[0])
+        taus, shares = [1 + k % 2, 2], [0.02 + 0.001 * k, 0.03]
+        rule.feedback(rows, b, taus, shares, load)
+        expected += [t * (plain / 2) / s for t, s in zip(taus, shares)]   # each row's speed-up over its plain share
+    assert len(set(chosen)) == 1 and chosen[0] != 1   # one decision, held for 3 rounds
+    assert rule.policy.version == 2                   # the plain round learnt; the held rows not yet
+    rule.choose([_Row(200)], Load(rows=1, queue=0))   # another level: a new decision, the held one learnt
+    # the reference: a policy with the same prior fed the same rewards one by one
+    ref = Learned(ARMS, KNEE, prior=0.5, seed=3).policy
+    x2 = Learned.context(1)
+    ref.update_batch(np.repeat(x2[None], 2, axis=0), np.ones(2, dtype=int), [plain / 2 / 0.015 * 1] * 2)
+    ref.update_batch(np.repeat(x2[None], 6, axis=0), np.full(6, chosen[0]), expected)
+    for level in range(len(LEVELS) + 1):
+        x = Learned.context(level)
+        np.testing.assert_allclose(rule.policy.predict(x[None]), ref.predict(x[None]), rtol=1e-9)
+    assert rule.policy.version == ref.version == 8
+    with pytest.raises(AdaptspecError, match="hold"):
+        Learned(ARMS, KNEE, prior=0.5, hold=0)

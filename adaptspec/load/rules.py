@@ -47,6 +47,9 @@ SCALE_ROUNDS = 16
 #: at its first round there), to keep that ratio measured.
 PLAIN_EVERY = 32
 
+#: Rounds a learned rule's decision holds while the load stays at its level (then one update).
+HOLD_ROUNDS = 4
+
 #: The rows each level stands for when the cost model predicts its rewards: its largest count (64 for 33+).
 LEVEL_ROWS = (*LEVELS, 2 * LEVELS[-1])
 
@@ -191,7 +194,14 @@ class Learned:
     rewards are multiplied by it: a row's reward is then its tokens over its share of the round
     against its share of a plain round as this machine runs it. What stays is the cost model's
     error between block sizes, which is what the rule should learn (measuring the scale on the
-    arm being played would cancel exactly that). ``policy``: a spec for
+    arm being played would cancel exactly that).
+
+    **A decision holds** for ``hold`` rounds (default :data:`HOLD_ROUNDS`) while the load stays
+    at its level, and the rows of those rounds are learnt in one update when it ends: on the
+    server the rule's numpy work runs between two model passes that have evicted it from the
+    caches, where one round's decision and update cost ~5x what a micro-benchmark shows (0.7-1%
+    of decode time at 16 rows, deciding every round); a plain round forced for the scale is one
+    round, not held. ``policy``: a spec for
     :func:`~adaptspec.policies.spec.make_policy` (LinTS by default: one posterior draw per
     round, no propensity sampling, which keeps the rule's time per round well under a
     millisecond).
@@ -220,7 +230,8 @@ class Learned:
     """
 
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
-                 prior: float | None = None, prior_weight: float = 32.0, context: float | None = None) -> None:
+                 prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
+                 hold: int = HOLD_ROUNDS) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -240,7 +251,13 @@ class Learned:
             self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
                                       prior_mean=mean, prior_precision=float(prior_weight), **fast)
             self.name = f"learned ({policy}, warm)"
-        self._round: tuple | None = None  # context, block size, rows, modelled plain round s, level
+        if not isinstance(hold, int) or hold < 1:
+            raise AdaptspecError(f"hold must be an int >= 1, got {hold!r}")
+        self.hold = hold
+        self._round: tuple | None = None  # level, block size, rows, modelled plain round s: the round in progress
+        self._held: tuple | None = None   # level, block size, rounds left: the decision holding
+        self._pending: list[float] = []   # rewards of the held decision's rows, not learnt yet
+        self._plain_cache: dict[tuple[int, int], float] = {}
         # per level: measured / modelled plain round time (1 until a plain round is measured), and
         # rounds since the last plain one (a plain round is forced after PLAIN_EVERY without one)
         self._scale = np.ones(len(LEVELS) + 1)
@@ -266,35 +283,66 @@ class Learned:
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
         level = level_index(load.rows)
-        x = self.context(level)
-        b = int(self.policy.decide(x).block_size)
+        held = self._held
+        if held is not None and held[0] != level:  # the load moved: the held decision ends here
+            self._learn()
+            held = self._held = None
         self._since_plain[level] += 1
-        if b != 1 and self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again
+        if self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again (one round)
             b = 1
+        elif held is not None and held[0] == level and held[2] > 0:
+            b = held[1]
+            self._held = (level, b, held[2] - 1)
+        else:
+            self._learn()
+            b = int(self.policy.decide(self.context(level)).block_size)
+            self._held = (level, b, self.hold - 1)
         if b == 1:
             self._since_plain[level] = 0
         n = len(rows)
-        # a plain round over these rows (batch_round_s with every block at 1: the target pass alone)
         context = sum(getattr(r, "context", self.profile.context_tokens) for r in rows) / n if n else 0.0
-        plain_s = float(self.profile.verify(1, context, n)) if n else 0.0
-        self._round = (x, b, n, plain_s, level)
+        self._round = (level, b, n, self._plain_s(n, context))
         return [b] * n
 
     def feedback(self, rows: Sequence[Any], block_sizes: Sequence[int], taus: Sequence[int],
                  attributed_s: Sequence[float], load: Any) -> None:
-        """Learn from the round :meth:`choose` chose last: one observation a row, in one update."""
+        """Keep the rewards of the round :meth:`choose` chose last (one a row); they are learnt
+        when its decision ends. A plain round updates the level's scale first."""
         if self._round is None:
             return
-        x, b, n, plain_s, level = self._round
+        level, b, n, plain_s = self._round
         self._round = None
-        tau = np.asarray(taus, dtype=np.float64)
-        share = np.asarray(attributed_s, dtype=np.float64)
-        spent = float(share.sum())
-        if not (tau.size == n and plain_s > 0 and spent > 0):
+        spent = sum(attributed_s)
+        if not (len(taus) == n and plain_s > 0 and spent > 0):
             return
         if b == 1:  # a plain round: how much slower (or faster) than the model this machine runs
             seen = self._plain_n[level] = self._plain_n[level] + 1
             self._scale[level] += (spent / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
-        paid = share > 0  # each row's speed-up over its share of a plain round
-        rewards = tau[paid] * (plain_s / n) / share[paid] * self._scale[level]
-        self.policy.update_repeated(x, b, rewards)
+        unit = plain_s / n * float(self._scale[level])  # a row's share of a plain round, as this machine runs it
+        rewards = [t * unit / s for t, s in zip(taus, attributed_s) if s > 0]  # speed-up over it, row by row
+        held = self._held
+        if held is not None and held[:2] == (level, b):
+            self._pending.extend(rewards)
+        else:  # a forced plain round, or the decision moved on: learnt now
+            self.policy.update_repeated(self.context(level), b, rewards)
+
+    def _plain_s(self, rows: int, context: float) -> float:
+        """The cost model's plain round over ``rows`` rows (``batch_round_s`` with every block at 1:
+        the target pass alone), the context rounded to 8 tokens, cached."""
+        if rows == 0:
+            return 0.0
+        key = (rows, int(context) // 8)
+        t = self._plain_cache.get(key)
+        if t is None:
+            if len(self._plain_cache) > 4096:
+                self._plain_cache.clear()
+            t = self._plain_cache[key] = float(self.profile.verify(1, 8 * key[1] + 4, rows))
+        return t
+
+    def _learn(self) -> None:
+        """Learn the held decision's rows, in one update."""
+        if self._held is not None and self._pending:
+            level, b, _ = self._held
+            self.policy.update_repeated(self.context(level), b, self._pending)
+        self._pending = []
+        self._held = None
