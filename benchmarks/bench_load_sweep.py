@@ -20,7 +20,11 @@ join from its prefill, and the learned load rule caps it each round), ``controll
 (the controller alone, blind to the load).
 
 Bounded: ``--requests-per-client`` requests per client per level (at least 4 a level),
-``--max-tokens`` per request, one server at a time. Timed figures need a quiet machine:
+``--max-tokens`` per request. By default (``--order interleaved``) every configuration's server
+is up at once and each level runs on every configuration in turn, in an order rotated from level
+to level: on the shared host this was written on, the machine's speed drifted by 10-20% over
+the 25 minutes of a configuration-by-configuration sweep (``--order config``), more than the
+differences measured. Timed figures need a quiet machine:
 
     python benchmarks/bench_load_sweep.py --requests-per-client 4 --max-tokens 64
 """
@@ -214,6 +218,40 @@ def run_config(name: str, extra: list[str], prompts: list[str], levels: list[int
         server.stop()
 
 
+def run_interleaved(configs: dict[str, list[str]], prompts: list[str], levels: list[int], day: list, args,
+                    tmp: Path, tag: str = "") -> dict[str, dict]:
+    """Every configuration's server up at once (idle ones take no CPU), then level by level each
+    configuration in turn, the order rotated from level to level: a machine whose speed drifts
+    over minutes (a shared host's does, by 10-20% here) then moves every configuration of a level
+    alike instead of favouring those measured in its fast minutes. Returns, per configuration,
+    what :func:`run_config` returns."""
+    names = list(configs)
+    servers = {n: Server(extra, tmp, args.max_rows, args.threads) for n, extra in configs.items()}
+    try:
+        for n, server in servers.items():
+            server.wait_ready()
+            one_request(server.url, prompts[-1], 8)  # one short warm-up request (first-call costs), not measured
+        runs: dict[str, dict] = {n: {} for n in names}
+        first = {n: scrape(s.url) for n, s in servers.items()}
+        last = dict(first)
+        phases = [(str(c), [(c, max(4, c * args.requests_per_client))]) for c in levels]
+        if day:
+            phases.append(("day", day))
+        start = 0  # every configuration sends the same prompts in the same order
+        for i, (label, phase) in enumerate(phases):
+            for n in names[i % len(names):] + names[:i % len(names)]:
+                url = servers[n].url
+                runs[n][label] = closed_loop(url, prompts, phase, args.max_tokens, start)
+                now = scrape(url)
+                runs[n][label]["engine"], last[n] = overhead(last[n], now), now
+                print(f"{tag}{n:18s} {label}: {runs[n][label]['tokens_per_s']:.1f} tok/s", flush=True)
+            start += sum(k for _, k in phase)
+        return {n: {"runs": runs[n], "overhead": overhead(first[n], last[n])} for n in names}
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
 def tuned_table(tuning: dict[str, dict], levels: list[int]) -> str:
     """``table:R=B,...``: at each level the fixed size (plain = 1) with the most tok/s in ``tuning``."""
     parts = []
@@ -238,6 +276,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-rows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    ap.add_argument("--order", choices=("interleaved", "config"), default="interleaved",
+                    help="interleaved: all servers up, each level run on every configuration in turn (robust to a "
+                         "machine whose speed drifts); config: one configuration after another")
     ap.add_argument("--out", type=Path, default=RESULTS / "load-sweep.json")
     args = ap.parse_args()
     from adaptspec.models.prompts import benchmark_prompts
@@ -255,13 +296,19 @@ def main() -> None:
         table_spec = args.table
         if "table" in names and table_spec == "tune":
             fixed = [n for n in names if n == "plain" or n.startswith("fixed:")]
-            tuning = {n: run_config(f"tune {n}", CONFIGS[n], other, levels, [], args, Path(tmp)) for n in fixed}
+            if args.order == "interleaved":
+                tuning = run_interleaved({n: CONFIGS[n] for n in fixed}, other, levels, [], args, Path(tmp), "tune ")
+            else:
+                tuning = {n: run_config(f"tune {n}", CONFIGS[n], other, levels, [], args, Path(tmp)) for n in fixed}
             table_spec = tuned_table(tuning, levels)
             results["tuning"] = {n: t["runs"] for n, t in tuning.items()} | {"table": table_spec}
             print(f"tuned on the other half: {table_spec}", flush=True)
-        for name in names:
-            extra = ["--variant", "A=fixed:8", "--load-rule", table_spec] if name == "table" else CONFIGS[name]
-            done = run_config(name, extra, prompts, levels, day, args, Path(tmp))
+        extras = {n: ["--variant", "A=fixed:8", "--load-rule", table_spec] if n == "table" else CONFIGS[n] for n in names}
+        if args.order == "interleaved":
+            for name, done in run_interleaved(extras, prompts, levels, day, args, Path(tmp)).items():
+                results["runs"][name], results["overhead"][name] = done["runs"], done["overhead"]
+        for name in names if args.order == "config" else []:
+            done = run_config(name, extras[name], prompts, levels, day, args, Path(tmp))
             results["runs"][name], results["overhead"][name] = done["runs"], done["overhead"]
             args.out.write_text(json.dumps(results, indent=1))  # after each configuration: a failure keeps the rest
     args.out.write_text(json.dumps(results, indent=1))
