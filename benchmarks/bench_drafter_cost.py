@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--grid", default="2:full,4:full,8:full,16:full,4:128,4:256,16:128,16:256",
+    ap.add_argument("--grid", default="2:full,4:full,8:full,16:full,4:64,4:128,4:192,16:128",
                     help="SEQS:CROP pairs (CROP a number of response tokens or 'full')")
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3, help="steps not measured")

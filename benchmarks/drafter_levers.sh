@@ -4,8 +4,8 @@
 # so a pause changes nothing measured):
 #   setsid nice -n 19 bash -c 'echo $$ > /work/runs/lever.pid; exec bash benchmarks/drafter_levers.sh data'
 # Phases: data (contexts of the first 120 k response tokens with the target's top 8, and the
-# benchmark prompts'); cost (benchmarks/bench_drafter_cost.py); arm NAME STEPS FLAGS... (a fresh
-# drafter for STEPS steps, warm-up 5 % of them, evaluated in the loop at 40 % and 80 % and by
+# benchmark prompts'); cost [FLAGS] (benchmarks/bench_drafter_cost.py); arm NAME STEPS FLAGS... (a fresh
+# drafter for STEPS steps, warm-up 5 % of them, evaluated in the loop at half way and by
 # --stage eval on the first 60 benchmark prompts at the end); two phases joined by '+' run side by
 # side (one core each).
 set -euo pipefail
@@ -21,10 +21,11 @@ phase() {
     data)
       adaptspec train-drafter "${common[@]}" --stage data --soft-targets 8 > "$R/data.log" 2>&1 ;;
     cost)
-      python benchmarks/bench_drafter_cost.py --work "$W" --out "$R/cost.json" > "$R/cost.log" 2>&1 ;;
+      shift
+      python benchmarks/bench_drafter_cost.py --work "$W" --out "$R/cost.json" "$@" > "$R/cost.log" 2>&1 ;;
     arm)
       local name=$2 steps=$3; shift 3
-      local warm=$(( (steps + 10) / 20 )) every=$(( steps * 2 / 5 ))
+      local warm=$(( (steps + 10) / 20 )) every=$(( steps / 2 ))
       adaptspec train-drafter "${common[@]}" --stage train --checkpoints "$R/arms/$name" --anchors 32 --gamma 4 \
         --lr 6e-4 --steps "$steps" --warmup "$warm" --eval-every "$every" "$@" > "$R/arm-$name.log" 2>&1
       adaptspec train-drafter "${common[@]}" --stage eval --checkpoints "$R/arms/$name" --eval-prompts 60 \
