@@ -212,8 +212,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
 
     engine_threads = args.threads or torch.get_num_threads()
     if getattr(args, "batched", False):
-        # every thread but the engine's at one intra-op thread, from before any torch work: a
-        # second OpenMP team on this thread would make the engine's ~1.6x slower (EngineLoop)
+        # this thread at one intra-op thread before any torch work (model loading included): a second
+        # OpenMP team here would make the engine thread's rounds ~1.6x slower (EngineLoop docstring)
         torch.set_num_threads(1)
     elif args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -290,7 +290,7 @@ class Learned:
         self._since_plain[level] += 1
         if self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again (one round)
             b = 1
-        elif held is not None and held[0] == level and held[2] > 0:
+        elif held is not None and held[2] > 0:  # (a held decision is at this level: see above)
             b = held[1]
             self._held = (level, b, held[2] - 1)
         else:

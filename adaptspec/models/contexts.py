@@ -124,16 +124,17 @@ def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequenc
 
     shards = Path(out) / "shards"
     shards.mkdir(parents=True, exist_ok=True)
-    paths, total = [], 0
+    paths, total, read = [], 0, {}  # read: the shards counted for the budget, not read again below
     for path in corpus.shard_paths():
         if max_response_tokens is not None and total >= max_response_tokens:
             break
         paths.append(path)
         if max_response_tokens is not None:
-            total += sum(len(s) - pl for s, pl in zip(*_cut(read_shard(path), max_seq_len)[:2]) if len(s) - pl >= 3)
+            read[path] = _cut(read_shard(path), max_seq_len)
+            total += sum(len(s) - pl for s, pl in zip(*read[path][:2]) if len(s) - pl >= 3)
     todo = [p for p in paths if not (shards / p.name).exists()]
     for path in tqdm(todo, desc="contexts", unit="shard", disable=not progress):
-        seqs, pls, doms = _cut(read_shard(path), max_seq_len)
+        seqs, pls, doms = read.pop(path, None) or _cut(read_shard(path), max_seq_len)
         keep = [i for i, (s, pl) in enumerate(zip(seqs, pls)) if len(s) - pl >= 2]
         seqs = [seqs[i] for i in keep]
         got = teacher_forced(model, seqs, layers, max_batch_tokens, top_k)

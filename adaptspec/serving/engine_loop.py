@@ -23,9 +23,11 @@ team of ``torch.get_num_threads()`` threads. Once two teams hold more threads th
 has cores, OpenMP stops spinning between parallel regions and every small matrix product pays to
 wake its team: on 2 cores the engine's rounds then run 1.5-1.9x slower on this thread than the
 same rounds on the main thread (4 rows of the bundled pair: 55 against 33 ms a round at B = 1, 79
-against 43 ms at B = 4). A team, once made, stays. So a server gives the engine its threads
-(``threads``: set on the loop thread) and keeps every other thread at one, from before any
-torch work: ``torch.set_num_threads(1)`` first thing in the main thread, as
+against 43 ms at B = 4). A team, once made, stays. So a server runs torch work on the engine's
+thread only, and no other thread may have made a team of more than one thread before:
+``torch.set_num_threads(1)`` first thing in the main thread (model loading then runs on one
+thread), then ``threads`` here, set when the loop thread starts (torch's setting is process-wide,
+so threads made after that see it too; in the server none of them runs torch work), as
 ``adaptspec serve --batched`` does. The loop logs a warning if the thread that starts it is
 allowed more than one.
 
@@ -185,7 +187,7 @@ class EngineLoop:
                 "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
                 "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
                 "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
-                "rule_wall_s": 0.0 if self.rule is None else getattr(self.rule, "busy_wall_s", 0.0),
+                "rule_wall_s": 0.0 if self.rule is None else self.rule.busy_wall_s,
                 "rounds_by_width": dict(self.rounds_by_width)}
 
     @property

@@ -165,10 +165,10 @@ class _EngineCollector:
                                   "adaptspec_batch_decode_seconds", value=s["rule_s"])
         yield CounterMetricFamily("adaptspec_load_rule_wall_seconds", "Wall seconds in the per-round load rule, "
                                   "including waits for the interpreter lock held by other threads",
-                                  value=s.get("rule_wall_s", 0.0))
+                                  value=s["rule_wall_s"])
         by_width = CounterMetricFamily("adaptspec_batch_rounds_by_width", "Batched rounds by rows in the round "
                                        "and the block every row was padded to (what a load rule chose, per load)",
                                        labels=["rows", "block_size"])
-        for (rows, width), n in sorted(s.get("rounds_by_width", {}).items()):
+        for (rows, width), n in sorted(s["rounds_by_width"].items()):
             by_width.add_metric([str(rows), str(width)], n)
         yield by_width
