@@ -16,9 +16,13 @@ variant's controller's, through its split API:
   ``controller.feedback`` with ``decode_s`` = the request's *attributed* time, the sum of its
   shares of its rounds (:mod:`adaptspec.reward.attribution`), so its reward counts the cost its
   block size put on the rows it shared rounds with, not the wall time of a batch it did not
-  own. The decision log then holds that outcome and reward as for any other request, and
-  (``shared=``, a :class:`~adaptspec.speculator.SharedRounds`) the attributed time beside the
-  wall decode time and the rows of its rounds.
+  own; each share put on the scale of one row (:mod:`adaptspec.reward.load_scale`, with a cost
+  model), so the reward is the request's speed over plain decoding at the load it ran under,
+  in the unit of a request decoded alone, and a policy blind to the load does not learn the
+  load instead of the block size. The decision log then holds that outcome and reward as for
+  any other request, and (``shared=``, a :class:`~adaptspec.speculator.SharedRounds`) the
+  attributed time as measured (before the rescaling: ``decode_s / attributed_s`` is the
+  request's mean factor) beside the wall decode time and the rows of its rounds.
 
 **Switchback** (``design="switchback"``, :mod:`adaptspec.serving.switchback`): the router's
 variant is only provisional. A request's variant is fixed at join, on the engine's thread: the
@@ -110,7 +114,7 @@ class BatchedRunner:
         decision = decided.get("decision")
         if decision is None:  # cannot happen: every joined request is decided before its first token
             raise AdaptspecError(f"request {req.request_id} finished without a decision")
-        outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.attributed_s,
+        outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.one_row_s,
                           finish_reason=done.finish_reason)
         shared = SharedRounds(attributed_s=ticket.attributed_s, wall_decode_s=done.decode_s, rounds=len(done.rounds),
                               row_rounds=ticket.row_rounds)

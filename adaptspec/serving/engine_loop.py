@@ -15,8 +15,10 @@ once true, the request ends at the next round boundary as finished (``"stop"``),
 
 Who pays for a round: each round's decode time (its prefills excluded) is split among its rows
 by :func:`~adaptspec.reward.attribution.attribute` (``attribution``: ``"marginal"`` with a
-latency ``profile``, else ``"tokens"``) and summed per request in :attr:`Ticket.attributed_s`,
-the time a request's reward is measured on.
+latency ``profile``, else ``"tokens"``) and summed per request in :attr:`Ticket.attributed_s`;
+with a ``profile`` each share is also put on the scale of one row
+(:mod:`~adaptspec.reward.load_scale`) and summed in :attr:`Ticket.one_row_s`, the time a
+request's reward is measured on (without one, the attributed time itself).
 
 **Threads.** With OpenMP (torch's CPU build), every thread that runs torch work keeps its own
 team of ``torch.get_num_threads()`` threads. Once two teams hold more threads than the machine
@@ -53,6 +55,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
 from ..reward.attribution import ATTRIBUTIONS, attribute
+from ..reward.load_scale import OneRowScale
 from ..speculator import Outcome
 
 log = logging.getLogger("adaptspec.serving")
@@ -76,6 +79,7 @@ class Ticket:
     error: AdaptspecError | None = None
     sent: int = 0  # tokens already given to on_tokens
     attributed_s: float = 0.0  # this request's shares of its rounds' decode time
+    one_row_s: float = 0.0  # the same shares on the scale of one row (reward.load_scale); = attributed_s without a cost model
     row_rounds: int = 0  # the rows of its rounds, summed (over its rounds: the mean rows it shared)
     done: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
@@ -122,6 +126,7 @@ class EngineLoop:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
         self.profile = profile
+        self._one_row = None if profile is None else OneRowScale(profile)
         self.rule = rule  # a serving.load_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
@@ -268,9 +273,11 @@ class EngineLoop:
         decode_s = max(0.0, record.round_s - record.join_s)
         self.decode_s += decode_s
         shares = attribute(self.attribution, decode_s, record.block_sizes, contexts, self.profile)
+        one_row = 1.0 if self._one_row is None else self._one_row.factor(len(rows), sum(contexts) / len(contexts))
         for t, share in zip(rows, shares):
             if t is not None:
                 t.attributed_s += float(share)
+                t.one_row_s += float(share) * one_row
                 t.row_rounds += len(rows)
         if self.rule is not None and None not in rows:
             self.rule.feedback(record, shares, [t.handle for t in rows])
