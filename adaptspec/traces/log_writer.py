@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .._util.checks import regular_file
+from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
 from .decision_check import decision_fault
 
@@ -291,10 +292,7 @@ def journal_rows(path: str | os.PathLike, name: str | None = None) -> list[dict[
         if m and (name is None or m.group("name") == name):
             segs.append((m.group("name"), int(m.group("seq")), f))
     for _, _, f in sorted(segs):
-        try:
-            rows, _ = _read_segment(f)
-        except FileNotFoundError:  # rolled meanwhile: its rows are in a part now
-            continue
+        rows, _ = _read_segment(f, missing_ok=True)  # missing: rolled meanwhile, its rows are in a part now
         out.extend(rows)
     return out
 
@@ -386,22 +384,13 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         raise AdaptspecError(f"decision row cannot be written: {e}") from None
 
 
-def _read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a journal segment and its creation time; a torn last line is dropped."""
+def _read_segment(path: Path, missing_ok: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a journal segment and its creation time (0 without a header), as
+    :func:`~adaptspec._util.jsonlines.read_jsonl` reads them: a torn last line is dropped.
+    A missing segment (``missing_ok``: rolled meanwhile) has no rows."""
     rows: list[dict[str, Any]] = []
     created = 0
-    regular_file(path, "a decision-log journal segment")  # a FIFO would block the read forever
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            if i >= len(lines) - 2:  # the last, unfinished line: its append never returned
-                break
-            raise AdaptspecError(f"{path}: line {i + 1} is not valid JSON") from None
+    for r in read_jsonl(path, "a decision-log journal segment", missing_ok=missing_ok).records:
         if "__journal__" in r:
             created = int(r.get("created_ns", 0))
             continue

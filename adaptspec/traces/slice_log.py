@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._util.atomic import fsync_path
+from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
 
 __all__ = ["SliceLogWriter", "slice_rows", "SLICE_FILE"]
@@ -89,29 +90,16 @@ class SliceLogWriter:
 
 def slice_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every slice record in decision log directory ``path`` (every run's file, by name), in
-    file order; a torn last line of a file (a crash mid-write) is skipped, a bad line elsewhere
-    is an error naming the file and line. A directory without slice files gives ``[]``."""
+    file order, as :func:`~adaptspec._util.jsonlines.read_jsonl` reads them: a torn last line
+    of a file (a crash mid-write) is skipped, a bad line elsewhere is an error naming the file
+    and line. A directory without slice files gives ``[]``."""
     p = Path(path)
     if not p.is_dir():
         return []
     out: list[dict[str, Any]] = []
     for f in sorted(x for x in p.iterdir() if SLICE_FILE.match(x.name)):
         run = SLICE_FILE.match(f.name).group("run")
-        try:
-            lines = f.read_text(encoding="utf-8").split("\n")
-        except (OSError, UnicodeDecodeError) as e:
-            raise AdaptspecError(f"{f}: cannot read the slice log ({e})") from None
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:  # no newline after it: the write that a crash interrupted
-                    break
-                raise AdaptspecError(f"{f}: line {i + 1} is not valid JSON") from None
-            if not isinstance(r, dict):
-                raise AdaptspecError(f"{f}: line {i + 1} is not a slice record")
+        for r in read_jsonl(f, "a slice log").records:
             r.setdefault("run", run)
             out.append(r)
     return out
