@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from adaptspec._util.jsonlines import read_jsonl
 from adaptspec.collect.every_arm import collect_traces
 from adaptspec.errors import AdaptspecError
 from adaptspec.traces import TraceSet
@@ -56,3 +57,25 @@ def test_parts_and_resume_give_the_same_trace_set(setup, tmp_path):
     collect_traces(dec, prompts, [1, 2], tmp_path / "v", max_new_tokens=8, progress=False, part=(0, 2))
     with pytest.raises(AdaptspecError, match="collected with arms"):
         collect_traces(dec, prompts, [1, 4], tmp_path / "v", max_new_tokens=8, progress=False)
+
+
+def test_a_crash_mid_row_is_resumed_and_the_next_rows_stay_readable(setup, tmp_path):
+    _, dec, prompts = setup
+    out = tmp_path / "t"
+    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2))
+    partial = tmp_path / "t.partial-0-of-2.jsonl"
+    data = partial.read_bytes()
+    partial.write_bytes(data[: len(data) - 20])  # the crash: the last row's write never finished
+    again = []
+    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2), on_prompt=again.append)
+    assert again == [0]  # only the torn row is decoded again
+    # the torn bytes were cut off, not glued to the new row's line
+    assert [r["request_id"] for r in read_jsonl(partial).records] == ["r0", "r2", "r4"]
+    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(1, 2))
+    last = []
+    ts = collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, on_prompt=last.append)
+    assert last == []  # every row of both parts was read back
+    fresh = collect_traces(dec, prompts, [1, 2], tmp_path / "fresh", max_new_tokens=8, progress=False)
+    assert list(ts.request_ids) == list(fresh.request_ids)
+    assert np.array_equal(ts.tau_matrix(), fresh.tau_matrix())
+    assert np.array_equal(ts.new_tokens_matrix(), fresh.new_tokens_matrix())

@@ -1,11 +1,12 @@
 """Reading an append-only JSON-lines file whose writer may have crashed mid-line.
 
-The writers of such files (the decision log's journal segments, the switchback slice log)
-append one JSON object and its newline per record and ``fsync`` it. A crash can therefore
-leave at most one unfinished record: a *torn* last line, with no newline after it.
-:func:`read_jsonl` skips that line (whatever it holds) and returns where it starts
-(:attr:`JsonLines.end`), so a writer that resumes the file can cut it off before appending;
-any other line that is not a JSON object is an error naming the file and the line.
+The writers of such files (the decision log's journal segments, the switchback slice log,
+the trace collection's partial files) append one JSON object and its newline per record and
+``fsync`` it. A crash can therefore leave at most one unfinished record: a *torn* last line,
+with no newline after it. :func:`read_jsonl` skips that line (whatever it holds) and returns
+where it starts (:attr:`JsonLines.end`), so a writer that resumes the file can cut it off
+before appending; any other line that is not a JSON object is an error naming the file and
+the line.
 
 >>> import os, tempfile
 >>> p = os.path.join(tempfile.mkdtemp(), "log.jsonl")

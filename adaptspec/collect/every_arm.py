@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from .._util.jsonlines import read_jsonl
 from .._util.outputs import check_output
 from ..errors import AdaptspecError
 from ..speculator import BlockSpeculator, check_block_sizes
@@ -56,7 +57,7 @@ def collect_traces(
     rows = read_partials(out, arms)
     mine = prompts if part is None else prompts[part[0] :: part[1]]
     todo = [p for p in mine if p[0] not in rows]
-    with open(partial, "a") as f:
+    with open_partial(partial) as f:
         prompt_rows = collect_rows(speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows))
         for i, row in enumerate(tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)):
             append_row(f, row)
@@ -133,19 +134,20 @@ def finish(out: Path, prompts, arms: list[int], rows: dict[str, dict], max_new_t
 
 
 def _read_partial(path: Path, arms: list[int]) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                break  # torn last line from a crash
-            if r.get("arms") != arms:
-                raise AdaptspecError(f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart")
-            rows.append(r)
+    rows = read_jsonl(path, "a collection's partial file", missing_ok=True).records  # a torn last line: a crash
+    for r in rows:
+        if r.get("arms") != arms:
+            raise AdaptspecError(f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart")
     return rows
+
+
+def open_partial(path: Path) -> Any:
+    """``path`` opened for :func:`append_row`, after cutting off a torn last line (a crash
+    mid-row): a row appended after it would share its line, and the file could not be read."""
+    end = read_jsonl(path, "a collection's partial file", missing_ok=True).end
+    if path.exists() and path.stat().st_size > end:
+        os.truncate(path, end)
+    return open(path, "a")
 
 
 def _to_traceset(rows: list[dict], arms: list[int], meta: dict) -> TraceSet:

@@ -119,7 +119,7 @@ def collect_traces_ray(
     ``features`` of None in ``meta`` is filled in with the target's feature spec."""
     from tqdm import tqdm
 
-    from .every_arm import append_row, check_request, finish, read_partials
+    from .every_arm import append_row, check_request, finish, open_partial, read_partials
 
     out = Path(out)
     arms = sorted(int(a) for a in arms)
@@ -140,7 +140,7 @@ def collect_traces_ray(
                     header = item
                     continue
                 if i not in files:
-                    files[i] = open(out.with_name(f"{out.name}.partial-{i}-of-{n}.jsonl"), "a")
+                    files[i] = open_partial(out.with_name(f"{out.name}.partial-{i}-of-{n}.jsonl"))
                 append_row(files[i], item)
                 rows[item["request_id"]] = item
                 bar.update(1)
