@@ -50,6 +50,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from .._util.append import LineAppender
 from .._util.checks import regular_file
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
@@ -150,10 +151,7 @@ class DecisionLogWriter:
             if self._file is None:
                 self._open_segment()
             try:
-                self._file.write(line)
-                self._file.flush()
-                if self.fsync:
-                    _sync(self._file.fileno())
+                self._file.append(line)  # whole or not at all: a failed write leaves no torn line behind
             except OSError as e:
                 raise AdaptspecError(f"{self.path}: cannot append to the decision log ({e.strerror or e})") from None
             self._rows.append(clean)
@@ -220,14 +218,15 @@ class DecisionLogWriter:
     def _open_segment(self) -> None:
         p = self.path / f".journal-{self.name}-{self._seq:08d}.jsonl"
         self._seq += 1
+        f = None
         try:
-            f = open(p, "x", encoding="utf-8")
-            f.write(json.dumps({"__journal__": 1, "writer": self.name, "created_ns": time.time_ns()}) + "\n")
-            f.flush()
+            f = LineAppender(p, fsync=self.fsync, exclusive=True)
+            f.append(json.dumps({"__journal__": 1, "writer": self.name, "created_ns": time.time_ns()}) + "\n")
             if self.fsync:
-                os.fsync(f.fileno())
                 _fsync_dir(self.path)
         except OSError as e:
+            if f is not None:
+                f.close()
             raise AdaptspecError(f"{self.path}: cannot create a journal segment ({e.strerror or e})") from None
         self._file = f
         self._segment = p  # what a roll deletes: this writer's own segment, never whatever _file names
@@ -421,11 +420,6 @@ def _check_parts(path: Path) -> int | None:
     if not log.parts():
         return None
     return log.feature_dim  # reads and validates every part; raises naming the first problem
-
-
-def _sync(fd: int) -> None:
-    """Flush a file's data to disk (fdatasync where there is one: the size is data, times are not)."""
-    (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
 def _fsync_dir(path: Path) -> None:

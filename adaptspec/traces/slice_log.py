@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from .._util.append import LineAppender
 from .._util.atomic import fsync_path
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
@@ -55,7 +56,7 @@ class SliceLogWriter:
         self._lock = threading.Lock()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._f: Any = open(self.file, "x", encoding="utf-8")
+            self._f: Any = LineAppender(self.file, fsync=self.fsync, exclusive=True)
             if self.fsync:
                 fsync_path(self.path)  # the new file's name survives a machine crash too
         except FileExistsError:
@@ -73,10 +74,7 @@ class SliceLogWriter:
             if self._f is None:
                 raise AdaptspecError(f"{self.file}: the slice log is closed")
             try:
-                self._f.write(line)
-                self._f.flush()
-                if self.fsync:
-                    os.fsync(self._f.fileno())
+                self._f.append(line)  # whole or not at all: a failed write leaves no torn line behind
             except OSError as e:
                 raise AdaptspecError(f"{self.file}: cannot append a slice record ({e.strerror or e})") from None
 
