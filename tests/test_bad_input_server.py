@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptspec import AdaptspecError
+from adaptspec._util.append import LineAppender
 from adaptspec.control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint, state_digest
 from adaptspec.serving import CompletionService, ServerLimits, create_app
 from adaptspec.serving.codec import CharCodec
@@ -205,7 +206,7 @@ def test_d5_a_failed_log_write_is_a_503_not_an_applied_feedback(client):
     with writer._lock:  # the disk is full from now on (a real device that refuses every write)
         if writer._file is not None:
             writer._file.close()
-        segment, writer._file = writer._file, open("/dev/full", "w")
+        segment, writer._file = writer._file, LineAppender("/dev/full", fsync=False)
     try:
         r = post(client, {"prompt": "second", "variant": "A"})
         assert r.status_code == 503 and "decision log cannot be written" in r.json()["error"]["message"]
@@ -217,7 +218,7 @@ def test_d5_a_failed_log_write_is_a_503_not_an_applied_feedback(client):
         assert post(client, {"prompt": "other variant", "variant": "B"}).status_code == 200  # B keeps serving
     finally:
         with writer._lock:  # the disk has room again: appends go to the journal segment they went to
-            full, writer._file = writer._file, None if segment is None else open(segment.name, "a", encoding="utf-8")
+            full, writer._file = writer._file, None if segment is None else LineAppender(segment.path, fsync=False)
         with contextlib.suppress(OSError):
             full.close()
     assert post(client, {"prompt": "third", "variant": "A"}).status_code == 200
