@@ -40,6 +40,10 @@ each per repeat (paired: same prompts, adjacent in time), their geometric mean a
 t-interval over the repeats' log ratios (none with one repeat); for the day, each adaptive
 configuration's share of the oracle's gain over the best single fixed size, on mean tok/s.
 
+Pooling runs (``--pool A.json B.json [--out C.json]``): no sweep is run; the repeats of several
+results files are summarized together, for the configurations and levels all of them ran (each
+repeat still paired within its own run), when one run's repeats are too few for the intervals.
+
 Bounded: ``--requests-per-client`` requests per client per level (at least 4 a level),
 ``--max-tokens`` per request. By default (``--order interleaved``) every configuration's server
 is up at once and each level runs on every configuration in turn, in an order rotated from level
@@ -369,6 +373,24 @@ def summarize(runs: dict[str, dict]) -> dict:
     return summary
 
 
+def pool_files(results: list[dict]) -> dict[str, dict]:
+    """Several results files' runs as one (``--pool``): for every configuration and level that
+    every file ran, the repeats of each file in turn, pooled like :func:`pool` (tokens/s: tokens
+    over wall time; no percentiles, the requests are not kept). Repeats stay paired: the i-th
+    repeat of every configuration at a level comes from the same file and repeat, because a
+    configuration or level missing from any file is left out of all of them."""
+    names = [n for n in results[0]["runs"] if all(n in r["runs"] for r in results)]
+    out: dict[str, dict] = {}
+    for n in names:
+        out[n] = {}
+        for label in (lb for lb in results[0]["runs"][n] if all(lb in r["runs"][n] for r in results)):
+            reps = [rep for r in results for rep in r["runs"][n][label].get("repeats", [r["runs"][n][label]])]
+            tokens, wall = sum(x["tokens"] for x in reps), sum(x["wall_s"] for x in reps)
+            out[n][label] = {"requests": sum(x["requests"] for x in reps), "tokens": tokens, "wall_s": wall,
+                             "tokens_per_s": tokens / wall, "repeats": reps}
+    return out
+
+
 def _stat(s: dict | None) -> str:
     if s is None:
         return "—"
@@ -540,8 +562,22 @@ def main() -> None:
                     help="interleaved: all servers up, each level run on every configuration in turn, the order "
                          "rotated every phase (robust to a machine whose speed drifts); config: one configuration "
                          "after another, each level's repeats in a row (the oracle last)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "load-sweep.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the results file (default benchmarks/results/load-sweep.json; with --pool, none)")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="FILE",
+                    help="run nothing: summarize these results files' repeats together (the configurations and "
+                         "levels all of them ran; runs under different settings are the reader's responsibility)")
     args = ap.parse_args()
+    if args.pool:
+        files = [json.loads(f.read_text()) for f in args.pool]
+        runs = pool_files(files)
+        pooled = {"pooled_from": [str(f) for f in args.pool], "settings": [f["settings"] for f in files],
+                  "runs": runs, "summary": summarize(runs)}
+        if args.out:
+            args.out.write_text(json.dumps(pooled, indent=1))
+        print(summary_table(pooled["summary"]))
+        return
+    args.out = args.out or RESULTS / "load-sweep.json"
     if args.repeats < 1 or args.tune_repeats < 1:
         ap.error("--repeats and --tune-repeats must be >= 1")
     from adaptspec.models.prompts import benchmark_prompts

@@ -174,3 +174,16 @@ def test_tables_render_with_the_oracle_only_in_the_day(sweep):
     lo, hi = sweep.paired_ratio([12, 36], [10, 20])["ci95"]
     assert f"| learned | {math.sqrt(1.2 * 1.8):.2f}x [{lo:.2f}, {hi:.2f}] |" in md
     assert "| learned | 15.0 | 0.62 |" in md  # (15 - 10) / (18 - 10)
+
+
+def test_pool_files_keeps_shared_configurations_and_pairs_repeats_within_their_run(sweep):
+    a = {"runs": {"plain": {"1": entry(10, 20), "day": entry(30, 30)}, "controller": {"1": entry(12, 18)},
+                  "goodput": {"1": entry(50, 50)}}}
+    b = {"runs": {"plain": {"1": entry(40, 40, 40)}, "controller": {"1": entry(44, 40, 36)}}}
+    runs = sweep.pool_files([a, b])
+    assert set(runs) == {"plain", "controller"}                # goodput ran in one file only
+    assert set(runs["plain"]) == {"1"}                         # so did the day
+    assert sweep.repeat_tps(runs["controller"]["1"]) == pytest.approx([12, 18, 44, 40, 36])
+    assert runs["plain"]["1"]["tokens_per_s"] == pytest.approx(500 / (100 / 10 + 100 / 20 + 3 * 100 / 40))
+    ratios = sweep.summarize(runs)["1"]["configs"]["controller"]["vs_plain"]["per_repeat"]
+    assert ratios == pytest.approx([1.2, 0.9, 1.1, 1.0, 0.9])  # each against plain in its own run and repeat
