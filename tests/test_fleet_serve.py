@@ -91,6 +91,10 @@ def test_two_servers_learn_together_and_one_without_redis_keeps_serving(tmp_path
                 break
             time.sleep(0.1)
         assert sb["fleet_updates"] == 5
+        # a publishes before it fetches and only then counts itself connected: b can see the
+        # updates a moment before a's /health turns ok
+        while httpx.get(a.url + "/health").json()["status"] != "ok" and time.time() < deadline + 5:
+            time.sleep(0.1)
         assert httpx.get(a.url + "/health").json()["status"] == "ok"
     finally:
         for s in (a, b):
