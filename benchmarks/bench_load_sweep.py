@@ -17,7 +17,8 @@ the prompts and takes each level's best, as an engine user tunes such a table fr
 run), ``goodput`` and ``learned`` (requests at B = 8 capped each round by that load rule),
 ``controller`` (the server's default: the controller decides each request's block size at
 join from its prefill, and the learned load rule caps it each round), ``controller-no-load``
-(the controller alone, blind to the load).
+(the controller alone, blind to the load), ``lints-load-features`` (no round rule: a cold LinTS
+per request with the load in its context, ``--load-features``).
 
 Repeats (``--repeats R``): every level, and the day, is run R times on every configuration,
 each repeat on the next prompts (all configurations get the same prompts in a repeat, so a
@@ -83,6 +84,9 @@ CONFIGS = {
     "goodput": ["--variant", "A=fixed:8", "--load-rule", "goodput"],
     "controller": [],  # the served default: the controller decides each request at join, the learned rule each round
     "controller-no-load": ["--load-rule", "none"],  # the controller alone, blind to the load
+    # the load in the per-request policy's context instead of a round rule: LinTS over the prefill
+    # features and the five load features, cold (the bundled head is sized for the features alone)
+    "lints-load-features": ["--variant", "A=lints", "--load-features", "--load-rule", "none"],
 }
 
 #: The configuration the oracle's runs are stored under.
