@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check_batching.py"
+from _scripts import load_script
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_tiny_on_cpu(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_check_batching", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gpu_check_batching")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -4,22 +4,16 @@ table and share, and the markdown. Expected values come from closed forms and ha
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_load_sweep.py"
+from _scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("bench_load_sweep", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_load_sweep")
 
 
 def t975(df: int) -> float:

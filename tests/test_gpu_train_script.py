@@ -5,7 +5,6 @@ the CPU with a tiny setting, so the script keeps working between GPU sessions.""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,21 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _scripts import load_script
 from safetensors.torch import load_file
 
 from adaptspec.errors import AdaptspecError
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "gpu_train_drafter.py"
 SHIPPED = REPO / "adaptspec" / "models" / "weights" / "smollm2-135m-drafter"
 
 
 @pytest.fixture(scope="module")
 def g():
-    spec = importlib.util.spec_from_file_location("gpu_train_drafter", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_train_drafter")
 
 
 def test_files_sent_in_parts_come_back_whole_and_a_missing_or_changed_part_is_one_line(g, tmp_path):
