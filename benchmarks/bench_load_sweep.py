@@ -290,16 +290,20 @@ def schedule(names: list[str], levels: list[int], day: list[tuple[int, int]], re
     return out
 
 
-def pool(runs: list[dict], requests: list[list[dict]]) -> dict:
-    """A level's repeats pooled: requests, tokens and wall time summed, tokens/s as their ratio,
-    p50/p95/TTFT over every request of every repeat (``requests``: each repeat's
-    :func:`one_request` results), the engine's figures summed; ``repeats``: the runs themselves."""
+def totals(runs: list[dict]) -> dict:
+    """Runs' requests, tokens and wall time summed, tokens/s as their ratio; ``repeats``: the runs."""
     tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-    out = {"requests": sum(r["requests"] for r in runs), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-           **latency_figures([q for rs in requests for q in rs])}
+    return {"requests": sum(r["requests"] for r in runs), "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "repeats": runs}
+
+
+def pool(runs: list[dict], requests: list[list[dict]]) -> dict:
+    """A level's repeats pooled: :func:`totals`, p50/p95/TTFT over every request of every repeat
+    (``requests``: each repeat's :func:`one_request` results), the engine's figures summed."""
+    out = totals(runs) | latency_figures([q for rs in requests for q in rs])
     if all("engine" in r for r in runs):
         out["engine"] = sum_engine([r["engine"] for r in runs])
-    return out | {"repeats": runs}
+    return out
 
 
 def repeat_tps(entry: dict) -> list[float]:
@@ -379,19 +383,17 @@ def summarize(runs: dict[str, dict]) -> dict:
 
 def pool_files(results: list[dict]) -> dict[str, dict]:
     """Several results files' runs as one (``--pool``): for every configuration and level that
-    every file ran, the repeats of each file in turn, pooled like :func:`pool` (tokens/s: tokens
-    over wall time; no percentiles, the requests are not kept). Repeats stay paired: the i-th
-    repeat of every configuration at a level comes from the same file and repeat, because a
-    configuration or level missing from any file is left out of all of them."""
+    every file ran, the repeats of each file in turn, their :func:`totals` (no percentiles: the
+    requests are not kept). Repeats stay paired: the i-th repeat of every configuration at a
+    level comes from the same file and repeat, because a configuration or level missing from any
+    file is left out of all of them."""
     names = [n for n in results[0]["runs"] if all(n in r["runs"] for r in results)]
     out: dict[str, dict] = {}
     for n in names:
         out[n] = {}
         for label in (lb for lb in results[0]["runs"][n] if all(lb in r["runs"][n] for r in results)):
-            reps = [rep for r in results for rep in r["runs"][n][label].get("repeats", [r["runs"][n][label]])]
-            tokens, wall = sum(x["tokens"] for x in reps), sum(x["wall_s"] for x in reps)
-            out[n][label] = {"requests": sum(x["requests"] for x in reps), "tokens": tokens, "wall_s": wall,
-                             "tokens_per_s": tokens / wall, "repeats": reps}
+            entries = [r["runs"][n][label] for r in results]
+            out[n][label] = totals([rep for e in entries for rep in e.get("repeats", [e])])
     return out
 
 
