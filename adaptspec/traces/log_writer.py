@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .._util.append import LineAppender
+from .._util.atomic import fsync_path
 from .._util.checks import regular_file
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
@@ -223,7 +224,7 @@ class DecisionLogWriter:
             f = LineAppender(p, fsync=self.fsync, exclusive=True)
             f.append(json.dumps({"__journal__": 1, "writer": self.name, "created_ns": time.time_ns()}) + "\n")
             if self.fsync:
-                _fsync_dir(self.path)
+                fsync_path(self.path)
         except OSError as e:
             if f is not None:
                 f.close()
@@ -254,12 +255,8 @@ class DecisionLogWriter:
             self._parts = DecisionLog(self.path)
         part = self._parts.append(rows)
         if self.fsync:
-            fd = os.open(part, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _fsync_dir(self.path)
+            fsync_path(part)
+            fsync_path(self.path)
         self.parts_written += 1
 
     def _recover(self) -> int:
@@ -420,12 +417,4 @@ def _check_parts(path: Path) -> int | None:
     if not log.parts():
         return None
     return log.feature_dim  # reads and validates every part; raises naming the first problem
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
