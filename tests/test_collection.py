@@ -79,3 +79,14 @@ def test_a_crash_mid_row_is_resumed_and_the_next_rows_stay_readable(setup, tmp_p
     assert list(ts.request_ids) == list(fresh.request_ids)
     assert np.array_equal(ts.tau_matrix(), fresh.tau_matrix())
     assert np.array_equal(ts.new_tokens_matrix(), fresh.new_tokens_matrix())
+
+
+def test_missing_parent_directories_are_created_and_the_function_is_exported(setup, tmp_path):
+    import adaptspec.collect
+
+    _, dec, prompts = setup
+    out = tmp_path / "not" / "yet" / "there" / "t"
+    ts = adaptspec.collect.collect_traces(dec, prompts[:2], [1, 2], out, max_new_tokens=4, progress=False)
+    assert adaptspec.collect.collect_traces is collect_traces
+    assert TraceSet.read(out).info()["requests"] == 2 == len(ts)
+    assert not list(out.parent.glob("t.partial*"))

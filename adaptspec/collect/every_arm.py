@@ -44,9 +44,19 @@ def collect_traces(
     on_prompt: Callable[[int], None] | None = None,
     part: tuple[int, int] | None = None,
 ) -> TraceSet | None:
-    """Collect a trace set. ``prompts`` are ``(request_id, domain, token_ids)`` triples.
+    """Run ``speculator`` (any :class:`~adaptspec.speculator.BlockSpeculator`) at every block
+    size of ``arms`` on every prompt and write the trace set at ``out``.
 
-    Returns the trace set, or None for a ``part`` run (see the module docstring).
+    ``prompts`` are ``(request_id, domain, token_ids)`` triples (``domain`` groups requests in
+    reports; any string). Each prompt is prefilled once (its ``Prefill.features`` become the
+    trace set's features) and decoded at every block size, ``max_new_tokens`` at
+    ``temperature`` (``seed`` at T > 0). ``out``'s missing parent directories are created;
+    ``out`` itself must be new, empty, or (with ``overwrite``) a trace set. A progress bar
+    counts the prompts unless ``progress=False``; ``on_prompt(i)`` is called after the i-th
+    prompt of this run is saved. ``meta`` is stored in the trace set's metadata.
+
+    Returns the trace set, or None for a ``part`` run (see the module docstring). Train a head
+    on it with ``adaptspec train-head OUT``.
     """
     arms = list(check_block_sizes(arms, speculator.max_block_size))
     out = Path(out)
@@ -57,6 +67,7 @@ def collect_traces(
     rows = read_partials(out, arms)
     mine = prompts if part is None else prompts[part[0] :: part[1]]
     todo = [p for p in mine if p[0] not in rows]
+    out.parent.mkdir(parents=True, exist_ok=True)
     with open_partial(partial) as f:
         prompt_rows = collect_rows(speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows))
         for i, row in enumerate(tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)):
