@@ -48,4 +48,4 @@ def test_a_bad_line_that_is_not_the_last_is_an_error_naming_file_and_line(tmp_pa
 def test_a_missing_file_is_an_error_unless_missing_ok(tmp_path):
     with pytest.raises(AdaptspecError, match="no such file"):
         read_jsonl(tmp_path / "absent.jsonl", "a slice log")
-    assert read_jsonl(tmp_path / "absent.jsonl", missing_ok=True) == ([], 0)
+    assert read_jsonl(tmp_path / "absent.jsonl", missing_ok=True) == ([], 0, [])

@@ -37,17 +37,14 @@ def fsync_path(path: str | os.PathLike) -> None:
 def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dict[str, Any]:
     """Read a JSON file that describes a saved object: a dict with ``kind`` and ``format``.
 
-    Every failure is an :class:`~adaptspec.errors.AdaptspecError` naming the file: unreadable,
-    not JSON, another kind of object, or a format newer than ``newest_format``.
+    Every failure is an :class:`~adaptspec.errors.AdaptspecError` naming the file: not a regular
+    file, unreadable, not JSON (:func:`adaptspec._util.files.read_json`), another kind of object,
+    or a format newer than ``newest_format``.
     """
-    import json
-
     from ..errors import AdaptspecError
+    from .files import read_json
 
-    try:
-        info = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise AdaptspecError(f"{path}: not a readable {what} ({e})") from None
+    info = read_json(path, f"an adaptspec {what}'s descriptor")
     if not isinstance(info, dict) or info.get("kind") != kind:
         raise AdaptspecError(f"{path} does not describe an adaptspec {what}")
     fmt = info.get("format", 0)
@@ -60,12 +57,14 @@ def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dic
 
 def read_tensors(path: Path) -> dict[str, np.ndarray]:
     """A safetensors file as numpy arrays, with an :class:`~adaptspec.errors.AdaptspecError` naming it."""
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
     from ..errors import AdaptspecError
+    from .files import read_bytes
 
+    data = read_bytes(path, "a safetensors file")
     try:
-        return load_file(str(path))
+        return load(data)
     except Exception as e:  # safetensors raises its own error types
         raise AdaptspecError(f"{path}: cannot read ({e})") from None
 

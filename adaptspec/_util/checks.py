@@ -5,7 +5,8 @@ Readers of JSON descriptors take their scalars through :func:`integer`, :func:`n
 :func:`int_list`; binary containers (``.npz``, safetensors) are opened
 through :func:`read_npz` and :func:`read_safetensors`, which turn a truncated or corrupted
 file into one line instead of the library's own exception. A path that should be a file goes
-through :func:`regular_file` before it is opened: a FIFO there would block the read forever.
+through :func:`regular_file` before any work starts, and is read through
+:mod:`adaptspec._util.files` (regular files only: a FIFO there would block the read forever).
 
 >>> integer(4, "meta.json", "max_block_size", lo=2)
 4
@@ -25,16 +26,15 @@ adaptspec.errors.AdaptspecError: meta.json: arms={'a': 1} must be a non-empty li
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import stat
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import AdaptspecError
+from . import files
+from .files import regular_file
 
 __all__ = ["integer", "int_list", "number", "read_json_object", "read_npz", "read_safetensors", "regular_file"]
 
@@ -82,48 +82,10 @@ def int_list(value: Any, where: str, field: str, lo: int | None = None, hi: int 
     return [int(v) for v in value]
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def regular_file(path: str | os.PathLike, what: str = "a file") -> Path:
-    """``path``, once it is known not to be a FIFO, a device, a socket or a directory; call it
-    before opening a file for reading (opening a FIFO blocks until something writes to it).
-
-    A missing path passes (the caller's own read says it is missing); a symbolic link is judged by
-    what it points to.
-
-    >>> import os, tempfile
-    >>> d = tempfile.mkdtemp(); fifo = os.path.join(d, "meta.json"); os.mkfifo(fifo)
-    >>> regular_file(fifo, "a trace set's meta.json")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    adaptspec.errors.AdaptspecError: .../meta.json: not a regular file (a trace set's meta.json expected, found a FIFO (named pipe))
-    >>> regular_file(os.path.join(d, "absent.json")).name
-    'absent.json'
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return Path(path)
-    except OSError as e:
-        raise AdaptspecError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-        raise AdaptspecError(f"{path}: not a regular file ({what} expected, found {kind})")
-    return Path(path)
-
-
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    """A JSON file whose top level is an object; unreadable, truncated or other JSON is one line."""
-    regular_file(path, f"a {what}")
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise AdaptspecError(f"{path}: not a readable {what} ({e})") from None
-    if not isinstance(data, dict):
-        raise AdaptspecError(f"{path}: not a {what} (the top level must be a JSON object)")
-    return data
+    """A JSON file whose top level is an object (:func:`adaptspec._util.files.read_json_object`:
+    a FIFO, an unreadable, truncated or undecodable file or other JSON is one line)."""
+    return files.read_json_object(path, f"a {what}")
 
 
 def read_npz(path: str | os.PathLike, what: str, keys: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
@@ -132,11 +94,15 @@ def read_npz(path: str | os.PathLike, what: str, keys: tuple[str, ...] = ()) -> 
     import zipfile
     import zlib
 
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
-        raise AdaptspecError(f"{path}: not a readable {what} (truncated or corrupted: {e or type(e).__name__})") from None
+    with files.open_regular(path, f"a {what}") as f:
+        try:
+            z = np.load(f, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):  # a bare .npy array
+                raise ValueError("an .npy array, not an .npz archive")
+            with z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
+            raise AdaptspecError(f"{path}: not a readable {what} (truncated or corrupted: {e or type(e).__name__})") from None
     missing = [k for k in keys if k not in arrays]
     if missing:
         raise AdaptspecError(f"{path}: {what} has no array {missing[0]!r}")
@@ -145,10 +111,11 @@ def read_npz(path: str | os.PathLike, what: str, keys: tuple[str, ...] = ()) -> 
 
 def read_safetensors(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """A safetensors file as torch tensors; a truncated or corrupted file is one line."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
+    data = files.read_bytes(path, f"a {what}")
     try:
-        return load_file(str(path))
+        return load(data)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own (Rust) error types
         raise AdaptspecError(f"{path}: not a readable {what} (truncated or corrupted: {e})") from None
 

@@ -12,7 +12,7 @@ the line.
 >>> p = os.path.join(tempfile.mkdtemp(), "log.jsonl")
 >>> with open(p, "w") as f: _ = f.write('{"a": 1}\\n\\n{"a": 2}\\n{"a": 3, "b')   # a torn last line
 >>> read_jsonl(p)
-JsonLines(records=[{'a': 1}, {'a': 2}], end=19)
+JsonLines(records=[{'a': 1}, {'a': 2}], end=19, lines=[1, 3])
 >>> with open(p, "a") as f: _ = f.write('\\n')      # now the bad line is a finished one
 >>> read_jsonl(p)
 Traceback (most recent call last):
@@ -27,7 +27,7 @@ import os
 from typing import Any, NamedTuple
 
 from ..errors import AdaptspecError
-from .checks import regular_file
+from .files import read_bytes
 
 __all__ = ["JsonLines", "read_jsonl"]
 
@@ -40,6 +40,8 @@ class JsonLines(NamedTuple):
     #: bytes up to and including the last complete line's newline: where a torn last line
     #: starts (the file's size when there is none; 0 for a missing file)
     end: int
+    #: the line each record was on (counted from 1), for messages naming a bad record
+    lines: list[int] = []
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, missing_ok: bool = False) -> JsonLines:
@@ -53,27 +55,22 @@ def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, miss
     A missing file raises too, or reads as no records if ``missing_ok``. ``what`` names
     the file in the message when it cannot be read at all (a FIFO, no permission).
     """
-    regular_file(path, what)  # a FIFO would block the read forever
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if missing_ok:
-            return JsonLines([], 0)
-        raise AdaptspecError(f"{path}: no such file ({what} expected)") from None
-    except OSError as e:
-        raise AdaptspecError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    data = read_bytes(path, what, missing_ok=missing_ok)  # a regular file only: a FIFO would block forever
+    if data is None:
+        return JsonLines([], 0, [])
     lines = data.split(b"\n")
     end = len(data) - len(lines[-1])  # what follows the last newline is a torn line (or nothing)
     records: list[dict[str, Any]] = []
+    numbers: list[int] = []
     for i, line in enumerate(lines[:-1]):
         if not line.strip():
             continue
         try:
             r = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # ValueError: a number too long to convert too
             raise AdaptspecError(f"{path}: line {i + 1} is not valid JSON") from None
         if not isinstance(r, dict):
             raise AdaptspecError(f"{path}: line {i + 1} is not a JSON object")
         records.append(r)
-    return JsonLines(records, end)
+        numbers.append(i + 1)
+    return JsonLines(records, end, numbers)

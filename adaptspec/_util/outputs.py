@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import AdaptspecError
+from .files import open_regular, read_json
 
 __all__ = ["KINDS", "MARKER", "check_output", "foreign_files", "is_kind", "write_dir", "write_file"]
 
@@ -67,9 +68,10 @@ _LOG_NAMES = re.compile(r"^(part-[^/]*\.parquet|\.part-[^/]*\.parquet\.tmp|\.jou
 
 
 def _json(path: Path) -> Any:
+    """The JSON in ``path``, or None when it is missing or not a readable JSON file."""
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, UnicodeDecodeError, ValueError):
+        return read_json(path, "a JSON file") if path.is_file() else None
+    except AdaptspecError:
         return None
 
 
@@ -103,9 +105,9 @@ def _is_png(p: Path) -> bool:
     if not p.is_file():
         return False
     try:
-        with open(p, "rb") as f:
+        with open_regular(p, "a PNG file") as f:
             head = f.read(1 << 16)
-    except OSError:
+    except (AdaptspecError, OSError):
         return False
     if head[:8] != _PNG:
         return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._util.files import read_json
 from .parquet import _err
 from .schema import SCHEMA_VERSION
 from .traceset import TraceSet
@@ -20,10 +20,7 @@ _BP_FOLDER = re.compile(r"^(?P<dataset>.+)_(?P<start>\d+)T(?P<temp>\d+(?:\.\d+)?
 
 
 def _load_json_map(path: Path) -> dict[str, Any]:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _err(str(path), f"not valid JSON ({e})") from None
+    d = read_json(path, "a BlockPilot result file")
     if not isinstance(d, dict) or not d:
         raise _err(str(path), "expected a non-empty JSON object {prompt index: value}")
     for k, v in d.items():

@@ -21,14 +21,32 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .._util.checks import regular_file
 from ..errors import AdaptspecError
-from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
+from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, SCHEMA_VERSION
 
 _part_counter = count()
+_PART = "a decision-log part"
+
+
+def read_part(path: str | os.PathLike) -> pa.Table:
+    """One part of a decision log as it is on disk, not validated: a file that is not a readable
+    Parquet file (a FIFO, a directory, a truncated part, any other file named ``part-*.parquet``)
+    is one :class:`~adaptspec.errors.AdaptspecError` naming it
+    (:func:`~adaptspec.traces.parquet.read_parquet`)."""
+    return read_parquet(path, _PART)
+
+
+def part_ids(path: str | os.PathLike) -> list[str]:
+    """The ``decision_id`` column of one part (see :func:`read_part`); a part without one, or with
+    ids that are not strings, is refused naming it."""
+    t = read_parquet(path, _PART, columns=["decision_id"])
+    col = t.column("decision_id")
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) or col.null_count:
+        raise _err(str(path), f"column 'decision_id' must hold strings (has type {col.type}"
+                              f"{', and missing values' if col.null_count else ''})")
+    return col.to_pylist()
 
 
 def decision_row(
@@ -236,7 +254,7 @@ class DecisionLog:
         if self._dim is None and self.path.exists():
             parts = self.parts()
             if parts:
-                last = _read_parquet(parts[-1])
+                last = read_parquet(parts[-1], _PART)
                 if "features" in last.column_names:
                     f = last.column("features").drop_null()
                     if len(f):
@@ -273,11 +291,7 @@ class DecisionLog:
         """Decision ids of every part (each part read once per instance: parts never change)."""
         for part in self.parts():
             if part.name not in self._id_parts:
-                regular_file(part, "a decision-log part")  # a FIFO would block the read forever
-                try:
-                    ids = pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist()
-                except (pa.ArrowException, OSError, KeyError) as e:
-                    raise _err(str(part), f"not a readable decision-log part ({str(e).splitlines()[0]})") from None
+                ids = part_ids(part)
                 self._ids.update(ids)
                 self._id_parts.add(part.name)
         return self._ids
@@ -314,7 +328,7 @@ class DecisionLog:
                                            "meta.json), not a decision log")
             tables, dim = [], None
             for p in parts:
-                t = _read_parquet(p)
+                t = read_parquet(p, _PART)
                 if t.num_rows == 0:
                     raise _err(str(p), "part has no rows (adaptspec never writes an empty part; remove it)")
                 md = t.schema.metadata or {}

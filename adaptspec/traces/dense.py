@@ -34,8 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._util.checks import regular_file
+from .._util.files import read_json_object
 from ..errors import AdaptspecError
+from .parquet import read_parquet
 from .dense_checks import check_meta, check_part
 
 
@@ -131,13 +132,10 @@ class DenseTraceSet:
     @classmethod
     def open(cls, path) -> "DenseTraceSet":
         path = Path(path)
-        regular_file(path / "meta.json", "a dense trace set's meta.json")  # a FIFO would block the read forever
-        try:
-            meta = json.loads((path / "meta.json").read_text())
-        except (OSError, ValueError):
-            raise AdaptspecError(f"{path}: not a dense trace set (no readable meta.json)") from None
-        if not isinstance(meta, dict):
-            raise AdaptspecError(f"{path}/meta.json: not a dense trace set (the top level must be a JSON object)")
+        meta_file = path / "meta.json"
+        if not meta_file.exists() and not meta_file.is_symlink():
+            raise AdaptspecError(f"{path}: not a dense trace set (no meta.json)")
+        meta = read_json_object(meta_file, "a dense trace set's meta.json")  # a regular file only: a FIFO would block
         if meta.get("format") != FORMAT:
             raise AdaptspecError(f"{path}/meta.json: format {meta.get('format')!r}, expected {FORMAT!r}")
         return cls(path, meta)
@@ -165,15 +163,7 @@ class DenseTraceSet:
         """One part as a table, checked (:mod:`adaptspec.traces.dense_checks`): a truncated file, a
         missing or mistyped column or an impossible value is one line naming the file, the column
         and the row. ``columns``: read (and check the types of) only these."""
-        regular_file(path, "a dense trace set's Parquet part")
-        try:
-            schema = pq.read_schema(path)
-            missing = [c for c in columns or () if c not in schema.names]
-            if missing:
-                raise AdaptspecError(f"{path}: missing column {missing[0]!r}")
-            t = pq.read_table(path, columns=columns)
-        except (pa.ArrowException, OSError) as e:
-            raise AdaptspecError(f"{path}: not a readable Parquet part (truncated or corrupted: {e})") from None
+        t = read_parquet(path, "a dense trace set's Parquet part", columns)
         if columns is None:
             check_part(t, str(path), self.max_block_size, self.max_new_tokens)
         elif "request_id" in columns and not pa.types.is_string(t.schema.field("request_id").type):

@@ -48,11 +48,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .._util.append import LineAppender
 from .._util.atomic import fsync_path
-from .._util.checks import regular_file
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
 from .decision_check import decision_fault
@@ -354,8 +352,11 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
     t = out.get("time")
     if t is None:
         out["time"] = time.time()
-    elif not isinstance(t, (int, float)):
+    elif isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise AdaptspecError(f"decision row time must be seconds since the epoch, got {t!r}")
+    for k in ("decision_id", "request_id", "policy", "variant"):
+        if out.get(k) is not None and not isinstance(out[k], str):
+            raise AdaptspecError(f"decision row {k} must be a string, got {out[k]!r}")
     if check_decision:
         fault = decision_fault(out["block_size"], out["propensity"], out["probs"], out["arms"])
         if fault is not None:
@@ -382,29 +383,47 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
 
 def _read_segment(path: Path, missing_ok: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Rows of a journal segment and its creation time (0 without a header), as
-    :func:`~adaptspec._util.jsonlines.read_jsonl` reads them: a torn last line is dropped.
-    A missing segment (``missing_ok``: rolled meanwhile) has no rows."""
+    :func:`~adaptspec._util.jsonlines.read_jsonl` reads them: a torn last line is dropped (its
+    ``append`` never returned). Every complete row is checked as :meth:`DecisionLogWriter.append`
+    checks a row; one that is not a valid decision-log row (no ``decision_id``, a field of the
+    wrong type) is corruption, not a crash: an :class:`~adaptspec.errors.AdaptspecError` naming the
+    file and the line, and the segment is left as it is. A missing segment (``missing_ok``:
+    rolled meanwhile) has no rows."""
     rows: list[dict[str, Any]] = []
     created = 0
-    for r in read_jsonl(path, "a decision-log journal segment", missing_ok=missing_ok).records:
+    read = read_jsonl(path, "a decision-log journal segment", missing_ok=missing_ok)
+    for line, r in zip(read.lines, read.records):
         if "__journal__" in r:
-            created = int(r.get("created_ns", 0))
+            c = r.get("created_ns", 0)
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise AdaptspecError(f"{path}: line {line}: the journal header's created_ns={c!r} must be a "
+                                     "non-negative integer (a corrupted journal segment)")
+            created = c
             continue
-        rows.append(r)
+        try:
+            clean, _ = _encode(r)
+        except (AdaptspecError, TypeError, ValueError) as e:  # TypeError, ValueError: int() or float() of a wrong type
+            raise AdaptspecError(f"{path}: line {line} is not a valid decision-log row ({e}); a corrupted journal "
+                                 "segment: repair or remove the line") from None
+        if not isinstance(clean["decision_id"], str):
+            raise AdaptspecError(f"{path}: line {line} is not a valid decision-log row (decision_id="
+                                 f"{clean['decision_id']!r} must be a string); a corrupted journal segment: "
+                                 "repair or remove the line")
+        rows.append(clean)
     return rows, created
 
 
 def _ids_in_parts(path: Path, since_ns: int) -> set[str]:
     """decision_ids held by the parts written at or after ``since_ns``."""
     from . import DecisionLog
+    from .decision_log import part_ids
 
     ids: set[str] = set()
     for part in DecisionLog(path).parts():
         m = _PART_TIME.match(part.name)
         if m and int(m.group(1)) < since_ns:
             continue
-        regular_file(part, "a decision-log part")
-        ids.update(pq.read_table(part, columns=["decision_id"]).column("decision_id").to_pylist())
+        ids.update(part_ids(part))
     return ids
 
 

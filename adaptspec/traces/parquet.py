@@ -7,14 +7,14 @@ Every error names the file (``where``), the column and the row (0-based) that is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._util.checks import regular_file
+from .._util.files import open_regular
 from ..errors import AdaptspecError
 
 
@@ -22,14 +22,26 @@ def _err(where: str, msg: str) -> AdaptspecError:
     return AdaptspecError(f"{where}: {msg}")
 
 
-def _read_parquet(path: Path) -> pa.Table:
-    if not path.exists():
-        raise _err(str(path), "no such file")
-    regular_file(path, "a Parquet file")  # a FIFO would block the read forever
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise _err(str(path), f"not a readable Parquet file ({str(e).splitlines()[0]})") from None
+def read_parquet(path: str | Path, what: str = "a Parquet file", columns: Sequence[str] | None = None) -> pa.Table:
+    """The table in the Parquet file at ``path`` (only ``columns``, when given).
+
+    Every way it can fail is one :class:`~adaptspec.errors.AdaptspecError` naming the file:
+    missing, not a regular file (a FIFO would block the read forever; see
+    :func:`adaptspec._util.files.open_regular`), unreadable, not Parquet, truncated or corrupted
+    (any pyarrow error), or without one of ``columns``."""
+    with open_regular(path, what) as f:
+        try:
+            if columns is not None:
+                names = pq.read_schema(f).names
+                missing = [c for c in columns if c not in names]
+                if missing:
+                    raise _err(str(path), f"missing column {missing[0]!r}")
+                f.seek(0)
+            return pq.read_table(f, columns=None if columns is None else list(columns))
+        except (pa.ArrowException, OSError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise _err(str(path), f"not a readable Parquet file (truncated or corrupted: {msg})") from None
+
 
 
 def _first(mask: np.ndarray) -> int:

@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._util.atomic import json_default
-from .._util.checks import int_list, regular_file
+from .._util.checks import int_list
+from .._util.files import read_json, regular_file
 from ..errors import AdaptspecError
-from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _read_parquet, _write_parquet
+from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
 _BUNDLED = Path(__file__).resolve().parent.parent / "data" / "traces"
@@ -179,7 +180,7 @@ class TraceSet:
         for name in ("meta.json", "requests.parquet", "outcomes.parquet"):  # a FIFO or a device would hang the read
             regular_file(p / name, f"a trace set's {name}")
         meta = _read_meta(p / "meta.json")
-        return cls(_read_parquet(p / "requests.parquet"), _read_parquet(p / "outcomes.parquet"), meta, path=p)
+        return cls(read_parquet(p / "requests.parquet"), read_parquet(p / "outcomes.parquet"), meta, path=p)
 
     def write(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write to directory ``path`` atomically (temporary directory, then rename)."""
@@ -417,10 +418,7 @@ class TraceSet:
 def _read_meta(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise _err(str(path), "no such file (a trace set needs meta.json with a schema_version)")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _err(str(path), f"not valid JSON ({e})") from None
+    meta = read_json(path, "a trace set's meta.json")
     if not isinstance(meta, dict):
         raise _err(str(path), "top level must be a JSON object")
     return meta
