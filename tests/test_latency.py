@@ -89,7 +89,7 @@ def test_vectorised_prediction_broadcasts():
 
 
 @pytest.mark.parametrize("content,msg", [
-    ("{", "not a JSON latency profile"),
+    ("{", "not valid JSON (a JSON latency profile expected"),
     ("[]", "top level is not an object"),
     (json.dumps({"name": "x", "verify": {"knots": [1], "values_s": [0.01]}}), "missing or bad field 'draft'"),
     (json.dumps({"name": "x", "draft": {"knots": [1, 2], "values_s": [0.02, 0.01]},

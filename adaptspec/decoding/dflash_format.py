@@ -38,6 +38,7 @@ import torch
 
 from ..errors import AdaptspecError
 from .._util.checks import integer, number, read_safetensors
+from .._util.files import read_json_object
 from .drafter_config import CONFIG_NAME, MAX_BLOCK_SIZE, DrafterConfig, check_config
 
 CONFIG_FILE = "config.json"
@@ -84,8 +85,8 @@ def is_dflash_dir(path: str | Path) -> bool:
     if not cfg.is_file():
         return False
     try:
-        arch = json.loads(cfg.read_text()).get("architectures") or []
-    except (ValueError, AttributeError):
+        arch = read_json_object(cfg, "a DFlash config.json").get("architectures") or []
+    except AdaptspecError:
         return False
     return ARCHITECTURE in arch
 
@@ -229,12 +230,7 @@ def load(path: str | Path):
     the state dict's ``draft_vocab`` entry, which ``BlockDiffusionDrafter.from_pretrained`` takes.
     """
     path = Path(path)
-    try:
-        raw = json.loads((path / CONFIG_FILE).read_text())
-    except ValueError as e:
-        raise AdaptspecError(f"{path / CONFIG_FILE}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise AdaptspecError(f"{path / CONFIG_FILE}: the top level must be a JSON object")
+    raw = read_json_object(path / CONFIG_FILE, "a DFlash config.json")
     config = read_config(raw, str(path / CONFIG_FILE))
     weights = path / WEIGHTS_FILE
     if not weights.is_file():

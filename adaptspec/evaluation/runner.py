@@ -23,6 +23,7 @@ from ..errors import AdaptspecError
 from .core import Settings, provenance
 from .report import SECTIONS, render_headline, render_report
 from .._util.atomic import json_default
+from .._util.files import open_regular, read_json
 
 #: sections a plain run regenerates (the end-to-end one needs ``e2e_prompts``)
 REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart", "rounds", "load")
@@ -47,10 +48,11 @@ def repo_root() -> Path:
 def _generated(path: Path) -> bool:
     """Whether the markdown file ``path`` carries the generated-by line in its first lines."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return any(line.startswith(GENERATED) for line in f.read(4096).splitlines()[:5])
-    except OSError:
+        with open_regular(path, "a markdown report") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except (AdaptspecError, OSError):
         return False
+    return any(line.startswith(GENERATED) for line in head.splitlines()[:5])
 
 
 @dataclass
@@ -137,9 +139,9 @@ def load_results(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {"format": RESULTS_FORMAT, "runs": {}, "sections": {}}
     try:
-        res = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise AdaptspecError(f"{path}: not readable JSON ({e}); delete it to start afresh") from None
+        res = read_json(path, "an evaluation results file")
+    except AdaptspecError as e:
+        raise AdaptspecError(f"{e}; delete it to start afresh") from None
     if not isinstance(res, dict) or res.get("format") != RESULTS_FORMAT:
         raise AdaptspecError(f"{path}: not an evaluation results file of format {RESULTS_FORMAT}; delete it to start afresh")
     res.setdefault("runs", {})

@@ -272,12 +272,10 @@ class Policy(abc.ABC):
     def load_state(self, path: str | os.PathLike) -> None:
         """Load a file written by ``save_state`` (same checks as ``load_state_dict``)."""
         from .._util.checks import read_npz
+        from .._util.files import parse_json
 
         arrays = read_npz(path, "policy state file", ("__meta__",))
-        try:
-            meta = json.loads(arrays.pop("__meta__").tobytes().decode())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise AdaptspecError(f"{path}: array '__meta__' is not the policy's JSON description ({e})") from None
+        meta = parse_json(arrays.pop("__meta__").tobytes(), f"{path}: array '__meta__'", "the policy's JSON description")
 
         def unpack(obj: Any) -> Any:
             if isinstance(obj, dict):

@@ -38,6 +38,13 @@ from ..errors import AdaptspecError
 
 
 
+def _num(x: Any) -> float:
+    """A JSON number as a float (a string or a boolean is not one)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"{x!r} is not a number")
+    return float(x)
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """Seconds of one forward pass; see the module docstring for the form.
@@ -88,15 +95,22 @@ class CostCurve:
     def from_dict(cls, d: Mapping[str, Any]) -> "CostCurve":
         try:
             return cls(
-                knots=tuple(float(x) for x in d["knots"]),
-                values_s=tuple(float(x) for x in d["values_s"]),
-                tail_slope_s=float(d.get("tail_slope_s", 0.0)),
-                per_context_s=float(d.get("per_context_s", 0.0)),
-                per_pair_s=float(d.get("per_pair_s", 0.0)),
-                per_row_s=float(d.get("per_row_s", 0.0)),
+                knots=tuple(_num(x) for x in d["knots"]),
+                values_s=tuple(_num(x) for x in d["values_s"]),
+                tail_slope_s=_num(d.get("tail_slope_s", 0.0)),
+                per_context_s=_num(d.get("per_context_s", 0.0)),
+                per_pair_s=_num(d.get("per_pair_s", 0.0)),
+                per_row_s=_num(d.get("per_row_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise AdaptspecError(f"not a cost curve: {e!r}") from None
+
+
+def _count(x: Any) -> int:
+    """A JSON integer (``3.0`` is fine, ``3.7``, ``true`` or ``"3"`` are not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x):
+        raise ValueError(f"context_tokens={x!r} is not an integer")
+    return int(x)
 
 
 def fit_curve(
@@ -189,6 +203,18 @@ class LatencyProfile:
     source: str = ""
     extras: dict = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        # A target pass takes time: every rate, speed-up and load scale divides by a verify time, so
+        # a verify curve that starts at 0 (its least value: the curves never decrease) is refused
+        # here, where a profile is made or read. The draft curve may be 0 (a profile fitted without
+        # speculative rounds has no draft cost); a round (draft + verify) is then still > 0.
+        if not self.verify.values_s[0] > 0:
+            raise AdaptspecError(f"verify times must be > 0 s (a target pass takes time), got values_s "
+                                 f"{list(self.verify.values_s)}")
+        c = self.context_tokens
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= 10**8:
+            raise AdaptspecError(f"context_tokens must be an integer in 0..{10**8}, got {c!r}")
+
     def draft_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
         """Seconds of one drafter pass; 0 for block size 1 (plain decoding drafts nothing)."""
         b = np.asarray(block_size, dtype=np.float64)
@@ -228,7 +254,7 @@ class LatencyProfile:
                 name=str(d["name"]),
                 draft=CostCurve.from_dict(d["draft"]),
                 verify=CostCurve.from_dict(d["verify"]),
-                context_tokens=int(d.get("context_tokens", 300)),
+                context_tokens=_count(d.get("context_tokens", 300)),
                 source=str(d.get("source", "")),
                 extras=dict(d.get("extras", {})),
             )
@@ -244,12 +270,11 @@ class LatencyProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyProfile":
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise AdaptspecError(f"{path}: no such latency profile file") from None
-        except (OSError, json.JSONDecodeError) as e:
-            raise AdaptspecError(f"{path}: not a JSON latency profile ({e})") from None
+        """A profile saved as JSON at ``path``: a regular file only (a FIFO would block the read
+        forever), every decode failure and every bad value one line naming the file."""
+        from .._util.files import read_json
+
+        d = read_json(path, "a JSON latency profile")
         if not isinstance(d, dict):
             raise AdaptspecError(f"{path}: not a JSON latency profile (top level is not an object)")
         try:
