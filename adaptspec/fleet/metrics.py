@@ -4,7 +4,9 @@
   backend cannot be reached (the replica then decides and learns from its local state);
 - ``adaptspec_shared_syncs_total`` / ``adaptspec_shared_sync_errors_total``: publish+fetch
   rounds that worked / failed;
-- ``adaptspec_shared_refused_total``: other replicas' statistics refused (another policy, bad blob);
+- ``adaptspec_shared_refused_total``: other replicas' entries refused (another policy, a malformed
+  blob), each distinct blob counted once;
+- ``adaptspec_shared_refused_entries``: entries skipped at the last fetch (0 when all were merged);
 - ``adaptspec_shared_unpublished_updates``: own updates the fleet has not seen yet;
 - ``adaptspec_shared_fleet_updates``: updates in the merged statistics (own + published by the others);
 - ``adaptspec_shared_other_replicas``: replicas whose statistics were merged;
@@ -33,6 +35,8 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
                                "unreachable)", labels=v)
     refused = CounterMetricFamily("adaptspec_shared_refused", "Other replicas' statistics refused (another policy, "
                                   "unreadable)", labels=v)
+    skipped = GaugeMetricFamily("adaptspec_shared_refused_entries", "Other replicas' entries skipped at the last "
+                                "fetch (malformed, another policy)", labels=v)
     unpub = GaugeMetricFamily("adaptspec_shared_unpublished_updates", "Own updates not yet published", labels=v)
     fleet = GaugeMetricFamily("adaptspec_shared_fleet_updates", "Updates in the merged statistics", labels=v)
     others = GaugeMetricFamily("adaptspec_shared_other_replicas", "Other replicas whose statistics are merged", labels=v)
@@ -51,6 +55,7 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
         syncs.add_metric([name], s["syncs"])
         errs.add_metric([name], s["sync_errors"])
         refused.add_metric([name], s["refused"])
+        skipped.add_metric([name], len(s.get("refused_entries") or {}))
         unpub.add_metric([name], s["unpublished_updates"])
         fleet.add_metric([name], s["fleet_updates"])
         others.add_metric([name], s["other_replicas"])
@@ -59,4 +64,4 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
         held.add_metric([name], 1.0 if s.get("lease_held") else 0.0)
         left.add_metric([name], float(s.get("lease_seconds_left") or 0.0))
     if any_shared:
-        yield from (up, syncs, errs, refused, unpub, fleet, others, age, held, left)
+        yield from (up, syncs, errs, refused, skipped, unpub, fleet, others, age, held, left)

@@ -17,9 +17,21 @@ Three threads touch it, none of them the decision thread:
   first decision (a fresh replica starts from the fleet's statistics). :meth:`claim` takes the
   id earlier (``adaptspec serve`` does, before loading the model).
 
-The sync thread renews the id's lease before every publish; a replica that finds its id taken by
-another process (possible only after it could not renew for ``lease_ttl_s``) stops publishing
-until the id is free again, and says so in :meth:`status` (``connected`` False, ``last_error``).
+The sync thread renews the id's lease before every publish (a publish always follows a renewal
+that worked, so a replica whose lease lapsed never writes under the id); a replica that finds its
+id taken by another process (possible only after it could not renew for ``lease_ttl_s``) stops
+publishing until the id is free again, and says so in :meth:`status` (``connected`` False,
+``last_error``).
+
+The sync thread is one guarded loop: whatever an iteration raises is logged (one line, again only
+when the error changes), counted in ``sync_errors``, shown in :meth:`status` (``state``
+``"failing"``), and the loop goes on at the next interval, renewing the lease. An entry of another
+replica that cannot be read or merged (:func:`~adaptspec.fleet.wire.decode`,
+:meth:`~adaptspec.fleet.stats.Family.check`: unreadable bytes, another policy, other shapes, a
+NaN) is skipped: logged once and counted (``refused``) per distinct blob, listed in
+``refused_entries`` while it is there (``state`` ``"degraded"``), never merged; the others are
+merged as usual. :meth:`status`'s ``state`` is ``"ok"`` only when the last sync worked, no entry
+is refused, the lease is held with time left and the sync thread runs.
 
 Consistency window: a feedback applied on replica R reaches replica S after R's next publish
 (at most ``sync_every`` updates or ``sync_interval_s`` seconds) and S's next fetch (at most
@@ -34,6 +46,7 @@ cumulative, so nothing published late is lost or counted twice.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import threading
 import time
@@ -111,6 +124,10 @@ class SharedState:
         self.merges = 0
         self.last_sync: float | None = None
         self.last_error: str | None = None
+        self.loop_error: str | None = None  # what the sync loop's last iteration raised (None: it did not)
+        self.merge_error: str | None = None  # why the last merge into the policy failed (None: it worked)
+        self.refused_entries: dict[str, str] = {}  # replica -> why its entry was skipped, at the last fetch
+        self._refused_blobs: dict[str, str] = {}  # replica -> digest of its refused blob (logged and counted once)
         self.rebuilt: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
@@ -153,10 +170,16 @@ class SharedState:
                                  f"({type(e).__name__}: {e})") from None
         own = None
         if own_blob is not None:
-            own = self._read(own_blob, check_fingerprint=True)
-            if own is None:
-                raise AdaptspecError(f"replica {self.replica!r} of variant {self.channel!r} published statistics of "
-                                     f"another policy before ({self.last_error}): use another replica id or fleet name")
+            try:
+                own = decode(own_blob, self._entry(self.replica))
+            except AdaptspecError as e:  # nothing can be learnt from it: replaced by this replica's sums
+                log.warning("%s: %s; replacing it with this replica's statistics", self.channel, e)
+            if own is not None:
+                try:
+                    self._check(self.replica, own)
+                except AdaptspecError as e:
+                    raise AdaptspecError(f"replica {self.replica!r} of variant {self.channel!r} published statistics "
+                                         f"of another policy before ({e}): use another replica id or fleet name") from None
         if log_dir is not None:
             local, n = self._rebuild(policy, Path(log_dir))
             if own is not None and own.updates > n:
@@ -174,9 +197,9 @@ class SharedState:
             local, n = self.family.zero(), 0
             self.rebuilt = {"from": "none", "updates": 0, "published_before": None}
         self._local, self._local_updates = local, n
-        if not self._sync_once():
-            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: cannot be reached "
-                                 f"({self.last_error})")
+        if not self._sync_guarded():
+            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: the first sync "
+                                 f"failed ({self.last_error})")
         self.apply_pending(policy)
         self._thread = threading.Thread(target=self._run, name=f"adaptspec-fleet-{self.channel}", daemon=True)
         self._thread.start()
@@ -227,33 +250,87 @@ class SharedState:
             return False
         with self._lock:
             seq, others = self._fetch_seq, self._others
-            total = self.family.add(others, self._local) if others is not None else self._local
-            self.family.apply(policy, total)
+            try:
+                total = self.family.add(others, self._local) if others is not None else self._local
+                self.family.apply(policy, total)
+            except Exception as e:  # noqa: BLE001 - the policy keeps learning from its own updates meanwhile
+                msg = f"merging the fleet's statistics failed ({type(e).__name__}: {e})"
+                if msg != self.merge_error:
+                    log.error("%s: %s; deciding on this replica's own updates until a merge works", self.channel, msg)
+                self.merge_error = self.last_error = msg
+                self._applied_seq = seq
+                return False
+        if self.merge_error is not None:
+            log.warning("%s: merging the fleet's statistics works again", self.channel)
+            self.merge_error = None
         self._applied_seq = seq
         self.merges += 1
         return True
 
     # ------------------------------------------------------------------ sync thread
     def _run(self) -> None:
+        """The sync loop: one guarded iteration every interval (or when woken) until :meth:`close`."""
         while not self._stop.is_set():
             self._wake.wait(self.sync_interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self._sync_once()
+            self._sync_guarded()
 
-    def _read(self, blob: bytes, check_fingerprint: bool = True) -> Published | None:
+    def _sync_guarded(self) -> bool:
+        """:meth:`_sync_once`, with anything it raises logged (once per distinct error), counted and reported."""
         try:
-            p = decode(blob)
-            if check_fingerprint and p.fingerprint != self.fingerprint:
-                raise AdaptspecError(f"replica {p.replica!r} runs another policy (fingerprint {p.fingerprint}, this "
-                                     f"one {self.fingerprint})")
+            ok = self._sync_once()
+        except Exception as e:  # noqa: BLE001 - the loop must outlive any one iteration
+            msg = f"{type(e).__name__}: {e}"
+            self.sync_errors += 1
+            if msg != self.loop_error:
+                log.error("%s: shared-state sync failed (%s); retrying every %g s", self.channel, msg,
+                          self.sync_interval_s)
+            self.loop_error = self.last_error = msg
+            return False
+        if self.loop_error is not None:
+            log.warning("%s: shared-state sync works again", self.channel)
+            self.loop_error = None
+        return ok
+
+    def _entry(self, rid: str) -> str:
+        return f"replica {rid!r} of variant {self.channel!r}"
+
+    def _check(self, rid: str, p: Published) -> None:
+        """Refuse a decoded entry that is not this variant's policy, or not under its own replica's field."""
+        if p.replica != rid:
+            raise AdaptspecError(f"shared statistics of {self._entry(rid)}: published as replica {p.replica!r}")
+        if p.fingerprint != self.fingerprint:
+            raise AdaptspecError(f"shared statistics of {self._entry(rid)}: another policy (fingerprint "
+                                 f"{p.fingerprint}, this one {self.fingerprint})")
+        try:
             self.family.check(p.sums)
-            return p
         except AdaptspecError as e:
-            self.refused += 1
-            self.last_error = str(e)
-            return None
+            raise AdaptspecError(f"shared statistics of {self._entry(rid)}: {e}") from None
+
+    def _others_readable(self, blobs: dict[str, bytes]) -> tuple[list[Published], dict[str, str]]:
+        """The other replicas' entries that can be merged, and why each other one was skipped."""
+        parts, refused = [], {}
+        for rid, blob in sorted(blobs.items()):
+            if rid == self.replica:
+                continue
+            try:
+                p = decode(blob, self._entry(rid))
+                self._check(rid, p)
+                parts.append(p)
+            except AdaptspecError as e:
+                refused[rid] = str(e)
+                digest = hashlib.sha256(bytes(blob) if isinstance(blob, (bytes, bytearray)) else repr(blob).encode())
+                if self._refused_blobs.get(rid) != digest.hexdigest():  # a new bad blob: logged and counted once
+                    self._refused_blobs[rid] = digest.hexdigest()
+                    self.refused += 1
+                    log.warning("%s: skipping %s (not merged; /health degraded while it is there)", self.channel, e)
+        for rid in sorted(set(self._refused_blobs) - set(refused)):
+            del self._refused_blobs[rid]
+            log.warning("%s: the entry of %s is %s", self.channel, self._entry(rid),
+                        "readable again" if rid in blobs else "gone")
+        return parts, refused
 
     def _sync_once(self) -> bool:
         """Publish own sums, fetch everyone's; False (and counted) when the backend failed."""
@@ -261,12 +338,12 @@ class SharedState:
             return self._sync_locked()
 
     def _sync_locked(self) -> bool:
-        with self._lock:
-            mine = Published(self.replica, self.fingerprint, self._local_updates,
-                             {k: np.array(v) for k, v in self._local.items()})
         try:
             if self.lease is not None and not self.lease.renew():
                 return self._identity_lost()
+            with self._lock:
+                mine = Published(self.replica, self.fingerprint, self._local_updates,
+                                 {k: np.array(v) for k, v in self._local.items()})
             self.backend.publish(self.channel, self.replica, encode(mine))
             blobs = self.backend.fetch(self.channel)
         except Exception as e:  # noqa: BLE001 - any backend failure: keep serving from local state
@@ -277,15 +354,10 @@ class SharedState:
                             getattr(self.backend, "describe", ""), self.last_error)
             self.connected = False
             return False
-        parts, counts = [], {}
-        for rid, blob in sorted(blobs.items()):
-            if rid == self.replica:
-                continue
-            p = self._read(blob)
-            if p is not None:
-                parts.append(p.sums)
-                counts[rid] = p.updates
-        others = merge_sums(self.family, parts)
+        parts, refused = self._others_readable(blobs)
+        others = merge_sums(self.family, [p.sums for p in parts])
+        counts = {p.replica: p.updates for p in parts}
+        self.refused_entries = refused
         with self._lock:
             self._published_updates = mine.updates
             self._others, self._others_updates = others, counts
@@ -313,13 +385,22 @@ class SharedState:
         return self._sync_once()
 
     # ------------------------------------------------------------------ reports
+    def state(self) -> str:
+        """``"ok"``; ``"degraded"`` (syncing, but an entry is skipped or the last merge failed); or ``"failing"``
+        (the last sync did not work, the lease is lost or lapsed, or the sync thread is not running)."""
+        lease_ok = self.lease is None or (self.lease.held and self.lease.seconds_left() > 0)
+        thread_ok = self._thread is None or self._thread.is_alive() or self._closed
+        if not (self.connected and lease_ok and thread_ok) or self.loop_error is not None:
+            return "failing"
+        return "degraded" if self.refused_entries or self.merge_error is not None else "ok"
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             others = dict(self._others_updates)
             local, published = self._local_updates, self._published_updates
         return {"backend": getattr(self.backend, "describe", type(self.backend).__name__), "replica": self.replica,
-                "connected": self.connected, "syncs": self.syncs, "sync_errors": self.sync_errors,
-                "refused": self.refused, "merges": self.merges,
+                "state": self.state(), "connected": self.connected, "syncs": self.syncs, "sync_errors": self.sync_errors,
+                "refused": self.refused, "refused_entries": dict(self.refused_entries), "merges": self.merges,
                 "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
                 "local_updates": local, "unpublished_updates": local - published, "other_replicas": len(others),
                 "fleet_updates": local + sum(others.values()), "last_error": self.last_error,
@@ -338,6 +419,6 @@ class SharedState:
             self._thread.join(timeout)
             self._thread = None
         if self.family is not NOTHING and self._fetch_seq:  # attached: its sums are worth publishing
-            self._sync_once()
+            self._sync_guarded()
         if self.lease is not None:
             self.lease.release()

@@ -56,6 +56,8 @@ class Family:
 
     #: keys of the sums whose merge is an estimate (see the module docstring), for reports
     approximate: tuple[str, ...] = ()
+    #: where a sum may be infinite (key -> index), checked by :meth:`check`; elsewhere every value is finite
+    infinite_ok: dict[str, Any] = {}
 
     def __init__(self, policy: Any) -> None:
         self.arms = tuple(int(a) for a in policy.arms)
@@ -93,11 +95,22 @@ class Family:
         return int(np.asarray(sums["count"]).sum())
 
     def check(self, sums: Sums) -> None:
-        """Refuse sums of other shapes than this family's (another policy, head or dimension)."""
+        """Refuse sums that this family cannot merge: other keys or shapes (another policy, head or
+        dimension), an infinity where a sum must be finite, a negative count."""
         ref = self.zero_like(sums)
+        extra = sorted(set(sums) - set(ref))
+        if extra:
+            raise AdaptspecError(f"shared statistics hold an array {extra[0]!r} this policy does not keep")
         for k, v in ref.items():
             if k not in sums or np.shape(sums[k]) != np.shape(v):
                 raise AdaptspecError(f"shared statistics {k!r} have shape {np.shape(sums.get(k))}, expected {np.shape(v)}")
+            finite = np.isfinite(np.asarray(sums[k], dtype=np.float64))
+            if k in self.infinite_ok:
+                finite[self.infinite_ok[k]] = True
+            if not finite.all():
+                raise AdaptspecError(f"shared statistics {k!r} hold an infinity")
+        if "count" in sums and (np.asarray(sums["count"]) < 0).any():
+            raise AdaptspecError("shared statistics 'count' hold a negative count")
 
     def zero_like(self, sums: Sums) -> Sums:
         return self.zero()
@@ -140,6 +153,8 @@ def _welford_merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 class ContextFree(Family):
     """EpsilonGreedy, UCB (and ucb-throughput), ThompsonSampling: per-arm n, s, ss, pulls and running stats."""
+
+    infinite_ok = {"running": slice(3, 5)}  # min and max of no reward yet: +inf, -inf
 
     def zero(self) -> Sums:
         k = self.k
@@ -244,6 +259,7 @@ class Linear(Family):
         core = policy.core
         P, m = core.prior_precision, core.prior_mean
         A = P + total["xx"]
+        _positive_definite(A)
         A_inv = np.linalg.inv(A)
         A_inv = 0.5 * (A_inv + A_inv.transpose(0, 2, 1))
         b = np.einsum("kde,ke->kd", P, m) + total["xr"]
@@ -300,16 +316,28 @@ class NeuralLinearFamily(Linear):
         data = np.zeros((k * d, k * d))
         for a in range(k):
             data[a * d:(a + 1) * d, a * d:(a + 1) * d] = total["xx"][a]
+        posts = []  # every posterior first: a total that is not a posterior changes nothing
         for core, L in zip(policy.cores, self._prior_prec):
+            _positive_definite(L + data)
             S = _spd_inv(L + data)
-            core.S = S
-            core.theta = (S @ (L @ core.prior_mean.reshape(-1) + total["xr"].reshape(-1))).reshape(k, d)
+            posts.append((S, (S @ (L @ core.prior_mean.reshape(-1) + total["xr"].reshape(-1))).reshape(k, d)))
+        for core, (S, theta) in zip(policy.cores, posts):
+            core.S, core.theta = S, theta
             core.count = total["count"].astype(np.int64).copy()
         policy.evidence = total["evidence"].copy()
         policy.noise_stats = total["noise"].copy()
         policy._last = None
         policy._select()
         policy.version = self.updates(total)
+
+
+def _positive_definite(A: np.ndarray) -> None:
+    """Refuse a posterior precision that is not symmetric positive definite (sums no replica could have made)."""
+    try:
+        np.linalg.cholesky(A)
+    except np.linalg.LinAlgError:
+        raise AdaptspecError("the merged statistics are not a posterior (a precision matrix is not positive "
+                             "definite): a replica published sums no policy makes") from None
 
 
 def family_for(policy: Any) -> Family:

@@ -367,7 +367,7 @@ class CompletionService:
                 c.sync()
                 v["policy_digest"] = c.policy_digest()
             variants[name] = v
-        failing = any(v["checkpoint_errors"] or v["log_errors"] or not v.get("shared", {}).get("connected", True)
+        failing = any(v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
                       for v in variants.values())
         status = "closing" if self._closed else "degraded" if failing else "ok"
         return {"status": status, "model": self.model_name,
