@@ -110,7 +110,7 @@ def test_bad_input_is_rejected_clearly():
 def full_information_traces(spec: FakeSpeculator, arms, n=80):
     """Every arm run on every prompt of the fake speculator: a real (if toy) trace set."""
     prompts = [[i % 11 + 1, i % 5 + 30, i] for i in range(n)]
-    feats, tau, new, ms = [], [], [], []
+    feats, tau, new, ms, rounds = [], [], [], [], []
     for p in prompts:
         pre = spec.prefill(p)
         feats.append(pre.features)
@@ -118,9 +118,10 @@ def full_information_traces(spec: FakeSpeculator, arms, n=80):
         tau.append([o.mean_tau for o in outs])
         new.append([o.new_tokens for o in outs])
         ms.append([1000 * o.decode_s for o in outs])
+        rounds.append([len(o.rounds) for o in outs])
     ts = TraceSet.from_arrays([f"r{i}" for i in range(n)], ["toy"] * n, arms, np.array(tau),
                               features=np.array(feats), new_tokens=np.array(new), decode_ms=np.array(ms),
-                              rounds=np.ones((n, len(arms)), dtype=np.int64))
+                              rounds=np.array(rounds, dtype=np.int64))
     return prompts, ts
 
 

@@ -27,6 +27,7 @@ def small_traces(n: int = 3, arms=(1, 2, 4), dim: int | None = 3, per_round: boo
     taus, dms, vms = [], [], []
     mean = np.empty((n, k))
     rounds = np.empty((n, k), dtype=np.int64)
+    new = np.empty((n, k), dtype=np.int64)
     for i in range(n):
         for j, b in enumerate(arms):
             r = int(rng.integers(1, 5))
@@ -36,10 +37,11 @@ def small_traces(n: int = 3, arms=(1, 2, 4), dim: int | None = 3, per_round: boo
             vms.append(rng.uniform(1, 9, r))
             mean[i, j] = t.mean()
             rounds[i, j] = r
+            new[i, j] = t.sum() + 1  # the rounds' tokens and the prefill's
     return TraceSet.from_arrays(
         [f"r{i}" for i in range(n)], ["math" if i % 2 else "chat" for i in range(n)], arms, mean,
         prompt_tokens=rng.integers(1, 100, n), features=None if dim is None else rng.normal(size=(n, dim)),
-        new_tokens=np.full(n, 50), rounds=rounds,
+        new_tokens=new, rounds=rounds,
         tau=taus if per_round else None, draft_ms=dms if per_round else None, verify_ms=vms if per_round else None,
         meta={"target": "t"})
 

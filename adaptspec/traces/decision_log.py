@@ -30,12 +30,25 @@ _part_counter = count()
 _PART = "a decision-log part"
 
 
-def read_part(path: str | os.PathLike) -> pa.Table:
-    """One part of a decision log as it is on disk, not validated: a file that is not a readable
-    Parquet file (a FIFO, a directory, a truncated part, any other file named ``part-*.parquet``)
-    is one :class:`~adaptspec.errors.AdaptspecError` naming it
-    (:func:`~adaptspec.traces.parquet.read_parquet`)."""
-    return read_parquet(path, _PART)
+def read_part(path: str | os.PathLike, feature_dim: int | None = None) -> pa.Table:
+    """One part of a decision log, read and validated as every reader of a log validates a part
+    (types, probabilities, propensities, ids unique within it; ``features`` of length
+    ``feature_dim`` when given). Every fault is one :class:`~adaptspec.errors.AdaptspecError`
+    naming the file: one that is not a readable Parquet file (a FIFO, a directory, a truncated
+    part, any other file named ``part-*.parquet``: any pyarrow error;
+    :func:`~adaptspec.traces.parquet.read_parquet`), an empty part, a newer schema, a bad row."""
+    t = read_parquet(path, _PART)
+    if t.num_rows == 0:
+        raise _err(str(path), "part has no rows (adaptspec never writes an empty part; remove it)")
+    v = (t.schema.metadata or {}).get(b"adaptspec.schema_version")
+    if v is not None:
+        try:
+            version = int(v)
+        except ValueError:
+            raise _err(str(path), f"schema_version {v!r} in the file's metadata is not an integer") from None
+        if version > SCHEMA_VERSION:
+            raise _err(str(path), f"schema_version {version} is newer than this adaptspec reads ({SCHEMA_VERSION})")
+    return _validate_decisions(t, str(path), feature_dim)
 
 
 def part_ids(path: str | os.PathLike) -> list[str]:
@@ -254,7 +267,7 @@ class DecisionLog:
         if self._dim is None and self.path.exists():
             parts = self.parts()
             if parts:
-                last = read_parquet(parts[-1], _PART)
+                last = read_part(parts[-1])
                 if "features" in last.column_names:
                     f = last.column("features").drop_null()
                     if len(f):
@@ -328,14 +341,7 @@ class DecisionLog:
                                            "meta.json), not a decision log")
             tables, dim = [], None
             for p in parts:
-                t = read_parquet(p, _PART)
-                if t.num_rows == 0:
-                    raise _err(str(p), "part has no rows (adaptspec never writes an empty part; remove it)")
-                md = t.schema.metadata or {}
-                v = md.get(b"adaptspec.schema_version")
-                if v is not None and int(v) > SCHEMA_VERSION:
-                    raise _err(str(p), f"schema_version {int(v)} is newer than this adaptspec reads ({SCHEMA_VERSION})")
-                t = _validate_decisions(t, str(p), dim)
+                t = read_part(p, dim)
                 if "features" in t.column_names:
                     f = t.column("features").drop_null()
                     if len(f):

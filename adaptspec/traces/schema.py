@@ -11,6 +11,10 @@ import pyarrow as pa
 #: Version of the on-disk formats this code writes; it reads this version and older.
 SCHEMA_VERSION = 1
 
+#: The most tokens a count in a trace may hold (a prompt's, a request's new tokens, its rounds):
+#: far past any context window, so only a corrupted value is refused.
+MAX_TOKENS = 10**8
+
 _F32_LIST = pa.list_(pa.float32())
 _F64_LIST = pa.list_(pa.float64())
 

@@ -34,7 +34,7 @@ from .._util.checks import int_list
 from .._util.files import read_json, regular_file
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
-from .schema import _F32_LIST, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
+from .schema import _F32_LIST, MAX_TOKENS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
 _BUNDLED = Path(__file__).resolve().parent.parent / "data" / "traces"
 #: The bundled default trace set: the bundled speculator on 336 public benchmark prompts
@@ -81,6 +81,9 @@ class TraceSet:
         pt = _np(self.requests.column("prompt_tokens"), np.float64)
         if np.any(pt < 0):
             raise _err(wr, f"column 'prompt_tokens', row {_first(pt < 0)}: negative ({pt[pt < 0][0]:g})")
+        if np.any(pt > MAX_TOKENS):
+            raise _err(wr, f"column 'prompt_tokens', row {_first(pt > MAX_TOKENS)}: {pt[pt > MAX_TOKENS][0]:.6g} is more "
+                           f"than {MAX_TOKENS} (no prompt is that long)")
         if "features" in self.requests.column_names:
             self._features = _matrix(self.requests.column("features"), wr, "features")
         else:
@@ -126,6 +129,10 @@ class TraceSet:
             neg = v < lo
             if neg.any():
                 raise _err(wo, f"column {name!r}, row {_first(neg)}: {v[neg][0]:g} < {lo}")
+            big = v > MAX_TOKENS
+            if big.any():
+                raise _err(wo, f"column {name!r}, row {_first(big)}: {v[big][0]:.6g} is more than {MAX_TOKENS} "
+                               "(no request decodes that many tokens)")
         rounds = _np(out.column("rounds"), np.float64)
         if "tau" in out.column_names:
             lengths, vals, parents = _list_parts(out.column("tau"))
@@ -151,9 +158,11 @@ class TraceSet:
                 if np.any(ln != lengths):
                     r = _first(ln != lengths)
                     raise _err(wo, f"column {name!r}, row {r}: {ln[r]} values, column 'tau' has {lengths[r]} rounds")
-                badv = ~np.isfinite(v) | (v < 0)
+                lo = 0.0 if name == "draft_ms" else None  # a target pass takes time; a draft pass at block size 1 none
+                badv = ~np.isfinite(v) | ((v < 0) if lo is not None else (v <= 0))
                 if badv.any():
-                    raise _err(wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not a time >= 0")
+                    what = "a time >= 0" if lo is not None else "a time > 0"
+                    raise _err(wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not {what}")
         else:
             for name in ("draft_ms", "verify_ms"):
                 if name in out.column_names:
@@ -169,6 +178,7 @@ class TraceSet:
                                  f"but outcomes.parquet has block sizes {list(self.arms)}")
 
     # ------------------------------------------------------------------ reading and writing
+
     @classmethod
     def read(cls, path: str | os.PathLike) -> "TraceSet":
         """Read and validate the trace set in directory ``path``."""
@@ -180,7 +190,9 @@ class TraceSet:
         for name in ("meta.json", "requests.parquet", "outcomes.parquet"):  # a FIFO or a device would hang the read
             regular_file(p / name, f"a trace set's {name}")
         meta = _read_meta(p / "meta.json")
-        return cls(read_parquet(p / "requests.parquet"), read_parquet(p / "outcomes.parquet"), meta, path=p)
+        ts = cls(read_parquet(p / "requests.parquet"), read_parquet(p / "outcomes.parquet"), meta, path=p)
+        _check_new_tokens(ts.outcomes, ts._where_out)
+        return ts
 
     def write(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write to directory ``path`` atomically (temporary directory, then rename)."""
@@ -413,6 +425,30 @@ class TraceSet:
     def __repr__(self) -> str:
         f = "no features" if self.features is None else f"{self.features.shape[1]} features"
         return f"TraceSet({self.n_requests} requests, arms {list(self.arms)}, {f})"
+
+
+def _check_new_tokens(out: pa.Table, where: str) -> None:
+    """A stored set's ``new_tokens`` against the tokens its rounds produced (the sum of their tau;
+    ``rounds x mean_tau`` without the per-round list): the prefill gives one token more, and a
+    stop inside the last round (EOS, ``max_new_tokens``) drops up to that round's tau (the block
+    size without the list). Rows where either is unknown (null) are not checked. Checked where a
+    set is read from files: a count no decode produced (a corrupted ``2**62``) would otherwise
+    become the throughput of every report."""
+    new = _np(out.column("new_tokens"), np.float64)
+    if "tau" in out.column_names:
+        lengths, vals, parents = _list_parts(out.column("tau"))
+        produced = np.bincount(parents, weights=vals, minlength=out.num_rows)
+        last = vals[np.cumsum(lengths) - 1].astype(np.float64)  # every list has a round (checked when built)
+    else:
+        produced = _np(out.column("rounds"), np.float64) * _np(out.column("mean_tau"), np.float64)
+        last = _np(out.column("block_size"), np.float64)
+    tol = 1e-6 * np.maximum(1.0, produced)
+    bad = ~np.isnan(new) & ~np.isnan(produced) & ((new > produced + 1 + tol) | (new < produced - last - tol))
+    if bad.any():
+        r = _first(bad)
+        raise _err(where, f"column 'new_tokens', row {r}: {new[r]:.6g} tokens, but its rounds produced "
+                          f"{produced[r]:.6g} (the sum of their tau; new_tokens is that, +1 for the prefill's "
+                          "token, less what a stop cut from the last round)")
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
