@@ -397,15 +397,14 @@ class CompletionService:
     def _log_rows(self) -> list[dict[str, Any]]:
         from ..traces.log_writer import journal_rows
         from ..traces import DecisionLog
-        import pyarrow.parquet as pq
+        from ..traces.decision_log import read_part
 
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for part in DecisionLog(self.log_dir).parts():  # parts never change: read each once
             key = str(part)
             if key not in self._parts_cache:
-                regular_file(part, "a decision-log part")  # a FIFO would block the report forever
-                self._parts_cache[key] = pq.read_table(part).to_pylist()
+                self._parts_cache[key] = read_part(part).to_pylist()  # any fault: one AdaptspecError (a 503 below)
             for r in self._parts_cache[key]:
                 seen.add(r["decision_id"])
                 rows.append(r)
