@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..policies.variants import check_variant_name
 from .identity import ReplicaLease
 from .stats import NOTHING, Family, family_for, merge_sums
 from .wire import Published, decode, encode
@@ -134,7 +135,7 @@ class SharedState:
     def claim(self, variant: str | None) -> None:
         """Claim this replica's id for ``variant`` now (one line when a live replica holds it); :meth:`attach` does it
         if nobody did before."""
-        channel = variant or "default"
+        channel = check_variant_name(variant or "default")  # it becomes a Redis key
         if self.lease is not None:
             if self.lease.channel != channel:
                 raise AdaptspecError(f"replica {self.replica!r} claimed variant {self.lease.channel!r}, not {channel!r}")

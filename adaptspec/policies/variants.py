@@ -2,17 +2,39 @@
 ``NAME=SPEC`` per value (``serve --variant``, ``ab-report --policy``) or two in one value
 (``simulate --ab``).
 
+A variant's name becomes a folder (``--checkpoint-dir DIR/NAME``) and part of a Redis key, so it
+is checked where it enters (:func:`check_variant_name`, :data:`VARIANT_NAME`): 1-32 letters,
+digits or ``_.-``, starting with a letter or a digit (never ``.``, ``..``, a path, an option).
+
 >>> named_specs(["A=fixed:16", " B = linucb:alpha=0.5"], "--variant", "A=fixed:16")
 {'A': 'fixed:16', 'B': 'linucb:alpha=0.5'}
+>>> named_specs(["..=ucb"], "--variant", "A=fixed:16")
+Traceback (most recent call last):
+...
+adaptspec.errors.AdaptspecError: --variant: variant name '..': use 1-32 letters, digits or _.-, starting with a letter or a digit
 >>> parse_ab_specs("A=fixed:16,B=linucb:alpha=0.5,lam=2")
 {'A': 'fixed:16', 'B': 'linucb:alpha=0.5,lam=2'}
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Any, Iterable
 
 from ..errors import AdaptspecError
+
+__all__ = ["VARIANT_NAME", "check_variant_name", "named_specs", "parse_ab_specs", "split_variants"]
+
+#: what a variant may be called (it names a folder and a Redis key): see the module docstring
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def check_variant_name(name: Any, where: str = "variant name") -> str:
+    """``name`` if it is a variant name (:data:`VARIANT_NAME`, whole); otherwise one line naming ``where``."""
+    if isinstance(name, str) and VARIANT_NAME.fullmatch(name):
+        return name
+    shown = repr(name[:40]) + f"... ({len(name)} characters)" if isinstance(name, str) and len(name) > 40 else repr(name)
+    raise AdaptspecError(f"{where} {shown}: use 1-32 letters, digits or _.-, starting with a letter or a digit")
 
 
 def named_specs(pieces: Iterable[str], flag: str, example: str) -> dict[str, str]:
@@ -24,6 +46,7 @@ def named_specs(pieces: Iterable[str], flag: str, example: str) -> dict[str, str
         name, spec = name.strip(), spec.strip()
         if not eq or not name or not spec:
             raise AdaptspecError(f"{flag} {piece!r}: expected NAME=SPEC, e.g. {example}")
+        check_variant_name(name, f"{flag}: variant name")
         if name in out:
             raise AdaptspecError(f"{flag}: variant {name!r} given twice")
         out[name] = spec

@@ -17,19 +17,15 @@ True
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..policies.variants import named_specs
+from ..policies.variants import VARIANT_NAME, check_variant_name, named_specs
 
 __all__ = ["ABRouter", "VARIANT_NAME"]
-
-#: what a variant may be called
-VARIANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 
 
 class ABRouter:
@@ -44,8 +40,7 @@ class ABRouter:
             raise AdaptspecError("the A/B router needs at least one variant")
         names = tuple(weights)
         for n in names:
-            if not isinstance(n, str) or not VARIANT_NAME.match(n):
-                raise AdaptspecError(f"variant name {n!r}: use 1-32 letters, digits or _.-")
+            check_variant_name(n)
         w = np.asarray([float(weights[n]) for n in names])
         if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
             raise AdaptspecError(f"variant weights must be >= 0 with a positive sum, got {list(w)}")
