@@ -7,7 +7,9 @@ scores of every arm, with the best arm) and a Sherman-Morrison update in one com
 each. They are compiled with numba when it is installed (``pip install 'adaptspec[fast]'``);
 without it :data:`AVAILABLE` is False and ``RidgeArms`` runs the same arithmetic in numpy.
 Set ``ADAPTSPEC_NUMBA=0`` (before import) or ``AVAILABLE = False`` to force the numpy path. ``tests/test_ridge_kernels.py`` checks that both
-paths compute the same statistics and make the same choices.
+paths compute the same statistics and make the same choices. Compiled code is cached on disk where
+numba can write (see ``_jit``); where it cannot (a read-only install, an unwritable home), the
+kernels are compiled in memory instead.
 
 The buffer layout is ``RidgeArms._buf``: ``A^-1`` of every arm stacked as ``K * D`` rows,
 then the ``K`` rows of ``theta``; each row starts on a 64-byte cache line and is padded to a
@@ -34,7 +36,18 @@ AVAILABLE = numba is not None and os.environ.get("ADAPTSPEC_NUMBA", "1") != "0"
 
 if AVAILABLE:
     # reassociation lets the compiler vectorise the dot products (numpy's BLAS reorders too)
-    _jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
+    _OPTIONS = dict(nogil=True, fastmath={"reassoc", "contract", "nsz"})
+
+    def _jit(f):
+        """``numba.njit`` with the on-disk cache where numba finds a place for it: the
+        ``__pycache__`` beside this file, else the user's cache directory (``NUMBA_CACHE_DIR``,
+        else under ``HOME``). A read-only install run by a user whose home is not writable has
+        neither, and ``cache=True`` raises there ("no locator available"): the kernels are then
+        compiled in memory, once per process (~0.7 s, paid by :func:`warm_up`)."""
+        try:
+            return numba.njit(cache=True, **_OPTIONS)(f)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+            return numba.njit(cache=False, **_OPTIONS)(f)
 
     @_jit
     def standardize(x, mean, inv, z):  # pragma: no cover - compiled
