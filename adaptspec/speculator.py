@@ -235,12 +235,32 @@ def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | N
 class BlockSpeculator(Protocol):
     """What :class:`adaptspec.AdaptiveController` needs from a speculative decoder.
 
+    Two methods and one attribute, with exactly these arguments (the controller checks the
+    signatures when it is built, ``adaptspec.control.protocol``)::
+
+        max_block_size: int
+        prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill
+        decode(prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None) -> Outcome
+
     ``decode`` takes a block size or a :class:`RoundSchedule`; a speculator that cannot change
     the block size between rounds may ask the schedule once, and one that has no drafter
     confidences may ignore ``verify_size`` (verifying the whole block). ``on_round(tokens,
     round)``, when given, is called after every round with the tokens it committed (streaming).
     At ``temperature > 0`` the first token is sampled at ``prefill`` from a generator seeded by
-    ``seed``.
+    ``seed``. The :class:`Outcome`'s ``tokens`` are the first token and then each round's
+    committed tokens, cut at EOS or ``max_new_tokens``; its rounds are the rounds that ran
+    (the controller refuses an outcome whose rounds do not add up to its tokens).
+
+    Two optional declarations (class or instance attributes; absent means the default):
+
+    ``feature_dim: int | None = None``
+        The length of ``Prefill.features``. Declared, it chooses the default policy before the
+        first request (the bundled head only where its width matches) and features of another
+        length are refused; undeclared, the first request's features fix it.
+    ``per_round: bool = False``
+        True when ``decode`` asks a :class:`RoundSchedule` for every round's block
+        (``draft_size(rounds)`` before each round). The controller's per-round options
+        (``redecide_every``, ``round_rule``) need it; they are refused otherwise.
     """
 
     max_block_size: int

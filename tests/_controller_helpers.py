@@ -20,6 +20,7 @@ from adaptspec.speculator import Outcome, Prefill, Round
 
 class FakeSpeculator:
     max_block_size = 16
+    per_round = True  # decode asks its schedule for every round's block
 
     def __init__(self, dim: int = 4, sleep_s: float = 0.0, eos: int | None = None) -> None:
         self.dim = dim

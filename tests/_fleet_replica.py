@@ -35,7 +35,7 @@ class Toy:
     def prefill(self, prompt_ids, **kw):
         return Prefill(first_token=1, prompt_tokens=len(prompt_ids), features=np.ones(3, np.float32))
 
-    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None):
+    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         return Outcome([1] * 5, [Round(int(block_size), 1, 0.001, 0.004)], decode_s=0.005)
 
 

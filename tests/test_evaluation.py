@@ -293,7 +293,7 @@ class ToySpeculator:
         acc = 0.5 + (sum(ids) % 7) / 14
         return Prefill(sum(ids) % 50, len(ids), np.array([acc, len(ids) / 10.0], np.float32), {"acc": acc})
 
-    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None):
+    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         acc = prefill.state["acc"]
         out, rounds = [prefill.first_token], []
         while len(out) < max_new_tokens:

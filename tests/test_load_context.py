@@ -91,14 +91,14 @@ class Toy:
         return Prefill(first_token=1, prompt_tokens=len(prompt_ids), features=np.array([1.0, 2.0, 4.0], np.float32))
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
-        return Outcome([1] * 5, [Round(int(block_size), 1, 0.001, 0.004)], decode_s=0.005)
+        return Outcome([1] * 2, [Round(int(block_size), 1, 0.001, 0.004)], decode_s=0.005)  # first token + tau
 
 
 def test_a_controller_with_load_features_decides_and_logs_on_the_longer_context(tmp_path):
     log = tmp_path / "log"
     with AdaptiveController(Toy(), "linucb", arms=[1, 4], log_dir=log, load_features=True, reward="tau") as c:
         d = c.decide([1.0, 2.0, 4.0], load=LOAD)
-        assert c.feedback(d.decision_id, Outcome([1] * 5, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005),
+        assert c.feedback(d.decision_id, Outcome([1] * 2, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005),
                           shared=SharedRounds(attributed_s=0.005, wall_decode_s=0.009, rounds=1, row_rounds=3)) == "applied"
         g = c.generate([5, 6, 7, 8, 9, 10], max_new_tokens=12, temperature=0.0)  # alone: one row, no queue
         with pytest.raises(AdaptspecError, match="each decision needs load=LoadState"):
@@ -120,7 +120,7 @@ def test_a_controller_with_load_features_decides_and_logs_on_the_longer_context(
 def test_without_load_features_the_load_is_logged_but_not_in_the_context(tmp_path):
     with AdaptiveController(Toy(), "linucb", arms=[1, 4], log_dir=tmp_path / "log", reward="tau") as c:
         d = c.decide([1.0, 2.0, 4.0], load=LOAD)
-        c.feedback(d.decision_id, Outcome([1] * 5, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005))
+        c.feedback(d.decision_id, Outcome([1] * 2, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005))
         g = c.generate([5, 6, 7], max_new_tokens=4)
     rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
     assert rows[d.decision_id]["features"] == pytest.approx([1.0, 2.0, 4.0])
@@ -143,7 +143,7 @@ def test_a_checkpoint_keeps_the_load_features_choice_and_a_controller_without_it
     kw = dict(arms=[1, 4], log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", reward="tau")
     with AdaptiveController(Toy(), "linucb", load_features=True, **kw) as c:
         d = c.decide([1.0, 2.0, 4.0], load=LOAD)
-        c.feedback(d.decision_id, Outcome([1] * 5, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005))
+        c.feedback(d.decision_id, Outcome([1] * 2, [Round(d.block_size, 1, 0.001, 0.004)], decode_s=0.005))
         c.checkpoint()
     with pytest.raises(AdaptspecError, match="checkpoint was written with load_features=True, this controller has "
                                              "load_features=False"):

@@ -38,6 +38,7 @@ class TraceClock:
         ts = load_traces()
         self.arms = list(ts.arm_array)
         self.X, self.T = ts.features, ts.decode_s_matrix()
+        self.feature_dim = self.X.shape[1]  # the protocol's declaration: the bundled head fits these features
         self.N, self.R = ts.new_tokens_matrix(), ts.rounds_matrix()
         self.slow = slow
         self.noise = np.exp(np.random.default_rng(seed).normal(0.0, noise, size=self.T.shape))
@@ -114,8 +115,8 @@ def test_a_policy_object_is_calibrated_by_its_own_heads_profile():
     from adaptspec.policies import NeuralLinear, SquareCB, make_policy
 
     for policy in (NeuralLinear(BUNDLED_HEAD), SquareCB(head=BUNDLED_HEAD), make_policy("ucb", [1, 2, 4])):
-        with AdaptiveController(TraceClock(), policy) as c:
-            has_head = getattr(policy, "head", None) is not None
+        has_head = getattr(policy, "head", None) is not None  # a head reads the prefill features through its featurizer
+        with AdaptiveController(TraceClock(), policy, featurizer=BUNDLED_HEAD if has_head else None) as c:
             assert (c.machine_speed is not None) == has_head, type(policy).__name__
             if has_head:
                 assert c.machine_speed.profile.name == PROFILE

@@ -58,6 +58,7 @@ class ControllerConfig:
     blas_threads: int | None = 1
     shared: Any = None
     load_features: bool = False
+    feature_dim: int | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -68,6 +69,7 @@ class ControllerConfig:
         _positive_int(self.roll_rows, "roll_rows")
         _positive_int(self.blas_threads, "blas_threads", none=True)
         _positive_int(self.redecide_every, "redecide_every", none=True)
+        _positive_int(self.feature_dim, "feature_dim", none=True)
         _positive_number(self.decide_timeout_s, "decide_timeout_s")
         for name in ("feedback_timeout_s", "checkpoint_interval_s", "roll_interval_s"):
             _positive_number(getattr(self, name), name, none=True)
@@ -89,6 +91,7 @@ class ControllerConfig:
             raise AdaptspecError(f"round_rule must be a schedule with with_block_size (adaptspec.schedules), got {rule!r}")
         if rule is not None and self.redecide_every is not None:
             raise AdaptspecError("round_rule and redecide_every cannot be combined: a round rule already decides every round")
+        _separate_dirs(self.log_dir, self.checkpoint_dir)
 
     # ------------------------------------------------------------------ derived, never re-checked
     @property
@@ -110,15 +113,22 @@ class ControllerConfig:
         return None if value is None else Path(value)
 
 
-def check_speculator(speculator: Any) -> int:
-    """The speculator's ``max_block_size``, after checking it has what a controller calls."""
-    for name in ("prefill", "decode"):
-        if not callable(getattr(speculator, name, None)):
-            raise AdaptspecError(f"speculator {type(speculator).__name__} has no {name}() method")
-    max_b = getattr(speculator, "max_block_size", None)
-    if not _is_int(max_b) or max_b < 1:
-        raise AdaptspecError(f"speculator {type(speculator).__name__} needs an integer max_block_size >= 1")
-    return int(max_b)
+def _separate_dirs(log_dir: Any, checkpoint_dir: Any) -> None:
+    """Refuse a checkpoint directory that is the decision log's directory, or inside it, or holds
+    it: the log's directory holds the log alone (a restart would refuse the checkpoints in it)."""
+    if log_dir is None or checkpoint_dir is None:
+        return
+    try:
+        log, ck = Path(log_dir).expanduser().resolve(), Path(checkpoint_dir).expanduser().resolve()
+    except (TypeError, OSError, RuntimeError) as e:
+        raise AdaptspecError(f"log_dir {log_dir!r} / checkpoint_dir {checkpoint_dir!r}: {e}") from None
+    why = "the decision log's directory must hold the log alone: give them separate directories"
+    if log == ck:
+        raise AdaptspecError(f"log_dir and checkpoint_dir are the same directory ({log}): {why}")
+    if log in ck.parents:
+        raise AdaptspecError(f"checkpoint_dir {ck} is inside log_dir {log}: {why}")
+    if ck in log.parents:
+        raise AdaptspecError(f"log_dir {log} is inside checkpoint_dir {ck}: {why}")
 
 
 def _is_int(v: Any) -> bool:

@@ -15,6 +15,10 @@ take contexts made with them, and the other way round.
 >>> c = Contexts(None, contextual=True, policy_label="linucb", raw_width=3)
 >>> c([1, 2, 3]).dtype, c.width
 (dtype('float64'), 3)
+>>> c([1, 2, 3, 4])
+Traceback (most recent call last):
+...
+adaptspec.errors.AdaptspecError: features have 4 values, the decoder declares 3
 >>> c(None)
 Traceback (most recent call last):
 ...
@@ -27,6 +31,7 @@ adaptspec.errors.AdaptspecError: policy linucb is contextual: it needs the prefi
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -55,17 +60,28 @@ class Contexts:
 
     ``featurizer`` maps them (None: they pass through, checked); ``contextual`` is whether the
     policy needs them; ``raw_width`` is the length of the features the speculator gives, when
-    known (the width of the logged contexts without a featurizer); ``load_features`` whether the
-    :data:`LOAD_FEATURES` of the request's load are appended (then every request needs one).
+    known (the width of the logged contexts without a featurizer; ``width_source`` says who
+    knows it), else fixed by the first valid features: features of another length raise from
+    then on; ``load_features`` whether the :data:`LOAD_FEATURES` of the request's load are
+    appended (then every request needs one).
     """
 
     def __init__(self, featurizer: Any, *, contextual: bool, policy_label: str, raw_width: int | None = None,
-                 load_features: bool = False) -> None:
+                 load_features: bool = False, width_source: str = "the decoder declares") -> None:
         self.featurizer = featurizer
         self.contextual = contextual
         self.policy_label = policy_label
         self.raw_width = raw_width
+        self.width_source = width_source
         self.load_features = bool(load_features)
+        self._fix = threading.Lock()
+
+    def fix_width(self, width: int, source: str) -> None:
+        """Fix the length of the features from now on (``source`` says who fixed it, for the error
+        a feature vector of another length gets). Only where no width is known yet."""
+        with self._fix:
+            if self.raw_width is None:
+                self.raw_width, self.width_source = int(width), source
 
     @property
     def width(self) -> int | None:
@@ -105,6 +121,10 @@ class Contexts:
             raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
         if not np.isfinite(x).all():
             raise AdaptspecError("features have NaN or infinite values")
+        if self.raw_width is None:  # the first valid features fix the width
+            self.fix_width(x.size, "the first request's features had")
+        if x.size != self.raw_width:
+            raise AdaptspecError(f"features have {x.size} values, {self.width_source} {self.raw_width}")
         return x.astype(np.float64)
 
     def for_policy(self, ctx: np.ndarray | None) -> np.ndarray | None:

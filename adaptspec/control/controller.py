@@ -74,15 +74,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+import logging
+
 from .block_sizes import check_outcome
 from .book import DecisionBook, open_decision_log
 from .book import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
 from .checkpointer import Checkpointer
-from .config import ControllerConfig, check_speculator
-from .context import Contexts
+from .config import ControllerConfig
+from .context import LOAD_FEATURES, Contexts
 from .decider import Decider, copy_policy
 from .generation import Generation, PrefillError, split_outcome
 from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
+from .protocol import DecoderShape, engine_shape, speculator_shape
 from .updates import Learner, UpdateQueue, UpdateWorker
 from ..errors import AdaptspecError
 from ..policies.featurizer import Featurizer
@@ -93,6 +96,8 @@ from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
            "default_policy_spec"]
+
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
 _LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
 _LOCKS_BY_ID: dict[int, threading.Lock] = {}
@@ -117,15 +122,28 @@ class AdaptiveController:
     Parameters
     ----------
     speculator
-        Any object with ``max_block_size``, ``prefill(prompt_ids, **kw) -> Prefill`` and
-        ``decode(prefill, block_size, max_new_tokens, temperature, seed) -> Outcome``.
+        A :class:`~adaptspec.speculator.BlockSpeculator`: ``max_block_size``,
+        ``prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill`` and ``decode(prefill,
+        block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None) -> Outcome``,
+        and optionally ``feature_dim`` and ``per_round``; checked now, a missing method or a
+        signature that cannot take these arguments refused in one line. None for an engine that
+        decodes by itself (use :meth:`for_engine`): then ``arms`` is required and
+        :meth:`generate` is refused.
     policy
         A :class:`~adaptspec.policies.Policy`, a spec string (``"neural-linear:head=PATH"``,
-        ``"fixed:16"``, ...) or None for :func:`default_policy_spec`. A policy object is owned
-        by the controller from then on (it becomes the learning copy).
+        ``"fixed:16"``, ...) or None for the default chosen from the decoder
+        (:func:`~adaptspec.control.policy_build.choose_default_policy`: NeuralLinear over the
+        bundled head where it fits the decoder's block sizes and feature width, else a cold
+        policy over arms up to ``max_block_size``; ``policy_choice`` says which and why). A
+        policy object is owned by the controller from then on (it becomes the learning copy).
     arms
-        Block sizes for a policy built from a spec (default: :data:`DEFAULT_ARMS` up to the
-        speculator's maximum; a head-based policy uses its head's arms).
+        Block sizes for a policy built from a spec (default:
+        :func:`~adaptspec.control.policy_build.default_arms` of the speculator's maximum; a
+        head-based policy uses its head's arms). For an engine: the block sizes it can decode.
+    feature_dim
+        The length of the prefill features, for a speculator that does not declare it (or an
+        engine). Known, it chooses the default policy and refuses a policy, checkpoint or
+        request of another width; unknown, the first request's features fix it.
     featurizer
         A :class:`~adaptspec.policies.featurizer.Featurizer` or the directory of a saved one. None: the
         one saved next to the policy's head if there is one, else the features unchanged.
@@ -204,17 +222,22 @@ class AdaptiveController:
                  decide_timeout_s: float = 0.1, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
                  round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
                  roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
-                 blas_threads: int | None = 1, shared: Any = None, load_features: bool = False) -> None:
+                 blas_threads: int | None = 1, shared: Any = None, load_features: bool = False,
+                 feature_dim: int | None = None) -> None:
         settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
         self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
-        self.speculator, self.max_block_size = speculator, check_speculator(speculator)
-        self.setup = setup = setup_policy(policy, cfg, self.max_block_size)
+        self.shape = shape = _decoder_shape(speculator, cfg, feature_dim)
+        self.speculator, self.max_block_size = speculator, shape.max_block_size
+        self.setup = setup = setup_policy(policy, cfg, shape)
         self.round_rule = cfg.round_schedule(self.max_block_size)
-        self._spec_lock = speculator_lock(speculator)
+        self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
         contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
-                            raw_width=_feature_width(speculator), load_features=cfg.load_features)
-        checkpointer, self._log = _checkpointer(cfg, setup), open_decision_log(cfg, contexts.width, contexts.source)
+                            raw_width=setup.feature_dim, load_features=cfg.load_features,
+                            width_source=_width_source(shape, setup, feature_dim))
+        log.info("%s: policy %s", variant or "controller", setup.choice)
+        checkpointer = _checkpointer(cfg, setup, contexts.width)
+        self._log = open_decision_log(cfg, contexts.width, contexts.source)
         try:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
@@ -223,6 +246,10 @@ class AdaptiveController:
             learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
                               reward_name=cfg.reward_name, name=variant or "")
             self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
+            learnt = getattr(learner.policy, "dim", None) if setup.contextual and setup.featurizer is None else None
+            if learnt is not None:  # resumed, or replayed from the log: the width the policy learnt
+                contexts.fix_width(int(learnt) - (len(LOAD_FEATURES) if cfg.load_features else 0),
+                                   f"policy {setup.label} has learnt")
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 learner.attach(shared, variant, cfg.path("log_dir"))
             self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
@@ -236,6 +263,30 @@ class AdaptiveController:
                 self._log.close()
             raise
 
+    @classmethod
+    def for_engine(cls, arms: Sequence[int], feature_dim: int | None = None, policy: Any = None,
+                   **settings: Any) -> "AdaptiveController":
+        """A controller for an engine that decodes by itself (no speculator object): it calls
+        :meth:`decide` with each request's prefill features and :meth:`feedback` with its
+        :class:`~adaptspec.speculator.Outcome`. ``arms`` are the block sizes the engine can
+        decode, ``feature_dim`` the length of its features (None: the first ``decide`` fixes
+        it); ``policy`` and ``settings`` as for the constructor (``redecide_every`` and
+        ``round_rule`` run inside :meth:`generate`, which such a controller does not have).
+
+        >>> with AdaptiveController.for_engine(arms=[1, 2, 4, 8], feature_dim=3, reward="tau") as c:
+        ...     d = c.decide([0.5, 0.1, 2.0])
+        ...     tau = min(d.block_size, 2)
+        ...     c.feedback(d.decision_id, Outcome([7] * (1 + tau), [Round(d.block_size, tau, 0.0, 0.01)], 0.01))
+        'applied'
+        >>> c.policy_choice
+        'ucb: no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 8]'
+        >>> c.generate([1, 2, 3])
+        Traceback (most recent call last):
+        ...
+        adaptspec.errors.AdaptspecError: this controller was made for an engine that decodes by itself (no speculator): call decide() and feedback(), or build it over a speculator to use generate()
+        """
+        return cls(None, policy, arms=arms, feature_dim=feature_dim, **settings)
+
     # ================================================================== the settings, as resolved
     variant = property(lambda self: self.config.variant, doc="The A/B variant written in every log row.")
     arms = property(lambda self: self.setup.arms, doc="The block sizes the policy chooses among.")
@@ -244,6 +295,8 @@ class AdaptiveController:
     featurizer = property(lambda self: self.setup.featurizer, doc="The featurizer contexts are made with, or None.")
     fallback_block_size = property(lambda self: self.setup.fallback_block_size, doc="Used when the policy fails.")
     machine_speed = property(lambda self: self.setup.machine_speed, doc="The reward calibration, or None.")
+    policy_choice = property(lambda self: str(self.setup.choice),
+                             doc="Which policy runs and why, in words (logged at construction).")
     log_dir = property(lambda self: self.config.path("log_dir"), doc="The decision log directory, or None.")
     checkpoint_dir = property(lambda self: self.config.path("checkpoint_dir"), doc="The checkpoint directory, or None.")
     _contextual = property(lambda self: self.setup.contextual)
@@ -270,6 +323,9 @@ class AdaptiveController:
         is logged without a reward). Re-decisions (``redecide_every``) run
         inside decode and count in its time.
         """
+        if self.speculator is None:
+            raise AdaptspecError("this controller was made for an engine that decodes by itself (no speculator): "
+                                 "call decide() and feedback(), or build it over a speculator to use generate()")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         with self._requests:
@@ -327,6 +383,16 @@ class AdaptiveController:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
+        largest = self.max_block_size if self.round_rule is not None else max(d.block_size for d in decisions)
+        try:
+            if not isinstance(outcome, Outcome):
+                raise AdaptspecError(f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
+                                     "not an adaptspec Outcome")
+            check_outcome(outcome, first, largest, max_new_tokens)
+        except AdaptspecError:
+            for d in decisions:
+                self._book.abandon(d.decision_id, "decode_error")
+            raise
         segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
         rewards = [self._book.feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
         t4 = time.perf_counter()
@@ -396,6 +462,7 @@ class AdaptiveController:
         out = {
             "variant": self.variant,
             "policy": self.policy_label,
+            "policy_choice": self.policy_choice,
             "decisions": self._decider.decisions,
             "fallbacks": dict(self._decider.fallbacks),
             "feedback": dict(book.counts),
@@ -477,13 +544,37 @@ class AdaptiveController:
             raise AdaptspecError("this AdaptiveController is closed")
 
 
-def _feature_width(speculator: Any) -> int | None:
-    """Length of the speculator's prefill features, when it says (``speculator.target.feature_dim``)."""
-    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
-    return int(width) if isinstance(width, (int, np.integer)) else None
+def _decoder_shape(speculator: Any, cfg: ControllerConfig, feature_dim: int | None) -> DecoderShape:
+    """The decoder's :class:`~adaptspec.control.protocol.DecoderShape` (a speculator checked
+    against the protocol, or an engine's arms), with the per-round options it cannot honour
+    refused."""
+    if speculator is None:
+        if cfg.arms is None:
+            raise AdaptspecError("AdaptiveController(None, ...) is a controller for an engine that decodes by itself: "
+                                 "it needs arms, the block sizes the engine can decode (AdaptiveController.for_engine)")
+        shape = engine_shape(cfg.arms, feature_dim)
+        if cfg.redecide_every is not None or cfg.round_rule is not None:
+            raise AdaptspecError("redecide_every and round_rule run inside generate(): a controller for an engine "
+                                 "(no speculator) has none; the engine applies its own per-round rule")
+        return shape
+    shape = speculator_shape(speculator, feature_dim)
+    if not shape.per_round:
+        option = (f"redecide_every={cfg.redecide_every}" if cfg.redecide_every is not None else
+                  f"round_rule={cfg.round_rule!r}" if cfg.round_rule is not None else None)
+        if option is not None:
+            raise AdaptspecError(f"{option} needs a speculator whose decode asks its RoundSchedule every round: "
+                                 f"speculator {shape.name} does not declare per_round = True")
+    return shape
 
 
-def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | None:
+def _width_source(shape: DecoderShape, setup: PolicySetup, given: int | None) -> str:
+    """Who fixed the width of the features, for the error a request of another width gets."""
+    if shape.feature_dim is not None:
+        return "the controller's feature_dim is" if given is not None else f"speculator {shape.name} declares feature_dim"
+    return f"policy {setup.label} reads"
+
+
+def _checkpointer(cfg: ControllerConfig, setup: PolicySetup, context_width: int | None) -> Checkpointer | None:
     """The controller's checkpointer (its directory checked now), or None without ``checkpoint_dir``."""
     directory = cfg.path("checkpoint_dir")
     if directory is None:
@@ -492,4 +583,5 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | N
             "seed": cfg.seed, "reward": cfg.reward_name, "load_features": cfg.load_features}
     return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
                         machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
+                        context_width=context_width if setup.contextual else None,
                         interval_s=cfg.checkpoint_interval_s)

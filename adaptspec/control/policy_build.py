@@ -15,57 +15,116 @@ from .context import LOAD_FEATURES
 from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 
-#: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum);
-#: the same as the template trace set's (``adaptspec/data/traces/templates``). A head-based
-#: spec, the default policy included, uses its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
+#: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum, and
+#: the maximum itself: :func:`default_arms`); the same as the template trace set's
+#: (``adaptspec/data/traces/templates``). A head-based spec, the bundled default included, uses
+#: its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
 log = logging.getLogger("adaptspec.control.controller")
 
 
-def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
-    """The product default: NeuralLinear over ``head`` (default: the bundled head) if it exists, else UCB.
+def default_arms(max_block_size: int) -> tuple[int, ...]:
+    """The block sizes a policy built from a spec chooses among on a drafter of ``max_block_size``:
+    :data:`DEFAULT_ARMS` up to it, and the maximum itself.
 
-    UCB is the context-free fallback while no trained head is available, or, given
-    ``speculator``, when the head does not fit it: a head trained for block sizes beyond the
-    speculator's ``max_block_size``, or for prefill features of another width (another model).
+    >>> default_arms(8), default_arms(5), default_arms(16)
+    ((1, 2, 4, 6, 8), (1, 2, 4, 5), (1, 2, 4, 6, 8, 10, 12, 16))
+    """
+    return tuple(sorted({a for a in DEFAULT_ARMS if a <= max_block_size} | {int(max_block_size)}))
+
+
+def cold_policy_spec(arms: Sequence[int]) -> str:
+    """The policy a decoder starts with when no trained head fits it: the one that learns best
+    from nothing over ``arms``.
+
+    Today context-free UCB: replayed cold on prompts the project never saw (arms 1-16, CPU
+    profile), it earns 97.1% of the best fixed block size in its first 48 requests and 99.0% by
+    240, where LinUCB, SquareCB and LinTS on raw prefill features earn 88-90% (issue 40). The one
+    place this choice is made: switch it here when a better cold learner lands.
+    """
+    return "ucb"
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """Which policy a controller runs and why, in words (logged once, in ``stats()``)."""
+
+    spec: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.spec or 'a policy object'}: {self.reason}"
+
+
+def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
+                          head: str | Path | None = None) -> PolicyChoice:
+    """The product default for a decoder of ``max_block_size`` whose prefill features have
+    ``feature_dim`` values (None: not declared), decoding only ``arms`` when given: NeuralLinear
+    over ``head`` (default: the bundled head) where it fits (:func:`head_misfit`), else
+    :func:`cold_policy_spec` over ``arms`` (default: :func:`default_arms`).
+
+    >>> choose_default_policy(8, 40).reason
+    'no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 6, 8]'
     """
     h = Path(head) if head is not None else BUNDLED_HEAD
-    if not (h / "config.json").is_file():
-        return "ucb"
-    if speculator is not None and not head_fits(h, speculator):
-        return "ucb"
-    return f"neural-linear:head={h}"
+    which = "the bundled head" if head is None else f"head {h}"
+    why = f"{which} is not installed" if not (h / "config.json").is_file() else head_misfit(h, max_block_size, feature_dim, arms)
+    if why is None:
+        return PolicyChoice(f"neural-linear:head={h}", f"{which} fits: arms up to {max_block_size}, "
+                                                       f"{feature_dim} feature values")
+    cold = tuple(sorted(int(a) for a in arms)) if arms is not None else default_arms(max_block_size)
+    return PolicyChoice(cold_policy_spec(cold), f"no head fits: {why}; cold start over arms {list(cold)}")
 
 
-def head_fits(head: Path, speculator: Any) -> bool:
-    """Whether ``head`` can run on ``speculator``: its arms up to the speculator's
-    ``max_block_size``, its input as wide as the speculator's prefill features (when known)."""
+def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
+    """The product default's spec: NeuralLinear over ``head`` (default: the bundled head) if it
+    exists, else :func:`cold_policy_spec`.
+
+    Given ``speculator``, the head must fit it, read through the protocol only
+    (:class:`~adaptspec.speculator.BlockSpeculator`: ``max_block_size`` and the declared
+    ``feature_dim``): see :func:`choose_default_policy`, the rule the controller applies.
+    """
+    if speculator is None:
+        h = Path(head) if head is not None else BUNDLED_HEAD
+        return f"neural-linear:head={h}" if (h / "config.json").is_file() else cold_policy_spec(DEFAULT_ARMS)
+    from .protocol import speculator_shape
+
+    shape = speculator_shape(speculator)
+    return choose_default_policy(shape.max_block_size, shape.feature_dim, head=head).spec or ""
+
+
+def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None) -> str | None:
+    """Why ``head`` cannot run on a decoder of ``max_block_size`` with ``feature_dim`` feature
+    values (decoding only ``arms`` when given), in words; None when it fits. A decoder that
+    declares no width does not fit: the head's would be a guess."""
     from ..policies.offline_head import HeadModel
 
     model = HeadModel.load(head)
-    if max(model.arms) > int(getattr(speculator, "max_block_size", 0) or 0):
-        return False
-    width = getattr(getattr(speculator, "target", None), "feature_dim", None)
-    if width is None:
-        return True
+    name = "the bundled head" if Path(head) == BUNDLED_HEAD else f"head {head}"
+    if max(model.arms) > max_block_size:
+        return f"{name} has arms up to {max(model.arms)}, beyond max_block_size {max_block_size}"
+    if arms is not None and not set(model.arms) <= {int(a) for a in arms}:
+        return f"{name} has arms {list(model.arms)}, not all among the arms {sorted(int(a) for a in arms)}"
     want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
-    return int(width) == int(want)
+    if feature_dim is None:
+        return f"{name} reads {want} feature values and the speculator declares no feature_dim"
+    if int(feature_dim) != int(want):
+        return f"{name} reads {want} feature values, the decoder's features have {feature_dim}"
+    return None
 
 
 def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, seed: int | None) -> tuple[str | None, Any]:
     """``(spec, policy)`` for :class:`~adaptspec.control.controller.AdaptiveController`'s ``policy`` argument.
 
-    None means :func:`default_policy_spec`; a spec string is built over ``arms`` (default:
-    :data:`DEFAULT_ARMS` up to ``max_block_size``; a head-based spec uses its head's arms); a
-    policy object is checked to be one (``spec`` is then None) and must have ``arms`` if given.
+    A spec string is built over ``arms`` (default: :func:`default_arms` of ``max_block_size``; a
+    head-based spec uses its head's arms); a policy object is checked to be one (``spec`` is
+    then None) and must have ``arms`` if given.
     """
-    if policy is None:
-        policy = default_policy_spec()
     if isinstance(policy, str):
         from ..policies.spec import make_policy
 
-        cand = tuple(arms) if arms is not None else tuple(a for a in DEFAULT_ARMS if a <= max_block_size)
+        cand = tuple(arms) if arms is not None else default_arms(max_block_size)
         return policy, build_policy(make_policy, policy, cand, seed)
     learner = policy
     for name in ("decide", "update", "arms"):
@@ -155,10 +214,12 @@ def build_policy(make_policy: Callable[..., Any], spec: str, arms: tuple[int, ..
 
 @dataclass
 class PolicySetup:
-    """What a controller runs, resolved against its speculator: the policy (``learner``, from
+    """What a controller runs, resolved against its decoder: the policy (``learner``, from
     ``spec`` when it came from one), its checked ``arms``, ``label``, whether it is ``contextual``,
-    the ``featurizer``, the checked ``fallback_block_size``, the reward function and the
-    machine-speed calibration (or None)."""
+    the ``featurizer``, the checked ``fallback_block_size``, the reward function, the
+    machine-speed calibration (or None), which policy was chosen and why (``choice``), and the
+    width of the prefill features the policy reads (``feature_dim``; None: fixed by the first
+    request)."""
 
     spec: str | None
     learner: Any
@@ -169,27 +230,49 @@ class PolicySetup:
     fallback_block_size: int
     reward_fn: Callable[[Any], float]
     machine_speed: Any
+    choice: PolicyChoice
+    feature_dim: int | None = None
 
 
-def setup_policy(policy: Any, config: Any, max_block_size: int) -> PolicySetup:
+def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
     """Build and check the policy side of a controller from its ``policy`` argument and its
-    :class:`~adaptspec.control.config.ControllerConfig`, for a speculator's ``max_block_size``."""
+    :class:`~adaptspec.control.config.ControllerConfig`, for a decoder of
+    :class:`~adaptspec.control.protocol.DecoderShape` ``shape``. ``policy=None`` is the default
+    (:func:`choose_default_policy`); a policy that reads features of another width than the
+    decoder declares is refused here."""
     from ..reward.functions import reward_function
     from .block_sizes import check_arms, choose_fallback
 
-    spec, learner = make_learner(policy, config.arms, max_block_size, config.seed)
-    arms = check_arms(learner, config.arms, max_block_size)
+    allowed = config.arms if config.arms is not None else shape.arms
+    if policy is None:
+        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, allowed)
+        policy = choice.spec
+    else:
+        choice = PolicyChoice(policy if isinstance(policy, str) else None, "given by the caller")
+    spec, learner = make_learner(policy, allowed if isinstance(policy, str) else config.arms, shape.max_block_size,
+                                 config.seed)
+    arms = check_arms(learner, config.arms, shape.max_block_size)
+    if shape.arms is not None and not set(arms) <= set(shape.arms):
+        raise AdaptspecError(f"arms {list(arms)} of policy {getattr(learner, 'label', spec)}: the engine decodes only "
+                             f"{list(shape.arms)}")
     label = str(getattr(learner, "label", type(learner).__name__))
     contextual = bool(getattr(learner, "contextual", True))
     featurizer = resolve_featurizer(config.featurizer, spec)
     dim = getattr(learner, "dim", None)
+    extra = len(LOAD_FEATURES) if config.load_features else 0
     if featurizer is not None and dim is not None and contextual:
-        extra = len(LOAD_FEATURES) if config.load_features else 0
         if dim != featurizer.out_dim + extra:
             with_load = f" + {extra} load features" if extra else ""
             raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
                                  f"{' (load_features is chosen when the policy is created)' if extra else ''}")
+    reads = featurizer.in_dim if featurizer is not None else (dim - extra if contextual and dim is not None else None)
+    if reads is not None and shape.feature_dim is not None and int(reads) != shape.feature_dim:
+        by = "its featurizer" if featurizer is not None else f"policy {label}"
+        raise AdaptspecError(f"{by} reads prefill features of {int(reads)} values, {shape.name}'s have "
+                             f"{shape.feature_dim}: use a policy made for this decoder (or no policy, for the default)")
+    width = shape.feature_dim if shape.feature_dim is not None else (None if reads is None else int(reads))
     fallback = choose_fallback(config.fallback_block_size, arms)
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
     machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)
-    return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed)
+    return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed, choice,
+                       width)

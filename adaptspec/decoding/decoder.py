@@ -75,6 +75,14 @@ class SpeculativeDecoder:
             target.context_layers = list(drafter.config.target_layers)
         self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
 
+    #: the protocol's declaration: ``decode`` asks a :class:`~adaptspec.speculator.RoundSchedule` every round
+    per_round = True
+
+    @property
+    def feature_dim(self) -> int:
+        """The length of ``Prefill.features`` (the protocol's declaration): the target's feature spec."""
+        return self.target.feature_dim
+
     @property
     def verification(self) -> str:
         """``"fast"`` or ``"exact"``: the target's verification mode (see the module docstring)."""
