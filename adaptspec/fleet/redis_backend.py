@@ -19,6 +19,11 @@ script each, so a process never extends or deletes another's lease.
 Traceback (most recent call last):
 ...
 adaptspec.errors.AdaptspecError: 'http://x/y': expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)
+
+A password in the URL is never shown: messages show the URL through :func:`redact`.
+
+>>> redact("redis://admin:s3cret@10.0.0.5:6380/prod"), redact("redis://:s3cret@h/x"), redact("redis://h:1/x")
+('redis://admin:***@10.0.0.5:6380/prod', 'redis://:***@h/x', 'redis://h:1/x')
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ..errors import AdaptspecError
 
-__all__ = ["RedisURL", "RedisBackend", "parse_url"]
+__all__ = ["RedisURL", "RedisBackend", "parse_url", "redact"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
@@ -61,9 +66,23 @@ class RedisURL:
         return f"redis://{self.host}:{self.port}/{self.name}"
 
 
+def redact(url: str) -> str:
+    """``url`` with everything after the user name up to the last ``@`` (the password) shown as ``***``.
+
+    Taken from the raw text, not a parse: a URL too broken to parse still hides its password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    user, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    name, colon, _ = user.partition(":")
+    return f"{scheme}{sep}{name + ':***' if colon else '***'}@{host}"
+
+
 def parse_url(url: str) -> RedisURL:
-    """Check a ``--shared`` URL; anything else raises one line."""
-    bad = AdaptspecError(f"{url!r}: expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)")
+    """Check a ``--shared`` URL; anything else raises one line (the password hidden)."""
+    bad = AdaptspecError(f"{redact(url)!r}: expected redis://HOST:PORT/NAME (NAME: letters, digits, . _ -)")
     try:
         u = urlsplit(url)
         port = u.port if u.port is not None else 6379

@@ -359,8 +359,9 @@ class CompletionService:
             v = {"spec": self.router.specs.get(name), "weight": round(float(w), 6), "policy": s["policy"],
                  "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
                  "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
-                 "resumed": s["resumed"], "checkpoint_errors": s["checkpoint_errors"], "log_errors": s["log_errors"],
-                 "last_error": s["last_error"], "machine_speed": s["machine_speed"]}
+                 "resumed": _hide_dirs(s["resumed"], c), "checkpoint_errors": s["checkpoint_errors"],
+                 "log_errors": s["log_errors"], "last_error": _hide_dirs(s["last_error"], c),
+                 "machine_speed": s["machine_speed"]}
             if "shared" in s:
                 v["shared"] = s["shared"]
             if digest:
@@ -424,6 +425,20 @@ class CompletionService:
             self.runner.loop.close()  # requests in the engine finish first
         for c in self.controllers.values():
             c.close()
+
+
+def _hide_dirs(value: Any, controller: Any) -> Any:
+    """``value`` (a report's string, or a dict of them) with the controller's checkpoint and log
+    directories shown by their folder names: /health tells no client where files live."""
+    if isinstance(value, dict):
+        return {k: _hide_dirs(v, controller) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    for d in (controller.checkpoint_dir, controller.log_dir):
+        if d is not None:
+            for shown in sorted({str(d), str(d.absolute()), str(d.resolve())}, key=len, reverse=True):
+                value = value.replace(shown, d.name)
+    return value
 
 
 def _finish(reason: str) -> str:
