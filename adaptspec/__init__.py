@@ -16,6 +16,7 @@ __all__ = [
     "Outcome",
     "Prefill",
     "Round",
+    "prefill_features",
 ]
 
 
@@ -24,4 +25,8 @@ def __getattr__(name: str):
         from .control.controller import AdaptiveController
 
         return AdaptiveController
+    if name == "prefill_features":  # the standard feature vector of a Hugging Face prefill (loads torch)
+        from .decoding.features import prefill_features
+
+        return prefill_features
     raise AttributeError(f"module 'adaptspec' has no attribute {name!r}")

@@ -336,3 +336,33 @@ def test_a_checkpoint_that_learnt_another_width_is_refused_at_resume(tmp_path):
             c.decide(np.ones(WIDTH + 10))
         assert one_line(e) == f"features have {WIDTH + 10} values, policy linucb has learnt {WIDTH}"
         assert c.decide(np.ones(WIDTH)).extras.get("fallback") is None
+
+
+# ============================================================================ the features helper
+def test_prefill_features_is_what_the_bundled_decoder_gives_on_a_real_prompt():
+    import torch
+
+    import adaptspec
+    from adaptspec.decoding import TargetModel
+    from adaptspec.serving.tiny import tiny_model, tiny_speculator
+
+    spec, codec = tiny_speculator(seed=0)
+    ids = codec.encode("Write a haiku about speculative decoding.")
+    model = tiny_model(seed=0)  # the same weights, run here as a user runs their own target
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    mine = adaptspec.prefill_features(out)
+    assert mine.dtype == np.float32 and mine.shape == (spec.feature_dim,)
+    np.testing.assert_array_equal(mine, spec.prefill(ids).features)  # the decoder calls it: bit for bit
+    # by hand: the last layer at the last position, the middle layer (4 layers: 2) averaged, log(1 + length)
+    hs = out.hidden_states
+    by_hand = np.concatenate([hs[4][0, -1].numpy(), hs[2][0].mean(0).numpy(), [np.log1p(len(ids))]])
+    np.testing.assert_allclose(mine, by_hand, rtol=1e-6, atol=1e-6)
+    # another spec, with the projected logits, as a TargetModel of that spec computes it
+    other = TargetModel(tiny_model(seed=0), features="logits:8,mean:1,len")
+    np.testing.assert_allclose(adaptspec.prefill_features(out, spec="logits:8,mean:1,len"),
+                               other.prefill(ids).features, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AdaptspecError) as e:
+        with torch.no_grad():
+            adaptspec.prefill_features(model(torch.tensor([ids])))
+    assert "output_hidden_states=True" in one_line(e)

@@ -4,15 +4,9 @@
 reads and the prefill feature vector; ``verify`` runs a block against the KV cache;
 ``crop`` rolls the cache back after a partial acceptance.
 
-The feature vector is described by a short spec, parts joined by commas:
-
-- ``last:L`` the last position's hidden state at layer ``L``,
-- ``mean:L`` the mean over prompt positions at layer ``L``,
-- ``logits:D`` the last position's logits, projected to ``D`` dims by a fixed random matrix,
-- ``len`` log(1 + prompt length) (context length matters: long contexts favour small blocks).
-
-Layers are indices into ``hidden_states`` (0 = embeddings); ``-1`` is the last layer (after
-the final norm) and ``mid`` the middle one.
+The feature vector is :func:`~adaptspec.decoding.features.prefill_features` of the prefill,
+described by a feature spec (:mod:`adaptspec.decoding.features`; default
+:data:`~adaptspec.decoding.features.DEFAULT_FEATURES`).
 
 >>> parse_feature_spec("last:-1,mean:mid,len", num_layers=30)
 [('last', 30), ('mean', 15), ('len', 0)]
@@ -30,40 +24,7 @@ from torch import nn
 
 from ..errors import AdaptspecError
 from .batch_invariant import is_batch_invariant, make_batch_invariant
-
-DEFAULT_FEATURES = "last:-1,mean:mid,len"
-
-
-def parse_feature_spec(spec: str, num_layers: int) -> list[tuple[str, int]]:
-    """Parse a feature spec into ``(kind, layer-or-dim)`` parts (see the module docstring)."""
-    parts: list[tuple[str, int]] = []
-    for raw in spec.split(","):
-        raw = raw.strip()
-        kind, _, arg = raw.partition(":")
-        if kind == "len" and not arg:
-            parts.append(("len", 0))
-            continue
-        if kind not in ("last", "mean", "logits") or not arg:
-            raise AdaptspecError(f"bad feature part {raw!r} in {spec!r}: use last:L, mean:L, logits:D or len")
-        if kind == "logits":
-            if not arg.isdigit() or int(arg) < 1:
-                raise AdaptspecError(f"logits:D needs a positive dimension, got {raw!r}")
-            parts.append(("logits", int(arg)))
-            continue
-        if arg == "mid":
-            layer = num_layers // 2
-        else:
-            try:
-                layer = int(arg)
-            except ValueError:
-                raise AdaptspecError(f"bad layer {arg!r} in feature part {raw!r}") from None
-            if layer < 0:
-                layer = num_layers + 1 + layer
-        if not 0 <= layer <= num_layers:
-            raise AdaptspecError(f"feature layer {arg} outside 0..{num_layers}")
-        parts.append((kind, layer))
-    return parts
-
+from .features import DEFAULT_FEATURES, feature_dim, parse_feature_spec, prefill_features
 
 @dataclass
 class TargetPrefill:
@@ -126,7 +87,6 @@ class TargetModel:
         self.feature_parts = parse_feature_spec(features, self.num_layers)
         self.feature_spec = features
         self.context_layers: list[int] | None = list(context_layers) if context_layers is not None else None
-        self._projection: torch.Tensor | None = None
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if eos is None:
             eos = getattr(cfg, "eos_token_id", None)
@@ -142,8 +102,8 @@ class TargetModel:
 
     @property
     def feature_dim(self) -> int:
-        h = self.model.config.hidden_size
-        return sum(h if k in ("last", "mean") else (1 if k == "len" else d) for k, d in self.feature_parts)
+        """The length of the prefill feature vector (:func:`~adaptspec.decoding.features.feature_dim`)."""
+        return feature_dim(self.model.config.hidden_size, self.num_layers, self.feature_spec)
 
     def encode_chat(self, prompt: str) -> list[int]:
         """Token ids of ``prompt`` as one user turn in the chat template (plain text if none)."""
@@ -209,24 +169,7 @@ class TargetModel:
 
     # ------------------------------------------------------------------ features
     def _features(self, hs: tuple[torch.Tensor, ...], logits: torch.Tensor, n: int) -> np.ndarray:
-        out: list[torch.Tensor] = []
-        for kind, arg in self.feature_parts:
-            if kind == "last":
-                out.append(hs[arg][0, -1].float())
-            elif kind == "mean":
-                out.append(hs[arg][0].float().mean(0))
-            elif kind == "logits":
-                out.append(logits.float() @ self._logit_projection(arg))
-            else:
-                out.append(torch.tensor([np.log1p(n)], dtype=torch.float32, device=logits.device))
-        return torch.cat(out).cpu().numpy().astype(np.float32)
-
-    def _logit_projection(self, dim: int) -> torch.Tensor:
-        if self._projection is None or self._projection.shape[1] != dim:
-            g = torch.Generator().manual_seed(0)
-            p = torch.randn(self.vocab_size, dim, generator=g) / np.sqrt(dim)
-            self._projection = p.to(self.device)
-        return self._projection
+        return prefill_features(hs, logits=logits, prompt_tokens=n, spec=self.feature_spec)
 
 
 def _torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
