@@ -366,3 +366,25 @@ def test_prefill_features_is_what_the_bundled_decoder_gives_on_a_real_prompt():
         with torch.no_grad():
             adaptspec.prefill_features(model(torch.tensor([ids])))
     assert "output_hidden_states=True" in one_line(e)
+
+
+# ============================================================================ cold start to a head of its own
+def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, capsys):
+    from adaptspec.cli import main
+    from adaptspec.collect import collect_traces
+
+    spec = ToyDFlash(8)
+    prompts = [(f"r{i}", "toy", prompt(i)) for i in range(40)]
+    ts = collect_traces(spec, prompts, [1, 2, 4, 8], tmp_path / "new" / "traces", max_new_tokens=24, progress=False)
+    assert ts.features.shape == (40, WIDTH)
+    assert main(["train-head", str(tmp_path / "new" / "traces"), "--out", str(tmp_path / "head"), "--epochs", "30"]) == 0
+    capsys.readouterr()
+    with AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", reward="tau") as c:
+        assert c.arms == (1, 2, 4, 8) and c.policy_choice.endswith("given by the caller")
+        for i in range(5):
+            assert c.generate(prompt(100 + i), max_new_tokens=16).fallback is None
+        assert c.sync().stats()["updates"] == 5
+    with pytest.raises(AdaptspecError) as e:  # the same head on a speculator of another width
+        AdaptiveController(ToyDFlash(8, declare_width=False), f"neural-linear:head={tmp_path / 'head'}",
+                           feature_dim=WIDTH + 1)
+    assert f"reads prefill features of {WIDTH} values" in one_line(e)
