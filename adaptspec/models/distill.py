@@ -129,7 +129,7 @@ def distill(
 
 def _shard_ids(path: Path) -> list[int]:
     try:
-        with np.load(path) as z:
+        with np.load(path, allow_pickle=False) as z:
             return z["ids"].tolist()
     except Exception:
         return []

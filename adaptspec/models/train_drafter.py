@@ -105,13 +105,13 @@ class ShardData:
         for path in new:
             if self.max_response_tokens is not None and self.n_tokens() >= self.max_response_tokens:
                 break
-            with np.load(path) as z:
+            with np.load(path, allow_pickle=False) as z:
                 lens, tok = z["lengths"], z["tokens"]
                 # hidden states inline (distill shards) or beside, memory-mapped (context shards)
-                hid = z["hidden"] if "hidden" in z.files else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r")
+                hid = z["hidden"] if "hidden" in z.files else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r", allow_pickle=False)
                 top = None
                 if path.with_suffix(".topk_ids.npy").exists():
-                    top = tuple(np.load(path.with_suffix(f".{k}.npy"), mmap_mode="r") for k in ("topk_ids", "topk_probs"))
+                    top = tuple(np.load(path.with_suffix(f".{k}.npy"), mmap_mode="r", allow_pickle=False) for k in ("topk_ids", "topk_probs"))
                 starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
                 for s, n, pl, d in zip(starts, lens, z["prompt_lens"], z["domains"]):
                     if n - pl >= 3:  # needs at least one anchor with a label

@@ -19,14 +19,15 @@ Two modes of :class:`RiverPolicy`:
 
 Every decision and update goes through python dicts, so this adapter is for experiments with
 river's models, not the hot path (LinUCB here is ~20x faster than river's, see BENCHMARKS.md).
-State round trips pickle the river objects (``save_state`` files of this policy are pickles:
-load only files you trust).
+State round trips hold data only (:mod:`adaptspec.policies.river_state`): numbers, strings and
+arrays, read into a fresh clone of the adapter's own river object, never a pickle, so loading a
+``save_state`` file (a checkpoint) cannot run code; a pickled state (written by adaptspec before
+this format) is refused with one line.
 """
 
 from __future__ import annotations
 
 import math
-import pickle
 import random
 from typing import Any, Sequence
 
@@ -194,26 +195,31 @@ class RiverPolicy(Policy):
 
     # ------------------------------------------------------------------ state
     def _state(self) -> dict[str, Any]:
-        obj = self.model if self.mode == "bandit" else self.models
-        st: dict[str, Any] = {"mode": self.mode, "pickle": np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()}
-        if self.mode == "regressor":
-            st.update(n=self.n, rss=self.rss)
-        return st
+        from .river_state import dump
+
+        if self.mode == "bandit":
+            return {"mode": self.mode, "model": dump(self.model)}
+        return {"mode": self.mode, "models": [dump(m) for m in self.models], "n": self.n, "rss": self.rss}
 
     def _load_state(self, state: dict[str, Any]) -> None:
+        from .river_state import fill
+
+        if not isinstance(state, dict):
+            raise AdaptspecError("not a river policy's state")
+        if "pickle" in state:
+            raise AdaptspecError("holds a pickled river state (written by an older adaptspec): refused, unpickling "
+                                 "a file can run code; remove this checkpoint to resume from the decision log")
         if state.get("mode") != self.mode:
             raise AdaptspecError(f"state is for a river {state.get('mode')} policy, this one is a {self.mode} policy")
-        obj = pickle.loads(np.asarray(state["pickle"], dtype=np.uint8).tobytes())
         if self.mode == "bandit":
-            if type(obj) is not type(self.template):
-                raise AdaptspecError(f"state holds a {type(obj).__name__}, this policy wraps {type(self.template).__name__}")
-            self.model = obj
-        else:
-            k = len(self.arms)
-            n, rss = np.array(state["n"], dtype=np.float64), np.array(state["rss"], dtype=np.float64)
-            if len(obj) != k or n.shape != (k,) or rss.shape != (k,):
-                raise AdaptspecError(f"state has models for a different number of arms (expected {k})")
-            self.models, self.n, self.rss = list(obj), n, rss
+            self.model = fill(self.template.clone(), state["model"])
+            return
+        k = len(self.arms)
+        nodes = state["models"]
+        n, rss = np.array(state["n"], dtype=np.float64), np.array(state["rss"], dtype=np.float64)
+        if not isinstance(nodes, list) or len(nodes) != k or n.shape != (k,) or rss.shape != (k,):
+            raise AdaptspecError(f"state has models for a different number of arms (expected {k})")
+        self.models, self.n, self.rss = [fill(self.template.clone(), m) for m in nodes], n, rss
 
     def __repr__(self) -> str:
         return f"RiverPolicy(arms={list(self.arms)}, {self.mode}={type(self.template).__name__})"
