@@ -90,6 +90,12 @@ def test_a_schedule_is_asked_once_and_the_seed_of_prefill_reaches_the_loop():
     spec = BlockSizeFirst(look, loop, max_block_size=8)
     spec.decode(spec.prefill([1, 2], temperature=0.5, seed=11), Counting(4), 9, temperature=0.5)
     assert Counting.asked == 1 and seen == [(4, 0.5, 11)]
+    seen.clear()
+    for _ in range(2):  # no seed at T > 0: a fresh one per request, the same for look and the loop
+        pre = spec.prefill([1, 2], temperature=0.5)
+        spec.decode(pre, 2, 5, temperature=0.5)
+        assert seen[-1][2] == pre.state[1] and isinstance(pre.state[1], int)
+    assert seen[0][2] != seen[1][2]
 
 
 def test_through_the_controller_with_streaming():

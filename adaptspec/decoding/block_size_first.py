@@ -16,7 +16,8 @@ size. The price: the prompt is prefilled twice (by ``look``, then inside the loo
 matters, split the loop instead: size its buffers for ``max_block_size`` in ``prefill`` and take
 the block size in ``decode`` (docs/bring-your-own.md, "Loops that take the block size first").
 
-The loop's first token must be ``look``'s (same greedy argmax, or the same ``seed`` at T > 0);
+The loop's first token must be ``look``'s (same greedy argmax, or the same ``seed`` at T > 0:
+``decode`` passes the loop the seed ``prefill`` had, a fresh random one when it had none);
 a different one is refused in one line, since ``generate``'s caller may already have streamed
 ``look``'s. A per-round schedule is asked once, before the loop runs (the loop keeps one block
 size), and ``on_round`` is called for every round when the loop returns, with the tokens that
@@ -41,6 +42,7 @@ round committed.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -79,6 +81,8 @@ class BlockSizeFirst:
 
     def prefill(self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None) -> Prefill:
         ids = [int(i) for i in prompt_ids]
+        if seed is None and temperature > 0:
+            seed = secrets.randbits(31)  # look and the loop must sample the first token alike
         pre = self.look(ids, temperature=temperature, seed=seed)
         if not isinstance(pre, Prefill):
             raise AdaptspecError(f"BlockSizeFirst: look returned {type(pre).__name__}, not a Prefill")
