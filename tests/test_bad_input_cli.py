@@ -112,6 +112,25 @@ CASES: list[tuple[str, list[str], str]] = [
     ("ope-bootstrap-too-few", ["ope", "log", "--policy", "fixed:4", "--bootstrap", "3"], "argument --bootstrap"),
     ("ope-trace-set-is-not-a-log", ["ope", "ts", "--policy", "fixed:4"], "this is a trace set"),
     ("ab-report-trace-set-is-not-a-log", ["ab-report", "ts"], "this is a trace set"),
+    # issue 38: latency profiles (item 2: all-zero curves divided by zero later; item 6: decode errors)
+    ("i38-simulate-latency-all-zero", ["simulate", "ts", "--reward", "modelled", "--latency", "zero.json", "--no-progress"],
+     "zero.json: verify times must be > 0 s"),
+    ("i38-simulate-latency-not-utf8", ["simulate", "ts", "--reward", "modelled", "--latency", "xff.json", "--no-progress"],
+     "xff.json: not valid JSON (a JSON latency profile expected; not UTF-8 text: byte 0xff"),
+    ("i38-simulate-latency-deeply-nested", ["simulate", "ts", "--reward", "modelled", "--latency", "deep.json", "--no-progress"],
+     "deep.json: not readable JSON (a JSON latency profile expected; nested too deeply)"),
+    ("i38-simulate-latency-a-directory", ["simulate", "ts", "--reward", "modelled", "--latency", "notes", "--no-progress"],
+     "notes: not a regular file (a JSON latency profile expected, found a directory)"),
+    # issue 38, item 15: counts cross-checked where a trace set is read
+    ("i38-traces-validate-new-tokens-2-62", ["traces", "validate", "bigtok"], "column 'new_tokens', row 0: 4.61169e+18"),
+    ("i38-simulate-new-tokens-2-62", ["simulate", "bigtok", "--no-progress"], "column 'new_tokens', row 0"),
+    ("i38-traces-validate-new-tokens-beyond-its-rounds", ["traces", "validate", "moretok"],
+     "column 'new_tokens', row 7: 5000 tokens, but its rounds produced"),
+    # issue 38, item 6: a trace set's meta.json that is not UTF-8
+    ("i38-traces-validate-meta-not-utf8", ["traces", "validate", "metaxff"], "meta.json: not valid JSON"),
+    # issue 38, item 5: a decision-log part that is not Parquet
+    ("i38-ab-report-part-not-parquet", ["ab-report", "badpart"], "not a readable Parquet file"),
+    ("i38-ope-part-not-parquet", ["ope", "badpart", "--policy", "fixed:4"], "not a readable Parquet file"),
 ]
 
 
@@ -151,6 +170,25 @@ def _make_world(root: Path) -> None:
     (root / "notes" / "notes.txt").write_text("a user's notes: nothing may delete them\n")
     (root / "notes" / "plot.png").write_text("not a PNG, but named like one\n")
     (root / "afile").write_text("a regular file\n")
+    from adaptspec.reward.latency import get_profile
+
+    profile = get_profile("cpu-smollm2-bf16").to_dict()
+    for curve in ("draft", "verify"):
+        profile[curve]["values_s"] = [0.0] * len(profile[curve]["knots"])
+    (root / "zero.json").write_text(json.dumps(profile))
+    (root / "xff.json").write_bytes(b'{"name": "caf\xff"}')
+    (root / "deep.json").write_text("[" * 100000)
+    for name, row, value in (("bigtok", 0, 2**62), ("moretok", 7, 5000)):
+        shutil.copytree(root / "ts", root / name)
+        t = pq.read_table(root / name / "outcomes.parquet")
+        cells = t.column("new_tokens").to_pylist()
+        cells[row] = value
+        t = t.set_column(t.column_names.index("new_tokens"), "new_tokens", pa.array(cells, pa.int64()))
+        pq.write_table(t, root / name / "outcomes.parquet")
+    shutil.copytree(root / "ts", root / "metaxff")
+    (root / "metaxff" / "meta.json").write_bytes(b'{"schema_version": 1, "note": "\xff"}')
+    (root / "badpart").mkdir()
+    (root / "badpart" / "part-00000000000000000001-1-000000.parquet").write_bytes(b"PAR1 not Parquet\x00\xff" * 8)
 
 
 def _snapshot(root: Path) -> dict[str, str]:

@@ -102,8 +102,10 @@ class CostCurve:
                 per_pair_s=_num(d.get("per_pair_s", 0.0)),
                 per_row_s=_num(d.get("per_row_s", 0.0)),
             )
+        except AdaptspecError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
-            raise AdaptspecError(f"not a cost curve: {e!r}") from None
+            raise AdaptspecError(f"not a cost curve (missing or bad field: {e})") from None
 
 
 def _count(x: Any) -> int:
@@ -249,15 +251,23 @@ class LatencyProfile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LatencyProfile":
+        def curve(name: str) -> CostCurve:
+            try:
+                return CostCurve.from_dict(d[name])
+            except AdaptspecError as e:
+                raise AdaptspecError(f"{name}: {e}") from None
+
         try:
             return cls(
                 name=str(d["name"]),
-                draft=CostCurve.from_dict(d["draft"]),
-                verify=CostCurve.from_dict(d["verify"]),
+                draft=curve("draft"),
+                verify=curve("verify"),
                 context_tokens=_count(d.get("context_tokens", 300)),
                 source=str(d.get("source", "")),
                 extras=dict(d.get("extras", {})),
             )
+        except AdaptspecError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise AdaptspecError(f"not a latency profile: missing or bad field {e!s}") from None
 
