@@ -388,3 +388,31 @@ def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, ca
         AdaptiveController(ToyDFlash(8, declare_width=False), f"neural-linear:head={tmp_path / 'head'}",
                            feature_dim=WIDTH + 1)
     assert f"reads prefill features of {WIDTH} values" in one_line(e)
+
+
+def test_a_re_decisions_rounds_are_checked_against_its_own_block_size():
+    class FirstAnswer:  # asks the schedule every round, keeps its first answer
+        def __init__(self, schedule: Any) -> None:
+            self.schedule, self.first = schedule, None
+
+        def draft_size(self, rounds: list) -> int:
+            b = self.schedule.draft_size(rounds)
+            self.first = b if self.first is None else self.first
+            return self.first
+
+    class KeepsTheFirst(ToyDFlash):  # declares per_round, asks, but ignores every re-decision
+        def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+            return toy_loop(prefill.state, prefill.first_token, FirstAnswer(block_size), max_new_tokens, True, on_round)
+
+    with AdaptiveController(KeepsTheFirst(8, per_round=True, hit=0.9), "random", seed=0, redecide_every=1,
+                            reward="tau") as c:
+        refused = 0
+        for i in range(20):
+            try:
+                g = c.generate(prompt(i), max_new_tokens=24)
+            except AdaptspecError as e:
+                assert "\n" not in str(e) and "larger than the" in str(e)
+                refused += 1
+            else:  # every re-decision happened to choose at least the first one's block size
+                assert all(r.block_size <= d.block_size for d, r in zip(g.decisions, g.outcome.rounds))
+        assert refused > 0 and c.stats()["feedback"]["decode_error"] >= refused

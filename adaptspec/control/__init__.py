@@ -6,11 +6,14 @@ own module, each given what it needs when it is built (none of them sees the con
 - :mod:`~adaptspec.control.generation`: what ``generate`` returns
   (:class:`~adaptspec.control.generation.Generation`), :class:`~adaptspec.control.generation.PrefillError`,
   the split of one outcome among re-decisions;
+- :mod:`~adaptspec.control.protocol`: the speculator checked against the protocol (methods,
+  signatures, ``max_block_size``, the optional ``feature_dim`` and ``per_round``), or an
+  engine's arms: the :class:`~adaptspec.control.protocol.DecoderShape` the rest is decided from;
 - :mod:`~adaptspec.control.config`: :class:`~adaptspec.control.config.ControllerConfig`, the
   constructor's settings as given, each checked once;
-- :mod:`~adaptspec.control.policy_build`: which policy a controller runs (the product default,
-  a policy built from a spec, the featurizer and machine-speed reference that go with it),
-  resolved against the speculator in :func:`~adaptspec.control.policy_build.setup_policy`;
+- :mod:`~adaptspec.control.policy_build`: which policy a controller runs (the default chosen
+  from the decoder, a policy built from a spec, the featurizer and machine-speed reference that
+  go with it), resolved against the decoder in :func:`~adaptspec.control.policy_build.setup_policy`;
 - :mod:`~adaptspec.control.context`: :class:`~adaptspec.control.context.Contexts`, the one
   place a request's context is made (today the prefill features, featurized);
 - :mod:`~adaptspec.control.decider`: :class:`~adaptspec.control.decider.Decider`, deciding on

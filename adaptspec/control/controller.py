@@ -14,7 +14,8 @@ One request through :meth:`AdaptiveController.generate`, and which part does wha
 
 Engines that run decoding themselves use the split form: ``decision = controller.decide(
 features)`` when the prefill is done, ``controller.feedback(decision.decision_id, outcome)``
-when the request finishes. A batched engine also passes the load at the decision
+when the request finishes; :meth:`AdaptiveController.for_engine` builds such a controller from
+the engine's arms and feature width, with no speculator object. A batched engine also passes the load at the decision
 (``decide(features, load=LoadState(...))``: the log keeps it, and a controller made with
 ``load_features=True`` appends it to the policy's context) and how the request's decode time
 was attributed (``feedback(..., shared=SharedRounds(...))``: the log keeps it). Feedback may arrive late, out of order, twice (the second is
@@ -389,11 +390,16 @@ class AdaptiveController:
                 raise AdaptspecError(f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
                                      "not an adaptspec Outcome")
             check_outcome(outcome, first, largest, max_new_tokens)
+            segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
+            for d, seg in zip(decisions, segments if len(decisions) > 1 else []):  # each one's rounds: at most its size
+                big = max((r.block_size for r in seg.rounds), default=0)
+                if big > d.block_size:
+                    raise AdaptspecError(f"outcome of decision {d.decision_id} refused: its rounds ran block size "
+                                         f"{big}, larger than the {d.block_size} decided")
         except AdaptspecError:
             for d in decisions:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
-        segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
         rewards = [self._book.feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
         t4 = time.perf_counter()
         return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))

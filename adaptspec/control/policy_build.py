@@ -268,8 +268,9 @@ def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
     reads = featurizer.in_dim if featurizer is not None else (dim - extra if contextual and dim is not None else None)
     if reads is not None and shape.feature_dim is not None and int(reads) != shape.feature_dim:
         by = "its featurizer" if featurizer is not None else f"policy {label}"
-        raise AdaptspecError(f"{by} reads prefill features of {int(reads)} values, {shape.name}'s have "
-                             f"{shape.feature_dim}: use a policy made for this decoder (or no policy, for the default)")
+        whose = "the speculator's" if shape.speculator else "the engine's"
+        raise AdaptspecError(f"{by} reads prefill features of {int(reads)} values, {whose} have {shape.feature_dim}: "
+                             "use a policy made for this decoder (or no policy, for the default)")
     width = shape.feature_dim if shape.feature_dim is not None else (None if reads is None else int(reads))
     fallback = choose_fallback(config.fallback_block_size, arms)
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
