@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import pyarrow.parquet as pq
 
 from adaptspec.models.prompts import benchmark_prompts
@@ -57,7 +58,7 @@ def token_latency() -> np.ndarray:
 def test_every_example_has_a_docstring_a_main_and_a_readme_line():
     readme = (ROOT / "examples" / "README.md").read_text()
     scripts = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
-    assert scripts == ["ab_serving.py", "off_policy.py", "replay_policies.py", "wrap_speculator.py"]
+    assert scripts == ["ab_serving.py", "byo_dflash.py", "off_policy.py", "replay_policies.py", "wrap_speculator.py"]
     for name in scripts:
         text = (ROOT / "examples" / name).read_text()
         assert text.startswith('"""') and f"python examples/{name}" in text, name  # says how to run it
@@ -134,3 +135,25 @@ def test_ab_serving():
     assert re.search(r"^server stopped", out, re.M)
     assert "24 decisions;" in out  # every request is in the decision log after the shutdown
     assert re.search(r"^verdict A vs B: (A is better|B is better|no significant difference yet)", out, re.M)
+
+
+@pytest.mark.slow
+def test_byo_dflash_end_to_end(tmp_path):
+    out = run_example("byo_dflash.py", "--prompts", "6", "--requests", "8", "--max-new-tokens", "8", "--out",
+                      str(tmp_path), timeout=300)
+    m = re.search(r"^1\. AdaptiveController\(speculator\): policy (\S+), block sizes \[([0-9, ]+)\]$", out, re.M)
+    assert m, out
+    arms = [int(b) for b in m[2].split(", ")]
+    assert max(arms) <= 8  # derived from the speculator's max_block_size, not the bundled head's 1..16
+    chosen = [int(b) for b in re.findall(r"^   \w+ +B=(\d+) ", out, re.M)]
+    assert len(chosen) == 3 and set(chosen) <= set(arms)
+    assert "updates learnt: 3" in out  # three generate calls
+    assert re.search(r"^2\. for_engine: decide -> B=\d+, decode -> \d+ tokens, feedback -> applied$", out, re.M)
+    assert re.search(r"^3\. collected 6 requests x block sizes \[1, 2, 4, 8\]", out, re.M)
+    served = {v: int(n) for v, n in re.findall(r"^5\. variant (\w): (\d+) requests", out, re.M)}
+    assert sum(served.values()) == 8
+    assert re.search(r"^8 decisions;", out, re.M)  # every served request is in the decision log
+    for v, n in served.items():
+        if n:
+            assert re.search(rf"^\| {v} \| {n} \|", out, re.M), out
+    assert (tmp_path / "head" / "config.json").is_file()

@@ -1,5 +1,9 @@
 """``adaptspec collect``: run the real decoder at every candidate block size to build a trace set
-(or, with ``--dense``, a dense trace set from one greedy pass per prompt)."""
+(or, with ``--dense``, a dense trace set from one greedy pass per prompt).
+
+``--speculator MODULE:FACTORY`` runs your own speculator instead of adaptspec's models
+(:mod:`adaptspec.cli.user_speculator`): its codec encodes the prompts, and the default block
+sizes are those of ``--arms``'s default up to its ``max_block_size``."""
 
 from __future__ import annotations
 
@@ -9,6 +13,10 @@ from pathlib import Path
 from .._util.ray import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
 from ._types import block_sizes, device, float_range, input_file, int_range, seed, threads
+from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
+
+#: the block sizes collected by default (those up to the speculator's max_block_size)
+DEFAULT_ARMS = [1, 2, 4, 6, 8, 12, 16]
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -29,13 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=_prompt_source, default=None,
                    help="JSONL with 'prompt' and optional 'domain', or 'benchmarks' for the public benchmark prompts "
                         "(GSM8K, MT-Bench, HumanEval in turn; default: the held-out template prompts minus the demo's)")
-    p.add_argument("--arms", type=block_sizes, default=[1, 2, 4, 6, 8, 12, 16], help="comma-separated block sizes")
+    p.add_argument("--arms", type=block_sizes, default=None,
+                   help="comma-separated block sizes, at most the speculator's max_block_size (default: "
+                        f"{','.join(map(str, DEFAULT_ARMS))} up to it)")
     p.add_argument("--out", type=Path, required=True,
                    help="trace set directory to write (new, empty, or a trace set to replace with --force)")
     p.add_argument("--max-new-tokens", type=int_range(1), default=96)
     p.add_argument("--temperature", type=float_range(0), default=0.0)
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn")
+    p.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
+                   help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device, "
+                        "--dense or --ray)")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
@@ -92,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output
     from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
 
+    model_flags_given(args, {"--target": None, "--drafter": None, "--verification": "fast", "--dtype": "bfloat16",
+                             "--device": "cpu"})
+    if args.speculator is not None and (args.dense or args.ray):
+        raise AdaptspecError(f"{'--dense' if args.dense else '--ray'} runs adaptspec's own models; with --speculator, "
+                             "collect every block size in this process (--part I/N shares the prompts among processes)")
+    if args.speculator is None:
+        args.arms = args.arms or DEFAULT_ARMS  # adaptspec's own models draft up to 16
     if args.ray_tasks and not args.ray:
         raise AdaptspecError("--ray-tasks needs --ray")
     if args.ray and args.part:
@@ -122,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
         numbered = sorted(turns[: args.limit])
 
+    if args.speculator is not None:
+        return _run_user_speculator(args, numbered)
     if args.ray:
         return _run_ray(args, numbered)
 
@@ -156,6 +178,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
     else:
         print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
+    return 0
+
+
+def _arms(arms: list[int] | None, max_block_size: int) -> list[int]:
+    """``--arms``, checked against the speculator; by default :data:`DEFAULT_ARMS` up to its largest block."""
+    from ..speculator import check_block_sizes
+
+    if arms is None:
+        return [b for b in DEFAULT_ARMS if b <= max_block_size]
+    return list(check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}"))
+
+
+def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:
+    """``collect --speculator``: every block size on every prompt, with the user's speculator and its codec."""
+    import torch
+
+    from ..collect.every_arm import collect_traces
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    user = load_speculator_factory(args.speculator)
+    arms = _arms(args.arms, user.speculator.max_block_size)
+    triples = [(f"{p.domain}-{i:04d}", p.domain, user.codec.encode(p.prompt)) for i, p in numbered]
+    traces = collect_traces(user.speculator, triples, arms, args.out, args.max_new_tokens, args.temperature,
+                            args.seed, overwrite=args.force, part=args.part,
+                            meta={"speculator": user.path, "threads": torch.get_num_threads()})
+    if traces is None:
+        print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
+    else:
+        print(f"wrote {args.out}: {len(traces)} requests x {len(arms)} block sizes")
     return 0
 
 

@@ -3,7 +3,8 @@
 Runs the real decoder on a few held-out prompts at several block sizes, records every
 round's draft and verify seconds with its context length, fits the monotone latency model
 of :mod:`adaptspec.reward.latency` and writes it as JSON (usable anywhere a profile name is:
-``adaptspec simulate --latency FILE``).
+``adaptspec simulate --latency FILE``). ``--speculator MODULE:FACTORY`` times your own
+speculator instead (:mod:`adaptspec.cli.user_speculator`; its codec encodes the prompts).
 """
 
 from __future__ import annotations
@@ -14,14 +15,23 @@ import platform
 from pathlib import Path
 
 from ._types import block_sizes, device, int_range, threads
+from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
+
+#: the block sizes timed by default (those up to the speculator's max_block_size)
+DEFAULT_ARMS = [1, 2, 4, 8, 12, 16, 24, 32]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int_range(1), default=6, help="held-out prompts to decode (spread over domains)")
-    p.add_argument("--arms", type=block_sizes, default=[1, 2, 4, 8, 12, 16, 24, 32])
+    p.add_argument("--arms", type=block_sizes, default=None,
+                   help=f"block sizes to time (default: {','.join(map(str, DEFAULT_ARMS))} up to the speculator's "
+                        "max_block_size)")
     p.add_argument("--max-new-tokens", type=int_range(1), default=64)
     p.add_argument("--name", default="cpu-measured")
     p.add_argument("--out", type=Path, default=None, help="profile JSON (default: <cache>/latency/NAME.json); replaces only a latency profile")
+    p.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
+                   help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device or "
+                        "the --batch-* timings)")
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one")
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
@@ -66,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .._util.outputs import check_output, write_file
 
+    model_flags_given(args, {"--target": None, "--drafter": None, "--verification": "fast", "--dtype": "bfloat16",
+                             "--device": "cpu"})
+    if args.speculator is not None and args.batch_rows:
+        raise AdaptspecError("--batch-rows times adaptspec's batched engine on its own models: drop it with --speculator")
     if args.batch_only and not args.batch_rows:
         raise AdaptspecError("--batch-only needs --batch-rows")
     out = args.out or cache_dir() / "latency" / f"{args.name}.json"
@@ -75,15 +89,24 @@ def run(args: argparse.Namespace) -> int:
     most = len(domains) * min(sum(p.domain == d for p in pool) for d in domains)
     if args.prompts > most:
         raise AdaptspecError(f"--prompts {args.prompts}: there are {most} held-out prompts to take in turn by domain")
-    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
-                           verification=args.verification)
+    if args.speculator is None:
+        spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
+                               verification=args.verification)
+        encode, where = spec.target.encode_chat, f"{args.device}, {args.dtype}"
+    else:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        user = load_speculator_factory(args.speculator)
+        spec, encode, where = user.speculator, user.codec.encode, f"--speculator {user.path}"
+    if args.arms is None:
+        args.arms = [b for b in DEFAULT_ARMS if b <= spec.max_block_size]
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
     rounds = []
     for p in tqdm([] if args.batch_only else picked, desc="profile", unit="prompt"):
-        ids = spec.target.encode_chat(p.prompt)
+        ids = encode(p.prompt)
         pre = spec.prefill(ids)
         for b in args.arms:
             outcome = spec.decode(pre, b, args.max_new_tokens)
@@ -111,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             tables = [round_table(surface)] if args.batch_engine else [surface_table(surface, f) for f in ("verify_s", "draft_s")]
             print(*tables, sep="\n")
-    machine = f"{platform.machine()}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads"
+    machine = f"{platform.machine()}, {where}, {torch.get_num_threads()} threads"
     source = f"adaptspec profile-latency: {len(rounds)} rounds on {machine}"
     if args.batch_engine and args.batch_only:
         from ..reward.latency import fit_round_totals

@@ -6,6 +6,8 @@ Examples::
     adaptspec serve --variant A=neural-linear:head=runs/head --variant B=fixed:16 --split 50,50 \\
         --log-dir runs/serve/log --checkpoint-dir runs/serve/ckpt --port 8000
     adaptspec serve --tiny --variant A=linucb --variant B=fixed:4 --log-dir /tmp/log --port 8001   # for development
+    adaptspec serve --speculator mymodule:make --variant A=neural-linear:head=runs/head --variant B=fixed:4 \\
+        --log-dir runs/serve/log          # your own speculator (docs/bring-your-own.md), one request at a time
 
     curl -s localhost:8000/v1/completions -d '{"prompt": "Write a haiku", "max_tokens": 32, "user": "u1"}'
     curl -s localhost:8000/ab; curl -s localhost:8000/metrics; curl -s localhost:8000/health
@@ -27,6 +29,7 @@ from ..speculator import check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
 from ._types import MAX_BLOCK_SIZE, block_sizes, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
+from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
+    models.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
+                        help=SPECULATOR_HELP + "; served one request at a time (not with --batched, nor with the "
+                             "model flags below)")
     models.add_argument("--tiny", action="store_true",
                         help="a tiny random model with a character tokenizer, for development and tests")
     models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
@@ -63,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="block sizes for policies built from a spec, at most the speculator's max_block_size "
                           "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's)")
     ctl.add_argument("--featurizer", type=input_dir, default=None, metavar="DIR",
-                     help="saved featurizer (default: the one next to a policy's head, if any)")
+                     help="saved featurizer, for every variant (default: the one saved next to the variants' "
+                          "heads, if any; heads that bring different ones need this flag)")
     ctl.add_argument("--seed", type=seed, default=0, help="seed of the policies")
     ctl.add_argument("--fallback-block-size", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
                      help="block size used when a policy fails or is late (default: the arm closest to 8)")
@@ -180,12 +187,18 @@ def build(args: argparse.Namespace):
         raise AdaptspecError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
     if args.tiny and (args.target or args.drafter):
         raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
+    model_flags_given(args, {"--tiny": False, "--tiny-seed": 0, "--target": None, "--drafter": None,
+                             "--verification": "fast", "--dtype": "bfloat16", "--device": "cpu", "--chat": False})
+    if args.speculator is not None and getattr(args, "batched", False):
+        raise AdaptspecError("--batched runs adaptspec's own models in one engine; a --speculator is served one "
+                             "request at a time: drop --batched")
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
     _check_batched(args)
     _check_ab_design(args)
     specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
+    args.featurizer = _one_featurizer(args.featurizer, specs)
     from ..serving.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
@@ -217,11 +230,18 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         torch.set_num_threads(1)
     elif args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.tiny:
+    vocab = None
+    if args.speculator is not None:
+        user = load_speculator_factory(args.speculator)
+        speculator, codec, model_name = user.speculator, user.codec, user.path
+        max_context, vocab = user.max_context, user.vocab_size
+        _check_arms(args.arms, speculator.max_block_size, "the speculator's")
+    elif args.tiny:
         from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
 
         speculator, codec = tiny_speculator(args.tiny_seed, verification=args.verification)
         model_name, max_context = f"adaptspec-tiny-{args.tiny_seed}", TINY_MAX_POSITIONS
+        vocab = speculator.target.vocab_size
     else:
         from ..models import load_speculator
 
@@ -230,10 +250,10 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         codec = None if tok is None else HFCodec(tok, chat=args.chat)
         model_name = str(args.target or "smollm2-135m-instruct")
         max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
+        vocab = speculator.target.vocab_size
         _check_arms(args.arms, speculator.max_block_size, "the speculator's")
     if not specs:
         specs = {"default": default_policy_spec(speculator=speculator)}
-    vocab = getattr(getattr(speculator, "target", None), "vocab_size", None)
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
     service = CompletionService.build(
@@ -257,6 +277,29 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
             service.close()
             raise
     return service
+
+
+def _one_featurizer(featurizer, specs: dict[str, str]):
+    """``--featurizer``, else the featurizer saved next to the variants' heads, for every variant:
+    one decision log holds contexts of one width, so a variant without a head (``fixed:4``)
+    featurizes as the head's variant does. Variants whose heads bring different featurizers are one
+    line (give ``--featurizer``)."""
+    if featurizer is not None:
+        return featurizer
+    from ..control.policy_build import spec_head
+    from ..policies.featurizer import Featurizer
+
+    found = {n: h for n, h in ((n, spec_head(s)) for n, s in specs.items()) if h is not None and Featurizer.exists(h)}
+    if not found:
+        return None
+    loaded = {n: Featurizer.load(h) for n, h in found.items()}
+    first = next(iter(found))
+    other = next((n for n in loaded if loaded[n] != loaded[first]), None)
+    if other is not None:
+        raise AdaptspecError(f"variants {first} and {other} bring different featurizers with their heads "
+                             f"({found[first]}, {found[other]}); every variant of a server featurizes alike (one "
+                             "decision log, one context width): give --featurizer DIR")
+    return found[first]
 
 
 def _check_batched(args: argparse.Namespace) -> None:
@@ -367,7 +410,9 @@ def run(args: argparse.Namespace) -> int:
             lp = runner.loop
             print(f"adaptspec serve: batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution "
                   f"{lp.attribution}, load rule {'none' if lp.rule is None else lp.rule.name}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+        from ..serving.connections import uvicorn_config  # answers clients that half-close (issue 38)
+
+        config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=30)
         uvicorn.Server(config).run()
     finally:

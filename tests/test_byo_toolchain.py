@@ -1,0 +1,230 @@
+"""The toolchain for a speculator defined outside adaptspec: ``--speculator MODULE:FACTORY``.
+
+The speculator is the example's DFlash-style loop (examples/byo_dflash.py: a tiny Qwen3
+target, a one-pass block drafter, its own draft/verify loop), reached through a module
+``mymod`` written into the test's directory, as a user would write one. End to end, through
+the installed ``adaptspec`` command run from that directory: collect -> train-head -> serve an
+A/B test on 127.0.0.1 -> ab-report. The served tokens are checked against the target's own
+greedy continuation, recomputed here with plain transformers forward passes; every refusal is
+one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adaptspec.cli import build_parser, main
+from adaptspec.errors import AdaptspecError
+
+ROOT = Path(__file__).resolve().parents[1]
+ADAPTSPEC = Path(sys.executable).parent / "adaptspec"  # the installed command
+
+MYMOD = '''
+from examples.byo_dflash import TinyDFlash
+
+def make():
+    return TinyDFlash(max_block_size=8)
+
+def make16():
+    return TinyDFlash(max_block_size=16)
+
+NOT_CALLABLE = 3
+
+def raises():
+    raise RuntimeError("no GPU here")
+
+def not_a_speculator():
+    return object()
+
+def no_codec():
+    s = TinyDFlash(max_block_size=8)
+    del s.codec
+    return s
+
+def bad_vocab():
+    s = TinyDFlash(max_block_size=8)
+    s.vocab_size = 0
+    return s
+'''
+
+PROMPTS = [("math", "What is 17 times 23?"), ("code", "def fibonacci(n):"), ("chat", "Write a haiku about the sea."),
+           ("math", "Is 91 a prime number?"), ("code", "class Stack:"), ("chat", "Say hello in French.")]
+
+
+def write_module(where: Path, name: str) -> None:
+    (where / f"{name}.py").write_text(MYMOD)
+
+
+def run_cli(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # examples/ imports; mymod is found in the current directory
+    return subprocess.run([str(ADAPTSPEC), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def greedy(prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """The example target's greedy continuation, one plain forward pass per token (no cache, no drafts)."""
+    import torch
+
+    from examples.byo_dflash import EOS, tiny_target
+
+    model, seq = tiny_target(0), list(prompt_ids)
+    with torch.no_grad():
+        while len(seq) - len(prompt_ids) < max_tokens:
+            seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+            if seq[-1] == EOS:
+                break
+    return seq[len(prompt_ids):]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
+    from examples.byo_dflash import ByteCodec
+
+    write_module(tmp_path, "mymod")
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for domain, prompt in PROMPTS:
+            f.write(json.dumps({"prompt": prompt, "domain": domain}) + "\n")
+    # collect: the output's parent directories do not exist yet; default arms are those up to max_block_size 8
+    p = run_cli(tmp_path, "collect", "--speculator", "mymod:make", "--prompts", "prompts.jsonl", "--out",
+                "runs/new/traces", "--max-new-tokens", "10", "--threads", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "wrote runs/new/traces: 6 requests x 5 block sizes" in p.stdout
+    from adaptspec.traces import TraceSet
+
+    ts = TraceSet.read(tmp_path / "runs/new/traces")
+    assert ts.arms == (1, 2, 4, 6, 8) and ts.features.shape == (6, 129)  # the example's features, not 1153
+    codec = ByteCodec()
+    want = [len(greedy(codec.encode(q), 10)) for _, q in PROMPTS]
+    assert ts.new_tokens_matrix().tolist() == [[n] * 5 for n in want]
+
+    p = run_cli(tmp_path, "train-head", "runs/new/traces", "--out", "runs/head", "--pca", "4", "--epochs", "30")
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    port = free_port()
+    out = open(tmp_path / "server.out", "w+")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    server = subprocess.Popen([str(ADAPTSPEC), "serve", "--speculator", "mymod:make", "--threads", "1",
+                               "--variant", "A=neural-linear:head=runs/head", "--variant", "B=fixed:4",
+                               "--log-dir", "runs/log", "--port", str(port), "--log-level", "warning"],
+                              cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    served = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None and time.monotonic() < deadline, out.seek(0) or out.read()[-3000:]
+                try:
+                    if c.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            for i in range(10):
+                prompt = PROMPTS[i % len(PROMPTS)][1]
+                r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "user": f"u{i}"})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert body["choices"][0]["token_ids"] == greedy(codec.encode(prompt), 8)  # lossless
+                served.append((body["adaptspec"]["variant"], body["adaptspec"]["block_size"]))
+            assert c.post("/v1/completions", json={"prompt": [500], "max_tokens": 2}).status_code == 400  # vocab_size
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+        out.close()
+    assert {b for v, b in served if v == "B"} <= {4} and {b for v, b in served if v == "A"} <= set(ts.arms)
+
+    p = run_cli(tmp_path, "ab-report", "runs/log", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(p.stdout)
+    assert report["decisions"] == 10
+    assert {v: d["decisions"] for v, d in report["variants"].items()} == {
+        v: sum(s == v for s, _ in served) for v in {s for s, _ in served}}
+
+
+@pytest.fixture()
+def errmod(tmp_path, monkeypatch):
+    """``mymod_e`` and ``brokenmod`` in the current directory, importable in this process."""
+    write_module(tmp_path, "mymod_e")
+    (tmp_path / "brokenmod.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speculator", "nomod_xyz:make"], r"--speculator nomod_xyz:make: no module named 'nomod_xyz'"),
+    (["--speculator", "brokenmod:make"], r"importing brokenmod failed: No module named 'not_installed_dependency_xyz'"),
+    (["--speculator", "mymod_e:missing"], r"mymod_e has no attribute 'missing'"),
+    (["--speculator", "mymod_e:NOT_CALLABLE"], r"NOT_CALLABLE is a int, not callable"),
+    (["--speculator", "mymod_e:raises"], r"raises\(\) raised RuntimeError: no GPU here"),
+    (["--speculator", "mymod_e:not_a_speculator"], r"returned a object, not a speculator: .*prefill"),
+    (["--speculator", "mymod_e:no_codec"], r"without a codec"),
+    (["--speculator", "mymod_e:bad_vocab"], r"whose vocab_size is 0"),
+    (["--speculator", "examples/byo_dflash.py"], r"expected MODULE:FACTORY"),
+    (["--speculator", "mymod_e:make", "--target", "x"], r"--target chooses or places adaptspec's own models"),
+    (["--speculator", "mymod_e:make", "--dtype", "float32"], r"drop --dtype"),
+    (["--speculator", "mymod_e:make", "--dense"], r"--dense runs adaptspec's own models"),
+    (["--speculator", "mymod_e:make", "--arms", "1,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
+])
+def test_collect_refusals_are_one_line(errmod, capsys, argv, message):
+    assert main(["collect", "--out", "t", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+    assert not (errmod / "t").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batched"], r"--batched runs adaptspec's own models in one engine; a --speculator is served one request"),
+    (["--tiny"], r"--tiny chooses or places adaptspec's own models"),
+    (["--chat"], r"drop --chat"),
+    (["--arms", "1,2,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
+])
+def test_serve_refusals_are_one_line(errmod, argv, message):
+    from adaptspec.cli.serve import build
+
+    args = build_parser("serve").parse_args(["serve", "--speculator", "mymod_e:make", "--port", "0", *argv])
+    with pytest.raises(AdaptspecError, match=message) as e:
+        build(args).close()
+    assert "\n" not in str(e.value)
+
+
+def test_profile_latency_times_your_speculator(errmod, capsys):
+    import torch
+
+    from adaptspec.models.prompts import heldout_prompts
+    from examples.byo_dflash import ByteCodec
+    from mymod_e import make16
+
+    assert main(["profile-latency", "--speculator", "mymod_e:make", "--batch-rows", "1,2", "--out", "p.json"]) == 2
+    assert "--batch-rows times adaptspec's batched engine" in capsys.readouterr().err
+    torch.set_num_threads(1)
+    assert main(["profile-latency", "--speculator", "mymod_e:make16", "--prompts", "2", "--max-new-tokens", "6",
+                 "--out", "p.json", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    arms = [1, 2, 4, 8, 12, 16]  # the default block sizes up to max_block_size 16
+    assert [r["block_size"] for r in got["fit"]] == arms
+    # the rounds it fitted: decoding the first held-out prompt of the first two domains at every block size
+    pool = heldout_prompts()
+    picked = [next(p for p in pool if p.domain == d) for d in sorted({p.domain for p in pool})[:2]]
+    spec, codec = make16(), ByteCodec()
+    pres = [spec.prefill(codec.encode(p.prompt)) for p in picked]
+    assert got["rounds"] == sum(len(spec.decode(pre, b, 6).rounds) for pre in pres for b in arms)
+    assert json.loads((errmod / "p.json").read_text())
