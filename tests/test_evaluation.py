@@ -350,7 +350,7 @@ def test_report_written_and_sections_carried_over(tmp_path: Path, synth: TraceSe
                                    blockpilot=str(tmp_path / "absent")), out, log=lambda s: None)
     md = out.report.read_text()
     for title in ("1. Replay", "2. Same acceptance", "3. Real published", "4. Drift", "5. Cold start",
-                  "6. End to end", "7. Per-round schedules", "8. Under load", "9. What the numbers say",
+                  "6. End to end", "7. Per-round schedules", "8. Under load", "9. Full information", "10. What the numbers say",
                   "Where adaptation does not help"):
         assert title in md
     assert "Not run: the trace set names no dense set" in md.split("## 7.")[1]  # synthetic: no dense traces

@@ -100,9 +100,9 @@ def test_the_report_renders_section_8_from_results_and_carries_it_over(tmp_path:
                                                                                                progress=False)),
                            out, log=lambda s: None)
     md = out.report.read_text()
-    under = md.split("## 8. Under load")[1].split("## 9. What the numbers say")[0]
+    under = md.split("## 8. Under load")[1].split("## 10. What the numbers say")[0]
     assert "**cpu-smollm2-batched**" in under and "**h100-qwen3-8b**" in under and "per-level oracle" in under
-    assert "learned (warm)" in md.split("## 9. What the numbers say")[1]
+    assert "learned (warm)" in md.split("## 10. What the numbers say")[1]
     data = first["sections"]["load"]["data"]
     warm = data["profiles"][1]["levels"][1]["runs"]["learned (warm)"]["over_plain"]
     assert f"{warm:.3f}" in under

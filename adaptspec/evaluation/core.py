@@ -236,15 +236,16 @@ def shuffled_stream(pool: np.ndarray, n_steps: int, seed: int) -> np.ndarray:
 
 
 def run_contenders(contenders: Iterable[Contender], R: np.ndarray, X: np.ndarray | None, idx: np.ndarray,
-                   arms: tuple[int, ...], seed: int, bar: Any = None) -> dict[str, np.ndarray]:
-    """Arm index chosen at each step of ``idx`` by every contender (fresh policies seeded with ``seed``)."""
+                   arms: tuple[int, ...], seed: int, bar: Any = None, feedback: Any = None) -> dict[str, np.ndarray]:
+    """Arm index chosen at each step of ``idx`` by every contender (fresh policies seeded with ``seed``);
+    ``feedback`` (:class:`~adaptspec.simulators.counterfactuals.Feedback`) feeds full-information ones."""
     out: dict[str, np.ndarray] = {}
     for c in contenders:
         if c.choices is not None:
             out[c.label] = np.asarray(c.choices, dtype=np.int64)[idx]
         else:
             pol = c.build(arms, seed)
-            out[c.label] = run_policy(pol, R, idx, X if pol.contextual else None)
+            out[c.label] = run_policy(pol, R, idx, X if pol.contextual else None, feedback=feedback)
         if bar is not None:
             bar.update(len(idx))
     return out

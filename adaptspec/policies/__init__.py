@@ -4,6 +4,8 @@ from .base import Policy
 from .baselines import Fixed, Oracle, RandomPolicy
 from .epsilon_greedy import EpsilonGreedy
 from .exp3 import EXP3
+from .fi_linucb import FullInfoLinUCB
+from .fi_ucb import FullInfoUCB
 from .lints import LinTS
 from .linucb import LinUCB
 from .standardizer import Standardizer
@@ -17,4 +19,5 @@ from .squarecb import SquareCB
 
 __all__ = ["Policy", "Fixed", "Oracle", "RandomPolicy", "REGISTRY", "make_policy",
            "EpsilonGreedy", "UCB", "ThompsonSampling", "EXP3", "LinUCB", "LinTS", "Standardizer",
-           "OfflineHead", "HeadModel", "train_head", "NeuralLinear", "SquareCB", "RiverPolicy"]
+           "OfflineHead", "HeadModel", "train_head", "NeuralLinear", "SquareCB", "RiverPolicy",
+           "FullInfoUCB", "FullInfoLinUCB"]

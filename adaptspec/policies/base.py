@@ -47,6 +47,10 @@ class Policy(abc.ABC):
     contextual: bool = False
     #: True only for simulator policies that must see every arm's reward (``Oracle``).
     full_information: bool = False
+    #: True for policies that learn from every arm's outcome after a request
+    #: (:meth:`update_full`, graph feedback: the counterfactuals of
+    #: :mod:`adaptspec.reward.counterfactual`); they still decide before seeing any reward.
+    full_feedback: bool = False
 
     def __init__(
         self,
@@ -125,6 +129,36 @@ class Policy(abc.ABC):
         ctx = self._check_update_context(context)
         self._update(ctx, arm, reward)
         self.version += 1
+
+    def update_full(self, context: Sequence[float] | np.ndarray | None, rewards: Sequence[float] | np.ndarray,
+                    observed: Sequence[bool] | np.ndarray) -> None:
+        """Feed back the reward of every arm whose outcome one request revealed: ``rewards`` (K,)
+        in arm order, ``observed`` (K,) true where the reward is known (not censored); the others'
+        values are ignored. One request is one update (``version`` + 1), however many arms it
+        shows. Only policies with ``full_feedback`` take it; :meth:`update` (the arm that ran
+        alone) stays valid for every policy, so its propensities and estimators do too.
+        Bad input raises and changes nothing."""
+        if not self.full_feedback:
+            raise AdaptspecError(f"{self.label} learns from the arm that ran only: use update(), not update_full()")
+        m = np.asarray(observed)
+        k = len(self.arms)
+        if m.shape != (k,) or m.dtype != np.bool_:
+            raise AdaptspecError(f"observed must be {k} booleans (one per arm), got shape {m.shape} of {m.dtype}")
+        try:
+            r = np.asarray(rewards, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise AdaptspecError("rewards must be numbers") from None
+        if r.shape != (k,):
+            raise AdaptspecError(f"rewards must be {k} numbers (one per arm), got shape {r.shape}")
+        if not np.isfinite(r[m]).all():
+            raise AdaptspecError("the reward of every observed arm must be finite")
+        ctx = self._check_update_context(context)
+        self._update_full(ctx, r, m)
+        self.version += 1
+
+    def _update_full(self, context: np.ndarray | None, rewards: np.ndarray, observed: np.ndarray) -> None:
+        """Learn from every observed arm's reward (policies with ``full_feedback``); inputs are validated."""
+        raise NotImplementedError
 
     def decide_batch(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Decide for ``n`` requests without learning in between.

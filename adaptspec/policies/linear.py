@@ -267,6 +267,12 @@ class LinearPolicy(Policy):
         err = core.update(arm, phi, r)  # the prequential residual: before this reward is learnt
         self._add_residual(err)
 
+    def _update_full(self, context: np.ndarray | None, rewards: np.ndarray, observed: np.ndarray) -> None:
+        """Every observed arm learns its reward at this context: one ridge update per arm, as
+        if each had run (used by the full-information subclasses, ``full_feedback``)."""
+        for a in np.flatnonzero(observed).tolist():
+            self._update(context, a, float(rewards[a]))
+
     def _update_repeated(self, context: np.ndarray | None, arm: int, rewards: np.ndarray) -> None:
         """``n`` rewards at one context, one step: adding ``sqrt(n) phi`` with reward
         ``sqrt(n) mean(r)`` adds ``n phi phi^T`` to the precision and ``phi sum(r)`` to the

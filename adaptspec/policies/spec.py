@@ -45,7 +45,7 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
 }
 
 # Learning policies (one module each: epsilon_greedy, exp3, lints, linucb, thompson, ucb,
-# offline_head, neural_linear, squarecb,
+# offline_head, neural_linear, squarecb, fi_ucb, fi_linucb,
 # river_adapter); none of these imports torch or river until a policy that needs it is built.
 from .epsilon_greedy import EpsilonGreedy  # noqa: E402
 from .exp3 import EXP3  # noqa: E402
@@ -57,6 +57,8 @@ from .neural_linear import neural_linear_policy  # noqa: E402
 from .offline_head import head_policy  # noqa: E402
 from .river_adapter import river_policy  # noqa: E402
 from .squarecb import SquareCB  # noqa: E402
+from .fi_ucb import FullInfoUCB  # noqa: E402
+from .fi_linucb import FullInfoLinUCB  # noqa: E402
 
 REGISTRY.update({
     "eps-greedy": EpsilonGreedy,
@@ -70,6 +72,9 @@ REGISTRY.update({
     "neural-linear": neural_linear_policy,
     "squarecb": SquareCB,
     "river": river_policy,
+    # full information (graph feedback): learn every arm a request's rounds reveal (update_full)
+    "fi-ucb": FullInfoUCB,
+    "fi-linucb": FullInfoLinUCB,
 })
 
 

@@ -98,11 +98,13 @@ def _build(p: Any, arms: tuple[int, ...], seed: int) -> tuple[str, Policy]:
 
 
 def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: np.ndarray | None = None,
-               progress: Any = None) -> np.ndarray:
+               progress: Any = None, feedback: Any = None) -> np.ndarray:
     """Arm index chosen at each step of the stream ``idx`` over the reward matrix ``rewards``.
 
-    Learning policies get ``update`` with the chosen arm's reward after every decision.
-    ``progress`` is a tqdm bar (or None) advanced by steps.
+    Learning policies get ``update`` with the chosen arm's reward after every decision; a
+    policy with ``full_feedback`` gets ``update_full`` with every arm's counterfactual reward
+    instead when ``feedback`` (a :class:`~adaptspec.simulators.counterfactuals.Feedback` of
+    this reward matrix) is given. ``progress`` is a tqdm bar (or None) advanced by steps.
     """
     T = len(idx)
     if policy.contextual and contexts is None:
@@ -129,7 +131,24 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
             if progress is not None:
                 progress.update(len(j))
         return out
+    if policy.full_feedback and feedback is not None:
+        return _full_feedback_loop(policy, feedback, idx, X, progress)
     return _learning_loop(policy, rewards, idx, X, progress)
+
+
+def _full_feedback_loop(policy: Policy, feedback: Any, idx: np.ndarray, X: np.ndarray | None,
+                        progress: Any) -> np.ndarray:
+    """Decide, then learn every arm the chosen arm's rounds show (``update_full``)."""
+    out = np.empty(len(idx), dtype=np.int64)
+    rew, obs = feedback.rewards, feedback.observed
+    for t, i in enumerate(idx.tolist()):
+        x = None if X is None else X[i]
+        a = policy.arm_index(policy.decide(x).block_size)
+        policy.update_full(x, rew[i, a], obs[i, a])
+        out[t] = a
+    if progress is not None:
+        progress.update(len(idx))
+    return out
 
 
 def _learning_loop(policy: Policy, rewards: np.ndarray, idx: np.ndarray, X: np.ndarray | None,

@@ -1,0 +1,185 @@
+"""Counterfactual outcomes: what every other block size would have earned on the rounds that ran.
+
+A round that verified ``v`` positions (the last committed token and ``v - 1`` drafts) and
+committed ``tau`` tokens accepted ``a = tau - 1`` drafts, and was rejected at draft ``a + 1``
+unless ``tau == v``. Had it verified only the first ``B'`` positions of the same draft, it would
+have committed ``min(a, B' - 1) + 1 = min(tau, B')`` tokens: known exactly for every
+``B' <= v``, and for every ``B' > v`` too when a draft was rejected (the longer verify stops
+at the same rejection). A round that accepted all its ``v`` positions says only that a longer
+verify would have committed at least ``v``: the longer block sizes are **censored** from below.
+The request's last round is never censored: it committed the request's last token, and no
+longer block commits past the end.
+
+**Exact or approximate.** The rule above is exact for *verifying a prefix of one draft*. A
+block size ``B'`` run on its own drafts a block of ``B'`` positions, and this drafter attends
+both ways inside a block, so its first drafts can differ from the first ``B' - 1`` of a longer
+block's: then the outcome is **approximate** (:attr:`Counterfactuals.approximate`). The block
+size that ran and block size 1 (a plain step drafts nothing) are always exact; with a speculator
+that drafts once and verifies a prefix (``prefix_drafts=True``) every uncensored arm is.
+docs/evaluation.md (section 9) measures the error on dense traces.
+
+**From rounds to a request.** Each arm's tokens are summed over the same rounds
+(``tokens[B'] = sum_r min(tau_r, B')``); its rate per round is that over the rounds that ran, so
+the request's tokens would have taken ``rounds * committed / tokens[B']`` rounds, each costing the
+latency profile's draft and verify time of ``B'`` at that round's context. The times are scaled
+by the measured over the modelled time of what did run (the machine's speed), so the arm that ran
+is paid exactly its measured decode time; rewards follow as
+:mod:`~adaptspec.reward.functions` defines them.
+
+>>> from adaptspec.reward.latency import get_profile
+>>> cf = counterfactuals([3, 1, 2], [4, 4, 2], arms=[1, 2, 4, 8], decided=4, context_tokens=50,
+...                      profile=get_profile("cpu-smollm2-fast"))
+>>> cf.tokens.tolist(), cf.censored.tolist(), cf.approximate.tolist()
+([3.0, 5.0, 6.0, 6.0], [False, False, False, False], [False, True, False, True])
+>>> cf2 = counterfactuals([4, 2], [4, 4], arms=[2, 4, 8], decided=4, context_tokens=50,
+...                       profile=get_profile("cpu-smollm2-fast"))
+>>> cf2.tokens.tolist(), cf2.censored.tolist()     # the first round accepted all 4: B=8 censored
+([4.0, 6.0, 6.0], [False, False, True])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from .functions import check_reward_name, modelled_throughput
+from .latency import LatencyProfile
+
+
+@dataclass(frozen=True)
+class Counterfactuals:
+    """Every arm's outcome on one request, from the rounds of the arm that ran.
+
+    ``tokens`` (K,): tokens the rounds that ran would have committed at each arm's verify length
+    (a lower bound where ``censored``); ``rounds``: rounds that ran; ``committed``: the tokens
+    they committed; ``decode_s`` (K,): each arm's decode seconds for the request (an upper bound
+    where censored); ``new_tokens``: the request's new tokens (the prefill's token included).
+    """
+
+    arms: tuple[int, ...]
+    decided: int
+    tokens: np.ndarray
+    rounds: int
+    committed: int
+    decode_s: np.ndarray
+    new_tokens: int
+    censored: np.ndarray
+    approximate: np.ndarray
+
+    @property
+    def observed(self) -> np.ndarray:
+        """Arms whose outcome is known (exactly or approximately): not censored."""
+        return ~self.censored
+
+    @property
+    def mean_tau(self) -> np.ndarray:
+        """Tokens per round at each arm (a lower bound where censored)."""
+        return self.tokens / max(self.rounds, 1)
+
+    def rewards(self, reward: str, profile: LatencyProfile | None = None, context_tokens: int | None = None,
+                batch_size: int = 1) -> np.ndarray:
+        """Each arm's reward (K,) by the name :mod:`~adaptspec.reward.functions` gives it
+        (``token_latency``, ``throughput``, ``tau``, or ``modelled`` with ``profile``); a lower
+        bound where censored (every reward grows with the tokens a round commits)."""
+        check_reward_name(reward)
+        if reward == "token_latency":
+            return -1000.0 * self.decode_s / self.new_tokens
+        if reward == "throughput":
+            return self.new_tokens / self.decode_s
+        if reward == "tau":
+            return self.mean_tau.copy()
+        if profile is None:
+            raise AdaptspecError("the modelled reward needs a latency profile")
+        return np.asarray(modelled_throughput(self.mean_tau, np.asarray(self.arms), profile, context_tokens,
+                                              batch_size), dtype=np.float64)
+
+
+def round_tokens(taus: np.ndarray, verified: np.ndarray, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens (K,), censored (K,))``: the tokens the rounds would have committed at each arm's
+    verify length, ``sum_r min(tau_r, B')``, and whether some round that is not the last accepted
+    all it verified (``tau_r == v_r``) with ``B' > v_r`` (the arm's count is then a lower bound).
+
+    >>> round_tokens(np.array([2, 4, 1]), np.array([4, 4, 4]), np.array([1, 3, 4, 6]))
+    (array([3., 6., 7., 7.]), array([False, False, False,  True]))
+    """
+    t = np.asarray(taus, dtype=np.int64)
+    v = np.asarray(verified, dtype=np.int64)
+    a = np.asarray(arms, dtype=np.int64)
+    tokens = np.minimum(t[:, None], a[None, :]).sum(axis=0).astype(np.float64)
+    full = t == v
+    if full.size:
+        full[-1] = False  # the last round committed the request's last token
+    censored = (full[:, None] & (a[None, :] > v[:, None])).any(axis=0)
+    return tokens, censored
+
+
+def counterfactuals(
+    taus: Sequence[int] | np.ndarray,
+    verified: Sequence[int] | np.ndarray,
+    *,
+    arms: Sequence[int],
+    decided: int,
+    context_tokens: int,
+    profile: LatencyProfile,
+    drafted: Sequence[int] | np.ndarray | None = None,
+    decode_s: float | None = None,
+    new_tokens: int | None = None,
+    batch: int = 1,
+    prefix_drafts: bool = False,
+) -> Counterfactuals:
+    """Every arm's outcome from the rounds one request ran (see the module docstring).
+
+    ``taus``, ``verified`` (and ``drafted``, default ``verified``): per round, the tokens
+    committed, the positions verified and the block drafted; ``decided``: the block size the
+    request was given (a round verifying fewer positions than it was cut short by the request's
+    ``max_new_tokens``, and every arm's round there is cut the same way); ``context_tokens``: the
+    prompt's tokens (a round's context is the prompt plus the tokens committed before it, the
+    prefill's included); ``decode_s``: the measured decode time (default: the profile's time of
+    the rounds, so the scale is 1); ``new_tokens``: the request's new tokens (default: committed +
+    1, the prefill's token); ``prefix_drafts``: the speculator drafts one block and verifies a
+    prefix of it, so no uncensored arm is approximate.
+    """
+    t = np.asarray(taus, dtype=np.int64)
+    v = np.asarray(verified, dtype=np.int64)
+    d = v if drafted is None else np.asarray(drafted, dtype=np.int64)
+    arm_t = tuple(sorted(int(a) for a in arms))
+    A = np.asarray(arm_t, dtype=np.int64)
+    if t.shape != v.shape or d.shape != t.shape or t.ndim != 1:
+        raise AdaptspecError("taus, verified and drafted must be 1-D sequences of the same length")
+    if t.size and (np.any(t < 1) or np.any(t > v) or np.any(d < v)):
+        raise AdaptspecError("every round needs 1 <= tau <= verified <= drafted")
+    if not arm_t or A[0] < 1:
+        raise AdaptspecError(f"arms must be positive block sizes, got {list(arms)}")
+    committed = int(t.sum())
+    n_new = committed + 1 if new_tokens is None else int(new_tokens)
+    exact = (A == int(decided)) | (A == 1)
+    if t.size == 0:  # nothing ran: no arm is known
+        nan = np.full(len(A), np.nan)
+        return Counterfactuals(arm_t, int(decided), np.zeros(len(A)), 0, 0, nan, n_new,
+                               np.ones(len(A), dtype=bool), ~exact)
+    tokens, censored = round_tokens(t, v, A)
+    ctx = context_tokens + 1 + np.concatenate([[0], np.cumsum(t)[:-1]])  # committed before each round
+    # each arm's verify length per round: the arm itself, except where the round was cut short by
+    # the request's end (fewer positions left than decided): every arm is cut the same way there
+    cut = v < int(decided)
+    vv = np.where(cut[:, None], np.minimum(A[None, :], v[:, None]), A[None, :])
+    cost = profile.draft_s(vv, ctx[:, None], batch) + profile.verify_s(vv, ctx[:, None], batch)
+    ran = profile.draft_s(np.where(d > 1, d, 1), ctx, batch) + profile.verify_s(v, ctx, batch)
+    scale = 1.0 if decode_s is None else float(decode_s) / float(ran.sum())
+    secs = scale * committed / tokens * cost.sum(axis=0)
+    approx = np.zeros(len(A), dtype=bool) if prefix_drafts else ~exact
+    return Counterfactuals(arm_t, int(decided), tokens, int(t.size), committed, secs, n_new, censored, approx)
+
+
+def from_outcome(outcome: Any, decided: int, arms: Sequence[int], context_tokens: int, profile: LatencyProfile,
+                 *, batch: int = 1, prefix_drafts: bool = False) -> Counterfactuals:
+    """:func:`counterfactuals` of an :class:`~adaptspec.speculator.Outcome`: its rounds' taus, verified
+    and drafted sizes, its measured decode time and new tokens."""
+    rounds = outcome.rounds
+    return counterfactuals([r.tau for r in rounds], [r.block_size for r in rounds], arms=arms, decided=decided,
+                           context_tokens=context_tokens, profile=profile,
+                           drafted=[r.draft_size for r in rounds], decode_s=float(outcome.decode_s),
+                           new_tokens=outcome.new_tokens, batch=batch, prefix_drafts=prefix_drafts)
