@@ -292,7 +292,7 @@ def zero_curves(f: Path) -> None:
 
 def _decision_rows(n: int, start: int = 0) -> list[dict]:
     return [{"decision_id": f"d{i}", "time": 1.7e9 + i, "policy": "ucb", "variant": "A", "block_size": 4,
-             "propensity": 1.0, "probs": [0.0, 0.0, 1.0], "arms": [1, 2, 4], "reward": 1.0}
+             "propensity": 1.0, "probs": [0.0, 0.0, 1.0], "arms": [1, 2, 4], "reward": 1.0, "new_tokens": 10}
             for i in range(start, start + n)]
 
 
@@ -588,6 +588,9 @@ CASES: list[tuple[str, str, str, Callable[[Path], None], tuple[str, ...]]] = [
     ("decision-log-part-empty", "decision-log", "empty", lambda d: empty(next(d.glob("part-*.parquet"))), ("part-",)),
     ("decision-log-part-a-directory", "decision-log", "type",
      lambda d: (d / "part-99999999999999999999-1-000000.parquet").mkdir(), ("part-99999999999999999999", "a directory")),
+    ("decision-log-new-tokens-2-62", "decision-log", "range", lambda d: set_cell(next(d.glob("part-*.parquet")), "new_tokens",
+                                                                                  1, None, 2**62, pa.int64()),
+     ("part-", "'new_tokens'", "row 1", "more than 100000000")),
     ("decision-log-part-no-decision-id", "decision-log", "missing",
      lambda d: drop_column(next(d.glob("part-*.parquet")), "decision_id"), ("part-", "'decision_id'")),
     ("decision-log-part-schema-version-garbage", "decision-log", "type",
@@ -610,6 +613,8 @@ CASES: list[tuple[str, str, str, Callable[[Path], None], tuple[str, ...]]] = [
      (JOURNAL, "line 2", "propensity")),
     ("journal-row-new-tokens-negative", "journal", "range", set_journal_line(4, lambda r: r.update(new_tokens=-3)),
      (JOURNAL, "line 4", "new_tokens")),
+    ("journal-row-new-tokens-2-62", "journal", "range", set_journal_line(4, lambda r: r.update(new_tokens=2**62)),
+     (JOURNAL, "line 4", "new_tokens", "0..100000000")),
     ("journal-row-an-unknown-column", "journal", "type", set_journal_line(2, lambda r: r.update(colour="red")),
      (JOURNAL, "line 2", "colour")),
     ("journal-header-created-ns-a-string", "journal", "type", set_journal_line(1, lambda r: r.update(created_ns="x")),

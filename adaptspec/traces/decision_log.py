@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
-from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, SCHEMA_VERSION
+from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, MAX_TOKENS, SCHEMA_VERSION
 
 _part_counter = count()
 _PART = "a decision-log part"
@@ -211,6 +211,10 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             if bad.any():
                 r = _first(bad)
                 raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} is negative")
+            bad = np.asarray(pc.greater(col, MAX_TOKENS).fill_null(False))
+            if bad.any():
+                r = _first(bad)
+                raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} is more than {MAX_TOKENS}")
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
         bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))

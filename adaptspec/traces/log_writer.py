@@ -332,7 +332,7 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
     """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row.
 
     ``check_decision=False`` skips the decision's own fields (a row made from a checked decision)."""
-    from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS
+    from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, MAX_TOKENS
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
     if unknown:
@@ -370,8 +370,8 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
             raise AdaptspecError(f"decision row {k} is {v} (use None for a missing value)")
     for k in DECISION_COUNTS:
         v = out.get(k)
-        if v is not None and (isinstance(v, bool) or int(v) != v or v < 0):
-            raise AdaptspecError(f"decision row {k} must be a non-negative integer, got {v!r}")
+        if v is not None and (isinstance(v, bool) or int(v) != v or not 0 <= v <= MAX_TOKENS):
+            raise AdaptspecError(f"decision row {k} must be an integer in 0..{MAX_TOKENS}, got {v!r}")
     f = out.get("features")
     if f is not None and not all(math.isfinite(x) for x in f):
         raise AdaptspecError("decision row features have NaN or infinite values")
