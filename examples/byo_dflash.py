@@ -35,7 +35,6 @@ needed)::
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import socket
 import subprocess
@@ -45,11 +44,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from adaptspec import AdaptiveController, AdaptspecError, Outcome, Prefill, Round
+from adaptspec import AdaptiveController, AdaptspecError, Outcome, Prefill, Round, prefill_features
 from adaptspec.collect import collect_traces
 from adaptspec.decoding.block_size_first import BlockSizeFirst
 
@@ -186,14 +184,13 @@ class TinyDFlash(BlockSizeFirst):
 
     @torch.inference_mode()
     def look_at(self, prompt_ids: list[int], temperature: float = 0.0, seed: int | None = None) -> Prefill:
-        """The first token and the features: the last layer's state at the last position and its
-        mean over the prompt, and the log prompt length (129 values, not the bundled model's 1153)."""
+        """The first token and the standard features (``adaptspec.prefill_features``: the last layer's
+        state at the last position, the middle layer's mean over the prompt, the log prompt length;
+        129 values here, not the bundled model's 1153)."""
         check_prompt(prompt_ids)
         o = self.target(input_ids=torch.tensor([prompt_ids]), output_hidden_states=True)
         gen = None if temperature <= 0 else torch.Generator().manual_seed(int(seed or 0))
-        h = o.hidden_states[-1][0]
-        features = torch.cat([h[-1], h.mean(0), torch.tensor([math.log(len(prompt_ids))])]).numpy()
-        return Prefill(int(pick(o.logits[0, -1:], temperature, gen)[0]), len(prompt_ids), features.astype(np.float32))
+        return Prefill(int(pick(o.logits[0, -1:], temperature, gen)[0]), len(prompt_ids), prefill_features(o))
 
     def run_loop(self, prompt_ids, block_size, max_new_tokens, temperature=0.0, seed=None) -> Outcome:
         return dflash_generate(self.target, self.drafter, prompt_ids, block_size, max_new_tokens, temperature, seed)
