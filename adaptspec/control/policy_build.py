@@ -71,8 +71,9 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
     which = "the bundled head" if head is None else f"head {h}"
     why = f"{which} is not installed" if not (h / "config.json").is_file() else head_misfit(h, max_block_size, feature_dim, arms)
     if why is None:
-        return PolicyChoice(f"neural-linear:head={h}", f"{which} fits: arms up to {max_block_size}, "
-                                                       f"{feature_dim} feature values")
+        return PolicyChoice(f"neural-linear:head={h}", f"{which} fits: its block sizes are within max_block_size "
+                                                       f"{max_block_size} and it reads the decoder's {feature_dim} "
+                                                       "feature values")
     cold = tuple(sorted(int(a) for a in arms)) if arms is not None else default_arms(max_block_size)
     return PolicyChoice(cold_policy_spec(cold), f"no head fits: {why}; cold start over arms {list(cold)}")
 
@@ -108,7 +109,7 @@ def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: 
         return f"{name} has arms {list(model.arms)}, not all among the arms {sorted(int(a) for a in arms)}"
     want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
     if feature_dim is None:
-        return f"{name} reads {want} feature values and the speculator declares no feature_dim"
+        return f"{name} reads {want} feature values and the decoder declares no feature_dim"
     if int(feature_dim) != int(want):
         return f"{name} reads {want} feature values, the decoder's features have {feature_dim}"
     return None
