@@ -143,6 +143,8 @@ def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
                 assert body["choices"][0]["token_ids"] == greedy(codec.encode(prompt), 8)  # lossless
                 served.append((body["adaptspec"]["variant"], body["adaptspec"]["block_size"]))
             assert c.post("/v1/completions", json={"prompt": [500], "max_tokens": 2}).status_code == 400  # vocab_size
+            too_long = {"prompt": [65] * 1010, "max_tokens": 8}  # 1018 > max_context 1024 - 8
+            assert c.post("/v1/completions", json=too_long).status_code == 400
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGINT)
@@ -228,3 +230,20 @@ def test_profile_latency_times_your_speculator(errmod, capsys):
     pres = [spec.prefill(codec.encode(p.prompt)) for p in picked]
     assert got["rounds"] == sum(len(spec.decode(pre, b, 6).rounds) for pre in pres for b in arms)
     assert json.loads((errmod / "p.json").read_text())
+
+
+def test_serve_refuses_variants_whose_heads_bring_different_featurizers(errmod):
+    import numpy as np
+
+    from adaptspec.cli.serve import build
+    from adaptspec.policies.featurizer import Featurizer
+
+    rng = np.random.default_rng(0)
+    for name in ("h1", "h2"):  # two featurizers fitted on different data
+        Featurizer.fit(rng.normal(size=(40, 129)).astype(np.float32), dim=4).save(errmod / name)
+    args = build_parser("serve").parse_args(["serve", "--speculator", "mymod_e:make", "--port", "0",
+                                             "--variant", "A=neural-linear:head=h1", "--variant", "B=neural-linear:head=h2"])
+    with pytest.raises(AdaptspecError, match=r"variants A and B bring different featurizers with their heads .*"
+                                             r"give --featurizer DIR") as e:
+        build(args)
+    assert "\n" not in str(e.value)
