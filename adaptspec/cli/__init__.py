@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-head": ("adaptspec.cli.train_head", "train the BlockPilot-style offline head on a trace set"),
     "train-drafter": ("adaptspec.cli.train_drafter", "generate distillation data and train a drafter"),
     "distill": ("adaptspec.cli.distill", "grow a drafter's distillation corpus (the target's own answers, token ids)"),
-    "collect": ("adaptspec.cli.collect", "run the real decoder at every block size to collect a trace set"),
+    "collect": ("adaptspec.cli.collect", "run a speculator (the bundled one, or yours with --speculator) at every block size to collect a trace set"),
     "profile-latency": ("adaptspec.cli.profile_latency", "measure draft/verify latency on this machine"),
     "serve": ("adaptspec.cli.serve", "HTTP server with A/B testing, decision logs and metrics"),
     "ab-report": ("adaptspec.cli.ab_report", "A/B analysis of decision logs"),
