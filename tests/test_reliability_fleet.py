@@ -164,15 +164,16 @@ def wait_for(cond, timeout: float = 10.0) -> None:
 def test_a_malformed_entry_is_skipped_and_the_replica_keeps_syncing(redis_server, caplog):
     url, key = f"{redis_server.url}/fb", "adaptspec:fleet:fb:A"
     r = redis.Redis(port=redis_server.port)
-    bad = {"bad-head": MALFORMED["header {format: 1}"], "bad-cut": MALFORMED["truncated"],
-           "bad-junk": MALFORMED["garbage"]}
-    for rid, blob in bad.items():
-        r.hset(key, rid, blob)
+    bad = {b"bad-head": MALFORMED["header {format: 1}"], b"bad-cut": MALFORMED["truncated"],
+           b"bad-junk": MALFORMED["garbage"], b"\xff\xfe": VALID}  # the last: a field name that is not UTF-8
+    names = {"bad-head", "bad-cut", "bad-junk", "\\xff\\xfe"}  # as the replica names them
+    for field, blob in bad.items():
+        r.hset(key, field, blob)
     caplog.set_level(logging.WARNING, logger="adaptspec.fleet")
     a, pol_a = replica(url, "r1")  # starts while the entries are there
     b, pol_b = replica(url, "r2")
     try:
-        assert a.status()["state"] == "degraded" and set(a.status()["refused_entries"]) == set(bad)
+        assert a.status()["state"] == "degraded" and set(a.status()["refused_entries"]) == names
         fed = [(4, 1.0), (8, 2.0), (4, 0.5), (1, -1.0), (2, 0.25)]
         for blk, rw in fed:
             b.update(pol_b, None, blk, rw)

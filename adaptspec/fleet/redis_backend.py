@@ -125,7 +125,8 @@ class RedisBackend:
         self._redis.hset(self.url.key(channel), replica, blob)
 
     def fetch(self, channel: str) -> dict[str, bytes]:
-        return {k.decode(): v for k, v in self._redis.hgetall(self.url.key(channel)).items()}
+        # a field that is not UTF-8 (nothing adaptspec writes) keeps a readable name: the replica skips that entry
+        return {k.decode(errors="backslashreplace"): v for k, v in self._redis.hgetall(self.url.key(channel)).items()}
 
     def fetch_one(self, channel: str, replica: str) -> bytes | None:
         return self._redis.hget(self.url.key(channel), replica)
