@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptspec.cli import build_parser, main
 from adaptspec.errors import AdaptspecError
@@ -247,3 +249,18 @@ def test_serve_refuses_variants_whose_heads_bring_different_featurizers(errmod):
                                              r"give --featurizer DIR") as e:
         build(args)
     assert "\n" not in str(e.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab_.:1 /-", max_size=16))
+def test_any_speculator_flag_parses_or_is_one_line(text):
+    import argparse
+
+    from adaptspec.cli.user_speculator import speculator_path
+
+    name = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"  # a dotted Python name, ASCII
+    valid = re.fullmatch(f"{name}:{name}", text) is not None
+    try:
+        assert speculator_path(text) == text and valid
+    except argparse.ArgumentTypeError as e:
+        assert not valid and "\n" not in str(e) and str(e).startswith("expected MODULE:FACTORY")
