@@ -416,3 +416,12 @@ def test_a_re_decisions_rounds_are_checked_against_its_own_block_size():
             else:  # every re-decision happened to choose at least the first one's block size
                 assert all(r.block_size <= d.block_size for d, r in zip(g.decisions, g.outcome.rounds))
         assert refused > 0 and c.stats()["feedback"]["decode_error"] >= refused
+
+
+def test_a_decision_log_fixes_the_width_of_a_controller_that_does_not_know_it(tmp_path):
+    with AdaptiveController(ToyDFlash(8, declare_width=False), "ucb", log_dir=tmp_path / "log", reward="tau") as c:
+        c.generate(prompt(0), max_new_tokens=8)
+    with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="ucb", log_dir=tmp_path / "log") as c:
+        with pytest.raises(AdaptspecError) as e:  # refused now, not when the row is written
+            c.decide(np.ones(WIDTH - 1))
+        assert one_line(e) == f"features have {WIDTH - 1} values, the decision log in {tmp_path / 'log'} holds {WIDTH}"

@@ -239,6 +239,10 @@ class AdaptiveController:
         log.info("%s: policy %s", variant or "controller", setup.choice)
         checkpointer = _checkpointer(cfg, setup, contexts.width)
         self._log = open_decision_log(cfg, contexts.width, contexts.source)
+        logged = None if self._log is None or not cfg.log_features else self._log.feature_dim
+        if logged is not None and setup.featurizer is None:  # the log holds raw features (+ the load's)
+            contexts.fix_width(logged - (len(LOAD_FEATURES) if cfg.load_features else 0),
+                               f"the decision log in {cfg.path('log_dir')} holds")
         try:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
