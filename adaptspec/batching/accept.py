@@ -11,9 +11,9 @@ target's argmax, plus the target's token after it; all rows at once, one host sy
 >>> greedy(logits, drafts, widths=[3, 1])
 [[4, 2], [3]]
 
-Sampled rows (``temperature > 0``) go through :func:`~adaptspec.decoding.sampling.speculative_sample`
-with the row's own generator, the single-request decoder's own draw (so a seed gives a request
-the same tokens whatever it is batched with).
+Sampled rows (``temperature > 0``) go through :func:`~adaptspec.decoding.sampling.accept_keyed`
+with the noise keyed by the row's seed and positions, the single-request decoder's own rule (so
+a seed gives a request the same tokens whatever it is batched with and whatever its block sizes).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ One round (:meth:`BatchEngine.step`):
    into a free KV slot) while there are free rows;
 2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1``: one
    pass for all greedy rows in fast verification (:mod:`~adaptspec.batching.draft_pass`),
-   else one pass per row, so that a row's drafts, and with them its sampled tokens, do not
-   depend on the batch (``batched_draft`` overrides);
+   else one pass per row, so that a row's drafts, and with them its rounds, do not depend on
+   the batch (``batched_draft`` overrides); a sampled row proposes its keyed samples
+   (:mod:`~adaptspec.decoding.sampling`);
 3. one target pass verifies every row's block ``[last_i, drafts_i]``, padded to the round's
    widest block (:mod:`~adaptspec.batching.target_pass`); ``B_i = 1`` is a plain step;
 4. each row accepts (:mod:`~adaptspec.batching.accept`) and commits ``tau_i`` tokens; its KV
@@ -19,8 +20,9 @@ One round (:meth:`BatchEngine.step`):
 Guarantees (tests/test_batching*.py, docs/batching.md): with ``"exact"`` verification every
 row is bit-identical to decoding that request alone (greedy: the target's own one-token
 ``generate``; ``temperature > 0``: :class:`~adaptspec.decoding.SpeculativeDecoder` with the
-same seed), whatever else is in the batch and whenever it joined. With ``"fast"``
-verification every committed token is the argmax of the pass that verified it. A request
+same seed, at any block size), whatever else is in the batch, whenever it joined and whatever
+block sizes its rounds verified. With ``"fast"`` verification every committed token is the
+argmax (or keyed sample) of the pass that verified it. A request
 that fails (bad prompt, too long for the context, cancelled) fails alone, on its handle.
 
 >>> import torch
@@ -50,8 +52,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding.decoder import _generator, _sample, check_block_size
-from ..decoding.sampling import speculative_sample
+from ..decoding.decoder import check_block_size, first_token
+from ..decoding.sampling import SampleKeys, accept_keyed, draft_keyed
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
 from ..errors import AdaptspecError
@@ -97,6 +99,7 @@ class BatchEngine:
         if not isinstance(self.token_budget, int) or self.token_budget < 1:
             raise AdaptspecError(f"token_budget must be an int >= 1, got {token_budget!r}")
         self.max_context = max_context or int(getattr(target.model.config, "max_position_embeddings", 4096))
+        self.capacity = capacity
         self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
         self.rows: list[Row] = []  # row i lives in KV slot i
         self.waiting: deque[RequestHandle] = deque()
@@ -137,6 +140,16 @@ class BatchEngine:
         self.waiting.append(handle)
         return handle
 
+    def reset(self, error: AdaptspecError) -> None:
+        """Fail every request not yet finished (rows and waiting) with ``error`` and start over with
+        empty KV slots: after a defect left the engine's state unknown (a serving loop restarting)."""
+        for handle in [row.handle for row in self.rows] + list(self.waiting):
+            if not handle.done:
+                handle.fail(error)
+        self.rows = []
+        self.waiting.clear()
+        self.store = new_store(self.target, self.max_rows, self.capacity, self.max_context + self.max_block_size)
+
     def set_block_size(self, handle: RequestHandle, block_size: int) -> None:
         """Change a request's block size from its next round on."""
         handle.block_size = self._check_block_size(block_size)
@@ -164,14 +177,17 @@ class BatchEngine:
         asked = [row.handle.block_size for row in self.rows] if self.round_block_sizes is None else [
             max(1, min(int(b), row.handle.block_size)) for b, row in zip(self.round_block_sizes(self.rows), self.rows)]
         widths = [min(b, row.room, cap) for b, row in zip(asked, self.rows)]
-        blocks, drafts, q = self._draft(widths)
+        noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the block's positions
+                 row.keys.noise(len(row.handle.tokens), b, self.target.vocab_size, self.target.device)
+                 for row, b in zip(self.rows, widths)]
+        blocks, drafts = self._draft(widths, noise)
         clock.mark()
         logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)
         new = accept.greedy(logits, drafts, widths)
         for i, row in enumerate(self.rows):
-            if row.handle.temperature > 0:
+            if row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
-                new[i] = speculative_sample(logits[i, :b], drafts[i, : b - 1], q[i], row.handle.temperature, row.generator)
+                new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i], row.handle.temperature)
         taus = [len(n) for n in new]
         self.store.commit(taus)
         if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
@@ -193,15 +209,14 @@ class BatchEngine:
         self.history.append(record)
         return record
 
-    def _draft(self, widths: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
-        """Every row's block ``[R, T]`` (padded with its last token), its drafts ``[R, T - 1]``
-        (-1 where none) and, for sampled rows, the drafts' probabilities over the target's vocabulary."""
+    def _draft(self, widths: list[int], noise: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's block ``[R, T]`` (padded with its last token) and its drafts ``[R, T - 1]``
+        (-1 where none); a sampled row drafts its keyed proposals with its ``noise``."""
         dev = self.target.device
         width = max(widths)
         last = torch.tensor([row.last for row in self.rows], device=dev)
         blocks = last[:, None].repeat(1, width)
         drafts = torch.full((len(self.rows), width - 1), -1, dtype=torch.long, device=dev)
-        q: list[torch.Tensor | None] = [None] * len(self.rows)
         together = [i for i, (row, b) in enumerate(zip(self.rows, widths))
                     if b > 1 and self.batched_draft and row.handle.temperature == 0]
         shared = {}
@@ -213,17 +228,14 @@ class BatchEngine:
             if b == 1:
                 continue
             logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, b)).float()
-            t = row.handle.temperature
-            if t == 0:
+            if noise[i] is None:
                 idx = logits.argmax(-1)
-            else:  # drawn as SpeculativeDecoder draws them
-                probs = torch.softmax(logits / t, dim=-1)
-                idx = torch.multinomial(probs.to(dev), 1, generator=row.generator)[:, 0]
-                q[i] = self.drafter.target_probs(probs).to(dev)
+            else:  # proposed as SpeculativeDecoder proposes them
+                idx = draft_keyed(logits, noise[i][: b - 1], row.handle.temperature, self.drafter.draft_vocab)
             d = self.drafter.to_target_ids(idx).to(dev)
             blocks[i, 1:b] = d
             drafts[i, : b - 1] = d
-        return blocks, drafts, q
+        return blocks, drafts
 
     # ------------------------------------------------------------------ joining and leaving
     def _join(self) -> int:
@@ -265,15 +277,15 @@ class BatchEngine:
             except Exception as e:  # a failing chooser fails its request alone
                 raise AdaptspecError(f"choosing the block size failed: {type(e).__name__}: {e}") from None
             handle.block_size = self._check_block_size(b)
-        gen = _generator(self.target.device, handle.seed) if handle.temperature > 0 else None
-        first = _sample(tp.logits[None], handle.temperature, gen)[0]
+        keys = SampleKeys(handle.seed) if handle.temperature > 0 else None
+        first = first_token(tp.logits, handle.temperature, keys, self.target.vocab_size)
         handle.first_token_at = time.perf_counter()
         if self._commit(handle, [first]):
             handle.decode_s = 0.0
             return None
         self.store.load(len(self.rows), prefill_layers(tp.cache))
         draft = self.drafter.new_state(tp.context_hidden) if self.drafter is not None else None
-        return Row(handle, draft, gen)
+        return Row(handle, draft, keys)
 
     def _commit(self, handle: RequestHandle, new: list[int]) -> bool:
         """Append a round's tokens (up to EOS and ``max_new_tokens``); True when the request is done."""

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..decoding.sampling import SampleKeys
 from ..errors import AdaptspecError
 from ..speculator import Outcome, Round
 
@@ -105,7 +106,7 @@ class Row:
 
     handle: RequestHandle
     draft: Any  # the drafter's DraftState, or None without a drafter
-    generator: torch.Generator | None  # per-request, so a seed's output ignores the batch
+    keys: SampleKeys | None  # the request's sampling keys (temperature > 0): its samples ignore the batch
     started_at: float = field(default_factory=time.perf_counter)
 
     @property

@@ -4,9 +4,10 @@ One round: the drafter drafts ``B - 1`` tokens after the last committed token in
 the target scores ``[last, d_1 .. d_{B-1}]`` in one pass; the longest acceptable prefix is
 kept, plus one token from the target (the bonus), so every round commits ``tau`` tokens,
 ``1 <= tau <= B``. At temperature 0 a draft is acceptable when it equals the target's
-argmax; at T > 0 it is accepted with probability ``min(1, p/q)`` and the first rejected
-position is resampled from ``normalise(max(0, p - q))`` (standard speculative sampling),
-so the output distribution is exactly the target's. ``B = 1`` drafts nothing: that is plain
+argmax; at T > 0 when it equals the target's sample at its position, drawn with the Gumbel-max
+trick from noise keyed by the request's seed and the position (:mod:`~adaptspec.decoding.sampling`),
+so the output distribution is exactly the target's and a seed gives the same tokens whatever
+the block sizes. ``B = 1`` drafts nothing: that is plain
 decoding, through the same code; a request decoded at ``B = 1`` throughout runs the
 target's own one-token step and never touches the drafter ("no speculation", at full plain
 speed in fast verification).
@@ -46,7 +47,7 @@ from ..errors import AdaptspecError
 from ..schedules.fixed import FixedBlock, as_schedule
 from ..speculator import Outcome, Prefill, Round, RoundSchedule
 from .drafter import BlockDiffusionDrafter, DraftState
-from .sampling import speculative_sample
+from .sampling import SampleKeys, accept_keyed, draft_keyed, sample_keyed
 from .target import TargetModel
 
 #: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
@@ -58,7 +59,7 @@ BlockSchedule = int | RoundSchedule | Callable[[int, list[Round]], int]
 class _PrefillState:
     cache: Any
     context_hidden: torch.Tensor | None
-    generator: torch.Generator | None
+    keys: SampleKeys | None  # the request's sampling keys (temperature > 0)
 
 
 class SpeculativeDecoder:
@@ -97,19 +98,20 @@ class SpeculativeDecoder:
     ) -> Prefill:
         """Run the target on the prompt and choose the first token.
 
-        At ``temperature > 0`` the first token is sampled from a generator seeded by ``seed``;
-        ``decode`` keeps drawing from the same generator unless given a seed of its own.
+        At ``temperature > 0`` the first token is the sample of output position 0 keyed by
+        ``seed`` (:mod:`adaptspec.decoding.sampling`); ``decode`` keeps the same keys unless given
+        a seed of its own.
         """
         _check_temperature(temperature)
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
         tp = self.target.prefill(ids)
-        gen = _generator(self.target.device, seed) if temperature > 0 else None
-        first = _sample(tp.logits[None], temperature, gen)[0]
+        keys = SampleKeys(seed) if temperature > 0 else None
+        first = first_token(tp.logits, temperature, keys, self.target.vocab_size)
         return Prefill(
             first_token=first,
             prompt_tokens=int(ids.numel()),
             features=tp.features,
-            state=_PrefillState(tp.cache, tp.context_hidden, gen),
+            state=_PrefillState(tp.cache, tp.context_hidden, keys),
         )
 
     @torch.inference_mode()
@@ -143,9 +145,9 @@ class SpeculativeDecoder:
         if fixed is not None:  # checked once here; a schedule's choices are checked every round
             self._check_block_size(fixed)
         cache = copy.deepcopy(state.cache)
-        gen = state.generator
-        if temperature > 0 and (gen is None or seed is not None):
-            gen = _generator(self.target.device, seed)
+        keys = state.keys
+        if temperature > 0 and (keys is None or seed is not None):
+            keys = SampleKeys(seed)
         # A request at B = 1 throughout never drafts: no drafter state, no hidden states.
         draft = None
         if self.drafter is not None and fixed != 1:
@@ -162,7 +164,8 @@ class SpeculativeDecoder:
             room = max_new_tokens - len(tokens)
             if not schedule.uses_confidence:
                 b = min(b, room)  # drafts past the end would be thrown away
-            new, r = self._round(tokens[-1], n, b, room, cache, draft, temperature, gen, schedule, rounds)
+            noise = None if temperature == 0 else keys.noise(len(tokens), b, self.target.vocab_size, self.target.device)
+            new, r = self._round(tokens[-1], n, b, room, cache, draft, temperature, noise, schedule, rounds)
             rounds.append(r)
             n += r.tau
             kept = len(tokens)
@@ -214,22 +217,19 @@ class SpeculativeDecoder:
         cache: Any,
         draft: DraftState | None,
         temperature: float,
-        gen: torch.Generator | None,
+        noise: torch.Tensor | None,
         schedule: RoundSchedule,
         rounds: list[Round],
     ) -> tuple[list[int], Round]:
         dev = self.target.device
         t0 = _now(dev)
         drafts = torch.empty(0, dtype=torch.long, device=dev)
-        q = None
         if b > 1:
             logits = self.drafter.draft_logits(draft, last, b).float()
             if temperature == 0:
                 idx = logits.argmax(-1)
-            else:
-                q = torch.softmax(logits / temperature, dim=-1)
-                idx = torch.multinomial(q.to(dev), 1, generator=gen)[:, 0]
-                q = self.drafter.target_probs(q).to(dev)
+            else:  # the keyed proposals of the block's positions (decoding.sampling)
+                idx = draft_keyed(logits, noise[: b - 1], temperature, self.drafter.draft_vocab)
             drafts = self.drafter.to_target_ids(idx).to(dev)
             if schedule.uses_confidence:  # verify a prefix, chosen from the drafter's top-1 probabilities
                 top1 = torch.softmax(logits, dim=-1).amax(-1).cpu().numpy()
@@ -237,7 +237,6 @@ class SpeculativeDecoder:
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= b:
                     raise AdaptspecError(f"{schedule!r}.verify_size gave {v!r}, outside 1..{b}")
                 drafts = drafts[: min(int(v), room) - 1]
-                q = q[: len(drafts)] if q is not None else None
         drafted, b = b, len(drafts) + 1
         t1 = _now(dev)
         block = torch.cat([torch.tensor([last], device=dev), drafts])
@@ -249,7 +248,7 @@ class SpeculativeDecoder:
             j = int(ok.cumprod(0).sum())  # accepted drafts; one host sync per round
             new = drafts[:j].tolist() + [int(best[j])]
         else:
-            new = speculative_sample(logits, drafts, q, temperature, gen)
+            new = accept_keyed(logits, drafts, noise[: len(drafts) + 1], temperature)
             j = len(new) - 1
         tau = j + 1
         self.target.crop(cache, n + tau)
@@ -277,20 +276,12 @@ def _check_temperature(t: float) -> None:
         raise AdaptspecError(f"temperature must be >= 0, got {t}")
 
 
-def _generator(device: torch.device, seed: int | None) -> torch.Generator:
-    g = torch.Generator(device=device)
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(int(seed))
-    return g
-
-
-def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> list[int]:
+def first_token(logits: torch.Tensor, temperature: float, keys: SampleKeys | None, vocab: int) -> int:
+    """The token a prefill's ``logits[V]`` choose: the argmax at temperature 0, else the keyed
+    sample of output position 0 (:mod:`adaptspec.decoding.sampling`)."""
     if temperature == 0:
-        return logits.argmax(-1).tolist()
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
+        return int(logits.argmax(-1))
+    return sample_keyed(logits[None], keys.noise(0, 1, vocab, logits.device), temperature)[0]
 
 
 def _now(device: torch.device) -> float:

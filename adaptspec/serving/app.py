@@ -35,7 +35,8 @@ from typing import Any, AsyncIterator
 from .._util.numbers import finite
 from .routes import add_openai_routes
 from .service import CompletionService, RequestError
-from .request_error import body_too_large
+from .bodies import ClientGone, read_body
+from .request_error import server_fault
 from .streaming import CompletionChunks, complete, events
 
 __all__ = ["create_app"]
@@ -68,10 +69,12 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        too_big = body_too_large(service, request.headers.get("content-length"))
-        if too_big is not None:
-            return error(too_big)
-        body = await request.body()
+        try:
+            body = await read_body(request, service)  # 413, 408, or the client left mid-body
+        except RequestError as e:
+            return error(e)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
         try:
             req = service.parse(body, request.headers.get("x-adaptspec-variant"))
         except RequestError as e:
@@ -81,9 +84,9 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
                 done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
             except RequestError as e:
                 return error(e)
-            except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
+            except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving
                 log.exception("request %s failed", req.request_id)
-                return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
+                return error(server_fault(e))
             if done is None:
                 return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
             return JSONResponse(service.completion_body(req, *done))
@@ -108,7 +111,7 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
     @app.get("/health")
     async def health(digest: int = 0) -> Any:
         h = await asyncio.get_running_loop().run_in_executor(None, service.health, bool(digest))
-        return JSONResponse(h)
+        return JSONResponse(h, status_code=503 if h["status"] == "failed" else 200)
 
     add_openai_routes(app, service, pool, error)  # GET /v1/models, POST /v1/chat/completions
     return app

@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import AdaptspecError
 from ..speculator import LoadState, Outcome, SharedRounds
-from .engine_loop import EngineLoop, QueueFull
+from .engine_loop import EngineFailed, EngineLoop, QueueFull
 from .cancelling import on_cancel
 from .halting import current_halt_condition
 from .request_error import RequestError
@@ -70,12 +70,16 @@ class BatchedRunner:
     def __init__(self, loop: EngineLoop) -> None:
         self.loop = loop
 
-    def check_room(self) -> None:
-        """Raise the 429 now if a request would not be queued (checked before a stream's headers go out)."""
+    def reserve(self) -> Any:
+        """A place in the queue for a request about to run, or the 429 now (taken before a stream's
+        headers go out, so a refused stream is a real 429 with ``Retry-After``); a 503 when the
+        engine has stopped. :meth:`run` uses the place (or gives it back)."""
         try:
-            self.loop.check_room()
+            return self.loop.reserve()
         except QueueFull as e:
             raise too_busy(e) from None
+        except EngineFailed as e:
+            raise RequestError(str(e), 503) from None
 
     def run(self, service: Any, req: Any, on_tokens: Callable[[list[int]], None] | None = None) -> Any:
         """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
@@ -92,22 +96,36 @@ class BatchedRunner:
                 req.variant = self.loop.switchback.assign(req.request_id)
                 ctrl = service.controllers[req.variant]
             t0 = time.perf_counter()
-            d = ctrl.decide(features, request_id=req.request_id, load=load_at_join(self.loop, req))
+            try:
+                d = ctrl.decide(features, request_id=req.request_id, load=load_at_join(self.loop, req))
+            except Exception as e:  # the controller's fault, not the prompt's: a 503 below
+                decided["error"] = f"{type(e).__name__}: {e}"
+                raise
             decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
             return int(d.block_size)
 
         try:
             ticket = self.loop.submit(req.prompt_ids, block_size=choose, max_new_tokens=req.max_tokens,
                                       temperature=req.temperature, seed=req.seed, on_tokens=on_tokens,
-                                      stop_when=current_halt_condition())
+                                      stop_when=current_halt_condition(), reservation=req.slot)
         except QueueFull as e:
             raise too_busy(e) from None
+        except EngineFailed as e:
+            raise RequestError(str(e), 503) from None
+        finally:
+            if req.slot is not None:
+                req.slot.release()  # used by the submission, or not needed any more
         on_cancel(ticket.cancel)  # the client went away: the row leaves at the next round boundary
         try:
-            done = ticket.wait()
+            done = self.loop.wait(ticket)  # bounded: the loop's request_timeout_s
         except AdaptspecError as e:
             if service.metrics is not None:
                 service.metrics.failed(req.variant)
+            if isinstance(e, EngineFailed):
+                raise RequestError(str(e), 503) from None
+            if "error" in decided:
+                raise RequestError(f"variant {req.variant}'s controller could not decide this request "
+                                   f"({decided['error']})", 503) from None
             if "decision" not in decided:  # the prefill refused the prompt
                 raise RequestError(str(e), param="prompt") from None
             raise  # after the decision: it stays pending and is logged without a reward when it expires
@@ -125,6 +143,11 @@ class BatchedRunner:
             if service.metrics is not None:
                 service.metrics.failed(req.variant)
             raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
+        except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with the reason, the server keeps serving
+            if service.metrics is not None:
+                service.metrics.failed(req.variant)
+            raise RequestError(f"variant {req.variant}'s controller could not record this request "
+                               f"({type(e).__name__}: {e})", 503) from None
         reward = _reward(ctrl, outcome) if status == "applied" else None
         overhead = decided["decide_s"] + time.perf_counter() - t0
         queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join

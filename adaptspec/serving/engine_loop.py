@@ -53,12 +53,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .._util.guarded import GuardedThread
 from ..errors import AdaptspecError
 from ..reward.attribution import ATTRIBUTIONS, attribute
 from ..reward.load_scale import OneRowScale
 from ..speculator import Outcome
 
 log = logging.getLogger("adaptspec.serving")
+
+#: seconds a reserved place in the queue is held for a request that has not been submitted
+RESERVATION_S = 30.0
 
 
 class QueueFull(AdaptspecError):
@@ -67,6 +71,25 @@ class QueueFull(AdaptspecError):
     def __init__(self, queued: int, retry_after_s: float) -> None:
         super().__init__(f"the server is at capacity ({queued} requests waiting); retry after {retry_after_s:.0f} s")
         self.retry_after_s = retry_after_s
+
+
+class EngineFailed(AdaptspecError):
+    """The engine could not finish this request: its thread failed (the request was dropped with
+    every other one in flight), it stopped for good, or the request ran past its time bound.
+    A server answers 503: the request may be retried."""
+
+
+class Reservation:
+    """A place in the engine's queue, held from a request's checks until its submission (see
+    :meth:`EngineLoop.reserve`); released by :meth:`EngineLoop.submit` or :meth:`release`."""
+
+    def __init__(self, loop: "EngineLoop") -> None:
+        self.loop = loop
+        self.taken_at = time.monotonic()
+
+    def release(self) -> None:
+        """Give the place back (idempotent): the request will not be submitted."""
+        self.loop.release(self)
 
 
 @dataclass
@@ -108,9 +131,13 @@ class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
     def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None,
-                 rule: Any = None, switchback: Any = None, threads: int | None = None) -> None:
+                 rule: Any = None, switchback: Any = None, threads: int | None = None,
+                 request_timeout_s: float = 600.0, max_failures: int = 3, failure_window_s: float = 60.0) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
+        if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
+            raise AdaptspecError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
+        self.request_timeout_s = float(request_timeout_s)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise AdaptspecError(f"threads must be an int >= 1, got {threads!r}")
         self.threads = threads
@@ -140,39 +167,91 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._tickets: list[Ticket] = []
+        self._reserved: dict[int, Reservation] = {}  # places held by requests being checked (see reserve)
         self._closed = False
         self.rounds = 0
         self.decode_s = 0.0  # rounds' decode time (prefills excluded), all rounds
         self.last_round: Any = None
         self.rounds_by_width: collections.Counter = collections.Counter()  # (rows, widest block) -> rounds
         self.round_s_ewma: float | None = None
-        self._thread = threading.Thread(target=self._run, name="adaptspec-engine", daemon=True)
-        self._thread.start()
+        # one guarded thread: a failure outside a request's own checks fails every request in flight
+        # with a 503, resets the engine and restarts the loop; max_failures within failure_window_s
+        # stop it for good (submissions then get EngineFailed: the server answers 503)
+        self._guard = GuardedThread("adaptspec-engine", self._run, self._failed, max_failures=max_failures,
+                                    window_s=failure_window_s, logger=log)
+        self._guard.start()
 
     # ------------------------------------------------------------------ any thread
     def submit(self, prompt_ids: Sequence[int], block_size: int = 1, max_new_tokens: int = 128,
                temperature: float = 0.0, seed: int | None = None,
                on_tokens: Callable[[list[int]], None] | None = None,
-               stop_when: Callable[[], bool] | None = None) -> Ticket:
-        """Queue a request (checked by the engine when the loop takes it; a bad one fails alone)."""
+               stop_when: Callable[[], bool] | None = None, reservation: Reservation | None = None) -> Ticket:
+        """Queue a request (checked by the engine when the loop takes it; a bad one fails alone).
+
+        With a ``reservation`` (:meth:`reserve`) still held, its place is used: no :class:`QueueFull`."""
         with self._lock:
-            if self._closed:
-                raise AdaptspecError("the engine loop is closed")
-            queued = self._inbox_n + len(self.engine.waiting)
-            if queued >= self.max_queue + self.free_rows:
-                raise QueueFull(queued, self.retry_after_s)
+            self._check_open()
+            held = reservation is not None and self._reserved.pop(id(reservation), None) is not None
+            if not held:
+                self._check_room()
             self._inbox_n += 1
         ticket = Ticket(on_tokens, stop_when)
         self._inbox.put((ticket, (list(prompt_ids), block_size, max_new_tokens, temperature, seed)))
         self._wake.set()
         return ticket
 
-    def check_room(self) -> None:
-        """Raise :class:`QueueFull` if a submission now would be refused."""
+    def reserve(self) -> Reservation:
+        """Hold a place in the queue for a request about to be submitted, or raise :class:`QueueFull`
+        now: a server takes it before a stream's headers go out, so a refused stream is a real 429.
+        A place not used within ``RESERVATION_S`` seconds is given back (a request that never ran)."""
         with self._lock:
-            queued = self._inbox_n + len(self.engine.waiting)
-            if queued >= self.max_queue + self.free_rows:
-                raise QueueFull(queued, self.retry_after_s)
+            self._check_open()
+            self._check_room()
+            r = Reservation(self)
+            self._reserved[id(r)] = r
+            return r
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a place :meth:`reserve` held (idempotent)."""
+        with self._lock:
+            self._reserved.pop(id(reservation), None)
+
+    def _check_room(self) -> None:  # with the lock held
+        now = time.monotonic()
+        for key, r in list(self._reserved.items()):
+            if now - r.taken_at > RESERVATION_S:
+                del self._reserved[key]
+        queued = self._inbox_n + len(self.engine.waiting) + len(self._reserved)
+        if queued >= self.max_queue + self.free_rows:
+            raise QueueFull(queued, self.retry_after_s)
+
+    def _check_open(self) -> None:  # with the lock held
+        if self._guard.gave_up:
+            raise EngineFailed(f"the engine has stopped after repeated failures (last: {self._guard.last_error}); "
+                               "this server cannot decode until it is restarted")
+        if self._closed:
+            raise EngineFailed("the server is shutting down")
+
+    def wait(self, ticket: Ticket, timeout: float | None = None) -> Outcome:
+        """``ticket``'s outcome, waiting at most ``timeout`` (default ``request_timeout_s``) seconds: past
+        it the request is cancelled and :class:`EngineFailed` raised; so is a dead engine thread's."""
+        deadline = time.monotonic() + (self.request_timeout_s if timeout is None else timeout)
+        while not ticket.done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            if not self._guard.alive:  # the loop has ended (closed, or stopped for good): nobody will finish it
+                if not ticket.done.is_set():
+                    ticket.error = EngineFailed(f"the engine stopped before this request finished"
+                                                f"{'' if self._guard.last_error is None else f' ({self._guard.last_error})'}")
+                break
+            if time.monotonic() >= deadline:
+                ticket.cancel()
+                raise EngineFailed(f"the request did not finish within {self.request_timeout_s if timeout is None else timeout:g} s")
+        return ticket.wait(0)
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The engine thread's state for /health: ``ok``, ``degraded`` (failed and restarted within the
+        failure window) or ``failed`` (stopped for good), its failures and the last error."""
+        return {"state": self._guard.state, "failures": self._guard.failures, "last_error": self._guard.last_error}
 
     @property
     def free_rows(self) -> int:
@@ -201,11 +280,15 @@ class EngineLoop:
         return self._inbox_n + len(self.engine.waiting)
 
     def close(self, timeout: float = 120.0) -> None:
-        """Finish what was submitted, then stop the thread."""
+        """Finish what was submitted, then stop the thread (whatever it left unfinished fails)."""
         with self._lock:
             self._closed = True
         self._wake.set()
-        self._thread.join(timeout)
+        self._guard.join(timeout)
+        if self._guard.alive:
+            log.error("the engine thread did not finish within %.0f s of the shutdown", timeout)
+        else:
+            self._fail_everything(EngineFailed("the server shut down before this request finished"))
         if self.switchback is not None:  # the slice in progress is written, marked incomplete
             self.switchback.close()
 
@@ -244,12 +327,7 @@ class EngineLoop:
             self._wake.clear()
             self._take_submissions()
             while self.engine.busy:
-                try:
-                    record = self.engine.step()
-                except Exception as e:  # a defect in a round: fail the rows in it, keep serving
-                    log.exception("engine round failed")
-                    self._fail_all(AdaptspecError(f"internal error in a batched round: {type(e).__name__}: {e}"))
-                    break
+                record = self.engine.step()  # a defect raises to the guard: see _failed
                 if record is not None:
                     self._attribute(record)
                     self.rounds += 1
@@ -309,11 +387,25 @@ class EngineLoop:
                 still.append(t)
         self._tickets = still
 
-    def _fail_all(self, error: AdaptspecError) -> None:
+    def _failed(self, message: str) -> None:
+        """After the loop thread failed (on that thread, from the guard): fail every request in
+        flight or queued with a 503 saying why, and reset the engine (rows dropped, KV slots freed)."""
+        what = "the engine has stopped" if self._guard.gave_up else "the engine was restarted"
+        self._fail_everything(EngineFailed(f"the engine failed ({message}); {what} and this request was dropped: retry"))
+
+    def _fail_everything(self, error: AdaptspecError) -> None:
+        while True:  # submitted, not yet taken
+            try:
+                ticket, _ = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            with self._lock:
+                self._inbox_n -= 1
+            self._tickets.append(ticket)
+        self.engine.reset(error)
         for t in self._tickets:
-            t.error = error
+            h = t.handle
+            if not (h is not None and h.done and h.error is None):  # one that finished keeps its outcome
+                t.error = error
             t.done.set()
         self._tickets = []
-        for row in self.engine.rows:
-            row.handle.fail(error)
-        self.engine._leave(list(range(len(self.engine.rows))))  # free their KV slots

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import AdaptspecError
 
-__all__ = ["RequestError", "short"]
+__all__ = ["RequestError", "server_fault", "short"]
 
 
 class RequestError(AdaptspecError):
@@ -43,3 +43,10 @@ def body_too_large(service: Any, content_length: str | None) -> "RequestError | 
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         return RequestError(f"request body is {content_length} bytes; the limit is {limit}", 413)
     return None
+
+
+def server_fault(e: BaseException) -> RequestError:
+    """The 503 that an unexpected failure while running a request answers with (never a 500): one
+    line with the reason; the server keeps serving and the client may retry."""
+    return RequestError(f"the server could not complete this request ({type(e).__name__}: {short(str(e), 200)[1:-1]})",
+                        503)

@@ -12,8 +12,8 @@ import logging
 from typing import Any, Callable
 
 from .chat import ChatChunks, chat_body, parse_chat
-from .request_error import RequestError
-from .request_error import body_too_large
+from .bodies import ClientGone, read_body
+from .request_error import RequestError, server_fault
 from .service import CompletionService
 from .streaming import complete, events
 
@@ -38,10 +38,12 @@ def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, e
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        too_big = body_too_large(service, request.headers.get("content-length"))
-        if too_big is not None:
-            return error(too_big)
-        body = await request.body()
+        try:
+            body = await read_body(request, service)  # 413, 408, or the client left mid-body
+        except RequestError as e:
+            return error(e)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
         try:
             req = parse_chat(service, body, request.headers.get("x-adaptspec-variant"))
         except RequestError as e:
@@ -53,9 +55,9 @@ def add_openai_routes(app: Any, service: CompletionService, pool: cf.Executor, e
             done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
         except RequestError as e:
             return error(e)
-        except Exception as e:  # noqa: BLE001 - answer with a 500, keep serving
+        except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving
             log.exception("request %s failed", req.request_id)
-            return JSONResponse(RequestError(f"internal error: {e!r}", 500).body(), status_code=500)
+            return error(server_fault(e))
         if done is None:
             return Response(status_code=499)  # nobody reads it
         return JSONResponse(chat_body(service, req, *done))

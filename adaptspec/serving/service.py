@@ -54,6 +54,7 @@ class ServerLimits:
     default_max_tokens: int = 16
     max_context: int | None = None  # prompt + new tokens (the model's positions)
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 10.0  # a request body not whole by then gets 408 (a stalled client holds nothing)
     vocab_size: int | None = None
 
 
@@ -70,6 +71,7 @@ class CompletionRequest:
     user: str | None
     stop: tuple[str, ...] = ()
     include_usage: bool = False  # stream_options.include_usage
+    slot: Any = None  # the batched engine's place in its queue, held from the checks to the run (Reservation)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     received: float = field(default_factory=time.perf_counter)
 
@@ -200,7 +202,9 @@ class CompletionService:
         user = data.get("user")
         if user is not None and not isinstance(user, str):
             raise RequestError(f"user must be a string, got {_short(user)}", param="user")
-        variant = data.get("variant", self._model_variant(opts.model, data.get("variant")) or variant_header)
+        given = data.get("variant")  # null is "not given": the model's variant, the header, or the router
+        named = self._model_variant(opts.model, given)
+        variant = given if given is not None else named if named is not None else variant_header
         if variant is not None:
             if not isinstance(variant, str) or variant not in self.router.variants:
                 raise RequestError(f"unknown variant {_short(variant)}: this server has {', '.join(self.router.variants)}",
@@ -208,9 +212,9 @@ class CompletionService:
         else:
             variant = self.router.assign(user)
         include_usage = opts.stream_options is not None and opts.stream_options.include_usage
-        if self.runner is not None:
-            self.runner.check_room()  # a 429 before a stream's headers go out
-        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage)
+        # batched: the queue's place is taken now, the last check, so a stream refused is a 429 before its headers
+        slot = None if self.runner is None else self.runner.reserve()
+        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage, slot=slot)
 
     def model_ids(self) -> list[str]:
         """The names ``model`` may take: the served model, and ``MODEL:VARIANT`` for each of several variants."""
@@ -232,8 +236,10 @@ class CompletionService:
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if prompt is None:
             raise RequestError("prompt is required (a string, or a list of token ids)", param="prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            if len(prompt) > 1:  # the OpenAI API's batch of prompts
+                raise RequestError(f"one prompt per request, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             if self.codec is None:
                 raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
@@ -242,10 +248,10 @@ class CompletionService:
             except Exception as e:  # noqa: BLE001 - a tokenizer refusing the text (lone surrogates, ...)
                 raise RequestError(f"prompt cannot be tokenized ({type(e).__name__})", param="prompt") from None
         elif isinstance(prompt, list):
-            if prompt and all(isinstance(p, (str, list)) for p in prompt):
-                raise RequestError(f"one prompt per request, got {len(prompt)}", param="prompt")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                raise RequestError("prompt must be a string or a list of integer token ids", param="prompt")
+            bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
+            if bad:
+                raise RequestError(f"prompt must be a string or a list of integer token ids, got a list holding "
+                                   f"{_short(bad[0], 30)}", param="prompt")
             ids = list(prompt)
         else:
             raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
@@ -370,9 +376,18 @@ class CompletionService:
             variants[name] = v
         failing = any(v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
                       for v in variants.values())
-        status = "closing" if self._closed else "degraded" if failing else "ok"
-        return {"status": status, "model": self.model_name,
-                "uptime_s": round(time.time() - self.started, 3), "variants": variants}
+        engine = None if self.runner is None else self.runner.loop.health  # the batched engine's thread
+        if engine is not None and engine["state"] == "failed":
+            status = "failed"  # it stopped for good: every request gets a 503 until a restart
+        elif self._closed:
+            status = "closing"
+        else:
+            status = "degraded" if failing or (engine is not None and engine["state"] != "ok") else "ok"
+        out = {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
+               "variants": variants}
+        if engine is not None:
+            out["engine"] = engine
+        return out
 
     def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:
         """The live A/B report over the decision log (see :mod:`adaptspec.analysis.ab`)."""

@@ -1,0 +1,477 @@
+"""The batched server under faults, bursts and misbehaving clients (issue 38: items 2, 4, 9, 10, 11, 12, 18).
+
+Real servers on 127.0.0.1 over the tiny model: uvicorn on a thread of this process (with the
+server's own HTTP protocol, serving.connections) where the test needs to reach inside (a fault
+injected through a public parameter: a load rule whose feedback raises, as a latency profile of
+zeros made the learned rule do), and the ``adaptspec serve`` process itself where the test
+needs a process (SIGTERM, its log). Clients are httpx and raw sockets. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from adaptspec.batching import BatchEngine
+from adaptspec.serving import CompletionService, ServerLimits
+from adaptspec.serving.app import create_app
+from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.codec import CharCodec
+from adaptspec.serving.connections import uvicorn_config
+from adaptspec.serving.engine_loop import EngineFailed, EngineLoop
+from adaptspec.serving.load_rule import make_load_rule
+from adaptspec.serving.tiny import tiny_model, tiny_speculator
+
+from _redis import free_port
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
+
+pytestmark = pytest.mark.integration  # every test here starts a server on loopback
+
+CODEC = CharCodec()
+LIMITS = ServerLimits(max_context=512, vocab_size=128, max_tokens=200, body_timeout_s=1.0)
+_MODEL: dict = {}
+
+
+def alone(prompt: str, n: int) -> list[int]:
+    """The tiny target's own greedy ``generate`` of the prompt alone (the reference of exact mode)."""
+    model = _MODEL.setdefault(0, tiny_model(0))
+    ids = CODEC.encode(prompt)
+    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+
+
+class ThreadServer:
+    """The server's uvicorn configuration on a free loopback port, on a thread of this process."""
+
+    def __init__(self, svc: CompletionService) -> None:
+        import uvicorn
+
+        self.svc = svc
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(create_app(svc), host="127.0.0.1", port=self.port, log_config=None,
+                                                    log_level="info", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ThreadServer":
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+class FaultyRule:
+    """A per-round load rule whose feedback raises on the engine's thread, outside any round,
+    its first ``times`` calls (ZeroDivisionError: what a latency profile of zeros made the learned
+    rule raise)."""
+
+    name = "faulty"
+
+    def __init__(self, times: int) -> None:
+        self.times, self.raised = times, 0
+
+    def choose(self, rows, load):
+        return [2] * len(rows)
+
+    def feedback(self, views, asked, taus, shares, load):
+        if self.raised < self.times:
+            self.raised += 1
+            raise ZeroDivisionError("float division by zero")
+
+
+def service(variants=None, max_rows=2, max_queue=4, rule=None, verification="exact") -> CompletionService:
+    spec, codec = tiny_speculator(0, verification=verification)
+    svc = CompletionService.build(spec, variants or {"A": "fixed:4"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8])
+    serve_batched(svc, spec, max_rows=max_rows, max_queue=max_queue, rule=rule)
+    return svc
+
+
+def sse(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def tracebacks(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+# ============================================================================ item 2: a failing engine thread
+def test_a_failure_outside_the_round_is_a_503_for_the_requests_in_flight_and_the_loop_restarts(caplog):
+    caplog.set_level(logging.INFO)
+    svc = service(rule=FaultyRule(times=2))
+    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+        t0 = time.time()
+        streamed = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12, "stream": True})
+        plain = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
+        assert time.time() - t0 < 30
+        # the stream had started: it ends with an error event (503, the reason), then [DONE]
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        err = sse(streamed.text)[-1]["error"]
+        assert err["code"] == 503 and "ZeroDivisionError" in err["message"] and "restarted" in err["message"]
+        assert plain.status_code == 503 and "ZeroDivisionError" in plain.json()["error"]["message"]
+        health = c.get(s.url + "/health").json()
+        assert health["status"] == "degraded"
+        assert health["engine"]["state"] == "degraded" and health["engine"]["failures"] == 2
+        assert "ZeroDivisionError" in health["engine"]["last_error"]
+        # restarted, with a clean engine: the next request is served exactly
+        ok = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["choices"][0]["token_ids"] == alone("Hello", 12)
+        assert svc.runner.loop.stats()["rows_in_flight"] == 0
+    # logged once with its traceback, then one line
+    engine_logs = [r for r in caplog.records if "adaptspec-engine" in r.getMessage()]
+    assert len(engine_logs) == 2 and [bool(r.exc_info) for r in engine_logs] == [True, False]
+
+
+def test_repeated_failures_stop_the_engine_every_request_gets_503_and_the_server_shuts_down(caplog):
+    caplog.set_level(logging.INFO)
+    svc = service(rule=FaultyRule(times=10**6))
+    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+        for _ in range(3):  # the default: 3 failures within a minute stop it
+            r = c.post(s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6})
+            assert r.status_code == 503 and "ZeroDivisionError" in r.json()["error"]["message"]
+        h = c.get(s.url + "/health")
+        assert h.status_code == 503 and h.json()["status"] == "failed" and h.json()["engine"]["state"] == "failed"
+        t0 = time.time()
+        for stream in (False, True):
+            r = c.post(s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6, "stream": stream})
+            assert r.status_code == 503 and "stopped after repeated failures" in r.json()["error"]["message"]
+        assert time.time() - t0 < 5
+        t0 = time.time()
+    assert time.time() - t0 < 10  # the shutdown does not wait for anything
+    assert sum(bool(r.exc_info) for r in caplog.records) == 1  # one traceback for one distinct error
+
+
+def test_no_wait_on_the_engine_is_unbounded():
+    """A request the engine does not finish in time is cancelled with EngineFailed, not waited on forever."""
+    spec, _ = tiny_speculator(0, verification="exact")
+    hold = threading.Event()
+    with EngineLoop(BatchEngine(spec.target, spec.drafter, max_rows=2), request_timeout_s=0.5) as loop:
+        blocker = loop.submit(CODEC.encode("wait"), max_new_tokens=4, on_tokens=lambda ids: hold.wait(30))
+        stuck = loop.submit(CODEC.encode("me"), max_new_tokens=4)
+        t0 = time.time()
+        with pytest.raises(EngineFailed, match="did not finish within 0.5 s"):
+            loop.wait(stuck)
+        assert time.time() - t0 < 3
+        hold.set()
+        loop.wait(blocker, timeout=60)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_server_whose_engine_failed_within_seconds(tmp_path):
+    """A real process (the server's app and uvicorn configuration, a faulty rule through its
+    public parameter): after its engine stopped for good, SIGTERM ends it cleanly and fast."""
+    script = tmp_path / "faulty_server.py"
+    script.write_text(FAULTY_SERVER.format(tests=Path(__file__).parent))
+    port = free_port()
+    out = open(tmp_path / "server.out", "wb")
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_up(proc, url, tmp_path / "server.out")
+        with httpx.Client(timeout=30) as c:
+            codes = [c.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6}).status_code
+                     for _ in range(4)]
+            assert codes == [503] * 4
+            assert c.get(url + "/health").json()["status"] == "failed"
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        assert time.time() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "server.out").read_text()
+    assert "Application shutdown complete" in log  # a clean shutdown: the controllers were closed
+    assert log.count("Traceback") == 1  # the first failure, once
+
+
+FAULTY_SERVER = '''
+import logging, sys
+sys.path.insert(0, "{tests}")
+import uvicorn
+from test_server_reliability import FaultyRule, service
+from adaptspec.serving.app import create_app
+from adaptspec.serving.connections import uvicorn_config
+
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+svc = service(rule=FaultyRule(times=10**6))
+try:
+    uvicorn.Server(uvicorn_config(create_app(svc), host="127.0.0.1", port=int(sys.argv[1]),
+                                  timeout_graceful_shutdown=30)).run()
+finally:
+    svc.close()
+'''
+
+
+def wait_up(proc, url: str, out: Path, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {out.read_text()[-3000:]}")
+        try:
+            httpx.get(url + "/health", timeout=2)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("server did not start")
+
+
+# ============================================================================ item 4: a controller's failure is a 503
+def test_a_head_of_another_feature_width_is_refused_at_start_in_one_line(tmp_path):
+    from adaptspec.models.bundled import BUNDLED_HEAD
+
+    r = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--batched", "--port", str(free_port()),
+                        "--variant", f"A=neural-linear:head={BUNDLED_HEAD}"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and "1153" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_controller_that_fails_during_a_request_is_a_503_with_the_reason_never_a_500(batched):
+    """A variant's controller that raises while deciding (here: closed under the server) answers 503
+    naming the reason, streamed or not; the other variant keeps serving."""
+    spec, codec = tiny_speculator(0, verification="exact")
+    svc = CompletionService.build(spec, {"A": "fixed:2", "B": "fixed:4"}, codec=codec, limits=LIMITS)
+    if batched:
+        serve_batched(svc, spec, max_rows=2, max_queue=4)
+    svc.controllers["A"].close()
+    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+        for stream in (False, True):
+            r = c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "variant": "A", "stream": stream})
+            if stream:  # the stream had started: its error event
+                assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+                err = sse(r.text)[-1]["error"]
+            else:
+                assert r.status_code == 503, r.text
+                err = r.json()["error"]
+            assert err["code"] == 503 and "closed" in err["message"] and "\n" not in err["message"]
+        ok = c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "variant": "B"})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"] == alone("hi", 4)
+
+
+# ============================================================================ item 10: bursts of streams
+def test_a_held_burst_of_streams_past_the_queue_gets_real_429s_and_the_rest_complete():
+    svc = service(max_rows=2, max_queue=4)
+    loop = svc.runner.loop
+    with ThreadServer(svc) as s:
+        hold = threading.Event()  # a row of its own, holding the engine's thread: the burst queues up
+        blocker = loop.submit(CODEC.encode("hold"), max_new_tokens=3, on_tokens=lambda ids: hold.wait(60))
+        deadline = time.time() + 30
+        while loop.stats()["rows_in_flight"] == 0 and time.time() < deadline:
+            time.sleep(0.005)
+        results = burst(s.url, 10, release=hold)
+        blocker.wait(60)
+    refused = [r for r in results if r[0] == 429]
+    # room: 4 queued + 1 free row (the blocker has the other)
+    assert len(refused) == 5 and all(r[1] is not None and int(r[1]) >= 1 for r in refused)
+    done = [r for r in results if r[0] == 200]
+    assert len(done) == 5 and all(r[2] == alone(r[3], 16) for r in done)
+
+
+def test_an_unheld_burst_of_forty_streams_gets_only_real_429s_and_complete_streams():
+    svc = service(max_rows=2, max_queue=4)
+    with ThreadServer(svc) as s:
+        results = burst(s.url, 40)
+    assert {r[0] for r in results} <= {200, 429} and any(r[0] == 429 for r in results)
+    for code, retry, ids, prompt in results:
+        if code == 429:
+            assert retry is not None and int(retry) >= 1
+        else:
+            assert ids == alone(prompt, 16)  # no in-stream error: burst() fails on one
+
+
+def burst(url: str, n: int, release: threading.Event | None = None) -> list[tuple]:
+    """``n`` concurrent streamed requests: (status, Retry-After, the streamed ids, the prompt) each."""
+    started = threading.Barrier(n + (release is not None))
+
+    def one(i):
+        prompt = f"burst {i}"
+        with httpx.Client(timeout=120) as c:
+            started.wait(30)
+            with c.stream("POST", url + "/v1/completions",
+                          json={"prompt": prompt, "max_tokens": 16, "stream": True}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    assert r.status_code == 429 and "at capacity" in r.json()["error"]["message"]
+                    return r.status_code, r.headers.get("retry-after"), None, prompt
+                chunks = sse("\n".join(r.iter_lines()))
+        assert all("error" not in ch for ch in chunks), chunks
+        return 200, None, [t for ch in chunks for t in ch["choices"][0]["token_ids"]], prompt
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        if release is not None:
+            started.wait(30)
+            time.sleep(1.0)  # every request has been answered 429 or holds its place
+            release.set()
+        return [f.result(timeout=120) for f in futures]
+
+
+# ============================================================================ item 11: seeds under the learned rule
+def test_a_seeded_request_repeats_under_the_learned_rule_alone_and_in_a_batch():
+    from adaptspec.decoding import SpeculativeDecoder
+
+    rule = make_load_rule("learned", [1, 2, 3, 4, 6, 8], "cpu-smollm2-batched", prior=0.4)
+    svc = service(max_rows=4, max_queue=8, rule=rule)
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 1234}
+    spec, _ = tiny_speculator(0, verification="exact")
+    want = SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
+                                                                  seed=1234).tokens
+    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+        alone_ids = [c.post(s.url + "/v1/completions", json=body).json()["choices"][0]["token_ids"] for _ in range(4)]
+        others = [{"prompt": f"other {i}", "max_tokens": 20, "temperature": 1.3 * (i % 2)} for i in range(5)]
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(c.post, s.url + "/v1/completions", json=b) for b in others + [body, body]]
+            batched = [f.result().json()["choices"][0]["token_ids"] for f in futures[-2:]]
+        assert max(r.rows for r in svc.runner.loop.engine.history) > 1  # it did share rounds
+    assert alone_ids == [want] * 4 and batched == [want] * 2
+    assert SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
+                                                                  seed=1235).tokens != want
+
+
+# ============================================================================ item 12 and messages (in process)
+def test_variant_null_is_not_given_the_model_and_the_header_route():
+    from fastapi.testclient import TestClient
+
+    svc = service(variants={"A": "fixed:2", "B": "fixed:4"})
+    with TestClient(create_app(svc)) as client:
+        def variant(body, headers=None):
+            r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, headers=headers or {})
+            assert r.status_code == 200, r.text
+            return r.json()["adaptspec"]["variant"]
+
+        model = svc.model_name
+        assert {variant({"model": f"{model}:B", "variant": None}) for _ in range(12)} == {"B"}
+        assert {variant({"variant": None}, {"X-Adaptspec-Variant": "B"}) for _ in range(12)} == {"B"}
+        assert {variant({"model": f"{model}:A", "variant": None}, {"X-Adaptspec-Variant": "B"})} == {"A"}
+        assert {variant({"variant": None}) for _ in range(40)} == {"A", "B"}  # no key, no name: random
+        r = client.post("/v1/completions", json={"prompt": "hi", "model": f"{model}:B", "variant": "A"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "variant"
+
+
+@pytest.mark.parametrize("prompt,status,needle", [
+    ([["a"]], 400, "prompt must be a string or a list of integer token ids, got a list holding 'a'"),
+    ([[1, "x"]], 400, "got a list holding 'x'"),
+    ([1, None], 400, "got a list holding None"),
+    ([[1, 2], [3]], 400, "one prompt per request, got 2"),
+    (["a", "b", "c"], 400, "one prompt per request, got 3"),
+    ([[72, 105]], 200, None),
+    (["Hi"], 200, None),
+])
+def test_a_prompt_of_the_wrong_shape_is_named(prompt, status, needle):
+    from fastapi.testclient import TestClient
+
+    svc = service()
+    with TestClient(create_app(svc)) as client:
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == status, r.text
+    if needle is not None:
+        assert needle in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
+
+
+# ============================================================================ items 9 and 18: clients on raw sockets
+def raw(port: int, data: bytes, *, close: bool = False, half_close: bool = False, read: float = 10.0) -> bytes:
+    """Send ``data``; then close, half-close (then read) or just read, for at most ``read`` seconds."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=read)
+    try:
+        s.sendall(data)
+        if close:
+            return b""
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        got = b""
+        deadline = time.time() + read
+        while time.time() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+    finally:
+        s.close()
+
+
+def head(body_len: int) -> bytes:
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {body_len}\r\n\r\n").encode()
+
+
+BODY = json.dumps({"prompt": "Hello", "max_tokens": 8}).encode()
+
+
+def test_clients_that_leave_mid_body_log_no_traceback_and_stalled_bodies_get_408(caplog):
+    caplog.set_level(logging.DEBUG)
+    svc = service()
+    with ThreadServer(svc) as s:
+        for _ in range(20):  # half a body, then gone
+            raw(s.port, head(len(BODY)) + BODY[: len(BODY) // 2], close=True)
+        t0 = time.time()
+        with ThreadPoolExecutor(20) as pool:  # half a body, then nothing: each is answered 408 and closed
+            stalled = list(pool.map(lambda _: raw(s.port, head(len(BODY)) + BODY[:10], read=10), range(20)))
+        assert time.time() - t0 < 8  # the body timeout is 1 s
+        for got in stalled:
+            assert got.startswith(b"HTTP/1.1 408 ") and b"did not arrive within 1 s" in got
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == alone("Hello", 8)
+    assert not tracebacks(caplog), [r.getMessage() for r in tracebacks(caplog)]
+    said = [r for r in caplog.records if "disconnected before sending its whole request body" in r.getMessage()]
+    assert 1 <= len(said) <= 20
+
+
+def test_a_client_that_half_closes_after_its_request_gets_its_answer():
+    svc = service()
+    with ThreadServer(svc) as s:
+        for body, stream in ((BODY, False), (json.dumps({"prompt": "Hello", "max_tokens": 8, "stream": True}).encode(), True)):
+            got = raw(s.port, head(len(body)) + body, half_close=True, read=30)
+            final = got[got.rfind(b"HTTP/1.1 "):]  # after the interim 100 Continue responses
+            assert final.startswith(b"HTTP/1.1 200 "), got[:300]
+            payload = final.split(b"\r\n\r\n", 1)[1]
+            if stream:
+                ids = [t for line in payload.decode().splitlines() if line.startswith("data: {")
+                       for t in json.loads(line[6:])["choices"][0]["token_ids"]]
+            else:
+                ids = json.loads(payload)["choices"][0]["token_ids"]
+            assert ids == alone("Hello", 8)
+
+
+def test_a_client_that_closes_while_waiting_still_cancels_its_row():
+    """The half-close probe tells a closed client from a half-closed one: the row leaves early."""
+    svc = service(max_rows=2)
+    loop = svc.runner.loop
+    with ThreadServer(svc) as s:
+        blocker = loop.submit(CODEC.encode("aaaa"), max_new_tokens=200, on_tokens=lambda ids: time.sleep(0.02))
+        body = json.dumps({"prompt": "abcabc", "max_tokens": 200}).encode()
+        client = threading.Thread(target=raw, args=(s.port, head(len(body)) + body), kwargs={"read": 1.0})
+        client.start()  # waits 1 s for the answer, then closes its connection
+        deadline, row = time.time() + 30, None
+        while row is None and time.time() < deadline:
+            row = next((r.handle for r in list(loop.engine.rows) if r.handle is not blocker.handle), None)
+            time.sleep(0.005)
+        client.join(30)
+        deadline = time.time() + 10
+        while not row.done and time.time() < deadline:
+            time.sleep(0.01)
+        assert row.error is not None and "cancelled" in str(row.error) and len(row.tokens) < 200
+        blocker.cancel()
