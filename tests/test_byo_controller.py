@@ -388,6 +388,15 @@ def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, ca
         AdaptiveController(ToyDFlash(8, declare_width=False), f"neural-linear:head={tmp_path / 'head'}",
                            feature_dim=WIDTH + 1)
     assert f"reads prefill features of {WIDTH} values" in one_line(e)
+    # the default rule, over this head: it fits the toy at 8 (arms 1-8, width 40), not at another width or arms
+    from adaptspec.control.policy_build import choose_default_policy
+
+    head = tmp_path / "head"
+    assert default_policy_spec(head, speculator=spec) == f"neural-linear:head={head}"
+    assert choose_default_policy(8, WIDTH + 1, head=head).reason.startswith(
+        f"no head fits: head {head} reads {WIDTH} feature values, the decoder's features have {WIDTH + 1}")
+    assert "not all among the arms [1, 2, 8]" in choose_default_policy(8, WIDTH, arms=[1, 2, 8], head=head).reason
+    assert choose_default_policy(4, WIDTH, head=head).spec == "ucb"
 
 
 def test_a_re_decisions_rounds_are_checked_against_its_own_block_size():
