@@ -475,3 +475,58 @@ def test_a_client_that_closes_while_waiting_still_cancels_its_row():
             time.sleep(0.01)
         assert row.error is not None and "cancelled" in str(row.error) and len(row.tokens) < 200
         blocker.cancel()
+
+
+# ============================================================================ the `adaptspec serve` process itself
+@pytest.fixture(scope="module")
+def cli_server(tmp_path_factory):
+    """``adaptspec serve --tiny --batched`` with its defaults (fast verification, the learned load rule)."""
+    root = tmp_path_factory.mktemp("cli")
+    port = free_port()
+    out = root / "server.out"
+    proc = subprocess.Popen([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--batched", "--threads", "1",
+                             "--port", str(port), "--log-level", "info"], stdout=open(out, "wb"),
+                            stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(proc, url, out)
+        yield proc, port, url, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_server_repeats_a_seeded_request_under_its_default_learned_rule(cli_server):
+    _, _, url, out = cli_server
+    assert "load rule learned" in out.read_text()
+    body = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.9, "seed": 1234}
+    with httpx.Client(timeout=120) as c:
+        texts = [c.post(url + "/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            others = [pool.submit(c.post, url + "/v1/completions", json={"prompt": f"x{i}", "max_tokens": 30})
+                      for i in range(3)]
+            texts.append(pool.submit(c.post, url + "/v1/completions", json=body).result().json()["choices"][0]["text"])
+            [f.result() for f in others]
+    assert len(texts[0]) > 10 and texts == [texts[0]] * 5
+
+
+def test_cli_server_logs_no_traceback_for_clients_that_leave_mid_body_and_answers_half_closed_ones(cli_server):
+    _, port, _, out = cli_server
+    for _ in range(30):
+        raw(port, head(len(BODY)) + BODY[: len(BODY) // 2], close=True)
+    got = raw(port, head(len(BODY)) + BODY, half_close=True, read=60)
+    assert got[got.rfind(b"HTTP/1.1 "):].startswith(b"HTTP/1.1 200 ")
+    time.sleep(0.5)
+    log = out.read_text()
+    assert "Traceback" not in log and "ClientDisconnect" not in log
+    assert log.count("disconnected before sending its whole request body") >= 1
+
+
+def test_cli_server_exits_on_sigterm_within_seconds(cli_server):
+    proc, _, url, out = cli_server
+    assert httpx.get(url + "/health", timeout=30).json()["status"] == "ok"
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert time.time() - t0 < 5
+    assert "Traceback" not in out.read_text()
