@@ -9,7 +9,14 @@ see the same machine conditions. River gets its contexts as dicts built outside 
 Every other policy is timed on the same stream afterwards (NeuralLinear / SquareCB-head use a
 small head trained on a separate stream of the same model).
 
+The full-information policies (``fi-ucb``, ``fi-linucb``) are timed as ``decide`` +
+``update_full`` with every arm observed (their most expensive request), on this stream and on
+the cold default's shape (16 block sizes, no context); beside them, the counterfactual outcomes
+of one request (``reward.counterfactual.counterfactuals``: 40 rounds, 16 arms), which the
+feedback path computes once per request before the update.
+
     python benchmarks/bench_policy_speed.py [--steps 3000] [--json out.json]
+    python benchmarks/bench_policy_speed.py --only-full-info --json benchmarks/results/policy_speed_full_info.json
 """
 
 from __future__ import annotations
@@ -144,26 +151,89 @@ def all_policies(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
     return rows
 
 
+def time_full(pol, X: np.ndarray | None, R: np.ndarray, warm: int) -> np.ndarray:
+    """decide + update_full (every arm observed) per step, microseconds."""
+    out = np.empty(len(R) - warm)
+    seen = np.ones(R.shape[1], dtype=bool)
+    for t in range(len(R)):
+        x = X[t] if pol.contextual else None
+        t0 = time.perf_counter()
+        pol.decide(x)
+        pol.update_full(x, R[t], seen)
+        dt = time.perf_counter() - t0
+        if t >= warm:
+            out[t - warm] = dt
+    return out * 1e6
+
+
+def full_information(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
+    from adaptspec.policies import FullInfoLinUCB, FullInfoUCB
+    from adaptspec.reward.counterfactual import counterfactuals
+    from adaptspec.reward.latency import get_profile
+
+    rng = np.random.default_rng(5)
+    R16 = rng.normal(-35.0, 5.0, size=(len(R), 16))
+    cands = [(f"fi-ucb ({K} arms)", FullInfoUCB(ARMS, seed=0), X, R),
+             (f"fi-linucb (d={D}, {K} arms)", FullInfoLinUCB(ARMS, seed=0), X, R),
+             ("fi-ucb (16 arms, the cold default's shape)", FullInfoUCB(range(1, 17), seed=0), None, R16)]
+    rows = []
+    for name, pol, Xs, Rs in cands:
+        t = time_full(pol, Xs, Rs, warm)
+        rows.append({"policy": name, "median_us": float(np.median(t)), "p90_us": float(np.percentile(t, 90)),
+                     "steps_timed": int(len(t))})
+        print(f"  {name:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90", flush=True)
+    from adaptspec.policies import UCB
+
+    t = time_policy(UCB(range(1, 17), seed=0), np.zeros((len(R16), 1)), R16, warm)  # decide + update, same run
+    rows.append({"policy": "ucb (16 arms, bandit feedback: decide + update, for comparison)",
+                 "median_us": float(np.median(t)), "p90_us": float(np.percentile(t, 90)), "steps_timed": int(len(t))})
+    print(f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90")
+    prof = get_profile("cpu-smollm2-fast")
+    taus = rng.integers(1, 5, size=40)
+    ts = []
+    for i in range(len(R)):
+        t0 = time.perf_counter()
+        counterfactuals(taus, np.full(40, 4), arms=range(1, 17), decided=4, context_tokens=100, profile=prof,
+                        decode_s=1.5).rewards("token_latency")
+        if i >= warm:
+            ts.append(time.perf_counter() - t0)
+    t = np.array(ts) * 1e6
+    rows.append({"policy": "counterfactual outcomes of one request (40 rounds, 16 arms)", "median_us": float(np.median(t)),
+                 "p90_us": float(np.percentile(t, 90)), "steps_timed": int(len(t))})
+    print(f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--warm", type=int, default=300, help="untimed first steps (LinUCB's warm-up is 90)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-others", action="store_true")
+    ap.add_argument("--only-full-info", action="store_true", help="time the full-information policies only")
     args = ap.parse_args()
     X, R = stream(args.steps, seed=0)
+    machine = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
+               "processor": platform.processor() or platform.machine()}
+    if args.only_full_info:
+        print(f"full-information policies, decide + update_full (every arm observed), {args.steps - args.warm} timed steps")
+        out = {"machine": machine, "d": D, "arms": K, "full_information": full_information(X, R, args.warm)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return 0
     print(f"LinUCB vs river LinUCBDisjoint, d={D}, {K} arms, {args.steps - args.warm} timed steps, interleaved")
     head = linucb_vs_river(X, R, args.warm)
     for k, v in head.items():
         print(f"  {k:36s} {v:.3f}" if isinstance(v, float) else f"  {k:36s} {v}")
     head["adaptspec_linucb_hot_path_median_us"] = hot_path(X, R, args.warm)
     print(f"  {'adaptspec_linucb_hot_path_median_us':36s} {head['adaptspec_linucb_hot_path_median_us']:.3f}")
-    out = {"machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
-                       "processor": platform.processor() or platform.machine()},
-           "d": D, "arms": K, "linucb_vs_river": head}
+    out = {"machine": machine, "d": D, "arms": K, "linucb_vs_river": head}
     if not args.skip_others:
         print("every policy, decide + update, same stream:")
         out["policies"] = all_policies(X, R, args.warm)
+        print("full-information policies, decide + update_full (every arm observed):")
+        out["full_information"] = full_information(X, R, args.warm)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -150,14 +150,17 @@ class Policy(abc.ABC):
             raise AdaptspecError("rewards must be numbers") from None
         if r.shape != (k,):
             raise AdaptspecError(f"rewards must be {k} numbers (one per arm), got shape {r.shape}")
-        if not np.isfinite(r[m]).all():
+        r = np.where(m, r, 0.0)
+        # r.r is finite when every observed reward is (one cheap dot); only if it is not, look closer
+        if not math.isfinite(float(r.dot(r))) and not np.isfinite(r).all():
             raise AdaptspecError("the reward of every observed arm must be finite")
         ctx = self._check_update_context(context)
         self._update_full(ctx, r, m)
         self.version += 1
 
     def _update_full(self, context: np.ndarray | None, rewards: np.ndarray, observed: np.ndarray) -> None:
-        """Learn from every observed arm's reward (policies with ``full_feedback``); inputs are validated."""
+        """Learn from every observed arm's reward (policies with ``full_feedback``); inputs are
+        validated, and the rewards of arms not observed are 0."""
         raise NotImplementedError
 
     def decide_batch(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
