@@ -434,3 +434,15 @@ def test_a_decision_log_fixes_the_width_of_a_controller_that_does_not_know_it(tm
         with pytest.raises(AdaptspecError) as e:  # refused now, not when the row is written
             c.decide(np.ones(WIDTH - 1))
         assert one_line(e) == f"features have {WIDTH - 1} values, the decision log in {tmp_path / 'log'} holds {WIDTH}"
+
+
+def test_a_checkpoint_that_disagrees_with_the_decision_log_on_the_width_is_refused(tmp_path):
+    with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck") as c:
+        c.feedback(c.decide(np.ones(30)).decision_id, reward=1.0)  # learns contexts of 30 values
+    with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="ucb", log_dir=tmp_path / "log") as c:
+        c.feedback(c.decide(np.ones(WIDTH)).decision_id, reward=1.0)  # logs features of 40
+    with pytest.raises(AdaptspecError) as e:
+        AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck",
+                                      log_dir=tmp_path / "log")
+    assert one_line(e).startswith(f"policy linucb has learnt contexts of 30 values, but the decision log in "
+                                  f"{tmp_path / 'log'} holds {WIDTH} feature values")

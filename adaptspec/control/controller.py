@@ -255,6 +255,10 @@ class AdaptiveController:
             if learnt is not None:  # resumed, or replayed from the log: the width the policy learnt
                 contexts.fix_width(int(learnt) - (len(LOAD_FEATURES) if cfg.load_features else 0),
                                    f"policy {setup.label} has learnt")
+                if contexts.width != int(learnt):
+                    raise AdaptspecError(f"policy {setup.label} has learnt contexts of {int(learnt)} values, but "
+                                         f"{contexts.width_source} {contexts.raw_width} feature values: use another "
+                                         "checkpoint directory")
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 learner.attach(shared, variant, cfg.path("log_dir"))
             self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
