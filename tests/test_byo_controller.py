@@ -446,3 +446,15 @@ def test_a_checkpoint_that_disagrees_with_the_decision_log_on_the_width_is_refus
                                       log_dir=tmp_path / "log")
     assert one_line(e).startswith(f"policy linucb has learnt contexts of 30 values, but the decision log in "
                                   f"{tmp_path / 'log'} holds {WIDTH} feature values")
+
+
+def test_generate_streams_every_round_of_the_bundled_decoder_and_of_the_toy():
+    from adaptspec.serving.tiny import tiny_speculator
+
+    spec, codec = tiny_speculator(seed=0)
+    for speculator, ids in ((spec, codec.encode("Stream me, round by round.")), (ToyDFlash(8), prompt(3))):
+        got: list[list[int]] = []
+        with AdaptiveController(speculator, "fixed:4", arms=[1, 4], reward="tau") as c:
+            g = c.generate(ids, max_new_tokens=20, on_tokens=got.append)
+        assert len(got) == 1 + len(g.outcome.rounds)  # the first token, then one call per round
+        assert [t for chunk in got for t in chunk] == g.tokens
