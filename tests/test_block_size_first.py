@@ -128,3 +128,18 @@ def test_faults_are_one_line():
         with pytest.raises(AdaptspecError, match=message) as e:
             call()
         assert "\n" not in str(e.value)
+
+
+def test_a_served_stop_sequence_cuts_the_replayed_rounds():
+    """The server halts decoding from on_round (serving.halting): the loop has run to its end, and
+    the outcome is the prefix up to the round at which the condition held."""
+    from adaptspec.serving.halting import HaltableSpeculator, halt_when
+
+    spec = HaltableSpeculator(BlockSizeFirst(look, generate, max_block_size=8))
+    pre = spec.prefill([1, 5, 9, 2, 6])
+    full = greedy([1, 5, 9, 2, 6], 20)
+    seen: list[int] = []
+    with halt_when(lambda: len(seen) >= 5):
+        out = spec.decode(pre, 4, 20, on_round=lambda new, r: seen.extend(new))
+    assert out.finish_reason == "stop" and out.tokens == full[: len(out.tokens)]
+    assert 1 + 5 <= len(out.tokens) < 1 + 5 + 4 and len(out.tokens) == 1 + sum(r.tau for r in out.rounds)
