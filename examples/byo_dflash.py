@@ -24,7 +24,7 @@ What it shows, in order:
 6. ``adaptspec ab-report`` over the served decision log.
 
 ``make`` (max block size 8) and ``make16`` (16) are the factories the ``--speculator`` flag
-takes. Run it from the repository root (about a minute on 2 CPU cores; the serve extra is
+takes. Run it from the repository root (about 30 s on 2 CPU cores; the serve extra is
 needed)::
 
     python examples/byo_dflash.py
