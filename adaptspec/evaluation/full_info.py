@@ -129,6 +129,7 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
     n = ts.n_requests
     everything = np.arange(n)
     ctx = make_contexts(ts, everything)  # prompts' features only (no reward): what a cold deployment has
+    contexts = ctx.description.replace("fitted on the training split", "fitted on every prompt's features, no reward")
     H = [h for h in HORIZONS if h <= n]
     contenders = [spec_contender(lbl, spec, kind) for lbl, spec, kind in COLD]
     per: dict[str, dict[str, list[float]]] = {c.label: {} for c in contenders}
@@ -160,7 +161,7 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
         row["requests_to_within"]["never_share"] = float(np.mean(v > n))
         rows.append(row)
     best = int(np.argmax(R.sum(axis=0)))
-    return {"requests": n, "orders": ORDERS, "horizons": H, "within": WITHIN, "contexts": ctx.description,
+    return {"requests": n, "orders": ORDERS, "horizons": H, "within": WITHIN, "contexts": contexts,
             "best_fixed": int(ts.arms[best]), "oracle_gain_pct": round(float(pct_of(R.max(axis=1).sum(),
                                                                                    R[:, best].sum()) - 100), 3),
             "rows": rows}
@@ -235,12 +236,13 @@ def render_full_info(d: dict[str, Any] | None, figs: list[str]) -> str:
         for r in c["rows"]:
             rtw = r["requests_to_within"]
             rows.append([f"`{r['policy']}`", *[ci(r[f"pct_best_fixed_{h}"]) for h in H],
-                         f"{rtw['median']:.0f}" + (f" ({100 * rtw['never_share']:.0f}% never)" if rtw["never_share"]
-                                                   else ""),
+                         (f"{rtw['median']:.0f}" if rtw["median"] <= c["requests"] else f"not in {c['requests']}")
+                         + (f" ({100 * rtw['never_share']:.0f}% of orders never)"
+                            if 0 < rtw["never_share"] < 1 else ""),
                          ci(r["first_pass_pct_oracle"])])
         out += [f"**Cold, on prompts no policy has seen** (block sizes {dn['arms'][0]}-{dn['arms'][-1]}, "
                 f"`{dn['profile']}`; every one of the {c['requests']} prompts once, {c['orders']} shuffled orders; "
-                f"contextual policies: {c['contexts']} (prompt features only, no reward)). % of the best fixed block "
+                f"contextual policies: {c['contexts']}). % of the best fixed block "
                 "size's reward on the same requests so far (B = "
                 f"{c['best_fixed']} over all; the per-request oracle is {c['oracle_gain_pct']:+.1f}% over it); "
                 f"requests until the running total stays within {100 - 100 * c['within']:.0f}% of it (median over "
@@ -279,8 +281,7 @@ def full_info_findings(d: dict[str, Any]) -> list[str]:
                            + " and ".join(f"{f[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
                            + f" of the best fixed block size over the first {' and '.join(map(str, hs))} requests "
                            f"(`{bandit}`: " + " and ".join(f"{b[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
-                           + f"); median requests to within 1%: {f['requests_to_within']['median']:.0f} against "
-                           f"{b['requests_to_within']['median']:.0f}.")
+                           + f"); median requests to within 1%: {_within(f, c)} against {_within(b, c)}.")
     t = d.get("trace_set", {})
     if t.get("status") == "ok":
         fp = {r["policy"]: r for r in t["first_pass"]}
@@ -289,3 +290,8 @@ def full_info_findings(d: dict[str, Any]) -> list[str]:
         out.append(f"On the trace set, cold, the best first pass is `{best}`'s: {fp[best]['pct_oracle']['mean']:.1f}% "
                    f"of the per-request oracle ({st[best]['pct_oracle']['mean']:.1f}% over the whole stream).")
     return out
+
+
+def _within(row: dict[str, Any], c: dict[str, Any]) -> str:
+    m = row["requests_to_within"]["median"]
+    return f"{m:.0f}" if m <= c["requests"] else f"not within {c['requests']}"
