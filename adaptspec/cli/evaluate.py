@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="BlockPilot per-prompt result folder for section 3 (e.g. .../gsm8k_0T0.0); without it an "
                         "earlier section 3 is kept, or the section says how to run it")
     p.add_argument("--sections", default=None, metavar="LIST",
-                   help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e, rounds, load "
+                   help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e, rounds, load, full_info "
                         "(default: all but e2e; e2e is added by --e2e)")
     p.add_argument("--e2e", type=int_range(1), default=None, metavar="N_PROMPTS",
                    help="also run section 6: N held-out prompts through the real decoder (slow: minutes per prompt "
