@@ -135,6 +135,8 @@ def test_a_failure_outside_the_round_is_a_503_for_the_requests_in_flight_and_the
         assert ok.status_code == 200, ok.text
         assert ok.json()["choices"][0]["token_ids"] == alone("Hello", 12)
         assert svc.runner.loop.stats()["rows_in_flight"] == 0
+        metrics = c.get(s.url + "/metrics").text
+        assert "adaptspec_engine_failures_total 2.0" in metrics and "adaptspec_engine_up 1.0" in metrics
     # logged once with its traceback, then one line
     engine_logs = [r for r in caplog.records if "adaptspec-engine" in r.getMessage()]
     assert len(engine_logs) == 2 and [bool(r.exc_info) for r in engine_logs] == [True, False]
@@ -149,6 +151,7 @@ def test_repeated_failures_stop_the_engine_every_request_gets_503_and_the_server
             assert r.status_code == 503 and "ZeroDivisionError" in r.json()["error"]["message"]
         h = c.get(s.url + "/health")
         assert h.status_code == 503 and h.json()["status"] == "failed" and h.json()["engine"]["state"] == "failed"
+        assert "adaptspec_engine_up 0.0" in c.get(s.url + "/metrics").text
         t0 = time.time()
         for stream in (False, True):
             r = c.post(s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6, "stream": stream})
@@ -346,6 +349,22 @@ def test_a_seeded_request_repeats_under_the_learned_rule_alone_and_in_a_batch():
     assert alone_ids == [want] * 4 and batched == [want] * 2
     assert SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
                                                                   seed=1235).tokens != want
+
+
+def test_a_seeded_request_gives_the_same_text_unbatched_and_batched():
+    from fastapi.testclient import TestClient
+
+    body = {"prompt": "The quick brown fox", "max_tokens": 30, "temperature": 1.1, "seed": 77, "variant": "A"}
+    got = []
+    for batched in (False, True):
+        spec, codec = tiny_speculator(0, verification="exact")
+        svc = CompletionService.build(spec, {"A": "linucb", "B": "fixed:8"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8])
+        if batched:
+            serve_batched(svc, spec, max_rows=2, max_queue=4)
+        with TestClient(create_app(svc)) as client:
+            got += [client.post("/v1/completions", json=b).json()["choices"][0]["token_ids"]
+                    for b in (body, {**body, "variant": "B"})]
+    assert len(got[0]) > 5 and got == [got[0]] * 4  # block sizes chosen by linucb and fixed:8, one decoder or the engine
 
 
 # ============================================================================ item 12 and messages (in process)

@@ -272,7 +272,8 @@ class EngineLoop:
                 "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
                 "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
                 "rule_wall_s": 0.0 if self.rule is None else self.rule.busy_wall_s,
-                "rounds_by_width": dict(self.rounds_by_width)}
+                "rounds_by_width": dict(self.rounds_by_width), "engine_failures": self._guard.failures,
+                "engine_up": int(not self._guard.gave_up)}
 
     @property
     def queue_length(self) -> int:
