@@ -7,7 +7,16 @@ request (any thread) and get a :class:`Ticket`; the loop drains new submissions 
 boundary, runs one round for every active row, streams each row's new tokens to its ticket's
 callback, and wakes the ticket when its request ends. The queue of requests not yet decoding
 is bounded: past ``max_queue`` a submission raises :class:`QueueFull`, which a server answers
-with 429 and ``Retry-After`` instead of piling up threads.
+with 429 and ``Retry-After`` instead of piling up threads. A server :meth:`~EngineLoop.reserve`\ s
+a request's place when its checks pass (before a stream's headers go out) and submits with it.
+
+**Failures.** The loop runs on a :class:`~adaptspec._util.guarded.GuardedThread`. An exception
+anywhere in it (a round, a load rule, the attribution) is logged once, fails every request in
+flight or queued with :class:`EngineFailed` (a server answers 503 with the reason), resets the
+engine (:meth:`BatchEngine.reset <adaptspec.batching.engine.BatchEngine.reset>`) and restarts
+the loop; ``max_failures`` failures within ``failure_window_s`` seconds stop it for good (every
+submission then raises :class:`EngineFailed`). :meth:`~EngineLoop.wait` waits at most
+``request_timeout_s``; :attr:`~EngineLoop.health` says ``ok``, ``degraded`` or ``failed``.
 
 Callbacks run on the loop thread between rounds: keep them short (hand the tokens to another
 thread or an event loop). A ticket's ``stop_when()`` is asked after its tokens are streamed:
@@ -235,16 +244,19 @@ class EngineLoop:
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Outcome:
         """``ticket``'s outcome, waiting at most ``timeout`` (default ``request_timeout_s``) seconds: past
         it the request is cancelled and :class:`EngineFailed` raised; so is a dead engine thread's."""
-        deadline = time.monotonic() + (self.request_timeout_s if timeout is None else timeout)
-        while not ticket.done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+        limit = self.request_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not ticket.done.is_set():
             if not self._guard.alive:  # the loop has ended (closed, or stopped for good): nobody will finish it
-                if not ticket.done.is_set():
-                    ticket.error = EngineFailed(f"the engine stopped before this request finished"
-                                                f"{'' if self._guard.last_error is None else f' ({self._guard.last_error})'}")
-                break
-            if time.monotonic() >= deadline:
+                last = self._guard.last_error
+                ticket.error = EngineFailed("the engine stopped before this request finished"
+                                            + ("" if last is None else f" ({last})"))
+                ticket.done.set()
+            elif time.monotonic() >= deadline:
                 ticket.cancel()
-                raise EngineFailed(f"the request did not finish within {self.request_timeout_s if timeout is None else timeout:g} s")
+                raise EngineFailed(f"the request did not finish within {limit:g} s")
+            else:
+                ticket.done.wait(min(0.5, deadline - time.monotonic()))
         return ticket.wait(0)
 
     @property
