@@ -132,3 +132,25 @@ def test_specs_and_replay_with_feedback() -> None:
     bandit = make_policy("fi-ucb", [1, 2, 4], seed=0)
     run_policy(bandit, R, idx)  # no feedback: the arm that ran only
     assert bandit.stats.n.sum() == 200
+
+
+def test_learned_load_rule_counterfactual_rewards_closed_form() -> None:
+    """A round at B = 4 over two rows (one capped at 2 by its own request): every other block
+    size's rewards, from min(tau, B') over the cost model's round time at B' (hand-computed)."""
+    from adaptspec.load.rules import Learned
+    from adaptspec.reward.latency import CostCurve, LatencyProfile
+
+    # verify: 0.040 s flat up to 2 rows x 1 token, then 0.002 s per token; no draft cost
+    prof = LatencyProfile("toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002))
+    rule = Learned([1, 2, 4, 8], prof, full_info=True)
+    unit = 0.5
+    cf = rule.counterfactual_rewards(4, [4, 2], [3, 2], [0.03, 0.02], [100.0, 100.0], unit)
+    t = {b: 0.040 + 0.002 * max(2 * b - 2, 0) for b in (1, 2, 4)}  # two rows padded to the widest block
+    assert set(cf) == {1, 2, 8}  # no row accepted all of B = 4: B = 8 is not censored
+    assert cf[1] == pytest.approx([1 * unit / (0.03 * t[1] / t[4]), 1 * unit / (0.02 * t[1] / t[4])])
+    assert cf[2] == pytest.approx([2 * unit / (0.03 * t[2] / t[4]), 2 * unit / (0.02 * t[2] / t[4])])
+    assert cf[8] == pytest.approx([3 * unit / (0.03 * (0.040 + 0.002 * 14) / t[4]),
+                                   2 * unit / (0.02 * (0.040 + 0.002 * 14) / t[4])])
+    censored = rule.counterfactual_rewards(4, [4, 4], [4, 1], [0.03, 0.03], [100.0, 100.0], unit)
+    assert set(censored) == {1, 2}  # a row accepted all 4: the longer block is unknown
+    assert rule.counterfactual_rewards(1, [1, 1], [1, 1], [0.02, 0.02], [100.0, 100.0], unit) == {}

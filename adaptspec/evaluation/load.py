@@ -5,8 +5,9 @@ are measured) and replayed through :func:`~adaptspec.simulators.load.simulate` a
 (closed-loop clients) and over a *day* whose client count changes: plain decoding and every
 fixed block size, the static table tuned on the other half (the best fixed size per level there),
 the goodput rule (SmartSpec-style, its prior acceptance measured on the other half), the learned
-rule cold (LinTS after a warm-up run on the other half) and warm (started from the goodput
-model's prediction, measured from its first round), and the per-level oracle (each level's best
+rule cold (LinTS after a warm-up run on the other half; also with full information, learning
+every block size a round reveals) and warm (started from the goodput model's prediction,
+measured from its first round), and the per-level oracle (each level's best
 fixed size on the measured requests). Optionally the same with a cost model that misjudges the
 verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which rules correct it.
 ``benchmarks/bench_load_sim.py`` runs :func:`compare_under_load` with more requests.
@@ -30,7 +31,10 @@ PROFILE_NOTES = {"cpu-smollm2-batched": "the batched engine's whole rounds measu
                                         "cost model)",
                  "h100-qwen3-8b": "a roofline of published H100 SXM and Qwen3-8B figures, not a measurement"}
 #: what the section's rules are called in the results (the fixed sizes are "plain" and "fixed:B")
-RULES = ("table", "goodput", "learned (cold)", "learned (warm)")
+RULES = ("table", "goodput", "learned (cold)", "learned (cold, full info)", "learned (warm)")
+#: their column names in the section's tables
+RULE_LABELS = {"table": "table", "goodput": "goodput", "learned (cold)": "cold",
+               "learned (cold, full info)": "cold, full info", "learned (warm)": "warm"}
 #: the day's rules: those plus the per-level oracle
 DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
@@ -91,9 +95,12 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
         oracle[c] = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
         cold = Learned(arms, prof, seed=0)
         run(cold, tune, **arr)  # its warm-up: one run on the tuning half at this level
+        cold_fi = Learned(arms, prof, seed=0, full_info=True)
+        run(cold_fi, tune, **arr)
         runs = {**fixed, "table": run(Table({c: tuned[c]}), test, **arr),
                 "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-                "learned (cold)": run(cold, test, **arr), "learned (warm)": run(warm(prof), test, **arr)}
+                "learned (cold)": run(cold, test, **arr), "learned (cold, full info)": run(cold_fi, test, **arr),
+                "learned (warm)": run(warm(prof), test, **arr)}
         rows.append({"clients": c, "requests": arr["requests"], "best_fixed": oracle[c], "tuned_fixed": tuned[c],
                      "runs": runs, "wrong": wrong_runs(arr)})
         say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
@@ -101,9 +108,12 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
     arr = {"day": phases, "requests": 100_000}
     cold = Learned(arms, prof, seed=0)
     run(cold, tune, **arr)  # warm-up: one day on the tuning half
+    cold_fi = Learned(arms, prof, seed=0, full_info=True)
+    run(cold_fi, tune, **arr)
     day = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
     day.update({"table": run(Table(tuned), test, **arr), "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-                "learned (cold)": run(cold, test, **arr), "learned (warm)": run(warm(prof), test, **arr),
+                "learned (cold)": run(cold, test, **arr), "learned (cold, full info)": run(cold_fi, test, **arr),
+                "learned (warm)": run(warm(prof), test, **arr),
                 "per-level oracle": run(Table(oracle), test, **arr)})
     say(f"{profile_name}, the day: done")
     out = {"profile": profile_name, "prior_acceptance": prior, "prior_weight": PRIOR_WEIGHT, "context": ctx,
@@ -122,7 +132,7 @@ def with_ratios(p: dict[str, Any]) -> dict[str, Any]:
         plain, best = runs["plain"]["tokens_per_s"], runs[part["best"]]["tokens_per_s"]
         for r in [*runs.values(), *(x for w in part.get("wrong", {}).values() for x in w.values())]:
             r["over_plain"], r["over_best_fixed"] = r["tokens_per_s"] / plain, r["tokens_per_s"] / best
-    p["targets"] = {rule: targets(p, rule) for rule in ("goodput", "learned (cold)", "learned (warm)")}
+    p["targets"] = {rule: targets(p, rule) for rule in ("goodput", *RULES[2:]) if rule in p["day"]["runs"]}
     return p
 
 
@@ -179,16 +189,18 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
            "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
            "rule's warm-up run), odd-numbered ones are measured; at least "
            f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
-           "plain decoding at that level. *cold*: LinTS on the load level, after a warm-up run on the other half; "
+           "plain decoding at that level. *cold*: LinTS on the load level, after a warm-up run on the other half "
+           "(*cold, full info*: the same, learning every block size a round reveals, not only the one it chose); "
            "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
            f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round.", ""]
     for p in d["profiles"]:
-        head = ["clients"] + [_label(b) for b in arms] + ["table", "goodput", "cold", "warm", "warm / best"]
+        rules = [k for k in RULES if all(k in r["runs"] for r in p["levels"])]  # earlier results lack the newer rules
+        head = ["clients"] + [_label(b) for b in arms] + [RULE_LABELS[k] for k in rules] + ["warm / best"]
         rows = []
         for r in p["levels"]:
             x = r["runs"]
             rows.append([r["clients"]] + [f"{x[_fixed_name(b)]['over_plain']:.3f}" for b in arms]
-                        + [f"{x[k]['over_plain']:.3f}" for k in RULES] + [f"{x['learned (warm)']['over_best_fixed']:.3f}"])
+                        + [f"{x[k]['over_plain']:.3f}" for k in rules] + [f"{x['learned (warm)']['over_best_fixed']:.3f}"])
         day, bf = p["day"]["runs"], p["day"]["best"]
         drows = [[k, f"{v['tokens_per_s']:.1f}", f"{v['over_plain']:.3f}", f"{v['over_best_fixed']:.3f}",
                   f"{v['p50_s']:.2f}", f"{v['p95_s']:.2f}"] for k, v in day.items()]
@@ -233,7 +245,9 @@ def load_findings(d: dict[str, Any]) -> list[str]:
     """What the section's numbers say about issue 28's simulation targets, per profile."""
     out = []
     for p in d["profiles"]:
-        for rule in ("learned (warm)", "learned (cold)", "goodput"):
+        for rule in ("learned (warm)", "learned (cold)", "learned (cold, full info)", "goodput"):
+            if rule not in p["targets"]:
+                continue
             t = p["targets"][rule]
             cap = "n/a (the per-level oracle gains nothing)" if t["oracle_gain_captured"] is None else \
                 f"{100 * t['oracle_gain_captured']:.0f}%"

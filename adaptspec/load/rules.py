@@ -18,7 +18,9 @@ committed and its share of the round's time (:mod:`adaptspec.reward.attribution`
   choosing one block size for the whole batch every round, its context the load level,
   learning from the round's tokens per second. Given a prior acceptance it starts warm: before its first
   round it already prefers, at each level, what the goodput model predicts
-  (:func:`predicted_speedup`), and measured rewards move it from there.
+  (:func:`predicted_speedup`), and measured rewards move it from there. With ``full_info`` it
+  learns every block size a round reveals (every size up to the one verified, and longer ones
+  where no row accepted all it verified), not only the one it chose.
 
 >>> from adaptspec.simulators.load import Load
 >>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
@@ -219,6 +221,16 @@ class Learned:
     day, all within noise; against a cost model that thinks long blocks are free
     (tests/test_load_rules.py) 32 unlearns it within two runs of 32 requests at 16 rows.
 
+    **Full information** (``full_info``): a round that verified ``B`` positions of a row and
+    committed ``tau`` would have committed ``min(tau, B')`` at ``B' < B`` (a prefix of the same
+    drafts: approximate, as :mod:`adaptspec.reward.counterfactual` says), and at ``B' > B`` too
+    unless the row accepted all ``B`` (then that size is censored for the round and not learnt).
+    Each such size's round would have taken the measured round's time times the cost model's
+    ratio of the two rounds (:func:`~adaptspec.reward.attribution.batch_round_s`, rows capped
+    below ``B`` by their own request keep their cap), each row's share scaled alike; every
+    observed size then learns its rows' rewards as if it had run, so one round informs every
+    block size up to the one it verified.
+
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
     >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
@@ -231,7 +243,7 @@ class Learned:
 
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
                  prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
-                 hold: int = HOLD_ROUNDS) -> None:
+                 hold: int = HOLD_ROUNDS, full_info: bool = False) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -254,7 +266,11 @@ class Learned:
         if not isinstance(hold, int) or hold < 1:
             raise AdaptspecError(f"hold must be an int >= 1, got {hold!r}")
         self.hold = hold
-        self._round: tuple | None = None  # level, block size, rows, modelled plain round s: the round in progress
+        self.full_info = bool(full_info)
+        if self.full_info:
+            self.name = self.name[:-1] + ", full info)"
+        self._cf: dict[int, list[float]] = {}  # full info: rewards of the other block sizes, not learnt yet
+        self._round: tuple | None = None  # level, block size, rows, modelled plain round s, contexts: the round in progress
         self._held: tuple | None = None   # level, block size, rounds left: the decision holding
         self._pending: list[float] = []   # rewards of the held decision's rows, not learnt yet
         self._plain_cache: dict[tuple[int, int], float] = {}
@@ -300,8 +316,9 @@ class Learned:
         if b == 1:
             self._since_plain[level] = 0
         n = len(rows)
-        context = sum(getattr(r, "context", self.profile.context_tokens) for r in rows) / n if n else 0.0
-        self._round = (level, b, n, self._plain_s(n, context))
+        contexts = [getattr(r, "context", self.profile.context_tokens) for r in rows]
+        context = sum(contexts) / n if n else 0.0
+        self._round = (level, b, n, self._plain_s(n, context), contexts)
         return [b] * n
 
     def feedback(self, rows: Sequence[Any], block_sizes: Sequence[int], taus: Sequence[int],
@@ -310,7 +327,7 @@ class Learned:
         when its decision ends. A plain round updates the level's scale first."""
         if self._round is None:
             return
-        level, b, n, plain_s = self._round
+        level, b, n, plain_s, contexts = self._round
         self._round = None
         spent = sum(attributed_s)
         if not (len(taus) == n and plain_s > 0 and spent > 0):
@@ -320,11 +337,38 @@ class Learned:
             self._scale[level] += (spent / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
         unit = plain_s / n * float(self._scale[level])  # a row's share of a plain round, as this machine runs it
         rewards = [t * unit / s for t, s in zip(taus, attributed_s) if s > 0]  # speed-up over it, row by row
+        cf = self.counterfactual_rewards(b, block_sizes, taus, attributed_s, contexts, unit) if self.full_info else {}
         held = self._held
         if held is not None and held[:2] == (level, b):
             self._pending.extend(rewards)
+            for a, r in cf.items():
+                self._cf.setdefault(a, []).extend(r)
         else:  # a forced plain round, or the decision moved on: learnt now
             self.policy.update_repeated(self.context(level), b, rewards)
+            for a, r in cf.items():
+                self.policy.update_repeated(self.context(level), a, r)
+
+    def counterfactual_rewards(self, b: int, block_sizes: Sequence[int], taus: Sequence[int],
+                               attributed_s: Sequence[float], contexts: Sequence[float],
+                               unit: float) -> dict[int, list[float]]:
+        """Every other block size's rewards, row by row, from a round the rule ran at ``b`` (see
+        the class docstring, full information); sizes censored in this round are left out."""
+        v = np.asarray(block_sizes, dtype=np.int64)
+        t = np.asarray(taus, dtype=np.int64)
+        s = np.asarray(attributed_s, dtype=np.float64)
+        if b <= 1 or v.size == 0 or not (s > 0).all():
+            return {}
+        ran = batch_round_s(self.profile, v, contexts)
+        full = bool(((t == v) & (v == b)).any())  # a row accepted all of the rule's block
+        out: dict[int, list[float]] = {}
+        for a in self.arms:
+            if a == b or (a > b and full):
+                continue
+            blocks = np.where(v < b, np.minimum(a, v), a)
+            tau = np.minimum(t, blocks)
+            ratio = batch_round_s(self.profile, blocks, contexts) / ran
+            out[a] = (tau * unit / (s * ratio)).tolist()
+        return out
 
     def _plain_s(self, rows: int, context: float) -> float:
         """The cost model's plain round over ``rows`` rows (``batch_round_s`` with every block at 1:
@@ -340,9 +384,12 @@ class Learned:
         return t
 
     def _learn(self) -> None:
-        """Learn the held decision's rows, in one update."""
+        """Learn the held decision's rows, in one update (one per block size they show)."""
         if self._held is not None and self._pending:
             level, b, _ = self._held
             self.policy.update_repeated(self.context(level), b, self._pending)
+            for a, r in self._cf.items():
+                self.policy.update_repeated(self.context(level), a, r)
         self._pending = []
+        self._cf = {}
         self._held = None
