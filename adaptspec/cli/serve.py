@@ -213,7 +213,6 @@ def build(args: argparse.Namespace):
 
 def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None):
     """The model and the service (the part of :func:`build` that may take minutes)."""
-    from ..control.controller import default_policy_spec
     from ..serving.codec import HFCodec
     from ..serving.service import CompletionService, ServerLimits
 
@@ -253,7 +252,13 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         vocab = speculator.target.vocab_size
         _check_arms(args.arms, speculator.max_block_size, "the speculator's")
     if not specs:
-        specs = {"default": default_policy_spec(speculator=speculator)}
+        from ..control.policy_build import choose_default_policy
+        from ..control.protocol import speculator_shape
+
+        shape = speculator_shape(speculator)
+        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms)
+        args.default_choice = choice  # said once the server is up (run), not before a refusal
+        specs = {"default": choice.spec}
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
     service = CompletionService.build(
@@ -400,6 +405,8 @@ def run(args: argparse.Namespace) -> int:
         runner = service.runner
         app = create_app(service) if runner is None else create_app(
             service, max_workers=max(64, runner.loop.engine.max_rows + runner.loop.max_queue + 8))
+        if getattr(args, "default_choice", None) is not None:
+            print(f"adaptspec serve: default policy {args.default_choice}", file=sys.stderr, flush=True)
         for name, c in service.controllers.items():
             r = c.resumed or {}
             print(f"adaptspec serve: variant {name}: {c.policy_label} (arms {list(c.arms)}), weight "

@@ -236,7 +236,8 @@ class AdaptiveController:
         contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
                             raw_width=setup.feature_dim, load_features=cfg.load_features,
                             width_source=_width_source(shape, setup, feature_dim))
-        log.info("%s: policy %s", variant or "controller", setup.choice)
+        if policy is None:  # the controller chose: say which and why (a caller's own choice needs no words)
+            log.info("%s: policy %s", variant or "controller", setup.choice)
         checkpointer = _checkpointer(cfg, setup, contexts.width)
         self._log = open_decision_log(cfg, contexts.width, contexts.source)
         logged = None if self._log is None or not cfg.log_features else self._log.feature_dim
