@@ -40,7 +40,7 @@ def reference(prompt: list[int], n: int, temperature: float, seed: int) -> list[
             out.append(tok)
             if tok == CODEC.eos:
                 break
-            step = MODEL(torch.tensor([[tok]]), past_key_values=step.past_key_values, use_cache=True)
+            step = MODEL(torch.tensor([[tok]]), cache=step.cache, use_cache=True)
     return out
 
 
