@@ -301,3 +301,34 @@ def test_d11_a_restart_that_replayed_the_log_checkpoints_at_shutdown(spec, tmp_p
     resumed = make_policy("ucb", TINY_DEFAULT_ARMS, seed=0)
     load_policy(again, resumed)
     assert state_digest(resumed) == state_digest(first)
+
+
+# ============================================================================ issue 38: routing and prompt shapes
+def test_i38_variant_null_is_not_given_the_model_and_the_header_route(client):
+    def variant(body, headers=None):
+        r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, headers=headers or {})
+        assert r.status_code == 200, r.text
+        return r.json()["adaptspec"]["variant"]
+
+    assert {variant({"model": "tiny:B", "variant": None}) for _ in range(8)} == {"B"}
+    assert {variant({"variant": None}, {"X-Adaptspec-Variant": "B"}) for _ in range(8)} == {"B"}
+    assert variant({"model": "tiny:A", "variant": None}, {"X-Adaptspec-Variant": "B"}) == "A"  # the body first
+    assert {variant({"variant": None}) for _ in range(40)} == {"A", "B"}  # no key, no name: random
+    r = post(client, {"prompt": "hi", "model": "tiny:B", "variant": "A"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "variant"
+
+
+@pytest.mark.parametrize("prompt,status,needle", [
+    ([["a"]], 400, "prompt must be a string or a list of integer token ids, got a list holding 'a'"),
+    ([[1, "x"]], 400, "got a list holding 'x'"),
+    ([1, None], 400, "got a list holding None"),
+    ([[1, 2], [3]], 400, "one prompt per request, got 2"),
+    (["a", "b", "c"], 400, "one prompt per request, got 3"),
+    ([[72, 105]], 200, None),
+    (["Hi"], 200, None),
+], ids=["i38-nested-string", "i38-mixed", "i38-null-id", "i38-two-prompts", "i38-three-texts", "one-id-list", "one-text"])
+def test_i38_a_prompt_of_the_wrong_shape_is_named(client, prompt, status, needle):
+    r = post(client, {"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == status, r.text
+    if needle is not None:
+        assert needle in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"

@@ -367,46 +367,6 @@ def test_a_seeded_request_gives_the_same_text_unbatched_and_batched():
     assert len(got[0]) > 5 and got == [got[0]] * 4  # block sizes chosen by linucb and fixed:8, one decoder or the engine
 
 
-# ============================================================================ item 12 and messages (in process)
-def test_variant_null_is_not_given_the_model_and_the_header_route():
-    from fastapi.testclient import TestClient
-
-    svc = service(variants={"A": "fixed:2", "B": "fixed:4"})
-    with TestClient(create_app(svc)) as client:
-        def variant(body, headers=None):
-            r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, headers=headers or {})
-            assert r.status_code == 200, r.text
-            return r.json()["adaptspec"]["variant"]
-
-        model = svc.model_name
-        assert {variant({"model": f"{model}:B", "variant": None}) for _ in range(12)} == {"B"}
-        assert {variant({"variant": None}, {"X-Adaptspec-Variant": "B"}) for _ in range(12)} == {"B"}
-        assert {variant({"model": f"{model}:A", "variant": None}, {"X-Adaptspec-Variant": "B"})} == {"A"}
-        assert {variant({"variant": None}) for _ in range(40)} == {"A", "B"}  # no key, no name: random
-        r = client.post("/v1/completions", json={"prompt": "hi", "model": f"{model}:B", "variant": "A"})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "variant"
-
-
-@pytest.mark.parametrize("prompt,status,needle", [
-    ([["a"]], 400, "prompt must be a string or a list of integer token ids, got a list holding 'a'"),
-    ([[1, "x"]], 400, "got a list holding 'x'"),
-    ([1, None], 400, "got a list holding None"),
-    ([[1, 2], [3]], 400, "one prompt per request, got 2"),
-    (["a", "b", "c"], 400, "one prompt per request, got 3"),
-    ([[72, 105]], 200, None),
-    (["Hi"], 200, None),
-])
-def test_a_prompt_of_the_wrong_shape_is_named(prompt, status, needle):
-    from fastapi.testclient import TestClient
-
-    svc = service()
-    with TestClient(create_app(svc)) as client:
-        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
-    assert r.status_code == status, r.text
-    if needle is not None:
-        assert needle in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
-
-
 # ============================================================================ items 9 and 18: clients on raw sockets
 def raw(port: int, data: bytes, *, close: bool = False, half_close: bool = False, read: float = 10.0) -> bytes:
     """Send ``data``; then close, half-close (then read) or just read, for at most ``read`` seconds."""

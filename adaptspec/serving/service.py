@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .._util.checks import regular_file
 from ..errors import AdaptspecError
 from .codec import Codec
 from .openai_models import GenerationOptions, validate
