@@ -10,6 +10,11 @@ an id never decided here is ``unknown``. A row logged with a reward is queued as
 :class:`~adaptspec.control.updates.Update`; logging and queueing happen under one lock, so the
 update thread applies rewards in the log's order.
 
+A reward computed from an outcome with rounds also gets every arm's counterfactual reward here,
+once (:mod:`adaptspec.control.full_feedback`, with the book's ``pricer``): the row logs them and
+the update carries them, so a policy with ``full_feedback`` learns from every observed arm, and
+resume, which replays the row, learns the same. A reward given by the caller is learnt alone.
+
 The book trusts the decisions it is given: they were checked where they entered
 (:mod:`adaptspec.control.block_sizes`), so their rows go to the log writer unchecked.
 
@@ -56,6 +61,7 @@ class Pending:
     request_id: str | None
     since: float
     load: LoadState | None = None
+    context_tokens: int | None = None  # the prompt's tokens, when known (prices counterfactual rounds)
 
 
 class DecisionBook:
@@ -64,14 +70,17 @@ class DecisionBook:
     ``updates`` receives the rewards to learn from; ``log_writer`` (a
     :class:`~adaptspec.traces.log_writer.DecisionLogWriter`, or None) the rows; ``reward_fn``
     turns an outcome into the reward; ``machine_speed`` (or None) gives each computed reward its
-    speed ratio; ``variant`` is written in every row; ``log_features`` whether the context is.
+    speed ratio; ``variant`` is written in every row; ``log_features`` whether the context is;
+    ``pricer`` (a :class:`~adaptspec.control.full_feedback.CounterfactualPricer`, or None: a
+    custom reward) gives each computed reward every arm's counterfactual reward.
     """
 
     def __init__(self, updates: UpdateQueue, *, reward_fn: Callable[[Outcome], float], log_writer: Any = None,
                  machine_speed: Any = None, variant: str | None = None, log_features: bool = True,
-                 feedback_timeout_s: float | None = 300.0) -> None:
+                 feedback_timeout_s: float | None = 300.0, pricer: Any = None) -> None:
         self.updates = updates
         self.reward_fn = reward_fn
+        self.pricer = pricer
         self.log_writer = log_writer
         self.machine_speed = machine_speed
         self.variant = variant
@@ -90,10 +99,14 @@ class DecisionBook:
         return len(self._pending)
 
     def open(self, decision: Decision, context: np.ndarray | None, request_id: str | None,
-             load: LoadState | None = None) -> None:
-        """Record a (checked) decision, made under ``load`` (or None), as waiting for feedback."""
+             load: LoadState | None = None, context_tokens: int | None = None) -> None:
+        """Record a (checked) decision, made under ``load`` (or None), as waiting for feedback;
+        ``context_tokens`` (default: the load's) is the prompt's length."""
+        if context_tokens is None and load is not None:
+            context_tokens = load.context_tokens
         with self._lock:
-            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic(), load)
+            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic(), load,
+                                                          context_tokens)
 
     def decision(self, decision_id: str) -> Decision | None:
         """The pending decision ``decision_id`` (None when it is not pending)."""
@@ -116,14 +129,16 @@ class DecisionBook:
                 self.counts[status] += 1
                 return status, None
             self._remember(decision_id, "done")
-        ratio = None
+        ratio = full = None
         if reward is None and outcome is not None:
             reward = self._reward(outcome, decision_id)
             if reward is not None and self.machine_speed is not None:  # a computed reward is calibrated, a given one not
                 ratio = self.machine_speed.ratio(outcome)
+            if reward is not None and self.pricer is not None:  # every arm's, from the same rounds
+                full = self.pricer.price(p.decision, outcome, reward, p.context_tokens)
         status = "applied" if reward is not None else "no_reward"
         try:
-            self._write(p, outcome, reward, ratio, shared)
+            self._write(p, outcome, reward, ratio, shared, full)
         except DecisionLogError:  # not logged, so not applied either
             with self._lock:
                 self.counts["log_error"] += 1
@@ -168,12 +183,12 @@ class DecisionBook:
         return r if math.isfinite(r) else None
 
     def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None,
-               shared: SharedRounds | None = None) -> None:
+               shared: SharedRounds | None = None, full: Any = None) -> None:
         from ..traces import decision_row
 
         row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
                            reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio,
-                           load=p.load, shared=shared)
+                           load=p.load, shared=shared, counterfactual=full)
         with self._seq_lock:  # the log's order is the order updates are applied in
             if self.log_writer is not None:
                 try:
@@ -185,7 +200,9 @@ class DecisionBook:
                     log.error("%s: decision %s not logged: %s", self.variant or "controller", p.decision.decision_id, e)
                     raise DecisionLogError(f"decision {p.decision.decision_id} could not be logged: {e}") from None
             if reward is not None:
-                self.updates.put(Update(p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio))
+                every = {} if full is None else {"arms": full.arms, "rewards": full.rewards, "observed": full.observed}
+                self.updates.put(Update(p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio,
+                                        **every))
 
     def _remember(self, decision_id: str, status: str) -> None:
         self._done[decision_id] = status

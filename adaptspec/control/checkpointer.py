@@ -6,7 +6,8 @@ last one (the format is :mod:`adaptspec.control.policy_checkpoint`). :class:`Che
 writes one when due (``every`` updates, or ``interval_s`` after the last one if there were
 updates since), on the update thread, which owns the learning policy. On resume it loads the
 newest, checks it is for the same variant, arms, featurizer and context width, then re-applies in order every
-logged reward after that id: the learnt state is what it was after the last acknowledged
+logged reward after that id (with every arm's counterfactual reward where the row has them, as
+the update thread applied it): the learnt state is what it was after the last acknowledged
 feedback. Replayed rewards are in no checkpoint yet, so the next due one (or the one at close)
 writes them.
 """
@@ -156,8 +157,8 @@ class Checkpointer:
         from ..traces.log_writer import log_rows
 
         variant, arms = self.meta.get("variant"), tuple(self.meta.get("arms", ()))
-        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features", "speed_ratio"],
-                                       journals=False)
+        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features", "speed_ratio", "arms",
+                                                   "cf_rewards", "cf_censored"], journals=False)
                 if r.get("variant") == variant]
         todo = [r for r in rows if r.get("reward") is not None and int(r["block_size"]) in arms]
         if anchor is not None:
@@ -175,5 +176,9 @@ class Checkpointer:
                                      "replay it into a contextual policy (log_features was off)")
             ctx = None if f is None else np.asarray(f, dtype=np.float32).astype(np.float64)
             ratio = r.get("speed_ratio") if self.machine_speed is not None else None
-            out.append(Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"], ratio))
+            every = {}
+            if r.get("cf_rewards") is not None and r.get("cf_censored") is not None:  # every arm's, as it was learnt
+                every = {"arms": tuple(int(a) for a in r["arms"]), "rewards": np.asarray(r["cf_rewards"], dtype=np.float64),
+                         "observed": ~np.asarray(r["cf_censored"], dtype=bool)}
+            out.append(Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"], ratio, **every))
         return out

@@ -84,6 +84,7 @@ from .checkpointer import Checkpointer
 from .config import ControllerConfig
 from .context import LOAD_FEATURES, Contexts
 from .decider import Decider, copy_policy
+from .full_feedback import CounterfactualPricer, pricing_profile
 from .generation import Generation, PrefillError, split_outcome
 from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
 from .protocol import DecoderShape, engine_shape, speculator_shape
@@ -248,7 +249,7 @@ class AdaptiveController:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
                                       machine_speed=setup.machine_speed, log_features=log_features,
-                                      feedback_timeout_s=feedback_timeout_s)
+                                      feedback_timeout_s=feedback_timeout_s, pricer=_pricer(cfg, setup))
             learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
                               reward_name=cfg.reward_name, name=variant or "")
             self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
@@ -366,7 +367,7 @@ class AdaptiveController:
             load = LoadState(rows=1, queue=0, context_tokens=int(pre.prompt_tokens), temperature=float(temperature),
                              max_tokens=max_new_tokens)
         ctx = self._decider.context(pre.features, load)
-        first = self._decide(ctx, request_id, load)
+        first = self._decide(ctx, request_id, load, int(pre.prompt_tokens))
         decisions = [first]
         starts = [0]
         schedule: Any = first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
@@ -375,7 +376,8 @@ class AdaptiveController:
 
             def redecide(i: int, rounds: list[Round]) -> int:
                 if i > 0 and i % k == 0 and starts[-1] != i:
-                    decisions.append(self._decide(ctx, request_id, load))
+                    before = int(pre.prompt_tokens) + sum(r.tau for r in rounds)  # its rounds' context starts there
+                    decisions.append(self._decide(ctx, request_id, load, before))
                     starts.append(i)
                 return decisions[-1].block_size
 
@@ -549,9 +551,10 @@ class AdaptiveController:
                 f"featurizer={self.featurizer!r})")
 
     # ================================================================== helpers
-    def _decide(self, ctx: np.ndarray | None, request_id: str | None, load: LoadState | None = None) -> Decision:
+    def _decide(self, ctx: np.ndarray | None, request_id: str | None, load: LoadState | None = None,
+                context_tokens: int | None = None) -> Decision:
         d = self._decider.decide(ctx)  # checked, with an id; the fallback if the policy failed
-        self._book.open(d, ctx, request_id, load)
+        self._book.open(d, ctx, request_id, load, context_tokens)
         return d
 
     def _check_open(self) -> None:
@@ -587,6 +590,14 @@ def _width_source(shape: DecoderShape, setup: PolicySetup, given: int | None) ->
     if shape.feature_dim is not None:
         return "the controller's feature_dim is" if given is not None else f"speculator {shape.name} declares feature_dim"
     return f"policy {setup.label} reads"
+
+
+def _pricer(cfg: ControllerConfig, setup: PolicySetup) -> CounterfactualPricer | None:
+    """What prices every arm's counterfactual reward for the book (None for a custom reward
+    function: its value at another arm is unknown)."""
+    if not isinstance(cfg.reward, str):
+        return None
+    return CounterfactualPricer(cfg.reward, pricing_profile(cfg.latency, setup.machine_speed))
 
 
 def _checkpointer(cfg: ControllerConfig, setup: PolicySetup, context_width: int | None) -> Checkpointer | None:

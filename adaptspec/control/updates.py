@@ -5,8 +5,10 @@
   row to the decision log, under one lock: the queue's order is the log's order.
 - :class:`Learner` is the learning copy of the policy and how an update is applied to it:
   calibrate a measured reward for the machine's speed (in log order), then ``update`` the
-  policy (or the fleet's shared state). Resume replays the log through the same
-  :meth:`Learner.apply`.
+  policy (or the fleet's shared state). An update that carries every arm's counterfactual
+  reward (:mod:`adaptspec.control.full_feedback`) goes to a policy with ``full_feedback`` as
+  ``update_full`` (each reward calibrated alike); any other policy learns from the arm that ran,
+  as before. Resume replays the log through the same :meth:`Learner.apply`.
 - :class:`UpdateWorker` is the update thread: it applies queued updates in batches of up to
   256, publishes a fresh copy of the policy to the decider after each batch, and does the
   housekeeping (expiring pending decisions, checkpoints when due, rolling the decision log).
@@ -48,6 +50,11 @@ class Update:
     reward: float
     decision_id: str
     speed_ratio: float | None = None  # measured / speed-reference time; None: learn from ``reward`` as it is
+    #: every arm's reward on this request (:class:`~adaptspec.control.full_feedback.FullFeedback`,
+    #: measured, over ``arms``; ``reward`` at ``block_size``) and which are observed; None: the arm that ran only
+    arms: tuple[int, ...] | None = None
+    rewards: np.ndarray | None = None
+    observed: np.ndarray | None = None
 
 
 class UpdateQueue:
@@ -96,6 +103,7 @@ class Learner:
         self.machine_speed = machine_speed
         self.reward_name = reward_name
         self.shared: Any = None                   # the fleet's SharedState once attached
+        self.full_feedback = bool(getattr(policy, "full_feedback", False))  # learns every observed arm
         self.updates = 0                          # updates seen since the policy was new (incl. before a restart)
         self.last_decision_id: str | None = None
         self.errors = 0
@@ -116,8 +124,13 @@ class Learner:
             if u.speed_ratio is not None and self.machine_speed is not None:  # in log order
                 self.machine_speed.observe(u.speed_ratio)
                 reward = self.machine_speed.calibrate(self.reward_name, reward)
-            if self.shared is not None:
+            if self.shared is not None:  # the fleet's statistics are of the arm that ran
                 self.shared.update(self.policy, ctx, u.block_size, reward)
+            elif u.rewards is not None and self.full_feedback and u.arms == tuple(self.policy.arms):
+                rewards = u.rewards
+                if u.speed_ratio is not None and self.machine_speed is not None:
+                    rewards = self.machine_speed.calibrate(self.reward_name, rewards)  # one factor for every arm
+                self.policy.update_full(ctx, rewards, u.observed)
             else:
                 self.policy.update(ctx, u.block_size, reward)
         except Exception as e:

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from ..errors import AdaptspecError
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
-from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, MAX_TOKENS, SCHEMA_VERSION
+from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
+                     MAX_TOKENS, SCHEMA_VERSION)
 
 _part_counter = count()
 _PART = "a decision-log part"
@@ -74,6 +75,7 @@ def decision_row(
     speed_ratio: float | None = None,
     load: Any = None,
     shared: Any = None,
+    counterfactual: Any = None,
 ) -> dict[str, Any]:
     """One decision-log row from a :class:`~adaptspec.speculator.Decision` and what followed.
 
@@ -84,8 +86,10 @@ def decision_row(
     ``load`` (a :class:`~adaptspec.speculator.LoadState`) fills the load columns
     (``rows_in_flight``, ``queue_length``, ``context_tokens``, ``temperature``, ``max_tokens``),
     ``shared`` (a :class:`~adaptspec.speculator.SharedRounds`) the attribution columns
-    (``attributed_ms``, ``wall_decode_ms``, ``row_rounds``, ``mean_rows``); without them those
-    columns are left out.
+    (``attributed_ms``, ``wall_decode_ms``, ``row_rounds``, ``mean_rows``); ``counterfactual``
+    (a :class:`~adaptspec.control.full_feedback.FullFeedback`: ``rewards``, ``tokens``,
+    ``censored``, ``approximate``, over the decision's arms) the columns ``cf_rewards``,
+    ``cf_tokens``, ``cf_censored``, ``cf_approximate``; without them those columns are left out.
 
     >>> from adaptspec.speculator import Decision, LoadState, SharedRounds
     >>> d = Decision(4, 1.0, [0.0, 1.0], (1, 4), "fixed:4", decision_id="d1")
@@ -116,6 +120,11 @@ def decision_row(
     if shared is not None:
         row.update(attributed_ms=1000.0 * shared.attributed_s, wall_decode_ms=1000.0 * shared.wall_decode_s,
                    row_rounds=shared.row_rounds, mean_rows=shared.mean_rows)
+    if counterfactual is not None:
+        row.update(cf_rewards=np.asarray(counterfactual.rewards, dtype=np.float64),
+                   cf_tokens=np.asarray(counterfactual.tokens, dtype=np.float64),
+                   cf_censored=[bool(c) for c in counterfactual.censored],
+                   cf_approximate=[bool(c) for c in counterfactual.approximate])
     if outcome is not None:
         row.update(new_tokens=int(outcome.new_tokens), decode_ms=1000.0 * float(outcome.decode_s),
                    mean_tau=float(outcome.mean_tau) if outcome.rounds else None, rounds=len(outcome.rounds))
@@ -215,6 +224,20 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             if bad.any():
                 r = _first(bad)
                 raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} is more than {MAX_TOKENS}")
+    for name in DECISION_PER_ARM:
+        if name in table.column_names:
+            col = table.column(name).combine_chunks()
+            lc, flat, _ = _list_parts(col)
+            if col.flatten().null_count:
+                raise _err(where, f"column {name!r}: a missing value inside a row's list (null the whole row instead)")
+            present = ~np.asarray(pc.is_null(col))
+            bad = present & (lc != la)
+            if bad.any():
+                r = _first(bad)
+                raise _err(where, f"column {name!r}, row {r}: {lc[r]} values for {la[r]} arms")
+            if name in DECISION_PER_ARM_FLOATS and not np.all(np.isfinite(flat.astype(np.float64))):
+                r = int(np.repeat(np.arange(n), lc)[_first(~np.isfinite(flat.astype(np.float64)))])
+                raise _err(where, f"column {name!r}, row {r}: NaN or infinite value")
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
         bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))
@@ -426,6 +449,48 @@ class DecisionLog:
             r = _first(np.asarray(pc.is_null(col.combine_chunks())))
             raise _err(str(self.path), f"column 'features', row {r}: missing (other rows have features)")
         return _matrix(col, str(self.path), "features")
+
+    # ------------------------------------------------------------------ counterfactual outcomes
+    def _per_arm(self, name: str, fill: Any, dtype: Any) -> np.ndarray:
+        """``(n, K)`` values of per-arm column ``name`` over :attr:`arms`; ``fill`` in rows without."""
+        k = len(self.arms)
+        out = np.full((len(self), k), fill, dtype=dtype)
+        if name not in self.table.column_names:
+            return out
+        col = self.table.column(name).combine_chunks()
+        present = ~np.asarray(pc.is_null(col))
+        if present.any():
+            _, flat, _ = _list_parts(col)
+            out[present] = flat.astype(dtype).reshape(-1, k)
+        return out
+
+    @property
+    def cf_rewards(self) -> np.ndarray:
+        """``(n, K)`` every arm's counterfactual reward from the rounds that ran (``cf_rewards``; the
+        arm that ran: its ``reward``; a lower bound where :attr:`cf_censored`); NaN in rows without
+        (no round ran, no feedback, a custom reward, a log written before the column)."""
+        return self._per_arm("cf_rewards", np.nan, np.float64)
+
+    @property
+    def cf_tokens(self) -> np.ndarray:
+        """``(n, K)`` tokens the rounds would have committed at each arm; NaN in rows without."""
+        return self._per_arm("cf_tokens", np.nan, np.float64)
+
+    @property
+    def cf_censored(self) -> np.ndarray:
+        """``(n, K)`` where an arm's counterfactual is only a lower bound; True in rows without."""
+        return self._per_arm("cf_censored", True, bool)
+
+    @property
+    def cf_approximate(self) -> np.ndarray:
+        """``(n, K)`` where an arm's counterfactual assumes it would have drafted what the arm that ran
+        drafted (another block drafts on its own); False in rows without."""
+        return self._per_arm("cf_approximate", False, bool)
+
+    @property
+    def cf_observed(self) -> np.ndarray:
+        """``(n, K)`` where an arm's counterfactual reward is known (the row has them, not censored)."""
+        return ~self.cf_censored
 
     def info(self) -> dict[str, Any]:
         t = self.table

@@ -332,7 +332,8 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
     """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row.
 
     ``check_decision=False`` skips the decision's own fields (a row made from a checked decision)."""
-    from .schema import DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, MAX_TOKENS
+    from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
+                         MAX_TOKENS)
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
     if unknown:
@@ -372,6 +373,17 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         v = out.get(k)
         if v is not None and (isinstance(v, bool) or int(v) != v or not 0 <= v <= MAX_TOKENS):
             raise AdaptspecError(f"decision row {k} must be an integer in 0..{MAX_TOKENS}, got {v!r}")
+    for k in DECISION_PER_ARM:
+        v = out.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, list) or len(v) != len(out["arms"]):
+            raise AdaptspecError(f"decision row {k} must be a list of one value per arm ({len(out['arms'])}), got {v!r}")
+        if k in DECISION_PER_ARM_FLOATS:
+            if not all(not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in v):
+                raise AdaptspecError(f"decision row {k} must hold finite numbers, got {v!r}")
+        elif not all(isinstance(x, bool) for x in v):
+            raise AdaptspecError(f"decision row {k} must hold true/false values, got {v!r}")
     f = out.get("features")
     if f is not None and not all(math.isfinite(x) for x in f):
         raise AdaptspecError("decision row features have NaN or infinite values")

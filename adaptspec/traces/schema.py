@@ -65,9 +65,18 @@ DECISION_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
     "wall_decode_ms": (pa.float64(), False, True),
     "row_rounds": (pa.int64(), False, True),
     "mean_rows": (pa.float64(), False, True),
+    # every arm's counterfactual outcome from the rounds that ran, over ``arms`` (null without rounds)
+    "cf_rewards": (_F64_LIST, False, True),
+    "cf_tokens": (_F64_LIST, False, True),
+    "cf_censored": (pa.list_(pa.bool_()), False, True),
+    "cf_approximate": (pa.list_(pa.bool_()), False, True),
 }
 
 #: Decision-log columns checked finite (null is the missing value) and non-negative integers.
 DECISION_FLOATS = ("reward", "decode_ms", "mean_tau", "temperature", "attributed_ms", "wall_decode_ms", "mean_rows")
 DECISION_COUNTS = ("new_tokens", "rounds", "rows_in_flight", "queue_length", "context_tokens", "max_tokens",
                    "row_rounds")
+#: Decision-log list columns with one value per arm of the row (null, or as long as ``arms``);
+#: the numeric ones are checked finite.
+DECISION_PER_ARM = ("cf_rewards", "cf_tokens", "cf_censored", "cf_approximate")
+DECISION_PER_ARM_FLOATS = ("cf_rewards", "cf_tokens")

@@ -1,0 +1,108 @@
+"""Full information at serve time: what every arm would have earned on a request, from the rounds of the arm that ran.
+
+When a request's feedback arrives with its outcome, the book of pending decisions
+(:mod:`adaptspec.control.book`) asks :class:`CounterfactualPricer` for every arm's
+counterfactual outcome (:func:`adaptspec.reward.counterfactual.from_outcome`: the tokens the same
+rounds would have committed at each verify length, censored where a round accepted all it
+verified, approximate where the arm would have drafted its own block) and prices it with the
+controller's reward. The arm that ran is paid exactly the reward the bandit path gives it (the
+reward function's, measured); the others their counterfactual reward, timed by the latency profile
+and scaled to the measured time of what ran. This is computed once, there: the decision log keeps
+it (``cf_rewards``, ``cf_tokens``, ``cf_censored``, ``cf_approximate``) and the update carries it
+to the learner, which feeds a policy with ``full_feedback`` every observed arm
+(:meth:`~adaptspec.policies.base.Policy.update_full`) and any other policy the arm that ran alone,
+as before. Resume replays the logged vectors, so it learns the same.
+
+Which profile prices the rounds (:func:`pricing_profile`): the controller's ``latency`` when given,
+else its machine-speed reference, else :data:`DEFAULT_PROFILE`. Only the profile's relative costs
+of the block sizes matter (the times are scaled to the measured one); pass ``latency=PROFILE``
+(``adaptspec profile-latency``) to price them as your decoder's costs grow with the block.
+
+>>> from adaptspec.speculator import Decision, Outcome, Round
+>>> d = Decision(4, 1.0, [0.0, 0.0, 1.0, 0.0], (1, 2, 4, 8), "fixed:4", decision_id="d1")
+>>> out = Outcome([1] * 7, [Round(4, 3, 0.0, 0.01), Round(4, 2, 0.0, 0.01), Round(4, 1, 0.0, 0.01)], decode_s=0.03)
+>>> fb = CounterfactualPricer("tau", pricing_profile(None, None)).price(d, out, 2.0, context_tokens=20)
+>>> fb.rewards.tolist(), fb.tokens.tolist(), fb.censored.tolist()
+([1.0, 1.6666666666666667, 2.0, 2.0], [3.0, 5.0, 6.0, 6.0], [False, False, False, False])
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..reward.counterfactual import from_outcome
+from ..reward.functions import REWARDS
+from ..reward.latency import LatencyProfile, get_profile
+
+log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
+
+#: The profile counterfactual rounds are priced with when the controller has none (the bundled
+#: decoder's, on which docs/evaluation.md section 9 measured the counterfactuals).
+DEFAULT_PROFILE = "cpu-smollm2-fast"
+
+
+@dataclass(frozen=True)
+class FullFeedback:
+    """Every arm's counterfactual outcome on one request, over the decision's ``arms`` (in their
+    order): ``rewards`` in the reward's own (measured) unit, the arm that ran paid its own reward
+    exactly, a lower bound where ``censored``; ``tokens`` the tokens the rounds would have committed
+    at each arm; ``approximate`` where the arm would have drafted a block of its own."""
+
+    arms: tuple[int, ...]
+    rewards: np.ndarray
+    tokens: np.ndarray
+    censored: np.ndarray
+    approximate: np.ndarray
+
+    @property
+    def observed(self) -> np.ndarray:
+        """Arms whose reward is known (exactly or approximately): not censored."""
+        return ~self.censored
+
+
+def pricing_profile(latency: Any, machine_speed: Any) -> LatencyProfile:
+    """The latency profile counterfactual rounds are priced with (see the module docstring)."""
+    if latency is not None:
+        return get_profile(latency)
+    if machine_speed is not None:
+        return machine_speed.profile
+    return get_profile(DEFAULT_PROFILE)
+
+
+class CounterfactualPricer:
+    """Prices every arm's counterfactual outcome with reward ``reward`` (one of
+    :data:`~adaptspec.reward.functions.REWARDS`) on ``profile`` (see the module docstring)."""
+
+    def __init__(self, reward: str, profile: LatencyProfile) -> None:
+        if reward not in REWARDS:
+            raise AdaptspecError(f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}")
+        self.reward = reward
+        self.profile = profile
+
+    def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None) -> FullFeedback | None:
+        """Every arm's outcome on the request ``decision`` decided, from ``outcome``'s rounds; the
+        arm that ran gets ``reward`` (the one the bandit path learns from). ``context_tokens``: the
+        prompt's tokens (None: the profile's reference context). None when no round ran or the
+        rounds cannot be priced (said in the log; the request is then learnt from as a bandit)."""
+        if not outcome.rounds:
+            return None
+        arms = tuple(int(a) for a in decision.arms)
+        ctx = int(self.profile.context_tokens if context_tokens is None else context_tokens)
+        try:
+            cf = from_outcome(outcome, decision.block_size, arms, ctx, self.profile)
+            r = cf.rewards(self.reward, self.profile)  # modelled: at the reference context, as the reward function
+        except (AdaptspecError, ValueError, ZeroDivisionError) as e:
+            log.info("decision %s: no counterfactual rewards: %s", decision.decision_id, e)
+            return None
+        order = [cf.arms.index(a) for a in arms]  # cf.arms are sorted; the decision's arms may not be
+        rewards = np.asarray(r, dtype=np.float64)[order]
+        rewards[arms.index(decision.block_size)] = float(reward)  # a checked decision: an int among its arms
+        if not np.all(np.isfinite(rewards)):
+            log.info("decision %s: no counterfactual rewards: a non-finite one", decision.decision_id)
+            return None
+        return FullFeedback(arms, rewards, cf.tokens[order], cf.censored[order].copy(), cf.approximate[order].copy())
