@@ -191,6 +191,24 @@ def test_a_bandit_policy_learns_the_arm_that_ran_exactly_as_before(tmp_path):
     assert all(r["cf_rewards"] is not None for r in rows)  # the log keeps them whatever the policy (for OPE)
 
 
+def test_the_direct_method_learns_arms_the_logging_policy_never_played(tmp_path):
+    """A log of fixed:4 says nothing of B = 8 by itself; its counterfactual rewards do."""
+    from adaptspec.analysis.ope import evaluate_log
+
+    want = []
+    with AdaptiveController(ToyTaus(), "fixed:4", arms=ARMS, log_dir=tmp_path / "log") as c:
+        for i in range(8):
+            g = c.generate(prompt(i), max_new_tokens=23)
+            want.append(closed_form(g.outcome, 4, len(prompt(i)))[8])
+    log = DecisionLog.read(tmp_path / "log")
+    opts = {"estimators": ("dm", "ips"), "reward_model": "mean", "folds": 1, "n_boot": 20}
+    full = evaluate_log(log, "fixed:8", counterfactuals=True, **opts)
+    assert full["dm"].value == pytest.approx(np.mean(want), rel=1e-9)
+    assert full["ips"].value == 0.0  # the weights still come from the logged propensities
+    bandit = evaluate_log(log, "fixed:8", **opts)
+    assert bandit["dm"].value == pytest.approx(np.mean(log.rewards), rel=1e-9)  # arm 8 unseen: the global mean
+
+
 def test_a_custom_reward_has_no_counterfactuals(tmp_path):
     def reward(outcome):
         return float(outcome.mean_tau)

@@ -130,7 +130,8 @@ def _dr_terms(r: np.ndarray, a: np.ndarray, p: np.ndarray, pi: np.ndarray, r_hat
 
 # ============================================================================ reward models
 def fit_reward_model(contexts: np.ndarray | None, actions: Any, rewards: Any, n_arms: int, *,
-                     model: str = "ridge", alpha: float = 1.0, folds: int = 2, seed: int = 0) -> np.ndarray:
+                     model: str = "ridge", alpha: float = 1.0, folds: int = 2, seed: int = 0,
+                     observed: tuple[Any, Any] | None = None) -> np.ndarray:
     """Predicted reward of every arm for every logged round, ``(n, n_arms)``.
 
     ``ridge``: per-arm ridge regression on standardised features with an intercept;
@@ -138,9 +139,19 @@ def fit_reward_model(contexts: np.ndarray | None, actions: Any, rewards: Any, n_
     ``folds > 1`` predictions are cross-fitted: each round is predicted by a model that did
     not see it, which keeps DR's correction honest.
 
+    ``observed``: ``(R, M)``, each ``(n, n_arms)``: every arm's reward where a round revealed it
+    (``M`` true), the logged counterfactual rewards of a decision log (``DecisionLog.cf_rewards``
+    and ``cf_observed``); each arm is then fitted on every round that showed it, not only the
+    rounds that played it. Without it (or in a row that shows nothing) a round shows its
+    logged arm's reward alone.
+
     >>> a = np.array([0, 0, 1, 1]); r = np.array([1.0, 3.0, 5.0, 7.0])
     >>> fit_reward_model(None, a, r, 2, model="mean", folds=1)[0].tolist()
     [2.0, 6.0]
+    >>> R = np.array([[1.0, 2.0], [3.0, 4.0], [0.0, 5.0], [0.0, 7.0]])   # rounds 0 and 1 also showed arm 1
+    >>> M = np.array([[True, True], [True, True], [False, True], [False, True]])
+    >>> fit_reward_model(None, a, r, 2, model="mean", folds=1, observed=(R, M))[0].tolist()
+    [2.0, 4.5]
     """
     a = np.asarray(actions, dtype=np.int64)
     r = np.asarray(rewards, dtype=np.float64)
@@ -149,21 +160,41 @@ def fit_reward_model(contexts: np.ndarray | None, actions: Any, rewards: Any, n_
         raise AdaptspecError(f"unknown reward model {model!r}: choose ridge or mean")
     if not alpha > 0:
         raise AdaptspecError(f"ridge alpha must be > 0, got {alpha}")
+    R, M = _shown(a, r, n_arms, observed)
     X = None if (contexts is None or model == "mean") else np.asarray(contexts, dtype=np.float64)
     folds = max(1, min(int(folds), n))
     out = np.empty((n, n_arms))
     if folds == 1:
-        return _fit_predict(X, a, r, n_arms, alpha, np.arange(n), np.arange(n))
+        return _fit_predict(X, r, R, M, alpha, np.arange(n), np.arange(n))
     fold = np.random.default_rng(seed).permutation(n) % folds
     for f in range(folds):
         test = np.flatnonzero(fold == f)
         train = np.flatnonzero(fold != f)
-        out[test] = _fit_predict(X, a, r, n_arms, alpha, train, test)
+        out[test] = _fit_predict(X, r, R, M, alpha, train, test)
     return out
 
 
-def _fit_predict(X: np.ndarray | None, a: np.ndarray, r: np.ndarray, k: int, alpha: float,
+def _shown(a: np.ndarray, r: np.ndarray, k: int, observed: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(R, M)``: every arm's reward where a round shows it; the logged arm's always."""
+    n = len(a)
+    M = np.zeros((n, k), dtype=bool)
+    R = np.zeros((n, k))
+    if observed is not None:
+        R0 = np.asarray(observed[0], dtype=np.float64)
+        M0 = np.asarray(observed[1], dtype=bool)
+        if R0.shape != (n, k) or M0.shape != (n, k):
+            raise AdaptspecError(f"observed rewards and mask must have shape ({n}, {k}), got {R0.shape} and {M0.shape}")
+        M = M0 & np.isfinite(R0)
+        R = np.where(M, R0, 0.0)
+    t = np.arange(n)
+    M[t, a] = True
+    R[t, a] = r  # the logged reward of the arm that ran
+    return R, M
+
+
+def _fit_predict(X: np.ndarray | None, r: np.ndarray, R: np.ndarray, M: np.ndarray, alpha: float,
                  train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    k = R.shape[1]
     glob = float(r[train].mean()) if len(train) else 0.0
     out = np.full((len(test), k), glob)
     if X is not None:
@@ -172,17 +203,18 @@ def _fit_predict(X: np.ndarray | None, a: np.ndarray, r: np.ndarray, k: int, alp
         sd[sd == 0] = 1.0
         Z = (X - mu) / sd
     for j in range(k):
-        m = train[a[train] == j]
+        m = train[M[train, j]]
         if len(m) == 0:
             continue
-        ym = r[m].mean()
+        y = R[m, j]
+        ym = y.mean()
         if X is None or len(m) < 2:
             out[:, j] = ym
             continue
         Zm = Z[m]
         zm = Zm.mean(axis=0)
         Zc = Zm - zm
-        beta = np.linalg.solve(Zc.T @ Zc + alpha * np.eye(Z.shape[1]), Zc.T @ (r[m] - ym))
+        beta = np.linalg.solve(Zc.T @ Zc + alpha * np.eye(Z.shape[1]), Zc.T @ (y - ym))
         out[:, j] = ym + (Z[test] - zm) @ beta
     return out
 
@@ -226,6 +258,7 @@ def evaluate(
     folds: int = 2,
     switch_tau: float = 10.0,
     r_hat: np.ndarray | None = None,
+    observed: tuple[Any, Any] | None = None,
     n_boot: int = 500,
     level: float = 0.95,
     seed: int = 0,
@@ -233,7 +266,9 @@ def evaluate(
 ) -> dict[str, Estimate]:
     """Every requested estimator with a bootstrap percentile interval.
 
-    ``r_hat`` (``(n, K)`` predicted rewards) replaces the fitted reward model when given.
+    ``r_hat`` (``(n, K)`` predicted rewards) replaces the fitted reward model when given;
+    ``observed`` (every arm's reward where a round showed it, see :func:`fit_reward_model`) is
+    what the fitted one learns from.
     ``progress``: a progress bar on stderr (None: only in a terminal, after a second).
     """
     r, a, p, pi = _check(rewards, actions, propensities, target)
@@ -246,7 +281,8 @@ def evaluate(
     w = importance_weights(a, p, pi)
     need_model = any(e in ("dm", "dr", "switch-dr") for e in estimators)
     if need_model and r_hat is None:
-        r_hat = fit_reward_model(contexts, a, r, k, model=reward_model, alpha=alpha, folds=folds, seed=seed)
+        r_hat = fit_reward_model(contexts, a, r, k, model=reward_model, alpha=alpha, folds=folds, seed=seed,
+                                 observed=observed)
     # every estimator is sum(c * num) / sum(c * den) for bootstrap multiplicities c
     parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     ones = np.ones(n)
@@ -291,10 +327,16 @@ def _ratio(num: float, den: float) -> float:
     return float(num / den) if den > 0 else float("nan")
 
 
-def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, **kwargs: Any) -> dict[str, Estimate]:
+def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, counterfactuals: bool = False,
+                 **kwargs: Any) -> dict[str, Estimate]:
     """:func:`evaluate` a policy (object or spec) on a :class:`~adaptspec.traces.DecisionLog`.
 
-    Rows without a reward (feedback never arrived) are left out.
+    Rows without a reward (feedback never arrived) are left out. ``counterfactuals``: the
+    reward model (DM, DR, switch-DR) learns every arm from the log's counterfactual rewards
+    where a row observed it (``cf_rewards`` where not ``cf_censored``; docs/data.md), not only
+    the arm each row played; the importance weights still use the logged propensities. The
+    counterfactuals of arms that would have drafted their own block are approximate (about 1%
+    off, docs/evaluation.md section 9), which biases DM alike; DR corrects it on the arms played.
     """
     from ..policies.spec import make_policy
 
@@ -312,5 +354,6 @@ def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, **kwargs: Any
     P = policy_probs(pol, None if X is None else X[keep], int(keep.sum()))
     order = np.argsort(np.asarray(arms))  # log arm order -> sorted policy arm order
     P = P[:, np.argsort(order)] if not np.all(order == np.arange(len(arms))) else P
+    observed = (log.cf_rewards[keep], log.cf_observed[keep]) if counterfactuals else None
     return evaluate(r[keep], log.actions[keep], log.propensities[keep], P,
-                    None if X is None else X[keep], seed=seed, **kwargs)
+                    None if X is None else X[keep], seed=seed, observed=observed, **kwargs)
