@@ -262,7 +262,7 @@ def test_d7_serve_tiny_starts_with_its_defaults(tmp_path):
     svc = build_service(_serve_args("--tiny", "--threads", "1", "--log-dir", str(tmp_path / "log")))
     with fastapi_testclient.TestClient(create_app(svc)) as c:
         ctl = svc.controllers["default"]
-        assert ctl.arms == TINY_DEFAULT_ARMS and svc.router.specs["default"] == "ucb"
+        assert ctl.arms == TINY_DEFAULT_ARMS and svc.router.specs["default"] == "fi-ucb"
         r = post(c, {"prompt": "hello", "max_tokens": 4})
         assert r.status_code == 200 and r.json()["adaptspec"]["block_size"] in TINY_DEFAULT_ARMS
 

@@ -220,6 +220,17 @@ def test_a_custom_reward_has_no_counterfactuals(tmp_path):
     assert np.isnan(DecisionLog.read(tmp_path / "log").cf_rewards).all()
 
 
+
+def test_the_cold_default_is_fi_ucb_where_the_controller_can_feed_it_every_arm():
+    class NoHead(ToyTaus):
+        feature_dim = 3  # the bundled head reads 1153
+
+    with AdaptiveController(NoHead(), reward="tau") as c:
+        assert c.policy_spec == "fi-ucb" and c.policy_choice.startswith("fi-ucb: no head fits")
+    with AdaptiveController(NoHead(), reward=lambda outcome: 1.0) as c:  # no counterfactuals: bandit UCB
+        assert c.policy_spec == "ucb"
+
+
 def test_the_machine_speed_calibrates_every_arm_alike():
     """With a speed reference, the policy learns each reward divided by the machine's factor (the
     first request's: its decode time over the profile's time of its rounds at the reference context)."""

@@ -290,7 +290,7 @@ class AdaptiveController:
         ...     c.feedback(d.decision_id, Outcome([7] * (1 + tau), [Round(d.block_size, tau, 0.0, 0.01)], 0.01))
         'applied'
         >>> c.policy_choice
-        'ucb: no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 8]'
+        'fi-ucb: no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 8]'
         >>> c.generate([1, 2, 3])
         Traceback (most recent call last):
         ...

@@ -34,16 +34,24 @@ def default_arms(max_block_size: int) -> tuple[int, ...]:
     return tuple(sorted({a for a in DEFAULT_ARMS if a <= max_block_size} | {int(max_block_size)}))
 
 
-def cold_policy_spec(arms: Sequence[int]) -> str:
+def cold_policy_spec(arms: Sequence[int], full_information: bool = True) -> str:
     """The policy a decoder starts with when no trained head fits it: the one that learns best
-    from nothing over ``arms``.
+    from nothing over ``arms``. ``full_information``: the controller feeds every block size's
+    counterfactual reward (:mod:`adaptspec.control.full_feedback`; not with a custom reward
+    function, nor in a fleet, whose shared statistics are the arm that ran's).
 
-    Today context-free UCB: replayed cold on prompts the project never saw (arms 1-16, CPU
-    profile), it earns 97.1% of the best fixed block size in its first 48 requests and 99.0% by
-    240, where LinUCB, SquareCB and LinTS on raw prefill features earn 88-90% (issue 40). The one
+    With full information, ``fi-ucb``: UCB learning every block size a request's rounds reveal.
+    Replayed cold on prompts the project never saw (336 dense benchmark prompts, arms 1-16,
+    ``cpu-smollm2-fast``, 20 orders; docs/evaluation.md section 9) it earns 98.7% of the best
+    fixed block size in its first 48 requests and 99.7% by 240 (98.75% / 99.75% over the default
+    arms up to 16), where ``ucb`` earns 92.7% / 97.5% and LinUCB and SquareCB 87-88%; fed the arm
+    that ran alone it would earn 91.0% / 94.1%, so without full information, ``ucb``. The one
     place this choice is made: switch it here when a better cold learner lands.
+
+    >>> cold_policy_spec((1, 2, 4, 8)), cold_policy_spec((1, 2, 4, 8), full_information=False)
+    ('fi-ucb', 'ucb')
     """
-    return "ucb"
+    return "fi-ucb" if full_information else "ucb"
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,12 @@ class PolicyChoice:
 
 
 def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
-                          head: str | Path | None = None) -> PolicyChoice:
+                          head: str | Path | None = None, full_information: bool = True) -> PolicyChoice:
     """The product default for a decoder of ``max_block_size`` whose prefill features have
     ``feature_dim`` values (None: not declared), decoding only ``arms`` when given: NeuralLinear
     over ``head`` (default: the bundled head) where it fits (:func:`head_misfit`), else
-    :func:`cold_policy_spec` over ``arms`` (default: :func:`default_arms`).
+    :func:`cold_policy_spec` over ``arms`` (default: :func:`default_arms`), with
+    ``full_information`` when the controller will have it.
 
     >>> choose_default_policy(8, 40).reason
     'no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 6, 8]'
@@ -75,7 +84,7 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
                                                        f"{max_block_size} and it reads the decoder's {feature_dim} "
                                                        "feature values")
     cold = tuple(sorted(int(a) for a in arms)) if arms is not None else default_arms(max_block_size)
-    return PolicyChoice(cold_policy_spec(cold), f"no head fits: {why}; cold start over arms {list(cold)}")
+    return PolicyChoice(cold_policy_spec(cold, full_information), f"no head fits: {why}; cold start over arms {list(cold)}")
 
 
 def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
@@ -246,7 +255,8 @@ def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
 
     allowed = config.arms if config.arms is not None else shape.arms
     if policy is None:
-        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, allowed)
+        full = isinstance(config.reward, str) and config.shared is None  # counterfactuals priced and learnt
+        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, allowed, full_information=full)
         policy = choice.spec
     else:
         choice = PolicyChoice(policy if isinstance(policy, str) else None, "given by the caller")
