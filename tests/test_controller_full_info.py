@@ -142,6 +142,28 @@ def test_censored_counterfactuals_round_trip_and_only_observed_arms_are_learnt(t
     assert log.cf_censored[-1].tolist() == [False, False, True] and np.isnan(log.cf_rewards[:-1]).all()
 
 
+def test_a_re_decision_followed_by_another_censors_past_its_last_full_round(tmp_path):
+    """redecide_every=1: each round is its own decision. The first accepts all of B = 2 and the
+    request goes on, so B = 4 is only a lower bound there; the last round ends the request."""
+
+    class TwoRounds(ToyTaus):
+        per_round = True
+
+        def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+            schedule, rounds, tokens = as_schedule(block_size), [], [1]
+            for accept_all in (True, False):
+                b = schedule.draft_size(rounds)
+                rounds.append(Round(b, b if accept_all else 1, 0.0, 0.001))
+                tokens += [2] * rounds[-1].tau
+            return Outcome(tokens, rounds, 0.002)
+
+    with AdaptiveController(TwoRounds(), "fixed:2", arms=(1, 2, 4), redecide_every=1, log_dir=tmp_path) as c:
+        assert len(c.generate(prompt(0), max_new_tokens=8).decisions) == 2
+        first, last = c.pending_log_rows()
+    assert first["cf_censored"] == [False, False, True] and first["cf_tokens"] == [1.0, 2.0, 2.0]
+    assert last["cf_censored"] == [False, False, False] and last["cf_tokens"] == [1.0, 1.0, 1.0]
+
+
 CRASH_SCRIPT = textwrap.dedent("""
     import os, signal, sys, json
     sys.path.insert(0, {tests!r})

@@ -115,9 +115,10 @@ class DecisionBook:
         return None if p is None else p.decision
 
     def feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None,
-                 shared: SharedRounds | None = None) -> tuple[str, float | None]:
+                 shared: SharedRounds | None = None, last: bool = True) -> tuple[str, float | None]:
         """Settle a decision with its ``outcome`` and/or a (checked) ``reward``: ``(status, reward)``.
-        ``shared`` (batched serving) is how its decode time was attributed; it goes to the log.
+        ``shared`` (batched serving) is how its decode time was attributed; it goes to the log;
+        ``last``: the outcome's rounds end the request (False for a re-decision followed by another).
 
         A reward computed from the outcome is measured; an undefined or non-finite one is None
         (``no_reward``). Raises :class:`DecisionLogError` when the row cannot be logged."""
@@ -135,7 +136,7 @@ class DecisionBook:
             if reward is not None and self.machine_speed is not None:  # a computed reward is calibrated, a given one not
                 ratio = self.machine_speed.ratio(outcome)
             if reward is not None and self.pricer is not None:  # every arm's, from the same rounds
-                full = self.pricer.price(p.decision, outcome, reward, p.context_tokens)
+                full = self.pricer.price(p.decision, outcome, reward, p.context_tokens, last)
         status = "applied" if reward is not None else "no_reward"
         try:
             self._write(p, outcome, reward, ratio, shared, full)

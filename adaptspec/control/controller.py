@@ -411,7 +411,9 @@ class AdaptiveController:
             for d in decisions:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
-        rewards = [self._book.feedback(d.decision_id, seg, None)[1] for d, seg in zip(decisions, segments)]
+        ends = [False] * (len(decisions) - 1) + [True]  # which re-decision's rounds end the request
+        rewards = [self._book.feedback(d.decision_id, seg, None, last=end)[1]
+                   for d, seg, end in zip(decisions, segments, ends)]
         t4 = time.perf_counter()
         return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))
 

@@ -84,11 +84,15 @@ class CounterfactualPricer:
         self.reward = reward
         self.profile = profile
 
-    def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None) -> FullFeedback | None:
+    def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None,
+              last: bool = True) -> FullFeedback | None:
         """Every arm's outcome on the request ``decision`` decided, from ``outcome``'s rounds; the
         arm that ran gets ``reward`` (the one the bandit path learns from). ``context_tokens``: the
-        prompt's tokens (None: the profile's reference context). None when no round ran or the
-        rounds cannot be priced (said in the log; the request is then learnt from as a bandit)."""
+        context before its first round (None: the profile's reference context); ``last``: its
+        rounds end the request (not a re-decision followed by another: then a last round that
+        accepted all it verified censors the longer arms, as any other round does). None when
+        no round ran or the rounds cannot be priced (said in the log; the request is then learnt
+        from as a bandit)."""
         if not outcome.rounds:
             return None
         arms = tuple(int(a) for a in decision.arms)
@@ -105,4 +109,8 @@ class CounterfactualPricer:
         if not np.all(np.isfinite(rewards)):
             log.info("decision %s: no counterfactual rewards: a non-finite one", decision.decision_id)
             return None
-        return FullFeedback(arms, rewards, cf.tokens[order], cf.censored[order].copy(), cf.approximate[order].copy())
+        censored = cf.censored[order].copy()
+        end = outcome.rounds[-1]
+        if not last and end.tau == end.block_size:  # the request went on: a longer block could have gone on too
+            censored |= np.asarray(arms) > end.block_size
+        return FullFeedback(arms, rewards, cf.tokens[order], censored, cf.approximate[order].copy())
