@@ -251,7 +251,7 @@ class BlockSpeculator(Protocol):
     committed tokens, cut at EOS or ``max_new_tokens``; its rounds are the rounds that ran
     (the controller refuses an outcome whose rounds do not add up to its tokens).
 
-    Two optional declarations (class or instance attributes; absent means the default):
+    Three optional declarations (class or instance attributes; absent means the default):
 
     ``feature_dim: int | None = None``
         The length of ``Prefill.features``. Declared, it chooses the default policy before the
@@ -261,6 +261,12 @@ class BlockSpeculator(Protocol):
         True when ``decode`` asks a :class:`RoundSchedule` for every round's block
         (``draft_size(rounds)`` before each round). The controller's per-round options
         (``redecide_every``, ``round_rule``) need it; they are refused otherwise.
+    ``prefix_drafts: bool = False``
+        True when every round that speculates drafts one block, the same whatever block size it
+        verifies, and verifies a prefix of it (``SpeculativeDecoder(..., draft_length=D)``, its
+        ``max_block_size`` then ``D``): what a round would have committed at any shorter block is
+        then exact, not approximate (:func:`adaptspec.reward.counterfactual.counterfactuals`'s
+        ``prefix_drafts``). A round's :attr:`Round.drafted` records the drafted block.
     """
 
     max_block_size: int

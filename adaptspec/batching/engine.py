@@ -6,7 +6,8 @@ One round (:meth:`BatchEngine.step`):
 1. requests that were cancelled leave; waiting requests join (each prefilled alone, batch 1,
    by :meth:`TargetModel.prefill <adaptspec.decoding.TargetModel.prefill>`, its cache copied
    into a free KV slot) while there are free rows;
-2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1``: one
+2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1`` (with a
+   ``draft_length`` ``D``: ``D - 1`` tokens, of which the row verifies its first ``B_i - 1``): one
    pass for all greedy rows in fast verification (:mod:`~adaptspec.batching.draft_pass`),
    else one pass per row, so that a row's drafts, and with them its rounds, do not depend on
    the batch (``batched_draft`` overrides); a sampled row proposes its keyed samples
@@ -52,7 +53,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding.decoder import check_block_size, first_token
+from ..decoding.decoder import check_block_size, check_draft_length, first_token
 from ..decoding.sampling import SampleKeys, accept_keyed, draft_keyed
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
@@ -73,6 +74,9 @@ class BatchEngine:
     computes (rows x the widest block): each row's block is cut to ``token_budget // rows``
     (at least 1). ``max_context`` (default: the model's ``max_position_embeddings``) bounds
     prompt + new tokens of a request. ``history`` round records are kept in :attr:`history`.
+    ``draft_length`` (None: each row drafts the block it verifies) drafts that many positions
+    for every speculating row and each row verifies its own prefix of them (exact counterfactuals,
+    :attr:`prefix_drafts`); it caps the block size.
     """
 
     def __init__(
@@ -85,13 +89,17 @@ class BatchEngine:
         capacity: int = 256,
         history: int = 10_000,
         batched_draft: bool | None = None,
+        draft_length: int | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         if drafter is not None:
             drafter.attach(target.model)
             target.context_layers = list(drafter.config.target_layers)
-        self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
+        self.draft_length = check_draft_length(draft_length, drafter)
+        self.max_block_size: int = self.draft_length or (drafter.config.max_block_size if drafter is not None else 1)
+        #: every speculating row drafts one block of ``draft_length`` and verifies a prefix of it
+        self.prefix_drafts: bool = self.draft_length is not None
         if not isinstance(max_rows, int) or max_rows < 1:
             raise AdaptspecError(f"max_rows must be an int >= 1, got {max_rows!r}")
         self.max_rows = max_rows
@@ -177,17 +185,18 @@ class BatchEngine:
         asked = [row.handle.block_size for row in self.rows] if self.round_block_sizes is None else [
             max(1, min(int(b), row.handle.block_size)) for b, row in zip(self.round_block_sizes(self.rows), self.rows)]
         widths = [min(b, row.room, cap) for b, row in zip(asked, self.rows)]
-        noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the block's positions
-                 row.keys.noise(len(row.handle.tokens), b, self.target.vocab_size, self.target.device)
-                 for row, b in zip(self.rows, widths)]
-        blocks, drafts = self._draft(widths, noise)
+        drafted = [b if b == 1 or self.draft_length is None else self.draft_length for b in widths]
+        noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the drafted positions
+                 row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
+                 for row, d in zip(self.rows, drafted)]
+        blocks, drafts = self._draft(widths, drafted, noise)
         clock.mark()
         logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)
         new = accept.greedy(logits, drafts, widths)
         for i, row in enumerate(self.rows):
             if row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
-                new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i], row.handle.temperature)
+                new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i][:b], row.handle.temperature)
         taus = [len(n) for n in new]
         self.store.commit(taus)
         if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
@@ -202,16 +211,19 @@ class BatchEngine:
         )
         done = []
         for i, row in enumerate(self.rows):
-            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s))
+            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,
+                                           drafted=drafted[i] if drafted[i] != widths[i] else 0))
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)
         self.history.append(record)
         return record
 
-    def _draft(self, widths: list[int], noise: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft(self, widths: list[int], drafted: list[int],
+               noise: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's block ``[R, T]`` (padded with its last token) and its drafts ``[R, T - 1]``
-        (-1 where none); a sampled row drafts its keyed proposals with its ``noise``."""
+        (-1 where none): row ``i`` drafts ``drafted[i]`` positions and keeps the first ``widths[i]``;
+        a sampled row drafts its keyed proposals with its ``noise``."""
         dev = self.target.device
         width = max(widths)
         last = torch.tensor([row.last for row in self.rows], device=dev)
@@ -222,17 +234,17 @@ class BatchEngine:
         shared = {}
         if together:  # one drafter pass for the greedy rows (fast verification)
             rows = [self.rows[i] for i in together]
-            out = draft_logits_rows(self.drafter, [r.draft for r in rows], [r.last for r in rows], [widths[i] for i in together])
+            out = draft_logits_rows(self.drafter, [r.draft for r in rows], [r.last for r in rows], [drafted[i] for i in together])
             shared = dict(zip(together, out))
         for i, (row, b) in enumerate(zip(self.rows, widths)):
             if b == 1:
                 continue
-            logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, b)).float()
+            logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, drafted[i])).float()
             if noise[i] is None:
                 idx = logits.argmax(-1)
             else:  # proposed as SpeculativeDecoder proposes them
-                idx = draft_keyed(logits, noise[i][: b - 1], row.handle.temperature, self.drafter.draft_vocab)
-            d = self.drafter.to_target_ids(idx).to(dev)
+                idx = draft_keyed(logits, noise[i][: drafted[i] - 1], row.handle.temperature, self.drafter.draft_vocab)
+            d = self.drafter.to_target_ids(idx).to(dev)[: b - 1]
             blocks[i, 1:b] = d
             drafts[i, : b - 1] = d
         return blocks, drafts

@@ -18,6 +18,14 @@ bit-identical to one-token greedy decoding; in ``"fast"`` mode every committed t
 target's argmax (or exact sample) in the pass that verified it, which can differ from
 one-token greedy decoding only where two logits tie within rounding.
 
+**Draft once, verify a prefix** (``draft_length=D``): every round that speculates drafts the
+same ``D - 1`` tokens and verifies the first ``B - 1`` of them, ``B <= D`` the block the
+request (or its schedule) chose; the decoder's ``max_block_size`` is then ``D``. A round's
+outcome at every shorter block is then known exactly (a shorter block is a prefix of the same
+draft: :mod:`adaptspec.reward.counterfactual`), and the decoder declares ``prefix_drafts``.
+``None`` (the default) drafts exactly the block it verifies. The output is the same either way
+(the drafts decide only how many tokens a round commits); docs/decoding.md compares the two.
+
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
 >>> torch.manual_seed(0) and None
@@ -65,16 +73,24 @@ class _PrefillState:
 class SpeculativeDecoder:
     """Implements the speculator protocol (``prefill`` / ``decode``) over a target and a drafter.
 
-    Without a drafter only ``block_size=1`` (plain decoding) is possible.
+    Without a drafter only ``block_size=1`` (plain decoding) is possible. ``draft_length``
+    (None: draft the block to verify) drafts that many positions every speculating round and
+    verifies a prefix of them (see the module docstring); it caps the block size.
     """
 
-    def __init__(self, target: TargetModel, drafter: BlockDiffusionDrafter | None = None) -> None:
+    def __init__(self, target: TargetModel, drafter: BlockDiffusionDrafter | None = None,
+                 draft_length: int | None = None) -> None:
         self.target = target
         self.drafter = drafter
         if drafter is not None:
             drafter.attach(target.model)
             target.context_layers = list(drafter.config.target_layers)
+        self.draft_length = check_draft_length(draft_length, drafter)
         self.max_block_size: int = drafter.config.max_block_size if drafter is not None else 1
+        if self.draft_length is not None:
+            self.max_block_size = self.draft_length
+        #: the protocol's declaration: every round drafts one block and verifies a prefix of it
+        self.prefix_drafts: bool = self.draft_length is not None
 
     #: the protocol's declaration: ``decode`` asks a :class:`~adaptspec.speculator.RoundSchedule` every round
     per_round = True
@@ -130,7 +146,9 @@ class SpeculativeDecoder:
         :mod:`adaptspec.schedules`; or a function ``(round_index, rounds_so_far) -> block size``):
         a schedule chooses each round's block and, when it ``uses_confidence``, the prefix of the
         drafts to verify from the drafter's top-1 probabilities (then the block is drafted whole
-        even near ``max_new_tokens``, and the verified prefix is cut there). ``prefill`` is not consumed: it can be decoded again with another block size.
+        even near ``max_new_tokens``, and the verified prefix is cut there). With a
+        ``draft_length`` every speculating round drafts that length and verifies the chosen
+        block's prefix of it. ``prefill`` is not consumed: it can be decoded again with another block size.
         ``on_round(tokens, round)`` is called after each round with the tokens it committed
         (for streaming).
         """
@@ -164,8 +182,9 @@ class SpeculativeDecoder:
             room = max_new_tokens - len(tokens)
             if not schedule.uses_confidence:
                 b = min(b, room)  # drafts past the end would be thrown away
-            noise = None if temperature == 0 else keys.noise(len(tokens), b, self.target.vocab_size, self.target.device)
-            new, r = self._round(tokens[-1], n, b, room, cache, draft, temperature, noise, schedule, rounds)
+            d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
+            noise = None if temperature == 0 else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
+            new, r = self._round(tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds)
             rounds.append(r)
             n += r.tau
             kept = len(tokens)
@@ -213,6 +232,7 @@ class SpeculativeDecoder:
         last: int,
         n: int,
         b: int,
+        d: int,
         room: int,
         cache: Any,
         draft: DraftState | None,
@@ -224,20 +244,20 @@ class SpeculativeDecoder:
         dev = self.target.device
         t0 = _now(dev)
         drafts = torch.empty(0, dtype=torch.long, device=dev)
-        if b > 1:
-            logits = self.drafter.draft_logits(draft, last, b).float()
+        if b > 1:  # draft d >= b positions; verify at most the first b
+            logits = self.drafter.draft_logits(draft, last, d).float()
             if temperature == 0:
                 idx = logits.argmax(-1)
             else:  # the keyed proposals of the block's positions (decoding.sampling)
-                idx = draft_keyed(logits, noise[: b - 1], temperature, self.drafter.draft_vocab)
-            drafts = self.drafter.to_target_ids(idx).to(dev)
+                idx = draft_keyed(logits, noise[: d - 1], temperature, self.drafter.draft_vocab)
+            drafts = self.drafter.to_target_ids(idx).to(dev)[: b - 1]
             if schedule.uses_confidence:  # verify a prefix, chosen from the drafter's top-1 probabilities
-                top1 = torch.softmax(logits, dim=-1).amax(-1).cpu().numpy()
+                top1 = torch.softmax(logits[: b - 1], dim=-1).amax(-1).cpu().numpy()
                 v = schedule.verify_size(top1, rounds)
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= b:
                     raise AdaptspecError(f"{schedule!r}.verify_size gave {v!r}, outside 1..{b}")
                 drafts = drafts[: min(int(v), room) - 1]
-        drafted, b = b, len(drafts) + 1
+        drafted, b = d, len(drafts) + 1
         t1 = _now(dev)
         block = torch.cat([torch.tensor([last], device=dev), drafts])
         logits, hidden = self.target.verify(block, cache, context=draft is not None)
@@ -269,6 +289,18 @@ def check_block_size(b: int, max_block_size: int, has_drafter: bool) -> int:
         why = "" if has_drafter else " (no drafter: only plain decoding)"
         raise AdaptspecError(f"block size {b} outside 1..{max_block_size}{why}")
     return b
+
+
+def check_draft_length(draft_length: int | None, drafter: BlockDiffusionDrafter | None) -> int | None:
+    """``draft_length`` if it is None or an int in ``2..`` the drafter's ``max_block_size``."""
+    if draft_length is None:
+        return None
+    if drafter is None:
+        raise AdaptspecError("draft_length needs a drafter")
+    top = drafter.config.max_block_size
+    if isinstance(draft_length, bool) or not isinstance(draft_length, int) or not 2 <= draft_length <= top:
+        raise AdaptspecError(f"draft_length must be an int in 2..{top} (the drafter's max_block_size), got {draft_length!r}")
+    return draft_length
 
 
 def _check_temperature(t: float) -> None:
