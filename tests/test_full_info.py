@@ -146,11 +146,49 @@ def test_learned_load_rule_counterfactual_rewards_closed_form() -> None:
     unit = 0.5
     cf = rule.counterfactual_rewards(4, [4, 2], [3, 2], [0.03, 0.02], [100.0, 100.0], unit)
     t = {b: 0.040 + 0.002 * max(2 * b - 2, 0) for b in (1, 2, 4)}  # two rows padded to the widest block
-    assert set(cf) == {1, 2, 8}  # no row accepted all of B = 4: B = 8 is not censored
+    assert set(cf) == {1, 2}  # only the shorter sizes: a longer one is known only where a row rejected
     assert cf[1] == pytest.approx([1 * unit / (0.03 * t[1] / t[4]), 1 * unit / (0.02 * t[1] / t[4])])
     assert cf[2] == pytest.approx([2 * unit / (0.03 * t[2] / t[4]), 2 * unit / (0.02 * t[2] / t[4])])
-    assert cf[8] == pytest.approx([3 * unit / (0.03 * (0.040 + 0.002 * 14) / t[4]),
-                                   2 * unit / (0.02 * (0.040 + 0.002 * 14) / t[4])])
     censored = rule.counterfactual_rewards(4, [4, 4], [4, 1], [0.03, 0.03], [100.0, 100.0], unit)
-    assert set(censored) == {1, 2}  # a row accepted all 4: the longer block is unknown
+    assert set(censored) == {1, 2}
     assert rule.counterfactual_rewards(1, [1, 1], [1, 1], [0.02, 0.02], [100.0, 100.0], unit) == {}
+
+
+def test_learned_load_rule_with_full_information_learns_every_shorter_size_its_rounds_show() -> None:
+    """Rounds driven through choose / feedback at one level: every block size's estimate equals the
+    ridge posterior mean (level term prior 0, weight LEVEL_WEIGHT; shared term prior 1, weight
+    COLD_WEIGHT) of the rewards computed here by hand: the played size's own, and min(tau, B') over
+    the cost model's round time at B' for every shorter size; no longer size learns."""
+    from adaptspec.load.rules import COLD_WEIGHT, LEVEL_WEIGHT, Learned
+    from adaptspec.reward.latency import CostCurve, LatencyProfile
+    from adaptspec.simulators.load import Load
+
+    prof = LatencyProfile("toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002))
+    arms = [1, 2, 4, 8]
+    rule = Learned(arms, prof, seed=1, hold=1, full_info=True)
+
+    class Row:
+        context = 100
+
+    rows, load = [Row(), Row()], Load(rows=2, queue=0)
+    plain = float(prof.verify(1, 100, 2))  # the model's plain round over two rows (the scale stays 1)
+    t = lambda b: 0.040 + 0.002 * max(2 * b - 2, 0)  # noqa: E731  two rows padded to b
+    seen = {a: [] for a in arms}
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        b = rule.choose(rows, load)[0]
+        taus = [int(x) for x in rng.integers(1, b + 1, size=2)]
+        shares = [t(b) / 2] * 2 if b > 1 else [plain / 2] * 2
+        rule.feedback(rows, [b, b], taus, shares, load)
+        for a in arms:
+            if a <= b:
+                seen[a] += [min(tau, a) * (plain / 2) / (s * t(a) / t(b)) if b > 1 else 1.0 for tau, s in zip(taus, shares)]
+    rule.choose([Row()], Load(rows=1, queue=0))  # another level: the last decision is learnt
+    assert len(seen[8]) < len(seen[1])
+    for i, a in enumerate(arms):
+        n, m = len(seen[a]), float(np.mean(seen[a])) if seen[a] else 0.0
+        # minimise n (w + c - m)^2 + L w^2 + C (c - 1)^2 over the level term w and the shared term c
+        A = np.array([[n + LEVEL_WEIGHT, n], [n, n + COLD_WEIGHT]])
+        w, c = np.linalg.solve(A, [n * m, n * m + COLD_WEIGHT])
+        got = rule.policy.predict(rule.features(1)[None])[0]
+        assert got[i] == pytest.approx(w + c, rel=1e-9)

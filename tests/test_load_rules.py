@@ -49,10 +49,26 @@ def test_the_warm_start_prefers_the_goodput_models_block_size_at_every_level(nam
             assert rule.preference(r) == expected
 
 
-def test_a_cold_rule_has_no_preference_until_its_warm_up_ends():
-    assert Learned(ARMS, KNEE, seed=0).preference(1) is None
+def test_a_cold_rule_starts_at_plain_speed_and_a_level_borrows_from_the_others():
+    from adaptspec.load.rules import COLD_WEIGHT, LEVEL_WEIGHT
+
+    rule = Learned(ARMS, KNEE, seed=0)
+    assert rule.preference(1) is None  # every block size ties before the first round
+    x16, x1 = rule.features(4), rule.features(0)  # 9-16 rows, 1 row
+    np.testing.assert_allclose(rule.policy.predict(np.stack([x16, x1])), 1.0)
+    rewards = [0.5, 0.7, 0.6, 0.8]
+    rule.policy.update_repeated(x16, 8, rewards)
+    n, m = len(rewards), float(np.mean(rewards))
+    # ridge by hand: n (w + c - m)^2 + LEVEL_WEIGHT w^2 + COLD_WEIGHT (c - 1)^2, level term w, shared c
+    w, c = np.linalg.solve([[n + LEVEL_WEIGHT, n], [n, n + COLD_WEIGHT]], [n * m, n * m + COLD_WEIGHT])
+    got = rule.policy.predict(np.stack([x16, x1]))[:, ARMS.index(8)]
+    assert got == pytest.approx([w + c, c], rel=1e-9)   # the unseen level borrows the shared term
+    assert rule.preference(16) == 1 and rule.preference(1) == 1   # B = 8 is now below plain's 1.0 at both
     with pytest.raises(AdaptspecError, match="prior acceptance"):
         Learned(ARMS, KNEE, prior=1.0)
+    for bad in ({"noise": 0.0}, {"level_weight": float("nan")}):
+        with pytest.raises(AdaptspecError, match="must be > 0"):
+            Learned(ARMS, KNEE, **bad)
 
 
 def test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free():

@@ -40,6 +40,8 @@ DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
 #: the warm learned rule's prior, in row-rounds per level and block size (the rule's default)
 PRIOR_WEIGHT = 32.0
+#: seeds of each learned rule in the section (each cold one with its own warm-up run)
+SEEDS = 3
 
 
 def _fixed_name(b: int) -> str:
@@ -57,10 +59,12 @@ def day_phases(profile: Any, levels: Sequence[int], requests: int) -> list[tuple
 
 def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: str, levels: Sequence[int],
                        requests: int, arms: Sequence[int] = ARMS, wrong: Sequence[float] = (),
-                       say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+                       say: Callable[[str], None] = lambda s: None, seeds: int = 1) -> dict[str, Any]:
     """Every rule at every level and over the day on one profile; ``wrong``: per-token factors of
     misjudged cost models given to the goodput and warm learned rules (and, in a third run, to the
-    engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run."""
+    engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run. ``seeds``:
+    the learned rules run with seeds 0 to ``seeds - 1`` (each its own warm-up for a cold rule);
+    their tok/s is the mean, each seed's in ``seed_tokens_per_s``."""
     from ..load.rules import Fixed, Goodput, Learned, Table
     from ..reward.latency import get_profile
     from ..simulators.load import draft_acceptance, misjudged, simulate
@@ -86,6 +90,24 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
                              "learned (warm), attribution misjudged too": run(warm(m), test, model=m, **arrivals)}
         return out
 
+    def learned(pool: Sequence[Any], arrivals: dict[str, Any]) -> dict[str, Any]:
+        """The learned rules, each over ``seeds`` seeds: the cold ones after a warm-up run on the tuning half."""
+        out = {}
+        for name, make, warm_up in (("learned (cold)", lambda s: Learned(arms, prof, seed=s), True),
+                                    ("learned (cold, full info)", lambda s: Learned(arms, prof, seed=s, full_info=True),
+                                     True),
+                                    ("learned (warm)", lambda s: Learned(arms, prof, seed=s, prior=prior,
+                                                                         prior_weight=PRIOR_WEIGHT, context=ctx), False)):
+            runs = []
+            for s in range(seeds):
+                rule = make(s)
+                if warm_up:
+                    run(rule, tune, **arrivals)
+                runs.append(run(rule, pool, **arrivals))
+            out[name] = {**runs[0], "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / seeds,
+                         "seed_tokens_per_s": [r["tokens_per_s"] for r in runs]}
+        return out
+
     rows, tuned, oracle = [], {}, {}
     for c in levels:
         arr = {"clients": c, "requests": max(requests, 4 * c)}
@@ -93,30 +115,20 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
         tuned[c] = max(tuning, key=tuning.get)
         fixed = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
         oracle[c] = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
-        cold = Learned(arms, prof, seed=0)
-        run(cold, tune, **arr)  # its warm-up: one run on the tuning half at this level
-        cold_fi = Learned(arms, prof, seed=0, full_info=True)
-        run(cold_fi, tune, **arr)
         runs = {**fixed, "table": run(Table({c: tuned[c]}), test, **arr),
-                "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-                "learned (cold)": run(cold, test, **arr), "learned (cold, full info)": run(cold_fi, test, **arr),
-                "learned (warm)": run(warm(prof), test, **arr)}
+                "goodput": run(Goodput(arms, prof, prior=prior), test, **arr), **learned(test, arr)}
         rows.append({"clients": c, "requests": arr["requests"], "best_fixed": oracle[c], "tuned_fixed": tuned[c],
                      "runs": runs, "wrong": wrong_runs(arr)})
         say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
     phases = day_phases(prof, levels, requests)
     arr = {"day": phases, "requests": 100_000}
-    cold = Learned(arms, prof, seed=0)
-    run(cold, tune, **arr)  # warm-up: one day on the tuning half
-    cold_fi = Learned(arms, prof, seed=0, full_info=True)
-    run(cold_fi, tune, **arr)
     day = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
     day.update({"table": run(Table(tuned), test, **arr), "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-                "learned (cold)": run(cold, test, **arr), "learned (cold, full info)": run(cold_fi, test, **arr),
-                "learned (warm)": run(warm(prof), test, **arr),
+                **learned(test, arr),  # the cold ones after a warm-up day on the tuning half
                 "per-level oracle": run(Table(oracle), test, **arr)})
     say(f"{profile_name}, the day: done")
     out = {"profile": profile_name, "prior_acceptance": prior, "prior_weight": PRIOR_WEIGHT, "context": ctx,
+           "seeds": seeds,
            "levels": rows,
            "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
            "tuned_table": {str(k): v for k, v in tuned.items()}, "oracle_table": {str(k): v for k, v in oracle.items()}}
@@ -132,6 +144,8 @@ def with_ratios(p: dict[str, Any]) -> dict[str, Any]:
         plain, best = runs["plain"]["tokens_per_s"], runs[part["best"]]["tokens_per_s"]
         for r in [*runs.values(), *(x for w in part.get("wrong", {}).values() for x in w.values())]:
             r["over_plain"], r["over_best_fixed"] = r["tokens_per_s"] / plain, r["tokens_per_s"] / best
+            if len(r.get("seed_tokens_per_s", ())) > 1:  # a 95% interval of the mean over seeds
+                r["over_best_fixed_ci"] = list(mean_ci([x / best for x in r["seed_tokens_per_s"]])[1:])
     p["targets"] = {rule: targets(p, rule) for rule in ("goodput", *RULES[2:]) if rule in p["day"]["runs"]}
     return p
 
@@ -148,7 +162,7 @@ def section_load(traces: Any, st: Settings) -> dict[str, Any]:
     if len(reqs) < 2:
         return {"status": "absent", "reason": f"the dense set {where} has fewer than two requests"}
     say = (lambda s: print(f"evaluate: load: {s}", file=sys.stderr, flush=True)) if st.progress else (lambda s: None)
-    profiles = [compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say)
+    profiles = [compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say, seeds=SEEDS)
                 for name, levels in LEVELS.items()]
     return {"status": "ok", "dense": str(where), "requests": len(reqs), "arms": list(ARMS),
             "load_requests": st.load_requests, "profiles": profiles}
@@ -164,7 +178,8 @@ def targets(p: dict[str, Any], rule: str) -> dict[str, Any]:
     """Issue 28's simulation targets for ``rule`` on one profile's results: its worst ratio to the best
     of plain and every fixed size over the levels; on the day its ratio to the best single fixed size,
     to the table tuned on the other half, and the share of the per-level oracle's gain it captures."""
-    worst = min(r["runs"][rule]["tokens_per_s"] / r["runs"][best_fixed(r["runs"])]["tokens_per_s"] for r in p["levels"])
+    at = min(p["levels"], key=lambda r: r["runs"][rule]["tokens_per_s"] / r["runs"][best_fixed(r["runs"])]["tokens_per_s"])
+    worst = at["runs"][rule]["tokens_per_s"] / at["runs"][best_fixed(at["runs"])]["tokens_per_s"]
     day = p["day"]["runs"]
     bf = day[best_fixed(day)]["tokens_per_s"]
     gain = day["per-level oracle"]["tokens_per_s"] - bf
@@ -172,8 +187,26 @@ def targets(p: dict[str, Any], rule: str) -> dict[str, Any]:
     t = {"worst_level": worst, "day_over_best_fixed": day[rule]["tokens_per_s"] / bf,
          "day_over_table": day[rule]["tokens_per_s"] / day["table"]["tokens_per_s"],
          "oracle_gain_captured": got / gain if gain > 0 else None}
+    t["worst_clients"] = at["clients"]
+    if "over_best_fixed_ci" in at["runs"][rule]:
+        t["worst_level_ci"] = at["runs"][rule]["over_best_fixed_ci"]
     t["met"] = bool(worst >= 0.98 and got > 0 and t["day_over_table"] >= 0.98 and (gain <= 0 or got >= gain / 2))
     return t
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of ``xs`` and a 95% Student-t interval of it.
+
+    >>> [round(x, 3) for x in mean_ci([1.0, 2.0, 3.0])]     # 2 +- 4.303 x 1 / sqrt(3)
+    [2.0, -0.484, 4.484]
+    """
+    from scipy import stats
+
+    n = len(xs)
+    m = sum(xs) / n
+    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
+    h = float(stats.t.ppf(0.975, n - 1)) * sd / n**0.5
+    return m, m - h, m + h
 
 
 def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
@@ -189,8 +222,9 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
            "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
            "rule's warm-up run), odd-numbered ones are measured; at least "
            f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
-           "plain decoding at that level. *cold*: LinTS on the load level, after a warm-up run on the other half "
-           "(*cold, full info*: the same, learning every block size a round reveals, not only the one it chose); "
+           "plain decoding at that level. *cold*: LinTS on the load level, every block size starting at plain's "
+           "speed, after a warm-up run on the other half (*cold, full info*: the same, learning from each round "
+           "every block size shorter than the one it played, not only that one); "
            "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
            f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round.", ""]
     for p in d["profiles"]:
@@ -212,6 +246,8 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
                 f"The day on `{p['profile']}`: clients {phases}, {p['day']['phases'][0][0]:.1f} s each "
                 f"(best single fixed size: {bf}):", "",
                 table(["rule", "tok/s", "over plain", "over best fixed", "p50 s", "p95 s"], drows, "lrrrrr"), ""]
+        if p.get("seeds", 1) > 1:
+            out += _render_seeds(p, rules) + [""]
         if p["levels"] and p["levels"][0].get("wrong"):
             out += _render_wrong(p) + [""]
     out += [bullets_of(load_findings(d))]
@@ -220,6 +256,26 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
 
 def _label(b: int) -> str:
     return "plain" if b == 1 else f"B={b}"
+
+
+def _render_seeds(p: dict[str, Any], rules: Sequence[str]) -> list[str]:
+    """The learned rules' tok/s over the best fixed size per level and over the day: mean over seeds
+    [95% interval]."""
+    from .._util.markdown import table
+
+    learned = [k for k in rules if k.startswith("learned")]
+    rows = []
+    for r in [*p["levels"], {**p["day"], "clients": "day"}]:
+        cells = []
+        for k in learned:
+            x = r["runs"][k]
+            lo, hi = x.get("over_best_fixed_ci", (x["over_best_fixed"],) * 2)
+            cells.append(f"{x['over_best_fixed']:.3f} [{lo:.3f}, {hi:.3f}]")
+        rows.append([r["clients"], r["best"].replace("fixed:", "B=")] + cells)
+    return [f"The learned rules on `{p['profile']}` over {p['seeds']} seeds (a cold rule's warm-up run is its own "
+            "per seed): tok/s over the best fixed size of the level (of the day: the best single one), mean "
+            "[95% interval]:", "",
+            table(["clients", "best fixed"] + [RULE_LABELS[k] for k in learned], rows, "r" * (2 + len(learned)))]
 
 
 def _render_wrong(p: dict[str, Any]) -> list[str]:
@@ -251,7 +307,9 @@ def load_findings(d: dict[str, Any]) -> list[str]:
             t = p["targets"][rule]
             cap = "n/a (the per-level oracle gains nothing)" if t["oracle_gain_captured"] is None else \
                 f"{100 * t['oracle_gain_captured']:.0f}%"
-            out.append(f"`{p['profile']}`, {rule}: worst level {t['worst_level']:.3f}x the best of plain and every "
+            ci = (f" at {t['worst_clients']} clients, 95% interval over {p['seeds']} seeds "
+                  f"{t['worst_level_ci'][0]:.3f}-{t['worst_level_ci'][1]:.3f}") if "worst_level_ci" in t else ""
+            out.append(f"`{p['profile']}`, {rule}: worst level {t['worst_level']:.3f}x{ci} the best of plain and every "
                        f"fixed size (target >= 0.98); the day {t['day_over_best_fixed']:.3f}x the best single fixed "
                        f"size, {t['day_over_table']:.3f}x the table tuned on the other half (target >= 0.98), "
                        f"{cap} of the per-level oracle's gain (target >= 50%): "

@@ -19,8 +19,8 @@ committed and its share of the round's time (:mod:`adaptspec.reward.attribution`
   learning from the round's tokens per second. Given a prior acceptance it starts warm: before its first
   round it already prefers, at each level, what the goodput model predicts
   (:func:`predicted_speedup`), and measured rewards move it from there. With ``full_info`` it
-  learns every block size a round reveals (every size up to the one verified, and longer ones
-  where no row accepted all it verified), not only the one it chose.
+  learns every block size a round reveals (every size up to the one verified), not only the one
+  it chose.
 
 >>> from adaptspec.simulators.load import Load
 >>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
@@ -54,6 +54,20 @@ HOLD_ROUNDS = 4
 
 #: The rows each level stands for when the cost model predicts its rewards: its largest count (64 for 33+).
 LEVEL_ROWS = (*LEVELS, 2 * LEVELS[-1])
+
+#: The standard deviation of one row's reward the learned rule assumes at every block size (its
+#: posterior's noise, in the reward's unit). Measured in simulation (the 336 benchmark traces, both
+#: profiles, 1-64 rows): 0.23-0.69 for B = 2-8, and exactly 0 for plain decoding, whose row commits
+#: one token in the modelled time; an estimate pooled over the arms is dragged down by plain rounds
+#: until no other arm is drawn again (0.048 after a cold warm-up run at 2 rows on the CPU profile).
+ROW_NOISE = 0.5
+#: A cold rule's prior: every block size as fast as plain decoding (1.0), weighted as this many row-rounds.
+COLD_WEIGHT = 0.01
+#: A cold rule's prior weight, in row-rounds, that a level's reward is its block size's reward at every
+#: level (the shared term): a level seen little borrows from the levels seen, a level seen much has
+#: its own (4 row-rounds left the cold rule exploring long blocks at 16 rows as a run drained; see
+#: the class docstring).
+LEVEL_WEIGHT = 16.0
 
 
 def level_index(rows: int) -> int:
@@ -214,22 +228,36 @@ class Learned:
     default the profile's), weighted as ``prior_weight`` row-rounds, in the reward's own unit
     (raw rewards, no standardising warm-up). Before its first round it prefers the goodput
     model's block size at every level; measured rounds then outweigh the prior, so a wrong cost
-    model is corrected. Without ``prior`` it starts cold (uniform choices while its standardiser
-    warms up). The weight, 32 row-rounds: in simulation on the measured CPU cost model
+    model is corrected. The weight, 32 row-rounds: in simulation on the measured CPU cost model
     (``cpu-smollm2-batched``, the 336 benchmark traces, one run each) 8, 32 and 128 gave a worst
     level of 0.977x, 0.982x and 0.980x the best fixed size and 1.062x, 1.069x, 1.071x over the
     day, all within noise; against a cost model that thinks long blocks are free
     (tests/test_load_rules.py) 32 unlearns it within two runs of 32 requests at 16 rows.
 
+    **Cold start** (no ``prior``): every block size starts as fast as plain decoding (1.0) at
+    every level, so nothing is preferred. The model is the level's term plus a term every level
+    shares, both per block size (the context: the level's one-hot vector and a constant 1): the
+    shared term starts at 1.0 with the weight of :data:`COLD_WEIGHT` row-rounds, a level's own at
+    0 with :data:`LEVEL_WEIGHT`, so a level seen little borrows what the others showed (a run
+    that drains from 16 rows to 1 does not try 8-token blocks at 5-8 rows again) and a level seen
+    much has its own estimate. The posterior's noise is :data:`ROW_NOISE` at every block size.
+    (It used to start from a standardiser fitted on its first 60 row rewards, from the first
+    rounds of the first requests, and to estimate the noise pooled over the arms: at 2 rows on
+    the CPU profile the speculating arms' first means were 0.80-0.95 against 1.03-1.09 over a run,
+    plain's rewards, exactly 1, pulled the noise to 0.048, and the rule played plain or B = 2 for
+    the rest: 0.93-0.96x the best fixed size.)
+
     **Full information** (``full_info``): a round that verified ``B`` positions of a row and
     committed ``tau`` would have committed ``min(tau, B')`` at ``B' < B`` (a prefix of the same
-    drafts: approximate, as :mod:`adaptspec.reward.counterfactual` says), and at ``B' > B`` too
-    unless the row accepted all ``B`` (then that size is censored for the round and not learnt).
-    Each such size's round would have taken the measured round's time times the cost model's
-    ratio of the two rounds (:func:`~adaptspec.reward.attribution.batch_round_s`, rows capped
-    below ``B`` by their own request keep their cap), each row's share scaled alike; every
-    observed size then learns its rows' rewards as if it had run, so one round informs every
-    block size up to the one it verified.
+    drafts: approximate, as :mod:`adaptspec.reward.counterfactual` says). Each such size's round
+    would have taken the measured round's time times the cost model's ratio of the two rounds
+    (:func:`~adaptspec.reward.attribution.batch_round_s`, rows capped below ``B`` by their own
+    request keep their cap), each row's share scaled alike; every shorter size then learns its
+    rows' rewards as if it had run, so one round informs every block size up to the one it
+    verified. Longer sizes learn only when played: their outcome is known on a row only when it
+    rejected a draft, so learning them from those rows alone (as this rule first did) sees only
+    the rounds that went badly and drives the estimates of long blocks down (cold, at one row on
+    the CPU profile, four seeds: 0.88x the best fixed size with it, 0.97x without).
 
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
@@ -243,15 +271,28 @@ class Learned:
 
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
                  prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
-                 hold: int = HOLD_ROUNDS, full_info: bool = False) -> None:
+                 hold: int = HOLD_ROUNDS, full_info: bool = False, noise: float = ROW_NOISE,
+                 level_weight: float = LEVEL_WEIGHT) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
         self.profile = profile
         dim = len(LEVELS) + 1
+        for what, v in (("noise", noise), ("level_weight", level_weight)):
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise AdaptspecError(f"{what} must be > 0, got {v!r}")
         fast = {"mc_samples": 1} if policy.split(":")[0] == "lints" else {}
+        fast["noise"] = float(noise)
+        self.shared = prior is None
         if prior is None:
-            self.policy = make_policy(policy, self.arms, seed=seed, **fast)
+            # every block size as fast as plain at every level (the shared term), no preference;
+            # a level's own term starts at 0 and is held there with the weight of LEVEL_WEIGHT rows
+            mean = np.zeros((len(self.arms), dim + 1))
+            mean[:, -1] = 1.0
+            precision = np.full((len(self.arms), dim + 1), float(level_weight))
+            precision[:, -1] = COLD_WEIGHT
+            self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False,
+                                      dim=dim + 1, prior_mean=mean, prior_precision=precision, **fast)
             self.name = f"learned ({policy})"
         else:
             if not 0.0 <= prior < 1.0:
@@ -287,15 +328,17 @@ class Learned:
         x[level] = 1.0
         return x
 
+    def features(self, level: int) -> np.ndarray:
+        """What the policy sees of load level ``level``: its one-hot vector, and for a cold rule a
+        constant 1 after it (the term every level shares)."""
+        x = self.context(level)
+        return np.append(x, 1.0) if self.shared else x
+
     def preference(self, rows: int) -> int | None:
         """The block size with the highest expected reward at ``rows`` rows in flight now (None while
-        a cold policy is still warming up)."""
-        pol = self.policy
-        pol._ensure_core()
-        if getattr(pol, "core", None) is None:
-            return None
-        mu, _ = pol.core.mean_var(pol.map.phi(self.context(level_index(rows))))
-        return self.arms[int(np.argmax(mu))]
+        every block size ties, as a cold rule's do before its first round)."""
+        mu = self.policy.predict(self.features(level_index(rows))[None])[0]
+        return None if np.ptp(mu) == 0 else self.arms[int(np.argmax(mu))]
 
     def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
         level = level_index(load.rows)
@@ -311,7 +354,7 @@ class Learned:
             self._held = (level, b, held[2] - 1)
         else:
             self._learn()
-            b = int(self.policy.decide(self.context(level)).block_size)
+            b = int(self.policy.decide(self.features(level)).block_size)
             self._held = (level, b, self.hold - 1)
         if b == 1:
             self._since_plain[level] = 0
@@ -344,9 +387,9 @@ class Learned:
             for a, r in cf.items():
                 self._cf.setdefault(a, []).extend(r)
         else:  # a forced plain round, or the decision moved on: learnt now
-            self.policy.update_repeated(self.context(level), b, rewards)
+            self.policy.update_repeated(self.features(level), b, rewards)
             for a, r in cf.items():
-                self.policy.update_repeated(self.context(level), a, r)
+                self.policy.update_repeated(self.features(level), a, r)
 
     def counterfactual_rewards(self, b: int, block_sizes: Sequence[int], taus: Sequence[int],
                                attributed_s: Sequence[float], contexts: Sequence[float],
@@ -359,11 +402,10 @@ class Learned:
         if b <= 1 or v.size == 0 or not (s > 0).all():
             return {}
         ran = batch_round_s(self.profile, v, contexts)
-        full = bool(((t == v) & (v == b)).any())  # a row accepted all of the rule's block
         out: dict[int, list[float]] = {}
         for a in self.arms:
-            if a == b or (a > b and full):
-                continue
+            if a >= b:  # longer blocks: censored where a row accepted all b (see the class docstring)
+                break
             blocks = np.where(v < b, np.minimum(a, v), a)
             tau = np.minimum(t, blocks)
             ratio = batch_round_s(self.profile, blocks, contexts) / ran
@@ -387,9 +429,9 @@ class Learned:
         """Learn the held decision's rows, in one update (one per block size they show)."""
         if self._held is not None and self._pending:
             level, b, _ = self._held
-            self.policy.update_repeated(self.context(level), b, self._pending)
+            self.policy.update_repeated(self.features(level), b, self._pending)
             for a, r in self._cf.items():
-                self.policy.update_repeated(self.context(level), a, r)
+                self.policy.update_repeated(self.features(level), a, r)
         self._pending = []
         self._cf = {}
         self._held = None
