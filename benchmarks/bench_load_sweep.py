@@ -116,7 +116,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = root / f"server-{self.port}.out"
-        args = [sys.executable, "-m", "adaptspec", "serve", "--batched", "--max-rows", str(max_rows), "--max-queue", "64",
+        args = [sys.executable, "-m", "adaptspec", "serve", "--max-rows", str(max_rows), "--max-queue", "64",
                 "--chat", "--threads", str(threads), "--port", str(self.port), "--log-dir", str(root / f"log-{self.port}"),
                 "--log-level", "warning", "--max-tokens", "1024", "--arms", "1,2,3,4,6,8", *extra]
         self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)

@@ -21,7 +21,7 @@ import torch
 
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
@@ -83,8 +83,8 @@ def test_a_client_that_goes_away_cancels_its_row_and_the_server_keeps_serving(tm
     caplog.set_level(logging.INFO, logger="adaptspec.serving")
     spec, codec = tiny_speculator(0, verification="exact")
     svc = CompletionService.build(spec, {"B": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=N), arms=[1, 2, 4, 8])
-    serve_batched(svc, spec, max_rows=3, max_queue=8)
+                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=N), arms=[1, 2, 4, 8],
+                                  engine=EngineSettings(max_rows=3, max_queue=8))
     loop = svc.runner.loop
     with ThreadServer(create_app(svc)) as s:
         blocker = loop.submit(CODEC.encode("aaaa"), max_new_tokens=N, on_tokens=lambda ids: time.sleep(0.02))

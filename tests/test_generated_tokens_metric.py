@@ -15,11 +15,12 @@ import torch
 
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
+from _serving_helpers import OwnSpeculator
 
 CODEC = CharCodec()
 PROMPT = "Q: why?"  # the tiny drafter's drafts are mostly rejected; here two rounds of 4 are accepted
@@ -57,11 +58,11 @@ def test_generated_tokens_count_the_completion_tokens_the_client_got(tmp_path, s
     from fastapi.testclient import TestClient
 
     spec, codec = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, {"B": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, 8])
-    if batched:
-        serve_batched(svc, spec, max_rows=2, max_queue=4)
+    # batched: adaptspec's decoder on the engine; else the same decoder as a speculator of one's own,
+    # served one request at a time through its controller
+    svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"B": "fixed:4"}, codec=codec,
+                                  log_dir=tmp_path / "log", limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+                                  arms=[1, 2, 4, 8], engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
     with TestClient(create_app(svc)) as client:
         for stream in (False, True):
             before = generated(client, "B")

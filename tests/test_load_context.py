@@ -271,7 +271,7 @@ def test_batched_decisions_log_their_load_and_attribution_and_decide_on_the_load
 
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
-    from adaptspec.serving.batched import serve_batched
+    from adaptspec.serving.batched import EngineSettings
     from adaptspec.serving.codec import CharCodec
     from adaptspec.serving.tiny import tiny_speculator
 
@@ -279,9 +279,8 @@ def test_batched_decisions_log_their_load_and_attribution_and_decide_on_the_load
     spec, _ = tiny_speculator(0, verification="exact")
     svc = CompletionService.build(spec, {"A": "linucb", "B": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
                                   limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, 8], load_features=True)
+                                  arms=[1, 2, 4, 8], load_features=True, engine=EngineSettings(max_rows=3, max_queue=8))
     max_rows = 3
-    serve_batched(svc, spec, max_rows=max_rows, max_queue=8)
     bodies = [{"prompt": p, "max_tokens": 8 + 2 * i, "user": f"u{i}", "temperature": 0.0 if i % 2 else 0.8,
                "seed": i} for i, p in enumerate(PROMPTS)]
     with TestClient(create_app(svc)) as client:

@@ -27,7 +27,7 @@ import torch
 from adaptspec.batching import BatchEngine
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.connections import uvicorn_config
 from adaptspec.serving.engine_loop import EngineFailed, EngineLoop
@@ -36,6 +36,7 @@ from adaptspec.serving.tiny import tiny_model, tiny_speculator
 
 from _redis import free_port
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
+from _serving_helpers import OwnSpeculator
 
 pytestmark = pytest.mark.integration  # every test here starts a server on loopback
 
@@ -99,9 +100,8 @@ class FaultyRule:
 
 def service(variants=None, max_rows=2, max_queue=4, rule=None, verification="exact") -> CompletionService:
     spec, codec = tiny_speculator(0, verification=verification)
-    svc = CompletionService.build(spec, variants or {"A": "fixed:4"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8])
-    serve_batched(svc, spec, max_rows=max_rows, max_queue=max_queue, rule=rule)
-    return svc
+    return CompletionService.build(spec, variants or {"A": "fixed:4"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8],
+                                   engine=EngineSettings(max_rows=max_rows, max_queue=max_queue, rule=rule))
 
 
 def sse(text: str) -> list[dict]:
@@ -241,7 +241,7 @@ def wait_up(proc, url: str, out: Path, timeout: float = 120) -> None:
 def test_a_head_of_another_feature_width_is_refused_at_start_in_one_line(tmp_path):
     from adaptspec.models.bundled import BUNDLED_HEAD
 
-    r = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--batched", "--port", str(free_port()),
+    r = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--port", str(free_port()),
                         "--variant", f"A=neural-linear:head={BUNDLED_HEAD}"], capture_output=True, text=True,
                        timeout=120, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -252,10 +252,9 @@ def test_a_head_of_another_feature_width_is_refused_at_start_in_one_line(tmp_pat
 def test_a_controller_that_fails_during_a_request_is_a_503_with_the_reason_never_a_500(batched):
     """A variant's controller that raises while deciding (here: closed under the server) answers 503
     naming the reason, streamed or not; the other variant keeps serving."""
-    spec, codec = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, {"A": "fixed:2", "B": "fixed:4"}, codec=codec, limits=LIMITS)
-    if batched:
-        serve_batched(svc, spec, max_rows=2, max_queue=4)
+    spec, codec = tiny_speculator(0, verification="exact")  # batched: on the engine; else one's own, one at a time
+    svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"A": "fixed:2", "B": "fixed:4"}, codec=codec,
+                                  limits=LIMITS, engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
     svc.controllers["A"].close()
     with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
         for stream in (False, True):
@@ -358,9 +357,10 @@ def test_a_seeded_request_gives_the_same_text_unbatched_and_batched():
     got = []
     for batched in (False, True):
         spec, codec = tiny_speculator(0, verification="exact")
-        svc = CompletionService.build(spec, {"A": "linucb", "B": "fixed:8"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8])
-        if batched:
-            serve_batched(svc, spec, max_rows=2, max_queue=4)
+        # unbatched: the same decoder as a speculator of one's own, decoded by its controller one request at a time
+        svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"A": "linucb", "B": "fixed:8"},
+                                      codec=codec, limits=LIMITS, arms=[1, 2, 4, 8],
+                                      engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
         with TestClient(create_app(svc)) as client:
             got += [client.post("/v1/completions", json=b).json()["choices"][0]["token_ids"]
                     for b in (body, {**body, "variant": "B"})]
@@ -463,7 +463,7 @@ def cli_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     port = free_port()
     out = root / "server.out"
-    proc = subprocess.Popen([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--batched", "--threads", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--threads", "1",
                              "--port", str(port), "--log-level", "info"], stdout=open(out, "wb"),
                             stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"

@@ -26,6 +26,7 @@ from adaptspec.traces.log_writer import journal_rows, log_rows
 from adaptspec.policies import make_policy
 from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
+from adaptspec.serving.sequential import SequentialRunner
 from adaptspec.traces import DecisionLog
 
 TINY_ARMS = (1, 2, 4, 6, 8, 10, 12, 16)
@@ -61,7 +62,8 @@ class _NoController:
 def service(**limits) -> CompletionService:
     lim = ServerLimits(**{"max_prompt_tokens": 64, "max_tokens": 100, "max_context": 128, "vocab_size": 128,
                           "max_body_bytes": 4096, **limits})
-    return CompletionService({"A": _NoController(), "B": _NoController()}, ABRouter({"A": 1, "B": 1}), CharCodec(), lim)
+    ctrls = {"A": _NoController(), "B": _NoController()}
+    return CompletionService(ctrls, ABRouter({"A": 1, "B": 1}), SequentialRunner(ctrls), CharCodec(), lim)
 
 
 @pytest.mark.parametrize("body,status,needle", [
@@ -101,7 +103,7 @@ def test_a_good_request_is_parsed():
     assert s.parse(b'{"prompt": [[1, 2, 3]]}').prompt_ids == [1, 2, 3]
     assert s.parse(b'{"prompt": [1]}', variant_header="B").variant == "B"
     assert s.parse(b'{"prompt": "x"}').max_tokens == 16
-    no_tok = CompletionService({"A": _NoController()}, ABRouter({"A": 1}), None)
+    no_tok = CompletionService({"A": _NoController()}, ABRouter({"A": 1}), SequentialRunner({"A": _NoController()}), None)
     with pytest.raises(RequestError, match="no tokenizer"):
         no_tok.parse(b'{"prompt": "text"}')
 

@@ -1,4 +1,4 @@
-"""``serve --batched``: every request a row of one engine, decided by its variant's controller.
+"""``serve`` (the batched engine, the default): every request a row of one engine, decided by its variant's controller.
 
 In process (FastAPI TestClient) over the tiny model in exact mode, so every output can be
 checked against the model's own greedy decoding of that prompt alone (plain transformers,
@@ -20,7 +20,7 @@ import torch
 from adaptspec.cli import main
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import serve_batched
+from adaptspec.serving.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
@@ -44,8 +44,7 @@ def batched_service(log_dir, max_rows=3, max_queue=8, variants=None):
     spec, codec = tiny_speculator(0, verification="exact")
     svc = CompletionService.build(spec, variants or {"A": "linucb", "B": "fixed:4"}, codec=codec, log_dir=log_dir,
                                   limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, 8])
-    serve_batched(svc, spec, max_rows=max_rows, max_queue=max_queue)
+                                  arms=[1, 2, 4, 8], engine=EngineSettings(max_rows=max_rows, max_queue=max_queue))
     return svc
 
 
@@ -175,16 +174,17 @@ def test_chat_completions_run_batched_too(tmp_path):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--max-rows", "4"], "--max-rows needs --batched"),
-    (["--load-rule", "goodput"], "--load-rule needs --batched"),
-    (["--batched", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of fixed:B, goodput, learned"),
-    (["--batched", "--load-rule", "fixed:0"], "--load-rule 'fixed:0': the block size must be >= 1"),
-    (["--batched", "--load-rule", "table:1=3,4"], "--load-rule 'table:1=3,4': expected table:ROWS=BLOCK"),
-    (["--load-features"], "--load-features needs --batched"),
-    (["--batched", "--redecide-every", "4"], "--redecide-every is not available with --batched"),
+    (["--tiny", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of fixed:B, goodput, learned"),
+    (["--tiny", "--batched", "--load-rule", "fixed:0"], "--load-rule 'fixed:0': the block size must be >= 1"),
+    (["--tiny", "--load-rule", "table:1=3,4"], "--load-rule 'table:1=3,4': expected table:ROWS=BLOCK"),
+    (["--tiny", "--redecide-every", "4"], "--redecide-every needs --speculator: the batched engine decides once"),
+    # a speculator of one's own is served one request at a time: the engine's options are refused
+    (["--speculator", "nosuchmod:make", "--max-rows", "4"], "--max-rows applies to the batched engine"),
+    (["--speculator", "nosuchmod:make", "--load-rule", "goodput"], "--load-rule applies to the batched engine"),
+    (["--speculator", "nosuchmod:make", "--load-features"], "--load-features applies to the batched engine"),
 ])
-def test_batched_options_are_checked_in_one_line_before_a_model_loads(capsys, argv, needle):
-    assert main(["serve", "--tiny", "--port", "0", *argv]) == 2
+def test_engine_options_are_checked_in_one_line_before_a_model_loads(capsys, argv, needle):
+    assert main(["serve", "--port", "0", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
 
@@ -193,7 +193,7 @@ def test_batched_options_are_checked_in_one_line_before_a_model_loads(capsys, ar
 def test_a_real_batched_server_serves_concurrent_clients_exactly(tmp_path):
     from test_serving import Server
 
-    s = Server(tmp_path, "--batched", "--verification", "exact", "--max-rows", "4", "--max-queue", "16").start()
+    s = Server(tmp_path, "--verification", "exact", "--max-rows", "4", "--max-queue", "16").start()
     try:
         bodies = [{"prompt": p, "max_tokens": 16, "user": f"u{i}", "stream": i % 2 == 0} for i, p in enumerate(PROMPTS)]
 
@@ -241,8 +241,8 @@ def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(
     rule = Recording(make_load_rule(spec, [1, 2, 3, 4, 6, 8], "cpu-smollm2-bf16", prior=0.4))
     tiny, codec = tiny_speculator(0, verification="exact")
     svc = CompletionService.build(tiny, {"A": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128), arms=[1, 2, 4, 8])
-    serve_batched(svc, tiny, max_rows=4, max_queue=8, rule=rule)
+                                  limits=ServerLimits(max_context=512, vocab_size=128), arms=[1, 2, 4, 8],
+                                  engine=EngineSettings(max_rows=4, max_queue=8, rule=rule))
     n = 24
     with TestClient(create_app(svc)) as client:
         with ThreadPoolExecutor(len(PROMPTS)) as pool:

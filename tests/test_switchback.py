@@ -214,15 +214,14 @@ def test_burn_in_drops_each_slices_first_rounds_and_incomplete_slices_are_left_o
 def test_cli_refuses_a_switchback_it_cannot_run_in_one_line(capsys, tmp_path):
     base = ["serve", "--tiny", "--port", "0", "--variant", "A=fixed:1", "--variant", "B=fixed:4"]
     for argv, needle in [
-        (["--ab-design", "switchback"], "--ab-design needs --batched"),
-        (["--batched", "--ab-design", "switchback"], "needs --log-dir"),
-        (["--batched", "--slice-rounds", "8", "--log-dir", str(tmp_path / "l")], "--slice-rounds needs --ab-design switchback"),
-        (["--batched", "--ab-design", "switchback", "--log-dir", str(tmp_path / "l"), "--split", "60,40"], "--split does not apply"),
+        (["--ab-design", "switchback"], "needs --log-dir"),
+        (["--slice-rounds", "8", "--log-dir", str(tmp_path / "l")], "--slice-rounds needs --ab-design switchback"),
+        (["--ab-design", "switchback", "--log-dir", str(tmp_path / "l"), "--split", "60,40"], "--split does not apply"),
     ]:
         assert main([*base, *argv]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1
-    assert main(["serve", "--tiny", "--port", "0", "--batched", "--ab-design", "switchback", "--log-dir",
+    assert main(["serve", "--tiny", "--port", "0", "--ab-design", "switchback", "--log-dir",
                  str(tmp_path / "l")]) == 2
     assert "needs at least 2 --variant" in capsys.readouterr().err
 
@@ -234,7 +233,7 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     from adaptspec.load.rules import Fixed
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
-    from adaptspec.serving.batched import serve_batched
+    from adaptspec.serving.batched import EngineSettings
     from adaptspec.serving.tiny import tiny_speculator
     from adaptspec.traces.log_writer import log_rows
 
@@ -244,9 +243,10 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
         spec, codec = tiny_speculator(0, verification="exact")
         log = tmp_path / "log"
         svc = CompletionService.build(spec, {"A": "fixed:1", "B": "fixed:4"}, codec=codec, log_dir=log,
-                                      limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=64), arms=[1, 2, 4])
-        # B's slices run under a per-round rule (at most 2), A's under none
-        serve_batched(svc, spec, max_rows=3, design="switchback", slice_rounds=3, seed=5, rule={"B": Fixed(2), "A": None})
+                                      limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=64), arms=[1, 2, 4],
+                                      # B's slices run under a per-round rule (at most 2), A's under none
+                                      engine=EngineSettings(max_rows=3, design="switchback", slice_rounds=3, seed=5,
+                                                            rule={"B": Fixed(2), "A": None}))
         loop = svc.runner.loop
         prompts = ["Hello there", "def f(x):", "1 + 1 =", "Once upon", "The quick", "Q: why?", "abc", "xyz", "ok", "no"]
         got = {}

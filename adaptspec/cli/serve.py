@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
     models.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
-                        help=SPECULATOR_HELP + "; served one request at a time (not with --batched, nor with the "
-                             "model flags below)")
+                        help=SPECULATOR_HELP + "; served one request at a time (not with the model flags below, "
+                             "nor the engine options)")
     models.add_argument("--tiny", action="store_true",
                         help="a tiny random model with a character tokenizer, for development and tests")
     models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--feedback-timeout", type=float_range(0, lo_open=True), default=300.0, metavar="S",
                      help="drop a decision without feedback after this long")
     ctl.add_argument("--redecide-every", type=int_range(1), default=None, metavar="K",
-                     help="decide again every K rounds inside a request (off by default)")
+                     help="decide again every K rounds inside a request (off by default; only with --speculator: "
+                          "the batched engine decides once per request, at join)")
     ctl.add_argument("--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates")
     ctl.add_argument("--checkpoint-interval", type=float_range(0, lo_open=True), default=60.0, metavar="S",
                      help="... or S seconds after the last checkpoint")
@@ -99,29 +100,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--lease-ttl", type=float_range(0, lo_open=True), default=15.0, metavar="S",
                        help="a replica id is held by one live process: a second one claiming it is refused; a "
                             "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)")
-    bat = p.add_argument_group("batched engine (see docs/serving.md#batched-serving)")
+    bat = p.add_argument_group("batched engine: every request is a row of one continuous-batching engine "
+                               "(see docs/serving.md#batched-serving)")
     bat.add_argument("--batched", action="store_true",
-                     help="decode every request as a row of one continuous-batching engine (one thread owns the "
-                          "model) instead of one decode per request thread; off by default")
+                     help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
+                          "decodes one request at a time)")
     bat.add_argument("--max-rows", type=int_range(1, 256), default=None, metavar="N",
-                     help="requests decoding at once (default 8; needs --batched)")
+                     help="requests decoding at once (default 8; 1: one at a time, through the same engine)")
     bat.add_argument("--max-queue", type=int_range(0), default=None, metavar="Q",
-                     help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64; "
-                          "needs --batched)")
+                     help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64)")
     bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
                      help="how a round's time is split among its rows for their rewards: marginal (each row's "
                           "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
-                          "or tokens (by block size; also used on other devices without --latency); needs --batched")
+                          "or tokens (by block size; also used on other devices without --latency)")
     bat.add_argument("--load-rule", default=None, metavar="RULE",
-                     help="the per-round block-size rule under load: learned (the default with --batched: one block "
+                     help="the per-round block-size rule under load: learned (the default: one block "
                           "size a round for every row, learned from measured rounds, warm-started from the cost "
                           "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
-                          "round every row verifies min(the rule's choice, its request's own); needs --batched")
+                          "round every row verifies min(the rule's choice, its request's own)")
     bat.add_argument("--load-features", action="store_true",
                      help="each variant's policy decides on the load at join too (rows in flight, queue, context "
                           "tokens, temperature, max_tokens: 5 more context columns; a policy that fits them, such "
-                          "as linucb or lints, not the bundled head; every variant of a log directory alike); "
-                          "needs --batched")
+                          "as linucb or lints, not the bundled head; every variant of a log directory alike)")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
     # switchback A/B (adaptspec.serving.switchback; docs/serving.md, Batched serving)
@@ -129,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="requests: each request is routed to a variant on its own (the default); switchback: "
                           "rounds are cut into slices, each slice runs one variant (balanced random order from "
                           "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
-                          "for ab-report; needs --batched, --log-dir and 2+ variants, not --split")
+                          "for ab-report; needs --log-dir and 2+ variants, not --split")
     bat.add_argument("--slice-rounds", type=int_range(1), default=None, metavar="N",
                      help="rounds per switchback slice (default 32; needs --ab-design switchback)")
     lim = p.add_argument_group("limits")
@@ -189,13 +189,10 @@ def build(args: argparse.Namespace):
         raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
     model_flags_given(args, {"--tiny": False, "--tiny-seed": 0, "--target": None, "--drafter": None,
                              "--verification": "fast", "--dtype": "bfloat16", "--device": "cpu", "--chat": False})
-    if args.speculator is not None and getattr(args, "batched", False):
-        raise AdaptspecError("--batched runs adaptspec's own models in one engine; a --speculator is served one "
-                             "request at a time: drop --batched")
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
-    _check_batched(args)
+    _check_engine(args)
     _check_ab_design(args)
     specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     args.featurizer = _one_featurizer(args.featurizer, specs)
@@ -223,7 +220,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
     import torch
 
     engine_threads = args.threads or torch.get_num_threads()
-    if getattr(args, "batched", False):
+    if args.speculator is None:  # the batched engine decodes
         # this thread at one intra-op thread before any torch work (model loading included): a second
         # OpenMP team here would make the engine thread's rounds ~1.6x slower (EngineLoop docstring)
         torch.set_num_threads(1)
@@ -270,18 +267,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
-        **({} if shared is None else {"shared": shared.__getitem__}))
-    if getattr(args, "batched", False):
-        from ..serving.batched import serve_batched
-
-        try:
-            serve_batched(service, speculator, max_rows=args.max_rows or 8,
-                          max_queue=64 if args.max_queue is None else args.max_queue,
-                          **_ab_design(args), attribution=args.attribution or "marginal", profile=_cost_model(args),
-                          rule=_load_rule(args), threads=engine_threads)
-        except BaseException:
-            service.close()
-            raise
+        **({} if shared is None else {"shared": shared.__getitem__}),
+        **({} if args.speculator is not None else {"engine": _engine_settings(args, engine_threads)}))
     return service
 
 
@@ -308,19 +295,36 @@ def _one_featurizer(featurizer, specs: dict[str, str]):
     return found[first]
 
 
-def _check_batched(args: argparse.Namespace) -> None:
-    """The batched engine's options: only with --batched, and not with a per-request re-decision."""
-    if not getattr(args, "batched", False):
-        given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
-                                ("--attribution", args.attribution), ("--load-rule", args.load_rule),
-                                ("--load-features", args.load_features or None)) if v is not None]
-        if given:
-            raise AdaptspecError(f"{given[0]} needs --batched")
-    elif args.redecide_every is not None:
-        raise AdaptspecError("--redecide-every is not available with --batched (each request decides once, at join)")
-    else:
+def _check_engine(args: argparse.Namespace) -> None:
+    """The batched engine's options: not with a --speculator (served one request at a time), which
+    alone re-decides inside a request."""
+    if args.speculator is None:
+        if args.redecide_every is not None:
+            raise AdaptspecError("--redecide-every needs --speculator: the batched engine decides once per request, "
+                                 "at join")
         _load_rule(args)  # a bad rule is one line before any model is loaded
+        return
+    if getattr(args, "batched", False):
+        raise AdaptspecError("--batched runs adaptspec's own models in one engine; a --speculator is served one "
+                             "request at a time: drop --batched")
+    given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
+                            ("--attribution", args.attribution), ("--load-rule", args.load_rule),
+                            ("--load-features", args.load_features or None),
+                            ("--ab-design", getattr(args, "ab_design", None)),
+                            ("--slice-rounds", getattr(args, "slice_rounds", None))) if v is not None]
+    if given:
+        raise AdaptspecError(f"{given[0]} applies to the batched engine of adaptspec's own models; a --speculator "
+                             "is served one request at a time")
 
+
+def _engine_settings(args: argparse.Namespace, threads: int):
+    """The batched engine's :class:`~adaptspec.serving.batched.EngineSettings` the arguments describe."""
+    from ..serving.batched import EngineSettings
+
+    return EngineSettings(max_rows=args.max_rows or 8, max_queue=64 if args.max_queue is None else args.max_queue,
+                          attribution=args.attribution or "marginal", profile=_cost_model(args), rule=_load_rule(args),
+                          design=getattr(args, "ab_design", None) or "requests",
+                          slice_rounds=getattr(args, "slice_rounds", None), seed=args.seed, threads=threads)
 
 
 def _check_ab_design(args: argparse.Namespace) -> None:
@@ -328,8 +332,6 @@ def _check_ab_design(args: argparse.Namespace) -> None:
     design = getattr(args, "ab_design", None)
     if design is None and getattr(args, "slice_rounds", None) is None:
         return
-    if not getattr(args, "batched", False):
-        raise AdaptspecError(f"{'--ab-design' if design else '--slice-rounds'} needs --batched")
     if design != "switchback":
         if args.slice_rounds is not None:
             raise AdaptspecError("--slice-rounds needs --ab-design switchback")
@@ -343,12 +345,6 @@ def _check_ab_design(args: argparse.Namespace) -> None:
     if args.split is not None:
         raise AdaptspecError("--split does not apply to --ab-design switchback (every variant gets the same number "
                              "of slices)")
-
-
-def _ab_design(args: argparse.Namespace) -> dict:
-    """serve_batched's A/B design arguments (the slice schedule is drawn from --seed)."""
-    return {"design": getattr(args, "ab_design", None) or "requests", "slice_rounds": getattr(args, "slice_rounds", None),
-            "seed": args.seed}
 
 
 def _cost_model(args: argparse.Namespace) -> str | None:
@@ -403,9 +399,8 @@ def run(args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)  # before anything is loaded or created
     service = build(args)
     try:
-        runner = service.runner
-        app = create_app(service) if runner is None else create_app(
-            service, max_workers=max(64, runner.loop.engine.max_rows + runner.loop.max_queue + 8))
+        capacity = service.runner.capacity  # requests the engine holds at once (None: no engine)
+        app = create_app(service, max_workers=64 if capacity is None else max(64, capacity + 8))
         if getattr(args, "default_choice", None) is not None:
             print(f"adaptspec serve: default policy {args.default_choice}", file=sys.stderr, flush=True)
         for name, c in service.controllers.items():
@@ -414,10 +409,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{service.router.weights[service.router.variants.index(name)]:.2f}"
                   + (f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
                      if r.get("checkpoint") or r.get("replayed") else ""), file=sys.stderr, flush=True)
-        if runner is not None:
-            lp = runner.loop
-            print(f"adaptspec serve: batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution "
-                  f"{lp.attribution}, load rule {'none' if lp.rule is None else lp.rule.name}", file=sys.stderr, flush=True)
+        print(f"adaptspec serve: {service.runner.describe()}", file=sys.stderr, flush=True)
         from ..serving.connections import uvicorn_config  # answers clients that half-close (issue 38)
 
         config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -1,4 +1,4 @@
-"""Serving on the batched engine (``adaptspec serve --batched``): every request is a row of one engine.
+"""Serving on the batched engine (``adaptspec serve``, the default for adaptspec's own models): every request is a row of one engine.
 
 :class:`BatchedRunner` takes the place of the controller's own decode loop. One
 :class:`~adaptspec.serving.engine_loop.EngineLoop` owns the model; a request handler submits
@@ -30,8 +30,9 @@ chooser sets ``req.variant`` to the current slice's variant (overriding the rout
 any variant the request named) before that variant's controller decides, so the decision log,
 the response's ``adaptspec.variant`` and the metrics all name the variant that ran.
 
-A stop sequence (the condition :func:`~adaptspec.serving.halting.halt_when` set on the request's
-thread) ends the row at the next round boundary as ``"stop"``. A full queue is refused at once:
+A stop sequence (the ``stop_when`` condition :meth:`BatchedRunner.run` is given) ends the row at
+the next round boundary as ``"stop"``; a :class:`~adaptspec.serving.cancelling.Cancellation`
+given to it ends the row at the next round boundary as cancelled. A full queue is refused at once:
 :class:`RequestError` 429 with a ``Retry-After`` header.
 """
 
@@ -39,16 +40,46 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..control.controller import AdaptiveController
 from ..errors import AdaptspecError
 from ..speculator import LoadState, Outcome, SharedRounds
-from .engine_loop import EngineFailed, EngineLoop, QueueFull
-from .cancelling import on_cancel
-from .halting import current_halt_condition
+from .cancelling import Cancellation
+from .engine_loop import EngineFailed, EngineLoop, QueueFull, Reservation
 from .request_error import RequestError
 
-__all__ = ["BatchedRunner", "too_busy", "load_at_join"]
+__all__ = ["BatchedRunner", "EngineSettings", "batched_runner", "too_busy", "load_at_join"]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the batched engine runs (``adaptspec serve``'s engine options).
+
+    ``max_rows`` requests decode at once (1: one at a time, through the same path); past
+    ``max_queue`` waiting requests a request gets 429. ``profile`` (a latency profile, or its name)
+    is the cost model of the ``"marginal"`` attribution; without one, rounds are split by tokens.
+    ``rule``: a per-round load rule of :mod:`adaptspec.load.rules` (see
+    :mod:`adaptspec.serving.load_rule`); without one each row verifies its controller's block size.
+    ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
+    (:mod:`adaptspec.serving.switchback`: slices of ``slice_rounds`` rounds, default 32, each on one
+    variant drawn from ``seed``; slice records go next to the decision log). Under switchback
+    ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the block sizes of
+    the slice's rounds. ``threads``: torch's intra-op threads on the engine's thread (see
+    :class:`~adaptspec.serving.engine_loop.EngineLoop`; ``adaptspec serve`` keeps every other
+    thread at one).
+    """
+
+    max_rows: int = 8
+    max_queue: int = 64
+    attribution: str = "marginal"
+    profile: Any = None
+    rule: Any = None
+    design: str = "requests"
+    slice_rounds: int | None = None
+    seed: int = 0
+    threads: int | None = None
 
 
 def too_busy(e: QueueFull) -> RequestError:
@@ -65,12 +96,33 @@ def load_at_join(loop: EngineLoop, req: Any) -> LoadState:
 
 
 class BatchedRunner:
-    """Runs checked requests as rows of ``loop``'s engine, deciding through each variant's controller."""
+    """Runs checked requests as rows of ``loop``'s engine, deciding through each variant's controller
+    (``controllers``: variant -> :class:`~adaptspec.control.controller.AdaptiveController`)."""
 
-    def __init__(self, loop: EngineLoop) -> None:
+    def __init__(self, loop: EngineLoop, controllers: Mapping[str, AdaptiveController]) -> None:
         self.loop = loop
+        self.controllers = dict(controllers)
 
-    def reserve(self) -> Any:
+    @property
+    def capacity(self) -> int:
+        """Requests it holds at once: decoding and queued."""
+        return self.loop.engine.max_rows + self.loop.max_queue
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The engine thread's state (:attr:`EngineLoop.health`)."""
+        return self.loop.health
+
+    def describe(self) -> str:
+        lp = self.loop
+        return (f"batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution {lp.attribution}, "
+                f"load rule {'none' if lp.rule is None else lp.rule.name}")
+
+    def close(self) -> None:
+        """Finish the requests in the engine, then stop its thread."""
+        self.loop.close()
+
+    def reserve(self) -> Reservation:
         """A place in the queue for a request about to run, or the 429 now (taken before a stream's
         headers go out, so a refused stream is a real 429 with ``Retry-After``); a 503 when the
         engine has stopped. :meth:`run` uses the place (or gives it back)."""
@@ -81,20 +133,22 @@ class BatchedRunner:
         except EngineFailed as e:
             raise RequestError(str(e), 503) from None
 
-    def run(self, service: Any, req: Any, on_tokens: Callable[[list[int]], None] | None = None) -> Any:
+    def run(self, req: Any, on_tokens: Callable[[list[int]], None] | None = None,
+            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> Any:
         """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
-        whose decision and outcome are in the decision log."""
+        whose decision and outcome are in the decision log. ``stop_when()``, asked after each
+        round's tokens are streamed, ends the row as ``"stop"``; ``cancel`` ends it as cancelled."""
         from ..control.controller import DecisionLogError
         from ..control.generation import Generation
 
-        ctrl = service.controllers[req.variant]
+        ctrl = self.controllers[req.variant]
         decided: dict[str, Any] = {}
 
         def choose(features: Any) -> int:  # on the loop thread, at join
             nonlocal ctrl
             if self.loop.switchback is not None:  # switchback: the slice's variant, fixed now (routed late)
                 req.variant = self.loop.switchback.assign(req.request_id)
-                ctrl = service.controllers[req.variant]
+                ctrl = self.controllers[req.variant]
             t0 = time.perf_counter()
             try:
                 d = ctrl.decide(features, request_id=req.request_id, load=load_at_join(self.loop, req))
@@ -107,7 +161,7 @@ class BatchedRunner:
         try:
             ticket = self.loop.submit(req.prompt_ids, block_size=choose, max_new_tokens=req.max_tokens,
                                       temperature=req.temperature, seed=req.seed, on_tokens=on_tokens,
-                                      stop_when=current_halt_condition(), reservation=req.slot)
+                                      stop_when=stop_when, reservation=req.slot)
         except QueueFull as e:
             raise too_busy(e) from None
         except EngineFailed as e:
@@ -115,12 +169,11 @@ class BatchedRunner:
         finally:
             if req.slot is not None:
                 req.slot.release()  # used by the submission, or not needed any more
-        on_cancel(ticket.cancel)  # the client went away: the row leaves at the next round boundary
+        if cancel is not None:
+            cancel.add(ticket.cancel)  # the client went away: the row leaves at the next round boundary
         try:
             done = self.loop.wait(ticket)  # bounded: the loop's request_timeout_s
         except AdaptspecError as e:
-            if service.metrics is not None:
-                service.metrics.failed(req.variant)
             if isinstance(e, EngineFailed):
                 raise RequestError(str(e), 503) from None
             if "error" in decided:
@@ -140,12 +193,8 @@ class BatchedRunner:
         try:
             status = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
-            if service.metrics is not None:
-                service.metrics.failed(req.variant)
             raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
         except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with the reason, the server keeps serving
-            if service.metrics is not None:
-                service.metrics.failed(req.variant)
             raise RequestError(f"variant {req.variant}'s controller could not record this request "
                                f"({type(e).__name__}: {e})", 503) from None
         reward = _reward(ctrl, outcome) if status == "applied" else None
@@ -163,37 +212,23 @@ def _reward(ctrl: Any, outcome: Outcome) -> float | None:
     return r if math.isfinite(r) else None
 
 
-def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: int = 64,
-                  attribution: str = "marginal", profile: Any = None, rule: Any = None,
-                  design: str = "requests", slice_rounds: int | None = None, seed: int = 0,
-                  threads: int | None = None) -> BatchedRunner:
-    """Put ``service``'s requests on one batched engine over ``speculator``'s target and drafter.
-
-    ``profile`` (a latency profile, or its name) is the cost model of the ``"marginal"``
-    attribution; without one, rounds are split by tokens. ``rule``: a per-round load rule of
-    :mod:`adaptspec.load.rules` (see :mod:`adaptspec.serving.load_rule`); without one each row
-    verifies its controller's block size.
-
-    ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
-    (:mod:`adaptspec.serving.switchback`: slices of ``slice_rounds`` rounds, default 32, each on
-    one variant drawn from ``seed``; slice records go to the service's log directory). Under
-    switchback, ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the
-    block sizes of the slice's rounds.
-
-    ``threads``: torch's intra-op threads on the engine's thread (see
-    :class:`~adaptspec.serving.engine_loop.EngineLoop`; ``adaptspec serve --batched`` keeps every
-    other thread at one).
-    """
+def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController], variants: list[str],
+                   log_dir: Any, settings: EngineSettings) -> BatchedRunner:
+    """One batched engine over ``speculator``'s target and drafter, deciding through ``controllers``
+    (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
+    records go, or None)."""
     from .load_rule import RoundRule
 
     from ..batching import BatchEngine
     from ..reward.latency import get_profile
 
+    s = settings
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)
     if target is None:
-        raise AdaptspecError(f"--batched needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
-    switchback = _switchback(service, design, slice_rounds, seed, rule)
-    engine = BatchEngine(target, drafter, max_rows=max_rows)
+        raise AdaptspecError(f"the batched engine needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
+    switchback = _switchback(variants, log_dir, s.design, s.slice_rounds, s.seed, s.rule)
+    engine = BatchEngine(target, drafter, max_rows=s.max_rows)
+    rule = s.rule
     if isinstance(rule, Mapping):  # per variant (switchback): the slice's variant's rule, each round
         from .switchback import SliceRule
 
@@ -201,18 +236,15 @@ def serve_batched(service: Any, speculator: Any, max_rows: int = 8, max_queue: i
                                               for v, r in rule.items()})
     else:
         adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
-    loop = EngineLoop(engine, max_queue=max_queue, attribution=attribution,
-                      profile=None if profile is None else get_profile(profile), rule=adapter, switchback=switchback,
-                      threads=threads)
-    service.runner = BatchedRunner(loop)
-    if service.metrics is not None:
-        service.metrics.attach_engine(loop.stats)
-    return service.runner
+    loop = EngineLoop(engine, max_queue=s.max_queue, attribution=s.attribution,
+                      profile=None if s.profile is None else get_profile(s.profile), rule=adapter,
+                      switchback=switchback, threads=s.threads)
+    return BatchedRunner(loop, controllers)
 
 
-def _switchback(service: Any, design: str, slice_rounds: int | None, seed: int, rule: Any) -> Any:
+def _switchback(variants: list[str], log_dir: Any, design: str, slice_rounds: int | None, seed: int, rule: Any) -> Any:
     """The :class:`~adaptspec.serving.switchback.Switchback` of ``design`` (None for ``"requests"``),
-    writing its slice records next to the service's decision log (when it has one)."""
+    writing its slice records next to the decision log in ``log_dir`` (when there is one)."""
     from .switchback import AB_DESIGNS, DEFAULT_SLICE_ROUNDS, Switchback
 
     if design not in AB_DESIGNS:
@@ -221,9 +253,9 @@ def _switchback(service: Any, design: str, slice_rounds: int | None, seed: int, 
         if slice_rounds is not None or isinstance(rule, Mapping):
             raise AdaptspecError("slice rounds and per-variant load rules need the switchback design")
         return None
-    sb = Switchback(service.router.variants, DEFAULT_SLICE_ROUNDS if slice_rounds is None else slice_rounds, seed)
-    if service.log_dir is not None:
+    sb = Switchback(variants, DEFAULT_SLICE_ROUNDS if slice_rounds is None else slice_rounds, seed)
+    if log_dir is not None:
         from ..traces.slice_log import SliceLogWriter
 
-        sb.writer = SliceLogWriter(service.log_dir)
+        sb.writer = SliceLogWriter(log_dir)
     return sb

@@ -1,32 +1,28 @@
 """Cancelling a request whose client went away.
 
 The HTTP layer notices the disconnect (on the event loop); the request runs on a worker thread
-and, with ``serve --batched``, decodes as a row of the engine's thread. A :class:`Cancellation`
-joins them: the worker runs the request inside :func:`cancellable`, whatever decodes it
-registers how to stop with :func:`on_cancel` (the batched runner: its ticket's ``cancel``, which
-ends the row at the next round boundary), and the HTTP layer calls :meth:`Cancellation.cancel`.
-A cancel that comes before the hook is registered runs the hook at registration.
+and decodes as a row of the engine's thread. A :class:`Cancellation` joins them: the HTTP layer
+makes one per request and passes it down with the request (``CompletionService.run(...,
+cancel=)``), whatever decodes it registers how to stop with :meth:`Cancellation.add` (the batched
+runner: its ticket's ``cancel``, which ends the row at the next round boundary), and the HTTP
+layer calls :meth:`Cancellation.cancel`. A cancel that comes before the hook is added runs the
+hook when it is added.
 
 >>> c = Cancellation(); stopped = []
->>> with cancellable(c):
-...     on_cancel(lambda: stopped.append("row"))
+>>> c.add(lambda: stopped.append("row"))
 >>> c.cancel(); c.cancel(); stopped  # once
 ['row']
 >>> late = Cancellation(); late.cancel()
->>> with cancellable(late):
-...     on_cancel(lambda: stopped.append("late"))
->>> stopped, on_cancel(lambda: stopped.append("nobody"))  # outside cancellable: nothing registered
-(['row', 'late'], None)
+>>> late.add(lambda: stopped.append("late")); stopped
+['row', 'late']
 """
 
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Callable
 
-__all__ = ["Cancellation", "cancellable", "on_cancel"]
+__all__ = ["Cancellation"]
 
 
 class Cancellation:
@@ -55,22 +51,3 @@ class Cancellation:
                 return
         hook()
 
-
-_current: ContextVar[Cancellation | None] = ContextVar("adaptspec_cancellation", default=None)
-
-
-@contextmanager
-def cancellable(cancellation: Cancellation | None) -> Iterator[None]:
-    """Within this block, :func:`on_cancel` on this thread registers with ``cancellation`` (None: nowhere)."""
-    token = _current.set(cancellation)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
-def on_cancel(hook: Callable[[], None]) -> None:
-    """Register ``hook`` with the request running on this thread (see :func:`cancellable`); no-op outside one."""
-    c = _current.get()
-    if c is not None:
-        c.add(hook)

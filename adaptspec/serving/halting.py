@@ -28,25 +28,20 @@ from typing import Any, Callable, Iterator
 
 from ..speculator import Outcome
 
-__all__ = ["HaltableSpeculator", "current_halt_condition", "halt_when"]
+__all__ = ["HaltableSpeculator", "halt_when"]
 
 _condition: ContextVar[Callable[[], bool] | None] = ContextVar("adaptspec_halt_condition", default=None)
 
 
 @contextmanager
-def halt_when(condition: Callable[[], bool]) -> Iterator[None]:
-    """Within this block, a :class:`HaltableSpeculator`'s decode on this thread ends once ``condition()``."""
+def halt_when(condition: Callable[[], bool] | None) -> Iterator[None]:
+    """Within this block, a :class:`HaltableSpeculator`'s decode on this thread ends once ``condition()``
+    (None: it runs to its end)."""
     token = _condition.set(condition)
     try:
         yield
     finally:
         _condition.reset(token)
-
-
-def current_halt_condition() -> Callable[[], bool] | None:
-    """The condition :func:`halt_when` set on this thread (None outside it), for a decoder that
-    runs elsewhere (the batched engine's loop asks it between rounds)."""
-    return _condition.get()
 
 
 class _Halt(Exception):

@@ -87,7 +87,7 @@ class Output:
 class CompletionService:
     """Controllers per variant, the router, the tokenizer and the limits; thread-safe."""
 
-    def __init__(self, controllers: Mapping[str, Any], router: ABRouter, codec: Codec | None = None,
+    def __init__(self, controllers: Mapping[str, Any], router: ABRouter, runner: Any, codec: Codec | None = None,
                  limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: Any = None,
                  log_dir: str | Path | None = None) -> None:
         missing = [v for v in router.variants if v not in controllers]
@@ -104,24 +104,42 @@ class CompletionService:
         self._closed = False
         self._close_lock = threading.Lock()
         self._parts_cache: dict[str, list[dict[str, Any]]] = {}
-        self.runner: Any = None  # a BatchedRunner (serve --batched): requests decode as rows of one engine
+        self.runner = runner  # decodes the requests: a BatchedRunner (one engine) or a SequentialRunner
 
     @classmethod
     def build(cls, speculator: Any, variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
               log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
               limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
-              **controller_options: Any) -> "CompletionService":
+              engine: Any = None, **controller_options: Any) -> "CompletionService":
         """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
 
         ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
         Every variant logs to ``log_dir`` (its name in the ``variant`` column) and checkpoints to
         ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
+
+        adaptspec's own speculator (a :class:`~adaptspec.decoding.SpeculativeDecoder`: a target and
+        a drafter) is decoded by one batched engine, ``engine`` its
+        :class:`~adaptspec.serving.batched.EngineSettings` (default: 8 rows, queue 64); any other
+        speculator one request at a time through its controllers
+        (:class:`~adaptspec.serving.sequential.SequentialRunner`), which alone re-decides inside a
+        request (``redecide_every``).
         """
         from ..control.controller import AdaptiveController
+        from ..decoding.decoder import SpeculativeDecoder
+        from .batched import EngineSettings, batched_runner
         from .halting import HaltableSpeculator
         from .metrics import ServingMetrics
+        from .sequential import SequentialRunner
 
-        speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.halting)
+        batched = isinstance(speculator, SpeculativeDecoder)
+        if batched and controller_options.get("redecide_every") is not None:
+            raise AdaptspecError("redecide_every is not available with the batched engine (each request decides "
+                                 "once, at join); it applies to a speculator of your own, served one request at a time")
+        if not batched and engine is not None:
+            raise AdaptspecError(f"engine settings apply to adaptspec's own target and drafter; a "
+                                 f"{type(speculator).__name__} is served one request at a time")
+        if not batched:
+            speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, Any] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
@@ -132,12 +150,16 @@ class CompletionService:
                 controllers[name] = AdaptiveController(
                     speculator, spec, variant=name, log_dir=log_dir,
                     checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name, **controller_options)
+            runner: Any = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings())
+                           if batched else SequentialRunner(controllers))
         except BaseException:
             for c in controllers.values():
                 c.close()
             raise
-        return cls(controllers, router, codec, limits, model_name, ServingMetrics(controllers) if metrics else None,
-                   log_dir)
+        served = ServingMetrics(controllers) if metrics else None
+        if served is not None and batched:
+            served.attach_engine(runner.loop.stats)
+        return cls(controllers, router, runner, codec, limits, model_name, served, log_dir)
 
     # ------------------------------------------------------------------ requests
     def parse(self, body: bytes, variant_header: str | None = None) -> CompletionRequest:
@@ -211,8 +233,8 @@ class CompletionService:
         else:
             variant = self.router.assign(user)
         include_usage = opts.stream_options is not None and opts.stream_options.include_usage
-        # batched: the queue's place is taken now, the last check, so a stream refused is a 429 before its headers
-        slot = None if self.runner is None else self.runner.reserve()
+        # the engine's queue: its place is taken now, the last check, so a stream refused is a 429 before its headers
+        slot = self.runner.reserve()
         return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage, slot=slot)
 
     def model_ids(self) -> list[str]:
@@ -263,32 +285,25 @@ class CompletionService:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary 0..{v - 1}", param="prompt")
         return ids
 
-    def run(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None) -> Any:
-        """Generate for a checked request through its variant's controller; returns the Generation.
+    def run(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None,
+            stop_when: Callable[[], bool] | None = None, cancel: Any = None) -> Any:
+        """Decode a checked request on the runner; returns the Generation.
 
-        The decision and its outcome are in the decision log when this returns.
+        ``on_tokens(ids)`` gets the tokens as they are committed; ``stop_when()``, asked after each
+        round, ends decoding as ``"stop"``; ``cancel`` (a :class:`~adaptspec.serving.cancelling.Cancellation`)
+        ends it when the client went away. The decision and its outcome are in the decision log
+        when this returns. A failure counts in the metrics (a full queue's 429 does not).
         """
-        from ..control.controller import DecisionLogError, PrefillError
-
-        if self.runner is not None:
-            return self.runner.run(self, req, on_tokens)
-        ctrl = self.controllers[req.variant]
         try:
-            gen = ctrl.generate(req.prompt_ids, max_new_tokens=req.max_tokens, temperature=req.temperature,
-                                seed=req.seed, request_id=req.request_id, on_tokens=on_tokens)
-        except PrefillError as e:  # the speculator refused this prompt
-            if self.metrics is not None:
+            return self.runner.run(req, on_tokens, stop_when, cancel)
+        except RequestError as e:
+            if self.metrics is not None and e.status != 429:
                 self.metrics.failed(req.variant)
-            raise RequestError(str(e), param="prompt") from None
-        except DecisionLogError as e:  # not acknowledged: the client may retry
-            if self.metrics is not None:
-                self.metrics.failed(req.variant)
-            raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
+            raise
         except Exception:
             if self.metrics is not None:
                 self.metrics.failed(req.variant)
             raise
-        return gen
 
     def observe(self, req: CompletionRequest, gen: Any, ttft_s: float | None, completion_tokens: int | None = None) -> None:
         """Record a completed request; ``completion_tokens``: what the client got (default: every token decoded)."""
@@ -375,7 +390,7 @@ class CompletionService:
             variants[name] = v
         failing = any(v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
                       for v in variants.values())
-        engine = None if self.runner is None else self.runner.loop.health  # the batched engine's thread
+        engine = self.runner.health  # the batched engine's thread (None: no engine)
         if engine is not None and engine["state"] == "failed":
             status = "failed"  # it stopped for good: every request gets a 503 until a restart
         elif self._closed:
@@ -435,8 +450,7 @@ class CompletionService:
             if self._closed:
                 return
             self._closed = True
-        if self.runner is not None:
-            self.runner.loop.close()  # requests in the engine finish first
+        self.runner.close()  # requests in the engine finish first
         for c in self.controllers.values():
             c.close()
 

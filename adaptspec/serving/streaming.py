@@ -2,7 +2,7 @@
 
 :func:`generate` runs a request on the calling (worker) thread: the tokens of each round go
 through a :class:`~adaptspec.serving.stops.StopStream`, decoding halts after the round in which
-a stop sequence completes (:mod:`adaptspec.serving.halting`), and the answer is the
+a stop sequence completes (the runner is given the condition), and the answer is the
 :class:`~adaptspec.serving.service.Output` up to it. :func:`events` streams the same as
 server-sent events in a format given by a :class:`ChunkFormat` (completions or chat chunks):
 a piece of text is sent as soon as no stop sequence can begin in it, and the final chunk only
@@ -11,7 +11,7 @@ once the decision is in the decision log.
 A client that goes away cancels its request (:mod:`adaptspec.serving.cancelling`): a stream
 when its response is abandoned (the server cancels the streaming task, or the generator is
 closed), a plain request (:func:`complete`) when the server reports ``http.disconnect`` before
-the answer is ready. With ``serve --batched`` the row then leaves the batch at the next round
+the answer is ready. On the batched engine the row then leaves the batch at the next round
 boundary, ends as cancelled and its decision stays without feedback, as any failed request's
 (logged without a reward when it expires, or at shutdown).
 """
@@ -25,8 +25,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from .cancelling import Cancellation, cancellable
-from .halting import halt_when
+from .cancelling import Cancellation
 from .request_error import RequestError, server_fault
 from .service import CompletionRequest, CompletionService, Output
 from .stops import StopStream
@@ -41,8 +40,8 @@ def generate(service: CompletionService, req: CompletionRequest,
              cancel: Cancellation | None = None) -> tuple[Any, Output]:
     """Run ``req``; ``on_piece(text, ids)`` gets each piece that may be sent. Returns ``(generation, output)``.
 
-    ``cancel``: cancelling it stops the request's decoding where the runner supports it (the
-    batched engine); the request then raises.
+    ``cancel``: cancelling it stops the request's decoding where the runner can (the batched
+    engine); the request then raises.
 
     The text still held back when generation ends is in neither ``on_piece`` call; a streamed
     answer sends it with its final chunk (:attr:`Output.text` has it).
@@ -60,8 +59,7 @@ def generate(service: CompletionService, req: CompletionRequest,
         if on_piece is not None and (text or kept):
             on_piece(text, kept)
 
-    with halt_when(lambda: stream.stopped), cancellable(cancel):
-        gen = service.run(req, on_tokens)
+    gen = service.run(req, on_tokens, stop_when=lambda: stream.stopped, cancel=cancel)
     if watch:
         stream.finish()
         output = Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
