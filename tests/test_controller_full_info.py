@@ -231,6 +231,16 @@ def test_the_direct_method_learns_arms_the_logging_policy_never_played(tmp_path)
     assert bandit["dm"].value == pytest.approx(np.mean(log.rewards), rel=1e-9)  # arm 8 unseen: the global mean
 
 
+def test_a_decoder_that_verifies_prefixes_of_one_draft_has_exact_counterfactuals(tmp_path):
+    class Prefixes(ToyTaus):
+        prefix_drafts = True  # the protocol's declaration: one draft a round, a prefix verified
+
+    with AdaptiveController(Prefixes(), "fi-ucb", arms=ARMS, log_dir=tmp_path) as c:
+        c.generate(prompt(0), max_new_tokens=23)
+        row, = c.pending_log_rows()
+    assert row["cf_approximate"] == [False, False, False] and row["cf_censored"] == [False, False, False]
+
+
 def test_a_custom_reward_has_no_counterfactuals(tmp_path):
     def reward(outcome):
         return float(outcome.mean_tau)

@@ -249,7 +249,7 @@ class AdaptiveController:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
                                       machine_speed=setup.machine_speed, log_features=log_features,
-                                      feedback_timeout_s=feedback_timeout_s, pricer=_pricer(cfg, setup))
+                                      feedback_timeout_s=feedback_timeout_s, pricer=_pricer(cfg, setup, shape))
             learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
                               reward_name=cfg.reward_name, name=variant or "")
             self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
@@ -594,12 +594,13 @@ def _width_source(shape: DecoderShape, setup: PolicySetup, given: int | None) ->
     return f"policy {setup.label} reads"
 
 
-def _pricer(cfg: ControllerConfig, setup: PolicySetup) -> CounterfactualPricer | None:
+def _pricer(cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> CounterfactualPricer | None:
     """What prices every arm's counterfactual reward for the book (None for a custom reward
-    function: its value at another arm is unknown)."""
+    function: its value at another arm is unknown); exact for a decoder that verifies prefixes
+    of one draft."""
     if not isinstance(cfg.reward, str):
         return None
-    return CounterfactualPricer(cfg.reward, pricing_profile(cfg.latency, setup.machine_speed))
+    return CounterfactualPricer(cfg.reward, pricing_profile(cfg.latency, setup.machine_speed), shape.prefix_drafts)
 
 
 def _checkpointer(cfg: ControllerConfig, setup: PolicySetup, context_width: int | None) -> Checkpointer | None:

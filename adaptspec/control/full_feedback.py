@@ -76,13 +76,16 @@ def pricing_profile(latency: Any, machine_speed: Any) -> LatencyProfile:
 
 class CounterfactualPricer:
     """Prices every arm's counterfactual outcome with reward ``reward`` (one of
-    :data:`~adaptspec.reward.functions.REWARDS`) on ``profile`` (see the module docstring)."""
+    :data:`~adaptspec.reward.functions.REWARDS`) on ``profile`` (see the module docstring);
+    ``prefix_drafts``: the decoder drafts one block every round and verifies a prefix of it (it
+    declares ``prefix_drafts``), so no uncensored arm is approximate."""
 
-    def __init__(self, reward: str, profile: LatencyProfile) -> None:
+    def __init__(self, reward: str, profile: LatencyProfile, prefix_drafts: bool = False) -> None:
         if reward not in REWARDS:
             raise AdaptspecError(f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}")
         self.reward = reward
         self.profile = profile
+        self.prefix_drafts = bool(prefix_drafts)
 
     def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None,
               last: bool = True) -> FullFeedback | None:
@@ -98,7 +101,7 @@ class CounterfactualPricer:
         arms = tuple(int(a) for a in decision.arms)
         ctx = int(self.profile.context_tokens if context_tokens is None else context_tokens)
         try:
-            cf = from_outcome(outcome, decision.block_size, arms, ctx, self.profile)
+            cf = from_outcome(outcome, decision.block_size, arms, ctx, self.profile, prefix_drafts=self.prefix_drafts)
             r = cf.rewards(self.reward, self.profile)  # modelled: at the reference context, as the reward function
         except (AdaptspecError, ValueError, ZeroDivisionError) as e:
             log.info("decision %s: no counterfactual rewards: %s", decision.decision_id, e)

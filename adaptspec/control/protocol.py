@@ -19,7 +19,7 @@ Traceback (most recent call last):
 ...
 adaptspec.errors.AdaptspecError: speculator NoSeed: prefill(prompt_ids, temperature=0.0) does not take seed=...: the protocol's is prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill
 >>> engine_shape([1, 2, 4, 8], feature_dim=40)
-DecoderShape(name='engine', max_block_size=8, feature_dim=40, per_round=False, arms=(1, 2, 4, 8), speculator=False)
+DecoderShape(name='engine', max_block_size=8, feature_dim=40, per_round=False, arms=(1, 2, 4, 8), speculator=False, prefix_drafts=False)
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class DecoderShape:
     per_round: bool = False
     arms: tuple[int, ...] | None = None
     speculator: bool = True
+    prefix_drafts: bool = False  # every round drafts one block and verifies a prefix (exact counterfactuals)
 
 
 def speculator_shape(speculator: Any, feature_dim: int | None = None) -> DecoderShape:
@@ -84,11 +85,13 @@ def speculator_shape(speculator: Any, feature_dim: int | None = None) -> Decoder
     width = _width(feature_dim, "feature_dim")
     if width is not None and declared is not None and int(declared) != width:
         raise AdaptspecError(f"feature_dim={width}, but speculator {name} declares feature_dim {int(declared)}")
-    per_round = getattr(speculator, "per_round", False)
-    if not isinstance(per_round, (bool, np.bool_)):
-        raise AdaptspecError(f"speculator {name}: per_round must be True or False, got {per_round!r}")
+    flags = {}
+    for flag in ("per_round", "prefix_drafts"):
+        flags[flag] = getattr(speculator, flag, False)
+        if not isinstance(flags[flag], (bool, np.bool_)):
+            raise AdaptspecError(f"speculator {name}: {flag} must be True or False, got {flags[flag]!r}")
     return DecoderShape(name, int(max_b), width if width is not None else (None if declared is None else int(declared)),
-                        bool(per_round))
+                        bool(flags["per_round"]), prefix_drafts=bool(flags["prefix_drafts"]))
 
 
 def engine_shape(arms: Sequence[int] | None, feature_dim: int | None = None) -> DecoderShape:
