@@ -115,6 +115,7 @@ class Ticket:
     row_rounds: int = 0  # the rows of its rounds, summed (over its rounds: the mean rows it shared)
     done: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # cancel() came, maybe before the loop took the request: it is cancelled at take
 
     def wait(self, timeout: float | None = None) -> Outcome:
         """The request's outcome; raises its own error (a bad prompt, a cancel) or TimeoutError."""
@@ -126,7 +127,7 @@ class Ticket:
 
     def cancel(self) -> None:
         """Stop at the next round boundary (a client that went away)."""
-        self._cancelled = True
+        self.cancelled = True
         if self.handle is not None:
             self.handle.cancel()
 
@@ -326,7 +327,7 @@ class EngineLoop:
                 ticket.error = e
                 ticket.done.set()
                 continue
-            if getattr(ticket, "_cancelled", False):
+            if ticket.cancelled:
                 ticket.handle.cancel()
             self._tickets.append(ticket)
 
