@@ -18,6 +18,7 @@ import importlib.util
 import os
 import sys
 
+from .._util import threads
 from ..errors import AdaptspecError
 
 #: name -> (module, one-line help)
@@ -71,6 +72,7 @@ def _one_line(e: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads.apply()  # OpenMP's spin, before any command loads torch (adaptspec._util.threads)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(command)
