@@ -241,6 +241,38 @@ def test_a_decoder_that_verifies_prefixes_of_one_draft_has_exact_counterfactuals
     assert row["cf_approximate"] == [False, False, False] and row["cf_censored"] == [False, False, False]
 
 
+def test_with_prefix_drafts_every_speculating_arm_pays_for_the_drafted_block(tmp_path):
+    """A decoder that drafts 8 every round and verifies the chosen prefix: had it verified B' < 8,
+    it would still have drafted 8 (B' = 1: a plain step, nothing drafted)."""
+
+    class Draft8(ToyTaus):
+        prefix_drafts = True
+
+        def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+            out = super().decode(prefill, block_size, max_new_tokens)
+            return Outcome(out.tokens, [Round(r.block_size, r.tau, 0.0, 0.0, drafted=8 if r.block_size > 1 else 0)
+                                        for r in out.rounds],
+                           out.decode_s)
+
+    arms = (1, 4, 6, 8)
+    with AdaptiveController(Draft8(), "fixed:6", arms=arms, log_dir=tmp_path / "log") as c:
+        g = c.generate(prompt(3), max_new_tokens=23)
+        row, = c.pending_log_rows()
+    taus = [r.tau for r in g.outcome.rounds]
+    ctx = [len(prompt(3)) + 1 + sum(taus[:i]) for i in range(len(taus))]
+    verified = [r.block_size for r in g.outcome.rounds]
+
+    def secs(b: int) -> float:  # the profile's time of arm b's rounds (a short last round cut alike)
+        vs = [min(b, v) if v < 6 else b for v in verified]
+        return sum(float(PROFILE.draft_s(8 if x > 1 else 1, c) + PROFILE.verify_s(x, c)) for x, c in zip(vs, ctx))
+
+    committed, new = sum(taus), len(g.outcome.tokens)
+    scale = g.outcome.decode_s / sum(float(PROFILE.draft_s(8 if v > 1 else 1, c) + PROFILE.verify_s(v, c))
+                                     for v, c in zip(verified, ctx))
+    want = [-1000.0 * scale * committed / sum(min(t, b) for t in taus) * secs(b) / new for b in arms]
+    np.testing.assert_allclose(row["cf_rewards"], want, rtol=1e-9)
+
+
 def test_a_custom_reward_has_no_counterfactuals(tmp_path):
     def reward(outcome):
         return float(outcome.mean_tau)

@@ -140,7 +140,8 @@ def counterfactuals(
     prefill's included); ``decode_s``: the measured decode time (default: the profile's time of
     the rounds, so the scale is 1); ``new_tokens``: the request's new tokens (default: committed +
     1, the prefill's token); ``prefix_drafts``: the speculator drafts one block and verifies a
-    prefix of it, so no uncensored arm is approximate.
+    prefix of it, so no uncensored arm is approximate, and every arm's speculating round pays
+    for drafting that block.
     """
     t = np.asarray(taus, dtype=np.int64)
     v = np.asarray(verified, dtype=np.int64)
@@ -166,7 +167,10 @@ def counterfactuals(
     # the request's end (fewer positions left than decided): every arm is cut the same way there
     cut = v < int(decided)
     vv = np.where(cut[:, None], np.minimum(A[None, :], v[:, None]), A[None, :])
-    cost = profile.draft_s(vv, ctx[:, None], batch) + profile.verify_s(vv, ctx[:, None], batch)
+    # what each arm drafts a round: its own block; with prefix_drafts the block the speculator drafts
+    # every speculating round (the longest drafted here), of which it verifies a prefix (1: a plain step)
+    dd = np.where(vv > 1, np.maximum(vv, int(d.max())), vv) if prefix_drafts else vv
+    cost = profile.draft_s(dd, ctx[:, None], batch) + profile.verify_s(vv, ctx[:, None], batch)
     ran = profile.draft_s(np.where(d > 1, d, 1), ctx, batch) + profile.verify_s(v, ctx, batch)
     scale = 1.0 if decode_s is None else float(decode_s) / float(ran.sum())
     secs = scale * committed / tokens * cost.sum(axis=0)
