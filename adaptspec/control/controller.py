@@ -85,7 +85,7 @@ from .config import ControllerConfig
 from .context import LOAD_FEATURES, Contexts
 from .decider import Decider, copy_policy
 from .full_feedback import CounterfactualPricer, pricing_profile
-from .generation import Generation, PrefillError, split_outcome
+from .generation import FeedbackResult, Generation, PrefillError, split_outcome
 from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
 from .protocol import DecoderShape, engine_shape, speculator_shape
 from .updates import Learner, UpdateQueue, UpdateWorker
@@ -433,12 +433,13 @@ class AdaptiveController:
         return self._decide(self._decider.context(features, load), request_id, load)
 
     def feedback(self, decision_id: str, outcome: Outcome | None = None, *, reward: float | None = None,
-                 shared: SharedRounds | None = None) -> str:
+                 shared: SharedRounds | None = None) -> FeedbackResult:
         """Report how decision ``decision_id`` went: its ``outcome`` (the reward is computed from
         it) and/or an explicit ``reward``; ``shared``, from a batched engine, how the outcome's
         ``decode_s`` was attributed among the rows it shared rounds with (logged).
 
-        Returns ``"applied"`` (logged; the update is queued), ``"no_reward"`` (logged, but
+        Returns a :class:`~adaptspec.control.generation.FeedbackResult`: the status and the reward
+        it computed (None unless applied). The status is ``"applied"`` (logged; the update is queued), ``"no_reward"`` (logged, but
         the reward was undefined, e.g. no round ran), ``"duplicate"`` (already had feedback:
         ignored), ``"late"`` (it had expired: ignored) or ``"unknown"`` (never decided here).
         Once it returns, the row is in the decision log durably.
@@ -460,7 +461,7 @@ class AdaptiveController:
         decision = self._book.decision(decision_id)
         if outcome is not None and decision is not None:
             check_outcome(outcome, decision)
-        return self._book.feedback(decision_id, outcome, reward, shared)[0]
+        return FeedbackResult(*self._book.feedback(decision_id, outcome, reward, shared))
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
         """Wait until every queued update is applied and published to decisions."""

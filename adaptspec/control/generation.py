@@ -1,6 +1,11 @@
 """What :meth:`AdaptiveController.generate <adaptspec.control.controller.AdaptiveController.generate>`
-returns (:class:`Generation`), the error of a refused prompt (:class:`PrefillError`), and how one
-request's outcome is split among its re-decisions (:func:`split_outcome`).
+returns (:class:`Generation`), what its ``feedback`` returns (:class:`FeedbackResult`), the error of
+a refused prompt (:class:`PrefillError`), and how one request's outcome is split among its
+re-decisions (:func:`split_outcome`).
+
+>>> r = FeedbackResult("applied", 41.5)
+>>> r == "applied", r.status, r.reward
+(True, 'applied', 41.5)
 
 >>> from adaptspec.speculator import Round
 >>> out = Outcome([7, 1, 2, 3, 4, 5], [Round(2, 2, 0.0, 1.0), Round(4, 3, 0.0, 3.0)], decode_s=4.0)
@@ -14,6 +19,29 @@ from dataclasses import dataclass
 
 from ..errors import AdaptspecError
 from ..speculator import Decision, Outcome
+
+
+class FeedbackResult(str):
+    """What :meth:`AdaptiveController.feedback` computed: its status (this string: ``"applied"``,
+    ``"no_reward"``, ``"duplicate"``, ``"late"`` or ``"unknown"``, so it compares as the status
+    does) and the reward it logged and queued (None unless ``"applied"``). Immutable."""
+
+    reward: float | None
+
+    def __new__(cls, status: str, reward: float | None = None) -> "FeedbackResult":
+        self = super().__new__(cls, status)
+        object.__setattr__(self, "reward", reward)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a FeedbackResult cannot be changed")
+
+    @property
+    def status(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"FeedbackResult({str(self)!r}, {self.reward!r})"
 
 
 class PrefillError(AdaptspecError):

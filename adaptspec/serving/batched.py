@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..control.controller import AdaptiveController
 from ..errors import AdaptspecError
@@ -49,6 +49,10 @@ from ..speculator import LoadState, Outcome, SharedRounds
 from .cancelling import Cancellation
 from .engine_loop import EngineFailed, EngineLoop, QueueFull, Reservation
 from .request_error import RequestError
+
+if TYPE_CHECKING:
+    from ..control.generation import Generation
+    from .request import CompletionRequest
 
 __all__ = ["BatchedRunner", "EngineSettings", "batched_runner", "too_busy", "load_at_join"]
 
@@ -87,7 +91,7 @@ def too_busy(e: QueueFull) -> RequestError:
     return RequestError(str(e), 429, headers={"Retry-After": str(max(1, math.ceil(e.retry_after_s)))})
 
 
-def load_at_join(loop: EngineLoop, req: Any) -> LoadState:
+def load_at_join(loop: EngineLoop, req: "CompletionRequest") -> LoadState:
     """The load ``req`` is decided under; called on ``loop``'s thread while the request joins (its
     own row not yet in ``engine.rows``, so it is counted here; the requests joining before it in
     the same round are in)."""
@@ -133,8 +137,8 @@ class BatchedRunner:
         except EngineFailed as e:
             raise RequestError(str(e), 503) from None
 
-    def run(self, req: Any, on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> Any:
+    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
         """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
         whose decision and outcome are in the decision log. ``stop_when()``, asked after each
         round's tokens are streamed, ends the row as ``"stop"``; ``cancel`` ends it as cancelled."""
@@ -191,25 +195,15 @@ class BatchedRunner:
                               row_rounds=ticket.row_rounds)
         t0 = time.perf_counter()
         try:
-            status = ctrl.feedback(decision.decision_id, outcome, shared=shared)
+            fed = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
             raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
         except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with the reason, the server keeps serving
             raise RequestError(f"variant {req.variant}'s controller could not record this request "
                                f"({type(e).__name__}: {e})", 503) from None
-        reward = _reward(ctrl, outcome) if status == "applied" else None
         overhead = decided["decide_s"] + time.perf_counter() - t0
         queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join
-        return Generation(outcome, decision, [decision], [reward], prefill_s=queued_prefill, overhead_s=overhead)
-
-
-def _reward(ctrl: Any, outcome: Outcome) -> float | None:
-    """The measured reward the controller logged for ``outcome`` (its reward function, recomputed)."""
-    try:
-        r = float(ctrl.setup.reward_fn(outcome))
-    except Exception:  # noqa: BLE001 - undefined (no round ran): the log says so too
-        return None
-    return r if math.isfinite(r) else None
+        return Generation(outcome, decision, [decision], [fed.reward], prefill_s=queued_prefill, overhead_s=overhead)
 
 
 def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController], variants: list[str],
