@@ -13,11 +13,14 @@ carries ``delta.role``, the last ``finish_reason`` and the ``adaptspec`` object,
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .openai_models import ChatRequest, validate
 from .request_error import RequestError
 from .service import CompletionRequest, CompletionService, Output
+
+if TYPE_CHECKING:
+    from ..control.generation import Generation
 
 __all__ = ["ChatChunks", "chat_body", "parse_chat"]
 
@@ -40,7 +43,7 @@ def parse_chat(service: CompletionService, body: bytes, variant_header: str | No
     return service.request(data, ids, variant_header, options=chat)
 
 
-def chat_body(service: CompletionService, req: CompletionRequest, gen: Any, output: Output) -> dict[str, Any]:
+def chat_body(service: CompletionService, req: CompletionRequest, gen: "Generation", output: Output) -> dict[str, Any]:
     """A non-streamed answer."""
     return {
         "id": f"chatcmpl-{req.request_id}",
@@ -82,7 +85,7 @@ class ChatChunks:
     def piece(self, text: str, ids: list[int]) -> dict[str, Any] | None:
         return self._chunk(self._delta(text)) if text else None  # ids whose text is held back: nothing to say yet
 
-    def final(self, gen: Any, output: Output, tail: str) -> list[dict[str, Any]]:
+    def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]:
         last = self._chunk(self._delta(tail), output.finish_reason)
         last["adaptspec"] = self.service.info(self.req, gen)
         chunks = [last]

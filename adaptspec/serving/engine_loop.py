@@ -60,7 +60,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .._util.guarded import GuardedThread
 from ..errors import AdaptspecError
@@ -68,7 +68,28 @@ from ..reward.attribution import ATTRIBUTIONS, attribute
 from ..reward.load_scale import OneRowScale
 from ..speculator import Outcome
 
+if TYPE_CHECKING:
+    from ..batching import BatchEngine
+    from ..batching.records import RoundRecord
+    from ..batching.rows import RequestHandle, Row
+    from ..reward.latency import LatencyProfile
+    from .switchback import Switchback
+
 log = logging.getLogger("adaptspec.serving")
+
+
+class EngineRule(Protocol):
+    """A per-round rule as the loop drives it (:class:`~adaptspec.serving.load_rule.RoundRule`, or
+    :class:`~adaptspec.serving.switchback.SliceRule` over several): every row's block size before
+    a round, the round's outcome after it, and its own time."""
+
+    name: str
+    busy_s: float
+    busy_wall_s: float
+
+    def choose(self, rows: Sequence["Row"]) -> list[int]: ...
+
+    def feedback(self, record: "RoundRecord", shares: Sequence[float], handles: Sequence["RequestHandle"]) -> None: ...
 
 #: seconds a reserved place in the queue is held for a request that has not been submitted
 RESERVATION_S = 30.0
@@ -107,7 +128,7 @@ class Ticket:
 
     on_tokens: Callable[[list[int]], None] | None = None
     stop_when: Callable[[], bool] | None = None  # asked after streaming: true ends the request as "stop"
-    handle: Any = None  # the engine's RequestHandle, once the loop has taken the request
+    handle: "RequestHandle | None" = None  # the engine's, once the loop has taken the request
     error: AdaptspecError | None = None
     sent: int = 0  # tokens already given to on_tokens
     attributed_s: float = 0.0  # this request's shares of its rounds' decode time
@@ -140,8 +161,9 @@ class Ticket:
 class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
-    def __init__(self, engine: Any, max_queue: int = 64, attribution: str = "marginal", profile: Any = None,
-                 rule: Any = None, switchback: Any = None, threads: int | None = None,
+    def __init__(self, engine: "BatchEngine", max_queue: int = 64, attribution: str = "marginal",
+                 profile: "LatencyProfile | None" = None, rule: EngineRule | None = None,
+                 switchback: "Switchback | None" = None, threads: int | None = None,
                  request_timeout_s: float = 600.0, max_failures: int = 3, failure_window_s: float = 60.0) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
@@ -181,7 +203,7 @@ class EngineLoop:
         self._closed = False
         self.rounds = 0
         self.decode_s = 0.0  # rounds' decode time (prefills excluded), all rounds
-        self.last_round: Any = None
+        self.last_round: "RoundRecord | None" = None
         self.rounds_by_width: collections.Counter = collections.Counter()  # (rows, widest block) -> rounds
         self.round_s_ewma: float | None = None
         # one guarded thread: a failure outside a request's own checks fails every request in flight
@@ -357,7 +379,7 @@ class EngineLoop:
                 if self._closed and self._inbox.empty():
                     return
 
-    def _attribute(self, record: Any) -> None:
+    def _attribute(self, record: "RoundRecord") -> None:
         """Add each row's share of the round's decode time (prefills excluded) to its ticket."""
         by_id = {t.handle.id: t for t in self._tickets}
         rows = [by_id.get(i) for i in record.requests]

@@ -15,12 +15,16 @@ parameter for it). A cancelled request runs to its end (the protocol has no way 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..control.controller import AdaptiveController
 from .cancelling import Cancellation
 from .halting import halt_when
 from .request_error import RequestError
+
+if TYPE_CHECKING:
+    from ..control.generation import Generation
+    from .request import CompletionRequest
 
 __all__ = ["SequentialRunner"]
 
@@ -44,8 +48,8 @@ class SequentialRunner:
     def close(self) -> None:
         """Nothing of its own to stop (the service closes the controllers)."""
 
-    def run(self, req: Any, on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> Any:
+    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
         """Decode ``req`` through its variant's controller; returns the
         :class:`~adaptspec.control.generation.Generation`, its decision and outcome logged."""
         from ..control.controller import DecisionLogError, PrefillError

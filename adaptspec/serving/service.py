@@ -14,17 +14,26 @@ import json
 import math
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import AdaptspecError
+from .cancelling import Cancellation
 from .codec import Codec
 from .openai_models import GenerationOptions, validate
 from .request_error import RequestError
 from .request_error import short as _short
+from .request import CompletionRequest, Output
 from .router import ABRouter
+from .runner import Runner
+
+if TYPE_CHECKING:
+    from ..control.controller import AdaptiveController
+    from ..control.generation import Generation
+    from ..speculator import BlockSpeculator
+    from .batched import EngineSettings
+    from .metrics import ServingMetrics
 
 __all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits"]
 
@@ -57,39 +66,12 @@ class ServerLimits:
     vocab_size: int | None = None
 
 
-@dataclass
-class CompletionRequest:
-    """A checked completion request."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    seed: int | None
-    stream: bool
-    variant: str
-    user: str | None
-    stop: tuple[str, ...] = ()
-    include_usage: bool = False  # stream_options.include_usage
-    slot: Any = None  # the batched engine's place in its queue, held from the checks to the run (Reservation)
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    received: float = field(default_factory=time.perf_counter)
-
-
-@dataclass
-class Output:
-    """What a request answers: the ids and text up to the first stop sequence (or the end), and why it ended."""
-
-    ids: list[int]
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop sequence) | "length"
-
-
 class CompletionService:
     """Controllers per variant, the router, the tokenizer and the limits; thread-safe."""
 
-    def __init__(self, controllers: Mapping[str, Any], router: ABRouter, runner: Any, codec: Codec | None = None,
-                 limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: Any = None,
-                 log_dir: str | Path | None = None) -> None:
+    def __init__(self, controllers: Mapping[str, "AdaptiveController"], router: ABRouter, runner: Runner,
+                 codec: Codec | None = None, limits: ServerLimits | None = None, model_name: str = "adaptspec",
+                 metrics: "ServingMetrics | None" = None, log_dir: str | Path | None = None) -> None:
         missing = [v for v in router.variants if v not in controllers]
         if missing:
             raise AdaptspecError(f"no controller for variant {missing[0]!r}")
@@ -107,10 +89,10 @@ class CompletionService:
         self.runner = runner  # decodes the requests: a BatchedRunner (one engine) or a SequentialRunner
 
     @classmethod
-    def build(cls, speculator: Any, variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
+    def build(cls, speculator: "BlockSpeculator", variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
               log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
               limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
-              engine: Any = None, **controller_options: Any) -> "CompletionService":
+              engine: "EngineSettings | None" = None, **controller_options: Any) -> "CompletionService":
         """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
 
         ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
@@ -141,7 +123,7 @@ class CompletionService:
         if not batched:
             speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
-        controllers: dict[str, Any] = {}
+        controllers: dict[str, AdaptiveController] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
         try:
             for name, spec in router.specs.items():
@@ -150,7 +132,7 @@ class CompletionService:
                 controllers[name] = AdaptiveController(
                     speculator, spec, variant=name, log_dir=log_dir,
                     checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name, **controller_options)
-            runner: Any = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings())
+            runner: Runner = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings())
                            if batched else SequentialRunner(controllers))
         except BaseException:
             for c in controllers.values():
@@ -286,7 +268,7 @@ class CompletionService:
         return ids
 
     def run(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Any = None) -> Any:
+            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
         """Decode a checked request on the runner; returns the Generation.
 
         ``on_tokens(ids)`` gets the tokens as they are committed; ``stop_when()``, asked after each
@@ -305,7 +287,7 @@ class CompletionService:
                 self.metrics.failed(req.variant)
             raise
 
-    def observe(self, req: CompletionRequest, gen: Any, ttft_s: float | None, completion_tokens: int | None = None) -> None:
+    def observe(self, req: CompletionRequest, gen: "Generation", ttft_s: float | None, completion_tokens: int | None = None) -> None:
         """Record a completed request; ``completion_tokens``: what the client got (default: every token decoded)."""
         if self.metrics is not None:
             self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s,
@@ -315,7 +297,7 @@ class CompletionService:
     def text(self, ids: list[int]) -> str:
         return "" if self.codec is None else self.codec.decode(ids)
 
-    def info(self, req: CompletionRequest, gen: Any) -> dict[str, Any]:
+    def info(self, req: CompletionRequest, gen: "Generation") -> dict[str, Any]:
         """The ``adaptspec`` part of a response: what was decided and how it went."""
         out = gen.outcome
         d = gen.decision
@@ -335,7 +317,7 @@ class CompletionService:
             "tokens_per_s": round(out.new_tokens / out.decode_s, 3) if out.decode_s > 0 else None,
         }
 
-    def output(self, gen: Any) -> Output:
+    def output(self, gen: "Generation") -> Output:
         """The whole of a generation, as answered when the request had no stop sequence."""
         out = gen.outcome
         return Output(list(out.tokens), self.text(out.tokens), _finish(out.finish_reason))
@@ -344,7 +326,7 @@ class CompletionService:
         n = len(output.ids)
         return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n}
 
-    def completion_body(self, req: CompletionRequest, gen: Any, output: Output | None = None) -> dict[str, Any]:
+    def completion_body(self, req: CompletionRequest, gen: "Generation", output: Output | None = None) -> dict[str, Any]:
         output = output or self.output(gen)
         return {
             "id": f"cmpl-{req.request_id}",
@@ -455,7 +437,7 @@ class CompletionService:
             c.close()
 
 
-def _hide_dirs(value: Any, controller: Any) -> Any:
+def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:
     """``value`` (a report's string, or a dict of them) with the controller's checkpoint and log
     directories shown by their folder names: /health tells no client where files live."""
     if isinstance(value, dict):

@@ -23,12 +23,15 @@ import concurrent.futures as cf
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol
 
 from .cancelling import Cancellation
 from .request_error import RequestError, server_fault
 from .service import CompletionRequest, CompletionService, Output
 from .stops import StopStream
+
+if TYPE_CHECKING:
+    from ..control.generation import Generation
 
 __all__ = ["ChunkFormat", "complete", "events", "generate"]
 
@@ -37,7 +40,7 @@ log = logging.getLogger("adaptspec.serving")
 
 def generate(service: CompletionService, req: CompletionRequest,
              on_piece: Callable[[str, list[int]], None] | None = None,
-             cancel: Cancellation | None = None) -> tuple[Any, Output]:
+             cancel: Cancellation | None = None) -> tuple["Generation", Output]:
     """Run ``req``; ``on_piece(text, ids)`` gets each piece that may be sent. Returns ``(generation, output)``.
 
     ``cancel``: cancelling it stops the request's decoding where the runner can (the batched
@@ -75,7 +78,7 @@ class ChunkFormat(Protocol):
 
     def piece(self, text: str, ids: list[int]) -> dict[str, Any] | None: ...  # None: no chunk
 
-    def final(self, gen: Any, output: Output, tail: str) -> list[dict[str, Any]]: ...
+    def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]: ...
 
 
 async def events(service: CompletionService, req: CompletionRequest, pool: cf.Executor,
@@ -137,7 +140,7 @@ def gone(req: CompletionRequest, cancel: Cancellation) -> None:
 
 
 async def complete(request: Any, service: CompletionService, req: CompletionRequest,
-                   pool: cf.Executor) -> tuple[Any, Output] | None:
+                   pool: cf.Executor) -> tuple["Generation", Output] | None:
     """Run a plain (not streamed) request on ``pool``; ``None`` if its client went away first
     (the request is then cancelled, and whatever it raises is dropped: nobody is listening).
 
@@ -174,7 +177,7 @@ class CompletionChunks:
     def piece(self, text: str, ids: list[int]) -> dict[str, Any]:
         return self.service.chunk(self.req, text, ids)
 
-    def final(self, gen: Any, output: Output, tail: str) -> list[dict[str, Any]]:
+    def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]:
         extra = {"usage": self.service.usage(self.req, output), "adaptspec": self.service.info(self.req, gen)}
         return [self.service.chunk(self.req, tail, [], output.finish_reason, extra)]
 
