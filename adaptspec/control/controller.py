@@ -288,7 +288,7 @@ class AdaptiveController:
         ...     d = c.decide([0.5, 0.1, 2.0])
         ...     tau = min(d.block_size, 2)
         ...     c.feedback(d.decision_id, Outcome([7] * (1 + tau), [Round(d.block_size, tau, 0.0, 0.01)], 0.01))
-        'applied'
+        FeedbackResult('applied', 2.0)
         >>> c.policy_choice
         'fi-ucb: no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 8]'
         >>> c.generate([1, 2, 3])
