@@ -4,7 +4,7 @@ Measures useful tokens per second (tokens a drafter can train on) of:
 
 - ``hf-generate``: transformers' ``generate`` on a left-padded batch (rows keep stepping
   after their EOS until the longest answer ends: those steps are wasted);
-- ``retire``: :func:`adaptspec.models.batched.generate`, which drops a finished row from the
+- ``retire``: :func:`adaptspec.models.distill_generator.generate`, which drops a finished row from the
   batch and its KV cache (what ``adaptspec distill`` uses);
 - ``relabel``: one teacher-forced pass over existing text, keeping the target's argmax at
   every position (no generation at all; the labels after the first position of a block then
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from adaptspec.models.batched import generate
+from adaptspec.models.distill_generator import generate
 from adaptspec.models.distill import chat_ids
 from adaptspec.decoding.loading import load_target
 from adaptspec.models.prompts import build_prompt_pool, split_pool

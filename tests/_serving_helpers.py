@@ -2,7 +2,7 @@
 
 adaptspec's own decoder (a ``SpeculativeDecoder``) is served by the batched engine; a speculator
 that is not adaptspec's is served one request at a time through its controller
-(``adaptspec.serving.sequential``). :class:`OwnSpeculator` is such a speculator, written as a user
+(``adaptspec.serving.engine.sequential``). :class:`OwnSpeculator` is such a speculator, written as a user
 would (the protocol's ``prefill``/``decode``/``max_block_size``/``feature_dim``), over a real decoder.
 """
 

@@ -131,9 +131,9 @@ def test_faults_are_one_line():
 
 
 def test_a_served_stop_sequence_cuts_the_replayed_rounds():
-    """The server halts decoding from on_round (serving.halting): the loop has run to its end, and
+    """The server halts decoding from on_round (serving.engine.halting): the loop has run to its end, and
     the outcome is the prefix up to the round at which the condition held."""
-    from adaptspec.serving.halting import HaltableSpeculator, halt_when
+    from adaptspec.serving.engine.halting import HaltableSpeculator, halt_when
 
     spec = HaltableSpeculator(BlockSizeFirst(look, generate, max_block_size=8))
     pre = spec.prefill([1, 5, 9, 2, 6])

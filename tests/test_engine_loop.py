@@ -1,4 +1,4 @@
-"""The engine loop (adaptspec/serving/engine_loop.py): many threads, one batched engine."""
+"""The engine loop (adaptspec/serving/engine/loop.py): many threads, one batched engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from adaptspec.batching import BatchEngine
 from adaptspec.errors import AdaptspecError
-from adaptspec.serving.engine_loop import EngineLoop, QueueFull
+from adaptspec.serving.engine.loop import EngineLoop, QueueFull
 from adaptspec.serving.tiny import tiny_speculator
 
 SPEC, CODEC = tiny_speculator(seed=1, verification="exact")

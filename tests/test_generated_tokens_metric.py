@@ -15,7 +15,7 @@ import torch
 
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import EngineSettings
+from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows

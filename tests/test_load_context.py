@@ -271,7 +271,7 @@ def test_batched_decisions_log_their_load_and_attribution_and_decide_on_the_load
 
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
-    from adaptspec.serving.batched import EngineSettings
+    from adaptspec.serving.engine.batched import EngineSettings
     from adaptspec.serving.codec import CharCodec
     from adaptspec.serving.tiny import tiny_speculator
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from adaptspec.batching import BatchEngine
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.reward.load_scale import OneRowScale
-from adaptspec.serving.engine_loop import EngineLoop
+from adaptspec.serving.engine.loop import EngineLoop
 from adaptspec.serving.tiny import tiny_speculator
 
 

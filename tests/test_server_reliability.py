@@ -27,11 +27,11 @@ import torch
 from adaptspec.batching import BatchEngine
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import EngineSettings
+from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.connections import uvicorn_config
-from adaptspec.serving.engine_loop import EngineFailed, EngineLoop
-from adaptspec.serving.load_rule import make_load_rule
+from adaptspec.serving.engine.loop import EngineFailed, EngineLoop
+from adaptspec.serving.engine.round_rule import make_load_rule
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 
 from _redis import free_port

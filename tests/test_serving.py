@@ -26,7 +26,8 @@ from adaptspec.traces.log_writer import journal_rows, log_rows
 from adaptspec.policies import make_policy
 from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
-from adaptspec.serving.sequential import SequentialRunner
+from adaptspec.serving.responses import completion_body
+from adaptspec.serving.engine.sequential import SequentialRunner
 from adaptspec.traces import DecisionLog
 
 TINY_ARMS = (1, 2, 4, 6, 8, 10, 12, 16)
@@ -117,7 +118,7 @@ def test_the_service_runs_requests_and_maps_a_refused_prompt_to_400(tmp_path):
         req = svc.parse(b'{"prompt": [1, 2, 3], "max_tokens": 6, "user": "anyone"}')
         assert req.variant == "A"  # weight 0 for B: reachable only by name
         gen = svc.run(req)
-        body = svc.completion_body(req, gen)
+        body = completion_body(svc.model_name, req, gen, svc.output(gen))
         assert body["choices"][0]["token_ids"] == gen.outcome.tokens and body["adaptspec"]["block_size"] == 4
         assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 

@@ -20,7 +20,7 @@ import torch
 from adaptspec.cli import main
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.batched import EngineSettings
+from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
@@ -236,7 +236,7 @@ class Recording:
 def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(tmp_path, spec):
     from fastapi.testclient import TestClient
 
-    from adaptspec.serving.load_rule import make_load_rule
+    from adaptspec.serving.engine.round_rule import make_load_rule
 
     rule = Recording(make_load_rule(spec, [1, 2, 3, 4, 6, 8], "cpu-smollm2-bf16", prior=0.4))
     tiny, codec = tiny_speculator(0, verification="exact")

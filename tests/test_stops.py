@@ -78,7 +78,7 @@ def served(request):
     """A service with one fixed-block variant per block size over the tiny model (exact verification),
     and the plain greedy continuation of each prompt from transformers' generate: on the batched
     engine (adaptspec's decoder), and one request at a time (the same decoder as a speculator of
-    one's own, halted by ``serving.halting``)."""
+    one's own, halted by ``serving.engine.halting``)."""
     import torch
 
     from adaptspec.serving.tiny import tiny_model, tiny_speculator

@@ -1,5 +1,5 @@
 """Switchback A/B in the batched server: the slice schedule, the slice records, their analysis,
-and a served test over the tiny model (adaptspec/serving/switchback.py, traces/slice_log.py,
+and a served test over the tiny model (adaptspec/serving/engine/switchback.py, traces/slice_log.py,
 analysis/switchback.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from adaptspec.analysis.switchback import analyze_slices
 from adaptspec.batching.records import RoundRecord
 from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError
-from adaptspec.serving.switchback import SliceRule, Switchback, slice_variant
+from adaptspec.serving.engine.switchback import SliceRule, Switchback, slice_variant
 from adaptspec.traces.slice_log import SliceLogWriter, slice_rows
 
 
@@ -233,7 +233,7 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     from adaptspec.load.rules import Fixed
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
-    from adaptspec.serving.batched import EngineSettings
+    from adaptspec.serving.engine.batched import EngineSettings
     from adaptspec.serving.tiny import tiny_speculator
     from adaptspec.traces.log_writer import log_rows
 

@@ -1,6 +1,6 @@
 """The analysis of a switchback A/B test: throughput per variant over its slices, and the difference.
 
-A switchback test (``serve --batched --ab-design switchback``, :mod:`adaptspec.serving.switchback`)
+A switchback test (``serve --batched --ab-design switchback``, :mod:`adaptspec.serving.engine.switchback`)
 runs each slice of rounds on one variant, drawn at random; its records (:mod:`adaptspec.traces.slice_log`)
 hold each slice's tokens and decode seconds round by round. The **slice** is the unit of
 randomisation, so it is the unit of analysis here: requests in one slice share its rounds and

@@ -124,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "as linucb or lints, not the bundled head; every variant of a log directory alike)")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
-    # switchback A/B (adaptspec.serving.switchback; docs/serving.md, Batched serving)
+    # switchback A/B (adaptspec.serving.engine.switchback; docs/serving.md, Batched serving)
     bat.add_argument("--ab-design", choices=("requests", "switchback"), default=None,
                      help="requests: each request is routed to a variant on its own (the default); switchback: "
                           "rounds are cut into slices, each slice runs one variant (balanced random order from "
@@ -318,8 +318,8 @@ def _check_engine(args: argparse.Namespace) -> None:
 
 
 def _engine_settings(args: argparse.Namespace, threads: int):
-    """The batched engine's :class:`~adaptspec.serving.batched.EngineSettings` the arguments describe."""
-    from ..serving.batched import EngineSettings
+    """The batched engine's :class:`~adaptspec.serving.engine.batched.EngineSettings` the arguments describe."""
+    from ..serving.engine.batched import EngineSettings
 
     return EngineSettings(max_rows=args.max_rows or 8, max_queue=64 if args.max_queue is None else args.max_queue,
                           attribution=args.attribution or "marginal", profile=_cost_model(args), rule=_load_rule(args),
@@ -355,7 +355,7 @@ def _cost_model(args: argparse.Namespace) -> str | None:
 
 def _load_rule(args: argparse.Namespace) -> object | None:
     """The per-round rule ``--load-rule`` names (default ``learned``; ``none``: no rule)."""
-    from ..serving.load_rule import make_load_rule
+    from ..serving.engine.round_rule import make_load_rule
 
     spec = args.load_rule or "learned"
     if spec == "none":

@@ -149,7 +149,7 @@ def extend(
     from .distill import chat_ids
     from .prompts import build_prompt_pool, split_pool
     from .self_instruct import Decontaminator, clean_instruction, normalise, sample_instructions
-    from .batched import generate
+    from .distill_generator import generate
 
     meta = corpus.meta
     eos = {tokenizer.eos_token_id} | ({model.generation_config.eos_token_id} - {None})

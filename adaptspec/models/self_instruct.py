@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .batched import generate
+from .distill_generator import generate
 
 EVAL_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "eval-prompts"
 _WORD = re.compile(r"[a-z0-9]+")

@@ -13,15 +13,21 @@ Endpoints:
   ``data: [DONE]``. The final chunk (and a non-streamed answer) is sent only after the decision
   is in the decision log: a client that got it holds an acknowledged decision.
   ``stop`` (a string or up to 4) ends the output before the first stop sequence.
-- ``GET /v1/models``, ``POST /v1/chat/completions``: see :mod:`adaptspec.serving.routes`.
+- ``POST /v1/chat/completions``: the same for chat messages (:mod:`adaptspec.serving.chat`), answered
+  as ``chat.completion`` (chunks when streamed).
+- ``GET /v1/models``: the served model and, with several A/B variants, one entry ``MODEL:VARIANT``
+  per variant (a request for that model runs on that variant), so tools that compare models by
+  name compare variants.
 - ``GET /metrics``: Prometheus text format (see :mod:`adaptspec.serving.metrics`).
 - ``GET /ab``: the live A/B report as JSON (``?ope=0`` skips the off-policy estimates).
 - ``GET /health``: status, uptime and per-variant policy state (``?digest=1`` adds a hash of
   each policy's learnt state).
 
 Bad requests get a 4xx with ``{"error": {"message", "type", "param", "code"}}``; they never
-reach a controller. A client that disconnects before its answer cancels its request (with
-``--batched`` its row leaves at the next round boundary: :mod:`adaptspec.serving.streaming`).
+reach a controller. A client that disconnects before its answer cancels its request (on the
+batched engine its row leaves at the next round boundary: :mod:`adaptspec.serving.streaming`).
+Both POST endpoints go through one handler (:func:`create_app`'s ``answer``): read the body,
+check it, then stream it or answer it whole; the bodies are :mod:`adaptspec.serving.responses`.
 Shutting the server down (SIGINT / SIGTERM) lets in-flight requests finish, then closes the
 controllers: queued updates applied, final checkpoints, logs rolled.
 """
@@ -30,18 +36,23 @@ import asyncio
 import concurrent.futures as cf
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from .._util.numbers import finite
-from .routes import add_openai_routes
-from .service import CompletionService, RequestError
 from .bodies import ClientGone, read_body
+from .chat import parse_chat
+from .request import CompletionRequest, Output
 from .request_error import server_fault
-from .streaming import CompletionChunks, complete, events
+from .responses import ChatChunks, ChunkFormat, CompletionChunks, chat_body, completion_body, models_body
+from .service import CompletionService, RequestError
+from .streaming import complete, events
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("adaptspec.serving")
+
+#: an endpoint's request check: (body, X-Adaptspec-Variant header) -> a checked request
+Parse = Callable[[bytes, "str | None"], CompletionRequest]
 
 
 def create_app(service: CompletionService, max_workers: int = 64) -> Any:
@@ -61,14 +72,17 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
 
     app = FastAPI(title="adaptspec", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    model = service.model_name
 
     def error(e: RequestError) -> Any:
         if service.metrics is not None:
             service.metrics.rejected_request(e.status)
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
+    async def answer(request: Request, parse: Parse,
+                     whole: Callable[[CompletionRequest, Any, Output], dict[str, Any]],
+                     chunks: Callable[[CompletionRequest], ChunkFormat]) -> Any:
+        """One POST endpoint: read and check the body, then stream the answer or send it whole."""
         try:
             body = await read_body(request, service)  # 413, 408, or the client left mid-body
         except RequestError as e:
@@ -76,22 +90,36 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         try:
-            req = service.parse(body, request.headers.get("x-adaptspec-variant"))
+            req = parse(body, request.headers.get("x-adaptspec-variant"))
         except RequestError as e:
             return error(e)
-        if not req.stream:
-            try:
-                done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
-            except RequestError as e:
-                return error(e)
-            except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving
-                log.exception("request %s failed", req.request_id)
-                return error(server_fault(e))
-            if done is None:
-                return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
-            return JSONResponse(service.completion_body(req, *done))
-        return StreamingResponse(events(service, req, pool, CompletionChunks(service, req)), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if req.stream:
+            return StreamingResponse(events(service, req, pool, chunks(req)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
+        except RequestError as e:
+            return error(e)
+        except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving
+            log.exception("request %s failed", req.request_id)
+            return error(server_fault(e))
+        if done is None:
+            return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+        return JSONResponse(whole(req, *done))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await answer(request, service.parse, lambda req, gen, out: completion_body(model, req, gen, out),
+                            lambda req: CompletionChunks(model, req))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await answer(request, lambda body, header: parse_chat(service, body, header),
+                            lambda req, gen, out: chat_body(model, req, gen, out), lambda req: ChatChunks(model, req))
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return JSONResponse(models_body(service.model_ids(), service.started))
 
     @app.get("/metrics")
     async def metrics() -> Any:
@@ -113,6 +141,4 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
         h = await asyncio.get_running_loop().run_in_executor(None, service.health, bool(digest))
         return JSONResponse(h, status_code=503 if h["status"] == "failed" else 200)
 
-    add_openai_routes(app, service, pool, error)  # GET /v1/models, POST /v1/chat/completions
     return app
-

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine_loop import Reservation
+    from .engine.loop import Reservation
 
 __all__ = ["CompletionRequest", "Output"]
 

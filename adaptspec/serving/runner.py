@@ -2,8 +2,8 @@
 
 A :class:`~adaptspec.serving.service.CompletionService` is built with one runner and hands it
 every checked request. Two implement it: the batched engine's
-(:class:`~adaptspec.serving.batched.BatchedRunner`, adaptspec's own target and drafter) and
-the one-request-at-a-time runner (:class:`~adaptspec.serving.sequential.SequentialRunner`,
+(:class:`~adaptspec.serving.engine.batched.BatchedRunner`, adaptspec's own target and drafter) and
+the one-request-at-a-time runner (:class:`~adaptspec.serving.engine.sequential.SequentialRunner`,
 a speculator of one's own). A runner gets what it needs when it is made (the variants'
 controllers) and reaches nothing of the service's; what a request needs travels in
 :meth:`Runner.run`'s signature: its stream callback, its stop condition and its cancellation.

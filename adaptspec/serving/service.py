@@ -25,6 +25,7 @@ from .openai_models import GenerationOptions, validate
 from .request_error import RequestError
 from .request_error import short as _short
 from .request import CompletionRequest, Output
+from .responses import finish_reason
 from .router import ABRouter
 from .runner import Runner
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ..control.controller import AdaptiveController
     from ..control.generation import Generation
     from ..speculator import BlockSpeculator
-    from .batched import EngineSettings
+    from .engine.batched import EngineSettings
     from .metrics import ServingMetrics
 
 __all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits"]
@@ -101,17 +102,17 @@ class CompletionService:
 
         adaptspec's own speculator (a :class:`~adaptspec.decoding.SpeculativeDecoder`: a target and
         a drafter) is decoded by one batched engine, ``engine`` its
-        :class:`~adaptspec.serving.batched.EngineSettings` (default: 8 rows, queue 64); any other
+        :class:`~adaptspec.serving.engine.batched.EngineSettings` (default: 8 rows, queue 64); any other
         speculator one request at a time through its controllers
-        (:class:`~adaptspec.serving.sequential.SequentialRunner`), which alone re-decides inside a
+        (:class:`~adaptspec.serving.engine.sequential.SequentialRunner`), which alone re-decides inside a
         request (``redecide_every``).
         """
         from ..control.controller import AdaptiveController
         from ..decoding.decoder import SpeculativeDecoder
-        from .batched import EngineSettings, batched_runner
-        from .halting import HaltableSpeculator
+        from .engine.batched import EngineSettings, batched_runner
+        from .engine.halting import HaltableSpeculator
         from .metrics import ServingMetrics
-        from .sequential import SequentialRunner
+        from .engine.sequential import SequentialRunner
 
         batched = isinstance(speculator, SpeculativeDecoder)
         if batched and controller_options.get("redecide_every") is not None:
@@ -121,7 +122,7 @@ class CompletionService:
             raise AdaptspecError(f"engine settings apply to adaptspec's own target and drafter; a "
                                  f"{type(speculator).__name__} is served one request at a time")
         if not batched:
-            speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.halting)
+            speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.engine.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, AdaptiveController] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
@@ -293,64 +294,14 @@ class CompletionService:
             self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s,
                                  completion_tokens)
 
-    # ------------------------------------------------------------------ bodies
+    # ------------------------------------------------------------------ answers (their bodies: serving.responses)
     def text(self, ids: list[int]) -> str:
         return "" if self.codec is None else self.codec.decode(ids)
-
-    def info(self, req: CompletionRequest, gen: "Generation") -> dict[str, Any]:
-        """The ``adaptspec`` part of a response: what was decided and how it went."""
-        out = gen.outcome
-        d = gen.decision
-        return {
-            "variant": req.variant,
-            "decision_id": d.decision_id,
-            "decisions": [x.decision_id for x in gen.decisions],
-            "policy": d.policy,
-            "policy_version": d.version,
-            "block_size": d.block_size,
-            "propensity": d.propensity,
-            "fallback": gen.fallback,
-            "reward": gen.reward,
-            "mean_tau": None if not out.rounds else round(out.mean_tau, 4),
-            "rounds": len(out.rounds),
-            "decode_s": round(out.decode_s, 6),
-            "tokens_per_s": round(out.new_tokens / out.decode_s, 3) if out.decode_s > 0 else None,
-        }
 
     def output(self, gen: "Generation") -> Output:
         """The whole of a generation, as answered when the request had no stop sequence."""
         out = gen.outcome
-        return Output(list(out.tokens), self.text(out.tokens), _finish(out.finish_reason))
-
-    def usage(self, req: CompletionRequest, output: Output) -> dict[str, int]:
-        n = len(output.ids)
-        return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n}
-
-    def completion_body(self, req: CompletionRequest, gen: "Generation", output: Output | None = None) -> dict[str, Any]:
-        output = output or self.output(gen)
-        return {
-            "id": f"cmpl-{req.request_id}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "text": output.text, "token_ids": output.ids,
-                         "logprobs": None, "finish_reason": output.finish_reason}],
-            "usage": self.usage(req, output),
-            "adaptspec": self.info(req, gen),
-        }
-
-    def chunk(self, req: CompletionRequest, text: str, ids: list[int], finish: str | None = None,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": f"cmpl-{req.request_id}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "text": text, "token_ids": ids, "logprobs": None, "finish_reason": finish}],
-        }
-        if extra:
-            body.update(extra)
-        return body
+        return Output(list(out.tokens), self.text(out.tokens), finish_reason(out.finish_reason))
 
     # ------------------------------------------------------------------ reports
     def health(self, digest: bool = False) -> dict[str, Any]:
@@ -450,6 +401,3 @@ def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:
                 value = value.replace(shown, d.name)
     return value
 
-
-def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"  # eos, or a stop sequence

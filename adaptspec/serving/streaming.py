@@ -4,7 +4,8 @@
 through a :class:`~adaptspec.serving.stops.StopStream`, decoding halts after the round in which
 a stop sequence completes (the runner is given the condition), and the answer is the
 :class:`~adaptspec.serving.service.Output` up to it. :func:`events` streams the same as
-server-sent events in a format given by a :class:`ChunkFormat` (completions or chat chunks):
+server-sent events in a format given by a :class:`~adaptspec.serving.responses.ChunkFormat`
+(completions or chat chunks):
 a piece of text is sent as soon as no stop sequence can begin in it, and the final chunk only
 once the decision is in the decision log.
 
@@ -23,17 +24,18 @@ import concurrent.futures as cf
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from .cancelling import Cancellation
 from .request_error import RequestError, server_fault
+from .responses import ChunkFormat
 from .service import CompletionRequest, CompletionService, Output
 from .stops import StopStream
 
 if TYPE_CHECKING:
     from ..control.generation import Generation
 
-__all__ = ["ChunkFormat", "complete", "events", "generate"]
+__all__ = ["complete", "events", "generate"]
 
 log = logging.getLogger("adaptspec.serving")
 
@@ -71,14 +73,6 @@ def generate(service: CompletionService, req: CompletionRequest,
     # the client gets output.ids (usage.completion_tokens), not what was decoded past a stop sequence
     service.observe(req, gen, first[0] - req.received if first else None, len(output.ids))
     return gen, output
-
-
-class ChunkFormat(Protocol):
-    """How one endpoint's streamed chunks look."""
-
-    def piece(self, text: str, ids: list[int]) -> dict[str, Any] | None: ...  # None: no chunk
-
-    def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]: ...
 
 
 async def events(service: CompletionService, req: CompletionRequest, pool: cf.Executor,
@@ -166,20 +160,6 @@ async def complete(request: Any, service: CompletionService, req: CompletionRequ
 async def _disconnected(request: Any) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-class CompletionChunks:
-    """``text_completion`` chunks; the final one has ``usage`` and ``adaptspec``."""
-
-    def __init__(self, service: CompletionService, req: CompletionRequest) -> None:
-        self.service, self.req = service, req
-
-    def piece(self, text: str, ids: list[int]) -> dict[str, Any]:
-        return self.service.chunk(self.req, text, ids)
-
-    def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]:
-        extra = {"usage": self.service.usage(self.req, output), "adaptspec": self.service.info(self.req, gen)}
-        return [self.service.chunk(self.req, tail, [], output.finish_reason, extra)]
 
 
 def sse(obj: Any) -> str:

@@ -1,7 +1,7 @@
 """Serving on the batched engine (``adaptspec serve``, the default for adaptspec's own models): every request is a row of one engine.
 
 :class:`BatchedRunner` takes the place of the controller's own decode loop. One
-:class:`~adaptspec.serving.engine_loop.EngineLoop` owns the model; a request handler submits
+:class:`~adaptspec.serving.engine.loop.EngineLoop` owns the model; a request handler submits
 its request and waits while the loop decodes it with the others. The decision is the
 variant's controller's, through its split API:
 
@@ -24,7 +24,7 @@ variant's controller's, through its split API:
   attributed time as measured (before the rescaling: ``decode_s / attributed_s`` is the
   request's mean factor) beside the wall decode time and the rows of its rounds.
 
-**Switchback** (``design="switchback"``, :mod:`adaptspec.serving.switchback`): the router's
+**Switchback** (``design="switchback"``, :mod:`adaptspec.serving.engine.switchback`): the router's
 variant is only provisional. A request's variant is fixed at join, on the engine's thread: the
 chooser sets ``req.variant`` to the current slice's variant (overriding the router's choice and
 any variant the request named) before that variant's controller decides, so the decision log,
@@ -43,16 +43,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..control.controller import AdaptiveController
-from ..errors import AdaptspecError
-from ..speculator import LoadState, Outcome, SharedRounds
-from .cancelling import Cancellation
-from .engine_loop import EngineFailed, EngineLoop, QueueFull, Reservation
-from .request_error import RequestError
+from ...control.controller import AdaptiveController
+from ...errors import AdaptspecError
+from ...speculator import LoadState, Outcome, SharedRounds
+from ..cancelling import Cancellation
+from .loop import EngineFailed, EngineLoop, QueueFull, Reservation
+from ..request_error import RequestError
 
 if TYPE_CHECKING:
-    from ..control.generation import Generation
-    from .request import CompletionRequest
+    from ...control.generation import Generation
+    from ..request import CompletionRequest
 
 __all__ = ["BatchedRunner", "EngineSettings", "batched_runner", "too_busy", "load_at_join"]
 
@@ -65,13 +65,13 @@ class EngineSettings:
     ``max_queue`` waiting requests a request gets 429. ``profile`` (a latency profile, or its name)
     is the cost model of the ``"marginal"`` attribution; without one, rounds are split by tokens.
     ``rule``: a per-round load rule of :mod:`adaptspec.load.rules` (see
-    :mod:`adaptspec.serving.load_rule`); without one each row verifies its controller's block size.
+    :mod:`adaptspec.serving.engine.round_rule`); without one each row verifies its controller's block size.
     ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
-    (:mod:`adaptspec.serving.switchback`: slices of ``slice_rounds`` rounds, default 32, each on one
+    (:mod:`adaptspec.serving.engine.switchback`: slices of ``slice_rounds`` rounds, default 32, each on one
     variant drawn from ``seed``; slice records go next to the decision log). Under switchback
     ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the block sizes of
     the slice's rounds. ``threads``: torch's intra-op threads on the engine's thread (see
-    :class:`~adaptspec.serving.engine_loop.EngineLoop`; ``adaptspec serve`` keeps every other
+    :class:`~adaptspec.serving.engine.loop.EngineLoop`; ``adaptspec serve`` keeps every other
     thread at one).
     """
 
@@ -142,8 +142,8 @@ class BatchedRunner:
         """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
         whose decision and outcome are in the decision log. ``stop_when()``, asked after each
         round's tokens are streamed, ends the row as ``"stop"``; ``cancel`` ends it as cancelled."""
-        from ..control.controller import DecisionLogError
-        from ..control.generation import Generation
+        from ...control.controller import DecisionLogError
+        from ...control.generation import Generation
 
         ctrl = self.controllers[req.variant]
         decided: dict[str, Any] = {}
@@ -211,10 +211,10 @@ def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController
     """One batched engine over ``speculator``'s target and drafter, deciding through ``controllers``
     (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
     records go, or None)."""
-    from .load_rule import RoundRule
+    from .round_rule import RoundRule
 
-    from ..batching import BatchEngine
-    from ..reward.latency import get_profile
+    from ...batching import BatchEngine
+    from ...reward.latency import get_profile
 
     s = settings
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)
@@ -237,7 +237,7 @@ def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController
 
 
 def _switchback(variants: list[str], log_dir: Any, design: str, slice_rounds: int | None, seed: int, rule: Any) -> Any:
-    """The :class:`~adaptspec.serving.switchback.Switchback` of ``design`` (None for ``"requests"``),
+    """The :class:`~adaptspec.serving.engine.switchback.Switchback` of ``design`` (None for ``"requests"``),
     writing its slice records next to the decision log in ``log_dir`` (when there is one)."""
     from .switchback import AB_DESIGNS, DEFAULT_SLICE_ROUNDS, Switchback
 
@@ -249,7 +249,7 @@ def _switchback(variants: list[str], log_dir: Any, design: str, slice_rounds: in
         return None
     sb = Switchback(variants, DEFAULT_SLICE_ROUNDS if slice_rounds is None else slice_rounds, seed)
     if log_dir is not None:
-        from ..traces.slice_log import SliceLogWriter
+        from ...traces.slice_log import SliceLogWriter
 
         sb.writer = SliceLogWriter(log_dir)
     return sb

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
-from ..speculator import Outcome
+from ...speculator import Outcome
 
 __all__ = ["HaltableSpeculator", "halt_when"]
 

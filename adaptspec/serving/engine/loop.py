@@ -62,25 +62,25 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from .._util.guarded import GuardedThread
-from ..errors import AdaptspecError
-from ..reward.attribution import ATTRIBUTIONS, attribute
-from ..reward.load_scale import OneRowScale
-from ..speculator import Outcome
+from ..._util.guarded import GuardedThread
+from ...errors import AdaptspecError
+from ...reward.attribution import ATTRIBUTIONS, attribute
+from ...reward.load_scale import OneRowScale
+from ...speculator import Outcome
 
 if TYPE_CHECKING:
-    from ..batching import BatchEngine
-    from ..batching.records import RoundRecord
-    from ..batching.rows import RequestHandle, Row
-    from ..reward.latency import LatencyProfile
+    from ...batching import BatchEngine
+    from ...batching.records import RoundRecord
+    from ...batching.rows import RequestHandle, Row
+    from ...reward.latency import LatencyProfile
     from .switchback import Switchback
 
 log = logging.getLogger("adaptspec.serving")
 
 
 class EngineRule(Protocol):
-    """A per-round rule as the loop drives it (:class:`~adaptspec.serving.load_rule.RoundRule`, or
-    :class:`~adaptspec.serving.switchback.SliceRule` over several): every row's block size before
+    """A per-round rule as the loop drives it (:class:`~adaptspec.serving.engine.round_rule.RoundRule`, or
+    :class:`~adaptspec.serving.engine.switchback.SliceRule` over several): every row's block size before
     a round, the round's outcome after it, and its own time."""
 
     name: str
@@ -179,17 +179,17 @@ class EngineLoop:
             if torch.get_num_threads() > 1:
                 log.warning("the engine loop gets %d torch threads while the thread starting it has %d: if that "
                             "thread has run torch work, the engine runs ~1.6x slower (call "
-                            "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine_loop)",
+                            "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine.loop)",
                             threads, torch.get_num_threads())
         if attribution not in ATTRIBUTIONS:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
         self.profile = profile
         self._one_row = None if profile is None else OneRowScale(profile)
-        self.rule = rule  # a serving.load_rule.RoundRule: every row's block size, every round
+        self.rule = rule  # a serving.engine.round_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
-        # a serving.switchback.Switchback (switchback A/B): it counts the rounds into slices; the
+        # a serving.engine.switchback.Switchback (switchback A/B): it counts the rounds into slices; the
         # variant of a request joining now is its slice's (switchback.assign), each round is recorded
         self.switchback = switchback
         self.engine = engine

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from ..errors import AdaptspecError
+from ...errors import AdaptspecError
 
 __all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
 
@@ -54,7 +54,7 @@ class RoundRule:
     ``round_block_sizes`` hook (:meth:`choose`) and the feedback after a round (:meth:`feedback`)."""
 
     def __init__(self, rule: Any, queue_length: Any) -> None:
-        from ..simulators.load import Load
+        from ...simulators.load import Load
 
         self.rule = rule
         self.name = getattr(rule, "name", type(rule).__name__)
@@ -112,8 +112,8 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
     >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
     [(1, 3), (2, 4), (4, 1)]
     """
-    from ..load.rules import Fixed, Goodput, Learned, Table
-    from ..reward.latency import get_profile
+    from ...load.rules import Fixed, Goodput, Learned, Table
+    from ...reward.latency import get_profile
 
     if spec == "none":
         return None

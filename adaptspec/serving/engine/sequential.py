@@ -4,12 +4,12 @@ A speculator given with ``adaptspec serve --speculator MODULE:FACTORY`` (docs/br
 has no batched engine: :class:`SequentialRunner` runs each request through its variant's
 controller's own decide -> decode -> feedback (:meth:`AdaptiveController.generate
 <adaptspec.control.controller.AdaptiveController.generate>`), which holds the speculator for one
-request at a time. It has the batched runner's interface (:class:`~adaptspec.serving.batched.BatchedRunner`),
+request at a time. It has the batched runner's interface (:class:`~adaptspec.serving.engine.batched.BatchedRunner`),
 so the service does not tell them apart.
 
 A stop sequence halts decoding after the round in which it completes: the controllers decode
-through a :class:`~adaptspec.serving.halting.HaltableSpeculator`, and the condition reaches it
-with :func:`~adaptspec.serving.halting.halt_when` (the speculator protocol's ``decode`` has no
+through a :class:`~adaptspec.serving.engine.halting.HaltableSpeculator`, and the condition reaches it
+with :func:`~adaptspec.serving.engine.halting.halt_when` (the speculator protocol's ``decode`` has no
 parameter for it). A cancelled request runs to its end (the protocol has no way to stop it).
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..control.controller import AdaptiveController
-from .cancelling import Cancellation
+from ...control.controller import AdaptiveController
+from ..cancelling import Cancellation
 from .halting import halt_when
-from .request_error import RequestError
+from ..request_error import RequestError
 
 if TYPE_CHECKING:
-    from ..control.generation import Generation
-    from .request import CompletionRequest
+    from ...control.generation import Generation
+    from ..request import CompletionRequest
 
 __all__ = ["SequentialRunner"]
 
@@ -52,7 +52,7 @@ class SequentialRunner:
             stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
         """Decode ``req`` through its variant's controller; returns the
         :class:`~adaptspec.control.generation.Generation`, its decision and outcome logged."""
-        from ..control.controller import DecisionLogError, PrefillError
+        from ...control.controller import DecisionLogError, PrefillError
 
         ctrl = self.controllers[req.variant]
         try:

@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import AdaptspecError
+from ...errors import AdaptspecError
 
 __all__ = ["AB_DESIGNS", "DEFAULT_SLICE_ROUNDS", "SliceRule", "Switchback", "slice_variant"]
 
@@ -186,7 +186,7 @@ class Switchback:
 
 class SliceRule:
     """Per-variant round rules under a switchback design: each round, the slice's variant's
-    rule (a :class:`~adaptspec.serving.load_rule.RoundRule`, or None: every row keeps its own
+    rule (a :class:`~adaptspec.serving.engine.round_rule.RoundRule`, or None: every row keeps its own
     block size) chooses every row's block size and gets that round's feedback. Presents the
     interface of a single ``RoundRule`` to the engine loop."""
 
