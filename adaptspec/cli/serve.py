@@ -33,18 +33,28 @@ from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_fla
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variant", action="append", metavar="NAME=SPEC",
-                   help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
-                        "default policy: neural-linear over the bundled head when it fits the model, else ucb)")
-    p.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
-    p.add_argument("--log-dir", type=log_dir, default=None, metavar="DIR",
-                   help="decision log directory (needed for /ab): new, or a decision log this server can append to "
-                        "(every part readable, contexts of this server's width); anything else is refused at start")
-    p.add_argument("--checkpoint-dir", type=state_dir, default=None, metavar="DIR",
-                   help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
-                        "unless it is a writable directory)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
+    start = p.add_argument_group("start here: the options most servers set")
+    start.add_argument("--variant", action="append", metavar="NAME=SPEC",
+                       help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
+                            "default policy: neural-linear over the bundled head when it fits the model, else ucb)")
+    start.add_argument("--log-dir", type=log_dir, default=None, metavar="DIR",
+                       help="decision log directory (needed for /ab): new, or a decision log this server can append to "
+                            "(every part readable, contexts of this server's width); anything else is refused at start")
+    start.add_argument("--checkpoint-dir", type=state_dir, default=None, metavar="DIR",
+                       help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
+                            "unless it is a writable directory)")
+    start.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
+    start.add_argument("--max-rows", type=int_range(1, 256), default=None, metavar="N",
+                       help="requests decoding at once (default 8; 1: one at a time, through the same engine)")
+    ab = p.add_argument_group("A/B design (see docs/serving.md)")
+    ab.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
+    ab.add_argument("--ab-design", choices=("requests", "switchback"), default=None,
+                    help="requests: each request is routed to a variant on its own (the default); switchback: "
+                         "rounds are cut into slices, each slice runs one variant (balanced random order from "
+                         "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
+                         "for ab-report; needs --log-dir and 2+ variants, not --split")
+    ab.add_argument("--slice-rounds", type=int_range(1), default=None, metavar="N",
+                    help="rounds per switchback slice (default 32; needs --ab-design switchback)")
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
     models.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
                         help=SPECULATOR_HELP + "; served one request at a time (not with the model flags below, "
@@ -105,8 +115,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     bat.add_argument("--batched", action="store_true",
                      help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
                           "decodes one request at a time)")
-    bat.add_argument("--max-rows", type=int_range(1, 256), default=None, metavar="N",
-                     help="requests decoding at once (default 8; 1: one at a time, through the same engine)")
     bat.add_argument("--max-queue", type=int_range(0), default=None, metavar="Q",
                      help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64)")
     bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
@@ -124,15 +132,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "as linucb or lints, not the bundled head; every variant of a log directory alike)")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
-    # switchback A/B (adaptspec.serving.engine.switchback; docs/serving.md, Batched serving)
-    bat.add_argument("--ab-design", choices=("requests", "switchback"), default=None,
-                     help="requests: each request is routed to a variant on its own (the default); switchback: "
-                          "rounds are cut into slices, each slice runs one variant (balanced random order from "
-                          "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
-                          "for ab-report; needs --log-dir and 2+ variants, not --split")
-    bat.add_argument("--slice-rounds", type=int_range(1), default=None, metavar="N",
-                     help="rounds per switchback slice (default 32; needs --ab-design switchback)")
-    lim = p.add_argument_group("limits")
+    lim = p.add_argument_group("server and limits")
+    lim.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
     lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
