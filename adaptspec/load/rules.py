@@ -241,9 +241,9 @@ class Learned:
     0 with :data:`LEVEL_WEIGHT`, so a level seen little borrows what the others showed (a run
     that drains from 16 rows to 1 does not try 8-token blocks at 5-8 rows again) and a level seen
     much has its own estimate. The posterior's noise is :data:`ROW_NOISE` at every block size.
-    (It used to start from a standardiser fitted on its first 60 row rewards, from the first
-    rounds of the first requests, and to estimate the noise pooled over the arms: at 2 rows on
-    the CPU profile the speculating arms' first means were 0.80-0.95 against 1.03-1.09 over a run,
+    (It used to start from a standardiser fitted on its first 60 row rewards, 8-24 an arm from
+    the first rounds of the first requests, and to estimate the noise pooled over the arms: at 2
+    rows on the CPU profile the speculating arms' first means were 0.80-0.95 against 1.03-1.09 over a run,
     plain's rewards, exactly 1, pulled the noise to 0.048, and the rule played plain or B = 2 for
     the rest: 0.93-0.96x the best fixed size.)
 
@@ -256,8 +256,10 @@ class Learned:
     rows' rewards as if it had run, so one round informs every block size up to the one it
     verified. Longer sizes learn only when played: their outcome is known on a row only when it
     rejected a draft, so learning them from those rows alone (as this rule first did) sees only
-    the rounds that went badly and drives the estimates of long blocks down (cold, at one row on
-    the CPU profile, four seeds: 0.88x the best fixed size with it, 0.97x without).
+    the rounds that went badly and drives the estimates of long blocks down (at 2 rows on the CPU
+    profile rounds at B = 2 teach B = 3-8 0.62-0.73, below plain, where their own means are
+    0.95-1.09: ``benchmarks/bench_load_rule_diagnosis.py``; cold at one row, four seeds: 0.88x
+    the best fixed size with it, 0.97x without).
 
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
