@@ -164,6 +164,28 @@ def test_engine_rows_with_different_prefixes_equal_each_row_alone(temperature):
                 p, b, n, temperature=temperature, seed=17 + k).tokens
 
 
+def test_engine_per_round_rule_verifies_prefixes_of_one_draft():
+    """Under a per-round rule (load) each row verifies a prefix that changes every round; every
+    speculating round still drafts the draft length, and the tokens stay the target's greedy."""
+    _, target, _ = _setup()
+    reqs = [([5, 6, 7], 8, 22), ([11, 2], 6, 25), ([40, 41, 42, 43], 8, 19)]
+    drafter = _drafter([(p, n) for p, _, n in reqs])
+    engine = BatchEngine(target, drafter, max_rows=3, draft_length=8)
+    turn = iter(range(10**6))
+    engine.round_block_sizes = lambda rows: [(next(turn) % 8) + 1 for _ in rows]
+    handles = [engine.submit(p, block_size=b, max_new_tokens=n) for p, b, n in reqs]
+    engine.run_until_done()
+    for h, (p, b, n) in zip(handles, reqs):
+        res = h.result()
+        assert res.tokens == _greedy(tuple(p), n)
+        assert len({r.block_size for r in res.rounds}) >= 4
+        assert all(r.draft_size == (8 if r.block_size > 1 else 1) for r in res.rounds)
+        assert all(r.block_size <= b for r in res.rounds)
+        starts = [len(p) + sum(r.tau for r in res.rounds[:k]) for k in range(len(res.rounds))]
+        assert [r.tau for r in res.rounds] == [_tau(m, r.block_size, 8) for m, r in zip(starts, res.rounds)]
+    assert set(drafter.calls) == {8}
+
+
 def test_engine_batched_draft_pass_drafts_the_draft_length():
     """Fast verification's one drafter pass for all greedy rows drafts ``draft_length`` for each."""
     model = tiny_target("llama", vocab=VOCAB, eos=None)  # a fresh copy: the other is patched for exact
