@@ -21,7 +21,9 @@ Workers run at the parent's niceness (run the script with the same ``nice`` as t
 other work, so that the measured processes compete with it on equal terms): the measurement
 is of how N processes share the cores among themselves and with that other work.
 
-    nice -n 5 python benchmarks/bench_shared_cores.py     # ~6 min; benchmarks/results/shared-cores.json
+    nice -n 5 python benchmarks/bench_shared_cores.py     # ~10 min here; benchmarks/results/shared-cores.json, run "grid"
+    nice -n 5 python benchmarks/bench_shared_cores.py --label alone --processes 1 --threads 1,2 \
+        --settings default,passive,spin1000,spin10000,spin30000 --rounds 12 --window 2 --wait-quiet 0.15
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def busy_jiffies() -> tuple[int, int]:
     return sum(v) - idle, sum(v)
 
 
-def wait_quiet(cores: float, limit_s: float = 30.0) -> float:
+def wait_quiet(cores: float, limit_s: float = 10.0) -> float:
     """Wait until the machine (our workers idle) used fewer than ``cores`` over 0.3 s; the seconds waited."""
     t0 = time.monotonic()
     hz = os.sysconf("SC_CLK_TCK")
@@ -162,6 +164,37 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, float(lo), float(hi)
 
 
+def summarize(windows: list[dict], configs) -> list[dict]:
+    """Per configuration: tokens/s per process and in all (mean, 95% t interval over its windows),
+    CPU seconds a token, the other load; for a setting other than the default, its aggregate
+    over the default's at the same N and T (geometric mean and interval of the ratios of the
+    rounds that have both)."""
+    by: dict = {}
+    for w in windows:
+        by.setdefault((w["setting"], w["threads"], w["processes"]), {})[w["round"]] = w
+    summary = []
+    for c in configs:
+        ws = by.get(tuple(c))
+        if not ws:
+            continue
+        per = [sum(w["tok_s"]) / len(w["tok_s"]) for w in ws.values()]
+        agg = [w["aggregate_tok_s"] for w in ws.values()]
+        row = {"setting": c[0], "threads": c[1], "processes": c[2], "windows": len(ws),
+               "per_process_tok_s": [round(x, 2) for x in t_interval(per)],
+               "aggregate_tok_s": [round(x, 2) for x in t_interval(agg)],
+               "cpu_s_per_token": round(sum(w["cpu_s_per_token"] for w in ws.values()) / len(ws), 4),
+               "other_cpu_cores": round(sum(w["other_cpu_cores"] for w in ws.values()) / len(ws), 2),
+               "load_average_1m": round(sum(w["load_average_1m"] for w in ws.values()) / len(ws), 2)}
+        ref = by.get(("default", c[1], c[2]))
+        if c[0] != "default" and ref:
+            logs = [math.log(ws[r]["aggregate_tok_s"] / ref[r]["aggregate_tok_s"]) for r in ws if r in ref]
+            if logs:
+                row["aggregate_vs_default"] = [round(math.exp(x), 3) for x in t_interval(logs)] + [len(logs)]
+        summary.append(row)
+        print(row, flush=True)
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -172,9 +205,10 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=3.0, help="seconds each window decodes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--wait-quiet", type=float, default=None, metavar="CORES",
-                    help="before each window, wait (up to 30 s) until the rest of the machine uses fewer cores than this")
+                    help="before each window, wait (up to 10 s) until the rest of the machine uses fewer cores than this")
     ap.add_argument("--max-minutes", type=float, default=10.0, help="start no round after this (whole rounds only)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/shared-cores.json"))
+    ap.add_argument("--label", default="grid", help="the run's key under 'runs' in --json (other runs there are kept)")
     args = ap.parse_args()
     if args.worker:
         worker()
@@ -240,30 +274,8 @@ def main() -> None:
             p.stdin.close()
             p.wait()
 
-    def key(w):
-        return w["setting"], w["threads"], w["processes"]
-
-    by = {}
-    for w in windows:
-        by.setdefault(key(w), {})[w["round"]] = w
-    summary = []
-    for c in configs:
-        ws = by[c]
-        per = [sum(w["tok_s"]) / len(w["tok_s"]) for w in ws.values()]
-        agg = [w["aggregate_tok_s"] for w in ws.values()]
-        row = {"setting": c[0], "threads": c[1], "processes": c[2], "rounds": len(ws),
-               "per_process_tok_s": [round(x, 2) for x in t_interval(per)],
-               "aggregate_tok_s": [round(x, 2) for x in t_interval(agg)],
-               "cpu_s_per_token": round(sum(w["cpu_s_per_token"] for w in ws.values()) / len(ws), 4),
-               "other_cpu_cores": round(sum(w["other_cpu_cores"] for w in ws.values()) / len(ws), 2),
-               "load_average_1m": round(sum(w["load_average_1m"] for w in ws.values()) / len(ws), 2)}
-        ref = by.get(("default", c[1], c[2]))
-        if c[0] != "default" and ref:
-            logs = [math.log(ws[r]["aggregate_tok_s"] / ref[r]["aggregate_tok_s"]) for r in ws if r in ref]
-            m, lo, hi = t_interval(logs)
-            row["aggregate_vs_default"] = [round(math.exp(x), 3) for x in (m, lo, hi)]
-        summary.append(row)
-        print(row, flush=True)
+    summary = summarize(windows, configs)
+    quiet = summarize([w for w in windows if w["other_cpu_cores"] < args.wait_quiet], configs) if args.wait_quiet is not None else None
     out = {"what": "bundled target (SmolLM2-135M, bf16, fast kernels) plain decoding, batch 1; N processes "
                    "decoding in the same window, T torch threads each, under an OpenMP setting",
            "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -276,9 +288,12 @@ def main() -> None:
            "load_average_at_start": [round(x, 2) for x in load_at_start],
            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
            "wall_s": round(time.time() - t_start, 1),
-           "summary": summary, "windows": windows}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+           "summary": summary, **({"summary_quiet_windows": quiet} if quiet is not None else {}), "windows": windows}
+    path = Path(args.json)
+    runs = json.loads(path.read_text()).get("runs", {}) if path.is_file() else {}
+    runs[args.label] = out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     print(f"wrote {args.json} ({out['wall_s']} s)")
 
 
