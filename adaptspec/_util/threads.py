@@ -1,13 +1,13 @@
-"""OpenMP's spin on a machine whose cores are already busy: short, so that sharing stays fair.
+"""OpenMP's spin on a machine whose cores are already busy: short, so that waiting wastes little.
 
 torch's CPU kernels run on OpenMP (libgomp in the pip wheels for Linux). Between two parallel
 regions libgomp's idle team members spin before they sleep: 300,000 turns of a busy-wait loop
 by default, about 3 ms here. With the cores to itself a process gains from that (the next
 region starts at once); when other work wants the same cores, a team member waiting for a
 descheduled one burns its whole spin at every region, the process loses its share and its
-neighbours theirs: decoding ran 10-40 times slower than alone instead of 2-3 times
-(BENCHMARKS.md, "Shared cores"). 10,000 turns (about 0.1 ms here) bound that waste, but cost
-a few per cent when the process has the cores to itself; so the short spin is set only when
+neighbours theirs: 2-thread decoding on 2 shared cores ran 10-100 times slower than alone
+instead of 2-3 times (BENCHMARKS.md, "Shared cores"). 10,000 turns (about 0.1 ms here) made it
+5-18 times faster there, but cost 3-4% with the cores to itself; so the short spin is set only when
 the machine is already busy as the command starts (1-minute load average of at least
 :data:`BUSY_LOAD`). Processes started together on idle cores are not seen this way: for them
 set ``GOMP_SPINCOUNT=10000`` (or ``OMP_WAIT_POLICY=PASSIVE``, or use one thread) yourself.
