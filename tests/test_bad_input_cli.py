@@ -249,3 +249,19 @@ def test_the_world_is_what_the_cases_assume(tmp_path):
     assert pq.read_table(tmp_path / "dup").num_rows == 120
     assert np.isnan(pq.read_table(tmp_path / "nan").column("reward").to_pylist()[3])
     assert "propensity" not in pq.read_schema(next((tmp_path / "noprop").glob("*.parquet"))).names
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[" * 100_000, b'{"layers": "all"}', b"[1, 2]"])
+def test_train_drafter_work_dir_with_a_bad_data_json_is_one_line(tmp_path, content):
+    """A train-drafter work directory whose data.json is not UTF-8, nested too deep, or holds no
+    list of layers: exit 2 with one line naming the file, before any model loads."""
+    from adaptspec.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.json").write_bytes(content)
+    p = subprocess.run([sys.executable, "-m", "adaptspec", "train-drafter", "--work", str(work), "--stage", "train"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data.json" in lines[0] and "Traceback" not in p.stderr, p.stderr

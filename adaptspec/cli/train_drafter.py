@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     meta = work / "data.json"
     if not meta.exists():
         raise AdaptspecError(f"{work}: no distillation data yet; run --stage data first")
-    layers = json.loads(meta.read_text())["layers"]
+    layers = _layers(meta)
     target, _ = load_target(args.target, dtype="float32")
     cfg = _train_config(args)
     ckpt = args.checkpoints or work / "checkpoints"
@@ -166,7 +166,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
 
         model, tok = load_target(args.target, dtype="bfloat16")  # the dtype decoding runs in
         layers = default_target_layers(model.config.num_hidden_layers, 5)
-        if meta.exists() and json.loads(meta.read_text()).get("layers") != layers:
+        if meta.exists() and _layers(meta) != layers:
             raise AdaptspecError(f"{meta}: made for other context layers; use another --work")
         meta.write_text(json.dumps({"layers": layers, "corpus": str(args.corpus), "eval_dense": str(dense)}))
         build_benchmark_contexts(benchmark_sequences(dense, lambda t: chat_ids(tok, t)), model, work / "benchmarks", layers)
@@ -177,7 +177,7 @@ def _run_corpus(args: argparse.Namespace, work: Path) -> int:
             return 0
     if not meta.exists():
         raise AdaptspecError(f"{work}: no contexts yet; run --stage data --corpus {args.corpus} first")
-    layers = json.loads(meta.read_text())["layers"]
+    layers = _layers(meta)
     target, _ = load_target(args.target, dtype="float32")
     ckpt = args.checkpoints or work / "checkpoints"
     if args.stage in ("all", "train"):
@@ -248,3 +248,13 @@ def _export(out: Path, drafter, ckpt: Path, train_dir: Path, card: dict) -> None
     layout = export(drafter, out, {"steps": st["step"], "config": st["cfg"], "train_sequences": len(data),
                                    "train_response_tokens": data.n_tokens(), **card})
     print(f"wrote {out} ({layout} layout)")
+
+
+def _layers(meta: Path) -> list[int]:
+    """The target layers a work directory's data were made with (its ``data.json``), checked."""
+    from .._util.files import read_json_object
+
+    layers = read_json_object(meta, "a train-drafter work directory's data.json").get("layers")
+    if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise AdaptspecError(f"{meta}: 'layers' must be a list of layer indices, got {layers!r}")
+    return layers
