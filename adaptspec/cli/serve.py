@@ -400,8 +400,7 @@ def run(args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)  # before anything is loaded or created
     service = build(args)
     try:
-        capacity = service.runner.capacity  # requests the engine holds at once (None: no engine)
-        app = create_app(service, max_workers=64 if capacity is None else max(64, capacity + 8))
+        app = create_app(service)
         if getattr(args, "default_choice", None) is not None:
             print(f"adaptspec serve: default policy {args.default_choice}", file=sys.stderr, flush=True)
         for name, c in service.controllers.items():

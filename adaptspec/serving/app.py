@@ -33,7 +33,6 @@ controllers: queued updates applied, final checkpoints, logs rolled.
 """
 
 import asyncio
-import concurrent.futures as cf
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -55,12 +54,13 @@ log = logging.getLogger("adaptspec.serving")
 Parse = Callable[[bytes, "str | None"], CompletionRequest]
 
 
-def create_app(service: CompletionService, max_workers: int = 64) -> Any:
-    """A FastAPI application serving ``service``; it closes the service when it shuts down."""
+def create_app(service: CompletionService) -> Any:
+    """A FastAPI application serving ``service``; it closes the service when it shuts down.
+
+    Requests run on the event loop: it checks a request, hands it to the service's runner and
+    awaits its answer (the batched engine hands it back; no thread waits for it)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-    pool = cf.ThreadPoolExecutor(max_workers, thread_name_prefix="adaptspec-request")
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -68,7 +68,6 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
             yield
         finally:
             await asyncio.get_running_loop().run_in_executor(None, service.close)
-            pool.shutdown(wait=False)
 
     app = FastAPI(title="adaptspec", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
@@ -94,10 +93,10 @@ def create_app(service: CompletionService, max_workers: int = 64) -> Any:
         except RequestError as e:
             return error(e)
         if req.stream:
-            return StreamingResponse(events(service, req, pool, chunks(req)), media_type="text/event-stream",
+            return StreamingResponse(events(service, req, chunks(req)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            done = await complete(request, service, req, pool)  # None: the client went away (cancelled)
+            done = await complete(request, service, req)  # None: the client went away (cancelled)
         except RequestError as e:
             return error(e)
         except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving

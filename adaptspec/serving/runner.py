@@ -24,9 +24,6 @@ __all__ = ["Runner"]
 class Runner(Protocol):
     """Decodes checked requests through their variants' controllers."""
 
-    #: requests it holds at once (decoding and queued), or None when it keeps no queue of its own
-    capacity: int | None
-
     @property
     def health(self) -> dict[str, Any] | None:
         """Its own state for ``/health`` (the engine thread's), or None when it has none."""
@@ -47,6 +44,12 @@ class Runner(Protocol):
         log. ``on_tokens(ids)`` gets the tokens as they are committed; ``stop_when()`` true ends it
         as ``"stop"``; ``cancel`` ends it when the client went away. Refusals are
         :class:`~adaptspec.serving.request_error.RequestError`."""
+        ...
+
+    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+                        stop_when: Callable[[], bool] | None = None,
+                        cancel: "Cancellation | None" = None) -> "Generation":
+        """:meth:`run`, awaited on the server's event loop (the batched engine: no thread waits)."""
         ...
 
     def close(self) -> None:

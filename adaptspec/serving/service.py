@@ -279,14 +279,24 @@ class CompletionService:
         """
         try:
             return self.runner.run(req, on_tokens, stop_when, cancel)
-        except RequestError as e:
-            if self.metrics is not None and e.status != 429:
-                self.metrics.failed(req.variant)
+        except Exception as e:
+            self._failed(req, e)
             raise
-        except Exception:
-            if self.metrics is not None:
-                self.metrics.failed(req.variant)
+
+    async def run_async(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None,
+                        stop_when: Callable[[], bool] | None = None,
+                        cancel: Cancellation | None = None) -> "Generation":
+        """:meth:`run`, awaited on the server's event loop."""
+        try:
+            return await self.runner.run_async(req, on_tokens, stop_when, cancel)
+        except Exception as e:
+            self._failed(req, e)
             raise
+
+    def _failed(self, req: CompletionRequest, e: Exception) -> None:
+        """Count a failed request in the metrics (a full queue's 429 is not a failure)."""
+        if self.metrics is not None and not (isinstance(e, RequestError) and e.status == 429):
+            self.metrics.failed(req.variant)
 
     def observe(self, req: CompletionRequest, gen: "Generation", ttft_s: float | None, completion_tokens: int | None = None) -> None:
         """Record a completed request; ``completion_tokens``: what the client got (default: every token decoded)."""

@@ -20,7 +20,6 @@ boundary, ends as cancelled and its decision stays without feedback, as any fail
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
 import json
 import logging
 import time
@@ -35,15 +34,52 @@ from .stops import StopStream
 if TYPE_CHECKING:
     from ..control.generation import Generation
 
-__all__ = ["complete", "events", "generate"]
+__all__ = ["answer", "complete", "events", "generate"]
 
 log = logging.getLogger("adaptspec.serving")
+
+
+class _Answer:
+    """One request's answer as its tokens arrive: stop sequences watched, pieces handed on, the
+    output cut at the first stop, metrics recorded at the end."""
+
+    def __init__(self, service: CompletionService, req: CompletionRequest,
+                 on_piece: Callable[[str, list[int]], None] | None) -> None:
+        self.service, self.req, self.on_piece = service, req, on_piece
+        self.stream = StopStream(service.codec, req.stop)
+        self.watch = bool(req.stop) or on_piece is not None  # else the text is decoded once, at the end
+        self.first: float | None = None
+
+    def on_tokens(self, ids: list[int]) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+        if not self.watch:
+            return
+        text, kept = self.stream.push(ids)  # on the decoding thread, so a stop halts decoding right after this round
+        if self.on_piece is not None and (text or kept):
+            self.on_piece(text, kept)
+
+    def stopped(self) -> bool:
+        return self.stream.stopped
+
+    def output(self, gen: "Generation") -> tuple["Generation", Output]:
+        if self.watch:
+            self.stream.finish()
+            output = Output(self.stream.ids, self.stream.text,
+                            "stop" if self.stream.stopped else self.service.output(gen).finish_reason)
+        else:
+            output = self.service.output(gen)
+        # the client gets output.ids (usage.completion_tokens), not what was decoded past a stop sequence
+        ttft = None if self.first is None else self.first - self.req.received
+        self.service.observe(self.req, gen, ttft, len(output.ids))
+        return gen, output
 
 
 def generate(service: CompletionService, req: CompletionRequest,
              on_piece: Callable[[str, list[int]], None] | None = None,
              cancel: Cancellation | None = None) -> tuple["Generation", Output]:
-    """Run ``req``; ``on_piece(text, ids)`` gets each piece that may be sent. Returns ``(generation, output)``.
+    """Run ``req`` on this thread; ``on_piece(text, ids)`` gets each piece that may be sent. Returns
+    ``(generation, output)``.
 
     ``cancel``: cancelling it stops the request's decoding where the runner can (the batched
     engine); the request then raises.
@@ -51,52 +87,49 @@ def generate(service: CompletionService, req: CompletionRequest,
     The text still held back when generation ends is in neither ``on_piece`` call; a streamed
     answer sends it with its final chunk (:attr:`Output.text` has it).
     """
-    stream = StopStream(service.codec, req.stop)
-    watch = bool(req.stop) or on_piece is not None  # else the text is decoded once, at the end
-    first: list[float] = []
-
-    def on_tokens(ids: list[int]) -> None:
-        if not first:
-            first.append(time.perf_counter())
-        if not watch:
-            return
-        text, kept = stream.push(ids)  # on the decoding thread, so a stop halts decoding right after this round
-        if on_piece is not None and (text or kept):
-            on_piece(text, kept)
-
-    gen = service.run(req, on_tokens, stop_when=lambda: stream.stopped, cancel=cancel)
-    if watch:
-        stream.finish()
-        output = Output(stream.ids, stream.text, "stop" if stream.stopped else service.output(gen).finish_reason)
-    else:
-        output = service.output(gen)
-    # the client gets output.ids (usage.completion_tokens), not what was decoded past a stop sequence
-    service.observe(req, gen, first[0] - req.received if first else None, len(output.ids))
-    return gen, output
+    a = _Answer(service, req, on_piece)
+    return a.output(service.run(req, a.on_tokens, stop_when=a.stopped, cancel=cancel))
 
 
-async def events(service: CompletionService, req: CompletionRequest, pool: cf.Executor,
-                 fmt: ChunkFormat) -> AsyncIterator[str]:
+async def answer(service: CompletionService, req: CompletionRequest,
+                 on_piece: Callable[[str, list[int]], None] | None = None,
+                 cancel: Cancellation | None = None) -> tuple["Generation", Output]:
+    """:func:`generate`, awaited on the event loop: no thread waits for the engine."""
+    a = _Answer(service, req, on_piece)
+    return a.output(await service.run_async(req, a.on_tokens, stop_when=a.stopped, cancel=cancel))
+
+
+_working: set = set()  # the requests' tasks, held until they end (the event loop keeps weak references)
+
+
+def _spawn(coro: Any) -> "asyncio.Future":
+    task = asyncio.ensure_future(coro)
+    _working.add(task)
+    task.add_done_callback(_working.discard)
+    return task
+
+
+async def events(service: CompletionService, req: CompletionRequest, fmt: ChunkFormat) -> AsyncIterator[str]:
     """Server-sent events of one streamed request, ending with ``data: [DONE]``."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cancel = Cancellation()
 
-    def send(item: tuple[str, Any]) -> None:
+    def send(item: tuple[str, Any]) -> None:  # from the decoding thread
         try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the event loop is gone (shutdown): nobody is listening any more
             pass
 
-    def work() -> None:
+    async def work() -> None:
         try:
-            done = generate(service, req, lambda text, ids: send(("piece", (text, ids))), cancel)
-        except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
-            send(("error", e))
+            done = await answer(service, req, lambda text, ids: send(("piece", (text, ids))), cancel)
+        except Exception as e:  # noqa: BLE001 - reported to the client as an error event
+            queue.put_nowait(("error", e))
         else:
-            send(("done", done))
+            queue.put_nowait(("done", done))
 
-    pool.submit(work)
+    _spawn(work())
     sent = ""
     ended = False  # the request has finished (answered or failed): nothing to cancel
     try:
@@ -133,15 +166,14 @@ def gone(req: CompletionRequest, cancel: Cancellation) -> None:
     cancel.cancel()
 
 
-async def complete(request: Any, service: CompletionService, req: CompletionRequest,
-                   pool: cf.Executor) -> tuple["Generation", Output] | None:
-    """Run a plain (not streamed) request on ``pool``; ``None`` if its client went away first
-    (the request is then cancelled, and whatever it raises is dropped: nobody is listening).
+async def complete(request: Any, service: CompletionService, req: CompletionRequest) -> tuple["Generation", Output] | None:
+    """Run a plain (not streamed) request; ``None`` if its client went away first (the request is
+    then cancelled, and whatever it raises is dropped: nobody is listening).
 
     The disconnect is what the server's ``receive`` reports once the body has been read
     (``http.disconnect``), so the check costs one waiting task, no polling."""
     cancel = Cancellation()
-    work = asyncio.get_running_loop().run_in_executor(pool, generate, service, req, None, cancel)
+    work = _spawn(answer(service, req, None, cancel))
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -47,7 +47,7 @@ from ...control.controller import AdaptiveController
 from ...errors import AdaptspecError
 from ...speculator import LoadState, Outcome, SharedRounds
 from ..cancelling import Cancellation
-from .loop import EngineFailed, EngineLoop, QueueFull, Reservation
+from .loop import EngineFailed, EngineLoop, QueueFull, Reservation, Ticket
 from ..request_error import RequestError
 
 if TYPE_CHECKING:
@@ -108,11 +108,6 @@ class BatchedRunner:
         self.controllers = dict(controllers)
 
     @property
-    def capacity(self) -> int:
-        """Requests it holds at once: decoding and queued."""
-        return self.loop.engine.max_rows + self.loop.max_queue
-
-    @property
     def health(self) -> dict[str, Any]:
         """The engine thread's state (:attr:`EngineLoop.health`)."""
         return self.loop.health
@@ -137,16 +132,14 @@ class BatchedRunner:
         except EngineFailed as e:
             raise RequestError(str(e), 503) from None
 
-    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
-        """Decode ``req`` in the batch; returns a :class:`~adaptspec.control.generation.Generation`
-        whose decision and outcome are in the decision log. ``stop_when()``, asked after each
-        round's tokens are streamed, ends the row as ``"stop"``; ``cancel`` ends it as cancelled."""
-        from ...control.controller import DecisionLogError
-        from ...control.generation import Generation
-
-        ctrl = self.controllers[req.variant]
+    def start(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None,
+              stop_when: Callable[[], bool] | None, cancel: Cancellation | None,
+              deliver: Callable[["Generation | RequestError"], None]) -> Ticket:
+        """Submit ``req`` to the engine; when it ends, ``deliver`` gets its generation (its feedback
+        given, its decision and outcome logged) or the :class:`RequestError` it answers with, on the
+        engine's thread (:meth:`settle`). A full queue or a stopped engine raises here."""
         decided: dict[str, Any] = {}
+        ctrl = self.controllers[req.variant]
 
         def choose(features: Any) -> int:  # on the loop thread, at join
             nonlocal ctrl
@@ -162,10 +155,13 @@ class BatchedRunner:
             decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
             return int(d.block_size)
 
+        def done(ticket: Ticket) -> None:  # on the loop thread (or a waiter's, for a dead engine)
+            deliver(self.settle(req, ctrl, ticket, decided))
+
         try:
             ticket = self.loop.submit(req.prompt_ids, block_size=choose, max_new_tokens=req.max_tokens,
                                       temperature=req.temperature, seed=req.seed, on_tokens=on_tokens,
-                                      stop_when=stop_when, reservation=req.slot)
+                                      stop_when=stop_when, reservation=req.slot, on_done=done)
         except QueueFull as e:
             raise too_busy(e) from None
         except EngineFailed as e:
@@ -175,20 +171,29 @@ class BatchedRunner:
                 req.slot.release()  # used by the submission, or not needed any more
         if cancel is not None:
             cancel.add(ticket.cancel)  # the client went away: the row leaves at the next round boundary
+        return ticket
+
+    def settle(self, req: "CompletionRequest", ctrl: AdaptiveController, ticket: Ticket,
+               decided: dict[str, Any]) -> "Generation | RequestError":
+        """What an ended request answers: its generation, after its feedback (the one decide ->
+        decode -> feedback path: the reward is the controller's), or the error it gets."""
+        from ...control.controller import DecisionLogError
+        from ...control.generation import Generation
+
         try:
-            done = self.loop.wait(ticket)  # bounded: the loop's request_timeout_s
+            done = ticket.outcome()
         except AdaptspecError as e:
             if isinstance(e, EngineFailed):
-                raise RequestError(str(e), 503) from None
+                return RequestError(str(e), 503)
             if "error" in decided:
-                raise RequestError(f"variant {req.variant}'s controller could not decide this request "
-                                   f"({decided['error']})", 503) from None
+                return RequestError(f"variant {req.variant}'s controller could not decide this request "
+                                    f"({decided['error']})", 503)
             if "decision" not in decided:  # the prefill refused the prompt
-                raise RequestError(str(e), param="prompt") from None
-            raise  # after the decision: it stays pending and is logged without a reward when it expires
-        decision = decided.get("decision")
-        if decision is None:  # cannot happen: every joined request is decided before its first token
-            raise AdaptspecError(f"request {req.request_id} finished without a decision")
+                return RequestError(str(e), param="prompt")
+            # after the decision (cancelled: the client went away): it stays pending and is logged
+            # without a reward when it expires
+            return RequestError(str(e), 503)
+        decision = decided["decision"]  # every joined request is decided before its first token
         outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.one_row_s,
                           finish_reason=done.finish_reason)
         shared = SharedRounds(attributed_s=ticket.attributed_s, wall_decode_s=done.decode_s, rounds=len(done.rounds),
@@ -197,13 +202,63 @@ class BatchedRunner:
         try:
             fed = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
-            raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
+            return RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503)
         except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with the reason, the server keeps serving
-            raise RequestError(f"variant {req.variant}'s controller could not record this request "
-                               f"({type(e).__name__}: {e})", 503) from None
+            return RequestError(f"variant {req.variant}'s controller could not record this request "
+                                f"({type(e).__name__}: {e})", 503)
         overhead = decided["decide_s"] + time.perf_counter() - t0
         queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join
         return Generation(outcome, decision, [decision], [fed.reward], prefill_s=queued_prefill, overhead_s=overhead)
+
+    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
+        """Decode ``req`` in the batch, waiting on this thread; returns a
+        :class:`~adaptspec.control.generation.Generation` whose decision and outcome are in the
+        decision log. ``stop_when()``, asked after each round's tokens are streamed, ends the row as
+        ``"stop"``; ``cancel`` ends it as cancelled. (The server awaits :meth:`run_async` instead.)"""
+        result: list[Any] = []
+        ticket = self.start(req, on_tokens, stop_when, cancel, result.append)
+        try:
+            self.loop.wait(ticket)  # bounded: the loop's request_timeout_s; settled before it returns
+        except EngineFailed as e:
+            if not result:
+                raise RequestError(str(e), 503) from None
+        return _answer(result[0] if result else RequestError("the engine stopped before this request finished", 503))
+
+    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+                        stop_when: Callable[[], bool] | None = None,
+                        cancel: Cancellation | None = None) -> "Generation":
+        """:meth:`run` without a waiting thread: the event loop submits ``req`` and awaits its
+        settlement, which the engine's thread hands back (one hand-off each way)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future = loop.create_future()
+
+        def deliver(result: Any) -> None:  # on the engine's thread
+            try:
+                loop.call_soon_threadsafe(_resolve, settled, result)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is waiting any more
+                pass
+
+        ticket = self.start(req, on_tokens, stop_when, cancel, deliver)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(settled), self.loop.request_timeout_s)
+        except asyncio.TimeoutError:
+            ticket.cancel()
+            raise RequestError(f"the request did not finish within {self.loop.request_timeout_s:g} s", 503) from None
+        return _answer(result)
+
+
+def _resolve(future: Any, result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _answer(result: "Generation | RequestError") -> "Generation":
+    if isinstance(result, RequestError):
+        raise result
+    return result
 
 
 def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController], variants: list[str],

@@ -137,14 +137,36 @@ class Ticket:
     done: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # cancel() came, maybe before the loop took the request: it is cancelled at take
+    #: called once when the request ends (finished or failed), before ``done`` is set, on the thread
+    #: that ends it (the loop's, between rounds): a runner settles the request here (its feedback)
+    on_done: "Callable[[Ticket], None] | None" = None
+    settled: threading.Lock = field(default_factory=threading.Lock)  # held by the one complete() that runs
 
     def wait(self, timeout: float | None = None) -> Outcome:
         """The request's outcome; raises its own error (a bad prompt, a cancel) or TimeoutError."""
         if not self.done.wait(timeout):
             raise TimeoutError("the request did not finish in time")
+        return self.outcome()
+
+    def outcome(self) -> Outcome:
+        """The ended request's outcome (from ``on_done`` on, before ``done`` is set); raises its own error."""
         if self.error is not None:
             raise self.error
+        if self.handle is None:
+            raise EngineFailed("the request ended before the engine took it")
         return self.handle.result()
+
+    def complete(self) -> None:
+        """The request has ended (its handle is done, or ``error`` is set): run ``on_done``, then wake
+        its waiters. A failing ``on_done`` is logged and fails this request alone."""
+        if not self.settled.acquire(blocking=False):
+            return  # another thread is completing it (a dead engine seen by a waiter, and the loop's own end)
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # noqa: BLE001 - the runner's fault: this request only
+                log.exception("settling a finished request failed")
+        self.done.set()
 
     def cancel(self) -> None:
         """Stop at the next round boundary (a client that went away)."""
@@ -217,17 +239,19 @@ class EngineLoop:
     def submit(self, prompt_ids: Sequence[int], block_size: int = 1, max_new_tokens: int = 128,
                temperature: float = 0.0, seed: int | None = None,
                on_tokens: Callable[[list[int]], None] | None = None,
-               stop_when: Callable[[], bool] | None = None, reservation: Reservation | None = None) -> Ticket:
+               stop_when: Callable[[], bool] | None = None, reservation: Reservation | None = None,
+               on_done: Callable[[Ticket], None] | None = None) -> Ticket:
         """Queue a request (checked by the engine when the loop takes it; a bad one fails alone).
 
-        With a ``reservation`` (:meth:`reserve`) still held, its place is used: no :class:`QueueFull`."""
+        With a ``reservation`` (:meth:`reserve`) still held, its place is used: no :class:`QueueFull`.
+        ``on_done(ticket)`` runs once when the request ends, before its waiters wake (:meth:`Ticket.complete`)."""
         with self._lock:
             self._check_open()
             held = reservation is not None and self._reserved.pop(id(reservation), None) is not None
             if not held:
                 self._check_room()
             self._inbox_n += 1
-        ticket = Ticket(on_tokens, stop_when)
+        ticket = Ticket(on_tokens, stop_when, on_done=on_done)
         self._inbox.put((ticket, (list(prompt_ids), block_size, max_new_tokens, temperature, seed)))
         self._wake.set()
         return ticket
@@ -274,7 +298,7 @@ class EngineLoop:
                 last = self._guard.last_error
                 ticket.error = EngineFailed("the engine stopped before this request finished"
                                             + ("" if last is None else f" ({last})"))
-                ticket.done.set()
+                ticket.complete()
             elif time.monotonic() >= deadline:
                 ticket.cancel()
                 raise EngineFailed(f"the request did not finish within {limit:g} s")
@@ -347,7 +371,7 @@ class EngineLoop:
                 ticket.handle = self.engine.submit(ids, block_size=b, max_new_tokens=n, temperature=t, seed=seed)
             except AdaptspecError as e:
                 ticket.error = e
-                ticket.done.set()
+                ticket.complete()
                 continue
             if ticket.cancelled:
                 ticket.handle.cancel()
@@ -418,7 +442,7 @@ class EngineLoop:
                     log.exception("a stop condition failed; cancelling its request")
                     h.cancel()
             if h.done:
-                t.done.set()
+                t.complete()
             else:
                 still.append(t)
         self._tickets = still
@@ -443,5 +467,5 @@ class EngineLoop:
             h = t.handle
             if not (h is not None and h.done and h.error is None):  # one that finished keeps its outcome
                 t.error = error
-            t.done.set()
+            t.complete()
         self._tickets = []

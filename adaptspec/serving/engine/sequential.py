@@ -32,7 +32,6 @@ __all__ = ["SequentialRunner"]
 class SequentialRunner:
     """Runs checked requests through ``controllers`` (variant -> controller), one at a time."""
 
-    capacity = None  # no queue of its own: the server's worker threads bound what waits
     health = None  # no engine thread to report on
 
     def __init__(self, controllers: Mapping[str, AdaptiveController]) -> None:
@@ -63,3 +62,11 @@ class SequentialRunner:
             raise RequestError(str(e), param="prompt") from None
         except DecisionLogError as e:  # not acknowledged: the client may retry
             raise RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503) from None
+
+    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
+                        stop_when: Callable[[], bool] | None = None,
+                        cancel: Cancellation | None = None) -> "Generation":
+        """:meth:`run` on a worker thread (the speculator's decode blocks), awaited."""
+        import asyncio
+
+        return await asyncio.to_thread(self.run, req, on_tokens, stop_when, cancel)
