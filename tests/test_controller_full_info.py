@@ -359,3 +359,26 @@ def test_a_non_finite_logged_counterfactual_is_refused_on_read(tmp_path):
     pq.write_table(t, tmp_path / "log" / "part-1.parquet")
     with pytest.raises(AdaptspecError, match="cf_rewards.*row 0: NaN or infinite"):
         DecisionLog.read(tmp_path / "log")
+
+
+def test_ope_counterfactuals_from_the_command_line(tmp_path, capsys):
+    """`adaptspec ope LOG --counterfactuals` gives the direct method the closed-form value of an
+    arm the logging policy never played; a log without counterfactuals is one line."""
+    from adaptspec.cli import main
+
+    want = []
+    with AdaptiveController(ToyTaus(), "fixed:4", arms=ARMS, log_dir=tmp_path / "log") as c:
+        for i in range(6):
+            g = c.generate(prompt(i), max_new_tokens=23)
+            want.append(closed_form(g.outcome, 4, len(prompt(i)))[8])
+    args = ["ope", str(tmp_path / "log"), "--policy", "fixed:8", "--estimator", "dm", "--reward-model", "mean",
+            "--folds", "1", "--bootstrap", "20", "--json"]
+    assert main(args + ["--counterfactuals"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"][0]["estimates"]["dm"]["value"] == pytest.approx(np.mean(want), rel=1e-6)
+
+    with AdaptiveController(ToyTaus(), "fixed:4", arms=ARMS, log_dir=tmp_path / "plain", reward=lambda o: 1.0) as c:
+        c.generate(prompt(0), max_new_tokens=23)
+    assert main(["ope", str(tmp_path / "plain"), "--policy", "fixed:8", "--counterfactuals"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no counterfactual rewards" in err[0]

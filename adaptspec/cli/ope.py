@@ -5,6 +5,7 @@ Examples::
     adaptspec simulate --policy random --order shuffled --steps 5000 --log runs/log
     adaptspec ope runs/log --policy fixed:8 --policy linucb
     adaptspec ope runs/log --policy fixed:8 --estimator dr --reward-model mean --json
+    adaptspec ope runs/log --policy fixed:8 --counterfactuals   # DM/DR learn every arm a row observed
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 
 import numpy as np
 
+from ..errors import AdaptspecError
 from ._types import float_range, int_range, seed
 
 
@@ -31,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--folds", type=int_range(1), default=2, help="cross-fitting folds for the reward model (default: 2)")
     p.add_argument("--switch-tau", type=float_range(0, lo_open=True), default=10.0, help="switch-DR weight threshold (default: 10)")
     p.add_argument("--bootstrap", type=int_range(10), default=500, metavar="N", help="bootstrap resamples (default: 500)")
+    p.add_argument("--counterfactuals", action="store_true",
+                   help="the DM/DR reward model learns every arm from the log's counterfactual rewards where a row "
+                        "observed it (the cf_rewards column, docs/data.md), not only the arm each row played")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -42,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from ..traces import DecisionLog
 
     log = DecisionLog.read(args.logs)
+    if args.counterfactuals and not np.isfinite(log.cf_rewards).any():
+        raise AdaptspecError(f"--counterfactuals: the log {log.path} holds no counterfactual rewards (written before "
+                             "the cf_rewards column, or with a custom reward)")
     estimators = args.estimator or list(ESTIMATORS)
     r = log.rewards
     with_r = np.isfinite(r)
@@ -51,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for spec in args.policy:
         est = evaluate_log(log, spec, seed=args.seed, estimators=estimators, reward_model=args.reward_model,
-                           alpha=args.alpha, folds=args.folds, switch_tau=args.switch_tau, n_boot=args.bootstrap)
+                           alpha=args.alpha, folds=args.folds, switch_tau=args.switch_tau, n_boot=args.bootstrap,
+                           counterfactuals=args.counterfactuals)
         results.append({"policy": spec, "estimates": {k: e.to_dict() for k, e in est.items()}})
     out = {"log": str(log.path), "decisions": len(log), "with_reward": int(with_r.sum()), "arms": list(log.arms),
            "logged_policies": logged, "policies": results}
