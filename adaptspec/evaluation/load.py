@@ -5,11 +5,12 @@ are measured) and replayed through :func:`~adaptspec.simulators.load.simulate` a
 (closed-loop clients) and over a *day* whose client count changes: plain decoding and every
 fixed block size, the static table tuned on the other half (the best fixed size per level there),
 the goodput rule (SmartSpec-style, its prior acceptance measured on the other half), the learned
-rule cold (LinTS after a warm-up run on the other half; also with full information, learning
-every block size a round reveals) and warm (started from the goodput model's prediction,
-measured from its first round), and the per-level oracle (each level's best
-fixed size on the measured requests). Optionally the same with a cost model that misjudges the
-verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which rules correct it.
+rule cold (LinTS after a warm-up run on the other half) and warm (started from the goodput model's
+prediction, measured from its first round), each also with full information (learning from each
+round every block size shorter than the one it played), over several seeds, and the per-level
+oracle (each level's best fixed size on the measured requests). Optionally the same with a cost
+model that misjudges the verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which
+rules correct it.
 ``benchmarks/bench_load_sim.py`` runs :func:`compare_under_load` with more requests.
 """
 
@@ -31,10 +32,12 @@ PROFILE_NOTES = {"cpu-smollm2-batched": "the batched engine's whole rounds measu
                                         "cost model)",
                  "h100-qwen3-8b": "a roofline of published H100 SXM and Qwen3-8B figures, not a measurement"}
 #: what the section's rules are called in the results (the fixed sizes are "plain" and "fixed:B")
-RULES = ("table", "goodput", "learned (cold)", "learned (cold, full info)", "learned (warm)")
+RULES = ("table", "goodput", "learned (cold)", "learned (cold, full info)", "learned (warm)",
+         "learned (warm, full info)")
 #: their column names in the section's tables
 RULE_LABELS = {"table": "table", "goodput": "goodput", "learned (cold)": "cold",
-               "learned (cold, full info)": "cold, full info", "learned (warm)": "warm"}
+               "learned (cold, full info)": "cold, full info", "learned (warm)": "warm",
+               "learned (warm, full info)": "warm, full info"}
 #: the day's rules: those plus the per-level oracle
 DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
@@ -97,7 +100,10 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
                                     ("learned (cold, full info)", lambda s: Learned(arms, prof, seed=s, full_info=True),
                                      True),
                                     ("learned (warm)", lambda s: Learned(arms, prof, seed=s, prior=prior,
-                                                                         prior_weight=PRIOR_WEIGHT, context=ctx), False)):
+                                                                         prior_weight=PRIOR_WEIGHT, context=ctx), False),
+                                    ("learned (warm, full info)", lambda s: Learned(
+                                        arms, prof, seed=s, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx,
+                                        full_info=True), False)):
             runs = []
             for s in range(seeds):
                 rule = make(s)
@@ -226,7 +232,8 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
            "speed, after a warm-up run on the other half (*cold, full info*: the same, learning from each round "
            "every block size shorter than the one it played, not only that one); "
            "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
-           f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round.", ""]
+           f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round "
+           "(*warm, full info*: with full information).", ""]
     for p in d["profiles"]:
         rules = [k for k in RULES if all(k in r["runs"] for r in p["levels"])]  # earlier results lack the newer rules
         head = ["clients"] + [_label(b) for b in arms] + [RULE_LABELS[k] for k in rules] + ["warm / best"]
@@ -301,7 +308,8 @@ def load_findings(d: dict[str, Any]) -> list[str]:
     """What the section's numbers say about issue 28's simulation targets, per profile."""
     out = []
     for p in d["profiles"]:
-        for rule in ("learned (warm)", "learned (cold)", "learned (cold, full info)", "goodput"):
+        for rule in ("learned (warm)", "learned (warm, full info)", "learned (cold)", "learned (cold, full info)",
+                     "goodput"):
             if rule not in p["targets"]:
                 continue
             t = p["targets"][rule]
