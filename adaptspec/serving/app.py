@@ -13,7 +13,8 @@ Endpoints:
   ``data: [DONE]``. The final chunk (and a non-streamed answer) is sent only after the decision
   is in the decision log: a client that got it holds an acknowledged decision.
   ``stop`` (a string or up to 4) ends the output before the first stop sequence.
-- ``POST /v1/chat/completions``: the same for chat messages (:mod:`adaptspec.serving.chat`), answered
+- ``POST /v1/chat/completions``: the same for chat messages (:meth:`CompletionService.parse_chat
+  <adaptspec.serving.service.CompletionService.parse_chat>`), answered
   as ``chat.completion`` (chunks when streamed).
 - ``GET /v1/models``: the served model and, with several A/B variants, one entry ``MODEL:VARIANT``
   per variant (a request for that model runs on that variant), so tools that compare models by
@@ -39,7 +40,6 @@ from typing import Any, AsyncIterator, Callable
 
 from .._util.numbers import finite
 from .bodies import ClientGone, read_body
-from .chat import parse_chat
 from .request import CompletionRequest, Output
 from .request_error import server_fault
 from .responses import ChatChunks, ChunkFormat, CompletionChunks, chat_body, completion_body, models_body
@@ -113,7 +113,7 @@ def create_app(service: CompletionService) -> Any:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        return await answer(request, lambda body, header: parse_chat(service, body, header),
+        return await answer(request, service.parse_chat,
                             lambda req, gen, out: chat_body(model, req, gen, out), lambda req: ChatChunks(model, req))
 
     @app.get("/v1/models")

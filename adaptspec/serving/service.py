@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ..errors import AdaptspecError
 from .cancelling import Cancellation
 from .codec import Codec
-from .openai_models import GenerationOptions, validate
+from .openai_models import ChatRequest, GenerationOptions, validate
 from .request_error import RequestError
 from .request_error import short as _short
 from .request import CompletionRequest, Output
@@ -152,6 +152,29 @@ class CompletionService:
             if name in data and not any(_same(data[name], v) for v in neutral):
                 raise RequestError(f"{name}={_short(data[name])} is not supported by this server", param=name)
         return self.request(data, self._prompt_ids(data.get("prompt")), variant_header)
+
+    def parse_chat(self, body: bytes, variant_header: str | None = None) -> CompletionRequest:
+        """Check a ``/v1/chat/completions`` body; raises :class:`RequestError` naming the problem.
+
+        The body is checked by :class:`~adaptspec.serving.openai_models.ChatRequest` (messages, stop,
+        stream options, unsupported fields), its messages are rendered with the tokenizer's chat
+        template ending with the assistant's turn, and from there it is a completion request like
+        any other (:meth:`request`): the same limits, variant routing, decision log and metrics;
+        ``max_completion_tokens`` is taken for ``max_tokens``."""
+        data = self.read_json(body)
+        chat = validate(ChatRequest, data)
+        encode_chat = getattr(self.codec, "encode_chat", None)
+        if encode_chat is None:
+            raise RequestError("this model has no tokenizer with a chat template: use /v1/completions", param="messages")
+        try:
+            ids = encode_chat(chat.chat())
+        except Exception as e:  # noqa: BLE001 - the template refusing these messages (raise_exception, types)
+            why = " ".join(str(e).split()) or type(e).__name__
+            raise RequestError(f"messages cannot be rendered with this model's chat template: {why}",
+                               param="messages") from None
+        if chat.max_completion_tokens is not None:
+            data = {**data, "max_tokens": chat.max_completion_tokens}
+        return self.request(data, ids, variant_header, options=chat)
 
     def read_json(self, body: bytes) -> dict[str, Any]:
         """A request body as a JSON object, or a :class:`RequestError`."""
