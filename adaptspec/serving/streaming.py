@@ -1,6 +1,7 @@
 """Running one checked request with its stop sequences, whole or as server-sent events.
 
-:func:`generate` runs a request on the calling (worker) thread: the tokens of each round go
+:func:`answer` runs a request for the server, awaited on its event loop (:func:`generate`: the
+same on the calling thread, for in-process use): the tokens of each round go
 through a :class:`~adaptspec.serving.stops.StopStream`, decoding halts after the round in which
 a stop sequence completes (the runner is given the condition), and the answer is the
 :class:`~adaptspec.serving.service.Output` up to it. :func:`events` streams the same as

@@ -1,11 +1,11 @@
-"""The engine loop: one thread owns the model and runs batched rounds; request threads submit and wait.
+"""The engine loop: one thread owns the model and runs batched rounds; requests are submitted from any thread.
 
-The single-request server gives every request its own thread and its own batch-1 decode, so
-concurrent requests fight over the cores. Here one thread owns a
-:class:`~adaptspec.batching.engine.BatchEngine`: request handlers :meth:`~EngineLoop.submit` a
-request (any thread) and get a :class:`Ticket`; the loop drains new submissions at each round
-boundary, runs one round for every active row, streams each row's new tokens to its ticket's
-callback, and wakes the ticket when its request ends. The queue of requests not yet decoding
+One thread owns a :class:`~adaptspec.batching.engine.BatchEngine`: a server (its event loop)
+:meth:`~EngineLoop.submit`\ s a request and gets a :class:`Ticket`; the loop drains new
+submissions at each round boundary, runs one round for every active row, streams each row's new
+tokens to its ticket's callback, and when a request ends runs its ticket's ``on_done`` (a
+runner settles the request there: its feedback, and the answer handed back to the event loop)
+and wakes whoever waits on the ticket (:meth:`~EngineLoop.wait`, for a caller that blocks). The queue of requests not yet decoding
 is bounded: past ``max_queue`` a submission raises :class:`QueueFull`, which a server answers
 with 429 and ``Retry-After`` instead of piling up threads. A server :meth:`~EngineLoop.reserve`\ s
 a request's place when its checks pass (before a stream's headers go out) and submits with it.
@@ -39,7 +39,7 @@ thread only, and no other thread may have made a team of more than one thread be
 ``torch.set_num_threads(1)`` first thing in the main thread (model loading then runs on one
 thread), then ``threads`` here, set when the loop thread starts (torch's setting is process-wide,
 so threads made after that see it too; in the server none of them runs torch work), as
-``adaptspec serve --batched`` does. The loop logs a warning if the thread that starts it is
+``adaptspec serve`` does. The loop logs a warning if the thread that starts it is
 allowed more than one.
 
 >>> from adaptspec.batching import BatchEngine
