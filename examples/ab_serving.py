@@ -3,8 +3,10 @@
 What it shows:
 
 1. ``adaptspec serve`` with two variants (each its own ``AdaptiveController``), here on the
-   tiny random model (``--tiny``: built in a second, no download), listening on 127.0.0.1 at
-   a free port and logging every decision into a temporary directory;
+   tiny random model (``--tiny``: built in a second, no download), every request a row of the
+   server's batched engine (its default; each variant's controller decides a request's block
+   size when it joins), listening on 127.0.0.1 at a free port and logging every decision into a
+   temporary directory;
 2. OpenAI-style ``/v1/completions`` requests sent with httpx; the ``user`` field is the A/B
    key, so the server routes each user to the same variant every time;
 3. a clean shutdown (SIGINT: in-flight requests finish, queued updates are applied, the log
