@@ -113,7 +113,7 @@ def test_any_mutation_of_a_blob_decodes_or_is_one_adaptspec_error(flips, cut):
     assert isinstance(p.updates, int) and all(a.dtype.kind in "iuf" for a in p.sums.values())
 
 
-@pytest.mark.parametrize("spec", ["ucb", "linucb:standardize=false"])
+@pytest.mark.parametrize("spec", ["ucb", "fi-ucb", "linucb:standardize=false"])
 def test_the_family_refuses_sums_no_replica_makes(spec):
     pol = make_policy(spec, ARMS, seed=0)
     if pol.contextual:

@@ -38,7 +38,7 @@ def cold_policy_spec(arms: Sequence[int], full_information: bool = True) -> str:
     """The policy a decoder starts with when no trained head fits it: the one that learns best
     from nothing over ``arms``. ``full_information``: the controller feeds every block size's
     counterfactual reward (:mod:`adaptspec.control.full_feedback`; not with a custom reward
-    function, nor in a fleet, whose shared statistics are the arm that ran's).
+    function). A fleet shares them too (:class:`adaptspec.fleet.stats.FullInfo`).
 
     With full information, ``fi-ucb``: UCB learning every block size a request's rounds reveal.
     Replayed cold on prompts the project never saw (336 dense benchmark prompts, arms 1-16,
@@ -255,7 +255,7 @@ def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
 
     allowed = config.arms if config.arms is not None else shape.arms
     if policy is None:
-        full = isinstance(config.reward, str) and config.shared is None  # counterfactuals priced and learnt
+        full = isinstance(config.reward, str)  # counterfactuals priced and learnt (a fleet shares them)
         choice = choose_default_policy(shape.max_block_size, shape.feature_dim, allowed, full_information=full)
         policy = choice.spec
     else:

@@ -7,7 +7,8 @@
   calibrate a measured reward for the machine's speed (in log order), then ``update`` the
   policy (or the fleet's shared state). An update that carries every arm's counterfactual
   reward (:mod:`adaptspec.control.full_feedback`) goes to a policy with ``full_feedback`` as
-  ``update_full`` (each reward calibrated alike); any other policy learns from the arm that ran,
+  ``update_full`` (each reward calibrated alike; in a fleet, through the shared state, whose
+  statistics then hold every arm shown); any other policy learns from the arm that ran,
   as before. Resume replays the log through the same :meth:`Learner.apply`.
 - :class:`UpdateWorker` is the update thread: it applies queued updates in batches of up to
   256, publishes a fresh copy of the policy to the decider after each batch, and does the
@@ -124,13 +125,17 @@ class Learner:
             if u.speed_ratio is not None and self.machine_speed is not None:  # in log order
                 self.machine_speed.observe(u.speed_ratio)
                 reward = self.machine_speed.calibrate(self.reward_name, reward)
-            if self.shared is not None:  # the fleet's statistics are of the arm that ran
-                self.shared.update(self.policy, ctx, u.block_size, reward)
-            elif u.rewards is not None and self.full_feedback and u.arms == tuple(self.policy.arms):
+            full = self.full_feedback and (self.shared is None or self.shared.full_feedback)  # a fleet that shares them
+            if u.rewards is not None and full and u.arms == tuple(self.policy.arms):
                 rewards = u.rewards
                 if u.speed_ratio is not None and self.machine_speed is not None:
                     rewards = self.machine_speed.calibrate(self.reward_name, rewards)  # one factor for every arm
-                self.policy.update_full(ctx, rewards, u.observed)
+                if self.shared is None:
+                    self.policy.update_full(ctx, rewards, u.observed)
+                else:  # the fleet's statistics of every arm the request showed
+                    self.shared.update_full(self.policy, ctx, rewards, u.observed)
+            elif self.shared is not None:
+                self.shared.update(self.policy, ctx, u.block_size, reward)
             else:
                 self.policy.update(ctx, u.block_size, reward)
         except Exception as e:

@@ -3,7 +3,9 @@
 Three threads touch it, none of them the decision thread:
 
 - the controller's **update thread** calls :meth:`SharedState.update` in place of
-  ``policy.update`` (the policy learns, and the update is added to this replica's own sums) and
+  ``policy.update``, and :meth:`SharedState.update_full` in place of ``policy.update_full`` (a
+  policy with ``full_feedback`` whose family shares every arm it learns, ``fi-ucb``: the policy
+  learns, and the update is added to this replica's own sums) and
   :meth:`SharedState.apply_pending` at every tick: when a fetch brought new statistics from the
   other replicas, the learning copy becomes *prior + others + own* and the controller publishes
   a fresh snapshot to decisions;
@@ -213,7 +215,8 @@ class SharedState:
         sums = self.family.zero()
         if not log_dir.is_dir():
             return sums, 0
-        rows = [r for r in log_rows(log_dir, ["variant", "block_size", "reward", "features"])
+        rows = [r for r in log_rows(log_dir, ["variant", "block_size", "reward", "features", "arms", "cf_rewards",
+                                              "cf_censored"])
                 if r.get("variant") == self.channel and r.get("reward") is not None
                 and int(r["block_size"]) in self.family.arms]
         if not rows or self.family is NOTHING:
@@ -227,7 +230,12 @@ class SharedState:
                 raise AdaptspecError(f"{log_dir}: logged decision {r['decision_id']} has no features: cannot rebuild "
                                      "this replica's shared statistics (log_features was off)")
             ctx = None if (f is None or not self._contextual) else np.asarray(f, dtype=np.float32).astype(np.float64)
-            self._learn(scratch, sums, ctx, int(r["block_size"]), float(r["reward"]))
+            if self.family.full_feedback and r.get("cf_rewards") is not None and r.get("cf_censored") is not None \
+                    and tuple(int(a) for a in r["arms"]) == self.family.arms:  # every arm's, as it was learnt
+                self._learn_full(scratch, sums, ctx, np.asarray(r["cf_rewards"], dtype=np.float64),
+                                 ~np.asarray(r["cf_censored"], dtype=bool))
+            else:
+                self._learn(scratch, sums, ctx, int(r["block_size"]), float(r["reward"]))
         return sums, len(rows)
 
     # ------------------------------------------------------------------ update thread
@@ -236,14 +244,41 @@ class SharedState:
         policy.update(context, block_size, reward)
         self.family.observe(sums, policy, context, policy.arm_index(block_size), float(reward), pre)
 
+    def _learn_full(self, policy: Any, sums: dict[str, np.ndarray], context: Any, rewards: np.ndarray,
+                    observed: np.ndarray) -> None:
+        pre = self.family.before(policy)
+        policy.update_full(context, rewards, observed)
+        self.family.observe_full(sums, policy, context, rewards, observed, pre)
+
+    @property
+    def full_feedback(self) -> bool:
+        """Whether :meth:`update_full` shares every arm a request showed (the attached policy's family keeps them)."""
+        return self.family.full_feedback
+
     def update(self, policy: Any, context: Any, block_size: int, reward: float) -> None:
         """``policy.update(context, block_size, reward)``, and the update counted in this replica's sums."""
         with self._lock:
             self._learn(policy, self._local, context, block_size, reward)
-            self._local_updates += 1
-            due = self._local_updates - self._published_updates >= self.sync_every
+            due = self._counted()
         if due:
             self._wake.set()
+
+    def update_full(self, policy: Any, context: Any, rewards: np.ndarray, observed: np.ndarray) -> None:
+        """``policy.update_full(context, rewards, observed)``, and the update counted in this replica's sums
+        (only when :attr:`full_feedback`; otherwise one line, nothing learnt)."""
+        if not self.family.full_feedback:
+            raise AdaptspecError(f"the shared statistics of variant {self.channel!r} are of the arm that ran only: "
+                                 "use update(), not update_full()")
+        with self._lock:
+            self._learn_full(policy, self._local, context, rewards, observed)
+            due = self._counted()
+        if due:
+            self._wake.set()
+
+    def _counted(self) -> bool:
+        """One more own update (under the lock); True when ``sync_every`` are unpublished."""
+        self._local_updates += 1
+        return self._local_updates - self._published_updates >= self.sync_every
 
     def apply_pending(self, policy: Any) -> bool:
         """If a fetch brought news since the last call, make ``policy`` prior + others + own; True if it did."""

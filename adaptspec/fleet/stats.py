@@ -19,12 +19,23 @@ increments, an estimate of the same quantity rather than the single process's va
 The context-free families' running reward statistics (count, mean, M2, min, max: what UCB's
 bonus scale and Thompson sampling's prior use) merge exactly (Chan et al.'s parallel variance).
 
+Full information (``fi-ucb``, :class:`FullInfo`): a request updates every arm it showed
+(:meth:`Family.observe_full`), and the sums are per arm the count, sum and sum of squares of the
+rewards shown, the reference arm's (the smallest block size's) count and sum, and per arm the
+count and sum of its differences from the reference on the requests that showed both: the paired
+means (the policy's estimates) of the merged sums are exactly those of one process that saw every
+request. Two are estimates, summed over the replicas' own increments: the prequential errors of the
+differences (the bonus' scale: each difference was scored against the replica's mean difference
+at that moment) and the running statistics of the first rewards (the scale's fallback, fed only
+until every arm has an outcome, which each replica judges on its own view of the fleet).
+
 Not shareable (refused by :func:`family_for` with one line): discounted or windowed policies
 (a discount weighs an observation by its age in *global* update order, which replicas do not
 share; a window needs that order too), EXP3 (its importance weights use each replica's own
 probabilities and running reward range), LinUCB / LinTS with the default warm-up standardiser
 (each replica would fit its own feature map: use ``standardize=false`` on a featurizer's
-output, or a fixed ``Standardizer``), SquareCB and river policies. Policies that learn nothing
+output, or a fixed ``Standardizer``), SquareCB, river policies and the full-information linear
+policy (``fi-linucb``). Policies that learn nothing
 (``fixed``, ``random``, ``head``) share nothing and need no family (:data:`NOTHING`).
 """
 
@@ -81,9 +92,17 @@ class Family:
         """What :meth:`observe` needs from the policy just before an update (default: nothing)."""
         return None
 
+    #: whether :meth:`observe_full` is supported (a policy with ``full_feedback`` can share every arm it learns)
+    full_feedback = False
+
     def observe(self, sums: Sums, policy: Any, context: np.ndarray | None, arm: int, reward: float, pre: Any) -> None:
         """Add one update, already applied to ``policy``, to ``sums`` (in place)."""
         raise NotImplementedError
+
+    def observe_full(self, sums: Sums, policy: Any, context: np.ndarray | None, rewards: np.ndarray,
+                     observed: np.ndarray, pre: Any) -> None:
+        """Add one full-information update (``policy.update_full``, already applied) to ``sums`` (in place)."""
+        raise AdaptspecError(f"the shared statistics of {type(self).__name__} are of the arm that ran only")
 
     def apply(self, policy: Any, total: Sums) -> None:
         """Set ``policy``'s learnt statistics to prior + ``total``."""
@@ -184,6 +203,93 @@ class ContextFree(Family):
 
     def _identity(self, policy: Any) -> dict[str, Any]:
         return {**super()._identity(policy), "discount": policy.discount, "window": policy.window}
+
+
+# ----------------------------------------------------------------------------- full information
+class FullInfo(Family):
+    """fi-ucb (:class:`~adaptspec.policies.fi_ucb.FullInfoUCB`): what every request showed, per arm.
+
+    ``n``, ``s``, ``ss``, ``count``: per arm, the requests that showed it, the sum and the sum of
+    squares of its rewards there; ``requests``: the updates (requests, one per ``update_full``);
+    ``ref``: the requests that showed the reference arm and the sum of its rewards; ``diff``: per
+    arm, the requests that showed it and the reference, and the sum of its differences from the
+    reference there. All of these are sums, so the paired means ``ref_s / ref_n + diff_s / diff_n``
+    of the merged sums are one process's. ``err`` (count and sum of squares of the prequential
+    errors of the differences) and ``running`` (the running statistics of the rewards seen before
+    every arm had an outcome, merged with Chan et al.'s update) are estimates: see the module
+    docstring.
+    """
+
+    approximate = ("err", "running")
+    infinite_ok = {"running": slice(3, 5)}  # min and max of no reward yet: +inf, -inf
+    full_feedback = True
+    #: (key, row) of every count (row None: the whole array) and of every sum of squares, never negative
+    _COUNTS = (("n", None), ("count", None), ("requests", None), ("ref", 0), ("diff", 0), ("err", 0), ("running", 0))
+    _SQUARES = (("ss", None), ("err", 1), ("running", 2))
+
+    def zero(self) -> Sums:
+        k = self.k
+        return {"n": np.zeros(k), "s": np.zeros(k), "ss": np.zeros(k), "count": np.zeros(k, np.int64),
+                "requests": np.zeros(1, np.int64), "ref": np.zeros(2), "diff": np.zeros((2, k)), "err": np.zeros(2),
+                "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf])}
+
+    def add(self, a: Sums, b: Sums) -> Sums:
+        out = {k: a[k] + b[k] for k in a if k != "running"}
+        out["running"] = _welford_merge(a["running"], b["running"])
+        return out
+
+    @staticmethod
+    def updates(sums: Sums) -> int:
+        return int(np.asarray(sums["requests"]).sum())
+
+    def check(self, sums: Sums) -> None:
+        """The common checks, and no negative count (or sum of squares) anywhere."""
+        super().check(sums)
+        for keys, what in ((self._COUNTS, "count"), (self._SQUARES, "sum of squares")):
+            for key, row in keys:
+                v = np.asarray(sums[key])
+                if np.min(v if row is None else v[row], initial=0) < 0:
+                    raise AdaptspecError(f"shared statistics {key!r} hold a negative {what}")
+
+    def before(self, policy: Any) -> Any:
+        # the policy feeds its running statistics until every arm has an outcome (counts never decrease)
+        return bool((policy.stats.n > 0.5).all()), policy.err.copy()
+
+    def observe(self, sums: Sums, policy: Any, context: Any, arm: int, reward: float, pre: Any) -> None:
+        r, seen = np.zeros(self.k), np.zeros(self.k, dtype=bool)  # the arm that ran alone: one arm shown
+        r[arm], seen[arm] = reward, True
+        self.observe_full(sums, policy, context, r, seen, pre)
+
+    def observe_full(self, sums: Sums, policy: Any, context: Any, rewards: np.ndarray, observed: np.ndarray,
+                     pre: Any) -> None:
+        from ..policies.fi_ucb import merge_running
+
+        ready, err = pre
+        seen = np.asarray(observed, dtype=bool)
+        of = seen.astype(np.float64)
+        r = np.where(seen, np.asarray(rewards, dtype=np.float64), 0.0)
+        sums["n"] += of
+        sums["s"] += r
+        sums["ss"] += r * r
+        sums["count"] += seen
+        sums["requests"] += 1
+        if seen[0]:
+            sums["ref"] += (1.0, r[0])
+            sums["diff"][0] += of
+            sums["diff"][1] += r - of * r[0]
+        if not ready:
+            merge_running(sums["running"], r[seen])
+        sums["err"] += policy.err - err
+
+    def apply(self, policy: Any, total: Sums) -> None:
+        state = policy.state_dict()  # the policy's own checks, flags and estimates, through its public state
+        learnt = state["state"]
+        learnt["stats"] = {"n": total["n"].copy(), "s": total["s"].copy(), "ss": total["ss"].copy(),
+                           "pulls": total["count"].astype(np.int64)}
+        for key in ("running", "ref", "diff", "err"):
+            learnt[key] = np.array(total[key], dtype=np.float64)
+        state["version"] = self.updates(total)
+        policy.load_state_dict(state)
 
 
 # ----------------------------------------------------------------------------- linear
@@ -344,6 +450,7 @@ def family_for(policy: Any) -> Family:
     """The :class:`Family` of ``policy``; a policy whose statistics cannot be merged raises one line."""
     from ..policies.context_free import ContextFreePolicy
     from ..policies.exp3 import EXP3
+    from ..policies.fi_ucb import FullInfoUCB
     from ..policies.linear import LinearPolicy
     from ..policies.standardizer import Standardizer
     from ..policies.neural_linear import NeuralLinear
@@ -357,6 +464,8 @@ def family_for(policy: Any) -> Family:
     if isinstance(policy, EXP3):
         raise AdaptspecError(f"policy {label} cannot be shared: EXP3's importance weights use each replica's own "
                              "probabilities and reward range")
+    if isinstance(policy, FullInfoUCB):
+        return FullInfo(policy)
     if isinstance(policy, ContextFreePolicy):
         return ContextFree(policy)
     if type(policy).__name__ in ("LinUCB", "LinTS") and isinstance(policy, LinearPolicy):
@@ -370,4 +479,4 @@ def family_for(policy: Any) -> Family:
     if not getattr(policy, "learning", True) or getattr(policy, "name", None) in ("fixed", "random", "head", "oracle"):
         return NOTHING
     raise AdaptspecError(f"policy {label} cannot be shared: sharing supports ucb, ucb-throughput, eps-greedy, ts, "
-                         "linucb/lints (standardize=false) and neural-linear")
+                         "fi-ucb, linucb/lints (standardize=false) and neural-linear")
