@@ -254,8 +254,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         from ..control.protocol import speculator_shape
 
         shape = speculator_shape(speculator)
-        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms,
-                                       full_information=shared is None)  # a fleet shares the arm that ran's statistics
+        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms)  # a fleet shares fi-ucb too
         args.default_choice = choice  # said once the server is up (run), not before a refusal
         specs = {"default": choice.spec}
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
