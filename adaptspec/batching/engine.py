@@ -114,6 +114,9 @@ class BatchEngine:
         self.history: deque[RoundRecord] = deque(maxlen=history)
         self.batched_draft = target.verification == "fast" if batched_draft is None else bool(batched_draft)
         self._next_id = 0
+        #: called with a request's handle once its first token (chosen at prefill) is committed, before
+        #: the request takes a row: a caller that ends it there (``handle.finish``) runs no round for it
+        self.on_first_token: Callable[[RequestHandle], None] | None = None
         #: a per-round rule (None: each row verifies its request's block size): called every round,
         #: after joins, with the active rows; returns each row's block size, capped by its request's
         self.round_block_sizes: Callable[[list[Row]], Sequence[int]] | None = None
@@ -295,6 +298,12 @@ class BatchEngine:
         if self._commit(handle, [first]):
             handle.decode_s = 0.0
             return None
+        if self.on_first_token is not None:
+            self.on_first_token(handle)
+            if handle.cancelled:  # ended on its first token (a stop sequence): no row, no round
+                handle.end_cancelled()
+                handle.decode_s = 0.0
+                return None
         self.store.load(len(self.rows), prefill_layers(tp.cache))
         draft = self.drafter.new_state(tp.context_hidden) if self.drafter is not None else None
         return Row(handle, draft, keys)

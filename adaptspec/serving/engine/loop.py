@@ -211,6 +211,7 @@ class EngineLoop:
         self.rule = rule  # a serving.engine.round_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
+        engine.on_first_token = self._first_token  # a stop in the first token ends the request before any round
         # a serving.engine.switchback.Switchback (switchback A/B): it counts the rounds into slices; the
         # variant of a request joining now is its slice's (switchback.assign), each round is recorded
         self.switchback = switchback
@@ -422,25 +423,40 @@ class EngineLoop:
         if self.switchback is not None:
             self.switchback.after_round(record, decode_s)
 
+    def _first_token(self, handle: "RequestHandle") -> None:
+        """At join (the engine's hook): a request with a stop condition is streamed its first token
+        and asked, so a stop in the first token ends it before it takes a row (one without is
+        streamed after its first round, as every round)."""
+        for t in self._tickets:
+            if t.handle is handle:
+                if t.stop_when is not None:
+                    self._stream_one(t)
+                return
+
+    def _stream_one(self, t: Ticket) -> None:
+        """Give ``t`` its new tokens, then ask its stop condition (true: it ends at the next boundary)."""
+        h = t.handle
+        if t.on_tokens is not None and len(h.tokens) > t.sent:
+            new = h.tokens[t.sent:]
+            t.sent = len(h.tokens)
+            try:
+                t.on_tokens(new)
+            except Exception:  # a broken stream ends that request only
+                log.exception("a stream callback failed; cancelling its request")
+                h.cancel()
+        if t.stop_when is not None and not h.done and not h.cancelled:
+            try:
+                if t.stop_when():
+                    h.finish("stop")
+            except Exception:
+                log.exception("a stop condition failed; cancelling its request")
+                h.cancel()
+
     def _stream(self) -> None:
         still = []
         for t in self._tickets:
             h = t.handle
-            if t.on_tokens is not None and len(h.tokens) > t.sent:
-                new = h.tokens[t.sent:]
-                t.sent = len(h.tokens)
-                try:
-                    t.on_tokens(new)
-                except Exception:  # a broken stream ends that request only
-                    log.exception("a stream callback failed; cancelling its request")
-                    h.cancel()
-            if t.stop_when is not None and not h.done and not h.cancelled:
-                try:
-                    if t.stop_when():
-                        h.finish("stop")
-                except Exception:
-                    log.exception("a stop condition failed; cancelling its request")
-                    h.cancel()
+            self._stream_one(t)
             if h.done:
                 t.complete()
             else:
