@@ -30,17 +30,20 @@ def read_parquet(path: str | Path, what: str = "a Parquet file", columns: Sequen
     :func:`adaptspec._util.files.open_regular`), unreadable, not Parquet, truncated or corrupted
     (any pyarrow error), or without one of ``columns``."""
     with open_regular(path, what) as f:
-        try:
-            if columns is not None:
-                names = pq.read_schema(f).names
-                missing = [c for c in columns if c not in names]
-                if missing:
-                    raise _err(str(path), f"missing column {missing[0]!r}")
-                f.seek(0)
-            return pq.read_table(f, columns=None if columns is None else list(columns))
-        except (pa.ArrowException, OSError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise _err(str(path), f"not a readable Parquet file (truncated or corrupted: {msg})") from None
+        # read whole into memory first: pyarrow reading a Python file object runs I/O threads that
+        # call back into Python, and one still alive at interpreter exit aborts the process
+        # ("terminate called without an active exception", seen after a one-line refusal)
+        data = f.read()
+    try:
+        if columns is not None:
+            names = pq.read_schema(pa.BufferReader(data)).names
+            missing = [c for c in columns if c not in names]
+            if missing:
+                raise _err(str(path), f"missing column {missing[0]!r}")
+        return pq.read_table(pa.BufferReader(data), columns=None if columns is None else list(columns))
+    except (pa.ArrowException, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise _err(str(path), f"not a readable Parquet file (truncated or corrupted: {msg})") from None
 
 
 
