@@ -108,7 +108,7 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
     per-draft acceptance (the learned rule starts warm from it).
 
     >>> make_load_rule("fixed:3", [1, 2, 4], None).name, make_load_rule("learned", [1, 2, 4], "cpu-smollm2-bf16").name
-    ('fixed:3', 'learned (lints, warm)')
+    ('fixed:3', 'learned (lints, warm, full info)')
     >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
     [(1, 3), (2, 4), (4, 1)]
     """
@@ -128,7 +128,7 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
         prof = get_profile(profile)
         if spec == "goodput":
             return Goodput(arms, prof, prior=prior)
-        return Learned(arms, prof, prior=prior, seed=seed)
+        return Learned(arms, prof, prior=prior, seed=seed, full_info=True)  # every shorter block a round shows
     raise AdaptspecError(f"--load-rule {spec!r}: expected one of {', '.join(LOAD_RULES)}")
 
 
