@@ -7,7 +7,9 @@ region starts at once); when other work wants the same cores, a team member wait
 descheduled one burns its whole spin at every region, the process loses its share and its
 neighbours theirs: 2-thread decoding on 2 shared cores ran 10-100 times slower than alone
 instead of 2-3 times (BENCHMARKS.md, "Shared cores"). 10,000 turns (about 0.1 ms here) made it
-5-18 times faster there, but cost 3-4% with the cores to itself; so the short spin is set only when
+5-18 times faster there, but cost 3-4% with the cores to itself (8% in the served engine at a load of
+1.3 that was mostly its own earlier work: 24.9 against 27.1 tok/s, one client, two repeats); so
+the short spin is set only when
 the machine is already busy as the command starts (1-minute load average of at least
 :data:`BUSY_LOAD`). Processes started together on idle cores are not seen this way: for them
 set ``GOMP_SPINCOUNT=10000`` (or ``OMP_WAIT_POLICY=PASSIVE``, or use one thread) yourself.
