@@ -18,7 +18,8 @@ run), ``goodput`` and ``learned`` (requests at B = 8 capped each round by that l
 ``controller`` (the server's default: the controller decides each request's block size at
 join from its prefill, and the learned load rule caps it each round), ``controller-no-load``
 (the controller alone, blind to the load), ``lints-load-features`` (no round rule: a cold LinTS
-per request with the load in its context, ``--load-features``).
+per request with the load in its context, ``--load-features``), ``cold`` (the cold default a
+speculator with no fitting head gets: fi-ucb per request, the learned rule each round).
 
 Repeats (``--repeats R``): every level, and the day, is run R times on every configuration,
 each repeat on the next prompts (all configurations get the same prompts in a repeat, so a
@@ -84,6 +85,9 @@ CONFIGS = {
     "goodput": ["--variant", "A=fixed:8", "--load-rule", "goodput"],
     "controller": [],  # the served default: the controller decides each request at join, the learned rule each round
     "controller-no-load": ["--load-rule", "none"],  # the controller alone, blind to the load
+    # the cold default, what a speculator with no fitting head gets: fi-ucb (every block size a
+    # request's rounds show) per request, the learned rule (full information) each round
+    "cold": ["--variant", "A=fi-ucb"],
     # the load in the per-request policy's context instead of a round rule: LinTS over the prefill
     # features and the five load features, cold (the bundled head is sized for the features alone)
     "lints-load-features": ["--variant", "A=lints", "--load-features", "--load-rule", "none"],
