@@ -26,3 +26,37 @@ class OwnSpeculator:
                seed: int | None = None, on_round: Any = None) -> Any:
         return self.inner.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed,
                                  on_round=on_round)
+
+
+class ThreadServer:
+    """``app`` served by the server's own uvicorn configuration on a free loopback port, on a
+    thread of this process (a context manager: started on enter, stopped and joined on exit)."""
+
+    def __init__(self, app: Any, log_level: str = "warning") -> None:
+        import threading
+
+        import uvicorn
+
+        from _redis import free_port
+        from adaptspec.serving.connections import uvicorn_config
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=self.port, log_config=None,
+                                                    log_level=log_level, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ThreadServer":
+        import time
+
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        assert not self.thread.is_alive()

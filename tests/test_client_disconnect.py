@@ -26,37 +26,11 @@ from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
 
-from _redis import free_port
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
+from _serving_helpers import ThreadServer
 
 CODEC = CharCodec()
 N = 400
-
-
-class ThreadServer:
-    """uvicorn serving ``app`` on a free loopback port, on a thread of this process."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = int(self.url.rsplit(":", 1)[1])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                                    log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "ThreadServer":
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        assert not self.thread.is_alive()
 
 
 def other_row(loop, blocker, timeout: float = 60.0):

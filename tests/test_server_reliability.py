@@ -29,14 +29,13 @@ from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
 from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
-from adaptspec.serving.connections import uvicorn_config
 from adaptspec.serving.engine.loop import EngineFailed, EngineLoop
 from adaptspec.serving.engine.round_rule import make_load_rule
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 
 from _redis import free_port
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
-from _serving_helpers import OwnSpeculator
+from _serving_helpers import OwnSpeculator, ThreadServer
 
 pytestmark = pytest.mark.integration  # every test here starts a server on loopback
 
@@ -52,31 +51,9 @@ def alone(prompt: str, n: int) -> list[int]:
     return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
 
 
-class ThreadServer:
-    """The server's uvicorn configuration on a free loopback port, on a thread of this process."""
-
-    def __init__(self, svc: CompletionService) -> None:
-        import uvicorn
-
-        self.svc = svc
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(create_app(svc), host="127.0.0.1", port=self.port, log_config=None,
-                                                    log_level="info", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "ThreadServer":
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        assert not self.thread.is_alive()
+def thread_server(svc: CompletionService) -> ThreadServer:
+    """``svc``'s app on a loopback port, on a thread of this process, logging at info."""
+    return ThreadServer(create_app(svc), log_level="info")
 
 
 class FaultyRule:
@@ -116,7 +93,7 @@ def tracebacks(caplog) -> list[logging.LogRecord]:
 def test_a_failure_outside_the_round_is_a_503_for_the_requests_in_flight_and_the_loop_restarts(caplog):
     caplog.set_level(logging.INFO)
     svc = service(rule=FaultyRule(times=2))
-    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+    with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         t0 = time.time()
         streamed = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12, "stream": True})
         plain = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
@@ -145,7 +122,7 @@ def test_a_failure_outside_the_round_is_a_503_for_the_requests_in_flight_and_the
 def test_repeated_failures_stop_the_engine_every_request_gets_503_and_the_server_shuts_down(caplog):
     caplog.set_level(logging.INFO)
     svc = service(rule=FaultyRule(times=10**6))
-    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+    with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         for _ in range(3):  # the default: 3 failures within a minute stop it
             r = c.post(s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6})
             assert r.status_code == 503 and "ZeroDivisionError" in r.json()["error"]["message"]
@@ -256,7 +233,7 @@ def test_a_controller_that_fails_during_a_request_is_a_503_with_the_reason_never
     svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"A": "fixed:2", "B": "fixed:4"}, codec=codec,
                                   limits=LIMITS, engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
     svc.controllers["A"].close()
-    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+    with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         for stream in (False, True):
             r = c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "variant": "A", "stream": stream})
             if stream:  # the stream had started: its error event
@@ -274,7 +251,7 @@ def test_a_controller_that_fails_during_a_request_is_a_503_with_the_reason_never
 def test_a_held_burst_of_streams_past_the_queue_gets_real_429s_and_the_rest_complete():
     svc = service(max_rows=2, max_queue=4)
     loop = svc.runner.loop
-    with ThreadServer(svc) as s:
+    with thread_server(svc) as s:
         hold = threading.Event()  # a row of its own, holding the engine's thread: the burst queues up
         blocker = loop.submit(CODEC.encode("hold"), max_new_tokens=3, on_tokens=lambda ids: hold.wait(60))
         deadline = time.time() + 30
@@ -291,7 +268,7 @@ def test_a_held_burst_of_streams_past_the_queue_gets_real_429s_and_the_rest_comp
 
 def test_an_unheld_burst_of_forty_streams_gets_only_real_429s_and_complete_streams():
     svc = service(max_rows=2, max_queue=4)
-    with ThreadServer(svc) as s:
+    with thread_server(svc) as s:
         results = burst(s.url, 40)
     assert {r[0] for r in results} <= {200, 429} and any(r[0] == 429 for r in results)
     for code, retry, ids, prompt in results:
@@ -338,7 +315,7 @@ def test_a_seeded_request_repeats_under_the_learned_rule_alone_and_in_a_batch():
     spec, _ = tiny_speculator(0, verification="exact")
     want = SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
                                                                   seed=1234).tokens
-    with ThreadServer(svc) as s, httpx.Client(timeout=60) as c:
+    with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         alone_ids = [c.post(s.url + "/v1/completions", json=body).json()["choices"][0]["token_ids"] for _ in range(4)]
         others = [{"prompt": f"other {i}", "max_tokens": 20, "temperature": 1.3 * (i % 2)} for i in range(5)]
         with ThreadPoolExecutor(6) as pool:
@@ -403,7 +380,7 @@ BODY = json.dumps({"prompt": "Hello", "max_tokens": 8}).encode()
 def test_clients_that_leave_mid_body_log_no_traceback_and_stalled_bodies_get_408(caplog):
     caplog.set_level(logging.DEBUG)
     svc = service()
-    with ThreadServer(svc) as s:
+    with thread_server(svc) as s:
         for _ in range(20):  # half a body, then gone
             raw(s.port, head(len(BODY)) + BODY[: len(BODY) // 2], close=True)
         t0 = time.time()
@@ -421,7 +398,7 @@ def test_clients_that_leave_mid_body_log_no_traceback_and_stalled_bodies_get_408
 
 def test_a_client_that_half_closes_after_its_request_gets_its_answer():
     svc = service()
-    with ThreadServer(svc) as s:
+    with thread_server(svc) as s:
         for body, stream in ((BODY, False), (json.dumps({"prompt": "Hello", "max_tokens": 8, "stream": True}).encode(), True)):
             got = raw(s.port, head(len(body)) + body, half_close=True, read=30)
             final = got[got.rfind(b"HTTP/1.1 "):]  # after the interim 100 Continue responses
@@ -439,7 +416,7 @@ def test_a_client_that_closes_while_waiting_still_cancels_its_row():
     """The half-close probe tells a closed client from a half-closed one: the row leaves early."""
     svc = service(max_rows=2)
     loop = svc.runner.loop
-    with ThreadServer(svc) as s:
+    with thread_server(svc) as s:
         blocker = loop.submit(CODEC.encode("aaaa"), max_new_tokens=200, on_tokens=lambda ids: time.sleep(0.02))
         body = json.dumps({"prompt": "abcabc", "max_tokens": 200}).encode()
         client = threading.Thread(target=raw, args=(s.port, head(len(body)) + body), kwargs={"read": 1.0})
