@@ -398,3 +398,57 @@ def test_the_control_package_has_one_decision_check_called_in_one_place():
                     casts.append(path.name)
     assert calls == {"check_decision": ["decider.py"], "decision_fault": ["block_sizes.py"]}
     assert casts == []
+
+
+class _ThreadRecordingPolicy:
+    """A context-free policy over (1, 4) that records the thread it decides on and can be slow or fail."""
+
+    arms = (1, 4)
+    contextual = False
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.delay_s, self.fail, self.threads = delay_s, fail, []
+        self.rng = np.random.default_rng(0)
+
+    def decide(self, ctx):
+        from adaptspec.speculator import Decision
+
+        self.threads.append(threading.get_ident())
+        if self.fail:
+            raise RuntimeError("boom")
+        time.sleep(self.delay_s)
+        return Decision(4, 1.0, np.array([0.0, 1.0]), (1, 4), "recording")
+
+
+def _decider(policy, on_caller: bool) -> Decider:
+    return Decider(policy, Contexts(None, contextual=False, policy_label="recording"), arms=(1, 4),
+                   fallback_block_size=1, timeout_s=0.05, on_caller=on_caller)
+
+
+def test_a_decider_on_the_caller_decides_on_the_calling_thread_and_uses_a_late_decision():
+    fast = _ThreadRecordingPolicy()
+    d = _decider(fast, on_caller=True)
+    assert d.decide(d.context(None)).block_size == 4
+    assert fast.threads == [threading.get_ident()]  # no hand-off to a decision thread
+    slow = _ThreadRecordingPolicy(delay_s=0.12)
+    d = _decider(slow, on_caller=True)
+    assert d.decide(d.context(None)).block_size == 4  # over its 0.05 s budget, used all the same
+    assert (d.late, d.fallbacks["timeout"]) == (1, 0)
+    failing = _decider(_ThreadRecordingPolicy(fail=True), on_caller=True)
+    got = failing.decide(failing.context(None))
+    assert (got.block_size, got.extras["fallback"], failing.fallbacks["error"]) == (1, "error", 1)
+    assert d.rng_state()["bit_generator"] == "PCG64" and d.snapshot() is not slow  # a private copy
+    d.close()
+
+
+def test_a_decider_with_its_thread_still_cuts_a_late_decision_off():
+    slow = _ThreadRecordingPolicy(delay_s=0.3)
+    d = _decider(slow, on_caller=False)
+    got = d.decide(d.context(None))
+    assert (got.block_size, got.extras["fallback"], d.fallbacks["timeout"], d.late) == (1, "timeout", 1, 0)
+    d.close()
+
+
+def test_decide_on_caller_is_checked_where_it_enters():
+    with pytest.raises(AdaptspecError, match="decide_on_caller must be True or False, got 1"):
+        ControllerConfig(decide_on_caller=1)

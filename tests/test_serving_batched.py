@@ -265,3 +265,18 @@ def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(
         assert {c for _, cs in rule.chosen for c in cs} == {3}
     assert loop.rule.row_rounds == sum(rec.rows for rec in history)  # every row's round went back to the rule
     assert 0 < stats["rule_s"] < stats["decode_s"]
+
+
+def test_the_engine_decides_on_its_own_thread_no_decision_thread(tmp_path):
+    """A request served by the engine is decided on the engine's thread: no decision thread exists
+    (one hand-off fewer per request, docs/architecture.md)."""
+    from fastapi.testclient import TestClient
+
+    svc = batched_service(tmp_path / "log")
+    with TestClient(create_app(svc)) as client:
+        assert client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "user": "u1"}).status_code == 200
+        names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("adaptspec-decide")], names
+    assert sum(c.stats()["decisions"] for c in svc.controllers.values()) == 1
+    assert all(c.config.decide_on_caller for c in svc.controllers.values())
+    svc.close()

@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--seed", type=seed, default=0, help="seed of the policies")
     ctl.add_argument("--fallback-block-size", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
                      help="block size used when a policy fails or is late (default: the arm closest to 8)")
-    ctl.add_argument("--decide-timeout", type=float_range(0, lo_open=True), default=0.1, metavar="S", help="time budget of a decision (default 0.1)")
+    ctl.add_argument("--decide-timeout", type=float_range(0, lo_open=True), default=0.1, metavar="S", help="time budget of a decision (default 0.1): one request at a time, a later one gets the "
+                          "fallback block size; on the engine, whose thread decides, it is counted late")
     ctl.add_argument("--feedback-timeout", type=float_range(0, lo_open=True), default=300.0, metavar="S",
                      help="drop a decision without feedback after this long")
     ctl.add_argument("--redecide-every", type=int_range(1), default=None, metavar="K",

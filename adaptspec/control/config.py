@@ -46,6 +46,7 @@ class ControllerConfig:
     checkpoint_interval_s: float | None = 60.0
     fallback_block_size: int | None = None
     decide_timeout_s: float = 0.1
+    decide_on_caller: bool = False
     feedback_timeout_s: float | None = 300.0
     redecide_every: int | None = None
     round_rule: Any = None
@@ -71,6 +72,8 @@ class ControllerConfig:
         _positive_int(self.redecide_every, "redecide_every", none=True)
         _positive_int(self.feature_dim, "feature_dim", none=True)
         _positive_number(self.decide_timeout_s, "decide_timeout_s")
+        if not isinstance(self.decide_on_caller, bool):
+            raise AdaptspecError(f"decide_on_caller must be True or False, got {self.decide_on_caller!r}")
         for name in ("feedback_timeout_s", "checkpoint_interval_s", "roll_interval_s"):
             _positive_number(getattr(self, name), name, none=True)
         if self.fallback_block_size is not None:

@@ -174,6 +174,11 @@ class AdaptiveController:
         Used when the policy fails or is late (default: the arm closest to 8). Must be an arm.
     decide_timeout_s
         Time budget of one decision.
+    decide_on_caller
+        Decide on the calling thread instead of the decision thread (an engine whose own thread
+        decides at join: one hand-off fewer per request). A decision is then not cut off at
+        ``decide_timeout_s`` (no other thread can): one slower is used, counted as late
+        (``stats()["fallbacks"]`` is unchanged, ``stats()["late_decisions"]``) and logged.
     feedback_timeout_s
         A decision without feedback for this long is logged without a reward and dropped
         (None: never).
@@ -221,7 +226,7 @@ class AdaptiveController:
                  latency: Any = None, speed_reference: Any = "auto", variant: str | None = None,
                  log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 100,
                  checkpoint_interval_s: float | None = 60.0, fallback_block_size: int | None = None,
-                 decide_timeout_s: float = 0.1, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
+                 decide_timeout_s: float = 0.1, decide_on_caller: bool = False, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
                  round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
                  roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
                  blas_threads: int | None = 1, shared: Any = None, load_features: bool = False,
@@ -264,7 +269,8 @@ class AdaptiveController:
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 learner.attach(shared, variant, cfg.path("log_dir"))
             self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
-                                    fallback_block_size=setup.fallback_block_size, timeout_s=decide_timeout_s)
+                                    fallback_block_size=setup.fallback_block_size, timeout_s=decide_timeout_s,
+                                    on_caller=cfg.decide_on_caller)
             self._worker = UpdateWorker(learner, self._updates, decider=self._decider, book=self._book,
                                         checkpointer=checkpointer, log_writer=self._log, name=variant or "")
             self._worker.start()
@@ -485,6 +491,7 @@ class AdaptiveController:
             "policy_choice": self.policy_choice,
             "decisions": self._decider.decisions,
             "fallbacks": dict(self._decider.fallbacks),
+            "late_decisions": self._decider.late,
             "feedback": dict(book.counts),
             "pending": book.pending,
             "updates": learner.updates,

@@ -6,6 +6,10 @@ The update thread publishes a fresh copy of the learning policy after each batch
 (:meth:`Decider.publish`); before each decision the decision thread adopts the newest copy,
 carrying the random generator over, so a slow update never delays a decision.
 
+With ``on_caller`` there is no decision thread: the calling thread decides (an engine whose
+own thread decides at join), the snapshot behind a lock; a decision slower than ``timeout_s`` is
+then used all the same (nothing can cut it off), counted in :attr:`Decider.late` and logged.
+
 A caller waits at most ``timeout_s`` for a decision. A policy that is late, raises, or returns
 a decision :func:`~adaptspec.control.block_sizes.check_decision` refuses gives the fallback
 block size instead (:func:`~adaptspec.control.block_sizes.fallback_decision`): the reason is in
@@ -28,6 +32,7 @@ import concurrent.futures as cf
 import copy
 import logging
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -59,18 +64,20 @@ class Decider:
     """
 
     def __init__(self, snapshot: Any, contexts: Contexts, *, arms: tuple[int, ...], fallback_block_size: int,
-                 timeout_s: float, label: str = "", name: str = "") -> None:
+                 timeout_s: float, label: str = "", name: str = "", on_caller: bool = False) -> None:
         self.contexts = contexts
         self.arms = arms
         self.fallback_block_size = fallback_block_size
         self.timeout_s = timeout_s
         self.label = label or contexts.policy_label
         self.name = name or "controller"
-        self._snapshot = snapshot   # touched on the decision thread only
+        self._snapshot = snapshot   # touched on the decision thread only (on_caller: under _own)
         self._published = snapshot  # the newest copy, set by the update thread
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{name}")
+        self._pool = None if on_caller else cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{name}")
+        self._own = threading.Lock()  # on_caller: the snapshot's owner at the moment
         self._lock = threading.Lock()
         self.decisions = 0
+        self.late = 0  # on_caller: decisions slower than timeout_s, used all the same
         self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
 
     def context(self, features: Any, load: LoadState | None = None) -> np.ndarray | None:
@@ -83,7 +90,7 @@ class Decider:
         did = uuid.uuid4().hex
         reason = None
         try:
-            d = self._pool.submit(self._decide_now, self.contexts.for_policy(ctx)).result(self.timeout_s)
+            d = self._call(self._decide_now, self.contexts.for_policy(ctx), timeout=self.timeout_s)
         except cf.TimeoutError:
             reason = "timeout"
             log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d",
@@ -112,14 +119,31 @@ class Decider:
 
     def snapshot(self, timeout: float = 5.0) -> Any:
         """A private copy of the policy decisions use now."""
-        return self._pool.submit(self._copy_snapshot).result(timeout=timeout)
+        return self._call(self._copy_snapshot, timeout=timeout)
 
     def rng_state(self, timeout: float = 1.0) -> dict[str, Any]:
         """The state of the decisions' random generator (checkpoints carry it)."""
-        return self._pool.submit(self._rng_state).result(timeout=timeout)
+        return self._call(self._rng_state, timeout=timeout)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _call(self, fn: Any, *args: Any, timeout: float) -> Any:
+        """``fn(*args)`` where the snapshot lives: on the decision thread, waiting at most ``timeout``;
+        ``on_caller``, on this thread under the snapshot's lock (a decision over ``timeout`` counted late)."""
+        if self._pool is not None:
+            return self._pool.submit(fn, *args).result(timeout)
+        t0 = time.perf_counter()
+        with self._own:
+            out = fn(*args)
+        took = time.perf_counter() - t0
+        if fn == self._decide_now and took > timeout:
+            with self._lock:
+                self.late += 1
+            log.warning("%s: policy %s took %.3f s to decide (budget %.3f s); used on the calling thread",
+                        self.name, self.label, took, timeout)
+        return out
 
     # ------------------------------------------------------------------ on the decision thread
     def _decide_now(self, ctx: np.ndarray | None) -> Any:

@@ -132,7 +132,8 @@ class CompletionService:
                     controller_options["shared"] = shared(name)
                 controllers[name] = AdaptiveController(
                     speculator, spec, variant=name, log_dir=log_dir,
-                    checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name, **controller_options)
+                    checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name,
+                    **({"decide_on_caller": True} if batched else {}) | controller_options)  # the engine's thread decides
             runner: Runner = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings())
                            if batched else SequentialRunner(controllers))
         except BaseException:
@@ -344,7 +345,8 @@ class CompletionService:
             s = c.stats()
             v = {"spec": self.router.specs.get(name), "weight": round(float(w), 6), "policy": s["policy"],
                  "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
-                 "fallbacks": sum(s["fallbacks"].values()), "checkpoint_updates": s["checkpoint_updates"],
+                 "fallbacks": sum(s["fallbacks"].values()), "late_decisions": s["late_decisions"],
+                 "checkpoint_updates": s["checkpoint_updates"],
                  "resumed": _hide_dirs(s["resumed"], c), "checkpoint_errors": s["checkpoint_errors"],
                  "log_errors": s["log_errors"], "last_error": _hide_dirs(s["last_error"], c),
                  "machine_speed": s["machine_speed"]}
