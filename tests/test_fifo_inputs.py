@@ -24,8 +24,9 @@ from adaptspec.traces.log_writer import journal_rows, log_rows
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
 
 
-def refused(fn, fifo: Path, timeout: float = 10.0) -> str:
-    """The one-line AdaptspecError ``fn()`` raises, asserting it raised within ``timeout`` seconds."""
+def outcome_in_time(fn, fifo: Path, timeout: float = 10.0) -> dict:
+    """``{"value": ...}`` or ``{"error": ...}`` of ``fn()``, asserting it finished within ``timeout``
+    seconds (else a writer opens and closes ``fifo`` to let a blocked reader go, and the test fails)."""
     out: dict = {}
 
     def call() -> None:
@@ -43,6 +44,12 @@ def refused(fn, fifo: Path, timeout: float = 10.0) -> str:
         except OSError as e:
             assert e.errno == errno.ENXIO  # nobody reading any more
         raise AssertionError(f"reading {fifo} did not finish in {timeout} s (it opened the FIFO)")
+    return out
+
+
+def refused(fn, fifo: Path, timeout: float = 10.0) -> str:
+    """The one-line AdaptspecError ``fn()`` raises, asserting it raised within ``timeout`` seconds."""
+    out = outcome_in_time(fn, fifo, timeout)
     err = out.get("error")
     assert isinstance(err, AdaptspecError), f"expected an AdaptspecError, got {out!r}"
     msg = str(err)
@@ -124,13 +131,8 @@ def test_a_fifo_part_in_a_live_servers_log_makes_ab_a_503_not_a_hang(tmp_path):
 
 def refused_in_time(fn, fifo: Path, timeout: float = 10.0):
     """``fn()``'s value, asserting it came within ``timeout`` seconds."""
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        raise AssertionError(f"the request did not finish in {timeout} s (it opened {fifo})")
+    out = outcome_in_time(fn, fifo, timeout)
+    assert "value" in out, out
     return out["value"]
 
 
@@ -138,20 +140,7 @@ def refused_in_time(fn, fifo: Path, timeout: float = 10.0):
 def refused_in_one_line(fn, fifo: Path, timeout: float = 10.0) -> str:
     """Like :func:`refused`, for readers that look for a regular file before reading one (a FIFO
     there is then "no such artefact"): an AdaptspecError in one line within ``timeout`` seconds."""
-    out: dict = {}
-
-    def call() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    t = threading.Thread(target=call, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        raise AssertionError(f"reading {fifo} did not finish in {timeout} s (it opened the FIFO)")
+    out = outcome_in_time(fn, fifo, timeout)
     err = out.get("error")
     assert isinstance(err, AdaptspecError), f"expected an AdaptspecError, got {out!r}"
     assert "\n" not in str(err) and str(fifo.parent) in str(err), str(err)
