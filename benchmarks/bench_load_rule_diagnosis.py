@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptspec.load.rules import Fixed
+from adaptspec.load_rules import Fixed
 from adaptspec.reward.attribution import batch_round_s
 from adaptspec.reward.latency import get_profile
-from adaptspec.simulators.load import simulate
+from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseTraceSet
 
 ROOT = Path(__file__).resolve().parents[1]

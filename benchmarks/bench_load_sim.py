@@ -1,5 +1,5 @@
 """Block-size rules under load, in simulation: the dense benchmark traces through a
-continuous-batching model (adaptspec/simulators/load.py) on a latency profile with a batch axis.
+continuous-batching model (adaptspec/simulators/load_sim.py) on a latency profile with a batch axis.
 
     python benchmarks/bench_load_sim.py                       # CPU and GPU profiles, misjudged costs too: ~2 min
     python benchmarks/bench_load_sim.py --wrong ""            # benchmarks/results/load-sim.json: ~1.5 min on 2 cores
@@ -15,7 +15,7 @@ rule cold (LinTS on the load level, after a warm-up run) and warm (started from 
 model's prediction, from its first round), and the per-level oracle. ``--wrong``: per-token
 factors of a misjudged verify cost given to the goodput and warm learned rules (and once more
 with the engine's attribution misjudged too). The comparison is
-adaptspec.evaluation.load.compare_under_load, the same code as the evaluation report's section 8.
+adaptspec.evaluation.under_load.compare_under_load, the same code as the evaluation report's section 8.
 Writes benchmarks/results/load-sim.json and prints markdown tables.
 """
 
@@ -26,7 +26,7 @@ import json
 import time
 from pathlib import Path
 
-from adaptspec.evaluation.load import ARMS, LEVELS, compare_under_load, render_load
+from adaptspec.evaluation.under_load import ARMS, LEVELS, compare_under_load, render_load
 from adaptspec.traces.dense import DenseTraceSet
 
 ROOT = Path(__file__).resolve().parents[1]

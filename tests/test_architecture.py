@@ -26,7 +26,7 @@ LAYERS = [
     {"decoding"},
     {"models", "batching"},
     {"policies"},
-    {"analysis", "load"},  # served-log analysis and its statistics (which the A/B simulation uses); load rules
+    {"analysis", "load_rules"},  # served-log analysis and its statistics (which the A/B simulation uses); load rules
     {"collect", "simulators"},
     {"control", "fleet"},
     {"evaluation", "serving"},

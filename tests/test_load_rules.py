@@ -1,5 +1,5 @@
-"""The learned rule's warm start (adaptspec/load/rules.py) and the simulator's misjudged cost models
-(adaptspec/simulators/load.py): the warm start prefers what the goodput model predicts, computed
+"""The learned rule's warm start (adaptspec/load_rules/learned.py) and the simulator's misjudged cost models
+(adaptspec/simulators/load_sim.py): the warm start prefers what the goodput model predicts, computed
 here from the closed forms, and learning from measured rewards corrects a wrong cost model."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.load.rules import LEVEL_ROWS, LEVELS, Goodput, Learned
+from adaptspec.load_rules import LEVEL_ROWS, LEVELS, Goodput, Learned
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.simulators.load import draft_acceptance, misjudged, simulate
+from adaptspec.simulators.load_sim import draft_acceptance, misjudged, simulate
 from adaptspec.traces.dense import DenseRequest
 
 ARMS = [1, 2, 3, 4, 6, 8]
@@ -50,7 +50,7 @@ def test_the_warm_start_prefers_the_goodput_models_block_size_at_every_level(nam
 
 
 def test_a_cold_rule_starts_at_plain_speed_and_a_level_borrows_from_the_others():
-    from adaptspec.load.rules import COLD_WEIGHT, LEVEL_WEIGHT
+    from adaptspec.load_rules import COLD_WEIGHT, LEVEL_WEIGHT
 
     rule = Learned(ARMS, KNEE, seed=0)
     assert rule.preference(1) is None  # every block size ties before the first round
@@ -94,7 +94,7 @@ def test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free():
 
 
 def _fixed(b: int):
-    from adaptspec.load.rules import Fixed
+    from adaptspec.load_rules import Fixed
 
     return Fixed(b)
 
@@ -124,7 +124,7 @@ class _Row:
 
 def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in_one_update():
     from adaptspec.policies.spec import make_policy
-    from adaptspec.simulators.load import Load
+    from adaptspec.simulators.load_sim import Load
 
     rule = Learned(ARMS, KNEE, prior=0.5, seed=3, hold=3)
     rows = [_Row(100), _Row(300)]

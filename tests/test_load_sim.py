@@ -1,4 +1,4 @@
-"""Replay under load (adaptspec/simulators/load.py, adaptspec/load/rules.py), against closed forms and
+"""Replay under load (adaptspec/simulators/load_sim.py, adaptspec/load_rules/), against closed forms and
 brute force. Round-time attribution (adaptspec/reward/attribution.py) is tested in tests/test_attribution.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.simulators.load import simulate
-from adaptspec.load.rules import Fixed, Goodput, Learned, Table, expected_tau
+from adaptspec.simulators.load_sim import simulate
+from adaptspec.load_rules import Fixed, Goodput, Learned, Table, expected_tau
 from adaptspec.traces.dense import DenseRequest
 
 #: Every pass costs 50 ms, whatever it holds (draft 10 ms when any row speculates, verify 40 ms).

@@ -230,7 +230,7 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     import torch
     from fastapi.testclient import TestClient
 
-    from adaptspec.load.rules import Fixed
+    from adaptspec.load_rules import Fixed
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
     from adaptspec.serving.engine.batched import EngineSettings

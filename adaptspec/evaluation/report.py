@@ -275,7 +275,7 @@ def _render_rounds(d: dict[str, Any] | None, figs: list[str]) -> str:
 
 
 def _render_load(d: dict[str, Any] | None, figs: list[str]) -> str:
-    from .load import render_load
+    from .under_load import render_load
 
     return render_load(d, figs)
 
@@ -406,7 +406,7 @@ def _full_info_findings(d: dict[str, Any]) -> list[str]:
 
 
 def _load_findings(d: dict[str, Any]) -> list[str]:
-    from .load import load_findings
+    from .under_load import load_findings
 
     return load_findings(d) if d.get("status") == "ok" else []
 

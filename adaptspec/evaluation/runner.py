@@ -222,7 +222,7 @@ def run_section(key: str, traces: Any, req: Request, out: Outputs) -> tuple[dict
 
         return section_rounds(traces, st), []
     if key == "load":
-        from .load import section_load
+        from .under_load import section_load
 
         return section_load(traces, st), []
     if key == "full_info":

@@ -64,7 +64,7 @@ class EngineSettings:
     ``max_rows`` requests decode at once (1: one at a time, through the same path); past
     ``max_queue`` waiting requests a request gets 429. ``profile`` (a latency profile, or its name)
     is the cost model of the ``"marginal"`` attribution; without one, rounds are split by tokens.
-    ``rule``: a per-round load rule of :mod:`adaptspec.load.rules` (see
+    ``rule``: a per-round load rule of :mod:`adaptspec.load_rules` (see
     :mod:`adaptspec.serving.engine.round_rule`); without one each row verifies its controller's block size.
     ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
     (:mod:`adaptspec.serving.engine.switchback`: slices of ``slice_rounds`` rounds, default 32, each on one

@@ -1,7 +1,7 @@
 """A per-round load rule in the batched engine (``serve --batched --load-rule ...``).
 
 Without a rule each row verifies its request's block size (its controller's decision at
-join). With one (:mod:`adaptspec.load.rules`: ``fixed:B``, ``goodput``, ``learned``), every
+join). With one (:mod:`adaptspec.load_rules`: ``fixed:B``, ``goodput``, ``learned``), every
 round the engine asks the rule for every row's block size, given the load (rows in the pass,
 requests waiting), and verifies ``min(rule's choice, the request's own)``; after the round
 the rule gets every row's tokens and attributed time back, in one call. The rule sees a row through a
@@ -22,6 +22,7 @@ import time
 from typing import Any, Sequence
 
 from ...errors import AdaptspecError
+from ...load_rules.base import LoadRule
 
 __all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
 
@@ -50,11 +51,11 @@ class RowView:
 
 
 class RoundRule:
-    """Adapts a rule of :mod:`adaptspec.load.rules` to the engine: the engine's
+    """Adapts a rule of :mod:`adaptspec.load_rules` to the engine: the engine's
     ``round_block_sizes`` hook (:meth:`choose`) and the feedback after a round (:meth:`feedback`)."""
 
-    def __init__(self, rule: Any, queue_length: Any) -> None:
-        from ...simulators.load import Load
+    def __init__(self, rule: LoadRule, queue_length: Any) -> None:
+        from ...simulators.load_sim import Load
 
         self.rule = rule
         self.name = getattr(rule, "name", type(rule).__name__)
@@ -102,7 +103,7 @@ class RoundRule:
         self.busy_wall_s += time.perf_counter() - w0
 
 
-def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0) -> Any:
+def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0) -> LoadRule | None:
     """The rule ``spec`` names (``fixed:B``, ``goodput``, ``learned``; ``none``: None) over block sizes ``arms``;
     ``profile`` is the cost model of the goodput and learned rules, ``prior`` their prior
     per-draft acceptance (the learned rule starts warm from it).
@@ -112,7 +113,7 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
     >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
     [(1, 3), (2, 4), (4, 1)]
     """
-    from ...load.rules import Fixed, Goodput, Learned, Table
+    from ...load_rules import Fixed, Goodput, Learned, Table
     from ...reward.latency import get_profile
 
     if spec == "none":

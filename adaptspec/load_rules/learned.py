@@ -1,42 +1,17 @@
-"""Block-size rules under load: what a continuous-batching engine verifies for each row, each round.
-
-A rule has ``choose(rows, load) -> block sizes`` (one per active row, called every round, so it
-can follow the load as it changes) and, after the round, ``feedback(rows, block_sizes, taus,
-attributed_s, load)``: for every row of it, the block size the rule asked, the tokens the row
-committed and its share of the round's time (:mod:`adaptspec.reward.attribution`).
-
-- :class:`Fixed`: one block size, whatever the load (1 = plain decoding).
-- :class:`Table`: a block size per load level, the static "batch size -> B" table engine users
-  write by hand (vLLM's per-batch-size speculative tokens, TensorRT-LLM's draft length
-  schedule); tuned in hindsight on other requests, or, on the same requests, the per-level
-  oracle.
-- :class:`Goodput`: SmartSpec-style. Each round, the block size that maximises the expected
-  tokens per second of the whole batch: every row's expected tokens at ``B`` from its
-  acceptance so far (independent per-draft acceptance ``a``: ``(1 - a^B) / (1 - a)``) over the
-  cost model's round time at ``B``.
-- :class:`Learned`: a contextual bandit from :mod:`adaptspec.policies` (LinTS by default)
-  choosing one block size for the whole batch every round, its context the load level,
-  learning from the round's tokens per second. Given a prior acceptance it starts warm: before its first
-  round it already prefers, at each level, what the goodput model predicts
-  (:func:`predicted_speedup`), and measured rewards move it from there. With ``full_info`` it
-  learns every block size a round reveals (every size up to the one verified), not only the one
-  it chose.
-
->>> from adaptspec.simulators.load import Load
->>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
-[2, 2, 2, 2, 2]
-"""
+"""The learned rule under load: a contextual bandit choosing each round's block size for the whole
+batch, its context the load level, warm from the goodput model or cold."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import AdaptspecError
 from ..reward.attribution import batch_round_s
 from ..reward.latency import LatencyProfile
+from .goodput import predicted_speedup
 
 #: Load levels (rows in flight) the learned rule tells apart: 1, 2, 3-4, 5-8, 9-16, 17-32, 33+.
 LEVELS = (1, 2, 4, 8, 16, 32)
@@ -77,115 +52,6 @@ LEVEL_WEIGHT = 16.0
 def level_index(rows: int) -> int:
     """The load level of ``rows`` rows in flight (0 for 1 row, ... 6 for 33 or more)."""
     return int(np.searchsorted(LEVELS, rows))
-
-
-def predicted_speedup(profile: LatencyProfile, arms: Sequence[int], acceptance: float, rows: int,
-                      context: float) -> np.ndarray:
-    """The goodput model's reward of each block size in ``arms`` at ``rows`` rows in flight, in the
-    learned rule's unit (1.0 = plain decoding): a batch all at ``B`` commits :func:`expected_tau`
-    tokens a row in one round of ``batch_round_s``, plain decoding one token a row in a plain
-    round, so ``E[tau_B] x t(plain) / t(B)``.
-
-    >>> from adaptspec.reward.latency import CostCurve
-    >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
-    >>> predicted_speedup(flat, [1, 2, 4], 0.5, rows=8, context=100).round(3)   # 1, 1.5 and 1.875 tokens in 40/50 ms
-    array([1. , 1.2, 1.5])
-    """
-    plain = batch_round_s(profile, [1] * rows, [context] * rows)
-    return np.array([float(expected_tau(np.array([acceptance]), b)[0]) * plain
-                     / batch_round_s(profile, [b] * rows, [context] * rows) for b in arms])
-
-
-class Fixed:
-    """The same block size for every row, every round."""
-
-    def __init__(self, block_size: int) -> None:
-        if not isinstance(block_size, int) or block_size < 1:
-            raise AdaptspecError(f"block size must be an int >= 1, got {block_size!r}")
-        self.block_size = block_size
-        self.name = "plain" if block_size == 1 else f"fixed:{block_size}"
-
-    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        return [self.block_size] * len(rows)
-
-    def feedback(self, *args: Any) -> None:
-        pass
-
-
-class Table:
-    """``{max rows: block size}``: the block size of the smallest level holding the rows in flight
-    (the largest level's beyond it)."""
-
-    def __init__(self, table: Mapping[int, int], name: str = "table") -> None:
-        if not table:
-            raise AdaptspecError("a load table needs at least one level")
-        self.levels = sorted((int(k), int(v)) for k, v in table.items())
-        self.name = name
-
-    def block_size(self, rows: int) -> int:
-        for top, b in self.levels:
-            if rows <= top:
-                return b
-        return self.levels[-1][1]
-
-    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        return [self.block_size(load.rows)] * len(rows)
-
-    def feedback(self, *args: Any) -> None:
-        pass
-
-
-def acceptance(row: Any, prior: float, weight: float) -> float:
-    """A row's per-draft acceptance so far: accepted over tried (accepted + rejections),
-    smoothed towards ``prior`` with the weight of ``weight`` trials."""
-    return (row.accepted + prior * weight) / (row.accepted + row.rejected + weight)
-
-
-def expected_tau(acceptance: np.ndarray, block_size: int) -> np.ndarray:
-    """Expected tokens a round of ``block_size`` commits when each draft is accepted with
-    probability ``acceptance`` independently, until the first rejection, plus the bonus token.
-
-    >>> expected_tau(np.array([0.0, 0.5, 1.0]), 4).round(3)
-    array([1.   , 1.875, 4.   ])
-    """
-    a = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0 - 1e-9)
-    return (1.0 - a**block_size) / (1.0 - a) if block_size > 1 else np.ones_like(a)
-
-
-class Goodput:
-    """Each round, the one block size (of ``arms``) with the most expected tokens per second for
-    the batch (SmartSpec's goodput), from each row's acceptance so far and the cost model.
-
-    A row's acceptance is its accepted drafts over accepted drafts and rejections (each round
-    tries drafts until the first rejection), smoothed towards ``prior`` with the weight of
-    ``prior_drafts`` trials (a new row starts at the prior).
-    """
-
-    def __init__(self, arms: Sequence[int], profile: LatencyProfile, prior: float = 0.5, prior_drafts: float = 8.0,
-                 max_new_tokens: int = 128) -> None:
-        self.arms = sorted(int(a) for a in arms)
-        self.profile, self.prior, self.weight = profile, float(prior), float(prior_drafts)
-        self.max_new_tokens = max_new_tokens
-        self.name = "goodput"
-
-    def acceptance(self, rows: Sequence[Any]) -> np.ndarray:
-        return np.array([acceptance(r, self.prior, self.weight) for r in rows])
-
-    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
-        a = np.clip(self.acceptance(rows), 0.0, 1.0 - 1e-9)
-        room = np.array([self.max_new_tokens - r.m for r in rows])
-        ctx = [r.context for r in rows]
-        best, best_rate = self.arms[0], -1.0
-        for b in self.arms:
-            blocks = np.clip(np.minimum(b, room), 1, None)
-            gain = float(((1.0 - a**blocks) / (1.0 - a)).sum())  # expected_tau, row by row
-            rate = gain / batch_round_s(self.profile, blocks, ctx)
-            if rate > best_rate:
-                best, best_rate = b, rate
-        return [best] * len(rows)
-
-    def feedback(self, *args: Any) -> None:
-        pass  # acceptance is read from the rows themselves
 
 
 class Learned:
@@ -270,7 +136,7 @@ class Learned:
     >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
     >>> [warm.preference(rows) for rows in (1, 8, 64)]     # before any round: the goodput model's choice
     [6, 4, 3]
-    >>> from adaptspec.simulators.load import Load
+    >>> from adaptspec.simulators.load_sim import Load
     >>> len(set(warm.choose([None] * 5, Load(rows=5, queue=0))))   # one block size for the whole round
     1
     """

@@ -1,4 +1,4 @@
-"""Section 8 of the evaluation report (adaptspec/evaluation/load.py): block-size rules under load on
+"""Section 8 of the evaluation report (adaptspec/evaluation/under_load.py): block-size rules under load on
 a tiny dense set, its figures checked against the simulator run directly and counted by hand."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from adaptspec.evaluation import Outputs, Request, Settings, run_evaluation
-from adaptspec.evaluation import load as L
-from adaptspec.load.rules import Fixed, Table
+from adaptspec.evaluation import under_load as L
+from adaptspec.load_rules import Fixed, Table
 from adaptspec.reward.latency import get_profile
-from adaptspec.simulators.load import simulate
+from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseRequest, DenseTraceSet
 
 SMALL = {"cpu-smollm2-batched": (1, 2), "h100-qwen3-8b": (1, 4)}

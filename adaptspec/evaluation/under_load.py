@@ -1,7 +1,7 @@
 """Section 8: block-size rules under load, on the dense traces through the load simulator.
 
 The dense set section 7 reads is split in two (even-numbered requests tune, odd-numbered ones
-are measured) and replayed through :func:`~adaptspec.simulators.load.simulate` at each load level
+are measured) and replayed through :func:`~adaptspec.simulators.load_sim.simulate` at each load level
 (closed-loop clients) and over a *day* whose client count changes: plain decoding and every
 fixed block size, the static table tuned on the other half (the best fixed size per level there),
 the goodput rule (SmartSpec-style, its prior acceptance measured on the other half), the learned
@@ -9,7 +9,7 @@ rule cold (LinTS after a warm-up run on the other half) and warm (started from t
 prediction, measured from its first round), each also with full information (learning from each
 round every block size shorter than the one it played), over several seeds, and the per-level
 oracle (each level's best fixed size on the measured requests). Optionally the same with a cost
-model that misjudges the verify pass (:func:`~adaptspec.simulators.load.misjudged`), to see which
+model that misjudges the verify pass (:func:`~adaptspec.simulators.load_sim.misjudged`), to see which
 rules correct it.
 ``benchmarks/bench_load_sim.py`` runs :func:`compare_under_load` with more requests.
 """
@@ -68,9 +68,9 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
     engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run. ``seeds``:
     the learned rules run with seeds 0 to ``seeds - 1`` (each its own warm-up for a cold rule);
     their tok/s is the mean, each seed's in ``seed_tokens_per_s``."""
-    from ..load.rules import Fixed, Goodput, Learned, Table
+    from ..load_rules import Fixed, Goodput, Learned, Table
     from ..reward.latency import get_profile
-    from ..simulators.load import draft_acceptance, misjudged, simulate
+    from ..simulators.load_sim import draft_acceptance, misjudged, simulate
 
     prof = get_profile(profile_name)
     arms = sorted(int(a) for a in arms)
@@ -223,7 +223,7 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
         return f"Not run: {d.get('reason') if d else 'never run'}."
     arms = d["arms"]
     out = [f"The dense set `{d['dense']}` ({d['requests']} requests) through the load simulator "
-           "(`adaptspec/simulators/load.py`: continuous batching, closed-loop clients, each round's cost from the "
+           "(`adaptspec/simulators/load_sim.py`: continuous batching, closed-loop clients, each round's cost from the "
            "profile's batched cost model, each round's time attributed to its rows by their marginal cost). "
            "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
            "rule's warm-up run), odd-numbered ones are measured; at least "

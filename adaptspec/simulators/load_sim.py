@@ -4,7 +4,7 @@ At batch 1 the best block size hardly depends on the prompt; under load it moves
 cost of verifying ``B`` tokens per row grows with the rows in the pass. This simulator replays
 dense traces (:mod:`adaptspec.traces.dense`: at T = 0, how many drafts are accepted at every
 position and block size) through a model of a continuous-batching engine
-(:mod:`adaptspec.batching`), so that any block-size rule (:mod:`adaptspec.load.rules`)
+(:mod:`adaptspec.batching`), so that any block-size rule (:mod:`adaptspec.load_rules`)
 can be compared at any load on the same arrivals:
 
 - **arrivals**: ``clients=N`` closed-loop clients (each sends its next request when the last one
@@ -25,7 +25,7 @@ request, from arrival to its last token.
 
 >>> import numpy as np
 >>> from adaptspec.reward.latency import CostCurve, LatencyProfile
->>> from adaptspec.load.rules import Fixed
+>>> from adaptspec.load_rules import Fixed
 >>> from adaptspec.traces.dense import DenseRequest
 >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
 >>> accept = np.array([[1, 2, 3]] * 12, dtype=np.uint8)     # every draft right, up to B = 4
