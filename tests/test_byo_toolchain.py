@@ -196,7 +196,8 @@ def test_collect_refusals_are_one_line(errmod, capsys, argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--batched"], r"--batched runs adaptspec's own models in one engine; a --speculator is served one request"),
+    (["--batched"], r"--batched applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
+                    r"adaptspec's SpeculativeDecoder, so it is served one request at a time"),
     (["--tiny"], r"--tiny chooses or places adaptspec's own models"),
     (["--chat"], r"drop --chat"),
     (["--arms", "1,2,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
@@ -208,6 +209,61 @@ def test_serve_refusals_are_one_line(errmod, argv, message):
     with pytest.raises(AdaptspecError, match=message) as e:
         build(args).close()
     assert "\n" not in str(e.value)
+
+
+#: a factory returning adaptspec's own SpeculativeDecoder (the tiny bundled-test pair), as a user would build one
+TINYMOD = '''
+from adaptspec.serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
+
+def make():
+    spec, codec = tiny_speculator(0, verification="exact")
+    spec.codec, spec.vocab_size, spec.max_context = codec, spec.target.vocab_size, TINY_MAX_POSITIONS
+    return spec
+'''
+
+
+@pytest.mark.parametrize("flag", [["--max-rows", "4"], ["--max-queue", "4"], ["--attribution", "tokens"],
+                                  ["--load-rule", "goodput"], ["--load-features"], ["--batched"]])
+def test_serve_refuses_engine_options_when_the_factorys_speculator_is_served_one_request_at_a_time(errmod, capsys, flag):
+    assert main(["serve", "--speculator", "mymod_e:make", "--port", "0", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert (f"{flag[0]} applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
+            "adaptspec's SpeculativeDecoder, so it is served one request at a time: drop it") in err
+
+
+def test_serve_runs_a_factorys_speculative_decoder_on_the_engine_with_the_engine_options(errmod, capsys):
+    import torch
+    from fastapi.testclient import TestClient
+
+    from adaptspec.cli.serve import build
+    from adaptspec.serving.app import create_app
+    from adaptspec.serving.codec import CharCodec
+    from adaptspec.serving.tiny import tiny_model
+
+    (errmod / "tinymod.py").write_text(TINYMOD)
+    # the engine decides once per request: re-deciding is refused, in one line naming what the factory returned
+    assert main(["serve", "--speculator", "tinymod:make", "--port", "0", "--redecide-every", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("--redecide-every: --speculator tinymod:make returned a SpeculativeDecoder, "
+                                     "which runs on the batched engine") in err, err
+    args = build_parser("serve").parse_args(["serve", "--speculator", "tinymod:make", "--port", "0", "--max-rows", "2",
+                                             "--max-queue", "5", "--load-rule", "fixed:2", "--variant", "A=fixed:4"])
+    service = build(args)
+    try:
+        assert service.runner.describe() == "batched engine: 2 rows, queue 5, attribution marginal, load rule fixed:2"
+        prompts = ["Hello there", "def f(x):", "1 + 1 ="]
+        with TestClient(create_app(service)) as client:
+            got = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 12}) for p in prompts]
+        model, codec = tiny_model(0), CharCodec()
+        for p, r in zip(prompts, got):
+            assert r.status_code == 200, r.text
+            ids = codec.encode(p)
+            want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):].tolist()
+            assert r.json()["choices"][0]["token_ids"] == want  # exact verification: the target's own greedy tokens
+        assert service.runner.loop.rounds > 0  # decoded by the engine's rounds
+    finally:
+        service.close()
 
 
 def test_profile_latency_times_your_speculator(errmod, capsys):

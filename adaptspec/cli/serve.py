@@ -8,6 +8,7 @@ Examples::
     adaptspec serve --tiny --variant A=linucb --variant B=fixed:4 --log-dir /tmp/log --port 8001   # for development
     adaptspec serve --speculator mymodule:make --variant A=neural-linear:head=runs/head --variant B=fixed:4 \\
         --log-dir runs/serve/log          # your own speculator (docs/bring-your-own.md), one request at a time
+                                          # (on the engine if the factory returns a SpeculativeDecoder)
 
     curl -s localhost:8000/v1/completions -d '{"prompt": "Write a haiku", "max_tokens": 32, "user": "u1"}'
     curl -s localhost:8000/ab; curl -s localhost:8000/metrics; curl -s localhost:8000/health
@@ -57,8 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="rounds per switchback slice (default 32; needs --ab-design switchback)")
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
     models.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
-                        help=SPECULATOR_HELP + "; served one request at a time (not with the model flags below, "
-                             "nor the engine options)")
+                        help=SPECULATOR_HELP + "; not with the model flags below. What the factory returns decides "
+                             "how it is served: adaptspec's SpeculativeDecoder runs on the batched engine (the engine "
+                             "options apply); any other speculator one request at a time (the engine options are "
+                             "refused)")
     models.add_argument("--tiny", action="store_true",
                         help="a tiny random model with a character tokenizer, for development and tests")
     models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
@@ -89,8 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--feedback-timeout", type=float_range(0, lo_open=True), default=300.0, metavar="S",
                      help="drop a decision without feedback after this long")
     ctl.add_argument("--redecide-every", type=int_range(1), default=None, metavar="K",
-                     help="decide again every K rounds inside a request (off by default; only with --speculator: "
-                          "the batched engine decides once per request, at join)")
+                     help="decide again every K rounds inside a request (off by default; only with a --speculator "
+                          "served one request at a time: the batched engine decides once per request, at join)")
     ctl.add_argument("--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates")
     ctl.add_argument("--checkpoint-interval", type=float_range(0, lo_open=True), default=60.0, metavar="S",
                      help="... or S seconds after the last checkpoint")
@@ -112,7 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="a replica id is held by one live process: a second one claiming it is refused; a "
                             "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)")
     bat = p.add_argument_group("batched engine: every request is a row of one continuous-batching engine "
-                               "(see docs/serving.md#batched-serving)")
+                               "(see docs/serving.md#batched-serving); with --speculator only when its factory "
+                               "returns a SpeculativeDecoder")
     bat.add_argument("--batched", action="store_true",
                      help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
                           "decodes one request at a time)")
@@ -221,6 +225,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's")
     import torch
 
+    from ..serving.service import runs_on_engine
+
     engine_threads = args.threads or torch.get_num_threads()
     if args.speculator is None:  # the batched engine decodes
         # this thread at one intra-op thread before any torch work (model loading included): a second
@@ -229,11 +235,16 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
     elif args.threads is not None:
         torch.set_num_threads(args.threads)
     vocab = None
+    device = args.device
     if args.speculator is not None:
         user = load_speculator_factory(args.speculator)
         speculator, codec, model_name = user.speculator, user.codec, user.path
         max_context, vocab = user.max_context, user.vocab_size
         _check_arms(args.arms, speculator.max_block_size, "the speculator's")
+        _check_user_engine(args, speculator)
+        if runs_on_engine(speculator):  # the factory's target and drafter run on the engine, as the bundled ones
+            torch.set_num_threads(1)
+            device = speculator.target.device.type
     elif args.tiny:
         from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
 
@@ -269,7 +280,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
-        **({} if args.speculator is not None else {"engine": _engine_settings(args, engine_threads)}))
+        **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}))
     return service
 
 
@@ -297,33 +308,46 @@ def _one_featurizer(featurizer, specs: dict[str, str]):
 
 
 def _check_engine(args: argparse.Namespace) -> None:
-    """The batched engine's options: not with a --speculator (served one request at a time), which
-    alone re-decides inside a request."""
-    if args.speculator is None:
+    """The batched engine's options that can be checked before any model is loaded. With a
+    --speculator, whether they apply is known once its factory has run (:func:`_check_user_engine`)."""
+    if args.speculator is None and args.redecide_every is not None:
+        raise AdaptspecError("--redecide-every needs --speculator: the batched engine decides once per request, "
+                             "at join")
+    if args.speculator is None or args.load_rule is not None:
+        _load_rule(args, args.device)  # a bad rule is one line before any model is loaded
+
+
+def _check_user_engine(args: argparse.Namespace, speculator: object) -> None:
+    """--speculator's engine options, decided by what its factory returned, as
+    :meth:`~adaptspec.serving.CompletionService.build` decides (:func:`~adaptspec.serving.runs_on_engine`):
+    a SpeculativeDecoder runs on the batched engine, which decides once per request (no
+    --redecide-every); any other speculator is served one request at a time (no engine option)."""
+    from ..serving.service import runs_on_engine
+
+    returned = f"--speculator {args.speculator} returned a {type(speculator).__name__}"
+    if runs_on_engine(speculator):
         if args.redecide_every is not None:
-            raise AdaptspecError("--redecide-every needs --speculator: the batched engine decides once per request, "
-                                 "at join")
-        _load_rule(args)  # a bad rule is one line before any model is loaded
+            raise AdaptspecError(f"--redecide-every: {returned}, which runs on the batched engine: it decides once "
+                                 "per request, at join")
         return
-    if getattr(args, "batched", False):
-        raise AdaptspecError("--batched runs adaptspec's own models in one engine; a --speculator is served one "
-                             "request at a time: drop --batched")
-    given = [f for f, v in (("--max-rows", args.max_rows), ("--max-queue", args.max_queue),
-                            ("--attribution", args.attribution), ("--load-rule", args.load_rule),
-                            ("--load-features", args.load_features or None),
+    given = [f for f, v in (("--batched", getattr(args, "batched", False) or None), ("--max-rows", args.max_rows),
+                            ("--max-queue", args.max_queue), ("--attribution", args.attribution),
+                            ("--load-rule", args.load_rule), ("--load-features", args.load_features or None),
                             ("--ab-design", getattr(args, "ab_design", None)),
                             ("--slice-rounds", getattr(args, "slice_rounds", None))) if v is not None]
     if given:
-        raise AdaptspecError(f"{given[0]} applies to the batched engine of adaptspec's own models; a --speculator "
-                             "is served one request at a time")
+        raise AdaptspecError(f"{given[0]} applies to the batched engine; {returned}, not adaptspec's "
+                             "SpeculativeDecoder, so it is served one request at a time: drop it")
 
 
-def _engine_settings(args: argparse.Namespace, threads: int):
-    """The batched engine's :class:`~adaptspec.serving.engine.batched.EngineSettings` the arguments describe."""
+def _engine_settings(args: argparse.Namespace, threads: int, device: str):
+    """The batched engine's :class:`~adaptspec.serving.engine.batched.EngineSettings` the arguments
+    describe, for models on ``device``."""
     from ..serving.engine.batched import EngineSettings
 
     return EngineSettings(max_rows=args.max_rows or 8, max_queue=64 if args.max_queue is None else args.max_queue,
-                          attribution=args.attribution or "marginal", profile=_cost_model(args), rule=_load_rule(args),
+                          attribution=args.attribution or "marginal", profile=_cost_model(args, device),
+                          rule=_load_rule(args, device),
                           design=getattr(args, "ab_design", None) or "requests",
                           slice_rounds=getattr(args, "slice_rounds", None), seed=args.seed, threads=threads)
 
@@ -348,13 +372,13 @@ def _check_ab_design(args: argparse.Namespace) -> None:
                              "of slices)")
 
 
-def _cost_model(args: argparse.Namespace) -> str | None:
+def _cost_model(args: argparse.Namespace, device: str) -> str | None:
     """The batched engine's cost model: --latency, else on a CPU the bundled pair's measured batched
     surface (``cpu-smollm2-batched``); None elsewhere (rounds are split by tokens)."""
-    return args.latency or ("cpu-smollm2-batched" if args.device == "cpu" else None)
+    return args.latency or ("cpu-smollm2-batched" if device == "cpu" else None)
 
 
-def _load_rule(args: argparse.Namespace) -> object | None:
+def _load_rule(args: argparse.Namespace, device: str) -> object | None:
     """The per-round rule ``--load-rule`` names (default ``learned``; ``none``: no rule)."""
     from ..serving.engine.round_rule import make_load_rule
 
@@ -362,7 +386,7 @@ def _load_rule(args: argparse.Namespace) -> object | None:
     if spec == "none":
         return None
     arms = args.arms or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
-    return make_load_rule(spec, arms, _cost_model(args) or "cpu-smollm2-batched", prior=args.load_prior,
+    return make_load_rule(spec, arms, _cost_model(args, device) or "cpu-smollm2-batched", prior=args.load_prior,
                           seed=args.seed)
 
 

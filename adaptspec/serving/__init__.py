@@ -9,9 +9,10 @@ when an app is built.
 """
 
 from .router import ABRouter
-from .service import CompletionRequest, CompletionService, RequestError, ServerLimits
+from .service import CompletionRequest, CompletionService, RequestError, ServerLimits, runs_on_engine
 
-__all__ = ["ABRouter", "CompletionRequest", "CompletionService", "RequestError", "ServerLimits", "create_app"]
+__all__ = ["ABRouter", "CompletionRequest", "CompletionService", "RequestError", "ServerLimits", "create_app",
+           "runs_on_engine"]
 
 
 def __getattr__(name: str):

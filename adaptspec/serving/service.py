@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .engine.batched import EngineSettings
     from .metrics import ServingMetrics
 
-__all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits"]
+__all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits", "runs_on_engine"]
 
 #: fields of the OpenAI completions API that this server does not implement, with their neutral values
 _UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "echo": (None, False),
@@ -47,6 +47,16 @@ _UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False),
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 #: the largest ``seed`` (torch and numpy generators take 64-bit seeds)
 MAX_SEED = 2**63 - 1
+
+
+def runs_on_engine(speculator: Any) -> bool:
+    """Whether :meth:`CompletionService.build` decodes ``speculator`` on the batching engine: adaptspec's
+    own target and drafter (a :class:`~adaptspec.decoding.SpeculativeDecoder`, however it was made)
+    are; any other speculator is served one request at a time. ``adaptspec serve --speculator`` asks
+    the same of what the factory returned before it accepts or refuses the engine's options."""
+    from ..decoding.decoder import SpeculativeDecoder
+
+    return isinstance(speculator, SpeculativeDecoder)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -101,20 +111,19 @@ class CompletionService:
         ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
 
         adaptspec's own speculator (a :class:`~adaptspec.decoding.SpeculativeDecoder`: a target and
-        a drafter) is decoded by one batched engine, ``engine`` its
+        a drafter; :func:`runs_on_engine`) is decoded by one batched engine, ``engine`` its
         :class:`~adaptspec.serving.engine.batched.EngineSettings` (default: 8 rows, queue 64); any other
         speculator one request at a time through its controllers
         (:class:`~adaptspec.serving.engine.sequential.SequentialRunner`), which alone re-decides inside a
         request (``redecide_every``).
         """
         from ..control.controller import AdaptiveController
-        from ..decoding.decoder import SpeculativeDecoder
         from .engine.batched import EngineSettings, batched_runner
         from .engine.halting import HaltableSpeculator
         from .metrics import ServingMetrics
         from .engine.sequential import SequentialRunner
 
-        batched = isinstance(speculator, SpeculativeDecoder)
+        batched = runs_on_engine(speculator)
         if batched and controller_options.get("redecide_every") is not None:
             raise AdaptspecError("redecide_every is not available with the batched engine (each request decides "
                                  "once, at join); it applies to a speculator of your own, served one request at a time")
