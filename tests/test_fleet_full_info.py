@@ -359,3 +359,44 @@ def test_a_replica_killed_mid_stream_rebuilds_its_full_information_sums_from_its
         np.testing.assert_allclose(pol.means(), closed_form(R, O), rtol=1e-9)
         np.testing.assert_array_equal(pol.stats.n, O.sum(axis=0))  # rebuilt from the vectors, not the arm alone
         assert stats["shared"]["fleet_updates"] == 34
+
+
+def calibrated(ratios: np.ndarray, R: np.ndarray, half_life: float = 16.0) -> np.ndarray:
+    """Each request's rewards over the machine-speed factor after its own ratio: the exponential of a
+    discounted mean of the log ratios so far (weight 2 ** (-1 / half_life) per older request)."""
+    d = 0.5 ** (1.0 / half_life)
+    out, s, w = np.empty_like(R), 0.0, 0.0
+    for i, q in enumerate(ratios):
+        s, w = d * s + np.log(q), d * w + 1.0
+        out[i] = R[i] / np.exp(s / w)  # token_latency: ms per token over the factor
+    return out
+
+
+def test_a_replica_restarted_on_its_log_learns_the_calibrated_rewards_it_learnt_before(tmp_path):
+    """With a speed reference the learner divides each reward by the machine-speed factor; a replica
+    that rebuilds its fleet sums from its log must divide them alike, in log order."""
+    be, log = MemoryBackend(), tmp_path / "r0"
+
+    def replica() -> AdaptiveController:
+        return AdaptiveController(Taus(), "fi-ucb", arms=ARMS, variant="A", log_dir=log, log_fsync=False,
+                                  shared=SharedState(be, "r0", sync_every=4, sync_interval_s=0.05),
+                                  feedback_timeout_s=None, speed_reference="cpu-smollm2-fast", seed=0)
+
+    c = replica()
+    for i in range(24):
+        c.generate(prompt(i), max_new_tokens=19)
+    c.sync()
+    before = c.policy_snapshot().means()
+    c.close()
+    lg = DecisionLog.read(log)
+    ratios = np.asarray(lg.table.column("speed_ratio").to_pylist(), dtype=np.float64)
+    assert len(ratios) == 24 and np.ptp(ratios) > 0.05  # the factor moves from request to request
+    want = closed_form(calibrated(ratios, lg.cf_rewards), lg.cf_observed)
+    assert not np.allclose(want, closed_form(lg.cf_rewards, lg.cf_observed), rtol=1e-3)  # calibration matters
+    np.testing.assert_allclose(before, want, rtol=1e-9)
+    back = replica()
+    try:
+        assert back.stats()["shared"]["rebuilt"] == {"from": "log", "updates": 24, "published_before": 24}
+        np.testing.assert_allclose(back.policy_snapshot().means(), want, rtol=1e-9)
+    finally:
+        back.close()

@@ -113,7 +113,8 @@ class Learner:
 
     def attach(self, shared: Any, variant: str | None, log_dir: Any) -> None:
         """Learn with the other replicas of a fleet from now on (after resume: replayed feedback is this replica's own)."""
-        shared.attach(self.policy, variant, log_dir, self.contextual)
+        calibration = None if self.machine_speed is None else self.machine_speed.replay(self.reward_name)
+        shared.attach(self.policy, variant, log_dir, self.contextual, calibration)
         self.shared = shared
 
     def apply(self, u: Update) -> None:

@@ -53,7 +53,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -147,10 +147,13 @@ class SharedState:
         self.lease, self.channel = lease, channel
 
     def attach(self, policy: Any, variant: str | None, log_dir: str | Path | None = None,
-               contextual: bool | None = None) -> None:
+               contextual: bool | None = None, calibration: Callable[[float | None, Any], Any] | None = None) -> None:
         """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
 
-        Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward),
+        Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward;
+        ``calibration``, a fresh :class:`~adaptspec.reward.machine_speed.LogCalibration` where the
+        controller calibrates rewards for the machine's speed, turns each row's logged reward into
+        the one the learner learnt),
         refuses to start (one line) when the backend holds more of this replica's updates than the
         log, publishes, merges the others' statistics into ``policy`` and starts the sync thread.
         A backend that cannot be reached now raises (one line). On any refusal the id is released.
@@ -158,12 +161,13 @@ class SharedState:
         self.family = family_for(policy)
         self.claim(variant)
         try:
-            self._attach(policy, log_dir, contextual)
+            self._attach(policy, log_dir, contextual, calibration)
         except BaseException:
             self.close()
             raise
 
-    def _attach(self, policy: Any, log_dir: str | Path | None, contextual: bool | None) -> None:
+    def _attach(self, policy: Any, log_dir: str | Path | None, contextual: bool | None,
+                calibration: Callable[[float | None, Any], Any] | None) -> None:
         self.fingerprint = self.family.fingerprint(policy)
         self._contextual = bool(getattr(policy, "contextual", True) if contextual is None else contextual)
         try:
@@ -184,7 +188,7 @@ class SharedState:
                     raise AdaptspecError(f"replica {self.replica!r} of variant {self.channel!r} published statistics "
                                          f"of another policy before ({e}): use another replica id or fleet name") from None
         if log_dir is not None:
-            local, n = self._rebuild(policy, Path(log_dir))
+            local, n = self._rebuild(policy, Path(log_dir), calibration)
             if own is not None and own.updates > n:
                 raise AdaptspecError(f"replica {self.replica!r} published {own.updates} updates of variant "
                                      f"{self.channel!r}, but its decision log {log_dir} holds {n}: start it on its own "
@@ -207,24 +211,33 @@ class SharedState:
         self._thread = threading.Thread(target=self._run, name=f"adaptspec-fleet-{self.channel}", daemon=True)
         self._thread.start()
 
-    def _rebuild(self, policy: Any, log_dir: Path) -> tuple[dict[str, np.ndarray], int]:
+    def _rebuild(self, policy: Any, log_dir: Path,
+                 calibration: Callable[[float | None, Any], Any] | None) -> tuple[dict[str, np.ndarray], int]:
         """This replica's sums from its decision log: every logged reward of this variant, in log order,
-        replayed into a fresh copy of the policy (the estimates are scored against that copy)."""
+        calibrated as the learner calibrated it and replayed into a fresh copy of the policy (the
+        estimates are scored against that copy)."""
         from ..traces.log_writer import log_rows
 
         sums = self.family.zero()
         if not log_dir.is_dir():
             return sums, 0
         rows = [r for r in log_rows(log_dir, ["variant", "block_size", "reward", "features", "arms", "cf_rewards",
-                                              "cf_censored"])
-                if r.get("variant") == self.channel and r.get("reward") is not None
-                and int(r["block_size"]) in self.family.arms]
+                                              "cf_censored", "speed_ratio"])
+                if r.get("variant") == self.channel and r.get("reward") is not None]
         if not rows or self.family is NOTHING:
             return sums, 0
+        if calibration is None:
+            calibration = _as_logged
+        learnt = 0
         head = getattr(policy, "head", None)
         scratch = copy.deepcopy(policy, {} if head is None else {id(head): head})
         scratch.reset()
         for r in rows:
+            ratio = r.get("speed_ratio")  # every row's ratio moves the factor, as every applied update did
+            if int(r["block_size"]) not in self.family.arms:
+                calibration(ratio, 0.0)
+                continue
+            learnt += 1
             f = r.get("features")
             if self._contextual and f is None:
                 raise AdaptspecError(f"{log_dir}: logged decision {r['decision_id']} has no features: cannot rebuild "
@@ -232,11 +245,11 @@ class SharedState:
             ctx = None if (f is None or not self._contextual) else np.asarray(f, dtype=np.float32).astype(np.float64)
             if self.family.full_feedback and r.get("cf_rewards") is not None and r.get("cf_censored") is not None \
                     and tuple(int(a) for a in r["arms"]) == self.family.arms:  # every arm's, as it was learnt
-                self._learn_full(scratch, sums, ctx, np.asarray(r["cf_rewards"], dtype=np.float64),
+                self._learn_full(scratch, sums, ctx, calibration(ratio, np.asarray(r["cf_rewards"], dtype=np.float64)),
                                  ~np.asarray(r["cf_censored"], dtype=bool))
             else:
-                self._learn(scratch, sums, ctx, int(r["block_size"]), float(r["reward"]))
-        return sums, len(rows)
+                self._learn(scratch, sums, ctx, int(r["block_size"]), float(calibration(ratio, float(r["reward"]))))
+        return sums, learnt
 
     # ------------------------------------------------------------------ update thread
     def _learn(self, policy: Any, sums: dict[str, np.ndarray], context: Any, block_size: int, reward: float) -> None:
@@ -458,3 +471,8 @@ class SharedState:
             self._sync_guarded()
         if self.lease is not None:
             self.lease.release()
+
+
+def _as_logged(ratio: float | None, reward: Any) -> Any:
+    """No calibration: a controller without a machine-speed factor learnt its rewards as logged."""
+    return reward

@@ -91,6 +91,11 @@ class MachineSpeed:
         raise AdaptspecError(f"a machine-speed factor applies to measured rewards ({', '.join(MEASURED_REWARDS)}), "
                              f"not {reward_name!r}")
 
+    def replay(self, reward_name: str) -> "LogCalibration":
+        """A fresh factor of the same profile and half-life, to calibrate a decision log's rewards
+        again in log order, as a learner starting from nothing calibrated them."""
+        return LogCalibration(MachineSpeed(self.profile, self.half_life), reward_name)
+
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, float]:
         return {"sum": self._sum, "weight": self._weight, "half_life": self.half_life}
@@ -100,3 +105,20 @@ class MachineSpeed:
             raise AdaptspecError(f"checkpoint's machine-speed half-life {state.get('half_life')} differs from "
                                  f"this controller's {self.half_life}")
         self._sum, self._weight = float(state["sum"]), float(state["weight"])
+
+
+class LogCalibration:
+    """Logged rewards calibrated again in log order: each row's ``speed_ratio`` folded into the
+    factor, then that row's reward (or vector of counterfactual rewards, one factor for every arm)
+    divided or multiplied by it, as the learner did when it applied the row. A row without a ratio
+    is learnt as logged."""
+
+    def __init__(self, speed: MachineSpeed, reward_name: str) -> None:
+        self.speed = speed
+        self.reward_name = reward_name
+
+    def __call__(self, ratio: float | None, reward: Any) -> Any:
+        if ratio is None:
+            return reward
+        self.speed.observe(ratio)
+        return self.speed.calibrate(self.reward_name, reward)
