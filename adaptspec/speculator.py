@@ -27,7 +27,9 @@ class Round:
 
     ``block_size`` positions were verified (the last committed token and ``block_size - 1``
     drafts); ``drafted`` is the size of the block the drafter drafted, larger when a per-round
-    schedule verified only a prefix of it (0: the same as ``block_size``).
+    schedule verified only a prefix of it (0: the same as ``block_size``). ``rows``: the
+    sequences the timed passes carried (more than 1 in a batching engine, whose ``draft_s`` and
+    ``verify_s`` then hold the other rows' work too).
     """
 
     block_size: int
@@ -35,12 +37,15 @@ class Round:
     draft_s: float
     verify_s: float
     drafted: int = 0
+    rows: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.tau <= self.block_size:
             raise ValueError(f"tau={self.tau} outside 1..block_size={self.block_size}")
         if self.drafted and self.drafted < self.block_size:
             raise ValueError(f"drafted={self.drafted} smaller than the verified block_size={self.block_size}")
+        if self.rows < 1:
+            raise ValueError(f"rows={self.rows}: a pass carries at least one sequence")
 
     @property
     def draft_size(self) -> int:

@@ -157,7 +157,8 @@ def test_a_re_decision_followed_by_another_censors_past_its_last_full_round(tmp_
                 tokens += [2] * rounds[-1].tau
             return Outcome(tokens, rounds, 0.002)
 
-    with AdaptiveController(TwoRounds(), "fixed:2", arms=(1, 2, 4), redecide_every=1, log_dir=tmp_path) as c:
+    with AdaptiveController(TwoRounds(), "fixed:2", arms=(1, 2, 4), redecide_every=1, log_dir=tmp_path,
+                            latency="cpu-smollm2-fast") as c:  # priced on a profile from the first request on
         assert len(c.generate(prompt(0), max_new_tokens=8).decisions) == 2
         first, last = c.pending_log_rows()
     assert first["cf_censored"] == [False, False, True] and first["cf_tokens"] == [1.0, 2.0, 2.0]

@@ -215,7 +215,7 @@ class BatchEngine:
         done = []
         for i, row in enumerate(self.rows):
             row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,
-                                           drafted=drafted[i] if drafted[i] != widths[i] else 0))
+                                           drafted=drafted[i] if drafted[i] != widths[i] else 0, rows=len(self.rows)))
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)

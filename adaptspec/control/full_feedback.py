@@ -14,14 +14,19 @@ to the learner, which feeds a policy with ``full_feedback`` every observed arm
 as before. Resume replays the logged vectors, so it learns the same.
 
 Which profile prices the rounds (:func:`pricing_profile`): the controller's ``latency`` when given,
-else its machine-speed reference, else :data:`DEFAULT_PROFILE`. Only the profile's relative costs
-of the block sizes matter (the times are scaled to the measured one); pass ``latency=PROFILE``
-(``adaptspec profile-latency``) to price them as your decoder's costs grow with the block.
+else its machine-speed reference, else the costs measured from the rounds themselves
+(:class:`~adaptspec.reward.measured_costs.MeasuredCosts`: each round's ``draft_s`` and ``verify_s``,
+rounds timed alone only). Until two block sizes have been timed, a request timed alone gets no
+counterfactual rewards (it is learnt as a bandit learns it: pricing other sizes from one size's
+rounds would carry another machine's costs into the learner for good), and a request of a batching
+engine's rounds (timed with other rows) is priced on :data:`DEFAULT_PROFILE` until then. Only the
+profile's relative costs of the block sizes matter (the times are scaled to the measured one); pass
+``latency=PROFILE`` (``adaptspec profile-latency``) to fix them.
 
 >>> from adaptspec.speculator import Decision, Outcome, Round
 >>> d = Decision(4, 1.0, [0.0, 0.0, 1.0, 0.0], (1, 2, 4, 8), "fixed:4", decision_id="d1")
 >>> out = Outcome([1] * 7, [Round(4, 3, 0.0, 0.01), Round(4, 2, 0.0, 0.01), Round(4, 1, 0.0, 0.01)], decode_s=0.03)
->>> fb = CounterfactualPricer("tau", pricing_profile(None, None)).price(d, out, 2.0, context_tokens=20)
+>>> fb = CounterfactualPricer("tau", get_profile(DEFAULT_PROFILE)).price(d, out, 2.0, context_tokens=20)
 >>> fb.rewards.tolist(), fb.tokens.tolist(), fb.censored.tolist()
 ([1.0, 1.6666666666666667, 2.0, 2.0], [3.0, 5.0, 6.0, 6.0], [False, False, False, False])
 """
@@ -38,6 +43,7 @@ from ..errors import AdaptspecError
 from ..reward.counterfactual import from_outcome
 from ..reward.functions import REWARDS
 from ..reward.latency import LatencyProfile, get_profile
+from ..reward.measured_costs import MeasuredCosts
 
 log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
@@ -65,27 +71,35 @@ class FullFeedback:
         return ~self.censored
 
 
-def pricing_profile(latency: Any, machine_speed: Any) -> LatencyProfile:
-    """The latency profile counterfactual rounds are priced with (see the module docstring)."""
+def pricing_profile(latency: Any, machine_speed: Any) -> LatencyProfile | MeasuredCosts:
+    """What counterfactual rounds are priced with (see the module docstring): a profile, or the
+    costs measured from the rounds on :data:`DEFAULT_PROFILE`'s shape."""
     if latency is not None:
         return get_profile(latency)
     if machine_speed is not None:
         return machine_speed.profile
-    return get_profile(DEFAULT_PROFILE)
+    return MeasuredCosts(get_profile(DEFAULT_PROFILE))
 
 
 class CounterfactualPricer:
     """Prices every arm's counterfactual outcome with reward ``reward`` (one of
-    :data:`~adaptspec.reward.functions.REWARDS`) on ``profile`` (see the module docstring);
-    ``prefix_drafts``: the decoder drafts one block every round and verifies a prefix of it (it
-    declares ``prefix_drafts``), so no uncensored arm is approximate."""
+    :data:`~adaptspec.reward.functions.REWARDS`) on ``profile``, a latency profile or costs measured
+    as requests come (see the module docstring); ``prefix_drafts``: the decoder drafts one block
+    every round and verifies a prefix of it (it declares ``prefix_drafts``), so no uncensored arm
+    is approximate."""
 
-    def __init__(self, reward: str, profile: LatencyProfile, prefix_drafts: bool = False) -> None:
+    def __init__(self, reward: str, profile: LatencyProfile | MeasuredCosts, prefix_drafts: bool = False) -> None:
         if reward not in REWARDS:
             raise AdaptspecError(f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}")
         self.reward = reward
-        self.profile = profile
+        self.costs = profile if isinstance(profile, MeasuredCosts) else None
+        self._profile = profile.prior if isinstance(profile, MeasuredCosts) else profile
         self.prefix_drafts = bool(prefix_drafts)
+
+    @property
+    def profile(self) -> LatencyProfile:
+        """The profile the next request is priced with."""
+        return self._profile if self.costs is None else self.costs.profile()
 
     def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None,
               last: bool = True) -> FullFeedback | None:
@@ -98,11 +112,14 @@ class CounterfactualPricer:
         from as a bandit)."""
         if not outcome.rounds:
             return None
+        if self.costs is not None and self.costs.observe(outcome) and not self.costs.measured:
+            return None  # timed alone, but one size's rounds cannot tell yet what another costs here
+        profile = self.profile
         arms = tuple(int(a) for a in decision.arms)
-        ctx = int(self.profile.context_tokens if context_tokens is None else context_tokens)
+        ctx = int(profile.context_tokens if context_tokens is None else context_tokens)
         try:
-            cf = from_outcome(outcome, decision.block_size, arms, ctx, self.profile, prefix_drafts=self.prefix_drafts)
-            r = cf.rewards(self.reward, self.profile)  # modelled: at the reference context, as the reward function
+            cf = from_outcome(outcome, decision.block_size, arms, ctx, profile, prefix_drafts=self.prefix_drafts)
+            r = cf.rewards(self.reward, profile)  # modelled: at the reference context, as the reward function
         except (AdaptspecError, ValueError, ZeroDivisionError) as e:
             log.info("decision %s: no counterfactual rewards: %s", decision.decision_id, e)
             return None
