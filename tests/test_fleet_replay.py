@@ -54,3 +54,28 @@ def test_without_sharing_a_replica_learns_as_one_alone(bench):
                       for s in range(SEEDS // 2)])
     s = speedup(single, WIDTH, learning_curve(alone, WIDTH), WIDTH, levels(single))
     assert np.all(np.isnan(s) | (s < 1.6)), s  # NaN: not reached within its requests (a sharing fleet was)
+
+
+def test_a_full_information_fleet_learns_every_arm_its_requests_show():
+    """fi-ucb fed the trace set's counterfactuals: the replay of one replica is one fi-ucb learning
+    every arm each request shows (replayed here by hand), and differs from learning the arm alone."""
+    from adaptspec.simulators.counterfactuals import trace_feedback
+
+    t = load_traces("adaptspec/data/traces/benchmarks")
+    R = t.reward_matrix("token_latency")
+    fb = trace_feedback(t, R, "token_latency")
+    make = lambda i: make_policy("fi-ucb", t.arms, seed=0)  # noqa: E731
+    got = fleet_replay(make, R, None, replicas=1, steps_per_replica=200, seed=3, feedback=fb)[0]
+    pol = make(0)
+    idx = np.random.default_rng(3).integers(0, R.shape[0], size=200)
+    best = int(np.argmax(R.mean(axis=0)))
+    want, shown = [], 0
+    for i in idx.tolist():
+        a = pol.arm_index(pol.decide(None).block_size)
+        want.append(R[i, best] - R[i, a])
+        pol.update_full(None, fb.rewards[i, a], fb.observed[i, a])
+        shown += int(fb.observed[i, a].sum())
+    np.testing.assert_allclose(got, want)
+    assert shown > 3 * 200  # most requests showed several arms, not just the one that ran
+    bandit = fleet_replay(make, R, None, replicas=1, steps_per_replica=200, seed=3)[0]
+    assert not np.allclose(bandit, got)  # learning the arm alone chooses differently

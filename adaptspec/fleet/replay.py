@@ -2,7 +2,7 @@
 
 Requests of one stream go to the replicas in turn (request ``t`` to replica ``t mod R``). Each
 replica decides with its own copy of the policy and learns from the reward of the block size
-it chose, exactly as :class:`~adaptspec.fleet.SharedState` makes a served replica learn: its own
+it chose (or, given the counterfactual feedback, every block size the request showed), exactly as :class:`~adaptspec.fleet.SharedState` makes a served replica learn: its own
 update at once, and every ``sync_every`` of its own updates it publishes its sums and rebuilds
 its policy as prior + everyone's published sums (:mod:`adaptspec.fleet.stats`). Deterministic
 (no threads, no network): the consistency window is the ``sync_every`` updates alone.
@@ -26,11 +26,14 @@ __all__ = ["fleet_replay", "learning_curve", "speedup"]
 
 
 def fleet_replay(make: Callable[[int], Any], rewards: np.ndarray, contexts: np.ndarray | None, *, replicas: int,
-                 steps_per_replica: int, sync_every: int = 8, seed: int = 0) -> np.ndarray:
+                 steps_per_replica: int, sync_every: int = 8, seed: int = 0, feedback: Any = None) -> np.ndarray:
     """Regret against the best fixed arm of every request each replica served: ``(replicas, steps)``.
 
     ``make(i)`` builds replica ``i``'s policy (same spec and seed for all: they differ by what
-    they learn). The stream draws requests uniformly with replacement (``seed``).
+    they learn). The stream draws requests uniformly with replacement (``seed``). ``feedback``
+    (a :class:`~adaptspec.simulators.counterfactuals.Feedback` of ``rewards``): a policy that
+    learns every arm a request shows (``full_feedback``, shared by its family) learns them, as a
+    served replica does; without it, the arm that ran.
     """
     R = np.asarray(rewards, dtype=np.float64)
     best = int(np.argmax(R.mean(axis=0)))
@@ -38,6 +41,7 @@ def fleet_replay(make: Callable[[int], Any], rewards: np.ndarray, contexts: np.n
     idx = rng.integers(0, R.shape[0], size=replicas * steps_per_replica)
     pols = [make(i) for i in range(replicas)]
     fam = family_for(pols[0])
+    full = feedback is not None and pols[0].full_feedback and fam.full_feedback
     local = [fam.zero() for _ in range(replicas)]
     published = [fam.zero() for _ in range(replicas)]
     since = [0] * replicas
@@ -51,8 +55,13 @@ def fleet_replay(make: Callable[[int], Any], rewards: np.ndarray, contexts: np.n
         a = pol.arm_index(d.block_size)
         regret[r, t // replicas] = R[i, best] - R[i, a]
         pre = fam.before(pol)
-        pol.update(x, d.block_size, float(R[i, a]))
-        fam.observe(local[r], pol, x, a, float(R[i, a]), pre)
+        if full:
+            rew, obs = feedback.rewards[i, a], feedback.observed[i, a]
+            pol.update_full(x, rew, obs)
+            fam.observe_full(local[r], pol, x, rew, obs, pre)
+        else:
+            pol.update(x, d.block_size, float(R[i, a]))
+            fam.observe(local[r], pol, x, a, float(R[i, a]), pre)
         since[r] += 1
         if replicas > 1 and since[r] >= sync_every:
             since[r] = 0
