@@ -119,7 +119,7 @@ class MeasuredCosts:
         dsizes, dmeans = self._sizes(self._draft)
         if dsizes.size >= 2:
             draft = _extended(fit_curve(dsizes, dmeans), dsizes)
-        else:  # the prior's draft curve on the scale of what was measured (of the verify pass without a draft)
+        else:  # the prior's draft curve, scaled as the verify curve moved from the prior (or to the one drafted size)
             at = float(sizes[0])
             scale = float(verify(at)) / float(self.prior.verify_s(at, ctx))
             if dsizes.size == 1:
