@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 
@@ -97,5 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The ``adaptspec`` command: :func:`main`, and its exit status. A refusal (status 2: one line
+    said, nothing changed) leaves at once, past the interpreter's teardown: a native thread pool
+    (pyarrow's) torn down while a worker is still alive aborts the process there now and then
+    ("terminate called without an active exception", status -6; apache/arrow#34314), which would
+    turn the one-line refusal into a crash."""
+    code = main()
+    if code == 2:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
