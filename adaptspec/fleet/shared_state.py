@@ -53,7 +53,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from ..errors import AdaptspecError
 from ..policies.variants import check_variant_name
 from .identity import ReplicaLease
 from .stats import NOTHING, Family, family_for, merge_sums
+
+if TYPE_CHECKING:
+    from ..reward.machine_speed import LogCalibration
 from .wire import Published, decode, encode
 
 __all__ = ["SharedState"]
@@ -147,7 +150,7 @@ class SharedState:
         self.lease, self.channel = lease, channel
 
     def attach(self, policy: Any, variant: str | None, log_dir: str | Path | None = None,
-               contextual: bool | None = None, calibration: Callable[[float | None, Any], Any] | None = None) -> None:
+               contextual: bool | None = None, calibration: LogCalibration | None = None) -> None:
         """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
 
         Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward;
@@ -167,7 +170,7 @@ class SharedState:
             raise
 
     def _attach(self, policy: Any, log_dir: str | Path | None, contextual: bool | None,
-                calibration: Callable[[float | None, Any], Any] | None) -> None:
+                calibration: LogCalibration | None) -> None:
         self.fingerprint = self.family.fingerprint(policy)
         self._contextual = bool(getattr(policy, "contextual", True) if contextual is None else contextual)
         try:
@@ -212,7 +215,7 @@ class SharedState:
         self._thread.start()
 
     def _rebuild(self, policy: Any, log_dir: Path,
-                 calibration: Callable[[float | None, Any], Any] | None) -> tuple[dict[str, np.ndarray], int]:
+                 calibration: LogCalibration | None) -> tuple[dict[str, np.ndarray], int]:
         """This replica's sums from its decision log: every logged reward of this variant, in log order,
         calibrated as the learner calibrated it and replayed into a fresh copy of the policy (the
         estimates are scored against that copy)."""
@@ -226,16 +229,14 @@ class SharedState:
                 if r.get("variant") == self.channel and r.get("reward") is not None]
         if not rows or self.family is NOTHING:
             return sums, 0
-        if calibration is None:
-            calibration = _as_logged
         learnt = 0
         head = getattr(policy, "head", None)
         scratch = copy.deepcopy(policy, {} if head is None else {id(head): head})
         scratch.reset()
         for r in rows:
-            ratio = r.get("speed_ratio")  # every row's ratio moves the factor, as every applied update did
+            # every row's ratio moves the factor, as every applied update did
+            calibrated = (lambda x: x) if calibration is None else calibration.row(r.get("speed_ratio"))
             if int(r["block_size"]) not in self.family.arms:
-                calibration(ratio, 0.0)
                 continue
             learnt += 1
             f = r.get("features")
@@ -245,10 +246,10 @@ class SharedState:
             ctx = None if (f is None or not self._contextual) else np.asarray(f, dtype=np.float32).astype(np.float64)
             if self.family.full_feedback and r.get("cf_rewards") is not None and r.get("cf_censored") is not None \
                     and tuple(int(a) for a in r["arms"]) == self.family.arms:  # every arm's, as it was learnt
-                self._learn_full(scratch, sums, ctx, calibration(ratio, np.asarray(r["cf_rewards"], dtype=np.float64)),
+                self._learn_full(scratch, sums, ctx, calibrated(np.asarray(r["cf_rewards"], dtype=np.float64)),
                                  ~np.asarray(r["cf_censored"], dtype=bool))
             else:
-                self._learn(scratch, sums, ctx, int(r["block_size"]), float(calibration(ratio, float(r["reward"]))))
+                self._learn(scratch, sums, ctx, int(r["block_size"]), float(calibrated(float(r["reward"]))))
         return sums, learnt
 
     # ------------------------------------------------------------------ update thread
@@ -472,7 +473,3 @@ class SharedState:
         if self.lease is not None:
             self.lease.release()
 
-
-def _as_logged(ratio: float | None, reward: Any) -> Any:
-    """No calibration: a controller without a machine-speed factor learnt its rewards as logged."""
-    return reward

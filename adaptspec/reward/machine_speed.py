@@ -31,7 +31,7 @@ through, because ``k`` is pooled over all arms rather than taken from the reques
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -109,16 +109,21 @@ class MachineSpeed:
 
 class LogCalibration:
     """Logged rewards calibrated again in log order: each row's ``speed_ratio`` folded into the
-    factor, then that row's reward (or vector of counterfactual rewards, one factor for every arm)
-    divided or multiplied by it, as the learner did when it applied the row. A row without a ratio
-    is learnt as logged."""
+    factor (:meth:`row`), then that row's reward, or its vector of counterfactual rewards (one
+    factor for every arm), divided or multiplied by it, as the learner did when it applied the row.
+    A row without a ratio is learnt as logged."""
 
     def __init__(self, speed: MachineSpeed, reward_name: str) -> None:
         self.speed = speed
         self.reward_name = reward_name
 
-    def __call__(self, ratio: float | None, reward: Any) -> Any:
+    def row(self, ratio: float | None) -> Callable[[Any], Any]:
+        """Fold one row's ratio into the factor; returns what calibrates that row's rewards."""
         if ratio is None:
-            return reward
+            return _as_logged
         self.speed.observe(ratio)
-        return self.speed.calibrate(self.reward_name, reward)
+        return lambda reward: self.speed.calibrate(self.reward_name, reward)  # used before the next row
+
+
+def _as_logged(reward: Any) -> Any:
+    return reward
