@@ -61,10 +61,10 @@ from ..errors import AdaptspecError
 from ..policies.variants import check_variant_name
 from .identity import ReplicaLease
 from .stats import NOTHING, Family, family_for, merge_sums
+from .wire import Published, decode, encode
 
 if TYPE_CHECKING:
     from ..reward.machine_speed import LogCalibration
-from .wire import Published, decode, encode
 
 __all__ = ["SharedState"]
 
