@@ -86,15 +86,18 @@ class CounterfactualPricer:
     :data:`~adaptspec.reward.functions.REWARDS`) on ``profile``, a latency profile or costs measured
     as requests come (see the module docstring); ``prefix_drafts``: the decoder drafts one block
     every round and verifies a prefix of it (it declares ``prefix_drafts``), so no uncensored arm
-    is approximate."""
+    is approximate; ``batch_size``: the batch the profile's costs are taken at (a trace replay
+    priced at the batch its reward matrix was modelled at; the controller's rounds: 1)."""
 
-    def __init__(self, reward: str, profile: LatencyProfile | MeasuredCosts, prefix_drafts: bool = False) -> None:
+    def __init__(self, reward: str, profile: LatencyProfile | MeasuredCosts, prefix_drafts: bool = False,
+                 batch_size: int = 1) -> None:
         if reward not in REWARDS:
             raise AdaptspecError(f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}")
         self.reward = reward
         self.costs = profile if isinstance(profile, MeasuredCosts) else None
         self._profile = profile.prior if isinstance(profile, MeasuredCosts) else profile
         self.prefix_drafts = bool(prefix_drafts)
+        self.batch_size = int(batch_size)
 
     @property
     def profile(self) -> LatencyProfile:
@@ -102,14 +105,15 @@ class CounterfactualPricer:
         return self._profile if self.costs is None else self.costs.profile()
 
     def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None,
-              last: bool = True) -> FullFeedback | None:
+              last: bool = True, reward_context: float | None = None) -> FullFeedback | None:
         """Every arm's outcome on the request ``decision`` decided, from ``outcome``'s rounds; the
         arm that ran gets ``reward`` (the one the bandit path learns from). ``context_tokens``: the
         context before its first round (None: the profile's reference context); ``last``: its
         rounds end the request (not a re-decision followed by another: then a last round that
-        accepted all it verified censors the longer arms, as any other round does). None when
-        no round ran or the rounds cannot be priced (said in the log; the request is then learnt
-        from as a bandit)."""
+        accepted all it verified censors the longer arms, as any other round does);
+        ``reward_context``: the context a ``modelled`` reward is timed at (None: the profile's
+        reference, as the controller's reward function). None when no round ran or the rounds
+        cannot be priced (said in the log; the request is then learnt from as a bandit)."""
         if not outcome.rounds:
             return None
         if self.costs is not None and self.costs.observe(outcome) and not self.costs.measured:
@@ -118,8 +122,9 @@ class CounterfactualPricer:
         arms = tuple(int(a) for a in decision.arms)
         ctx = int(profile.context_tokens if context_tokens is None else context_tokens)
         try:
-            cf = from_outcome(outcome, decision.block_size, arms, ctx, profile, prefix_drafts=self.prefix_drafts)
-            r = cf.rewards(self.reward, profile)  # modelled: at the reference context, as the reward function
+            cf = from_outcome(outcome, decision.block_size, arms, ctx, profile, batch=self.batch_size,
+                              prefix_drafts=self.prefix_drafts)
+            r = cf.rewards(self.reward, profile, reward_context, self.batch_size)  # modelled: as the reward function
         except (AdaptspecError, ValueError, ZeroDivisionError) as e:
             log.info("decision %s: no counterfactual rewards: %s", decision.decision_id, e)
             return None
