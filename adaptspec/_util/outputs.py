@@ -135,6 +135,8 @@ _DIRS: dict[str, tuple[str, frozenset[str], Callable[[Path], bool]]] = {
     "decision-log": ("decision log", frozenset(), lambda p: True),
     "drafter": ("exported drafter", frozenset({"training.json", "drafter_config.json", "drafter.safetensors",
                                                "config.json", "model.safetensors"}), _drafter_legacy),
+    # a Hugging Face model directory adaptspec exported (adaptspec.models.vllm_export): known by its marker only
+    "model": ("exported model directory", frozenset(), lambda p: False),
 }
 #: file kinds -> (what it is called, its test)
 _FILES: dict[str, tuple[str, Callable[[Path], bool]]] = {
