@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("adaptspec.cli.serve", "HTTP server with A/B testing, decision logs and metrics"),
     "ab-report": ("adaptspec.cli.ab_report", "A/B analysis of decision logs"),
     "evaluate": ("adaptspec.cli.evaluate", "regenerate docs/evaluation.md and its plots"),
+    "export-vllm": ("adaptspec.cli.export_vllm", "write the bundled target and its DFlash drafter as vLLM's dflash method loads them"),
 }
 
 
