@@ -13,6 +13,7 @@ and one attribute.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -212,6 +213,89 @@ class RoundSchedule(Protocol):
     def draft_size(self, rounds: Sequence[Round]) -> int: ...
 
     def verify_size(self, confidence: np.ndarray, rounds: Sequence[Round]) -> int: ...
+
+
+def output_bounds(committed: Any, last_tau: Any) -> tuple[Any, Any]:
+    """The fewest and the most tokens an honest outcome holds when its rounds committed
+    ``committed`` tokens in all (the sum of their tau), the last round ``last_tau`` of them: the
+    first token (chosen at prefill), every round's tokens but the last's, and the last round's
+    tokens less what a stop cut from them (EOS or ``max_new_tokens``), all of them included: a
+    loop that looks for the end before a round (DFlash's reference loop, ``while start <
+    max_length``) runs one round past an output that is exactly full, and an engine commits a
+    last round's tokens past ``max_tokens`` and cuts them. Numbers or numpy arrays alike (the
+    trace readers check whole columns with it).
+
+    >>> output_bounds(8, 3)   # 1 + 5 tokens before the last round, then 0..3 of its 3
+    (6, 9)
+    """
+    return 1 + committed - last_tau, 1 + committed
+
+
+def _seconds_fault(v: Any, name: str) -> str | None:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return f"{name} is {v!r}, not a number of seconds"
+    if not (math.isfinite(v) and v >= 0):
+        return f"{name} is {v!r}: seconds must be finite and >= 0"
+    return None
+
+
+def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = None) -> str | None:
+    """What is wrong with ``outcome`` as a report of a request decoded with blocks of at most
+    ``largest`` (and at most ``max_new_tokens`` new tokens, when given), in words; None when an
+    honest loop can have produced it. The one statement of that rule: the controller's
+    ``generate`` and ``feedback`` (:func:`adaptspec.control.block_sizes.check_outcome`),
+    ``collect`` (:mod:`adaptspec.collect.checked`) and the trace readers (with
+    :func:`output_bounds`) apply it.
+
+    Refused: a round larger than ``largest``; more tokens than ``max_new_tokens``; more tokens
+    than the first and its rounds' taus; a round that ran after the output had ended (only the
+    last round's tokens may be cut, wholly or in part: :func:`output_bounds`); a time
+    (``draft_s``, ``verify_s``, ``decode_s``) that is not a finite number >= 0, or a ``decode_s``
+    (the wall time of the loop) under half of the time of the rounds it holds (those of one
+    row: a batched round's times hold the other rows' work too).
+
+    >>> r = Round(4, 4, 0.0, 0.01)
+    >>> outcome_fault(Outcome([1] * 9, [r, r], 0.02), 4) is None
+    True
+    >>> outcome_fault(Outcome([1] * 9, [r, r, Round(4, 2, 0.0, 0.01)], 0.03), 4, 9) is None   # full, one round past
+    True
+    >>> outcome_fault(Outcome([1] * 5, [r, r, r], 0.03), 4)
+    'round 2 ran after the output had ended: its first 2 rounds had committed 8 tokens after the first, the output holds 4 (only the last round may be cut)'
+    >>> outcome_fault(Outcome([1] * 9, [r, r], 0.02), 2)
+    'round 0 ran block size 4, larger than the 2 decided'
+    >>> outcome_fault(Outcome([1] * 9, [r, Round(4, 4, -5.0, 0.01)], 0.02), 4)
+    'round 1 draft_s is -5.0: seconds must be finite and >= 0'
+    """
+    for i, r in enumerate(outcome.rounds):
+        if r.block_size > largest:
+            return f"round {i} ran block size {r.block_size}, larger than the {largest} decided"
+    for i, r in enumerate(outcome.rounds):
+        fault = _seconds_fault(r.draft_s, f"round {i} draft_s") or _seconds_fault(r.verify_s, f"round {i} verify_s")
+        if fault is not None:
+            return fault
+    fault = _seconds_fault(outcome.decode_s, "decode_s")
+    if fault is not None:
+        return fault
+    alone = sum(r.draft_s + r.verify_s for r in outcome.rounds if r.rows == 1)
+    if outcome.decode_s < 0.5 * alone:
+        return (f"decode_s is {outcome.decode_s!r}, under half of its rounds' {alone:.6g} s (decode_s is the wall "
+                "time of the loop, its rounds included)")
+    n = len(outcome.tokens)
+    if max_new_tokens is not None and n > max_new_tokens:
+        return f"it has {n} tokens, more than max_new_tokens={max_new_tokens}"
+    taus = [r.tau for r in outcome.rounds]
+    least, most = output_bounds(sum(taus), taus[-1]) if taus else (0, 1)
+    if n > most:
+        return (f"it has {n} tokens, but its {len(taus)} rounds committed {most - 1} after the first "
+                f"(tokens are the first token and each round's tau)")
+    if n < least:
+        committed, j = 1, 0
+        while committed <= n:  # the first round that started with more tokens committed than the output holds
+            committed += taus[j]
+            j += 1
+        return (f"round {j} ran after the output had ended: its first {j} rounds had committed {committed - 1} "
+                f"tokens after the first, the output holds {n - 1} (only the last round may be cut)")
+    return None
 
 
 def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | None = None,

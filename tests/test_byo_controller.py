@@ -260,16 +260,18 @@ def test_per_round_options_need_a_speculator_that_declares_per_round(option):
 # ============================================================================ outcomes, checked
 @st.composite
 def outcomes(draw):
-    """A decided block size and an outcome the toy loop could have produced for it (taus, then the
-    tokens cut at EOS or max_new_tokens inside the last round), and a corruption of it."""
+    """A decided block size and an outcome an honest loop could have produced for it (taus, then
+    the tokens cut at EOS or max_new_tokens inside the last round, all of its tokens included: a
+    loop that checks for the end before a round runs one round past an exactly full output), and
+    a corruption of it."""
     decided = draw(st.sampled_from([1, 2, 4, 8]))
     taus = draw(st.lists(st.integers(1, decided), min_size=0, max_size=6))
     last = taus[-1] if taus else 0
-    n = 1 + sum(taus) - draw(st.integers(0, max(0, last - 1)))  # the last round keeps at least one token
+    n = 1 + sum(taus) - draw(st.integers(0, last))  # a stop may cut any part of the last round, or all of it
     rounds = [Round(decided, t, 0.0, 0.01) for t in taus]
     corruption = draw(st.sampled_from(["none", "extra_round", "extra_token", "bigger_block"]))
-    if corruption == "extra_round":  # a verify round after the output ended
-        rounds.append(Round(decided, 1, 0.0, 0.01))
+    if corruption == "extra_round":  # two verify rounds after the output: the second ran after it had ended
+        rounds += [Round(decided, 1, 0.0, 0.01)] * 2
     elif corruption == "extra_token":
         n = 1 + sum(taus) + draw(st.integers(1, 3))
     elif corruption == "bigger_block":
@@ -294,20 +296,22 @@ def test_an_outcome_whose_rounds_do_not_add_up_is_refused_in_one_line(case):
             c.feedback(d.decision_id, outcome)
         msg = one_line(e)
         assert msg.startswith(f"outcome of decision {d.decision_id} refused: ")
-        want = {"extra_round": "too many", "extra_token": "committed", "bigger_block": f"larger than the {decided}"}
+        want = {"extra_round": "ran after the output had ended", "extra_token": "committed",
+                "bigger_block": f"larger than the {decided}"}
         assert want[corruption] in msg
 
 
-def test_generate_refuses_a_decode_that_runs_a_round_past_its_tokens(tmp_path):
-    class ExtraRound(ToyDFlash):  # the reference loop's bug: one more verify round after the last token
+def test_generate_refuses_a_decode_that_runs_rounds_after_its_output_ended(tmp_path):
+    class ExtraRounds(ToyDFlash):  # two more verify rounds after the last token: the second one no loop runs
         def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
             out = super().decode(prefill, block_size, max_new_tokens, temperature, seed, on_round)
-            return Outcome(out.tokens, out.rounds + [Round(out.rounds[-1].block_size, 1, 0.0, 0.01)], out.decode_s)
+            extra = [Round(out.rounds[-1].block_size, 1, 0.0, 0.01)] * 2
+            return Outcome(out.tokens, out.rounds + extra, out.decode_s + 0.02)
 
-    with AdaptiveController(ExtraRound(8), "fixed:4", log_dir=tmp_path) as c:
+    with AdaptiveController(ExtraRounds(8), "fixed:4", log_dir=tmp_path) as c:
         with pytest.raises(AdaptspecError) as e:
             c.generate(prompt(2), max_new_tokens=12)
-        assert "one too many" in one_line(e)
+        assert "ran after the output had ended" in one_line(e)
         s = c.stats()
         assert s["feedback"]["decode_error"] == 1 and s["updates"] == 0 and s["pending"] == 0
 

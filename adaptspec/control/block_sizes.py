@@ -14,7 +14,9 @@ each is checked where it enters:
   checked decision carries plain values (an ``int`` block size); an invalid one is replaced by
   :func:`fallback_decision`, and counted;
 - an outcome reported through ``feedback`` or returned by ``decode``: it ran no block larger
-  than its decision's, and its rounds add up to its tokens (:func:`check_outcome`).
+  than its decision's, its rounds add up to its tokens (the last round may be cut, wholly or in
+  part) and its times are seconds (:func:`check_outcome`, by
+  :func:`adaptspec.speculator.outcome_fault`, the one statement of that rule).
 
 From there on the controller's parts trust a decision: the book of pending decisions logs it
 (the log writer is told the row comes from a checked decision and does not check it again),
@@ -32,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import check_block_sizes, Decision, Outcome
+from ..speculator import check_block_sizes, Decision, Outcome, outcome_fault
 from ..traces.decision_check import decision_fault
 
 
@@ -94,50 +96,12 @@ def fallback_decision(block_size: int, arms: tuple[int, ...], reason: str, decis
     return Decision(block_size, 1.0, probs, arms, f"fallback:{block_size}", -1, decision_id, {"fallback": reason})
 
 
-def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = None) -> str | None:
-    """What is wrong with ``outcome`` as a report of a request decoded with blocks of at most
-    ``largest`` (and at most ``max_new_tokens`` new tokens, when given), in words; None when
-    nothing is.
-
-    Its tokens are the first token (chosen at prefill) and then each round's ``tau`` committed
-    tokens, cut at EOS or ``max_new_tokens``: so they are at most ``1 + sum(tau)``, and each
-    round committed at least one of them (a round after the output ended is one too many).
-
-    >>> from adaptspec.speculator import Round
-    >>> r = Round(4, 4, 0.0, 0.01)
-    >>> outcome_fault(Outcome([1] * 9, [r, r], 0.02), 4) is None
-    True
-    >>> outcome_fault(Outcome([1] * 9, [r, r, Round(4, 2, 0.0, 0.01)], 0.03), 4)
-    'its 9 tokens are the first and 8 from its first 2 rounds: 3 rounds is one too many'
-    >>> outcome_fault(Outcome([1] * 9, [r, r], 0.02), 2)
-    'round 0 ran block size 4, larger than the 2 decided'
-    """
-    for i, r in enumerate(outcome.rounds):
-        if r.block_size > largest:
-            return f"round {i} ran block size {r.block_size}, larger than the {largest} decided"
-    n = len(outcome.tokens)
-    if max_new_tokens is not None and n > max_new_tokens:
-        return f"it has {n} tokens, more than max_new_tokens={max_new_tokens}"
-    committed = 1 + sum(r.tau for r in outcome.rounds)
-    if n > committed:
-        return (f"it has {n} tokens, but its {len(outcome.rounds)} rounds committed {committed - 1} after the first "
-                f"(tokens are the first token and each round's tau)")
-    total, needed = 1, 0
-    while total < n:  # the rounds the tokens need: the first k whose taus reach them
-        total += outcome.rounds[needed].tau
-        needed += 1
-    if len(outcome.rounds) > needed:
-        extra = len(outcome.rounds) - needed
-        return (f"its {n} tokens are the first and {n - 1} from its first {needed} round{'s' * (needed != 1)}: "
-                f"{len(outcome.rounds)} rounds is {'one' if extra == 1 else extra} too many")
-    return None
-
-
 def check_outcome(outcome: Outcome, decision: Decision, largest: int | None = None,
                   max_new_tokens: int | None = None) -> None:
     """Refuse, in one line, an outcome that is not a report of ``decision``: a block larger than
-    it chose (than ``largest``, when a per-round rule may go beyond the decision), or rounds that
-    do not add up to its tokens (:func:`outcome_fault`)."""
+    it chose (than ``largest``, when a per-round rule may go beyond the decision), rounds that
+    no honest loop ends with for its tokens, or times that are not seconds
+    (:func:`adaptspec.speculator.outcome_fault`)."""
     fault = outcome_fault(outcome, decision.block_size if largest is None else largest, max_new_tokens)
     if fault is not None:
         raise AdaptspecError(f"outcome of decision {decision.decision_id} refused: {fault}")

@@ -33,6 +33,7 @@ from .._util.atomic import json_default
 from .._util.checks import int_list
 from .._util.files import read_json, regular_file
 from ..errors import AdaptspecError
+from ..speculator import output_bounds
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import _F32_LIST, MAX_TOKENS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
@@ -429,11 +430,12 @@ class TraceSet:
 
 def _check_new_tokens(out: pa.Table, where: str) -> None:
     """A stored set's ``new_tokens`` against the tokens its rounds produced (the sum of their tau;
-    ``rounds x mean_tau`` without the per-round list): the prefill gives one token more, and a
-    stop inside the last round (EOS, ``max_new_tokens``) drops up to that round's tau (the block
-    size without the list). Rows where either is unknown (null) are not checked. Checked where a
-    set is read from files: a count no decode produced (a corrupted ``2**62``) would otherwise
-    become the throughput of every report."""
+    ``rounds x mean_tau`` without the per-round list), by the outcome rule's
+    :func:`~adaptspec.speculator.output_bounds`: the prefill gives one token more, and a stop (EOS,
+    ``max_new_tokens``) may cut the last round's tokens, all of them included (up to the block size
+    without the list). Rows where either is unknown (null) are not checked. Checked where a set is
+    read from files: a count no decode produced (a corrupted ``2**62``) would otherwise become the
+    throughput of every report."""
     new = _np(out.column("new_tokens"), np.float64)
     if "tau" in out.column_names:
         lengths, vals, parents = _list_parts(out.column("tau"))
@@ -443,12 +445,13 @@ def _check_new_tokens(out: pa.Table, where: str) -> None:
         produced = _np(out.column("rounds"), np.float64) * _np(out.column("mean_tau"), np.float64)
         last = _np(out.column("block_size"), np.float64)
     tol = 1e-6 * np.maximum(1.0, produced)
-    bad = ~np.isnan(new) & ~np.isnan(produced) & ((new > produced + 1 + tol) | (new < produced - last - tol))
+    least, most = output_bounds(produced, last)
+    bad = ~np.isnan(new) & ~np.isnan(produced) & ((new > most + tol) | (new < least - tol))
     if bad.any():
         r = _first(bad)
         raise _err(where, f"column 'new_tokens', row {r}: {new[r]:.6g} tokens, but its rounds produced "
                           f"{produced[r]:.6g} (the sum of their tau; new_tokens is that, +1 for the prefill's "
-                          "token, less what a stop cut from the last round)")
+                          "token, less what a stop cut from the last round: only the last round's tokens can be cut)")
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
