@@ -50,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
                    help="map the features to policy contexts as the controller does (auto: the featurizer saved "
                         "with the policies' head, else the bundled head's when it fits the trace set)")
+    p.add_argument("--feedback", choices=("auto", "bandit"), default="auto",
+                   help="what a learning policy learns after each request: auto (as the controller feeds it: a "
+                        "full-feedback policy such as the cold default fi-ucb every arm its chosen arm's rounds show, "
+                        "when the trace set keeps per-round taus; any other the chosen arm's reward) or bandit (every "
+                        "policy the chosen arm's reward only); the table and the JSON say which each policy got")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="FILE.png", type=png_output, default=None,
                    help="write cumulative regret and block sizes over time (in an existing directory; replaces "
@@ -133,17 +138,28 @@ def run(args: argparse.Namespace) -> int:
                           default_head=home)
     if feat is not None:
         traces = feat.transform_traces(traces)
+    feedback = args.feedback
+    if args.log and feedback == "auto":  # priced once, for the replay and every policy's log
+        from ..simulators.counterfactuals import has_rounds, trace_feedback
+        from ..simulators.replay import finite_rewards
+
+        if has_rounds(traces):
+            from ..reward.latency import get_profile
+
+            prof = None if args.latency is None else get_profile(args.latency)
+            feedback = trace_feedback(traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof,
+                                      args.batch_size)
     if args.ray:
         from .._util.ray import session
 
         with session(args.ray):
             report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
                             seeds=seeds, order=args.order, n_steps=args.steps,
-                            progress=False if args.no_progress else None, ray=True)
+                            progress=False if args.no_progress else None, ray=True, feedback=feedback)
     else:
         report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
                         seeds=seeds, order=args.order, n_steps=args.steps,
-                        progress=False if args.no_progress else None)
+                        progress=False if args.no_progress else None, feedback=feedback)
     if args.plot:
         plot_report(report, args.plot)
     if args.log:
@@ -156,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
                                       seed=report.seeds[0], order=args.order, n_steps=args.steps,
-                                      progress=False if args.no_progress else None))
+                                      progress=False if args.no_progress else None, feedback=feedback))
 
         write_dir(args.log, "decision-log", args.force, write, reads=[args.traces])
     if args.json:

@@ -1,11 +1,19 @@
 """Replay: stream a trace set's requests through policies and score them against the oracle.
 
 A trace set holds the outcome of every block size on every request, so any policy can be
-replayed on it: the policy sees the request's features, picks an arm, and receives that
-arm's reward from the trace. Policies that do not learn (``learning = False``: fixed,
-random, oracle, a frozen offline head) are replayed vectorised with ``decide_batch``;
-learning ones in a tight loop of ``decide`` + ``update``. The oracle
-(``full_information = True``) is given each request's reward row.
+replayed on it: the policy sees the request's features, picks an arm, and learns what the
+controller would feed it after that request (:func:`feedback_of` says which, and the report
+keeps it per policy):
+
+- ``full``: a policy with ``full_feedback`` (``fi-ucb``, the cold default; ``fi-linucb``) gets
+  every arm's counterfactual reward from the rounds of the arm it chose (``update_full``),
+  priced by the controller's own pricer (:mod:`adaptspec.simulators.counterfactuals`), whenever
+  the trace set keeps per-round taus;
+- ``bandit``: any other learning policy (or a full-feedback one on a trace set without rounds, or
+  with ``feedback="bandit"``) gets the chosen arm's reward (``update``), in a tight loop;
+- ``none``: policies that do not learn (``learning = False``: fixed, random, a frozen offline head),
+  replayed vectorised with ``decide_batch``;
+- ``oracle``: the oracle (``full_information = True``) is given each request's reward row.
 
 >>> from adaptspec.traces import TraceSet
 >>> ts = TraceSet.from_arrays(["a", "b"], ["math", "chat"], [1, 2, 4],
@@ -36,8 +44,19 @@ from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
 from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
 from ..traces import TraceSet
+from .counterfactuals import has_rounds, trace_feedback
 
 ORDERS = ("logged", "shuffled", "drift")
+#: what a replay feeds a learning policy: ``auto`` (full feedback to a policy with ``full_feedback``
+#: when the trace set keeps per-round taus, as the controller feeds it) or ``bandit`` (the chosen arm only)
+FEEDBACK_MODES = ("auto", "bandit")
+#: what each policy got, in words (the report's legend)
+FEEDBACK_KINDS = {
+    "full": "every arm the chosen arm's rounds show (update_full), priced as the controller prices them",
+    "bandit": "the chosen arm's reward (update)",
+    "none": "does not learn",
+    "oracle": "every arm's reward, before deciding",
+}
 METRICS = ("mean_reward", "mean_tau", "throughput", "pct_oracle", "pct_best_fixed", "cumulative_regret")
 _CHUNK = 65536
 
@@ -97,6 +116,23 @@ def _build(p: Any, arms: tuple[int, ...], seed: int) -> tuple[str, Policy]:
     raise AdaptspecError(f"not a policy, spec or factory: {p!r}")
 
 
+def feedback_of(policy: Policy, feedback: Any = None) -> str:
+    """Which feedback :func:`run_policy` gives ``policy`` (a key of :data:`FEEDBACK_KINDS`) when
+    given ``feedback`` (a :class:`~adaptspec.simulators.counterfactuals.Feedback`, or None).
+
+    >>> from adaptspec.policies.spec import make_policy
+    >>> [feedback_of(make_policy(s, (1, 2, 4)), feedback=object()) for s in ("fi-ucb", "ucb", "fixed:2", "oracle")]
+    ['full', 'bandit', 'none', 'oracle']
+    >>> feedback_of(make_policy("fi-ucb", (1, 2, 4)))
+    'bandit'
+    """
+    if policy.full_information:
+        return "oracle"
+    if not getattr(policy, "learning", True):
+        return "none"
+    return "full" if policy.full_feedback and feedback is not None else "bandit"
+
+
 def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: np.ndarray | None = None,
                progress: Any = None, feedback: Any = None) -> np.ndarray:
     """Arm index chosen at each step of the stream ``idx`` over the reward matrix ``rewards``.
@@ -104,7 +140,9 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
     Learning policies get ``update`` with the chosen arm's reward after every decision; a
     policy with ``full_feedback`` gets ``update_full`` with every arm's counterfactual reward
     instead when ``feedback`` (a :class:`~adaptspec.simulators.counterfactuals.Feedback` of
-    this reward matrix) is given. ``progress`` is a tqdm bar (or None) advanced by steps.
+    this reward matrix) is given, and ``update`` where the feedback has no priced rounds (as the
+    controller's learner does). :func:`feedback_of` says which. ``progress`` is a tqdm bar (or
+    None) advanced by steps.
     """
     T = len(idx)
     if policy.contextual and contexts is None:
@@ -113,7 +151,8 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
     if policy.contextual:
         X = np.asarray(contexts, dtype=np.float64)
         policy.check_contexts(X, len(X))  # validates every row once; fixes dim
-    if policy.full_information:
+    kind = feedback_of(policy, feedback)
+    if kind == "oracle":
         if getattr(policy, "learning", True):
             raise AdaptspecError(f"{policy.label}: full-information policies must not learn")
         out = np.empty(T, dtype=np.int64)
@@ -123,7 +162,7 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
             if progress is not None:
                 progress.update(len(j))
         return out
-    if not getattr(policy, "learning", True):
+    if kind == "none":
         out = np.empty(T, dtype=np.int64)
         for s in range(0, T, _CHUNK):
             j = idx[s:s + _CHUNK]
@@ -131,20 +170,26 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
             if progress is not None:
                 progress.update(len(j))
         return out
-    if policy.full_feedback and feedback is not None:
-        return _full_feedback_loop(policy, feedback, idx, X, progress)
+    if kind == "full":
+        return _full_feedback_loop(policy, rewards, feedback, idx, X, progress)
     return _learning_loop(policy, rewards, idx, X, progress)
 
 
-def _full_feedback_loop(policy: Policy, feedback: Any, idx: np.ndarray, X: np.ndarray | None,
-                        progress: Any) -> np.ndarray:
-    """Decide, then learn every arm the chosen arm's rounds show (``update_full``)."""
+def _full_feedback_loop(policy: Policy, rewards: np.ndarray, feedback: Any, idx: np.ndarray,
+                        X: np.ndarray | None, progress: Any) -> np.ndarray:
+    """Decide, then learn every arm the chosen arm's rounds show (``update_full``), or the chosen
+    arm alone (``update``) where its rounds were not priced."""
     out = np.empty(len(idx), dtype=np.int64)
     rew, obs = feedback.rewards, feedback.observed
+    priced = np.ones(rewards.shape, dtype=bool) if feedback.priced is None else feedback.priced
     for t, i in enumerate(idx.tolist()):
         x = None if X is None else X[i]
-        a = policy.arm_index(policy.decide(x).block_size)
-        policy.update_full(x, rew[i, a], obs[i, a])
+        d = policy.decide(x)
+        a = policy.arm_index(d.block_size)
+        if priced[i, a]:
+            policy.update_full(x, rew[i, a], obs[i, a])
+        else:
+            policy.update(x, d.block_size, rewards[i, a])
         out[t] = a
     if progress is not None:
         progress.update(len(idx))
@@ -195,6 +240,7 @@ class PolicyResult:
     curve: np.ndarray
     chosen: np.ndarray
     block_size: int | None = None
+    feedback: str = "bandit"  # what it learnt from: a key of FEEDBACK_KINDS
 
     def mean(self, metric: str) -> float:
         v = self.values[metric]
@@ -205,7 +251,7 @@ class PolicyResult:
         return _ci(self.values[metric])
 
     def summary(self, curve: bool = True) -> dict[str, Any]:
-        d: dict[str, Any] = {"policy": self.name}
+        d: dict[str, Any] = {"policy": self.name, "feedback": self.feedback}
         if self.block_size is not None:
             d["block_size"] = self.block_size
         for m in METRICS:
@@ -234,6 +280,10 @@ class ReplayReport:
     traces: str | None = None
     has_throughput: bool = True
     extras: dict = field(default_factory=dict)
+    #: the profile that priced the counterfactual rounds full-feedback policies learnt from (None: none did)
+    feedback_profile: str | None = None
+    #: what the caller should know about the replay (a head scored on the requests it was trained on, ...)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def best_fixed_block_size(self) -> int:
@@ -250,22 +300,24 @@ class ReplayReport:
             "n_steps": self.n_steps,
             "arms": list(self.arms),
             "curve_steps": [int(s) for s in self.curve_steps],
+            "feedback_profile": self.feedback_profile,
             "policies": [p.summary() for p in self.policies],
             "oracle": self.oracle.summary(),
             "best_fixed": self.best_fixed.summary(),
+            "warnings": list(self.warnings),
         }
 
     def table(self) -> str:
         """A plain-text table for people."""
         unit = REWARD_UNITS[self.reward]
-        head = ["policy", f"reward ({unit})", "mean tau", "tok/s", "% oracle", "% best fixed", "regret"]
+        head = ["policy", "feedback", f"reward ({unit})", "mean tau", "tok/s", "% oracle", "% best fixed", "regret"]
         rows = []
         for p in [*self.policies, self.best_fixed, self.oracle]:
             name = p.name + (" (best fixed)" if p is self.best_fixed else "")
             ci = p.ci("mean_reward")
             rew = _fmt(p.mean("mean_reward")) + ("" if ci is None else f" ± {_fmt((ci[1] - ci[0]) / 2)}")
             tp = p.mean("throughput")
-            rows.append([name, rew, f"{p.mean('mean_tau'):.2f}", "-" if not math.isfinite(tp) else f"{tp:.1f}",
+            rows.append([name, p.feedback, rew, f"{p.mean('mean_tau'):.2f}", "-" if not math.isfinite(tp) else f"{tp:.1f}",
                          f"{p.mean('pct_oracle'):.1f}", f"{p.mean('pct_best_fixed'):.1f}",
                          _fmt(p.mean("cumulative_regret"))])
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -277,8 +329,12 @@ class ReplayReport:
                  f"order {self.order}, {seeds}" + ("" if len(self.seeds) < 2 else " (± is the 95% CI)"))
         out = [title, line(head), line(["-" * w for w in widths])]
         out += [line(r) for r in rows]
+        for kind in dict.fromkeys(p.feedback for p in [*self.policies, self.best_fixed, self.oracle]):
+            where = f" (on {self.feedback_profile})" if kind == "full" and self.feedback_profile else ""
+            out.append(f"feedback {kind}: {FEEDBACK_KINDS[kind]}{where}")
         if not self.has_throughput:
             out.append("tok/s: no timings in this trace set; pass --latency PROFILE to model them")
+        out += [f"warning: {w}" for w in self.warnings]
         return "\n".join(out)
 
 
@@ -292,14 +348,15 @@ def _fmt(x: float) -> str:
 # ============================================================================ replay
 def replay_job(ctx: dict, spec: Any, seed: int, idx: np.ndarray, progress: Any = None) -> tuple:
     """One (policy, seed) replay of :func:`replay` over the stream ``idx``: ``(name, metrics,
-    regret curve, arm indices chosen)``. ``ctx`` holds what :func:`replay` derived from the
-    trace set (reward, tau and cost matrices, features, arms, the curve's steps)."""
+    regret curve, arm indices chosen, feedback kind)``. ``ctx`` holds what :func:`replay` derived
+    from the trace set (reward, tau and cost matrices, features, arms, the curve's steps, the
+    counterfactual feedback or None)."""
     name, pol = _build(spec, ctx["arms"], seed)
     if progress is not None:
         progress.set_postfix_str(name, refresh=False)
-    a = run_policy(pol, ctx["R"], idx, ctx["X"], progress)
+    a = run_policy(pol, ctx["R"], idx, ctx["X"], progress, feedback=ctx["feedback"])
     m, c = _metrics(a, idx, ctx["R"], ctx["tau"], ctx["best"], ctx["fixed"], ctx["costs"], ctx["steps"])
-    return name, m, c, a.astype(np.int16)
+    return name, m, c, a.astype(np.int16), feedback_of(pol, ctx["feedback"])
 
 
 def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, best: np.ndarray,
@@ -343,6 +400,7 @@ def replay(
     progress: bool | None = None,
     curve_points: int = 200,
     ray: str | bool | None = None,
+    feedback: str = "auto",
 ) -> ReplayReport:
     """Replay ``policies`` (specs, Policy objects or ``factory(arms, seed)``) on ``traces``.
 
@@ -356,8 +414,18 @@ def replay(
     ``True`` (a local Ray, or the one already initialised) or a cluster address. The report
     is the same as without it: each replay is deterministic given its seed, and the results
     are assembled in the same order.
+
+    ``feedback``: ``auto`` feeds a policy with ``full_feedback`` every arm's counterfactual
+    reward from the rounds of the arm it chose when the trace set keeps per-round taus (priced
+    by the controller's pricer on ``latency``, else the trace set's profile:
+    :func:`~adaptspec.simulators.counterfactuals.feedback_profile`), as the controller feeds it;
+    ``bandit`` feeds every learning policy the chosen arm's reward; a
+    :class:`~adaptspec.simulators.counterfactuals.Feedback` already computed for this trace set and
+    reward is used as given. Each result says which it got.
     """
     check_reward_name(reward)
+    if isinstance(feedback, str) and feedback not in FEEDBACK_MODES:
+        raise AdaptspecError(f"unknown feedback {feedback!r}: choose one of {', '.join(FEEDBACK_MODES)}")
     if isinstance(policies, (str, Policy)):
         policies = [policies]
     policies = list(policies)
@@ -379,7 +447,11 @@ def replay(
     ref_vals = {k: {m: [] for m in METRICS} for k in refs}
     ref_curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
     ref_chosen: dict[str, np.ndarray] = {}
-    ctx = {"R": R, "tau": tau, "best": best, "fixed": fixed, "costs": costs, "steps": steps, "X": X, "arms": arms}
+    fb = None
+    if not isinstance(feedback, str) or any(_learns_full(spec, arms, seeds[0]) for spec in policies):
+        fb = _feedback(feedback, traces, R, reward, prof, batch_size)
+    ctx = {"R": R, "tau": tau, "best": best, "fixed": fixed, "costs": costs, "steps": steps, "X": X, "arms": arms,
+           "feedback": fb}
     orders = [stream_order(traces, order, seed, T) for seed in seeds]
     jobs = [(spec, seed, idx) for seed, idx in zip(seeds, orders) for spec in policies]
     total = T * len(jobs)
@@ -407,13 +479,15 @@ def replay(
     vals: list[dict[str, list[float]]] = []
     curves: list[list[np.ndarray]] = []
     chosen: list[np.ndarray] = []
-    for n, (name, m, c, a) in enumerate(results):  # seed-major, as the jobs
+    kinds: list[str] = []
+    for n, (name, m, c, a, kind) in enumerate(results):  # seed-major, as the jobs
         k, j = divmod(n, len(policies))
         if k == 0:
             names.append(name)
             vals.append({mm: [] for mm in METRICS})
             curves.append([])
             chosen.append(a)
+            kinds.append(kind)
         for mm, v in m.items():
             vals[j][mm].append(v)
         curves[j].append(c)
@@ -423,13 +497,15 @@ def replay(
         if seen[n] > 1:
             names[i] = f"{n}#{seen[n]}"
 
-    def result(name: str, v: dict[str, list[float]], c: list[np.ndarray], ch: np.ndarray, b: int | None = None) -> PolicyResult:
-        return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b)
+    def result(name: str, v: dict[str, list[float]], c: list[np.ndarray], ch: np.ndarray, kind: str,
+               b: int | None = None) -> PolicyResult:
+        return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b, kind)
 
     return ReplayReport(
-        policies=[result(n, v, c, ch) for n, v, c, ch in zip(names, vals, curves, chosen)],
-        oracle=result("oracle", ref_vals["oracle"], ref_curves["oracle"], ref_chosen["oracle"]),
-        best_fixed=result(f"fixed:{arms[fixed]}", ref_vals["fixed"], ref_curves["fixed"], ref_chosen["fixed"], arms[fixed]),
+        policies=[result(n, v, c, ch, kd) for n, v, c, ch, kd in zip(names, vals, curves, chosen, kinds)],
+        oracle=result("oracle", ref_vals["oracle"], ref_curves["oracle"], ref_chosen["oracle"], "oracle"),
+        best_fixed=result(f"fixed:{arms[fixed]}", ref_vals["fixed"], ref_curves["fixed"], ref_chosen["fixed"], "none",
+                          arms[fixed]),
         reward=reward,
         order=order,
         seeds=seeds,
@@ -440,7 +516,13 @@ def replay(
         traces=None if traces.path is None else str(traces.path),
         has_throughput=costs is not None,
         extras={"requests": traces.n_requests},
+        feedback_profile=None if fb is None or "full" not in kinds else fb.profile,
     )
+
+
+def _learns_full(spec: Any, arms: tuple[int, ...], seed: int) -> bool:
+    """Whether the policy ``spec`` builds learns from full feedback (so the replay prices it)."""
+    return feedback_of(_build(spec, arms, seed)[1], feedback=True) == "full"
 
 
 # ============================================================================ decision logs
@@ -457,18 +539,25 @@ def replay_log(
     start_time: float = 1.7e9,
     variant: str | None = None,
     progress: bool | None = None,
+    feedback: Any = "auto",
 ):
     """Run one policy like the controller would and return its decision log as a table.
 
-    Every step goes through the public ``decide`` / ``update``, so each row carries the
-    decision's full probability vector and propensity; append it to a
-    :class:`~adaptspec.traces.DecisionLog` to evaluate other policies off-policy.
+    Every step goes through the public ``decide`` and ``update`` (``update_full`` for a policy
+    with ``full_feedback``, fed as :func:`replay` feeds it), so each row carries the decision's
+    full probability vector and propensity; append it to a :class:`~adaptspec.traces.DecisionLog`
+    to evaluate other policies off-policy. ``feedback``: as :func:`replay`'s, or a
+    :class:`~adaptspec.simulators.counterfactuals.Feedback` of this trace set and reward already
+    computed. With counterfactual feedback every row also carries the controller's ``cf_``
+    columns (every arm's counterfactual reward, tokens, censored and approximate marks), as a
+    served log does for any policy.
     """
     import pyarrow as pa
 
     check_reward_name(reward)
     prof = None if latency is None else get_profile(latency)
     R = traces.reward_matrix(reward, prof, batch_size)
+    fb = _feedback(feedback, traces, R, reward, prof, batch_size)
     name, pol = _build(policy, traces.arms, seed)
     if pol.full_information:
         raise AdaptspecError(f"{name} sees every arm's reward: it cannot produce a decision log")
@@ -480,15 +569,19 @@ def replay_log(
     chosen = np.empty(T, dtype=np.int64)
     probs = np.empty((T, K))
     version = np.empty(T, dtype=np.int64)
-    learning = getattr(pol, "learning", True)
+    kind = feedback_of(pol, fb)
+    priced = None if fb is None else (np.ones(R.shape, bool) if fb.priced is None else fb.priced)
     for t, i in enumerate(tqdm(idx.tolist(), desc=f"log {name}", unit="step", leave=False, delay=1.0,
                                disable=(not progress) if progress is not None else None)):
         x = None if X is None else X[i].astype(np.float64)
-        d = pol.decide(x if pol.contextual else None)
+        ctx = x if pol.contextual else None
+        d = pol.decide(ctx)
         a = pol.arm_index(d.block_size)
         chosen[t], probs[t], version[t] = a, d.probs, d.version
-        if learning:
-            pol.update(x if pol.contextual else None, d.block_size, R[i, a])
+        if kind == "full" and priced[i, a]:
+            pol.update_full(ctx, fb.rewards[i, a], fb.observed[i, a])
+        elif kind in ("full", "bandit"):
+            pol.update(ctx, d.block_size, R[i, a])
     arms = traces.arm_array
     new = traces.new_tokens_matrix()[idx, chosen]
     rounds = traces.rounds_matrix()[idx, chosen]
@@ -513,4 +606,39 @@ def replay_log(
     if X is not None:
         f = X[idx].astype(np.float32)
         cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(pa.list_(pa.float32()))
+    if fb is not None:
+        cols.update(_cf_columns(fb, idx, chosen, priced))
     return pa.table(cols)
+
+
+def _feedback(feedback: Any, traces: TraceSet, R: np.ndarray, reward: str, prof: LatencyProfile | None,
+              batch_size: int) -> Any:
+    """The counterfactual feedback ``feedback`` asks for (a mode of :data:`FEEDBACK_MODES` or a
+    :class:`~adaptspec.simulators.counterfactuals.Feedback`), or None (the chosen arm only)."""
+    if not isinstance(feedback, str):
+        if feedback.rewards.shape != (*R.shape, R.shape[1]):
+            raise AdaptspecError(f"feedback of shape {feedback.rewards.shape[:2]} does not fit this trace set's "
+                                 f"{R.shape} rewards")
+        return feedback
+    if feedback not in FEEDBACK_MODES:
+        raise AdaptspecError(f"unknown feedback {feedback!r}: choose one of {', '.join(FEEDBACK_MODES)}")
+    return trace_feedback(traces, R, reward, prof, batch_size) if feedback == "auto" and has_rounds(traces) else None
+
+
+def _cf_columns(fb: Any, idx: np.ndarray, chosen: np.ndarray, priced: np.ndarray) -> dict[str, Any]:
+    """The decision log's ``cf_`` columns of the rows ``(idx, chosen)`` (null where not priced)."""
+    import pyarrow as pa
+
+    T = len(idx)
+    mask = ~priced[idx, chosen]
+
+    def lists(values: np.ndarray, kind: Any) -> Any:
+        flat = pa.array(values.ravel(), kind)
+        return pa.ListArray.from_arrays(pa.array(np.arange(T + 1) * values.shape[1], pa.int32()), flat,
+                                        mask=pa.array(mask))
+
+    tokens = fb.tokens[idx, chosen] if fb.tokens is not None else np.full((T, fb.rewards.shape[2]), np.nan)
+    return {"cf_rewards": lists(fb.rewards[idx, chosen], pa.float64()),
+            "cf_tokens": lists(tokens, pa.float64()),
+            "cf_censored": lists(~fb.observed[idx, chosen], pa.bool_()),
+            "cf_approximate": lists(fb.approximate[idx, chosen], pa.bool_())}
