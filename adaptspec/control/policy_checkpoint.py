@@ -58,6 +58,9 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
     """Write a checkpoint of ``policy`` (and ``featurizer``); ``meta["updates"]`` names it."""
     if not hasattr(policy, "save_state"):
         raise AdaptspecError(f"{type(policy).__name__} has no save_state(path): checkpoints need an adaptspec Policy")
+    fault = policy.state_fault() if hasattr(policy, "state_fault") else None
+    if fault is not None:  # never written: a resume would learn from it
+        raise AdaptspecError(f"not writing a checkpoint of policy {getattr(policy, 'label', '?')}: {fault}")
     root = Path(directory)
     updates = int(meta.get("updates", 0))
     final = root / f"ckpt-{updates:012d}"

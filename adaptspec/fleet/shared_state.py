@@ -394,6 +394,8 @@ class SharedState:
             with self._lock:
                 mine = Published(self.replica, self.fingerprint, self._local_updates,
                                  {k: np.array(v) for k, v in self._local.items()})
+            if not self._publishable(mine):
+                return False
             self.backend.publish(self.channel, self.replica, encode(mine))
             blobs = self.backend.fetch(self.channel)
         except Exception as e:  # noqa: BLE001 - any backend failure: keep serving from local state
@@ -417,6 +419,20 @@ class SharedState:
         self.connected = True
         self.syncs += 1
         self.last_sync = time.time()
+        return True
+
+    def _publishable(self, mine: Published) -> bool:
+        """Whether this replica's own sums pass the check every other replica applies to them
+        (finite, the family's shapes): sums that would be refused are never published, and the
+        failure is counted and said (rewards and contexts are bounded where they enter, so this
+        is a guard, not a path)."""
+        try:
+            self.family.check(mine.sums)
+        except AdaptspecError as e:
+            self.sync_errors += 1
+            self.last_error = f"own statistics not published: {e}"
+            log.error("%s: not publishing this replica's statistics: %s", self.channel, e)
+            return False
         return True
 
     def _identity_lost(self) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import copy
 import json
-import math
 import operator
 import os
 from typing import Any, Sequence
@@ -21,10 +20,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..reward.functions import REWARD_LIMIT, check_reward
 from ..speculator import Decision
 
 
 _F64 = np.dtype(np.float64)
+
+#: The largest norm of a context a policy learns from. Prefill features are hidden-state
+#: statistics, log-lengths and the like (norms of tens to thousands); a billion is past any of
+#: them, and below it a policy's sums of outer products stay finite (1e18 each).
+CONTEXT_LIMIT = 1e9
+_CONTEXT_LIMIT_SQ = CONTEXT_LIMIT * CONTEXT_LIMIT
 
 
 class Policy(abc.ABC):
@@ -51,6 +57,11 @@ class Policy(abc.ABC):
     #: (:meth:`update_full`, graph feedback: the counterfactuals of
     #: :mod:`adaptspec.reward.counterfactual`); they still decide before seeing any reward.
     full_feedback: bool = False
+
+    #: Where the learnt state holds an infinity on purpose (a key of ``_state()`` -> the indices
+    #: of its array): the min and max of no reward yet, say. Everywhere else every number of a
+    #: learnt state is finite (:meth:`state_fault`), or the state is refused.
+    infinite_ok: dict[str, Any] = {}
 
     def __init__(
         self,
@@ -151,9 +162,9 @@ class Policy(abc.ABC):
         if r.shape != (k,):
             raise AdaptspecError(f"rewards must be {k} numbers (one per arm), got shape {r.shape}")
         r = np.where(m, r, 0.0)
-        # r.r is finite when every observed reward is (one cheap dot); only if it is not, look closer
-        if not math.isfinite(float(r.dot(r))) and not np.isfinite(r).all():
-            raise AdaptspecError("the reward of every observed arm must be finite")
+        if not np.abs(r).max() <= REWARD_LIMIT:  # NaN compares False
+            raise AdaptspecError(f"the reward of every observed arm must be finite and within +-{REWARD_LIMIT:g}, "
+                                 f"got {r[m].tolist()}")
         ctx = self._check_update_context(context)
         self._update_full(ctx, r, m)
         self.version += 1
@@ -272,12 +283,26 @@ class Policy(abc.ABC):
             dim = state.get("dim")
             self.dim = None if dim is None else int(dim)
             self._load_state(state["state"])
+            fault = self.state_fault()
+            if fault is not None:
+                raise AdaptspecError(f"state refused: {fault}")
         except AdaptspecError:
             self._restore(backup)
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             self._restore(backup)
             raise AdaptspecError(f"state_dict does not fit this {self.name} policy: {e!r}") from None
+
+    def state_fault(self) -> str | None:
+        """Where the learnt state holds a number that is not finite (NaN, or an infinity outside
+        :attr:`infinite_ok`), in words; None when every number is finite. Checkpoints are written
+        and loaded only without one: bounded rewards and contexts (:data:`~adaptspec.reward.functions.REWARD_LIMIT`,
+        :data:`CONTEXT_LIMIT`) keep a learner's sums finite, and a state that is not came from elsewhere."""
+        for key, value in self._state().items():
+            fault = _non_finite(value, str(key), self.infinite_ok.get(key))
+            if fault is not None:
+                return fault
+        return None
 
     def _restore(self, backup: dict[str, Any]) -> None:
         self.rng.bit_generator.state = backup["rng"]
@@ -343,13 +368,9 @@ class Policy(abc.ABC):
 
     @staticmethod
     def check_reward(reward: float) -> float:
-        try:
-            r = float(reward)
-        except (TypeError, ValueError):
-            raise AdaptspecError(f"reward must be a number, got {reward!r}") from None
-        if not math.isfinite(r):
-            raise AdaptspecError(f"reward must be finite, got {reward!r}")
-        return r
+        """A reward as :func:`adaptspec.reward.functions.check_reward` takes it: a real number,
+        finite, of plausible size (so the learnt sums stay finite)."""
+        return check_reward(reward)
 
     def check_context(self, context: Sequence[float] | np.ndarray | None) -> np.ndarray | None:
         """Validate a context: a finite 1-D vector of the policy's dimension (None if context-free).
@@ -371,9 +392,9 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"context must be a 1-D vector, got shape {x.shape}")
         if self.dim is not None and x.shape[0] != self.dim:
             raise AdaptspecError(f"context has {x.shape[0]} features, {self.name} expects {self.dim}")
-        # x.x is finite when every value is (one cheap dot); only if it is not, look closer
-        if not math.isfinite(float(x.dot(x))) and not np.isfinite(x).all():
-            raise AdaptspecError("context has NaN or infinite values")
+        # one cheap dot: NaN, infinite and implausibly large values all fail it; only then look closer
+        if not float(x.dot(x)) <= _CONTEXT_LIMIT_SQ:
+            raise context_fault(x)
         if self.dim is None:
             self.dim = int(x.shape[0])
         return x
@@ -401,9 +422,10 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"got {X.shape[0]} contexts for {n} requests")
         if self.dim is not None and X.shape[1] != self.dim:
             raise AdaptspecError(f"contexts have {X.shape[1]} features, {self.name} expects {self.dim}")
-        if not np.isfinite(X).all():
-            bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
-            raise AdaptspecError(f"context {bad} has NaN or infinite values")
+        bad = ~(np.einsum("ij,ij->i", X, X) <= _CONTEXT_LIMIT_SQ)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise context_fault(X[i], f"context {i}")
         if self.dim is None and X.shape[0] > 0:
             self.dim = int(X.shape[1])
         return X, int(X.shape[0])
@@ -438,9 +460,10 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"rewards must be a 1-D array, got shape {r.shape}")
         if n is not None and r.shape[0] != n:
             raise AdaptspecError(f"got {r.shape[0]} rewards for {n} block sizes")
-        if not np.isfinite(r).all():
-            bad = int(np.flatnonzero(~np.isfinite(r))[0])
-            raise AdaptspecError(f"reward {bad} must be finite, got {r[bad]}")
+        bad = ~(np.abs(r) <= REWARD_LIMIT)  # NaN, infinite or implausibly large
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise AdaptspecError(f"reward {i} must be finite and within +-{REWARD_LIMIT:g}, got {r[i]}")
         return r
 
     def _mix(self, probs: np.ndarray) -> np.ndarray:
@@ -476,6 +499,37 @@ class Policy(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(arms={list(self.arms)})"
+
+
+def _non_finite(value: Any, path: str, allowed: Any = None) -> str | None:
+    """Where ``value`` (a learnt state's entry: arrays, numbers, nested dicts and lists) holds a
+    number that is not finite, in words; infinities at ``allowed`` (indices of an array) pass."""
+    if isinstance(value, dict):
+        return next((f for k, v in value.items() if (f := _non_finite(v, f"{path}/{k}")) is not None), None)
+    if isinstance(value, (list, tuple)):
+        return next((f for i, v in enumerate(value) if (f := _non_finite(v, f"{path}/{i}")) is not None), None)
+    if isinstance(value, (float, np.floating)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc":
+        return None
+    bad = ~np.isfinite(value)
+    if allowed is not None and bad.any():
+        bad = bad.copy()
+        bad[allowed] &= np.isnan(value[allowed])
+    if not bad.any():
+        return None
+    where = np.unravel_index(int(np.flatnonzero(bad)[0]), value.shape) if value.ndim else ()
+    return f"{path}{list(map(int, where)) if where else ''} is {value[where].item()!r} (a learnt state holds finite numbers)"
+
+
+def context_fault(x: np.ndarray, what: str = "context") -> AdaptspecError:
+    """The error for a context outside :data:`CONTEXT_LIMIT` (NaN, infinite or implausibly large values)."""
+    if not np.isfinite(x).all():
+        return AdaptspecError(f"{what} has NaN or infinite values")
+    with np.errstate(over="ignore"):
+        norm = float(np.linalg.norm(x))
+    return AdaptspecError(f"{what} has values of implausible size (norm {norm:.3g}, the most a policy learns from "
+                          f"is {CONTEXT_LIMIT:g})")
 
 
 def one_hot(k: int, i: int) -> np.ndarray:

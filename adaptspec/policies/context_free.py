@@ -172,6 +172,7 @@ class ContextFreePolicy(Policy):
     """Shared parts of the context-free bandits: ArmStats with forgetting, running reward stats."""
 
     contextual = False
+    infinite_ok = {"running": slice(3, 5)}  # min and max of no reward yet: +inf, -inf
 
     def __init__(
         self,

@@ -31,6 +31,8 @@ array([25. , 44.1])
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable
 
 import numpy as np
@@ -51,6 +53,50 @@ REWARD_UNITS = {"throughput": "tok/s", "token_latency": "-ms/token", "modelled":
 #: What each reward is, in words, for reports.
 REWARD_NAMES = {"throughput": "measured throughput", "token_latency": "measured ms per token (negated)",
                 "modelled": "modelled throughput", "tau": "tau"}
+
+#: The largest size of a reward anything learns from, read from a log or given by a caller:
+#: ``|reward| <= REWARD_LIMIT``. A reward is tokens per second (one request decodes at most some
+#: thousands, on any machine), minus milliseconds per token (a billion is 11.6 days a token) or
+#: tokens per round (at most the block size), so a billion is past every honest reward by orders
+#: of magnitude, and what is beyond it is a corrupted value or a unit error. It keeps a learner's
+#: sums finite: a squared reward is at most 1e18, and float64 holds 1.8e308.
+REWARD_LIMIT = 1e9
+
+
+def check_reward(value: Any, what: str = "reward") -> float:
+    """``value`` as a reward: a real number (not a string or a boolean), finite, of plausible size
+    (:data:`REWARD_LIMIT`); anything else is one :class:`~adaptspec.errors.AdaptspecError` line.
+
+    >>> check_reward(-12.5), check_reward(np.float32(3))
+    (-12.5, 3.0)
+    >>> check_reward(1e300)
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: reward must be a number within +-1e+09 (a reward is tokens/s, -ms/token or tau), got 1e+300
+    >>> check_reward("5")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: reward must be a number, got '5' (str)
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise AdaptspecError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+    r = float(value)
+    if not math.isfinite(r):
+        raise AdaptspecError(f"{what} must be finite, got {value!r}")
+    if abs(r) > REWARD_LIMIT:
+        raise AdaptspecError(f"{what} must be a number within +-{REWARD_LIMIT:g} (a reward is tokens/s, -ms/token "
+                             f"or tau), got {r:g}")
+    return r
+
+
+def plausible_rewards(values: Any) -> bool:
+    """Whether every value of ``values`` (an array) is finite and of plausible size (:data:`REWARD_LIMIT`).
+
+    >>> plausible_rewards(np.array([1.0, -3.0])), plausible_rewards(np.array([1.0, 1e300])), plausible_rewards(np.array([np.nan]))
+    (True, False, False)
+    """
+    a = np.asarray(values, dtype=np.float64)
+    return bool(a.size == 0 or np.abs(a).max() <= REWARD_LIMIT)  # NaN compares False
 
 
 def mean_tau(outcome: Outcome) -> float:

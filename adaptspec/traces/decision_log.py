@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import AdaptspecError
+from ..reward.functions import REWARD_LIMIT
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
                      MAX_TOKENS, SCHEMA_VERSION)
@@ -238,6 +239,7 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             if name in DECISION_PER_ARM_FLOATS and not np.all(np.isfinite(flat.astype(np.float64))):
                 r = int(np.repeat(np.arange(n), lc)[_first(~np.isfinite(flat.astype(np.float64)))])
                 raise _err(where, f"column {name!r}, row {r}: NaN or infinite value")
+    _check_rewards(table, where, hit, ap, la, bs)
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
         bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))
@@ -259,6 +261,55 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
         r = _first(np.bincount(inv)[inv] > 1)
         raise _err(where, f"column 'decision_id', row {r}: duplicate decision_id {ids[r]!r}")
     return table
+
+
+def _check_rewards(table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray, la: np.ndarray,
+                   bs: np.ndarray) -> None:
+    """The rewards of a decision-log table (finite already): of plausible size
+    (:data:`~adaptspec.reward.functions.REWARD_LIMIT`), and the counterfactual columns' own
+    invariants (docs/data.md): the four ``cf_`` columns null together, only in rows with a
+    reward, and ``cf_rewards`` at the arm that ran is the row's ``reward``. ``hit`` marks the
+    chosen arm among the flattened ``arms`` (``ap``: their rows, ``la``: the rows' lengths)."""
+    n = table.num_rows
+    names = table.column_names
+    reward = _np(table.column("reward"), np.float64) if "reward" in names else np.full(n, np.nan)
+    big = np.abs(reward) > REWARD_LIMIT
+    if big.any():
+        r = _first(big)
+        raise _err(where, f"column 'reward', row {r}: {reward[r]:g} is beyond any reward (|reward| <= {REWARD_LIMIT:g}: "
+                          "a reward is tokens/s, -ms/token or tau)")
+    present = {c: (~np.asarray(pc.is_null(table.column(c).combine_chunks())) if c in names else np.zeros(n, bool))
+               for c in DECISION_PER_ARM}
+    has = present["cf_rewards"]
+    for c in DECISION_PER_ARM[1:]:
+        odd = present[c] != has
+        if odd.any():
+            r = _first(odd)
+            null, other = (c, "cf_rewards") if has[r] else ("cf_rewards", c)
+            raise _err(where, f"column {null!r}, row {r}: null while {other!r} is not (the four cf_ columns are null "
+                              "together)")
+    if not has.any():
+        return
+    orphan = has & np.isnan(reward)
+    if orphan.any():
+        raise _err(where, f"column 'cf_rewards', row {_first(orphan)}: set in a row without a reward (the controller "
+                          "prices counterfactuals only for a reward it computed)")
+    lc, flat, _ = _list_parts(table.column("cf_rewards"))
+    flat = flat.astype(np.float64)
+    big = np.abs(flat) > REWARD_LIMIT
+    if big.any():
+        r = int(np.repeat(np.arange(n), lc)[_first(big)])
+        raise _err(where, f"column 'cf_rewards', row {r}: a value beyond any reward (|reward| <= {REWARD_LIMIT:g})")
+    chosen = np.zeros(n, np.int64)  # the position of the arm that ran in its row's arms
+    h = np.flatnonzero(hit)
+    chosen[ap[h]] = h - (np.cumsum(la) - la)[ap[h]]
+    rows = np.flatnonzero(has)
+    at = flat[(np.cumsum(lc) - lc)[rows] + chosen[rows]]
+    off = ~np.isclose(at, reward[rows], rtol=1e-9, atol=0.0)
+    if off.any():
+        r = int(rows[_first(off)])
+        raise _err(where, f"column 'cf_rewards', row {r}: {at[_first(off)]:g} at block size {bs[r]} (the arm that "
+                          f"ran), but the row's reward is {reward[r]:g} (they are the same number)")
 
 
 class DecisionLog:

@@ -36,12 +36,14 @@ and their decision fields are not checked a second time.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import math
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -108,7 +110,7 @@ class DecisionLogWriter:
             self.path.mkdir(parents=True, exist_ok=True)
             if (self.path / "meta.json").exists():
                 raise AdaptspecError(f"{self.path}: this is a trace set (meta.json), not a decision log")
-            self._lock_file = open(self.path / f".writer-{name}.lock", "a+")
+            self._lock_file = _open_lock(self.path / f".writer-{name}.lock")
         except OSError as e:
             raise AdaptspecError(f"{self.path}: cannot write the decision log here ({e.strerror or e})") from None
         try:
@@ -274,6 +276,23 @@ class DecisionLogWriter:
 
 
 # ============================================================================ reading
+def _open_lock(path: Path) -> Any:
+    """The writer's lock file, opened without following a symbolic link (a link planted there
+    would make the writer create or lock a file outside the log's directory) and refused unless
+    it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise AdaptspecError(f"{path}: the writer's lock file is a symbolic link; not following it "
+                                 "(remove it)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise AdaptspecError(f"{path}: the writer's lock file is not a regular file (remove it)")
+    return os.fdopen(fd, "r+b", buffering=0)
+
+
 def journal_rows(path: str | os.PathLike, name: str | None = None) -> list[dict[str, Any]]:
     """Rows in the journal segments of ``path`` (every writer, or writer ``name``), not yet in parts."""
     out: list[dict[str, Any]] = []
