@@ -2,8 +2,9 @@
 
 A decision is *pending* from the moment it is made (:meth:`DecisionBook.open`) until one of:
 its feedback arrives (``applied``, or ``no_reward`` when the reward is undefined), it expires
-(no feedback for ``feedback_timeout_s``: ``expired``), its decode fails (``decode_error``) or
-the controller closes (``dropped``). Each way out writes the decision to the decision log once
+(no feedback for ``feedback_timeout_s``, or ``max_pending`` newer decisions are waiting: the
+oldest goes first; ``expired``), its decode or its outcome fails (``decode_error``) or the
+controller closes (``dropped``). Each way out writes the decision to the decision log once
 (without a reward unless it was applied). The last 100,000 finished ids are remembered, so a
 second feedback for one is ``duplicate`` and one after it expired or was dropped is ``late``;
 an id never decided here is ``unknown``. A row logged with a reward is queued as an
@@ -29,16 +30,17 @@ The book trusts the decisions it is given: they were checked where they entered
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
+from itertools import islice
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..reward.functions import check_reward, plausible_rewards
 from ..speculator import Decision, LoadState, Outcome, SharedRounds
 from .config import ControllerConfig
 from .updates import Update, UpdateQueue
@@ -77,7 +79,7 @@ class DecisionBook:
 
     def __init__(self, updates: UpdateQueue, *, reward_fn: Callable[[Outcome], float], log_writer: Any = None,
                  machine_speed: Any = None, variant: str | None = None, log_features: bool = True,
-                 feedback_timeout_s: float | None = 300.0, pricer: Any = None) -> None:
+                 feedback_timeout_s: float | None = 300.0, max_pending: int = 10_000, pricer: Any = None) -> None:
         self.updates = updates
         self.reward_fn = reward_fn
         self.pricer = pricer
@@ -86,6 +88,7 @@ class DecisionBook:
         self.variant = variant
         self.log_features = log_features
         self.feedback_timeout_s = feedback_timeout_s
+        self.max_pending = int(max_pending)
         self._lock = threading.Lock()      # pending decisions, counters
         self._seq_lock = threading.Lock()  # log order == update order
         self._pending: dict[str, Pending] = {}
@@ -107,6 +110,13 @@ class DecisionBook:
         with self._lock:
             self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic(), load,
                                                           context_tokens)
+            over = len(self._pending) - self.max_pending
+            oldest = list(islice(self._pending, over)) if over > 0 else []
+        for did in oldest:  # at the cap the oldest waiting decision expires early (memory stays bounded)
+            try:
+                self.abandon(did, "expired")
+            except DecisionLogError:  # counted and said by _write; the new decision goes on
+                pass
 
     def decision(self, decision_id: str) -> Decision | None:
         """The pending decision ``decision_id`` (None when it is not pending)."""
@@ -125,8 +135,7 @@ class DecisionBook:
         with self._lock:
             p = self._pending.pop(decision_id, None)
             if p is None:
-                prev = self._done.get(decision_id)
-                status = "unknown" if prev is None else ("late" if prev in ("expired", "dropped") else "duplicate")
+                status = self._finished(decision_id)
                 self.counts[status] += 1
                 return status, None
             self._remember(decision_id, "done")
@@ -137,6 +146,11 @@ class DecisionBook:
                 ratio = self.machine_speed.ratio(outcome)
             if reward is not None and self.pricer is not None:  # every arm's, from the same rounds
                 full = self.pricer.price(p.decision, outcome, reward, p.context_tokens, last)
+                if full is not None and not plausible_rewards(full.rewards):  # learnt as the arm that ran alone
+                    log.warning("%s: decision %s: counterfactual rewards %s are not all of plausible size; "
+                                "learning the arm that ran alone", self.variant or "controller", decision_id,
+                                full.rewards.tolist())
+                    full = None
         status = "applied" if reward is not None else "no_reward"
         try:
             self._write(p, outcome, reward, ratio, shared, full)
@@ -147,6 +161,16 @@ class DecisionBook:
         with self._lock:
             self.counts[status] += 1
         return status, reward
+
+    def settled(self, decision_id: str) -> str:
+        """The status of feedback for ``decision_id`` once the controller is closed (nothing is
+        logged or learnt then), counted: ``late`` for a decision dropped at close (or being
+        dropped) or expired, ``duplicate`` for one settled otherwise, ``unknown`` for an id never
+        decided here."""
+        with self._lock:
+            status = "late" if decision_id in self._pending else self._finished(decision_id)
+            self.counts[status] += 1
+        return status
 
     def abandon(self, decision_id: str, why: str) -> None:
         """Log a pending decision without a reward (``expired``, ``dropped``, ``decode_error``)."""
@@ -177,11 +201,10 @@ class DecisionBook:
     # ------------------------------------------------------------------ internals
     def _reward(self, outcome: Outcome, decision_id: str) -> float | None:
         try:
-            r = float(self.reward_fn(outcome))
+            return check_reward(self.reward_fn(outcome))  # finite and of plausible size, or undefined
         except Exception as e:  # e.g. no round ran: the reward is undefined, the row is still logged
             log.info("%s: no reward for decision %s: %s", self.variant or "controller", decision_id, e)
             return None
-        return r if math.isfinite(r) else None
 
     def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None,
                shared: SharedRounds | None = None, full: Any = None) -> None:
@@ -205,26 +228,26 @@ class DecisionBook:
                 self.updates.put(Update(p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio,
                                         **every))
 
+    def _finished(self, decision_id: str) -> str:
+        """What feedback for a decision that is not pending is (under the lock): ``late`` after it
+        expired or was dropped, ``duplicate`` after it was settled otherwise, else ``unknown``."""
+        prev = self._done.get(decision_id)
+        return "unknown" if prev is None else ("late" if prev in ("expired", "dropped") else "duplicate")
+
     def _remember(self, decision_id: str, status: str) -> None:
         self._done[decision_id] = status
         if len(self._done) > _DONE_MEMORY:
             self._done.popitem(last=False)
 
 
-def open_decision_log(cfg: ControllerConfig, context_width: int | None, context_source: str) -> Any:
-    """The decision-log writer of a controller with settings ``cfg`` (None without ``log_dir``),
-    refused now if the log holds contexts of another width than the ``context_width`` this
-    controller logs (made by ``context_source``), rather than failing every request later."""
+def open_decision_log(cfg: ControllerConfig) -> Any:
+    """The decision-log writer of a controller with settings ``cfg`` (None without ``log_dir``).
+    Whether the contexts it holds fit this controller's is
+    :func:`~adaptspec.control.context_width.settle_width`'s to say (its ``feature_dim``)."""
     log_dir = cfg.path("log_dir")
     if log_dir is None:
         return None
     from ..traces.log_writer import DecisionLogWriter
 
-    writer = DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
-                               roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)
-    dim = writer.feature_dim
-    if dim is not None and context_width is not None and cfg.log_features and dim != context_width:
-        writer.close()
-        raise AdaptspecError(f"{log_dir}: this decision log holds contexts of {dim} features, "
-                             f"{context_source} gives {context_width}: use another log directory")
-    return writer
+    return DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
+                             roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)

@@ -5,7 +5,8 @@ A checkpoint holds the learning policy, the number of updates it has seen and th
 last one (the format is :mod:`adaptspec.control.policy_checkpoint`). :class:`Checkpointer`
 writes one when due (``every`` updates, or ``interval_s`` after the last one if there were
 updates since), on the update thread, which owns the learning policy. On resume it loads the
-newest, checks it is for the same variant, arms, featurizer and context width, then re-applies in order every
+newest, checks it is for the same variant, arms and featurizer (its context width is checked with the
+others', :mod:`adaptspec.control.context_width`), then re-applies in order every
 logged reward after that id (with every arm's counterfactual reward where the row has them, as
 the update thread applied it): the learnt state is what it was after the last acknowledged
 feedback. Replayed rewards are in no checkpoint yet, so the next due one (or the one at close)
@@ -44,15 +45,14 @@ class Checkpointer:
     """Checkpoints in ``directory`` (checked now) for one controller (see the module docstring).
 
     ``meta`` goes into every checkpoint as it is (variant, policy label and spec, arms, seed,
-    reward); ``arms``, ``featurizer`` and ``context_width`` (the length of the contexts the
-    policy learns from, when known) are what a checkpoint must fit to be resumed;
+    reward); ``arms`` and ``featurizer`` are what a checkpoint must fit to be resumed;
     ``log_dir`` is the decision log replayed after it; ``machine_speed`` (or None) is saved and
     restored with the policy.
     """
 
     def __init__(self, directory: Path, *, meta: dict[str, Any], featurizer: Any = None, log_dir: Path | None = None,
                  machine_speed: Any = None, contextual: bool = True, every: int = 100,
-                 interval_s: float | None = 60.0, context_width: int | None = None) -> None:
+                 interval_s: float | None = 60.0) -> None:
         check_checkpoint_dir(directory)
         self.directory = directory
         self.meta = meta
@@ -60,7 +60,6 @@ class Checkpointer:
         self.log_dir = log_dir
         self.machine_speed = machine_speed
         self.contextual = contextual
-        self.context_width = context_width
         self.every = every
         self.interval_s = interval_s
         self.updates_written = 0         # the updates the newest checkpoint holds
@@ -114,12 +113,7 @@ class Checkpointer:
         if ck is not None:
             meta = read_checkpoint(ck)
             self._check_fits(ck, meta)
-            load_policy(ck, learner.policy)
-            learnt = getattr(learner.policy, "dim", None) if self.contextual else None
-            if learnt is not None and self.context_width is not None and int(learnt) != self.context_width:
-                raise AdaptspecError(f"{ck}: the checkpoint's policy learnt contexts of {int(learnt)} values, this "
-                                     f"controller's have {self.context_width} (another model or featurizer): "
-                                     "use another checkpoint directory")
+            load_policy(ck, learner.policy)  # the width it learnt: settle_width checks it against the others
             if self.machine_speed is not None and "machine_speed" in meta:
                 self.machine_speed.load_state_dict(meta["machine_speed"])
             learner.updates = self.updates_written = int(meta["updates"])

@@ -48,6 +48,7 @@ class ControllerConfig:
     decide_timeout_s: float = 0.1
     decide_on_caller: bool = False
     feedback_timeout_s: float | None = 300.0
+    max_pending: int = 10_000
     redecide_every: int | None = None
     round_rule: Any = None
     seed: int | None = 0
@@ -71,6 +72,7 @@ class ControllerConfig:
         _positive_int(self.blas_threads, "blas_threads", none=True)
         _positive_int(self.redecide_every, "redecide_every", none=True)
         _positive_int(self.feature_dim, "feature_dim", none=True)
+        _positive_int(self.max_pending, "max_pending")
         _positive_number(self.decide_timeout_s, "decide_timeout_s")
         if not isinstance(self.decide_on_caller, bool):
             raise AdaptspecError(f"decide_on_caller must be True or False, got {self.decide_on_caller!r}")

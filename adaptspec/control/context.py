@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..policies.base import CONTEXT_LIMIT, context_fault
 from ..speculator import LoadState
 
 #: The load features appended to a context (``load_features=True``), in order: rows decoding
@@ -67,14 +68,24 @@ class Contexts:
     """
 
     def __init__(self, featurizer: Any, *, contextual: bool, policy_label: str, raw_width: int | None = None,
-                 load_features: bool = False, width_source: str = "the decoder declares") -> None:
+                 load_features: bool = False, width_source: str = "the decoder declares",
+                 declared: bool = False) -> None:
         self.featurizer = featurizer
         self.contextual = contextual
         self.policy_label = policy_label
         self.raw_width = raw_width
         self.width_source = width_source
+        self.declared = bool(declared)  # the decoder declared its features: every request brings them
         self.load_features = bool(load_features)
         self._fix = threading.Lock()
+
+    @classmethod
+    def settled(cls, width: Any, featurizer: Any, *, contextual: bool, policy_label: str,
+                load_features: bool = False) -> "Contexts":
+        """The contexts of a controller whose width :func:`~adaptspec.control.context_width.settle_width`
+        settled (``width``, a :class:`~adaptspec.control.context_width.ContextWidth`)."""
+        return cls(featurizer, contextual=contextual, policy_label=policy_label, raw_width=width.raw,
+                   load_features=load_features, width_source=width.source, declared=width.declared)
 
     def fix_width(self, width: int, source: str) -> None:
         """Fix the length of the features from now on (``source`` says who fixed it, for the error
@@ -101,6 +112,9 @@ class Contexts:
         if features is None:
             if self.contextual:
                 raise AdaptspecError(f"policy {self.policy_label} is contextual: it needs the prefill features")
+            if self.declared:
+                raise AdaptspecError(f"features are missing: {self.width_source} {self.raw_width} (every request "
+                                     "brings its prefill features, which the log keeps)")
             return None
         x = self._prefill(features)
         if not self.load_features:
@@ -114,18 +128,18 @@ class Contexts:
         if self.featurizer is not None:
             return self.featurizer(features)
         try:
-            x = np.asarray(features, dtype=np.float32)
+            x = np.asarray(features, dtype=np.float64)
         except (TypeError, ValueError):
             raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
         if x.ndim != 1 or x.size == 0:
             raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
-        if not np.isfinite(x).all():
-            raise AdaptspecError("features have NaN or infinite values")
+        if not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # NaN, infinite or implausibly large values
+            raise context_fault(x, "features")
         if self.raw_width is None:  # the first valid features fix the width
             self.fix_width(x.size, "the first request's features had")
         if x.size != self.raw_width:
             raise AdaptspecError(f"features have {x.size} values, {self.width_source} {self.raw_width}")
-        return x.astype(np.float64)
+        return x.astype(np.float32).astype(np.float64)  # as the log keeps them (float32)
 
     def for_policy(self, ctx: np.ndarray | None) -> np.ndarray | None:
         """What the policy is given of a context: nothing for a non-contextual policy."""

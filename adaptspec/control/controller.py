@@ -83,6 +83,7 @@ from .book import DecisionLogError as DecisionLogError  # re-exported: the servi
 from .checkpointer import Checkpointer
 from .config import ControllerConfig
 from .context import LOAD_FEATURES, Contexts
+from .context_width import ContextWidth, settle_width
 from .decider import Decider, copy_policy
 from .full_feedback import CounterfactualPricer, pricing_profile
 from .generation import FeedbackResult, Generation, PrefillError, split_outcome
@@ -92,7 +93,7 @@ from .updates import Learner, UpdateQueue, UpdateWorker
 from ..errors import AdaptspecError
 from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
-from ..reward.functions import DEFAULT_REWARD
+from ..reward.functions import DEFAULT_REWARD, check_reward
 from ..schedules.fixed import BlockFunction
 from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds
 
@@ -182,6 +183,10 @@ class AdaptiveController:
     feedback_timeout_s
         A decision without feedback for this long is logged without a reward and dropped
         (None: never).
+    max_pending
+        The most decisions waiting for feedback at once (default 10,000, about 9 MiB): beyond
+        it the oldest waiting one expires early, as at ``feedback_timeout_s`` (logged without a
+        reward, counted ``expired``; its feedback later is ``late``).
     redecide_every
         Decide again every k rounds inside one request (off by default). Each re-decision is
         its own decision, logged and rewarded on its own rounds.
@@ -230,42 +235,31 @@ class AdaptiveController:
                  round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
                  roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
                  blas_threads: int | None = 1, shared: Any = None, load_features: bool = False,
-                 feature_dim: int | None = None) -> None:
+                 feature_dim: int | None = None, max_pending: int = 10_000) -> None:
         settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
         self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
-        self.shape = shape = _decoder_shape(speculator, cfg, feature_dim)
+        self.shape = shape = _decoder_shape(speculator, cfg)
         self.speculator, self.max_block_size = speculator, shape.max_block_size
         self.setup = setup = setup_policy(policy, cfg, shape)
         self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
-        contexts = Contexts(setup.featurizer, contextual=setup.contextual, policy_label=setup.label,
-                            raw_width=setup.feature_dim, load_features=cfg.load_features,
-                            width_source=_width_source(shape, setup, feature_dim))
         if policy is None:  # the controller chose: say which and why (a caller's own choice needs no words)
             log.info("%s: policy %s", variant or "controller", setup.choice)
-        checkpointer = _checkpointer(cfg, setup, contexts.width)
-        self._log = open_decision_log(cfg, contexts.width, contexts.source)
-        logged = None if self._log is None or not cfg.log_features else self._log.feature_dim
-        if logged is not None and setup.featurizer is None:  # the log holds raw features (+ the load's)
-            contexts.fix_width(logged - (len(LOAD_FEATURES) if cfg.load_features else 0),
-                               f"the decision log in {cfg.path('log_dir')} holds")
+        self._log = open_decision_log(cfg)
         try:
             self._updates = UpdateQueue()
             self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
                                       machine_speed=setup.machine_speed, log_features=log_features,
-                                      feedback_timeout_s=feedback_timeout_s, pricer=_pricer(cfg, setup, shape))
+                                      feedback_timeout_s=feedback_timeout_s, max_pending=cfg.max_pending,
+                                      pricer=_pricer(cfg, setup, shape))
             learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
                               reward_name=cfg.reward_name, name=variant or "")
+            checkpointer = _checkpointer(cfg, setup)
             self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
-            learnt = getattr(learner.policy, "dim", None) if setup.contextual and setup.featurizer is None else None
-            if learnt is not None:  # resumed, or replayed from the log: the width the policy learnt
-                contexts.fix_width(int(learnt) - (len(LOAD_FEATURES) if cfg.load_features else 0),
-                                   f"policy {setup.label} has learnt")
-                if contexts.width != int(learnt):
-                    raise AdaptspecError(f"policy {setup.label} has learnt contexts of {int(learnt)} values, but "
-                                         f"{contexts.width_source} {contexts.raw_width} feature values: use another "
-                                         "checkpoint directory")
+            contexts = Contexts.settled(_width(cfg, shape, setup, self._log, learner, self.resumed), setup.featurizer,
+                                        contextual=setup.contextual, policy_label=setup.label,
+                                        load_features=cfg.load_features)
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 learner.attach(shared, variant, cfg.path("log_dir"))
             self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
@@ -296,7 +290,7 @@ class AdaptiveController:
         ...     c.feedback(d.decision_id, Outcome([7] * (1 + tau), [Round(d.block_size, tau, 0.0, 0.01)], 0.01))
         FeedbackResult('applied', 2.0)
         >>> c.policy_choice
-        'fi-ucb: no head fits: the bundled head has arms up to 16, beyond max_block_size 8; cold start over arms [1, 2, 4, 8]'
+        'fi-ucb: no head fits: the bundled head has arms [1, 2, 3, 4, 6, 8, 12, 16], not all among the arms [1, 2, 4, 8]; cold start over arms [1, 2, 4, 8]'
         >>> c.generate([1, 2, 3])
         Traceback (most recent call last):
         ...
@@ -447,8 +441,15 @@ class AdaptiveController:
         Returns a :class:`~adaptspec.control.generation.FeedbackResult`: the status and the reward
         it computed (None unless applied). The status is ``"applied"`` (logged; the update is queued), ``"no_reward"`` (logged, but
         the reward was undefined, e.g. no round ran), ``"duplicate"`` (already had feedback:
-        ignored), ``"late"`` (it had expired: ignored) or ``"unknown"`` (never decided here).
-        Once it returns, the row is in the decision log durably.
+        ignored), ``"late"`` (it had expired, or was dropped at ``close``: ignored) or
+        ``"unknown"`` (never decided here). Once it returns, the row is in the decision log durably.
+        After ``close`` nothing is logged or learnt: every decision was settled then, so the status
+        is ``"late"``, ``"duplicate"`` or ``"unknown"``.
+
+        A reward must be a real number (not a string, not a boolean), finite and of plausible size
+        (:data:`~adaptspec.reward.functions.REWARD_LIMIT`); an outcome the decision cannot have
+        produced (:func:`~adaptspec.control.block_sizes.check_outcome`) raises, and the decision is
+        logged without a reward (``decode_error``), no longer pending.
         """
         if outcome is None and reward is None:
             raise AdaptspecError("feedback needs an outcome or a reward")
@@ -457,16 +458,16 @@ class AdaptiveController:
         if outcome is not None and not isinstance(outcome, Outcome):
             raise AdaptspecError(f"outcome must be an adaptspec Outcome, got {type(outcome).__name__}")
         if reward is not None:
-            try:
-                reward = float(reward)
-            except (TypeError, ValueError):
-                raise AdaptspecError(f"reward must be a number, got {reward!r}") from None
-            if not np.isfinite(reward):
-                raise AdaptspecError(f"reward must be finite, got {reward!r}")
-        self._check_open()
+            reward = check_reward(reward)  # a real number (not "5", not True), finite, of plausible size
+        if self._closed:  # every pending decision was dropped at close: it is late, as an expired one
+            return FeedbackResult(self._book.settled(decision_id), None)
         decision = self._book.decision(decision_id)
         if outcome is not None and decision is not None:
-            check_outcome(outcome, decision)
+            try:
+                check_outcome(outcome, decision)
+            except AdaptspecError:  # an outcome no honest decode produces: logged as a failed decode, not pending
+                self._book.abandon(decision_id, "decode_error")
+                raise
         return FeedbackResult(*self._book.feedback(decision_id, outcome, reward, shared))
 
     def sync(self, timeout: float | None = 30.0) -> "AdaptiveController":
@@ -572,7 +573,7 @@ class AdaptiveController:
             raise AdaptspecError("this AdaptiveController is closed")
 
 
-def _decoder_shape(speculator: Any, cfg: ControllerConfig, feature_dim: int | None) -> DecoderShape:
+def _decoder_shape(speculator: Any, cfg: ControllerConfig) -> DecoderShape:
     """The decoder's :class:`~adaptspec.control.protocol.DecoderShape` (a speculator checked
     against the protocol, or an engine's arms), with the per-round options it cannot honour
     refused."""
@@ -580,12 +581,12 @@ def _decoder_shape(speculator: Any, cfg: ControllerConfig, feature_dim: int | No
         if cfg.arms is None:
             raise AdaptspecError("AdaptiveController(None, ...) is a controller for an engine that decodes by itself: "
                                  "it needs arms, the block sizes the engine can decode (AdaptiveController.for_engine)")
-        shape = engine_shape(cfg.arms, feature_dim)
+        shape = engine_shape(cfg.arms, cfg.feature_dim)
         if cfg.redecide_every is not None or cfg.round_rule is not None:
             raise AdaptspecError("redecide_every and round_rule run inside generate(): a controller for an engine "
                                  "(no speculator) has none; the engine applies its own per-round rule")
         return shape
-    shape = speculator_shape(speculator, feature_dim)
+    shape = speculator_shape(speculator, cfg.feature_dim)
     if not shape.per_round:
         option = (f"redecide_every={cfg.redecide_every}" if cfg.redecide_every is not None else
                   f"round_rule={cfg.round_rule!r}" if cfg.round_rule is not None else None)
@@ -595,11 +596,17 @@ def _decoder_shape(speculator: Any, cfg: ControllerConfig, feature_dim: int | No
     return shape
 
 
-def _width_source(shape: DecoderShape, setup: PolicySetup, given: int | None) -> str:
-    """Who fixed the width of the features, for the error a request of another width gets."""
-    if shape.feature_dim is not None:
-        return "the controller's feature_dim is" if given is not None else f"speculator {shape.name} declares feature_dim"
-    return f"policy {setup.label} reads"
+def _width(cfg: ControllerConfig, shape: DecoderShape, setup: PolicySetup, log_writer: Any, learner: Learner,
+           resumed: dict[str, Any] | None) -> ContextWidth:
+    """The width of the features, settled from everything that knows it
+    (:func:`~adaptspec.control.context_width.settle_width`): the decoder, the policy, the decision
+    log (when it keeps contexts) and the policy as resumed."""
+    learnt = getattr(learner.policy, "dim", None) if setup.contextual else None
+    return settle_width(shape, reads=setup.reads, featurizer=setup.featurizer, given=cfg.feature_dim,
+                        extra=len(LOAD_FEATURES) if cfg.load_features else 0, label=setup.label,
+                        logged=log_writer.feature_dim if log_writer is not None and cfg.log_features else None,
+                        log_dir=cfg.path("log_dir"), learnt=learnt,
+                        checkpoint=None if resumed is None else resumed.get("checkpoint"))
 
 
 def _pricer(cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> CounterfactualPricer | None:
@@ -611,7 +618,7 @@ def _pricer(cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> C
     return CounterfactualPricer(cfg.reward, pricing_profile(cfg.latency, setup.machine_speed), shape.prefix_drafts)
 
 
-def _checkpointer(cfg: ControllerConfig, setup: PolicySetup, context_width: int | None) -> Checkpointer | None:
+def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | None:
     """The controller's checkpointer (its directory checked now), or None without ``checkpoint_dir``."""
     directory = cfg.path("checkpoint_dir")
     if directory is None:
@@ -620,5 +627,4 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup, context_width: int 
             "seed": cfg.seed, "reward": cfg.reward_name, "load_features": cfg.load_features}
     return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
                         machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
-                        context_width=context_width if setup.contextual else None,
                         interval_s=cfg.checkpoint_interval_s)

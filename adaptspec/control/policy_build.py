@@ -112,10 +112,10 @@ def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: 
 
     model = HeadModel.load(head)
     name = "the bundled head" if Path(head) == BUNDLED_HEAD else f"head {head}"
+    if arms is not None and not set(model.arms) <= {int(a) for a in arms}:  # the arms given, in the caller's words
+        return f"{name} has arms {list(model.arms)}, not all among the arms {sorted(int(a) for a in arms)}"
     if max(model.arms) > max_block_size:
         return f"{name} has arms up to {max(model.arms)}, beyond max_block_size {max_block_size}"
-    if arms is not None and not set(model.arms) <= {int(a) for a in arms}:
-        return f"{name} has arms {list(model.arms)}, not all among the arms {sorted(int(a) for a in arms)}"
     want = Featurizer.load(head).in_dim if Featurizer.exists(head) else model.in_dim
     if feature_dim is None:
         return f"{name} reads {want} feature values and the decoder declares no feature_dim"
@@ -228,8 +228,9 @@ class PolicySetup:
     ``spec`` when it came from one), its checked ``arms``, ``label``, whether it is ``contextual``,
     the ``featurizer``, the checked ``fallback_block_size``, the reward function, the
     machine-speed calibration (or None), which policy was chosen and why (``choice``), and the
-    width of the prefill features the policy reads (``feature_dim``; None: fixed by the first
-    request)."""
+    width of the prefill features the policy reads (``reads``: its featurizer's input, or its own
+    dimension; None when it does not say). Whether that fits the decoder is
+    :func:`~adaptspec.control.context_width.settle_width`'s to say."""
 
     spec: str | None
     learner: Any
@@ -241,15 +242,14 @@ class PolicySetup:
     reward_fn: Callable[[Any], float]
     machine_speed: Any
     choice: PolicyChoice
-    feature_dim: int | None = None
+    reads: int | None = None
 
 
 def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
     """Build and check the policy side of a controller from its ``policy`` argument and its
     :class:`~adaptspec.control.config.ControllerConfig`, for a decoder of
     :class:`~adaptspec.control.protocol.DecoderShape` ``shape``. ``policy=None`` is the default
-    (:func:`choose_default_policy`); a policy that reads features of another width than the
-    decoder declares is refused here."""
+    (:func:`choose_default_policy`)."""
     from ..reward.functions import reward_function
     from .block_sizes import check_arms, choose_fallback
 
@@ -277,14 +277,8 @@ def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
             raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
                                  f"{' (load_features is chosen when the policy is created)' if extra else ''}")
     reads = featurizer.in_dim if featurizer is not None else (dim - extra if contextual and dim is not None else None)
-    if reads is not None and shape.feature_dim is not None and int(reads) != shape.feature_dim:
-        by = "its featurizer" if featurizer is not None else f"policy {label}"
-        whose = "the speculator's" if shape.speculator else "the engine's"
-        raise AdaptspecError(f"{by} reads prefill features of {int(reads)} values, {whose} have {shape.feature_dim}: "
-                             "use a policy made for this decoder (or no policy, for the default)")
-    width = shape.feature_dim if shape.feature_dim is not None else (None if reads is None else int(reads))
     fallback = choose_fallback(config.fallback_block_size, arms)
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
     machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)
     return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed, choice,
-                       width)
+                       None if reads is None else int(reads))
