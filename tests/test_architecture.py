@@ -30,6 +30,7 @@ LAYERS = [
     {"collect", "simulators"},
     {"control", "fleet"},
     {"evaluation", "serving"},
+    {"vllm"},  # adaptspec inside vLLM (only vllm/scheduler.py imports vLLM; tests_vllm/ runs it)
     {"cli"},
 ]
 FACADE = {"adaptspec", "adaptspec.__main__"}  # the lazy public names and `python -m adaptspec`

@@ -1,0 +1,34 @@
+"""adaptspec inside vLLM: each request's speculative length chosen and learnt by an AdaptiveController.
+
+Give vLLM the scheduler class and the plug-in's settings (docs/vllm.md)::
+
+    python -m vllm.entrypoints.openai.api_server --model TARGET \\
+      --speculative-config '{"method": "dflash", "model": DRAFTER, "num_speculative_tokens": 8}' \\
+      --scheduler-cls adaptspec.vllm.AdaptiveScheduler \\
+      --additional-config '{"adaptspec": {"log_dir": "runs/log", "checkpoint_dir": "runs/ckpt"}}'
+
+The parts, one concept a module:
+
+- :mod:`~adaptspec.vllm.version`: the vLLM release the plug-in is built against, checked at start;
+- :mod:`~adaptspec.vllm.config`: the ``adaptspec`` entry of ``additional_config``, checked once;
+- :mod:`~adaptspec.vllm.features`: the context of a request, from its prompt's tokens;
+- :mod:`~adaptspec.vllm.record`: one request's decision, rounds and attributed time;
+- :mod:`~adaptspec.vllm.plugin`: the controllers, the load rule and the records, driven by plain
+  values (no vLLM object), so every rule is written once and tested without an engine;
+- :mod:`~adaptspec.vllm.scheduler`: :class:`AdaptiveScheduler`, the subclass of vLLM's scheduler
+  that calls the plug-in from vLLM's hooks. It alone imports vLLM, when first named here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["AdaptiveScheduler"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdaptiveScheduler":  # imports vLLM: only when vLLM asks for the class
+        from .scheduler import AdaptiveScheduler
+
+        return AdaptiveScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

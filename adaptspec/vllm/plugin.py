@@ -1,0 +1,290 @@
+"""The plug-in's work, on plain values: admit, decide, cut, observe a step, finish.
+
+:class:`~adaptspec.vllm.scheduler.AdaptiveScheduler` reads vLLM's objects and calls this class
+with ids, token lists and counts, so every rule lives here once, whatever vLLM calls its hooks.
+
+- **admit**: a new request gets its variant (``adaptspec_variant`` in its ``extra_args``, else
+  the router's split) and its features (:mod:`adaptspec.vllm.features`).
+- **decide**: when its prefill ends, its variant's controller decides its block size B
+  (``decide(features, load=...)``; B = 1 + drafts verified, at most ``num_speculative_tokens`` + 1).
+- **cut**: every step, before vLLM schedules the drafts it just proposed, each decided request's
+  drafts are cut to B - 1, or to the load rule's smaller choice for the step's batch.
+- **observe**: after the step, each request's drafts verified and tokens committed are one round;
+  the step's time is attributed to its rows (:mod:`adaptspec.reward.attribution`) and the load
+  rule gets the round back.
+- **finish**: a request that ended (stopped, at its length, aborted) is fed back to its
+  controller with its :class:`~adaptspec.speculator.Outcome`.
+
+A failure of a policy, a controller or the load rule never stops vLLM: the request it concerns
+runs at vLLM's own length from then on (``fallback``), and the fault is logged and counted
+(``stats()["faults"]``). The controllers' decision logs keep their guarantee: an acknowledged
+decision (its feedback returned) survives a SIGKILL of the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..reward.attribution import attribute
+from ..speculator import LoadState
+from .config import ENTRY, PluginSettings
+from .features import FEATURE_DIM, prompt_features
+from .record import RequestRecord
+
+__all__ = ["AdaptspecPlugin", "DEFAULT_VARIANT", "VARIANT_ARG"]
+
+log = logging.getLogger("adaptspec.vllm")
+
+#: The variant of a plug-in given no ``variants``: the default policy.
+DEFAULT_VARIANT = "default"
+#: The per-request extra argument naming a variant (``SamplingParams(extra_args=...)``, ``vllm_xargs``).
+VARIANT_ARG = "adaptspec_variant"
+
+
+class AdaptspecPlugin:
+    """Controllers per variant, the load rule and the requests in flight (see the module docstring).
+
+    ``num_speculative_tokens``: vLLM's maximum drafts a step (K); the block sizes are 1..K + 1.
+    ``method``: vLLM's speculative method (logged, and in ``stats()``).
+    """
+
+    def __init__(self, settings: PluginSettings, num_speculative_tokens: int, method: str) -> None:
+        from ..control.controller import AdaptiveController
+        from ..control.policy_build import default_arms
+        from ..serving.engine.round_rule import make_load_rule
+        from ..serving.router import ABRouter
+
+        if num_speculative_tokens < 1:
+            raise AdaptspecError("adaptspec.vllm chooses each request's speculative length: vLLM runs without "
+                                 "speculative decoding here (give --speculative-config with num_speculative_tokens >= 1)")
+        self.settings, self.method = settings, method
+        self.max_block_size = num_speculative_tokens + 1
+        arms = tuple(settings.arms) if settings.arms is not None else default_arms(self.max_block_size)
+        if max(arms) > self.max_block_size:
+            raise AdaptspecError(f"additional_config {ENTRY}.arms {list(arms)}: block size {max(arms)} needs "
+                                 f"{max(arms) - 1} drafts, beyond num_speculative_tokens {num_speculative_tokens}")
+        fallback = settings.fallback_block_size or max(arms)
+        variants = settings.variants or {DEFAULT_VARIANT: None}
+        self.router = ABRouter.parse([f"{n}={s or 'default'}" for n, s in variants.items()], settings.split)
+        self.shared_states = _shared_states(settings, list(variants))
+        self.controllers: dict[str, AdaptiveController] = {}
+        try:
+            for name, spec in variants.items():
+                self.controllers[name] = AdaptiveController.for_engine(
+                    arms, FEATURE_DIM, spec, variant=name, log_dir=settings.log_dir,
+                    checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
+                    reward=settings.reward, latency=settings.latency, featurizer=settings.featurizer,
+                    seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
+                    decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
+                    checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
+                    roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
+                    shared=None if self.shared_states is None else self.shared_states[name])
+            self.rule = make_load_rule(settings.load_rule, arms, settings.latency or "cpu-smollm2-bf16",
+                                       prior=settings.load_prior, seed=settings.seed)
+        except BaseException:
+            self.close()
+            raise
+        self.arms = arms
+        self.records: dict[str, RequestRecord] = {}
+        self._asked: dict[str, int] = {}      # request -> the load rule's block size this step
+        self._proposed: dict[str, int] = {}   # request -> drafts vLLM proposed this step, before the cut
+        self._load: Any = None
+        self.counts: Counter[str] = Counter()
+        self.chosen: Counter[int] = Counter()
+        self.drafted = self.accepted = 0
+        self.busy_s = self.step_s = 0.0
+        self.steps = 0
+        for name, c in self.controllers.items():
+            log.info("adaptspec.vllm: variant %s: %s over block sizes %s (%s, K = %d)", name,
+                     c.policy_choice if variants[name] is None else c.policy_label, list(arms), method,
+                     num_speculative_tokens)
+
+    # ------------------------------------------------------------------ the hooks' work
+    def admit(self, request_id: str, prompt_ids: Sequence[int], extra_args: Mapping[str, Any] | None) -> None:
+        """A new request: its variant and its features."""
+        t0 = time.perf_counter()
+        rec = RequestRecord(request_id, DEFAULT_VARIANT, prompt_tokens=max(len(prompt_ids), 1), admitted_s=t0)
+        self.records[request_id] = rec
+        try:
+            asked = (extra_args or {}).get(VARIANT_ARG)
+            rec.variant = self.router.check(asked) if asked is not None else self.router.assign()
+            rec.features = prompt_features(prompt_ids)
+        except Exception as e:  # noqa: BLE001 - a bad variant or prompt costs this request its policy, never vLLM
+            self._fall_back(rec, "admit", e)
+        self.busy_s += time.perf_counter() - t0
+
+    def decide(self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int,
+               temperature: float) -> None:
+        """Its prefill ended (``output_tokens`` out so far): decide its block size."""
+        rec = self.records.get(request_id)
+        if rec is None or rec.decision is not None or rec.fallback is not None:
+            return
+        t0 = time.perf_counter()
+        try:
+            load = LoadState(rows=max(rows, 1), queue=queue, context_tokens=rec.prompt_tokens,
+                             temperature=float(temperature), max_tokens=max(int(max_tokens), 1))
+            rec.decision = self.controllers[rec.variant].decide(rec.features, request_id=request_id, load=load)
+            rec.decided_s = time.perf_counter()
+            rec.view.m = output_tokens
+            self.chosen[int(rec.decision.block_size)] += 1
+            if "fallback" in rec.decision.extras:
+                self.counts["policy_fallbacks"] += 1
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(rec, "decide", e)
+        self.busy_s += time.perf_counter() - t0
+
+    def cut(self, drafts: Mapping[str, list[int]], rows: int, queue: int) -> dict[str, list[int]]:
+        """Each decided request's drafts for the next step cut to its length (the load rule's,
+        when smaller); ``drafts``: request -> the drafts vLLM proposed. Returns the cut lists."""
+        t0 = time.perf_counter()
+        out: dict[str, list[int]] = {}
+        decided = [(rid, rec) for rid in drafts if (rec := self.records.get(rid)) is not None and rec.block_size]
+        asked = self._rule_choice(decided, rows, queue)
+        self._proposed = {}
+        for rid, rec in decided:
+            d = drafts[rid]
+            self._proposed[rid] = len(d)
+            keep = min(rec.block_size, asked.get(rid, rec.block_size)) - 1
+            out[rid] = d[:keep] if len(d) > keep else d
+        self.busy_s += time.perf_counter() - t0
+        return out
+
+    def observe(self, step: Sequence[tuple[str, int, int, int, int]], step_s: float) -> None:
+        """One engine step ended after ``step_s`` seconds; ``step``: for every request it scheduled,
+        (id, tokens it put in the pass, its context, drafts verified, tokens committed)."""
+        t0 = time.perf_counter()
+        self.steps += 1
+        self.step_s += step_s
+        try:
+            if step:
+                blocks = [max(int(s[1]), 1) for s in step]
+                shares = attribute(self.settings.attribution, step_s, blocks, [max(s[2], 1) for s in step],
+                                   self._profile())
+                self._record_rounds(step, shares)
+        except Exception as e:  # noqa: BLE001 - attribution or the load rule: the rows keep their lengths' record
+            self._fault("observe", e)
+            self._asked = {}
+        self.busy_s += time.perf_counter() - t0
+
+    def finish(self, request_id: str, tokens: Sequence[int], finish_reason: str) -> None:
+        """The request ended: its feedback (a request never decided leaves no row)."""
+        t0 = time.perf_counter()
+        rec = self.records.pop(request_id, None)
+        self._asked.pop(request_id, None)
+        if rec is not None and rec.decision is not None:
+            try:
+                outcome = rec.outcome(tokens, finish_reason)
+                fed = self.controllers[rec.variant].feedback(rec.decision.decision_id, outcome,
+                                                             shared=rec.shared(time.perf_counter()))
+                self.counts[f"feedback_{fed}"] += 1
+            except Exception as e:  # noqa: BLE001
+                self._fault("feedback", e)
+        self.busy_s += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ state
+    def stats(self) -> dict[str, Any]:
+        """Counters for an operator: block sizes chosen, drafts verified and accepted, fallbacks and
+        faults, the plug-in's own time against the engine steps'."""
+        return {"method": self.method, "max_block_size": self.max_block_size, "arms": list(self.arms),
+                "in_flight": len(self.records), "chosen": dict(sorted(self.chosen.items())),
+                "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance": self.accepted / self.drafted if self.drafted else None,
+                "counts": dict(self.counts), "steps": self.steps, "step_s": self.step_s, "plugin_s": self.busy_s,
+                "plugin_share": self.busy_s / self.step_s if self.step_s > 0 else None,
+                "variants": {n: c.stats() for n, c in self.controllers.items()}}
+
+    def close(self) -> None:
+        """Close every controller (updates applied, checkpoints written, logs rolled)."""
+        for c in getattr(self, "controllers", {}).values():
+            try:
+                c.close()
+            except Exception as e:  # noqa: BLE001 - the others still close
+                self._fault("close", e)
+        for s in (getattr(self, "shared_states", None) or {}).values():
+            s.close()
+
+    # ------------------------------------------------------------------ parts
+    def _rule_choice(self, decided: list[tuple[str, RequestRecord]], rows: int, queue: int) -> dict[str, int]:
+        """The load rule's block size for each decided row this step ({} without a rule)."""
+        self._asked = {}
+        if self.rule is None or not decided:
+            return {}
+        from ..simulators.load_sim import Load
+
+        try:
+            self._load = Load(rows=max(rows, 1), queue=queue)
+            choice = [int(b) for b in self.rule.choose([rec.view for _, rec in decided], self._load)]
+            if len(choice) != len(decided):
+                raise AdaptspecError(f"load rule {self.rule.name} gave {len(choice)} block sizes for {len(decided)} rows")
+            self._asked = {rid: b for (rid, _), b in zip(decided, choice)}
+        except Exception as e:  # noqa: BLE001 - the rows keep their own lengths this step
+            self._fault("load_rule", e)
+        return self._asked
+
+    def _record_rounds(self, step: Sequence[tuple[str, int, int, int, int]], shares: np.ndarray) -> None:
+        rows = len(step)
+        done = []
+        for (rid, _tokens, _ctx, drafted, committed), share in zip(step, shares):
+            rec = self.records.get(rid)
+            if rec is None or rec.decision is None or committed < 1:
+                continue  # a prefill chunk, a request not decided yet, or one whose step was discarded
+            self.drafted += drafted
+            self.accepted += max(committed - 1, 0)
+            done.append((rid, rec, drafted, committed, float(share)))
+        ruled = [d for d in done if d[0] in self._asked]
+        if ruled and self.rule is not None:  # the rule reads the rows as they were before the round
+            try:
+                self.rule.feedback([d[1].view for d in ruled], [self._asked[d[0]] for d in ruled],
+                                   [d[3] for d in ruled], [d[4] for d in ruled], self._load)
+            except Exception as e:  # noqa: BLE001
+                self._fault("load_rule", e)
+        for rid, rec, drafted, committed, share in done:
+            rec.add_round(drafted, self._proposed.get(rid, drafted), committed, share, rows)
+        self._asked = {}
+
+    def _profile(self) -> Any:
+        if self.settings.attribution != "marginal":
+            return None
+        from ..reward.latency import get_profile
+
+        return get_profile(self.settings.latency)
+
+    def _fall_back(self, rec: RequestRecord, where: str, e: Exception) -> None:
+        rec.fallback = f"{where}: {type(e).__name__}: {e}"
+        self.counts["fallbacks"] += 1
+        self._fault(where, e, rec.request_id)
+
+    def _fault(self, where: str, e: Exception, request_id: str | None = None) -> None:
+        self.counts[f"faults_{where}"] += 1
+        log.warning("adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length", where,
+                    f" for request {request_id}" if request_id else "", type(e).__name__, e)
+
+
+def _shared_states(settings: PluginSettings, variants: list[str]) -> dict[str, Any] | None:
+    """One fleet SharedState per variant over one Redis connection (None without ``shared``)."""
+    if settings.shared is None:
+        return None
+    import socket
+
+    from ..fleet import SharedState
+    from ..fleet.redis_backend import RedisBackend
+
+    backend = RedisBackend(settings.shared).connect()
+    replica = settings.replica_id or f"{socket.gethostname()}:vllm"
+    states = {v: SharedState(backend, replica, sync_every=settings.sync_every, sync_interval_s=settings.sync_interval,
+                             lease_ttl_s=settings.lease_ttl) for v in variants}
+    try:
+        for v, s in states.items():
+            s.claim(v)
+    except BaseException:
+        for s in states.values():
+            s.close()
+        raise
+    return states
