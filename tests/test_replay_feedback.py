@@ -131,3 +131,11 @@ def test_a_trace_set_without_rounds_replays_full_feedback_policies_as_bandits() 
     ts = TraceSet.from_arrays(list("abc"), ["x"] * 3, [1, 2, 4], R)
     rep = replay(ts, ["fi-ucb"], reward="tau")
     assert rep.policies[0].feedback == "bandit" and rep.feedback_profile is None
+
+
+def test_an_ab_replay_feeds_each_variant_as_the_controller_would() -> None:
+    from adaptspec.simulators.ab import simulate_ab
+
+    sim = simulate_ab(bench_subset(24), {"A": "fi-ucb", "B": "ucb"}, reward="token_latency", seeds=[0], n_steps=48)
+    assert sim.feedback == {"A": "full", "B": "bandit"}
+    assert sim.to_json()["variants"]["A"]["feedback"] == "full" and "feedback A full, B bandit" in sim.to_text()

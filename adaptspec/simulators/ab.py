@@ -47,6 +47,8 @@ class ABSimulation:
     alpha: float
     tau_sd: float
     min_n: int
+    #: what each variant's policy learnt from (a key of :data:`~adaptspec.simulators.replay.FEEDBACK_KINDS`)
+    feedback: dict[str, str] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -77,7 +79,8 @@ class ABSimulation:
         """The ``simulate --ab --json`` object (under ``"ab"``)."""
         a, b = self.names
         return {
-            "variants": {n: {"spec": self.specs[n], "true_value": rounded(self.true_value[n])} for n in self.names},
+            "variants": {n: {"spec": self.specs[n], "true_value": rounded(self.true_value[n]),
+                             "feedback": (self.feedback or {}).get(n)} for n in self.names},
             "better": self.better,
             "true_difference": rounded(self.true_value[a] - self.true_value[b]),
             "reward": self.reward, "latency": self.latency, "order": self.order, "split": self.split,
@@ -90,8 +93,10 @@ class ABSimulation:
     def to_text(self) -> str:
         """A plain-text summary for people: the setting, a table of the runs, the tally."""
         a, b = self.names
+        fb = self.feedback or {}
         lines = [f"A/B replay: {a} = {self.specs[a]}, {b} = {self.specs[b]}; reward {self.reward}, "
-                 f"split {self.split:.2f}, alpha {self.alpha}, order {self.order}",
+                 f"split {self.split:.2f}, alpha {self.alpha}, order {self.order}"
+                 + (f"; feedback {a} {fb.get(a)}, {b} {fb.get(b)}" if fb else ""),
                  "true value on the whole stream: " + ", ".join(f"{n} {sig(self.true_value[n])}" for n in self.names)
                  + f" -> {self.better} is better"]
         head = ["seed", "requests", "stopped at", "winner", "correct", "final p", f"mean {a}", f"mean {b}"]
@@ -112,11 +117,14 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
     Each request of the stream (``stream_order``) goes to the first variant with probability
     ``split``; each variant's policy decides and learns on its own requests only. The truth is
     each policy's mean reward when it alone serves the whole stream, so "correct" means the
-    test picked the policy that is better on this stream.
+    test picked the policy that is better on this stream. Each policy learns what the controller
+    would feed it (:func:`~adaptspec.simulators.replay.feedback_of`): a full-feedback one every
+    arm its chosen arm's rounds show when the trace set keeps per-round taus.
     """
     from ..policies.spec import make_policy
     from ..reward.latency import get_profile
-    from .replay import run_policy, stream_order
+    from .counterfactuals import has_rounds, trace_feedback
+    from .replay import feedback_of, run_policy, stream_order
 
     names = list(specs)
     if len(names) != 2:
@@ -126,6 +134,9 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
     prof = None if latency is None else get_profile(latency)
     R = traces.reward_matrix(reward, prof, batch_size)
     X, arms = traces.features, traces.arms
+    full = has_rounds(traces) and any(feedback_of(make_policy(specs[n], arms), True) == "full" for n in names)
+    fb = trace_feedback(traces, R, reward, prof, batch_size) if full else None
+    kinds: dict[str, str] = {}
     runs = []
     truth: dict[str, list[float]] = {n: [] for n in names}
     for seed in seeds:
@@ -137,10 +148,11 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
             pol = make_policy(specs[name], arms, seed=seed)
             if getattr(pol, "full_information", False):
                 raise AdaptspecError(f"{specs[name]} sees every arm's reward: it cannot run in an A/B test")
+            kinds[name] = feedback_of(pol, fb)
             if mask.any():
-                r[mask] = R[idx[mask], run_policy(pol, R, idx[mask], X)]
+                r[mask] = R[idx[mask], run_policy(pol, R, idx[mask], X, feedback=fb)]
             alone = make_policy(specs[name], arms, seed=seed)
-            truth[name].append(float(R[idx, run_policy(alone, R, idx, X)].mean()))
+            truth[name].append(float(R[idx, run_policy(alone, R, idx, X, feedback=fb)].mean()))
         g = to_b.astype(np.int64)
         t = sequential_test(g, r, alpha=alpha, tau_sd=tau_sd, min_n=min_n)
         better_here = names[int(truth[names[1]][-1] > truth[names[0]][-1])]
@@ -149,4 +161,4 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
                      "correct": None if t.winner is None else names[t.winner] == better_here,
                      "naive_t_test_p": rounded(welch_p(r, g))})
     return ABSimulation(dict(specs), {n: float(np.mean(v)) for n, v in truth.items()}, runs, reward,
-                        None if prof is None else prof.name, order, split, alpha, tau_sd, min_n)
+                        None if prof is None else prof.name, order, split, alpha, tau_sd, min_n, kinds)
