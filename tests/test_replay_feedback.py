@@ -139,3 +139,19 @@ def test_an_ab_replay_feeds_each_variant_as_the_controller_would() -> None:
     sim = simulate_ab(bench_subset(24), {"A": "fi-ucb", "B": "ucb"}, reward="token_latency", seeds=[0], n_steps=48)
     assert sim.feedback == {"A": "full", "B": "bandit"}
     assert sim.to_json()["variants"]["A"]["feedback"] == "full" and "feedback A full, B bandit" in sim.to_text()
+
+
+def test_the_evaluation_feeds_full_feedback_contenders_and_says_so() -> None:
+    from adaptspec.evaluation.core import contender_feedback, run_contenders, spec_contender
+
+    ts = bench_subset(16)
+    R = ts.reward_matrix("token_latency")
+    full, bandit = spec_contender("fi-ucb", "fi-ucb", "context-free"), spec_contender("ucb", "ucb", "context-free")
+    assert contender_feedback([bandit], ts, R, "token_latency") is None  # nothing to price for
+    fb = contender_feedback([full, bandit], ts, R, "token_latency")
+    kinds: dict[str, str] = {}
+    idx = np.tile(np.arange(ts.n_requests), 2)
+    chosen = run_contenders([full, bandit], R, None, idx, ts.arms, 0, feedback=fb, kinds=kinds)
+    assert kinds == {"fi-ucb": "full", "ucb": "bandit"}
+    want = replay(ts, ["fi-ucb"], reward="token_latency", order="logged", n_steps=len(idx)).policies[0].chosen
+    assert np.array_equal(chosen["fi-ucb"], want)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import (Contender, ProgressBar, Scorer, Settings, Tally, make_contexts, provenance, run_contenders,
+from .core import (Contender, ProgressBar, Scorer, Settings, Tally, contender_feedback, make_contexts, provenance,
+                   run_contenders,
                    shuffled_stream, spec_contender, split_requests, train_heads)
 from .replay_sections import default_reward
 
@@ -74,16 +75,18 @@ def section_coldstart(traces: Any, st: Settings, seed: int = 0) -> tuple[dict[st
     warm = {k: {s: Tally() for s in sizes} for k in ("stream", "first_pass")}
     bar = ProgressBar("5 cold start", st.progress)
     cold_c = [spec_contender(lbl, spec, "context-free" if "ucb" in spec else "contextual") for lbl, spec in COLD]
+    fb = contender_feedback(cold_c, traces, R, reward, latency)  # the warm ones learn from the arm that ran
+    fed = {"best fixed": "none"}
     try:
         for r in range(reps):
             idx = shuffled_stream(ev, T, 7000 + r)
             one = idx[:len(ev)]
             bar.plan(len(cold_c) * T)
-            chosen = run_contenders(cold_c, R, ctx.X, idx, arms, 7000 + r, bar)
+            chosen = run_contenders(cold_c, R, ctx.X, idx, arms, 7000 + r, bar, feedback=fb, kinds=fed)
             chosen["best fixed"] = np.full(T, int(np.argmax(R[idx].sum(axis=0))))
             for lbl, a in chosen.items():
-                cold.add(lbl, scorer.score(idx, a))
-                first_cold.add(lbl, scorer.score(one, a[:len(ev)]))
+                cold.add(lbl, scorer.score(idx, a), feedback=fed[lbl])
+                first_cold.add(lbl, scorer.score(one, a[:len(ev)]), feedback=fed[lbl])
             rng = np.random.default_rng([seed, r, 77])
             for s in sizes:
                 sub = np.sort(rng.choice(tr, size=s, replace=False)) if s < len(tr) else tr
@@ -93,7 +96,7 @@ def section_coldstart(traces: Any, st: Settings, seed: int = 0) -> tuple[dict[st
                           Contender("head alone (regression)", "offline",
                                     lambda ar, sd, h=heads.regression: OfflineHead(h, seed=sd))]
                 bar.plan(len(warm_c) * T)
-                ch = run_contenders(warm_c, R, ctx.X, idx, arms, 7000 + r, bar)
+                ch = run_contenders(warm_c, R, ctx.X, idx, arms, 7000 + r, bar, feedback=fb)
                 for lbl, a in ch.items():
                     warm["stream"][s].add(lbl, scorer.score(idx, a))
                     warm["first_pass"][s].add(lbl, scorer.score(one, a[:len(ev)]))

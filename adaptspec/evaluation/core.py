@@ -20,7 +20,7 @@ from ..analysis.statistics import mean_interval
 from ..errors import AdaptspecError
 from ..policies.base import Policy
 from ..reward.functions import pct_of
-from ..simulators.replay import run_policy
+from ..simulators.replay import feedback_of, run_policy
 
 #: features wider than this are reduced (PCA, fitted on the training split) before policies see them
 MAX_RAW_DIM = 64
@@ -236,19 +236,40 @@ def shuffled_stream(pool: np.ndarray, n_steps: int, seed: int) -> np.ndarray:
 
 
 def run_contenders(contenders: Iterable[Contender], R: np.ndarray, X: np.ndarray | None, idx: np.ndarray,
-                   arms: tuple[int, ...], seed: int, bar: Any = None, feedback: Any = None) -> dict[str, np.ndarray]:
+                   arms: tuple[int, ...], seed: int, bar: Any = None, feedback: Any = None,
+                   kinds: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """Arm index chosen at each step of ``idx`` by every contender (fresh policies seeded with ``seed``);
-    ``feedback`` (:class:`~adaptspec.simulators.counterfactuals.Feedback`) feeds full-information ones."""
+    ``feedback`` (:class:`~adaptspec.simulators.counterfactuals.Feedback`, :func:`contender_feedback`)
+    feeds full-information ones. ``kinds``, when given, receives what each contender learnt from
+    (a key of :data:`~adaptspec.simulators.replay.FEEDBACK_KINDS`)."""
     out: dict[str, np.ndarray] = {}
     for c in contenders:
         if c.choices is not None:
             out[c.label] = np.asarray(c.choices, dtype=np.int64)[idx]
+            kind = "none"
         else:
             pol = c.build(arms, seed)
             out[c.label] = run_policy(pol, R, idx, X if pol.contextual else None, feedback=feedback)
+            kind = feedback_of(pol, feedback)
+        if kinds is not None:
+            kinds[c.label] = kind
         if bar is not None:
             bar.update(len(idx))
     return out
+
+
+def contender_feedback(contenders: Sequence[Contender], traces: Any, R: np.ndarray, reward: str,
+                       latency: Any = None, batch_size: int = 1) -> Any:
+    """The counterfactual feedback the controller would give the full-feedback contenders (a
+    :class:`~adaptspec.simulators.counterfactuals.Feedback` of ``traces`` and ``R``), or None when
+    none of ``contenders`` learns from it or the trace set keeps no per-round taus."""
+    from ..simulators.counterfactuals import has_rounds, trace_feedback
+
+    arms = tuple(traces.arms)
+    if not has_rounds(traces) or not any(c.build is not None and feedback_of(c.build(arms, 0), True) == "full"
+                                         for c in contenders):
+        return None
+    return trace_feedback(traces, R, reward, latency, batch_size)
 
 
 class ProgressBar:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..reward.functions import pct_of
-from .core import (Contender, ProgressBar, Scorer, Settings, ci95, curve_points, make_contexts, provenance,
-                   run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
+from .core import (Contender, ProgressBar, Scorer, Settings, ci95, contender_feedback, curve_points, make_contexts,
+                   provenance, run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
 from .replay_sections import default_reward
 
 #: a window is "recovered" when it earns this share of the new phase's best fixed block
@@ -83,6 +83,8 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
     contenders = [Contender(f"fixed:{arms[fixed_tr]} (best on the training split)", "fixed",
                             choices=np.full(traces.n_requests, fixed_tr))]
     contenders += standard_lineup(heads, ctx.X is not None, discount=True)
+    fb = contender_feedback(contenders, traces, R, reward, latency)
+    fed = {"best fixed of each phase (reference)": "none", "oracle": "oracle"}
     a_doms, b_doms, dom_best = phase_domains(traces.domains, R, pool)
     doms = traces.domains.astype(str)
     pool_a = pool[np.isin(doms[pool], a_doms)]
@@ -98,7 +100,7 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
         for o in range(st.orders):
             idx = np.concatenate([shuffled_stream(pool_a, P, 2 * o), shuffled_stream(pool_b, P, 2 * o + 1)])
             bar.plan(len(contenders) * 2 * P)
-            chosen = run_contenders(contenders, R, ctx.X, idx, arms, 5000 + o, bar)
+            chosen = run_contenders(contenders, R, ctx.X, idx, arms, 5000 + o, bar, feedback=fb, kinds=fed)
             ra = int(np.argmax(R[idx[:P]].sum(axis=0)))
             rb = int(np.argmax(R[idx[P:]].sum(axis=0)))
             refs.append((int(arms[ra]), int(arms[rb])))
@@ -123,7 +125,7 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
     for lbl, e in rows.items():
         rec = e["recovery"]
         table.append({
-            "policy": lbl, "kind": kinds.get(lbl, "reference"),
+            "policy": lbl, "kind": kinds.get(lbl, "reference"), "feedback": fed[lbl],
             **{k: round(ci95(e[k])[0], 3) for k in ("before", "first_window", "last_window", "phase_b")},
             "recovery": rec,
             "recovered_runs": sum(x is not None for x in rec),

@@ -133,10 +133,11 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
     H = [h for h in HORIZONS if h <= n]
     contenders = [spec_contender(lbl, spec, kind) for lbl, spec, kind in COLD]
     per: dict[str, dict[str, list[float]]] = {c.label: {} for c in contenders}
+    fed: dict[str, str] = {}
     bar.plan(len(contenders) * n * ORDERS)
     for o in range(ORDERS):
         idx = shuffled_stream(everything, n, 9000 + o)
-        chosen = run_contenders(contenders, R, ctx.X, idx, ts.arms, 9000 + o, bar, feedback=fb)
+        chosen = run_contenders(contenders, R, ctx.X, idx, ts.arms, 9000 + o, bar, feedback=fb, kinds=fed)
         Ri = R[idx]
         cum_best = np.cumsum(Ri, axis=0).max(axis=1)  # the best fixed block size on the first h requests
         oracle = Ri.max(axis=1).sum()
@@ -152,7 +153,7 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
             d.setdefault("arm_at_end", []).append(float(ts.arms[int(a[-1])]))
     rows = []
     for c in contenders:
-        row: dict[str, Any] = {"policy": c.label, "kind": c.kind}
+        row: dict[str, Any] = {"policy": c.label, "kind": c.kind, "feedback": fed[c.label]}
         for key, vals in per[c.label].items():
             m, lo, hi = ci95(vals)
             row[key] = {"mean": round(m, 4), "lo": round(lo, 4), "hi": round(hi, 4)}
@@ -189,14 +190,16 @@ def _trace_set_part(traces: Any, st: Settings, bar: ProgressBar, trace_feedback:
             run_seed = 1000 * s + o
             idx = shuffled_stream(ev, T, run_seed)
             bar.plan(len(contenders) * T)
-            chosen = run_contenders(contenders, R, ctx.X, idx, traces.arms, run_seed, bar, feedback=fb)
+            fed = {"best fixed": "none"}
+            chosen = run_contenders(contenders, R, ctx.X, idx, traces.arms, run_seed, bar, feedback=fb, kinds=fed)
             ref = int(np.argmax(R[idx].sum(axis=0)))
             one = idx[:len(ev)]
             ref1 = int(np.argmax(R[one].sum(axis=0)))
             chosen = {"best fixed": np.full(T, ref), **chosen}
             for lbl, a in chosen.items():
-                stream.add(lbl, scorer.score(idx, a, ref))
-                first.add(lbl, scorer.score(one, np.full(len(one), ref1) if lbl == "best fixed" else a[:len(one)], ref1))
+                stream.add(lbl, scorer.score(idx, a, ref), feedback=fed[lbl])
+                first.add(lbl, scorer.score(one, np.full(len(one), ref1) if lbl == "best fixed" else a[:len(one)], ref1),
+                          feedback=fed[lbl])
     return {"status": "ok", "reward": reward, "runs": st.runs, "passes": st.passes, **info,
             "stream": stream.summary(), "first_pass": first.summary()}
 

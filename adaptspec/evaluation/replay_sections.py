@@ -17,8 +17,8 @@ import numpy as np
 from ..reward.latency import get_profile
 from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs
 from ..simulators.replay import finite_rewards
-from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, curve_points, fixed_contenders, make_contexts,
-                   provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
+from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, contender_feedback, curve_points,
+                   fixed_contenders, make_contexts, provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
                    train_heads)
 
 #: the CPU profile used to put a cost on acceptance when a trace set has no timings
@@ -76,6 +76,8 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
             heads = None if ctx.X is None else train_heads(ctx.X[tr], R[tr], arms, seed=seed + s)
             lineup = standard_lineup(heads, ctx.X is not None)
             contenders = fixed_contenders(arms) + lineup
+            if s == 0:  # every split's line-up has the same policies
+                fb = contender_feedback(contenders, traces, R, reward, prof, batch_size)
             T = st.passes * len(ev)
             pts = curve_points(T)
             info = {"contexts": ctx.description, "n_train": int(len(tr)), "n_eval": int(len(ev)), "steps": int(T),
@@ -84,7 +86,8 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
                 run_seed = 1000 * (seed + s) + o
                 idx = shuffled_stream(ev, T, run_seed)
                 bar.plan(len(contenders) * T)
-                chosen = run_contenders(contenders, R, ctx.X, idx, arms, run_seed, bar)
+                fed = {"oracle": "oracle", "best fixed": "none"}
+                chosen = run_contenders(contenders, R, ctx.X, idx, arms, run_seed, bar, feedback=fb, kinds=fed)
                 ref = int(np.argmax(R[idx].sum(axis=0)))
                 best_runs.append(int(arms[ref]))
                 chosen = {"oracle": scorer.oracle_choice(idx), "best fixed": np.full(T, ref), **chosen}
@@ -93,9 +96,9 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
                 kinds = {c.label: c.kind for c in contenders}
                 for label, a in chosen.items():
                     kind = kinds.get(label, "reference")
-                    stream.add(label, scorer.score(idx, a, ref), kind=kind)
+                    stream.add(label, scorer.score(idx, a, ref), kind=kind, feedback=fed[label])
                     a1 = np.full(len(one), ref1) if label == "best fixed" else a[:len(one)]
-                    first.add(label, scorer.score(one, a1, ref1), kind=kind)
+                    first.add(label, scorer.score(one, a1, ref1), kind=kind, feedback=fed[label])
                     if curves and kind != "fixed":
                         reg.setdefault(label, []).append(scorer.regret(idx, a)[pts - 1])
                 if domains:
@@ -205,17 +208,19 @@ def section_blockpilot(folder: str | Path | None, st: Settings) -> tuple[dict[st
     try:
         for reward, latency in (("tau", None), ("modelled", st.gpu_profile)):
             R = ts.reward_matrix(reward, latency)
+            fb = contender_feedback(contenders, ts, R, reward, latency)
             scorer = Scorer(R, ts.tau_matrix(), trace_costs(ts, latency) if latency else None)
             tally = Tally()
             T = st.blockpilot_passes * n
             for r in range(st.runs):
                 idx = shuffled_stream(np.arange(n), T, r)
                 bar.plan(len(contenders) * T)
-                chosen = run_contenders(contenders, R, None, idx, arms, r, bar)
+                fed = {"oracle": "oracle", "best fixed": "none"}
+                chosen = run_contenders(contenders, R, None, idx, arms, r, bar, feedback=fb, kinds=fed)
                 ref = int(np.argmax(R[idx].sum(axis=0)))
                 kinds = {c.label: c.kind for c in contenders}
                 for label, a in {"oracle": scorer.oracle_choice(idx), "best fixed": np.full(T, ref), **chosen}.items():
-                    tally.add(label, scorer.score(idx, a, ref), kind=kinds.get(label, "reference"))
+                    tally.add(label, scorer.score(idx, a, ref), kind=kinds.get(label, "reference"), feedback=fed[label])
             out["rewards"].append({"reward": reward, "latency": latency, "all_requests": arm_profile(R, arms),
                                    "mean_tau": {str(a): round(float(v), 4) for a, v in zip(arms, ts.tau_matrix().mean(0))},
                                    "policies": tally.summary()})

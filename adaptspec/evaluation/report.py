@@ -53,14 +53,15 @@ def synthetic_warning(p: dict[str, Any]) -> str:
 def _policy_table(rows: list[dict], reward: str, first: list[dict] | None = None) -> str:
     unit = REWARD_UNITS[reward]
     fp = F.rows_by_name(first or [])
-    head = ["policy", f"mean reward ({unit})", "mean tau", "aggregate tok/s", "% of oracle", "gain over best fixed, %"]
+    head = ["policy", "feedback", f"mean reward ({unit})", "mean tau", "aggregate tok/s", "% of oracle",
+            "gain over best fixed, %"]
     if first:
         head += ["first pass: % of oracle", "first pass: gain, %"]
     out = []
     for r in rows:
         if r["kind"] == "fixed":
             continue
-        line = [f"`{r['policy']}`", ci(r["mean_reward"], 2), num(r["mean_tau"]["mean"]), num(r["throughput"]["mean"], 1),
+        line = [f"`{r['policy']}`", r.get("feedback", "-"), ci(r["mean_reward"], 2), num(r["mean_tau"]["mean"]), num(r["throughput"]["mean"], 1),
                 ci(r["pct_oracle"]), ci(r["gain_pct"], sign=True)]
         if first:
             f = fp.get(r["policy"])
