@@ -393,7 +393,9 @@ class Policy(abc.ABC):
         if self.dim is not None and x.shape[0] != self.dim:
             raise AdaptspecError(f"context has {x.shape[0]} features, {self.name} expects {self.dim}")
         # one cheap dot: NaN, infinite and implausibly large values all fail it; only then look closer
-        if not float(x.dot(x)) <= _CONTEXT_LIMIT_SQ:
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = float(x.dot(x)) <= _CONTEXT_LIMIT_SQ
+        if not ok:
             raise context_fault(x)
         if self.dim is None:
             self.dim = int(x.shape[0])
@@ -422,7 +424,8 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"got {X.shape[0]} contexts for {n} requests")
         if self.dim is not None and X.shape[1] != self.dim:
             raise AdaptspecError(f"contexts have {X.shape[1]} features, {self.name} expects {self.dim}")
-        bad = ~(np.einsum("ij,ij->i", X, X) <= _CONTEXT_LIMIT_SQ)
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = ~(np.einsum("ij,ij->i", X, X) <= _CONTEXT_LIMIT_SQ)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise context_fault(X[i], f"context {i}")
@@ -524,12 +527,11 @@ def _non_finite(value: Any, path: str, allowed: Any = None) -> str | None:
 
 def context_fault(x: np.ndarray, what: str = "context") -> AdaptspecError:
     """The error for a context outside :data:`CONTEXT_LIMIT` (NaN, infinite or implausibly large values)."""
+    have = "have" if what.endswith("s") else "has"
     if not np.isfinite(x).all():
-        return AdaptspecError(f"{what} has NaN or infinite values")
-    with np.errstate(over="ignore"):
-        norm = float(np.linalg.norm(x))
-    return AdaptspecError(f"{what} has values of implausible size (norm {norm:.3g}, the most a policy learns from "
-                          f"is {CONTEXT_LIMIT:g})")
+        return AdaptspecError(f"{what} {have} NaN or infinite values")
+    return AdaptspecError(f"{what} {have} values of implausible size (the largest is {float(np.abs(x).max()):.3g}; "
+                          f"a context's norm is at most {CONTEXT_LIMIT:g})")
 
 
 def one_hot(k: int, i: int) -> np.ndarray:
