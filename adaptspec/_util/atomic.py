@@ -60,9 +60,9 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
     from safetensors.numpy import load
 
     from ..errors import AdaptspecError
-    from .files import read_bytes
+    from .files import DATA_BYTES, read_bytes
 
-    data = read_bytes(path, "a safetensors file")
+    data = read_bytes(path, "a safetensors file", limit=DATA_BYTES)
     try:
         return load(data)
     except Exception as e:  # safetensors raises its own error types

@@ -94,7 +94,7 @@ def read_npz(path: str | os.PathLike, what: str, keys: tuple[str, ...] = ()) -> 
     import zipfile
     import zlib
 
-    with files.open_regular(path, f"a {what}") as f:
+    with files.open_regular(path, f"a {what}", limit=files.DATA_BYTES) as f:
         try:
             z = np.load(f, allow_pickle=False)
             if not isinstance(z, np.lib.npyio.NpzFile):  # a bare .npy array
@@ -113,7 +113,7 @@ def read_safetensors(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """A safetensors file as torch tensors; a truncated or corrupted file is one line."""
     from safetensors.torch import load
 
-    data = files.read_bytes(path, f"a {what}")
+    data = files.read_bytes(path, f"a {what}", limit=files.DATA_BYTES)
     try:
         return load(data)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own (Rust) error types

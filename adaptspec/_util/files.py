@@ -1,4 +1,5 @@
-"""Reading a file a user named: regular files only, and every decode failure as one line.
+"""Reading a file a user named: regular files only, no more bytes than its kind holds, and every
+decode failure as one line.
 
 A path that should name a file can name a FIFO (opening one for reading blocks until something
 writes to it: a reader would hang forever), a device, a socket or a directory. :func:`open_regular`
@@ -9,6 +10,12 @@ folder goes through it: :func:`read_bytes`; :func:`read_json` and :func:`read_js
 which also turn the whole class of decode failures into one line (not UTF-8, not JSON, a number
 too long to convert, nesting too deep for the parser); and the readers of binary containers
 (Parquet, ``.npz``, safetensors), which hand its file object (or its bytes) to their library.
+
+A file is read whole into memory, so each kind of file has a cap on its size (:data:`JSON_BYTES`
+for a JSON document, :data:`JSON_LINES_BYTES` for a JSON-lines file, :data:`DATA_BYTES` for a
+binary container of tensors or tables): a larger file (a 2 GB file given as a latency profile)
+is refused from its size before a byte is read, in one line naming the limit, and no read takes
+more than the cap (a file that grows while it is read is refused too).
 
 Every failure is an :class:`~adaptspec.errors.AdaptspecError` naming the file and what was
 expected there (``what``, e.g. "a trace set's meta.json"):
@@ -31,6 +38,12 @@ adaptspec.errors.AdaptspecError: .../meta.json: not readable JSON (a trace set's
 Traceback (most recent call last):
 ...
 adaptspec.errors.AdaptspecError: .../meta.json: not a regular file (a trace set's meta.json expected, found a FIFO (named pipe))
+>>> os.remove(p)
+>>> with open(p, "wb") as f: _ = f.truncate(JSON_BYTES + 1)  # sparse: nothing written
+>>> read_json(p, "a JSON latency profile")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+adaptspec.errors.AdaptspecError: .../meta.json: 67108865 bytes, more than a JSON latency profile may hold (a JSON document: at most 67108864 bytes, 64 MiB)
 """
 
 from __future__ import annotations
@@ -43,7 +56,31 @@ from typing import Any, BinaryIO
 
 from ..errors import AdaptspecError
 
-__all__ = ["open_regular", "parse_json", "read_bytes", "read_json", "read_json_object", "regular_file"]
+__all__ = ["DATA_BYTES", "JSON_BYTES", "JSON_LINES_BYTES", "SizeLimit", "open_regular", "parse_json", "read_bytes",
+           "read_json", "read_json_object", "regular_file"]
+
+
+class SizeLimit(int):
+    """The most bytes a kind of file may hold (an ``int``), with the kind's name for the refusal."""
+
+    kind: str
+
+    def __new__(cls, n: int, kind: str) -> "SizeLimit":
+        limit = super().__new__(cls, n)
+        limit.kind = kind
+        return limit
+
+    def shown(self) -> str:
+        """``"a JSON document: at most 67108864 bytes, 64 MiB"``."""
+        return f"{self.kind}: at most {int(self)} bytes, {int(self) >> 20} MiB"
+
+
+#: a JSON document (a description, a config, a latency profile, a results file): read whole and parsed
+JSON_BYTES = SizeLimit(64 << 20, "a JSON document")
+#: a JSON-lines file (a decision log's journal, a collection's progress, a prompts file)
+JSON_LINES_BYTES = SizeLimit(4 << 30, "a JSON-lines file")
+#: a binary container of tensors or tables (safetensors, .npz, Parquet), read whole by its library
+DATA_BYTES = SizeLimit(64 << 30, "a data file")
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -85,9 +122,11 @@ def regular_file(path: str | os.PathLike, what: str = "a file") -> Path:
     return Path(path)
 
 
-def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False) -> BinaryIO | None:
+def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False,
+                 limit: SizeLimit | None = None) -> BinaryIO | None:
     """``path`` opened for reading in binary, once it is known to be a regular file (see the
-    module docstring); a missing file is an error, or ``None`` with ``missing_ok``."""
+    module docstring) of at most ``limit`` bytes (when given: for a library that reads the file
+    object itself); a missing file is an error, or ``None`` with ``missing_ok``."""
     regular_file(path, what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -101,6 +140,9 @@ def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # swapped in after the check above
             raise _not_regular(path, what, mode)
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise _too_large(path, what, limit, size)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -108,16 +150,34 @@ def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False
         raise
 
 
-def read_bytes(path: str | os.PathLike, what: str, *, missing_ok: bool = False) -> bytes | None:
-    """The whole file at ``path`` (see :func:`open_regular`)."""
-    f = open_regular(path, what, missing_ok=missing_ok)
+def read_bytes(path: str | os.PathLike, what: str, *, limit: SizeLimit, missing_ok: bool = False) -> bytes | None:
+    """The whole file at ``path`` (see :func:`open_regular`), refused in one line naming ``limit``
+    when it holds more (from its size, before reading; or once a read passes it)."""
+    f = open_regular(path, what, missing_ok=missing_ok, limit=limit)
     if f is None:
         return None
     try:
         with f:
-            return f.read()
+            size = os.fstat(f.fileno()).st_size  # at most limit (open_regular): one read of that size
+            data = f.read(size + 1)
+            if len(data) > size:  # it grew since: read on, no further than the cap
+                parts = [data]
+                while sum(map(len, parts)) <= limit:
+                    more = f.read(1 << 20)
+                    if not more:
+                        break
+                    parts.append(more)
+                data = b"".join(parts)
     except OSError as e:
         raise _unreadable(path, what, e) from None
+    if len(data) > limit:
+        raise _too_large(path, what, limit, None)
+    return data
+
+
+def _too_large(path: str | os.PathLike, what: str, limit: SizeLimit, size: int | None) -> AdaptspecError:
+    held = "more bytes" if size is None else f"{size} bytes"
+    return AdaptspecError(f"{path}: {held}, more than {what} may hold ({limit.shown()})")
 
 
 def parse_json(data: bytes | str, where: str | os.PathLike, what: str) -> Any:
@@ -148,8 +208,8 @@ def parse_json(data: bytes | str, where: str | os.PathLike, what: str) -> Any:
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:
-    """The JSON value in the file at ``path`` (see the module docstring)."""
-    return parse_json(read_bytes(path, what), path, what)
+    """The JSON value in the file at ``path``, at most :data:`JSON_BYTES` (see the module docstring)."""
+    return parse_json(read_bytes(path, what, limit=JSON_BYTES), path, what)
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import os
 from typing import Any, NamedTuple
 
 from ..errors import AdaptspecError
-from .files import read_bytes
+from .files import JSON_LINES_BYTES, read_bytes
 
 __all__ = ["JsonLines", "read_jsonl"]
 
@@ -55,7 +55,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, miss
     A missing file raises too, or reads as no records if ``missing_ok``. ``what`` names
     the file in the message when it cannot be read at all (a FIFO, no permission).
     """
-    data = read_bytes(path, what, missing_ok=missing_ok)  # a regular file only: a FIFO would block forever
+    data = read_bytes(path, what, limit=JSON_LINES_BYTES, missing_ok=missing_ok)  # a regular file: a FIFO would block
     if data is None:
         return JsonLines([], 0, [])
     lines = data.split(b"\n")

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._util.files import open_regular
+from .._util.files import DATA_BYTES, open_regular
 from ..errors import AdaptspecError
 
 
@@ -29,7 +29,7 @@ def read_parquet(path: str | Path, what: str = "a Parquet file", columns: Sequen
     missing, not a regular file (a FIFO would block the read forever; see
     :func:`adaptspec._util.files.open_regular`), unreadable, not Parquet, truncated or corrupted
     (any pyarrow error), or without one of ``columns``."""
-    with open_regular(path, what) as f:
+    with open_regular(path, what, limit=DATA_BYTES) as f:
         # read whole into memory first: pyarrow reading a Python file object runs I/O threads that
         # call back into Python, and one still alive at interpreter exit aborts the process
         # ("terminate called without an active exception", seen after a one-line refusal)
