@@ -92,3 +92,72 @@ def test_it_runs_on_its_own_named_daemon_thread():
     seen = []
     g, _ = run(lambda: seen.append((threading.current_thread().name, threading.current_thread().daemon)))
     assert seen == [("t", True)]
+
+
+# ============================================================================ the watchdog (issue 46, items 2 and 3)
+def stuck_body(guard_ref: list, release: threading.Event, seen: list):
+    """A body that beats once, then makes no progress until ``release`` (a decode that never returns)."""
+    def body():
+        guard_ref[0].beat()
+        release.wait(60)
+        seen.append(guard_ref[0].idle())
+    return body
+
+
+def test_a_busy_thread_without_progress_is_stalled_told_once_logged_where_and_not_waited_for(caplog):
+    caplog.set_level(logging.WARNING, logger="adaptspec.guarded")
+    release, seen, told, ref = threading.Event(), [], [], [None]
+    g = ref[0] = GuardedThread("decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2,
+                               on_stall=told.append)
+    g.start()
+    g.join_unless_stalled(60)  # returns once stalled, though the thread is still alive
+    assert g.alive and g.stalled and g.state == "stalled"
+    assert told == ["no progress for 0.2 s"]
+    assert g.report() == {"state": "stalled", "failures": 1, "last_error": "no progress for 0.2 s"}
+    stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(stalls) == 1
+    assert "in body" in stalls[0].getMessage() and "release.wait(60)" in stalls[0].getMessage()  # where it is stuck
+    release.set()
+    g.join(10)
+    # it moved again: its own idle() says once that it had been stalled (its work was answered)
+    assert seen == [True] and not g.stalled and g.state == "degraded" and told == ["no progress for 0.2 s"]
+
+
+def test_an_idle_thread_is_never_stalled():
+    started, release, told = threading.Event(), threading.Event(), []
+    ref = [None]
+
+    def body():
+        ref[0].idle()  # waiting for work, as long as it takes
+        started.set()
+        release.wait(60)
+
+    g = ref[0] = GuardedThread("idle", body, lambda m: None, stall_s=0.05, on_stall=told.append)
+    g.start()
+    started.wait(10)
+    g.join(0.5)  # ten stall bounds, waiting: no progress is expected
+    assert (g.state, told, g.failures) == ("ok", [], 0)
+    release.set()
+    g.join(10)
+
+
+def test_a_failure_of_the_owners_stall_handler_is_logged_and_the_thread_stays_stalled(caplog):
+    caplog.set_level(logging.ERROR, logger="adaptspec.guarded")
+    release, seen, ref = threading.Event(), [], [None]
+
+    def refuse(message):
+        raise RuntimeError("cannot answer")
+
+    g = ref[0] = GuardedThread("t", stuck_body(ref, release, seen), lambda m: None, stall_s=0.1, on_stall=refuse)
+    g.start()
+    g.join_unless_stalled(60)
+    assert g.state == "stalled"
+    release.set()
+    g.join(10)
+    assert any("answering the work of a stalled thread failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("s", [0, -1, float("inf"), float("nan"), True, "5"])
+def test_stall_s_must_be_a_positive_number(s):
+    with pytest.raises(ValueError, match="stall_s"):
+        GuardedThread("t", lambda: None, lambda m: None, stall_s=s)
