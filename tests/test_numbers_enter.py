@@ -383,3 +383,51 @@ def test_a_featurizer_fixes_the_context_and_the_log_is_checked_against_its_outpu
         settle_width(engine_shape(ARMS), reads=10, given=None, featurizer=F(), extra=0, label="x", logged=10,
                      log_dir="L")
     assert "holds contexts of 10 features, the featurizer gives 6" in one_line(e)
+
+
+# ============================================================================ a fleet on a real Redis
+@pytest.mark.integration
+def test_an_absurd_reward_is_refused_before_it_reaches_the_fleet(tmp_path):
+    """Two replicas of fi-ucb sharing through a real Redis: feedback(reward=1e308) is refused on
+    one, so what it publishes is finite and the other merges it (issue 46: the poisoned replica
+    published an infinity the other refused at every sync)."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _redis import RedisServer
+
+    from adaptspec.fleet import SharedState
+    from adaptspec.fleet.redis_backend import RedisBackend
+
+    srv = RedisServer(tmp_path / "redis").start()
+    try:
+        shared = {rid: SharedState(RedisBackend(f"{srv.url}/0").connect(), rid, sync_every=1, sync_interval_s=5,
+                                   lease_ttl_s=30) for rid in ("r1", "r2")}
+
+        def replica(rid: str) -> AdaptiveController:
+            return AdaptiveController.for_engine(arms=ARMS, policy="fi-ucb", reward="tau", variant="A",
+                                                 shared=shared[rid])
+
+        with replica("r1") as a, replica("r2") as b:
+            d = a.decide()
+            for bad in (1e308, float("inf"), "5"):
+                with pytest.raises(AdaptspecError) as e:
+                    a.feedback(d.decision_id, reward=bad)
+                one_line(e)
+            assert a.feedback(d.decision_id, reward=2.0).status == "applied"
+            for r in (1.0, 3.0):
+                a.feedback(a.decide().decision_id, reward=r)
+            a.sync()
+            assert shared["r1"].sync_now() and shared["r2"].sync_now()
+            status = b.stats()["shared"]
+            assert status["refused_entries"] == {} and status["other_replicas"] == 1
+            import time
+
+            deadline = time.monotonic() + 60  # the update thread merges the fleet's news at its next tick
+            while b.policy_snapshot().stats.n.sum() < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            learnt = b.policy_snapshot()
+            assert (learnt.stats.n.sum(), learnt.stats.s.sum()) == (3.0, 6.0)  # r1's three rewards: 2 + 1 + 3
+            assert learnt.state_fault() is None
+    finally:
+        srv.stop()
