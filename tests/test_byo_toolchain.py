@@ -58,6 +58,62 @@ def bad_vocab():
     s = TinyDFlash(max_block_size=8)
     s.vocab_size = 0
     return s
+
+def claims_1000():  # its drafter drafts blocks of 8 at most: asked for 12, its loop raises IndexError
+    s = TinyDFlash(max_block_size=8)
+    s.max_block_size = 1000
+    return s
+
+from adaptspec import Outcome, Round
+
+class Changed:
+    # TinyDFlash(8) with what its decode returns changed by change(outcome, block_size, prefill)
+
+    def __init__(self, change, feature_dim=129):
+        self.inner = TinyDFlash(max_block_size=8)
+        self.max_block_size, self.feature_dim, self.codec = 8, feature_dim, self.inner.codec
+        self.change = change
+
+    def prefill(self, prompt_ids, temperature=0.0, seed=None):
+        return self.inner.prefill(prompt_ids, temperature, seed)
+
+    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+        return self.change(self.inner.decode(prefill, block_size, max_new_tokens, temperature, seed), block_size, prefill)
+
+def boom(o, b, pre):
+    raise RuntimeError("decode boom")
+
+def untimed_rounds(o):
+    return [Round(r.block_size, r.tau, 0.0, 0.0) for r in o.rounds]
+
+def by_context(o, b, pre):  # a target pass costs 10 us per context token past the 10th, nothing fixed
+    ctx, rounds = pre.prompt_tokens + 1, []
+    for r in o.rounds:
+        rounds.append(Round(r.block_size, r.tau, 0.0, 1e-5 * (ctx - 10)))
+        ctx += r.tau
+    return Outcome(o.tokens, rounds, sum(r.verify_s for r in rounds), o.finish_reason)
+
+def raising():
+    return Changed(boom)
+
+def too_many():
+    return Changed(lambda o, b, pre: Outcome(o.tokens + [65] * 3, o.rounds, o.decode_s))
+
+def bigger_rounds():
+    return Changed(lambda o, b, pre: Outcome(o.tokens, [Round(2 * r.block_size, r.tau, r.draft_s, r.verify_s)
+                                                    for r in o.rounds], o.decode_s))
+
+def wrong_width():
+    return Changed(lambda o, b, pre: o, feature_dim=40)
+
+def untimed():
+    return Changed(lambda o, b, pre: Outcome(o.tokens, untimed_rounds(o), o.decode_s, o.finish_reason))
+
+def no_times():
+    return Changed(lambda o, b, pre: Outcome(o.tokens, untimed_rounds(o), 0.0, o.finish_reason))
+
+def timed_by_context():
+    return Changed(by_context)
 '''
 
 PROMPTS = [("math", "What is 17 times 23?"), ("code", "def fibonacci(n):"), ("chat", "Write a haiku about the sea."),
@@ -187,11 +243,20 @@ def errmod(tmp_path, monkeypatch):
     (["--speculator", "mymod_e:make", "--dtype", "float32"], r"drop --dtype"),
     (["--speculator", "mymod_e:make", "--dense"], r"--dense runs adaptspec's own models"),
     (["--speculator", "mymod_e:make", "--arms", "1,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
+    # what the speculator's decode does, checked as the controller checks it (issue 46, items 4, 7 and 18)
+    (["--speculator", "mymod_e:raising"], r"request \S+: decode at block size 1 raised RuntimeError: decode boom$"),
+    (["--speculator", "mymod_e:claims_1000"], r"request \S+: decode at block size 12 raised IndexError: "),
+    (["--speculator", "mymod_e:too_many"], r"decode at block size 1 is refused: it has \d+ tokens, more than "
+                                          r"max_new_tokens=4"),
+    (["--speculator", "mymod_e:bigger_rounds"], r"decode at block size 1 is refused: round 0 ran block size 2, "
+                                               r"larger than the 1 decided"),
+    (["--speculator", "mymod_e:wrong_width"], r"features have 129 values, speculator Changed declares feature_dim 40"),
 ])
 def test_collect_refusals_are_one_line(errmod, capsys, argv, message):
-    assert main(["collect", "--out", "t", *argv]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+    assert main(["collect", "--out", "t", "--limit", "1", "--max-new-tokens", "4", *argv]) == 2
+    err = "\n".join(line for line in capsys.readouterr().err.strip().splitlines()
+                    if not re.match(r"collect: +\d+%", line))  # the progress bar, before the first prompt ended
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (errmod / "t").exists()
 
 
@@ -320,3 +385,66 @@ def test_any_speculator_flag_parses_or_is_one_line(text):
         assert speculator_path(text) == text and valid
     except argparse.ArgumentTypeError as e:
         assert not valid and "\n" not in str(e) and str(e).startswith("expected MODULE:FACTORY")
+
+
+def _one_error_line(err: str, bar: str) -> str:
+    """stderr without the progress bar's lines."""
+    return "\n".join(line for line in err.strip().splitlines() if not re.match(rf"{bar}: +\d+%", line))
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("raising", r"^adaptspec profile-latency: error: --speculator mymod_e:raising, held-out prompt 0: decode at block "
+                r"size 1 raised RuntimeError: decode boom$"),
+    ("claims_1000", r"held-out prompt 0: decode at block size 12 raised IndexError: "),
+    ("too_many", r"decode at block size 1 is refused: it has \d+ tokens, more than max_new_tokens=4"),
+    ("no_times", r"--speculator mymod_e:no_times reports no times: its rounds' verify_s and its outcomes' decode_s "
+                 r"are 0"),
+])
+def test_profile_latency_refusals_are_one_line(errmod, capsys, factory, message):
+    argv = ["profile-latency", "--speculator", f"mymod_e:{factory}", "--prompts", "1", "--max-new-tokens", "4",
+            "--out", "p.json"]
+    assert main(argv) == 2
+    err = _one_error_line(capsys.readouterr().err, "profile")
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (errmod / "p.json").exists()
+
+
+def test_profile_latency_times_a_speculator_whose_rounds_carry_no_times_from_its_decode_times(errmod, capsys):
+    from adaptspec.reward.latency import LatencyProfile
+
+    assert main(["profile-latency", "--speculator", "mymod_e:untimed", "--prompts", "2", "--max-new-tokens", "6",
+                 "--out", "p.json", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["times"] == "whole-request" and got["rounds"] > 0
+    assert all(r["verify_ms"] > 0 and r["draft_ms"] == 0 for r in got["fit"])
+    assert "whole-request decode_s" in LatencyProfile.load(errmod / "p.json").source
+
+
+def test_profile_latency_fits_rounds_whose_time_is_all_context(errmod, capsys):
+    # what a busy host measured for make16's two prompts, made exact: verify = 10 us per context token past
+    # the 10th, nothing fixed; the least-squares fit's constant is then exactly 0 (it was refused:
+    # "verify times must be > 0 s (a target pass takes time), got values_s [0.0, 0.0, ...]")
+    from adaptspec.reward.latency import LatencyProfile
+
+    assert main(["profile-latency", "--speculator", "mymod_e:timed_by_context", "--prompts", "2",
+                 "--max-new-tokens", "6", "--out", "p.json", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["times"] == "per-round" and all(r["verify_ms"] > 0 for r in got["fit"])
+    assert LatencyProfile.load(errmod / "p.json").verify.values_s[0] > 0
+
+
+@pytest.mark.slow
+def test_collect_cuts_the_default_arms_at_the_drafters_max_block_and_says_what_works_without_a_tokenizer(tmp_path, capsys):
+    # a published-format pair whose drafter drafts 8 at most and whose target has no tokenizer: no --arms is
+    # no longer "--arms [12, 16] outside 1..8" (the defaults are cut at 8), and the text prompts that cannot
+    # be encoded are one line saying what works (issue 46, items 15 and 17)
+    pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
+    argv = ["collect", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--out",
+            str(tmp_path / "t"), "--limit", "1", "--threads", "1"]
+    assert main(argv) == 2
+    err = _one_error_line(capsys.readouterr().err, "Loading weights")
+    assert len(err.splitlines()) == 1 and "outside" not in err, err
+    assert "this target has no tokenizer, so collect cannot encode its text prompts" in err
+    assert "collect_traces(spec, [(request_id, domain, token_ids), ...]" in err
+    assert main(argv + ["--arms", "4,16"]) == 2  # a given --arms beyond it is still refused, naming the drafter
+    assert "--arms 4,16: the drafter's max_block_size is 8, so block sizes [16] cannot be drafted" in capsys.readouterr().err

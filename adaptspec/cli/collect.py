@@ -81,16 +81,18 @@ def _check_dense_out(args: argparse.Namespace) -> None:
     from ..traces.dense import DenseTraceSet
 
     out = args.out
-    if max(args.arms) < 2:
+    if args.arms is not None and max(args.arms) < 2:  # default arms: checked again once the drafter is loaded
         raise AdaptspecError(f"--dense needs a block size >= 2 in --arms (it records every size up to max(--arms)), "
                              f"got {','.join(map(str, args.arms))}")
     if out.is_dir() and (out / "meta.json").exists():
         if not (out / "meta.json").is_file():
             raise AdaptspecError(f"{out / 'meta.json'}: not a regular file")
         old = DenseTraceSet.open(out).meta
-        planned = {"max_new_tokens": args.max_new_tokens, "max_block_size": max(args.arms),
-                   "verification": args.verification, "target": args.target or "smollm2-135m-instruct",
+        planned = {"max_new_tokens": args.max_new_tokens, "verification": args.verification,
+                   "target": args.target or "smollm2-135m-instruct",
                    "drafter": args.drafter or "bundled", "dtype": args.dtype, "device": args.device}
+        if args.arms is not None:
+            planned["max_block_size"] = max(args.arms)
         if args.greedy_from is not None or "greedy_from" in old:
             planned["greedy_from"] = None if args.greedy_from is None else str(args.greedy_from)
         diff = [f"{k} {old.get(k)!r}, now {v!r}" for k, v in planned.items() if old.get(k) != v]
@@ -110,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speculator is not None and (args.dense or args.ray):
         raise AdaptspecError(f"{'--dense' if args.dense else '--ray'} runs adaptspec's own models; with --speculator, "
                              "collect every block size in this process (--part I/N shares the prompts among processes)")
-    if args.speculator is None:
-        args.arms = args.arms or DEFAULT_ARMS  # adaptspec's own models draft up to 16
+    if args.ray:
+        args.arms = args.arms or DEFAULT_ARMS  # the driver loads no model: each task checks them against its own
     if args.ray_tasks and not args.ray:
         raise AdaptspecError("--ray-tasks needs --ray")
     if args.ray and args.part:
@@ -154,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                            verification=args.verification)
-    bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
-    if bad:
-        raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
-    triples = [(f"{p.domain}-{i:04d}", p.domain, spec.target.encode_chat(p.prompt)) for i, p in numbered]
+    defaulted = args.arms is None
+    args.arms = _arms(args.arms, spec.max_block_size, "the drafter's")
+    if args.dense and defaulted:
+        _check_dense_out(args)  # the default arms, now known: the same checks as a given --arms had before
+    triples = [(f"{p.domain}-{i:04d}", p.domain, _encode(spec.target, p.prompt, args.target)) for i, p in numbered]
     if args.dense:
         from ..collect.dense import collect_dense
 
@@ -181,13 +184,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _arms(arms: list[int] | None, max_block_size: int) -> list[int]:
-    """``--arms``, checked against the speculator; by default :data:`DEFAULT_ARMS` up to its largest block."""
+def _arms(arms: list[int] | None, max_block_size: int, whose: str = "the speculator's") -> list[int]:
+    """``--arms``, checked against the speculator (or drafter) loaded; by default
+    :data:`DEFAULT_ARMS` up to its largest block."""
     from ..speculator import check_block_sizes
 
     if arms is None:
         return [b for b in DEFAULT_ARMS if b <= max_block_size]
-    return list(check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}"))
+    return list(check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose))
+
+
+def _encode(target, prompt: str, target_dir: str | None) -> list[int]:
+    """A prompt's token ids in the target's chat template; a target without a tokenizer is one line
+    saying what works instead."""
+    if target.tokenizer is None:
+        raise AdaptspecError(f"--target {target_dir}: this target has no tokenizer, so collect cannot encode its text "
+                             "prompts: add the tokenizer's files to the target directory, or collect token ids from "
+                             "Python (adaptspec.collect.collect_traces(spec, [(request_id, domain, token_ids), ...], "
+                             "arms, out))")
+    return target.encode_chat(prompt)
 
 
 def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:

@@ -14,6 +14,7 @@ import json
 import platform
 from pathlib import Path
 
+from ..collect.checked import checked_decode, checked_prefill
 from ._types import block_sizes, device, int_range, threads
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
@@ -54,6 +55,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time batched rounds in process CPU seconds (CPU, one thread: robust to other load on a shared machine)")
 
 
+def timed_rounds(decoded: list, where: str) -> tuple[list[dict], bool]:
+    """The rounds to fit, from ``(prompt_tokens, block_size, outcome)`` triples, each with its
+    context, and whether they were timed from whole requests.
+
+    Rounds that carry their times (every ``verify_s`` > 0) are fitted as they are. A loop that
+    does not time its rounds reports them 0: then each request's ``decode_s`` (the loop's wall
+    time) is shared equally among its rounds, all of it on the verify curve (the draft curve 0:
+    the two passes cannot be told apart). Neither: one line.
+
+    >>> from adaptspec.speculator import Outcome, Round
+    >>> o = Outcome([1] * 5, [Round(4, 2, 0.0, 0.0), Round(4, 2, 0.0, 0.0)], decode_s=0.5)
+    >>> timed_rounds([(10, 4, o)], "mine")
+    ([{'block_size': 4, 'draft_s': 0.0, 'verify_s': 0.25, 'context_tokens': 11}, {'block_size': 4, 'draft_s': 0.0, 'verify_s': 0.25, 'context_tokens': 13}], True)
+    """
+    from ..errors import AdaptspecError
+
+    every = [r for _, _, o in decoded for r in o.rounds]
+    whole = any(r.verify_s <= 0 for r in every)
+    if whole and any(o.rounds and not o.decode_s > 0 for _, _, o in decoded):
+        raise AdaptspecError(f"{where} reports no times: its rounds' verify_s and its outcomes' decode_s are 0; time "
+                             "its rounds (Round.draft_s and verify_s, seconds) or at least its loop (Outcome.decode_s)")
+    rows = []
+    for prompt_tokens, _, o in decoded:
+        ctx = prompt_tokens + 1
+        for r in o.rounds:
+            draft, verify = (0.0, o.decode_s / len(o.rounds)) if whole else (r.draft_s, r.verify_s)
+            rows.append({"block_size": r.block_size, "draft_s": draft, "verify_s": verify, "context_tokens": ctx})
+            ctx += r.tau
+    return rows, whole
+
+
 def _positive_ints(text: str) -> list[int]:
     try:
         xs = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -92,28 +124,30 @@ def run(args: argparse.Namespace) -> int:
     if args.speculator is None:
         spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                                verification=args.verification)
-        encode, where = spec.target.encode_chat, f"{args.device}, {args.dtype}"
+        if spec.target.tokenizer is None and not args.batch_only:
+            raise AdaptspecError(f"--target {args.target}: this target has no tokenizer, so profile-latency cannot encode "
+                                 "its held-out text prompts: add the tokenizer's files to the target directory, or "
+                                 "time your own rounds and fit them from Python (adaptspec.reward.latency.fit_profile)")
+        encode, where, who = spec.target.encode_chat, f"{args.device}, {args.dtype}", "the decoder"
     else:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         user = load_speculator_factory(args.speculator)
         spec, encode, where = user.speculator, user.codec.encode, f"--speculator {user.path}"
+        who = where
     if args.arms is None:
         args.arms = [b for b in DEFAULT_ARMS if b <= spec.max_block_size]
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
-    rounds = []
-    for p in tqdm([] if args.batch_only else picked, desc="profile", unit="prompt"):
+    decoded = []  # (prompt tokens, block size, outcome)
+    for i, p in enumerate(tqdm([] if args.batch_only else picked, desc="profile", unit="prompt")):
         ids = encode(p.prompt)
-        pre = spec.prefill(ids)
-        for b in args.arms:
-            outcome = spec.decode(pre, b, args.max_new_tokens)
-            ctx = len(ids) + 1
-            for r in outcome.rounds:
-                rounds.append({"block_size": r.block_size, "draft_s": r.draft_s, "verify_s": r.verify_s, "context_tokens": ctx})
-                ctx += r.tau
+        at = f"{who}, held-out prompt {i}"
+        pre = checked_prefill(spec, ids, 0.0, 0, at)
+        decoded += [(len(ids), b, checked_decode(spec, pre, b, args.max_new_tokens, at)) for b in args.arms]
+    rounds, whole = timed_rounds(decoded, who)
     if args.batch_rows:
         from ..batching.cost_surface import measure_rounds, measure_surface, round_table, surface_table
 
@@ -136,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
             print(*tables, sep="\n")
     machine = f"{platform.machine()}, {where}, {torch.get_num_threads()} threads"
     source = f"adaptspec profile-latency: {len(rounds)} rounds on {machine}"
+    if whole:
+        source += " (timed from whole-request decode_s: its rounds carry no times; round time on the verify curve)"
     if args.batch_engine and args.batch_only:
         from ..reward.latency import fit_round_totals
 
@@ -151,9 +187,14 @@ def run(args: argparse.Namespace) -> int:
     ctx = profile.context_tokens
     rows = [{"block_size": b, "draft_ms": float(profile.draft_s(b, ctx)) * 1e3, "verify_ms": float(profile.verify_s(b, ctx)) * 1e3}
             for b in args.arms]
+    timing = "whole-request" if whole else "per-round"
     if args.json:
-        print(json.dumps({"profile": str(out), "context_tokens": ctx, "rounds": len(rounds), "fit": rows}))
+        print(json.dumps({"profile": str(out), "context_tokens": ctx, "rounds": len(rounds), "times": timing,
+                          "fit": rows}))
     else:
+        if whole:
+            print("the speculator's rounds carry no times (draft_s and verify_s 0): fitted to each request's decode_s "
+                  "shared among its rounds, the whole round on the verify curve")
         print(f"fitted to {len(rounds)} rounds at a median context of {ctx} tokens; wrote {out}")
         print(f"{'B':>4} {'draft ms':>9} {'verify ms':>10}")
         for r in rows:

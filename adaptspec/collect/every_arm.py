@@ -28,6 +28,7 @@ from .._util.outputs import check_output
 from ..errors import AdaptspecError
 from ..speculator import BlockSpeculator, check_block_sizes
 from ..traces import TraceSet
+from .checked import checked_decode, checked_features, checked_prefill
 
 
 def collect_traces(
@@ -99,13 +100,21 @@ def collect_rows(speculator: BlockSpeculator, prompts, arms: list[int], max_new_
                  seed: int, offset: int = 0, positions: Sequence[int] | None = None) -> Iterator[dict]:
     """One partial-file row per prompt (``(request_id, domain, token_ids)``), as it is decoded. The
     block sizes are decoded in an order rotated by the prompt's position (``offset + i``, or
-    ``offset + positions[i]``), so slow drift of the machine's speed favours none of them."""
+    ``offset + positions[i]``), so slow drift of the machine's speed favours none of them. Every
+    prefill and decode is checked as the controller checks them (:mod:`adaptspec.collect.checked`):
+    a fault is one line naming the request and the block size."""
+    width = getattr(speculator, "feature_dim", None)  # the protocol's optional declaration
+    whose = f"speculator {type(speculator).__name__} declares feature_dim"
     for i, (rid, domain, ids) in enumerate(prompts):
-        pre = speculator.prefill(list(ids), temperature=temperature, seed=seed) if temperature > 0 else speculator.prefill(list(ids))
+        where = f"request {rid}"
+        pre = checked_prefill(speculator, ids, temperature, seed, where)
+        features = checked_features(pre.features, width, where, whose)
+        if width is None:  # undeclared: the first request's features fix the length, as in the controller
+            width, whose = features.size, f"request {rid}'s had"
         k = (offset + (i if positions is None else positions[i])) % len(arms)
         per_arm = {}
         for b in arms[k:] + arms[:k]:
-            o = speculator.decode(pre, b, max_new_tokens, temperature=temperature, seed=seed)
+            o = checked_decode(speculator, pre, b, max_new_tokens, where, temperature=temperature, seed=seed)
             per_arm[b] = {
                 "new_tokens": o.new_tokens,
                 "tau": [r.tau for r in o.rounds],
@@ -115,7 +124,7 @@ def collect_rows(speculator: BlockSpeculator, prompts, arms: list[int], max_new_
             }
         yield {
             "request_id": rid, "domain": domain, "prompt_tokens": len(ids),
-            "features": np.asarray(pre.features, dtype=np.float32).tolist(),
+            "features": features.tolist(),
             "arms": arms, "outcomes": {str(b): v for b, v in per_arm.items()},
         }
 
@@ -165,6 +174,12 @@ def _to_traceset(rows: list[dict], arms: list[int], meta: dict) -> TraceSet:
     def per(key: str) -> list:
         return [r["outcomes"][str(b)][key] for r in rows for b in arms]
 
+    widths = {len(r["features"]) for r in rows}
+    if len(widths) > 1:  # a resumed collection whose speculator changed its features' length
+        first = rows[0]
+        other = next(r for r in rows if len(r["features"]) != len(first["features"]))
+        raise AdaptspecError(f"request {other['request_id']}'s features have {len(other['features'])} values, "
+                             f"request {first['request_id']}'s {len(first['features'])}: one trace set holds one width")
     taus = per("tau")
     n, k = len(rows), len(arms)
     mean_tau = np.array([np.mean(t) if t else 1.0 for t in taus]).reshape(n, k)
