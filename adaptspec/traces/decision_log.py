@@ -334,6 +334,7 @@ class DecisionLog:
         self._dim: int | None = None
         self._ids: set[str] = set()        # decision ids of the parts in _id_parts
         self._id_parts: set[str] = set()
+        self._of_rows = False              # a view of rows read elsewhere (of_rows): not appended to
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: Iterable[Mapping[str, Any]] | pa.Table) -> Path:
@@ -341,6 +342,8 @@ class DecisionLog:
         one new part; returns its path. Invalid rows raise and nothing is written."""
         if self.path.exists() and not self.path.is_dir():
             raise _err(str(self.path), "cannot append: a single-file log is read-only; use a directory")
+        if self._of_rows:
+            raise _err(str(self.path), "cannot append: these rows were read (DecisionLog.of_rows); open the log itself")
         table = _rows_to_table(rows)
         if self._dim is None and self.path.exists():
             parts = self.parts()
@@ -405,6 +408,18 @@ class DecisionLog:
         if (log.path / "meta.json").exists():
             raise _err(str(log.path), "this is a trace set (meta.json), not a decision log")
         _ = log.table
+        return log
+
+    @classmethod
+    def of_rows(cls, path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> "DecisionLog":
+        """The decision rows ``rows`` as a log to read (not to append to), validated as a log's parts
+        are; ``path`` says where they came from. For a served log read with its journals
+        (:func:`~adaptspec.traces.log_writer.log_rows`: the parts, then the rows not yet rolled
+        into a part), as ``ab-report`` and ``ope`` read it."""
+        log = cls(path)
+        table = _validate_decisions(_rows_to_table(rows), str(log.path), None)
+        f = table.column("features").drop_null() if "features" in table.column_names else []
+        log._table, log._dim, log._of_rows = table, (len(f[len(f) - 1]) if len(f) else None), True
         return log
 
     @property
