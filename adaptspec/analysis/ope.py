@@ -13,6 +13,15 @@ logged context (``target``, shape ``(n, K)``). With ``w = target[t, a_t] / p_t``
 
 Intervals are bootstrap percentiles over rounds (the reward model is held fixed).
 
+**Why an estimate can lie outside every logged reward** (:func:`weight_diagnostics`, each weighted
+estimate's ``diagnostics`` and ``note``): IPS is unbiased only where the logging policy could
+play every arm the target plays (*support*); a round whose logged arm the target never plays has
+weight 0, so when the target's arms were rarely or never logged the mean weight falls below 1 and
+IPS shrinks toward 0 (an estimate of -1.5 ms/token from rewards of -4 to -6 is that, not a better
+policy); a few large weights leave a small *effective sample size* ``(sum w)^2 / sum w^2``; and
+switch-DR drops (clips) the correction of rounds whose weight exceeds ``tau``. SNIPS divides the
+mean weight out, and DR leans on the reward model where the weights say nothing.
+
 >>> rng = np.random.default_rng(0)
 >>> n, K = 4000, 3
 >>> mu = np.array([0.2, 0.5, 0.8])                 # true mean reward of each arm
@@ -43,18 +52,48 @@ ESTIMATORS = ("ips", "snips", "dm", "dr", "switch-dr")
 
 
 @dataclass(frozen=True)
+class WeightDiagnostics:
+    """What the importance weights ``w = target[t, a_t] / p_t`` say about a weighted estimate:
+    ``ess`` the effective sample size ``(sum w)^2 / sum w^2`` of ``n`` rounds; ``mean_weight`` (1
+    in expectation when the logging policy covers the target); ``max_weight``; ``support`` the
+    share of the target's probability on arms the logging policy could play (None: its full
+    probabilities were not logged); ``clipped`` the share of rounds whose weight exceeds
+    switch-DR's ``tau`` (their correction dropped)."""
+
+    n: int
+    ess: float
+    mean_weight: float
+    max_weight: float
+    support: float | None
+    clipped: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ess": rounded(self.ess), "mean_weight": rounded(self.mean_weight),
+                "max_weight": rounded(self.max_weight), "support": None if self.support is None else rounded(self.support),
+                "clipped": rounded(self.clipped)}
+
+
+@dataclass(frozen=True)
 class Estimate:
-    """A policy value with its bootstrap interval and standard error."""
+    """A policy value with its bootstrap interval and standard error; a weighted estimator's
+    (IPS, SNIPS, DR, switch-DR) ``diagnostics``, and a ``note`` saying why its value should not be
+    read as is (outside the logged rewards, weak support, few effective rounds), else None."""
 
     estimator: str
     value: float
     ci: tuple[float, float]
     se: float
     n: int
+    diagnostics: WeightDiagnostics | None = None
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": rounded(self.value), "ci": [rounded(self.ci[0]), rounded(self.ci[1])], "se": rounded(self.se),
-                "n": self.n}
+        d = {"value": rounded(self.value), "ci": [rounded(self.ci[0]), rounded(self.ci[1])], "se": rounded(self.se),
+             "n": self.n}
+        if self.diagnostics is not None:
+            d["diagnostics"] = self.diagnostics.to_dict()
+            d["note"] = self.note
+        return d
 
 
 # ============================================================================ checks
@@ -87,6 +126,51 @@ def importance_weights(actions: Any, propensities: Any, target: Any) -> np.ndarr
     a = np.asarray(actions, dtype=np.int64)
     pi = np.asarray(target, dtype=np.float64)
     return pi[np.arange(len(a)), a] / np.asarray(propensities, dtype=np.float64)
+
+
+def weight_diagnostics(actions: Any, propensities: Any, target: Any, logging_probs: Any = None,
+                       switch_tau: float = 10.0) -> WeightDiagnostics:
+    """The :class:`WeightDiagnostics` of a log: ``logging_probs`` (n, K) the logging policy's
+    probability of every arm (the decision log's ``probs``), for the support.
+
+    >>> a = np.array([0, 0, 1, 1]); p = np.full(4, 0.5)
+    >>> pi = np.tile([0.0, 0.0, 1.0], (4, 1))              # the target plays arm 2, never logged
+    >>> d = weight_diagnostics(a, p, pi, np.tile([0.5, 0.5, 0.0], (4, 1)))
+    >>> d.mean_weight, d.ess, d.support
+    (0.0, 0.0, 0.0)
+    """
+    w = importance_weights(actions, propensities, target)
+    sw, sw2 = float(w.sum()), float((w * w).sum())
+    support = None
+    if logging_probs is not None:
+        q = np.asarray(logging_probs, dtype=np.float64)
+        pi = np.asarray(target, dtype=np.float64)
+        if q.shape != pi.shape:
+            raise AdaptspecError(f"logging probabilities have shape {q.shape}, expected {pi.shape}")
+        support = float(np.mean(np.sum(np.where(q > 0, pi, 0.0), axis=1)))
+    return WeightDiagnostics(len(w), sw * sw / sw2 if sw2 > 0 else 0.0, float(w.mean()), float(w.max()), support,
+                             float(np.mean(w > switch_tau)))
+
+
+def weight_note(estimator: str, value: float, rewards: np.ndarray, diag: WeightDiagnostics) -> str | None:
+    """Why ``estimator``'s ``value`` should not be read as a policy value, in one line (None: no
+    reason): outside the logged rewards' range, the target's arms not all logged (support), a
+    mean weight far from 1 (IPS scales with it), few effective rounds, clipped corrections."""
+    lo, hi = float(rewards.min()), float(rewards.max())
+    why = []
+    if math.isfinite(value) and not lo - 1e-9 * max(1.0, abs(lo)) <= value <= hi + 1e-9 * max(1.0, abs(hi)):
+        why.append(f"outside the logged rewards [{lo:.4g}, {hi:.4g}]")
+    if diag.support is not None and diag.support < 0.999:
+        why.append(f"{100 * (1 - diag.support):.1f}% of the target's probability is on arms the logging policy "
+                   "never played (no support)")
+    if estimator == "ips" and abs(diag.mean_weight - 1.0) > 0.1:
+        why.append(f"mean importance weight {diag.mean_weight:.3g} (1 with support; IPS scales with it, SNIPS "
+                   "divides it out)")
+    if diag.ess < 0.1 * diag.n:
+        why.append(f"effective sample size {diag.ess:.1f} of {diag.n} rounds")
+    if estimator == "switch-dr" and diag.clipped > 0:
+        why.append(f"{100 * diag.clipped:.1f}% of rounds clipped (weight above tau: the reward model alone)")
+    return "; ".join(why) or None
 
 
 # ============================================================================ point estimators
@@ -259,6 +343,7 @@ def evaluate(
     switch_tau: float = 10.0,
     r_hat: np.ndarray | None = None,
     observed: tuple[Any, Any] | None = None,
+    logging_probs: Any = None,
     n_boot: int = 500,
     level: float = 0.95,
     seed: int = 0,
@@ -268,7 +353,8 @@ def evaluate(
 
     ``r_hat`` (``(n, K)`` predicted rewards) replaces the fitted reward model when given;
     ``observed`` (every arm's reward where a round showed it, see :func:`fit_reward_model`) is
-    what the fitted one learns from.
+    what the fitted one learns from; ``logging_probs`` (n, K) the logging policy's probability of
+    every arm, for the weighted estimators' support (:func:`weight_diagnostics`).
     ``progress``: a progress bar on stderr (None: only in a terminal, after a second).
     """
     r, a, p, pi = _check(rewards, actions, propensities, target)
@@ -316,10 +402,13 @@ def evaluate(
     bar.close()
     out = {}
     q = (1 - level) / 2
+    diag = weight_diagnostics(a, p, pi, logging_probs, switch_tau)
     for e in parts:
         v = reps[e][np.isfinite(reps[e])]
         ci = (float(np.quantile(v, q)), float(np.quantile(v, 1 - q))) if len(v) else (math.nan, math.nan)
-        out[e] = Estimate(e, point[e], ci, float(v.std(ddof=1)) if len(v) > 1 else math.nan, n)
+        d = None if e == "dm" else diag
+        out[e] = Estimate(e, point[e], ci, float(v.std(ddof=1)) if len(v) > 1 else math.nan, n, d,
+                          None if d is None else weight_note(e, point[e], r, d))
     return out
 
 
@@ -356,4 +445,5 @@ def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, counterfactua
     P = P[:, np.argsort(order)] if not np.all(order == np.arange(len(arms))) else P
     observed = (log.cf_rewards[keep], log.cf_observed[keep]) if counterfactuals else None
     return evaluate(r[keep], log.actions[keep], log.propensities[keep], P,
-                    None if X is None else X[keep], seed=seed, observed=observed, **kwargs)
+                    None if X is None else X[keep], seed=seed, observed=observed, logging_probs=log.probs[keep],
+                    **kwargs)

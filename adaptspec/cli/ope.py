@@ -11,6 +11,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 import json
 
 import numpy as np
@@ -18,11 +19,16 @@ import numpy as np
 from ..errors import AdaptspecError
 from ._types import float_range, int_range, seed
 
+if TYPE_CHECKING:
+    from ..traces import DecisionLog
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..analysis.ope import ESTIMATORS
 
-    p.add_argument("logs", metavar="LOGS", help="decision log: a directory of part-*.parquet files, or one Parquet file")
+    p.add_argument("logs", metavar="LOGS", help="decision log: a directory of part-*.parquet files (a running server's, "
+                                                "its journals' rows included), one Parquet file, or a directory of "
+                                                "replicas' logs (read as ab-report reads them)")
     p.add_argument("--policy", action="append", required=True, metavar="SPEC",
                    help="target policy spec, repeatable (evaluated as it is built: learning policies are not trained)")
     p.add_argument("--estimator", action="append", choices=ESTIMATORS, metavar="NAME",
@@ -40,13 +46,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def read_log(path: str) -> "DecisionLog":
+    """The decision log at ``path`` as ``ab-report`` and ``/ab`` read it (one reader:
+    :func:`adaptspec.fleet.logs.fleet_log_rows`): its parts and the rows a running server's
+    journals hold that are not yet in a part; a parent of replicas' logs reads them all."""
+    import os
+    from pathlib import Path
+
+    from ..fleet.logs import fleet_log_rows, log_dirs
+    from ..traces import DecisionLog
+
+    dirs = log_dirs([path])
+    where = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([str(d) for d in dirs]))
+    rows = fleet_log_rows(dirs)
+    if not rows:
+        raise AdaptspecError(f"{where}: the decision log is empty")
+    for r in rows:
+        r.pop("replica", None)  # which replica's log: not a decision-log column
+    return DecisionLog.of_rows(where, rows)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analysis.ope import ESTIMATORS, evaluate_log
     from .._util.markdown import table
     from .._util.numbers import rounded
-    from ..traces import DecisionLog
-
-    log = DecisionLog.read(args.logs)
+    log = read_log(args.logs)
     if args.counterfactuals and not np.isfinite(log.cf_rewards).any():
         raise AdaptspecError(f"--counterfactuals: the log {log.path} holds no counterfactual rewards (written before "
                              "the cf_rewards column, or with a custom reward)")
@@ -70,12 +94,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"{log.path}: {len(log)} decisions, {int(with_r.sum())} with a reward, arms {list(log.arms)}")
     for name, v in logged.items():
         print(f"  logged by {name}: mean reward {v if v is not None else '-'}")
-    head = ["policy", "estimator", "value", "95% CI", "se"]
-    rows = []
+    head = ["policy", "estimator", "value", "95% CI", "se", "ESS", "support"]
+    rows, notes = [], []
     for res in results:
         for k, e in res["estimates"].items():
             ci = "-" if e["ci"][0] is None else f"[{e['ci'][0]:.4g}, {e['ci'][1]:.4g}]"
+            d = e.get("diagnostics") or {}
+            support = "-" if d.get("support") is None else f"{100 * d['support']:.1f}%"
             rows.append([res["policy"], k, "-" if e["value"] is None else f"{e['value']:.4g}", ci,
-                         "-" if e["se"] is None else f"{e['se']:.3g}"])
-    print(table(head, rows, align="llrrr"))
+                         "-" if e["se"] is None else f"{e['se']:.3g}", "-" if not d else f"{d['ess']:.4g}", support])
+            if e.get("note"):
+                notes.append(f"  {res['policy']}, {k}: {e['note']}")
+    print(table(head, rows, align="llrrrrr"))
+    if notes:
+        print("read with care (ESS: effective sample size of the importance weights; support: the target's "
+              "probability on arms the logging policy could play):")
+        print("\n".join(notes))
     return 0
