@@ -265,3 +265,179 @@ def test_train_drafter_work_dir_with_a_bad_data_json_is_one_line(tmp_path, conte
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "data.json" in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+# ============================================================================ issue 46: a user's speculator in collect and profile-latency
+#: a speculator of one's own in plain Python (no model to load: each case stays about a second), and
+#: factories whose decode, prefill or declarations go wrong in the ways issue 46 met
+USERSPEC = '''
+import math
+
+import numpy as np
+
+from adaptspec import Outcome, Prefill, Round
+
+V, EOS = 41, 0
+
+
+def nxt(seq):
+    return (seq[-1] * 7 + len(seq) * 3 + (seq[-2] if len(seq) > 1 else 5)) % V
+
+
+class Codec:
+    def encode(self, text):
+        return [ord(c) % (V - 1) + 1 for c in text] or [1]
+
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+class Loop:
+    def __init__(self, change=None, feature_dim=3, max_block_size=8, buffer=8, features=None, prefill_error=None):
+        self.change, self.feature_dim, self.max_block_size = change, feature_dim, max_block_size
+        self.buffer, self.features, self.prefill_error, self.codec = buffer, features, prefill_error, Codec()
+
+    def prefill(self, prompt_ids, temperature=0.0, seed=None):
+        if self.prefill_error is not None:
+            raise self.prefill_error
+        ids = list(prompt_ids)
+        x = [math.log1p(len(ids)), sum(ids) / len(ids) / V, 1.0] if self.features is None else self.features
+        return Prefill(nxt(ids), len(ids), np.asarray(x, np.float32), state=ids)
+
+    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+        block = [0] * self.buffer  # the loop's block buffer, sized once
+        seq, n0, rounds = list(prefill.state) + [prefill.first_token], len(prefill.state), []
+        while len(seq) - n0 < max_new_tokens and seq[-1] != EOS:
+            block[block_size - 1] = 1  # an IndexError past its buffer
+            tau = min(block_size, 1 + len(seq) % 3, max_new_tokens - (len(seq) - n0))
+            for i in range(tau):
+                seq.append(nxt(seq))
+                if seq[-1] == EOS:
+                    tau = i + 1
+                    break
+            rounds.append(Round(block_size, tau, 0.001, 0.002))
+        out = Outcome(seq[n0:], rounds, 0.003 * len(rounds) + 0.001)
+        return out if self.change is None else self.change(out)
+
+
+def make():
+    return Loop()
+
+def raising():
+    def boom(out):
+        raise RuntimeError("decode boom")
+    return Loop(boom)
+
+def claims_1000():
+    return Loop(max_block_size=1000)
+
+def too_many():
+    return Loop(lambda o: Outcome(o.tokens + [5] * 3, o.rounds, o.decode_s))
+
+def bigger_rounds():
+    return Loop(lambda o: Outcome(o.tokens, [Round(2 * r.block_size, r.tau, r.draft_s, r.verify_s) for r in o.rounds],
+                                  o.decode_s))
+
+def round_past_the_end():
+    return Loop(lambda o: Outcome(o.tokens, o.rounds + [Round(o.rounds[-1].block_size, 1, 0.001, 0.002)] * 2,
+                                  o.decode_s + 0.006))
+
+def wrong_width():
+    return Loop(feature_dim=40)
+
+def nan_features():
+    return Loop(features=[0.0, float("nan"), 1.0])
+
+def negative_draft_s():
+    return Loop(lambda o: Outcome(o.tokens, [Round(r.block_size, r.tau, -5.0, r.verify_s) for r in o.rounds],
+                                  o.decode_s))
+
+def nan_decode_s():
+    return Loop(lambda o: Outcome(o.tokens, o.rounds, float("nan")))
+
+def decode_s_far_below():
+    return Loop(lambda o: Outcome(o.tokens, [Round(r.block_size, r.tau, 1.0, 1.0) for r in o.rounds], o.decode_s))
+
+def no_times():
+    return Loop(lambda o: Outcome(o.tokens, [Round(r.block_size, r.tau, 0.0, 0.0) for r in o.rounds], 0.0))
+
+def prefill_raises():
+    return Loop(prefill_error=ValueError("prefill boom"))
+'''
+
+_COLLECT = ["collect", "--out", "runs/t", "--limit", "1", "--max-new-tokens", "4", "--speculator"]
+_PROFILE = ["profile-latency", "--out", "p.json", "--prompts", "1", "--max-new-tokens", "4", "--speculator"]
+
+CASES_46: list[tuple[str, list[str], str]] = [
+    # 4: the user's decode raises, or claims a max_block_size its loop cannot draft
+    ("i46-collect-decode-raises", _COLLECT + ["userspec:raising"], "decode at block size 1 raised RuntimeError: decode boom"),
+    ("i46-collect-claims-1000-drafts-8", _COLLECT + ["userspec:claims_1000"],
+     "decode at block size 12 raised IndexError: list assignment index out of range"),
+    ("i46-collect-prefill-raises", _COLLECT + ["userspec:prefill_raises"], "prefill raised ValueError: prefill boom"),
+    ("i46-profile-latency-decode-raises", _PROFILE + ["userspec:raising"],
+     "--speculator userspec:raising, held-out prompt 0: decode at block size 1 raised RuntimeError: decode boom"),
+    ("i46-profile-latency-claims-1000-drafts-8", _PROFILE + ["userspec:claims_1000"], "decode at block size 12 raised IndexError"),
+    # 7: outcomes checked as the controller checks them
+    ("i46-collect-too-many-tokens", _COLLECT + ["userspec:too_many"], "is refused: it has 7 tokens, more than max_new_tokens=4"),
+    ("i46-collect-rounds-larger-than-the-arm", _COLLECT + ["userspec:bigger_rounds"],
+     "is refused: round 0 ran block size 2, larger than the 1 decided"),
+    ("i46-collect-rounds-past-the-end", _COLLECT + ["userspec:round_past_the_end"], "ran after the output had ended"),
+    ("i46-profile-latency-too-many-tokens", _PROFILE + ["userspec:too_many"], "more than max_new_tokens=4"),
+    # 6: outcome times
+    ("i46-collect-negative-draft-s", _COLLECT + ["userspec:negative_draft_s"],
+     "round 0 draft_s is -5.0: seconds must be finite and >= 0"),
+    ("i46-collect-nan-decode-s", _COLLECT + ["userspec:nan_decode_s"], "decode_s is nan: seconds must be finite and >= 0"),
+    ("i46-collect-decode-s-far-below-its-rounds", _COLLECT + ["userspec:decode_s_far_below"],
+     "under half of its rounds'"),
+    # 0: a speculator whose rounds and requests carry no times
+    ("i46-profile-latency-no-times", _PROFILE + ["userspec:no_times"], "--speculator userspec:no_times reports no times"),
+    # 18: features of another width than declared, and their neighbour
+    ("i46-collect-feature-dim-40-gives-3", _COLLECT + ["userspec:wrong_width"],
+     "features have 3 values, speculator Loop declares feature_dim 40"),
+    ("i46-collect-nan-features", _COLLECT + ["userspec:nan_features"], "features have NaN or infinite values"),
+]
+
+
+def _run_46(case: tuple[str, list[str], str], base: Path) -> dict:
+    cid, argv, _ = case
+    cwd = base / cid
+    cwd.mkdir()
+    (cwd / "userspec.py").write_text(USERSPEC)
+    before = _snapshot(cwd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    p = subprocess.run([sys.executable, "-m", "adaptspec", *argv], cwd=cwd, capture_output=True, text=True,
+                       timeout=120, env=env)
+    return {"rc": p.returncode, "stderr": p.stderr, "stdout": p.stdout, "before": before, "after": _snapshot(cwd)}
+
+
+@pytest.fixture(scope="module")
+def results_46(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cases46")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {c[0]: pool.submit(_run_46, c, base) for c in CASES_46}
+        return {cid: f.result() for cid, f in futures.items()}
+
+
+@pytest.mark.slow  # a subprocess each, torch imported (by the prompt reader): about 2 s of CPU a case
+@pytest.mark.parametrize("case", CASES_46, ids=[c[0] for c in CASES_46])
+def test_a_users_speculator_that_goes_wrong_is_one_line_exit_2_and_changes_nothing(results_46, case):
+    cid, argv, needle = case
+    r = results_46[cid]
+    err = r["stderr"]
+    assert "Traceback" not in err, err
+    assert r["rc"] == 2, (r["rc"], err, r["stdout"])
+    assert err.count("\n") == 1 and err.endswith("\n") and err.startswith(f"adaptspec {argv[0]}: error: "), err
+    assert needle in err, err
+    assert r["after"] == r["before"]
+
+
+@pytest.mark.slow
+def test_the_users_speculator_of_the_issue_46_cases_works_when_nothing_is_changed(tmp_path):
+    """The cases' speculator is honest as written: collect and profile-latency run it (exit 0)."""
+    (tmp_path / "userspec.py").write_text(USERSPEC)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    for argv in (_COLLECT + ["userspec:make"], _PROFILE + ["userspec:make"]):
+        p = subprocess.run([sys.executable, "-m", "adaptspec", *argv], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+    assert TraceSet.read(tmp_path / "runs/t").arms == (1, 2, 4, 6, 8)

@@ -8,6 +8,7 @@ sizes are those of ``--arms``'s default up to its ``max_block_size``."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .._util.ray import ADDRESS_HELP, parse_address
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     traces = collect_traces(
         spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force,
-        part=args.part,
+        part=args.part, progress=sys.stderr.isatty(),
         meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
               "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec,
               "threads": torch.get_num_threads()},
@@ -217,7 +218,7 @@ def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:
     arms = _arms(args.arms, user.speculator.max_block_size)
     triples = [(f"{p.domain}-{i:04d}", p.domain, user.codec.encode(p.prompt)) for i, p in numbered]
     traces = collect_traces(user.speculator, triples, arms, args.out, args.max_new_tokens, args.temperature,
-                            args.seed, overwrite=args.force, part=args.part,
+                            args.seed, overwrite=args.force, part=args.part, progress=sys.stderr.isatty(),
                             meta={"speculator": user.path, "threads": torch.get_num_threads()})
     if traces is None:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import platform
 from pathlib import Path
 
@@ -142,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
     picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
     decoded = []  # (prompt tokens, block size, outcome)
-    for i, p in enumerate(tqdm([] if args.batch_only else picked, desc="profile", unit="prompt")):
+    for i, p in enumerate(tqdm([] if args.batch_only else picked, desc="profile", unit="prompt",
+                                         disable=not sys.stderr.isatty())):
         ids = encode(p.prompt)
         at = f"{who}, held-out prompt {i}"
         pre = checked_prefill(spec, ids, 0.0, 0, at)

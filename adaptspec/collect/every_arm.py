@@ -68,14 +68,20 @@ def collect_traces(
     rows = read_partials(out, arms)
     mine = prompts if part is None else prompts[part[0] :: part[1]]
     todo = [p for p in mine if p[0] not in rows]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open_partial(partial) as f:
+    f = None
+    try:
         prompt_rows = collect_rows(speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows))
         for i, row in enumerate(tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)):
+            if f is None:  # at the first row: a run refused before it leaves nothing behind
+                out.parent.mkdir(parents=True, exist_ok=True)
+                f = open_partial(partial)
             append_row(f, row)
             rows[row["request_id"]] = row
             if on_prompt is not None:
                 on_prompt(i)
+    finally:
+        if f is not None:
+            f.close()
     if part is not None:
         return None
     return finish(out, prompts, arms, rows, max_new_tokens, temperature, meta, overwrite)
