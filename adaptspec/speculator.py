@@ -27,7 +27,8 @@ class Round:
     """One draft/verify round: ``tau`` tokens committed (accepted drafts + the bonus token).
 
     ``block_size`` positions were verified (the last committed token and ``block_size - 1``
-    drafts); ``drafted`` is the size of the block the drafter drafted, larger when a per-round
+    drafts); ``draft_s`` and ``verify_s`` are the wall seconds of its two passes (0 when the loop
+    does not time them); ``drafted`` is the size of the block the drafter drafted, larger when a per-round
     schedule verified only a prefix of it (0: the same as ``block_size``). ``rows``: the
     sequences the timed passes carried (more than 1 in a batching engine, whose ``draft_s`` and
     ``verify_s`` then hold the other rows' work too).
@@ -337,8 +338,9 @@ class BlockSpeculator(Protocol):
     round)``, when given, is called after every round with the tokens it committed (streaming).
     At ``temperature > 0`` the first token is sampled at ``prefill`` from a generator seeded by
     ``seed``. The :class:`Outcome`'s ``tokens`` are the first token and then each round's
-    committed tokens, cut at EOS or ``max_new_tokens``; its rounds are the rounds that ran
-    (the controller refuses an outcome whose rounds do not add up to its tokens).
+    committed tokens, cut at EOS or ``max_new_tokens``; its rounds are the rounds that ran, the
+    last one's tokens possibly cut, some or all (the controller refuses an outcome no honest loop
+    produces: :func:`outcome_fault`).
 
     Three optional declarations (class or instance attributes; absent means the default):
 
