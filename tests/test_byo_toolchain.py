@@ -448,3 +448,26 @@ def test_collect_cuts_the_default_arms_at_the_drafters_max_block_and_says_what_w
     assert "collect_traces(spec, [(request_id, domain, token_ids), ...]" in err
     assert main(argv + ["--arms", "4,16"]) == 2  # a given --arms beyond it is still refused, naming the drafter
     assert "--arms 4,16: the drafter's max_block_size is 8, so block sizes [16] cannot be drafted" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_collect_with_a_drafter_of_max_block_8_and_no_arms_collects_the_default_arms_up_to_8(tmp_path):
+    # the same pair with a tokenizer of its own (one id per printable character, built here): collect runs,
+    # at the default block sizes cut at the drafter's 8 (issue 46, item 15)
+    import shutil
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from adaptspec.traces import TraceSet
+
+    pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
+    target = tmp_path / "target"
+    shutil.copytree(pair / "target", target)
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{chr(c): c - 31 for c in range(32, 127)}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(target)
+    assert main(["collect", "--target", str(target), "--drafter", str(pair / "drafter"), "--out", str(tmp_path / "t"),
+                 "--limit", "2", "--max-new-tokens", "6", "--threads", "1", "--dtype", "float32"]) == 0
+    ts = TraceSet.read(tmp_path / "t")
+    assert ts.arms == (1, 2, 4, 6, 8) and ts.n_requests == 2
