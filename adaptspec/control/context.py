@@ -133,9 +133,7 @@ class Contexts:
             raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
         if x.ndim != 1 or x.size == 0:
             raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
-        with np.errstate(over="ignore", invalid="ignore"):
-            ok = float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT  # NaN, infinite and implausibly large values fail
-        if not ok:
+        if not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # NaN, infinite and implausibly large values fail
             raise context_fault(x, "features")
         if self.raw_width is None:  # the first valid features fix the width
             self.fix_width(x.size, "the first request's features had")

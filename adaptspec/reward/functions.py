@@ -78,9 +78,12 @@ def check_reward(value: Any, what: str = "reward") -> float:
     ...
     adaptspec.errors.AdaptspecError: reward must be a number, got '5' (str)
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if type(value) is float:  # the common case, first (a policy's every update)
+        r = value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise AdaptspecError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
-    r = float(value)
+    else:
+        r = float(value)
     if not math.isfinite(r):
         raise AdaptspecError(f"{what} must be finite, got {value!r}")
     if abs(r) > REWARD_LIMIT:
