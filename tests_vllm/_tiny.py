@@ -12,8 +12,10 @@ from pathlib import Path
 VOCAB = 512
 
 
-def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
-    """A random Qwen3 causal LM at ``path`` (made once; the same ``seed`` gives the same weights)."""
+def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2, noise: float = 0.0) -> Path:
+    """A random Qwen3 causal LM at ``path`` (made once; the same ``seed`` gives the same weights).
+    ``noise``: then every weight is moved by that fraction of its own spread, drawn with seed
+    ``seed + 1``: a drafter that agrees with the ``seed`` model on some tokens and not on others."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -27,5 +29,9 @@ def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
     with torch.no_grad():  # larger logits than the default init: a peaked, repetitive greedy text
         for p in model.parameters():
             p.mul_(3.0)
+        if noise:
+            g = torch.Generator().manual_seed(seed + 1)
+            for p in model.parameters():
+                p.add_(noise * p.std().clamp_min(1e-3) * torch.randn(p.shape, generator=g))
     model.save_pretrained(path, safe_serialization=True)
     return path

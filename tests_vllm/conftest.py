@@ -26,14 +26,28 @@ ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, enfo
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """A tiny random Qwen3 target and a second one as a drafter that disagrees with it now and then."""
+    """A tiny random Qwen3 target and, as a drafter, the same model with noise in its weights: it
+    agrees with the target on some tokens and not on others."""
     root = tmp_path_factory.mktemp("models")
-    return {"target": tiny_qwen3(root / "target", seed=0), "drafter": tiny_qwen3(root / "drafter", seed=1, layers=1)}
+    return {"target": tiny_qwen3(root / "target", seed=0), "drafter": tiny_qwen3(root / "drafter", seed=0, noise=0.2)}
 
 
 def make_llm(model: Path, speculative: dict | None = None, adaptspec: dict | None = None, plugin: bool = True, **kw):
-    """A vLLM engine on ``model``; with ``plugin``, adaptspec's scheduler and its ``adaptspec`` entry."""
+    """A vLLM engine on ``model``; with ``plugin``, adaptspec's scheduler and its ``adaptspec`` entry.
+
+    vLLM 0.32 starts a worker by scanning every loaded module for its kernels, and the scan fails
+    on llvmlite's ``lib`` (``'_lib_fn_wrapper' object has no attribute 'get'``) once numba is
+    loaded (vLLM's n-gram proposer and adaptspec's policy kernels load it). A served vLLM starts
+    one engine a process and never meets it; here an engine after numba is refused in one line:
+    each module starts its engines before any that loads numba, and ``.ci/run`` runs each module
+    in a process of its own."""
+    import sys
+
     from vllm import LLM
+
+    if "llvmlite" in sys.modules:
+        raise RuntimeError("numba is loaded in this process: vLLM 0.32 cannot start another engine here "
+                           "(run each tests_vllm module in its own process, as .ci/run does)")
 
     extra = {}
     if plugin:
