@@ -2,8 +2,9 @@
 (or, with ``--dense``, a dense trace set from one greedy pass per prompt).
 
 ``--speculator MODULE:FACTORY`` runs your own speculator instead of adaptspec's models
-(:mod:`adaptspec.cli.user_speculator`): its codec encodes the prompts, and the default block
-sizes are those of ``--arms``'s default up to its ``max_block_size``."""
+(:mod:`adaptspec.cli.user_speculator`): its codec encodes the prompts. The default block sizes
+are those of ``--arms``'s default up to the speculator's (or the drafter's) ``max_block_size``
+(with ``--ray``, whose driver loads no model, the default itself: each task checks it)."""
 
 from __future__ import annotations
 
