@@ -431,3 +431,19 @@ def test_an_absurd_reward_is_refused_before_it_reaches_the_fleet(tmp_path):
             assert learnt.state_fault() is None
     finally:
         srv.stop()
+
+
+def test_a_part_is_written_through_a_new_file_never_through_a_planted_link(tmp_path):
+    """DecisionLog.append writes its temporary part with O_EXCL (mkstemp): a symbolic link planted
+    in the log's folder is never written through, and the part lands in the folder."""
+    log, outside = tmp_path / "log", tmp_path / "outside"
+    log.mkdir()
+    outside.write_text("mine\n")
+    for i in range(3):  # links where a careless writer's temporary names would go
+        os.symlink(outside, log / f".part-{i}.parquet.tmp")
+    row = {"decision_id": "d1", "time": 0.0, "policy": "fixed:4", "block_size": 4, "propensity": 1.0,
+           "probs": [0.0, 1.0], "arms": [1, 4], "reward": 2.5}
+    part = DecisionLog(log).append([row])
+    assert part.parent == log and not part.is_symlink() and oct(part.stat().st_mode & 0o777) == "0o644"
+    assert outside.read_text() == "mine\n"
+    assert DecisionLog.read(log).rewards.tolist() == [2.5]

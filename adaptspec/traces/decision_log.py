@@ -11,6 +11,7 @@ among the row's arms, duplicate ids). The durable, journalled writer the control
 from __future__ import annotations
 
 import os
+import tempfile
 import time as _time
 import uuid
 from datetime import datetime, timezone
@@ -365,16 +366,22 @@ class DecisionLog:
             if len(f):
                 self._dim = len(f[0])
         name = f"part-{_time.time_ns():020d}-{os.getpid()}-{next(_part_counter):06d}.parquet"
-        tmp = self.path / f".{name}.tmp"
+        tmp: Path | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            _write_parquet(table, tmp, {"adaptspec.schema_version": str(SCHEMA_VERSION)})
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)  # O_EXCL: never a link
+            tmp = Path(tmp_name)
+            os.fchmod(fd, 0o644)  # as the journal's files (mkstemp makes them 0600)
+            with os.fdopen(fd, "wb") as f:
+                _write_parquet(table, f, {"adaptspec.schema_version": str(SCHEMA_VERSION)})
             os.replace(tmp, self.path / name)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
             raise _err(str(self.path), f"cannot append ({e.strerror or e}); nothing was written") from None
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
             raise
         self._table = None
         self._ids.update(new_ids)
