@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
             "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1]),
             "featurizer": None if featurizer is None else featurizer.fingerprint,
             # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
-            "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None}
+            "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None,
+            # what it was trained on (training and validation parts): a replay on these requests warns it is in-sample
+            "request_ids": [str(r) for r in traces.request_ids.tolist()]}
     head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,
                       val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
                       lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)
