@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                           None if traces.features is None else traces.features.shape[1], args.featurizer,
                           default_head=home)
     if feat is not None:
-        traces = feat.transform_traces(traces)
+        path, traces = traces.path, feat.transform_traces(traces)
+        traces.path = path  # the same requests (their features mapped): the report names them, the in-sample check reads it
     feedback = args.feedback
     if args.log and feedback == "auto":  # priced once, for the replay and every policy's log
         from ..simulators.counterfactuals import has_rounds, trace_feedback

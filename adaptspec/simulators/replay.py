@@ -45,6 +45,7 @@ from ..policies.spec import make_policy
 from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
 from ..traces import TraceSet
 from .counterfactuals import has_rounds, trace_feedback
+from .in_sample import in_sample_warnings
 
 ORDERS = ("logged", "shuffled", "drift")
 #: what a replay feeds a learning policy: ``auto`` (full feedback to a policy with ``full_feedback``
@@ -404,6 +405,9 @@ def replay(
 ) -> ReplayReport:
     """Replay ``policies`` (specs, Policy objects or ``factory(arms, seed)``) on ``traces``.
 
+    The report's ``warnings`` name every head a policy stands on that was trained on these
+    requests (:mod:`adaptspec.simulators.in_sample`: its scores are then in-sample).
+
     Each policy runs once per seed (a fresh policy seeded with it; Policy objects are copied,
     keeping what they learnt, with their generator re-seeded); the stream order uses the
     same seed. ``reward`` is ``tau``, ``throughput`` or ``token_latency`` (measured) or ``modelled`` (with
@@ -447,8 +451,9 @@ def replay(
     ref_vals = {k: {m: [] for m in METRICS} for k in refs}
     ref_curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
     ref_chosen: dict[str, np.ndarray] = {}
+    probes = [_build(spec, arms, seeds[0])[1] for spec in policies]  # what each spec builds, once
     fb = None
-    if not isinstance(feedback, str) or any(_learns_full(spec, arms, seeds[0]) for spec in policies):
+    if not isinstance(feedback, str) or any(feedback_of(p, True) == "full" for p in probes):
         fb = _feedback(feedback, traces, R, reward, prof, batch_size)
     ctx = {"R": R, "tau": tau, "best": best, "fixed": fixed, "costs": costs, "steps": steps, "X": X, "arms": arms,
            "feedback": fb}
@@ -517,12 +522,8 @@ def replay(
         has_throughput=costs is not None,
         extras={"requests": traces.n_requests},
         feedback_profile=None if fb is None or "full" not in kinds else fb.profile,
+        warnings=in_sample_warnings(probes, traces),
     )
-
-
-def _learns_full(spec: Any, arms: tuple[int, ...], seed: int) -> bool:
-    """Whether the policy ``spec`` builds learns from full feedback (so the replay prices it)."""
-    return feedback_of(_build(spec, arms, seed)[1], feedback=True) == "full"
 
 
 # ============================================================================ decision logs
