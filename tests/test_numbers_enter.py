@@ -447,3 +447,21 @@ def test_a_part_is_written_through_a_new_file_never_through_a_planted_link(tmp_p
     assert part.parent == log and not part.is_symlink() and oct(part.stat().st_mode & 0o777) == "0o644"
     assert outside.read_text() == "mine\n"
     assert DecisionLog.read(log).rewards.tolist() == [2.5]
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"reward": 1e300}, "reward 1e+300 is beyond any reward"),
+    ({**{k: v[0] for k, v in CF.items()}, "reward": 2.5}, "cf_rewards at block size 4 (the arm that ran) is 2.0"),
+    ({"cf_rewards": [1.0, 1.5, 2.0, 1.8]}, "has cf_rewards but not cf_tokens"),
+    ({**{k: v[0] for k, v in CF.items()}, "reward": None}, "has cf_rewards without a reward"),
+    ({**{k: v[0] for k, v in CF.items()}, "cf_rewards": [1e300, 1.5, 2.0, 1.8]}, "hold a value beyond any reward"),
+])
+def test_the_log_writer_refuses_a_row_the_reader_would_refuse(tmp_path, change, says):
+    row = {"decision_id": "d1", "time": 0.0, "policy": "fi-ucb", "block_size": 4, "propensity": 1.0,
+           "probs": [0.0, 0.0, 1.0, 0.0], "arms": ARMS, "reward": 2.0}
+    with DecisionLogWriter(tmp_path / "log", name="A") as w:
+        with pytest.raises(AdaptspecError) as e:
+            w.append({**row, **change})
+        assert says in one_line(e)
+        w.append({**row, **{k: v[0] for k, v in CF.items()}})  # its neighbour: the row as the controller writes it
+    assert log_rows(tmp_path / "log")[0]["cf_rewards"] == CF["cf_rewards"][0]

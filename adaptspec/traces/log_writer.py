@@ -403,6 +403,9 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
                 raise AdaptspecError(f"decision row {k} must hold finite numbers, got {v!r}")
         elif not all(isinstance(x, bool) for x in v):
             raise AdaptspecError(f"decision row {k} must hold true/false values, got {v!r}")
+    fault = _reward_fault(out)
+    if fault is not None:
+        raise AdaptspecError(f"decision row {fault}")
     f = out.get("features")
     if f is not None and not all(math.isfinite(x) for x in f):
         raise AdaptspecError("decision row features have NaN or infinite values")
@@ -410,6 +413,35 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         return out, json.dumps(out, allow_nan=False, separators=(",", ":")) + "\n"
     except (TypeError, ValueError) as e:
         raise AdaptspecError(f"decision row cannot be written: {e}") from None
+
+
+def _reward_fault(row: Mapping[str, Any]) -> str | None:
+    """What breaks a row's reward invariants (the reader's, ``decision_log._check_rewards``, for
+    one row, so that a row written is a row that reads): a reward beyond
+    :data:`~adaptspec.reward.functions.REWARD_LIMIT`, the ``cf_`` columns not null together,
+    counterfactuals without a reward, or ``cf_rewards`` at the arm that ran other than ``reward``."""
+    from ..reward.functions import REWARD_LIMIT
+    from .schema import DECISION_PER_ARM
+
+    reward = row.get("reward")
+    if reward is not None and abs(float(reward)) > REWARD_LIMIT:
+        return f"reward {float(reward):g} is beyond any reward (|reward| <= {REWARD_LIMIT:g})"
+    given = [k for k in DECISION_PER_ARM if row.get(k) is not None]
+    if not given:
+        return None
+    if len(given) < len(DECISION_PER_ARM):
+        missing = [k for k in DECISION_PER_ARM if k not in given]
+        return f"has {given[0]} but not {missing[0]} (the four cf_ columns are null together)"
+    if reward is None:
+        return "has cf_rewards without a reward"
+    cf = row["cf_rewards"]
+    if any(abs(float(x)) > REWARD_LIMIT for x in cf):
+        return f"cf_rewards {cf} hold a value beyond any reward (|reward| <= {REWARD_LIMIT:g})"
+    arms = list(row["arms"])
+    if row["block_size"] in arms and not math.isclose(cf[arms.index(row["block_size"])], reward, rel_tol=1e-9, abs_tol=0.0):
+        return (f"cf_rewards at block size {row['block_size']} (the arm that ran) is {cf[arms.index(row['block_size'])]}, "
+                f"its reward {reward} (they are the same number)")
+    return None
 
 
 def _read_segment(path: Path, missing_ok: bool = False) -> tuple[list[dict[str, Any]], int]:
