@@ -44,6 +44,7 @@ policy's random generator resumes from the checkpoint.)
 
 Where the parts are (each built here from the checked settings, :mod:`adaptspec.control.config`,
 and given what it needs): :mod:`~adaptspec.control.policy_build` (which policy runs),
+:mod:`~adaptspec.control.context_width` (the features' width, settled once),
 :mod:`~adaptspec.control.context` and :mod:`~adaptspec.control.decider` (deciding),
 :mod:`~adaptspec.control.block_sizes` (the block-size checks), :mod:`~adaptspec.control.book`
 (pending decisions, feedback, logging), :mod:`~adaptspec.control.updates` (the learning policy
