@@ -56,7 +56,6 @@ class AdaptspecPlugin:
     """
 
     def __init__(self, settings: PluginSettings, num_speculative_tokens: int, method: str) -> None:
-        from ..control.controller import AdaptiveController
         from ..control.policy_build import default_arms
         from ..serving.engine.round_rule import make_load_rule
         from ..serving.router import ABRouter
@@ -74,18 +73,11 @@ class AdaptspecPlugin:
         variants = settings.variants or {DEFAULT_VARIANT: None}
         self.router = ABRouter.parse([f"{n}={s or 'default'}" for n, s in variants.items()], settings.split)
         self.shared_states = _shared_states(settings, list(variants))
-        self.controllers: dict[str, AdaptiveController] = {}
+        self.controllers: dict[str, Any] = {}
         try:
             for name, spec in variants.items():
-                self.controllers[name] = AdaptiveController.for_engine(
-                    arms, FEATURE_DIM, spec, variant=name, log_dir=settings.log_dir,
-                    checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
-                    reward=settings.reward, latency=settings.latency, featurizer=settings.featurizer,
-                    seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
-                    decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
-                    checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
-                    roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
-                    shared=None if self.shared_states is None else self.shared_states[name])
+                self.controllers[name] = _controller(name, spec, arms, fallback, settings,
+                                                     None if self.shared_states is None else self.shared_states[name])
             self.rule = make_load_rule(settings.load_rule, arms, settings.latency or "cpu-smollm2-bf16",
                                        prior=settings.load_prior, seed=settings.seed)
         except BaseException:
@@ -265,6 +257,27 @@ class AdaptspecPlugin:
         self.counts[f"faults_{where}"] += 1
         log.warning("adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length", where,
                     f" for request {request_id}" if request_id else "", type(e).__name__, e)
+
+
+def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int, settings: PluginSettings,
+                shared: Any) -> Any:
+    """Variant ``name``'s controller (split form) over the engine's block sizes; a spec, head or
+    checkpoint that does not fit is one line naming the variant's key."""
+    from ..control.controller import AdaptiveController
+
+    try:
+        return AdaptiveController.for_engine(
+            arms, FEATURE_DIM, spec, variant=name, log_dir=settings.log_dir,
+            checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
+            reward=settings.reward, latency=settings.latency, featurizer=settings.featurizer,
+            seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
+            decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
+            checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
+            roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
+            shared=shared)
+    except AdaptspecError as e:
+        key = f"variants.{name}" if settings.variants else "the default policy"
+        raise AdaptspecError(f"additional_config {ENTRY}.{key}: {e}") from None
 
 
 def _shared_states(settings: PluginSettings, variants: list[str]) -> dict[str, Any] | None:
