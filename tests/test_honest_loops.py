@@ -227,3 +227,35 @@ def test_a_trace_set_whose_last_round_was_cut_whole_reads_and_one_token_less_doe
         else:
             with pytest.raises(AdaptspecError, match=r"column 'new_tokens', row 0: 5 tokens, but its rounds produced 9"):
                 TraceSet.read(out)
+
+
+# ---------------------------------------------------------------------------- the reference loop's own recorded rounds
+def reference_runs():
+    """What the public DFlash reference loop (z-lab/dflash dflash_generate @44947fb, T=0) recorded on three
+    prompts at seven block sizes (tests/data/README.md): its output tokens and each round's acceptance
+    length (the tau the round committed, before the output was cut)."""
+    import json
+    from pathlib import Path
+
+    golden = json.loads((Path(__file__).parent / "data" / "dflash-trained-tiny" / "golden.json").read_text())
+    for run in golden["runs"]:
+        for b, r in run["by_block_size"].items():
+            yield int(b), len(run["greedy"]), Outcome(list(r["tokens"]), [Round(int(b), int(t), 0.001, 0.002)
+                                                                            for t in r["acceptance_lengths"]], 1.0)
+
+
+def test_every_outcome_the_reference_loop_recorded_is_accepted_by_the_rule_and_by_feedback():
+    runs = list(reference_runs())
+    # 14 of its 21 outputs were exactly full before its last round, which it ran anyway, then cut whole
+    assert sum(cut_whole_last_round(o) for _, _, o in runs) == 14
+    for b, max_new, outcome in runs:
+        assert outcome_fault(outcome, b, max_new) is None
+    by_block = {}
+    for b, _, outcome in runs:
+        by_block.setdefault(b, []).append(outcome)
+    with AdaptiveController.for_engine(arms=sorted(by_block), feature_dim=2) as c:  # the default policy
+        for i in range(3 * len(runs)):  # each decision fed one of the recorded outcomes at its block size
+            d = c.decide(np.ones(2))
+            recorded = by_block[d.block_size]
+            assert c.feedback(d.decision_id, recorded[i % len(recorded)]) == "applied"
+        assert c.sync().stats()["updates"] == 3 * len(runs)
