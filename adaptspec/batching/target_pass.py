@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..decoding.target import TargetModel
+from ..decoding.target import TargetModel, cache_keyword
 from .kv_slots import SlotStore
 
 
@@ -58,7 +58,7 @@ def verify_rows(
         input_ids=blocks,
         attention_mask=cache.attention_mask(),
         position_ids=cache.positions,
-        cache=cache,
+        **{cache_keyword(): cache},
         use_cache=True,
         output_hidden_states=context,
     )

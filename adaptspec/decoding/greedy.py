@@ -33,17 +33,19 @@ def plain_greedy(
     """
     from transformers import DynamicCache
 
+    from .target import cache_keyword
+
     device = next(model.parameters()).device
     eos = set(eos)
     cache = DynamicCache()
-    logits = model(torch.tensor([list(prompt_ids)], device=device), cache=cache, use_cache=True).logits
+    logits = model(torch.tensor([list(prompt_ids)], device=device), **{cache_keyword(): cache}, use_cache=True).logits
     tokens = [int(logits[0, -1].argmax())]
     if logits_out is not None:
         logits_out.append(logits[0, -1].float())
     _sync(device)
     start = time.perf_counter()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
-        logits = model(torch.tensor([[tokens[-1]]], device=device), cache=cache, use_cache=True).logits
+        logits = model(torch.tensor([[tokens[-1]]], device=device), **{cache_keyword(): cache}, use_cache=True).logits
         tokens.append(int(logits[0, -1].argmax()))
         if logits_out is not None:
             logits_out.append(logits[0, -1].float())

@@ -14,6 +14,8 @@ described by a feature spec (:mod:`adaptspec.decoding.features`; default
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -41,6 +43,16 @@ class TargetPrefill:
 #: differ from one-token greedy decoding only where two logits tie within rounding);
 #: ``"exact"`` runs batch-invariant kernels, bit-identical to one-token greedy decoding.
 VERIFICATION_MODES = ("fast", "exact")
+
+
+@functools.cache
+def cache_keyword() -> str:
+    """The keyword a Hugging Face model's forward takes its KV cache by: ``cache`` from
+    transformers 5.24, ``past_key_values`` before it (vLLM 0.32 pins transformers < 5.20, and
+    adaptspec runs beside it; 5.24+ still takes ``past_key_values`` with a FutureWarning until 5.40)."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 class TargetModel:
@@ -126,7 +138,7 @@ class TargetModel:
             cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids,
-            cache=cache,
+            **{cache_keyword(): cache},
             use_cache=True,
             output_hidden_states=want_hidden,
             logits_to_keep=1 if last_only else 0,

@@ -37,6 +37,8 @@ def generate(
     """New tokens for every prompt (an EOS, when reached, is the last one)."""
     from transformers import DynamicCache
 
+    from ..decoding.target import cache_keyword
+
     eos_t = torch.tensor(sorted(set(eos)), dtype=torch.long)
     n, width = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -48,7 +50,7 @@ def generate(
     out: list[list[int]] = [[] for _ in prompts]
     cache = DynamicCache(config=model.config)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_keyword(): cache},
                    use_cache=True, logits_to_keep=1).logits[:, -1]
     for _ in range(max_new_tokens):
         nxt = _choose(logits, temperature, generator)
@@ -63,7 +65,7 @@ def generate(
             rows, mask, nxt = rows[keep], mask[keep], nxt[keep]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         pos = mask.sum(1, keepdim=True) - 1
-        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, cache=cache,
+        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **{cache_keyword(): cache},
                        use_cache=True).logits[:, -1]
     return out
 
