@@ -465,3 +465,20 @@ def test_the_log_writer_refuses_a_row_the_reader_would_refuse(tmp_path, change, 
         assert says in one_line(e)
         w.append({**row, **{k: v[0] for k, v in CF.items()}})  # its neighbour: the row as the controller writes it
     assert log_rows(tmp_path / "log")[0]["cf_rewards"] == CF["cf_rewards"][0]
+
+
+def test_features_a_featurizer_maps_beyond_the_context_limit_are_refused_not_fallen_back_on(tmp_path):
+    from adaptspec.policies.featurizer import Featurizer
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    f = Featurizer.fit(X)
+    with AdaptiveController.for_engine(arms=ARMS, feature_dim=3, policy="linucb", featurizer=f, reward="tau",
+                                       log_dir=tmp_path / "log") as c:
+        for bad in ([1e300, 0.0, 0.0], [1e12, 0.0, 0.0]):
+            with pytest.raises(AdaptspecError) as e:
+                c.decide(bad)
+            assert one_line(e).startswith("the featurizer's contexts of these features have")
+        assert c.stats()["fallbacks"]["error"] == 0 and c.stats()["decisions"] == 0
+        d = c.decide([1e3, 0.0, 0.0])  # its neighbour: far out, but within the limit
+        assert d.extras.get("fallback") is None
+        assert c.feedback(d.decision_id, reward=1.0).status == "applied"

@@ -126,7 +126,10 @@ class Contexts:
 
     def _prefill(self, features: Any) -> np.ndarray:
         if self.featurizer is not None:
-            return self.featurizer(features)
+            z = self.featurizer(features)  # checks its input's length and finiteness
+            if not float(z.dot(z)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # features far outside what it was fitted on
+                raise context_fault(z, "the featurizer's contexts of these features")
+            return z
         try:
             x = np.asarray(features, dtype=np.float64)
         except (TypeError, ValueError):
