@@ -482,3 +482,18 @@ def test_features_a_featurizer_maps_beyond_the_context_limit_are_refused_not_fal
         d = c.decide([1e3, 0.0, 0.0])  # its neighbour: far out, but within the limit
         assert d.extras.get("fallback") is None
         assert c.feedback(d.decision_id, reward=1.0).status == "applied"
+
+
+def test_ope_with_counterfactuals_on_a_log_holding_an_absurd_reward_is_one_line(tmp_path, capsys):
+    """The issue's case: `ope --counterfactuals` reported 6.7e+297 on a log whose cf_rewards held 1e300."""
+    from adaptspec.cli import main
+
+    log = _log_part(tmp_path / "log", **{**CF, "cf_rewards": [[1.0, 1.5, 2.0, 1.8], [1e300, 1.5, 2.0, 1.8]]})
+    assert main(["ope", str(log), "--policy", "fi-ucb", "--counterfactuals"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "column 'cf_rewards', row 1: a value beyond any reward" in err[0]
+    good = _log_part(tmp_path / "good", **CF)  # its neighbour: the same log with plausible rewards estimates
+    assert main(["ope", str(good), "--policy", "fixed:4", "--counterfactuals", "--estimator", "dm", "--reward-model",
+                 "mean", "--folds", "1", "--bootstrap", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"][0]["estimates"]["dm"]["value"] == pytest.approx(2.0)
