@@ -14,6 +14,7 @@ import pytest
 
 from adaptspec.cli import main
 from adaptspec.control import AdaptiveController
+from adaptspec.simulators.counterfactuals import MEASURED
 from adaptspec.simulators.replay import replay, replay_log
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import DecisionLog, TraceSet, load_traces
@@ -55,12 +56,14 @@ class TraceSpeculator:
                        finish_reason="length" if row["new_tokens"] == self.limit else "eos")
 
 
-def hand_replay(ts: TraceSet, passes: int) -> tuple[list[int], list[float]]:
-    """fi-ucb served by an AdaptiveController over the trace rows, in stored order, each update
-    applied before the next decision (what a replay's step is): block sizes chosen and rewards."""
+def hand_replay(ts: TraceSet, passes: int, latency: str | None) -> tuple[list[int], list[float]]:
+    """fi-ucb served by an AdaptiveController (``latency`` as given: None is the default, which
+    prices counterfactual rounds on the costs it measures) over the trace rows, in stored order,
+    each update applied before the next decision (what a replay's step is): block sizes chosen
+    and rewards."""
     chosen, rewards = [], []
-    with AdaptiveController(TraceSpeculator(ts), "fi-ucb", arms=ts.arms, reward="token_latency", latency=PROFILE,
-                            speed_reference=None, decide_on_caller=True, decide_timeout_s=60.0, seed=0) as c:
+    with AdaptiveController(TraceSpeculator(ts), "fi-ucb", arms=ts.arms, reward="token_latency", latency=latency,
+                            decide_on_caller=True, decide_timeout_s=60.0, seed=0) as c:
         for _ in range(passes):
             for i in range(ts.n_requests):
                 g = c.generate([i], max_new_tokens=ts.meta["max_new_tokens"])
@@ -70,13 +73,15 @@ def hand_replay(ts: TraceSet, passes: int) -> tuple[list[int], list[float]]:
     return chosen, rewards
 
 
-def test_replay_feeds_the_cold_default_as_the_controller_does() -> None:
+@pytest.mark.parametrize("latency", [None, PROFILE], ids=["default", "profile"])
+def test_replay_feeds_the_cold_default_as_the_controller_does(latency: str | None) -> None:
     ts = bench_subset(24)
     passes = 2
-    want_arms, want_r = hand_replay(ts, passes)
-    rep = replay(ts, ["fi-ucb"], reward="token_latency", order="logged", n_steps=passes * ts.n_requests)
+    want_arms, want_r = hand_replay(ts, passes, latency)
+    rep = replay(ts, ["fi-ucb"], reward="token_latency", latency=latency, order="logged",
+                 n_steps=passes * ts.n_requests)
     got = rep.policies[0]
-    assert got.feedback == "full" and rep.feedback_profile == PROFILE
+    assert got.feedback == "full" and rep.feedback_profile == (latency or MEASURED)
     assert np.asarray(ts.arms)[got.chosen.astype(int)].tolist() == want_arms
     # % of the best fixed size, from the controller's own rewards and the trace's decode times read here
     rows = pq.read_table(BENCH / "outcomes.parquet").to_pylist()
@@ -86,8 +91,8 @@ def test_replay_feeds_the_cold_default_as_the_controller_does() -> None:
     best = max(fixed.values())  # rewards are negative ms per token: the largest sum is the best
     want_pct = 100.0 * best / sum(want_r)  # pct_of a negative reward: best fixed over what was earned
     assert got.mean("pct_best_fixed") == pytest.approx(want_pct, abs=0.5)
-    bandit = replay(ts, ["fi-ucb"], reward="token_latency", order="logged", n_steps=passes * ts.n_requests,
-                    feedback="bandit").policies[0]
+    bandit = replay(ts, ["fi-ucb"], reward="token_latency", latency=latency, order="logged",
+                    n_steps=passes * ts.n_requests, feedback="bandit").policies[0]
     assert bandit.feedback == "bandit"
     assert np.asarray(ts.arms)[bandit.chosen.astype(int)].tolist() != want_arms  # the test tells them apart
 
@@ -101,12 +106,15 @@ def test_replay_log_feeds_full_feedback_and_logs_the_counterfactuals(tmp_path: P
     arms = np.asarray(ts.arms)
     assert back.table.column("block_size").to_pylist() == arms[rep.policies[0].chosen.astype(int)].tolist()
     cf = back.cf_rewards
-    assert np.isfinite(cf).all()
+    priced = np.isfinite(cf).all(axis=1)
+    # the first request is learnt as a bandit (one block size timed: nothing to price the others with yet),
+    # every later one is priced on the costs measured so far, as the controller's default pricer does
+    assert not priced[0] and priced[1:].all()
     played = np.searchsorted(arms, back.table.column("block_size").to_numpy())
-    assert np.array_equal(cf[np.arange(len(cf)), played], back.rewards)  # the arm that ran: its own reward
+    assert np.array_equal(cf[np.arange(len(cf)), played][1:], back.rewards[1:])  # the arm that ran: its own reward
     # the shorter arms are never censored (a round that ran shows every shorter verify)
-    censored = back.cf_censored
-    assert not censored[arms[None, :] <= arms[played][:, None]].any()
+    censored = back.cf_censored[1:]
+    assert not censored[arms[None, :] <= arms[played[1:]][:, None]].any()
 
 
 def test_simulate_says_which_feedback_each_policy_got(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -116,7 +124,7 @@ def test_simulate_says_which_feedback_each_policy_got(capsys: pytest.CaptureFixt
                  "--no-progress", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [p["feedback"] for p in out["policies"]] == ["full", "bandit", "none"]
-    assert out["oracle"]["feedback"] == "oracle" and out["feedback_profile"] == PROFILE
+    assert out["oracle"]["feedback"] == "oracle" and out["feedback_profile"] == MEASURED
     assert main(["simulate", str(sub), "--policy", "fi-ucb", "--no-progress", "--feedback", "bandit", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"][0]["feedback"] == "bandit" and out["feedback_profile"] is None

@@ -141,15 +141,13 @@ def run(args: argparse.Namespace) -> int:
         traces.path = path  # the same requests (their features mapped): the report names them, the in-sample check reads it
     feedback = args.feedback
     if args.log and feedback == "auto":  # priced once, for the replay and every policy's log
-        from ..simulators.counterfactuals import has_rounds, trace_feedback
+        from ..reward.latency import get_profile
+        from ..simulators.counterfactuals import replay_feedback
         from ..simulators.replay import finite_rewards
 
-        if has_rounds(traces):
-            from ..reward.latency import get_profile
-
-            prof = None if args.latency is None else get_profile(args.latency)
-            feedback = trace_feedback(traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof,
-                                      args.batch_size)
+        prof = None if args.latency is None else get_profile(args.latency)
+        feedback = replay_feedback(traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof,
+                                   args.batch_size) or "bandit"  # None: no rounds, so nothing to price
     if args.ray:
         from .._util.ray import session
 

@@ -263,13 +263,12 @@ def contender_feedback(contenders: Sequence[Contender], traces: Any, R: np.ndarr
     """The counterfactual feedback the controller would give the full-feedback contenders (a
     :class:`~adaptspec.simulators.counterfactuals.Feedback` of ``traces`` and ``R``), or None when
     none of ``contenders`` learns from it or the trace set keeps no per-round taus."""
-    from ..simulators.counterfactuals import has_rounds, trace_feedback
+    from ..simulators.counterfactuals import replay_feedback
 
     arms = tuple(traces.arms)
-    if not has_rounds(traces) or not any(c.build is not None and feedback_of(c.build(arms, 0), True) == "full"
-                                         for c in contenders):
+    if not any(c.build is not None and feedback_of(c.build(arms, 0), True) == "full" for c in contenders):
         return None
-    return trace_feedback(traces, R, reward, latency, batch_size)
+    return replay_feedback(traces, R, reward, latency, batch_size)
 
 
 class ProgressBar:

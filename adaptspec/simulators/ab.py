@@ -123,7 +123,7 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
     """
     from ..policies.spec import make_policy
     from ..reward.latency import get_profile
-    from .counterfactuals import has_rounds, trace_feedback
+    from .counterfactuals import replay_feedback
     from .replay import feedback_of, run_policy, stream_order
 
     names = list(specs)
@@ -134,8 +134,8 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
     prof = None if latency is None else get_profile(latency)
     R = traces.reward_matrix(reward, prof, batch_size)
     X, arms = traces.features, traces.arms
-    full = has_rounds(traces) and any(feedback_of(make_policy(specs[n], arms), True) == "full" for n in names)
-    fb = trace_feedback(traces, R, reward, prof, batch_size) if full else None
+    full = any(feedback_of(make_policy(specs[n], arms), True) == "full" for n in names)
+    fb = replay_feedback(traces, R, reward, prof, batch_size) if full else None
     kinds: dict[str, str] = {}
     runs = []
     truth: dict[str, list[float]] = {n: [] for n in names}

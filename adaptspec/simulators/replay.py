@@ -44,7 +44,7 @@ from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
 from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
 from ..traces import TraceSet
-from .counterfactuals import has_rounds, trace_feedback
+from .counterfactuals import replay_feedback
 from .in_sample import in_sample_warnings
 
 ORDERS = ("logged", "shuffled", "drift")
@@ -179,16 +179,16 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
 def _full_feedback_loop(policy: Policy, rewards: np.ndarray, feedback: Any, idx: np.ndarray,
                         X: np.ndarray | None, progress: Any) -> np.ndarray:
     """Decide, then learn every arm the chosen arm's rounds show (``update_full``), or the chosen
-    arm alone (``update``) where its rounds were not priced."""
+    arm alone (``update``) where its rounds were not priced; a fresh pricer per replay."""
     out = np.empty(len(idx), dtype=np.int64)
-    rew, obs = feedback.rewards, feedback.observed
-    priced = np.ones(rewards.shape, dtype=bool) if feedback.priced is None else feedback.priced
+    feedback = feedback.fresh()
     for t, i in enumerate(idx.tolist()):
         x = None if X is None else X[i]
         d = policy.decide(x)
         a = policy.arm_index(d.block_size)
-        if priced[i, a]:
-            policy.update_full(x, rew[i, a], obs[i, a])
+        shown = feedback.at(i, a)
+        if shown is not None:
+            policy.update_full(x, shown.rewards, shown.observed)
         else:
             policy.update(x, d.block_size, rewards[i, a])
         out[t] = a
@@ -420,12 +420,13 @@ def replay(
     are assembled in the same order.
 
     ``feedback``: ``auto`` feeds a policy with ``full_feedback`` every arm's counterfactual
-    reward from the rounds of the arm it chose when the trace set keeps per-round taus (priced
-    by the controller's pricer on ``latency``, else the trace set's profile:
-    :func:`~adaptspec.simulators.counterfactuals.feedback_profile`), as the controller feeds it;
-    ``bandit`` feeds every learning policy the chosen arm's reward; a
-    :class:`~adaptspec.simulators.counterfactuals.Feedback` already computed for this trace set and
-    reward is used as given. Each result says which it got.
+    reward from the rounds of the arm it chose when the trace set keeps per-round taus, priced by
+    the controller's pricer as a controller set up alike prices them
+    (:func:`~adaptspec.simulators.counterfactuals.replay_feedback`): on ``latency`` when given, else
+    on the costs measured from the rounds as they are served (the controller's default);
+    ``bandit`` feeds every learning policy the chosen arm's reward; feedback already made for this
+    trace set and reward (a :class:`~adaptspec.simulators.counterfactuals.Feedback` or
+    ``OnlineFeedback``) is used as given. Each result says which it got.
     """
     check_reward_name(reward)
     if isinstance(feedback, str) and feedback not in FEEDBACK_MODES:
@@ -571,7 +572,8 @@ def replay_log(
     probs = np.empty((T, K))
     version = np.empty(T, dtype=np.int64)
     kind = feedback_of(pol, fb)
-    priced = None if fb is None else (np.ones(R.shape, bool) if fb.priced is None else fb.priced)
+    fb = None if fb is None else fb.fresh()
+    shown: list[Any] = []
     for t, i in enumerate(tqdm(idx.tolist(), desc=f"log {name}", unit="step", leave=False, delay=1.0,
                                disable=(not progress) if progress is not None else None)):
         x = None if X is None else X[i].astype(np.float64)
@@ -579,8 +581,10 @@ def replay_log(
         d = pol.decide(ctx)
         a = pol.arm_index(d.block_size)
         chosen[t], probs[t], version[t] = a, d.probs, d.version
-        if kind == "full" and priced[i, a]:
-            pol.update_full(ctx, fb.rewards[i, a], fb.observed[i, a])
+        s = None if fb is None else fb.at(i, a)  # priced for every policy, as the controller logs it
+        shown.append(s)
+        if kind == "full" and s is not None:
+            pol.update_full(ctx, s.rewards, s.observed)
         elif kind in ("full", "bandit"):
             pol.update(ctx, d.block_size, R[i, a])
     arms = traces.arm_array
@@ -608,38 +612,37 @@ def replay_log(
         f = X[idx].astype(np.float32)
         cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(pa.list_(pa.float32()))
     if fb is not None:
-        cols.update(_cf_columns(fb, idx, chosen, priced))
+        cols.update(_cf_columns(shown, K))
     return pa.table(cols)
 
 
 def _feedback(feedback: Any, traces: TraceSet, R: np.ndarray, reward: str, prof: LatencyProfile | None,
               batch_size: int) -> Any:
-    """The counterfactual feedback ``feedback`` asks for (a mode of :data:`FEEDBACK_MODES` or a
-    :class:`~adaptspec.simulators.counterfactuals.Feedback`), or None (the chosen arm only)."""
+    """The counterfactual feedback ``feedback`` asks for (a mode of :data:`FEEDBACK_MODES`, or
+    feedback already made for this trace set and reward), or None (the chosen arm only)."""
     if not isinstance(feedback, str):
-        if feedback.rewards.shape != (*R.shape, R.shape[1]):
+        if feedback.rewards.shape[:2] != R.shape:
             raise AdaptspecError(f"feedback of shape {feedback.rewards.shape[:2]} does not fit this trace set's "
                                  f"{R.shape} rewards")
         return feedback
     if feedback not in FEEDBACK_MODES:
         raise AdaptspecError(f"unknown feedback {feedback!r}: choose one of {', '.join(FEEDBACK_MODES)}")
-    return trace_feedback(traces, R, reward, prof, batch_size) if feedback == "auto" and has_rounds(traces) else None
+    return replay_feedback(traces, R, reward, prof, batch_size) if feedback == "auto" else None
 
 
-def _cf_columns(fb: Any, idx: np.ndarray, chosen: np.ndarray, priced: np.ndarray) -> dict[str, Any]:
-    """The decision log's ``cf_`` columns of the rows ``(idx, chosen)`` (null where not priced)."""
+def _cf_columns(shown: list[Any], k: int) -> dict[str, Any]:
+    """The decision log's ``cf_`` columns of rows whose rounds showed ``shown`` (None: not priced, null)."""
     import pyarrow as pa
 
-    T = len(idx)
-    mask = ~priced[idx, chosen]
+    T = len(shown)
+    mask = np.array([s is None for s in shown])
+    blank = (np.full(k, np.nan), np.zeros(k, bool), np.full(k, np.nan), np.zeros(k, bool))
+    rows = [blank if s is None else s for s in shown]
 
-    def lists(values: np.ndarray, kind: Any) -> Any:
-        flat = pa.array(values.ravel(), kind)
-        return pa.ListArray.from_arrays(pa.array(np.arange(T + 1) * values.shape[1], pa.int32()), flat,
-                                        mask=pa.array(mask))
+    def lists(pos: int, kind: Any, flip: bool = False) -> Any:
+        values = np.stack([np.asarray(r[pos]) for r in rows]) if rows else np.zeros((0, k))
+        flat = pa.array((~values if flip else values).ravel(), kind)
+        return pa.ListArray.from_arrays(pa.array(np.arange(T + 1) * k, pa.int32()), flat, mask=pa.array(mask))
 
-    tokens = fb.tokens[idx, chosen] if fb.tokens is not None else np.full((T, fb.rewards.shape[2]), np.nan)
-    return {"cf_rewards": lists(fb.rewards[idx, chosen], pa.float64()),
-            "cf_tokens": lists(tokens, pa.float64()),
-            "cf_censored": lists(~fb.observed[idx, chosen], pa.bool_()),
-            "cf_approximate": lists(fb.approximate[idx, chosen], pa.bool_())}
+    return {"cf_rewards": lists(0, pa.float64()), "cf_tokens": lists(2, pa.float64()),
+            "cf_censored": lists(1, pa.bool_(), flip=True), "cf_approximate": lists(3, pa.bool_())}
