@@ -332,3 +332,62 @@ def test_i38_a_prompt_of_the_wrong_shape_is_named(client, prompt, status, needle
     assert r.status_code == status, r.text
     if needle is not None:
         assert needle in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
+
+
+# ============================================================================ issue 46: serve says what runs, refuses what it would guess
+#: a speculator of one's own (not adaptspec's SpeculativeDecoder: served one request at a time), as a factory module
+MYLOOP = '''
+from adaptspec.serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
+
+
+class MyLoop:
+    def __init__(self):
+        self.inner, self.codec = tiny_speculator(0)
+        self.max_block_size, self.feature_dim = self.inner.max_block_size, self.inner.feature_dim
+        self.vocab_size, self.max_context = self.inner.target.vocab_size, TINY_MAX_POSITIONS
+
+    def prefill(self, prompt_ids, temperature=0.0, seed=None):
+        return self.inner.prefill(prompt_ids, temperature=temperature, seed=seed)
+
+    def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
+        return self.inner.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed,
+                                 on_round=on_round)
+
+
+def make():
+    return MyLoop()
+'''
+
+
+def test_i46_an_empty_load_rule_is_refused_in_one_line_not_taken_for_the_default(capsys):
+    from adaptspec.cli import main
+
+    assert main(["serve", "--tiny", "--port", "0", "--load-rule", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --load-rule: an empty rule: give learned, goodput, fixed:B or none" in err
+
+
+def test_i46_serve_help_names_the_cold_default_that_runs(capsys):
+    from adaptspec.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser("serve").parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "else fi-ucb, UCB learning every block size a request's rounds reveal" in text and "else ucb)" not in text
+    assert "--stall-timeout S" in text and "(default 60)" in text
+
+
+def test_i46_redecide_every_on_a_speculator_of_ones_own_names_its_class(tmp_path, monkeypatch, capsys):
+    """The one-request-at-a-time runner wraps the speculator (to halt it at a stop sequence): every
+    message still names the user's class, not the wrapper's."""
+    from adaptspec.cli import main
+
+    (tmp_path / "myloop.py").write_text(MYLOOP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["serve", "--speculator", "myloop:make", "--port", "0", "--redecide-every", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "redecide_every=4 needs a speculator whose decode asks its RoundSchedule every round: speculator MyLoop " \
+           "does not declare per_round = True" in err
+    assert "Haltable" not in err

@@ -26,7 +26,7 @@ from adaptspec.traces.log_writer import journal_rows, log_rows
 from adaptspec.policies import make_policy
 from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
-from adaptspec.serving.responses import completion_body
+from adaptspec.serving.responses import completion_body, error_body
 from adaptspec.serving.engine.sequential import SequentialRunner
 from adaptspec.traces import DecisionLog
 
@@ -93,7 +93,8 @@ def test_malformed_requests_are_rejected_with_a_clear_message(body, status, need
     with pytest.raises(RequestError) as e:
         service().parse(body)
     assert e.value.status == status and needle in str(e.value)
-    assert e.value.body()["error"]["message"] == str(e.value)
+    assert error_body(e.value)["error"] == {"message": str(e.value), "type": "invalid_request_error", "param": e.value.param,
+                                            "code": status}
 
 
 def test_a_good_request_is_parsed():

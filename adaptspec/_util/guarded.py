@@ -65,7 +65,12 @@ import time
 import traceback
 from typing import Callable
 
-__all__ = ["GuardedThread"]
+__all__ = ["GuardedThread", "STALL_S"]
+
+#: the usual bound of a watched thread: seconds busy without progress before it is stalled. A
+#: round of a served model takes milliseconds to seconds, even on a busy CPU; a decode that
+#: reports no rounds must finish its whole output within it (``adaptspec serve --stall-timeout``)
+STALL_S = 60.0
 
 log = logging.getLogger("adaptspec.guarded")
 

@@ -29,6 +29,7 @@ from ..errors import AdaptspecError
 from ..speculator import check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
+from .._util.guarded import STALL_S
 from ._types import MAX_BLOCK_SIZE, block_sizes, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
@@ -37,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     start = p.add_argument_group("start here: the options most servers set")
     start.add_argument("--variant", action="append", metavar="NAME=SPEC",
                        help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
-                            "default policy: neural-linear over the bundled head when it fits the model, else ucb)")
+                            "default policy: neural-linear over the bundled head when it fits the model, else fi-ucb, "
+                            "UCB learning every block size a request's rounds reveal; the server says which at start)")
     start.add_argument("--log-dir", type=log_dir, default=None, metavar="DIR",
                        help="decision log directory (needed for /ab): new, or a decision log this server can append to "
                             "(every part readable, contexts of this server's width); anything else is refused at start")
@@ -126,7 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="how a round's time is split among its rows for their rewards: marginal (each row's "
                           "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
                           "or tokens (by block size; also used on other devices without --latency)")
-    bat.add_argument("--load-rule", default=None, metavar="RULE",
+    bat.add_argument("--load-rule", type=_load_rule_name, default=None, metavar="RULE",
                      help="the per-round block-size rule under load: learned (the default: one block "
                           "size a round for every row, learned from measured rounds, warm-started from the cost "
                           "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
@@ -142,7 +144,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
     lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
     lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
+    lim.add_argument("--stall-timeout", type=float_range(0, lo_open=True), default=STALL_S, metavar="S",
+                     help=f"seconds the decoding thread (the engine, or your speculator) may stay busy without "
+                          f"progress (a round; a decode that reports no rounds: the whole decode) before it is "
+                          f"declared stalled: the requests waiting on it get 503, new ones too, /health says stalled "
+                          f"(HTTP 503) and SIGTERM exits without it (default {STALL_S:g})")
     lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _load_rule_name(text: str) -> str:
+    """``--load-rule``'s value as given: an empty one is refused, not taken for the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty rule: give learned, goodput, fixed:B or none (or drop the flag "
+                                         "for the default, learned)")
+    return text
 
 
 def _shared_url(text: str) -> str:
@@ -278,6 +293,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
+        stall_s=args.stall_timeout,
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
         **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}))

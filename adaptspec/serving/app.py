@@ -25,7 +25,9 @@ Endpoints:
   each policy's learnt state).
 
 Bad requests get a 4xx with ``{"error": {"message", "type", "param", "code"}}``; they never
-reach a controller. A client that disconnects before its answer cancels its request (on the
+reach a controller. A request the server cannot complete gets a 503 with a reason in the
+server's words (:mod:`adaptspec.serving.responses`: no exception text, no path; the log has them).
+A client that disconnects before its answer cancels its request (on the
 batched engine its row leaves at the next round boundary: :mod:`adaptspec.serving.streaming`).
 Both POST endpoints go through one handler (:func:`create_app`'s ``answer``): read the body,
 check it, then stream it or answer it whole; the bodies are :mod:`adaptspec.serving.responses`.
@@ -34,21 +36,18 @@ controllers: queued updates applied, final checkpoints, logs rolled.
 """
 
 import asyncio
-import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 from .._util.numbers import finite
 from .bodies import ClientGone, read_body
 from .request import CompletionRequest, Output
-from .request_error import server_fault
-from .responses import ChatChunks, ChunkFormat, CompletionChunks, chat_body, completion_body, models_body
+from .responses import (ChatChunks, ChunkFormat, CompletionChunks, chat_body, completion_body, error_body, models_body,
+                        server_fault)
 from .service import CompletionService, RequestError
 from .streaming import complete, events
 
 __all__ = ["create_app"]
-
-log = logging.getLogger("adaptspec.serving")
 
 #: an endpoint's request check: (body, X-Adaptspec-Variant header) -> a checked request
 Parse = Callable[[bytes, "str | None"], CompletionRequest]
@@ -76,7 +75,7 @@ def create_app(service: CompletionService) -> Any:
     def error(e: RequestError) -> Any:
         if service.metrics is not None:
             service.metrics.rejected_request(e.status)
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
 
     async def answer(request: Request, parse: Parse,
                      whole: Callable[[CompletionRequest, Any, Output], dict[str, Any]],
@@ -99,9 +98,8 @@ def create_app(service: CompletionService) -> Any:
             done = await complete(request, service, req)  # None: the client went away (cancelled)
         except RequestError as e:
             return error(e)
-        except Exception as e:  # noqa: BLE001 - a defect: a 503 with the reason, keep serving
-            log.exception("request %s failed", req.request_id)
-            return error(server_fault(e))
+        except Exception as e:  # noqa: BLE001 - a defect: a 503 with a reason (logged), keep serving
+            return error(server_fault(e, req.request_id))
         if done is None:
             return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
         return JSONResponse(whole(req, *done))
@@ -123,7 +121,7 @@ def create_app(service: CompletionService) -> Any:
     @app.get("/metrics")
     async def metrics() -> Any:
         if service.metrics is None:
-            return JSONResponse(RequestError("metrics are off", 404).body(), status_code=404)
+            return JSONResponse(error_body(RequestError("metrics are off", 404)), status_code=404)
         data, ctype = service.metrics.render()
         return Response(data, media_type=ctype)
 
@@ -138,6 +136,6 @@ def create_app(service: CompletionService) -> Any:
     @app.get("/health")
     async def health(digest: int = 0) -> Any:
         h = await asyncio.get_running_loop().run_in_executor(None, service.health, bool(digest))
-        return JSONResponse(h, status_code=503 if h["status"] == "failed" else 200)
+        return JSONResponse(h, status_code=503 if h["status"] in ("failed", "stalled") else 200)
 
     return app

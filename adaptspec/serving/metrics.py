@@ -167,10 +167,10 @@ class _EngineCollector:
                                   "including waits for the interpreter lock held by other threads",
                                   value=s["rule_wall_s"])
         yield CounterMetricFamily("adaptspec_engine_failures", "Failures of the engine's thread (each failed the "
-                                  "requests in flight with a 503 and restarted it, or stopped it)",
+                                  "requests in flight with a 503 and restarted it, or stopped it) and its stalls",
                                   value=s["engine_failures"])
-        yield GaugeMetricFamily("adaptspec_engine_up", "1 while the engine's thread serves (ok or restarted), 0 once "
-                                "it stopped for good", value=s["engine_up"])
+        yield GaugeMetricFamily("adaptspec_engine_up", "1 while the engine's thread serves (ok or restarted), 0 "
+                                "while it is stalled and once it stopped for good", value=s["engine_up"])
         by_width = CounterMetricFamily("adaptspec_batch_rounds_by_width", "Batched rounds by rows in the round "
                                        "and the block every row was padded to (what a load rule chose, per load)",
                                        labels=["rows", "block_size"])

@@ -1,8 +1,9 @@
-"""The error a refused request gets: an HTTP status and one line naming the field and the value.
+"""The error a refused request gets: an HTTP status and one line naming the field and the value
+(its body: :func:`adaptspec.serving.responses.error_body`).
 
 >>> e = RequestError("max_tokens must be a positive integer, got -4", param="max_tokens")
->>> e.status, e.body()["error"]["type"]
-(400, 'invalid_request_error')
+>>> e.status, e.param
+(400, 'max_tokens')
 >>> short("x" * 100), len(short("x" * 100))
 ("'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...", 60)
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..errors import AdaptspecError
 
-__all__ = ["RequestError", "server_fault", "short"]
+__all__ = ["RequestError", "body_too_large", "short"]
 
 
 class RequestError(AdaptspecError):
@@ -25,10 +26,6 @@ class RequestError(AdaptspecError):
         self.status = status
         self.param = param
         self.headers = headers  # extra response headers (a 429's Retry-After)
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
 
 
 def short(v: Any, n: int = 60) -> str:
@@ -43,10 +40,3 @@ def body_too_large(service: Any, content_length: str | None) -> "RequestError | 
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         return RequestError(f"request body is {content_length} bytes; the limit is {limit}", 413)
     return None
-
-
-def server_fault(e: BaseException) -> RequestError:
-    """The 503 that an unexpected failure while running a request answers with (never a 500): one
-    line with the reason; the server keeps serving and the client may retry."""
-    return RequestError(f"the server could not complete this request ({type(e).__name__}: {short(str(e), 200)[1:-1]})",
-                        503)

@@ -1,5 +1,5 @@
 """Every body the server answers a request with, in one place: completions and chat completions,
-whole or as streamed chunks, and the model list.
+whole or as streamed chunks, the model list, and the errors.
 
 A whole answer is built from the checked request, its generation and its :class:`Output` (the text
 up to the first stop sequence); a stream's chunks by a :class:`ChunkFormat` (one per endpoint),
@@ -10,20 +10,61 @@ object (:func:`info`): what was decided and how it went.
 >>> req = CompletionRequest([1, 2, 3], 4, 0.0, None, False, "A", None)
 >>> usage(req, Output([5, 6], "hi", "length"))
 {'prompt_tokens': 3, 'completion_tokens': 2, 'total_tokens': 5}
+
+**Errors.** A refused request's body is :func:`error_body` of its
+:class:`~adaptspec.serving.request_error.RequestError`: a 4xx names the field and the client's own
+value; a 503 gives a reason in the server's own words. What failed inside (an exception's
+text: a speculator's, a policy's, an OSError naming a file) may carry a user's paths or
+secrets: it goes to the server's log, with the request's id, never into a body
+(:func:`unavailable`, :func:`server_fault`).
+
+>>> import logging; logging.getLogger("adaptspec.serving").disabled = True
+>>> e = unavailable("the speculator's decode failed on this request", RuntimeError("boom at /home/u/secret.txt"),
+...                 "cmpl-1")
+>>> error_body(e)["error"]["message"]
+"the speculator's decode failed on this request (the server's log has the error, request cmpl-1)"
+>>> logging.getLogger("adaptspec.serving").disabled = False
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .request import CompletionRequest, Output
+from .request_error import RequestError
 
 if TYPE_CHECKING:
     from ..control.generation import Generation
 
-__all__ = ["ChatChunks", "ChunkFormat", "CompletionChunks", "chat_body", "completion_body", "finish_reason", "info",
-           "models_body", "usage"]
+__all__ = ["ChatChunks", "ChunkFormat", "CompletionChunks", "chat_body", "completion_body", "error_body",
+           "finish_reason", "info", "models_body", "server_fault", "unavailable", "usage"]
+
+log = logging.getLogger("adaptspec.serving")
+
+
+def error_body(e: RequestError) -> dict[str, Any]:
+    """The body of a refused request, OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = "invalid_request_error" if e.status < 500 else "server_error"
+    return {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.status}}
+
+
+def unavailable(reason: str, error: BaseException | None = None, request_id: str | None = None) -> RequestError:
+    """The 503 of a request the server could not complete: ``reason`` in the server's own words;
+    ``error`` (what failed, whose text may name a user's paths) is logged with its traceback and
+    ``request_id``, and the reason says where to look."""
+    if error is None:
+        return RequestError(reason, 503)
+    log.error("request %s: %s", request_id or "-", reason, exc_info=error)
+    where = "the server's log has the error" + ("" if request_id is None else f", request {request_id}")
+    return RequestError(f"{reason} ({where})", 503)
+
+
+def server_fault(e: BaseException, request_id: str | None = None) -> RequestError:
+    """The 503 that an unexpected failure while running a request answers with (never a 500): a
+    reason, the error logged (:func:`unavailable`); the server keeps serving and the client may retry."""
+    return unavailable("the server could not complete this request", e, request_id)
 
 
 def finish_reason(decoded: str) -> str:

@@ -7,26 +7,36 @@ the one-request-at-a-time runner (:class:`~adaptspec.serving.engine.sequential.S
 a speculator of one's own). A runner gets what it needs when it is made (the variants'
 controllers) and reaches nothing of the service's; what a request needs travels in
 :meth:`Runner.run`'s signature: its stream callback, its stop condition and its cancellation.
+
+Each runs the decoding (adaptspec's engine, or a user's speculator) on a thread of its own whose
+progress a watchdog checks (:class:`~adaptspec._util.guarded.GuardedThread`'s ``stall_s``, default
+:data:`~adaptspec._util.guarded.STALL_S`, 60 s): busy with no progress (a round) for that long, the runner is stalled: the
+requests waiting on it get 503, new ones too, its ``health`` says ``stalled``, and its
+``close`` does not wait for it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .request_error import RequestError
+
 if TYPE_CHECKING:
     from ..control.generation import Generation
     from .cancelling import Cancellation
     from .request import CompletionRequest
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "answered", "resolve"]
 
 
 class Runner(Protocol):
     """Decodes checked requests through their variants' controllers."""
 
     @property
-    def health(self) -> dict[str, Any] | None:
-        """Its own state for ``/health`` (the engine thread's), or None when it has none."""
+    def health(self) -> dict[str, Any]:
+        """Its decoding thread's state for ``/health``: ``state`` (``ok``, ``degraded``, ``stalled``,
+        ``failed``), ``failures`` and ``last_error`` (:meth:`GuardedThread.report
+        <adaptspec._util.guarded.GuardedThread.report>`)."""
         ...
 
     def describe(self) -> str:
@@ -55,3 +65,16 @@ class Runner(Protocol):
     def close(self) -> None:
         """Finish what it holds and stop (the service closes the controllers after)."""
         ...
+
+
+def resolve(future: Any, result: Any) -> None:
+    """Settle an awaited request's ``future`` with ``result`` (on the event loop), unless it is settled."""
+    if not future.done():
+        future.set_result(result)
+
+
+def answered(result: "Generation | RequestError") -> "Generation":
+    """A runner's answer to a request: the generation, or its refusal raised."""
+    if isinstance(result, RequestError):
+        raise result
+    return result

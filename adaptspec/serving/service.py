@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from .._util.guarded import STALL_S
 from ..errors import AdaptspecError
 from .cancelling import Cancellation
 from .codec import Codec
@@ -25,7 +26,7 @@ from .openai_models import ChatRequest, GenerationOptions, validate
 from .request_error import RequestError
 from .request_error import short as _short
 from .request import CompletionRequest, Output
-from .responses import finish_reason
+from .responses import finish_reason, unavailable
 from .router import ABRouter
 from .runner import Runner
 
@@ -103,7 +104,8 @@ class CompletionService:
     def build(cls, speculator: "BlockSpeculator", variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
               log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
               limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
-              engine: "EngineSettings | None" = None, **controller_options: Any) -> "CompletionService":
+              engine: "EngineSettings | None" = None, stall_s: float = STALL_S,
+              **controller_options: Any) -> "CompletionService":
         """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
 
         ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
@@ -115,7 +117,8 @@ class CompletionService:
         :class:`~adaptspec.serving.engine.batched.EngineSettings` (default: 8 rows, queue 64); any other
         speculator one request at a time through its controllers
         (:class:`~adaptspec.serving.engine.sequential.SequentialRunner`), which alone re-decides inside a
-        request (``redecide_every``).
+        request (``redecide_every``). Either decodes on a watched thread: busy ``stall_s`` seconds
+        with no progress (a round), it is stalled (:mod:`adaptspec.serving.runner`).
         """
         from ..control.controller import AdaptiveController
         from .engine.batched import EngineSettings, batched_runner
@@ -130,8 +133,10 @@ class CompletionService:
         if not batched and engine is not None:
             raise AdaptspecError(f"engine settings apply to adaptspec's own target and drafter; a "
                                  f"{type(speculator).__name__} is served one request at a time")
+        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+            raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
         if not batched:
-            speculator = HaltableSpeculator(speculator)  # a stop sequence ends decoding (see serving.engine.halting)
+            speculator = HaltableSpeculator.around(speculator)  # a stop sequence ends decoding (serving.engine.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, AdaptiveController] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
@@ -143,8 +148,8 @@ class CompletionService:
                     speculator, spec, variant=name, log_dir=log_dir,
                     checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name,
                     **({"decide_on_caller": True} if batched else {}) | controller_options)  # the engine's thread decides
-            runner: Runner = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings())
-                           if batched else SequentialRunner(controllers))
+            runner: Runner = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings(),
+                                             stall_s) if batched else SequentialRunner(controllers, stall_s))
         except BaseException:
             for c in controllers.values():
                 c.close()
@@ -367,18 +372,15 @@ class CompletionService:
             variants[name] = v
         failing = any(v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
                       for v in variants.values())
-        engine = self.runner.health  # the batched engine's thread (None: no engine)
-        if engine is not None and engine["state"] == "failed":
-            status = "failed"  # it stopped for good: every request gets a 503 until a restart
+        engine = self.runner.health  # the decoding thread's: the batched engine's, or a speculator of one's own
+        if engine["state"] in ("failed", "stalled"):
+            status = engine["state"]  # stopped for good, or stuck: every request gets a 503 (HTTP 503 here too)
         elif self._closed:
             status = "closing"
         else:
-            status = "degraded" if failing or (engine is not None and engine["state"] != "ok") else "ok"
-        out = {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
-               "variants": variants}
-        if engine is not None:
-            out["engine"] = engine
-        return out
+            status = "degraded" if failing or engine["state"] != "ok" else "ok"
+        return {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
+                "variants": variants, "engine": engine}
 
     def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:
         """The live A/B report over the decision log (see :mod:`adaptspec.analysis.ab`)."""
@@ -389,7 +391,7 @@ class CompletionService:
         try:
             rows = self._log_rows()
         except AdaptspecError as e:  # a part that is not a readable file: the report cannot be made now
-            raise RequestError(f"the decision log cannot be read: {e}", 503) from None
+            raise unavailable("the decision log cannot be read now, so there is no A/B report", e) from None
         policies = {}
         if ope:
             for name, c in self.controllers.items():
@@ -427,9 +429,10 @@ class CompletionService:
             if self._closed:
                 return
             self._closed = True
-        self.runner.close()  # requests in the engine finish first
+        self.runner.close()  # requests in the engine finish first; a stalled runner is left behind
+        stalled = self.runner.health["state"] == "stalled"
         for c in self.controllers.values():
-            c.close()
+            c.close(**({"timeout": 0.0} if stalled else {}))  # a stuck decode is never waited for
 
 
 def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:

@@ -27,8 +27,8 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from .cancelling import Cancellation
-from .request_error import RequestError, server_fault
-from .responses import ChunkFormat
+from .request_error import RequestError
+from .responses import ChunkFormat, error_body, server_fault
 from .service import CompletionRequest, CompletionService, Output
 from .stops import StopStream
 
@@ -150,10 +150,9 @@ async def events(service: CompletionService, req: CompletionRequest, fmt: ChunkF
                 return
             else:
                 ended = True
-                if not isinstance(value, RequestError):  # a defect: logged here, a 503 with the reason in the stream
-                    log.error("request %s failed", req.request_id, exc_info=value)
-                e = value if isinstance(value, RequestError) else server_fault(value)
-                yield sse(e.body())
+                # a defect: a 503 with a reason in the stream (server_fault logs the error)
+                e = value if isinstance(value, RequestError) else server_fault(value, req.request_id)
+                yield sse(error_body(e))
                 yield "data: [DONE]\n\n"
                 return
     finally:  # the response was abandoned (client gone: the task cancelled, or the generator closed)

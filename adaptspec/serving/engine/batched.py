@@ -43,12 +43,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from ..._util.guarded import STALL_S
 from ...control.controller import AdaptiveController
 from ...errors import AdaptspecError
 from ...speculator import LoadState, Outcome, SharedRounds
 from ..cancelling import Cancellation
 from .loop import EngineFailed, EngineLoop, QueueFull, Reservation, Ticket
 from ..request_error import RequestError
+from ..responses import unavailable
+from ..runner import answered, resolve
 
 if TYPE_CHECKING:
     from ...control.generation import Generation
@@ -150,7 +153,7 @@ class BatchedRunner:
             try:
                 d = ctrl.decide(features, request_id=req.request_id, load=load_at_join(self.loop, req))
             except Exception as e:  # the controller's fault, not the prompt's: a 503 below
-                decided["error"] = f"{type(e).__name__}: {e}"
+                decided["error"] = e
                 raise
             decided["decision"], decided["decide_s"] = d, time.perf_counter() - t0
             return int(d.block_size)
@@ -186,8 +189,8 @@ class BatchedRunner:
             if isinstance(e, EngineFailed):
                 return RequestError(str(e), 503)
             if "error" in decided:
-                return RequestError(f"variant {req.variant}'s controller could not decide this request "
-                                    f"({decided['error']})", 503)
+                return unavailable(f"variant {req.variant}'s controller could not decide this request",
+                                   decided["error"], req.request_id)
             if "decision" not in decided:  # the prefill refused the prompt
                 return RequestError(str(e), param="prompt")
             # after the decision (cancelled: the client went away): it stays pending and is logged
@@ -202,10 +205,10 @@ class BatchedRunner:
         try:
             fed = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
-            return RequestError(f"the decision log cannot be written, the request was not recorded: {e}", 503)
-        except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with the reason, the server keeps serving
-            return RequestError(f"variant {req.variant}'s controller could not record this request "
-                                f"({type(e).__name__}: {e})", 503)
+            return unavailable("the decision log cannot be written, the request was not recorded", e, req.request_id)
+        except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with a reason, the server keeps serving
+            return unavailable(f"variant {req.variant}'s controller could not record this request", e,
+                               req.request_id)
         overhead = decided["decide_s"] + time.perf_counter() - t0
         queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join
         return Generation(outcome, decision, [decision], [fed.reward], prefill_s=queued_prefill, overhead_s=overhead)
@@ -223,7 +226,7 @@ class BatchedRunner:
         except EngineFailed as e:
             if not result:
                 raise RequestError(str(e), 503) from None
-        return _answer(result[0] if result else RequestError("the engine stopped before this request finished", 503))
+        return answered(result[0] if result else RequestError("the engine stopped before this request finished", 503))
 
     async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
                         stop_when: Callable[[], bool] | None = None,
@@ -237,7 +240,7 @@ class BatchedRunner:
 
         def deliver(result: Any) -> None:  # on the engine's thread
             try:
-                loop.call_soon_threadsafe(_resolve, settled, result)
+                loop.call_soon_threadsafe(resolve, settled, result)
             except RuntimeError:  # the event loop is gone (shutdown): nobody is waiting any more
                 pass
 
@@ -247,25 +250,15 @@ class BatchedRunner:
         except asyncio.TimeoutError:
             ticket.cancel()
             raise RequestError(f"the request did not finish within {self.loop.request_timeout_s:g} s", 503) from None
-        return _answer(result)
+        return answered(result)
 
-
-def _resolve(future: Any, result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _answer(result: "Generation | RequestError") -> "Generation":
-    if isinstance(result, RequestError):
-        raise result
-    return result
 
 
 def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController], variants: list[str],
-                   log_dir: Any, settings: EngineSettings) -> BatchedRunner:
+                   log_dir: Any, settings: EngineSettings, stall_s: float = STALL_S) -> BatchedRunner:
     """One batched engine over ``speculator``'s target and drafter, deciding through ``controllers``
     (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
-    records go, or None)."""
+    records go, or None); ``stall_s``: its watchdog's bound (:class:`EngineLoop`)."""
     from .round_rule import RoundRule
 
     from ...batching import BatchEngine
@@ -287,7 +280,7 @@ def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController
         adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
     loop = EngineLoop(engine, max_queue=s.max_queue, attribution=s.attribution,
                       profile=None if s.profile is None else get_profile(s.profile), rule=adapter,
-                      switchback=switchback, threads=s.threads)
+                      switchback=switchback, threads=s.threads, stall_s=stall_s)
     return BatchedRunner(loop, controllers)
 
 

@@ -9,7 +9,7 @@ that calls the controller) is true, and reports what was committed up to there a
 only fewer rounds run: the outcome is the prefix of the full decode up to that round.
 
 >>> from adaptspec.serving.tiny import tiny_speculator
->>> spec = HaltableSpeculator(tiny_speculator(0)[0])
+>>> spec = HaltableSpeculator.around(tiny_speculator(0)[0])
 >>> pre = spec.prefill([72, 105])
 >>> full = spec.decode(pre, 4, 20)
 >>> seen = []
@@ -17,6 +17,13 @@ only fewer rounds run: the outcome is the prefix of the full decode up to that r
 ...     out = spec.decode(pre, 4, 20, on_round=lambda new, r: seen.extend(new))
 >>> out.finish_reason, out.tokens == full.tokens[: len(out.tokens)], 6 <= len(out.tokens) < 6 + 4
 ('stop', True, True)
+
+The wrapper made by :meth:`HaltableSpeculator.around` is named as the speculator it wraps, so
+every message that names the speculator (the controller's checks, ``serve``'s refusals) names
+the user's class, not this one:
+
+>>> type(spec).__name__, isinstance(spec, HaltableSpeculator)
+('SpeculativeDecoder', True)
 """
 
 from __future__ import annotations
@@ -53,6 +60,13 @@ class HaltableSpeculator:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+
+    @classmethod
+    def around(cls, inner: Any) -> "HaltableSpeculator":
+        """``inner`` made haltable, by a subclass of this one that bears the name of ``inner``'s class."""
+        name = type(inner).__name__
+        named = type(name, (cls,), {"__qualname__": name, "__module__": cls.__module__, "__doc__": cls.__doc__})
+        return named(inner)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -16,7 +16,19 @@ flight or queued with :class:`EngineFailed` (a server answers 503 with the reaso
 engine (:meth:`BatchEngine.reset <adaptspec.batching.engine.BatchEngine.reset>`) and restarts
 the loop; ``max_failures`` failures within ``failure_window_s`` seconds stop it for good (every
 submission then raises :class:`EngineFailed`). :meth:`~EngineLoop.wait` waits at most
-``request_timeout_s``; :attr:`~EngineLoop.health` says ``ok``, ``degraded`` or ``failed``.
+``request_timeout_s``; :attr:`~EngineLoop.health` says ``ok``, ``degraded``, ``stalled`` or ``failed``.
+A reason a client gets names what happened, never an exception's text (which may carry a user's
+paths): the log has that.
+
+**Stalls.** A round that never returns (a target forward stuck in a kernel, a callback blocked)
+raises nothing. The loop beats its guard's watchdog at every round boundary
+(:class:`~adaptspec._util.guarded.GuardedThread`, ``stall_s``, default
+:data:`~adaptspec._util.guarded.STALL_S`, 60 s): busy with
+no round finished for ``stall_s`` seconds, the engine is stalled: every request in flight or
+queued gets :class:`EngineFailed` (503) from the watchdog's thread, every new one is refused with
+503, /health says ``stalled`` (HTTP 503), and :meth:`~EngineLoop.close` does not wait for it (the
+thread is a daemon: SIGTERM exits). If the round returns after all, the loop resets the engine
+(the rows it held were answered) and serves again.
 
 Callbacks run on the loop thread between rounds: keep them short (hand the tokens to another
 thread or an event loop). A ticket's ``stop_when()`` is asked after its tokens are streamed:
@@ -62,7 +74,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from ..._util.guarded import GuardedThread
+from ..._util.guarded import STALL_S, GuardedThread
 from ...errors import AdaptspecError
 from ...reward.attribution import ATTRIBUTIONS, attribute
 from ...reward.load_scale import OneRowScale
@@ -156,11 +168,14 @@ class Ticket:
             raise EngineFailed("the request ended before the engine took it")
         return self.handle.result()
 
-    def complete(self) -> None:
-        """The request has ended (its handle is done, or ``error`` is set): run ``on_done``, then wake
-        its waiters. A failing ``on_done`` is logged and fails this request alone."""
+    def complete(self, error: AdaptspecError | None = None) -> None:
+        """The request has ended (its handle is done, or it failed with ``error``): run ``on_done``,
+        then wake its waiters; once (a later call, from any thread, does nothing). A failing
+        ``on_done`` is logged and fails this request alone."""
         if not self.settled.acquire(blocking=False):
-            return  # another thread is completing it (a dead engine seen by a waiter, and the loop's own end)
+            return  # completed already (a stalled engine's watchdog, a waiter seeing a dead engine, the loop's end)
+        if error is not None:
+            self.error = error
         if self.on_done is not None:
             try:
                 self.on_done(self)
@@ -186,12 +201,16 @@ class EngineLoop:
     def __init__(self, engine: "BatchEngine", max_queue: int = 64, attribution: str = "marginal",
                  profile: "LatencyProfile | None" = None, rule: EngineRule | None = None,
                  switchback: "Switchback | None" = None, threads: int | None = None,
-                 request_timeout_s: float = 600.0, max_failures: int = 3, failure_window_s: float = 60.0) -> None:
+                 request_timeout_s: float = 600.0, max_failures: int = 3, failure_window_s: float = 60.0,
+                 stall_s: float = STALL_S) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
             raise AdaptspecError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
+        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+            raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
         self.request_timeout_s = float(request_timeout_s)
+        self.stall_s = float(stall_s)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise AdaptspecError(f"threads must be an int >= 1, got {threads!r}")
         self.threads = threads
@@ -231,9 +250,10 @@ class EngineLoop:
         self.round_s_ewma: float | None = None
         # one guarded thread: a failure outside a request's own checks fails every request in flight
         # with a 503, resets the engine and restarts the loop; max_failures within failure_window_s
-        # stop it for good (submissions then get EngineFailed: the server answers 503)
+        # stop it for good (submissions then get EngineFailed: the server answers 503); no round
+        # finished for stall_s seconds while busy: stalled (see the module docstring)
         self._guard = GuardedThread("adaptspec-engine", self._run, self._failed, max_failures=max_failures,
-                                    window_s=failure_window_s, logger=log)
+                                    window_s=failure_window_s, logger=log, stall_s=stall_s, on_stall=self._stalled)
         self._guard.start()
 
     # ------------------------------------------------------------------ any thread
@@ -284,8 +304,10 @@ class EngineLoop:
 
     def _check_open(self) -> None:  # with the lock held
         if self._guard.gave_up:
-            raise EngineFailed(f"the engine has stopped after repeated failures (last: {self._guard.last_error}); "
+            raise EngineFailed("the engine has stopped after repeated failures (the server's log has them); "
                                "this server cannot decode until it is restarted")
+        if self._guard.stalled:
+            raise self._stall_error()
         if self._closed:
             raise EngineFailed("the server is shutting down")
 
@@ -296,10 +318,7 @@ class EngineLoop:
         deadline = time.monotonic() + limit
         while not ticket.done.is_set():
             if not self._guard.alive:  # the loop has ended (closed, or stopped for good): nobody will finish it
-                last = self._guard.last_error
-                ticket.error = EngineFailed("the engine stopped before this request finished"
-                                            + ("" if last is None else f" ({last})"))
-                ticket.complete()
+                ticket.complete(EngineFailed("the engine stopped before this request finished"))
             elif time.monotonic() >= deadline:
                 ticket.cancel()
                 raise EngineFailed(f"the request did not finish within {limit:g} s")
@@ -310,8 +329,10 @@ class EngineLoop:
     @property
     def health(self) -> dict[str, Any]:
         """The engine thread's state for /health: ``ok``, ``degraded`` (failed and restarted within the
-        failure window) or ``failed`` (stopped for good), its failures and the last error."""
-        return {"state": self._guard.state, "failures": self._guard.failures, "last_error": self._guard.last_error}
+        failure window), ``stalled`` (no round finished for ``stall_s`` while busy) or ``failed``
+        (stopped for good), its failures (stalls included) and the last one's kind
+        (:meth:`GuardedThread.report <adaptspec._util.guarded.GuardedThread.report>`)."""
+        return self._guard.report()
 
     @property
     def free_rows(self) -> int:
@@ -333,7 +354,7 @@ class EngineLoop:
                 "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
                 "rule_wall_s": 0.0 if self.rule is None else self.rule.busy_wall_s,
                 "rounds_by_width": dict(self.rounds_by_width), "engine_failures": self._guard.failures,
-                "engine_up": int(not self._guard.gave_up)}
+                "engine_up": int(not (self._guard.gave_up or self._guard.stalled))}
 
     @property
     def queue_length(self) -> int:
@@ -341,12 +362,16 @@ class EngineLoop:
         return self._inbox_n + len(self.engine.waiting)
 
     def close(self, timeout: float = 120.0) -> None:
-        """Finish what was submitted, then stop the thread (whatever it left unfinished fails)."""
+        """Finish what was submitted, then stop the thread (whatever it left unfinished fails); at most
+        ``timeout`` seconds, and no longer than the engine progresses: a stalled one is left behind
+        (its requests were answered; the thread is a daemon)."""
         with self._lock:
             self._closed = True
         self._wake.set()
-        self._guard.join(timeout)
-        if self._guard.alive:
+        self._guard.join_unless_stalled(timeout)
+        if self._guard.stalled:
+            log.error("the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s)
+        elif self._guard.alive:
             log.error("the engine thread did not finish within %.0f s of the shutdown", timeout)
         else:
             self._fail_everything(EngineFailed("the server shut down before this request finished"))
@@ -371,8 +396,7 @@ class EngineLoop:
             try:
                 ticket.handle = self.engine.submit(ids, block_size=b, max_new_tokens=n, temperature=t, seed=seed)
             except AdaptspecError as e:
-                ticket.error = e
-                ticket.complete()
+                ticket.complete(e)
                 continue
             if ticket.cancelled:
                 ticket.handle.cancel()
@@ -384,11 +408,17 @@ class EngineLoop:
 
             torch.set_num_threads(self.threads)  # this thread's own intra-op team (see the module docstring)
         while True:
+            if self._guard.idle():  # stalled while streaming its last tokens: those requests were answered
+                self._after_stall()
             self._wake.wait()
             self._wake.clear()
+            self._guard.beat()
             self._take_submissions()
             while self.engine.busy:
                 record = self.engine.step()  # a defect raises to the guard: see _failed
+                if self._guard.beat():  # a round that outlived stall_s: its requests were answered 503
+                    self._after_stall()
+                    continue
                 if record is not None:
                     self._attribute(record)
                     self.rounds += 1
@@ -398,6 +428,8 @@ class EngineLoop:
                     self.round_s_ewma = record.round_s if self.round_s_ewma is None else (
                         (1 - a) * self.round_s_ewma + a * record.round_s)
                 self._stream()
+                if self._guard.beat():  # a callback (a stream, a feedback) that outlived stall_s
+                    self._after_stall()
                 self._take_submissions()
             self._stream()
             with self._lock:
@@ -465,9 +497,39 @@ class EngineLoop:
 
     def _failed(self, message: str) -> None:
         """After the loop thread failed (on that thread, from the guard): fail every request in
-        flight or queued with a 503 saying why, and reset the engine (rows dropped, KV slots freed)."""
-        what = "the engine has stopped" if self._guard.gave_up else "the engine was restarted"
-        self._fail_everything(EngineFailed(f"the engine failed ({message}); {what} and this request was dropped: retry"))
+        flight or queued with a 503 saying so (the error's message, logged by the guard, may carry
+        a user's paths: not for clients), and reset the engine (rows dropped, KV slots freed)."""
+        what = "it has stopped" if self._guard.gave_up else "it was restarted"
+        self._fail_everything(EngineFailed(f"the engine failed (the server's log has the error); {what} and this "
+                                           "request was dropped: retry"))
+
+    def _stall_error(self) -> EngineFailed:
+        return EngineFailed(f"the engine has finished no round for {self.stall_s:g} s (stalled; the server's log "
+                            "shows where): requests get 503 until it moves again or the server is restarted")
+
+    def _stalled(self, message: str) -> None:
+        """On the watchdog's thread, once the engine is stalled: answer every request in flight or
+        queued with a 503. The engine itself is the stuck thread's: not touched here (see _after_stall)."""
+        error = self._stall_error()
+        while True:  # submitted, not yet taken by the (stuck) loop
+            try:
+                ticket, _ = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            with self._lock:
+                self._inbox_n -= 1
+            ticket.complete(error)
+        for t in list(self._tickets):
+            t.complete(error)
+
+    def _after_stall(self) -> None:
+        """On the loop thread, back from work that outlived ``stall_s``: its requests were answered
+        (:meth:`_stalled`); drop them from the engine (rows failed, KV slots freed) and serve again."""
+        error = self._stall_error()
+        self.engine.reset(error)
+        for t in self._tickets:
+            t.complete(error)  # answered already: nothing happens, unless it joined since
+        self._tickets = []
 
     def _fail_everything(self, error: AdaptspecError) -> None:
         while True:  # submitted, not yet taken
@@ -481,7 +543,6 @@ class EngineLoop:
         self.engine.reset(error)
         for t in self._tickets:
             h = t.handle
-            if not (h is not None and h.done and h.error is None):  # one that finished keeps its outcome
-                t.error = error
-            t.complete()
+            finished = h is not None and h.done and h.error is None  # one that finished keeps its outcome
+            t.complete(None if finished else error)
         self._tickets = []
