@@ -26,7 +26,7 @@ LAYERS = [
     {"decoding"},
     {"models", "batching"},
     {"policies"},
-    {"analysis", "load_rules"},  # served-log analysis and its statistics (which the A/B simulation uses); load rules
+    {"analysis", "load_rules", "host"},  # served-log analysis and its statistics (which the A/B simulation uses); load rules; the host's measured costs
     {"collect", "simulators"},
     {"control", "fleet"},
     {"evaluation", "serving"},

@@ -1,0 +1,93 @@
+"""Block sizes and dtypes priced by this host's curve; the bundled head's prior re-priced by it.
+
+With ``a(B)`` the tokens a round commits at block size ``B`` (its acceptance length) and
+``c(B)`` what a round costs on this host, a request decodes ``a(B) / c(B)`` tokens a second:
+:func:`expected_speeds`, :func:`best_block_size`. Plain decoding (``B = 1``) commits one token a
+round, so speculating pays only where some ``a(B) / c(B) > 1 / c(1)``.
+
+A head (:class:`~adaptspec.policies.offline_head.HeadModel`) predicts each block size's reward
+``-1000 c0(B) / a(B)`` (minus ms per token) with the costs ``c0`` of the profile its training rewards
+were timed with. :func:`reprice_head` keeps its acceptance model and swaps the costs: every arm's
+prediction times ``k(B) = c(B) / c0(B)``, an exact rewrite of the output layer (and of its
+validation errors, which NeuralLinear's prior is made of), the hidden layers untouched.
+
+>>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> flat = LatencyProfile("flat", CostCurve((1,), (0.0,)), CostCurve((1.0, 4.0), (0.040, 0.048)))
+>>> steep = LatencyProfile("steep", CostCurve((1,), (0.0,)), CostCurve((1.0, 4.0), (0.040, 0.102)))
+>>> tau = {1: 1.0, 2: 1.4, 4: 1.67}
+>>> best_block_size(flat, tau), best_block_size(steep, tau)   # 1.67/1.2 = 1.39x plain; 1.67/2.55 < 1
+(4, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import AdaptspecError
+from ..reward.latency import LatencyProfile
+
+
+def expected_speeds(profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1) -> dict[int, float]:
+    """Tokens a second of one request at each block size of ``tokens_per_round`` (``a(B)``), with
+    ``rows`` rows in every round, at the profile's reference context."""
+    out = {}
+    for b, a in sorted(tokens_per_round.items()):
+        if not (a >= 1 and np.isfinite(a)):
+            raise AdaptspecError(f"block size {b}: a round commits at least one token, got {a}")
+        out[int(b)] = float(a) / float(profile.round_s(int(b), None, rows))
+    return out
+
+
+def best_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1) -> int:
+    """The block size of the most tokens a second (the smallest of equals)."""
+    speeds = expected_speeds(profile, tokens_per_round, rows)
+    top = max(speeds.values())
+    return min(b for b, s in speeds.items() if s >= top * (1 - 1e-12))
+
+
+def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float]) -> str:
+    """The dtype whose best block size decodes one request fastest (the first of equals)."""
+    if not profiles:
+        raise AdaptspecError("no dtype was timed")
+    best = {d: max(expected_speeds(p, tokens_per_round).values()) for d, p in profiles.items()}
+    return max(best, key=lambda d: best[d])
+
+
+def prior_tokens_per_round(arms: tuple[int, ...]) -> dict[int, float]:
+    """The bundled drafter's mean acceptance length at each of ``arms`` that the bundled trace set
+    (the public benchmark prompts, which its head was trained on) recorded."""
+    from ..traces import DEFAULT_TRACES, load_traces
+
+    traces = load_traces(DEFAULT_TRACES)
+    tau = np.nanmean(traces.tau_matrix(), axis=0)
+    recorded = {int(b): float(t) for b, t in zip(traces.arm_array, tau)}
+    return {b: recorded[b] for b in arms if b in recorded}
+
+
+def cost_ratios(timed_on: LatencyProfile, host: LatencyProfile, arms: tuple[int, ...]) -> np.ndarray:
+    """``k(B) = c(B) / c0(B)``: a round at each arm on ``host`` over one on ``timed_on`` (one row,
+    each at its reference context)."""
+    b = np.asarray(arms, dtype=np.float64)
+    return np.asarray(host.round_s(b), dtype=np.float64) / np.asarray(timed_on.round_s(b), dtype=np.float64)
+
+
+def reprice_head(head: Any, timed_on: LatencyProfile, host: LatencyProfile, timings: str) -> Any:
+    """``head`` (a regression head of minus-ms-per-token rewards timed on ``timed_on``) with every
+    arm's prediction multiplied by :func:`cost_ratios` (see the module docstring); ``timings``
+    names the host's profile in its info (the controller's machine-speed reference and the profile
+    its counterfactuals are priced with). In standardised units ``s = (r - m) / v`` the rewrite is
+    ``s' = k s + (k - 1) m / v``; the validation errors scale by ``k``."""
+    if head.mode != "regression" or head.info.get("reward") not in (None, "token_latency"):
+        raise AdaptspecError("only a regression head of token_latency rewards can be re-priced")
+    k = cost_ratios(timed_on, host, head.arms)
+    W, b = head.layers[-1]
+    shift = (k - 1.0) * head.reward_mean / head.reward_scale
+    layers = [*head.layers[:-1], (W * k[:, None], b * k + shift)]
+    mse = None if head.val_mse is None else np.asarray(head.val_mse) * k ** 2
+    cov = None if head.val_cov is None else np.asarray(head.val_cov) * np.outer(k, k)
+    info = {**head.info, "timings": timings, "repriced_from": head.info.get("timings"),
+            "cost_ratios": [round(float(x), 6) for x in k]}
+    return dataclasses.replace(head, layers=layers, val_mse=mse, val_cov=cov, info=info)
