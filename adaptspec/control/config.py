@@ -61,6 +61,7 @@ class ControllerConfig:
     shared: Any = None
     load_features: bool = False
     feature_dim: int | None = None
+    prefix_drafts: bool = False
 
     def __post_init__(self) -> None:
         self._check()
@@ -87,6 +88,8 @@ class ControllerConfig:
             raise AdaptspecError(f"seed must be an integer or None, got {self.seed!r}")
         if not (callable(self.reward) or isinstance(self.reward, str)):
             raise AdaptspecError(f"reward must be a reward name or a function of the outcome, got {self.reward!r}")
+        if not isinstance(self.prefix_drafts, (bool, np.bool_)):
+            raise AdaptspecError(f"prefix_drafts must be True or False, got {self.prefix_drafts!r}")
         if not isinstance(self.load_features, (bool, np.bool_)):
             raise AdaptspecError(f"load_features must be True or False, got {self.load_features!r}")
         if self.variant is not None and not isinstance(self.variant, str):

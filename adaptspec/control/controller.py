@@ -225,6 +225,11 @@ class AdaptiveController:
         (default False). It widens the context by 5, so it is chosen when the policy is
         created: a policy, checkpoint or decision log made without it does not fit. Then every
         :meth:`decide` needs ``load``; :meth:`generate` gives its own (one row, no queue).
+    prefix_drafts
+        For an engine (no speculator; a speculator declares its own): every round drafts one
+        block and verifies a prefix of it, as vLLM's speculative methods under
+        :mod:`adaptspec.vllm` do, so every shorter block size's counterfactual outcome is exact
+        (not marked approximate; docs/controller.md, *Full information*). Default False.
     """
 
     def __init__(self, speculator: Any, policy: Any = None, *, arms: Sequence[int] | None = None,
@@ -236,7 +241,7 @@ class AdaptiveController:
                  round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
                  roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
                  blas_threads: int | None = 1, shared: Any = None, load_features: bool = False,
-                 feature_dim: int | None = None, max_pending: int = 10_000) -> None:
+                 feature_dim: int | None = None, max_pending: int = 10_000, prefix_drafts: bool = False) -> None:
         settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
         self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
         self.shape = shape = _decoder_shape(speculator, cfg)
@@ -582,11 +587,14 @@ def _decoder_shape(speculator: Any, cfg: ControllerConfig) -> DecoderShape:
         if cfg.arms is None:
             raise AdaptspecError("AdaptiveController(None, ...) is a controller for an engine that decodes by itself: "
                                  "it needs arms, the block sizes the engine can decode (AdaptiveController.for_engine)")
-        shape = engine_shape(cfg.arms, cfg.feature_dim)
+        shape = engine_shape(cfg.arms, cfg.feature_dim, cfg.prefix_drafts)
         if cfg.redecide_every is not None or cfg.round_rule is not None:
             raise AdaptspecError("redecide_every and round_rule run inside generate(): a controller for an engine "
                                  "(no speculator) has none; the engine applies its own per-round rule")
         return shape
+    if cfg.prefix_drafts:
+        raise AdaptspecError("prefix_drafts is for an engine's controller (no speculator): a speculator declares "
+                             "its own prefix_drafts attribute")
     shape = speculator_shape(speculator, cfg.feature_dim)
     if not shape.per_round:
         option = (f"redecide_every={cfg.redecide_every}" if cfg.redecide_every is not None else

@@ -94,16 +94,19 @@ def speculator_shape(speculator: Any, feature_dim: int | None = None) -> Decoder
                         bool(flags["per_round"]), prefix_drafts=bool(flags["prefix_drafts"]))
 
 
-def engine_shape(arms: Sequence[int] | None, feature_dim: int | None = None) -> DecoderShape:
+def engine_shape(arms: Sequence[int] | None, feature_dim: int | None = None,
+                 prefix_drafts: bool = False) -> DecoderShape:
     """The :class:`DecoderShape` of an engine that decodes by itself: the block sizes it can
-    decode (``arms``, required) and the width of its prefill features (None: fixed by the first
-    ``decide``)."""
+    decode (``arms``, required), the width of its prefill features (None: fixed by the first
+    ``decide``) and whether every round drafts one block and verifies a prefix of it
+    (``prefix_drafts``: every shorter arm's counterfactual is exact)."""
     if arms is None or isinstance(arms, (str, bytes)) or not all(_is_int(a) for a in arms):
         raise AdaptspecError(f"an engine's controller needs arms, the block sizes the engine can decode "
                              f"(a list of integers), got {arms!r}")
     checked = check_block_sizes([int(a) for a in arms], max(int(a) for a in arms) if len(arms) else 1,
                                 name=f"arms {list(arms)}")
-    return DecoderShape("engine", checked[-1], _width(feature_dim, "feature_dim"), False, checked, speculator=False)
+    return DecoderShape("engine", checked[-1], _width(feature_dim, "feature_dim"), False, checked, speculator=False,
+                        prefix_drafts=bool(prefix_drafts))
 
 
 def _call_fault(fn: Any, positional: int, keywords: tuple[str, ...]) -> str | None:
