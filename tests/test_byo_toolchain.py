@@ -471,3 +471,17 @@ def test_collect_with_a_drafter_of_max_block_8_and_no_arms_collects_the_default_
                  "--limit", "2", "--max-new-tokens", "6", "--threads", "1", "--dtype", "float32"]) == 0
     ts = TraceSet.read(tmp_path / "t")
     assert ts.arms == (1, 2, 4, 6, 8) and ts.n_requests == 2
+
+
+@pytest.mark.slow
+def test_serve_chat_on_a_target_without_a_tokenizer_is_refused_at_start():
+    # it started, then answered every chat request 400 (issue 46, item 17)
+    from adaptspec.cli.serve import build
+
+    pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
+    args = build_parser("serve").parse_args(["serve", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
+                                             "--chat", "--port", "0"])
+    with pytest.raises(AdaptspecError, match=r"--chat wraps prompts in the target's chat template, but --target \S+ has "
+                                             r"no tokenizer \(its prompts are token ids\): drop --chat") as e:
+        build(args).close()
+    assert "\n" not in str(e.value)

@@ -271,6 +271,9 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
 
         speculator = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, verification=args.verification)
         tok = speculator.target.tokenizer
+        if tok is None and args.chat:  # else the server starts, then answers every chat request 400
+            raise AdaptspecError(f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
+                                 "tokenizer (its prompts are token ids): drop --chat, or add the tokenizer's files")
         codec = None if tok is None else HFCodec(tok, chat=args.chat)
         model_name = str(args.target or "smollm2-135m-instruct")
         max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
