@@ -32,11 +32,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .._util.outputs import check_output
-    from ..models.vllm_export import SHIPPED_DFLASH_DRAFTER, export_drafter, export_target
+    from ..models.vllm_export import SHIPPED_DFLASH_DRAFTER, export_drafter, export_target, read_dflash_drafter
 
     if args.target is not None and args.drafter is None:
         raise AdaptspecError("--target: a custom target needs its own drafter (--drafter DIR)")
     drafter = args.drafter or SHIPPED_DFLASH_DRAFTER
+    read_dflash_drafter(drafter)  # a drafter that cannot be exported is refused before the target is written
     target_out, drafter_out = args.out / "target", args.out / "drafter"
     for path, kind in ((target_out, "model"), (drafter_out, "drafter")):  # both, before anything is written
         check_output(path, kind, args.force, reads=[drafter])

@@ -72,10 +72,7 @@ def export_drafter(
     from ..decoding.loading import load_target
 
     drafter = Path(drafter)
-    if not dflash_format.is_dflash_dir(drafter):
-        raise AdaptspecError(f"{drafter}: not a DFlash v1 drafter (config.json naming DFlashDraftModel); train one "
-                             "with train-drafter --layout dflash, or re-lay adaptspec's with adaptspec.models.relayout")
-    config, tensors = dflash_format.load(drafter)
+    config, tensors = read_dflash_drafter(drafter)
     raw = dflash_format.to_config(config, dtype)
     draft_vocab = tensors.pop(dflash_format.DRAFT_VOCAB_TENSOR, None)
     out_tensors = {dflash_format.to_dflash_names(k): v.to(dtype).contiguous() for k, v in tensors.items()}
@@ -102,6 +99,14 @@ def export_drafter(
     return write_dir(out, "drafter", replace, write, reads=[drafter])
 
 
+def read_dflash_drafter(path: Path):
+    """``dflash_format.load(path)``, refusing in one line a directory that is not a DFlash v1 drafter."""
+    if not dflash_format.is_dflash_dir(path):
+        raise AdaptspecError(f"{path}: not a DFlash v1 drafter (config.json naming DFlashDraftModel); train one "
+                             "with train-drafter --layout dflash, or re-lay adaptspec's with adaptspec.models.relayout")
+    return dflash_format.load(path)
+
+
 def draft_vocab_of(path: str | os.PathLike) -> torch.Tensor | None:
     """The target ids an exported drafter drafts, read back from its ``d2t`` (None: all of them)."""
     path = Path(path)
@@ -112,4 +117,4 @@ def draft_vocab_of(path: str | os.PathLike) -> torch.Tensor | None:
     return torch.arange(len(d2t)) + d2t
 
 
-__all__ = ["D2T", "LM_HEAD", "SHIPPED_DFLASH_DRAFTER", "draft_vocab_of", "export_drafter", "export_target"]
+__all__ = ["D2T", "LM_HEAD", "SHIPPED_DFLASH_DRAFTER", "draft_vocab_of", "export_drafter", "export_target", "read_dflash_drafter"]
