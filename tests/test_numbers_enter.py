@@ -497,3 +497,40 @@ def test_ope_with_counterfactuals_on_a_log_holding_an_absurd_reward_is_one_line(
                  "mean", "--folds", "1", "--bootstrap", "20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"][0]["estimates"]["dm"]["value"] == pytest.approx(2.0)
+
+
+def test_a_replica_never_publishes_sums_the_others_would_refuse():
+    """A policy object of the caller's own that skips the reward check can still put an infinity in
+    a replica's sums (SharedState.update, called directly): it is then not published, and the
+    failure is counted and said; its neighbour, a replica of the library's policy, publishes."""
+    from adaptspec.fleet import SharedState
+    from adaptspec.fleet.backend import MemoryBackend
+    from adaptspec.policies.ucb import UCB
+
+    class Sloppy(UCB):  # a user's subclass that trusts every reward
+        @staticmethod
+        def check_reward(reward):
+            return float(reward)
+
+    backend = MemoryBackend()
+    for rid, pol in (("sloppy", Sloppy(ARMS, seed=0)), ("fine", UCB(ARMS, seed=0))):
+        shared = SharedState(backend, rid, sync_every=1000, sync_interval_s=60, lease_ttl_s=180)
+        shared.attach(pol, "A")
+        try:
+            shared.update(pol, None, 4, 1e300 if rid == "sloppy" else 2.0)
+            published = shared.sync_now()
+            status = shared.status()
+            if rid == "sloppy":
+                assert not published and status["sync_errors"] == 1
+                assert status["last_error"].startswith("own statistics not published: shared statistics 'ss' hold an "
+                                                       "infinity")
+            else:
+                assert published and status["sync_errors"] == 0
+        finally:
+            shared.close()
+    from adaptspec.fleet.wire import decode
+
+    entries = {rid: decode(blob) for rid, blob in backend.fetch("A").items()}
+    assert entries["sloppy"].updates == 0  # what it published when it joined, before the infinity
+    assert np.isfinite(entries["sloppy"].sums["ss"]).all()
+    assert entries["fine"].updates == 1 and entries["fine"].sums["s"].tolist() == [0.0, 0.0, 2.0, 0.0]
