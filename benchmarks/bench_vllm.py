@@ -1,0 +1,328 @@
+"""vLLM's CPU OpenAI server with the bundled target and its DFlash drafter, under closed-loop clients.
+
+Configurations (``--configs``), each one vLLM server on 127.0.0.1 (``python -m
+vllm.entrypoints.openai.api_server`` from ``--vllm-python``), float32, greedy:
+
+- ``plain``: no speculation;
+- ``kK``: vLLM's own ``dflash`` method at ``num_speculative_tokens`` K (block size K + 1);
+- ``table``: ``dflash`` with vLLM's per-batch-size table (``num_speculative_tokens_per_batch_size``,
+  given by ``--table``, e.g. ``1-2:3,3-8:2,9-256:1``: batch sizes 1-2 at K = 3, ...);
+- ``adaptive``: ``dflash`` at K = ``--adaptive-max-k`` with adaptspec's plug-in
+  (``--scheduler-cls adaptspec.vllm.AdaptiveScheduler``, cold, its default policy);
+- ``adaptspec-plain``: not vLLM but ``adaptspec serve --variant P=fixed:1`` (plain decoding with
+  adaptspec's defaults), the peer of ``plain`` for issue 47.
+
+Every client sends its next request as soon as its last one ends: a non-streaming
+``/v1/chat/completions`` (the public benchmark prompts, GSM8K, MT-Bench, HumanEval in turn, by
+default the odd-numbered half; the chat template applied by each server), ``--max-tokens`` new
+tokens. Levels (``--levels``) are client counts. All servers are up at once; each repeat runs every
+level on every configuration in turn, the configuration order rotated from one (level, repeat) to
+the next, the repeat on its own prompts (the same prompts for every configuration in a repeat, so
+a repeat pairs them). Per configuration and level: tokens/s (completion tokens over the run's wall
+time), latency p50/p95, and for ``dflash`` servers vLLM's own counters over the run
+(``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``): tau = 1 +
+accepted / drafts, the mean tokens a verify step commits. The summary gives each configuration's
+tok/s ratio to ``plain`` and to the best fixed K at that level, per repeat, their geometric mean and
+a 95% t-interval over the repeats (``bench_load_sweep.paired_ratio``).
+
+Bounded: ``--requests-per-client`` requests per client per level, ``--max-tokens`` per request,
+``--deadline-min`` for the whole run (levels not reached are left out, and said so). The machine is
+named in the results (CPU model, the flags that decide a verify's cost, torch's capability).
+
+    python benchmarks/bench_vllm.py --drafter DIR --target DIR --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_load_sweep import free_port, paired_ratio, run_figures  # noqa: E402  (the load sweep's figures)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_VLLM_PYTHON = "/work/venv-vllm/bin/python"
+#: the flags that decide what a wide verify costs on a CPU
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+
+
+def host() -> dict:
+    """The machine: CPU model, the flags that matter here, cores, torch's CPU capability."""
+    model, flags = platform.processor(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    import torch
+
+    return {"cpu": model, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "load_average_at_start": list(os.getloadavg())}
+
+
+def parse_table(spec: str) -> list[list[int]]:
+    """``1-2:3,3-8:2`` -> vLLM's ``[[1, 2, 3], [3, 8, 2]]`` (batch sizes start..end at K)."""
+    out = []
+    for part in spec.split(","):
+        sizes, _, k = part.partition(":")
+        lo, _, hi = sizes.partition("-")
+        out.append([int(lo), int(hi or lo), int(k)])
+    if not out or out[0][0] != 1:
+        raise ValueError(f"--table {spec!r}: the first range must start at batch size 1")
+    return out
+
+
+def server_command(name: str, args, port: int, root: Path) -> tuple[list[str], dict]:
+    """The command line and extra environment of configuration ``name``'s server."""
+    if name == "adaptspec-plain":
+        return [sys.executable, "-m", "adaptspec", "serve", "--variant", "P=fixed:1", "--port", str(port),
+                "--log-dir", str(root / f"log-{port}"), "--log-level", "warning", "--max-tokens", "1024"], {}
+    cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.target),
+           "--served-model-name", "target", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--max-model-len", "2048", "--max-num-seqs", str(max(args.levels)), "--enforce-eager",
+           "--disable-uvicorn-access-log", "--seed", "0"]
+    spec = None
+    if name.startswith("k"):
+        spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": int(name[1:])}
+    elif name == "table":
+        table = parse_table(args.table)
+        spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": max(k for *_, k in table),
+                "num_speculative_tokens_per_batch_size": table}
+    elif name == "adaptive":
+        spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": args.adaptive_max_k}
+        cmd += ["--scheduler-cls", "adaptspec.vllm.AdaptiveScheduler", "--additional-config",
+                json.dumps({"adaptspec": {"log_dir": str(root / f"log-{port}")}})]
+    elif name != "plain":
+        raise ValueError(f"unknown configuration {name!r}")
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "LD_PRELOAD": args.ld_preload,
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # the plug-in, from this checkout
+    return cmd, env
+
+
+class Server:
+    """One server process on loopback (vLLM's or adaptspec's)."""
+
+    def __init__(self, name: str, args, root: Path) -> None:
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out = root / f"{name}-{self.port}.out"
+        cmd, env = server_command(name, args, self.port, root)
+        self.proc = subprocess.Popen(cmd, stdout=self.out.open("wb"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env}, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: server exited: {self.out.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{self.name}: server did not start in {timeout:.0f} s")
+
+    def counters(self) -> dict[str, float]:
+        """vLLM's speculative-decoding counters from /metrics (empty for a server without them)."""
+        import httpx
+
+        out: dict[str, float] = {}
+        if self.name == "adaptspec-plain":
+            return out
+        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
+            for name in SPEC_COUNTERS:
+                if line.startswith(name + "_total"):
+                    out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+    """A non-streaming chat completion: its completion tokens and latency, at the client."""
+    import httpx
+
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", timeout=900, json={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0})
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+    body = r.json()
+    return {"tokens": body["usage"]["completion_tokens"], "latency_s": time.perf_counter() - t0, "ttft_s": None,
+            "text": body["choices"][0]["message"]["content"]}
+
+
+def closed_loop(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int) -> tuple[list[dict], float]:
+    """``clients`` closed-loop clients sending ``requests`` requests in all, ``prompts`` in turn."""
+    results: list[dict] = []
+    nxt, lock = [0], threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if nxt[0] >= requests:
+                    return
+                i = nxt[0]
+                nxt[0] += 1
+            res = one_request(url, prompts[i % len(prompts)], max_tokens) | {"prompt_index": i}
+            with lock:
+                results.append(res)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sorted(results, key=lambda r: r["prompt_index"]), time.perf_counter() - t0
+
+
+def measure(server: Server, prompts: list[str], clients: int, args) -> dict:
+    before = server.counters()
+    done, wall = closed_loop(server.url, prompts, clients, clients * args.requests_per_client, args.max_tokens)
+    after = server.counters()
+    fig = run_figures(done, wall)
+    fig.pop("ttft_p50_s", None)
+    delta = {k.removeprefix("vllm:spec_decode_"): after[k] - before.get(k, 0.0) for k in after}
+    if delta.get("num_drafts"):
+        fig["spec"] = delta | {"tau": 1 + delta["num_accepted_tokens"] / delta["num_drafts"]}
+    fig["texts"] = [r["text"] for r in done]
+    return fig
+
+
+def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """Per configuration and level: tok/s ratios to plain and to the best fixed K (paired by repeat)."""
+    out: dict = {}
+    levels = sorted({lv for per in runs.values() for lv in per}, key=int)
+    for lv in levels:
+        tps = {n: [r["tokens_per_s"] for r in per[lv]] for n, per in runs.items() if lv in per}
+        n = min(len(v) for v in tps.values())
+        tps = {k: v[:n] for k, v in tps.items()}
+        fixed = [k for k in tps if k.startswith("k")]
+        best = max(fixed, key=lambda k: sum(tps[k])) if fixed else None
+        for name, xs in tps.items():
+            entry = {"tokens_per_s": xs}
+            if "plain" in tps and name != "plain":
+                entry["vs_plain"] = paired_ratio(xs, tps["plain"])
+            if best is not None and name != best:
+                entry["vs_best_fixed"] = paired_ratio(xs, tps[best]) | {"best_fixed": best}
+            taus = [r["spec"]["tau"] for r in runs[name][lv][:n] if "spec" in r]
+            if taus:
+                entry["tau"] = taus
+            out.setdefault(name, {})[lv] = entry
+    return out
+
+
+def identical_texts(runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """For each configuration, how many of its responses equal ``plain``'s for the same prompt."""
+    out = {}
+    for name, per in runs.items():
+        if name == "plain" or "plain" not in runs:
+            continue
+        same = total = 0
+        for lv, reps in per.items():
+            for mine, base in zip(reps, runs["plain"].get(lv, [])):
+                for a, b in zip(mine["texts"], base["texts"]):
+                    same, total = same + (a == b), total + 1
+        out[name] = {"identical": same, "of": total}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", type=Path, required=True, help="the target's Hugging Face directory (adaptspec export-vllm)")
+    ap.add_argument("--drafter", type=Path, required=True, help="the DFlash drafter directory (adaptspec export-vllm)")
+    ap.add_argument("--configs", default="plain,k1,k2,k3,k4,k6,k8")
+    ap.add_argument("--table", default="1-2:3,3-4:2,5-256:1", help="the per-batch-size table of configuration 'table'")
+    ap.add_argument("--adaptive-max-k", type=int, default=8)
+    ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--split", choices=("odd", "even", "all"), default="odd")
+    ap.add_argument("--deadline-min", type=float, default=60.0, help="stop starting new runs after this long")
+    ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--ld-preload", default="/work/venv-vllm/lib/libiomp5.so",
+                    help="Intel OpenMP for vLLM's CPU backend (it warns that speculation loses speed without it)")
+    ap.add_argument("--kv-cache-gib", type=int, default=1)
+    ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument("--out", type=Path, default=RESULTS / "vllm-bench.json")
+    args = ap.parse_args()
+    from adaptspec.models.prompts import benchmark_prompts
+
+    every = [p.prompt for p in benchmark_prompts()]
+    prompts = {"odd": every[1::2], "even": every[0::2], "all": every}[args.split]
+    names = args.configs.split(",")
+    t_start = time.time()
+    results: dict = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                     "host": host(), "runs": {n: {} for n in names}, "not_run": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {n: Server(n, args, Path(tmp)) for n in names}
+        try:
+            for s in servers.values():
+                s.wait_ready(args.start_timeout)
+                one_request(s.url, prompts[0], 8)  # first-call costs, not measured
+            results["started_s"] = time.time() - t_start
+            offset, phase = 0, 0
+            for lv in args.levels:
+                for rep in range(args.repeats):
+                    chunk = prompts[offset:] + prompts[:offset]
+                    offset = (offset + lv * args.requests_per_client) % len(prompts)
+                    order = names[phase % len(names):] + names[:phase % len(names)]
+                    phase += 1
+                    if time.time() - t_start > args.deadline_min * 60:
+                        results["not_run"].append({"level": lv, "repeat": rep})
+                        continue
+                    for name in order:
+                        fig = measure(servers[name], chunk, lv, args)
+                        results["runs"][name].setdefault(str(lv), []).append(fig | {"repeat": rep})
+                        spec = f" tau {fig['spec']['tau']:.3f}" if "spec" in fig else ""
+                        print(f"level {lv} repeat {rep} {name}: {fig['tokens_per_s']:.1f} tok/s{spec}", flush=True)
+                    args.out.write_text(json.dumps(compact(results), indent=1))
+        finally:
+            for s in servers.values():
+                s.stop()
+    results["summary"] = summarize(results["runs"])
+    results["identical_to_plain"] = identical_texts(results["runs"])
+    results["wall_s"] = time.time() - t_start
+    args.out.write_text(json.dumps(compact(results), indent=1))
+    print(json.dumps({"summary": results["summary"], "identical_to_plain": results["identical_to_plain"]}, indent=1))
+
+
+def compact(results: dict) -> dict:
+    """The results without the response texts (kept only to compare configurations)."""
+    runs = {n: {lv: [{k: v for k, v in r.items() if k != "texts"} for r in reps] for lv, reps in per.items()}
+            for n, per in results["runs"].items()}
+    return results | {"runs": runs}
+
+
+if __name__ == "__main__":
+    main()
