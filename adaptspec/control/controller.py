@@ -185,7 +185,7 @@ class AdaptiveController:
         A decision without feedback for this long is logged without a reward and dropped
         (None: never).
     max_pending
-        The most decisions waiting for feedback at once (default 10,000, about 9 MiB): beyond
+        The most decisions waiting for feedback at once (default 10,000, about 10 MiB): beyond
         it the oldest waiting one expires early, as at ``feedback_timeout_s`` (logged without a
         reward, counted ``expired``; its feedback later is ``late``).
     redecide_every
