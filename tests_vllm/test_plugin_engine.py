@@ -1,6 +1,6 @@
 """adaptspec.vllm in a real vLLM engine: lengths reach the verifier, the log holds what was served,
-variants by ``adaptspec_variant``, ab-report reads the log, a failing controller falls back, and
-a checkpoint resumes.
+variants by ``adaptspec_variant``, ab-report reads the log, a failing controller falls back, a
+checkpoint resumes, and the plug-in's metrics count what vLLM counts.
 
 One engine for the module: the tiny target drafting for itself (``draft_model``, K = 4), so every
 draft is accepted and vLLM's own per-position acceptance counts follow from the block sizes alone.
@@ -83,6 +83,8 @@ def test_the_log_holds_one_decision_and_its_feedback_per_request_served(served):
     assert all(r is not None and r < 0 for r in log["reward"])            # minus ms per token, measured
     assert log["new_tokens"] == [M] * len(served["asked"])
     assert all(q >= 0 and rows >= 1 for q, rows in zip(log["queue_length"], log["rows_in_flight"]))
+    # full information: vLLM drafted every block it could and verified a prefix, so no shorter arm is a guess
+    assert all(not any(row) for row in log["cf_approximate"]) and all(len(row) > 1 for row in log["cf_rewards"])
 
 
 def test_ab_report_reads_the_log(served):
@@ -113,3 +115,19 @@ def test_a_checkpoint_resumes_the_learnt_state(served):
             assert st["updates"] == served["asked"].count(v)
     finally:
         again.close()
+
+
+def test_an_operator_sees_the_plugins_metrics_next_to_vllms(served):
+    from prometheus_client import REGISTRY
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    for v, spec in VARIANTS.items():
+        assert value("adaptspec_vllm_decisions_total", variant=v, block_size=spec.split(":")[1]) == 3
+    assert value("adaptspec_vllm_fallbacks_total", where="decide") == 2
+    # the decided requests' drafts (the first run; the fallen back ones are vLLM's), every one accepted
+    # here (the target drafts for itself): vLLM's own per-position counter agrees
+    assert value("adaptspec_vllm_accepted_tokens_total") == value("adaptspec_vllm_drafted_tokens_total") \
+        == sum(served["per_pos"])
+    assert value("adaptspec_vllm_plugin_seconds_total") > 0 and value("adaptspec_vllm_step_seconds_total") > 0

@@ -36,6 +36,7 @@ from ..reward.attribution import attribute
 from ..speculator import LoadState
 from .config import ENTRY, PluginSettings
 from .features import FEATURE_DIM, prompt_features
+from .metrics import plugin_metrics
 from .record import RequestRecord
 
 __all__ = ["AdaptspecPlugin", "DEFAULT_VARIANT", "VARIANT_ARG"]
@@ -93,6 +94,7 @@ class AdaptspecPlugin:
         self.drafted = self.accepted = 0
         self.busy_s = self.step_s = 0.0
         self.steps = 0
+        self.metrics = plugin_metrics()
         for name, c in self.controllers.items():
             log.info("adaptspec.vllm: variant %s: %s over block sizes %s (%s, K = %d)", name,
                      c.policy_choice if variants[name] is None else c.policy_label, list(arms), method,
@@ -110,7 +112,7 @@ class AdaptspecPlugin:
             rec.features = prompt_features(prompt_ids)
         except Exception as e:  # noqa: BLE001 - a bad variant or prompt costs this request its policy, never vLLM
             self._fall_back(rec, "admit", e)
-        self.busy_s += time.perf_counter() - t0
+        self._busy(t0)
 
     def decide(self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int,
                temperature: float) -> None:
@@ -126,11 +128,12 @@ class AdaptspecPlugin:
             rec.decided_s = time.perf_counter()
             rec.view.m = output_tokens
             self.chosen[int(rec.decision.block_size)] += 1
+            self.metrics["decisions"].labels(rec.variant, str(int(rec.decision.block_size))).inc()
             if "fallback" in rec.decision.extras:
                 self.counts["policy_fallbacks"] += 1
         except Exception as e:  # noqa: BLE001
             self._fall_back(rec, "decide", e)
-        self.busy_s += time.perf_counter() - t0
+        self._busy(t0)
 
     def cut(self, drafts: Mapping[str, list[int]], rows: int, queue: int) -> dict[str, list[int]]:
         """Each decided request's drafts for the next step cut to its length (the load rule's,
@@ -145,7 +148,7 @@ class AdaptspecPlugin:
             self._proposed[rid] = len(d)
             keep = min(rec.block_size, asked.get(rid, rec.block_size)) - 1
             out[rid] = d[:keep] if len(d) > keep else d
-        self.busy_s += time.perf_counter() - t0
+        self._busy(t0)
         return out
 
     def observe(self, step: Sequence[tuple[str, int, int, int, int]], step_s: float) -> None:
@@ -154,6 +157,7 @@ class AdaptspecPlugin:
         t0 = time.perf_counter()
         self.steps += 1
         self.step_s += step_s
+        self.metrics["step_seconds"].inc(step_s)
         try:
             if step:
                 blocks = [max(int(s[1]), 1) for s in step]
@@ -163,7 +167,7 @@ class AdaptspecPlugin:
         except Exception as e:  # noqa: BLE001 - attribution or the load rule: the rows keep their lengths' record
             self._fault("observe", e)
             self._asked = {}
-        self.busy_s += time.perf_counter() - t0
+        self._busy(t0)
 
     def finish(self, request_id: str, tokens: Sequence[int], finish_reason: str) -> None:
         """The request ended: its feedback (a request never decided leaves no row)."""
@@ -178,7 +182,7 @@ class AdaptspecPlugin:
                 self.counts[f"feedback_{fed}"] += 1
             except Exception as e:  # noqa: BLE001
                 self._fault("feedback", e)
-        self.busy_s += time.perf_counter() - t0
+        self._busy(t0)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict[str, Any]:
@@ -229,6 +233,8 @@ class AdaptspecPlugin:
                 continue  # a prefill chunk, a request not decided yet, or one whose step was discarded
             self.drafted += drafted
             self.accepted += max(committed - 1, 0)
+            self.metrics["drafted"].inc(drafted)
+            self.metrics["accepted"].inc(max(committed - 1, 0))
             done.append((rid, rec, drafted, committed, float(share)))
         ruled = [d for d in done if d[0] in self._asked]
         if ruled and self.rule is not None:  # the rule reads the rows as they were before the round
@@ -248,13 +254,22 @@ class AdaptspecPlugin:
 
         return get_profile(self.settings.latency)
 
+    def _busy(self, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        self.busy_s += dt
+        self.metrics["plugin_seconds"].inc(dt)
+
     def _fall_back(self, rec: RequestRecord, where: str, e: Exception) -> None:
         rec.fallback = f"{where}: {type(e).__name__}: {e}"
         self.counts["fallbacks"] += 1
+        self.metrics["fallbacks"].labels(where).inc()
         self._fault(where, e, rec.request_id)
 
     def _fault(self, where: str, e: Exception, request_id: str | None = None) -> None:
         self.counts[f"faults_{where}"] += 1
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics["faults"].labels(where).inc()
         log.warning("adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length", where,
                     f" for request {request_id}" if request_id else "", type(e).__name__, e)
 
@@ -274,7 +289,7 @@ def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int,
             decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
             checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
             roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
-            shared=shared)
+            shared=shared, prefix_drafts=True)  # vLLM drafts its K and the cut verifies a prefix: exact counterfactuals
     except AdaptspecError as e:
         key = f"variants.{name}" if settings.variants else "the default policy"
         raise AdaptspecError(f"additional_config {ENTRY}.{key}: {e}") from None

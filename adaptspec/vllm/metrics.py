@@ -1,0 +1,39 @@
+"""The plug-in's Prometheus metrics, next to vLLM's own (``vllm:spec_decode_*``).
+
+Counted in the engine process, where the scheduler runs: block sizes chosen (per variant),
+drafts verified and accepted after the cut, fallbacks to vLLM's own length and the faults
+behind them, and the plug-in's own time against the engine steps' (its per-step cost).
+
+vLLM's HTTP server serves metrics written by its engine processes when
+``PROMETHEUS_MULTIPROC_DIR`` is set (``vllm serve`` sets it; with ``python -m
+vllm.entrypoints.openai.api_server``, set it yourself): then these appear on vLLM's ``/metrics``
+beside its own. prometheus_client picks the multiprocess mode from that variable. In a
+process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, tests) they are in
+prometheus_client's default registry. Made once a process: a second engine there counts on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = ["plugin_metrics"]
+
+
+@functools.cache
+def plugin_metrics() -> dict[str, Any]:
+    """The metrics, registered in prometheus_client's default registry the first time."""
+    from prometheus_client import Counter
+
+    return {
+        "decisions": Counter("adaptspec_vllm_decisions", "Requests decided, by variant and block size chosen "
+                             "(1 + drafts verified)", ["variant", "block_size"]),
+        "fallbacks": Counter("adaptspec_vllm_fallbacks", "Requests run at vLLM's own length after a failure, by "
+                             "where it failed (admit, decide)", ["where"]),
+        "faults": Counter("adaptspec_vllm_faults", "Failures of the plug-in's work, by where (admit, decide, cut, "
+                          "observe, load_rule, feedback, close)", ["where"]),
+        "drafted": Counter("adaptspec_vllm_drafted_tokens", "Drafts verified after the plug-in's cut"),
+        "accepted": Counter("adaptspec_vllm_accepted_tokens", "Drafts accepted among those verified"),
+        "plugin_seconds": Counter("adaptspec_vllm_plugin_seconds", "Time spent in the plug-in's hooks"),
+        "step_seconds": Counter("adaptspec_vllm_step_seconds", "Time of the engine steps (schedule to output)"),
+    }
