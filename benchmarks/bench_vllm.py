@@ -15,15 +15,17 @@ vllm.entrypoints.openai.api_server`` from ``--vllm-python``), float32, greedy:
 Every client sends its next request as soon as its last one ends: a non-streaming
 ``/v1/chat/completions`` (the public benchmark prompts, GSM8K, MT-Bench, HumanEval in turn, by
 default the odd-numbered half; the chat template applied by each server), ``--max-tokens`` new
-tokens. Levels (``--levels``) are client counts. All servers are up at once; each repeat runs every
-level on every configuration in turn, the configuration order rotated from one (level, repeat) to
-the next, the repeat on its own prompts (the same prompts for every configuration in a repeat, so
-a repeat pairs them). Per configuration and level: tokens/s (completion tokens over the run's wall
+tokens. Levels (``--levels``) are client counts. A vLLM CPU server holds ~4 GB, so the
+configurations run in groups of ``--group-size`` servers up at once, ``plain`` in every group; in a
+group each repeat runs every level on every configuration in turn, the configuration order rotated
+from one (level, repeat) to the next, the repeat on its own prompts (the same prompts for every
+configuration of the group in a repeat, so a repeat pairs them). Per configuration and level: tokens/s (completion tokens over the run's wall
 time), latency p50/p95, and for ``dflash`` servers vLLM's own counters over the run
 (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``): tau = 1 +
 accepted / drafts, the mean tokens a verify step commits. The summary gives each configuration's
-tok/s ratio to ``plain`` and to the best fixed K at that level, per repeat, their geometric mean and
-a 95% t-interval over the repeats (``bench_load_sweep.paired_ratio``).
+tok/s ratio to its group's ``plain`` and to the best fixed K at that level (both sides divided by
+their own group's plain first), per repeat, their geometric mean and a 95% t-interval over the
+repeats (``bench_load_sweep.paired_ratio``), and how many responses equal plain's.
 
 Bounded: ``--requests-per-client`` requests per client per level, ``--max-tokens`` per request,
 ``--deadline-min`` for the whole run (levels not reached are left out, and said so). The machine is
@@ -217,26 +219,43 @@ def measure(server: Server, prompts: list[str], clients: int, args) -> dict:
     return fig
 
 
+def plain_of(runs: dict, run: dict, lv: str) -> dict | None:
+    """``plain``'s run paired with ``run``: same level, group and repeat (same prompts, adjacent in time)."""
+    return next((r for r in runs.get("plain", {}).get(lv, [])
+                 if (r["group"], r["repeat"]) == (run["group"], run["repeat"])), None)
+
+
 def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
-    """Per configuration and level: tok/s ratios to plain and to the best fixed K (paired by repeat)."""
+    """Per configuration and level: tok/s ratio to ``plain`` (paired with plain's run of the same
+    group and repeat) and to the best fixed K (each side first divided by its own group's plain)."""
     out: dict = {}
     levels = sorted({lv for per in runs.values() for lv in per}, key=int)
     for lv in levels:
-        tps = {n: [r["tokens_per_s"] for r in per[lv]] for n, per in runs.items() if lv in per}
-        n = min(len(v) for v in tps.values())
-        tps = {k: v[:n] for k, v in tps.items()}
-        fixed = [k for k in tps if k.startswith("k")]
-        best = max(fixed, key=lambda k: sum(tps[k])) if fixed else None
-        for name, xs in tps.items():
-            entry = {"tokens_per_s": xs}
-            if "plain" in tps and name != "plain":
-                entry["vs_plain"] = paired_ratio(xs, tps["plain"])
-            if best is not None and name != best:
-                entry["vs_best_fixed"] = paired_ratio(xs, tps[best]) | {"best_fixed": best}
-            taus = [r["spec"]["tau"] for r in runs[name][lv][:n] if "spec" in r]
-            if taus:
-                entry["tau"] = taus
-            out.setdefault(name, {})[lv] = entry
+        rel: dict[str, list[float]] = {}
+        for name, per in runs.items():
+            if name == "plain" or lv not in per:
+                continue
+            pairs = [(r, plain_of(runs, r, lv)) for r in per[lv]]
+            pairs = [(r, p) for r, p in pairs if p is not None]
+            if pairs:
+                entry = {"tokens_per_s": [r["tokens_per_s"] for r, _ in pairs],
+                         "vs_plain": paired_ratio([r["tokens_per_s"] for r, _ in pairs],
+                                                  [p["tokens_per_s"] for _, p in pairs])}
+                rel[name] = [r["tokens_per_s"] / p["tokens_per_s"] for r, p in pairs]
+                taus = [r["spec"]["tau"] for r, _ in pairs if "spec" in r]
+                if taus:
+                    entry["tau"] = taus
+                out.setdefault(name, {})[lv] = entry
+        if "plain" in runs and lv in runs["plain"]:
+            out.setdefault("plain", {})[lv] = {"tokens_per_s": [r["tokens_per_s"] for r in runs["plain"][lv]]}
+        fixed = [k for k in rel if k.startswith("k")]
+        if not fixed:
+            continue
+        n = min(len(rel[k]) for k in rel)
+        best = max(fixed, key=lambda k: sum(rel[k][:n]))
+        for name in rel:
+            if name != best:
+                out[name][lv]["vs_best_fixed"] = paired_ratio(rel[name][:n], rel[best][:n]) | {"best_fixed": best}
     return out
 
 
@@ -244,15 +263,56 @@ def identical_texts(runs: dict[str, dict[str, list[dict]]]) -> dict:
     """For each configuration, how many of its responses equal ``plain``'s for the same prompt."""
     out = {}
     for name, per in runs.items():
-        if name == "plain" or "plain" not in runs:
+        if name == "plain":
             continue
         same = total = 0
         for lv, reps in per.items():
-            for mine, base in zip(reps, runs["plain"].get(lv, [])):
-                for a, b in zip(mine["texts"], base["texts"]):
+            for mine in reps:
+                base = plain_of(runs, mine, lv)
+                for a, b in zip(mine["texts"], base["texts"] if base else []):
                     same, total = same + (a == b), total + 1
         out[name] = {"identical": same, "of": total}
     return out
+
+
+def groups_of(names: list[str], size: int) -> list[list[str]]:
+    """The configurations in groups of at most ``size`` servers up at once, ``plain`` in every group
+    (the anchor each group's ratios are paired with)."""
+    others = [n for n in names if n != "plain"]
+    if size >= len(names) or "plain" not in names:
+        return [names]
+    step = max(1, size - 1)
+    return [["plain", *others[i:i + step]] for i in range(0, len(others), step)]
+
+
+def run_group(group: list[str], gi: int, prompts: list[str], args, results: dict, t_start: float, root: Path) -> None:
+    """Start ``group``'s servers, run every level's repeats on each in a rotated order, stop them."""
+    servers: dict[str, Server] = {}
+    try:
+        for n in group:
+            servers[n] = Server(n, args, root)
+        for s in servers.values():
+            s.wait_ready(args.start_timeout)
+            one_request(s.url, prompts[0], 8)  # first-call costs, not measured
+        offset, phase = 0, 0
+        for lv in args.levels:
+            for rep in range(args.repeats):
+                chunk = prompts[offset:] + prompts[:offset]
+                offset = (offset + lv * args.requests_per_client) % len(prompts)
+                order = group[phase % len(group):] + group[:phase % len(group)]
+                phase += 1
+                if time.time() - t_start > args.deadline_min * 60:
+                    results["not_run"].append({"group": group, "level": lv, "repeat": rep})
+                    continue
+                for name in order:
+                    fig = measure(servers[name], chunk, lv, args)
+                    results["runs"][name].setdefault(str(lv), []).append(fig | {"repeat": rep, "group": gi})
+                    spec = f" tau {fig['spec']['tau']:.3f}" if "spec" in fig else ""
+                    print(f"group {gi} level {lv} repeat {rep} {name}: {fig['tokens_per_s']:.1f} tok/s{spec}", flush=True)
+                args.out.write_text(json.dumps(compact(results), indent=1))
+    finally:
+        for s in servers.values():
+            s.stop()
 
 
 def main() -> None:
@@ -260,6 +320,9 @@ def main() -> None:
     ap.add_argument("--target", type=Path, required=True, help="the target's Hugging Face directory (adaptspec export-vllm)")
     ap.add_argument("--drafter", type=Path, required=True, help="the DFlash drafter directory (adaptspec export-vllm)")
     ap.add_argument("--configs", default="plain,k1,k2,k3,k4,k6,k8")
+    ap.add_argument("--group-size", type=int, default=3,
+                    help="servers up at once (a vLLM CPU server holds ~4 GB): plain and the others in groups, "
+                         "plain measured again in every group")
     ap.add_argument("--table", default="1-2:3,3-4:2,5-256:1", help="the per-batch-size table of configuration 'table'")
     ap.add_argument("--adaptive-max-k", type=int, default=8)
     ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
@@ -285,34 +348,12 @@ def main() -> None:
                      "host": host(), "runs": {n: {} for n in names}, "not_run": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        servers = {n: Server(n, args, Path(tmp)) for n in names}
-        try:
-            for s in servers.values():
-                s.wait_ready(args.start_timeout)
-                one_request(s.url, prompts[0], 8)  # first-call costs, not measured
-            results["started_s"] = time.time() - t_start
-            offset, phase = 0, 0
-            for lv in args.levels:
-                for rep in range(args.repeats):
-                    chunk = prompts[offset:] + prompts[:offset]
-                    offset = (offset + lv * args.requests_per_client) % len(prompts)
-                    order = names[phase % len(names):] + names[:phase % len(names)]
-                    phase += 1
-                    if time.time() - t_start > args.deadline_min * 60:
-                        results["not_run"].append({"level": lv, "repeat": rep})
-                        continue
-                    for name in order:
-                        fig = measure(servers[name], chunk, lv, args)
-                        results["runs"][name].setdefault(str(lv), []).append(fig | {"repeat": rep})
-                        spec = f" tau {fig['spec']['tau']:.3f}" if "spec" in fig else ""
-                        print(f"level {lv} repeat {rep} {name}: {fig['tokens_per_s']:.1f} tok/s{spec}", flush=True)
-                    args.out.write_text(json.dumps(compact(results), indent=1))
-        finally:
-            for s in servers.values():
-                s.stop()
+        for gi, group in enumerate(groups_of(names, args.group_size)):
+            run_group(group, gi, prompts, args, results, t_start, Path(tmp))
     results["summary"] = summarize(results["runs"])
     results["identical_to_plain"] = identical_texts(results["runs"])
     results["wall_s"] = time.time() - t_start
+    results["host"]["load_average_at_end"] = list(os.getloadavg())
     args.out.write_text(json.dumps(compact(results), indent=1))
     print(json.dumps({"summary": results["summary"], "identical_to_plain": results["identical_to_plain"]}, indent=1))
 
