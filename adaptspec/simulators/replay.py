@@ -140,10 +140,11 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
 
     Learning policies get ``update`` with the chosen arm's reward after every decision; a
     policy with ``full_feedback`` gets ``update_full`` with every arm's counterfactual reward
-    instead when ``feedback`` (a :class:`~adaptspec.simulators.counterfactuals.Feedback` of
-    this reward matrix) is given, and ``update`` where the feedback has no priced rounds (as the
-    controller's learner does). :func:`feedback_of` says which. ``progress`` is a tqdm bar (or
-    None) advanced by steps.
+    instead when ``feedback`` (a :class:`~adaptspec.simulators.counterfactuals.Feedback` or
+    ``OnlineFeedback`` of this reward matrix, :func:`~adaptspec.simulators.counterfactuals.replay_feedback`;
+    each call prices with its own ``feedback.fresh()``) is given, and ``update`` where the feedback
+    has no priced rounds (as the controller's learner does). :func:`feedback_of` says which.
+    ``progress`` is a tqdm bar (or None) advanced by steps.
     """
     T = len(idx)
     if policy.contextual and contexts is None:
