@@ -349,7 +349,11 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for gi, group in enumerate(groups_of(names, args.group_size)):
-            run_group(group, gi, prompts, args, results, t_start, Path(tmp))
+            try:
+                run_group(group, gi, prompts, args, results, t_start, Path(tmp))
+            except RuntimeError as e:  # a server that does not start, or a request refused: said, the rest still run
+                results.setdefault("failed", []).append({"group": group, "error": str(e)[-2000:]})
+                print(f"group {gi} {group}: {str(e)[-300:]}", flush=True)
     results["summary"] = summarize(results["runs"])
     results["identical_to_plain"] = identical_texts(results["runs"])
     results["wall_s"] = time.time() - t_start
