@@ -72,7 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="drafter directory: adaptspec's save_pretrained or a published DFlash v1 one")
     models.add_argument("--verification", choices=["fast", "exact"], default="fast",
                         help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
-    models.add_argument("--dtype", default="bfloat16", help="dtype of the real models (default: bfloat16)")
+    models.add_argument("--dtype", default=None,
+                        help="dtype of the real models (default on a CPU: the one measured fastest on this host, "
+                             "see --remeasure; elsewhere bfloat16)")
+    models.add_argument("--remeasure", action="store_true",
+                        help="time this host's round costs again instead of reading them from the cache (a CPU only)")
     models.add_argument("--device", type=device, default="cpu", help="device of the real models (default: cpu)")
     models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
     models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
@@ -209,7 +213,8 @@ def build(args: argparse.Namespace):
     if args.tiny and (args.target or args.drafter):
         raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
     model_flags_given(args, {"--tiny": False, "--tiny-seed": 0, "--target": None, "--drafter": None,
-                             "--verification": "fast", "--dtype": "bfloat16", "--device": "cpu", "--chat": False})
+                             "--verification": "fast", "--dtype": None, "--device": "cpu", "--chat": False,
+                             "--remeasure": False})
     if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
         raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
@@ -267,9 +272,19 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         model_name, max_context = f"adaptspec-tiny-{args.tiny_seed}", TINY_MAX_POSITIONS
         vocab = speculator.target.vocab_size
     else:
+        from ..host.costs import TIMED_DTYPES
         from ..models import load_speculator
 
-        speculator = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, verification=args.verification)
+        dtype = args.dtype or "bfloat16"
+        if args.device == "cpu" and args.dtype in (None, *TIMED_DTYPES):  # this host's costs: the dtype run, the
+            # head's prior and every price (adaptspec.host)
+            from ..host import for_models
+
+            args.host_choice = for_models(args.target, args.drafter, args.verification, engine_threads, args.dtype,
+                                          args.remeasure)
+            dtype = args.host_choice.dtype
+            args.latency = args.latency or str(args.host_choice.profile_path)
+        speculator = load_speculator(args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification)
         tok = speculator.target.tokenizer
         if tok is None and args.chat:  # else the server starts, then answers every chat request 400
             raise AdaptspecError(f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
@@ -284,7 +299,9 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         from ..control.protocol import speculator_shape
 
         shape = speculator_shape(speculator)
-        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms)  # a fleet shares fi-ucb too
+        host = getattr(args, "host_choice", None)
+        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms,  # a fleet shares fi-ucb too
+                                       head=None if host is None else host.head)
         args.default_choice = choice  # said once the server is up (run), not before a refusal
         specs = {"default": choice.spec}
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
@@ -444,6 +461,8 @@ def run(args: argparse.Namespace) -> int:
     service = build(args)
     try:
         app = create_app(service)
+        if getattr(args, "host_choice", None) is not None:
+            print(f"adaptspec serve: {args.host_choice.summary()}", file=sys.stderr, flush=True)
         if getattr(args, "default_choice", None) is not None:
             print(f"adaptspec serve: default policy {args.default_choice}", file=sys.stderr, flush=True)
         for name, c in service.controllers.items():
