@@ -49,7 +49,7 @@ from ..reward.pricing import DEFAULT_PROFILE, CounterfactualPricer
 from ..speculator import Decision, Outcome, Round
 
 #: what :class:`OnlineFeedback` reports as its profile
-MEASURED = "measured from the rounds (the controller's default)"
+MEASURED = "costs measured from the rounds as served (the controller's default)"
 
 
 class Shown(NamedTuple):
