@@ -12,6 +12,11 @@ differs where plain decoding's two best logits were within rounding of each othe
 mode's documented divergence, docs/decoding.md); in exact verification "yes*" when it
 differs only because transformers' standard bfloat16 kernels round differently from the
 batch-invariant ones the decoder runs. A short warm-up runs first, untimed.
+
+Before that it measures this host (:mod:`adaptspec.host`: a short timing of each dtype, cached
+per host) and says what it measured and chose: the dtype that decodes fastest here (``--dtype``
+overrides) and the default policy's head re-priced by this host's curve, which decodes plainly
+(B = 1) where speculating cannot pay here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..host.costs import TIMED_DTYPES
 from ._types import int_range, threads
 
 
@@ -34,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verification", choices=["fast", "exact"], default="fast",
                    help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
     p.add_argument("--threads", type=threads, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dtype", choices=TIMED_DTYPES, default=None,
+                   help="dtype of the models (default: the one measured fastest on this host)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="time this host again instead of reading its cached costs (a few seconds)")
     p.add_argument("--show", type=int_range(0), default=1, help="print the text of the first N responses")
 
 
@@ -46,7 +56,11 @@ def _prompt_count(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    import torch
+
     from ..control.controller import AdaptiveController
+    from ..host import for_models
+    from ..control.policy_build import default_policy_spec
     from ..decoding.greedy import TIE_GAP, PlainGreedy
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
@@ -56,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
 
         check_spec(args.policy)  # an unknown policy or option is one line before the model loads
     t0 = time.perf_counter()
-    spec = load_speculator(args.target, args.drafter, threads=args.threads, verification=args.verification)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    host = for_models(args.target, args.drafter, args.verification, torch.get_num_threads(), args.dtype, args.remeasure)
+    print(host.summary(), flush=True)
+    spec = load_speculator(args.target, args.drafter, dtype=host.dtype, threads=args.threads,
+                           verification=args.verification)
     tok = spec.target.tokenizer
     prompts = benchmark_prompts()[: args.prompts]
     rows = []
@@ -67,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     baseline(warm, 8)
     for b in (1, spec.max_block_size):
         spec.decode(spec.prefill(warm), b, 8)
-    with AdaptiveController(spec, args.policy) as ctl:
+    policy = args.policy or default_policy_spec(head=host.head, speculator=spec)  # the head re-priced here
+    with AdaptiveController(spec, policy, latency=str(host.profile_path)) as ctl:
         print(f"target {spec.target.model.config.model_type} ({spec.target.dtype}), drafter {spec.drafter.config.num_layers} layers; "
               f"policy {ctl.policy_label}; arms {list(ctl.arms)}; loaded in {time.perf_counter() - t0:.1f} s")
         for p in tqdm(prompts, desc="demo", unit="request"):
