@@ -23,6 +23,7 @@ decision (its feedback returned) survives a SIGKILL of the engine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -92,7 +93,7 @@ class AdaptspecPlugin:
         self.counts: Counter[str] = Counter()
         self.chosen: Counter[int] = Counter()
         self.drafted = self.accepted = 0
-        self.busy_s = self.step_s = 0.0
+        self.busy_s = self.step_s = self._busy_counted = 0.0
         self.steps = 0
         self.metrics = plugin_metrics()
         for name, c in self.controllers.items():
@@ -158,11 +159,13 @@ class AdaptspecPlugin:
         self.steps += 1
         self.step_s += step_s
         self.metrics["step_seconds"].inc(step_s)
+        self.metrics["plugin_seconds"].inc(self.busy_s - self._busy_counted)  # the hooks' time since the last step
+        self._busy_counted = self.busy_s
         try:
             if step:
                 blocks = [max(int(s[1]), 1) for s in step]
                 shares = attribute(self.settings.attribution, step_s, blocks, [max(s[2], 1) for s in step],
-                                   self._profile())
+                                   self._profile)
                 self._record_rounds(step, shares)
         except Exception as e:  # noqa: BLE001 - attribution or the load rule: the rows keep their lengths' record
             self._fault("observe", e)
@@ -231,11 +234,13 @@ class AdaptspecPlugin:
             rec = self.records.get(rid)
             if rec is None or rec.decision is None or committed < 1:
                 continue  # a prefill chunk, a request not decided yet, or one whose step was discarded
-            self.drafted += drafted
-            self.accepted += max(committed - 1, 0)
-            self.metrics["drafted"].inc(drafted)
-            self.metrics["accepted"].inc(max(committed - 1, 0))
             done.append((rid, rec, drafted, committed, float(share)))
+        drafted_sum, accepted_sum = sum(d[2] for d in done), sum(d[3] - 1 for d in done)
+        self.drafted += drafted_sum
+        self.accepted += accepted_sum
+        if done:  # once a step, not once a row: a metric's inc takes a lock
+            self.metrics["drafted"].inc(drafted_sum)
+            self.metrics["accepted"].inc(accepted_sum)
         ruled = [d for d in done if d[0] in self._asked]
         if ruled and self.rule is not None:  # the rule reads the rows as they were before the round
             try:
@@ -247,7 +252,9 @@ class AdaptspecPlugin:
             rec.add_round(drafted, self._proposed.get(rid, drafted), committed, share, rows)
         self._asked = {}
 
+    @functools.cached_property
     def _profile(self) -> Any:
+        """The cost profile of the marginal attribution (None for ``tokens``), read once."""
         if self.settings.attribution != "marginal":
             return None
         from ..reward.latency import get_profile
@@ -255,9 +262,7 @@ class AdaptspecPlugin:
         return get_profile(self.settings.latency)
 
     def _busy(self, t0: float) -> None:
-        dt = time.perf_counter() - t0
-        self.busy_s += dt
-        self.metrics["plugin_seconds"].inc(dt)
+        self.busy_s += time.perf_counter() - t0
 
     def _fall_back(self, rec: RequestRecord, where: str, e: Exception) -> None:
         rec.fallback = f"{where}: {type(e).__name__}: {e}"
