@@ -1,5 +1,5 @@
 """adaptspec.vllm in a real vLLM engine: lengths reach the verifier, the log holds what was served,
-variants by ``adaptspec_variant``, ab-report reads the log, a failing controller falls back, a
+variants by ``adaptspec_variant``, ab-report and ope read the log, a failing controller falls back, a
 checkpoint resumes, and the plug-in's metrics count what vLLM counts.
 
 One engine for the module: the tiny target drafting for itself (``draft_model``, K = 4), so every
@@ -92,6 +92,14 @@ def test_ab_report_reads_the_log(served):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert '"A"' in out.stdout and '"B"' in out.stdout
+
+
+def test_ope_reads_the_log(served):
+    # off-policy value of fixed:4 from the log both variants wrote (its counterfactuals: full information)
+    out = subprocess.run([sys.executable, "-m", "adaptspec", "ope", str(served["root"] / "log"), "--policy", "fixed:4",
+                          "--counterfactuals", "--bootstrap", "20", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "fixed:4" in out.stdout
 
 
 def test_a_controller_that_raises_falls_back_to_vllms_own_length(served):
