@@ -677,3 +677,32 @@ def test_sigterm_stops_a_server_whose_decode_never_returns(tmp_path, own):
             proc.kill()
     log = out_path.read_text()
     assert "Application shutdown complete" in log and "shutting down without it" in log
+
+
+def test_one_at_a_time_a_request_cancelled_while_it_waits_its_turn_is_skipped_undecided():
+    """The speculator of one's own decodes one request at a time from a queue: a request whose
+    client went away before its turn is answered without being decided or decoded."""
+    from adaptspec.serving.cancelling import Cancellation
+    from adaptspec.serving.request_error import RequestError
+
+    spec, codec = tiny_speculator(0, verification="exact")
+    stuck = StuckDecode(spec)
+    svc = CompletionService.build(stuck, {"A": "fixed:4"}, codec=codec, limits=LIMITS)
+    try:
+        stuck.armed.set()  # the first request holds the speculator until released
+        got: dict = {}
+        done = threading.Event()
+        svc.runner.submit(svc.parse(b'{"prompt": "hi", "max_tokens": 4}'), None, None, None,
+                          lambda r: got.setdefault("first", r))
+        cancel = Cancellation()
+        svc.runner.submit(svc.parse(b'{"prompt": "yo", "max_tokens": 4}'), None, None, cancel,
+                          lambda r: (got.setdefault("second", r), done.set()))
+        cancel.cancel()
+        stuck.armed.clear()
+        stuck.release.set()
+        assert done.wait(60)
+        assert isinstance(got["second"], RequestError) and got["second"].status == 499
+        assert got["first"].outcome.tokens == alone("hi", 4)
+        assert svc.controllers["A"].stats()["decisions"] == 1
+    finally:
+        svc.close()
