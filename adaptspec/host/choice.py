@@ -63,13 +63,14 @@ class HostChoice:
         per = ", ".join(f"{d} {1e3 * float(q.round_s(1)):.1f} ms" for d, q in self.costs.profiles.items())
         ratio = float(p.round_s(4)) / float(p.round_s(1))
         where = "measured now" if self.costs.fresh else f"cached {self.costs.measured_at}"
-        took = sum(self.costs.timing_s.values())
+        took = sum(v for k, v in self.costs.timing_s.items() if not k.endswith(" cpu"))
+        cpu = sum(v for k, v in self.costs.timing_s.items() if k.endswith(" cpu"))
         s1 = self.speeds.get(1, 1.0 / float(p.round_s(1)))
         sb = self.speeds.get(self.best_block_size, s1)
         verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
                    if self.speculation_pays else "speculation cannot pay here at the prior's acceptance: "
                    "the default decodes plainly (B = 1) unless a request's predicted acceptance pays")
-        return (f"host: {describe(self.costs.key)}; plain round {per} ({where}, timing {took:.1f} s); "
+        return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s, {cpu:.1f} CPU s); "
                 f"running {self.dtype} ({self.chosen_by}): a 4-token verify {ratio:.2f}x a 1-token one "
                 f"({plain:.1f} ms); {verdict}")
 

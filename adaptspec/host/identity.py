@@ -69,10 +69,10 @@ def describe(key: dict[str, Any]) -> str:
 
     >>> describe({"cpu_model": "AMD EPYC", "capability": "AVX2", "cpu_flags": "avx2 avx512_bf16",
     ...           "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "", "threads": 2})
-    'AMD EPYC, torch kernels AVX2 (ATEN_CPU_CAPABILITY=avx2), CPU bf16 native, 2 threads'
+    'AMD EPYC, torch kernels AVX2 (ATEN_CPU_CAPABILITY=avx2), bf16 in the CPU flags, 2 threads'
     """
     env = ", ".join(f"{k}={key[k]}" for k in KERNEL_ENV if key.get(k))
     flags = set(str(key.get("cpu_flags", "")).split())
-    bf16 = "native" if flags & {"avx512_bf16", "amx_bf16"} else "not native"
-    return (f"{key['cpu_model']}, torch kernels {key['capability']}{f' ({env})' if env else ''}, CPU bf16 {bf16}, "
+    bf16 = "bf16 in the CPU flags" if flags & {"avx512_bf16", "amx_bf16"} else "no bf16 in the CPU flags"
+    return (f"{key['cpu_model']}, torch kernels {key['capability']}{f' ({env})' if env else ''}, {bf16}, "
             f"{key['threads']} threads")
