@@ -303,6 +303,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms,  # a fleet shares fi-ucb too
                                        head=None if host is None else host.head)
         args.default_choice = choice  # said once the server is up (run), not before a refusal
+        if host is not None and args.fallback_block_size is None and choice.spec and str(host.head) in choice.spec:
+            args.fallback_block_size = host.best_block_size  # a late decision plays what pays here (1 where nothing else does)
         specs = {"default": choice.spec}
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
