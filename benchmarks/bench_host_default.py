@@ -59,7 +59,8 @@ def main() -> None:
             s.decode(s.prefill(warm), b, 8)
     prompts = benchmark_prompts()[args.offset: args.offset + args.prompts]
     rows = []
-    new_ctl = AdaptiveController(spec, default_policy_spec(head=host.head, speculator=spec), latency=str(host.profile_path))
+    new_ctl = AdaptiveController(spec, default_policy_spec(head=host.head, speculator=spec), latency=str(host.profile_path),
+                                 fallback_block_size=host.best_block_size)
     old_ctl = AdaptiveController(old, None)  # the previous default: the shipped head, bfloat16
     variants = ["plain", "default", "previous", *[f"fixed:{b}" for b in fixed]]
     with new_ctl, old_ctl:

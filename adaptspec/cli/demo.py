@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     for b in (1, spec.max_block_size):
         spec.decode(spec.prefill(warm), b, 8)
     policy = args.policy or default_policy_spec(head=host.head, speculator=spec)  # the head re-priced here
-    with AdaptiveController(spec, policy, latency=str(host.profile_path)) as ctl:
+    fallback = host.best_block_size if args.policy is None and host.head is not None else None  # a late decision
+    with AdaptiveController(spec, policy, latency=str(host.profile_path), fallback_block_size=fallback) as ctl:
         print(f"target {spec.target.model.config.model_type} ({spec.target.dtype}), drafter {spec.drafter.config.num_layers} layers; "
               f"policy {ctl.policy_label}; arms {list(ctl.arms)}; loaded in {time.perf_counter() - t0:.1f} s")
         for p in tqdm(prompts, desc="demo", unit="request"):
