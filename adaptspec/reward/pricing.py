@@ -7,6 +7,7 @@ reward (:func:`~adaptspec.reward.counterfactual.from_outcome`, priced with a rew
 trace replay (:mod:`adaptspec.simulators.counterfactuals`, which hands it each trace row as the
 outcome a decoder returned) both call it, so a replayed policy learns what a served one learns.
 
+>>> from adaptspec.reward.latency import get_profile
 >>> from adaptspec.speculator import Decision, Outcome, Round
 >>> d = Decision(4, 1.0, [0.0, 0.0, 1.0, 0.0], (1, 2, 4, 8), "fixed:4", decision_id="d1")
 >>> out = Outcome([1] * 7, [Round(4, 3, 0.0, 0.01), Round(4, 2, 0.0, 0.01), Round(4, 1, 0.0, 0.01)], decode_s=0.03)
@@ -26,7 +27,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from .counterfactual import from_outcome
 from .functions import REWARDS
-from .latency import LatencyProfile, get_profile
+from .latency import LatencyProfile
 from .measured_costs import MeasuredCosts
 
 log = logging.getLogger("adaptspec.reward.pricing")
