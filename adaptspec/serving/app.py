@@ -131,6 +131,8 @@ def create_app(service: CompletionService) -> Any:
             rep = await asyncio.get_running_loop().run_in_executor(None, service.ab_report, bool(ope))
         except RequestError as e:
             return error(e)
+        except Exception as e:  # noqa: BLE001 - a defect in the report: a 503 with a reason (logged), never a 500
+            return error(server_fault(e))
         return JSONResponse(finite(rep))
 
     @app.get("/health")
