@@ -824,9 +824,10 @@ def test_a_refused_journal_is_left_as_it_was_and_recovers_once_repaired(tmp_path
 
 
 @pytest.mark.parametrize("bad", ["part", "journal"])
-def test_ab_on_a_live_log_with_a_bad_file_is_a_503_with_a_reason(tmp_path, bad):
+def test_ab_on_a_live_log_with_a_bad_file_is_a_503_with_a_reason(tmp_path, bad, caplog):
     """Issue 38, item 5: a file named part-*.parquet that is not Parquet made GET /ab a 500
-    (ArrowInvalid escaped); a journal line without decision_id was a KeyError too."""
+    (ArrowInvalid escaped); a journal line without decision_id was a KeyError too. Issue 46,
+    item 11: the client gets the reason without the server's paths; the server's log names the file."""
     from fastapi.testclient import TestClient
 
     from adaptspec.serving import CompletionService, ServerLimits, create_app
@@ -848,7 +849,8 @@ def test_ab_on_a_live_log_with_a_bad_file_is_a_503_with_a_reason(tmp_path, bad):
         r = client.get("/ab")
         assert r.status_code == 503, r.text
         msg = r.json()["error"]["message"]
-        assert f.name in msg and "\n" not in msg, msg
+        assert msg and "\n" not in msg and str(tmp_path) not in msg and f.name not in msg, msg
+        assert f.name in caplog.text, "the server's log keeps the detail"
         assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
