@@ -70,7 +70,7 @@ class HostChoice:
         verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
                    if self.speculation_pays else "speculation cannot pay here at the prior's acceptance: "
                    "the default decodes plainly (B = 1) unless a request's predicted acceptance pays")
-        return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s, {cpu:.1f} CPU s); "
+        return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
                 f"running {self.dtype} ({self.chosen_by}): a 4-token verify {ratio:.2f}x a 1-token one "
                 f"({plain:.1f} ms); {verdict}")
 
