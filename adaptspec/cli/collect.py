@@ -37,8 +37,10 @@ def _prompt_source(text: str) -> Path | str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=_prompt_source, default=None,
-                   help="JSONL with 'prompt' and optional 'domain', or 'benchmarks' for the public benchmark prompts "
-                        "(GSM8K, MT-Bench, HumanEval in turn; default: the held-out template prompts minus the demo's)")
+                   help="JSONL with 'prompt' (text) or 'prompt_ids' (the target's token ids, a list of integers: "
+                        "for a target without a tokenizer) and optional 'domain', or 'benchmarks' for the public "
+                        "benchmark prompts (GSM8K, MT-Bench, HumanEval in turn; default: the held-out template "
+                        "prompts minus the demo's)")
     p.add_argument("--arms", type=block_sizes, default=None,
                    help="comma-separated block sizes, at most the speculator's max_block_size (default: "
                         f"{','.join(map(str, DEFAULT_ARMS))} up to it)")
@@ -107,7 +109,7 @@ def _check_dense_out(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output
-    from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
+    from ..models.prompts import benchmark_prompts, check_prompt_ids, read_prompts, trace_prompts
 
     model_flags_given(args, {"--target": None, "--drafter": None, "--verification": "fast", "--dtype": "bfloat16",
                              "--device": "cpu"})
@@ -158,11 +160,14 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                            verification=args.verification)
+    check_prompt_ids([p for _, p in numbered], spec.target.vocab_size,
+                     getattr(spec.target.model.config, "max_position_embeddings", None), args.max_new_tokens,
+                     "the target's")
     defaulted = args.arms is None
     args.arms = _arms(args.arms, spec.max_block_size, "the drafter's")
     if args.dense and defaulted:
         _check_dense_out(args)  # the default arms, now known: the same checks as a given --arms had before
-    triples = [(f"{p.domain}-{i:04d}", p.domain, _encode(spec.target, p.prompt, args.target)) for i, p in numbered]
+    triples = [(f"{p.domain}-{i:04d}", p.domain, _encode(spec.target, p, args.target)) for i, p in numbered]
     if args.dense:
         from ..collect.dense import collect_dense
 
@@ -196,15 +201,20 @@ def _arms(arms: list[int] | None, max_block_size: int, whose: str = "the specula
     return list(check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose))
 
 
-def _encode(target, prompt: str, target_dir: str | None) -> list[int]:
-    """A prompt's token ids in the target's chat template; a target without a tokenizer is one line
-    saying what works instead."""
+def _encode(target, prompt, target_dir: str | None) -> list[int]:
+    """A prompt's token ids: its ``prompt_ids`` as given, or its text in the target's chat template;
+    text for a target without a tokenizer is one line saying what works instead."""
+    from ..models.prompts import IDS_INSTEAD
+
+    if prompt.prompt_ids is not None:
+        return list(prompt.prompt_ids)
     if target.tokenizer is None:
         raise AdaptspecError(f"--target {target_dir}: this target has no tokenizer, so collect cannot encode its text "
-                             "prompts: add the tokenizer's files to the target directory, or collect token ids from "
-                             "Python (adaptspec.collect.collect_traces(spec, [(request_id, domain, token_ids), ...], "
-                             "arms, out))")
-    return target.encode_chat(prompt)
+                             f"prompts ({prompt.where or 'the default prompts'}): add the tokenizer's files to the "
+                             f"target directory, or {IDS_INSTEAD}, or collect token ids from Python "
+                             "(adaptspec.collect.collect_traces(spec, [(request_id, domain, token_ids), ...], arms, "
+                             "out))")
+    return target.encode_chat(prompt.prompt)
 
 
 def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:
@@ -215,9 +225,14 @@ def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    from ..models.prompts import check_prompt_ids
+
     user = load_speculator_factory(args.speculator)
     arms = _arms(args.arms, user.speculator.max_block_size)
-    triples = [(f"{p.domain}-{i:04d}", p.domain, user.codec.encode(p.prompt)) for i, p in numbered]
+    check_prompt_ids([p for _, p in numbered], user.vocab_size, user.max_context, args.max_new_tokens,
+                     f"--speculator {user.path}'s")
+    triples = [(f"{p.domain}-{i:04d}", p.domain, user.codec.encode(p.prompt) if p.prompt_ids is None
+                else list(p.prompt_ids)) for i, p in numbered]
     traces = collect_traces(user.speculator, triples, arms, args.out, args.max_new_tokens, args.temperature,
                             args.seed, overwrite=args.force, part=args.part, progress=sys.stderr.isatty(),
                             meta={"speculator": user.path, "threads": torch.get_num_threads()})
@@ -244,7 +259,8 @@ def _run_ray(args: argparse.Namespace, numbered: list) -> int:
         DenseTraceSet.open(args.out)  # a foreign directory is refused before Ray starts
     make = functools.partial(load_speculator, args.target, args.drafter, dtype=args.dtype, device=args.device,
                              threads=1, verification=args.verification)
-    triples = [(f"{p.domain}-{i:04d}", p.domain, p.prompt) for i, p in numbered]
+    triples = [(f"{p.domain}-{i:04d}", p.domain, p.prompt if p.prompt_ids is None else list(p.prompt_ids))
+               for i, p in numbered]  # ids: their vocabulary checked by each task's target
     meta = {"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
             "dtype": args.dtype, "device": args.device, "features": None}
     gpu = args.device.startswith("cuda")

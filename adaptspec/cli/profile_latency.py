@@ -16,7 +16,7 @@ import platform
 from pathlib import Path
 
 from ..collect.checked import checked_decode, checked_prefill
-from ._types import block_sizes, device, int_range, threads
+from ._types import block_sizes, device, input_file, int_range, threads
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
 #: the block sizes timed by default (those up to the speculator's max_block_size)
@@ -24,7 +24,10 @@ DEFAULT_ARMS = [1, 2, 4, 8, 12, 16, 24, 32]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int_range(1), default=6, help="held-out prompts to decode (spread over domains)")
+    p.add_argument("--prompts", type=_prompts, default=6, metavar="N|FILE",
+                   help="N held-out prompts to decode (spread over domains; default 6), or a JSONL file of them, "
+                        "each row 'prompt' (text) or 'prompt_ids' (the target's token ids, a list of integers: for "
+                        "a target without a tokenizer)")
     p.add_argument("--arms", type=block_sizes, default=None,
                    help=f"block sizes to time (default: {','.join(map(str, DEFAULT_ARMS))} up to the speculator's "
                         "max_block_size)")
@@ -87,6 +90,11 @@ def timed_rounds(decoded: list, where: str) -> tuple[list[dict], bool]:
     return rows, whole
 
 
+def _prompts(text: str) -> int | Path:
+    """``--prompts``: a count of held-out prompts, or a prompt file (read once the flags are checked)."""
+    return int_range(1)(text) if text.lstrip("+-").isdigit() else input_file(text)
+
+
 def _positive_ints(text: str) -> list[int]:
     try:
         xs = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reward.latency import fit_profile
     from ..models import load_speculator
     from ..decoding.loading import cache_dir
-    from ..models.prompts import heldout_prompts
+    from ..models.prompts import IDS_INSTEAD, check_prompt_ids, heldout_prompts, read_prompts
 
     from .._util.outputs import check_output, write_file
 
@@ -120,15 +128,25 @@ def run(args: argparse.Namespace) -> int:
     pool = heldout_prompts()
     domains = sorted({p.domain for p in pool})
     most = len(domains) * min(sum(p.domain == d for p in pool) for d in domains)
-    if args.prompts > most:
+    if isinstance(args.prompts, int) and args.prompts > most:
         raise AdaptspecError(f"--prompts {args.prompts}: there are {most} held-out prompts to take in turn by domain")
+    if isinstance(args.prompts, int):
+        picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)]
+                  for i in range(args.prompts)]
+    else:
+        picked = read_prompts(args.prompts)  # one line naming the file and the row, before any model loads
     if args.speculator is None:
         spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                                verification=args.verification)
-        if spec.target.tokenizer is None and not args.batch_only:
+        text = [p for p in picked if p.prompt_ids is None]
+        if spec.target.tokenizer is None and text and not args.batch_only:
+            what = text[0].where if isinstance(args.prompts, Path) else "its held-out text prompts"
             raise AdaptspecError(f"--target {args.target}: this target has no tokenizer, so profile-latency cannot encode "
-                                 "its held-out text prompts: add the tokenizer's files to the target directory, or "
-                                 "time your own rounds and fit them from Python (adaptspec.reward.latency.fit_profile)")
+                                 f"text prompts ({what}): add the tokenizer's files to the target directory, or "
+                                 f"{IDS_INSTEAD}")
+        check_prompt_ids(picked, spec.target.vocab_size,
+                         getattr(spec.target.model.config, "max_position_embeddings", None), args.max_new_tokens,
+                         "the target's")
         encode, where, who = spec.target.encode_chat, f"{args.device}, {args.dtype}", "the decoder"
     else:
         if args.threads is not None:
@@ -136,17 +154,17 @@ def run(args: argparse.Namespace) -> int:
         user = load_speculator_factory(args.speculator)
         spec, encode, where = user.speculator, user.codec.encode, f"--speculator {user.path}"
         who = where
+        check_prompt_ids(picked, user.vocab_size, user.max_context, args.max_new_tokens, f"{where}'s")
     if args.arms is None:
         args.arms = [b for b in DEFAULT_ARMS if b <= spec.max_block_size]
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
-    picked = [[p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)] for i in range(args.prompts)]
     decoded = []  # (prompt tokens, block size, outcome)
     for i, p in enumerate(tqdm([] if args.batch_only else picked, desc="profile", unit="prompt",
                                          disable=not sys.stderr.isatty())):
-        ids = encode(p.prompt)
-        at = f"{who}, held-out prompt {i}"
+        ids = encode(p.prompt) if p.prompt_ids is None else list(p.prompt_ids)
+        at = f"{who}, held-out prompt {i}" if isinstance(args.prompts, int) else f"{who}, {p.where}"
         pre = checked_prefill(spec, ids, 0.0, 0, at)
         decoded += [(len(ids), b, checked_decode(spec, pre, b, args.max_new_tokens, at)) for b in args.arms]
     rounds, whole = timed_rounds(decoded, who)

