@@ -75,7 +75,7 @@ def hand_replay(ts: TraceSet, passes: int, latency: str | None) -> tuple[list[in
 
 @pytest.mark.parametrize("latency", [None, PROFILE], ids=["default", "profile"])
 def test_replay_feeds_the_cold_default_as_the_controller_does(latency: str | None) -> None:
-    ts = bench_subset(24)
+    ts = bench_subset(16)
     passes = 2
     want_arms, want_r = hand_replay(ts, passes, latency)
     rep = replay(ts, ["fi-ucb"], reward="token_latency", latency=latency, order="logged",
