@@ -209,3 +209,29 @@ def test_calibrated_norms_keep_a_head_of_typical_length(reference_target):
         assert torch.allclose(layer.q_norm(q), q, atol=1e-5)
     with pytest.raises(AdaptspecError, match="2 scales"):
         calibrate_qk_norms(d, [(1.0, 1.0)])
+
+
+def test_shipped_dflash_drafter_is_for_the_bundled_target():
+    from adaptspec.models.bundled import BUNDLED_DRAFTER
+    from adaptspec.models.vllm_export import SHIPPED_DFLASH_DRAFTER
+
+    config, tensors = dflash_format.load(SHIPPED_DFLASH_DRAFTER)
+    raw = json.loads((SHIPPED_DFLASH_DRAFTER / "config.json").read_text())
+    bundled = json.loads((BUNDLED_DRAFTER / "drafter_config.json").read_text())
+    assert raw["dflash_config"] == {"mask_token_id": 16, "target_layer_ids": [i - 1 for i in bundled["target_layers"]]}
+    assert (raw["num_target_layers"], raw["hidden_size"], raw["head_dim"], raw["vocab_size"]) == (30, 576, 64, 49152)
+    assert config.qk_norm and config.draft_vocab_size == 8192
+    # the same draft vocabulary as the bundled drafter it was made from
+    from safetensors.torch import load_file as load
+
+    assert torch.equal(tensors[dflash_format.DRAFT_VOCAB_TENSOR], load(BUNDLED_DRAFTER / "drafter.safetensors")["draft_vocab"])
+
+
+@pytest.mark.slow
+def test_shipped_dflash_drafter_exports_for_vllm(tmp_path):
+    from adaptspec.models.vllm_export import SHIPPED_DFLASH_DRAFTER
+
+    out = export_drafter(SHIPPED_DFLASH_DRAFTER, None, tmp_path / "vllm")  # the bundled target's head rows
+    stored = load_file(out / "model.safetensors")
+    assert stored[LM_HEAD].shape == (8192, 576) and stored[D2T].shape == (8192,)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 8192
