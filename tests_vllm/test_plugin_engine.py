@@ -23,7 +23,8 @@ VARIANTS = {"A": "fixed:2", "B": "fixed:4"}
 
 @pytest.fixture(scope="module")
 def served(models, tmp_path_factory):
-    """Runs the workload once: 3 requests per variant, then 2 of variant A whose controller raises;
+    """Runs the workload once: 3 requests per variant, then 2 of variant A whose controller raises
+    (``ignore_eos``: every request runs to M tokens, so its steps follow from its length alone);
     returns what the tests read after the engine has shut down."""
     from vllm import SamplingParams
 
@@ -34,7 +35,7 @@ def served(models, tmp_path_factory):
     try:
         plugin = scheduler_of(llm).adaptspec
         asked = ["A", "B"] * 3
-        params = [SamplingParams(temperature=0.0, max_tokens=M, extra_args={"adaptspec_variant": v}) for v in asked]
+        params = [SamplingParams(temperature=0.0, max_tokens=M, ignore_eos=True, extra_args={"adaptspec_variant": v}) for v in asked]
         outs = llm.generate(prompts(len(asked)), params, use_tqdm=False)
         per_pos = accepted_per_position(llm)
 
@@ -45,7 +46,7 @@ def served(models, tmp_path_factory):
 
         ctl.decide = broken  # the controller itself fails (not its policy): vLLM must go on at its own length
         try:
-            faulty = llm.generate(prompts(2, seed=1), [SamplingParams(temperature=0.0, max_tokens=M,
+            faulty = llm.generate(prompts(2, seed=1), [SamplingParams(temperature=0.0, max_tokens=M, ignore_eos=True,
                                                                       extra_args={"adaptspec_variant": "A"})] * 2,
                                   use_tqdm=False)
         finally:
