@@ -85,7 +85,9 @@ def render_replay(d: dict[str, Any], figs: list[str]) -> str:
         f"trained on each split's training part only; the stream is {d['passes']} shuffled passes over the evaluation "
         f"part ({d['steps']} requests). Contexts: {d['contexts']}. Best fixed block = the best single B in hindsight "
         "on the same stream. Brackets: 95% t-intervals over runs. \"First pass\": the first "
-        f"{d['n_eval']} requests of the stream, each evaluation request once.",
+        f"{d['n_eval']} requests of the stream, each evaluation request once. \"feedback\": what a policy "
+        "learns after each request, as the controller feeds it (full: every block size its rounds show, "
+        "priced as the controller prices them; bandit: the block size that ran; none: it does not learn).",
         "",
         _policy_table(d["stream"], d["reward"], d["first_pass"]),
         "",
