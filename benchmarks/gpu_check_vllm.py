@@ -19,6 +19,8 @@ On one GPU with vLLM 0.32.0 (``pip install -e '.[vllm,dev]'``), each check in a 
 
 The async scheduler is refused by the plug-in, so every engine here runs with
 ``async_scheduling=False``. Nothing is downloaded: ``--target``/``--drafter`` are local folders.
+``GPU_CHECK_MEMORY`` (default 0.9) is vLLM's ``gpu_memory_utilization`` (on the CPU build, the share
+of RAM: a smoke run of one check on a CPU, ``GPU_CHECK_MEMORY=0.05 ... --check cut``, needs it small).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _llm(target: Path, spec: dict | None, entry: dict | None):
     from vllm import LLM
 
     kw = dict(model=str(target), skip_tokenizer_init=True, dtype="float32", max_model_len=1024, max_num_seqs=64,
-              seed=0, disable_log_stats=False, async_scheduling=False, speculative_config=spec)
+              seed=0, disable_log_stats=False, async_scheduling=False, speculative_config=spec,
+              gpu_memory_utilization=float(os.environ.get("GPU_CHECK_MEMORY", "0.9")))
     if entry is not None:
         kw |= dict(scheduler_cls="adaptspec.vllm.AdaptiveScheduler", additional_config={"adaptspec": entry})
     return LLM(**kw)
@@ -86,25 +89,22 @@ def check(name: str, args) -> dict:
         llm = _llm(target, {"method": "draft_model", "model": str(target), "num_speculative_tokens": K},
                    {"variants": {"A": "fixed:2", "B": f"fixed:{K + 1}"}})
         asked = ["A", "B"] * 8
-        llm.generate(_prompts(len(asked)), [SamplingParams(temperature=0, max_tokens=m, extra_args={"adaptspec_variant": v})
+        llm.generate(_prompts(len(asked)), [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, extra_args={"adaptspec_variant": v})
                                             for v in asked])
         sa, sb = math.ceil((m - 1) / 2), math.ceil((m - 1) / (K + 1))
         expected = [8 * sa + 8 * sb] + [8 * sb] * (K - 1)
         got = _per_pos(llm)
         return {"per_pos": got, "expected": expected, "passed": got == expected}
-    if name.startswith("cost"):
-        rows = int(name.split(":")[1])
-        out = {}
-        for label, entry in (("vllm_K", None), ("plugin_fixed", {"variants": {"A": f"fixed:{K + 1}"}})):
-            llm = _llm(target, spec, entry)
-            t0 = time.perf_counter()
-            llm.generate(_prompts(rows, seed=1), SamplingParams(temperature=0, max_tokens=128))
-            out[label] = time.perf_counter() - t0
-            if entry is not None:
-                st = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec.stats()
-                out["plugin_share"] = st["plugin_share"]
-            del llm
-        out["ratio_plugin_over_vllm"] = out["plugin_fixed"] / out["vllm_K"]
+    if name.startswith("cost"):  # cost:ROWS:LABEL, one engine a process
+        _, rows, label = name.split(":")
+        entry = None if label == "vllm_K" else {"variants": {"A": f"fixed:{K + 1}"}}
+        llm = _llm(target, spec, entry)
+        llm.generate(_prompts(int(rows), seed=2), SamplingParams(temperature=0, max_tokens=8))   # warm-up
+        t0 = time.perf_counter()
+        llm.generate(_prompts(int(rows), seed=1), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
+        out = {"seconds": time.perf_counter() - t0}
+        if entry is not None:
+            out["plugin_share"] = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec.stats()["plugin_share"]
         return out
     raise SystemExit(f"unknown check {name!r}")
 
@@ -143,7 +143,11 @@ def main() -> None:
                                             "stderr_tail": got.get("stderr_tail") or ref.get("stderr_tail")})})
         results.append({"mrv2": mrv2 == "1", **_run("cut", args, env)})
     for rows in (8, 32, 64):
-        results.append(_run(f"cost:{rows}", args, {}))
+        base, plug = _run(f"cost:{rows}:vllm_K", args, {}), _run(f"cost:{rows}:plugin_fixed", args, {})
+        ok = "seconds" in base and "seconds" in plug
+        results.append({"check": "cost", "rows": rows, "vllm_K_s": base.get("seconds"), "plugin_s": plug.get("seconds"),
+                        "ratio_plugin_over_vllm": plug["seconds"] / base["seconds"] if ok else None,
+                        "plugin_share": plug.get("plugin_share")})
     with open(args.out, "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")
