@@ -441,3 +441,89 @@ def test_the_users_speculator_of_the_issue_46_cases_works_when_nothing_is_change
                            timeout=120, env=env)
         assert p.returncode == 0, p.stderr
     assert TraceSet.read(tmp_path / "runs/t").arms == (1, 2, 4, 6, 8)
+
+
+# ============================================================================ issue 46, item 17: --prompts of token ids
+#: the published-format tiny pair: a target without a tokenizer (vocabulary 256, 1024 positions), a drafter of 8
+_PAIR = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
+_IDS_MODEL = ["--target", str(_PAIR / "target"), "--drafter", str(_PAIR / "drafter"), "--threads", "1"]
+_GOOD_ROW = '{"prompt_ids": [5, 17, 33], "domain": "a"}\n'
+
+# (id, the prompt file's text, the text stderr must contain): each row after a good one, so the line is 2
+CASES_IDS: list[tuple[str, str, str]] = [
+    ("ids-not-a-list", '{"prompt_ids": "5 17 33"}', 'ids.jsonl:2: prompt_ids must be a non-empty list of token ids, got "5 17 33"'),
+    ("ids-empty", '{"prompt_ids": []}', "ids.jsonl:2: prompt_ids must be a non-empty list of token ids, got []"),
+    ("ids-null", '{"prompt_ids": null}', "ids.jsonl:2: prompt_ids must be a non-empty list of token ids, got null"),
+    ("ids-negative", '{"prompt_ids": [5, -1]}', "ids.jsonl:2: prompt_ids[1] is -1: token ids are integers >= 0"),
+    ("ids-float", '{"prompt_ids": [5, 2.5]}', "ids.jsonl:2: prompt_ids[1] is 2.5: token ids are integers >= 0"),
+    ("ids-integral-float", '{"prompt_ids": [5.0]}', "ids.jsonl:2: prompt_ids[0] is 5.0: token ids are integers"),
+    ("ids-bool", '{"prompt_ids": [true]}', "ids.jsonl:2: prompt_ids[0] is true: token ids are integers >= 0"),
+    ("ids-string", '{"prompt_ids": [5, "17"]}', 'ids.jsonl:2: prompt_ids[1] is "17": token ids are integers >= 0'),
+    ("ids-nested", '{"prompt_ids": [[5, 17]]}', "ids.jsonl:2: prompt_ids[0] is [5, 17]: token ids are integers >= 0"),
+    ("ids-nan", '{"prompt_ids": [NaN]}', "ids.jsonl:2: prompt_ids[0] is NaN: token ids are integers >= 0"),
+    ("ids-too-many", json.dumps({"prompt_ids": [1] * 131_073}),
+     "ids.jsonl:2: prompt_ids has 131073 token ids, more than the 131072 a prompt may hold"),
+    ("ids-and-text-both", '{"prompt_ids": [5], "prompt": "hi"}',
+     "ids.jsonl:2: needs a non-empty string field 'prompt' or a list of token ids 'prompt_ids' (one of them)"),
+    ("ids-neither", '{"domain": "a"}', "ids.jsonl:2: needs a non-empty string field 'prompt' or a list of token ids"),
+    # checked against the target once it is loaded (the vocabulary is 0..255, 1024 positions)
+    ("ids-past-the-vocabulary", '{"prompt_ids": [5, 256]}',
+     "ids.jsonl:2: prompt_ids[1] is 256, outside the target's vocabulary 0..255"),
+    ("ids-far-past-the-vocabulary", '{"prompt_ids": [1000000000000000000000000000000]}',
+     "ids.jsonl:2: prompt_ids[0] is 1000000000000000000000000000000, outside the target's vocabulary 0..255"),
+    ("ids-past-the-context", json.dumps({"prompt_ids": [7] * 1021}),
+     "ids.jsonl:2: 1021 prompt ids and --max-new-tokens 4 exceed the target's context of 1024 tokens"),
+    # a text row on a target without a tokenizer: what works instead
+    ("ids-text-row-without-a-tokenizer", '{"prompt": "hello"}',
+     'ids.jsonl:2): add the tokenizer\'s files to the target directory, or pass token ids instead: --prompts '
+     'FILE.jsonl whose rows are {"prompt_ids": [12, 345, ...], "domain": "..."}'),
+]
+_IDS_COMMANDS = {"collect": ["collect", "--out", "runs/t", "--max-new-tokens", "4"],
+                 "profile-latency": ["profile-latency", "--out", "p.json", "--max-new-tokens", "4"]}
+_IDS_RUNS = [(command, case) for case in CASES_IDS for command in _IDS_COMMANDS]
+
+
+def _run_ids(command: str, case: tuple[str, str, str], base: Path) -> dict:
+    cid, row, _ = case
+    cwd = base / f"{command}-{cid}"
+    cwd.mkdir()
+    (cwd / "ids.jsonl").write_text(_GOOD_ROW + row + "\n")
+    before = _snapshot(cwd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # transformers' weight-loading bar is not adaptspec's stderr
+    argv = [*_IDS_COMMANDS[command], *_IDS_MODEL, "--prompts", "ids.jsonl"]
+    p = subprocess.run([sys.executable, "-m", "adaptspec", *argv], cwd=cwd, capture_output=True, text=True,
+                       timeout=180, env=env)
+    return {"rc": p.returncode, "stderr": p.stderr, "stdout": p.stdout, "before": before, "after": _snapshot(cwd)}
+
+
+@pytest.fixture(scope="module")
+def results_ids(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cases-ids")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {(command, c[0]): pool.submit(_run_ids, command, c, base) for command, c in _IDS_RUNS}
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.mark.slow  # a subprocess each, torch imported, some load the tiny pair: about 3 s of CPU a case
+@pytest.mark.parametrize("command, case", _IDS_RUNS, ids=[f"{command}-{c[0]}" for command, c in _IDS_RUNS])
+def test_a_bad_token_id_prompt_file_is_one_line_naming_file_and_row_exit_2_and_changes_nothing(results_ids, command,
+                                                                                              case):
+    r = results_ids[(command, case[0])]
+    err = r["stderr"]
+    assert "Traceback" not in err, err
+    assert r["rc"] == 2, (r["rc"], err, r["stdout"])
+    assert err.count("\n") == 1 and err.startswith(f"adaptspec {command}: error: "), err
+    assert case[2] in err, err
+    assert r["after"] == r["before"]
+
+
+@pytest.mark.slow
+def test_the_good_row_of_the_token_id_cases_collects_alone(tmp_path):
+    """The cases' first row is good: alone, the same command line collects it (exit 0)."""
+    (tmp_path / "ids.jsonl").write_text(_GOOD_ROW)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    p = subprocess.run([sys.executable, "-m", "adaptspec", *_IDS_COMMANDS["collect"], *_IDS_MODEL, "--prompts",
+                        "ids.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr
+    assert TraceSet.read(tmp_path / "runs/t").n_requests == 1
