@@ -192,4 +192,18 @@ def test_the_choice_runs_the_faster_dtype_and_writes_a_repriced_head(tmp_path):
         choose(costs, "float16")
     line = choice.summary()
     assert "\n" not in line and "bfloat16" in line and "cannot pay" in line
-    assert json.dumps(choice.to_dict())
+    report = choice.to_dict()
+    assert json.dumps(report)
+    assert str(tmp_path) not in json.dumps(report), "/health names no server path (issue 46 item 11)"
+    assert report["profile"] == choice.profile_path.name and report["head"] == choice.head.name
+
+    from adaptspec.serving import CompletionService, ServerLimits
+    from adaptspec.serving.tiny import tiny_speculator
+
+    spec, codec = tiny_speculator(0)
+    svc = CompletionService.build(spec, {"A": "fixed:2"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128),
+                                  host=report)
+    try:
+        assert svc.health()["host"] == report  # what /health says was measured and chosen
+    finally:
+        svc.close()

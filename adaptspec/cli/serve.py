@@ -316,6 +316,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
         checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
         stall_s=args.stall_timeout,
+        host=None if getattr(args, "host_choice", None) is None else args.host_choice.to_dict(),
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
         **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}))

@@ -75,13 +75,14 @@ class HostChoice:
                 f"({plain:.1f} ms); {verdict}")
 
     def to_dict(self) -> dict[str, Any]:
-        """For ``/health``: what was measured and chosen."""
+        """For ``/health``: what was measured and chosen (the profile's and head's file names, never
+        the server's paths)."""
         return {"host": describe(self.costs.key), "dtype": self.dtype, "chosen_by": self.chosen_by,
                 "plain_round_ms": {d: round(1e3 * float(q.round_s(1)), 2) for d, q in self.costs.profiles.items()},
                 "round_ms": {str(b): round(1e3 * float(self.profile.round_s(b)), 2) for b in sorted(self.speeds)},
                 "prior_tok_s": {str(b): round(s, 2) for b, s in self.speeds.items()},
                 "best_block_size": self.best_block_size, "speculation_pays": self.speculation_pays,
-                "profile": str(self.profile_path), "head": None if self.head is None else str(self.head),
+                "profile": self.profile_path.name, "head": None if self.head is None else self.head.name,
                 "measured_at": self.costs.measured_at, "timing_s": self.costs.timing_s}
 
 

@@ -83,7 +83,8 @@ class CompletionService:
 
     def __init__(self, controllers: Mapping[str, "AdaptiveController"], router: ABRouter, runner: Runner,
                  codec: Codec | None = None, limits: ServerLimits | None = None, model_name: str = "adaptspec",
-                 metrics: "ServingMetrics | None" = None, log_dir: str | Path | None = None) -> None:
+                 metrics: "ServingMetrics | None" = None, log_dir: str | Path | None = None,
+                 host: Mapping[str, Any] | None = None) -> None:
         missing = [v for v in router.variants if v not in controllers]
         if missing:
             raise AdaptspecError(f"no controller for variant {missing[0]!r}")
@@ -94,6 +95,7 @@ class CompletionService:
         self.model_name = model_name
         self.metrics = metrics
         self.log_dir = None if log_dir is None else Path(log_dir)
+        self.host = None if host is None else dict(host)  # what the host measurement chose (adaptspec.host), for /health
         self.started = time.time()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -105,12 +107,13 @@ class CompletionService:
               log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
               limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
               engine: "EngineSettings | None" = None, stall_s: float = STALL_S,
-              **controller_options: Any) -> "CompletionService":
+              host: Mapping[str, Any] | None = None, **controller_options: Any) -> "CompletionService":
         """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
 
         ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
         Every variant logs to ``log_dir`` (its name in the ``variant`` column) and checkpoints to
-        ``checkpoint_dir/NAME``; ``controller_options`` go to every controller.
+        ``checkpoint_dir/NAME``; ``controller_options`` go to every controller. ``host``: what the
+        host measurement chose (:meth:`adaptspec.host.HostChoice.to_dict`), reported by ``/health``.
 
         adaptspec's own speculator (a :class:`~adaptspec.decoding.SpeculativeDecoder`: a target and
         a drafter; :func:`runs_on_engine`) is decoded by one batched engine, ``engine`` its
@@ -157,7 +160,7 @@ class CompletionService:
         served = ServingMetrics(controllers) if metrics else None
         if served is not None and batched:
             served.attach_engine(runner.loop.stats)
-        return cls(controllers, router, runner, codec, limits, model_name, served, log_dir)
+        return cls(controllers, router, runner, codec, limits, model_name, served, log_dir, host)
 
     # ------------------------------------------------------------------ requests
     def parse(self, body: bytes, variant_header: str | None = None) -> CompletionRequest:
@@ -379,8 +382,11 @@ class CompletionService:
             status = "closing"
         else:
             status = "degraded" if failing or engine["state"] != "ok" else "ok"
-        return {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
-                "variants": variants, "engine": engine}
+        report = {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
+                  "variants": variants, "engine": engine}
+        if self.host is not None:
+            report["host"] = self.host
+        return report
 
     def ab_report(self, ope: bool = True, n_boot: int = 200) -> dict[str, Any]:
         """The live A/B report over the decision log (see :mod:`adaptspec.analysis.ab`)."""
