@@ -383,3 +383,29 @@ def test_ope_counterfactuals_from_the_command_line(tmp_path, capsys):
     assert main(["ope", str(tmp_path / "plain"), "--policy", "fixed:8", "--counterfactuals"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds no counterfactual rewards" in err[0]
+
+
+@pytest.mark.parametrize("prefix_drafts", [True, False])
+def test_an_engines_controller_told_prefix_drafts_has_exact_counterfactuals(tmp_path, prefix_drafts):
+    """Issue 45: an engine that drafts one block a round and verifies a prefix of it (vLLM's methods
+    under adaptspec.vllm) says so with ``prefix_drafts``; then every shorter arm's counterfactual is
+    exact, as for a speculator declaring it (the test above); without it, the arms other than the one
+    that ran are approximate (each would have drafted a block of its own). The rounds are the toy's."""
+    spec = ToyTaus()
+    p = spec.prefill(prompt(3))
+    with AdaptiveController.for_engine(ARMS, feature_dim=2, policy="fixed:6", log_dir=tmp_path,
+                                       latency=PROFILE, prefix_drafts=prefix_drafts) as c:
+        d = c.decide(p.features)
+        out = spec.decode(p, d.block_size, 23)
+        assert c.feedback(d.decision_id, out) == "applied"
+        row, = c.pending_log_rows()
+    ran = ARMS.index(6)
+    assert row["cf_censored"] == [False, False, False]
+    assert row["cf_approximate"] == [False if i == ran else not prefix_drafts for i in range(len(ARMS))]
+
+
+def test_prefix_drafts_is_for_an_engine_and_a_boolean():
+    with pytest.raises(AdaptspecError, match="a speculator declares its own prefix_drafts"):
+        AdaptiveController(ToyTaus(), "fixed:4", arms=ARMS, prefix_drafts=True)
+    with pytest.raises(AdaptspecError, match="prefix_drafts must be True or False"):
+        AdaptiveController.for_engine(ARMS, feature_dim=2, policy="fixed:4", prefix_drafts="yes")
