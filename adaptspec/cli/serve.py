@@ -183,21 +183,10 @@ def _shared(args: argparse.Namespace, variants: list[str]) -> dict | None:
         return None
     import socket
 
-    from ..fleet import SharedState
-    from ..fleet.redis_backend import RedisBackend
+    from ..fleet import claimed_states
 
-    backend = RedisBackend(args.shared).connect()
-    replica = args.replica_id or f"{socket.gethostname()}:{args.port}"
-    states = {v: SharedState(backend, replica, sync_every=args.sync_every, sync_interval_s=args.sync_interval,
-                             lease_ttl_s=args.lease_ttl) for v in variants}
-    try:
-        for v, s in states.items():
-            s.claim(v)
-    except BaseException:
-        for s in states.values():
-            s.close()
-        raise
-    return states
+    return claimed_states(args.shared, args.replica_id or f"{socket.gethostname()}:{args.port}", variants,
+                          sync_every=args.sync_every, sync_interval_s=args.sync_interval, lease_ttl_s=args.lease_ttl)
 
 
 def build(args: argparse.Namespace):

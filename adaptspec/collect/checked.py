@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..policies.base import feature_vector
 from ..speculator import Outcome, Prefill, outcome_fault
 
 
@@ -54,16 +55,12 @@ def checked_features(features: Any, width: int | None, where: str, whose: str) -
     """``features`` as a float32 vector: 1-D, non-empty, finite, ``width`` long when known
     (``whose`` says where ``width`` comes from, for the message)."""
     try:
-        x = np.asarray(features, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise AdaptspecError(f"{where}: features must be a vector of numbers, got {type(features).__name__}") from None
-    if x.ndim != 1 or x.size == 0:
-        raise AdaptspecError(f"{where}: features must be a non-empty 1-D vector, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise AdaptspecError(f"{where}: features have NaN or infinite values")
+        x = feature_vector(features)  # the controller's own check (adaptspec.policies.base)
+    except AdaptspecError as e:
+        raise AdaptspecError(f"{where}: {e}") from None
     if width is not None and x.size != width:
         raise AdaptspecError(f"{where}: features have {x.size} values, {whose} {width}")
-    return x
+    return x.astype(np.float32)
 
 
 def checked_decode(speculator: Any, prefill: Prefill, block_size: int, max_new_tokens: int, where: str,

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..policies.base import CONTEXT_LIMIT, context_fault
+from ..policies.base import CONTEXT_LIMIT, context_fault, feature_vector
 from ..speculator import LoadState
 
 #: The load features appended to a context (``load_features=True``), in order: rows decoding
@@ -130,14 +130,7 @@ class Contexts:
             if not float(z.dot(z)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # features far outside what it was fitted on
                 raise context_fault(z, "the featurizer's contexts of these features")
             return z
-        try:
-            x = np.asarray(features, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
-        if x.ndim != 1 or x.size == 0:
-            raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
-        if not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # NaN, infinite and implausibly large values fail
-            raise context_fault(x, "features")
+        x = feature_vector(features)
         if self.raw_width is None:  # the first valid features fix the width
             self.fix_width(x.size, "the first request's features had")
         if x.size != self.raw_width:

@@ -11,7 +11,7 @@
 """
 
 from .backend import MemoryBackend
-from .shared_state import SharedState
+from .shared_state import SharedState, claimed_states
 from .stats import family_for
 
-__all__ = ["MemoryBackend", "SharedState", "family_for"]
+__all__ = ["MemoryBackend", "SharedState", "claimed_states", "family_for"]

@@ -489,3 +489,22 @@ class SharedState:
         if self.lease is not None:
             self.lease.release()
 
+
+def claimed_states(url: str, replica: str, variants: list[str], **settings: Any) -> dict[str, SharedState]:
+    """One :class:`SharedState` per variant over one Redis connection at ``url``, each holding its
+    replica id ``replica`` (``settings``: ``sync_every``, ``sync_interval_s``, ``lease_ttl_s``).
+
+    Redis is pinged and the replica id claimed now: unreachable, or an id a live replica holds, is
+    one line (and the states claimed so far are released)."""
+    from .redis_backend import RedisBackend
+
+    backend = RedisBackend(url).connect()
+    states = {v: SharedState(backend, replica, **settings) for v in variants}
+    try:
+        for v, s in states.items():
+            s.claim(v)
+    except BaseException:
+        for s in states.values():
+            s.close()
+        raise
+    return states

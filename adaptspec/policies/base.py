@@ -532,6 +532,20 @@ def context_fault(x: np.ndarray, what: str = "context") -> AdaptspecError:
                           f"a context's norm is at most {CONTEXT_LIMIT:g})")
 
 
+def feature_vector(features: Any) -> np.ndarray:
+    """A request's prefill features as a float64 vector: 1-D, non-empty, finite and within
+    :data:`CONTEXT_LIMIT` (one :class:`AdaptspecError` otherwise); its width is the caller's to check."""
+    try:
+        x = np.asarray(features, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
+    if x.ndim != 1 or x.size == 0:
+        raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
+    if not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # NaN, infinite and implausibly large values fail
+        raise context_fault(x, "features")
+    return x
+
+
 def one_hot(k: int, i: int) -> np.ndarray:
     """Probability vector that puts all mass on arm ``i``."""
     p = np.zeros(k)

@@ -306,18 +306,8 @@ def _shared_states(settings: PluginSettings, variants: list[str]) -> dict[str, A
         return None
     import socket
 
-    from ..fleet import SharedState
-    from ..fleet.redis_backend import RedisBackend
+    from ..fleet import claimed_states
 
-    backend = RedisBackend(settings.shared).connect()
-    replica = settings.replica_id or f"{socket.gethostname()}:vllm"
-    states = {v: SharedState(backend, replica, sync_every=settings.sync_every, sync_interval_s=settings.sync_interval,
-                             lease_ttl_s=settings.lease_ttl) for v in variants}
-    try:
-        for v, s in states.items():
-            s.claim(v)
-    except BaseException:
-        for s in states.values():
-            s.close()
-        raise
-    return states
+    return claimed_states(settings.shared, settings.replica_id or f"{socket.gethostname()}:vllm", variants,
+                          sync_every=settings.sync_every, sync_interval_s=settings.sync_interval,
+                          lease_ttl_s=settings.lease_ttl)

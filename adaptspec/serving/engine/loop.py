@@ -511,15 +511,7 @@ class EngineLoop:
         """On the watchdog's thread, once the engine is stalled: answer every request in flight or
         queued with a 503. The engine itself is the stuck thread's: not touched here (see _after_stall)."""
         error = self._stall_error()
-        while True:  # submitted, not yet taken by the (stuck) loop
-            try:
-                ticket, _ = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            with self._lock:
-                self._inbox_n -= 1
-            ticket.complete(error)
-        for t in list(self._tickets):
+        for t in self._take_inbox() + list(self._tickets):  # the inbox: submitted, not yet taken by the (stuck) loop
             t.complete(error)
 
     def _after_stall(self) -> None:
@@ -531,15 +523,20 @@ class EngineLoop:
             t.complete(error)  # answered already: nothing happens, unless it joined since
         self._tickets = []
 
-    def _fail_everything(self, error: AdaptspecError) -> None:
-        while True:  # submitted, not yet taken
+    def _take_inbox(self) -> list:
+        """The tickets submitted and not yet taken by the loop, taken out of the inbox."""
+        taken = []
+        while True:
             try:
                 ticket, _ = self._inbox.get_nowait()
             except queue.Empty:
-                break
+                return taken
             with self._lock:
                 self._inbox_n -= 1
-            self._tickets.append(ticket)
+            taken.append(ticket)
+
+    def _fail_everything(self, error: AdaptspecError) -> None:
+        self._tickets.extend(self._take_inbox())
         self.engine.reset(error)
         for t in self._tickets:
             h = t.handle
