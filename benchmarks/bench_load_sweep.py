@@ -113,6 +113,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, out: Path, timeout: float, name: str = "server") -> None:
+    """Until ``url``/health answers 200: a server that exits first, or is not up in ``timeout``
+    seconds, is one RuntimeError (with the end of its output ``out``)."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name}: server exited: {out.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{name}: server did not start in {timeout:.0f} s")
+
+
 class Server:
     """One ``adaptspec serve --batched`` process on loopback."""
 
@@ -126,19 +144,7 @@ class Server:
         self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300) -> None:
-        import httpx
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.out.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("server did not start in time")
+        wait_healthy(self.proc, self.url, self.out, timeout)
 
     def warm_up(self, prompt: str) -> None:
         """Ready, then one short request (first-call costs), not measured."""

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load_sweep import free_port, paired_ratio, run_figures  # noqa: E402  (the load sweep's figures)
+from bench_load_sweep import free_port, paired_ratio, run_figures, wait_healthy  # noqa: E402  (the load sweep's figures)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_VLLM_PYTHON = "/work/venv-vllm/bin/python"
@@ -130,19 +130,7 @@ class Server:
                                      env={**os.environ, **env}, start_new_session=True)
 
     def wait_ready(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: server exited: {self.out.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"{self.name}: server did not start in {timeout:.0f} s")
+        wait_healthy(self.proc, self.url, self.out, timeout, self.name)
 
     def counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters from /metrics (empty for a server without them)."""
