@@ -221,7 +221,7 @@ def _shards(root: Path, n=6, length=24, width=3 * 64, seed=0) -> Path:
 
 def test_training_in_the_dflash_layout_resumes_and_exports_it(tmp_path):
     from adaptspec.cli.train_drafter import _load_checkpoint
-    from adaptspec.models.train_drafter import TrainConfig, export, train
+    from adaptspec.models.train_drafter import TrainConfig, export, load_state, train
 
     data = _shards(tmp_path / "train")
     cfg = TrainConfig(num_layers=1, layout="dflash", mask_token_id=7, block_size=4, draft_vocab_size=None,
@@ -230,9 +230,11 @@ def test_training_in_the_dflash_layout_resumes_and_exports_it(tmp_path):
     assert d.config.qk_norm and d.config.mask_token_id == 7 and d.config.max_block_size == 4
     # resuming with the default layout still rebuilds the checkpoint's architecture
     lines: list[str] = []
-    cfg2 = dataclasses.replace(cfg, layout="adaptspec", mask_token_id=None, total_steps=3)
+    cfg2 = dataclasses.replace(cfg, layout="adaptspec", mask_token_id=None, block_size=16, total_steps=3)
     d2 = train(target(), [data], [], tmp_path / "ckpt", cfg2, log=lines.append, target_layers=[2, 4, 5])
     assert "resumed from step 2" in lines and any("layout dflash" in line for line in lines)
+    # and trains at the checkpoint's block size, not the CLI's default of 16
+    assert load_state(tmp_path / "ckpt" / "state.pt")["cfg"]["block_size"] == 4
     assert d2.config.qk_norm and d2.config.mask_token_id == 7 and d2.mask_embedding is None
     d3 = _load_checkpoint(target(), tmp_path / "ckpt", cfg2, [2, 4, 5])
     assert dataclasses.asdict(d3.config) == dataclasses.asdict(d2.config)

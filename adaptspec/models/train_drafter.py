@@ -442,6 +442,9 @@ def train(
         if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
             log(f"the checkpoint was trained with {saved['num_layers']} layers, layout "
                 f"{saved.get('layout', 'adaptspec')}; continuing with it")
+        for k in _ARCHITECTURE:  # the architecture is the checkpoint's (block_size included: it sets the loss)
+            if k in saved:
+                setattr(cfg, k, saved[k])
         drafter = build_drafter(target, saved, draft_vocab, target_layers, cfg.seed)
         drafter.load_state_dict(st["model"])
         step = st["step"]
