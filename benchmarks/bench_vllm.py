@@ -9,6 +9,7 @@ vllm.entrypoints.openai.api_server`` from ``--vllm-python``), float32, greedy:
   given by ``--table``, e.g. ``1-2:3,3-8:2,9-256:1``: batch sizes 1-2 at K = 3, ...);
 - ``adaptive``: ``dflash`` at K = ``--adaptive-max-k`` with adaptspec's plug-in
   (``--scheduler-cls adaptspec.vllm.AdaptiveScheduler``, cold, its default policy);
+- ``warm``: the same with one variant, ``--warm-spec`` (e.g. a head trained on vLLM traces);
 - ``adaptspec-plain``: not vLLM but ``adaptspec serve --variant P=fixed:1`` (plain decoding with
   adaptspec's defaults), the peer of ``plain`` for issue 47.
 
@@ -24,7 +25,7 @@ time), latency p50/p95, and for ``dflash`` servers vLLM's own counters over the 
 (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``): tau = 1 +
 accepted / drafts, the mean tokens a verify step commits. The summary gives each configuration's
 tok/s ratio to its group's ``plain`` and to the best fixed K at that level (both sides divided by
-their own group's plain first), per repeat, their geometric mean and a 95% t-interval over the
+their own group's plain first; the plug-in's also to ``table``'s), per repeat, their geometric mean and a 95% t-interval over the
 repeats (``bench_load_sweep.paired_ratio``), and how many responses equal plain's.
 
 Bounded: ``--requests-per-client`` requests per client per level, ``--max-tokens`` per request,
@@ -105,10 +106,15 @@ def server_command(name: str, args, port: int, root: Path) -> tuple[list[str], d
         table = parse_table(args.table)
         spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": max(k for *_, k in table),
                 "num_speculative_tokens_per_batch_size": table}
-    elif name == "adaptive":
+    elif name in ("adaptive", "warm"):
         spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": args.adaptive_max_k}
+        entry = {"log_dir": str(root / f"log-{port}")}
+        if name == "warm":
+            if args.warm_spec is None:
+                raise ValueError("configuration 'warm' needs --warm-spec")
+            entry["variants"] = {"W": args.warm_spec}
         cmd += ["--scheduler-cls", "adaptspec.vllm.AdaptiveScheduler", "--additional-config",
-                json.dumps({"adaptspec": {"log_dir": str(root / f"log-{port}")}})]
+                json.dumps({"adaptspec": entry})]
     elif name != "plain":
         raise ValueError(f"unknown configuration {name!r}")
     if spec is not None:
@@ -244,6 +250,8 @@ def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
         for name in rel:
             if name != best:
                 out[name][lv]["vs_best_fixed"] = paired_ratio(rel[name][:n], rel[best][:n]) | {"best_fixed": best}
+            if name in ("adaptive", "warm") and "table" in rel:
+                out[name][lv]["vs_table"] = paired_ratio(rel[name][:n], rel["table"][:n])
     return out
 
 
@@ -313,6 +321,9 @@ def main() -> None:
                          "plain measured again in every group")
     ap.add_argument("--table", default="1-2:3,3-4:2,5-256:1", help="the per-batch-size table of configuration 'table'")
     ap.add_argument("--adaptive-max-k", type=int, default=8)
+    ap.add_argument("--warm-spec", default=None,
+                    help="configuration 'warm': the plug-in with this one variant (a policy spec, docs/vllm.md), "
+                         "e.g. a head trained on vLLM traces")
     ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--requests-per-client", type=int, default=2)
