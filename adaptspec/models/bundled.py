@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import os
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import AdaptspecError
 
@@ -36,6 +39,35 @@ def paired_head(traces: str | os.PathLike | None) -> Path:
     return BUNDLED_HEAD
 
 
+@dataclass(frozen=True)
+class LoadedFrom:
+    """How :func:`load_speculator` made a speculator: its arguments, the paths as given (None: the
+    bundled model). The host measurement (:func:`adaptspec.host.for_speculator`) reads it to
+    time and price those very models."""
+
+    target: str | None
+    drafter: str | None
+    dtype: str
+    device: str
+    verification: str
+
+
+_LOADED: "weakref.WeakKeyDictionary[Any, LoadedFrom]" = weakref.WeakKeyDictionary()
+
+
+def loaded_from(speculator: Any) -> LoadedFrom | None:
+    """How :func:`load_speculator` made ``speculator``; None for any other object (a speculator
+    of one's own, or a decoder built by hand).
+
+    >>> loaded_from(object()) is None
+    True
+    """
+    try:
+        return _LOADED.get(speculator)
+    except TypeError:  # not weak-referenceable: not one of ours
+        return None
+
+
 def load_speculator(
     target: str | os.PathLike | None = None,
     drafter: str | os.PathLike | None = None,
@@ -53,7 +85,7 @@ def load_speculator(
     target). Both run in ``dtype`` on ``device``.
     ``verification`` is ``"fast"`` (the model's own kernels; block size 1 is plain decoding
     at full speed) or ``"exact"`` (bit-identical to one-token greedy decoding, slower):
-    see :class:`~adaptspec.decoding.TargetModel`.
+    see :class:`~adaptspec.decoding.TargetModel`. :func:`loaded_from` tells how it was made.
     """
     import torch
 
@@ -68,4 +100,7 @@ def load_speculator(
         torch.set_num_threads(threads)
     model, tok = load_target(target, dtype=dtype, device=device)
     d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, dtype), device=device)
-    return SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification), d)
+    decoder = SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification), d)
+    _LOADED[decoder] = LoadedFrom(None if target is None else str(target), None if drafter is None else str(drafter),
+                                  dtype, device, verification)
+    return decoder
