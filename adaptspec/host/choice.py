@@ -47,6 +47,7 @@ class HostChoice:
     speeds: dict[int, float]
     best_block_size: int
     costs: HostCosts
+    fastest_dtype: str = ""  # the dtype that decodes fastest here (the one run unless a dtype was given)
 
     @property
     def speculation_pays(self) -> bool:
@@ -70,14 +71,17 @@ class HostChoice:
         verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
                    if self.speculation_pays else "speculation cannot pay here at the prior's acceptance: "
                    "the default decodes plainly (B = 1) unless a request's predicted acceptance pays")
+        faster = (f"; {self.fastest_dtype} decodes faster here" if self.fastest_dtype and self.fastest_dtype != self.dtype
+                  else "")
         return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
-                f"running {self.dtype} ({self.chosen_by}): a 4-token verify {ratio:.2f}x a 1-token one "
+                f"running {self.dtype} ({self.chosen_by}{faster}): a 4-token verify {ratio:.2f}x a 1-token one "
                 f"({plain:.1f} ms); {verdict}")
 
     def to_dict(self) -> dict[str, Any]:
         """For ``/health``: what was measured and chosen (the profile's and head's file names, never
         the server's paths)."""
         return {"host": describe(self.costs.key), "dtype": self.dtype, "chosen_by": self.chosen_by,
+                "fastest_dtype": self.fastest_dtype,
                 "plain_round_ms": {d: round(1e3 * float(q.round_s(1)), 2) for d, q in self.costs.profiles.items()},
                 "round_ms": {str(b): round(1e3 * float(self.profile.round_s(b)), 2) for b in sorted(self.speeds)},
                 "prior_tok_s": {str(b): round(s, 2) for b, s in self.speeds.items()},
@@ -86,8 +90,9 @@ class HostChoice:
                 "measured_at": self.costs.measured_at, "timing_s": self.costs.timing_s}
 
 
-def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None) -> HostChoice:
-    """The choice on ``costs`` (see the module docstring); ``head`` default: the bundled head."""
+def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None, chosen_by: str = "--dtype") -> HostChoice:
+    """The choice on ``costs`` (see the module docstring); ``head`` default: the bundled head;
+    ``chosen_by``: who gave ``dtype`` when one is given (``--dtype``, or ``as loaded``)."""
     from ..models.bundled import BUNDLED_HEAD
     from ..policies.offline_head import HeadModel
 
@@ -97,15 +102,16 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None)
     tokens = prior_tokens_per_round(arms)
     if dtype is not None and dtype not in costs.profiles:
         raise AdaptspecError(f"dtype {dtype!r} was not timed on this host (timed: {', '.join(costs.profiles)})")
-    chosen = dtype or cheaper_dtype(costs.profiles, tokens)
+    fastest = cheaper_dtype(costs.profiles, tokens)
+    chosen = dtype or fastest
     profile = costs.profiles[chosen]
     path = costs.profile_path(chosen)
     if not path.is_file():
         costs.directory.mkdir(parents=True, exist_ok=True)
         profile.save(path)
     repriced = None if model is None else write_repriced_head(model, source, profile, path)
-    return HostChoice(chosen, "--dtype" if dtype else "measured: the faster here", profile, path, repriced,
-                      expected_speeds(profile, tokens), best_block_size(profile, tokens), costs)
+    return HostChoice(chosen, chosen_by if dtype else "measured: the faster here", profile, path, repriced,
+                      expected_speeds(profile, tokens), best_block_size(profile, tokens), costs, fastest)
 
 
 def write_repriced_head(model: Any, source: Path, profile: LatencyProfile, profile_path: Path) -> Path:
