@@ -108,6 +108,20 @@ _LOCKS_BY_ID: dict[int, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+def _host_pricing(speculator: Any) -> Callable[[], Any] | None:
+    """What prices the default on this host (:func:`adaptspec.host.for_speculator`, called only
+    when the bundled head is the default); None without a speculator object (an engine)."""
+    if speculator is None:
+        return None
+
+    def priced() -> Any:
+        from ..host import for_speculator
+
+        return for_speculator(speculator)
+
+    return priced
+
+
 def speculator_lock(speculator: Any) -> threading.Lock:
     """The lock every controller uses around calls into ``speculator`` (one per speculator object)."""
     with _LOCKS_GUARD:
@@ -140,6 +154,15 @@ class AdaptiveController:
         bundled head where it fits the decoder's block sizes and feature width, else a cold
         policy over arms up to ``max_block_size``; ``policy_choice`` says which and why). A
         policy object is owned by the controller from then on (it becomes the learning copy).
+        For a speculator :func:`~adaptspec.models.load_speculator` made on the CPU the default
+        is priced by this host's curve, as ``adaptspec demo`` and ``adaptspec serve`` price it
+        (:func:`~adaptspec.control.policy_build.default_on_host`): the bundled head re-priced by
+        the host's measured round costs, and the host's best block size as the fallback, so
+        where speculating cannot pay here it decodes plainly (B = 1) from the first request.
+        Its cost: the first such controller on a host times the host (:mod:`adaptspec.host`:
+        about 15 CPU seconds, 10-40 s of wall time on a busy 2-core host, and each dtype's
+        models loaded once); the record is cached under ``<cache>/host/`` and later
+        controllers read it.
     arms
         Block sizes for a policy built from a spec (default:
         :func:`~adaptspec.control.policy_build.default_arms` of the speculator's maximum; a
@@ -246,7 +269,7 @@ class AdaptiveController:
         self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
         self.shape = shape = _decoder_shape(speculator, cfg)
         self.speculator, self.max_block_size = speculator, shape.max_block_size
-        self.setup = setup = setup_policy(policy, cfg, shape)
+        self.setup = setup = setup_policy(policy, cfg, shape, host=_host_pricing(speculator))
         self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight

@@ -87,6 +87,33 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
     return PolicyChoice(cold_policy_spec(cold, full_information), f"no head fits: {why}; cold start over arms {list(cold)}")
 
 
+def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
+                    host: Callable[[], Any] | None = None, full_information: bool = True) -> tuple[PolicyChoice, int | None]:
+    """The product default priced by this host's curve, and the block size its late decisions play.
+
+    :func:`choose_default_policy`; where that is the bundled head and ``host`` gives this host's
+    :class:`~adaptspec.host.HostChoice` (``host()``, called only then: :func:`adaptspec.host.for_speculator`
+    or :func:`adaptspec.host.for_models`, which time the host once, about 15 CPU seconds, and then
+    read the cached record; None where nothing times the decoder), NeuralLinear over the head
+    re-priced by the host's curve instead, with the host's best block size as the fallback (1
+    where speculating cannot pay here: plain decoding from the first request). The fallback is
+    None (the controller's own default) otherwise. ``AdaptiveController(speculator)`` and
+    ``adaptspec serve`` both choose their default here."""
+    choice = choose_default_policy(max_block_size, feature_dim, arms, full_information=full_information)
+    if host is None or choice.spec != f"neural-linear:head={BUNDLED_HEAD}":
+        return choice, None
+    priced = host()
+    if priced is None or priced.head is None:
+        return choice, None
+    here = choose_default_policy(max_block_size, feature_dim, arms, head=priced.head, full_information=full_information)
+    if here.spec != f"neural-linear:head={priced.head}":
+        return choice, None
+    why = (f"the bundled head fits (its block sizes within max_block_size {max_block_size}, the decoder's "
+           f"{feature_dim} feature values), re-priced by this host's curve ({priced.dtype}; best block size at the "
+           f"prior's acceptance {priced.best_block_size}, the fallback)")
+    return PolicyChoice(here.spec, why), int(priced.best_block_size)
+
+
 def default_policy_spec(head: str | Path | None = None, speculator: Any = None) -> str:
     """The product default's spec: NeuralLinear over ``head`` (default: the bundled head) if it
     exists, else :func:`cold_policy_spec`.
@@ -245,18 +272,19 @@ class PolicySetup:
     reads: int | None = None
 
 
-def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
+def setup_policy(policy: Any, config: Any, shape: Any, host: Callable[[], Any] | None = None) -> PolicySetup:
     """Build and check the policy side of a controller from its ``policy`` argument and its
     :class:`~adaptspec.control.config.ControllerConfig`, for a decoder of
     :class:`~adaptspec.control.protocol.DecoderShape` ``shape``. ``policy=None`` is the default
-    (:func:`choose_default_policy`)."""
+    (:func:`default_on_host`, priced by ``host()`` when given)."""
     from ..reward.functions import reward_function
     from .block_sizes import check_arms, choose_fallback
 
     allowed = config.arms if config.arms is not None else shape.arms
+    host_fallback = None
     if policy is None:
         full = isinstance(config.reward, str)  # counterfactuals priced and learnt (a fleet shares them)
-        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, allowed, full_information=full)
+        choice, host_fallback = default_on_host(shape.max_block_size, shape.feature_dim, allowed, host, full)
         policy = choice.spec
     else:
         choice = PolicyChoice(policy if isinstance(policy, str) else None, "given by the caller")
@@ -277,7 +305,8 @@ def setup_policy(policy: Any, config: Any, shape: Any) -> PolicySetup:
             raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
                                  f"{' (load_features is chosen when the policy is created)' if extra else ''}")
     reads = featurizer.in_dim if featurizer is not None else (dim - extra if contextual and dim is not None else None)
-    fallback = choose_fallback(config.fallback_block_size, arms)
+    fallback = choose_fallback(config.fallback_block_size if config.fallback_block_size is not None else host_fallback,
+                               arms)
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
     machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)
     return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed, choice,
