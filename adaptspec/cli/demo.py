@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..control.controller import AdaptiveController
     from ..host import for_models
-    from ..control.policy_build import default_policy_spec
     from ..decoding.greedy import TIE_GAP, PlainGreedy
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
@@ -86,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     baseline(warm, 8)
     for b in (1, spec.max_block_size):
         spec.decode(spec.prefill(warm), b, 8)
-    policy = args.policy or default_policy_spec(head=host.head, speculator=spec)  # the head re-priced here
-    fallback = host.best_block_size if args.policy is None and host.head is not None else None  # a late decision
-    with AdaptiveController(spec, policy, latency=str(host.profile_path), fallback_block_size=fallback) as ctl:
+    # policy None: the library's default, priced by this host's curve (the record just read: the
+    # re-priced head, the host's best block size for a late decision); the profile prices every round
+    with AdaptiveController(spec, args.policy, latency=str(host.profile_path)) as ctl:
         print(f"target {spec.target.model.config.model_type} ({spec.target.dtype}), drafter {spec.drafter.config.num_layers} layers; "
               f"policy {ctl.policy_label}; arms {list(ctl.arms)}; loaded in {time.perf_counter() - t0:.1f} s")
         for p in tqdm(prompts, desc="demo", unit="request"):

@@ -284,16 +284,16 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         vocab = speculator.target.vocab_size
         _check_arms(args.arms, speculator.max_block_size, "the speculator's")
     if not specs:
-        from ..control.policy_build import choose_default_policy
+        from ..control.policy_build import default_on_host
         from ..control.protocol import speculator_shape
 
         shape = speculator_shape(speculator)
         host = getattr(args, "host_choice", None)
-        choice = choose_default_policy(shape.max_block_size, shape.feature_dim, args.arms,  # a fleet shares fi-ucb too
-                                       head=None if host is None else host.head)
+        choice, fallback = default_on_host(shape.max_block_size, shape.feature_dim, args.arms,  # a fleet shares fi-ucb too
+                                           None if host is None else lambda: host)  # the library's default, the same code
         args.default_choice = choice  # said once the server is up (run), not before a refusal
-        if host is not None and args.fallback_block_size is None and choice.spec and str(host.head) in choice.spec:
-            args.fallback_block_size = host.best_block_size  # a late decision plays what pays here (1 where nothing else does)
+        if args.fallback_block_size is None:
+            args.fallback_block_size = fallback  # a late decision plays what pays here (1 where nothing else does)
         specs = {"default": choice.spec}
     limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                           default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
