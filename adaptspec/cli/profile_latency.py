@@ -5,6 +5,13 @@ round's draft and verify seconds with its context length, fits the monotone late
 of :mod:`adaptspec.reward.latency` and writes it as JSON (usable anywhere a profile name is:
 ``adaptspec simulate --latency FILE``). ``--speculator MODULE:FACTORY`` times your own
 speculator instead (:mod:`adaptspec.cli.user_speculator`; its codec encodes the prompts).
+
+On a CPU with adaptspec's own models it first says what the host measurement
+(:mod:`adaptspec.host`, as ``adaptspec demo`` and ``adaptspec serve`` run it: cached per host, or
+timed, about 15 CPU seconds) measured and chose: each dtype's plain round, the dtype that
+decodes fastest here, the 4-token verify's cost over a 1-token one, and whether speculating
+pays at the prior's acceptance (the block size the default starts from); ``--json`` carries it
+as ``host`` (what ``/health`` reports).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or mps (checked before the model loads)")
     p.add_argument("--threads", type=threads, default=None)
+    p.add_argument("--remeasure", action="store_true",
+                   help="time this host's round costs again (adaptspec.host) instead of reading the cached record")
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
     p.add_argument("--batch-rows", type=_positive_ints, default=None,
                    help="also time batched rounds (adaptspec.batching) at these row counts, e.g. 1,2,4,8,16: the profile's batch axis")
@@ -135,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
                   for i in range(args.prompts)]
     else:
         picked = read_prompts(args.prompts)  # one line naming the file and the row, before any model loads
+    host = None
     if args.speculator is None:
         spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
                                verification=args.verification)
@@ -148,6 +158,13 @@ def run(args: argparse.Namespace) -> int:
                          getattr(spec.target.model.config, "max_position_embeddings", None), args.max_new_tokens,
                          "the target's")
         encode, where, who = spec.target.encode_chat, f"{args.device}, {args.dtype}", "the decoder"
+        if args.device == "cpu":  # what demo and serve measure and choose on this host, said before the timings
+            from ..host import for_models
+
+            host = for_models(args.target, args.drafter, args.verification, torch.get_num_threads(),
+                              remeasure=args.remeasure)
+            if not args.json:
+                print(f"host measurement: {host.summary()}", flush=True)
     else:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
@@ -210,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     timing = "whole-request" if whole else "per-round"
     if args.json:
         print(json.dumps({"profile": str(out), "context_tokens": ctx, "rounds": len(rounds), "times": timing,
-                          "fit": rows}))
+                          "fit": rows, "host": None if host is None else host.to_dict()}))
     else:
         if whole:
             print("the speculator's rounds carry no times (draft_s and verify_s 0): fitted to each request's decode_s "
