@@ -64,7 +64,8 @@ def main() -> None:
     rows = []
     new_ctl = AdaptiveController(spec, default_policy_spec(head=host.head, speculator=spec), latency=str(host.profile_path),
                                  fallback_block_size=host.best_block_size)
-    old_ctl = AdaptiveController(old, None)  # the previous default: the shipped head, bfloat16
+    old_ctl = AdaptiveController(old, default_policy_spec(speculator=old))  # the previous default: the shipped head
+    # as shipped (policy=None is now the host-priced one), bfloat16
     variants = ["plain", "default", "previous", *[f"fixed:{b}" for b in fixed]]
     with new_ctl, old_ctl:
         for i, p in enumerate(prompts):
