@@ -34,6 +34,7 @@ def served(models, tmp_path_factory):
                                       "num_speculative_tokens": K}, entry)
     try:
         plugin = scheduler_of(llm).adaptspec
+        steps = _watch_drafts(scheduler_of(llm))
         asked = ["A", "B"] * 3
         params = [SamplingParams(temperature=0.0, max_tokens=M, ignore_eos=True, extra_args={"adaptspec_variant": v}) for v in asked]
         outs = llm.generate(prompts(len(asked)), params, use_tqdm=False)
@@ -56,7 +57,38 @@ def served(models, tmp_path_factory):
     finally:
         shut_down(llm)
     return dict(root=root, entry=entry, asked=asked, outs=outs, per_pos=per_pos, faulty=faulty,
-                per_pos_after=per_pos_after, stats=stats)
+                per_pos_after=per_pos_after, stats=stats, steps=steps)
+
+
+def _watch_drafts(scheduler) -> list[dict]:
+    """Every step as vLLM ran it: the drafts it asked its drafter for (``num_spec_tokens_to_schedule``),
+    each scheduled request's state then (its variant's block size once decided, "fallback", "prefill"
+    while its prompt is not all in, None before its decision), and the drafts the drafter proposed
+    for each request after the step (vLLM's own ``update_draft_token_ids`` argument, before the cut)."""
+    steps: list[dict] = []
+    schedule, update = scheduler.schedule, scheduler.update_draft_token_ids
+    plugin = scheduler.adaptspec
+
+    def state(rid):
+        rec = plugin.records.get(rid)
+        if scheduler.requests[rid].is_prefill_chunk:
+            return "prefill"
+        if rec is None or rec.fallback is not None:
+            return "fallback"
+        return None if rec.decision is None else int(VARIANTS[rec.variant].split(":")[1])
+
+    def watched_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        steps.append({"k": out.num_spec_tokens_to_schedule, "rows": {r: state(r) for r in out.num_scheduled_tokens},
+                      "proposed": None})
+        return out
+
+    def watched_update(draft_token_ids):
+        steps[-1]["proposed"] = {r: len(d) for r, d in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)}
+        return update(draft_token_ids)
+
+    scheduler.schedule, scheduler.update_draft_token_ids = watched_schedule, watched_update
+    return steps
 
 
 def _log(root) -> dict:
@@ -74,6 +106,22 @@ def test_each_requests_length_reaches_the_verifier(served):
     expected = [n["A"] * steps["A"] + n["B"] * steps["B"], n["B"] * steps["B"], n["B"] * steps["B"], 0]
     assert served["per_pos"] == expected
     assert all(len(o.outputs[0].token_ids) == M for o in served["outs"])
+
+
+def test_the_drafter_proposes_only_the_drafts_its_batch_verifies(served):
+    # a step whose requests are all decided asks the drafter for the largest block size among them - 1
+    # (the variants' fixed sizes; no load here caps them: the per-position counts above show it), a
+    # step with a fallen-back request vLLM's K; vLLM's drafter then proposes that many for every request
+    decided = [s for s in served["steps"] if s["rows"] and all(isinstance(b, int) for b in s["rows"].values())]
+    fallen = [s for s in served["steps"] if "fallback" in s["rows"].values()]
+    assert decided and fallen
+    assert {s["k"] for s in decided} == {1, 3}                       # B = 2 alone, and with a B = 4 request
+    for s in decided:
+        assert s["k"] == max(s["rows"].values()) - 1
+    assert all(s["k"] == K for s in fallen)
+    for s in served["steps"]:
+        if s["proposed"] is not None:
+            assert set(s["proposed"].values()) <= {s["k"]}
 
 
 def test_the_log_holds_one_decision_and_its_feedback_per_request_served(served):

@@ -1,6 +1,7 @@
 """The plug-in's rules on plain values, as the scheduler calls them (no engine): a request naming an
 unknown variant runs at vLLM's own length, counted; one that ends at its first token is never
-decided; a load rule caps the length each step; arms beyond K + 1 are refused at start."""
+decided; a load rule caps the length each step (and is fed back the block that ran); the drafter is asked for
+the drafts the batch verifies; arms beyond K + 1 are refused at start."""
 
 from __future__ import annotations
 
@@ -52,6 +53,66 @@ def test_the_load_rule_caps_each_requests_length_for_the_step():
         assert p.cut({"r1": [9] * 4, "r2": [9] * 4}, rows=2, queue=0) == {"r1": [9], "r2": [9]}
         p.observe([("r1", 2, 4, 1, 2), ("r2", 2, 4, 1, 1)], step_s=0.02)
         assert p.stats()["drafted"] == 2 and p.stats()["accepted"] == 1
+    finally:
+        p.close()
+
+
+def test_the_drafter_is_asked_for_the_drafts_the_batch_verifies():
+    # K = 4; variant A at B = 5 capped by the load rule to 2, variant B at B = 1 (no rule's cap above it)
+    p = _plugin({"variants": {"A": "fixed:5", "B": "fixed:1"}, "load_rule": "fixed:2"})
+    try:
+        for r, v in (("a", "A"), ("b", "B")):
+            p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
+        assert p.drafts_wanted({"a": True, "b": True}) == 0           # both still prefilling: no draft kept
+        assert p.drafts_wanted({"a": False}) == 4                     # prefill ends, nothing asked yet: vLLM's K
+        for r in ("a", "b"):
+            p.decide(r, 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
+        assert p.drafts_wanted({"a": False, "b": False}) == 4        # decided, no cut yet: A's own B - 1
+        assert p.drafts_wanted({"b": False}) == 0                     # B = 1 alone: the drafter drafts nothing
+        p.cut({"a": [9] * 4, "b": [9] * 4}, rows=2, queue=0)          # the rule asks 2 for both
+        assert p.drafts_wanted({"a": False, "b": False}) == 1        # A capped to 2: one draft
+        p.admit("c", [1, 2], {"adaptspec_variant": "A"})
+        assert p.drafts_wanted({"b": False, "c": False}) == 1        # c not decided yet: the rule's latest level
+        p.admit("z", [1, 2], {"adaptspec_variant": "nope"})           # falls back to vLLM's length
+        assert p.drafts_wanted({"b": False, "z": False}) == 4
+        assert p.drafts_wanted({"b": False, "unknown": False}) == 4  # a request the plug-in never saw
+    finally:
+        p.close()
+
+
+def test_the_load_rule_learns_the_block_that_ran_when_fewer_drafts_were_proposed():
+    p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": "fixed:5"})
+    fed = []
+    try:
+        p.rule.feedback = lambda views, blocks, *rest: fed.append(list(blocks))
+        p.admit("a", [1, 2, 3], None)
+        p.decide("a", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
+        assert p.cut({"a": [9]}, rows=1, queue=0) == {"a": [9]}       # asked 5, one draft there
+        p.observe([("a", 2, 4, 1, 2)], step_s=0.01)
+        assert fed == [[2]]                                           # B = 2 ran, not the 5 asked
+    finally:
+        p.close()
+
+
+def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counted():
+    p = _plugin({"variants": {"A": "fixed:4"}})
+    heard = []
+    try:
+        p.on_outcome = lambda rid, variant, outcome: heard.append((rid, variant, outcome.tokens, len(outcome.rounds)))
+        for r in ("a", "b"):
+            p.admit(r, [1, 2, 3], None)
+        p.decide("a", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
+        p.cut({"a": [9, 9, 9]}, rows=1, queue=0)
+        p.observe([("a", 3, 4, 2, 3)], step_s=0.01)
+        p.finish("a", [5, 6, 7, 8], "length")
+        p.finish("b", [5], "length")                                  # never decided: nothing to hear
+        assert heard == [("a", "A", [5, 6, 7, 8], 1)]
+        p.on_outcome = lambda *args: 1 / 0
+        p.admit("c", [1, 2, 3], None)
+        p.decide("c", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
+        p.observe([("c", 1, 4, 0, 1)], step_s=0.01)
+        p.finish("c", [5, 6], "length")
+        assert p.stats()["counts"]["faults_outcome"] == 1 and p.stats()["counts"]["feedback_applied"] == 2  # fed back all the same
     finally:
         p.close()
 

@@ -7,6 +7,10 @@ with ids, token lists and counts, so every rule lives here once, whatever vLLM c
   the router's split) and its features (:mod:`adaptspec.vllm.features`).
 - **decide**: when its prefill ends, its variant's controller decides its block size B
   (``decide(features, load=...)``; B = 1 + drafts verified, at most ``num_speculative_tokens`` + 1).
+- **drafts_wanted**: when vLLM has made a step's batch, the most drafts any of its requests will
+  verify next step: vLLM's drafter proposes that many (``num_spec_tokens_to_schedule``, as its own
+  per-batch-size table sets it), so a batch whose requests all run B = 1 costs the drafter one
+  token a request, not K + 1.
 - **cut**: every step, before vLLM schedules the drafts it just proposed, each decided request's
   drafts are cut to B - 1, or to the load rule's smaller choice for the step's batch.
 - **observe**: after the step, each request's drafts verified and tokens committed are one round;
@@ -28,13 +32,13 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import AdaptspecError
 from ..reward.attribution import attribute
-from ..speculator import LoadState
+from ..speculator import LoadState, Outcome
 from .config import ENTRY, PluginSettings
 from .features import FEATURE_DIM, prompt_features
 from .metrics import plugin_metrics
@@ -88,6 +92,7 @@ class AdaptspecPlugin:
         self.arms = arms
         self.records: dict[str, RequestRecord] = {}
         self._asked: dict[str, int] = {}      # request -> the load rule's block size this step
+        self._last_asked: dict[str, int] = {}  # request -> the load rule's block size at its latest cut
         self._proposed: dict[str, int] = {}   # request -> drafts vLLM proposed this step, before the cut
         self._load: Any = None
         self.counts: Counter[str] = Counter()
@@ -96,6 +101,10 @@ class AdaptspecPlugin:
         self.busy_s = self.step_s = self._busy_counted = 0.0
         self.steps = 0
         self.metrics = plugin_metrics()
+        #: Called with (request id, variant, Outcome) for every request that ends decided, after its
+        #: feedback: how a caller in the engine's process (``adaptspec collect-vllm``) reads what
+        #: each request ran. None: nobody listens.
+        self.on_outcome: Callable[[str, str, Outcome], None] | None = None
         for name, c in self.controllers.items():
             log.info("adaptspec.vllm: variant %s: %s over block sizes %s (%s, K = %d)", name,
                      c.policy_choice if variants[name] is None else c.policy_label, list(arms), method,
@@ -136,6 +145,36 @@ class AdaptspecPlugin:
             self._fall_back(rec, "decide", e)
         self._busy(t0)
 
+    def drafts_wanted(self, step: Mapping[str, bool]) -> int:
+        """How many drafts vLLM's drafter should propose at the end of the step just scheduled
+        (``step``: request -> whether it is still prefilling after this step): the most any of its
+        requests can verify next step, at most K.
+
+        A decided request wants its block size B - 1, or the load rule's choice at its latest cut
+        when smaller; a request whose prefill ends this step is decided only after it, so it wants
+        what the load rule gave the batch at the latest cut (K when it gave nothing); a prefill
+        chunk wants none (vLLM drops a chunk's drafts); an unknown or fallen-back request wants
+        vLLM's K. When the rule raises a row above what was drafted, the row runs the drafts
+        there are this step (the rule is fed back the block that ran) and gets its length the next."""
+        t0 = time.perf_counter()
+        k = self.max_block_size - 1
+        level = max(self._last_asked.values(), default=self.max_block_size)
+        wanted = 0
+        for rid, prefilling in step.items():
+            rec = self.records.get(rid)
+            if prefilling and rec is not None:
+                continue
+            if rec is None or rec.fallback is not None:
+                wanted = k
+            elif rec.decision is None:
+                wanted = max(wanted, level - 1)
+            else:
+                wanted = max(wanted, min(rec.block_size, self._last_asked.get(rid, level)) - 1)
+            if wanted >= k:
+                break
+        self._busy(t0)
+        return min(max(wanted, 0), k)
+
     def cut(self, drafts: Mapping[str, list[int]], rows: int, queue: int) -> dict[str, list[int]]:
         """Each decided request's drafts for the next step cut to its length (the load rule's,
         when smaller); ``drafts``: request -> the drafts vLLM proposed. Returns the cut lists."""
@@ -168,7 +207,7 @@ class AdaptspecPlugin:
                                    self._profile)
                 self._record_rounds(step, shares)
         except Exception as e:  # noqa: BLE001 - attribution or the load rule: the rows keep their lengths' record
-            self._fault("observe", e)
+            self.fault("observe", e)
             self._asked = {}
         self._busy(t0)
 
@@ -177,6 +216,7 @@ class AdaptspecPlugin:
         t0 = time.perf_counter()
         rec = self.records.pop(request_id, None)
         self._asked.pop(request_id, None)
+        self._last_asked.pop(request_id, None)
         if rec is not None and rec.decision is not None:
             try:
                 outcome = rec.outcome(tokens, finish_reason)
@@ -184,7 +224,13 @@ class AdaptspecPlugin:
                                                              shared=rec.shared(time.perf_counter()))
                 self.counts[f"feedback_{fed}"] += 1
             except Exception as e:  # noqa: BLE001
-                self._fault("feedback", e)
+                self.fault("feedback", e)
+            else:
+                if self.on_outcome is not None:
+                    try:
+                        self.on_outcome(request_id, rec.variant, outcome)
+                    except Exception as e:  # noqa: BLE001 - the listener's failure never stops vLLM either
+                        self.fault("outcome", e, request_id)
         self._busy(t0)
 
     # ------------------------------------------------------------------ state
@@ -205,7 +251,7 @@ class AdaptspecPlugin:
             try:
                 c.close()
             except Exception as e:  # noqa: BLE001 - the others still close
-                self._fault("close", e)
+                self.fault("close", e)
         for s in (getattr(self, "shared_states", None) or {}).values():
             s.close()
 
@@ -223,8 +269,9 @@ class AdaptspecPlugin:
             if len(choice) != len(decided):
                 raise AdaptspecError(f"load rule {self.rule.name} gave {len(choice)} block sizes for {len(decided)} rows")
             self._asked = {rid: b for (rid, _), b in zip(decided, choice)}
+            self._last_asked.update(self._asked)
         except Exception as e:  # noqa: BLE001 - the rows keep their own lengths this step
-            self._fault("load_rule", e)
+            self.fault("load_rule", e)
         return self._asked
 
     def _record_rounds(self, step: Sequence[tuple[str, int, int, int, int]], shares: np.ndarray) -> None:
@@ -244,10 +291,11 @@ class AdaptspecPlugin:
         ruled = [d for d in done if d[0] in self._asked]
         if ruled and self.rule is not None:  # the rule reads the rows as they were before the round
             try:
-                self.rule.feedback([d[1].view for d in ruled], [self._asked[d[0]] for d in ruled],
+                ran = [min(self._asked[d[0]], 1 + d[2]) for d in ruled]  # fewer drafts than asked: what ran
+                self.rule.feedback([d[1].view for d in ruled], ran,
                                    [d[3] for d in ruled], [d[4] for d in ruled], self._load)
             except Exception as e:  # noqa: BLE001
-                self._fault("load_rule", e)
+                self.fault("load_rule", e)
         for rid, rec, drafted, committed, share in done:
             rec.add_round(drafted, self._proposed.get(rid, drafted), committed, share, rows)
         self._asked = {}
@@ -268,9 +316,9 @@ class AdaptspecPlugin:
         rec.fallback = f"{where}: {type(e).__name__}: {e}"
         self.counts["fallbacks"] += 1
         self.metrics["fallbacks"].labels(where).inc()
-        self._fault(where, e, rec.request_id)
+        self.fault(where, e, rec.request_id)
 
-    def _fault(self, where: str, e: Exception, request_id: str | None = None) -> None:
+    def fault(self, where: str, e: Exception, request_id: str | None = None) -> None:
         self.counts[f"faults_{where}"] += 1
         metrics = getattr(self, "metrics", None)
         if metrics is not None:

@@ -6,7 +6,10 @@ its hooks and hands plain values to :class:`~adaptspec.vllm.plugin.AdaptspecPlug
 the work:
 
 - ``add_request``: the request is admitted (its variant, its features);
-- ``schedule``: the step starts its clock when the batch is made;
+- ``schedule``: the step starts its clock when the batch is made, and the drafts vLLM's drafter
+  will propose after it are as many as its requests will verify (vLLM's
+  ``num_spec_tokens_to_schedule``, which its per-batch-size table sets the same way; never more
+  than vLLM's own);
 - ``update_from_output``: the step's time, each request's drafts verified and tokens committed
   (what vLLM itself counts as drafted and accepted), requests whose prefill ended decided,
   requests that ended fed back;
@@ -68,6 +71,13 @@ class AdaptiveScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
         self._step_started = time.perf_counter()
+        try:  # vLLM's drafter proposes, after this step, only as many drafts as its requests will verify
+            step = {rid: _still_prefilling(self.requests.get(rid)) for rid in out.num_scheduled_tokens}
+            if step:
+                out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule,
+                                                      self.adaptspec.drafts_wanted(step))
+        except Exception as e:  # noqa: BLE001 - vLLM's own count this step
+            self.adaptspec.fault("drafts", e)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -76,12 +86,12 @@ class AdaptiveScheduler(Scheduler):
         try:
             self.adaptspec.observe(_step_rows(scheduler_output, model_runner_output, requests), step_s)
         except Exception as e:  # noqa: BLE001 - the plug-in's fault never stops vLLM
-            self.adaptspec._fault("observe", e)
+            self.adaptspec.fault("observe", e)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         try:
             self._after_step(requests)
         except Exception as e:  # noqa: BLE001
-            self.adaptspec._fault("step", e)
+            self.adaptspec.fault("step", e)
         return outputs
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
@@ -92,7 +102,7 @@ class AdaptiveScheduler(Scheduler):
                 if rid in cut:
                     draft_token_ids.draft_token_ids[i] = cut[rid]
         except Exception as e:  # noqa: BLE001 - vLLM's own lengths this step
-            self.adaptspec._fault("cut", e)
+            self.adaptspec.fault("cut", e)
         super().update_draft_token_ids(draft_token_ids)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: Any) -> Any:
@@ -125,6 +135,12 @@ class AdaptiveScheduler(Scheduler):
         reason = request.get_finished_reason()
         name = str(getattr(reason, "name", reason)).lower()
         self.adaptspec.finish(request.request_id, list(request.output_token_ids), _FINISH.get(name, "length"))
+
+
+def _still_prefilling(request: Any) -> bool:
+    """Whether the request is still in its prefill after the step just scheduled (vLLM has counted
+    the step's tokens as computed when ``schedule`` returns)."""
+    return request is not None and bool(request.is_prefill_chunk)
 
 
 def _step_rows(scheduler_output: Any, model_runner_output: Any, requests: dict[str, Any]) -> list[tuple]:
