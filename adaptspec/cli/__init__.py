@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ab-report": ("adaptspec.cli.ab_report", "A/B analysis of decision logs"),
     "evaluate": ("adaptspec.cli.evaluate", "regenerate docs/evaluation.md and its plots"),
     "export-vllm": ("adaptspec.cli.export_vllm", "write the bundled target and its DFlash drafter as vLLM's dflash method loads them"),
+    "collect-vllm": ("adaptspec.cli.collect_vllm", "collect a trace set from vLLM: every block size run on every prompt through the plug-in"),
+    "export-vllm-table": ("adaptspec.cli.export_vllm_table", "tune vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) from trace sets"),
 }
 
 
