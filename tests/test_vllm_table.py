@@ -19,7 +19,7 @@ from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.traces import TraceSet
-from adaptspec.vllm.table import measured_levels, modelled_levels, speculative_entry, table_ranges
+from adaptspec.vllm.table import measured_levels, modelled_levels, rule_levels, speculative_entry, table_ranges
 
 
 def vllm_accepts(ranges) -> bool:
@@ -161,6 +161,32 @@ def test_modelled_levels_match_a_brute_force_recomputation(seed):
     assert levels[-1][1] == 1   # 64 rows: the target pass is paid by the token, speculating cannot pay
     fixed_context = modelled_levels(ts, profile, [4], max_new_tokens=40)[0]
     assert fixed_context[2] == pytest.approx(brute_force_best(taus, arms, profile, 4, np.mean(prompts) + 20)[1])
+
+
+def test_rule_levels_read_a_warm_learned_rules_prior_choice():
+    # a warm learned rule starts from the goodput model at its prior per-draft acceptance a: a batch
+    # all at B commits E[tau_B] = (1 - a^B) / (1 - a) tokens a row in one round (a drafter pass
+    # when B > 1, a target pass over B tokens a row), plain decoding one in a plain round; its
+    # load levels stand for 1, 2, 4, 8, 16, 32 and 64 rows
+    from adaptspec.load_rules import Learned
+
+    profile, arms, a = toy_profile(), [1, 2, 3, 5], 0.6
+    rule = Learned(arms, profile, prior=a, seed=0)
+    level_rows = {1: 1, 2: 2, 3: 4, 4: 4, 6: 8, 16: 16, 40: 64}
+
+    def best(rows):
+        ctx = profile.context_tokens
+        def round_s(b):
+            return float(profile.verify(b, ctx, rows)) + (float(profile.draft(b, ctx, rows)) if b > 1 else 0.0)
+        speedup = [(1 - a ** b) / (1 - a) * round_s(1) / round_s(b) for b in arms]
+        return arms[int(np.argmax(speedup))]
+
+    got = rule_levels(rule, list(level_rows))
+    assert got == [(r, best(level_rows[r])) for r in sorted(level_rows)]
+    assert got[0][1] > 1 and got[-1][1] == 1          # speculation at one row, none at 40
+    assert vllm_accepts(table_ranges(got, 64))
+    cold = Learned(arms, profile, seed=0)             # no prior: every block size ties
+    assert rule_levels(cold, [1, 8]) == []
 
 
 # ---------------------------------------------------------------------------- the command

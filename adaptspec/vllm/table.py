@@ -17,7 +17,10 @@ one of two ways:
   size between two measured ones takes the smaller one's choice;
 - **modelled** (:func:`modelled_levels`): one trace set's acceptance (its mean tokens a round at
   each block size, no model of it) re-timed at every batch size by a latency profile's batched
-  round (:func:`adaptspec.reward.attribution.batch_round_s`): ``rows x E[tau_B] / t(rows, B)``.
+  round (:func:`adaptspec.reward.attribution.batch_round_s`): ``rows x E[tau_B] / t(rows, B)``;
+- **learned** (:func:`rule_levels`): what a learned load rule (:class:`adaptspec.load_rules.Learned`,
+  the plug-in's ``load_rule: learned``) prefers at each batch size now, from Python (the rule
+  lives in the process that runs it: the plug-in's is ``scheduler.adaptspec.rule``).
 
 >>> table_ranges([(1, 4), (4, 2), (16, 1)], max_batch=64)
 [[1, 3, 3], [4, 15, 1], [16, 64, 0]]
@@ -33,7 +36,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 
-__all__ = ["Level", "measured_levels", "modelled_levels", "table_ranges", "speculative_entry"]
+__all__ = ["Level", "measured_levels", "modelled_levels", "rule_levels", "table_ranges", "speculative_entry"]
 
 #: A level of a table: (its smallest batch size, its block size, every arm's tokens a second, the arms).
 Level = tuple[int, int, list[float], list[int]]
@@ -80,6 +83,21 @@ def modelled_levels(ts: Any, profile: Any, batch_sizes: Sequence[int], max_new_t
         rate = np.array([rows * tau / batch_round_s(profile, [b] * rows, [context] * rows)
                          for b, tau in zip(ts.arms, per_round)])
         levels.append(_level(rows, rate, ts.arms))
+    return levels
+
+
+def rule_levels(rule: Any, batch_sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(batch size, block size)`` for each of ``batch_sizes`` where ``rule`` prefers one (its
+    ``preference(rows)``: a learned load rule's highest expected reward at that many rows in
+    flight); a batch size where every block size ties (a cold rule before its first round) is
+    left out. :func:`table_ranges` takes the result."""
+    levels = []
+    for rows in sorted(set(int(r) for r in batch_sizes)):
+        if rows < 1:
+            raise AdaptspecError(f"batch sizes must be >= 1, got {rows}")
+        b = rule.preference(rows)
+        if b is not None:
+            levels.append((rows, int(b)))
     return levels
 
 
