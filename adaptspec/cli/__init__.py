@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-vllm": ("adaptspec.cli.export_vllm", "write the bundled target and its DFlash drafter as vLLM's dflash method loads them"),
     "collect-vllm": ("adaptspec.cli.collect_vllm", "collect a trace set from vLLM: every block size run on every prompt through the plug-in"),
     "export-vllm-table": ("adaptspec.cli.export_vllm_table", "tune vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) from trace sets"),
+    "pool-vllm-traces": ("adaptspec.cli.pool_vllm_traces", "pool collect-vllm's trace sets at several loads, the plug-in's load features in each context"),
 }
 
 
