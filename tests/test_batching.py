@@ -154,13 +154,15 @@ def _fast_setup():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 95), min_size=1, max_size=30),
                                    st.integers(1, 8), st.integers(1, 16)), min_size=1, max_size=6),
-       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 4, 9]))
-def test_fast_mode_argmax_under_random_compositions(requests, max_rows, budget):
-    """Arrivals, prompts, blocks, lengths, row limits and budgets drawn at random: every committed
-    token is the target's argmax after its prefix (recomputed in one causal pass, batch 1)."""
+       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 4, 9]), chunk_tokens=st.sampled_from([None, 1, 5, 16]))
+def test_fast_mode_argmax_under_random_compositions(requests, max_rows, budget, chunk_tokens):
+    """Arrivals, prompts, blocks, lengths, row limits, budgets and prompt chunks drawn at random:
+    every committed token (the first one too, from the prompt's last chunk) is the target's argmax
+    after its prefix (recomputed in one causal pass, batch 1)."""
     model, target, base = _fast_setup()
     drafter = KnowingDrafter(base, error_rate=0.3)
-    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=budget, batched_draft=False)
+    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=budget, batched_draft=False,
+                         chunk_tokens=chunk_tokens)
     handles = {}
     for rnd in range(300):
         for i, (at, p, b, n) in enumerate(requests):

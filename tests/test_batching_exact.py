@@ -48,10 +48,10 @@ def _reference(arch: str, prompt: tuple[int, ...], n: int, dtype: torch.dtype = 
 
 
 def _engine(arch: str, max_rows: int, error_rate: float = 0.3, token_budget: int | None = None, seed: int = 0,
-            dtype: torch.dtype = torch.float32):
+            dtype: torch.dtype = torch.float32, chunk_tokens: int | None = 64):
     model, target, base = _setup(arch, dtype)
     drafter = KnowingDrafter(base, error_rate=error_rate, seed=seed)
-    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=token_budget)
+    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=token_budget, chunk_tokens=chunk_tokens)
     return engine, drafter
 
 
@@ -75,12 +75,14 @@ _request = st.tuples(
     max_rows=st.integers(1, 4),
     changes=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 5), st.integers(1, 8)), max_size=4),
     error_rate=st.sampled_from([0.0, 0.3, 1.0]),
+    chunk_tokens=st.sampled_from([None, 1, 4, 64]),
 )
-def test_greedy_rows_equal_the_target_alone(requests, max_rows, changes, error_rate):
-    """Whatever arrives when, with whatever block sizes (changed between rounds too), every
-    row's tokens are the patched target's own greedy tokens for that prompt alone."""
+def test_greedy_rows_equal_the_target_alone(requests, max_rows, changes, error_rate, chunk_tokens):
+    """Whatever arrives when, with whatever block sizes (changed between rounds too), joining alone
+    or in the rounds' passes under any prompt budget, every row's tokens are the patched target's
+    own greedy tokens for that prompt alone."""
     arch = "llama"
-    engine, drafter = _engine(arch, max_rows, error_rate)
+    engine, drafter = _engine(arch, max_rows, error_rate, chunk_tokens=chunk_tokens)
     handles = {}
     for rnd in range(400):
         for i, (at, prompt, b, n) in enumerate(requests):

@@ -157,6 +157,8 @@ def _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup,
             need = (warmup + rounds + 1) * b
             engine = BatchEngine(target, drafter, max_rows=m, capacity=longest + need + 8)
             handles = [engine.submit(prompts[i % len(prompts)], block_size=b, max_new_tokens=need) for i in range(m)]
+            while engine.waiting or engine.joining:  # the prompts' pass: every row starts after it
+                engine.step()
             for i in range(warmup + rounds):
                 record = engine.step()
                 if record is None or record.rows < m:

@@ -3,9 +3,13 @@
 The engine holds up to ``max_rows`` active requests (rows), each with its own block size.
 One round (:meth:`BatchEngine.step`):
 
-1. requests that were cancelled leave; waiting requests join (each prefilled alone, batch 1,
-   by :meth:`TargetModel.prefill <adaptspec.decoding.TargetModel.prefill>`, its cache copied
-   into a free KV slot) while there are free rows;
+1. requests that were cancelled leave; waiting requests join while there are free rows: their
+   prompts ride in the rounds' target passes in chunks, at most ``chunk_tokens`` prompt tokens a
+   pass while rows decode (:mod:`~adaptspec.batching.packed_pass`, :mod:`~adaptspec.batching.fills`;
+   exact verification never cuts a prompt), and a request whose prompt has run starts its row
+   after that pass (its first token chosen from the prompt's last logits, its keys/values copied
+   into a free KV slot); with ``chunk_tokens=None`` each prompt is prefilled alone, batch 1, by
+   :meth:`TargetModel.prefill <adaptspec.decoding.TargetModel.prefill>`, while every row waits;
 2. the drafter drafts ``B_i - 1`` tokens for every row ``i`` whose block ``B_i > 1`` (with a
    ``draft_length`` ``D``: ``D - 1`` tokens, of which the row verifies its first ``B_i - 1``): one
    pass for all greedy rows in fast verification (:mod:`~adaptspec.batching.draft_pass`),
@@ -13,7 +17,8 @@ One round (:meth:`BatchEngine.step`):
    the batch (``batched_draft`` overrides); a sampled row proposes its keyed samples
    (:mod:`~adaptspec.decoding.sampling`);
 3. one target pass verifies every row's block ``[last_i, drafts_i]``, padded to the round's
-   widest block (:mod:`~adaptspec.batching.target_pass`); ``B_i = 1`` is a plain step;
+   widest block (:mod:`~adaptspec.batching.target_pass`), with the joining prompts' chunks in
+   it when there are some; ``B_i = 1`` is a plain step;
 4. each row accepts (:mod:`~adaptspec.batching.accept`) and commits ``tau_i`` tokens; its KV
    slot keeps ``tau_i`` of the positions written (:mod:`~adaptspec.batching.kv_slots`);
 5. rows that reached EOS or ``max_new_tokens`` leave.
@@ -23,8 +28,9 @@ row is bit-identical to decoding that request alone (greedy: the target's own on
 ``generate``; ``temperature > 0``: :class:`~adaptspec.decoding.SpeculativeDecoder` with the
 same seed, at any block size), whatever else is in the batch, whenever it joined and whatever
 block sizes its rounds verified. With ``"fast"`` verification every committed token is the
-argmax (or keyed sample) of the pass that verified it. A request
-that fails (bad prompt, too long for the context, cancelled) fails alone, on its handle.
+argmax (or keyed sample) of the pass that verified it (the first token: of the pass that ran the
+prompt's last chunk). A request that fails (bad prompt, too long for the context, a failing
+chooser, cancelled while waiting, joining or decoding) fails alone, on its handle.
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -54,6 +60,7 @@ import numpy as np
 import torch
 
 from ..decoding.decoder import check_block_size, check_draft_length, first_token
+from ..decoding.features import prefill_features
 from ..decoding.sampling import SampleKeys, accept_keyed, draft_keyed
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
@@ -62,9 +69,14 @@ from ..speculator import Round
 from . import accept
 from .clock import RoundClock
 from .draft_pass import draft_logits_rows
+from .fills import Fills
+from .packed_pass import Chunk, Packer, PackedOutput
 from .records import RoundRecord
-from .rows import RequestHandle, Row
+from .rows import Filling, RequestHandle, Row
 from .target_pass import new_store, prefill_layers, verify_rows
+
+#: prompt tokens one target pass carries while rows decode (``BatchEngine(chunk_tokens=)``)
+DEFAULT_CHUNK_TOKENS = 64
 
 
 class BatchEngine:
@@ -76,7 +88,10 @@ class BatchEngine:
     prompt + new tokens of a request. ``history`` round records are kept in :attr:`history`.
     ``draft_length`` (None: each row drafts the block it verifies) drafts that many positions
     for every speculating row and each row verifies its own prefix of them (exact counterfactuals,
-    :attr:`prefix_drafts`); it caps the block size.
+    :attr:`prefix_drafts`); it caps the block size. ``chunk_tokens`` (default
+    :data:`DEFAULT_CHUNK_TOKENS`) caps the prompt tokens of joining requests one pass carries while
+    rows decode (with no row decoding, a pass takes the joining prompts whole); None prefills each
+    joining prompt alone while the rows wait.
     """
 
     def __init__(
@@ -90,6 +105,7 @@ class BatchEngine:
         history: int = 10_000,
         batched_draft: bool | None = None,
         draft_length: int | None = None,
+        chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -107,8 +123,15 @@ class BatchEngine:
         if not isinstance(self.token_budget, int) or self.token_budget < 1:
             raise AdaptspecError(f"token_budget must be an int >= 1, got {token_budget!r}")
         self.max_context = max_context or int(getattr(target.model.config, "max_position_embeddings", 4096))
+        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
+                                         or chunk_tokens < 1):
+            raise AdaptspecError(f"chunk_tokens must be an int >= 1 or None, got {chunk_tokens!r}")
+        self.chunk_tokens = chunk_tokens
+        #: the packed passes (rows and prompt chunks together), None when prompts are prefilled alone
+        self.packer = None if chunk_tokens is None else Packer(target)
         self.capacity = capacity
         self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
+        self.fills = Fills(target, max_rows, capacity, self.max_context) if chunk_tokens is not None else None
         self.rows: list[Row] = []  # row i lives in KV slot i
         self.waiting: deque[RequestHandle] = deque()
         self.history: deque[RoundRecord] = deque(maxlen=history)
@@ -154,20 +177,28 @@ class BatchEngine:
     def reset(self, error: AdaptspecError) -> None:
         """Fail every request not yet finished (rows and waiting) with ``error`` and start over with
         empty KV slots: after a defect left the engine's state unknown (a serving loop restarting)."""
-        for handle in [row.handle for row in self.rows] + list(self.waiting):
+        joining = [] if self.fills is None else [f.handle for f in self.fills.fillings]
+        for handle in [row.handle for row in self.rows] + joining + list(self.waiting):
             if not handle.done:
                 handle.fail(error)
         self.rows = []
         self.waiting.clear()
         self.store = new_store(self.target, self.max_rows, self.capacity, self.max_context + self.max_block_size)
+        if self.fills is not None:
+            self.fills = Fills(self.target, self.max_rows, self.capacity, self.max_context)
 
     def set_block_size(self, handle: RequestHandle, block_size: int) -> None:
         """Change a request's block size from its next round on."""
         handle.block_size = self._check_block_size(block_size)
 
     @property
+    def joining(self) -> int:
+        """Requests whose prompts are being prefilled in chunks (each holds a place among the rows)."""
+        return 0 if self.fills is None else sum(not f.started for f in self.fills.fillings)
+
+    @property
     def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.rows or self.waiting or self.joining)
 
     def run_until_done(self) -> None:
         """Run rounds until every submitted request has finished or failed."""
@@ -177,25 +208,30 @@ class BatchEngine:
     # ------------------------------------------------------------------ one round
     @torch.inference_mode()
     def step(self) -> RoundRecord | None:
-        """One round over every active row (see the module docstring); None when idle."""
+        """One round over every active row (see the module docstring); None when no row decoded
+        (idle, or a pass that ran joining prompts only)."""
         clock = RoundClock(self.target.device)
         self._leave([i for i, row in enumerate(self.rows) if row.handle.cancelled], cancelled=True)
         joined = self._join()
-        if not self.rows:
+        chunks = self._chunks()
+        if not self.rows and not chunks:
             return None
         clock.mark()
-        cap = max(1, self.token_budget // len(self.rows))
-        asked = [row.handle.block_size for row in self.rows] if self.round_block_sizes is None else [
-            max(1, min(int(b), row.handle.block_size)) for b, row in zip(self.round_block_sizes(self.rows), self.rows)]
+        cap = max(1, self.token_budget // max(1, len(self.rows)))
+        asked = [row.handle.block_size for row in self.rows]
+        if self.round_block_sizes is not None and self.rows:
+            asked = [max(1, min(int(b), a)) for b, a in zip(self.round_block_sizes(self.rows), asked)]
         widths = [min(b, row.room, cap) for b, row in zip(asked, self.rows)]
         drafted = [b if b == 1 or self.draft_length is None else self.draft_length for b in widths]
         noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the drafted positions
                  row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
                  for row, d in zip(self.rows, drafted)]
-        blocks, drafts = self._draft(widths, drafted, noise)
+        blocks, drafts = self._draft(widths, drafted, noise) if self.rows else (None, None)
         clock.mark()
-        logits, hidden = verify_rows(self.target, self.store, blocks, context=self.drafter is not None)
-        new = accept.greedy(logits, drafts, widths)
+        packed = self._pass(blocks, chunks) if chunks else None
+        logits, hidden = (packed.logits, packed.context) if chunks else verify_rows(
+            self.target, self.store, blocks, context=self.drafter is not None)
+        new = accept.greedy(logits, drafts, widths) if self.rows else []
         for i, row in enumerate(self.rows):
             if row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
@@ -206,21 +242,40 @@ class BatchEngine:
             for i, row in enumerate(self.rows):
                 row.draft.append(hidden[i, : taus[i]].clone())
         clock.mark()
-        join_s, draft_s, verify_s = clock.spans()
-        record = RoundRecord(
-            requests=tuple(row.handle.id for row in self.rows), block_sizes=tuple(widths), taus=tuple(taus),
-            draft_s=draft_s, verify_s=verify_s, round_s=max(clock.total(), join_s + draft_s + verify_s),
-            joined=joined, join_s=join_s,
-        )
-        done = []
-        for i, row in enumerate(self.rows):
+        admit_s, draft_s, pass_s = clock.spans()
+        # the rows' share of the pass, by the positions it computed (the rest was the prompts')
+        computed = len(self.rows) * max(widths, default=0)
+        prompt_tokens = sum(len(c.ids) for c in chunks)
+        verify_s = pass_s * computed / (computed + prompt_tokens)
+        rows, done = list(self.rows), []
+        for i, row in enumerate(rows):
             row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,
-                                           drafted=drafted[i] if drafted[i] != widths[i] else 0, rows=len(self.rows)))
+                                           drafted=drafted[i] if drafted[i] != widths[i] else 0, rows=len(rows)))
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)
+        started_at = time.perf_counter()
+        if chunks:  # the prompts that ended in this pass start their rows (from the next round on)
+            joined += self._start_filled(self.fills.absorb(chunks, packed))
+        if not rows:
+            return None
+        join_s = admit_s + pass_s - verify_s + time.perf_counter() - started_at
+        record = RoundRecord(
+            requests=tuple(row.handle.id for row in rows), block_sizes=tuple(widths), taus=tuple(taus),
+            draft_s=draft_s, verify_s=verify_s, round_s=max(clock.total(), join_s + draft_s + verify_s),
+            joined=joined, join_s=join_s, prompt_tokens=prompt_tokens,
+        )
         self.history.append(record)
         return record
+
+    def _pass(self, blocks: torch.Tensor | None, chunks: list[Chunk]) -> PackedOutput:
+        """The rows' blocks and the joining prompts' ``chunks`` in one target pass; each chunk keeps the
+        hidden states its request needs (the drafter's context; the feature spec's layers for a chooser)."""
+        layers = set(self.target.context_layers or []) if self.drafter is not None else set()
+        if any(self.fills.fillings[c.slot].handle.choose is not None for c in chunks):
+            layers |= {layer for kind, layer in self.target.feature_parts if kind in ("last", "mean")}
+        context = self.target.context_layers if self.drafter is not None else None
+        return self.packer.run(blocks, self.store, self.fills.store, chunks, context, sorted(layers))
 
     def _draft(self, widths: list[int], drafted: list[int],
                noise: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,46 +309,102 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ joining and leaving
     def _join(self) -> int:
-        """Prefill waiting requests into free rows; returns how many joined."""
-        joined = 0
+        """Take waiting requests while rows are free (a joining request holds one): each prompt checked,
+        then prefilled alone now (``chunk_tokens`` None) or given a slot of the fills (its chunks ride
+        in the next passes); returns how many started rows now. Cancelled joining requests end first."""
+        if self.fills is not None:
+            cancelled = [i for i, f in enumerate(self.fills.fillings) if f.handle.cancelled]
+            for i in cancelled:
+                self.fills.fillings[i].handle.end_cancelled()
+            self.fills.remove(cancelled)
+        started = 0
         limit = min(self.max_rows, self.token_budget)
-        while self.waiting and len(self.rows) < limit:
+        while self.waiting and len(self.rows) + self.joining < limit:
             handle = self.waiting.popleft()
             if handle.cancelled:
                 handle.end_cancelled()
                 continue
             try:
-                row = self._prefill(handle)
+                ids = self._prompt_ids(handle)
+                if self.fills is not None:
+                    self.fills.add(handle, ids)
+                    continue
+                tp = self.target.prefill(ids)
+                row = self._start_row(handle, tp.logits, tp.context_hidden, lambda: tp.features, prefill_layers(tp.cache))
             except AdaptspecError as e:
                 handle.fail(AdaptspecError(f"request {handle.id}: {e}"))
                 continue
-            joined += 1
+            started += 1
             if row is not None:
                 self.rows.append(row)
-        return joined
+        return started
 
-    def _prefill(self, handle: RequestHandle) -> Row | None:
-        """Run the prompt alone; the first token is chosen here. None when that already ends it."""
+    def _chunks(self) -> list[Chunk]:
+        """The joining prompts' chunks of this round's pass: ``chunk_tokens`` while rows decode, else
+        the prompts whole; exact verification never cuts a prompt (see :mod:`~adaptspec.batching.packed_pass`)."""
+        if self.fills is None:
+            return []
+        return self.fills.plan(self.chunk_tokens if self.rows else None, whole=self.target.verification == "exact")
+
+    def _start_filled(self, ended: list[tuple[int, torch.Tensor]]) -> int:
+        """Start the rows of the requests whose prompts ended in the last pass (``ended``: their fill slots
+        and last logits), then free those slots; returns how many started."""
+        started = 0
+        for slot, logits in ended:
+            f = self.fills.fillings[slot]
+            f.started = True  # a chooser deciding now sees the load without it among the joining
+            context = None if self.drafter is None else torch.cat([f.layer(i) for i in self.target.context_layers], dim=-1)
+            try:
+                row = self._start_row(f.handle, logits, context, lambda f=f, logits=logits: self._features(f, logits),
+                                      self.fills.store.layers(slot))
+            except AdaptspecError as e:
+                f.handle.fail(AdaptspecError(f"request {f.handle.id}: {e}"))
+                continue
+            started += 1
+            if row is not None:
+                self.rows.append(row)
+        self.fills.remove([slot for slot, _ in ended])
+        return started
+
+    def _features(self, f: Filling, logits: torch.Tensor) -> np.ndarray:
+        """The prefill features of ``f``'s prompt from the hidden states its chunks kept (the layers the
+        feature spec reads; the others stay empty and unread)."""
+        unread = torch.empty(1, 0, 0)
+        hidden = tuple(f.layer(i)[None] if i in f.hidden else unread for i in range(self.target.num_layers + 1))
+        return prefill_features(hidden, logits=logits, prompt_tokens=int(f.ids.numel()), spec=self.target.feature_spec)
+
+    def _prompt_ids(self, handle: RequestHandle) -> torch.Tensor:
+        """``handle``'s prompt as token ids on the target's device, checked (one line naming what is wrong)."""
         try:
             ids = torch.as_tensor(handle.prompt, dtype=torch.long).reshape(-1)
         except (TypeError, ValueError, RuntimeError) as e:
             raise AdaptspecError(f"prompt is not a sequence of token ids ({e})") from None
         n = int(ids.numel())
+        if n == 0:
+            raise AdaptspecError("empty prompt: give at least one token")
+        if int(ids.max()) >= self.target.vocab_size or int(ids.min()) < 0:
+            raise AdaptspecError(f"prompt has token ids outside 0..{self.target.vocab_size - 1}")
         if n + handle.max_new_tokens > self.max_context:
             raise AdaptspecError(
                 f"prompt of {n} tokens + max_new_tokens {handle.max_new_tokens} exceeds the context of {self.max_context}"
             )
-        tp = self.target.prefill(ids)  # checks empty prompts and token ids outside the vocabulary
+        return ids.to(self.target.device)
+
+    def _start_row(self, handle: RequestHandle, logits: torch.Tensor, context_hidden: torch.Tensor | None,
+                   features: Callable[[], np.ndarray], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Row | None:
+        """After the prompt's prefill (its last ``logits[V]``, the drafter's ``context_hidden``, its
+        ``features`` when asked, its keys/values ``kv``): the block size chosen, the first token
+        committed, the row started in the next free KV slot. None when the first token ends the request."""
         if handle.choose is not None:
             try:
-                b = handle.choose(tp.features)
+                b = handle.choose(features())
             except AdaptspecError:
                 raise
             except Exception as e:  # a failing chooser fails its request alone
                 raise AdaptspecError(f"choosing the block size failed: {type(e).__name__}: {e}") from None
             handle.block_size = self._check_block_size(b)
         keys = SampleKeys(handle.seed) if handle.temperature > 0 else None
-        first = first_token(tp.logits, handle.temperature, keys, self.target.vocab_size)
+        first = first_token(logits, handle.temperature, keys, self.target.vocab_size)
         handle.first_token_at = time.perf_counter()
         if self._commit(handle, [first]):
             handle.decode_s = 0.0
@@ -304,8 +415,8 @@ class BatchEngine:
                 handle.end_cancelled()
                 handle.decode_s = 0.0
                 return None
-        self.store.load(len(self.rows), prefill_layers(tp.cache))
-        draft = self.drafter.new_state(tp.context_hidden) if self.drafter is not None else None
+        self.store.load(len(self.rows), kv)
+        draft = self.drafter.new_state(context_hidden) if self.drafter is not None else None
         return Row(handle, draft, keys)
 
     def _commit(self, handle: RequestHandle, new: list[int]) -> bool:

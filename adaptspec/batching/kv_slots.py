@@ -83,17 +83,28 @@ class SlotStore:
                 store[i] = grown
         self.capacity = new
 
+    def open(self, slot: int) -> None:
+        """Start an empty sequence in ``slot``, which must be the next free one (passes fill it)."""
+        if slot != self.rows or slot >= self.max_rows:
+            raise AdaptspecError(f"slot {slot} is not the next free slot ({self.rows} of {self.max_rows} used)")
+        self.lengths.append(0)
+
     def load(self, slot: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one sequence's cache (per layer ``(keys, values)``, each ``[1, kv_heads, n, head_dim]``)
         into ``slot``, which must be the next free one."""
-        if slot != self.rows or slot >= self.max_rows:
-            raise AdaptspecError(f"slot {slot} is not the next free slot ({self.rows} of {self.max_rows} used)")
         n = layers[0][0].shape[2]
         self.ensure(n)
+        self.open(slot)
         for (k, v), ks, vs in zip(layers, self.keys, self.values):
             ks[slot, :, :n] = k[0]
             vs[slot, :, :n] = v[0]
-        self.lengths.append(n)
+        self.lengths[slot] = n
+
+    def layers(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` of ``slot``'s committed positions, ``[1, kv_heads, n, head_dim]``
+        views (what :meth:`load` takes)."""
+        n = self.lengths[slot]
+        return [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in zip(self.keys, self.values)]
 
     def remove(self, slot: int) -> None:
         """Free ``slot``; the last row moves into it (so rows stay ``0 .. rows - 1``)."""

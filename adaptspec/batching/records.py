@@ -13,8 +13,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RoundRecord:
     """One round: the request ids of its rows, each row's verified block and committed
-    tokens, and the round's times (drafter phase, target pass + acceptance, whole round with
-    joins and leaves)."""
+    tokens, and the round's times (drafter phase, the rows' share of the target pass +
+    acceptance, whole round with joins and leaves)."""
 
     requests: tuple[int, ...]
     block_sizes: tuple[int, ...]
@@ -22,8 +22,9 @@ class RoundRecord:
     draft_s: float
     verify_s: float
     round_s: float
-    joined: int = 0  # requests prefilled at the start of this round
-    join_s: float = 0.0  # their prefill time (inside round_s)
+    joined: int = 0  # requests that started rows in this round (their prompts prefilled)
+    join_s: float = 0.0  # the joining requests' time inside round_s: prefills alone, or their chunks' share of the pass
+    prompt_tokens: int = 0  # joining prompts' tokens that rode in this round's pass
 
     @property
     def rows(self) -> int:

@@ -116,3 +116,22 @@ class Row:
     @property
     def room(self) -> int:
         return self.handle.max_new_tokens - len(self.handle.tokens)
+
+
+@dataclass
+class Filling:
+    """A joining request whose prompt is being prefilled in chunks (:mod:`adaptspec.batching.fills`)."""
+
+    handle: RequestHandle
+    ids: torch.Tensor  # the prompt's token ids, checked
+    done: int = 0  # prompt tokens prefilled so far
+    hidden: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> each chunk's [c, H] so far
+    started: bool = False  # its prompt has run and its row is being started (no longer joining)
+
+    @property
+    def left(self) -> int:
+        return int(self.ids.numel()) - self.done
+
+    def layer(self, i: int) -> torch.Tensor:
+        """The prompt's hidden states ``[n, H]`` at layer ``i`` (once every chunk has run)."""
+        return torch.cat(self.hidden[i])

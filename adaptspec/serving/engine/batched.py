@@ -9,8 +9,8 @@ variant's controller's, through its split API:
   request's chooser with the prefill's features; the chooser asks the variant's controller
   (``controller.decide(features, load=...)``) and returns the decision's block size. The
   :class:`~adaptspec.speculator.LoadState` is read there, on the loop thread (:func:`load_at_join`):
-  the rows decoding once the request has joined, the requests still queued, the prompt's
-  tokens, its temperature and max_tokens. The log keeps it; a controller made with
+  the rows decoding once the request has joined, the other requests still queued or joining (their
+  prompts being prefilled), the prompt's tokens, its temperature and max_tokens. The log keeps it; a controller made with
   ``load_features=True`` decides on it too;
 - **feedback at the end**: the request's :class:`~adaptspec.speculator.Outcome` goes back to
   ``controller.feedback`` with ``decode_s`` = the request's *attributed* time, the sum of its
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..._util.guarded import STALL_S
+from ...batching.engine import DEFAULT_CHUNK_TOKENS
 from ...control.controller import AdaptiveController
 from ...errors import AdaptspecError
 from ...speculator import LoadState, Outcome, SharedRounds
@@ -75,7 +76,9 @@ class EngineSettings:
     ``rule`` may map variant -> rule (or None): the slice's variant's rule sets the block sizes of
     the slice's rounds. ``threads``: torch's intra-op threads on the engine's thread (see
     :class:`~adaptspec.serving.engine.loop.EngineLoop`; ``adaptspec serve`` keeps every other
-    thread at one).
+    thread at one). ``chunk_tokens``: the joining prompts' tokens one round's target pass carries
+    beside the decoding rows (:class:`~adaptspec.batching.engine.BatchEngine`; None: each prompt is
+    prefilled alone while the rows wait).
     """
 
     max_rows: int = 8
@@ -87,6 +90,7 @@ class EngineSettings:
     slice_rounds: int | None = None
     seed: int = 0
     threads: int | None = None
+    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS
 
 
 def too_busy(e: QueueFull) -> RequestError:
@@ -97,7 +101,7 @@ def too_busy(e: QueueFull) -> RequestError:
 def load_at_join(loop: EngineLoop, req: "CompletionRequest") -> LoadState:
     """The load ``req`` is decided under; called on ``loop``'s thread while the request joins (its
     own row not yet in ``engine.rows``, so it is counted here; the requests joining before it in
-    the same round are in)."""
+    the same round are in; those whose prompts are still being prefilled count in the queue)."""
     return LoadState(rows=len(loop.engine.rows) + 1, queue=loop.queue_length, context_tokens=len(req.prompt_ids),
                      temperature=float(req.temperature), max_tokens=int(req.max_tokens))
 
@@ -269,7 +273,7 @@ def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController
     if target is None:
         raise AdaptspecError(f"the batched engine needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
     switchback = _switchback(variants, log_dir, s.design, s.slice_rounds, s.seed, s.rule)
-    engine = BatchEngine(target, drafter, max_rows=s.max_rows)
+    engine = BatchEngine(target, drafter, max_rows=s.max_rows, chunk_tokens=s.chunk_tokens)
     rule = s.rule
     if isinstance(rule, Mapping):  # per variant (switchback): the slice's variant's rule, each round
         from .switchback import SliceRule

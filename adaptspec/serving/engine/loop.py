@@ -336,7 +336,8 @@ class EngineLoop:
 
     @property
     def free_rows(self) -> int:
-        return max(0, self.engine.max_rows - len(self.engine.rows))
+        """Rows neither decoding nor held by a joining request (its prompt being prefilled in chunks)."""
+        return max(0, self.engine.max_rows - len(self.engine.rows) - self.engine.joining)
 
     @property
     def retry_after_s(self) -> float:
@@ -358,8 +359,8 @@ class EngineLoop:
 
     @property
     def queue_length(self) -> int:
-        """Requests submitted and not yet decoding."""
-        return self._inbox_n + len(self.engine.waiting)
+        """Requests submitted and not yet decoding (joining ones included: their prompts being prefilled)."""
+        return self._inbox_n + len(self.engine.waiting) + self.engine.joining
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish what was submitted, then stop the thread (whatever it left unfinished fails); at most
