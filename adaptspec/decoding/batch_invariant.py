@@ -56,7 +56,8 @@ def rowwise_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``.
+    """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``
+    (and of those, given a boolean ``attention_mask[1, 1, q, kv]``, only the ones it marks).
 
     After a cache (decoding steps and verified blocks) every query row is computed by the
     same kernels whatever the number of queries: plain matrix products whose row count is
@@ -94,9 +95,20 @@ def rowwise_attention(
     if extra:
         pos = torch.cat([pos, pos[-1:].expand(extra)])
     hidden = torch.arange(padded, device=q.device)[None, :] > (kv_len - q_len + pos)[:, None]
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # the caller's mask as well
+        hidden |= ~_rows_mask(attention_mask[0, 0], group, extra, padded)  # (a draft tree's: decoding.tree_verify)
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)[:, :rows].reshape(1, n_heads, q_len, dim)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _rows_mask(sees: torch.Tensor, group: int, extra: int, padded: int) -> torch.Tensor:
+    """A ``[q_len, kv_len]`` boolean mask laid out as the query rows above: ``group`` copies in
+    (head in group, position) order, ``extra`` copies of the last row, keys padded unseen."""
+    sees = sees.repeat(group, 1)
+    if extra:
+        sees = torch.cat([sees, sees[-1:].expand(extra, -1)])
+    return torch.cat([sees, sees.new_zeros(sees.shape[0], padded - sees.shape[1])], dim=1)
 
 
 def _each_row(module, query, key, value, mask, scaling):
