@@ -31,7 +31,9 @@ class Round:
     does not time them); ``drafted`` is the size of the block the drafter drafted, larger when a per-round
     schedule verified only a prefix of it (0: the same as ``block_size``). ``rows``: the
     sequences the timed passes carried (more than 1 in a batching engine, whose ``draft_s`` and
-    ``verify_s`` then hold the other rows' work too).
+    ``verify_s`` then hold the other rows' work too). ``tree``: the ``block_size - 1`` drafts
+    verified were the nodes of a draft tree (:mod:`adaptspec.decoding.tree`), not a chain, from a
+    drafter pass of ``drafted`` positions (which may then be fewer than the nodes).
     """
 
     block_size: int
@@ -40,11 +42,15 @@ class Round:
     verify_s: float
     drafted: int = 0
     rows: int = 1
+    tree: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.tau <= self.block_size:
             raise ValueError(f"tau={self.tau} outside 1..block_size={self.block_size}")
-        if self.drafted and self.drafted < self.block_size:
+        if self.tree:
+            if self.drafted and self.tau > self.drafted:
+                raise ValueError(f"tau={self.tau} deeper than a tree drafted at {self.drafted} positions")
+        elif self.drafted and self.drafted < self.block_size:
             raise ValueError(f"drafted={self.drafted} smaller than the verified block_size={self.block_size}")
         if self.rows < 1:
             raise ValueError(f"rows={self.rows}: a pass carries at least one sequence")

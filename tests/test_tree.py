@@ -245,3 +245,15 @@ def test_fixed_budget_and_bad_budgets():
         CostAwareTree(lambda m: 0.0 if m else 1.0, max_nodes=3)
     with pytest.raises(AdaptspecError, match="finite and > 0"):
         CostAwareTree(lambda m: float("nan"), max_nodes=3)
+
+
+def test_a_tree_round_may_verify_more_positions_than_it_drafted_but_never_commit_deeper():
+    from adaptspec.speculator import Round
+
+    r = Round(block_size=33, tau=4, draft_s=0.0, verify_s=0.0, drafted=16, tree=True)  # 32 nodes of depth <= 15
+    assert r.draft_size == 16 and r.tree
+    with pytest.raises(ValueError, match="smaller than the verified block_size"):
+        Round(block_size=33, tau=4, draft_s=0.0, verify_s=0.0, drafted=16)  # a chain cannot
+    with pytest.raises(ValueError, match="deeper than a tree drafted at 4 positions"):
+        Round(block_size=9, tau=5, draft_s=0.0, verify_s=0.0, drafted=4, tree=True)
+    assert not Round(block_size=4, tau=2, draft_s=0.0, verify_s=0.0).tree  # chains as before

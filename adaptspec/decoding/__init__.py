@@ -3,5 +3,7 @@
 from .decoder import SpeculativeDecoder
 from .drafter import BlockDiffusionDrafter, DrafterConfig
 from .target import TargetModel
+from .tree_budget import CostAwareTree, FixedTree, TreeBudget
 
-__all__ = ["BlockDiffusionDrafter", "DrafterConfig", "SpeculativeDecoder", "TargetModel"]
+__all__ = ["BlockDiffusionDrafter", "CostAwareTree", "DrafterConfig", "FixedTree", "SpeculativeDecoder", "TargetModel",
+           "TreeBudget"]

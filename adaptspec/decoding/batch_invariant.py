@@ -57,7 +57,8 @@ def rowwise_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``
-    (and of those, given a boolean ``attention_mask[1, 1, q, kv]``, only the ones it marks).
+    (and of those, given a boolean ``attention_mask[1, 1, q, kv]`` after a cache, only the ones it
+    marks: a draft tree's ancestors, :mod:`adaptspec.decoding.tree_verify`).
 
     After a cache (decoding steps and verified blocks) every query row is computed by the
     same kernels whatever the number of queries: plain matrix products whose row count is
@@ -95,8 +96,8 @@ def rowwise_attention(
     if extra:
         pos = torch.cat([pos, pos[-1:].expand(extra)])
     hidden = torch.arange(padded, device=q.device)[None, :] > (kv_len - q_len + pos)[:, None]
-    if attention_mask is not None and attention_mask.dtype == torch.bool:  # the caller's mask as well
-        hidden |= ~_rows_mask(attention_mask[0, 0], group, extra, padded)  # (a draft tree's: decoding.tree_verify)
+    if attention_mask is not None and attention_mask.dtype == torch.bool and attention_mask.shape[-2:] == (q_len, kv_len):
+        hidden |= ~_rows_mask(attention_mask[0, 0], group, extra, padded)  # the caller's too (a tree's: decoding.tree_verify)
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)[:, :rows].reshape(1, n_heads, q_len, dim)
     return out.transpose(1, 2).contiguous(), None

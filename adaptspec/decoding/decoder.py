@@ -57,10 +57,14 @@ from ..speculator import Outcome, Prefill, Round, RoundSchedule
 from .drafter import BlockDiffusionDrafter, DraftState
 from .sampling import SampleKeys, accept_keyed, draft_keyed, sample_keyed
 from .target import TargetModel
+from .tree import build_tree, top_candidates
+from .tree_budget import DEFAULT_DEPTH, TreeBudget
+from .tree_verify import check_tree_target, keep_path, verify_tree
 
 #: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
-#: ``(round_index, rounds_so_far) -> block size``.
-BlockSchedule = int | RoundSchedule | Callable[[int, list[Round]], int]
+#: ``(round_index, rounds_so_far) -> block size``; or a draft tree's budget
+#: (:mod:`adaptspec.decoding.tree_budget`) to verify trees instead of chains.
+BlockSchedule = int | RoundSchedule | Callable[[int, list[Round]], int] | TreeBudget
 
 
 @dataclass
@@ -148,7 +152,9 @@ class SpeculativeDecoder:
         drafts to verify from the drafter's top-1 probabilities (then the block is drafted whole
         even near ``max_new_tokens``, and the verified prefix is cut there). With a
         ``draft_length`` every speculating round drafts that length and verifies the chosen
-        block's prefix of it. ``prefill`` is not consumed: it can be decoded again with another block size.
+        block's prefix of it. A :class:`~adaptspec.decoding.tree_budget.TreeBudget` verifies a draft
+        tree every round instead (:meth:`_tree_round`, docs/decoding.md "Draft trees").
+        ``prefill`` is not consumed: it can be decoded again with another block size.
         ``on_round(tokens, round)`` is called after each round with the tokens it committed
         (for streaming).
         """
@@ -158,11 +164,16 @@ class SpeculativeDecoder:
         state: _PrefillState = prefill.state
         if not isinstance(state, _PrefillState):
             raise AdaptspecError("this Prefill was not made by this decoder")
-        schedule = as_schedule(block_size)
-        fixed = schedule.block_size if isinstance(schedule, FixedBlock) else None
+        tree = block_size if isinstance(block_size, TreeBudget) else None
+        if tree is not None and self.drafter is None:
+            raise AdaptspecError("draft trees need a drafter")
+        schedule = as_schedule(1 if tree is not None else block_size)
+        fixed = schedule.block_size if isinstance(schedule, FixedBlock) and tree is None else None
         if fixed is not None:  # checked once here; a schedule's choices are checked every round
             self._check_block_size(fixed)
         cache = copy.deepcopy(state.cache)
+        if tree is not None:
+            check_tree_target(self.target, cache)
         keys = state.keys
         if temperature > 0 and (keys is None or seed is not None):
             keys = SampleKeys(seed)
@@ -178,13 +189,16 @@ class SpeculativeDecoder:
         finish = "eos" if tokens[-1] in eos else "length"
         start = _now(self.target.device)
         while finish == "length" and len(tokens) < max_new_tokens:
-            b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
             room = max_new_tokens - len(tokens)
-            if not schedule.uses_confidence:
-                b = min(b, room)  # drafts past the end would be thrown away
-            d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
-            noise = None if temperature == 0 else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
-            new, r = self._round(tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds)
+            if tree is not None:
+                new, r = self._tree_round(tokens[-1], n, room, cache, draft, temperature, keys, len(tokens), tree)
+            else:
+                b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
+                if not schedule.uses_confidence:
+                    b = min(b, room)  # drafts past the end would be thrown away
+                d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
+                noise = None if temperature == 0 else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
+                new, r = self._round(tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds)
             rounds.append(r)
             n += r.tau
             kept = len(tokens)
@@ -220,7 +234,8 @@ class SpeculativeDecoder:
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> Outcome:
-        """Prefill + decode. ``block_size=1`` is plain (target-only) decoding."""
+        """Prefill + decode. ``block_size=1`` is plain (target-only) decoding; a
+        :class:`~adaptspec.decoding.tree_budget.TreeBudget` verifies draft trees."""
         if isinstance(block_size, int):
             self._check_block_size(block_size)
         pre = self.prefill(input_ids, temperature=temperature, seed=seed)
@@ -260,6 +275,15 @@ class SpeculativeDecoder:
         drafted, b = d, len(drafts) + 1
         t1 = _now(dev)
         block = torch.cat([torch.tensor([last], device=dev), drafts])
+        new = self._verify_chain(block, n, cache, draft, temperature, noise)
+        t2 = _now(dev)
+        return new, Round(block_size=b, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1, drafted=drafted if drafted != b else 0)
+
+    def _verify_chain(self, block: torch.Tensor, n: int, cache: Any, draft: DraftState | None,
+                      temperature: float, noise: torch.Tensor | None) -> list[int]:
+        """Verify ``block = [last, drafts]`` after ``n`` cached positions; keep the committed
+        part of the cache and of the drafter's context; return the committed tokens."""
+        drafts = block[1:]
         logits, hidden = self.target.verify(block, cache, context=draft is not None)
         logits = logits.float()
         if temperature == 0:
@@ -269,13 +293,56 @@ class SpeculativeDecoder:
             new = drafts[:j].tolist() + [int(best[j])]
         else:
             new = accept_keyed(logits, drafts, noise[: len(drafts) + 1], temperature)
-            j = len(new) - 1
-        tau = j + 1
+        tau = len(new)
         self.target.crop(cache, n + tau)
         if hidden is not None:
             draft.append(hidden[:tau])
+        return new
+
+    def _tree_round(self, last: int, n: int, room: int, cache: Any, draft: DraftState, temperature: float,
+                    keys: SampleKeys | None, position: int, budget: TreeBudget) -> tuple[list[int], Round]:
+        """One round of a draft tree (:mod:`adaptspec.decoding.tree`): one drafter pass of
+        ``depth + 1`` positions, the best-first tree its budget allows, one target pass over it with
+        the ancestor-only mask, the target's own choice walked down it (the argmax at T = 0, else
+        the keyed sample of each node's output position, ``position`` + its depth), the accepted
+        path and the bonus committed. In ``"exact"`` verification the accepted path is verified
+        again as a chain, and that pass's tokens are committed (bit-identical to greedy decoding)."""
+        dev, vocab = self.target.device, self.target.vocab_size
+        depth = min(budget.depth or DEFAULT_DEPTH, self.drafter.config.max_block_size - 1, room - 1)
+        noise = None if temperature == 0 else keys.noise(position, depth + 1, vocab, dev)
+        t0 = _now(dev)
+        if depth < 1:  # one token left to commit: a plain step
+            new = self._verify_chain(torch.tensor([last], device=dev), n, cache, draft, temperature, noise)
+            return new, Round(block_size=1, tau=1, draft_s=0.0, verify_s=_now(dev) - t0)
+        scores = self.drafter.draft_logits(draft, last, depth + 1).float()  # [depth, V_draft]
+        if temperature > 0:  # the coupling's proposals (decoding.sampling): rank 0 is draft_keyed's
+            ids = self.drafter.draft_vocab
+            scores = scores / temperature + (noise[:depth] if ids is None else noise[:depth, ids.to(dev)]).to(scores.device)
+        values, idx = top_candidates(torch.log_softmax(scores, dim=-1), budget.top_k)
+        tree = build_tree(values, self.drafter.to_target_ids(idx), budget.max_nodes)
+        m = budget.nodes(np.asarray(tree.log_mass))
+        if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or not 0 <= m <= tree.nodes:
+            raise AdaptspecError(f"{budget!r}.nodes gave {m!r}, outside 0..{tree.nodes}")
+        tree = tree.prefix(int(m))
+        t1 = _now(dev)
+        logits, hidden = verify_tree(self.target, tree, last, n, cache)
+        logits = logits.float()
+        if temperature == 0:
+            choices = logits.argmax(-1).tolist()
+        else:
+            choices = (logits / temperature + noise[tree.depths]).argmax(-1).tolist()
+        path = tree.walk(choices)
+        if self.target.verification == "exact":
+            self.target.crop(cache, n)
+            block = torch.tensor([last, *(tree.tokens[i - 1] for i in path)], device=dev)
+            new = self._verify_chain(block, n, cache, draft, temperature, noise)
+        else:
+            new = [tree.tokens[i - 1] for i in path] + [choices[path[-1] if path else 0]]
+            keep_path(cache, n, path)
+            draft.append(hidden[[0, *path]])
         t2 = _now(dev)
-        return new, Round(block_size=b, tau=tau, draft_s=t1 - t0, verify_s=t2 - t1, drafted=drafted if drafted != b else 0)
+        return new, Round(block_size=tree.nodes + 1, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1,
+                          drafted=depth + 1, tree=True)
 
     def _check_block_size(self, b: int) -> int:
         return check_block_size(b, self.max_block_size, self.drafter is not None)
