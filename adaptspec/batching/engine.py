@@ -73,6 +73,7 @@ from .fills import Fills
 from .packed_pass import Chunk, Packer, PackedOutput
 from .records import RoundRecord
 from .rows import Filling, RequestHandle, Row
+from .rows_pass_cost import RowsPassCost
 from .target_pass import new_store, prefill_layers, verify_rows
 
 #: prompt tokens one target pass carries while rows decode (``BatchEngine(chunk_tokens=)``)
@@ -129,6 +130,8 @@ class BatchEngine:
         self.chunk_tokens = chunk_tokens
         #: the packed passes (rows and prompt chunks together), None when prompts are prefilled alone
         self.packer = None if chunk_tokens is None else Packer(target)
+        #: the rows' share of a pass that also ran prompt chunks (:mod:`~adaptspec.batching.rows_pass_cost`)
+        self.rows_pass_cost = RowsPassCost()
         self.capacity = capacity
         self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
         self.fills = Fills(target, max_rows, capacity, self.max_context) if chunk_tokens is not None else None
@@ -243,10 +246,9 @@ class BatchEngine:
                 row.draft.append(hidden[i, : taus[i]].clone())
         clock.mark()
         admit_s, draft_s, pass_s = clock.spans()
-        # the rows' share of the pass, by the positions it computed (the rest was the prompts')
-        computed = len(self.rows) * max(widths, default=0)
+        # the rows' share of the pass: what a pass of their positions alone costs here (the rest was the prompts')
         prompt_tokens = sum(len(c.ids) for c in chunks)
-        verify_s = pass_s * computed / (computed + prompt_tokens)
+        verify_s = self.rows_pass_cost.rows_share(pass_s, len(self.rows) * max(widths, default=0), prompt_tokens)
         rows, done = list(self.rows), []
         for i, row in enumerate(rows):
             row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,

@@ -23,7 +23,7 @@ class RoundRecord:
     verify_s: float
     round_s: float
     joined: int = 0  # requests that started rows in this round (their prompts prefilled)
-    join_s: float = 0.0  # the joining requests' time inside round_s: prefills alone, or their chunks' share of the pass
+    join_s: float = 0.0  # the joining requests' time inside round_s: prefills alone, or the pass less the rows' share (rows_pass_cost)
     prompt_tokens: int = 0  # joining prompts' tokens that rode in this round's pass
 
     @property
