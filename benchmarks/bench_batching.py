@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from adaptspec.batching import BatchEngine
+from adaptspec.batching.engine import DEFAULT_CHUNK_TOKENS
 from adaptspec.models import load_speculator
 from adaptspec.models.prompts import benchmark_prompts
 
@@ -66,13 +67,14 @@ def run_threads(spec, prompts: list[list[int]], concurrency: int, max_new: int, 
     return _summary([o[0] for o in out], [o[1] for o in out], [o[2] for o in out], wall, time.process_time() - cpu)
 
 
-def run_engine(spec, prompts: list[list[int]], concurrency: int, block: int, max_new: int) -> dict:
-    """A closed loop of ``concurrency`` requests over one engine."""
-    engine = BatchEngine(spec.target, spec.drafter, max_rows=concurrency)
+def run_engine(spec, prompts: list[list[int]], concurrency: int, block: int, max_new: int,
+               chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS) -> dict:
+    """A closed loop of ``concurrency`` requests over one engine (joining prompts ``chunk_tokens`` a pass)."""
+    engine = BatchEngine(spec.target, spec.drafter, max_rows=concurrency, chunk_tokens=chunk_tokens)
     queue, handles = list(prompts), []
     start, cpu = time.perf_counter(), time.process_time()
     while queue or engine.busy:
-        while queue and len(engine.rows) + len(engine.waiting) < concurrency:
+        while queue and len(engine.rows) + engine.joining + len(engine.waiting) < concurrency:
             handles.append(engine.submit(queue.pop(0), block_size=block, max_new_tokens=max_new))
         engine.step()
     wall = time.perf_counter() - start
@@ -99,11 +101,15 @@ def main() -> None:
     ap.add_argument("--blocks", default="1,2,3,4,8", help="fixed block sizes of the batched engine")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--joins", default="",
+                    help="also batched plain decoding with these prompt budgets a pass (e.g. none,16,64; none: each "
+                         "prompt prefilled alone while the rows wait), in their own table")
     ap.add_argument("--out", default=str(RESULTS / "batching.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(x) for x in args.levels.split(",")]
     blocks = [int(x) for x in args.blocks.split(",")]
+    joins = [j for j in args.joins.split(",") if j]
     spec = load_speculator(verification="fast")
     need = max(levels) * args.requests
     pool = [spec.target.encode_chat(p.prompt) for p in benchmark_prompts()[:need]]
@@ -114,6 +120,8 @@ def main() -> None:
         rows = {"threads": run_threads(spec, prompts, c, args.max_new_tokens, args.threads)}
         for b in blocks:
             rows[f"B={b}"] = run_engine(spec, prompts, c, b, args.max_new_tokens)
+        for j in joins:
+            rows[f"joins={j}"] = run_engine(spec, prompts, c, 1, args.max_new_tokens, None if j == "none" else int(j))
         plain = rows["threads"].pop("outputs")
         for name, r in rows.items():
             outs = r.pop("outputs", None)
@@ -124,11 +132,27 @@ def main() -> None:
                   f"draft {r.get('draft_share', 0):.0%}  differ {r.get('differ_from_plain', 0)}", flush=True)
         results.append(dict(concurrency=c, requests=len(prompts), variants=rows))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(levels=levels, blocks=blocks, requests_per_level=args.requests, max_new_tokens=args.max_new_tokens,
-                threads=args.threads, torch=torch.__version__, verification="fast", dtype="bfloat16")
+    meta = dict(levels=levels, blocks=blocks, joins=joins, requests_per_level=args.requests,
+                max_new_tokens=args.max_new_tokens, threads=args.threads, torch=torch.__version__, verification="fast",
+                dtype="bfloat16", chunk_tokens=DEFAULT_CHUNK_TOKENS)
     Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
-    Path(args.out).with_suffix(".md").write_text(table(results, blocks))
-    print(table(results, blocks))
+    text = table(results, blocks) + (joins_table(results, joins) if joins else "")
+    Path(args.out).with_suffix(".md").write_text(text)
+    print(text)
+
+
+def joins_table(results: list[dict], joins: list[str]) -> str:
+    """Markdown: batched plain decoding by prompt budget (tok/s, ratio to joins alone, TTFT p50)."""
+    lines = ["", "Batched plain decoding by the prompt tokens a pass carries (none: each prompt prefilled alone):", "",
+             "| concurrent | " + " | ".join(f"joins={j} tok/s (TTFT p50 s)" for j in joins) + " |",
+             "|" + "---:|" * (len(joins) + 1)]
+    for res in results:
+        v = res["variants"]
+        base = v["joins=none"]["tok_s"] if "none" in joins else None
+        cells = [f"{v[f'joins={j}']['tok_s']:.1f}" + (f" ({v[f'joins={j}']['tok_s'] / base:.2f}x)" if base else "")
+                 + f" ({v[f'joins={j}']['ttft_p50']:.2f})" for j in joins]
+        lines.append(f"| {res['concurrency']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table(results: list[dict], blocks: list[int]) -> str:

@@ -23,7 +23,7 @@ from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile
 from .identity import describe, key_digest
 
-FORMAT = 1
+FORMAT = 2  # 2: passes timed on prepacked linear weights (batching.prepacked), as the engine runs them
 KIND = "adaptspec-host-costs"
 #: The dtypes timed (the engine runs the one that decodes fastest here).
 TIMED_DTYPES = ("bfloat16", "float32")
