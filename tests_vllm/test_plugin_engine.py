@@ -124,6 +124,13 @@ def test_the_drafter_proposes_only_the_drafts_its_batch_verifies(served):
             assert set(s["proposed"].values()) <= {s["k"]}
 
 
+def test_each_request_is_decided_in_the_step_its_prefill_ends(served):
+    # decided before that step runs, so the drafter's pass after it drafts for the request's own length:
+    # no step ever runs a request past its prefill undecided
+    assert not any(None in s["rows"].values() for s in served["steps"])
+    assert any(s["proposed"] for s in served["steps"])
+
+
 def test_the_log_holds_one_decision_and_its_feedback_per_request_served(served):
     log = _log(served["root"])
     assert len(log["decision_id"]) == len(served["asked"]) == len(set(log["request_id"]))
@@ -187,4 +194,5 @@ def test_an_operator_sees_the_plugins_metrics_next_to_vllms(served):
     # here (the target drafts for itself): vLLM's own per-position counter agrees
     assert value("adaptspec_vllm_accepted_tokens_total") == value("adaptspec_vllm_drafted_tokens_total") \
         == sum(served["per_pos"])
-    assert value("adaptspec_vllm_plugin_seconds_total") > 0 and value("adaptspec_vllm_step_seconds_total") > 0
+    assert 0 < value("adaptspec_vllm_plugin_seconds_total") < value("adaptspec_vllm_step_seconds_total")
+    assert value("adaptspec_vllm_steps_total") == len(served["steps"]) == served["stats"]["steps"]  # one a schedule()

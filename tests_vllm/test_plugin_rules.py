@@ -1,7 +1,9 @@
 """The plug-in's rules on plain values, as the scheduler calls them (no engine): a request naming an
 unknown variant runs at vLLM's own length, counted; one that ends at its first token is never
 decided; a load rule caps the length each step (and is fed back the block that ran); the drafter is asked for
-the drafts the batch verifies; arms beyond K + 1 are refused at start."""
+the drafts the batch verifies, and its pass is skipped only when no prompt a drafting request needs is in
+the step; the goodput and learned rules are priced by the decode steps the engine ran; arms beyond K + 1
+are refused at start."""
 
 from __future__ import annotations
 
@@ -64,18 +66,35 @@ def test_the_drafter_is_asked_for_the_drafts_the_batch_verifies():
         for r, v in (("a", "A"), ("b", "B")):
             p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
         assert p.drafts_wanted({"a": True, "b": True}) == 0           # both still prefilling: no draft kept
-        assert p.drafts_wanted({"a": False}) == 4                     # prefill ends, nothing asked yet: vLLM's K
-        for r in ("a", "b"):
+        assert p.drafts_wanted({"a": False}) == 0                     # its prefill ends undecided (one token asked)
+        for r in ("a", "b"):                                          # decided in the step their prefill ends
             p.decide(r, 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
-        assert p.drafts_wanted({"a": False, "b": False}) == 4        # decided, no cut yet: A's own B - 1
+        assert p.drafts_wanted({"a": False, "b": False}) == 4        # no cut yet: A's own B - 1
         assert p.drafts_wanted({"b": False}) == 0                     # B = 1 alone: the drafter drafts nothing
         p.cut({"a": [9] * 4, "b": [9] * 4}, rows=2, queue=0)          # the rule asks 2 for both
         assert p.drafts_wanted({"a": False, "b": False}) == 1        # A capped to 2: one draft
         p.admit("c", [1, 2], {"adaptspec_variant": "A"})
-        assert p.drafts_wanted({"b": False, "c": False}) == 1        # c not decided yet: the rule's latest level
+        p.decide("c", 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
+        assert p.drafts_wanted({"b": False, "c": False}) == 1        # c not cut yet: the rule's latest level
         p.admit("z", [1, 2], {"adaptspec_variant": "nope"})           # falls back to vLLM's length
+        assert p.drafts_wanted({"b": False, "z": True}) == 0          # its prefill chunk: none (vLLM drops them)
         assert p.drafts_wanted({"b": False, "z": False}) == 4
         assert p.drafts_wanted({"b": False, "unknown": False}) == 4  # a request the plug-in never saw
+    finally:
+        p.close()
+
+
+def test_the_drafters_pass_may_be_skipped_only_when_no_prompt_a_drafting_request_needs_is_in_the_step():
+    p = _plugin({"variants": {"one": "fixed:1", "four": "fixed:4"}})
+    try:
+        for r, v in (("a", "one"), ("b", "four"), ("c", "four")):
+            p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
+        for r in ("a", "b"):
+            p.decide(r, 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
+        assert p.drafter_idle([]) and p.drafter_idle(["a"])          # decode rows only; a prompt at B = 1
+        assert not p.drafter_idle(["a", "b"])                         # a prompt B = 4 will draft from
+        assert not p.drafter_idle(["c"]) and not p.drafter_idle(["zz"])  # undecided, unknown
+        assert p.stats()["counts"]["drafter_skipped"] == 2
     finally:
         p.close()
 
@@ -113,6 +132,27 @@ def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counte
         p.observe([("c", 1, 4, 0, 1)], step_s=0.01)
         p.finish("c", [5, 6], "length")
         assert p.stats()["counts"]["faults_outcome"] == 1 and p.stats()["counts"]["feedback_applied"] == 2  # fed back all the same
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("rule", ["goodput", "learned"])
+def test_the_load_rules_are_priced_by_the_decode_steps_this_engine_ran(rule):
+    p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": rule})
+    try:
+        assert p.rule.profile is p.step_costs
+        for r in ("a", "b"):
+            p.admit(r, [1, 2, 3], None)
+        # a step with a prefill in it (b's prompt: no token out of a decode round) is no measure of a block
+        p.observe([("a", 3, 4, 2, 3), ("b", 3, 0, 0, 0)], step_s=0.5)
+        assert p.stats()["step_costs_ms"] == {} and p.stats()["step_blocks"] == {}
+        # decode steps: two requests, the widest verified block 1 + 3 drafts, then 1 + 1
+        for _ in range(4):
+            p.observe([("a", 4, 8, 3, 2), ("b", 2, 8, 1, 2)], step_s=0.080)
+            p.observe([("a", 2, 9, 1, 1), ("b", 2, 9, 1, 2)], step_s=0.060)
+        assert p.stats()["step_costs_ms"] == {"2": {2: 30.0, 4: 40.0}}   # ms a request, at the 2-request level
+        assert p.stats()["step_blocks"] == {2: 4, 4: 4}
+        assert p.step_costs.verify(3, None, 2) == pytest.approx(0.070)   # between the two measured sizes
     finally:
         p.close()
 

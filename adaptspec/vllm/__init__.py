@@ -16,14 +16,17 @@ The parts, one concept a module:
 - :mod:`~adaptspec.vllm.plugin`: the controllers, the load rule and the records, driven by plain
   values (no vLLM object), so every rule is written once and tested without an engine;
 - :mod:`~adaptspec.vllm.scheduler`: :class:`AdaptiveScheduler`, the subclass of vLLM's scheduler
-  that calls the plug-in from vLLM's hooks. It alone imports vLLM, when first named here.
+  that calls the plug-in from vLLM's hooks;
+- :mod:`~adaptspec.vllm.idle_drafter`: ``IdleDrafterSkip``, vLLM's worker extension that skips
+  the drafter's pass on the steps after which no draft is verified (a patch of vLLM's model runner,
+  opt-in, put in when the class is looked up). These two alone import vLLM, when first named here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AdaptiveScheduler"]
+__all__ = ["AdaptiveScheduler", "IdleDrafterSkip"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,4 +34,8 @@ def __getattr__(name: str) -> Any:
         from .scheduler import AdaptiveScheduler
 
         return AdaptiveScheduler
+    if name == "IdleDrafterSkip":  # vLLM's worker looks it up by this name: the patch goes in then
+        from .idle_drafter import IdleDrafterSkip
+
+        return IdleDrafterSkip
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,5 +35,13 @@ def plugin_metrics() -> dict[str, Any]:
         "drafted": Counter("adaptspec_vllm_drafted_tokens", "Drafts verified after the plug-in's cut"),
         "accepted": Counter("adaptspec_vllm_accepted_tokens", "Drafts accepted among those verified"),
         "plugin_seconds": Counter("adaptspec_vllm_plugin_seconds", "Time spent in the plug-in's hooks"),
-        "step_seconds": Counter("adaptspec_vllm_step_seconds", "Time of the engine steps (schedule to output)"),
+        "step_seconds": Counter("adaptspec_vllm_step_seconds", "Time of the engine steps (schedule to output, "
+                                "the drafts' update, aborts)"),
+        "steps": Counter("adaptspec_vllm_steps", "Engine steps"),
+        "step_blocks": Counter("adaptspec_vllm_decode_steps", "Decode steps (no prompt in them), by their widest "
+                               "verified block (1 + the most drafts a request verified)", ["block_size"]),
+        "fetch_seconds": Counter("adaptspec_vllm_draft_fetch_seconds", "Time of vLLM's engine fetching the drafts "
+                                 "from its worker after each step (in the steps' time)"),
+        "drafter_skipped": Counter("adaptspec_vllm_drafter_skipped_steps", "Steps whose drafter pass the worker "
+                                   "skips (no draft wanted; adaptspec.vllm.IdleDrafterSkip)"),
     }

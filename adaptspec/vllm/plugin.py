@@ -5,8 +5,9 @@ with ids, token lists and counts, so every rule lives here once, whatever vLLM c
 
 - **admit**: a new request gets its variant (``adaptspec_variant`` in its ``extra_args``, else
   the router's split) and its features (:mod:`adaptspec.vllm.features`).
-- **decide**: when its prefill ends, its variant's controller decides its block size B
-  (``decide(features, load=...)``; B = 1 + drafts verified, at most ``num_speculative_tokens`` + 1).
+- **decide**: in the step its prefill ends (before the step runs), its variant's controller decides
+  its block size B (``decide(features, load=...)``; B = 1 + drafts verified, at most
+  ``num_speculative_tokens`` + 1).
 - **drafts_wanted**: when vLLM has made a step's batch, the most drafts any of its requests will
   verify next step: vLLM's drafter proposes that many (``num_spec_tokens_to_schedule``, as its own
   per-batch-size table sets it), so a batch whose requests all run B = 1 costs the drafter one
@@ -18,6 +19,8 @@ with ids, token lists and counts, so every rule lives here once, whatever vLLM c
   rule gets the round back.
 - **finish**: a request that ended (stopped, at its length, aborted) is fed back to its
   controller with its :class:`~adaptspec.speculator.Outcome`.
+- **account**: the caller's clock: the engine's time and the plug-in's own time in vLLM's hooks
+  (the scheduler times both, so the plug-in's cost per step is measured where vLLM pays it).
 
 A failure of a policy, a controller or the load rule never stops vLLM: the request it concerns
 runs at vLLM's own length from then on (``fallback``), and the fault is logged and counted
@@ -43,6 +46,7 @@ from .config import ENTRY, PluginSettings
 from .features import FEATURE_DIM, prompt_features
 from .metrics import plugin_metrics
 from .record import RequestRecord
+from .step_costs import StepCosts
 
 __all__ = ["AdaptspecPlugin", "DEFAULT_VARIANT", "VARIANT_ARG"]
 
@@ -52,6 +56,9 @@ log = logging.getLogger("adaptspec.vllm")
 DEFAULT_VARIANT = "default"
 #: The per-request extra argument naming a variant (``SamplingParams(extra_args=...)``, ``vllm_xargs``).
 VARIANT_ARG = "adaptspec_variant"
+#: The profile the load rules' measured costs start from (``latency`` when unset): a block size's cost
+#: before this engine has run it (:mod:`adaptspec.vllm.step_costs`).
+RULE_PRIOR_PROFILE = "cpu-smollm2-bf16"
 
 
 class AdaptspecPlugin:
@@ -62,8 +69,7 @@ class AdaptspecPlugin:
     """
 
     def __init__(self, settings: PluginSettings, num_speculative_tokens: int, method: str) -> None:
-        from ..control.policy_build import default_arms
-        from ..serving.engine.round_rule import make_load_rule
+        from ..reward.latency import get_profile
         from ..serving.router import ABRouter
 
         if num_speculative_tokens < 1:
@@ -71,7 +77,8 @@ class AdaptspecPlugin:
                                  "speculative decoding here (give --speculative-config with num_speculative_tokens >= 1)")
         self.settings, self.method = settings, method
         self.max_block_size = num_speculative_tokens + 1
-        arms = tuple(settings.arms) if settings.arms is not None else default_arms(self.max_block_size)
+        # every block size up to K + 1: full information shows each of them from every request (a prefix of vLLM's drafts)
+        arms = tuple(settings.arms) if settings.arms is not None else tuple(range(1, self.max_block_size + 1))
         if max(arms) > self.max_block_size:
             raise AdaptspecError(f"additional_config {ENTRY}.arms {list(arms)}: block size {max(arms)} needs "
                                  f"{max(arms) - 1} drafts, beyond num_speculative_tokens {num_speculative_tokens}")
@@ -84,8 +91,10 @@ class AdaptspecPlugin:
             for name, spec in variants.items():
                 self.controllers[name] = _controller(name, spec, arms, fallback, settings,
                                                      None if self.shared_states is None else self.shared_states[name])
-            self.rule = make_load_rule(settings.load_rule, arms, settings.latency or "cpu-smollm2-bf16",
-                                       prior=settings.load_prior, seed=settings.seed)
+            #: this engine's measured step costs: the goodput and learned rules' cost model
+            self.step_costs = StepCosts(get_profile(settings.latency or RULE_PRIOR_PROFILE),
+                                        max_block_size=self.max_block_size)
+            self.rule = _load_rule(settings, arms, self.step_costs)
         except BaseException:
             self.close()
             raise
@@ -98,7 +107,8 @@ class AdaptspecPlugin:
         self.counts: Counter[str] = Counter()
         self.chosen: Counter[int] = Counter()
         self.drafted = self.accepted = 0
-        self.busy_s = self.step_s = self._busy_counted = 0.0
+        self.busy_s = self.step_s = self.fetch_s = 0.0
+        self.step_blocks: Counter[int] = Counter()  # decode steps by their widest verified block
         self.steps = 0
         self.metrics = plugin_metrics()
         #: Called with (request id, variant, Outcome) for every request that ends decided, after its
@@ -113,8 +123,8 @@ class AdaptspecPlugin:
     # ------------------------------------------------------------------ the hooks' work
     def admit(self, request_id: str, prompt_ids: Sequence[int], extra_args: Mapping[str, Any] | None) -> None:
         """A new request: its variant and its features."""
-        t0 = time.perf_counter()
-        rec = RequestRecord(request_id, DEFAULT_VARIANT, prompt_tokens=max(len(prompt_ids), 1), admitted_s=t0)
+        rec = RequestRecord(request_id, DEFAULT_VARIANT, prompt_tokens=max(len(prompt_ids), 1),
+                            admitted_s=time.perf_counter())
         self.records[request_id] = rec
         try:
             asked = (extra_args or {}).get(VARIANT_ARG)
@@ -122,15 +132,13 @@ class AdaptspecPlugin:
             rec.features = prompt_features(prompt_ids)
         except Exception as e:  # noqa: BLE001 - a bad variant or prompt costs this request its policy, never vLLM
             self._fall_back(rec, "admit", e)
-        self._busy(t0)
 
     def decide(self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int,
                temperature: float) -> None:
-        """Its prefill ended (``output_tokens`` out so far): decide its block size."""
+        """Its prefill ends (``output_tokens`` out when it has: 1, the prefill's): decide its block size."""
         rec = self.records.get(request_id)
         if rec is None or rec.decision is not None or rec.fallback is not None:
             return
-        t0 = time.perf_counter()
         try:
             load = LoadState(rows=max(rows, 1), queue=queue, context_tokens=rec.prompt_tokens,
                              temperature=float(temperature), max_tokens=max(int(max_tokens), 1))
@@ -143,42 +151,47 @@ class AdaptspecPlugin:
                 self.counts["policy_fallbacks"] += 1
         except Exception as e:  # noqa: BLE001
             self._fall_back(rec, "decide", e)
-        self._busy(t0)
 
     def drafts_wanted(self, step: Mapping[str, bool]) -> int:
         """How many drafts vLLM's drafter should propose at the end of the step just scheduled
         (``step``: request -> whether it is still prefilling after this step): the most any of its
         requests can verify next step, at most K.
 
-        A decided request wants its block size B - 1, or the load rule's choice at its latest cut
-        when smaller; a request whose prefill ends this step is decided only after it, so it wants
-        what the load rule gave the batch at the latest cut (K when it gave nothing); a prefill
-        chunk wants none (vLLM drops a chunk's drafts); an unknown or fallen-back request wants
-        vLLM's K. When the rule raises a row above what was drafted, the row runs the drafts
-        there are this step (the rule is fed back the block that ran) and gets its length the next."""
-        t0 = time.perf_counter()
+        A decided request (one whose prefill ends this step is decided before this is asked)
+        wants its block size B - 1, or the load rule's choice at its latest cut when smaller (the
+        rule's latest choice for the batch before its first cut); a prefill chunk wants none (vLLM
+        drops a chunk's drafts), and so does a request not decided when its prefill ends (it asked
+        for one token: it ends at the prefill's); an unknown or fallen-back request wants vLLM's K.
+        When the rule raises a row above what was drafted, the row runs the drafts there are this
+        step (the rule is fed back the block that ran) and gets its length the next."""
         k = self.max_block_size - 1
         level = max(self._last_asked.values(), default=self.max_block_size)
         wanted = 0
         for rid, prefilling in step.items():
             rec = self.records.get(rid)
-            if prefilling and rec is not None:
-                continue
             if rec is None or rec.fallback is not None:
-                wanted = k
-            elif rec.decision is None:
-                wanted = max(wanted, level - 1)
-            else:
+                if rec is None or not prefilling:
+                    wanted = k
+            elif not prefilling and rec.block_size is not None:
                 wanted = max(wanted, min(rec.block_size, self._last_asked.get(rid, level)) - 1)
             if wanted >= k:
                 break
-        self._busy(t0)
         return min(max(wanted, 0), k)
+
+    def drafter_idle(self, prompt_rows: Sequence[str]) -> bool:
+        """Whether the drafter's pass after a step that asks it for no draft may be skipped
+        (:mod:`adaptspec.vllm.idle_drafter`): every request with prompt tokens in the step
+        (``prompt_rows``) is decided at B = 1, so no prompt a request will draft from is missing from
+        the drafter's cache. Counted (``drafter_skipped``) when it may."""
+        if any((rec := self.records.get(rid)) is None or rec.block_size != 1 for rid in prompt_rows):
+            return False
+        self.counts["drafter_skipped"] += 1
+        self.metrics["drafter_skipped"].inc()
+        return True
 
     def cut(self, drafts: Mapping[str, list[int]], rows: int, queue: int) -> dict[str, list[int]]:
         """Each decided request's drafts for the next step cut to its length (the load rule's,
         when smaller); ``drafts``: request -> the drafts vLLM proposed. Returns the cut lists."""
-        t0 = time.perf_counter()
         out: dict[str, list[int]] = {}
         decided = [(rid, rec) for rid in drafts if (rec := self.records.get(rid)) is not None and rec.block_size]
         asked = self._rule_choice(decided, rows, queue)
@@ -188,32 +201,46 @@ class AdaptspecPlugin:
             self._proposed[rid] = len(d)
             keep = min(rec.block_size, asked.get(rid, rec.block_size)) - 1
             out[rid] = d[:keep] if len(d) > keep else d
-        self._busy(t0)
         return out
 
     def observe(self, step: Sequence[tuple[str, int, int, int, int]], step_s: float) -> None:
-        """One engine step ended after ``step_s`` seconds; ``step``: for every request it scheduled,
-        (id, tokens it put in the pass, its context, drafts verified, tokens committed)."""
-        t0 = time.perf_counter()
-        self.steps += 1
-        self.step_s += step_s
-        self.metrics["step_seconds"].inc(step_s)
-        self.metrics["plugin_seconds"].inc(self.busy_s - self._busy_counted)  # the hooks' time since the last step
-        self._busy_counted = self.busy_s
+        """One engine step's passes took ``step_s`` seconds; ``step``: for every request it scheduled,
+        (id, tokens it put in the pass, its context, drafts verified, tokens committed: 0 for a
+        prefill's row, whose token is no decode round)."""
         try:
             if step:
                 blocks = [max(int(s[1]), 1) for s in step]
                 shares = attribute(self.settings.attribution, step_s, blocks, [max(s[2], 1) for s in step],
                                    self._profile)
                 self._record_rounds(step, shares)
+                if all(s[4] >= 1 for s in step):  # a decode step (no prompt in it): what a step at its block costs
+                    block = 1 + max(s[3] for s in step)
+                    self.step_costs.observe(len(step), block, step_s)
+                    self.step_blocks[block] += 1
+                    self.metrics["step_blocks"].labels(str(block)).inc()
         except Exception as e:  # noqa: BLE001 - attribution or the load rule: the rows keep their lengths' record
             self.fault("observe", e)
             self._asked = {}
-        self._busy(t0)
+
+    def account(self, engine_s: float = 0.0, own_s: float = 0.0, step: bool = False, fetch_s: float = 0.0) -> None:
+        """The caller's clock: ``engine_s`` more seconds of the engine's steps, ``own_s`` of them the
+        plug-in's own work in vLLM's hooks, ``fetch_s`` of them vLLM's engine fetching the drafts from
+        its worker after a step; ``step``: one more engine step ended."""
+        self.step_s += engine_s
+        self.busy_s += own_s
+        self.fetch_s += fetch_s
+        if engine_s:
+            self.metrics["step_seconds"].inc(engine_s)
+        if own_s:
+            self.metrics["plugin_seconds"].inc(own_s)
+        if fetch_s:
+            self.metrics["fetch_seconds"].inc(fetch_s)
+        if step:
+            self.steps += 1
+            self.metrics["steps"].inc()
 
     def finish(self, request_id: str, tokens: Sequence[int], finish_reason: str) -> None:
         """The request ended: its feedback (a request never decided leaves no row)."""
-        t0 = time.perf_counter()
         rec = self.records.pop(request_id, None)
         self._asked.pop(request_id, None)
         self._last_asked.pop(request_id, None)
@@ -231,18 +258,19 @@ class AdaptspecPlugin:
                         self.on_outcome(request_id, rec.variant, outcome)
                     except Exception as e:  # noqa: BLE001 - the listener's failure never stops vLLM either
                         self.fault("outcome", e, request_id)
-        self._busy(t0)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict[str, Any]:
         """Counters for an operator: block sizes chosen, drafts verified and accepted, fallbacks and
-        faults, the plug-in's own time against the engine steps'."""
+        faults, the plug-in's own time against the engine steps' (as :meth:`account` was told)."""
         return {"method": self.method, "max_block_size": self.max_block_size, "arms": list(self.arms),
                 "in_flight": len(self.records), "chosen": dict(sorted(self.chosen.items())),
                 "drafted": self.drafted, "accepted": self.accepted,
                 "acceptance": self.accepted / self.drafted if self.drafted else None,
                 "counts": dict(self.counts), "steps": self.steps, "step_s": self.step_s, "plugin_s": self.busy_s,
-                "plugin_share": self.busy_s / self.step_s if self.step_s > 0 else None,
+                "plugin_share": self.busy_s / self.step_s if self.step_s > 0 else None, "fetch_s": self.fetch_s,
+                "step_blocks": dict(sorted(self.step_blocks.items())),
+                "step_costs_ms": self.step_costs.stats(),
                 "variants": {n: c.stats() for n, c in self.controllers.items()}}
 
     def close(self) -> None:
@@ -309,9 +337,6 @@ class AdaptspecPlugin:
 
         return get_profile(self.settings.latency)
 
-    def _busy(self, t0: float) -> None:
-        self.busy_s += time.perf_counter() - t0
-
     def _fall_back(self, rec: RequestRecord, where: str, e: Exception) -> None:
         rec.fallback = f"{where}: {type(e).__name__}: {e}"
         self.counts["fallbacks"] += 1
@@ -346,6 +371,19 @@ def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int,
     except AdaptspecError as e:
         key = f"variants.{name}" if settings.variants else "the default policy"
         raise AdaptspecError(f"additional_config {ENTRY}.{key}: {e}") from None
+
+
+def _load_rule(settings: PluginSettings, arms: Sequence[int], costs: StepCosts) -> Any:
+    """The per-step load rule ``settings.load_rule`` names (None for ``none``); the goodput and learned
+    rules priced by this engine's measured steps (``costs``), the others as ``serve`` makes them."""
+    from ..load_rules import Goodput, Learned
+    from ..serving.engine.round_rule import make_load_rule
+
+    if settings.load_rule == "goodput":
+        return Goodput(arms, costs, prior=settings.load_prior)  # type: ignore[arg-type]  # a profile's interface
+    if settings.load_rule == "learned":  # full information: every shorter block a step shows
+        return Learned(arms, costs, prior=settings.load_prior, seed=settings.seed, full_info=True)  # type: ignore[arg-type]
+    return make_load_rule(settings.load_rule, arms, None, prior=settings.load_prior, seed=settings.seed)
 
 
 def _shared_states(settings: PluginSettings, variants: list[str]) -> dict[str, Any] | None:

@@ -6,19 +6,27 @@ its hooks and hands plain values to :class:`~adaptspec.vllm.plugin.AdaptspecPlug
 the work:
 
 - ``add_request``: the request is admitted (its variant, its features);
-- ``schedule``: the step starts its clock when the batch is made, and the drafts vLLM's drafter
-  will propose after it are as many as its requests will verify (vLLM's
-  ``num_spec_tokens_to_schedule``, which its per-batch-size table sets the same way; never more
-  than vLLM's own);
+- ``schedule``: once vLLM has made the batch, the requests whose prefill ends in this step are
+  decided (before the step runs, so the drafter's pass after it drafts for their lengths), and the
+  drafts vLLM's drafter will propose after the step are as many as its requests will verify
+  (vLLM's ``num_spec_tokens_to_schedule``, which its per-batch-size table sets the same way; never
+  more than vLLM's own); with the worker extension ``IdleDrafterSkip`` (:mod:`adaptspec.vllm.idle_drafter`)
+  a step that asks for no draft, with no prompt in it a drafting request needs, is marked so the
+  worker skips the drafter's pass;
 - ``update_from_output``: the step's time, each request's drafts verified and tokens committed
-  (what vLLM itself counts as drafted and accepted), requests whose prefill ended decided,
-  requests that ended fed back;
+  (what vLLM itself counts as drafted and accepted; a prefill's token is no round), requests that
+  ended fed back;
 - ``update_draft_token_ids``: the drafts vLLM proposed for the next step, cut to each request's
   length before vLLM schedules them (as vLLM itself cuts them to its token budget);
 - ``finish_requests``: requests aborted from outside (a client gone, a stop string) fed back.
 
 Built against vLLM |version| (:mod:`adaptspec.vllm.version`): any other release is refused when
-this module is imported, in one line. It needs synchronous scheduling (vLLM's CPU platform forces
+this module is imported, in one line.
+
+The plug-in's own cost is timed here, where vLLM calls it: every hook's work outside vLLM's own
+(``super()``), against the engine's step (from ``schedule`` to the end of ``update_from_output``,
+plus ``update_draft_token_ids`` and ``finish_requests``): ``adaptspec_vllm_plugin_seconds_total``
+over ``adaptspec_vllm_step_seconds_total``. It needs synchronous scheduling (vLLM's CPU platform forces
 it; on a GPU give ``--no-async-scheduling``): with asynchronous scheduling vLLM schedules the
 next step's draft slots before the drafts exist, so they cannot be cut per request.
 """
@@ -38,6 +46,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from ..errors import AdaptspecError  # noqa: E402
 from .config import plugin_settings  # noqa: E402
+from .idle_drafter import MARK, enabled  # noqa: E402
 from .plugin import AdaptspecPlugin, log  # noqa: E402
 
 __all__ = ["AdaptiveScheduler", "VLLM_VERSION"]
@@ -59,42 +68,63 @@ class AdaptiveScheduler(Scheduler):
         spec = vllm_config.speculative_config
         self.adaptspec = AdaptspecPlugin(settings, int(self.num_spec_tokens or 0),
                                          spec.method if spec is not None else "none")
-        self._step_started = time.perf_counter()
+        self._step_started = self._output_done = time.perf_counter()
+        #: the worker skips the drafter's pass on the steps marked (adaptspec.vllm.IdleDrafterSkip)
+        self.skips_idle_drafter = enabled(vllm_config.parallel_config.worker_extension_cls)
 
     # ------------------------------------------------------------------ vLLM's hooks
     def add_request(self, request: Any) -> None:
         super().add_request(request)
+        t0 = time.perf_counter()
         params = request.sampling_params
         self.adaptspec.admit(request.request_id, request.prompt_token_ids or [],
                              None if params is None else params.extra_args)
+        self.adaptspec.account(own_s=time.perf_counter() - t0)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
-        self._step_started = time.perf_counter()
+        t1 = time.perf_counter()
+        self._step_started = t0
+        try:
+            self._decide_prefills_ending(out)
+        except Exception as e:  # noqa: BLE001 - undecided requests run at vLLM's own length
+            self.adaptspec.fault("step", e)
         try:  # vLLM's drafter proposes, after this step, only as many drafts as its requests will verify
             step = {rid: _still_prefilling(self.requests.get(rid)) for rid in out.num_scheduled_tokens}
             if step:
                 out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule,
                                                       self.adaptspec.drafts_wanted(step))
+                if self.skips_idle_drafter and out.num_spec_tokens_to_schedule == 0 and \
+                        self.adaptspec.drafter_idle([rid for rid in step if _in_prompt(self.requests.get(rid))]):
+                    setattr(out, MARK, True)  # no draft wanted, no prompt a drafting request needs: no drafter pass
         except Exception as e:  # noqa: BLE001 - vLLM's own count this step
             self.adaptspec.fault("drafts", e)
+        self.adaptspec.account(own_s=time.perf_counter() - t1)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        step_s = time.perf_counter() - self._step_started
+        t0 = time.perf_counter()
+        step_s = t0 - self._step_started  # vLLM's schedule and the model's passes: the time the rows share
         requests = {rid: self.requests.get(rid) for rid in scheduler_output.num_scheduled_tokens}
         try:
             self.adaptspec.observe(_step_rows(scheduler_output, model_runner_output, requests), step_s)
         except Exception as e:  # noqa: BLE001 - the plug-in's fault never stops vLLM
             self.adaptspec.fault("observe", e)
+        t1 = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        t2 = time.perf_counter()
         try:
             self._after_step(requests)
         except Exception as e:  # noqa: BLE001
             self.adaptspec.fault("step", e)
+        t3 = self._output_done = time.perf_counter()
+        self.adaptspec.account(engine_s=t3 - self._step_started, own_s=(t1 - t0) + (t3 - t2), step=True)
         return outputs
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        t0 = time.perf_counter()
+        fetch_s = t0 - self._output_done  # vLLM's engine fetching the drafts from its worker, after the step's output
         try:
             drafts = dict(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids))
             cut = self.adaptspec.cut(drafts, rows=len(self.running), queue=len(self.waiting))
@@ -103,12 +133,18 @@ class AdaptiveScheduler(Scheduler):
                     draft_token_ids.draft_token_ids[i] = cut[rid]
         except Exception as e:  # noqa: BLE001 - vLLM's own lengths this step
             self.adaptspec.fault("cut", e)
+        t1 = time.perf_counter()
         super().update_draft_token_ids(draft_token_ids)
+        self.adaptspec.account(engine_s=time.perf_counter() - t0 + fetch_s, own_s=t1 - t0, fetch_s=fetch_s)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: Any) -> Any:
+        t0 = time.perf_counter()
         finished = super().finish_requests(request_ids, finished_status)
+        t1 = time.perf_counter()
         for request in finished or ():
             self._finish(request)
+        t2 = time.perf_counter()
+        self.adaptspec.account(engine_s=t2 - t0, own_s=t2 - t1)
         return finished
 
     def shutdown(self) -> None:
@@ -119,17 +155,21 @@ class AdaptiveScheduler(Scheduler):
             self.adaptspec.close()
 
     # ------------------------------------------------------------------ parts
-    def _after_step(self, requests: dict[str, Any]) -> None:
+    def _decide_prefills_ending(self, out: Any) -> None:
+        """Decide each request whose prefill ends in the step just scheduled (none of its tokens
+        out yet, no chunk left), unless it asks for one token (it ends at the prefill's)."""
         rows, queue = len(self.running), len(self.waiting)
-        for rid, request in requests.items():
-            if request is None:
+        for rid in out.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None or request.is_prefill_chunk or request.num_output_tokens or request.max_tokens <= 1:
                 continue
-            if request.is_finished():
+            params = request.sampling_params
+            self.adaptspec.decide(rid, 1, rows, queue, request.max_tokens, 0.0 if params is None else params.temperature)
+
+    def _after_step(self, requests: dict[str, Any]) -> None:
+        for request in requests.values():
+            if request is not None and request.is_finished():
                 self._finish(request)
-            elif request.num_output_tokens >= 1 and not request.is_prefill_chunk:
-                params = request.sampling_params
-                self.adaptspec.decide(rid, request.num_output_tokens, rows, queue, request.max_tokens,
-                                      0.0 if params is None else params.temperature)
 
     def _finish(self, request: Any) -> None:
         reason = request.get_finished_reason()
@@ -143,9 +183,16 @@ def _still_prefilling(request: Any) -> bool:
     return request is not None and bool(request.is_prefill_chunk)
 
 
+def _in_prompt(request: Any) -> bool:
+    """Whether the step just scheduled holds prompt tokens of the request (none of its tokens out yet)."""
+    return request is None or not request.num_output_tokens
+
+
 def _step_rows(scheduler_output: Any, model_runner_output: Any, requests: dict[str, Any]) -> list[tuple]:
     """For every request the step scheduled: (id, tokens in the pass, context, drafts verified,
-    tokens committed), as vLLM's own ``update_from_output`` counts drafted and accepted."""
+    tokens committed), as vLLM's own ``update_from_output`` counts drafted and accepted; a prefill's
+    row (no token out before the step: its sampled token is the prefill's, no decode round)
+    commits 0."""
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
     spec = scheduler_output.scheduled_spec_decode_tokens
@@ -156,7 +203,7 @@ def _step_rows(scheduler_output: Any, model_runner_output: Any, requests: dict[s
         i = index.get(rid)
         if request is None or i is None:
             continue
-        committed = len(sampled[i]) if sampled else 0
+        committed = len(sampled[i]) if sampled and request.num_output_tokens else 0
         drafted = len(spec.get(rid, ())) - invalid.get(rid, 0)
         rows.append((rid, int(n), int(request.num_computed_tokens), max(drafted, 0), committed))
     return rows
