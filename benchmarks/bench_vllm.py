@@ -8,8 +8,17 @@ vllm.entrypoints.openai.api_server`` from ``--vllm-python``), float32, greedy:
 - ``table``: ``dflash`` with vLLM's per-batch-size table (``num_speculative_tokens_per_batch_size``,
   given by ``--table``, e.g. ``1-2:3,3-8:2,9-256:1``: batch sizes 1-2 at K = 3, ...);
 - ``adaptive``: ``dflash`` at K = ``--adaptive-max-k`` with adaptspec's plug-in
-  (``--scheduler-cls adaptspec.vllm.AdaptiveScheduler``, cold, its default policy);
+  (``--scheduler-cls adaptspec.vllm.AdaptiveScheduler``, cold, its default policy), and its worker
+  extension that skips the drafter's pass on steps that verify no draft next
+  (``--worker-extension-cls adaptspec.vllm.IdleDrafterSkip``; ``--no-idle-drafter-skip``: without
+  it); ``adaptive-NAME``: the same with the settings ``--plugin-entries`` gives ``adaptive-NAME``;
 - ``warm``: the same with one variant, ``--warm-spec`` (e.g. a head trained on vLLM traces);
+- ``floor``: the same with one variant ``fixed:1``: every request at B = 1, so no draft is ever
+  verified: what speculation being on costs when the plug-in turns it off, the floor under which no
+  choice of block sizes can go; ``floor-noskip``: the same without the worker extension, so vLLM's
+  drafter still runs after every step (over the step's context, at ``num_spec_tokens_to_schedule`` 0);
+- ``plugin-kK``: the plug-in at K with one variant ``fixed:K+1``: vLLM's ``kK`` through the plug-in
+  (the same drafts verified), whose tokens/s against ``kK``'s is the plug-in's whole cost;
 - ``adaptspec-plain``: not vLLM but ``adaptspec serve --variant P=fixed:1`` (plain decoding with
   adaptspec's defaults), the peer of ``plain`` for issue 47.
 
@@ -25,8 +34,14 @@ time), latency p50/p95, and for ``dflash`` servers vLLM's own counters over the 
 (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``): tau = 1 +
 accepted / drafts, the mean tokens a verify step commits. The summary gives each configuration's
 tok/s ratio to its group's ``plain`` and to the best fixed K at that level (both sides divided by
-their own group's plain first; the plug-in's also to ``table``'s), per repeat, their geometric mean and a 95% t-interval over the
-repeats (``bench_load_sweep.paired_ratio``), and how many responses equal plain's.
+their own group's plain first; the plug-in's also to ``table``'s, ``plugin-kK``'s to ``kK``'s), per
+repeat, their geometric mean and a 95% t-interval over the repeats (``bench_load_sweep.paired_ratio``), and how many responses equal plain's.
+
+Besides tokens/s: each run's CPU seconds of the server's processes (``cpu_s``, psutil; tokens per
+CPU second, ``vs_plain_cpu``, is less sensitive to other jobs on the host than wall time); for
+the plug-in's servers, from its metrics on vLLM's ``/metrics`` (``PROMETHEUS_MULTIPROC_DIR`` set
+for every server), the run's engine steps, their seconds, the plug-in's own seconds in vLLM's hooks
+and their ratio (``plugin``: its cost per step), and the block sizes it decided.
 
 Bounded: ``--requests-per-client`` requests per client per level, ``--max-tokens`` per request,
 ``--deadline-min`` for the whole run (levels not reached are left out, and said so). The machine is
@@ -53,10 +68,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load_sweep import free_port, paired_ratio, run_figures, wait_healthy  # noqa: E402  (the load sweep's figures)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_VLLM_PYTHON = "/work/venv-vllm/bin/python"
+CHECKOUT = Path(__file__).resolve().parents[1]
+DEFAULT_VLLM_PYTHON = str(CHECKOUT / ".venv-vllm" / "bin" / "python")
 #: the flags that decide what a wide verify costs on a CPU
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+#: the plug-in's counters (adaptspec.vllm.metrics) a run reads
+PLUGIN_COUNTERS = ("adaptspec_vllm_plugin_seconds", "adaptspec_vllm_step_seconds", "adaptspec_vllm_steps",
+                   "adaptspec_vllm_draft_fetch_seconds", "adaptspec_vllm_drafter_skipped_steps")
+PLUGIN_CONFIGS = ("adaptive", "warm", "floor", "floor-noskip")
 
 
 def host() -> dict:
@@ -106,21 +126,31 @@ def server_command(name: str, args, port: int, root: Path) -> tuple[list[str], d
         table = parse_table(args.table)
         spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": max(k for *_, k in table),
                 "num_speculative_tokens_per_batch_size": table}
-    elif name in ("adaptive", "warm"):
-        spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": args.adaptive_max_k}
-        entry = {"log_dir": str(root / f"log-{port}")}
+    elif name in PLUGIN_CONFIGS or name.startswith(("plugin-k", "adaptive-")):
+        k = int(name.removeprefix("plugin-k")) if name.startswith("plugin-k") else args.adaptive_max_k
+        spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": k}
+        entry = {"log_dir": str(root / f"log-{port}")} | json.loads(args.plugin_entry) | \
+            json.loads(args.plugin_entries).get(name, {})
         if name == "warm":
             if args.warm_spec is None:
                 raise ValueError("configuration 'warm' needs --warm-spec")
             entry["variants"] = {"W": args.warm_spec}
+        elif name.startswith("floor"):
+            entry["variants"] = {"F": "fixed:1"}
+        elif name.startswith("plugin-k"):
+            entry["variants"] = {"P": f"fixed:{k + 1}"}
         cmd += ["--scheduler-cls", "adaptspec.vllm.AdaptiveScheduler", "--additional-config",
                 json.dumps({"adaptspec": entry})]
+        if args.idle_drafter_skip and name != "floor-noskip":
+            cmd += ["--worker-extension-cls", "adaptspec.vllm.IdleDrafterSkip"]
     elif name != "plain":
         raise ValueError(f"unknown configuration {name!r}")
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
+    metrics = root / f"prometheus-{port}"  # the engine process's counters (the plug-in's) on /metrics
+    metrics.mkdir()
     env = {"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "LD_PRELOAD": args.ld_preload,
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # the plug-in, from this checkout
+           "PYTHONPATH": str(CHECKOUT), "PROMETHEUS_MULTIPROC_DIR": str(metrics)}  # the plug-in, from this checkout
     return cmd, env
 
 
@@ -139,17 +169,42 @@ class Server:
         wait_healthy(self.proc, self.url, self.out, timeout, self.name)
 
     def counters(self) -> dict[str, float]:
-        """vLLM's speculative-decoding counters from /metrics (empty for a server without them)."""
+        """vLLM's speculative-decoding counters and the plug-in's from /metrics (summed over their
+        labels; the plug-in's decisions by block size as ``decisions:B``), and the CPU seconds of the
+        server's processes so far (``cpu_s``)."""
         import httpx
 
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"cpu_s": self.cpu_seconds()}
         if self.name == "adaptspec-plain":
             return out
         for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
-            for name in SPEC_COUNTERS:
+            if line.startswith("#"):
+                continue
+            for name in (*SPEC_COUNTERS, *PLUGIN_COUNTERS):
                 if line.startswith(name + "_total"):
                     out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            for name, key in (("adaptspec_vllm_decisions_total{", "decisions"), ("adaptspec_vllm_decode_steps_total{", "blocks")):
+                if line.startswith(name):
+                    b = line.split('block_size="', 1)[1].split('"', 1)[0]
+                    out[f"{key}:{b}"] = out.get(f"{key}:{b}", 0.0) + float(line.rsplit(" ", 1)[1])
         return out
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU seconds of the server's process and its children (vLLM's engine core)."""
+        import psutil
+
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+        except psutil.NoSuchProcess:
+            pass
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -206,9 +261,21 @@ def measure(server: Server, prompts: list[str], clients: int, args) -> dict:
     after = server.counters()
     fig = run_figures(done, wall)
     fig.pop("ttft_p50_s", None)
-    delta = {k.removeprefix("vllm:spec_decode_"): after[k] - before.get(k, 0.0) for k in after}
-    if delta.get("num_drafts"):
-        fig["spec"] = delta | {"tau": 1 + delta["num_accepted_tokens"] / delta["num_drafts"]}
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    fig["cpu_s"] = delta.pop("cpu_s")
+    spec = {k.removeprefix("vllm:spec_decode_"): v for k, v in delta.items() if k.startswith("vllm:")}
+    if spec.get("num_drafts"):
+        fig["spec"] = spec | {"tau": 1 + spec["num_accepted_tokens"] / spec["num_drafts"]}
+    if delta.get("adaptspec_vllm_step_seconds"):
+        fig["plugin"] = {"steps": delta.get("adaptspec_vllm_steps", 0.0),
+                         "step_s": delta["adaptspec_vllm_step_seconds"],
+                         "plugin_s": delta.get("adaptspec_vllm_plugin_seconds", 0.0),
+                         "share": delta.get("adaptspec_vllm_plugin_seconds", 0.0) / delta["adaptspec_vllm_step_seconds"],
+                         "fetch_s": delta.get("adaptspec_vllm_draft_fetch_seconds", 0.0),
+                         "drafter_skipped": delta.get("adaptspec_vllm_drafter_skipped_steps", 0.0),
+                         "decisions": {k.split(":")[1]: v for k, v in sorted(delta.items()) if k.startswith("decisions:") and v},
+                         "decode_steps_by_block": {k.split(":")[1]: v for k, v in sorted(delta.items(), key=lambda kv: kv[0])
+                                                   if k.startswith("blocks:") and v}}
     fig["texts"] = [r["text"] for r in done]
     return fig
 
@@ -235,6 +302,12 @@ def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
                 entry = {"tokens_per_s": [r["tokens_per_s"] for r, _ in pairs],
                          "vs_plain": paired_ratio([r["tokens_per_s"] for r, _ in pairs],
                                                   [p["tokens_per_s"] for _, p in pairs])}
+                if all(r.get("cpu_s") and p.get("cpu_s") for r, p in pairs):  # tokens per CPU second
+                    entry["vs_plain_cpu"] = paired_ratio([r["tokens"] / r["cpu_s"] for r, _ in pairs],
+                                                         [p["tokens"] / p["cpu_s"] for _, p in pairs])
+                shares = [r["plugin"]["share"] for r, _ in pairs if "plugin" in r]
+                if shares:
+                    entry["plugin_share"] = shares
                 rel[name] = [r["tokens_per_s"] / p["tokens_per_s"] for r, p in pairs]
                 taus = [r["spec"]["tau"] for r, _ in pairs if "spec" in r]
                 if taus:
@@ -252,6 +325,8 @@ def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
                 out[name][lv]["vs_best_fixed"] = paired_ratio(rel[name][:n], rel[best][:n]) | {"best_fixed": best}
             if name in ("adaptive", "warm") and "table" in rel:
                 out[name][lv]["vs_table"] = paired_ratio(rel[name][:n], rel["table"][:n])
+            if name.startswith("plugin-k") and name.removeprefix("plugin-") in rel:
+                out[name][lv]["vs_vllm_same_k"] = paired_ratio(rel[name][:n], rel[name.removeprefix("plugin-")][:n])
     return out
 
 
@@ -321,6 +396,13 @@ def main() -> None:
                          "plain measured again in every group")
     ap.add_argument("--table", default="1-2:3,3-4:2,5-256:1", help="the per-batch-size table of configuration 'table'")
     ap.add_argument("--adaptive-max-k", type=int, default=8)
+    ap.add_argument("--plugin-entry", default="{}",
+                    help="more settings of the plug-in's servers' adaptspec entry (JSON), e.g. '{\"load_rule\": \"learned\"}'")
+    ap.add_argument("--plugin-entries", default="{}",
+                    help="settings of single plug-in configurations (JSON: configuration -> settings), e.g. "
+                         "'{\"adaptive-none\": {\"load_rule\": \"none\"}}'")
+    ap.add_argument("--no-idle-drafter-skip", dest="idle_drafter_skip", action="store_false",
+                    help="the plug-in's servers without its worker extension (vLLM's drafter runs after every step)")
     ap.add_argument("--warm-spec", default=None,
                     help="configuration 'warm': the plug-in with this one variant (a policy spec, docs/vllm.md), "
                          "e.g. a head trained on vLLM traces")
@@ -331,7 +413,7 @@ def main() -> None:
     ap.add_argument("--split", choices=("odd", "even", "all"), default="odd")
     ap.add_argument("--deadline-min", type=float, default=60.0, help="stop starting new runs after this long")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
-    ap.add_argument("--ld-preload", default="/work/venv-vllm/lib/libiomp5.so",
+    ap.add_argument("--ld-preload", default=str(CHECKOUT / ".venv-vllm" / "lib" / "libiomp5.so"),
                     help="Intel OpenMP for vLLM's CPU backend (it warns that speculation loses speed without it)")
     ap.add_argument("--kv-cache-gib", type=int, default=1)
     ap.add_argument("--start-timeout", type=float, default=600)

@@ -1,0 +1,66 @@
+"""benchmarks/bench_vllm.py without vLLM: the servers' command lines of the plug-in's floor and
+plugin-kK configurations, and the summary's ratios against hand computations."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from _scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("bench_vllm")
+
+
+def _args(**kw):
+    base = dict(vllm_python="py", target="T", drafter="D", levels=[1, 8], adaptive_max_k=8, plugin_entry="{}",
+                plugin_entries="{}", idle_drafter_skip=True, warm_spec=None, table="1-2:3", kv_cache_gib=1,
+                ld_preload="")
+    return SimpleNamespace(**(base | kw))
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def test_the_floor_runs_every_request_at_b1_with_and_without_the_idle_drafter_skip(bench, tmp_path):
+    cmd, env = bench.server_command("floor", _args(), 8000, tmp_path)
+    assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["variants"] == {"F": "fixed:1"}
+    assert json.loads(_flag(cmd, "--speculative-config"))["num_speculative_tokens"] == 8
+    assert _flag(cmd, "--worker-extension-cls") == "adaptspec.vllm.IdleDrafterSkip"
+    assert (tmp_path / "prometheus-8000").is_dir() and env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "prometheus-8000")
+    cmd, _ = bench.server_command("floor-noskip", _args(), 8001, tmp_path)
+    assert "--worker-extension-cls" not in cmd
+    assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["variants"] == {"F": "fixed:1"}
+
+
+def test_plugin_k_is_vllms_k_through_the_plugin_and_named_entries_reach_their_server(bench, tmp_path):
+    cmd, _ = bench.server_command("plugin-k3", _args(), 8000, tmp_path)
+    assert json.loads(_flag(cmd, "--speculative-config"))["num_speculative_tokens"] == 3
+    assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["variants"] == {"P": "fixed:4"}
+    cmd, _ = bench.server_command("adaptive-l", _args(plugin_entries='{"adaptive-l": {"load_rule": "learned"}}',
+                                                      idle_drafter_skip=False), 8001, tmp_path)
+    assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["load_rule"] == "learned"
+    assert "--worker-extension-cls" not in cmd
+
+
+def _run(tps, group, repeat, cpu_s, tokens=100, **extra):
+    return {"tokens_per_s": tps, "tokens": tokens, "cpu_s": cpu_s, "group": group, "repeat": repeat} | extra
+
+
+def test_the_summary_pairs_each_run_with_its_groups_plain(bench):
+    runs = {"plain": {"1": [_run(10.0, 0, 0, 20.0), _run(20.0, 0, 1, 10.0)]},
+            "k3": {"1": [_run(15.0, 0, 0, 10.0), _run(20.0, 0, 1, 10.0)]},
+            "plugin-k3": {"1": [_run(12.0, 0, 0, 10.0, plugin={"share": 0.01}),
+                                _run(22.0, 0, 1, 10.0, plugin={"share": 0.02})]}}
+    s = bench.summarize(runs)
+    # the plug-in at K = 3 against vLLM at K = 3, each over plain first: (12/10)/(15/10) and (22/20)/(20/20)
+    assert s["plugin-k3"]["1"]["vs_vllm_same_k"]["geomean"] == pytest.approx(math.sqrt(0.8 * 1.1))
+    assert s["plugin-k3"]["1"]["vs_plain"]["geomean"] == pytest.approx(math.sqrt(1.2 * 1.1))
+    # tokens per CPU second: 100 / 10 against plain's 100 / 20 and 100 / 10
+    assert s["k3"]["1"]["vs_plain_cpu"]["geomean"] == pytest.approx(math.sqrt(2.0 * 1.0))
+    assert s["plugin-k3"]["1"]["plugin_share"] == [0.01, 0.02]
