@@ -23,6 +23,42 @@ from .errors import AdaptspecError
 
 
 @dataclass(frozen=True)
+class TreeOutcomes:
+    """What one verified draft tree tells about the same round's smaller trees and chains
+    (computed by :func:`adaptspec.decoding.tree_outcomes.round_outcomes`): ``tree_tau[n]``, the
+    tokens the best tree of ``n`` nodes would have committed (``n = 0 .. N``); ``chain_tau[B - 1]``
+    and ``chain_floor[B - 1]``, a chain of ``B`` positions verifying a prefix of the same drafter
+    pass (``B = 1 .. depth + 1``): its tokens (None where the tree does not determine them) and a
+    lower bound that holds either way (the tokens themselves where determined).
+
+    >>> out = TreeOutcomes(tree_tau=(1, 2, 2), chain_tau=(1, 2, None), chain_floor=(1, 2, 2))
+    >>> out.tree(1), out.tree(99), out.chain(3), out.chain_at_least(3), out.chain(5)
+    (2, 2, None, 2, None)
+    """
+
+    tree_tau: tuple[int, ...]
+    chain_tau: tuple[int | None, ...]
+    chain_floor: tuple[int, ...]
+
+    def tree(self, nodes: int) -> int:
+        """Tokens the best tree of ``nodes`` nodes commits (larger than the tree: the whole tree's)."""
+        return self.tree_tau[min(nodes, len(self.tree_tau) - 1)]
+
+    def chain(self, block_size: int) -> int | None:
+        """Tokens a chain of ``block_size`` commits; None where the tree does not tell. Past the
+        drafted depth: the longest chain's, where it stopped at a rejection (a longer one stops there too)."""
+        if block_size <= len(self.chain_tau):
+            return self.chain_tau[block_size - 1]
+        last = self.chain_tau[-1]
+        return last if last is not None and last < len(self.chain_tau) else None
+
+    def chain_at_least(self, block_size: int) -> int:
+        """A lower bound of the tokens a chain of ``block_size`` commits (its tokens where known)."""
+        known = self.chain(block_size)
+        return known if known is not None else self.chain_floor[min(block_size, len(self.chain_floor)) - 1]
+
+
+@dataclass(frozen=True)
 class Round:
     """One draft/verify round: ``tau`` tokens committed (accepted drafts + the bonus token).
 
@@ -33,7 +69,9 @@ class Round:
     sequences the timed passes carried (more than 1 in a batching engine, whose ``draft_s`` and
     ``verify_s`` then hold the other rows' work too). ``tree``: the ``block_size - 1`` drafts
     verified were the nodes of a draft tree (:mod:`adaptspec.decoding.tree`), not a chain, from a
-    drafter pass of ``drafted`` positions (which may then be fewer than the nodes).
+    drafter pass of ``drafted`` positions (which may then be fewer than the nodes);
+    ``tree_outcomes``, where the decoder gives them, what that tree tells about the round's
+    smaller trees and chains (:class:`TreeOutcomes`: full information over tree and chain arms).
     """
 
     block_size: int
@@ -43,6 +81,7 @@ class Round:
     drafted: int = 0
     rows: int = 1
     tree: bool = False
+    tree_outcomes: TreeOutcomes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.tau <= self.block_size:
@@ -305,10 +344,77 @@ def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = N
     return None
 
 
+# ---------------------------------------------------------------------- arms
+#: An **arm** is what a decision chooses for a request: a chain block size ``B >= 1``, or, for a
+#: speculator that declares ``draft_trees``, the best draft tree of ``N`` nodes, written as the
+#: negative int ``-N`` (:func:`tree_arm`). Arms stay ints wherever they go (policies, decision
+#: logs' ``block_size`` column, trace sets), so a chain-only user never meets a tree.
+#: A tree arm drafts ``TREE_ARM_DEPTH + 1`` positions a round (the depth its nodes may reach).
+TREE_ARM_DEPTH = 15
+#: The largest tree arm: a target pass of 257 positions.
+MAX_TREE_NODES = 256
+
+
+def tree_arm(nodes: int) -> int:
+    """The arm of the best draft tree of ``nodes`` nodes.
+
+    >>> tree_arm(16), is_tree_arm(-16), tree_nodes(-16), arm_label(-16), arm_label(4)
+    (-16, True, 16, 'tree:16', '4')
+    >>> verified_positions(-16), verified_positions(4), drafted_positions(-16), drafted_positions(1)
+    (17, 4, 16, 1)
+    """
+    return -int(nodes)
+
+
+def is_tree_arm(arm: int) -> bool:
+    """Whether ``arm`` is a draft tree (:data:`TREE_ARM_DEPTH`'s comment)."""
+    return int(arm) < 0
+
+
+def tree_nodes(arm: int) -> int:
+    """A tree arm's node count."""
+    return -int(arm)
+
+
+def arm_label(arm: int) -> str:
+    """``"B"`` for a chain, ``"tree:N"`` for a tree: how an arm is written in messages and specs."""
+    return f"tree:{-int(arm)}" if int(arm) < 0 else str(int(arm))
+
+
+def parse_arm(text: str) -> int:
+    """An arm from its label (``"4"``, ``"tree:16"``); what is not one raises one line.
+
+    >>> parse_arm("tree:16"), parse_arm(" 4 ")
+    (-16, 4)
+    """
+    t = str(text).strip()
+    body = t[5:] if t.startswith("tree:") else t
+    if not body.isdigit() or int(body) < 1:
+        raise AdaptspecError(f"{text!r} is not an arm: a block size >= 1 or tree:N with N >= 1 nodes")
+    return -int(body) if t.startswith("tree:") else int(body)
+
+
+def verified_positions(arm: Any) -> Any:
+    """Positions a round of ``arm`` verifies: ``B`` for a chain, ``N + 1`` for a tree (ints or arrays)."""
+    a = np.asarray(arm)
+    out = np.where(a < 0, 1 - a, a)
+    return int(out) if out.ndim == 0 else out
+
+
+def drafted_positions(arm: Any) -> Any:
+    """Positions a round of ``arm`` drafts: ``B`` for a chain (1: nothing, a plain step),
+    ``TREE_ARM_DEPTH + 1`` for a tree (ints or arrays)."""
+    a = np.asarray(arm)
+    out = np.where(a < 0, TREE_ARM_DEPTH + 1, a)
+    return int(out) if out.ndim == 0 else out
+
+
 def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | None = None,
-                      whose: str = "the speculator's") -> tuple[int, ...]:
+                      whose: str = "the speculator's", trees: bool = False) -> tuple[int, ...]:
     """``arms`` as sorted ints, checked to be distinct block sizes from 1 to ``max_block_size``
-    (a larger block cannot be drafted). ``name`` and ``whose`` word the error.
+    (a larger block cannot be drafted), and, where ``trees`` (the speculator declares
+    ``draft_trees``), tree arms of 1 to :data:`MAX_TREE_NODES` nodes. ``name`` and ``whose`` word
+    the error.
 
     >>> check_block_sizes([8, 2, 4], 16)
     (2, 4, 8)
@@ -316,11 +422,22 @@ def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | N
     Traceback (most recent call last):
     ...
     adaptspec.errors.AdaptspecError: --arms 4,32: the --tiny model's max_block_size is 16, so block sizes [32] cannot be drafted
+    >>> check_block_sizes([4, tree_arm(16)], 16, trees=True)
+    (-16, 4)
+    >>> check_block_sizes([4, tree_arm(16)], 16)
+    Traceback (most recent call last):
+    ...
+    adaptspec.errors.AdaptspecError: arms [4, -16]: tree arms [tree:16] need a speculator that declares draft_trees
     """
     out = tuple(sorted(int(a) for a in arms))
     name = name or f"arms {list(arms)}"
-    if not out or out[0] < 1 or len(set(out)) != len(out):
+    if not out or 0 in out or len(set(out)) != len(out):
         raise AdaptspecError(f"{name}: block sizes must be distinct integers >= 1")
+    bad = [arm_label(a) for a in out if a < 0]
+    if bad and not trees:
+        raise AdaptspecError(f"{name}: tree arms [{', '.join(bad)}] need a speculator that declares draft_trees")
+    if out[0] < -MAX_TREE_NODES:
+        raise AdaptspecError(f"{name}: a tree arm has at most {MAX_TREE_NODES} nodes, got {arm_label(out[0])}")
     if out[-1] > max_block_size:
         raise AdaptspecError(f"{name}: {whose} max_block_size is {max_block_size}, so block sizes "
                              f"{[a for a in out if a > max_block_size]} cannot be drafted")
@@ -348,7 +465,7 @@ class BlockSpeculator(Protocol):
     last one's tokens possibly cut, some or all (the controller refuses an outcome no honest loop
     produces: :func:`outcome_fault`).
 
-    Three optional declarations (class or instance attributes; absent means the default):
+    Four optional declarations (class or instance attributes; absent means the default):
 
     ``feature_dim: int | None = None``
         The length of ``Prefill.features``. Declared, it chooses the default policy before the
@@ -364,6 +481,12 @@ class BlockSpeculator(Protocol):
         ``max_block_size`` then ``D``): what a round would have committed at any shorter block is
         then exact, not approximate (:func:`adaptspec.reward.counterfactual.counterfactuals`'s
         ``prefix_drafts``). A round's :attr:`Round.drafted` records the drafted block.
+    ``draft_trees: bool = False``
+        True when ``decode`` takes a tree arm (a negative ``block_size``, ``-N``: the best draft
+        tree of ``N`` nodes every round, :func:`tree_arm`) besides block sizes, and reports its
+        rounds with :attr:`Round.tree` and, for full information over tree and chain arms,
+        :attr:`Round.tree_outcomes` (``SpeculativeDecoder`` with a drafter does). Policies may then
+        hold tree arms (``check_block_sizes(..., trees=True)``).
     """
 
     max_block_size: int

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..policies.base import feature_vector
-from ..speculator import Outcome, Prefill, outcome_fault
+from ..speculator import Outcome, Prefill, arm_label, outcome_fault, verified_positions
 
 
 def _line(e: BaseException) -> str:
@@ -67,7 +67,7 @@ def checked_decode(speculator: Any, prefill: Prefill, block_size: int, max_new_t
                    temperature: float = 0.0, seed: int | None = None) -> Outcome:
     """``speculator.decode(prefill, block_size, max_new_tokens, temperature=, seed=)``, its outcome
     checked by :func:`~adaptspec.speculator.outcome_fault`."""
-    at = f"{where}: decode at block size {block_size}"
+    at = f"{where}: decode at block size {arm_label(block_size)}"
     try:
         o = speculator.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed)
     except AdaptspecError as e:
@@ -76,7 +76,7 @@ def checked_decode(speculator: Any, prefill: Prefill, block_size: int, max_new_t
         raise AdaptspecError(f"{at} raised {type(e).__name__}: {_line(e)}") from e
     if not isinstance(o, Outcome):
         raise AdaptspecError(f"{at} returned {type(o).__name__}, not an adaptspec Outcome")
-    fault = outcome_fault(o, block_size, max_new_tokens)
+    fault = outcome_fault(o, verified_positions(block_size), max_new_tokens)
     if fault is not None:
         raise AdaptspecError(f"{at} is refused: {fault}")
     return o

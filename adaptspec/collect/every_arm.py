@@ -59,7 +59,7 @@ def collect_traces(
     Returns the trace set, or None for a ``part`` run (see the module docstring). Train a head
     on it with ``adaptspec train-head OUT``.
     """
-    arms = list(check_block_sizes(arms, speculator.max_block_size))
+    arms = list(check_block_sizes(arms, speculator.max_block_size, trees=bool(getattr(speculator, "draft_trees", False))))
     out = Path(out)
     check_request(out, temperature, max_new_tokens, overwrite)
     if part is not None and not 0 <= part[0] < part[1]:

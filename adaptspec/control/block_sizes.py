@@ -34,27 +34,28 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import check_block_sizes, Decision, Outcome, outcome_fault
+from ..speculator import check_block_sizes, Decision, Outcome, outcome_fault, verified_positions
 from ..traces.decision_check import decision_fault
 
 
-def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int) -> tuple[int, ...]:
+def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int, trees: bool = False) -> tuple[int, ...]:
     """The arms of policy ``learner`` as ints, in the policy's order, checked by
-    :func:`~adaptspec.speculator.check_block_sizes` (the one block-size check).
+    :func:`~adaptspec.speculator.check_block_sizes` (the one block-size check; tree arms only
+    where the speculator declares ``draft_trees``: ``trees``).
 
     ``arms`` is what the caller gave (for the error message: "given" or "of policy ...")."""
     out = tuple(int(a) for a in learner.arms)
     label = getattr(learner, "label", type(learner).__name__)
     whose = "given" if arms is not None and tuple(sorted(arms)) == tuple(sorted(out)) else f"of policy {label}"
-    check_block_sizes(out, max_block_size, name=f"arms {list(out)} {whose}")
+    check_block_sizes(out, max_block_size, name=f"arms {list(out)} {whose}", trees=trees)
     return out
 
 
 def choose_fallback(fallback_block_size: int | None, arms: tuple[int, ...]) -> int:
     """The block size used when the policy fails or is late: the one given (one of ``arms``),
-    else the arm closest to 8."""
+    else the chain closest to 8 (a tree arm only where the arms hold no chain)."""
     if fallback_block_size is None:
-        fallback_block_size = min(arms, key=lambda a: (abs(a - 8), a))
+        fallback_block_size = min(arms, key=lambda a: (a < 0, abs(a - 8), a))
     if fallback_block_size not in arms:
         raise AdaptspecError(f"fallback block size {fallback_block_size} is not one of the arms {list(arms)}")
     return int(fallback_block_size)
@@ -102,6 +103,7 @@ def check_outcome(outcome: Outcome, decision: Decision, largest: int | None = No
     it chose (than ``largest``, when a per-round rule may go beyond the decision), rounds that
     no honest loop ends with for its tokens, or times that are not seconds
     (:func:`adaptspec.speculator.outcome_fault`)."""
-    fault = outcome_fault(outcome, decision.block_size if largest is None else largest, max_new_tokens)
+    fault = outcome_fault(outcome, verified_positions(decision.block_size) if largest is None else largest,
+                          max_new_tokens)
     if fault is not None:
         raise AdaptspecError(f"outcome of decision {decision.decision_id} refused: {fault}")

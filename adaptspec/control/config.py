@@ -79,11 +79,14 @@ class ControllerConfig:
             raise AdaptspecError(f"decide_on_caller must be True or False, got {self.decide_on_caller!r}")
         for name in ("feedback_timeout_s", "checkpoint_interval_s", "roll_interval_s"):
             _positive_number(getattr(self, name), name, none=True)
-        if self.fallback_block_size is not None:
-            _positive_int(self.fallback_block_size, "fallback_block_size")
+        if self.fallback_block_size is not None and (not _is_int(self.fallback_block_size)
+                                                     or self.fallback_block_size == 0):
+            raise AdaptspecError(f"fallback_block_size must be a block size >= 1 or a tree arm (-N), "
+                                 f"got {self.fallback_block_size!r}")
         if self.arms is not None and (isinstance(self.arms, (str, bytes)) or not len(self.arms)
-                                      or not all(_is_int(a) and a >= 1 for a in self.arms)):
-            raise AdaptspecError(f"arms must be a non-empty list of positive integers, got {self.arms!r}")
+                                      or not all(_is_int(a) and a != 0 for a in self.arms)):
+            raise AdaptspecError(f"arms must be a non-empty list of block sizes >= 1 or tree arms (-N: the best draft "
+                                 f"tree of N nodes), got {self.arms!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise AdaptspecError(f"seed must be an integer or None, got {self.seed!r}")
         if not (callable(self.reward) or isinstance(self.reward, str)):

@@ -96,7 +96,7 @@ from ..policies.featurizer import Featurizer
 from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from ..reward.functions import DEFAULT_REWARD, check_reward
 from ..schedules.fixed import BlockFunction
-from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds
+from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds, is_tree_arm, verified_positions
 
 __all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
            "default_policy_spec"]
@@ -270,6 +270,9 @@ class AdaptiveController:
         self.shape = shape = _decoder_shape(speculator, cfg)
         self.speculator, self.max_block_size = speculator, shape.max_block_size
         self.setup = setup = setup_policy(policy, cfg, shape, host=_host_pricing(speculator))
+        if any(is_tree_arm(a) for a in setup.arms) and (cfg.redecide_every is not None or cfg.round_rule is not None):
+            raise AdaptspecError(f"arms {list(setup.arms)} hold draft trees, which redecide_every and round_rule "
+                                 "cannot choose between rounds: give chain arms only")
         self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
         self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
@@ -424,7 +427,8 @@ class AdaptiveController:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
-        largest = self.max_block_size if self.round_rule is not None else max(d.block_size for d in decisions)
+        largest = self.max_block_size if self.round_rule is not None else max(verified_positions(d.block_size)
+                                                                                for d in decisions)
         try:
             if not isinstance(outcome, Outcome):
                 raise AdaptspecError(f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
@@ -433,7 +437,7 @@ class AdaptiveController:
             segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
             for d, seg in zip(decisions, segments if len(decisions) > 1 else []):  # each one's rounds: at most its size
                 big = max((r.block_size for r in seg.rounds), default=0)
-                if big > d.block_size:
+                if big > verified_positions(d.block_size):
                     raise AdaptspecError(f"outcome of decision {d.decision_id} refused: its rounds ran block size "
                                          f"{big}, larger than the {d.block_size} decided")
         except AdaptspecError:

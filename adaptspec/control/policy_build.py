@@ -56,10 +56,12 @@ def cold_policy_spec(arms: Sequence[int], full_information: bool = True) -> str:
 
 @dataclass(frozen=True)
 class PolicyChoice:
-    """Which policy a controller runs and why, in words (logged once, in ``stats()``)."""
+    """Which policy a controller runs and why, in words (logged once, in ``stats()``); ``arms``,
+    when the choice names its own (a default that added tree arms: :func:`tree_default`)."""
 
     spec: str | None
     reason: str
+    arms: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
         return f"{self.spec or 'a policy object'}: {self.reason}"
@@ -87,8 +89,62 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
     return PolicyChoice(cold_policy_spec(cold, full_information), f"no head fits: {why}; cold start over arms {list(cold)}")
 
 
+#: The bundled drafter's tokens a round with the best tree of N nodes (``FixedTree(N)``: fast
+#: verification, T = 0, bfloat16, 128 tokens; 12 public gsm8k prompts, offset 346): the prior a
+#: host's curve prices tree arms with, as the bundled trace set's acceptance prices block sizes
+#: (:func:`adaptspec.host.pricing.prior_tokens_per_round`). Measured by
+#: ``benchmarks/bench_trees.py`` (BENCHMARKS.md, "Draft trees"; the chains on those prompts
+#: committed 1.50-1.54 tokens a round at B = 3-6, under the bundled set's 1.54-1.60, so the
+#: prior favours trees less than chains, if anything).
+TREE_PRIOR_TAU = {4: 1.69, 8: 1.91, 16: 1.99, 32: 2.15, 64: 2.28}
+#: The trees a default adds where draft trees pay on the host (:func:`tree_default`): the best
+#: trees of these many nodes, those the prior was measured at.
+DEFAULT_TREE_NODES = tuple(sorted(TREE_PRIOR_TAU))
+#: Where a 4-token verify costs more than this many times a 1-token one, the default never plays a
+#: draft tree (issue 47): a wide pass is not cheap there.
+TREE_VERIFY_RATIO = 1.5
+#: The best tree must beat the best chain at the prior's acceptance by this share for the default to
+#: add trees: the bar issue 47 sets for trees (1.10x the best chain's tok/s). The prior is one
+#: drafter's mean, and the tree arms' exploration costs, so a tree that only ties is not added. On
+#: the AVX-512 host of BENCHMARKS.md ("Draft trees") the best fixed tree measured 1.06x the best
+#: chain [1.01, 1.11] and its curve prices it at 1.01x: the default keeps chains there.
+TREE_MARGIN = 0.10
+
+
+def tree_default(profile: Any, chain_speeds: dict[int, float], chain_arms: Sequence[int],
+                 prior: dict[int, float] | None = None) -> tuple[PolicyChoice, int] | None:
+    """Where draft trees pay on ``profile`` (a host's curve): ``fi-ucb`` over ``chain_arms`` and the
+    tree arms of the prior (:data:`DEFAULT_TREE_NODES` by default), with the best tree at the
+    prior's acceptance as the fallback; None (no tree) where a 4-token verify costs more than
+    :data:`TREE_VERIFY_RATIO` times a 1-token one, or where the best tree at ``prior`` (default
+    :data:`TREE_PRIOR_TAU`) is not :data:`TREE_MARGIN` faster than the best of ``chain_speeds``
+    (tokens a second by block size). A host's curve is timed at up to 8 positions
+    (:data:`adaptspec.host.timing.GRID`): a larger tree's verify is priced by its last slope.
+    The learner starts from the largest tree, which shows every smaller tree and most chains
+    (full information, :func:`adaptspec.decoding.tree_outcomes.round_outcomes`)."""
+    from ..host.pricing import expected_speeds
+    from ..speculator import arm_label, tree_arm
+
+    ratio = float(profile.verify_s(4)) / float(profile.verify_s(1))
+    if ratio > TREE_VERIFY_RATIO:
+        return None
+    prior = TREE_PRIOR_TAU if prior is None else prior
+    trees = expected_speeds(profile, {tree_arm(n): t for n, t in prior.items()})
+    best_tree = max(trees, key=lambda a: trees[a])
+    best_chain = max(chain_speeds.values())
+    if trees[best_tree] < best_chain * (1 + TREE_MARGIN):
+        return None
+    arms = tuple(sorted({int(a) for a in chain_arms} | set(trees)))
+    why = (f"draft trees pay on this host: a 4-token verify costs {ratio:.2f}x a 1-token one (at most "
+           f"{TREE_VERIFY_RATIO}), and the best tree at the prior's acceptance ({arm_label(best_tree)}) decodes "
+           f"{trees[best_tree] / best_chain:.2f}x the best chain; full-information UCB over chains and trees, "
+           f"the largest tree first")
+    return PolicyChoice("fi-ucb", why, arms), best_tree
+
+
 def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
-                    host: Callable[[], Any] | None = None, full_information: bool = True) -> tuple[PolicyChoice, int | None]:
+                    host: Callable[[], Any] | None = None, full_information: bool = True,
+                    trees: bool = False) -> tuple[PolicyChoice, int | None]:
     """The product default priced by this host's curve, and the block size its late decisions play.
 
     :func:`choose_default_policy`; where that is the bundled head and ``host`` gives this host's
@@ -97,8 +153,10 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     read the cached record; None where nothing times the decoder), NeuralLinear over the head
     re-priced by the host's curve instead, with the host's best block size as the fallback (1
     where speculating cannot pay here: plain decoding from the first request). The fallback is
-    None (the controller's own default) otherwise. ``AdaptiveController(speculator)`` and
-    ``adaptspec serve`` both choose their default here."""
+    None (the controller's own default) otherwise. Where the decoder verifies draft trees
+    (``trees``: it declares ``draft_trees``), no arms were given and trees pay on the host's curve,
+    :func:`tree_default` instead. ``AdaptiveController(speculator)`` and ``adaptspec serve`` both
+    choose their default here."""
     choice = choose_default_policy(max_block_size, feature_dim, arms, full_information=full_information)
     if host is None or choice.spec != f"neural-linear:head={BUNDLED_HEAD}":
         return choice, None
@@ -108,6 +166,12 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     here = choose_default_policy(max_block_size, feature_dim, arms, head=priced.head, full_information=full_information)
     if here.spec != f"neural-linear:head={priced.head}":
         return choice, None
+    if trees and arms is None and full_information:
+        from ..policies.offline_head import HeadModel
+
+        with_trees = tree_default(priced.profile, priced.speeds, HeadModel.load(priced.head).arms)
+        if with_trees is not None:
+            return with_trees
     why = (f"the bundled head fits (its block sizes within max_block_size {max_block_size}, the decoder's "
            f"{feature_dim} feature values), re-priced by this host's curve ({priced.dtype}; best block size at the "
            f"prior's acceptance {priced.best_block_size}, the fallback)")
@@ -284,13 +348,15 @@ def setup_policy(policy: Any, config: Any, shape: Any, host: Callable[[], Any] |
     host_fallback = None
     if policy is None:
         full = isinstance(config.reward, str)  # counterfactuals priced and learnt (a fleet shares them)
-        choice, host_fallback = default_on_host(shape.max_block_size, shape.feature_dim, allowed, host, full)
+        choice, host_fallback = default_on_host(shape.max_block_size, shape.feature_dim, allowed, host, full,
+                                                trees=shape.draft_trees)
         policy = choice.spec
+        allowed = choice.arms if choice.arms is not None else allowed
     else:
         choice = PolicyChoice(policy if isinstance(policy, str) else None, "given by the caller")
     spec, learner = make_learner(policy, allowed if isinstance(policy, str) else config.arms, shape.max_block_size,
                                  config.seed)
-    arms = check_arms(learner, config.arms, shape.max_block_size)
+    arms = check_arms(learner, config.arms, shape.max_block_size, trees=shape.draft_trees)
     if shape.arms is not None and not set(arms) <= set(shape.arms):
         raise AdaptspecError(f"arms {list(arms)} of policy {getattr(learner, 'label', spec)}: the engine decodes only "
                              f"{list(shape.arms)}")

@@ -36,6 +36,7 @@ import numpy as np
 
 from .._util.outputs import swap_into_place
 from ..errors import AdaptspecError
+from ..speculator import MAX_TREE_NODES
 from .._util.atomic import fsync_path, json_default, read_descriptor
 from .._util.checks import int_list, integer
 
@@ -114,7 +115,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     info = read_descriptor(where, "adaptspec-checkpoint", CHECKPOINT_FORMAT, "checkpoint")
     integer(info.get("updates"), str(where), "updates", 0)
     if "arms" in info:
-        int_list(info["arms"], str(where), "arms", 1)
+        arms = int_list(info["arms"], str(where), "arms", -MAX_TREE_NODES)  # a negative arm: a draft tree
+        if 0 in arms:
+            raise AdaptspecError(f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0")
     for key in ("last_decision_id", "variant", "featurizer"):
         if info.get(key) is not None and not isinstance(info[key], str):
             raise AdaptspecError(f"{where}: {key}={info[key]!r} must be a string")

@@ -5,7 +5,8 @@
 callable with the protocol's arguments (``inspect.signature``), an integer ``max_block_size``,
 and the protocol's two optional declarations, ``feature_dim`` (the length of its prefill
 features) and ``per_round`` (whether ``decode`` asks a :class:`~adaptspec.speculator.RoundSchedule`
-every round). :func:`engine_shape` is the same record for an engine that decodes by itself and
+every round), ``prefix_drafts`` and ``draft_trees`` (whether ``decode`` takes tree arms).
+:func:`engine_shape` is the same record for an engine that decodes by itself and
 only calls ``decide`` / ``feedback`` (no speculator object). Everything the controller decides
 from the decoder (the default policy, the context width, which options it can honour) is read
 from the :class:`DecoderShape` made here, never probed again.
@@ -19,7 +20,7 @@ Traceback (most recent call last):
 ...
 adaptspec.errors.AdaptspecError: speculator NoSeed: prefill(prompt_ids, temperature=0.0) does not take seed=...: the protocol's is prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill
 >>> engine_shape([1, 2, 4, 8], feature_dim=40)
-DecoderShape(name='engine', max_block_size=8, feature_dim=40, per_round=False, arms=(1, 2, 4, 8), speculator=False, prefix_drafts=False)
+DecoderShape(name='engine', max_block_size=8, feature_dim=40, per_round=False, arms=(1, 2, 4, 8), speculator=False, prefix_drafts=False, draft_trees=False)
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class DecoderShape:
     arms: tuple[int, ...] | None = None
     speculator: bool = True
     prefix_drafts: bool = False  # every round drafts one block and verifies a prefix (exact counterfactuals)
+    draft_trees: bool = False  # decode takes tree arms (-N) and reports what each tree showed
 
 
 def speculator_shape(speculator: Any, feature_dim: int | None = None) -> DecoderShape:
@@ -86,20 +88,22 @@ def speculator_shape(speculator: Any, feature_dim: int | None = None) -> Decoder
     if width is not None and declared is not None and int(declared) != width:
         raise AdaptspecError(f"feature_dim={width}, but speculator {name} declares feature_dim {int(declared)}")
     flags = {}
-    for flag in ("per_round", "prefix_drafts"):
+    for flag in ("per_round", "prefix_drafts", "draft_trees"):
         flags[flag] = getattr(speculator, flag, False)
         if not isinstance(flags[flag], (bool, np.bool_)):
             raise AdaptspecError(f"speculator {name}: {flag} must be True or False, got {flags[flag]!r}")
     return DecoderShape(name, int(max_b), width if width is not None else (None if declared is None else int(declared)),
-                        bool(flags["per_round"]), prefix_drafts=bool(flags["prefix_drafts"]))
+                        bool(flags["per_round"]), prefix_drafts=bool(flags["prefix_drafts"]),
+                        draft_trees=bool(flags["draft_trees"]))
 
 
 def engine_shape(arms: Sequence[int] | None, feature_dim: int | None = None,
                  prefix_drafts: bool = False) -> DecoderShape:
     """The :class:`DecoderShape` of an engine that decodes by itself: the block sizes it can
-    decode (``arms``, required), the width of its prefill features (None: fixed by the first
-    ``decide``) and whether every round drafts one block and verifies a prefix of it
-    (``prefix_drafts``: every shorter arm's counterfactual is exact)."""
+    decode (``arms``, required; no engine decodes draft trees yet, so tree arms are refused), the
+    width of its prefill features (None: fixed by the first ``decide``) and whether every round
+    drafts one block and verifies a prefix of it (``prefix_drafts``: every shorter arm's
+    counterfactual is exact)."""
     if arms is None or isinstance(arms, (str, bytes)) or not all(_is_int(a) for a in arms):
         raise AdaptspecError(f"an engine's controller needs arms, the block sizes the engine can decode "
                              f"(a list of integers), got {arms!r}")

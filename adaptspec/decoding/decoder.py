@@ -58,13 +58,25 @@ from .drafter import BlockDiffusionDrafter, DraftState
 from .sampling import SampleKeys, accept_keyed, draft_keyed, sample_keyed
 from .target import TargetModel
 from .tree import build_tree, top_candidates
-from .tree_budget import DEFAULT_DEPTH, TreeBudget
-from .tree_verify import check_tree_target, keep_path, verify_tree
+from .tree_budget import DEFAULT_DEPTH, FixedTree, TreeBudget
+from .tree_outcomes import round_outcomes
+from .tree_verify import check_tree_target, keep_path, tree_attention, verify_tree
 
 #: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
 #: ``(round_index, rounds_so_far) -> block size``; or a draft tree's budget
-#: (:mod:`adaptspec.decoding.tree_budget`) to verify trees instead of chains.
+#: (:mod:`adaptspec.decoding.tree_budget`) or a tree arm (``-N``, :func:`adaptspec.speculator.tree_arm`)
+#: to verify trees instead of chains.
 BlockSchedule = int | RoundSchedule | Callable[[int, list[Round]], int] | TreeBudget
+
+
+def as_tree_budget(block_size: Any) -> TreeBudget | None:
+    """The tree budget ``block_size`` asks for: itself, ``FixedTree(N)`` for a tree arm ``-N``
+    (:func:`adaptspec.speculator.tree_arm`), None for a chain's block size or schedule."""
+    if isinstance(block_size, TreeBudget):
+        return block_size
+    if isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool) and block_size < 0:
+        return FixedTree(-int(block_size))
+    return None
 
 
 @dataclass
@@ -98,6 +110,13 @@ class SpeculativeDecoder:
 
     #: the protocol's declaration: ``decode`` asks a :class:`~adaptspec.speculator.RoundSchedule` every round
     per_round = True
+
+    @property
+    def draft_trees(self) -> bool:
+        """The protocol's declaration: ``decode`` takes tree arms (``-N``) and reports each tree
+        round's :attr:`~adaptspec.speculator.Round.tree_outcomes`: with a drafter, on a target whose
+        attention takes a mask per query (:mod:`adaptspec.decoding.tree_verify`)."""
+        return self.drafter is not None and tree_attention(self.target)
 
     @property
     def feature_dim(self) -> int:
@@ -164,7 +183,7 @@ class SpeculativeDecoder:
         state: _PrefillState = prefill.state
         if not isinstance(state, _PrefillState):
             raise AdaptspecError("this Prefill was not made by this decoder")
-        tree = block_size if isinstance(block_size, TreeBudget) else None
+        tree = as_tree_budget(block_size)
         if tree is not None and self.drafter is None:
             raise AdaptspecError("draft trees need a drafter")
         schedule = as_schedule(1 if tree is not None else block_size)
@@ -235,8 +254,8 @@ class SpeculativeDecoder:
         seed: int | None = None,
     ) -> Outcome:
         """Prefill + decode. ``block_size=1`` is plain (target-only) decoding; a
-        :class:`~adaptspec.decoding.tree_budget.TreeBudget` verifies draft trees."""
-        if isinstance(block_size, int):
+        :class:`~adaptspec.decoding.tree_budget.TreeBudget` or a tree arm verifies draft trees."""
+        if isinstance(block_size, int) and as_tree_budget(block_size) is None:
             self._check_block_size(block_size)
         pre = self.prefill(input_ids, temperature=temperature, seed=seed)
         return self.decode(pre, block_size, max_new_tokens, temperature=temperature)
@@ -342,7 +361,7 @@ class SpeculativeDecoder:
             draft.append(hidden[[0, *path]])
         t2 = _now(dev)
         return new, Round(block_size=tree.nodes + 1, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1,
-                          drafted=depth + 1, tree=True)
+                          drafted=depth + 1, tree=True, tree_outcomes=round_outcomes(tree, choices))
 
     def _check_block_size(self, b: int) -> int:
         return check_block_size(b, self.max_block_size, self.drafter is not None)

@@ -36,10 +36,12 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..speculator import TREE_ARM_DEPTH
 
 #: The deepest node when a budget does not say (the drafter then drafts 16 positions a round):
-#: the block size DFlash drafters and the bundled one are trained at, DDTree's depth.
-DEFAULT_DEPTH = 15
+#: the block size DFlash drafters and the bundled one are trained at, DDTree's depth; the depth a
+#: tree arm drafts (:data:`adaptspec.speculator.TREE_ARM_DEPTH`).
+DEFAULT_DEPTH = TREE_ARM_DEPTH
 
 #: Candidates per depth when a budget does not say: the most any best-first tree of up to 16
 #: nodes can use at one depth, and enough for larger ones on the bundled drafter (its rank-16

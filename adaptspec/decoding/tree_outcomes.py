@@ -14,7 +14,8 @@ holding it. From the tree and those choices, :func:`round_outcomes` gives exactl
   :class:`~adaptspec.decoding.decoder.SpeculativeDecoder` with ``draft_length`` = the tree's
   drafted positions verifies), for ``B = 1 .. depth + 1``; ``None`` where the tree does not
   determine it: the chain's drafts were all accepted up to a depth whose rank-0 node the tree
-  does not hold, so the target's choice there is unknown.
+  does not hold, so the target's choice there is unknown (``chain_floor`` then holds the
+  lower bound: every draft down to that depth was accepted).
 
 That is full information over tree and chain arms from one round: the basis of learning the
 budget (:mod:`adaptspec.control`). "Exactly" holds as far as a node's choice is the same in
@@ -28,36 +29,24 @@ may round a near-tie the other way, as it may for chains.
 >>> out = round_outcomes(tree, [7, 8, 0, 2])   # the target chose 7 (rank 1), then 2
 >>> out.tree_tau, out.chain_tau
 ((1, 1, 1, 2), (1, 1, 1))
+>>> out.tree(2), out.chain(2)
+(1, 1)
 >>> round_outcomes(tree, [5, 8, 4, 0]).chain_tau   # 5, then 8 accepted: a chain of 3 commits 3
 (1, 2, 3)
->>> round_outcomes(tree.prefix(0), [5]).chain_tau   # 5 accepted, its node not verified: then unknown
-(1, 2, None)
+>>> out = round_outcomes(tree.prefix(0), [5])   # 5 accepted, its node not verified: then unknown
+>>> out.chain_tau, out.chain_floor
+((1, 2, None), (1, 2, 2))
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import AdaptspecError
+from ..speculator import TreeOutcomes
 from .tree import DraftTree
 
-
-@dataclass(frozen=True)
-class TreeOutcomes:
-    """Tokens each smaller tree and each chain would have committed (module docstring)."""
-
-    tree_tau: tuple[int, ...]  # [n], n = 0 .. the tree's nodes
-    chain_tau: tuple[int | None, ...]  # [B - 1], B = 1 .. drafted depth + 1; None: not determined
-
-    def tree(self, nodes: int) -> int:
-        """Tokens the best tree of ``nodes`` nodes commits (larger than the tree: the whole tree's)."""
-        return self.tree_tau[min(nodes, len(self.tree_tau) - 1)]
-
-    def chain(self, block_size: int) -> int | None:
-        """Tokens a chain of ``block_size`` commits; None where the tree does not tell (a chain
-        longer than the drafter pass included)."""
-        return self.chain_tau[block_size - 1] if block_size <= len(self.chain_tau) else None
+__all__ = ["TreeOutcomes", "round_outcomes"]
 
 
 def round_outcomes(tree: DraftTree, choices: Sequence[int]) -> TreeOutcomes:
@@ -70,18 +59,17 @@ def round_outcomes(tree: DraftTree, choices: Sequence[int]) -> TreeOutcomes:
     for n in range(1, tree.nodes + 1):
         on += on < len(path) and path[on] == n
         tree_tau.append(1 + on)
-    chain_tau: list[int | None] = [1]
-    for b in range(2, len(tree.chain) + 2):
-        chain_tau.append(_chain_tau(tree, choices, b))
-    return TreeOutcomes(tuple(tree_tau), tuple(chain_tau))
+    chains = [_chain_tau(tree, choices, b) for b in range(1, len(tree.chain) + 2)]
+    return TreeOutcomes(tuple(tree_tau), tuple(t for t, _ in chains), tuple(f for _, f in chains))
 
 
-def _chain_tau(tree: DraftTree, choices: Sequence[int], block_size: int) -> int | None:
+def _chain_tau(tree: DraftTree, choices: Sequence[int], block_size: int) -> tuple[int | None, int]:
+    """(the chain's tokens or None, a lower bound): walk its rank-0 path while the tree holds it."""
     node: int | None = 0  # the chain's node at depth d - 1 (its rank-0 path), None once the tree lacks it
     for d in range(1, block_size):
         if node is None:
-            return None
+            return None, d  # drafts 1 .. d - 1 accepted: at least d tokens
         if choices[node] != tree.chain[d - 1]:
-            return d
+            return d, d
         node = tree.child(node, tree.chain[d - 1])
-    return block_size
+    return block_size, block_size

@@ -39,6 +39,11 @@ def tree_inputs(tree: DraftTree, last: int, n: int, device: torch.device) -> tup
     return ids, positions, mask
 
 
+def tree_attention(target: TargetModel) -> bool:
+    """Whether the target's attention takes a mask per query (a tree pass can run on it)."""
+    return getattr(target.model.config, "_attn_implementation", None) in BOOLEAN_MASK + ADDITIVE_MASK
+
+
 def check_tree_target(target: TargetModel, cache: Any) -> None:
     """Refuse a target whose attention takes no mask, or whose cache layers are not plain
     full-attention ones (a sliding window's or a compressed cache cannot drop positions from the
@@ -46,7 +51,7 @@ def check_tree_target(target: TargetModel, cache: Any) -> None:
     from transformers.cache_utils import DynamicLayer
 
     attention = getattr(target.model.config, "_attn_implementation", None)
-    if attention not in BOOLEAN_MASK + ADDITIVE_MASK:
+    if not tree_attention(target):
         raise AdaptspecError(f"draft trees need sdpa or eager attention (a mask per query); this target runs {attention!r}")
     kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if kinds:

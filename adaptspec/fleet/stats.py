@@ -273,10 +273,11 @@ class FullInfo(Family):
         sums["ss"] += r * r
         sums["count"] += seen
         sums["requests"] += 1
-        if seen[0]:
-            sums["ref"] += (1.0, r[0])
+        ref = policy.ref_index  # the arm every request shows (FullInfoUCB: the smallest block size)
+        if seen[ref]:
+            sums["ref"] += (1.0, r[ref])
             sums["diff"][0] += of
-            sums["diff"][1] += r - of * r[0]
+            sums["diff"][1] += r - of * r[ref]
         if not ready:
             merge_running(sums["running"], r[seen])
         sums["err"] += policy.err - err

@@ -73,8 +73,8 @@ class Policy(abc.ABC):
         arms_t = tuple(int(a) for a in arms)
         if not arms_t:
             raise AdaptspecError("a policy needs at least one arm")
-        if any(a < 1 for a in arms_t) or len(set(arms_t)) != len(arms_t):
-            raise AdaptspecError(f"arms must be unique positive block sizes, got {list(arms)}")
+        if 0 in arms_t or len(set(arms_t)) != len(arms_t):  # a negative arm is a draft tree (speculator.tree_arm)
+            raise AdaptspecError(f"arms must be unique block sizes >= 1 or tree arms, got {list(arms)}")
         if not 0.0 <= epsilon <= 1.0:
             raise AdaptspecError(f"epsilon must be in [0, 1], got {epsilon}")
         self.arms: tuple[int, ...] = tuple(sorted(arms_t))

@@ -54,7 +54,8 @@ class _Stateless(Policy):
 
 
 class Fixed(_Stateless):
-    """Always the same block size (with an optional ``epsilon`` floor on the others).
+    """Always the same block size, or the same draft tree (a tree arm ``-N``), with an optional
+    ``epsilon`` floor on the others.
 
     >>> Fixed(8).arms, Fixed(8, arms=[1, 8]).decide().block_size
     ((8,), 8)
@@ -72,8 +73,8 @@ class Fixed(_Stateless):
             b = int(block_size)
         except (TypeError, ValueError):
             raise AdaptspecError(f"fixed: block size must be an integer, got {block_size!r}") from None
-        if b < 1 or b != block_size:
-            raise AdaptspecError(f"fixed: block size must be a positive integer, got {block_size!r}")
+        if b == 0 or b != block_size:  # a negative one is a tree arm (adaptspec.speculator.tree_arm)
+            raise AdaptspecError(f"fixed: block size must be a positive integer or a tree arm (-N), got {block_size!r}")
         self.block_size = b
         super().__init__((b,) if arms is None else arms, seed=seed, epsilon=epsilon)
         if b not in self._index:

@@ -24,7 +24,8 @@ class FullInfoUCB(UCB):
     **Paired means.** Requests differ far more from one another than block sizes do on one
     request, and an arm that is often censored is seen on fewer requests than the others, so
     its plain sample mean would be compared with means over other requests. Each arm's mean is
-    therefore the reference arm's (the smallest block size, shown by every request) mean over
+    therefore the reference arm's (the smallest block size, shown by every request; among tree
+    arms alone, the smallest tree) mean over
     all requests plus the arm's mean difference from it on the requests that showed both:
     ``mean_k = mean(r_ref) + mean_{S_k}(r_k - r_ref)``. With every arm seen on every request
     this is each arm's sample mean. The bonus is UCB1's, ``c * sd * sqrt(2 ln t / n_k)``, with
@@ -34,7 +35,8 @@ class FullInfoUCB(UCB):
     vanishes, so optimism stays on arms that were censored or never shown.
 
     Decisions before every arm has an outcome play the largest arm without one: one request of
-    the largest block shows every smaller one.
+    the largest block shows every smaller one (the largest draft tree first, where the arms hold
+    trees: it shows every smaller tree and the chains its rank-0 path holds).
 
     >>> pol = FullInfoUCB([1, 2, 4, 8], seed=0)
     >>> pol.decide().block_size                 # the largest arm shows all the others
@@ -54,6 +56,8 @@ class FullInfoUCB(UCB):
     def _reset(self) -> None:
         super()._reset()
         k = len(self.arms)
+        chains = np.flatnonzero(self.arm_array > 0)  # tree arms (-N) sort first: a request of a chain censors them
+        self.ref_index = int(chains[0]) if chains.size else k - 1
         self.ref = np.zeros(2)  # requests that showed the reference arm, sum of its rewards
         self.diff = np.zeros((2, k))  # per arm: requests that showed it and the reference, sum of differences
         self.err = np.zeros(2)  # prequential errors of the differences: count, sum of squares
@@ -110,7 +114,9 @@ class FullInfoUCB(UCB):
         need = self._warming()
         if need is None:
             return None
-        return np.full(n, int(np.flatnonzero(need)[-1]), dtype=np.int64)
+        idx = np.flatnonzero(need)
+        trees = idx[self.arm_array[idx] < 0]  # a tree arm (-N) shows every smaller tree and most chains
+        return np.full(n, int(trees[0] if trees.size else idx[-1]), dtype=np.int64)
 
     def _choose(self, context: np.ndarray | None) -> tuple[int, np.ndarray]:
         probs = self._mix(self._probs(context))
@@ -141,11 +147,12 @@ class FullInfoUCB(UCB):
         st.n += of
         st.s += r
         st.ss += r * r
-        if observed[0]:
+        ref = self.ref_index
+        if observed[ref]:
             n, s = self.diff
             self.ref[0] += 1.0
-            self.ref[1] += r[0]
-            d = r - of * r[0]
+            self.ref[1] += r[ref]
+            d = r - of * r[ref]
             if self._paired:
                 e = (d - s / n) * of  # every arm has a mean difference to be wrong about
                 self.err[0] += np.count_nonzero(observed)

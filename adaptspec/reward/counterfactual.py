@@ -129,6 +129,7 @@ def counterfactuals(
     new_tokens: int | None = None,
     batch: int = 1,
     prefix_drafts: bool = False,
+    tree_outcomes: Sequence[Any] | None = None,
 ) -> Counterfactuals:
     """Every arm's outcome from the rounds one request ran (see the module docstring).
 
@@ -141,7 +142,11 @@ def counterfactuals(
     the rounds, so the scale is 1); ``new_tokens``: the request's new tokens (default: committed +
     1, the prefill's token); ``prefix_drafts``: the speculator drafts one block and verifies a
     prefix of it, so no uncensored arm is approximate, and every arm's speculating round pays
-    for drafting that block.
+    for drafting that block; ``tree_outcomes``: per round, what its draft tree showed
+    (:class:`~adaptspec.speculator.TreeOutcomes`; None for a round that verified no tree): then
+    every arm, tree arms (``-N``) and chains alike, is counted by :func:`tree_round_tokens`, and a
+    tree round may verify more positions than it drafted. A request that ran chains tells nothing
+    of tree arms: they are censored (at one token a round).
     """
     t = np.asarray(taus, dtype=np.int64)
     v = np.asarray(verified, dtype=np.int64)
@@ -150,10 +155,14 @@ def counterfactuals(
     A = np.asarray(arm_t, dtype=np.int64)
     if t.shape != v.shape or d.shape != t.shape or t.ndim != 1:
         raise AdaptspecError("taus, verified and drafted must be 1-D sequences of the same length")
-    if t.size and (np.any(t < 1) or np.any(t > v) or np.any(d < v)):
-        raise AdaptspecError("every round needs 1 <= tau <= verified <= drafted")
-    if not arm_t or A[0] < 1:
-        raise AdaptspecError(f"arms must be positive block sizes, got {list(arms)}")
+    outcomes = list(tree_outcomes) if tree_outcomes is not None else [None] * t.size
+    if len(outcomes) != t.size:
+        raise AdaptspecError("tree_outcomes must have one entry per round")
+    is_tree = np.array([o is not None for o in outcomes], dtype=bool)
+    if t.size and (np.any(t < 1) or np.any(t > v) or np.any((d < v) & ~is_tree) or np.any((d < t) & is_tree)):
+        raise AdaptspecError("every round needs 1 <= tau <= verified <= drafted (a tree's: tau <= drafted)")
+    if not arm_t or 0 in arm_t:
+        raise AdaptspecError(f"arms must be block sizes >= 1 or tree arms, got {list(arms)}")
     committed = int(t.sum())
     n_new = committed + 1 if new_tokens is None else int(new_tokens)
     exact = (A == int(decided)) | (A == 1)
@@ -161,21 +170,70 @@ def counterfactuals(
         nan = np.full(len(A), np.nan)
         return Counterfactuals(arm_t, int(decided), np.zeros(len(A)), 0, 0, nan, n_new,
                                np.ones(len(A), dtype=bool), ~exact)
-    tokens, censored = round_tokens(t, v, A)
+    trees = A < 0
     ctx = context_tokens + 1 + np.concatenate([[0], np.cumsum(t)[:-1]])  # committed before each round
-    # each arm's verify length per round: the arm itself, except where the round was cut short by
-    # the request's end (fewer positions left than decided): every arm is cut the same way there
-    cut = v < int(decided)
-    vv = np.where(cut[:, None], np.minimum(A[None, :], v[:, None]), A[None, :])
-    # what each arm drafts a round: its own block; with prefix_drafts the block the speculator drafts
-    # every speculating round (the longest drafted here), of which it verifies a prefix (1: a plain step)
-    dd = np.where(vv > 1, np.maximum(vv, int(d.max())), vv) if prefix_drafts else vv
+    if is_tree.any():  # the request ran trees: every arm from what they showed
+        tokens, censored = tree_round_tokens(t, outcomes, A)
+        vv = np.where(v[:, None] > 1, A[None, :], 1)  # a last-token plain step: one position at every arm
+        dd = vv
+        approx = ~trees & (A != 1) & (not prefix_drafts)  # a chain would draft a block of its own
+    elif int(decided) < 0:  # trees ran, and nothing says what they showed: only the arm that ran is known
+        tokens = np.full(len(A), float(t.size))  # every arm commits at least a token a round
+        tokens[A == int(decided)] = float(committed)
+        censored = (A != int(decided)) & (A != 1)  # a plain step commits one token a round: known
+        vv = np.where(v[:, None] > 1, A[None, :], 1)
+        dd = vv
+        approx = np.zeros(len(A), dtype=bool)
+    else:
+        tokens, censored = round_tokens(t, v, np.where(trees, 1, A))
+        tokens[trees] = float(t.size)  # a tree commits at least one token a round; nothing more is known
+        censored |= trees
+        # each arm's verify length per round: the arm itself, except where the round was cut short by
+        # the request's end (fewer positions left than decided): every arm is cut the same way there
+        cut = v < int(decided)
+        vv = np.where(cut[:, None] & ~trees[None, :], np.minimum(A[None, :], v[:, None]), A[None, :])
+        # what each arm drafts a round: its own block; with prefix_drafts the block the speculator drafts
+        # every speculating round (the longest drafted here), of which it verifies a prefix (1: a plain step)
+        dd = np.where(vv > 1, np.maximum(vv, int(d.max())), vv) if prefix_drafts else vv
+        approx = np.zeros(len(A), dtype=bool) if prefix_drafts else ~exact
     cost = profile.draft_s(dd, ctx[:, None], batch) + profile.verify_s(vv, ctx[:, None], batch)
     ran = profile.draft_s(np.where(d > 1, d, 1), ctx, batch) + profile.verify_s(v, ctx, batch)
     scale = 1.0 if decode_s is None else float(decode_s) / float(ran.sum())
     secs = scale * committed / tokens * cost.sum(axis=0)
-    approx = np.zeros(len(A), dtype=bool) if prefix_drafts else ~exact
     return Counterfactuals(arm_t, int(decided), tokens, int(t.size), committed, secs, n_new, censored, approx)
+
+
+def tree_round_tokens(taus: np.ndarray, outcomes: Sequence[Any], arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens (K,), censored (K,))`` over rounds that verified draft trees (``outcomes[r]``, a
+    :class:`~adaptspec.speculator.TreeOutcomes`; None: a plain step, one token at every arm): a tree
+    arm ``-M`` commits what the tree's first ``M`` nodes would have (exact up to the nodes the
+    round verified; a larger tree at least the whole tree's, censored unless nothing more could be
+    accepted); a chain ``B`` what the tree shows of its rank-0 path (at least the depth it holds,
+    censored where it held it too shallow to tell). The last round is never censored (it committed
+    the request's last token).
+
+    >>> from adaptspec.speculator import TreeOutcomes
+    >>> o = TreeOutcomes(tree_tau=(1, 2, 2, 3), chain_tau=(1, 2, None), chain_floor=(1, 2, 2))
+    >>> tree_round_tokens(np.array([3, 1]), [o, None], np.array([-8, -3, -1, 1, 2, 3]))
+    (array([4., 4., 3., 2., 3., 3.]), array([ True, False, False, False, False,  True]))
+    """
+    tokens = np.zeros(len(arms))
+    censored = np.zeros(len(arms), dtype=bool)
+    for r, o in enumerate(outcomes):
+        last = r == len(outcomes) - 1
+        if o is None:
+            tokens += 1.0
+            continue
+        nodes = len(o.tree_tau) - 1
+        for k, a in enumerate(int(x) for x in arms):
+            if a < 0:
+                tokens[k] += o.tree(-a)
+                censored[k] |= -a > nodes and not last
+            else:
+                known = o.chain(a)
+                tokens[k] += known if known is not None else o.chain_at_least(a)
+                censored[k] |= known is None and not last
+    return tokens, censored
 
 
 def from_outcome(outcome: Any, decided: int, arms: Sequence[int], context_tokens: int, profile: LatencyProfile,
@@ -183,7 +241,9 @@ def from_outcome(outcome: Any, decided: int, arms: Sequence[int], context_tokens
     """:func:`counterfactuals` of an :class:`~adaptspec.speculator.Outcome`: its rounds' taus, verified
     and drafted sizes, its measured decode time and new tokens."""
     rounds = outcome.rounds
+    outcomes = [r.tree_outcomes for r in rounds]
     return counterfactuals([r.tau for r in rounds], [r.block_size for r in rounds], arms=arms, decided=decided,
                            context_tokens=context_tokens, profile=profile,
                            drafted=[r.draft_size for r in rounds], decode_s=float(outcome.decode_s),
-                           new_tokens=outcome.new_tokens, batch=batch, prefix_drafts=prefix_drafts)
+                           new_tokens=outcome.new_tokens, batch=batch, prefix_drafts=prefix_drafts,
+                           tree_outcomes=outcomes if any(o is not None for o in outcomes) else None)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from .latency import LatencyProfile, get_profile
-from ..speculator import Outcome
+from ..speculator import Outcome, tree_arm
 
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")
@@ -179,7 +179,9 @@ def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
 
     def modelled(outcome: Outcome) -> float:
         tau = mean_tau(outcome)
-        return float(modelled_throughput(tau, outcome.rounds[0].block_size, p, context_tokens, batch_size))
+        first = outcome.rounds[0]
+        arm = tree_arm(first.block_size - 1) if first.tree and first.block_size > 1 else first.block_size  # a tree: its cost
+        return float(modelled_throughput(tau, arm, p, context_tokens, batch_size))
 
     return modelled
 

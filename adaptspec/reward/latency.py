@@ -21,6 +21,8 @@ A block of size 1 is plain decoding: no draft pass, so ``draft_s`` is 0 there.
 (0.0, 10.0)
 >>> p.round_s(np.array([1, 4, 16])).round(4)
 array([0.04  , 0.0508, 0.068 ])
+>>> round(float(p.round_s(-16)), 4)   # a tree arm of 16 nodes: 16 drafted, 17 verified
+0.0689
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import AdaptspecError
+from ..speculator import drafted_positions, verified_positions
 
 
 
@@ -218,17 +221,19 @@ class LatencyProfile:
             raise AdaptspecError(f"context_tokens must be an integer in 0..{10**8}, got {c!r}")
 
     def draft_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
-        """Seconds of one drafter pass; 0 for block size 1 (plain decoding drafts nothing)."""
+        """Seconds of one drafter pass; 0 for block size 1 (plain decoding drafts nothing). A tree
+        arm ``-N`` (:func:`adaptspec.speculator.tree_arm`) drafts its ``TREE_ARM_DEPTH + 1`` positions."""
         b = np.asarray(block_size, dtype=np.float64)
-        t = self.draft(b, self._ctx(context), batch)
-        return np.where(b <= 1, 0.0, t)
+        t = self.draft(drafted_positions(b), self._ctx(context), batch)
+        return np.where((b >= 0) & (b <= 1), 0.0, t)
 
     def verify_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
-        """Seconds of one target pass over ``block_size`` tokens per sequence."""
-        return self.verify(block_size, self._ctx(context), batch)
+        """Seconds of one target pass over ``block_size`` tokens per sequence (a tree arm ``-N``:
+        its ``N + 1`` positions)."""
+        return self.verify(verified_positions(np.asarray(block_size, dtype=np.float64)), self._ctx(context), batch)
 
     def round_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
-        """Seconds of one draft + verify round."""
+        """Seconds of one draft + verify round (of any arm: a block size or a tree arm)."""
         return self.draft_s(block_size, context, batch) + self.verify_s(block_size, context, batch)
 
     def plain_token_s(self, context: Any = None, batch: Any = 1) -> np.ndarray:

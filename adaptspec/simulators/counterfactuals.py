@@ -46,7 +46,7 @@ from ..reward.functions import trace_context
 from ..reward.latency import LatencyProfile, get_profile
 from ..reward.measured_costs import MeasuredCosts
 from ..reward.pricing import DEFAULT_PROFILE, CounterfactualPricer
-from ..speculator import Decision, Outcome, Round
+from ..speculator import Decision, Outcome, Round, arm_label, drafted_positions, verified_positions
 
 #: what :class:`OnlineFeedback` reports as its profile
 MEASURED = "costs measured from the rounds as served (the controller's default)"
@@ -179,12 +179,18 @@ def trace_outcome(taus: list[int], block_size: int, limit: int, decode_s: float,
     its verified length allows (not an outcome a decoder can return)."""
     rounds, made = [], 1
     timed = times if times is not None and len(times) == len(taus) else [(0.0, 0.0)] * len(taus)
+    tree = block_size < 0  # a tree arm -N: rounds of N + 1 positions drafted at its depth (speculator.tree_arm)
     for t, (d_s, v_s) in zip(taus, timed):
-        v = min(block_size, limit - made) if limit else block_size
+        most = drafted_positions(block_size) if tree else block_size
+        v = min(most, limit - made) if limit else most
         if not 1 <= t <= v:
-            raise AdaptspecError(f"block size {block_size}: a round commits {t} tokens where "
+            raise AdaptspecError(f"block size {arm_label(block_size)}: a round commits {t} tokens where "
                                  f"max_new_tokens={limit} leaves {v}")
-        rounds.append(Round(v, int(t), d_s, v_s))
+        if tree:  # what the tree showed of other arms is not in a trace set: only this arm is known
+            rounds.append(Round(verified_positions(block_size) if v > 1 else 1, int(t), d_s, v_s,
+                                drafted=v if v > 1 else 0, tree=v > 1))
+        else:
+            rounds.append(Round(v, int(t), d_s, v_s))
         made += int(t)
     n = made if np.isnan(new_tokens) else int(new_tokens)
     return Outcome([0] * n, rounds, decode_s=float(decode_s))

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from ..errors import AdaptspecError
 from ..reward.functions import REWARD_LIMIT
+from ..speculator import drafted_positions
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
                      MAX_TOKENS, SCHEMA_VERSION)
@@ -243,10 +244,11 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
     _check_rewards(table, where, hit, ap, la, bs)
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
-        bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > bs + 1e-9))
+        most = drafted_positions(bs)  # a round commits at most what it drafted (a tree arm -N: its depth + 1)
+        bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > most + 1e-9))
         if bad.any():
             r = _first(bad)
-            raise _err(where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{bs[r]}")
+            raise _err(where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block size {bs[r]})")
     if "features" in table.column_names:
         col = table.column("features")
         present = ~np.asarray(pc.is_null(col.combine_chunks()))

@@ -55,6 +55,7 @@ from .._util.append import LineAppender
 from .._util.atomic import fsync_path
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
+from ..speculator import arm_label, drafted_positions
 from .decision_check import decision_fault
 
 __all__ = ["DecisionLogWriter", "journal_rows", "log_rows"]
@@ -382,8 +383,9 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         if fault is not None:
             raise AdaptspecError(f"decision row {fault}")
         mt, b = out.get("mean_tau"), out["block_size"]
-        if mt is not None and math.isfinite(float(mt)) and not 1 - 1e-9 <= float(mt) <= b + 1e-9:
-            raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{b} (its block size)")
+        most = drafted_positions(b)  # a round commits at most what it drafted (a tree arm -N: its depth + 1)
+        if mt is not None and math.isfinite(float(mt)) and not 1 - 1e-9 <= float(mt) <= most + 1e-9:
+            raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{most} (its block size {arm_label(b)})")
     for k in DECISION_FLOATS:
         v = out.get(k)
         if v is not None and not math.isfinite(float(v)):

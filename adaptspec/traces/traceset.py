@@ -33,7 +33,7 @@ from .._util.atomic import json_default
 from .._util.checks import int_list
 from .._util.files import read_json, regular_file
 from ..errors import AdaptspecError
-from ..speculator import output_bounds
+from ..speculator import MAX_TREE_NODES, drafted_positions, output_bounds
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
 from .schema import _F32_LIST, MAX_TOKENS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
@@ -99,9 +99,10 @@ class TraceSet:
             raise _err(wo, f"column 'request_id', row {bad}: request {rid!r} is not in requests.parquet")
         ridx = ridx.astype(np.int64)
         bs = _np(out.column("block_size"), np.int64)
-        if np.any(bs < 1):
-            bad = _first(bs < 1)
-            raise _err(wo, f"column 'block_size', row {bad}: block size {bs[bad]} < 1")
+        if np.any((bs == 0) | (bs < -MAX_TREE_NODES)):  # a negative block size is a tree arm (speculator.tree_arm)
+            bad = _first((bs == 0) | (bs < -MAX_TREE_NODES))
+            raise _err(wo, f"column 'block_size', row {bad}: block size {bs[bad]} is neither >= 1 nor a tree arm "
+                           f"(-1 .. -{MAX_TREE_NODES})")
         arms, aidx = np.unique(bs, return_inverse=True)
         self.arms: tuple[int, ...] = tuple(int(a) for a in arms)
         n, k = len(ids), len(arms)
@@ -121,10 +122,11 @@ class TraceSet:
         self._ridx, self._aidx, self._cell = ridx, aidx, cell
 
         mt = _np(out.column("mean_tau"), np.float64)
-        bad = ~np.isfinite(mt) | (mt < 1 - 1e-9) | (mt > bs + 1e-9)
+        most = drafted_positions(bs)  # a round commits at most what it drafted (a tree arm: its depth + 1)
+        bad = ~np.isfinite(mt) | (mt < 1 - 1e-9) | (mt > most + 1e-9)
         if bad.any():
             r = _first(bad)
-            raise _err(wo, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{bs[r]} (block_size {bs[r]})")
+            raise _err(wo, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block_size {bs[r]})")
         for name, lo in (("new_tokens", 0), ("rounds", 1)):
             v = _np(out.column(name), np.float64)
             neg = v < lo
@@ -143,10 +145,10 @@ class TraceSet:
                 raise _err(wo, f"column 'tau', row {r}: {lengths[r]} rounds listed, column 'rounds' says {int(rounds[r])}")
             if np.any(lengths == 0):
                 raise _err(wo, f"column 'tau', row {_first(lengths == 0)}: empty list")
-            badv = (vals < 1) | (vals > bs[parents])
+            badv = (vals < 1) | (vals > most[parents])
             if badv.any():
                 r = int(parents[_first(badv)])
-                raise _err(wo, f"column 'tau', row {r}: tau {vals[_first(badv)]} outside 1..{bs[r]}")
+                raise _err(wo, f"column 'tau', row {r}: tau {vals[_first(badv)]} outside 1..{most[r]}")
             means = np.bincount(parents, weights=vals, minlength=n_out) / np.maximum(lengths, 1)
             off = np.abs(means - mt) > 1e-6 * np.maximum(1.0, mt)
             if off.any():
@@ -472,7 +474,9 @@ def _check_meta(meta: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
     if v > SCHEMA_VERSION:
         raise _err(where, f"schema_version {v} is newer than this adaptspec reads ({SCHEMA_VERSION}); upgrade adaptspec")
     if meta.get("arms") is not None:
-        int_list(meta["arms"], where, "arms", 1)
+        arms = int_list(meta["arms"], where, "arms", -MAX_TREE_NODES)
+        if 0 in arms:
+            raise AdaptspecError(f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0")
     meta.setdefault("kind", kind)
     return meta
 
