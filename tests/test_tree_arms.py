@@ -183,6 +183,10 @@ def test_trace_sets_and_checkpoints_keep_tree_arms(tmp_path):
         out = dec.generate(ids, FixedTree(4), 16)
         assert ts.tau_matrix()[i, 0] == pytest.approx(np.mean([r.tau for r in out.rounds]))
         assert ts.new_tokens_matrix()[i, 0] == out.new_tokens
+    from adaptspec.simulators.replay import replay  # a fixed tree replayed: its column's mean tau
+
+    rep = replay(ts, ["fixed:-4"], reward="tau", seeds=[0])
+    assert rep.policies[0].mean("mean_tau") == pytest.approx(ts.tau_matrix()[:, 0].mean())
     arms = (tree_arm(8), 1, 2, 4)
     with AdaptiveController(dec, "fi-ucb", arms=arms, checkpoint_dir=tmp_path / "ck", checkpoint_every=1,
                             latency="cpu-smollm2-fast") as c:

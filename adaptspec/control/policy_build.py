@@ -94,7 +94,7 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
 #: host's curve prices tree arms with, as the bundled trace set's acceptance prices block sizes
 #: (:func:`adaptspec.host.pricing.prior_tokens_per_round`). Measured by
 #: ``benchmarks/bench_trees.py`` (BENCHMARKS.md, "Draft trees"; the chains on those prompts
-#: committed 1.50-1.54 tokens a round at B = 3-6, under the bundled set's 1.54-1.60, so the
+#: committed 1.50-1.53 tokens a round at B = 3-6, under the bundled set's 1.54-1.60, so the
 #: prior favours trees less than chains, if anything).
 TREE_PRIOR_TAU = {4: 1.69, 8: 1.91, 16: 1.99, 32: 2.15, 64: 2.28}
 #: The trees a default adds where draft trees pay on the host (:func:`tree_default`): the best
