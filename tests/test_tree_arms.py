@@ -167,9 +167,9 @@ def test_a_fixed_tree_policy_plays_its_tree(tmp_path):
     assert any(r.tree and r.block_size <= 9 for r in g.outcome.rounds)
 
 
-def test_trace_sets_and_checkpoints_keep_tree_arms(tmp_path):
+def test_a_trace_set_keeps_tree_arms(tmp_path):
     """A trace set collected at a tree arm holds what FixedTree(N) decodes (its own budget, the
-    second way to ask for the same tree), and a checkpoint of a policy over tree arms resumes."""
+    second way to ask for the same tree), and replays as it."""
     from adaptspec.collect.every_arm import collect_traces
     from adaptspec.decoding import FixedTree
     from adaptspec.traces import TraceSet
@@ -187,6 +187,10 @@ def test_trace_sets_and_checkpoints_keep_tree_arms(tmp_path):
 
     rep = replay(ts, ["fixed:-4"], reward="tau", seeds=[0])
     assert rep.policies[0].mean("mean_tau") == pytest.approx(ts.tau_matrix()[:, 0].mean())
+
+
+def test_a_checkpoint_of_a_policy_over_tree_arms_resumes(tmp_path):
+    _, dec = tiny_tree_decoder(peek=False)
     arms = (tree_arm(8), 1, 2, 4)
     with AdaptiveController(dec, "fi-ucb", arms=arms, checkpoint_dir=tmp_path / "ck", checkpoint_every=1,
                             latency="cpu-smollm2-fast") as c:
