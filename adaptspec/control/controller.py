@@ -167,6 +167,10 @@ class AdaptiveController:
         Block sizes for a policy built from a spec (default:
         :func:`~adaptspec.control.policy_build.default_arms` of the speculator's maximum; a
         head-based policy uses its head's arms). For an engine: the block sizes it can decode.
+        Where the speculator declares ``draft_trees``, tree arms too: ``-N``, the best draft tree
+        of ``N`` nodes (:func:`~adaptspec.speculator.tree_arm`; docs/controller.md, "Draft trees
+        as arms"); the default adds them only where the host's curve says they pay
+        (:func:`~adaptspec.control.policy_build.tree_default`).
     feature_dim
         The length of the prefill features, for a speculator that does not declare it (or an
         engine). Known, it chooses the default policy and refuses a policy, checkpoint or
@@ -196,7 +200,7 @@ class AdaptiveController:
         Checkpoint after this many updates, or this long after the last checkpoint if there
         were updates since.
     fallback_block_size
-        Used when the policy fails or is late (default: the arm closest to 8). Must be an arm.
+        Used when the policy fails or is late (default: the chain closest to 8). Must be an arm.
     decide_timeout_s
         Time budget of one decision.
     decide_on_caller
