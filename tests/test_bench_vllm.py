@@ -1,5 +1,6 @@
-"""benchmarks/bench_vllm.py without vLLM: the servers' command lines of the plug-in's floor and
-plugin-kK configurations, and the summary's ratios against hand computations."""
+"""benchmarks/bench_vllm.py and bench_vllm_steps.py without vLLM: the servers' command lines of the
+plug-in's floor and plugin-kK configurations, the summary's ratios and the steps' floor by repeat
+against hand computations."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def test_the_summary_pairs_each_run_with_its_groups_plain(bench):
     # tokens per CPU second: 100 / 10 against plain's 100 / 20 and 100 / 10
     assert s["k3"]["1"]["vs_plain_cpu"]["geomean"] == pytest.approx(math.sqrt(2.0 * 1.0))
     assert s["plugin-k3"]["1"]["plugin_share"] == [0.01, 0.02]
+
+
+def test_the_steps_floor_by_repeat_is_each_repeats_floor_mean_over_its_plain_mean():
+    steps = load_script("bench_vllm_steps")
+
+    def step(t, k=0, verified=0, prefill=0, rows=1):
+        return {"rows": rows, "step_s": t, "k": k, "verified": verified, "prefill_tokens": prefill}
+
+    plain = [step(0.10), step(0.10), step(0.20), step(0.20)]                       # repeat 0: 0.10, repeat 1: 0.20
+    other = [step(0.11), step(0.5, k=3), step(0.9, prefill=5),                     # repeat 0: floor 0.11 (the rest is no floor)
+             step(0.24), step(0.20), step(0.3, verified=1)]                         # repeat 1: floor (0.24 + 0.20) / 2
+    marks_p = [{"repeat": 0, "rows": 1, "first_step": 0, "last_step": 2}, {"repeat": 1, "rows": 1, "first_step": 2, "last_step": 4}]
+    marks_o = [{"repeat": 0, "rows": 1, "first_step": 0, "last_step": 3}, {"repeat": 1, "rows": 1, "first_step": 3, "last_step": 6}]
+    r = steps.floor_by_repeat(plain, other, marks_p, marks_o, rows=1)
+    assert r["repeats"] == 2 and r["geomean"] == pytest.approx(math.sqrt(1.1 * 1.1))
+    assert r["ci95"][0] == pytest.approx(1.1) and r["ci95"][1] == pytest.approx(1.1)   # both repeats 1.1: no spread
