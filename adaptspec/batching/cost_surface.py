@@ -42,7 +42,6 @@ from ..decoding.decoder import _now
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
 from .draft_pass import draft_logits_rows
-from .prepacked import Prepacked
 from .target_pass import new_store, prefill_layers, verify_rows
 
 
@@ -65,7 +64,6 @@ def measure_surface(
     the waits for a core that a shared machine adds."""
     clock = time.process_time if cpu_time else None
     batched = target.verification == "fast"
-    packed = Prepacked(target.model)  # the target's linear layers as the engine runs them
     if drafter is not None:
         drafter.attach(target.model)
         target.context_layers = list(drafter.config.target_layers)
@@ -94,7 +92,7 @@ def measure_surface(
                         for s, t in zip(states, last):
                             drafter.draft_logits(s, t, b).argmax(-1)
                     t1 = clock() if clock else _now(dev)
-                    with packed.on():
+                    with target.prepacked.on():
                         verify_rows(target, store, blocks, context=drafter is not None)
                     t2 = clock() if clock else _now(dev)
                     draft_s.append(t1 - t0)

@@ -58,7 +58,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..decoding.decoder import check_block_size, check_draft_length, first_token
 from ..decoding.features import prefill_features
@@ -72,7 +71,6 @@ from .clock import RoundClock
 from .draft_pass import draft_logits_rows
 from .fills import Fills
 from .packed_pass import Chunk, Packer, PackedOutput
-from .prepacked import Prepacked
 from .records import RoundRecord
 from .rows import Filling, RequestHandle, Row
 from .rows_pass_cost import RowsPassCost
@@ -94,10 +92,8 @@ class BatchEngine:
     :attr:`prefix_drafts`); it caps the block size. ``chunk_tokens`` (default
     :data:`DEFAULT_CHUNK_TOKENS`) caps the prompt tokens of joining requests one pass carries while
     rows decode (with no row decoding, a pass takes the joining prompts whole); None prefills each
-    joining prompt alone while the rows wait. ``prepacked`` (a bfloat16 target on a CPU): the
-    target's linear layers run on weights reordered once for oneDNN inside the engine's passes
-    (:mod:`~adaptspec.batching.prepacked`: the same products, ~20% shorter rounds measured, the
-    linear weights' memory once more).
+    joining prompt alone while the rows wait. The passes run on the target's prepacked weights
+    (``TargetModel(prepacked=True)``, the default: :mod:`~adaptspec.decoding.prepacked`).
     """
 
     def __init__(
@@ -112,7 +108,6 @@ class BatchEngine:
         batched_draft: bool | None = None,
         draft_length: int | None = None,
         chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
-        prepacked: bool = True,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -138,8 +133,6 @@ class BatchEngine:
         self.packer = None if chunk_tokens is None else Packer(target)
         #: the rows' share of a pass that also ran prompt chunks (:mod:`~adaptspec.batching.rows_pass_cost`)
         self.rows_pass_cost = RowsPassCost()
-        #: the target's linear layers on weights reordered once (a no-op where none are packed)
-        self.prepacked = Prepacked(target.model if prepacked else nn.Module())
         self.capacity = capacity
         self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
         self.fills = Fills(target, max_rows, capacity, self.max_context) if chunk_tokens is not None else None
@@ -239,7 +232,7 @@ class BatchEngine:
                  for row, d in zip(self.rows, drafted)]
         blocks, drafts = self._draft(widths, drafted, noise) if self.rows else (None, None)
         clock.mark()
-        with self.prepacked.on():
+        with self.target.prepacked.on():
             packed = self._pass(blocks, chunks) if chunks else None
             logits, hidden = (packed.logits, packed.context) if chunks else verify_rows(
                 self.target, self.store, blocks, context=self.drafter is not None)
@@ -340,8 +333,7 @@ class BatchEngine:
                 if self.fills is not None:
                     self.fills.add(handle, ids)
                     continue
-                with self.prepacked.on():
-                    tp = self.target.prefill(ids)
+                tp = self.target.prefill(ids)
                 row = self._start_row(handle, tp.logits, tp.context_hidden, lambda: tp.features, prefill_layers(tp.cache))
             except AdaptspecError as e:
                 handle.fail(AdaptspecError(f"request {handle.id}: {e}"))

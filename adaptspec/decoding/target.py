@@ -27,6 +27,8 @@ from torch import nn
 from ..errors import AdaptspecError
 from .batch_invariant import is_batch_invariant, make_batch_invariant
 from .features import DEFAULT_FEATURES, feature_dim, parse_feature_spec, prefill_features
+from .prepacked import Prepacked
+
 
 @dataclass
 class TargetPrefill:
@@ -65,6 +67,10 @@ class TargetModel:
     :mod:`adaptspec.decoding.batch_invariant`): greedy speculative output is then
     bit-identical to the model's own ``generate`` under the same (patched) kernels, at the
     price of slower steps (docs/decoding.md has both guarantees and their costs).
+    ``prepacked`` (default True): on a CPU, the passes run each plain linear layer on its weight
+    reordered once for oneDNN (:mod:`~adaptspec.decoding.prepacked`: bfloat16 products
+    bit-identical, float32 ones oneDNN's instead of MKL's; an exact target's layers are left as
+    they are).
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class TargetModel:
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
         verification: str = "fast",
+        prepacked: bool = True,
     ) -> None:
         if verification not in VERIFICATION_MODES:
             raise AdaptspecError(f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}")
@@ -92,6 +99,9 @@ class TargetModel:
             raise AdaptspecError("this model was patched for exact verification; load a fresh copy for fast verification")
         self.verification = verification
         self.model = model.eval()
+        #: the passes' linear layers on weights reordered once (:mod:`~adaptspec.decoding.prepacked`;
+        #: none with ``prepacked=False``, on an exact target, or where this CPU cannot reorder them)
+        self.prepacked = Prepacked(model if prepacked else nn.Module())
         self.tokenizer = tokenizer
         cfg = model.config
         self.num_layers: int = cfg.num_hidden_layers
@@ -136,13 +146,14 @@ class TargetModel:
 
         if cache is None:
             cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            **{cache_keyword(): cache},
-            use_cache=True,
-            output_hidden_states=want_hidden,
-            logits_to_keep=1 if last_only else 0,
-        )
+        with self.prepacked.on():
+            out = self.model(
+                input_ids=ids,
+                **{cache_keyword(): cache},
+                use_cache=True,
+                output_hidden_states=want_hidden,
+                logits_to_keep=1 if last_only else 0,
+            )
         return out, cache
 
     def _context(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor | None:

@@ -1,22 +1,25 @@
-"""The engine's target passes on prepacked weights: each linear layer's weight reordered once for oneDNN.
+"""A target's passes on prepacked weights: each linear layer's weight reordered once for oneDNN.
 
 On a CPU, a bfloat16 ``nn.Linear`` runs oneDNN's matrix product, which reorders the weight into
 its blocked layout at every call, and a float32 one runs MKL's, which packs it at every call. At
 the row counts of a decoding round (1 to a few dozen positions a pass) that work is a large share
 of the layer's time. Measured on an AMD EPYC host with AVX-512 BF16 (2 threads, the bundled
-target's 30 layers and head, BENCHMARKS.md "Batching"): the linear layers of one pass at 8 rows
-take 16.0 ms on their own bfloat16 weights against 10.2 ms on reordered ones, 38.0 ms in
-float32 against 17.7 ms, and at one row 12.8 against 7.3 ms in bfloat16.
+target's 30 layers and head, BENCHMARKS.md "Prepacked linear weights"): the linear layers of one
+pass at 8 rows take 16.0 ms on their own bfloat16 weights against 10.2 ms on reordered ones,
+38.0 ms in float32 against 17.7 ms, and at one row 12.8 against 7.3 ms in bfloat16.
 
 :class:`Prepacked` reorders the weight of every plain ``nn.Linear`` of a model once
 (``torch.ops.mkldnn._reorder_linear_weight``) and, inside :meth:`Prepacked.on`, runs those
-layers on the reordered weights (``torch.ops.mkldnn._linear_pointwise``): the engine's passes
-are wrapped in it, so the model is its own again outside them (a single-request decoder on the
-same model, a later ``TargetModel(..., verification="exact")`` patch, saving it). In bfloat16
-that is the product oneDNN runs on the layer's own weight: bit-identical (tested); in float32
-it is oneDNN's product instead of MKL's, the same function to rounding. A weight of a dtype this
-host's oneDNN cannot reorder (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT), or on another
-device, is left as it is. The reordered copy costs the linear weights' memory once more.
+layers on the reordered weights (``torch.ops.mkldnn._linear_pointwise``). A
+:class:`~adaptspec.decoding.TargetModel` holds one (``prepacked=True``, the default) and runs
+its passes inside it, as does the batching engine; outside them the model is its own again
+(saving it, another wrapper's forward). ``on`` nests and may be entered from several threads at
+once: the layers are switched when the first enters and back when the last leaves. In bfloat16
+the product is the one oneDNN runs on the layer's own weight: bit-identical (tested); in float32
+it is oneDNN's product instead of MKL's, the same function to rounding. Layers that are not
+plain ``nn.Linear`` (an exact target's row-padded ones), a weight of a dtype this host's oneDNN
+cannot reorder (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT), or on another device, are
+left as they are. The reordered copy costs the linear weights' memory once more.
 
 >>> import torch
 >>> lin = torch.nn.Sequential(torch.nn.Linear(16, 8)).to(torch.bfloat16)
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Iterator
 
 import torch
@@ -78,16 +82,30 @@ class Prepacked:
             if (type(sub) is nn.Linear and w is not None and w.device.type == "cpu" and w.dtype in DTYPES
                     and reorders(w.dtype)):
                 self.layers.append((sub, torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)))
+        self._lock = threading.Lock()
+        self._inside = 0  # the on() blocks open now (nested or in other threads)
+        self._switched: list[nn.Linear] = []
 
     @contextlib.contextmanager
     def on(self) -> Iterator[None]:
-        """Inside the block the packed layers run on their reordered weights; outside it they are plain again."""
-        for layer, packed in self.layers:
-            layer.__class__ = PrepackedLinear
-            layer.packed = packed
+        """Inside the block the packed layers run on their reordered weights; once the last open
+        block ends they are plain again. A layer that is no longer a plain ``nn.Linear`` (patched
+        since) is left as it is."""
+        with self._lock:
+            if self._inside == 0:
+                self._switched = [layer for layer, _ in self.layers if type(layer) is nn.Linear]
+                for layer, packed in self.layers:
+                    if type(layer) is nn.Linear:
+                        layer.packed = packed
+                        layer.__class__ = PrepackedLinear
+            self._inside += 1
         try:
             yield
         finally:
-            for layer, _ in self.layers:
-                layer.__class__ = nn.Linear
-                del layer.packed
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    for layer in self._switched:
+                        layer.__class__ = nn.Linear
+                        del layer.packed
+                    self._switched = []

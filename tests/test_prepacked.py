@@ -1,0 +1,135 @@
+"""A target's passes on prepacked linear weights (decoding/prepacked.py).
+
+Expected values: ``torch.nn.functional.linear`` on each layer's own weight, and the decoder and
+the engine with packing off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adaptspec.batching import BatchEngine
+from adaptspec.decoding.prepacked import Prepacked, PrepackedLinear
+from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
+from decoding_helpers import tiny_target
+
+def test_packed_layers_compute_what_the_layer_computes_on_its_own_weight():
+    """Every plain linear layer of a bfloat16 model is packed; inside ``on()`` each gives, bit for bit,
+    ``F.linear`` on its own weight at 1..300 rows (1-D to 3-D inputs); outside it is a plain layer."""
+    model = tiny_target("llama", vocab=96).to(torch.bfloat16)
+    plain = [m for m in model.modules() if type(m) is nn.Linear]
+    packed = Prepacked(model)
+    assert [layer for layer, _ in packed.layers] == plain
+    g = torch.Generator().manual_seed(0)
+    with packed.on():
+        assert all(type(m) is PrepackedLinear for m in plain)
+        for layer in plain:
+            for shape in [(1,), (3,), (2, 5), (300,), (2, 3, 7)]:
+                x = torch.randn(*shape, layer.in_features, generator=g).to(torch.bfloat16)
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (layer, shape)
+    assert all(type(m) is nn.Linear and not hasattr(m, "packed") for m in plain)
+
+
+def test_float32_layers_run_onednn_s_product_and_exact_targets_are_left_as_they_are():
+    """float32 layers are packed too: oneDNN's product instead of MKL's, the same function to rounding;
+    an exact target's row-padded layers are not plain ``nn.Linear`` ones: nothing is packed."""
+    model = tiny_target("llama", vocab=96)
+    packed = Prepacked(model)
+    assert len(packed.layers) == sum(type(m) is nn.Linear for m in model.modules()) > 0
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    layer = packed.layers[0][0]
+    with packed.on():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    exact = TargetModel(tiny_target("llama", vocab=96).to(torch.bfloat16), verification="exact")
+    assert Prepacked(exact.model).layers == []
+
+
+@pytest.mark.slow
+def test_on_an_avx2_host_bfloat16_weights_are_not_packed():
+    """The AVX2-only host kind (no AVX-512 BW/VL/DQ: oneDNN cannot reorder bfloat16 weights) is
+    reproduced by restricting oneDNN's ISA: there bfloat16 layers are left as they are, float32 packed."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from adaptspec.decoding.prepacked import reorders; "
+            "print(reorders(torch.bfloat16), reorders(torch.float32))")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+def test_on_nests_and_holds_until_the_last_open_block_ends_in_any_thread():
+    """Nested and concurrent ``on()`` blocks: the layers stay packed while any block is open (a
+    thread's block ending does not unpack another's layers mid-pass) and are plain after the last."""
+    import threading
+
+    model = tiny_target("llama", vocab=96).to(torch.bfloat16)
+    packed = Prepacked(model)
+    layers = [layer for layer, _ in packed.layers]
+    inside, leave = threading.Event(), threading.Event()
+    seen = []
+
+    def other():
+        with packed.on():
+            inside.set()
+            leave.wait(30)
+            seen.append(all(type(m) is PrepackedLinear for m in layers))
+
+    t = threading.Thread(target=other)
+    t.start()
+    inside.wait(30)
+    with packed.on():
+        with packed.on():
+            assert all(type(m) is PrepackedLinear for m in layers)
+        assert all(type(m) is PrepackedLinear for m in layers)
+    assert all(type(m) is PrepackedLinear for m in layers)  # the other thread's block is still open
+    leave.set()
+    t.join(30)
+    assert seen == [True] and all(type(m) is nn.Linear and not hasattr(m, "packed") for m in layers)
+
+
+def test_a_layer_patched_since_is_left_as_it_is():
+    """A layer whose class changed after packing (another wrapper's patch) is neither switched nor restored."""
+
+    class Patched(nn.Linear):
+        pass
+
+    model = tiny_target("llama", vocab=96).to(torch.bfloat16)
+    packed = Prepacked(model)
+    first = packed.layers[0][0]
+    first.__class__ = Patched
+    with packed.on():
+        assert type(first) is Patched
+    assert type(first) is Patched
+
+
+def _decode_both_ways(make_target, drafter, prompts):
+    outs = []
+    for prepacked in (True, False):
+        target = make_target(prepacked)
+        assert bool(target.prepacked.layers) == prepacked
+        engine = BatchEngine(target, drafter, max_rows=3)
+        hs = [engine.submit(p, block_size=b, max_new_tokens=20) for p, b in prompts]
+        engine.run_until_done()
+        decoder = SpeculativeDecoder(target, drafter)
+        single = [decoder.generate(p, b, max_new_tokens=20) for p, b in prompts]
+        assert all(type(m) is not PrepackedLinear for m in target.model.modules())
+        outs.append(([(h.result().tokens, [r.tau for r in h.result().rounds]) for h in hs],
+                     [(o.tokens, [r.tau for r in o.rounds]) for o in single]))
+    return outs
+
+
+def test_the_engine_and_the_decoder_on_packed_weights_decode_what_they_decode_without():
+    """bfloat16, fast verification: the same tokens and the same rounds with packing on and off, in the
+    engine and in the single-request decoder, and the model is plain again between passes."""
+    model = tiny_target("llama", vocab=96, eos=None).to(torch.bfloat16)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(torch.bfloat16)
+    prompts = [(list(range(i + 1, i + 9)), b) for i, b in enumerate((1, 3, 4, 2))]
+    with_packing, without = _decode_both_ways(lambda on: TargetModel(model, prepacked=on), drafter, prompts)
+    assert with_packing == without
