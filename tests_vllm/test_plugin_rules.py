@@ -136,6 +136,25 @@ def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counte
         p.close()
 
 
+def test_a_last_step_vllm_cut_at_the_requests_stop_gives_its_round_the_tokens_kept():
+    from adaptspec.simulators.counterfactuals import trace_outcome
+
+    p = _plugin({"variants": {"A": "fixed:4"}})
+    heard = []
+    try:
+        p.on_outcome = lambda rid, variant, outcome: heard.append(outcome)
+        p.admit("a", [1, 2, 3], None)
+        p.decide("a", 1, rows=1, queue=0, max_tokens=6, temperature=0.0)
+        p.observe([("a", 4, 4, 3, 4)], step_s=0.01)   # 1 + 4 tokens out
+        p.observe([("a", 4, 8, 3, 3)], step_s=0.01)   # 3 sampled, 1 left before max_tokens = 6: vLLM keeps 1
+        p.finish("a", [5, 6, 7, 8, 9, 10], "length")
+    finally:
+        p.close()
+    assert [r.tau for r in heard[0].rounds] == [4, 1]
+    # what a trace set's reader accepts of a request at max_new_tokens = 6 (it raises on a round past the limit)
+    assert [r.tau for r in trace_outcome([4, 1], 4, 6, 0.02, float("nan")).rounds] == [4, 1]
+
+
 @pytest.mark.parametrize("rule", ["goodput", "learned"])
 def test_the_load_rules_are_priced_by_the_decode_steps_this_engine_ran(rule):
     p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": rule})

@@ -5,17 +5,24 @@ A request is admitted with its prompt; when its prefill ends it is decided (its 
 (the drafts vLLM verified for it, the tokens it committed, its share of the step's time); when it
 ends, :meth:`RequestRecord.outcome` is what the controller's ``feedback`` gets.
 
+vLLM keeps only the tokens of a request's last step up to its stop (``max_tokens``, a stop
+token): the round that step added counted what the step sampled, so the outcome gives that
+round the tokens the request kept (its tokens less the prefill's and the earlier rounds').
+
 >>> r = RequestRecord("r1", "A", prompt_tokens=12, admitted_s=0.0)
 >>> r.add_round(drafted=3, proposed=7, committed=2, share_s=0.010, rows=2)
 >>> r.add_round(drafted=0, proposed=0, committed=1, share_s=0.004, rows=1)
 >>> o = r.outcome([5, 6, 7, 8], finish_reason="length")
 >>> [(x.block_size, x.tau, x.drafted) for x in o.rounds], round(o.decode_s, 3), r.view.accepted
 ([(4, 2, 8), (1, 1, 0)], 0.014, 1)
+>>> r.add_round(drafted=3, proposed=3, committed=4, share_s=0.010, rows=1)   # 4 sampled, 2 kept
+>>> [x.tau for x in r.outcome([5, 6, 7, 8, 9, 10], finish_reason="length").rounds]
+[2, 1, 2]
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..serving.engine.round_rule import RowView
@@ -62,8 +69,13 @@ class RequestRecord:
 
     def outcome(self, tokens: Sequence[int], finish_reason: str) -> Outcome:
         """The request's :class:`~adaptspec.speculator.Outcome`: its tokens, its rounds since the
-        decision, its attributed decode time."""
-        return Outcome(list(tokens), list(self.rounds), decode_s=self.attributed_s, finish_reason=finish_reason)
+        decision (the last one's tokens those vLLM kept: see the module docstring), its attributed
+        decode time."""
+        rounds = list(self.rounds)
+        excess = 1 + sum(r.tau for r in rounds) - len(tokens)  # 1: the prefill's token
+        if rounds and 0 < excess < rounds[-1].tau:
+            rounds[-1] = replace(rounds[-1], tau=rounds[-1].tau - excess)
+        return Outcome(list(tokens), rounds, decode_s=self.attributed_s, finish_reason=finish_reason)
 
     def shared(self, now_s: float) -> SharedRounds:
         """How its decode time was counted (the log keeps it)."""
