@@ -71,6 +71,29 @@ def test_a_verify_costing_2_55x_with_tau_1_67_is_plain_decoding_and_1_35x_specul
     assert cheaper_dtype({"bfloat16": measured({1: 90.0, 4: 300.0, 8: 500.0}), "float32": AVX2_FP32}, TAU) == "float32"
 
 
+@settings(max_examples=40, deadline=None)
+@given(fixed=st.lists(st.floats(0.01, 0.1), min_size=2, max_size=2),
+       slope=st.lists(st.floats(0.0, 0.03), min_size=2, max_size=2),
+       rows=st.sampled_from([(1,), (1, 2), (1, 2, 4, 8), (4, 8)]))
+def test_a_server_runs_the_dtype_whose_worst_load_is_the_nearest_the_faster_one(fixed, slope, rows):
+    """Plain decoding only (tau 1 at B = 1): at r rows a round verifies r positions, fixed + slope * (r - 1)
+    seconds, r tokens; each dtype's speed over the faster one's at every r, the dtype with the best worst ratio."""
+    profiles = {"bfloat16": linear_profile(fixed[0], slope[0]), "float32": linear_profile(fixed[1], slope[1])}
+    speed = {d: [r / (f + k * (r - 1)) for r in rows] for d, f, k in zip(profiles, fixed, slope)}
+    top = [max(speed[d][i] for d in speed) for i in range(len(rows))]
+    worst = {d: min(v / t for v, t in zip(speed[d], top)) for d in speed}
+    got = cheaper_dtype(profiles, {1: 1.0}, rows)
+    assert worst[got] >= max(worst.values()) * (1 - 1e-9)
+
+
+def test_on_the_avx2_kind_one_request_runs_bfloat16_and_a_server_of_8_rows_float32():
+    """The AVX2 host's measured curves (BENCHMARKS.md): bf16 29 ms a plain round and steep in positions,
+    fp32 58 ms and flat; a 2.5x steeper bf16 loses at 8 rows by more than fp32 loses at one."""
+    bf16, fp32 = measured({1: 29.0, 2: 42.9, 4: 71.3, 8: 146.0}), measured({1: 58.3, 2: 59.5, 4: 68.0, 8: 80.0})
+    assert cheaper_dtype({"bfloat16": bf16, "float32": fp32}, TAU) == "bfloat16"
+    assert cheaper_dtype({"bfloat16": bf16, "float32": fp32}, TAU, rows=(1, 2, 4, 8)) == "float32"
+
+
 def test_the_repriced_head_predicts_each_arm_times_its_cost_ratio():
     head = HeadModel.load(BUNDLED_HEAD)
     timed_on = get_profile(head.info["timings"])

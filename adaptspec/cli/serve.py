@@ -267,10 +267,11 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         dtype = args.dtype or "bfloat16"
         if args.device == "cpu" and args.dtype in (None, *TIMED_DTYPES):  # this host's costs: the dtype run, the
             # head's prior and every price (adaptspec.host)
-            from ..host import for_models
+            from ..host import for_models, server_rows
 
+            # the dtype at every load the engine runs: bfloat16 without native kernels is cheap at one row, dear at 8
             args.host_choice = for_models(args.target, args.drafter, args.verification, engine_threads, args.dtype,
-                                          args.remeasure)
+                                          args.remeasure, rows=server_rows(args.max_rows or 8))
             dtype = args.host_choice.dtype
             args.latency = args.latency or str(args.host_choice.profile_path)
         speculator = load_speculator(args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification)

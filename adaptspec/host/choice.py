@@ -3,7 +3,8 @@ the bundled head re-priced by it.
 
 :func:`choose` takes a :class:`~adaptspec.host.costs.HostCosts`: the dtype is ``dtype`` when given
 (``--dtype``), else the one whose best block size decodes a request fastest at the prior's
-acceptance (:func:`~adaptspec.host.pricing.cheaper_dtype`); the head (default: the bundled one)
+acceptance, at every load the engine runs as nearly as the other dtype (one row for a single
+decoder, 1 to ``max_rows`` for a server: :func:`~adaptspec.host.pricing.cheaper_dtype`); the head (default: the bundled one)
 is re-priced by that dtype's profile (:func:`~adaptspec.host.pricing.reprice_head`) and written
 to the cache next to the profile, its featurizer with it. A controller given that head as its
 policy and the profile as ``latency`` prices everything on this host's curve: the head's
@@ -25,7 +26,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile, get_profile
@@ -90,9 +91,13 @@ class HostChoice:
                 "measured_at": self.costs.measured_at, "timing_s": self.costs.timing_s}
 
 
-def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None, chosen_by: str = "--dtype") -> HostChoice:
+def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None, chosen_by: str = "--dtype",
+           rows: Sequence[int] = (1,)) -> HostChoice:
     """The choice on ``costs`` (see the module docstring); ``head`` default: the bundled head;
-    ``chosen_by``: who gave ``dtype`` when one is given (``--dtype``, or ``as loaded``)."""
+    ``chosen_by``: who gave ``dtype`` when one is given (``--dtype``, or ``as loaded``); ``rows``:
+    the row counts the engine will run (a server's loads, :func:`server_rows`; one request: 1),
+    at every one of which the dtype chosen decodes as nearly as fast as the faster one
+    (:func:`~adaptspec.host.pricing.cheaper_dtype`)."""
     from ..models.bundled import BUNDLED_HEAD
     from ..policies.offline_head import HeadModel
 
@@ -102,7 +107,8 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None,
     tokens = prior_tokens_per_round(arms)
     if dtype is not None and dtype not in costs.profiles:
         raise AdaptspecError(f"dtype {dtype!r} was not timed on this host (timed: {', '.join(costs.profiles)})")
-    fastest = cheaper_dtype(costs.profiles, tokens)
+    rows = tuple(int(r) for r in rows)
+    fastest = cheaper_dtype(costs.profiles, tokens, rows)
     chosen = dtype or fastest
     profile = costs.profiles[chosen]
     path = costs.profile_path(chosen)
@@ -110,8 +116,21 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None,
         costs.directory.mkdir(parents=True, exist_ok=True)
         profile.save(path)
     repriced = None if model is None else write_repriced_head(model, source, profile, path)
-    return HostChoice(chosen, chosen_by if dtype else "measured: the faster here", profile, path, repriced,
+    here = "measured: the faster here" + ("" if rows == (1,) else f" at {min(rows)}-{max(rows)} rows")
+    return HostChoice(chosen, chosen_by if dtype else here, profile, path, repriced,
                       expected_speeds(profile, tokens), best_block_size(profile, tokens), costs, fastest)
+
+
+def server_rows(max_rows: int) -> tuple[int, ...]:
+    """The loads a server of ``max_rows`` rows is priced at: 1, 2, 4, ... up to ``max_rows``.
+
+    >>> server_rows(8), server_rows(6), server_rows(1)
+    ((1, 2, 4, 8), (1, 2, 4, 6), (1,))
+    """
+    out = [1]
+    while out[-1] * 2 < max_rows:
+        out.append(out[-1] * 2)
+    return tuple(out + ([max_rows] if max_rows > 1 else []))
 
 
 def write_repriced_head(model: Any, source: Path, profile: LatencyProfile, profile_path: Path) -> Path:

@@ -22,7 +22,7 @@ validation errors, which NeuralLinear's prior is made of), the hidden layers unt
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -48,12 +48,28 @@ def best_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, floa
     return min(b for b, s in speeds.items() if s >= top * (1 - 1e-12))
 
 
-def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float]) -> str:
-    """The dtype whose best block size decodes one request fastest (the first of equals)."""
+def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float],
+                  rows: Sequence[int] = (1,)) -> str:
+    """The dtype that decodes fastest at every load of ``rows`` (rows in every round) as nearly as
+    any timed dtype can: at each row count, each dtype's best block size's tokens a second over the
+    best dtype's there; the dtype whose worst such ratio is the largest (ties: the larger mean, then
+    the first). ``rows=(1,)``, one request: the dtype whose best block size decodes it fastest. A
+    server's rows matter because the dtypes' curves cross: bfloat16 kernels without native bf16
+    are cheap at one row and steep in the positions a pass carries, float32 the other way round.
+
+    >>> from adaptspec.reward.latency import CostCurve
+    >>> zero = CostCurve((1,), (0.0,))
+    >>> steep = LatencyProfile("steep", draft=zero, verify=CostCurve((1, 8), (0.030, 0.200)))
+    >>> flat = LatencyProfile("flat", draft=zero, verify=CostCurve((1, 8), (0.060, 0.080)))
+    >>> cheaper_dtype({"bfloat16": steep, "float32": flat}, {1: 1.0}), cheaper_dtype({"bfloat16": steep, "float32": flat}, {1: 1.0}, rows=(1, 8))
+    ('bfloat16', 'float32')
+    """
     if not profiles:
         raise AdaptspecError("no dtype was timed")
-    best = {d: max(expected_speeds(p, tokens_per_round).values()) for d, p in profiles.items()}
-    return max(best, key=lambda d: best[d])
+    best = {d: np.array([max(expected_speeds(p, tokens_per_round, r).values()) for r in rows]) for d, p in profiles.items()}
+    top = np.max(np.stack(list(best.values())), axis=0)
+    ratios = {d: b / top for d, b in best.items()}
+    return max(ratios, key=lambda d: (float(ratios[d].min()), float(ratios[d].mean())))
 
 
 def prior_tokens_per_round(arms: tuple[int, ...]) -> dict[int, float]:
