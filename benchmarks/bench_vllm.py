@@ -323,7 +323,7 @@ def summarize(runs: dict[str, dict[str, list[dict]]]) -> dict:
         for name in rel:
             if name != best:
                 out[name][lv]["vs_best_fixed"] = paired_ratio(rel[name][:n], rel[best][:n]) | {"best_fixed": best}
-            if name in ("adaptive", "warm") and "table" in rel:
+            if (name in ("adaptive", "warm") or name.startswith("adaptive-")) and "table" in rel:
                 out[name][lv]["vs_table"] = paired_ratio(rel[name][:n], rel["table"][:n])
             if name.startswith("plugin-k") and name.removeprefix("plugin-") in rel:
                 out[name][lv]["vs_vllm_same_k"] = paired_ratio(rel[name][:n], rel[name.removeprefix("plugin-")][:n])

@@ -81,3 +81,12 @@ def test_the_steps_floor_by_repeat_is_each_repeats_floor_mean_over_its_plain_mea
     r = steps.floor_by_repeat(plain, other, marks_p, marks_o, rows=1)
     assert r["repeats"] == 2 and r["geomean"] == pytest.approx(math.sqrt(1.1 * 1.1))
     assert r["ci95"][0] == pytest.approx(1.1) and r["ci95"][1] == pytest.approx(1.1)   # both repeats 1.1: no spread
+
+
+def test_every_plugin_configuration_is_compared_with_the_table(bench):
+    runs = {"plain": {"1": [_run(10.0, 0, 0, 1.0), _run(10.0, 0, 1, 1.0)]},
+            "table": {"1": [_run(20.0, 0, 0, 1.0), _run(10.0, 0, 1, 1.0)]},
+            "adaptive-l": {"1": [_run(10.0, 0, 0, 1.0), _run(20.0, 0, 1, 1.0)]},
+            "k1": {"1": [_run(10.0, 0, 0, 1.0), _run(10.0, 0, 1, 1.0)]}}
+    s = bench.summarize(runs)
+    assert s["adaptive-l"]["1"]["vs_table"]["geomean"] == pytest.approx(math.sqrt(0.5 * 2.0))
