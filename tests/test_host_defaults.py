@@ -146,3 +146,27 @@ def test_profile_latency_says_what_the_host_measurement_measured_and_chose(tmp_p
     assert host["plain_round_ms"]["float32"] == pytest.approx(90.0, rel=0.02)
     assert host["round_ms"]["4"] == pytest.approx(48.0 + 3 * 24.0, rel=0.02)
     assert str(tmp_path) not in json.dumps(host)  # file names, never paths
+
+
+def test_a_server_runs_the_dtype_nearest_the_faster_one_at_every_load_a_single_request_the_faster_at_one(
+        tmp_path, monkeypatch):
+    """bf16 cheap at one row and steep in positions, fp32 dear and flat (the AVX2 kind's shape): one request
+    runs bf16; a server of 8 rows (``server_rows``, what ``adaptspec serve`` passes) fp32, whose worst ratio
+    over rows 1, 2, 4, 8 (its one row: 0.55x bf16's) beats bf16's (at 8 rows, ~0.37x fp32's), by closed form."""
+    from adaptspec.host import server_rows
+
+    monkeypatch.setenv("ADAPTSPEC_CACHE", str(tmp_path))
+    models = models_key(None, None, "fast")
+    bf16, fp32 = (0.030, 0.015), (0.055, 0.002)
+    record(tmp_path, models, 1, bf16, fp32)
+
+    def plain_rate(plain_s, per_token_s, rows):  # plain decoding at ``rows`` rows: rows tokens a round
+        return rows / (plain_s + per_token_s * (rows - 1))
+
+    worst = {name: min(plain_rate(*c, r) / max(plain_rate(*bf16, r), plain_rate(*fp32, r)) for r in (1, 2, 4, 8))
+             for name, c in (("bfloat16", bf16), ("float32", fp32))}
+    assert worst["float32"] > worst["bfloat16"]  # the closed form's verdict on plain decoding
+    one = for_models(None, None, "fast", 1)
+    served = for_models(None, None, "fast", 1, rows=server_rows(8))
+    assert one.dtype == "bfloat16" and one.chosen_by == "measured: the faster here"
+    assert served.dtype == "float32" and served.chosen_by == "measured: the faster here at 1-8 rows"
