@@ -29,7 +29,8 @@ def served(models, tmp_path_factory):
     from vllm import SamplingParams
 
     root = tmp_path_factory.mktemp("served")
-    entry = {"variants": VARIANTS, "log_dir": str(root / "log"), "checkpoint_dir": str(root / "ckpt")}
+    entry = {"variants": VARIANTS, "log_dir": str(root / "log"), "checkpoint_dir": str(root / "ckpt"),
+             "load_rule": "none"}  # each request keeps its variant's length (the lengths are what is tested)
     llm = make_llm(models["target"], {"method": "draft_model", "model": str(models["target"]),
                                       "num_speculative_tokens": K}, entry)
     try:

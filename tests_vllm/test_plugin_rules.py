@@ -20,7 +20,7 @@ def _plugin(entry: dict, k: int = 4):
 
 
 def test_an_unknown_variant_runs_at_vllms_own_length_and_is_counted(tmp_path):
-    p = _plugin({"variants": {"A": "fixed:2"}, "log_dir": str(tmp_path / "log")})
+    p = _plugin({"variants": {"A": "fixed:2"}, "log_dir": str(tmp_path / "log"), "load_rule": "none"})
     try:
         p.admit("r1", [1, 2, 3], {"adaptspec_variant": "Z"})
         p.decide("r1", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
@@ -85,7 +85,7 @@ def test_the_drafter_is_asked_for_the_drafts_the_batch_verifies():
 
 
 def test_the_drafters_pass_may_be_skipped_only_when_no_prompt_a_drafting_request_needs_is_in_the_step():
-    p = _plugin({"variants": {"one": "fixed:1", "four": "fixed:4"}})
+    p = _plugin({"variants": {"one": "fixed:1", "four": "fixed:4"}, "load_rule": "none"})
     try:
         for r, v in (("a", "one"), ("b", "four"), ("c", "four")):
             p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
@@ -114,7 +114,7 @@ def test_the_load_rule_learns_the_block_that_ran_when_fewer_drafts_were_proposed
 
 
 def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counted():
-    p = _plugin({"variants": {"A": "fixed:4"}})
+    p = _plugin({"variants": {"A": "fixed:4"}, "load_rule": "none"})
     heard = []
     try:
         p.on_outcome = lambda rid, variant, outcome: heard.append((rid, variant, outcome.tokens, len(outcome.rounds)))
@@ -139,7 +139,7 @@ def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counte
 def test_a_last_step_vllm_cut_at_the_requests_stop_gives_its_round_the_tokens_kept():
     from adaptspec.simulators.counterfactuals import trace_outcome
 
-    p = _plugin({"variants": {"A": "fixed:4"}})
+    p = _plugin({"variants": {"A": "fixed:4"}, "load_rule": "none"})
     heard = []
     try:
         p.on_outcome = lambda rid, variant, outcome: heard.append(outcome)

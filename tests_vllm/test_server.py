@@ -26,7 +26,7 @@ def test_the_openai_server_routes_vllm_xargs_to_the_variant(models, tmp_path):
 
     port = free_port()
     log = tmp_path / "log"
-    entry = {"variants": {"A": "fixed:2", "B": "fixed:3"}, "log_dir": str(log)}
+    entry = {"variants": {"A": "fixed:2", "B": "fixed:3"}, "log_dir": str(log), "load_rule": "none"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["target"]),
            "--port", str(port), "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32",
            "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.05",

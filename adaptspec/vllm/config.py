@@ -47,7 +47,7 @@ class PluginSettings(BaseModel):
     log_dir: str | None = None
     checkpoint_dir: str | None = None
     arms: list[int] | None = None                   # block sizes (1 + drafts); default: adaptspec's up to K + 1
-    load_rule: str = "none"                         # none | fixed:B | table:R=B,... | goodput | learned
+    load_rule: str = "learned"                      # learned | goodput | fixed:B | table:R=B,... | none
     load_features: bool = False
     load_prior: float = Field(0.4, ge=0.0, lt=1.0)
     latency: str | None = None                      # cost profile of the goodput / learned rules and modelled reward
