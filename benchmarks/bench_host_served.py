@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load_sweep import Measured, free_port, one_request, schedule, summarize, summary_table, wait_healthy  # noqa: E402
@@ -93,12 +94,22 @@ def main() -> None:
     ap.add_argument("--requests-per-client", type=int, default=2, help="requests per client per level (at least 4 a level)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--offset", type=int, default=346, help="first benchmark prompt (past the head's 336)")
+    ap.add_argument("--lengths", default=None, metavar="LO,HI",
+                    help="each prompt's max_tokens drawn once, uniformly from LO..HI (seeded, the same prompt the same "
+                         "length in every configuration), instead of --max-tokens for all: requests that all run to one "
+                         "length decode in lockstep at B = 1, which no other block size keeps (BENCHMARKS.md)")
     ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     from adaptspec.models.prompts import benchmark_prompts
 
     prompts = [p.prompt for p in benchmark_prompts()[args.offset:]]
+    lengths: int | list[int] = args.max_tokens
+    if args.lengths:
+        lo, hi = (int(x) for x in args.lengths.split(","))
+        if not 1 <= lo <= hi:
+            ap.error(f"--lengths {args.lengths}: give LO,HI with 1 <= LO <= HI")
+        lengths = [int(x) for x in np.random.default_rng(0).integers(lo, hi + 1, size=len(prompts))]
     levels = [int(x) for x in args.levels.split(",") if x]
     confs = configs([int(b) for b in args.fixed.split(",") if b.strip()])
     names = list(confs)
@@ -118,7 +129,7 @@ def main() -> None:
             measured = {n: Measured(n, s) for n, s in servers.items()}
             for step in schedule(names, levels, [], args.repeats, args.requests_per_client):
                 for n in step["order"]:
-                    measured[n].measure(step, prompts, args.max_tokens)
+                    measured[n].measure(step, prompts, lengths)
             for n, m in measured.items():
                 d = m.done()
                 results["runs"][n] = {label: {k: v for k, v in e.items()} for label, e in d["runs"].items()}

@@ -70,6 +70,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -183,10 +184,11 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
     return {"tokens": tokens, "latency_s": time.perf_counter() - t0, "ttft_s": first}
 
 
-def drive(url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int,
+def drive(url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int | Sequence[int],
           start: int) -> tuple[list[dict], float]:
     """``phases``: ``(clients, requests)``, run one after another, the prompts taken in turn from
-    index ``start``; returns every request's :func:`one_request` result and the wall time."""
+    index ``start``; ``max_tokens``: every request's, or one per prompt (the same prompt the same
+    length in every configuration); returns every request's :func:`one_request` result and the wall time."""
     results: list[dict] = []
     nxt = [start]
     lock = threading.Lock()
@@ -202,7 +204,8 @@ def drive(url: str, prompts: list[str], phases: list[tuple[int, int]], max_token
                     left[0] -= 1
                     i = nxt[0]
                     nxt[0] += 1
-                res = one_request(url, prompts[i % len(prompts)], max_tokens)
+                length = max_tokens if isinstance(max_tokens, int) else max_tokens[i % len(prompts)]
+                res = one_request(url, prompts[i % len(prompts)], length)
                 with lock:
                     results.append(res)
 
@@ -481,7 +484,7 @@ class Measured:
         self.reps: dict[str, list[tuple[dict, list[dict]]]] = {}
         self.first = self.last = scrape(server.url)
 
-    def measure(self, step: dict, prompts: list[str], max_tokens: int) -> None:
+    def measure(self, step: dict, prompts: list[str], max_tokens: int | Sequence[int]) -> None:
         """Run ``step`` (a :func:`schedule` phase) on this server; the engine's figures from /metrics."""
         requests, wall = drive(self.server.url, prompts, step["phase"], max_tokens, step["start"])
         run = run_figures(requests, wall)
