@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,14 +31,16 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_load_sweep import Server as SweepServer  # noqa: E402
 from bench_load_sweep import Measured, free_port, one_request, schedule, summarize, summary_table, wait_healthy  # noqa: E402
 
 #: The arms every fixed configuration's server is given (so that 3 is one); the default gets none.
 FIXED_ARMS = "1,2,3,4,6,8"
 
 
-class Server:
-    """One ``adaptspec serve`` on loopback with ``extra`` flags (none: its defaults)."""
+class Server(SweepServer):
+    """One ``adaptspec serve`` on loopback with ``extra`` flags only (none: its defaults, no ``--arms`` or
+    ``--max-rows`` as the sweep's servers get); stopped as they are."""
 
     def __init__(self, extra: list[str], root: Path, threads: int) -> None:
         self.port = free_port()
@@ -55,14 +56,6 @@ class Server:
         health = httpx.get(self.url + "/health", timeout=30).json()
         one_request(self.url, warm_prompt, 8)
         return health
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def configs(fixed: list[int]) -> dict[str, list[str]]:
