@@ -24,7 +24,7 @@ def test_packed_layers_compute_what_the_layer_computes_on_its_own_weight():
     model = tiny_target("llama", vocab=96).to(torch.bfloat16)
     plain = [m for m in model.modules() if type(m) is nn.Linear]
     packed = Prepacked(model)
-    assert [layer for layer, _ in packed.layers] == plain
+    assert packed.layers == plain
     g = torch.Generator().manual_seed(0)
     with packed.on():
         assert all(type(m) is PrepackedLinear for m in plain)
@@ -32,7 +32,7 @@ def test_packed_layers_compute_what_the_layer_computes_on_its_own_weight():
             for shape in [(1,), (3,), (2, 5), (300,), (2, 3, 7)]:
                 x = torch.randn(*shape, layer.in_features, generator=g).to(torch.bfloat16)
                 assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (layer, shape)
-    assert all(type(m) is nn.Linear and not hasattr(m, "packed") for m in plain)
+    assert all(type(m) is nn.Linear for m in plain)
 
 
 def test_float32_layers_run_onednn_s_product_and_exact_targets_are_left_as_they_are():
@@ -42,7 +42,7 @@ def test_float32_layers_run_onednn_s_product_and_exact_targets_are_left_as_they_
     packed = Prepacked(model)
     assert len(packed.layers) == sum(type(m) is nn.Linear for m in model.modules()) > 0
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
-    layer = packed.layers[0][0]
+    layer = packed.layers[0]
     with packed.on():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     exact = TargetModel(tiny_target("llama", vocab=96).to(torch.bfloat16), verification="exact")
@@ -71,7 +71,7 @@ def test_on_nests_and_holds_until_the_last_open_block_ends_in_any_thread():
 
     model = tiny_target("llama", vocab=96).to(torch.bfloat16)
     packed = Prepacked(model)
-    layers = [layer for layer, _ in packed.layers]
+    layers = packed.layers
     inside, leave = threading.Event(), threading.Event()
     seen = []
 
@@ -91,7 +91,7 @@ def test_on_nests_and_holds_until_the_last_open_block_ends_in_any_thread():
     assert all(type(m) is PrepackedLinear for m in layers)  # the other thread's block is still open
     leave.set()
     t.join(30)
-    assert seen == [True] and all(type(m) is nn.Linear and not hasattr(m, "packed") for m in layers)
+    assert seen == [True] and all(type(m) is nn.Linear for m in layers)
 
 
 def test_a_layer_patched_since_is_left_as_it_is():
@@ -102,11 +102,32 @@ def test_a_layer_patched_since_is_left_as_it_is():
 
     model = tiny_target("llama", vocab=96).to(torch.bfloat16)
     packed = Prepacked(model)
-    first = packed.layers[0][0]
+    first = packed.layers[0]
     first.__class__ = Patched
     with packed.on():
         assert type(first) is Patched
     assert type(first) is Patched
+
+
+def test_a_weight_changed_after_packing_is_packed_again_before_it_is_used():
+    """Written in place (as ``load_state_dict`` does), replaced, or cast: inside the next block each
+    layer computes ``F.linear`` on its weight as it is now (bit for bit in bfloat16)."""
+    model = tiny_target("llama", vocab=96).to(torch.bfloat16)
+    packed = Prepacked(model)
+    first, second = packed.layers[0], packed.layers[1]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        first.weight.copy_(torch.randn(first.weight.shape, generator=g).to(torch.bfloat16))  # in place
+        second.weight.data = torch.randn(second.weight.shape, generator=g).to(torch.bfloat16)  # replaced
+    x = torch.randn(3, first.in_features, generator=g).to(torch.bfloat16)
+    with packed.on():
+        assert type(first) is PrepackedLinear and type(second) is PrepackedLinear
+        assert torch.equal(first(x), F.linear(x, first.weight, first.bias))
+        assert torch.equal(second(x), F.linear(x, second.weight, second.bias))
+    model.float()  # cast: float32 weights, packed again for float32 (oneDNN's product: to rounding)
+    with packed.on():
+        y = first(x.float())
+    torch.testing.assert_close(y, F.linear(x.float(), first.weight, first.bias), atol=1e-5, rtol=1e-5)
 
 
 def _decode_both_ways(make_target, drafter, prompts):
