@@ -66,3 +66,10 @@ def make_decoder(model, drafter_seed: int = 0, max_block_size: int = 32, **kw) -
     target = TargetModel(model, verification="exact")
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=drafter_seed, max_block_size=max_block_size, **kw)
     return SpeculativeDecoder(target, drafter)
+
+
+def model_and_decoder(arch: str):
+    """A tiny target of ``arch`` and an exact decoder over it (a test module caches it:
+    ``target_for = functools.cache(model_and_decoder)``)."""
+    model = tiny_target(arch)
+    return model, make_decoder(model)

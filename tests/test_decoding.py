@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -13,18 +15,11 @@ from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, Target
 from adaptspec.errors import AdaptspecError
 from adaptspec.schedules import ConfidenceThreshold
 
-from decoding_helpers import ARCHS, PeekingDrafter, make_decoder, reference_greedy, tiny_target
+from decoding_helpers import ARCHS, PeekingDrafter, make_decoder, model_and_decoder, reference_greedy, tiny_target
 
 torch.set_num_threads(1)
 
-_TARGETS: dict = {}
-
-
-def target_for(arch: str):
-    if arch not in _TARGETS:
-        model = tiny_target(arch)
-        _TARGETS[arch] = (model, make_decoder(model))
-    return _TARGETS[arch]
+target_for = functools.cache(model_and_decoder)  # one tiny target and exact decoder per architecture
 
 
 prompts = st.lists(st.integers(6, 95), min_size=1, max_size=24)

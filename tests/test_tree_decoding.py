@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from unittest import mock
 
 import numpy as np
@@ -28,7 +29,7 @@ from adaptspec.decoding.sampling import SampleKeys
 from adaptspec.decoding.tree_budget import CostAwareTree, FixedTree, TreeBudget
 from adaptspec.errors import AdaptspecError
 
-from decoding_helpers import ARCHS, make_decoder, reference_greedy, tiny_target
+from decoding_helpers import ARCHS, make_decoder, model_and_decoder, reference_greedy, tiny_target
 
 torch.set_num_threads(1)
 
@@ -63,14 +64,7 @@ class TreePeekingDrafter(BlockDiffusionDrafter):
         return logits
 
 
-_EXACT: dict = {}
-
-
-def exact_for(arch: str):
-    if arch not in _EXACT:
-        model = tiny_target(arch)
-        _EXACT[arch] = (model, make_decoder(model))
-    return _EXACT[arch]
+exact_for = functools.cache(model_and_decoder)  # one tiny target and exact decoder per architecture
 
 
 def convex_costs(a: float, b: float, c: float):
