@@ -31,10 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import AdaptspecError
 from ..reward.attribution import ATTRIBUTIONS
 
-__all__ = ["PluginSettings", "plugin_settings", "ENTRY"]
+__all__ = ["PluginSettings", "plugin_settings", "ENTRY", "RULE_PRIOR_PROFILE"]
 
 #: The key of ``additional_config`` the plug-in reads.
 ENTRY = "adaptspec"
+#: The profile the load rules' costs start from when ``latency`` is unset: a block size's cost
+#: before this engine has run it (:mod:`adaptspec.vllm.step_costs`).
+RULE_PRIOR_PROFILE = "cpu-smollm2-bf16"
 
 
 class PluginSettings(BaseModel):
@@ -126,7 +129,7 @@ def _check_specs(s: PluginSettings) -> None:
                              "shares are computed on)")
     try:
         reward_function(s.reward, s.latency)
-        make_load_rule(s.load_rule, [1, 2], s.latency or "cpu-smollm2-bf16", prior=s.load_prior)
+        make_load_rule(s.load_rule, [1, 2], s.latency or RULE_PRIOR_PROFILE, prior=s.load_prior)
     except AdaptspecError as e:
         raise AdaptspecError(f"additional_config {ENTRY}: {e}") from None
     if s.shared is not None:

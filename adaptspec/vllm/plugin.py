@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from ..reward.attribution import attribute
 from ..speculator import LoadState, Outcome
-from .config import ENTRY, PluginSettings
+from .config import ENTRY, RULE_PRIOR_PROFILE, PluginSettings
 from .features import FEATURE_DIM, prompt_features
 from .metrics import plugin_metrics
 from .record import RequestRecord
@@ -56,9 +56,6 @@ log = logging.getLogger("adaptspec.vllm")
 DEFAULT_VARIANT = "default"
 #: The per-request extra argument naming a variant (``SamplingParams(extra_args=...)``, ``vllm_xargs``).
 VARIANT_ARG = "adaptspec_variant"
-#: The profile the load rules' measured costs start from (``latency`` when unset): a block size's cost
-#: before this engine has run it (:mod:`adaptspec.vllm.step_costs`).
-RULE_PRIOR_PROFILE = "cpu-smollm2-bf16"
 
 
 class AdaptspecPlugin:
