@@ -116,3 +116,63 @@ def test_the_goodput_rule_priced_by_the_measured_steps_chooses_as_they_say():
     for b in range(2, 6):
         steep.observe(rows=1, block=b, step_s=0.500)
     assert Goodput([1, 2, 3, 4, 5], steep).choose([_Row()], None) == [1]
+
+
+
+def _learned_rule_in_a_linear_world(per_token_s: float, acceptance: float, margin: float,
+                                    rounds: int = 400) -> tuple[int, dict[int, int]]:
+    """The plug-in's learned rule (warm from adaptspec's own bf16 profile, full information, priced
+    by StepCosts) at 4 requests, in a world whose step costs 36 ms + ``per_token_s`` a verified
+    token (vLLM's steps on this CPU: ~3 ms at 8 requests, BENCHMARKS.md) and whose drafts are each
+    accepted with ``acceptance``. Its preference at the end, and the block sizes it ran in the last half."""
+    from adaptspec.load_rules import Learned
+    from adaptspec.reward.latency import get_profile
+    from adaptspec.serving.engine.round_rule import RowView
+    from adaptspec.simulators.load_sim import Load
+
+    arms = list(range(1, 10))
+    costs = StepCosts(get_profile("cpu-smollm2-bf16"), max_block_size=9)
+    rule = Learned(arms, costs, prior=0.4, seed=0, full_info=True, margin=margin)
+    rng = np.random.default_rng(0)
+    rows, load, played = [RowView(100) for _ in range(4)], Load(rows=4, queue=0), {}
+    for r in range(rounds):
+        b = rule.choose(rows, load)[0]
+        step_s = 0.036 + per_token_s * 4 * b
+        costs.observe(4, b, step_s)
+        # a row's tau: 1 + the drafts accepted before the first rejected one, at most b - 1
+        taus = [1 + min(int(rng.geometric(1 - acceptance)) - 1, b - 1) for _ in rows]
+        rule.feedback(rows, [b] * 4, taus, [step_s / 4] * 4, load)
+        if r >= rounds // 2:
+            played[b] = played.get(b, 0) + 1
+    return rule.preference(4), played
+
+
+def _best_block(per_token_s: float, acceptance: float, margin: float) -> int:
+    """Closed form: E[tau] at B is sum_{i<B} acceptance^i, a step at 4 requests costs 36 ms + 4 B
+    per_token_s, and a speculating size's speed counts 1 / (1 + margin)."""
+    speed = {b: sum(acceptance ** i for i in range(b)) / (0.036 + per_token_s * 4 * b) / (1 + margin * (b > 1))
+             for b in range(1, 10)}
+    return max(speed, key=speed.get)
+
+
+@pytest.mark.parametrize("per_token_s, acceptance, margin, best", [
+    (0.003, 0.3, 0.0, 2),    # B = 2's rounds 1.04x plain's: speculating pays, by the rounds
+    (0.003, 0.3, 0.1, 1),    # ... but not by the margin
+    (0.001, 0.5, 0.1, 3),    # B = 3's rounds 1.32x plain's: past the margin
+    (0.003, 0.2, 0.0, 1),    # no block size pays
+])
+def test_the_learned_rule_priced_by_the_measured_steps_finds_the_best_block_at_four_requests(
+        per_token_s, acceptance, margin, best):
+    assert _best_block(per_token_s, acceptance, margin) == best   # the closed form, checked against the table
+    preference, played = _learned_rule_in_a_linear_world(per_token_s, acceptance, margin)
+    assert preference == best
+    assert max(played, key=played.get) == best
+
+
+def test_a_margin_outside_zero_to_one_is_refused():
+    from adaptspec.errors import AdaptspecError
+    from adaptspec.load_rules import Learned
+
+    for bad in (-0.1, 1.0, math.nan):
+        with pytest.raises(AdaptspecError, match="margin"):
+            Learned([1, 2], PRIOR, margin=bad)

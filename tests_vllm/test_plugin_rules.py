@@ -185,3 +185,16 @@ def test_block_sizes_beyond_k_plus_one_are_refused_at_start():
 def test_vllm_without_speculation_is_refused_at_start():
     with pytest.raises(AdaptspecError, match="vLLM runs without speculative decoding"):
         _plugin({}, k=0)
+
+
+def test_the_learned_rule_asks_speculation_to_clear_the_load_margin():
+    from adaptspec.load_rules import SPECULATION_MARGIN
+
+    for entry, margin in (({}, SPECULATION_MARGIN), ({"load_margin": 0.0}, 0.0), ({"load_margin": 0.25}, 0.25)):
+        p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": "learned", **entry})
+        try:
+            assert p.rule.discount == pytest.approx(1 / (1 + margin))
+        finally:
+            p.close()
+    with pytest.raises(AdaptspecError, match="load_margin"):
+        _plugin({"load_margin": 1.5})

@@ -47,6 +47,15 @@ COLD_WEIGHT = 0.01
 #: information) a run draining from 16 rows to 1 cost 1.2% with no shared term (a level's own
 #: term alone: the drain's levels explored afresh), 0.5% at a weight of 4, 0.0% at 16.
 LEVEL_WEIGHT = 16.0
+#: The margin a speculating block size must clear over plain decoding, as the vLLM plug-in runs the
+#: rule (``Learned(margin=...)``; 0 by default): each speculating row's reward is divided by
+#: ``1 + margin`` before it is learnt. A round's reward sees only that round, and speculation has
+#: costs no round shows: requests it lets finish at different steps stop sharing their prefill
+#: steps, a draining batch's last rows each pay a whole step, the drafter's bookkeeping. Measured in
+#: vLLM on this CPU (4 concurrent requests, 64 tokens, BENCHMARKS.md): B = 2's decode steps
+#: committed 1.02x plain's tokens a second while the whole run took 0.93-1.00x plain's time (prefill
+#: steps 19 against 6, 1-row tail steps), and served at 4 clients every fixed K ran below plain.
+SPECULATION_MARGIN = 0.10
 
 
 def level_index(rows: int) -> int:
@@ -117,6 +126,13 @@ class Learned:
     over a run, plain's rewards, exactly 1, pulled the noise to 0.048, and the rule played plain
     or B = 2 for the rest: 0.93-0.96x the best fixed size.)
 
+    **A margin over plain** (``margin``, 0 by default; the vLLM plug-in's ``load_margin``,
+    :data:`SPECULATION_MARGIN`): every speculating row's reward, played or counterfactual, and a warm
+    prior's speculating sizes, are divided by ``1 + margin``, so a block size above 1 is preferred
+    only where its rounds beat plain decoding's by the margin: what speculation costs outside its
+    own rounds (see :data:`SPECULATION_MARGIN`) is charged to it, and where speculating only breaks
+    even the rule decodes plainly.
+
     **Full information** (``full_info``): a round that verified ``B`` positions of a row and
     committed ``tau`` would have committed ``min(tau, B')`` at ``B' < B`` (a prefix of the same
     drafts: approximate, as :mod:`adaptspec.reward.counterfactual` says). Each such size's round
@@ -144,7 +160,7 @@ class Learned:
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
                  prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
                  hold: int = HOLD_ROUNDS, full_info: bool = False, noise: float = ROW_NOISE,
-                 level_weight: float = LEVEL_WEIGHT) -> None:
+                 level_weight: float = LEVEL_WEIGHT, margin: float = 0.0) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -153,6 +169,10 @@ class Learned:
         for what, v in (("noise", noise), ("level_weight", level_weight)):
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise AdaptspecError(f"{what} must be > 0, got {v!r}")
+        if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
+            raise AdaptspecError(f"margin must be in [0, 1), got {margin!r}")
+        #: what a speculating row's reward is multiplied by before it is learnt (plain's: 1)
+        self.discount = 1.0 / (1.0 + float(margin))
         fast = {"mc_samples": 1} if policy.split(":")[0] == "lints" else {}
         fast["noise"] = float(noise)
         self.shared = prior is None
@@ -173,6 +193,7 @@ class Learned:
                 raise AdaptspecError(f"prior_weight must be > 0, got {prior_weight!r}")
             ctx = float(profile.context_tokens if context is None else context)
             mean = np.stack([predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1)
+            mean[np.asarray(self.arms) > 1] *= self.discount
             self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
                                       prior_mean=mean, prior_precision=float(prior_weight), **fast)
             self.name = f"learned ({policy}, warm)"
@@ -251,7 +272,8 @@ class Learned:
             seen = self._plain_n[level] = self._plain_n[level] + 1
             self._scale[level] += (spent / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
         unit = plain_s / n * float(self._scale[level])  # a row's share of a plain round, as this machine runs it
-        rewards = [t * unit / s for t, s in zip(taus, attributed_s) if s > 0]  # speed-up over it, row by row
+        paid = unit * (self.discount if b > 1 else 1.0)  # a speculating row clears the margin (SPECULATION_MARGIN)
+        rewards = [t * paid / s for t, s in zip(taus, attributed_s) if s > 0]  # speed-up over it, row by row
         cf = self.counterfactual_rewards(b, block_sizes, taus, attributed_s, contexts, unit) if self.full_info else {}
         held = self._held
         if held is not None and held[:2] == (level, b):
@@ -281,7 +303,8 @@ class Learned:
             blocks = np.where(v < b, np.minimum(a, v), a)
             tau = np.minimum(t, blocks)
             ratio = batch_round_s(self.profile, blocks, contexts) / ran
-            out[a] = (tau * unit / (s * ratio)).tolist()
+            paid = unit * (self.discount if a > 1 else 1.0)
+            out[a] = (tau * paid / (s * ratio)).tolist()
         return out
 
     def _plain_s(self, rows: int, context: float) -> float:

@@ -29,6 +29,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import AdaptspecError
+from ..load_rules import SPECULATION_MARGIN
 from ..reward.attribution import ATTRIBUTIONS
 
 __all__ = ["PluginSettings", "plugin_settings", "ENTRY", "RULE_PRIOR_PROFILE"]
@@ -53,6 +54,7 @@ class PluginSettings(BaseModel):
     load_rule: str = "learned"                      # learned | goodput | fixed:B | table:R=B,... | none
     load_features: bool = False
     load_prior: float = Field(0.4, ge=0.0, lt=1.0)
+    load_margin: float = Field(SPECULATION_MARGIN, ge=0.0, lt=1.0)  # the learned rule's margin over plain
     latency: str | None = None                      # cost profile of the goodput / learned rules and modelled reward
     attribution: Literal["marginal", "tokens"] = "tokens"
     reward: str = "token_latency"

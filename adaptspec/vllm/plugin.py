@@ -379,7 +379,8 @@ def _load_rule(settings: PluginSettings, arms: Sequence[int], costs: StepCosts) 
     if settings.load_rule == "goodput":
         return Goodput(arms, costs, prior=settings.load_prior)  # type: ignore[arg-type]  # a profile's interface
     if settings.load_rule == "learned":  # full information: every shorter block a step shows
-        return Learned(arms, costs, prior=settings.load_prior, seed=settings.seed, full_info=True)  # type: ignore[arg-type]
+        return Learned(arms, costs, prior=settings.load_prior, seed=settings.seed, full_info=True,  # type: ignore[arg-type]
+                       margin=settings.load_margin)
     return make_load_rule(settings.load_rule, arms, None, prior=settings.load_prior, seed=settings.seed)
 
 
