@@ -1,6 +1,8 @@
 """Continuous batching: every active request's draft/verify round in one target pass.
 
-The engine holds up to ``max_rows`` active requests (rows), each with its own block size.
+The engine holds up to ``max_rows`` active requests (rows), each with its own block size, or
+its own draft tree: a tree arm ``-N`` or a :class:`~adaptspec.decoding.tree_budget.TreeBudget`
+as its block size (:attr:`BatchEngine.draft_trees`; docs/decoding.md, "Draft trees").
 One round (:meth:`BatchEngine.step`):
 
 1. requests that were cancelled leave; waiting requests join while there are free rows: their
@@ -15,19 +17,26 @@ One round (:meth:`BatchEngine.step`):
    pass for all greedy rows in fast verification (:mod:`~adaptspec.batching.draft_pass`),
    else one pass per row, so that a row's drafts, and with them its rounds, do not depend on
    the batch (``batched_draft`` overrides); a sampled row proposes its keyed samples
-   (:mod:`~adaptspec.decoding.sampling`);
+   (:mod:`~adaptspec.decoding.sampling`); a tree row drafts its tree's ``depth + 1`` positions in
+   the same pass or call and builds the best-first tree its budget allows, at most
+   ``token_budget // rows - 1`` nodes (:mod:`~adaptspec.decoding.tree_round`, the decoder's steps);
 3. one target pass verifies every row's block ``[last_i, drafts_i]``, padded to the round's
    widest block (:mod:`~adaptspec.batching.target_pass`), with the joining prompts' chunks in
-   it when there are some; ``B_i = 1`` is a plain step;
+   it when there are some; ``B_i = 1`` is a plain step; a tree row's block is its root and
+   nodes, each node at its depth's position seeing the row's cache and its ancestors only
+   (:class:`~adaptspec.batching.kv_slots.SlotCache`);
 4. each row accepts (:mod:`~adaptspec.batching.accept`) and commits ``tau_i`` tokens; its KV
-   slot keeps ``tau_i`` of the positions written (:mod:`~adaptspec.batching.kv_slots`);
+   slot keeps ``tau_i`` of the positions written (:mod:`~adaptspec.batching.kv_slots`); a tree
+   row walks the target's own choice down its tree, moves the accepted path's keys and values to
+   a chain's places and keeps those, and reports what the tree showed of every smaller tree and
+   every chain (``Round.tree_outcomes``: the controller's full information);
 5. rows that reached EOS or ``max_new_tokens`` leave.
 
 Guarantees (tests/test_batching*.py, docs/batching.md): with ``"exact"`` verification every
 row is bit-identical to decoding that request alone (greedy: the target's own one-token
 ``generate``; ``temperature > 0``: :class:`~adaptspec.decoding.SpeculativeDecoder` with the
 same seed, at any block size), whatever else is in the batch, whenever it joined and whatever
-block sizes its rounds verified. With ``"fast"`` verification every committed token is the
+block sizes or trees its rounds verified. With ``"fast"`` verification every committed token is the
 argmax (or keyed sample) of the pass that verified it (the first token: of the pass that ran the
 prompt's last chunk). A request that fails (bad prompt, too long for the context, a failing
 chooser, cancelled while waiting, joining or decoding) fails alone, on its handle.
@@ -59,13 +68,18 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding.decoder import check_block_size, check_draft_length, first_token
+from ..decoding.decoder import as_tree_budget, check_block_size, check_draft_length, first_token
 from ..decoding.features import prefill_features
 from ..decoding.sampling import SampleKeys, accept_keyed, draft_keyed
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
+from ..decoding.tree import DraftTree
+from ..decoding.tree_budget import TreeBudget
+from ..decoding.tree_outcomes import round_outcomes
+from ..decoding.tree_round import committed, draft_tree, target_choices, tree_depth
+from ..decoding.tree_verify import BOOLEAN_MASK
 from ..errors import AdaptspecError
-from ..speculator import Round
+from ..speculator import MAX_TREE_NODES, Round, TreeOutcomes
 from . import accept
 from .clock import RoundClock
 from .draft_pass import draft_logits_rows
@@ -125,6 +139,9 @@ class BatchEngine:
         if not isinstance(self.token_budget, int) or self.token_budget < 1:
             raise AdaptspecError(f"token_budget must be an int >= 1, got {token_budget!r}")
         self.max_context = max_context or int(getattr(target.model.config, "max_position_embeddings", 4096))
+        #: the most positions a row writes past its committed ones in a pass (a tree row: its nodes + 1)
+        self.max_width = self.max_block_size if drafter is None else max(self.max_block_size,
+                                                                          min(self.token_budget, MAX_TREE_NODES + 1))
         if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
                                          or chunk_tokens < 1):
             raise AdaptspecError(f"chunk_tokens must be an int >= 1 or None, got {chunk_tokens!r}")
@@ -134,7 +151,7 @@ class BatchEngine:
         #: the rows' share of a pass that also ran prompt chunks (:mod:`~adaptspec.batching.rows_pass_cost`)
         self.rows_pass_cost = RowsPassCost()
         self.capacity = capacity
-        self.store = new_store(target, max_rows, capacity, self.max_context + self.max_block_size)
+        self.store = new_store(target, max_rows, capacity, self.max_context + self.max_width)
         self.fills = Fills(target, max_rows, capacity, self.max_context) if chunk_tokens is not None else None
         self.rows: list[Row] = []  # row i lives in KV slot i
         self.waiting: deque[RequestHandle] = deque()
@@ -146,19 +163,22 @@ class BatchEngine:
         self.on_first_token: Callable[[RequestHandle], None] | None = None
         #: a per-round rule (None: each row verifies its request's block size): called every round,
         #: after joins, with the active rows; returns each row's block size, capped by its request's
+        #: (a tree row keeps its tree)
         self.round_block_sizes: Callable[[list[Row]], Sequence[int]] | None = None
 
     # ------------------------------------------------------------------ requests
     def submit(
         self,
         prompt_ids: Sequence[int] | torch.Tensor,
-        block_size: int | Callable[[np.ndarray], int] = 1,
+        block_size: int | TreeBudget | Callable[[np.ndarray], int] = 1,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> RequestHandle:
         """Queue a request; it joins at the next round with a free row. Settings are checked
         here; the prompt when it joins (a bad one fails that request alone, on its handle).
+        ``block_size`` may be a tree arm ``-N`` or a :class:`~adaptspec.decoding.tree_budget.TreeBudget`
+        where the engine runs trees (:attr:`draft_trees`): the row verifies a draft tree every round.
 
         ``block_size`` may be a function of the prompt's prefill features (``TargetPrefill.features``)
         returning the block size: it is called once, when the request joins (a policy deciding
@@ -187,12 +207,12 @@ class BatchEngine:
                 handle.fail(error)
         self.rows = []
         self.waiting.clear()
-        self.store = new_store(self.target, self.max_rows, self.capacity, self.max_context + self.max_block_size)
+        self.store = new_store(self.target, self.max_rows, self.capacity, self.max_context + self.max_width)
         if self.fills is not None:
             self.fills = Fills(self.target, self.max_rows, self.capacity, self.max_context)
 
-    def set_block_size(self, handle: RequestHandle, block_size: int) -> None:
-        """Change a request's block size from its next round on."""
+    def set_block_size(self, handle: RequestHandle, block_size: int | TreeBudget) -> None:
+        """Change a request's block size (or tree) from its next round on."""
         handle.block_size = self._check_block_size(block_size)
 
     @property
@@ -223,29 +243,43 @@ class BatchEngine:
         clock.mark()
         cap = max(1, self.token_budget // max(1, len(self.rows)))
         asked = [row.handle.block_size for row in self.rows]
-        if self.round_block_sizes is not None and self.rows:
-            asked = [max(1, min(int(b), a)) for b, a in zip(self.round_block_sizes(self.rows), asked)]
-        widths = [min(b, row.room, cap) for b, row in zip(asked, self.rows)]
-        drafted = [b if b == 1 or self.draft_length is None else self.draft_length for b in widths]
+        if self.round_block_sizes is not None and self.rows:  # a tree row keeps its tree
+            asked = [a if as_tree_budget(a) is not None else max(1, min(int(b), a))
+                     for b, a in zip(self.round_block_sizes(self.rows), asked)]
+        budgets = [self._tree_budget(a, row) for a, row in zip(asked, self.rows)]
+        # a tree row's width (its nodes + 1) is known once its tree is built (_draft)
+        widths = [1 if t is not None or as_tree_budget(b) is not None else min(b, row.room, cap)
+                  for b, t, row in zip(asked, budgets, self.rows)]
+        drafted = [tree_depth(t, self.drafter.config.max_block_size, row.room) + 1 if t is not None else
+                   b if b == 1 or self.draft_length is None else self.draft_length
+                   for b, t, row in zip(widths, budgets, self.rows)]
         noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the drafted positions
                  row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
                  for row, d in zip(self.rows, drafted)]
-        blocks, drafts = self._draft(widths, drafted, noise) if self.rows else (None, None)
+        blocks, drafts, trees = self._draft(widths, drafted, noise, budgets, cap) if self.rows else (None, None, [])
         clock.mark()
         with self.target.prepacked.on():
-            packed = self._pass(blocks, chunks) if chunks else None
+            packed = self._pass(blocks, chunks, trees) if chunks else None
             logits, hidden = (packed.logits, packed.context) if chunks else verify_rows(
-                self.target, self.store, blocks, context=self.drafter is not None)
+                self.target, self.store, blocks, context=self.drafter is not None, trees=trees)
         new = accept.greedy(logits, drafts, widths) if self.rows else []
+        paths: dict[int, list[int]] = {}
+        outcomes: dict[int, TreeOutcomes] = {}
         for i, row in enumerate(self.rows):
-            if row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
+            if trees[i] is not None:  # the target's own choice walked down the tree (decoding.tree_round)
+                choices = target_choices(logits[i, : widths[i]], trees[i], row.handle.temperature, noise[i])
+                paths[i], new[i] = committed(trees[i], choices)
+                outcomes[i] = round_outcomes(trees[i], choices)
+            elif row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
                 new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i][:b], row.handle.temperature)
         taus = [len(n) for n in new]
+        for i, path in paths.items():  # the accepted path laid out as a chain, the rest dropped by the commit
+            self.store.keep_path(i, path)
         self.store.commit(taus)
         if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
             for i, row in enumerate(self.rows):
-                row.draft.append(hidden[i, : taus[i]].clone())
+                row.draft.append(hidden[i, [0, *paths[i]]] if i in paths else hidden[i, : taus[i]].clone())
         clock.mark()
         admit_s, draft_s, pass_s = clock.spans()
         # the rows' share of the pass: what a pass of their positions alone costs here (the rest was the prompts')
@@ -253,8 +287,10 @@ class BatchEngine:
         verify_s = self.rows_pass_cost.rows_share(pass_s, len(self.rows) * max(widths, default=0), prompt_tokens)
         rows, done = list(self.rows), []
         for i, row in enumerate(rows):
+            tree = trees[i] is not None
             row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,
-                                           drafted=drafted[i] if drafted[i] != widths[i] else 0, rows=len(rows)))
+                                           drafted=drafted[i] if tree or drafted[i] != widths[i] else 0, rows=len(rows),
+                                           tree=tree, tree_outcomes=outcomes.get(i)))
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)
@@ -272,44 +308,64 @@ class BatchEngine:
         self.history.append(record)
         return record
 
-    def _pass(self, blocks: torch.Tensor | None, chunks: list[Chunk]) -> PackedOutput:
-        """The rows' blocks and the joining prompts' ``chunks`` in one target pass; each chunk keeps the
-        hidden states its request needs (the drafter's context; the feature spec's layers for a chooser)."""
+    def _pass(self, blocks: torch.Tensor | None, chunks: list[Chunk], trees: list[DraftTree | None]) -> PackedOutput:
+        """The rows' blocks (``trees``: the rows' draft trees, None for a chain) and the joining prompts'
+        ``chunks`` in one target pass; each chunk keeps the hidden states its request needs (the
+        drafter's context; the feature spec's layers for a chooser)."""
         layers = set(self.target.context_layers or []) if self.drafter is not None else set()
         if any(self.fills.fillings[c.slot].handle.choose is not None for c in chunks):
             layers |= {layer for kind, layer in self.target.feature_parts if kind in ("last", "mean")}
         context = self.target.context_layers if self.drafter is not None else None
-        return self.packer.run(blocks, self.store, self.fills.store, chunks, context, sorted(layers))
+        return self.packer.run(blocks, self.store, self.fills.store, chunks, context, sorted(layers), trees)
 
-    def _draft(self, widths: list[int], drafted: list[int],
-               noise: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's block ``[R, T]`` (padded with its last token) and its drafts ``[R, T - 1]``
-        (-1 where none): row ``i`` drafts ``drafted[i]`` positions and keeps the first ``widths[i]``;
-        a sampled row drafts its keyed proposals with its ``noise``."""
+    def _draft(self, widths: list[int], drafted: list[int], noise: list[torch.Tensor | None],
+               budgets: list[TreeBudget | None], cap: int) -> tuple[torch.Tensor, torch.Tensor, list[DraftTree | None]]:
+        """Every row's block ``[R, T]`` (padded with its last token), its drafts ``[R, T - 1]`` (-1 where
+        none) and its draft tree (None for a chain): a chain row ``i`` drafts ``drafted[i]`` positions and
+        keeps the first ``widths[i]``; a tree row (``budgets[i]``) drafts ``drafted[i]`` positions and
+        builds the tree its budget allows, at most ``cap - 1`` nodes (:mod:`~adaptspec.decoding.tree_round`),
+        its width set to its nodes + 1 here; a sampled row drafts its keyed proposals with its ``noise``."""
         dev = self.target.device
-        width = max(widths)
-        last = torch.tensor([row.last for row in self.rows], device=dev)
-        blocks = last[:, None].repeat(1, width)
-        drafts = torch.full((len(self.rows), width - 1), -1, dtype=torch.long, device=dev)
-        together = [i for i, (row, b) in enumerate(zip(self.rows, widths))
-                    if b > 1 and self.batched_draft and row.handle.temperature == 0]
+        speculating = [i for i, (b, t) in enumerate(zip(widths, budgets)) if b > 1 or t is not None]
+        together = [i for i in speculating if self.batched_draft and self.rows[i].handle.temperature == 0]
         shared = {}
         if together:  # one drafter pass for the greedy rows (fast verification)
             rows = [self.rows[i] for i in together]
             out = draft_logits_rows(self.drafter, [r.draft for r in rows], [r.last for r in rows], [drafted[i] for i in together])
             shared = dict(zip(together, out))
-        for i, (row, b) in enumerate(zip(self.rows, widths)):
-            if b == 1:
-                continue
+        trees: list[DraftTree | None] = [None] * len(self.rows)
+        chains: dict[int, torch.Tensor] = {}
+        for i in speculating:
+            row = self.rows[i]
             logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, drafted[i])).float()
-            if noise[i] is None:
-                idx = logits.argmax(-1)
+            if budgets[i] is not None:
+                trees[i] = draft_tree(logits, budgets[i], self.drafter.to_target_ids, row.handle.temperature, noise[i],
+                                      self.drafter.draft_vocab, max_nodes=cap - 1)
+                widths[i] = trees[i].nodes + 1
+            elif noise[i] is None:
+                chains[i] = self.drafter.to_target_ids(logits.argmax(-1)).to(dev)[: widths[i] - 1]
             else:  # proposed as SpeculativeDecoder proposes them
                 idx = draft_keyed(logits, noise[i][: drafted[i] - 1], row.handle.temperature, self.drafter.draft_vocab)
-            d = self.drafter.to_target_ids(idx).to(dev)[: b - 1]
-            blocks[i, 1:b] = d
-            drafts[i, : b - 1] = d
-        return blocks, drafts
+                chains[i] = self.drafter.to_target_ids(idx).to(dev)[: widths[i] - 1]
+        width = max(widths)
+        last = torch.tensor([row.last for row in self.rows], device=dev)
+        blocks = last[:, None].repeat(1, width)
+        drafts = torch.full((len(self.rows), width - 1), -1, dtype=torch.long, device=dev)
+        for i, d in chains.items():
+            blocks[i, 1 : widths[i]] = d
+            drafts[i, : widths[i] - 1] = d
+        for i, tree in enumerate(trees):
+            if tree is not None and tree.nodes:
+                blocks[i, 1 : widths[i]] = torch.tensor(tree.tokens, device=dev)
+        return blocks, drafts, trees
+
+    def _tree_budget(self, arm: int | TreeBudget, row: Row) -> TreeBudget | None:
+        """The tree ``row`` verifies this round: its arm's budget (None for a chain, and for a tree row
+        with one token left to commit, whose round is a plain step, as in the decoder)."""
+        budget = as_tree_budget(arm)
+        if budget is None or tree_depth(budget, self.drafter.config.max_block_size, row.room) < 1:
+            return None
+        return budget
 
     # ------------------------------------------------------------------ joining and leaving
     def _join(self) -> int:
@@ -448,5 +504,23 @@ class BatchEngine:
             self.rows[i] = self.rows[-1]
             self.rows.pop()
 
-    def _check_block_size(self, b: int) -> int:
-        return check_block_size(b, self.max_block_size, self.drafter is not None)
+    @property
+    def draft_trees(self) -> bool:
+        """Whether a row may verify a draft tree (its block size a tree arm ``-N`` or a
+        :class:`~adaptspec.decoding.tree_budget.TreeBudget`): with a drafter, on a target whose attention
+        takes a boolean mask per query (``sdpa``, or exact verification's kernel)."""
+        return self.drafter is not None and getattr(self.target.model.config, "_attn_implementation", None) in BOOLEAN_MASK
+
+    def _check_block_size(self, b: int | TreeBudget) -> int | TreeBudget:
+        """``b`` if it is a block size the engine can verify, or a tree arm / tree budget where it runs trees."""
+        budget = as_tree_budget(b)
+        if budget is None:
+            return check_block_size(b, self.max_block_size, self.drafter is not None)
+        if not self.draft_trees:
+            attention = getattr(self.target.model.config, "_attn_implementation", None)
+            raise AdaptspecError(f"draft trees need a drafter and a target whose attention takes a boolean mask per "
+                                 f"query (sdpa or exact verification's); this engine has "
+                                 f"{'no drafter' if self.drafter is None else f'{attention!r} attention'}")
+        if budget.max_nodes > MAX_TREE_NODES:
+            raise AdaptspecError(f"a draft tree has at most {MAX_TREE_NODES} nodes, got {budget.max_nodes}")
+        return b

@@ -34,6 +34,8 @@ from typing import Sequence
 
 import torch
 
+from ..decoding.tree import DraftTree
+from ..decoding.tree_verify import path_moves
 from ..errors import AdaptspecError
 
 
@@ -117,10 +119,26 @@ class SlotStore:
             self.lengths[slot] = n
         self.lengths.pop()
 
-    def pass_cache(self, width: int) -> "SlotCache":
-        """The cache for one batched pass writing ``width`` positions in every active row."""
+    def pass_cache(self, width: int, trees: Sequence[DraftTree | None] | None = None) -> "SlotCache":
+        """The cache for one batched pass writing ``width`` positions in every active row; ``trees[i]``
+        (when given and not None): row ``i``'s positions are that draft tree's root and nodes."""
         self.ensure(max(self.lengths) + width)
-        return SlotCache(self, width)
+        return SlotCache(self, width, trees)
+
+    def keep_path(self, slot: int, path: list[int]) -> None:
+        """After a tree pass, before :meth:`commit`: move the accepted ``path``'s positions (block indices
+        of the tree ``slot`` verified after its committed ones) to a chain's places, so that committing
+        ``1 + len(path)`` positions keeps the root's and the path's (as
+        :func:`~adaptspec.decoding.tree_verify.keep_path` does to a sequence's cache)."""
+        moves = path_moves(path)
+        if not moves:
+            return
+        n = self.lengths[slot]
+        dst = torch.tensor([n + d for d, _ in moves], device=self.keys[0].device)
+        src = torch.tensor([n + i for _, i in moves], device=self.keys[0].device)
+        for store in (self.keys, self.values):
+            for t in store:
+                t[slot, :, dst] = t[slot, :, src]
 
     def commit(self, kept: Sequence[int]) -> None:
         """After a pass: row ``i`` keeps the first ``kept[i]`` positions it wrote."""
@@ -128,28 +146,66 @@ class SlotStore:
 
 
 class SlotCache:
-    """The target's cache for one batched pass (transformers calls ``update`` once per layer)."""
+    """The target's cache for one batched pass (transformers calls ``update`` once per layer).
 
-    def __init__(self, store: SlotStore, width: int) -> None:
+    Row ``i`` writes its ``T`` positions at ``lengths[i] .. lengths[i] + T - 1`` (:attr:`slots`). A
+    chain row's position ids are those places and its query ``q`` sees keys up to its own; a draft
+    tree row's (``trees[i]``, :mod:`adaptspec.decoding.tree`) block index ``b`` has position id
+    ``lengths[i] + depth(b)`` and sees the row's committed keys and its ancestors' only (the places
+    past the tree's nodes, padding, see the root and themselves)."""
+
+    def __init__(self, store: SlotStore, width: int, trees: Sequence[DraftTree | None] | None = None) -> None:
         self.store = store
         self.width = width
         rows = store.rows
         device = store.keys[0].device
         self.starts = torch.tensor(store.lengths, device=device)  # [R], one host -> device copy a pass
-        self.positions = self.starts[:, None] + torch.arange(width, device=device)  # [R, T]
+        self.slots = self.starts[:, None] + torch.arange(width, device=device)  # [R, T] where each position is written
         self.rows = torch.arange(rows, device=device)[:, None]
         self.key_length = max(store.lengths) + width
+        self.blocks = None  # [R, T, T] which of its row's block positions each query sees (trees only)
+        if trees is None or all(t is None for t in trees):
+            self.positions = self.slots  # [R, T] position ids
+        else:
+            offsets, self.blocks = block_layout(trees, width, device)
+            self.positions = self.starts[:, None] + offsets
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write the pass's ``[R, kv_heads, T, head_dim]`` keys/values at each row's own positions;
+        """Write the pass's ``[R, kv_heads, T, head_dim]`` keys/values at each row's own places;
         return every row's keys/values up to the longest row's end (a view of the store)."""
         s, r = self.store, self.store.rows
         keys, values = s.keys[layer_idx], s.values[layer_idx]
-        keys[self.rows, :, self.positions] = key_states.transpose(1, 2).to(keys.dtype)
-        values[self.rows, :, self.positions] = value_states.transpose(1, 2).to(values.dtype)
+        keys[self.rows, :, self.slots] = key_states.transpose(1, 2).to(keys.dtype)
+        values[self.rows, :, self.slots] = value_states.transpose(1, 2).to(values.dtype)
         return keys[:r, :, : self.key_length], values[:r, :, : self.key_length]
 
     def attention_mask(self) -> torch.Tensor:
-        """``[R, 1, T, K]`` booleans: query ``q`` of row ``i`` sees keys ``j <= lengths[i] + q``."""
-        keys = torch.arange(self.key_length, device=self.positions.device)
-        return (keys[None, None, :] <= self.positions[:, :, None])[:, None]
+        """``[R, 1, T, K]`` booleans: query ``q`` of a chain row ``i`` sees keys ``j <= lengths[i] + q``;
+        a tree row's, its committed keys and the block positions :func:`block_layout` gives it."""
+        keys = torch.arange(self.key_length, device=self.slots.device)
+        if self.blocks is None:
+            return (keys[None, None, :] <= self.slots[:, :, None])[:, None]
+        rel = keys[None, :] - self.starts[:, None]  # [R, K]: the key's place in its row's block
+        inside = (rel >= 0) & (rel < self.width)
+        at = rel.clamp(0, self.width - 1)[:, None, :].expand(-1, self.width, -1)
+        sees = self.blocks.gather(2, at) & inside[:, None, :]
+        return (sees | (rel < 0)[:, None, :])[:, None]
+
+
+def block_layout(trees: Sequence[DraftTree | None], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's position offsets ``[R, T]`` and which of its block positions each query sees
+    ``[R, T, T]``: a chain row (None) ``q`` and the positions up to ``q``; a tree row its block indices'
+    depths and ancestors (:meth:`~adaptspec.decoding.tree.DraftTree.ancestors`), the padding after its
+    nodes at depth 0, seeing the root and itself."""
+    offsets = torch.arange(width).repeat(len(trees), 1)
+    blocks = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(trees), 1, 1)
+    for i, tree in enumerate(trees):
+        if tree is None:
+            continue
+        k = tree.nodes + 1
+        offsets[i, :k] = torch.tensor(tree.depths)
+        offsets[i, k:] = 0
+        blocks[i] = torch.eye(width, dtype=torch.bool)
+        blocks[i, :k, :k] = tree.ancestors()
+        blocks[i, k:, 0] = True
+    return offsets.to(device), blocks.to(device)

@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from ..decoding.target import TargetModel, cache_keyword
+from ..decoding.tree import DraftTree
 from ..errors import AdaptspecError
 from .kv_slots import SlotStore
 
@@ -119,10 +120,11 @@ class PackedCache:
     """The target's cache for one packed pass: the rows' part goes to their slots (a
     :class:`~adaptspec.batching.kv_slots.SlotCache`), each chunk's to its slot in the fill store."""
 
-    def __init__(self, store: SlotStore, width: int, fill: SlotStore, chunks: list[Chunk]) -> None:
+    def __init__(self, store: SlotStore, width: int, fill: SlotStore, chunks: list[Chunk],
+                 trees: Sequence[DraftTree | None] | None = None) -> None:
         self.rows = store.rows if width else 0
         self.width = width
-        self.rows_cache = store.pass_cache(width) if self.rows else None
+        self.rows_cache = store.pass_cache(width, trees) if self.rows else None
         self.fill = fill
         self.chunks = chunks
         if chunks:
@@ -212,9 +214,11 @@ class Packer:
 
     @torch.inference_mode()
     def run(self, blocks: torch.Tensor | None, store: SlotStore, fill: SlotStore, chunks: list[Chunk],
-            context_layers: list[int] | None, chunk_layers: list[int]) -> PackedOutput:
+            context_layers: list[int] | None, chunk_layers: list[int],
+            trees: Sequence[DraftTree | None] | None = None) -> PackedOutput:
         """Run the rows' ``blocks[R, T]`` (None: no rows; row ``i`` after its ``store.lengths[i]``
-        positions) and the ``chunks`` in one target pass.
+        positions; ``trees[i]``, when given and not None: row ``i``'s block is that draft tree's,
+        :class:`~adaptspec.batching.kv_slots.SlotCache`) and the ``chunks`` in one target pass.
 
         Writes every position to its slot; the caller commits what each row keeps and each chunk's
         positions (:meth:`SlotStore.commit` of ``store`` and of ``fill``). ``context_layers``: the
@@ -223,7 +227,7 @@ class Packer:
         """
         target, dev = self.target, self.target.device
         width = 0 if blocks is None else blocks.shape[1]
-        cache = PackedCache(store, width, fill, chunks)
+        cache = PackedCache(store, width, fill, chunks, trees)
         split = cache.rows * width
         ids = torch.cat(([] if blocks is None else [blocks.reshape(-1)]) + [c.ids.to(dev) for c in chunks])[None]
         positions = [] if cache.rows_cache is None else [cache.rows_cache.positions.reshape(-1)]

@@ -3,7 +3,9 @@
 Row ``i`` feeds ``T`` tokens (its block, padded to the round's widest with copies of its
 last token) at positions ``lengths[i] .. lengths[i] + T - 1``; its keys/values go to its own
 slot (:mod:`adaptspec.batching.kv_slots`) and a ``[R, 1, T, K]`` mask lets query ``q`` of row
-``i`` see keys ``j <= lengths[i] + q`` only. Padded positions are computed and ignored.
+``i`` see keys ``j <= lengths[i] + q`` only. Padded positions are computed and ignored. A row
+verifying a draft tree feeds its root and nodes instead, each node at its depth's position and
+seeing the row's cache and its own ancestors only (:class:`~adaptspec.batching.kv_slots.SlotCache`).
 
 The model's own attention kernels take the mask (``"fast"`` verification). A model patched
 for ``"exact"`` verification (:mod:`adaptspec.decoding.batch_invariant`) computes each row
@@ -13,11 +15,12 @@ give every row what it gets alone: each row is then bit-identical to decoding it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from ..decoding.target import TargetModel, cache_keyword
+from ..decoding.tree import DraftTree
 from .kv_slots import SlotStore
 
 
@@ -44,15 +47,18 @@ def new_store(target: TargetModel, max_rows: int, capacity: int, max_capacity: i
 
 @torch.inference_mode()
 def verify_rows(
-    target: TargetModel, store: SlotStore, blocks: torch.Tensor, context: bool
+    target: TargetModel, store: SlotStore, blocks: torch.Tensor, context: bool,
+    trees: Sequence[DraftTree | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run ``blocks[R, T]`` (row ``i`` after its ``store.lengths[i]`` cached positions).
+    """Run ``blocks[R, T]`` (row ``i`` after its ``store.lengths[i]`` cached positions; ``trees[i]``,
+    when given and not None: row ``i``'s block is that draft tree's root and nodes,
+    :class:`~adaptspec.batching.kv_slots.SlotCache`).
 
     Returns logits ``[R, T, V]`` and, when ``context`` and the target feeds a drafter, the
     drafter's context ``[R, T, k*H]``. Writes all ``T`` positions of every row to the store;
     the caller commits what each row keeps (:meth:`SlotStore.commit`).
     """
-    cache = store.pass_cache(blocks.shape[1])
+    cache = store.pass_cache(blocks.shape[1], trees)
     context = context and target.context_layers is not None
     out = target.model(
         input_ids=blocks,

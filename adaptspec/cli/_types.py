@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["MAX_BLOCK_SIZE", "block_sizes", "device", "float_range", "input_dir", "input_file", "int_range",
+__all__ = ["MAX_BLOCK_SIZE", "arms", "block_sizes", "device", "float_range", "input_dir", "input_file", "int_range",
            "png_output", "port", "seed", "state_dir", "threads"]
 
 #: the largest block size a flag accepts (DFlash drafts at most 16; BlockPilot's sets reach 32)
@@ -105,6 +105,29 @@ port = int_range(0, 65535)
 threads = int_range(1, 4096)
 #: a random seed (numpy and torch take 0 .. 2**63 - 1)
 seed = int_range(0, 2**63 - 1)
+
+
+def arms(text: str) -> list[int]:
+    """Comma-separated arms, sorted, duplicates dropped: block sizes in ``1..MAX_BLOCK_SIZE`` and draft
+    trees ``tree:N`` (the arm ``-N``, :func:`adaptspec.speculator.tree_arm`; at most
+    :data:`~adaptspec.speculator.MAX_TREE_NODES` nodes).
+
+    >>> arms("8,tree:16,1,tree:4")
+    [-16, -4, 1, 8]
+    """
+    from ..errors import AdaptspecError
+    from ..speculator import MAX_TREE_NODES, parse_arm
+
+    try:
+        out = sorted({parse_arm(x) for x in text.split(",") if x.strip()})
+    except AdaptspecError:
+        raise argparse.ArgumentTypeError(f"expected block sizes and trees like 1,2,4,tree:8, got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected block sizes and trees like 1,2,4,tree:8, got none")
+    if out[0] < -MAX_TREE_NODES or out[-1] > MAX_BLOCK_SIZE:
+        raise argparse.ArgumentTypeError(f"block sizes must be in 1..{MAX_BLOCK_SIZE} and trees have at most "
+                                         f"{MAX_TREE_NODES} nodes, got {text!r}")
+    return out
 
 
 def block_sizes(text: str) -> list[int]:

@@ -26,11 +26,11 @@ import logging
 import sys
 
 from ..errors import AdaptspecError
-from ..speculator import check_block_sizes
+from ..speculator import arm_label, check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
 from .._util.guarded import STALL_S
-from ._types import MAX_BLOCK_SIZE, block_sizes, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
+from ._types import MAX_BLOCK_SIZE, arms as arm_list, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
 
@@ -84,9 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ctl.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
                      help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)")
     ctl.add_argument("--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled")
-    ctl.add_argument("--arms", type=block_sizes, default=None, metavar="B1,B2,...",
+    ctl.add_argument("--arms", type=arm_list, default=None, metavar="B1,B2,...",
                      help="block sizes for policies built from a spec, at most the speculator's max_block_size "
-                          "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's)")
+                          "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's), and "
+                          "draft trees tree:N (the arm -N: the best tree of N nodes, fixed:-N plays it) where the "
+                          "decoder runs trees")
     ctl.add_argument("--featurizer", type=input_dir, default=None, metavar="DIR",
                      help="saved featurizer, for every variant (default: the one saved next to the variants' "
                           "heads, if any; heads that bring different ones need this flag)")
@@ -231,7 +233,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
     if args.tiny:
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
-        _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's")
+        _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's", trees=True)  # a drafter, sdpa or exact kernels
     import torch
 
     from ..serving.service import runs_on_engine
@@ -249,7 +251,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         user = load_speculator_factory(args.speculator)
         speculator, codec, model_name = user.speculator, user.codec, user.path
         max_context, vocab = user.max_context, user.vocab_size
-        _check_arms(args.arms, speculator.max_block_size, "the speculator's")
+        _check_arms(args.arms, speculator.max_block_size, "the speculator's", bool(getattr(speculator, "draft_trees", False)))
         _check_user_engine(args, speculator)
         if runs_on_engine(speculator):  # the factory's target and drafter run on the engine, as the bundled ones
             torch.set_num_threads(1)
@@ -283,7 +285,7 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         model_name = str(args.target or "smollm2-135m-instruct")
         max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
         vocab = speculator.target.vocab_size
-        _check_arms(args.arms, speculator.max_block_size, "the speculator's")
+        _check_arms(args.arms, speculator.max_block_size, "the speculator's", bool(getattr(speculator, "draft_trees", False)))
     if not specs:
         from ..control.policy_build import default_on_host
         from ..control.protocol import speculator_shape
@@ -414,14 +416,16 @@ def _load_rule(args: argparse.Namespace, device: str) -> object | None:
     spec = args.load_rule or "learned"
     if spec == "none":
         return None
-    arms = args.arms or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
+    chains = [a for a in args.arms or [] if a > 0]  # the rule sets chains' block sizes; a tree row keeps its tree
+    arms = chains or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
     return make_load_rule(spec, arms, _cost_model(args, device) or "cpu-smollm2-batched", prior=args.load_prior,
                           seed=args.seed)
 
 
-def _check_arms(arms: list[int] | None, max_block_size: int, whose: str) -> None:
+def _check_arms(arms: list[int] | None, max_block_size: int, whose: str, trees: bool) -> None:
+    """--arms against the decoder: block sizes it can draft, trees only where it runs them (``trees``)."""
     if arms is not None:
-        check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose)
+        check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(arm_label, arms))}", whose=whose, trees=trees)
 
 
 def _check_port(host: str, port: int) -> None:

@@ -56,18 +56,20 @@ def rowwise_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``
-    (and of those, given a boolean ``attention_mask[1, 1, q, kv]`` after a cache, only the ones it
-    marks: a draft tree's ancestors, :mod:`adaptspec.decoding.tree_verify`).
+    """Causal attention for one unpadded sequence; query i sees keys ``[: kv - q + i + 1]``.
+    A boolean ``attention_mask[R, 1, q, kv]`` after a cache (the batching engine's rows, a draft
+    tree's ancestors: :mod:`adaptspec.decoding.tree_verify`) is honoured query by query
+    (:func:`_each_row`).
 
     After a cache (decoding steps and verified blocks) every query row is computed by the
     same kernels whatever the number of queries: plain matrix products whose row count is
     padded to a multiple of 4, over keys zero-padded to a multiple of 64 and masked, so a
     row's reductions do not depend on how many rows or keys came with it.
     """
+    rows_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype == torch.bool
+    if rows_mask and (query.shape[0] != 1 or query.shape[2] != key.shape[2]):
+        return _each_row(module, query, key, value, attention_mask, scaling)  # adaptspec.batching's rows, a tree's
     if query.shape[0] != 1:
-        if attention_mask is not None and attention_mask.dim() == 4:  # adaptspec.batching's rows
-            return _each_row(module, query, key, value, attention_mask, scaling)
         raise ValueError(
             "this model was patched by adaptspec for batch-invariant decoding of one sequence at a "
             "time (TargetModel(verification='exact')); use an unpatched copy for batched work"
@@ -96,32 +98,36 @@ def rowwise_attention(
     if extra:
         pos = torch.cat([pos, pos[-1:].expand(extra)])
     hidden = torch.arange(padded, device=q.device)[None, :] > (kv_len - q_len + pos)[:, None]
-    if attention_mask is not None and attention_mask.dtype == torch.bool and attention_mask.shape[-2:] == (q_len, kv_len):
-        hidden |= ~_rows_mask(attention_mask[0, 0], group, extra, padded)  # the caller's too (a tree's: decoding.tree_verify)
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)[:, :rows].reshape(1, n_heads, q_len, dim)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _rows_mask(sees: torch.Tensor, group: int, extra: int, padded: int) -> torch.Tensor:
-    """A ``[q_len, kv_len]`` boolean mask laid out as the query rows above: ``group`` copies in
-    (head in group, position) order, ``extra`` copies of the last row, keys padded unseen."""
-    sees = sees.repeat(group, 1)
-    if extra:
-        sees = torch.cat([sees, sees[-1:].expand(extra, -1)])
-    return torch.cat([sees, sees.new_zeros(sees.shape[0], padded - sees.shape[1])], dim=1)
-
-
 def _each_row(module, query, key, value, mask, scaling):
-    """Several sequences of different lengths in one pass (:mod:`adaptspec.batching`): each row
-    through the one-sequence kernel above, over its own keys (those its last query may see,
-    ``mask[r, 0, -1]``) made contiguous, so every row computes what it computes alone."""
-    lengths = mask[:, 0, -1].sum(-1).tolist()
-    out = [
-        rowwise_attention(module, query[r : r + 1], key[r : r + 1, :, :n].contiguous(),
-                          value[r : r + 1, :, :n].contiguous(), None, scaling=scaling)[0]
-        for r, n in enumerate(lengths)
-    ]
+    """Sequences of different lengths in one pass (:mod:`adaptspec.batching`), each query seeing the
+    keys ``mask[r, 0, q]`` marks: a row whose every query sees a prefix of its keys, one longer per
+    query (a chain), through the one-sequence kernel above over the keys its last query sees, made
+    contiguous; any other row (a draft tree's: :mod:`adaptspec.decoding.tree_verify`), one query at
+    a time over the keys it sees, gathered in order. A tree node's keys are then laid out as the
+    chain of its path lays them out, so it computes what that chain computes, bit for bit. Every
+    row computes what it computes alone."""
+    rows, q_len, kv_len = mask.shape[0], mask.shape[2], mask.shape[3]
+    sees = mask[:, 0]
+    counts = sees.sum(-1)  # [R, q]
+    chain = torch.arange(kv_len, device=mask.device) < (counts[:, -1:] - q_len + 1 + torch.arange(q_len, device=mask.device))[..., None]
+    lengths, is_chain = counts[:, -1].tolist(), (chain == sees).all(-1).all(-1).tolist()
+    out = []
+    for r, (n, plain) in enumerate(zip(lengths, is_chain)):
+        if plain:
+            out.append(rowwise_attention(module, query[r : r + 1], key[r : r + 1, :, :n].contiguous(),
+                                         value[r : r + 1, :, :n].contiguous(), None, scaling=scaling)[0])
+            continue
+        each = []
+        for q in range(q_len):
+            idx = sees[r, q].nonzero()[:, 0]
+            each.append(rowwise_attention(module, query[r : r + 1, :, q : q + 1], key[r : r + 1][:, :, idx],
+                                          value[r : r + 1][:, :, idx], None, scaling=scaling)[0])
+        out.append(torch.cat(each, dim=1))
     return torch.cat(out), None
 
 

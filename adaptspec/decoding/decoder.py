@@ -57,9 +57,9 @@ from ..speculator import Outcome, Prefill, Round, RoundSchedule
 from .drafter import BlockDiffusionDrafter, DraftState
 from .sampling import SampleKeys, accept_keyed, draft_keyed, sample_keyed
 from .target import TargetModel
-from .tree import build_tree, top_candidates
-from .tree_budget import DEFAULT_DEPTH, FixedTree, TreeBudget
+from .tree_budget import FixedTree, TreeBudget
 from .tree_outcomes import round_outcomes
+from .tree_round import committed, draft_tree, target_choices, tree_depth
 from .tree_verify import check_tree_target, keep_path, tree_attention, verify_tree
 
 #: A fixed block size, a per-round schedule (:mod:`adaptspec.schedules`), or a function
@@ -327,36 +327,23 @@ class SpeculativeDecoder:
         path and the bonus committed. In ``"exact"`` verification the accepted path is verified
         again as a chain, and that pass's tokens are committed (bit-identical to greedy decoding)."""
         dev, vocab = self.target.device, self.target.vocab_size
-        depth = min(budget.depth or DEFAULT_DEPTH, self.drafter.config.max_block_size - 1, room - 1)
+        depth = tree_depth(budget, self.drafter.config.max_block_size, room)
         noise = None if temperature == 0 else keys.noise(position, depth + 1, vocab, dev)
         t0 = _now(dev)
         if depth < 1:  # one token left to commit: a plain step
             new = self._verify_chain(torch.tensor([last], device=dev), n, cache, draft, temperature, noise)
             return new, Round(block_size=1, tau=1, draft_s=0.0, verify_s=_now(dev) - t0)
         scores = self.drafter.draft_logits(draft, last, depth + 1).float()  # [depth, V_draft]
-        if temperature > 0:  # the coupling's proposals (decoding.sampling): rank 0 is draft_keyed's
-            ids = self.drafter.draft_vocab
-            scores = scores / temperature + (noise[:depth] if ids is None else noise[:depth, ids.to(dev)]).to(scores.device)
-        values, idx = top_candidates(torch.log_softmax(scores, dim=-1), budget.top_k)
-        tree = build_tree(values, self.drafter.to_target_ids(idx), budget.max_nodes)
-        m = budget.nodes(np.asarray(tree.log_mass))
-        if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or not 0 <= m <= tree.nodes:
-            raise AdaptspecError(f"{budget!r}.nodes gave {m!r}, outside 0..{tree.nodes}")
-        tree = tree.prefix(int(m))
+        tree = draft_tree(scores, budget, self.drafter.to_target_ids, temperature, noise, self.drafter.draft_vocab)
         t1 = _now(dev)
         logits, hidden = verify_tree(self.target, tree, last, n, cache)
-        logits = logits.float()
-        if temperature == 0:
-            choices = logits.argmax(-1).tolist()
-        else:
-            choices = (logits / temperature + noise[tree.depths]).argmax(-1).tolist()
-        path = tree.walk(choices)
+        choices = target_choices(logits, tree, temperature, noise)
+        path, new = committed(tree, choices)
         if self.target.verification == "exact":
             self.target.crop(cache, n)
             block = torch.tensor([last, *(tree.tokens[i - 1] for i in path)], device=dev)
             new = self._verify_chain(block, n, cache, draft, temperature, noise)
         else:
-            new = [tree.tokens[i - 1] for i in path] + [choices[path[-1] if path else 0]]
             keep_path(cache, n, path)
             draft.append(hidden[[0, *path]])
         t2 = _now(dev)

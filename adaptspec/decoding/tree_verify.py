@@ -81,7 +81,7 @@ def keep_path(cache: Any, n: int, path: list[int]) -> None:
     in order): ``n + 1 + len(path)`` positions, laid out as a chain that committed them (each
     accepted node's keys and values moved down to its depth's place, the rest cut)."""
     keep = n + 1 + len(path)
-    moved = [(n + d, n + i) for d, i in enumerate(path, start=1) if i != d]
+    moved = [(n + d, n + i) for d, i in path_moves(path)]
     for layer in cache.layers:
         if moved:
             dst = torch.tensor([d for d, _ in moved], device=layer.keys.device)
@@ -90,3 +90,14 @@ def keep_path(cache: Any, n: int, path: list[int]) -> None:
             layer.values[..., dst, :] = layer.values[..., src, :]
         layer.keys = layer.keys[..., :keep, :]
         layer.values = layer.values[..., :keep, :]
+
+
+def path_moves(path: list[int]) -> list[tuple[int, int]]:
+    """The moves that lay an accepted ``path`` (block indices, in order) out as a chain: ``(to, from)``
+    block indices, each node from its block index to its depth's, in order (each ``to`` below every
+    later ``from``, so they may be made one after another or all at once from a copy).
+
+    >>> path_moves([1, 3, 6])
+    [(2, 3), (3, 6)]
+    """
+    return [(d, i) for d, i in enumerate(path, start=1) if i != d]
