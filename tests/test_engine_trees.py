@@ -426,3 +426,31 @@ def test_serve_runs_a_fixed_tree_variant_through_the_engine(tmp_path):
         assert rows[info["decision_id"]]["block_size"] == info["block_size"]
         assert (rows[info["decision_id"]]["reward"] is None) == (info["rounds"] == 0)  # no reward: ended at its first token
     assert all(info["rounds"] > 0 for _, _, info in got if info["block_size"] == -8)
+
+
+# ---------------------------------------------------------------------- the exact kernel
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_exact_kernel_computes_every_tree_node_bit_for_bit_as_the_chain_of_its_path(arch):
+    """One tree pass after a prompt, against one chain pass per leaf (``[last, the leaf's path]``):
+    each node's logits and hidden states are the chain's at its depth, bit for bit."""
+    import copy
+
+    from adaptspec.decoding.tree_verify import verify_tree
+
+    model, decoder = exact_for(arch)
+    target = decoder.target
+    g = torch.Generator().manual_seed(7)
+    logp = torch.log_softmax(torch.randn(5, 3, generator=g), -1).sort(-1, descending=True).values
+    tree = build_tree(logp, torch.stack([torch.randperm(90, generator=g)[:3] + 6 for _ in range(5)]), 14)
+    pre = target.prefill(torch.tensor([9, 31, 44, 17, 60, 2, 75]))
+    n, last = 7, 33
+    logits, hidden = verify_tree(target, tree, last, n, copy.deepcopy(pre.cache))
+    for leaf in (b for b in range(1, tree.nodes + 1) if b not in tree.parents):
+        path, b = [], leaf
+        while b > 0:
+            path.insert(0, b)
+            b = tree.parents[b]
+        chain_logits, chain_hidden = target.verify(torch.tensor([last, *(tree.tokens[i - 1] for i in path)]),
+                                                   copy.deepcopy(pre.cache))
+        assert torch.equal(logits[[0, *path]], chain_logits)
+        assert torch.equal(hidden[[0, *path]], chain_hidden)

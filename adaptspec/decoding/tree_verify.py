@@ -6,10 +6,11 @@ its ancestors only (:meth:`~adaptspec.decoding.tree.DraftTree.ancestors`), so it
 those of the chain ``[last, its path]``, up to the rounding of a pass of another shape. The
 model's own kernels take the mask (``"fast"`` verification: a boolean mask for ``sdpa``, an
 additive one for ``eager``); a model patched for ``"exact"`` verification honours the boolean
-one too (:func:`~adaptspec.decoding.batch_invariant.rowwise_attention`), though not bit for
-bit as a chain: :class:`~adaptspec.decoding.decoder.SpeculativeDecoder` then verifies the
-accepted path again as a chain. After the walk, :func:`keep_path` keeps only the root's and the
-accepted path's keys and values.
+one too (:func:`~adaptspec.decoding.batch_invariant.rowwise_attention`), one query at a time over
+the keys it sees gathered in order, bit for bit as the chain of its path (what the batching
+engine's tree rows rely on; :class:`~adaptspec.decoding.decoder.SpeculativeDecoder` still verifies
+the accepted path again as a chain, which gives the same tokens). After the walk,
+:func:`keep_path` keeps only the root's and the accepted path's keys and values.
 """
 
 from __future__ import annotations
