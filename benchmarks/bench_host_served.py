@@ -92,6 +92,9 @@ def main() -> None:
                          "length in every configuration), instead of --max-tokens for all: requests that all run to one "
                          "length decode in lockstep at B = 1, which no other block size keeps (BENCHMARKS.md)")
     ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
+    ap.add_argument("--extra-configs", default="{}", metavar="JSON",
+                    help='more configurations, NAME -> the serve flags it adds to the defaults, e.g. '
+                         '\'{"margin": ["--load-margin", "0.1"]}\'')
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     from adaptspec.models.prompts import benchmark_prompts
@@ -104,7 +107,7 @@ def main() -> None:
             ap.error(f"--lengths {args.lengths}: give LO,HI with 1 <= LO <= HI")
         lengths = [int(x) for x in np.random.default_rng(0).integers(lo, hi + 1, size=len(prompts))]
     levels = [int(x) for x in args.levels.split(",") if x]
-    confs = configs([int(b) for b in args.fixed.split(",") if b.strip()])
+    confs = configs([int(b) for b in args.fixed.split(",") if b.strip()]) | json.loads(args.extra_configs)
     names = list(confs)
     results: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "host": host_description(),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "health": {}, "runs": {}}

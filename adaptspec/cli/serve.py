@@ -145,6 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "as linucb or lints, not the bundled head; every variant of a log directory alike)")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
+    bat.add_argument("--load-margin", type=float_range(0, 1, hi_open=True), default=0.0, metavar="M",
+                     help="the learned rule's margin over plain decoding: a speculating block size is preferred "
+                          "only where its rounds beat plain's by M (default 0; the vLLM plug-in's load_margin)")
     lim = p.add_argument_group("server and limits")
     lim.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
@@ -419,7 +422,7 @@ def _load_rule(args: argparse.Namespace, device: str) -> object | None:
     chains = [a for a in args.arms or [] if a > 0]  # the rule sets chains' block sizes; a tree row keeps its tree
     arms = chains or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
     return make_load_rule(spec, arms, _cost_model(args, device) or "cpu-smollm2-batched", prior=args.load_prior,
-                          seed=args.seed)
+                          seed=args.seed, margin=args.load_margin)
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str, trees: bool) -> None:

@@ -103,10 +103,12 @@ class RoundRule:
         self.busy_wall_s += time.perf_counter() - w0
 
 
-def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0) -> LoadRule | None:
+def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0,
+                   margin: float = 0.0) -> LoadRule | None:
     """The rule ``spec`` names (``fixed:B``, ``goodput``, ``learned``; ``none``: None) over block sizes ``arms``;
     ``profile`` is the cost model of the goodput and learned rules, ``prior`` their prior
-    per-draft acceptance (the learned rule starts warm from it).
+    per-draft acceptance (the learned rule starts warm from it), ``margin`` the learned rule's
+    margin over plain decoding (:class:`~adaptspec.load_rules.Learned`).
 
     >>> make_load_rule("fixed:3", [1, 2, 4], None).name, make_load_rule("learned", [1, 2, 4], "cpu-smollm2-bf16").name
     ('fixed:3', 'learned (lints, warm, full info)')
@@ -129,7 +131,8 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
         prof = get_profile(profile)
         if spec == "goodput":
             return Goodput(arms, prof, prior=prior)
-        return Learned(arms, prof, prior=prior, seed=seed, full_info=True)  # every shorter block a round shows
+        return Learned(arms, prof, prior=prior, seed=seed, full_info=True,  # every shorter block a round shows
+                       margin=margin)
     raise AdaptspecError(f"--load-rule {spec!r}: expected one of {', '.join(LOAD_RULES)}")
 
 
