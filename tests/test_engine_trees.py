@@ -102,7 +102,7 @@ PROMPTS = [[6, 7, 8], [40, 41, 42, 43], [70], [11, 12, 13, 14, 15], [94, 84], [5
 
 
 # ---------------------------------------------------------------------- exact verification
-@pytest.mark.parametrize("chunk_tokens", [256, None])
+@pytest.mark.parametrize("chunk_tokens", [256, pytest.param(None, marks=pytest.mark.slow)])
 def test_exact_rows_mixing_trees_and_chains_equal_greedy_alone(chunk_tokens):
     """Eight requests, four rows: trees of 1, 3, 8, 12 (top 3, depth 6) and 16 nodes beside chains of
     1, 2 and 4, joining at rounds 0-6 (some wait for a free row), ending at different rounds (lengths
@@ -402,15 +402,16 @@ def test_serve_runs_a_fixed_tree_variant_through_the_engine(tmp_path):
 
     codec = CharCodec()
     spec, _ = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, {"T": "fixed:-8", "C": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, tree_arm(8)], engine=EngineSettings(max_rows=3, max_queue=8))
+    svc = CompletionService.build(spec, {"T": "fixed:-8", "C": "fixed:4", "F": "fi-ucb"}, codec=codec,
+                                  log_dir=tmp_path / "log", limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+                                  arms=[1, 2, 4, tree_arm(8)], engine=EngineSettings(max_rows=3, max_queue=8),
+                                  latency="cpu-smollm2-fast")
     model = tiny_model(0)
-    prompts = ["Hello there", "def f(x):", "Once upon a time", "The quick brown fox"]
+    prompts = ["Hello there", "def f(x):", "Once upon a time", "The quick brown fox", "Hello there"]
     with TestClient(create_app(svc)) as client:
         got = []
         for i, prompt in enumerate(prompts):
-            variant = "T" if i % 2 == 0 else "C"
+            variant = "TCTCF"[i]
             r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "user": f"u{i}"},
                             headers={"X-Adaptspec-Variant": variant})
             assert r.status_code == 200, r.text
@@ -419,13 +420,17 @@ def test_serve_runs_a_fixed_tree_variant_through_the_engine(tmp_path):
     for prompt, ids, info in got:
         p = codec.encode(prompt)
         assert ids == model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24)[0, len(p):].tolist()
-    assert sorted(info["block_size"] for _, _, info in got) == [-8, -8, 4, 4]
+    assert [info["block_size"] for _, _, info in got] == [-8, 4, -8, 4, -8]  # fi-ucb starts from the largest tree
     assert any(w > 4 for rec in history for w in rec.block_sizes)  # tree rows verified up to 9 positions
     rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
     for _, _, info in got:
         assert rows[info["decision_id"]]["block_size"] == info["block_size"]
         assert (rows[info["decision_id"]]["reward"] is None) == (info["rounds"] == 0)  # no reward: ended at its first token
     assert all(info["rounds"] > 0 for _, _, info in got if info["block_size"] == -8)
+    # full information from the engine's tree rounds: every arm observed, the tree and plain steps uncensored
+    fi = rows[got[-1][2]["decision_id"]]
+    assert fi["arms"] == [-8, 1, 2, 4] and fi["cf_censored"][:2] == [False, False]
+    assert all(r is not None for r in fi["cf_rewards"]) and fi["cf_rewards"][0] == pytest.approx(fi["reward"])
 
 
 # ---------------------------------------------------------------------- the exact kernel
