@@ -459,3 +459,43 @@ def test_the_exact_kernel_computes_every_tree_node_bit_for_bit_as_the_chain_of_i
                                                    copy.deepcopy(pre.cache))
         assert torch.equal(logits[[0, *path]], chain_logits)
         assert torch.equal(hidden[[0, *path]], chain_hidden)
+
+
+def test_a_load_rule_sets_chains_only_and_learns_from_them_only():
+    """A per-round rule asking B = 1 of every row: the chain rows run plain steps, the tree row its
+    tree; the rule's feedback holds the chain rows' rounds alone (the tree row ran no size it asked)."""
+    from adaptspec.serving.engine.round_rule import RoundRule
+
+    class AskOne:
+        name = "ask-one"
+
+        def __init__(self):
+            self.fed = []
+
+        def choose(self, views, load):
+            return [1] * len(views)
+
+        def feedback(self, views, block_sizes, taus, attributed_s, load):
+            self.fed.append((list(block_sizes), list(taus), load.rows))
+
+    model, decoder = exact_for("llama")
+    drafter = TreeKnowingDrafter(decoder.drafter, seed=1)
+    prompts = [[6, 7, 8], [40, 41, 42, 43], [70, 71]]
+    for p in prompts:
+        knowing(drafter, decoder.target, p, reference_greedy(model, p, 20))
+    engine = BatchEngine(decoder.target, drafter, max_rows=3)
+    rule = RoundRule(AskOne(), lambda: 0)
+    engine.round_block_sizes = rule.choose
+    handles = [engine.submit(p, block_size=b, max_new_tokens=20) for p, b in zip(prompts, [4, tree_arm(8), 2])]
+    by_id = {h.id: h for h in handles}
+    while engine.busy:
+        record = engine.step()
+        if record is not None:
+            rule.feedback(record, [0.01] * len(record.taus), [by_id[i] for i in record.requests])
+    for p, h in zip(prompts, handles):
+        assert h.result().tokens == reference_greedy(model, p, 20)
+    assert all(r.block_size == 1 for h in (handles[0], handles[2]) for r in h.rounds)
+    assert sum(r.tree for r in handles[1].rounds) >= 3 and max(r.tau for r in handles[1].rounds) >= 3
+    chain_rounds = len(handles[0].rounds) + len(handles[2].rounds)
+    assert sum(len(b) for b, _, _ in rule.rule.fed) == chain_rounds  # the tree row's rounds left out
+    assert all(b == [1] * len(b) and t == [1] * len(t) for b, t, _ in rule.rule.fed)

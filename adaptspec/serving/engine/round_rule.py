@@ -93,11 +93,16 @@ class RoundRule:
     def feedback(self, record: Any, shares: Sequence[float], handles: Sequence[Any]) -> None:
         """After the round ``record``: each row's tau and attributed seconds back to the rule
         (``handles``: the rows' request handles, in the record's order)."""
+        from ...decoding.decoder import as_tree_budget
+
         t0, w0 = time.thread_time(), time.perf_counter()
-        views = [self._views[h.id] for h in handles]
-        self.rule.feedback(views, self._asked, record.taus, shares, self._load)
-        for v, h, b, tau in zip(views, handles, record.block_sizes, record.taus):
-            v.after_round(b, int(tau), len(h.tokens))
+        # a draft tree's row ran its tree, not the size asked for it (the engine sets chains only): left out
+        chains = [i for i, h in enumerate(handles) if as_tree_budget(h.block_size) is None]
+        views = [self._views[handles[i].id] for i in chains]
+        self.rule.feedback(views, [self._asked[i] for i in chains], [record.taus[i] for i in chains],
+                           [shares[i] for i in chains], self._load)
+        for v, i in zip(views, chains):
+            v.after_round(record.block_sizes[i], int(record.taus[i]), len(handles[i].tokens))
         self.row_rounds += len(record.taus)
         self.busy_s += time.thread_time() - t0
         self.busy_wall_s += time.perf_counter() - w0
