@@ -110,8 +110,10 @@ def parse_table(spec: str) -> list[list[int]]:
     return out
 
 
-def server_command(name: str, args, port: int, root: Path) -> tuple[list[str], dict]:
-    """The command line and extra environment of configuration ``name``'s server."""
+def server_command(config: str, args, port: int, root: Path) -> tuple[list[str], dict]:
+    """The command line and extra environment of configuration ``config``'s server (``KIND@TAG``: configuration
+    KIND with the vLLM flags ``--server-args`` gives ``KIND@TAG``)."""
+    name = config.split("@")[0]
     if name == "adaptspec-plain":
         return [sys.executable, "-m", "adaptspec", "serve", "--variant", "P=fixed:1", "--port", str(port),
                 "--log-dir", str(root / f"log-{port}"), "--log-level", "warning", "--max-tokens", "1024"], {}
@@ -145,6 +147,7 @@ def server_command(name: str, args, port: int, root: Path) -> tuple[list[str], d
             cmd += ["--worker-extension-cls", "adaptspec.vllm.IdleDrafterSkip"]
     elif name != "plain":
         raise ValueError(f"unknown configuration {name!r}")
+    cmd += json.loads(args.server_args).get(config, [])
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
     metrics = root / f"prometheus-{port}"  # the engine process's counters (the plug-in's) on /metrics
@@ -403,6 +406,9 @@ def main() -> None:
                          "'{\"adaptive-none\": {\"load_rule\": \"none\"}}'")
     ap.add_argument("--no-idle-drafter-skip", dest="idle_drafter_skip", action="store_false",
                     help="the plug-in's servers without its worker extension (vLLM's drafter runs after every step)")
+    ap.add_argument("--server-args", default="{}", metavar="JSON",
+                    help='more vLLM flags by configuration, for configurations named KIND@TAG (KIND any above), '
+                         'e.g. \'{"plain@nostats": ["--disable-log-stats"]}\'')
     ap.add_argument("--warm-spec", default=None,
                     help="configuration 'warm': the plug-in with this one variant (a policy spec, docs/vllm.md), "
                          "e.g. a head trained on vLLM traces")
