@@ -115,18 +115,16 @@ def _each_row(module, query, key, value, mask, scaling):
     sees = mask[:, 0]
     counts = sees.sum(-1)  # [R, q]
     chain = torch.arange(kv_len, device=mask.device) < (counts[:, -1:] - q_len + 1 + torch.arange(q_len, device=mask.device))[..., None]
-    lengths, is_chain = counts[:, -1].tolist(), (chain == sees).all(-1).all(-1).tolist()
+    lengths, is_chain = torch.stack([counts[:, -1], (chain == sees).all(-1).all(-1).long()]).tolist()  # one host sync
     out = []
     for r, (n, plain) in enumerate(zip(lengths, is_chain)):
         if plain:
             out.append(rowwise_attention(module, query[r : r + 1], key[r : r + 1, :, :n].contiguous(),
                                          value[r : r + 1, :, :n].contiguous(), None, scaling=scaling)[0])
             continue
-        each = []
-        for q in range(q_len):
-            idx = sees[r, q].nonzero()[:, 0]
-            each.append(rowwise_attention(module, query[r : r + 1, :, q : q + 1], key[r : r + 1][:, :, idx],
-                                          value[r : r + 1][:, :, idx], None, scaling=scaling)[0])
+        seen = sees[r].nonzero()[:, 1].split(counts[r].tolist())  # each query's keys, in order
+        each = [rowwise_attention(module, query[r : r + 1, :, q : q + 1], key[r : r + 1][:, :, idx],
+                                  value[r : r + 1][:, :, idx], None, scaling=scaling)[0] for q, idx in enumerate(seen)]
         out.append(torch.cat(each, dim=1))
     return torch.cat(out), None
 
