@@ -182,12 +182,14 @@ def test_serve_gives_the_learned_rule_its_load_margin():
     import argparse
 
     from adaptspec.cli.serve import add_arguments
+    from adaptspec.load_rules import SPECULATION_MARGIN
     from adaptspec.serving.engine.round_rule import make_load_rule
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--load-margin", "0.1"])
-    assert args.load_margin == 0.1 and parser.parse_args([]).load_margin == 0.0
+    assert args.load_margin == 0.1 and parser.parse_args([]).load_margin == SPECULATION_MARGIN == 0.1
+    assert parser.parse_args(["--load-margin", "0"]).load_margin == 0.0
     with pytest.raises(SystemExit):
         parser.parse_args(["--load-margin", "1"])
     rule = make_load_rule("learned", [1, 2, 4], "cpu-smollm2-bf16", margin=args.load_margin)

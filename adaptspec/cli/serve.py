@@ -26,6 +26,7 @@ import logging
 import sys
 
 from ..errors import AdaptspecError
+from ..load_rules import SPECULATION_MARGIN
 from ..speculator import arm_label, check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
@@ -145,9 +146,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "as linucb or lints, not the bundled head; every variant of a log directory alike)")
     bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
                      help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
-    bat.add_argument("--load-margin", type=float_range(0, 1, hi_open=True), default=0.0, metavar="M",
+    bat.add_argument("--load-margin", type=float_range(0, 1, hi_open=True), default=SPECULATION_MARGIN, metavar="M",
                      help="the learned rule's margin over plain decoding: a speculating block size is preferred "
-                          "only where its rounds beat plain's by M (default 0; the vLLM plug-in's load_margin)")
+                          f"only where its rounds beat plain's by M (default {SPECULATION_MARGIN}; 0: the rounds alone)")
     lim = p.add_argument_group("server and limits")
     lim.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")

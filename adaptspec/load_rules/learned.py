@@ -47,14 +47,17 @@ COLD_WEIGHT = 0.01
 #: information) a run draining from 16 rows to 1 cost 1.2% with no shared term (a level's own
 #: term alone: the drain's levels explored afresh), 0.5% at a weight of 4, 0.0% at 16.
 LEVEL_WEIGHT = 16.0
-#: The margin a speculating block size must clear over plain decoding, as the vLLM plug-in runs the
-#: rule (``Learned(margin=...)``; 0 by default): each speculating row's reward is divided by
+#: The margin a speculating block size must clear over plain decoding, as ``adaptspec serve``
+#: (``--load-margin``) and the vLLM plug-in (``load_margin``) run the rule by default
+#: (``Learned(margin=...)``; 0 when not given): each speculating row's reward is divided by
 #: ``1 + margin`` before it is learnt. A round's reward sees only that round, and speculation has
 #: costs no round shows: requests it lets finish at different steps stop sharing their prefill
 #: steps, a draining batch's last rows each pay a whole step, the drafter's bookkeeping. Measured in
 #: vLLM on this CPU (4 concurrent requests, 64 tokens, BENCHMARKS.md): B = 2's decode steps
 #: committed 1.02x plain's tokens a second while the whole run took 0.93-1.00x plain's time (prefill
-#: steps 19 against 6, 1-row tail steps), and served at 4 clients every fixed K ran below plain.
+#: steps 19 against 6, 1-row tail steps), and served at 4 clients every fixed K ran below plain; in
+#: adaptspec's own server at 4 clients the default without it ran B = 2, 0.93x plain, with it B = 1,
+#: 0.99x (one run on a loaded host, benchmarks/results/host-served-margin.json).
 SPECULATION_MARGIN = 0.10
 
 
@@ -126,8 +129,8 @@ class Learned:
     over a run, plain's rewards, exactly 1, pulled the noise to 0.048, and the rule played plain
     or B = 2 for the rest: 0.93-0.96x the best fixed size.)
 
-    **A margin over plain** (``margin``, 0 by default; the vLLM plug-in's ``load_margin``,
-    :data:`SPECULATION_MARGIN`): every speculating row's reward, played or counterfactual, and a warm
+    **A margin over plain** (``margin``, 0 by default; :data:`SPECULATION_MARGIN` as
+    ``adaptspec serve --load-margin`` and the vLLM plug-in's ``load_margin`` give it by default): every speculating row's reward, played or counterfactual, and a warm
     prior's speculating sizes, are divided by ``1 + margin``, so a block size above 1 is preferred
     only where its rounds beat plain decoding's by the margin: what speculation costs outside its
     own rounds (see :data:`SPECULATION_MARGIN`) is charged to it, and where speculating only breaks
