@@ -33,6 +33,14 @@ PROMPTS = [(f"r{i}", "ab"[i % 2], [6 + i, 7 + i % 3, 8, 9, 10]) for i in range(6
 
 
 @pytest.fixture(scope="module", autouse=True)
+def threads_restored():
+    """The modules after this one get back the thread count they set (a test here sets two)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
 def local_ray():
     # the workers import this module (tiny_speculator) and this checkout's adaptspec: they inherit
     # the environment of the processes ray.init starts
