@@ -154,3 +154,24 @@ def test_the_engine_and_the_decoder_on_packed_weights_decode_what_they_decode_wi
     prompts = [(list(range(i + 1, i + 9)), b) for i, b in enumerate((1, 3, 4, 2))]
     with_packing, without = _decode_both_ways(lambda on: TargetModel(model, prepacked=on), drafter, prompts)
     assert with_packing == without
+
+
+def test_a_tree_pass_runs_on_the_packed_weights_as_a_chain_pass_does():
+    """The decoder's tree rounds (verify_tree) and its chain rounds: every linear layer's call in a
+    pass is the packed layer's, and the tokens are those decoded without packing (bfloat16)."""
+    model = tiny_target("llama", vocab=96, eos=None).to(torch.bfloat16)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(torch.bfloat16)
+    prompt = list(range(3, 13))
+    outs = []
+    for on in (True, False):
+        target = TargetModel(model, prepacked=on)
+        layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        seen = []
+        hook = layer.register_forward_pre_hook(lambda m, args: seen.append(type(m) is PrepackedLinear))
+        try:
+            decoder = SpeculativeDecoder(target, drafter)
+            outs.append([decoder.generate(prompt, b, max_new_tokens=16).tokens for b in (-8, 4)])
+        finally:
+            hook.remove()
+        assert seen and all(s == on for s in seen)
+    assert outs[0] == outs[1]

@@ -65,13 +65,15 @@ def verify_tree(target: TargetModel, tree: DraftTree, last: int, n: int, cache: 
     """Run the tree after the ``n`` positions of ``cache``: logits ``[N + 1, V]`` (row ``i``: the
     target's next-token logits after block index ``i``'s path) and, when ``context`` and the
     target feeds a drafter, the drafter's context ``[N + 1, k*H]``. Appends all ``N + 1``
-    positions to ``cache``; :func:`keep_path` keeps the accepted ones."""
+    positions to ``cache``; :func:`keep_path` keeps the accepted ones. The pass runs on the target's
+    prepacked weights, as its chain passes do (``TargetModel.prepacked``)."""
     ids, positions, mask = tree_inputs(tree, last, n, target.device)
     if target.model.config._attn_implementation in ADDITIVE_MASK:
         mask = torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(target.dtype).min)
     context = context and target.context_layers is not None
-    out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                       **{cache_keyword(): cache}, use_cache=True, output_hidden_states=context)
+    with target.prepacked.on():
+        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                           **{cache_keyword(): cache}, use_cache=True, output_hidden_states=context)
     hidden = torch.cat([out.hidden_states[i][0] for i in target.context_layers], dim=-1) if context else None
     return out.logits[0], hidden
 
