@@ -55,16 +55,24 @@ def stream(n: int, seed: int = 1) -> list[tuple[list[float], dict[str, float]]]:
 
 
 class Replica:
-    """One replica process (tests/_fleet_replica.py)."""
+    """One replica process (tests/_fleet_replica.py); ``wait=False`` returns once it is started,
+    before it is ready (then :meth:`ready`), so that several start side by side."""
 
-    def __init__(self, url: str, rid: str, log_dir: Path, spec: str, sync_every: int = 8, lease_ttl: float = 15.0) -> None:
+    def __init__(self, url: str, rid: str, log_dir: Path, spec: str, sync_every: int = 8, lease_ttl: float = 15.0,
+                 wait: bool = True) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fleet_replica.py"), url, rid,
                                       str(log_dir), spec, str(sync_every), str(lease_ttl)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.rid = rid
-        self.hello = self._read()
         self.acked: list[tuple[np.ndarray, int, float, float]] = []  # context, block size, reward, ack time
+        if wait:
+            self.ready()
+
+    def ready(self) -> "Replica":
+        """Wait for the replica's first line (``hello``)."""
+        self.hello = self._read()
+        return self
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -98,6 +106,12 @@ class Replica:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+
+
+def start_replicas(url: str, log_dirs: list[Path], spec: str, **kw) -> list[Replica]:
+    """Replicas r0, r1, ... on ``log_dirs``, started side by side (each imports torch: about 2 s of CPU)."""
+    reps = [Replica(url, f"r{i}", d, spec, wait=False, **kw) for i, d in enumerate(log_dirs)]
+    return [r.ready() for r in reps]
 
 
 def wait_for_lease_expiry(srv, fleet: str, rid: str, variant: str = "A", timeout: float = 30.0) -> None:
@@ -142,7 +156,7 @@ def sync_all(replicas) -> list[dict]:
 def test_four_replicas_equal_one_process_that_saw_every_feedback(redis_server, tmp_path, head_dir):
     for spec in ("ucb", f"neural-linear:head={head_dir}"):
         url = f"{redis_server.url}/t-{spec[:3]}"
-        reps = [Replica(url, f"r{i}", tmp_path / spec[:3] / f"r{i}", spec) for i in range(4)]
+        reps = start_replicas(url, [tmp_path / spec[:3] / f"r{i}" for i in range(4)], spec)
         try:
             for i, (x, rw) in enumerate(stream(160)):
                 reps[i % 4].step(x, rw)
@@ -160,7 +174,7 @@ def test_four_replicas_equal_one_process_that_saw_every_feedback(redis_server, t
 def test_sigkill_loses_nothing_acknowledged_and_its_key_keeps_counting(redis_server, tmp_path):
     spec, url, k = "ucb", f"{redis_server.url}/kill", 8
     logs = [tmp_path / f"r{i}" for i in range(4)]
-    reps = [Replica(url, f"r{i}", logs[i], spec, sync_every=k, lease_ttl=2.0) for i in range(4)]
+    reps = start_replicas(url, logs, spec, sync_every=k, lease_ttl=2.0)
     data = stream(240)
     try:
         for i, (x, rw) in enumerate(data[:120]):
@@ -197,7 +211,7 @@ def test_sigkill_loses_nothing_acknowledged_and_its_key_keeps_counting(redis_ser
 
 def test_redis_restarted_mid_stream_loses_nothing(redis_server, tmp_path):
     spec, url = "ucb", f"{redis_server.url}/restart"
-    reps = [Replica(url, f"r{i}", tmp_path / f"r{i}", spec) for i in range(4)]
+    reps = start_replicas(url, [tmp_path / f"r{i}" for i in range(4)], spec)
     data = stream(200)
     try:
         for i, (x, rw) in enumerate(data[:80]):
