@@ -56,7 +56,8 @@ def test_two_servers_learn_together_and_one_without_redis_keeps_serving(tmp_path
     for s in (a, b):
         s.args[s.args.index("A=linucb")] = "A=ucb"
         s.root.mkdir()
-    a.start(), b.start()
+    a.launch(), b.launch()  # side by side: each loads the tiny pair
+    a.ready(), b.ready()
     try:
         for i in range(3):
             complete(a.url, {"prompt": [5, 6, 7 + i], "max_tokens": 4, "variant": "A"})
@@ -74,8 +75,13 @@ def test_two_servers_learn_together_and_one_without_redis_keeps_serving(tmp_path
         for i in range(2):
             out = complete(a.url, {"prompt": [9, 9, i], "max_tokens": 4, "variant": "A"})
             assert out["choices"][0]["token_ids"]
-        time.sleep(1.5)
-        m = httpx.get(a.url + "/metrics").text
+        deadline = time.time() + 10
+        while time.time() < deadline:  # a's next sync (every 0.2 s) fails and says so
+            m = httpx.get(a.url + "/metrics").text
+            if (metric(m, "adaptspec_shared_state_up") == 0.0 and metric(m, "adaptspec_shared_sync_errors_total") >= 1
+                    and metric(m, "adaptspec_shared_unpublished_updates") == 2):
+                break
+            time.sleep(0.05)
         assert metric(m, "adaptspec_shared_state_up") == 0.0
         assert metric(m, "adaptspec_shared_sync_errors_total") >= 1
         assert metric(m, "adaptspec_shared_unpublished_updates") == 2

@@ -170,8 +170,16 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Server":
+        return self.launch().ready()
+
+    def launch(self) -> "Server":
+        """Start the process and return at once (then :meth:`ready`): servers launched together load side by side."""
         out = open(self.root / "server.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "adaptspec", *self.args], stdout=out, stderr=out)
+        return self
+
+    def ready(self) -> "Server":
+        """Wait until /health answers 200 (at most 120 s)."""
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -181,7 +189,7 @@ class Server:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.25)
+            time.sleep(0.05)
         raise RuntimeError("server did not start")
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
