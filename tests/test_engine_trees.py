@@ -8,8 +8,9 @@ round (docs/decoding.md, "Draft trees"; docs/batching.md), tested as the decoder
   accepted path walked here, independently, from that pass's logits), that pass's logits along the
   path are those of the chain recomputed from scratch (the mask, the positions and the compacted
   cache are right), and a tree row equals the decoder's tree decoding alone but at near-ties;
-- T > 0 with a seed (exact verification): a tree row samples the tokens the decoder samples alone,
-  with a tree or at B = 1;
+- T > 0 with a seed: in exact verification a tree row samples the tokens the decoder samples alone,
+  with a tree or at B = 1; in fast verification every committed token is the keyed sample of the
+  engine's pass at its node;
 - the KV slots: a tree row's mask and positions, and the accepted path kept as a chain, against
   their definitions written out here;
 - ``adaptspec serve``'s service with a ``fixed:-8`` variant: trees through the engine end to end.
@@ -499,3 +500,47 @@ def test_a_load_rule_sets_chains_only_and_learns_from_them_only():
     chain_rounds = len(handles[0].rounds) + len(handles[2].rounds)
     assert sum(len(b) for b, _, _ in rule.rule.fed) == chain_rounds  # the tree row's rounds left out
     assert all(b == [1] * len(b) and t == [1] * len(t) for b, t, _ in rule.rule.fed)
+
+
+@pytest.mark.slow
+def test_fast_sampled_tree_rows_commit_the_keyed_samples_of_the_pass_that_verified_them():
+    """T > 0 in fast verification: every round of a tree row commits its accepted path and the sample
+    after it, walked here from the engine's own pass with the row's keyed noise at each node's output
+    position (decoding/sampling.py), beside a greedy chain row."""
+    from adaptspec.decoding.sampling import SampleKeys
+
+    model, target, base = fast_setup()
+    drafter = TreeKnowingDrafter(base, seed=4)
+    engine = BatchEngine(target, drafter, max_rows=3, chunk_tokens=None, batched_draft=False)
+    requests = [([6, 7, 8], tree_arm(8), 0.8, 3), ([40, 41, 42], 3, 0.0, None), ([70], FixedTree(10, top_k=3, depth=5), 1.2, 9)]
+    alone = SpeculativeDecoder(target, base)
+    for p, _, t, s in requests:  # the drafter knows each sampled continuation: long paths accepted
+        knowing(drafter, target, p, alone.generate(p, 1, 24, temperature=t, seed=s).tokens if t else
+                reference_greedy(model, p, 24))
+    passes = Passes(engine)
+    with mock.patch.object(engine_module, "verify_rows", passes):
+        handles = [engine.submit(p, block_size=a, max_new_tokens=24, temperature=t, seed=s) for p, a, t, s in requests]
+        engine.run_until_done()
+    long_paths = 0
+    for (p, arm, t, s), h in zip(requests, handles):
+        if t == 0:
+            continue
+        keys = SampleKeys(s)
+        mine = [(k, ids.index(h.id)) for k, (ids, *_rest) in enumerate(passes.passes) if h.id in ids]
+        committed = [h.tokens[0]]
+        for (k, row), r in zip(mine, h.rounds):
+            _, trees, _, logits = passes.passes[k]
+            tree, pos = trees[row], len(committed)
+            if tree is None:  # the last token's plain step
+                noise = keys.noise(pos, 1, logits.shape[-1], logits.device)[0]
+                new = [int((logits[row, 0] / t + noise).argmax())]
+            else:
+                noise = torch.stack([keys.noise(pos + d, 1, logits.shape[-1], logits.device)[0] for d in tree.depths])
+                choices = (logits[row, : tree.nodes + 1] / t + noise).argmax(-1).tolist()
+                path = brute_path(tree, choices)
+                new = [tree.tokens[j - 1] for j in path] + [choices[path[-1] if path else 0]]
+                long_paths += len(new) >= 3
+            assert h.tokens[pos: pos + r.tau] == new[: len(h.tokens) - pos] and r.tau == len(new)
+            committed += new
+        assert committed[: len(h.tokens)] == h.tokens
+    assert long_paths >= 3
