@@ -20,7 +20,7 @@ def bench():
 def _args(**kw):
     base = dict(vllm_python="py", target="T", drafter="D", levels=[1, 8], adaptive_max_k=8, plugin_entry="{}",
                 plugin_entries="{}", idle_drafter_skip=True, warm_spec=None, table="1-2:3", kv_cache_gib=1,
-                ld_preload="")
+                ld_preload="", server_args="{}")
     return SimpleNamespace(**(base | kw))
 
 
@@ -47,6 +47,17 @@ def test_plugin_k_is_vllms_k_through_the_plugin_and_named_entries_reach_their_se
                                                       idle_drafter_skip=False), 8001, tmp_path)
     assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["load_rule"] == "learned"
     assert "--worker-extension-cls" not in cmd
+
+
+def test_a_tagged_configuration_is_its_kind_with_the_flags_given_it(bench, tmp_path):
+    args = _args(server_args='{"floor@nostats": ["--disable-log-stats"]}')
+    tagged, _ = bench.server_command("floor@nostats", args, 8000, tmp_path)
+    untagged, _ = bench.server_command("floor", args, 8001, tmp_path)
+    assert "--disable-log-stats" in tagged and "--disable-log-stats" not in untagged
+    assert json.loads(_flag(tagged, "--additional-config"))["adaptspec"]["variants"] == {"F": "fixed:1"}
+    plain, _ = bench.server_command("plain@x", _args(server_args='{"plain@x": ["--max-num-batched-tokens", "512"]}'),
+                                    8002, tmp_path)
+    assert "--speculative-config" not in plain and _flag(plain, "--max-num-batched-tokens") == "512"
 
 
 def _run(tps, group, repeat, cpu_s, tokens=100, **extra):
