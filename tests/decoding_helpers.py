@@ -73,3 +73,16 @@ def model_and_decoder(arch: str):
     ``target_for = functools.cache(model_and_decoder)``)."""
     model = tiny_target(arch)
     return model, make_decoder(model)
+
+
+def brute_path(tree, choices: list[int]) -> list[int]:
+    """The accepted path of a draft tree found by scanning every node for a child of the current one
+    holding the target's choice there (an independent walk, against the decoder's own)."""
+    path, node = [], 0
+    for _ in range(tree.nodes):
+        kids = [i for i in range(1, tree.nodes + 1) if tree.parents[i] == node and tree.tokens[i - 1] == choices[node]]
+        if not kids:
+            break
+        node = kids[0]
+        path.append(node)
+    return path

@@ -32,12 +32,12 @@ from adaptspec.batching import BatchEngine
 from adaptspec.batching.kv_slots import SlotStore
 from adaptspec.decoding import BlockDiffusionDrafter, FixedTree, SpeculativeDecoder, TargetModel
 from adaptspec.decoding.greedy import TIE_GAP, divergence
-from adaptspec.decoding.tree import DraftTree, build_tree
+from adaptspec.decoding.tree import build_tree
 from adaptspec.errors import AdaptspecError
 from adaptspec.speculator import tree_arm
 
 from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
-from decoding_helpers import model_and_decoder, reference_greedy, tiny_target
+from decoding_helpers import brute_path, model_and_decoder, reference_greedy, tiny_target
 
 exact_for = functools.cache(model_and_decoder)  # one tiny target and exact decoder per architecture
 
@@ -67,18 +67,6 @@ class TreeKnowingDrafter(KnowingDrafter):
             for slot, tok in enumerate(order):
                 logits[i, tok] = 8.0 - 1.5 * slot
         return logits
-
-
-def brute_path(tree: DraftTree, choices: list[int]) -> list[int]:
-    """The accepted path found by scanning every node for a child of the current one holding the choice."""
-    path, node = [], 0
-    for _ in range(tree.nodes):
-        kids = [i for i in range(1, tree.nodes + 1) if tree.parents[i] == node and tree.tokens[i - 1] == choices[node]]
-        if not kids:
-            break
-        node = kids[0]
-        path.append(node)
-    return path
 
 
 def knowing(drafter: TreeKnowingDrafter, target: TargetModel, prompt: list[int], continuation: list[int]) -> None:

@@ -29,7 +29,7 @@ from adaptspec.decoding.sampling import SampleKeys
 from adaptspec.decoding.tree_budget import CostAwareTree, FixedTree, TreeBudget
 from adaptspec.errors import AdaptspecError
 
-from decoding_helpers import ARCHS, make_decoder, model_and_decoder, reference_greedy, tiny_target
+from decoding_helpers import ARCHS, brute_path, make_decoder, model_and_decoder, reference_greedy, tiny_target
 
 torch.set_num_threads(1)
 
@@ -146,17 +146,6 @@ class TreePasses:
         logits, hidden = self.real(target, tree, last, n, cache, context)
         self.passes.append((tree, last, n, logits.float().clone()))
         return logits, hidden
-
-
-def brute_path(tree, choices) -> list[int]:
-    path, node = [], 0
-    for _ in range(tree.nodes):
-        kids = [i for i in range(1, tree.nodes + 1) if tree.parents[i] == node and tree.tokens[i - 1] == choices[node]]
-        if not kids:
-            break
-        node = kids[0]
-        path.append(node)
-    return path
 
 
 _FAST: dict = {}
