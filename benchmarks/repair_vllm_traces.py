@@ -3,9 +3,9 @@
 Before commit 2fefc98 the plug-in's recorder gave a request's last round the tokens its step
 *sampled*; vLLM keeps them only up to the stop (``max_tokens``, a stop token), so such a set's
 rounds can commit more than the request's ``new_tokens`` and ``adaptspec simulate`` refuses it.
-Since 2fefc98 the recorder gives that round the tokens kept (``RequestRecord.outcome``: the
+Since 2fefc98 the recorder gives that round the tokens kept (``adaptspec.vllm.record.kept_last_tau``: the
 round's tau less ``1 + sum(tau) - new_tokens``, the 1 being the prefill's token). This script
-applies that same rule to a stored set's outcomes: only the last round's tau (and the row's
+applies that same function to a stored set's outcomes: only the last round's tau (and the row's
 ``mean_tau``) change; ``new_tokens``, ``rounds`` and every time stay as measured, since vLLM ran
 that step whatever it kept.
 
@@ -22,14 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adaptspec.traces.traceset import TraceSet
-
-
-def kept_taus(taus: list[int], new_tokens: int) -> list[int]:
-    """The rounds' taus with the last one cut to what vLLM kept (as ``RequestRecord.outcome``)."""
-    excess = 1 + sum(taus) - new_tokens
-    if taus and 0 < excess < taus[-1]:
-        return taus[:-1] + [taus[-1] - excess]
-    return list(taus)
+from adaptspec.vllm.record import kept_last_tau
 
 
 def repair(src: Path, out: Path) -> dict:
@@ -37,7 +30,7 @@ def repair(src: Path, out: Path) -> dict:
     rows = outcomes.to_pylist()
     cut = 0
     for row in rows:
-        taus = kept_taus(row["tau"], row["new_tokens"])
+        taus = row["tau"][:-1] + [kept_last_tau(row["tau"], row["new_tokens"])]
         if taus != row["tau"]:
             cut += 1
             row["tau"] = taus

@@ -72,12 +72,23 @@ class RequestRecord:
         decision (the last one's tokens those vLLM kept: see the module docstring), its attributed
         decode time."""
         rounds = list(self.rounds)
-        excess = 1 + sum(r.tau for r in rounds) - len(tokens)  # 1: the prefill's token
-        if rounds and 0 < excess < rounds[-1].tau:
-            rounds[-1] = replace(rounds[-1], tau=rounds[-1].tau - excess)
+        if rounds:
+            rounds[-1] = replace(rounds[-1], tau=kept_last_tau([r.tau for r in rounds], len(tokens)))
         return Outcome(list(tokens), rounds, decode_s=self.attributed_s, finish_reason=finish_reason)
 
     def shared(self, now_s: float) -> SharedRounds:
         """How its decode time was counted (the log keeps it)."""
         return SharedRounds(attributed_s=self.attributed_s, wall_decode_s=max(now_s - self.decided_s, 0.0),
                             rounds=len(self.rounds), row_rounds=self.row_rounds)
+
+
+def kept_last_tau(taus: Sequence[int], tokens_out: int) -> int:
+    """The last round's tokens as vLLM kept them: ``taus`` the rounds' committed tokens as its steps
+    sampled them, ``tokens_out`` the tokens the request kept (the prefill's one included); the last
+    round gives up what lies past them (see the module docstring).
+
+    >>> kept_last_tau([2, 1, 4], 6), kept_last_tau([2, 1, 4], 8)
+    (2, 4)
+    """
+    excess = 1 + sum(taus) - tokens_out  # 1: the prefill's token
+    return taus[-1] - excess if 0 < excess < taus[-1] else taus[-1]
