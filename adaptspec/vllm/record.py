@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from ..serving.engine.round_rule import RowView
 from ..speculator import Outcome, Round, SharedRounds
 
-__all__ = ["RequestRecord"]
+__all__ = ["RequestRecord", "kept_last_tau"]
 
 
 @dataclass
