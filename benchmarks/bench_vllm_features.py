@@ -118,6 +118,14 @@ def interval(values):
     return {"mean": float(x.mean()), "ci95": None if ci is None else [round(ci[0], 3), round(ci[1], 3)]}
 
 
+def print_summary(summary: dict, names, width: int) -> None:
+    """One line a context or policy: its % of the per-request oracle and of the best fixed size, with intervals."""
+    for name in names:
+        s_ = summary[name]
+        print(f"{name:{width}s} {s_['pct_oracle']['mean']:.1f}% of oracle {s_['pct_oracle']['ci95']}, "
+              f"{s_['pct_best_fixed']['mean']:.1f}% of best fixed {s_['pct_best_fixed']['ci95']}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", nargs="+", required=True, help="collect-vllm trace sets, one per concurrency")
@@ -204,10 +212,7 @@ def main() -> int:
               "per_level": per_level, "summary": summary, "runs": runs, "references": refs,
               "wall_s": round(time.time() - t_start, 1), "load_average_at_end": list(os.getloadavg())}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for name in CONTEXTS:
-        s_ = summary[name]
-        print(f"{name:20s} {s_['pct_oracle']['mean']:.1f}% of oracle {s_['pct_oracle']['ci95']}, "
-              f"{s_['pct_best_fixed']['mean']:.1f}% of best fixed {s_['pct_best_fixed']['ci95']}")
+    print_summary(summary, CONTEXTS, 20)
     print(f"wrote {args.out}")
     return 0
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm_features import interval, score, split  # noqa: E402  (one definition of the split's figures)
+from bench_vllm_features import interval, print_summary, score, split  # noqa: E402  (one definition of the split's figures)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -108,9 +108,7 @@ def main() -> int:
               "orders_per_split": args.seeds, "reward": "token_latency", "summary": summary, "runs": runs,
               "wall_s": round(time.time() - t0, 1)}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for n in names:
-        print(f"{n:28s} {summary[n]['pct_oracle']['mean']:.1f}% of oracle {summary[n]['pct_oracle']['ci95']}, "
-              f"{summary[n]['pct_best_fixed']['mean']:.1f}% of best fixed {summary[n]['pct_best_fixed']['ci95']}")
+    print_summary(summary, names, 28)
     print(f"wrote {args.out}")
     return 0
 
