@@ -182,6 +182,19 @@ def fast_setup():
     return _FAST["setup"]
 
 
+def run_fast_checked(model, target, drafter, requests, **engine_kw) -> dict:
+    """``requests`` through a fast engine (one drafter pass a row), each row's drafter knowing its greedy
+    continuation, every pass recorded and every row checked by :func:`check_fast_rows`; the handles."""
+    engine = BatchEngine(target, drafter, chunk_tokens=None, batched_draft=False, **engine_kw)
+    for _, p, _, n in requests:
+        knowing(drafter, target, p, reference_greedy(model, p, n))
+    passes = Passes(engine)
+    with mock.patch.object(engine_module, "verify_rows", passes):
+        handles = run(engine, requests)
+    check_fast_rows(model, handles, requests, passes.passes)
+    return handles
+
+
 def check_fast_rows(model, handles: dict, requests, passes) -> None:
     """Every round of every row, from the engine's own pass: a tree row commits its accepted path (walked
     here by :func:`brute_path` from that pass's argmax) and the argmax after it, a chain row its drafts
@@ -219,13 +232,7 @@ def test_fast_rows_commit_the_argmax_of_the_pass_that_verified_them_and_trees_eq
     drafter = TreeKnowingDrafter(base, seed=5)
     lengths = [30, 12, 24, 6, 30, 20, 14, 9]
     requests = [(at, p, arm, n) for at, p, arm, n in zip([0, 0, 0, 1, 2, 3, 5, 6], PROMPTS, ARMS, lengths)]
-    engine = BatchEngine(target, drafter, max_rows=4, token_budget=64, chunk_tokens=None, batched_draft=False)
-    for _, p, _, n in requests:
-        knowing(drafter, target, p, reference_greedy(model, p, n))
-    passes = Passes(engine)
-    with mock.patch.object(engine_module, "verify_rows", passes):
-        handles = run(engine, requests)
-    check_fast_rows(model, handles, requests, passes.passes)
+    handles = run_fast_checked(model, target, drafter, requests, max_rows=4, token_budget=64)
     alone = SpeculativeDecoder(target, drafter)
     long_paths = 0
     for i, (_, p, arm, n) in enumerate(requests):
@@ -248,14 +255,7 @@ def test_fast_rows_commit_the_argmax_of_the_pass_that_verified_them_and_trees_eq
 def test_fast_rows_under_random_compositions_commit_their_passes_argmax(requests, max_rows, budget, peek_seed):
     model, target, base = fast_setup()
     drafter = TreeKnowingDrafter(base, seed=peek_seed)
-    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=budget, chunk_tokens=None,
-                         batched_draft=False)
-    for _, p, _, n in requests:
-        knowing(drafter, target, p, reference_greedy(model, p, n))
-    passes = Passes(engine)
-    with mock.patch.object(engine_module, "verify_rows", passes):
-        handles = run(engine, requests)
-    check_fast_rows(model, handles, requests, passes.passes)
+    run_fast_checked(model, target, drafter, requests, max_rows=max_rows, token_budget=budget)
 
 
 def test_fast_tree_rows_share_the_batched_drafter_pass_and_the_packed_pass():
