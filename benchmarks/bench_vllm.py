@@ -139,8 +139,9 @@ def server_command(config: str, args, port: int, root: Path) -> tuple[list[str],
             entry["variants"] = {"W": args.warm_spec}
         elif name.startswith("floor"):
             entry["variants"] = {"F": "fixed:1"}
-        elif name.startswith("plugin-k"):
+        elif name.startswith("plugin-k"):  # vLLM's kK through the plug-in: no load rule, so every step verifies K
             entry["variants"] = {"P": f"fixed:{k + 1}"}
+            entry["load_rule"] = "none"
         cmd += ["--scheduler-cls", "adaptspec.vllm.AdaptiveScheduler", "--additional-config",
                 json.dumps({"adaptspec": entry})]
         if args.idle_drafter_skip and name != "floor-noskip":
