@@ -108,10 +108,15 @@ def test_exact_trees_accept_off_the_rank0_path_and_stop_at_eos_inside_a_path():
     for prompt in ([6, 7, 8], [94, 84], [40, 41], [53, 28, 79, 52], [11, 12, 13]):  # two end at EOS
         ref = reference_greedy(model, prompt, 60)
         peek = TreePeekingDrafter(decoder.drafter, prompt + ref, 7, rank_probs=(0.3, 0.4, 0.3, 0.0, 0.0))
-        passes = TreePasses()
-        with mock.patch.object(decoder_module, "verify_tree", passes):
-            out = SpeculativeDecoder(decoder.target, peek).generate(prompt, FixedTree(32, top_k=4, depth=8), 60)
+        passes, forwards = TreePasses(), []
+        hook = model.register_forward_hook(lambda *_: forwards.append(1))  # the target's passes
+        try:
+            with mock.patch.object(decoder_module, "verify_tree", passes):
+                out = SpeculativeDecoder(decoder.target, peek).generate(prompt, FixedTree(32, top_k=4, depth=8), 60)
+        finally:
+            hook.remove()
         assert out.tokens == ref
+        assert len(forwards) == 1 + len(out.rounds)  # the prefill, then one pass a round: no second pass for exactness
         deepest = max(deepest, *(r.tau for r in out.rounds))
         for tree, _, _, logits in passes.passes:
             path = brute_path(tree, logits.argmax(-1).tolist())

@@ -324,8 +324,9 @@ class SpeculativeDecoder:
         ``depth + 1`` positions, the best-first tree its budget allows, one target pass over it with
         the ancestor-only mask, the target's own choice walked down it (the argmax at T = 0, else
         the keyed sample of each node's output position, ``position`` + its depth), the accepted
-        path and the bonus committed. In ``"exact"`` verification the accepted path is verified
-        again as a chain, and that pass's tokens are committed (bit-identical to greedy decoding)."""
+        path and the bonus committed, and only the path's cache kept. In ``"exact"`` verification
+        the row-wise kernel computes each node bit for bit as the chain of its path
+        (:mod:`~adaptspec.decoding.tree_verify`), so the one pass is bit-identical to greedy decoding."""
         dev, vocab = self.target.device, self.target.vocab_size
         depth = tree_depth(budget, self.drafter.config.max_block_size, room)
         noise = None if temperature == 0 else keys.noise(position, depth + 1, vocab, dev)
@@ -339,13 +340,8 @@ class SpeculativeDecoder:
         logits, hidden = verify_tree(self.target, tree, last, n, cache)
         choices = target_choices(logits, tree, temperature, noise)
         path, new = committed(tree, choices)
-        if self.target.verification == "exact":
-            self.target.crop(cache, n)
-            block = torch.tensor([last, *(tree.tokens[i - 1] for i in path)], device=dev)
-            new = self._verify_chain(block, n, cache, draft, temperature, noise)
-        else:
-            keep_path(cache, n, path)
-            draft.append(hidden[[0, *path]])
+        keep_path(cache, n, path)
+        draft.append(hidden[[0, *path]])
         t2 = _now(dev)
         return new, Round(block_size=tree.nodes + 1, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1,
                           drafted=depth + 1, tree=True, tree_outcomes=round_outcomes(tree, choices))

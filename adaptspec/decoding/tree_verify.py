@@ -7,9 +7,9 @@ those of the chain ``[last, its path]``, up to the rounding of a pass of another
 model's own kernels take the mask (``"fast"`` verification: a boolean mask for ``sdpa``, an
 additive one for ``eager``); a model patched for ``"exact"`` verification honours the boolean
 one too (:func:`~adaptspec.decoding.batch_invariant.rowwise_attention`), one query at a time over
-the keys it sees gathered in order, bit for bit as the chain of its path (what the batching
-engine's tree rows rely on; :class:`~adaptspec.decoding.decoder.SpeculativeDecoder` still verifies
-the accepted path again as a chain, which gives the same tokens). After the walk,
+the keys it sees gathered in order, bit for bit as the chain of its path (so exact verification
+of a tree is one pass, in :class:`~adaptspec.decoding.decoder.SpeculativeDecoder` and in the batching
+engine's tree rows alike). After the walk,
 :func:`keep_path` keeps only the root's and the accepted path's keys and values.
 """
 
