@@ -42,7 +42,8 @@ def test_the_floor_runs_every_request_at_b1_with_and_without_the_idle_drafter_sk
 def test_plugin_k_is_vllms_k_through_the_plugin_and_named_entries_reach_their_server(bench, tmp_path):
     cmd, _ = bench.server_command("plugin-k3", _args(), 8000, tmp_path)
     assert json.loads(_flag(cmd, "--speculative-config"))["num_speculative_tokens"] == 3
-    assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["variants"] == {"P": "fixed:4"}
+    entry = json.loads(_flag(cmd, "--additional-config"))["adaptspec"]
+    assert entry["variants"] == {"P": "fixed:4"} and entry["load_rule"] == "none"  # every step verifies K, as vLLM's k3
     cmd, _ = bench.server_command("adaptive-l", _args(plugin_entries='{"adaptive-l": {"load_rule": "learned"}}',
                                                       idle_drafter_skip=False), 8001, tmp_path)
     assert json.loads(_flag(cmd, "--additional-config"))["adaptspec"]["load_rule"] == "learned"
