@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import torch
+from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+from adaptspec.decoding.decoder import first_token
+from adaptspec.decoding.sampling import SampleKeys
 
 ARCHS = ("llama", "qwen3")
 
@@ -86,3 +92,38 @@ def brute_path(tree, choices: list[int]) -> list[int]:
         node = kids[0]
         path.append(node)
     return path
+
+
+def seeded_outcomes(decoder: SpeculativeDecoder, prompt: list[int], block_size, max_new_tokens: int,
+                    temperature: float, n: int, checked: int = 20) -> list:
+    """``decoder.generate(prompt, block_size, max_new_tokens, temperature, seed=s)`` for the seeds
+    ``s = 0 .. n-1``, with the target's pass over the prompt run once instead of ``n`` times.
+
+    ``generate`` is ``prefill`` (the target's pass over the prompt, then the first token: the keyed
+    sample of output position 0 under the seed) and ``decode``, which does not consume its prefill
+    and keys positions 1.. by the seed it is given. So each seed's outcome is ``decode`` of one
+    prefill with that seed's first token. The first ``checked`` seeds are run through ``generate``
+    as well and must agree token for token and round for round."""
+    pre = decoder.prefill(prompt)  # the cache and the drafter's context; its first token is replaced
+    logits = decoder.target.prefill(prompt).logits
+    outs = []
+    for seed in range(n):
+        first = first_token(logits, temperature, SampleKeys(seed), decoder.target.vocab_size)
+        outs.append(decoder.decode(dataclasses.replace(pre, first_token=first), block_size, max_new_tokens,
+                                   temperature=temperature, seed=seed))
+    for seed in range(min(checked, n)):
+        ref = decoder.generate(prompt, block_size, max_new_tokens, temperature=temperature, seed=seed)
+        untimed = [[dataclasses.replace(r, draft_s=0.0, verify_s=0.0) for r in o.rounds] for o in (outs[seed], ref)]
+        assert outs[seed].tokens == ref.tokens and untimed[0] == untimed[1], seed
+    return outs
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """p-value of Pearson's chi-square test of ``counts`` against the cell probabilities ``probs``
+    (same shape, summing to 1); cells expecting fewer than 5 are pooled into one, when there are any."""
+    counts, expected = counts.ravel(), probs.ravel() * counts.sum()
+    big = expected >= 5
+    obs, exp = counts[big], expected[big]
+    if (~big).any():
+        obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)

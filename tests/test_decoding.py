@@ -9,13 +9,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
 from adaptspec.schedules import ConfidenceThreshold
 
-from decoding_helpers import ARCHS, PeekingDrafter, make_decoder, model_and_decoder, reference_greedy, tiny_target
+from decoding_helpers import (ARCHS, PeekingDrafter, chi_square_p, make_decoder, model_and_decoder, reference_greedy,
+                              seeded_outcomes, tiny_target)
 
 torch.set_num_threads(1)
 
@@ -183,21 +183,14 @@ def test_sampling_keeps_the_target_distribution(draft_vocab, schedule):
     n = 3000
     counts = np.zeros_like(exact)
     accepted = prefixes = 0
-    pre_gen_seed = 0
-    for i in range(n):
-        out = decoder.generate(prompt, block_size=schedule, max_new_tokens=4, temperature=1.0, seed=pre_gen_seed + i)
+    for out in seeded_outcomes(decoder, prompt, schedule, 4, 1.0, n):  # generate(..., seed=i), i < n
         counts[out.tokens[1] * 12 + out.tokens[2]] += 1
         accepted += out.rounds[0].tau - 1
         prefixes += out.rounds[0].block_size < out.rounds[0].draft_size
     assert 0 < accepted < 2 * n  # both acceptance and rejection happened
     if not isinstance(schedule, int):
         assert 0 < prefixes < n  # some rounds verified the whole block, some a prefix
-    expected = exact * n
-    big = expected >= 5
-    obs, exp = counts[big], expected[big]
-    if (~big).any():  # pool the rare cells into one
-        obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
-    _, p = stats.chisquare(obs, exp * obs.sum() / exp.sum())
+    p = chi_square_p(counts, exact)
     assert p > 1e-3, p
 
 
