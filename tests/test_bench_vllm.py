@@ -102,3 +102,21 @@ def test_every_plugin_configuration_is_compared_with_the_table(bench):
             "k1": {"1": [_run(10.0, 0, 0, 1.0), _run(10.0, 0, 1, 1.0)]}}
     s = bench.summarize(runs)
     assert s["adaptive-l"]["1"]["vs_table"]["geomean"] == pytest.approx(math.sqrt(0.5 * 2.0))
+
+
+def test_the_paired_summary_by_pair_and_by_instance_against_hand_computations():
+    paired = load_script("bench_vllm_paired")
+    runs = {"a": [{"tokens_per_s": 10.0, "instance": 0}, {"tokens_per_s": 10.0, "instance": 1},
+                  {"tokens_per_s": 20.0, "instance": 0}, {"tokens_per_s": 20.0, "instance": 1}],
+            "b": [{"tokens_per_s": 12.0, "instance": 0}, {"tokens_per_s": 9.0, "instance": 1},
+                  {"tokens_per_s": 30.0, "instance": 0}, {"tokens_per_s": 18.0, "instance": 1}]}
+    s = paired.summarize(runs, ["a", "b"], instances=2)["b"]
+    assert s["per_repeat"] == pytest.approx([1.2, 0.9, 1.5, 0.9])
+    assert s["geomean"] == pytest.approx((1.2 * 0.9 * 1.5 * 0.9) ** 0.25)
+    # instance 0 ran pairs 0 and 2, instance 1 pairs 1 and 3: their geometric means, then a t-interval over the two
+    per = [math.sqrt(1.2 * 1.5), 0.9]
+    assert s["by_instance"]["per_repeat"] == pytest.approx(per)
+    half = 12.706204736174707 * abs(math.log(per[0]) - math.log(per[1])) / math.sqrt(2) / math.sqrt(2)
+    centre = math.sqrt(per[0] * per[1])
+    assert s["by_instance"]["ci95"] == pytest.approx([centre * math.exp(-half), centre * math.exp(half)])
+    assert "by_instance" not in paired.summarize(runs, ["a", "b"], instances=1)["b"]
