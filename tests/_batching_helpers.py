@@ -8,6 +8,8 @@ import torch
 from adaptspec.decoding import BlockDiffusionDrafter
 from adaptspec.decoding.drafter import DraftState
 
+from _threads import torch_threads
+
 
 class _TaggedState(DraftState):
     sequence: list[int] | None = None
@@ -57,7 +59,5 @@ class KnowingDrafter(BlockDiffusionDrafter):
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Import into a test module to run its tests on one torch thread (autouse, per module)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine's cores are shared
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):  # the machine's cores are shared
+        yield

@@ -13,17 +13,8 @@ from adaptspec.batching.kv_slots import SlotStore
 from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
 from adaptspec.errors import AdaptspecError
 
-from _batching_helpers import KnowingDrafter
+from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import chi_square_p, tiny_target
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is ~1000x faster than two fighting over a loaded 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------------- KV slots

@@ -5,19 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from _scripts import load_script
+from _threads import torch_threads
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     mod = load_script("gpu_check_batching")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         rc = mod.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "r.json")])
-    finally:
-        torch.set_num_threads(n)
     report = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and report["exact_mismatches"] == [] and report["exact_rows"] == 12
     cells = {(r["batch_size"], r["block_size"], r["context_tokens"]) for r in report["surface"]}

@@ -14,16 +14,15 @@ from adaptspec.models import BUNDLED_DRAFTER, load_speculator
 from adaptspec.models.prompts import demo_prompts
 
 from _bundled import bundled_exact
+from _threads import torch_threads
 
 
 @pytest.fixture(scope="module", autouse=True)
 def two_threads():
     """Two threads while this module decodes the 135M target; the modules after it get back the
     count they set for their tiny models."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from _controller_helpers import FakeSpeculator, Misbehaving
+from _threads import torch_threads
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.policy_checkpoint import latest_checkpoint, read_checkpoint, state_digest
 from adaptspec.traces.log_writer import DecisionLogWriter, journal_rows, log_rows
@@ -46,12 +47,8 @@ def replayed_digest(log_dir: Path, spec: str, variant: str | None, arms=ARMS, se
 @pytest.fixture
 def one_torch_thread():
     """One torch thread: tiny models gain nothing from more, and a busy second core makes them crawl."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield
 
 
 def test_blas_threads_limited_while_open_and_restored_at_close():

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from adaptspec.traces.dense import DenseTraceSet, replay, replay_rounds, to_traceset
 
@@ -16,16 +15,15 @@ from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 
 from _bundled import bundled_exact as load_bundled_exact
+from _threads import torch_threads
 from decoding_helpers import make_decoder, tiny_target
 
 
 @pytest.fixture
 def two_threads():
     """Two threads while a test decodes the 135M target; the tiny models keep the run's count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.policies.featurizer import Featurizer
 from adaptspec.traces import TraceSet
 
+from _threads import torch_threads
+
 
 def data(n=300, d=12, seed=0):
     rng = np.random.default_rng(seed)
@@ -126,8 +128,6 @@ def full_information_traces(spec: FakeSpeculator, arms, n=80):
 
 
 def test_replay_and_the_controller_see_identical_contexts(tmp_path):
-    import torch
-
     from adaptspec.policies import NeuralLinear, train_head
 
     arms = (1, 2, 4, 8, 16)
@@ -141,12 +141,8 @@ def test_replay_and_the_controller_see_identical_contexts(tmp_path):
     online = np.stack([f(spec.prefill(p).features) for p in prompts])
     assert np.array_equal(again.features.astype(np.float64), online)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         head = train_head(tf.features, tf.reward_matrix("throughput"), arms, hidden=(8,), max_epochs=30, seed=0)
-    finally:
-        torch.set_num_threads(threads)
     head.save(tmp_path / "head")
     f.save(tmp_path / "head")  # saved with the head: the controller picks it up
     replay_policy = NeuralLinear(head)

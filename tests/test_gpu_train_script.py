@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from _scripts import load_script
+from _threads import torch_threads
 from safetensors.torch import load_file
 
 from adaptspec.errors import AdaptspecError
@@ -79,14 +80,11 @@ def test_the_target_gathered_over_several_calls_is_laid_out_as_the_package_loadi
 @pytest.mark.slow
 def test_the_train_path_runs_tiny_on_cpu_and_writes_the_shipped_layout(g, tmp_path):
     lr, steps, seq_len = 1e-3, 3, 64
-    n = torch.get_num_threads()
-    try:
+    with torch_threads(1):  # the script sets --threads 1; the count before is restored
         rc = g.main(["train", "--device", "cpu", "--shards", "1", "--steps", str(steps), "--max-seq-len", str(seq_len),
                      "--eval-per-benchmark", "1", "--seqs-per-step", "2", "--threads", "1", "--lr", str(lr),
                      "--warmup", "1", "--eval-every", str(steps), "--work", str(tmp_path / "work"),
                      "--out", str(tmp_path / "out")])
-    finally:
-        torch.set_num_threads(n)
     assert rc == 0
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what one device call brings back
     assert all(p.stat().st_size <= 15 * 2**20 for p in (tmp_path / "out").iterdir())

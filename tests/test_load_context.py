@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from adaptspec.cli import main
 from adaptspec.control.context import LOAD_FEATURES, Contexts, load_vector
@@ -27,6 +26,8 @@ from adaptspec.policies.featurizer import Featurizer
 from adaptspec.speculator import Decision, LoadState, Outcome, Prefill, Round, SharedRounds
 from adaptspec.traces import DecisionLog, decision_row
 from adaptspec.traces.log_writer import log_rows
+
+from _threads import torch_threads
 
 LOAD = LoadState(rows=3, queue=1, context_tokens=16, temperature=0.7, max_tokens=64)
 LOAD_BY_HAND = [2.0, 1.0, 4.0, 1.0, 6.0]  # log2(1+3), log2(1+1), log2(16), 0.7 > 0, log2(64)
@@ -257,10 +258,8 @@ def test_ope_and_ab_report_read_logs_with_and_without_the_load_columns(tmp_path,
 # ============================================================================ batched serving fills them in
 @pytest.fixture
 def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine's cores are shared
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):  # the machine's cores are shared
+        yield
 
 
 PROMPTS = ["Hello there", "def f(x):", "Once upon a time", "The quick brown fox", "Q: why?", "Dear Sir,"]

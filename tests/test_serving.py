@@ -30,6 +30,8 @@ from adaptspec.serving.responses import completion_body, error_body
 from adaptspec.serving.engine.sequential import SequentialRunner
 from adaptspec.traces import DecisionLog
 
+from _threads import torch_threads
+
 TINY_ARMS = (1, 2, 4, 6, 8, 10, 12, 16)
 
 
@@ -240,17 +242,13 @@ def greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int
 
     from adaptspec.serving.tiny import tiny_model
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         model = tiny_model(0)
         out = []
         for p in prompts:
             g = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_tokens)
             out.append(g[0, len(p):].tolist())
         return out
-    finally:
-        torch.set_num_threads(threads)
 
 
 PROMPTS = ["Hello there", "def f(x):", "1 + 1 =", "Once upon a time", "The quick brown fox", "import numpy",
