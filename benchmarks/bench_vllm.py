@@ -361,19 +361,28 @@ def groups_of(names: list[str], size: int) -> list[list[str]]:
 
 
 def run_group(group: list[str], gi: int, prompts: list[str], args, results: dict, t_start: float, root: Path) -> None:
-    """Start ``group``'s servers, run every level's repeats on each in a rotated order, stop them."""
-    servers: dict[str, Server] = {}
-    try:
-        for n in group:
-            servers[n] = Server(n, args, root)
-        for s in servers.values():
-            s.wait_ready(args.start_timeout)
-            one_request(s.url, prompts[0], 8)  # first-call costs, not measured
-        offset, phase = 0, 0
-        for lv in args.levels:
-            for rep in range(args.repeats):
-                chunk = prompts[offset:] + prompts[:offset]
-                offset = (offset + lv * args.requests_per_client) % len(prompts)
+    """Start ``group``'s servers, run every level's repeats on each in a rotated order, stop them; with
+    ``--restart-every-repeat`` the servers start afresh for each repeat, which then runs every level
+    (on this host a server's instance moves its speed by up to 6.6% for its whole life: BENCHMARKS.md)."""
+    plan = [(lv, rep) for lv in args.levels for rep in range(args.repeats)]
+    if args.restart_every_repeat:
+        plan = sorted(plan, key=lambda p: p[1])
+    offsets, offset = {}, 0
+    for lv in args.levels:  # each (level, repeat) its own prompts, as without restarts
+        for rep in range(args.repeats):
+            offsets[lv, rep], offset = offset, (offset + lv * args.requests_per_client) % len(prompts)
+    batches = [[p for p in plan if p[1] == rep] for rep in range(args.repeats)] if args.restart_every_repeat else [plan]
+    phase = 0
+    for batch in batches:
+        servers: dict[str, Server] = {}
+        try:
+            for n in group:
+                servers[n] = Server(n, args, root)
+            for s in servers.values():
+                s.wait_ready(args.start_timeout)
+                one_request(s.url, prompts[0], 8)  # first-call costs, not measured
+            for lv, rep in batch:
+                chunk = prompts[offsets[lv, rep]:] + prompts[:offsets[lv, rep]]
                 order = group[phase % len(group):] + group[:phase % len(group)]
                 phase += 1
                 if time.time() - t_start > args.deadline_min * 60:
@@ -385,9 +394,9 @@ def run_group(group: list[str], gi: int, prompts: list[str], args, results: dict
                     spec = f" tau {fig['spec']['tau']:.3f}" if "spec" in fig else ""
                     print(f"group {gi} level {lv} repeat {rep} {name}: {fig['tokens_per_s']:.1f} tok/s{spec}", flush=True)
                 args.out.write_text(json.dumps(compact(results), indent=1))
-    finally:
-        for s in servers.values():
-            s.stop()
+        finally:
+            for s in servers.values():
+                s.stop()
 
 
 def main() -> None:
@@ -419,6 +428,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--split", choices=("odd", "even", "all"), default="odd")
     ap.add_argument("--deadline-min", type=float, default=60.0, help="stop starting new runs after this long")
+    ap.add_argument("--restart-every-repeat", action="store_true",
+                    help="start each group's servers afresh for every repeat (which then runs every level), so the "
+                         "intervals over repeats hold what a server's instance adds")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--ld-preload", default=str(CHECKOUT / ".venv-vllm" / "lib" / "libiomp5.so"),
                     help="Intel OpenMP for vLLM's CPU backend (it warns that speculation loses speed without it)")

@@ -120,3 +120,39 @@ def test_the_paired_summary_by_pair_and_by_instance_against_hand_computations():
     centre = math.sqrt(per[0] * per[1])
     assert s["by_instance"]["ci95"] == pytest.approx([centre * math.exp(-half), centre * math.exp(half)])
     assert "by_instance" not in paired.summarize(runs, ["a", "b"], instances=1)["b"]
+
+
+def test_restarting_every_repeat_starts_servers_afresh_and_keeps_each_runs_prompts(bench, tmp_path, monkeypatch):
+    started, seen = [], {}
+
+    class FakeServer:
+        def __init__(self, name, args, root):
+            self.name, self.url = name, f"http://{name}"
+            started.append(name)
+
+        def wait_ready(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    def fake_measure(server, chunk, lv, args):
+        seen.setdefault(args.restart_every_repeat, []).append((server.name, lv, chunk[0]))
+        return {"tokens_per_s": 1.0}
+
+    monkeypatch.setattr(bench, "Server", FakeServer)
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "one_request", lambda *a, **k: None)
+    prompts = [f"p{i}" for i in range(50)]
+    for restart in (False, True):
+        started.clear()
+        args = SimpleNamespace(levels=[1, 2, 4], repeats=3, requests_per_client=2, deadline_min=60, start_timeout=1,
+                               restart_every_repeat=restart, out=tmp_path / "out.json")
+        results = {"runs": {"plain": {}, "k2": {}}, "not_run": []}
+        bench.run_group(["plain", "k2"], 0, prompts, args, results, bench.time.time(), tmp_path)
+        assert len(started) == (3 if restart else 1) * 2  # each server started once a repeat, or once
+        assert all(len(results["runs"][n][str(lv)]) == 3 for n in ("plain", "k2") for lv in (1, 2, 4))
+    # the same (configuration, level, first prompt) runs either way: only their order and the servers' lives differ
+    assert sorted(seen[True]) == sorted(seen[False]) and len(seen[False]) == 2 * 3 * 3
+    # without restarts level-major, as before: level 1's repeats on prompts 0, 2, 4, then level 2's from 6
+    assert [c for n, lv, c in seen[False] if n == "plain"][:4] == ["p0", "p2", "p4", "p6"]
