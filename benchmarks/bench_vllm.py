@@ -364,14 +364,14 @@ def run_group(group: list[str], gi: int, prompts: list[str], args, results: dict
     """Start ``group``'s servers, run every level's repeats on each in a rotated order, stop them; with
     ``--restart-every-repeat`` the servers start afresh for each repeat, which then runs every level
     (on this host a server's instance moves its speed by up to 6.6% for its whole life: BENCHMARKS.md)."""
-    plan = [(lv, rep) for lv in args.levels for rep in range(args.repeats)]
-    if args.restart_every_repeat:
-        plan = sorted(plan, key=lambda p: p[1])
     offsets, offset = {}, 0
-    for lv in args.levels:  # each (level, repeat) its own prompts, as without restarts
+    for lv in args.levels:  # each (level, repeat) its own prompts, the same with or without restarts
         for rep in range(args.repeats):
             offsets[lv, rep], offset = offset, (offset + lv * args.requests_per_client) % len(prompts)
-    batches = [[p for p in plan if p[1] == rep] for rep in range(args.repeats)] if args.restart_every_repeat else [plan]
+    if args.restart_every_repeat:  # one server life a repeat, every level in it
+        batches = [[(lv, rep) for lv in args.levels] for rep in range(args.repeats)]
+    else:  # one server life, level-major
+        batches = [list(offsets)]
     phase = 0
     for batch in batches:
         servers: dict[str, Server] = {}

@@ -67,13 +67,13 @@ def summarize(runs: dict[str, list[dict]], names: list[str], instances: int) -> 
     """Each configuration after the first against it: tokens/s per pair, geometric mean and 95%
     t-interval over the pairs; with several instances also ``by_instance``, the same over each
     instance's geometric mean (pairs on one instance share its servers, so that interval is the
-    one that holds what an instance adds). Pair ``i`` ran on instance ``i % instances``."""
+    one that holds what an instance adds; each run's ``instance`` says which)."""
     base = [r["tokens_per_s"] for r in runs[names[0]]]
     out = {n: paired_ratio([r["tokens_per_s"] for r in runs[n]], base) for n in names[1:]}
     if instances > 1:
+        order = [r["instance"] for r in runs[names[0]]]
         for s in out.values():
             logs = np.log(s["per_repeat"])
-            order = [r["instance"] for r in runs[names[0]]]
             per_instance = [float(np.exp(np.mean([x for x, j in zip(logs, order) if j == k]))) for k in range(instances)]
             s["by_instance"] = paired_ratio(per_instance, [1.0] * instances)
     return out
