@@ -94,10 +94,13 @@ def main() -> None:
     ap.add_argument("--adaptive-max-k", type=int, default=8)
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--ld-preload", default=str(CHECKOUT / ".venv-vllm" / "lib" / "libiomp5.so"))
+    ap.add_argument("--plugin-entries", default="{}",
+                    help="settings of single plug-in configurations (JSON: configuration -> settings), as bench_vllm's, "
+                         "e.g. '{\"adaptive-bf16\": {\"latency\": \"cpu-smollm2-bf16\"}}'")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     # what bench_vllm.server_command reads, at bench_vllm's defaults
-    args.levels, args.table, args.plugin_entry, args.plugin_entries = [args.max_num_seqs], "1-2:3,3-4:2,5-256:1", "{}", "{}"
+    args.levels, args.table, args.plugin_entry = [args.max_num_seqs], "1-2:3,3-4:2,5-256:1", "{}"
     args.idle_drafter_skip, args.server_args, args.warm_spec, args.kv_cache_gib = True, "{}", None, 1
     from adaptspec.models.prompts import benchmark_prompts
 

@@ -32,13 +32,17 @@ from ..errors import AdaptspecError
 from ..load_rules import SPECULATION_MARGIN
 from ..reward.attribution import ATTRIBUTIONS
 
-__all__ = ["PluginSettings", "plugin_settings", "ENTRY", "RULE_PRIOR_PROFILE"]
+__all__ = ["PluginSettings", "plugin_settings", "ENTRY", "PLUGIN_PROFILE"]
 
 #: The key of ``additional_config`` the plug-in reads.
 ENTRY = "adaptspec"
-#: The profile the load rules' costs start from when ``latency`` is unset: a block size's cost
-#: before this engine has run it (:mod:`adaptspec.vllm.step_costs`).
-RULE_PRIOR_PROFILE = "cpu-smollm2-bf16"
+#: The cost profile of the plug-in when ``latency`` is unset: vLLM's own steps on a CPU
+#: (``benchmarks/fit_vllm_profile.py``), whose shape (at one or two requests a step verifying up to
+#: 4-6 tokens costs what a plain one does; at 8 every token verified adds ~3 ms) is vLLM's, not
+#: adaptspec's engine's. The load rules' costs start from it before this engine has run a block
+#: size (:mod:`adaptspec.vllm.step_costs`), the learned rule's warm prior is priced on it, and the
+#: controllers price each request's shorter block sizes (full information) on it.
+PLUGIN_PROFILE = "vllm-cpu-smollm2"
 
 
 class PluginSettings(BaseModel):
@@ -131,7 +135,7 @@ def _check_specs(s: PluginSettings) -> None:
                              "shares are computed on)")
     try:
         reward_function(s.reward, s.latency)
-        make_load_rule(s.load_rule, [1, 2], s.latency or RULE_PRIOR_PROFILE, prior=s.load_prior)
+        make_load_rule(s.load_rule, [1, 2], s.latency or PLUGIN_PROFILE, prior=s.load_prior)
     except AdaptspecError as e:
         raise AdaptspecError(f"additional_config {ENTRY}: {e}") from None
     if s.shared is not None:

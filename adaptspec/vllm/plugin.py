@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from ..reward.attribution import attribute
 from ..speculator import LoadState, Outcome
-from .config import ENTRY, RULE_PRIOR_PROFILE, PluginSettings
+from .config import ENTRY, PLUGIN_PROFILE, PluginSettings
 from .features import FEATURE_DIM, prompt_features
 from .metrics import plugin_metrics
 from .record import RequestRecord
@@ -89,7 +89,7 @@ class AdaptspecPlugin:
                 self.controllers[name] = _controller(name, spec, arms, fallback, settings,
                                                      None if self.shared_states is None else self.shared_states[name])
             #: this engine's measured step costs: the goodput and learned rules' cost model
-            self.step_costs = StepCosts(get_profile(settings.latency or RULE_PRIOR_PROFILE),
+            self.step_costs = StepCosts(get_profile(settings.latency or PLUGIN_PROFILE),
                                         max_block_size=self.max_block_size)
             self.rule = _load_rule(settings, arms, self.step_costs)
         except BaseException:
@@ -359,7 +359,7 @@ def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int,
         return AdaptiveController.for_engine(
             arms, FEATURE_DIM, spec, variant=name, log_dir=settings.log_dir,
             checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
-            reward=settings.reward, latency=settings.latency, featurizer=settings.featurizer,
+            reward=settings.reward, latency=settings.latency or PLUGIN_PROFILE, featurizer=settings.featurizer,
             seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
             decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
             checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
