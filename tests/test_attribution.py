@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.attribution import attribute, batch_round_s, by_serial_cost, by_tokens
+from adaptspec.reward.attribution import attribute, batch_round_s, batch_rounds_s, by_serial_cost, by_tokens
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 
 #: A pass costs a + k * (positions in the pass): a = 38 ms, k = 2 ms; no draft cost.
@@ -34,6 +34,17 @@ def test_a_round_costs_its_widest_block_times_its_rows():
     assert batch_round_s(LINEAR, [8] + [1] * 7, [100] * 8) == pytest.approx(A + K * 64, rel=1e-12)
     assert batch_round_s(LINEAR, [1] * 8, [100] * 8) == pytest.approx(A + K * 8, rel=1e-12)
     assert batch_round_s(LINEAR, [], []) == 0.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["cpu-smollm2-bf16", "h100-qwen3-8b", "vllm-cpu-smollm2"]), st.data())
+def test_many_rounds_priced_at_once_are_each_round_priced_alone(name, data):
+    p = get_profile(name)
+    n = data.draw(st.integers(1, 8))
+    ctx = data.draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n))
+    rounds = data.draw(st.lists(st.lists(st.integers(1, 12), min_size=n, max_size=n), min_size=1, max_size=6))
+    np.testing.assert_allclose(batch_rounds_s(p, np.array(rounds), ctx),
+                               [batch_round_s(p, r, ctx) for r in rounds], rtol=1e-12)
 
 
 def test_the_draft_pass_is_padded_over_the_speculating_rows_only():

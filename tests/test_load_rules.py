@@ -154,3 +154,25 @@ def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in
     assert rule.policy.version == ref.version == 8
     with pytest.raises(AdaptspecError, match="hold"):
         Learned(ARMS, KNEE, prior=0.5, hold=0)
+
+
+@pytest.mark.parametrize("plain_every, plain_every_max, forced", [
+    (2, None, [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]),   # a plain round after 2 without one, always
+    (2, 8, [1, 6, 15, 24]),                              # after 2, then 4, then 8, 8, ...
+    (32, 512, [1]),
+])
+def test_forced_plain_rounds_come_after_a_gap_that_doubles_up_to_its_most(plain_every, plain_every_max, forced):
+    from adaptspec.simulators.load_sim import Load
+
+    flat = LatencyProfile("flat", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (0.040,)))
+    rule = Learned([1, 4], flat, prior=0.9, hold=1, plain_every=plain_every, plain_every_max=plain_every_max)
+    rows, load, plain = [_Row(100)], Load(rows=1, queue=0), []
+    for n in range(1, 31):
+        b = rule.choose(rows, load)[0]
+        if b == 1:
+            plain.append(n)
+        rule.feedback(rows, [b], [b], [0.040], load)   # every draft accepted at plain's cost: B = 4 is 4x plain
+    assert plain == forced
+    for bad in ({"plain_every": 0}, {"plain_every_max": 16, "plain_every": 32}, {"plain_every": True}):
+        with pytest.raises(AdaptspecError, match="plain_every"):
+            Learned([1, 4], flat, prior=0.9, **bad)

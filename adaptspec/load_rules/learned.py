@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..reward.attribution import batch_round_s
+from ..reward.attribution import batch_round_s, batch_rounds_s
 from ..reward.latency import LatencyProfile
 from .goodput import predicted_speedup
 
@@ -88,11 +88,17 @@ class Learned:
     alone here), which would put measured rewards on another scale than the prior's and send the
     rule after every arm it has not tried yet. So each level keeps the ratio of measured to
     modelled *plain* round time (over its last :data:`SCALE_ROUNDS` plain rounds; a plain round
-    is verified at a level's first round and after :data:`PLAIN_EVERY` rounds without one) and
+    is verified at a level's first round and after ``plain_every`` rounds without one, default
+    :data:`PLAIN_EVERY`) and
     rewards are multiplied by it: a row's reward is then its tokens over its share of the round
     against its share of a plain round as this machine runs it. What stays is the cost model's
     error between block sizes, which is what the rule should learn (measuring the scale on the
-    arm being played would cancel exactly that).
+    arm being played would cancel exactly that). With ``plain_every_max`` the gap doubles after
+    each forced plain round at a level, up to that many rounds: where the cost model is the
+    engine's own measured steps (the vLLM plug-in's :class:`~adaptspec.vllm.step_costs.StepCosts`)
+    the ratio stays near 1 once plain steps are measured, and a forced plain step at one or two
+    requests commits one token where the played block commits ~1.5 (in vLLM at one client, 5 of
+    its ~135 steps a run were forced plain: ~2% of its tokens/s).
 
     **A decision holds** for ``hold`` rounds (default :data:`HOLD_ROUNDS`) while the load stays
     at its level, and the rows of those rounds are learnt in one update when it ends: on the
@@ -163,7 +169,8 @@ class Learned:
     def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
                  prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
                  hold: int = HOLD_ROUNDS, full_info: bool = False, noise: float = ROW_NOISE,
-                 level_weight: float = LEVEL_WEIGHT, margin: float = 0.0) -> None:
+                 level_weight: float = LEVEL_WEIGHT, margin: float = 0.0, plain_every: int = PLAIN_EVERY,
+                 plain_every_max: int | None = None) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -202,6 +209,13 @@ class Learned:
             self.name = f"learned ({policy}, warm)"
         if not isinstance(hold, int) or hold < 1:
             raise AdaptspecError(f"hold must be an int >= 1, got {hold!r}")
+        top = plain_every if plain_every_max is None else plain_every_max
+        for what, v in (("plain_every", plain_every), ("plain_every_max", top)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise AdaptspecError(f"{what} must be an int >= 1, got {v!r}")
+        if top < plain_every:
+            raise AdaptspecError(f"plain_every_max {top} is below plain_every {plain_every}")
+        self.plain_every_max = top
         self.hold = hold
         self.full_info = bool(full_info)
         if self.full_info:
@@ -212,10 +226,11 @@ class Learned:
         self._pending: list[float] = []   # rewards of the held decision's rows, not learnt yet
         self._plain_cache: dict[tuple[int, int], float] = {}
         # per level: measured / modelled plain round time (1 until a plain round is measured), and
-        # rounds since the last plain one (a plain round is forced after PLAIN_EVERY without one)
+        # rounds since the last plain one (a plain round is forced after the level's gap without one)
         self._scale = np.ones(len(LEVELS) + 1)
         self._plain_n = np.zeros(len(LEVELS) + 1, dtype=np.int64)
-        self._since_plain = np.full(len(LEVELS) + 1, PLAIN_EVERY, dtype=np.int64)  # the first round is plain
+        self._plain_gap = np.full(len(LEVELS) + 1, plain_every, dtype=np.int64)  # rounds between forced plain ones
+        self._since_plain = self._plain_gap.copy()  # the first round is plain
 
     @staticmethod
     def context(level: int) -> np.ndarray:
@@ -243,8 +258,9 @@ class Learned:
             self._learn()
             held = self._held = None
         self._since_plain[level] += 1
-        if self._since_plain[level] > PLAIN_EVERY:  # time to measure a plain round again (one round)
+        if self._since_plain[level] > self._plain_gap[level]:  # time to measure a plain round again (one round)
             b = 1
+            self._plain_gap[level] = min(2 * self._plain_gap[level], self.plain_every_max)
         elif held is not None and held[2] > 0:  # (a held decision is at this level: see above)
             b = held[1]
             self._held = (level, b, held[2] - 1)
@@ -298,17 +314,15 @@ class Learned:
         s = np.asarray(attributed_s, dtype=np.float64)
         if b <= 1 or v.size == 0 or not (s > 0).all():
             return {}
+        shorter = np.array([a for a in self.arms if a < b])  # longer blocks: censored where a row accepted all b
+        if shorter.size == 0:
+            return {}
+        blocks = np.where(v[None, :] < b, np.minimum(shorter[:, None], v[None, :]), shorter[:, None])  # arms x rows
         ran = batch_round_s(self.profile, v, contexts)
-        out: dict[int, list[float]] = {}
-        for a in self.arms:
-            if a >= b:  # longer blocks: censored where a row accepted all b (see the class docstring)
-                break
-            blocks = np.where(v < b, np.minimum(a, v), a)
-            tau = np.minimum(t, blocks)
-            ratio = batch_round_s(self.profile, blocks, contexts) / ran
-            paid = unit * (self.discount if a > 1 else 1.0)
-            out[a] = (tau * paid / (s * ratio)).tolist()
-        return out
+        ratio = batch_rounds_s(self.profile, blocks, contexts) / ran
+        paid = np.where(shorter > 1, unit * self.discount, unit)
+        rewards = np.minimum(t[None, :], blocks) * (paid / ratio)[:, None] / s[None, :]
+        return {int(a): r.tolist() for a, r in zip(shorter, rewards)}
 
     def _plain_s(self, rows: int, context: float) -> float:
         """The cost model's plain round over ``rows`` rows (``batch_round_s`` with every block at 1:

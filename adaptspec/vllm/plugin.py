@@ -56,6 +56,10 @@ log = logging.getLogger("adaptspec.vllm")
 DEFAULT_VARIANT = "default"
 #: The per-request extra argument naming a variant (``SamplingParams(extra_args=...)``, ``vllm_xargs``).
 VARIANT_ARG = "adaptspec_variant"
+#: The learned rule's forced plain steps at a level come after 32, 64, ... up to this many steps
+#: (``Learned(plain_every_max=...)``): its costs are this engine's measured steps, whose plain step
+#: needs measuring once, not every 32 steps.
+PLAIN_EVERY_MAX = 512
 
 
 class AdaptspecPlugin:
@@ -380,7 +384,7 @@ def _load_rule(settings: PluginSettings, arms: Sequence[int], costs: StepCosts) 
         return Goodput(arms, costs, prior=settings.load_prior)  # type: ignore[arg-type]  # a profile's interface
     if settings.load_rule == "learned":  # full information: every shorter block a step shows
         return Learned(arms, costs, prior=settings.load_prior, seed=settings.seed, full_info=True,  # type: ignore[arg-type]
-                       margin=settings.load_margin)
+                       margin=settings.load_margin, plain_every_max=PLAIN_EVERY_MAX)
     return make_load_rule(settings.load_rule, arms, None, prior=settings.load_prior, seed=settings.seed)
 
 
