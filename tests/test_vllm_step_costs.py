@@ -87,6 +87,16 @@ def test_a_size_seen_fewer_than_min_steps_times_is_not_measured_yet_and_levels_k
     assert c.stats() == {"4": {2: 100.0}}
 
 
+def test_the_plain_step_is_measured_from_one_step_the_others_from_min_steps():
+    c = StepCosts(PRIOR, max_block_size=9, min_steps=3)
+    c.observe(rows=4, block=1, step_s=0.2)
+    c.observe(rows=4, block=3, step_s=0.4)
+    assert c.verify(1, None, 4) == pytest.approx(0.2)                   # one plain step: measured
+    # B = 3, seen once, is not: priced from the measured plain step by the prior's ratio
+    assert c.verify(3, None, 4) == pytest.approx(0.2 * prior_round(4, 3) / prior_round(4, 1))
+    assert c.stats() == {"4": {1: 50.0}}
+
+
 @pytest.mark.parametrize("rows, block, step_s", [(0, 2, 0.1), (1, 0, 0.1), (1, 10, 0.1), (1, 2, 0.0), (1, 2, -1.0),
                                                  (1, 2, math.nan)])
 def test_an_observation_outside_the_model_changes_nothing(rows, block, step_s):
