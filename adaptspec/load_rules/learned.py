@@ -97,8 +97,8 @@ class Learned:
     each forced plain round at a level, up to that many rounds: where the cost model is the
     engine's own measured steps (the vLLM plug-in's :class:`~adaptspec.vllm.step_costs.StepCosts`)
     the ratio stays near 1 once plain steps are measured, and a forced plain step at one or two
-    requests commits one token where the played block commits ~1.5 (in vLLM at one client, 5 of
-    its ~135 steps a run were forced plain: ~2% of its tokens/s).
+    requests commits one token where the played block commits ~1.5 (in vLLM at one client, about 5
+    of its ~135 steps a run were forced plain: ~2% of its tokens/s).
 
     **A decision holds** for ``hold`` rounds (default :data:`HOLD_ROUNDS`) while the load stays
     at its level, and the rows of those rounds are learnt in one update when it ends: on the

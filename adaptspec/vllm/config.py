@@ -37,8 +37,8 @@ __all__ = ["PluginSettings", "plugin_settings", "ENTRY", "PLUGIN_PROFILE"]
 #: The key of ``additional_config`` the plug-in reads.
 ENTRY = "adaptspec"
 #: The cost profile of the plug-in when ``latency`` is unset: vLLM's own steps on a CPU
-#: (``benchmarks/fit_vllm_profile.py``), whose shape (at one or two requests a step verifying up to
-#: 4-6 tokens costs what a plain one does; at 8 every token verified adds ~3 ms) is vLLM's, not
+#: (``benchmarks/fit_vllm_profile.py``), whose shape (a step verifying up to 6 tokens in all costs
+#: what a one-token step does; past that every token verified adds ~3 ms) is vLLM's, not
 #: adaptspec's engine's. The load rules' costs start from it before this engine has run a block
 #: size (:mod:`adaptspec.vllm.step_costs`), the learned rule's warm prior is priced on it, and the
 #: controllers price each request's shorter block sizes (full information) on it.
