@@ -57,7 +57,8 @@ def fit(steps: list[dict], summary: dict, source: str) -> LatencyProfile:
     rows = np.array([s["rows"] for s in steps], dtype=np.float64)
     tokens = np.array([s["tokens"] for s in steps], dtype=np.float64)
     queries = rows * (1 + np.array([s["k"] for s in steps], dtype=np.float64))
-    c = np.array([per_query_s(summary, int(r)) for r in rows])
+    per_rows = {int(r): per_query_s(summary, int(r)) for r in np.unique(rows)}
+    c = np.array([per_rows[int(r)] for r in rows])
     seconds = np.array([s["step_s"] for s in steps]) + c * (tokens - queries)  # as if it drafted for what it verified
     verify = fit_curve(tokens / rows, seconds, 0, rows, per_context_s=0.0, per_pair_s=0.0)
     draft = CostCurve(knots=(1.0,), values_s=(0.0,))
