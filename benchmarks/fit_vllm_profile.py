@@ -11,16 +11,20 @@ at one request, and a block size longer than the one it plays learns only when p
 accepted every draft shows nothing of a longer block): with that prior a cold server at one client
 could play B = 4 for its whole life where B = 5 ran ~5% faster (BENCHMARKS.md, "Paired runs").
 
-This fits one verify curve over the tokens a step verifies (rows x block size), from the decode
-steps (no prompt token in them) of the ``dflash`` engine of ``bench_vllm_steps.py``, the drafter's
-pass included: a step there drafted a random number of tokens, so each step's seconds are first
+A step's cost is no one function of the tokens it verifies either: at 2 requests a step verifying
+2 tokens each took less than a plain one, at 4 requests 1.24x (``bench_vllm_steps.py --rows 2,4``).
+So this fits one verify curve over the tokens a step verifies for each request count measured
+often (``MIN_STEPS`` decode steps, no prompt token in them), from the steps of the ``dflash`` engine
+of each ``bench_vllm_steps.py`` result given, the drafter's pass included, and the profile reads
+them as a :class:`~adaptspec.reward.latency.RowsCostCurve` (linear in the requests between two
+measured counts). A step there drafted a random number of tokens, so each step's seconds are first
 moved to what the step would have cost drafting as many queries as it verified (the plug-in's
 steady state: a row verifying B tokens next drafts B - 1 and the drafter reads B), with the
-per-query cost of that engine's least-squares fit at the step's rows. The draft curve is zero
-(vLLM's drafter runs inside the step, as :class:`~adaptspec.vllm.step_costs.StepCosts` counts it).
+per-query cost of that run's least-squares fit at the step's rows. The draft curve is zero (vLLM's
+drafter runs inside the step, as :class:`~adaptspec.vllm.step_costs.StepCosts` counts it).
 
-    python benchmarks/fit_vllm_profile.py benchmarks/results/vllm-steps.steps/dflash.jsonl \\
-        --summary benchmarks/results/vllm-steps.json --out adaptspec/data/latency/vllm-cpu-smollm2.json
+    python benchmarks/fit_vllm_profile.py benchmarks/results/vllm-steps.json benchmarks/results/vllm-steps-2-4.json \\
+        --out adaptspec/data/latency/vllm-cpu-smollm2.json
 """
 
 from __future__ import annotations
@@ -35,49 +39,63 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adaptspec.reward.latency import CostCurve, LatencyProfile, fit_curve  # noqa: E402
+from adaptspec.reward.latency import CostCurve, LatencyProfile, RowsCostCurve, fit_curve  # noqa: E402
 
 NAME = "vllm-cpu-smollm2"
 
 
-def decode_steps(path: Path) -> list[dict]:
-    """The logged steps with rows and no prompt token (decode steps)."""
-    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [s for s in steps if s["prefill_tokens"] == 0 and s["rows"] >= 1 and s["step_s"] > 0]
+MIN_STEPS = 50  # decode steps at a request count for it to get its own curve
 
 
-def per_query_s(summary: dict, rows: int) -> float:
-    """The ``dflash`` engine's fitted seconds a drafter query at the measured rows nearest ``rows``."""
+def steps_of(result: Path) -> Path:
+    """The ``dflash`` engine's logged steps of a ``bench_vllm_steps.py`` result."""
+    return result.with_suffix(".steps") / "dflash.jsonl"
+
+
+def decode_steps(result: Path) -> list[dict]:
+    """The logged steps with rows and no prompt token (decode steps), each with the seconds it would
+    have taken drafting as many queries as it verified (see the module docstring)."""
+    summary = json.loads(result.read_text())["summary"]
     fits = {int(r): v["fit"]["per_drafter_query_s"] for r, v in summary["dflash"].items()
-            if "fit" in v and v["fit"]["steps"] >= 50}
-    return fits[min(fits, key=lambda r: abs(r - rows))]
+            if "fit" in v and v["fit"]["steps"] >= MIN_STEPS}
+    out = []
+    for line in steps_of(result).read_text().splitlines():
+        s = json.loads(line) if line.strip() else None
+        if s is None or s["prefill_tokens"] != 0 or s["rows"] < 1 or not s["step_s"] > 0:
+            continue
+        per_query = fits[min(fits, key=lambda r: abs(r - s["rows"]))]
+        queries = s["rows"] * (1 + s["k"])
+        out.append({**s, "seconds": s["step_s"] + per_query * (s["tokens"] - queries)})
+    return out
 
 
-def fit(steps: list[dict], summary: dict, source: str) -> LatencyProfile:
-    rows = np.array([s["rows"] for s in steps], dtype=np.float64)
-    tokens = np.array([s["tokens"] for s in steps], dtype=np.float64)
-    queries = rows * (1 + np.array([s["k"] for s in steps], dtype=np.float64))
-    per_rows = {int(r): per_query_s(summary, int(r)) for r in np.unique(rows)}
-    c = np.array([per_rows[int(r)] for r in rows])
-    seconds = np.array([s["step_s"] for s in steps]) + c * (tokens - queries)  # as if it drafted for what it verified
-    verify = fit_curve(tokens / rows, seconds, 0, rows, per_context_s=0.0, per_pair_s=0.0)
+def fit(steps: list[dict], source: str) -> LatencyProfile:
+    by_rows: dict[int, list[dict]] = {}
+    for s in steps:
+        by_rows.setdefault(int(s["rows"]), []).append(s)
+    curves = []
+    for rows in sorted(r for r, ss in by_rows.items() if len(ss) >= MIN_STEPS):
+        tokens = np.array([s["tokens"] for s in by_rows[rows]], dtype=np.float64)
+        seconds = np.array([s["seconds"] for s in by_rows[rows]])
+        curves.append((rows, fit_curve(tokens / rows, seconds, 0, rows, per_context_s=0.0, per_pair_s=0.0)))
     draft = CostCurve(knots=(1.0,), values_s=(0.0,))
-    return LatencyProfile(NAME, draft=draft, verify=verify, context_tokens=128, source=source)
+    return LatencyProfile(NAME, draft=draft, verify=RowsCostCurve(tuple(curves)), context_tokens=128, source=source)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("steps", type=Path, help="bench_vllm_steps.py's dflash.jsonl")
-    ap.add_argument("--summary", type=Path, required=True, help="bench_vllm_steps.py's result JSON (its fits)")
+    ap.add_argument("results", type=Path, nargs="+", help="bench_vllm_steps.py's result JSONs (their steps beside them)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    summary = json.loads(args.summary.read_text())["summary"]
-    steps = decode_steps(args.steps)
+    steps = [s for r in args.results for s in decode_steps(r)]
+    counted = sorted({s["rows"] for s in steps})
+    names = ", ".join(r.as_posix().split("benchmarks/")[-1] for r in args.results)
     source = (f"benchmarks/fit_vllm_profile.py over {len(steps)} decode steps of bench_vllm_steps.py's dflash engine "
-              f"({args.steps.as_posix().split('benchmarks/')[-1]}: vLLM 0.32 CPU, float32, eager, the bundled target and "
-              "its DFlash drafter, 1 and 8 requests, random drafts a step; AMD EPYC, 2 cores), each step moved to as many "
-              "drafter queries as tokens verified; one verify curve over rows x block size, the drafter's pass in it")
-    profile = fit(steps, summary, source)
+              f"({names}: vLLM 0.32 CPU, float32, eager, the bundled target and its DFlash drafter, "
+              f"{', '.join(map(str, counted))} requests, random drafts a step; AMD EPYC, 2 cores), each step moved to as "
+              f"many drafter queries as tokens verified; one verify curve over the tokens verified for each request "
+              f"count with {MIN_STEPS}+ steps, the drafter's pass in it")
+    profile = fit(steps, source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(args.out)
     for r in (1, 2, 4, 8):

@@ -111,6 +111,72 @@ class CostCurve:
             raise AdaptspecError(f"not a cost curve (missing or bad field: {e})") from None
 
 
+@dataclass(frozen=True)
+class RowsCostCurve:
+    """A pass's seconds from one :class:`CostCurve` per measured row count, for an engine whose
+    passes do not cost one function of the tokens in them (vLLM on a CPU: at 2 requests a step
+    verifying 2 tokens each took less than a plain one, at 4 requests 1.24x; BENCHMARKS.md).
+
+    At a measured row count its own curve; between two measured ones, linear in the rows between
+    their curves at the same block size; beyond them, the nearest one's curve over the tokens in
+    the pass (above the most, its tail carries on).
+
+    >>> one = CostCurve((1, 6), (0.050, 0.050), tail_slope_s=0.004)
+    >>> four = CostCurve((4, 8), (0.050, 0.070), tail_slope_s=0.004)
+    >>> c = RowsCostCurve(((1, one), (4, four)))
+    >>> [round(1000 * float(c(2, 0, r)), 1) for r in (1, 2, 4, 8)]   # 2 rows: a third of the way from 1 to 4
+    [50.0, 56.7, 70.0, 102.0]
+    """
+
+    curves: tuple[tuple[int, CostCurve], ...]
+
+    def __post_init__(self) -> None:
+        rows = [r for r, _ in self.curves]
+        if not rows or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rows):
+            raise AdaptspecError(f"a cost curve by rows needs one or more row counts >= 1, got {rows}")
+        if any(b <= a for a, b in zip(rows, rows[1:])):
+            raise AdaptspecError(f"a cost curve's row counts must increase, got {rows}")
+
+    def __call__(self, block_size: Any, context: Any = 0, batch: Any = 1) -> np.ndarray:
+        """Seconds for blocks of ``block_size`` tokens over ``batch`` rows (broadcasts over arrays)."""
+        b, c, m = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (block_size, context, batch)))
+        rows = np.array([r for r, _ in self.curves], dtype=np.float64)
+        at = np.stack([curve(b, c, r) for r, curve in self.curves])        # each curve at its own rows
+        lo = np.clip(np.searchsorted(rows, m, side="right") - 1, 0, max(rows.size - 2, 0))
+        hi = np.minimum(lo + 1, rows.size - 1)
+        span = np.maximum(rows[hi] - rows[lo], 1.0)
+        w = np.clip((m - rows[lo]) / span, 0.0, 1.0)
+        t = (1 - w) * np.take_along_axis(at, lo[None], 0)[0] + w * np.take_along_axis(at, hi[None], 0)[0]
+        t = np.where(m < rows[0], self.curves[0][1](b, c, m), t)
+        return np.where(m > rows[-1], self.curves[-1][1](b, c, m), t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": {str(r): curve.to_dict() for r, curve in self.curves}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RowsCostCurve":
+        try:
+            items = sorted(((_row_count(k), CostCurve.from_dict(v)) for k, v in dict(d["rows"]).items()),
+                           key=lambda item: item[0])
+        except AdaptspecError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise AdaptspecError(f"not a cost curve by rows (missing or bad field: {e})") from None
+        return cls(tuple(items))
+
+
+def _row_count(key: Any) -> int:
+    """A saved row count: a JSON object's key, the digits of a positive integer."""
+    if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+        raise ValueError(f"row count {key!r} is not a positive integer")
+    return int(key)
+
+
+def cost_curve_from_dict(d: Mapping[str, Any]) -> "CostCurve | RowsCostCurve":
+    """A saved curve: one by rows (a ``rows`` field) or one over the tokens in the pass."""
+    return RowsCostCurve.from_dict(d) if isinstance(d, Mapping) and "rows" in d else CostCurve.from_dict(d)
+
+
 def _count(x: Any) -> int:
     """A JSON integer (``3.0`` is fine, ``3.7``, ``true`` or ``"3"`` are not)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x):
@@ -203,7 +269,7 @@ class LatencyProfile:
 
     name: str
     draft: CostCurve
-    verify: CostCurve
+    verify: CostCurve | RowsCostCurve
     context_tokens: int = 300
     source: str = ""
     extras: dict = field(default_factory=dict, compare=False)
@@ -213,9 +279,11 @@ class LatencyProfile:
         # a verify curve that starts at 0 (its least value: the curves never decrease) is refused
         # here, where a profile is made or read. The draft curve may be 0 (a profile fitted without
         # speculative rounds has no draft cost); a round (draft + verify) is then still > 0.
-        if not self.verify.values_s[0] > 0:
-            raise AdaptspecError(f"verify times must be > 0 s (a target pass takes time), got values_s "
-                                 f"{list(self.verify.values_s)}")
+        v = self.verify
+        for curve in [c for _, c in v.curves] if isinstance(v, RowsCostCurve) else [v]:
+            if not curve.values_s[0] > 0:
+                raise AdaptspecError(f"verify times must be > 0 s (a target pass takes time), got values_s "
+                                     f"{list(curve.values_s)}")
         c = self.context_tokens
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= 10**8:
             raise AdaptspecError(f"context_tokens must be an integer in 0..{10**8}, got {c!r}")
@@ -258,7 +326,7 @@ class LatencyProfile:
     def from_dict(cls, d: Mapping[str, Any]) -> "LatencyProfile":
         def curve(name: str) -> CostCurve:
             try:
-                return CostCurve.from_dict(d[name])
+                return cost_curve_from_dict(d[name])
             except AdaptspecError as e:
                 raise AdaptspecError(f"{name}: {e}") from None
 

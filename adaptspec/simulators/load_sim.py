@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import AdaptspecError
 from ..reward.attribution import ATTRIBUTIONS, attribute, batch_round_s
-from ..reward.latency import LatencyProfile
+from ..reward.latency import CostCurve, LatencyProfile, RowsCostCurve
 from ..traces.dense import DenseRequest
 
 
@@ -194,10 +194,13 @@ def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:
     """
     if not (per_token > 0 and math.isfinite(per_token)):
         raise AdaptspecError(f"per-token cost factor must be > 0, got {per_token!r}")
+    def scaled(v: CostCurve) -> CostCurve:
+        base = v.values_s[0]
+        return replace(v, values_s=tuple(base + per_token * (x - base) for x in v.values_s),
+                       tail_slope_s=per_token * v.tail_slope_s, per_pair_s=per_token * v.per_pair_s)
+
     v = profile.verify
-    base = v.values_s[0]
-    verify = replace(v, values_s=tuple(base + per_token * (x - base) for x in v.values_s),
-                     tail_slope_s=per_token * v.tail_slope_s, per_pair_s=per_token * v.per_pair_s)
+    verify = RowsCostCurve(tuple((r, scaled(c)) for r, c in v.curves)) if isinstance(v, RowsCostCurve) else scaled(v)
     return replace(profile, name=f"{profile.name} (verify x{per_token:g} per token)", verify=verify)
 
 
