@@ -11,17 +11,24 @@ at one request, and a block size longer than the one it plays learns only when p
 accepted every draft shows nothing of a longer block): with that prior a cold server at one client
 could play B = 4 for its whole life where B = 5 ran ~5% faster (BENCHMARKS.md, "Paired runs").
 
-A step's cost is no one function of the tokens it verifies either: at 2 requests a step verifying
-2 tokens each took less than a plain one, at 4 requests 1.24x (``bench_vllm_steps.py --rows 2,4``).
-So this fits one verify curve over the tokens a step verifies for each request count measured
-often (``MIN_STEPS`` decode steps, no prompt token in them), from the steps of the ``dflash`` engine
-of each ``bench_vllm_steps.py`` result given, the drafter's pass included, and the profile reads
-them as a :class:`~adaptspec.reward.latency.RowsCostCurve` (linear in the requests between two
-measured counts). A step there drafted a random number of tokens, so each step's seconds are first
-moved to what the step would have cost drafting as many queries as it verified (the plug-in's
-steady state: a row verifying B tokens next drafts B - 1 and the drafter reads B), with the
-per-query cost of that run's least-squares fit at the step's rows. The draft curve is zero (vLLM's
-drafter runs inside the step, as :class:`~adaptspec.vllm.step_costs.StepCosts` counts it).
+A step's cost is no one function of the tokens it verifies either, nor one that grows with them: at
+1 request a step verifying 4-6 tokens took 49 ms, one verifying 2 took 65 and a plain one 56; at 2
+requests a 2-token step took less than a plain one; at 4 requests 1.21x (``bench_vllm_steps.py``,
+``--rows 2,4``). A curve fitted never to decrease priced 1-request steps flat at 55 ms up to 6
+tokens, and the learned rule warm from it saw B = 3 as fast as B = 4-6 at one request, where k3's
+and k4's servers ran ~5% faster than one playing B = 3 (BENCHMARKS.md). So for each request count
+measured often (``MIN_STEPS`` decode steps, no prompt token in them), from the steps of the
+``dflash`` engine of each ``bench_vllm_steps.py`` result given, the drafter's pass included, this
+takes the median seconds of the steps at each block size (the steps whose tokens are that many a
+request, ``MIN_BLOCK_STEPS`` of them or more) as a table of measured medians
+(``CostCurve(monotone=False)``, linear between block sizes, past the last one the slope of the
+last two), and the profile reads them as a :class:`~adaptspec.reward.latency.RowsCostCurve`
+(linear in the requests between two measured counts). A step there drafted a random number of
+tokens, so each step's seconds are first moved to what the step would have cost drafting as many
+queries as it verified (the plug-in's steady state: a row verifying B tokens next drafts B - 1 and
+the drafter reads B), with the per-query cost of that run's least-squares fit at the step's rows.
+The draft curve is zero (vLLM's drafter runs inside the step, as
+:class:`~adaptspec.vllm.step_costs.StepCosts` counts it).
 
     python benchmarks/fit_vllm_profile.py benchmarks/results/vllm-steps.json benchmarks/results/vllm-steps-2-4.json \\
         --out adaptspec/data/latency/vllm-cpu-smollm2.json
@@ -39,12 +46,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adaptspec.reward.latency import CostCurve, LatencyProfile, RowsCostCurve, fit_curve  # noqa: E402
+from adaptspec.reward.latency import CostCurve, LatencyProfile, RowsCostCurve  # noqa: E402
 
 NAME = "vllm-cpu-smollm2"
 
 
 MIN_STEPS = 50  # decode steps at a request count for it to get its own curve
+MIN_BLOCK_STEPS = 8  # steps at a block size of it for its median to be a point of that curve
 
 
 def steps_of(result: Path) -> Path:
@@ -69,17 +77,27 @@ def decode_steps(result: Path) -> list[dict]:
     return out
 
 
+def table(steps: list[dict], rows: int) -> CostCurve:
+    """The median seconds of ``rows``-request steps at each block size measured ``MIN_BLOCK_STEPS``
+    times, as a table over the tokens in the step (``rows`` x block size)."""
+    by_block: dict[int, list[float]] = {}
+    for s in steps:
+        if s["tokens"] % rows == 0:
+            by_block.setdefault(s["tokens"] // rows, []).append(s["seconds"])
+    blocks = sorted(b for b, v in by_block.items() if len(v) >= MIN_BLOCK_STEPS)
+    values = [float(np.median(by_block[b])) for b in blocks]
+    tail = max((values[-1] - values[-2]) / (rows * (blocks[-1] - blocks[-2])), 0.0) if len(blocks) > 1 else 0.0
+    return CostCurve(tuple(float(rows * b) for b in blocks), tuple(values), tail, monotone=False)
+
+
 def fit(steps: list[dict], source: str) -> LatencyProfile:
     by_rows: dict[int, list[dict]] = {}
     for s in steps:
         by_rows.setdefault(int(s["rows"]), []).append(s)
-    curves = []
-    for rows in sorted(r for r, ss in by_rows.items() if len(ss) >= MIN_STEPS):
-        tokens = np.array([s["tokens"] for s in by_rows[rows]], dtype=np.float64)
-        seconds = np.array([s["seconds"] for s in by_rows[rows]])
-        curves.append((rows, fit_curve(tokens / rows, seconds, 0, rows, per_context_s=0.0, per_pair_s=0.0)))
+    curves = tuple((rows, table(by_rows[rows], rows)) for rows in sorted(r for r, ss in by_rows.items()
+                                                                        if len(ss) >= MIN_STEPS))
     draft = CostCurve(knots=(1.0,), values_s=(0.0,))
-    return LatencyProfile(NAME, draft=draft, verify=RowsCostCurve(tuple(curves)), context_tokens=128, source=source)
+    return LatencyProfile(NAME, draft=draft, verify=RowsCostCurve(curves), context_tokens=128, source=source)
 
 
 def main() -> None:
@@ -93,8 +111,8 @@ def main() -> None:
     source = (f"benchmarks/fit_vllm_profile.py over {len(steps)} decode steps of bench_vllm_steps.py's dflash engine "
               f"({names}: vLLM 0.32 CPU, float32, eager, the bundled target and its DFlash drafter, "
               f"{', '.join(map(str, counted))} requests, random drafts a step; AMD EPYC, 2 cores), each step moved to as "
-              f"many drafter queries as tokens verified; one verify curve over the tokens verified for each request "
-              f"count with {MIN_STEPS}+ steps, the drafter's pass in it")
+              f"many drafter queries as tokens verified; for each request count with {MIN_STEPS}+ steps, the median "
+              f"step at each block size with {MIN_BLOCK_STEPS}+ steps, the drafter's pass in it")
     profile = fit(steps, source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(args.out)

@@ -163,6 +163,15 @@ def test_bad_inputs():
         get_profile("nope")
     with pytest.raises(AdaptspecError, match="knots must increase"):
         CostCurve(knots=(2, 1), values_s=(0.1, 0.2))
+    with pytest.raises(AdaptspecError, match="values must be >= 0 and never decrease"):
+        CostCurve(knots=(1, 2), values_s=(0.2, 0.1))
+    table = CostCurve(knots=(1, 2, 3), values_s=(0.056, 0.065, 0.049), monotone=False)   # measured medians may fall
+    assert CostCurve.from_dict(json.loads(json.dumps(table.to_dict()))) == table
+    assert float(table(2.5)) == pytest.approx(0.057)
+    with pytest.raises(AdaptspecError, match="values must be >= 0, got"):
+        CostCurve(knots=(1, 2), values_s=(0.1, -0.1), monotone=False)
+    with pytest.raises(AdaptspecError, match="monotone must be true or false"):
+        CostCurve.from_dict({"knots": [1], "values_s": [0.1], "monotone": "no"})
     with pytest.raises(AdaptspecError, match="per_context_s must be finite and >= 0"):
         CostCurve(knots=(1,), values_s=(0.1,), per_context_s=-1.0)
     with pytest.raises(AdaptspecError, match="seconds has NaN"):

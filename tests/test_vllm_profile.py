@@ -1,7 +1,8 @@
 """The vLLM plug-in's default cost profile (``vllm-cpu-smollm2``) against the steps it was fitted to:
 the shipped file is what ``benchmarks/fit_vllm_profile.py`` makes of the committed steps, and it
-prices each (requests, block size) measured often as the best monotone fit of the logged steps'
-medians (read straight from the logs), and a short block against plain under load as they did."""
+prices each (requests, block size) measured often as the logged steps' medians (read straight from
+the logs) and a short block against plain under load as they did, and the learned rule warm from it
+prefers what those steps and vLLM's measured acceptance make best."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
-from scipy.optimize import isotonic_regression
 
 from adaptspec.reward.latency import get_profile
 from adaptspec.vllm.config import PLUGIN_PROFILE
@@ -48,20 +47,15 @@ def measured_medians(min_steps: int = 8) -> dict[tuple[int, int], tuple[float, i
     return {k: (statistics.median(v), len(v)) for k, v in seen.items() if len(v) >= min_steps}
 
 
-def test_the_profile_prices_every_measured_step_as_the_best_monotone_fit_of_the_medians():
-    """Each request count's curve never decreases in the block size, and at 1-2 requests vLLM's
-    one-token steps cost more than its 2-6 token ones: against the isotonic regression of each
-    request count's medians (scipy's pool-adjacent-violators, weighted by the steps), within 12%."""
+def test_the_profile_prices_every_measured_step_within_a_tenth_of_its_median():
+    """Against the logged steps' medians read straight from the logs (the profile's are of the steps
+    moved to as many drafter queries as tokens verified: within 10%). A curve that never decreases
+    cannot do this: vLLM's 1-request steps took 56 / 65 / 51 / 49 ms at B = 1 / 2 / 3 / 4."""
     profile = get_profile(PLUGIN_PROFILE)
     medians = measured_medians()
     assert {(r, b) for r in (1, 2, 4, 8) for b in (1, 2, 4, 6)} <= set(medians)
-    for rows in (1, 2, 4, 8):
-        blocks = sorted(b for r, b in medians if r == rows)
-        y = np.array([medians[(rows, b)][0] for b in blocks])
-        w = np.array([medians[(rows, b)][1] for b in blocks], dtype=np.float64)
-        best = isotonic_regression(y, weights=w).x
-        for b, target in zip(blocks, best):
-            assert float(profile.verify_s(b, None, rows)) == pytest.approx(target, rel=0.12), (rows, b)
+    for (rows, block), (median, _) in medians.items():
+        assert float(profile.verify_s(block, None, rows)) == pytest.approx(median, rel=0.1), (rows, block)
 
 
 def test_the_profile_prices_a_short_block_against_plain_as_measured_at_4_and_8_requests():
@@ -75,12 +69,13 @@ def test_the_profile_prices_a_short_block_against_plain_as_measured_at_4_and_8_r
         assert modelled == pytest.approx(measured, rel=0.05), rows
 
 
-def test_the_plugins_warm_prior_prefers_what_the_logged_steps_and_vllms_acceptance_say_under_load():
+def test_the_plugins_warm_prior_prefers_what_the_logged_steps_and_vllms_acceptance_say():
     """The learned rule warm from the plug-in's defaults (its profile, its prior acceptance, its margin)
-    prefers at 4 and 8 requests the block size that the logged steps' medians and the acceptance vLLM
-    measured for the bundled pair (``vllm-tau.json``, per position) pick, closed form: tokens a row
-    ``1 + sum of the accepted-per-position shares below B`` over the median step, a speculating size's
-    speed divided by ``1 + margin``; and at 1 and 2 requests a speculating size, as they do."""
+    prefers at 1, 2, 4 and 8 requests a block size within 3% of the best by the logged steps' medians
+    and the acceptance vLLM measured for the bundled pair (``vllm-tau.json``, per position; none
+    counted past the third), closed form: tokens a row ``1 + the accepted shares of the positions
+    below B`` over the median step, a speculating size's speed divided by ``1 + margin``; plain at
+    4 and 8 requests, a speculating size at 1 and 2."""
     from adaptspec.load_rules import Learned
     from adaptspec.load_rules.learned import SPECULATION_MARGIN
     from adaptspec.vllm.config import PLUGIN_PRIOR
@@ -92,7 +87,7 @@ def test_the_plugins_warm_prior_prefers_what_the_logged_steps_and_vllms_acceptan
                    full_info=True, margin=SPECULATION_MARGIN)
     for rows in (1, 2, 4, 8):
         speed = {b: (1 + sum(shares[: b - 1])) / medians[(rows, b)][0] / (1 + SPECULATION_MARGIN * (b > 1))
-                 for b in range(1, 5) if (rows, b) in medians}
-        best = max(speed, key=speed.get)
-        assert (rule.preference(rows) > 1) == (best > 1), (rows, speed, rule.preference(rows))
-        assert (best > 1) == (rows <= 2)
+                 for b in range(1, 10) if (rows, b) in medians}
+        best, chosen = max(speed, key=speed.get), rule.preference(rows)
+        assert speed[chosen] >= 0.97 * speed[best], (rows, chosen, best, speed)
+        assert (chosen > 1) == (best > 1) == (rows <= 2), (rows, chosen, best)

@@ -6,8 +6,9 @@ and ``c`` tokens of context per sequence::
     t(n, c, batch) = f(n) + per_context_s * c * batch + per_pair_s * n * c
 
 ``f`` is piecewise linear through ``(knots, values_s)``, flat below the first knot and rising
-with ``tail_slope_s`` past the last one; the values never decrease. With every coefficient
-non-negative, ``t`` never decreases in block size, context or batch. It covers both regimes:
+with ``tail_slope_s`` past the last one; the values never decrease (but in a table of measured
+medians, ``monotone=False``). With every coefficient non-negative, ``t`` of a monotone curve
+never decreases in block size, context or batch. It covers both regimes:
 a GPU's roofline ``max(memory, compute)`` is a flat piece up to the ridge point and then a
 slope; a CPU's curve is a gentle slope from one token on. The context terms are the KV-cache
 reads (``per_context_s``) and the attention arithmetic (``per_pair_s``, per query-key pair).
@@ -63,8 +64,13 @@ class CostCurve:
     per_context_s: float = 0.0
     per_pair_s: float = 0.0
     per_row_s: float = 0.0  # a fixed cost per sequence in the pass (per-row work outside the matmuls)
+    #: False: the values are measured medians and may fall where a wider pass took less time (vLLM's
+    #: CPU steps at 1-2 requests, :class:`RowsCostCurve`); a fitted curve never decreases
+    monotone: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.monotone, bool):
+            raise AdaptspecError(f"cost curve monotone must be true or false, got {self.monotone!r}")
         k = np.asarray(self.knots, dtype=float)
         v = np.asarray(self.values_s, dtype=float)
         if k.ndim != 1 or k.size == 0 or k.shape != v.shape:
@@ -73,8 +79,9 @@ class CostCurve:
             raise AdaptspecError("cost curve knots and values must be finite")
         if np.any(np.diff(k) <= 0):
             raise AdaptspecError(f"cost curve knots must increase, got {list(self.knots)}")
-        if v[0] < 0 or np.any(np.diff(v) < -1e-12):
-            raise AdaptspecError(f"cost curve values must be >= 0 and never decrease, got {list(self.values_s)}")
+        if np.any(v < 0) or (self.monotone and np.any(np.diff(v) < -1e-12)):
+            rule = " and never decrease" if self.monotone else ""
+            raise AdaptspecError(f"cost curve values must be >= 0{rule}, got {list(self.values_s)}")
         for name in ("tail_slope_s", "per_context_s", "per_pair_s", "per_row_s"):
             x = getattr(self, name)
             if not (math.isfinite(x) and x >= 0):
@@ -92,7 +99,10 @@ class CostCurve:
         return t + self.per_context_s * c * m + self.per_pair_s * n * c + self.per_row_s * m
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        if self.monotone:
+            del d["monotone"]  # the default: files written before the field read the same
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostCurve":
@@ -104,6 +114,7 @@ class CostCurve:
                 per_context_s=_num(d.get("per_context_s", 0.0)),
                 per_pair_s=_num(d.get("per_pair_s", 0.0)),
                 per_row_s=_num(d.get("per_row_s", 0.0)),
+                monotone=d.get("monotone", True),
             )
         except AdaptspecError:
             raise
@@ -281,7 +292,7 @@ class LatencyProfile:
         # speculative rounds has no draft cost); a round (draft + verify) is then still > 0.
         v = self.verify
         for curve in [c for _, c in v.curves] if isinstance(v, RowsCostCurve) else [v]:
-            if not curve.values_s[0] > 0:
+            if not min(curve.values_s) > 0:
                 raise AdaptspecError(f"verify times must be > 0 s (a target pass takes time), got values_s "
                                      f"{list(curve.values_s)}")
         c = self.context_tokens

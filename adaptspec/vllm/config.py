@@ -36,21 +36,21 @@ __all__ = ["PluginSettings", "plugin_settings", "ENTRY", "PLUGIN_PRIOR", "PLUGIN
 
 #: The key of ``additional_config`` the plug-in reads.
 ENTRY = "adaptspec"
-#: The cost profile of the plug-in when ``latency`` is unset: vLLM's own steps on a CPU
-#: (``benchmarks/fit_vllm_profile.py``), one curve for each request count measured, whose shape
-#: (at 1 request a step verifying up to 6 tokens costs what a one-token step does, at 2 a plain step
-#: costs more than one verifying 2-3 tokens each, at 4 a 2-token step 1.22x a plain one, at 8 every
-#: token verified adds ~3 ms) is vLLM's, not adaptspec's engine's. The load rules' costs start from it before this engine has run a block
-#: size (:mod:`adaptspec.vllm.step_costs`), the learned rule's warm prior is priced on it, and the
-#: controllers price each request's shorter block sizes (full information) on it.
+#: The cost profile of the plug-in when ``latency`` is unset: vLLM's own steps on a CPU, the median
+#: step at each (requests, block size) measured (``benchmarks/fit_vllm_profile.py``), whose shape (at
+#: 1 request a step verifying 3-6 tokens takes less than a plain one, at 2 a plain step more than one
+#: verifying 2-3 tokens each, at 4 a 2-token step 1.25x a plain one, at 8 every token verified adds
+#: ~3 ms) is vLLM's, not adaptspec's engine's. The load rules' costs start from it before this engine
+#: has run a block size (:mod:`adaptspec.vllm.step_costs`), the learned rule's warm prior is priced on
+#: it, and the controllers price each request's shorter block sizes (full information) on it.
 PLUGIN_PROFILE = "vllm-cpu-smollm2"
 #: The load rules' prior per-draft acceptance when ``load_prior`` is unset: the bundled pair's in
 #: vLLM (``benchmarks/results/vllm-tau.json``: 31% of the drafts accepted at the first position, tau
 #: 1.42 at B = 4, a geometric 0.30), as the profile above is its steps. At 0.4 (adaptspec's own
-#: decoder on held-out prompts) the learned rule's warm prior saw B = 2 at 4 requests 1.04x plain
-#: after the margin on that profile and a cold server speculated on a fifth to two fifths of its
-#: 4-client steps, every fixed length there running below plain (BENCHMARKS.md); at 0.3 it sees
-#: 0.96x, and still B = 3 at 2 requests, B = 5-6 at 1.
+#: decoder on held-out prompts) the learned rule's warm prior saw B = 2 at 4 requests faster than
+#: plain after the margin and a cold server speculated on a fifth to two fifths of its 4-client
+#: steps, where every fixed length ran below plain (BENCHMARKS.md); at 0.3 on the profile above it
+#: prefers plain at 4 and 8 requests, B = 2-3 at 2, B = 4-6 at 1 (``tests/test_vllm_profile.py``).
 PLUGIN_PRIOR = 0.3
 
 
