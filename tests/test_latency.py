@@ -41,9 +41,13 @@ def test_gpu_profile_is_a_roofline_consistent_with_dflash():
        m=st.integers(1, 64), db=st.integers(0, 8), dc=st.integers(0, 500), dm=st.integers(0, 8))
 def test_profiles_never_decrease(name, b, c, m, db, dc, dm):
     p = get_profile(name)
-    # a profile by rows holds each row count's measurements, and vLLM's 2-request steps here cost
-    # more than its 4-request ones (BENCHMARKS.md): it never decreases in the block and the context
-    dm = 0 if isinstance(p.verify, RowsCostCurve) else dm
+    # a profile by rows holds each row count's measured medians, and vLLM's steps here are cheaper
+    # at 4 requests than at 2 and at 3-6 tokens than at 1-2 (BENCHMARKS.md): it never decreases in
+    # the context; a monotone curve in all three
+    if isinstance(p.verify, RowsCostCurve):
+        dm = 0
+        if not all(c.monotone for _, c in p.verify.curves):
+            db = 0
     for f in (p.draft_s, p.verify_s, p.round_s):
         assert f(b + db, c + dc, m + dm) >= f(b, c, m) - 1e-15
 

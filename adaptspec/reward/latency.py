@@ -126,7 +126,7 @@ class CostCurve:
 class RowsCostCurve:
     """A pass's seconds from one :class:`CostCurve` per measured row count, for an engine whose
     passes do not cost one function of the tokens in them (vLLM on a CPU: at 2 requests a step
-    verifying 2 tokens each took less than a plain one, at 4 requests 1.24x; BENCHMARKS.md).
+    verifying 2 tokens each took less than a plain one, at 4 requests 1.25x; BENCHMARKS.md).
 
     At a measured row count its own curve; between two measured ones, linear in the rows between
     their curves at the same block size; beyond them, the nearest one's curve over the tokens in
@@ -287,7 +287,7 @@ class LatencyProfile:
 
     def __post_init__(self) -> None:
         # A target pass takes time: every rate, speed-up and load scale divides by a verify time, so
-        # a verify curve that starts at 0 (its least value: the curves never decrease) is refused
+        # a verify curve that reaches 0 anywhere (any of its curves, by rows) is refused
         # here, where a profile is made or read. The draft curve may be 0 (a profile fitted without
         # speculative rounds has no draft cost); a round (draft + verify) is then still > 0.
         v = self.verify
@@ -335,7 +335,7 @@ class LatencyProfile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LatencyProfile":
-        def curve(name: str) -> CostCurve:
+        def curve(name: str) -> CostCurve | RowsCostCurve:
             try:
                 return cost_curve_from_dict(d[name])
             except AdaptspecError as e:
