@@ -66,15 +66,12 @@ def decode_steps(result: Path) -> list[dict]:
     summary = json.loads(result.read_text())["summary"]
     fits = {int(r): v["fit"]["per_drafter_query_s"] for r, v in summary["dflash"].items()
             if "fit" in v and v["fit"]["steps"] >= MIN_STEPS}
-    out = []
-    for line in steps_of(result).read_text().splitlines():
-        s = json.loads(line) if line.strip() else None
-        if s is None or s["prefill_tokens"] != 0 or s["rows"] < 1 or not s["step_s"] > 0:
-            continue
-        per_query = fits[min(fits, key=lambda r: abs(r - s["rows"]))]
-        queries = s["rows"] * (1 + s["k"])
-        out.append({**s, "seconds": s["step_s"] + per_query * (s["tokens"] - queries)})
-    return out
+    steps = [s for s in map(json.loads, filter(str.strip, steps_of(result).read_text().splitlines()))
+             if s["prefill_tokens"] == 0 and s["rows"] >= 1 and s["step_s"] > 0]
+    # the fitted per-query cost at the measured request count nearest each step's, looked up once a count
+    per_query = {n: fits[min(fits, key=lambda r: abs(r - n))] for n in {s["rows"] for s in steps}}
+    return [{**s, "seconds": s["step_s"] + per_query[s["rows"]] * (s["tokens"] - s["rows"] * (1 + s["k"]))}
+            for s in steps]
 
 
 def table(steps: list[dict], rows: int) -> CostCurve:
