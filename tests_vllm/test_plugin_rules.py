@@ -2,7 +2,7 @@
 unknown variant runs at vLLM's own length, counted; one that ends at its first token is never
 decided; a load rule caps the length each step (and is fed back the block that ran); the drafter is asked for
 the drafts the batch verifies, and its pass is skipped only when no prompt a drafting request needs is in
-the step; the goodput and learned rules are priced by the decode steps the engine ran; arms beyond K + 1
+the step; the goodput and learned rules are priced by the decode steps the engine ran, and a step with a prompt in it teaches the learned rule nothing; arms beyond K + 1
 are refused at start."""
 
 from __future__ import annotations
@@ -153,6 +153,36 @@ def test_a_last_step_vllm_cut_at_the_requests_stop_gives_its_round_the_tokens_ke
     assert [r.tau for r in heard[0].rounds] == [4, 1]
     # what a trace set's reader accepts of a request at max_new_tokens = 6 (it raises on a round past the limit)
     assert [r.tau for r in trace_outcome([4, 1], 4, 6, 0.02, float("nan")).rounds] == [4, 1]
+
+
+def test_a_step_with_a_prompt_in_it_teaches_the_load_rule_nothing():
+    p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": "learned"})
+    fed = []
+    try:
+        learn = p.rule.feedback
+        p.rule.feedback = lambda *args: (fed.append(list(args[1])), learn(*args))
+        for r in ("a", "b"):
+            p.admit(r, [1, 2, 3], None)
+        p.decide("a", 1, rows=1, queue=0, max_tokens=400, temperature=0.0)
+        assert p.cut({"a": [9] * 4}, rows=1, queue=0) == {"a": []}   # a level's first round is plain
+        # a's plain row beside b's 150-token prompt: by tokens its share is 1/151 of the step
+        p.observe([("a", 1, 4, 0, 1), ("b", 150, 0, 0, 0)], step_s=0.150)
+        assert fed == []
+        ran = {}
+        for i in range(100):                                           # then a alone, one draft accepted a step
+            d = len(p.cut({"a": [9] * 4}, rows=1, queue=0)["a"])
+            ran[1 + d] = ran.get(1 + d, 0) + 1
+            p.observe([("a", 1 + d, 5 + 2 * i, d, 1 + min(d, 1))], step_s=0.050)
+        assert len(fed) == 100
+        # each such round commits 1-2 tokens in 50 ms where a plain step is modelled at ~56 ms (the shipped
+        # profile, 1 request): the block that ran most is learnt as faster than plain (a forced plain round
+        # learnt from the sliver above would have scaled every reward by ~1/150: ~0.02)
+        level = p.rule.features(0)[None]
+        means = dict(zip(p.rule.arms, p.rule.policy.predict(level)[0]))
+        most = max(ran, key=ran.get)
+        assert means[most] > 1.0, (ran, means)
+    finally:
+        p.close()
 
 
 @pytest.mark.parametrize("rule", ["goodput", "learned"])
