@@ -7,8 +7,8 @@ trip longer than a step), into the step after it. Step times: the shipped profil
 ``vllm-cpu-smollm2`` (the logged medians of vLLM's steps on this CPU) at the step's widest block and
 request count, plus 1 ms a prompt token, +-5% noise; acceptance per draft position as vLLM measured
 it for the bundled pair (``vllm-tau.json``: 31% / 8.7% / 2.5% of drafts at positions 1-3 accepted),
-then 30% a position. Prints the decode steps by (requests, widest block), the modelled tokens per
-second, and for each load level the block sizes the rule played there.
+then 30% a position. Prints, per run, the modelled tokens per second and the decode steps by request
+count and widest block (steps with a prompt in them left out, as the rule leaves them).
 
 What it is for: checking what the load rule learns from the turnover steps (a prompt beside decode
 rows), which no offline simulator of adaptspec's own engine has. At 2 clients (seeds 0-2, the
