@@ -131,8 +131,9 @@ def server_command(config: str, args, port: int, root: Path) -> tuple[list[str],
     elif name in PLUGIN_CONFIGS or name.startswith(("plugin-k", "adaptive-")):
         k = int(name.removeprefix("plugin-k")) if name.startswith("plugin-k") else args.adaptive_max_k
         spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": k}
+        entries = json.loads(args.plugin_entries)  # a tagged configuration's own settings, else its kind's
         entry = {"log_dir": str(root / f"log-{port}")} | json.loads(args.plugin_entry) | \
-            json.loads(args.plugin_entries).get(name, {})
+            entries.get(config, entries.get(name, {}))
         if name == "warm":
             if args.warm_spec is None:
                 raise ValueError("configuration 'warm' needs --warm-spec")
@@ -412,8 +413,8 @@ def main() -> None:
     ap.add_argument("--plugin-entry", default="{}",
                     help="more settings of the plug-in's servers' adaptspec entry (JSON), e.g. '{\"load_rule\": \"learned\"}'")
     ap.add_argument("--plugin-entries", default="{}",
-                    help="settings of single plug-in configurations (JSON: configuration -> settings), e.g. "
-                         "'{\"adaptive-none\": {\"load_rule\": \"none\"}}'")
+                    help="settings of single plug-in configurations (JSON: configuration -> settings; a tagged "
+                         "KIND@TAG's own, else KIND's), e.g. '{\"adaptive-none\": {\"load_rule\": \"none\"}}'")
     ap.add_argument("--no-idle-drafter-skip", dest="idle_drafter_skip", action="store_false",
                     help="the plug-in's servers without its worker extension (vLLM's drafter runs after every step)")
     ap.add_argument("--server-args", default="{}", metavar="JSON",
