@@ -85,7 +85,6 @@ class PluginSettings(BaseModel):
     sync_every: int = Field(32, ge=1)
     sync_interval: float = Field(1.0, gt=0)
     lease_ttl: float = Field(15.0, gt=0)
-    pin_engine_core: bool = True                    # the engine core off the CPUs vLLM bound its workers to
 
     @field_validator("log_dir", "checkpoint_dir")
     @classmethod

@@ -47,7 +47,6 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from ..errors import AdaptspecError  # noqa: E402
 from .config import plugin_settings  # noqa: E402
 from .idle_drafter import MARK, enabled  # noqa: E402
-from .placement import move_off_workers  # noqa: E402
 from .plugin import AdaptspecPlugin, log  # noqa: E402
 
 __all__ = ["AdaptiveScheduler", "VLLM_VERSION"]
@@ -66,10 +65,6 @@ class AdaptiveScheduler(Scheduler):
             raise AdaptspecError("adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
                                  "asynchronous scheduling vLLM reserves draft slots before the drafts exist")
         super().__init__(vllm_config, *args, **kwargs)
-        #: the CPUs this engine core moved to, off its workers' (None: it stayed where vLLM put it)
-        self.engine_core_cpus = move_off_workers() if settings.pin_engine_core else None
-        if self.engine_core_cpus is not None:
-            log.info("adaptspec: the engine core runs on CPUs %s, off its workers'", self.engine_core_cpus)
         spec = vllm_config.speculative_config
         self.adaptspec = AdaptspecPlugin(settings, int(self.num_spec_tokens or 0),
                                          spec.method if spec is not None else "none")
