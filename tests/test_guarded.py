@@ -104,6 +104,24 @@ def stuck_body(guard_ref: list, release: threading.Event, seen: list):
     return body
 
 
+def test_the_join_returns_once_the_stall_is_told_however_long_the_telling_takes():
+    # the owner's answer to a stall takes a while (as on a busy host, where the watchdog's thread is
+    # late): join_unless_stalled returns after it, never between the stall and the telling
+    release, seen, told, ref = threading.Event(), [], [], [None]
+
+    def slow_tell(message):
+        time.sleep(0.5)
+        told.append(message)
+
+    g = ref[0] = GuardedThread("decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2,
+                               on_stall=slow_tell)
+    g.start()
+    g.join_unless_stalled(60)
+    assert told == ["no progress for 0.2 s"] and g.failures == 1
+    release.set()
+    g.join(10)
+
+
 def test_a_busy_thread_without_progress_is_stalled_told_once_logged_where_and_not_waited_for(caplog):
     caplog.set_level(logging.WARNING, logger="adaptspec.guarded")
     release, seen, told, ref = threading.Event(), [], [], [None]

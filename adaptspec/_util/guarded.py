@@ -104,7 +104,7 @@ class GuardedThread:
         self._progress_lock = threading.Lock()
         self._last_beat: float | None = None
         self.stalled = False  # busy with no progress for stall_s; cleared by its next beat() or idle()
-        self._stall_seen = threading.Event()  # set while stalled: a shutdown stops waiting
+        self._stall_told = threading.Event()  # set once a stall is logged, counted and told; cleared by progress
         self._watchdog = None if self.stall_s is None else threading.Thread(
             target=self._watch, name=f"{name}-watchdog", daemon=True)
 
@@ -118,9 +118,10 @@ class GuardedThread:
 
     def join_unless_stalled(self, timeout: float) -> None:
         """Wait for the thread to end, at most ``timeout`` seconds, and only while it makes progress:
-        return once it is stalled (a thread stuck in user code never ends; it is a daemon)."""
+        return once it is stalled and its stall has been logged, counted and told to ``on_stall`` (a
+        thread stuck in user code never ends; it is a daemon)."""
         deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and not self.stalled:
+        while self._thread.is_alive() and not self._stall_told.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -142,7 +143,7 @@ class GuardedThread:
             self._last_beat = now
             was = self.stalled
             self.stalled = False
-            self._stall_seen.clear()
+            self._stall_told.clear()
         if was:
             self.log.warning("thread %s made progress again after it was stalled; what it held had been answered",
                              self.name)
@@ -158,8 +159,10 @@ class GuardedThread:
                 if self.stalled or last is None or time.monotonic() - last < self.stall_s:
                     continue
                 self.stalled = True
-                self._stall_seen.set()
             self._stalled()
+            with self._progress_lock:
+                if self.stalled:  # not moved again meanwhile
+                    self._stall_told.set()
 
     def _stalled(self) -> None:
         """Log where the thread is stuck, count it, tell the owner (on the watchdog's thread)."""
