@@ -18,11 +18,21 @@ last-bit differences flip greedy choices within a few dozen tokens in bfloat16.
   (0.31 vs 0.25 ms a layer for a block of 16 after 300 tokens); calling the fused kernel once
   per row instead was 20 times slower.
 
+Padding is enough where a product's kernel, once the row count is a multiple of 4, computes each
+row as a call of 4 rows does: so on the AMD EPYC hosts this was built on. On an Intel Xeon with AMX
+(2 threads) a row's float32 result changes with the row count up to 16 and past it (4 against 16
+rows, 16 against 128), while within a call of a given row count each row is computed alike
+whatever its place and whatever rows are beside it. :func:`padding_suffices` probes this host
+once per dtype; where padding is not enough, every product (the linear layers' and attention's)
+runs as calls of exactly 4 rows, which costs more calls at long blocks and keeps every row's bits.
+
 The model then computes the same function, bit for bit, whatever the block size, and its
 own ``generate`` (which uses the same patched layers) is the reference the tests compare to.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +41,32 @@ from torch import nn
 ATTENTION_NAME = "adaptspec_rowwise"
 ROW_MULTIPLE = 4
 KEY_MULTIPLE = 64
+#: layer shapes (in, out) and rows up to which :func:`padding_suffices` probes the host's products
+PROBE_SHAPES = ((64, 64), (64, 192), (576, 576), (576, 1536), (1536, 576))
+PROBE_ROWS = 64
+
+
+@functools.cache
+def padding_suffices(dtype: torch.dtype) -> bool:
+    """Whether this host's matrix product computes each row of a call of any multiple of
+    :data:`ROW_MULTIPLE` rows (up to :data:`PROBE_ROWS`) as a call of :data:`ROW_MULTIPLE` rows does,
+    on a few layer shapes (probed once per dtype; see the module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    for k, n in PROBE_SHAPES:
+        w = torch.randn(n, k, generator=g).to(dtype)
+        x = torch.randn(PROBE_ROWS, k, generator=g).to(dtype)
+        unit = torch.cat([F.linear(part, w) for part in x.split(ROW_MULTIPLE)])
+        if any(not torch.equal(F.linear(x[:m], w), unit[:m]) for m in range(2 * ROW_MULTIPLE, PROBE_ROWS + 1, ROW_MULTIPLE)):
+            return False
+    return True
+
+
+def _by_units(product, rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """``product(rows)`` for ``rows`` whose size along ``dim`` is a multiple of :data:`ROW_MULTIPLE`:
+    one call where padding suffices on this host, else one call of :data:`ROW_MULTIPLE` rows at a time."""
+    if rows.shape[dim] == ROW_MULTIPLE or padding_suffices(rows.dtype):
+        return product(rows)
+    return torch.cat([product(part) for part in rows.split(ROW_MULTIPLE, dim=dim)], dim=dim)
 
 
 class RowPaddedLinear(nn.Linear):
@@ -39,11 +75,11 @@ class RowPaddedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         pad = -rows % ROW_MULTIPLE
-        if pad == 0:
-            return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])
-        flat = torch.cat([flat, flat[-1:].expand(pad, -1)])
-        return F.linear(flat, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+        if pad:
+            flat = torch.cat([flat, flat[-1:].expand(pad, -1)])
+        out = _by_units(lambda part: F.linear(part, self.weight, self.bias), flat, 0)
+        return out[:rows].reshape(*x.shape[:-1], -1)
 
 
 def rowwise_attention(
@@ -93,13 +129,13 @@ def rowwise_attention(
     extra = -rows % ROW_MULTIPLE
     if extra:
         q = torch.cat([q, q[:, -1:].expand(kv_heads, extra, dim)], dim=1)
-    scores = torch.matmul(q, k.transpose(1, 2)).float() * scale
+    scores = _by_units(lambda part: torch.matmul(part, k.transpose(1, 2)), q, 1).float() * scale
     pos = torch.arange(q_len, device=q.device).repeat(group)
     if extra:
         pos = torch.cat([pos, pos[-1:].expand(extra)])
     hidden = torch.arange(padded, device=q.device)[None, :] > (kv_len - q_len + pos)[:, None]
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v)[:, :rows].reshape(1, n_heads, q_len, dim)
+    out = _by_units(lambda part: torch.matmul(part, v), probs, 1)[:, :rows].reshape(1, n_heads, q_len, dim)
     return out.transpose(1, 2).contiguous(), None
 
 
