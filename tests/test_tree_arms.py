@@ -232,6 +232,7 @@ class Host:
         self.profile, self.head, self.dtype = profile, head, "bfloat16"
         self.speeds = expected_speeds(profile, prior_tokens_per_round(HeadModel.load(head).arms))
         self.best_block_size = max(self.speeds, key=self.speeds.get)
+        self.speculation_pays = self.best_block_size > 1
 
 
 def curve(ratio4: float, per_token_after: float) -> LatencyProfile:
@@ -246,8 +247,8 @@ def test_the_default_never_plays_a_tree_where_a_wide_verify_is_not_cheap():
     from adaptspec.models.bundled import BUNDLED_HEAD
 
     steep = Host(curve(2.55, 5.0), BUNDLED_HEAD)  # the AVX2 host of issue 47
-    choice, _ = default_on_host(16, 1153, None, lambda: steep, trees=True)
-    assert choice.arms is None and "neural-linear" in choice.spec
+    choice, fallback = default_on_host(16, 1153, None, lambda: steep, trees=True)
+    assert choice.arms is None and choice.spec == "fixed:1" and fallback == 1  # nothing beyond B = 1 pays there
     assert tree_default(steep.profile, steep.speeds, (1, 2, 4)) is None
     assert float(steep.profile.verify_s(4)) / float(steep.profile.verify_s(1)) > TREE_VERIFY_RATIO
 

@@ -15,8 +15,8 @@ batch-invariant ones the decoder runs. A short warm-up runs first, untimed.
 
 Before that it measures this host (:mod:`adaptspec.host`: a short timing of each dtype, cached
 per host) and says what it measured and chose: the dtype that decodes fastest here (``--dtype``
-overrides) and the default policy's head re-priced by this host's curve, which decodes plainly
-(B = 1) where speculating cannot pay here.
+overrides) and the default policy: the head re-priced by this host's curve, or plain decoding
+(every request at B = 1) where speculating cannot pay here.
 """
 
 from __future__ import annotations

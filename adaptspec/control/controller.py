@@ -157,8 +157,8 @@ class AdaptiveController:
         For a speculator :func:`~adaptspec.models.load_speculator` made on the CPU the default
         is priced by this host's curve, as ``adaptspec demo`` and ``adaptspec serve`` price it
         (:func:`~adaptspec.control.policy_build.default_on_host`): the bundled head re-priced by
-        the host's measured round costs, and the host's best block size as the fallback, so
-        where speculating cannot pay here it decodes plainly (B = 1) from the first request.
+        the host's measured round costs, and the host's best block size as the fallback; where
+        speculating cannot pay here the default is plain decoding (``fixed:1``) throughout.
         Its cost: the first such controller on a host times the host (:mod:`adaptspec.host`:
         about 15 CPU seconds, 10-40 s of wall time on a busy 2-core host, and each dtype's
         models loaded once); the record is cached under ``<cache>/host/`` and later

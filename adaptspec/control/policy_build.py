@@ -21,6 +21,9 @@ from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled def
 #: its head's arms instead (the bundled head's: 1, 2, 3, 4, 6, 8, 12, 16).
 DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)
 
+#: the default where speculating cannot pay on the host (:func:`default_on_host`): plain decoding
+PLAIN_SPEC = "fixed:1"
+
 log = logging.getLogger("adaptspec.control.controller")
 
 
@@ -151,9 +154,12 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     :class:`~adaptspec.host.HostChoice` (``host()``, called only then: :func:`adaptspec.host.for_speculator`
     or :func:`adaptspec.host.for_models`, which time the host once, about 15 CPU seconds, and then
     read the cached record; None where nothing times the decoder), NeuralLinear over the head
-    re-priced by the host's curve instead, with the host's best block size as the fallback (1
-    where speculating cannot pay here: plain decoding from the first request). The fallback is
-    None (the controller's own default) otherwise. Where the decoder verifies draft trees
+    re-priced by the host's curve instead, with the host's best block size as the fallback.
+    Where no block size beyond 1 pays on the host's curve at the prior's acceptance
+    (``speculation_pays`` false: the AVX2 kind of CPU, BENCHMARKS.md), the default is plain
+    decoding, ``fixed:1``, from the first request to the last: a request the head would have
+    speculated on costs more than it can win there, and the drafter's pass is never run. The
+    fallback is None (the controller's own default) otherwise. Where the decoder verifies draft trees
     (``trees``: it declares ``draft_trees``), no arms were given and trees pay on the host's curve,
     :func:`tree_default` instead. ``AdaptiveController(speculator)`` and ``adaptspec serve`` both
     choose their default here."""
@@ -163,6 +169,10 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     priced = host()
     if priced is None or priced.head is None:
         return choice, None
+    if not priced.speculation_pays:
+        return PolicyChoice(PLAIN_SPEC, f"speculation cannot pay on this host's curve ({priced.dtype}: no block "
+                                        "size beyond 1 decodes faster at the prior's acceptance): plain decoding; "
+                                        "give a policy to speculate anyway"), 1
     here = choose_default_policy(max_block_size, feature_dim, arms, head=priced.head, full_information=full_information)
     if here.spec != f"neural-linear:head={priced.head}":
         return choice, None

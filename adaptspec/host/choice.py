@@ -12,12 +12,8 @@ predictions (its acceptance model, this host's costs), the machine-speed referen
 ``timings``) and every counterfactual round.
 
 Where no block size beyond 1 pays at the prior's acceptance (``speculation_pays`` false), the
-re-priced head predicts plain decoding best for a request unless its own features say that
-request accepts enough to pay: the default then plays ``B = 1`` from the first request. It can
-still learn: the prior keeps each arm's uncertainty (NeuralLinear's UCB bonus), a request whose
-predicted acceptance pays speculates, and its rounds price every shorter block size
-(full information); a speculating request's measured reward corrects every arm's prediction
-through the prior's correlations across arms.
+product's default is plain decoding (:func:`~adaptspec.control.policy_build.default_on_host`):
+every request at ``B = 1``, the drafter never run, and :meth:`HostChoice.summary` says so.
 """
 
 from __future__ import annotations
@@ -71,7 +67,7 @@ class HostChoice:
         sb = self.speeds.get(self.best_block_size, s1)
         verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
                    if self.speculation_pays else "speculation cannot pay here at the prior's acceptance: "
-                   "the default decodes plainly (B = 1) unless a request's predicted acceptance pays")
+                   "the default decodes plainly (B = 1)")
         faster = (f"; {self.fastest_dtype} decodes faster here" if self.fastest_dtype and self.fastest_dtype != self.dtype
                   else "")
         return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
