@@ -13,6 +13,10 @@ progress a watchdog checks (:class:`~adaptspec._util.guarded.GuardedThread`'s ``
 :data:`~adaptspec._util.guarded.STALL_S`, 60 s): busy with no progress (a round) for that long, the runner is stalled: the
 requests waiting on it get 503, new ones too, its ``health`` says ``stalled``, and its
 ``close`` does not wait for it.
+
+At shutdown a runner is drained (:meth:`Runner.drain`): every request it holds is answered 503
+at once, whatever its decode is doing, and its ``close`` then waits for nothing it cannot bound
+(:mod:`adaptspec.serving.shutdown`).
 """
 
 from __future__ import annotations
@@ -62,8 +66,16 @@ class Runner(Protocol):
         """:meth:`run`, awaited on the server's event loop (the batched engine: no thread waits)."""
         ...
 
-    def close(self) -> None:
-        """Finish what it holds and stop (the service closes the controllers after)."""
+    def drain(self, reason: str) -> None:
+        """Answer every request waiting or decoding with a 503 giving ``reason``, now, from the
+        calling thread, and refuse new ones; a decode still running is not waited for (its
+        thread is a daemon)."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """Finish what it holds within ``timeout`` seconds (and only while its thread progresses),
+        answer whatever is left with a 503 (:meth:`drain`), and stop (the service closes the
+        controllers after)."""
         ...
 
 

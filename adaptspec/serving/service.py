@@ -6,6 +6,11 @@ Everything here is plain Python (no web framework), so it is usable and testable
 message), :meth:`CompletionService.run` routes it to a variant's
 :class:`~adaptspec.AdaptiveController` and generates, :meth:`CompletionService.ab_report`
 analyses the decision log.
+
+Shutting down (:mod:`adaptspec.serving.shutdown` drives it for the server):
+:meth:`CompletionService.stop_admitting` refuses new requests with 503, :meth:`CompletionService.drain`
+answers every request still waiting or decoding with 503, and :meth:`CompletionService.close`
+closes the runner and the controllers.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ _UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False),
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 #: the largest ``seed`` (torch and numpy generators take 64-bit seeds)
 MAX_SEED = 2**63 - 1
+#: what a request gets once the service has stopped admitting (503)
+SHUTTING_DOWN = "the server is shutting down"
+#: seconds :meth:`CompletionService.close` waits for the decoding thread: to finish the requests it
+#: holds, or, once they were answered by a drain, to leave its round
+CLOSE_WAIT_S, DRAINED_WAIT_S = 120.0, 1.0
 
 
 def runs_on_engine(speculator: Any) -> bool:
@@ -97,6 +107,8 @@ class CompletionService:
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.host = None if host is None else dict(host)  # what the host measurement chose (adaptspec.host), for /health
         self.started = time.time()
+        self._admitting = True  # False once shutting down: new requests get 503
+        self._drained = False  # every request held was answered 503 (drain): close waits for no decode
         self._closed = False
         self._close_lock = threading.Lock()
         self._parts_cache: dict[str, list[dict[str, Any]]] = {}
@@ -257,6 +269,8 @@ class CompletionService:
         else:
             variant = self.router.assign(user)
         include_usage = opts.stream_options is not None and opts.stream_options.include_usage
+        if not self._admitting:
+            raise RequestError(SHUTTING_DOWN, 503)
         # the engine's queue: its place is taken now, the last check, so a stream refused is a 429 before its headers
         slot = self.runner.reserve()
         return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage, slot=slot)
@@ -378,7 +392,7 @@ class CompletionService:
         engine = self.runner.health  # the decoding thread's: the batched engine's, or a speculator of one's own
         if engine["state"] in ("failed", "stalled"):
             status = engine["state"]  # stopped for good, or stuck: every request gets a 503 (HTTP 503 here too)
-        elif self._closed:
+        elif self._closed or not self._admitting:
             status = "closing"
         else:
             status = "degraded" if failing or engine["state"] != "ok" else "ok"
@@ -429,16 +443,34 @@ class CompletionService:
                 rows.append(r)
         return rows
 
+    def stop_admitting(self) -> None:
+        """Refuse every new request from now on with 503 (``the server is shutting down``); the
+        requests admitted go on."""
+        self._admitting = False
+
+    def drain(self, reason: str = SHUTTING_DOWN) -> None:
+        """Stop admitting and answer every request waiting or decoding with a 503 giving ``reason``,
+        now, whatever its decode is doing (:meth:`Runner.drain <adaptspec.serving.runner.Runner.drain>`).
+        A request already answered keeps its answer; one cut here keeps its decision pending (logged
+        without a reward at :meth:`close`, unless its decode returns before)."""
+        self.stop_admitting()
+        self._drained = True
+        self.runner.drain(reason)
+
     def close(self) -> None:
-        """Close every controller: apply queued updates, final checkpoints, roll the logs."""
+        """Stop admitting; let the runner finish the requests it holds (at most :data:`CLOSE_WAIT_S`
+        seconds and only while its thread progresses; after a :meth:`drain`, which answered them, at
+        most :data:`DRAINED_WAIT_S`), answering what is left with 503; then close every controller
+        without waiting for a decode still running: queued updates applied, final checkpoints, logs
+        rolled (a pending decision logged without a reward)."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
-        self.runner.close()  # requests in the engine finish first; a stalled runner is left behind
-        stalled = self.runner.health["state"] == "stalled"
+        self.stop_admitting()
+        self.runner.close(DRAINED_WAIT_S if self._drained else CLOSE_WAIT_S)
         for c in self.controllers.values():
-            c.close(**({"timeout": 0.0} if stalled else {}))  # a stuck decode is never waited for
+            c.close(timeout=0.0)  # the runner has ended, or what it still decodes was answered: not waited for
 
 
 def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:

@@ -124,9 +124,15 @@ class BatchedRunner:
         return (f"batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution {lp.attribution}, "
                 f"load rule {'none' if lp.rule is None else lp.rule.name}")
 
-    def close(self) -> None:
-        """Finish the requests in the engine, then stop its thread."""
-        self.loop.close()
+    def close(self, timeout: float = 120.0) -> None:
+        """Finish the requests in the engine within ``timeout`` seconds, then stop its thread
+        (:meth:`EngineLoop.close`: what is left is answered 503)."""
+        self.loop.close(timeout)
+
+    def drain(self, reason: str) -> None:
+        """Answer every request in the engine or its queue with a 503 giving ``reason``, now
+        (:meth:`EngineLoop.drain`)."""
+        self.loop.drain(reason)
 
     def reserve(self) -> Reservation:
         """A place in the queue for a request about to run, or the 429 now (taken before a stream's

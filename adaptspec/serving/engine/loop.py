@@ -27,8 +27,16 @@ raises nothing. The loop beats its guard's watchdog at every round boundary
 no round finished for ``stall_s`` seconds, the engine is stalled: every request in flight or
 queued gets :class:`EngineFailed` (503) from the watchdog's thread, every new one is refused with
 503, /health says ``stalled`` (HTTP 503), and :meth:`~EngineLoop.close` does not wait for it (the
-thread is a daemon: SIGTERM exits). If the round returns after all, the loop resets the engine
-(the rows it held were answered) and serves again.
+thread is a daemon). If the round returns after all, the loop resets the engine (the rows it held
+were answered) and serves again.
+
+**Shutdown.** :meth:`~EngineLoop.drain` answers every request in flight or queued with
+:class:`EngineFailed` giving the server's reason (a 503), at once and from the calling thread,
+whatever the round in progress is doing, and refuses new ones; the loop drops its rows (engine
+reset) at its next round boundary and ends. :meth:`~EngineLoop.close` lets the submitted requests
+finish within its ``timeout`` (and only while rounds finish), then drains what is left: so SIGTERM
+ends the server within its bound, even with a round that never returns
+(:mod:`adaptspec.serving.shutdown`).
 
 Callbacks run on the loop thread between rounds: keep them short (hand the tokens to another
 thread or an event loop). A ticket's ``stop_when()`` is asked after its tokens are streamed:
@@ -243,6 +251,7 @@ class EngineLoop:
         self._tickets: list[Ticket] = []
         self._reserved: dict[int, Reservation] = {}  # places held by requests being checked (see reserve)
         self._closed = False
+        self._drained: EngineFailed | None = None  # set by drain(): the loop drops its rows and ends
         self.rounds = 0
         self.decode_s = 0.0  # rounds' decode time (prefills excluded), all rounds
         self.last_round: "RoundRecord | None" = None
@@ -364,20 +373,35 @@ class EngineLoop:
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish what was submitted, then stop the thread (whatever it left unfinished fails); at most
-        ``timeout`` seconds, and no longer than the engine progresses: a stalled one is left behind
-        (its requests were answered; the thread is a daemon)."""
+        ``timeout`` seconds, and no longer than the engine progresses. A thread still in a round then
+        is left behind, every request answered 503 (:meth:`drain`; the thread is a daemon)."""
         with self._lock:
             self._closed = True
         self._wake.set()
         self._guard.join_unless_stalled(timeout)
-        if self._guard.stalled:
-            log.error("the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s)
-        elif self._guard.alive:
-            log.error("the engine thread did not finish within %.0f s of the shutdown", timeout)
-        else:
+        if not self._guard.alive:
             self._fail_everything(EngineFailed("the server shut down before this request finished"))
+        else:
+            self.drain("the server is shutting down")
+            if self._guard.stalled:
+                log.error("the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s)
+            else:
+                log.error("the engine thread is still in a round %g s into the shutdown: its requests were "
+                          "answered 503; shutting down without it", timeout)
         if self.switchback is not None:  # the slice in progress is written, marked incomplete
             self.switchback.close()
+
+    def drain(self, reason: str) -> None:
+        """Answer every request in flight or queued with :class:`EngineFailed` (``reason``), now, and
+        refuse new ones. The engine is the loop thread's: it drops the rows at its next round
+        boundary and ends (a round that never returns is left to its daemon thread)."""
+        error = EngineFailed(reason)
+        with self._lock:
+            self._closed = True
+            self._drained = error
+        for t in self._take_inbox() + list(self._tickets):  # as _stalled: the loop's own may be stuck in a round
+            t.complete(error)
+        self._wake.set()
 
     def __enter__(self) -> "EngineLoop":
         return self
@@ -415,7 +439,7 @@ class EngineLoop:
             self._wake.clear()
             self._guard.beat()
             self._take_submissions()
-            while self.engine.busy:
+            while self.engine.busy and self._drained is None:
                 record = self.engine.step()  # a defect raises to the guard: see _failed
                 if self._guard.beat():  # a round that outlived stall_s: its requests were answered 503
                     self._after_stall()
@@ -432,6 +456,9 @@ class EngineLoop:
                 if self._guard.beat():  # a callback (a stream, a feedback) that outlived stall_s
                     self._after_stall()
                 self._take_submissions()
+            if self._drained is not None:  # its requests were answered: drop the rows, free their slots
+                self._fail_everything(self._drained)
+                return
             self._stream()
             with self._lock:
                 if self._closed and self._inbox.empty():

@@ -15,9 +15,16 @@ for ``stall_s`` seconds (default :data:`~adaptspec._util.guarded.STALL_S`, 60; a
 no rounds has that long for the whole decode), the runner is stalled: the request decoding and
 every one waiting get 503 (a reason, no exception text), new requests get 503 at once,
 :attr:`~SequentialRunner.health` says ``stalled`` (/health answers 503), and :meth:`close` does not
-wait for it: the thread is a daemon, so SIGTERM exits (a Python thread stuck in a user's code
-cannot be killed). A decode that returns after all is learnt from and logged as any other (its
-client already had its 503), and the runner serves again.
+wait for it: the thread is a daemon (a Python thread stuck in a user's code cannot be killed). A
+decode that returns after all is learnt from and logged as any other (its client already had its
+503), and the runner serves again.
+
+**Shutdown.** :meth:`~SequentialRunner.drain` answers the request decoding and every one waiting
+with a 503 giving the server's reason, at once and from the calling thread, whatever the decode
+is doing (stuck, or honest and long), and refuses new ones; the decode goes on on its daemon
+thread, and if it returns it is learnt from and logged as above. :meth:`~SequentialRunner.close`
+waits for the queue at most its ``timeout``, only while the thread progresses, then drains what
+is left: so SIGTERM ends the server within its bound (:mod:`adaptspec.serving.shutdown`).
 
 An exception from the speculator is a 503 with a reason; its text, which may name the user's
 files, goes to the log with the request's id (:func:`~adaptspec.serving.responses.unavailable`).
@@ -82,6 +89,7 @@ class SequentialRunner:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._drained: RequestError | None = None  # set by drain(): what a request still held gets
         self._current: Job | None = None  # the request being decoded
         self._guard = GuardedThread("adaptspec-speculator", self._serve, self._failed, logger=log,
                                     stall_s=stall_s, on_stall=self._stalled)
@@ -102,18 +110,31 @@ class SequentialRunner:
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish the requests queued, then stop the thread; at most ``timeout`` seconds, and no
-        longer than it progresses (a stalled one is left behind: its requests were answered)."""
+        longer than it progresses. A thread still decoding then is left behind, its requests
+        answered 503 (:meth:`drain`; the thread is a daemon)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._jobs.put(None)
         self._guard.join_unless_stalled(timeout)
+        if not self._guard.alive:
+            return
+        self.drain("the server is shutting down")
         if self._guard.stalled:
             log.error("the speculator's thread is stalled (no progress for %g s): shutting down without it",
                       self.stall_s)
-        elif self._guard.alive:
-            log.error("the speculator's thread did not finish within %.0f s of the shutdown", timeout)
+        else:
+            log.error("the speculator's thread is still decoding %g s into the shutdown: its requests were "
+                      "answered 503; shutting down without it", timeout)
+
+    def drain(self, reason: str) -> None:
+        """Answer the request decoding and every one waiting with a 503 giving ``reason``, now, and
+        refuse new ones; the decode goes on on the runner's daemon thread (it cannot be stopped)."""
+        error = RequestError(reason, 503)
+        with self._lock:  # with _serve's: a job it has just taken is either seen here or sees this
+            self._drained = error
+        self._answer_all(error)
 
     # ------------------------------------------------------------------ requests
     def submit(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None,
@@ -122,7 +143,7 @@ class SequentialRunner:
         """Queue ``req``; ``deliver`` gets its generation (decision and outcome logged) or the
         :class:`RequestError` it answers with. A stalled, failed or closing runner refuses it now (503)."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._drained is not None:
                 raise RequestError("the server is shutting down", 503)
             if self._guard.gave_up:
                 raise RequestError("the speculator's thread has stopped after repeated failures (the server's log "
@@ -176,7 +197,13 @@ class SequentialRunner:
             if job.cancel is not None and job.cancel.cancelled:
                 job.finish(RequestError("the client went away before this request started", 499))
                 continue
-            self._current = job
+            with self._lock:
+                self._current = job
+                drained = self._drained
+            if drained is not None:  # taken just as the runner was drained: answered, not decoded
+                self._current = None
+                job.finish(drained)
+                continue
             try:
                 result = self._decode(job)
             finally:
