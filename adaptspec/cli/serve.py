@@ -13,10 +13,13 @@ Examples::
     curl -s localhost:8000/v1/completions -d '{"prompt": "Write a haiku", "max_tokens": 32, "user": "u1"}'
     curl -s localhost:8000/ab; curl -s localhost:8000/metrics; curl -s localhost:8000/health
 
-Stop it with Ctrl-C or SIGTERM: in-flight requests finish, then every variant's queued
-updates are applied, a final checkpoint is written and the log journal becomes a Parquet
-part. After a crash, restarting with the same directories resumes every variant's policy
-(see docs/serving.md).
+Stop it with Ctrl-C or SIGTERM: new requests get 503, the requests in flight have
+``--shutdown-grace`` seconds (default 15) to finish, every one left is then answered 503
+(whatever its decode is doing: one that never returns holds nothing), every variant's queued
+updates are applied, a final checkpoint is written and the log journal becomes a Parquet part;
+the process is gone within 30 s of the signal, what orchestrators allow before they kill
+(:mod:`adaptspec.serving.shutdown`). After a crash, restarting with the same directories resumes
+every variant's policy (see docs/serving.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from ..reward.functions import DEFAULT_REWARD, REWARDS
 from .._util.guarded import STALL_S
 from ._types import MAX_BLOCK_SIZE, arms as arm_list, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
+
+#: seconds between SIGTERM and SIGKILL that orchestrators allow (Kubernetes' default grace period)
+KILL_AFTER_S = 30.0
+#: seconds the shutdown may need after the grace: the cut requests' answers sent (at most
+#: adaptspec.serving.shutdown.ANSWER_S, 2), the decoding thread's round left (at most
+#: adaptspec.serving.service.DRAINED_WAIT_S, 1), the controllers closed (updates, checkpoints, log roll)
+AFTER_GRACE_S = 10.0
+#: ``--shutdown-grace``: the default, and the most that keeps the whole shutdown within KILL_AFTER_S
+SHUTDOWN_GRACE_S, MAX_SHUTDOWN_GRACE_S = 15.0, KILL_AFTER_S - AFTER_GRACE_S
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,6 +171,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           f"progress (a round; a decode that reports no rounds: the whole decode) before it is "
                           f"declared stalled: the requests waiting on it get 503, new ones too, /health says stalled "
                           f"(HTTP 503) and SIGTERM exits without it (default {STALL_S:g})")
+    lim.add_argument("--shutdown-grace", type=float_range(0, MAX_SHUTDOWN_GRACE_S), default=SHUTDOWN_GRACE_S,
+                     metavar="S",
+                     help=f"on SIGTERM or SIGINT, new requests get 503 and those in flight have S seconds to finish; "
+                          f"every one left then gets 503 (the server is shutting down), whatever its decode is doing, "
+                          f"and the server exits (default {SHUTDOWN_GRACE_S:g}; at most {MAX_SHUTDOWN_GRACE_S:g}, so "
+                          f"that it is gone within {KILL_AFTER_S:g} s of the signal)")
     lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -452,9 +470,8 @@ def _check_port(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
         from ..serving.app import create_app
+        from ..serving.shutdown import GracefulServer  # uvicorn's, its shutdown bounded whatever the requests do
     except ImportError as e:
         raise AdaptspecError(f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'") from None
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
@@ -473,11 +490,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
                      if r.get("checkpoint") or r.get("replayed") else ""), file=sys.stderr, flush=True)
         print(f"adaptspec serve: {service.runner.describe()}", file=sys.stderr, flush=True)
-        from ..serving.connections import uvicorn_config  # answers clients that half-close (issue 38)
-
-        config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=30)
-        uvicorn.Server(config).run()
+        GracefulServer(app, service, args.shutdown_grace, host=args.host, port=args.port, log_level=args.log_level).run()
     finally:
-        service.close()
+        service.close()  # done already by the app's lifespan, unless a second Ctrl-C skipped it
     return 0

@@ -31,8 +31,12 @@ A client that disconnects before its answer cancels its request (on the
 batched engine its row leaves at the next round boundary: :mod:`adaptspec.serving.streaming`).
 Both POST endpoints go through one handler (:func:`create_app`'s ``answer``): read the body,
 check it, then stream it or answer it whole; the bodies are :mod:`adaptspec.serving.responses`.
-Shutting the server down (SIGINT / SIGTERM) lets in-flight requests finish, then closes the
-controllers: queued updates applied, final checkpoints, logs rolled.
+When the server stops, the app's lifespan closes the service (:meth:`CompletionService.close
+<adaptspec.serving.service.CompletionService.close>`: the requests it still holds finished or
+answered 503, queued updates applied, final checkpoints, logs rolled). ``adaptspec serve`` bounds
+that on SIGINT / SIGTERM (:class:`~adaptspec.serving.shutdown.GracefulServer`): new requests get
+503 at once, those in flight have a grace to finish, then every one left is answered 503, whatever
+its decode is doing, and the process exits within 30 s.
 """
 
 import asyncio
