@@ -4,11 +4,20 @@ adaptspec's own decoder (a ``SpeculativeDecoder``) is served by the batched engi
 that is not adaptspec's is served one request at a time through its controller
 (``adaptspec.serving.engine.sequential``). :class:`OwnSpeculator` is such a speculator, written as a user
 would (the protocol's ``prefill``/``decode``/``max_block_size``/``feature_dim``), over a real decoder.
+
+Also the clients of the server tests: :func:`wait_up` (a server process answering), :func:`post_all`
+(requests at once) and :func:`sse` (a stream's events).
 """
 
 from __future__ import annotations
 
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 
 class OwnSpeculator:
@@ -60,3 +69,31 @@ class ThreadServer:
         self.server.should_exit = True
         self.thread.join(60)
         assert not self.thread.is_alive()
+
+
+def sse(text: str) -> list[dict]:
+    """The JSON events of a server-sent event stream's text."""
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def wait_up(proc, url: str, out: Path, timeout: float = 120) -> None:
+    """Until the server process ``proc`` answers ``url``/health (its output ``out`` shown if it exits first)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {out.read_text()[-3000:]}")
+        try:
+            httpx.get(url + "/health", timeout=2)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("server did not start")
+
+
+def post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    """The bodies posted at once, each on its own client (bounded: a request not answered in 120 s fails)."""
+    def one(body):
+        with httpx.Client(timeout=120) as c:
+            return c.post(url + "/v1/completions", json=body)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))

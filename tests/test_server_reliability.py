@@ -35,7 +35,7 @@ from adaptspec.serving.tiny import tiny_model, tiny_speculator
 
 from _redis import free_port
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
-from _serving_helpers import OwnSpeculator, ThreadServer
+from _serving_helpers import OwnSpeculator, ThreadServer, post_all, sse, wait_up
 
 pytestmark = pytest.mark.integration  # every test here starts a server on loopback
 
@@ -79,10 +79,6 @@ def service(variants=None, max_rows=2, max_queue=4, rule=None, verification="exa
     spec, codec = tiny_speculator(0, verification=verification)
     return CompletionService.build(spec, variants or {"A": "fixed:4"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8],
                                    engine=EngineSettings(max_rows=max_rows, max_queue=max_queue, rule=rule))
-
-
-def sse(text: str) -> list[dict]:
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
 def tracebacks(caplog) -> list[logging.LogRecord]:
@@ -201,19 +197,6 @@ try:
 finally:
     svc.close()
 '''
-
-
-def wait_up(proc, url: str, out: Path, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {out.read_text()[-3000:]}")
-        try:
-            httpx.get(url + "/health", timeout=2)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("server did not start")
 
 
 # ============================================================================ item 4: a controller's failure is a 503
@@ -525,15 +508,6 @@ class StuckDecode(OwnSpeculator):
         if self.armed.is_set():
             self.release.wait(300)
         return super().decode(*args, **kwargs)
-
-
-def post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
-    """The bodies posted at once, each on its own client (bounded: a request not answered in 120 s fails)."""
-    def one(body):
-        with httpx.Client(timeout=120) as c:
-            return c.post(url + "/v1/completions", json=body)
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        return list(pool.map(one, bodies))
 
 
 #: the stall bound of the in-process tests: well above a tiny model's round however busy the host is
