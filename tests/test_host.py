@@ -71,6 +71,21 @@ def test_a_verify_costing_2_55x_with_tau_1_67_is_plain_decoding_and_1_35x_specul
     assert cheaper_dtype({"bfloat16": measured({1: 90.0, 4: 300.0, 8: 500.0}), "float32": AVX2_FP32}, TAU) == "float32"
 
 
+@settings(max_examples=60, deadline=None)
+@given(ratio2=st.floats(1.05, 1.6))
+def test_speculation_counts_as_paying_only_beyond_the_margin(ratio2):
+    """A host whose 2-token verify costs ``ratio2`` a 1-token one (B = 2 only, no drafter cost): B = 2
+    decodes ``tau(2) / ratio2`` times plain, by hand; it is chosen only where that clears 1 + PAYS_MARGIN."""
+    from adaptspec.host.pricing import PAYS_MARGIN, paying_block_size
+
+    zero = CostCurve((1,), (0.0,))
+    curve = LatencyProfile("c", draft=zero, verify=CostCurve((1, 2), (0.040, 0.040 * ratio2)))
+    tau = {1: 1.0, 2: TAU[2]}
+    gain = TAU[2] / ratio2
+    assert paying_block_size(curve, tau) == (2 if gain >= 1 + PAYS_MARGIN else 1)
+    assert best_block_size(curve, tau) == (2 if gain > 1 else 1)
+
+
 @settings(max_examples=40, deadline=None)
 @given(fixed=st.lists(st.floats(0.01, 0.1), min_size=2, max_size=2),
        slope=st.lists(st.floats(0.0, 0.03), min_size=2, max_size=2),

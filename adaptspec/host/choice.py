@@ -11,7 +11,8 @@ policy and the profile as ``latency`` prices everything on this host's curve: th
 predictions (its acceptance model, this host's costs), the machine-speed reference (the head's
 ``timings``) and every counterfactual round.
 
-Where no block size beyond 1 pays at the prior's acceptance (``speculation_pays`` false), the
+Where no block size beyond 1 pays at the prior's acceptance, by :data:`~adaptspec.host.pricing.PAYS_MARGIN`
+over plain decoding (``speculation_pays`` false), the
 product's default is plain decoding (:func:`~adaptspec.control.policy_build.default_on_host`):
 every request at ``B = 1``, the drafter never run, and :meth:`HostChoice.summary` says so.
 """
@@ -28,7 +29,7 @@ from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile, get_profile
 from .costs import HostCosts
 from .identity import describe
-from .pricing import best_block_size, cheaper_dtype, expected_speeds, prior_tokens_per_round
+from .pricing import PAYS_MARGIN, cheaper_dtype, expected_speeds, paying_block_size, prior_tokens_per_round
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class HostChoice:
     profile_path: Path
     head: Path | None
     speeds: dict[int, float]
-    best_block_size: int
+    best_block_size: int  # the block size that pays most here (1 where none clears PAYS_MARGIN)
     costs: HostCosts
     fastest_dtype: str = ""  # the dtype that decodes fastest here (the one run unless a dtype was given)
 
@@ -65,9 +66,11 @@ class HostChoice:
         cpu = sum(v for k, v in self.costs.timing_s.items() if k.endswith(" cpu"))
         s1 = self.speeds.get(1, 1.0 / float(p.round_s(1)))
         sb = self.speeds.get(self.best_block_size, s1)
+        top = max(self.speeds, key=self.speeds.get, default=1)
         verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
-                   if self.speculation_pays else "speculation cannot pay here at the prior's acceptance: "
-                   "the default decodes plainly (B = 1)")
+                   if self.speculation_pays else "speculation cannot pay here at the prior's acceptance "
+                   f"(best B = {top}: {self.speeds.get(top, s1) / s1:.2f}x plain, under the {1 + PAYS_MARGIN:.2f}x "
+                   "it must clear): the default decodes plainly (B = 1)")
         faster = (f"; {self.fastest_dtype} decodes faster here" if self.fastest_dtype and self.fastest_dtype != self.dtype
                   else "")
         return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
@@ -114,7 +117,7 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None,
     repriced = None if model is None else write_repriced_head(model, source, profile, path)
     here = "measured: the faster here" + ("" if rows == (1,) else f" at {min(rows)}-{max(rows)} rows")
     return HostChoice(chosen, chosen_by if dtype else here, profile, path, repriced,
-                      expected_speeds(profile, tokens), best_block_size(profile, tokens), costs, fastest)
+                      expected_speeds(profile, tokens), paying_block_size(profile, tokens), costs, fastest)
 
 
 def server_rows(max_rows: int) -> tuple[int, ...]:

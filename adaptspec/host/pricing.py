@@ -48,6 +48,31 @@ def best_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, floa
     return min(b for b, s in speeds.items() if s >= top * (1 - 1e-12))
 
 
+#: how much faster than plain decoding a block size must be on the host's curve, at the prior's
+#: acceptance, for speculating to count as paying there (:func:`paying_block_size`): the curve and
+#: the prior are estimates, and a predicted gain below this was measured as a loss (BENCHMARKS.md,
+#: "The default on an AVX2 host")
+PAYS_MARGIN = 0.10
+
+
+def paying_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1,
+                      margin: float = PAYS_MARGIN) -> int:
+    """:func:`best_block_size`, or 1 where it decodes less than ``1 + margin`` times as fast as
+    plain decoding (``B = 1``).
+
+    >>> from adaptspec.reward.latency import CostCurve
+    >>> zero = CostCurve((1,), (0.0,))
+    >>> curve = LatencyProfile("c", draft=zero, verify=CostCurve((1, 2), (0.040, 0.052)))
+    >>> tau = {1: 1.0, 2: 1.4}   # B = 2: 1.4 / 1.3 = 1.08x plain
+    >>> best_block_size(curve, tau), paying_block_size(curve, tau), paying_block_size(curve, tau, margin=0.05)
+    (2, 1, 2)
+    """
+    speeds = expected_speeds(profile, tokens_per_round, rows)
+    best = best_block_size(profile, tokens_per_round, rows)
+    plain = speeds.get(1, 1.0 / float(profile.round_s(1, None, rows)))
+    return best if speeds[best] >= (1 + margin) * plain else 1
+
+
 def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float],
                   rows: Sequence[int] = (1,)) -> str:
     """The dtype that decodes fastest at every load of ``rows`` (rows in every round) as nearly as
