@@ -62,8 +62,9 @@ def main() -> None:
             s.decode(s.prefill(warm), b, 8)
     prompts = benchmark_prompts()[args.offset: args.offset + args.prompts]
     rows = []
-    new_ctl = AdaptiveController(spec, default_policy_spec(head=host.head, speculator=spec), latency=str(host.profile_path),
-                                 fallback_block_size=host.best_block_size)
+    # the product default as `adaptspec demo` builds it (policy None: default_on_host, priced by this host's record)
+    new_ctl = AdaptiveController(spec, latency=str(host.profile_path))
+    print(f"default: {new_ctl.policy_choice}", flush=True)
     old_ctl = AdaptiveController(old, default_policy_spec(speculator=old))  # the previous default: the shipped head
     # as shipped (policy=None is now the host-priced one), bfloat16
     variants = ["plain", "default", "previous", *[f"fixed:{b}" for b in fixed]]

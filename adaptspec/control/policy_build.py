@@ -155,8 +155,9 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     or :func:`adaptspec.host.for_models`, which time the host once, about 15 CPU seconds, and then
     read the cached record; None where nothing times the decoder), NeuralLinear over the head
     re-priced by the host's curve instead, with the host's best block size as the fallback.
-    Where no block size beyond 1 pays on the host's curve at the prior's acceptance
-    (``speculation_pays`` false: the AVX2 kind of CPU, BENCHMARKS.md), the default is plain
+    Where no block size beyond 1 pays on the host's curve at the prior's acceptance, by
+    :data:`~adaptspec.host.pricing.PAYS_MARGIN` (``speculation_pays`` false: the AVX2 kind of
+    CPU, BENCHMARKS.md), the default is plain
     decoding, ``fixed:1``, from the first request to the last: a request the head would have
     speculated on costs more than it can win there, and the drafter's pass is never run. The
     fallback is None (the controller's own default) otherwise. Where the decoder verifies draft trees
@@ -171,8 +172,9 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
         return choice, None
     if not priced.speculation_pays:
         return PolicyChoice(PLAIN_SPEC, f"speculation cannot pay on this host's curve ({priced.dtype}: no block "
-                                        "size beyond 1 decodes faster at the prior's acceptance): plain decoding; "
-                                        "give a policy to speculate anyway"), 1
+                                        "size beyond 1 beats plain decoding by the margin at the prior's acceptance, "
+                                        "adaptspec.host.pricing.PAYS_MARGIN): plain decoding; give a policy to "
+                                        "speculate anyway"), 1
     here = choose_default_policy(max_block_size, feature_dim, arms, head=priced.head, full_information=full_information)
     if here.spec != f"neural-linear:head={priced.head}":
         return choice, None
