@@ -449,6 +449,71 @@ def test_a_decider_with_its_thread_still_cuts_a_late_decision_off():
     d.close()
 
 
+class _Blocking(_ThreadRecordingPolicy):
+    """Decides only once ``release`` is set; ``returned`` is set when it has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release, self.returned = threading.Event(), threading.Event()
+
+    def decide(self, ctx):
+        self.release.wait()
+        try:
+            return super().decide(ctx)
+        finally:
+            self.returned.set()
+
+
+def test_a_late_decision_holding_the_thread_gives_every_later_decision_its_fallback_at_once():
+    stuck = _Blocking()
+    d = Decider(stuck, Contexts(None, contextual=False, policy_label="blocking"), arms=(1, 4),
+                fallback_block_size=1, timeout_s=0.5)
+    try:
+        t0 = time.perf_counter()
+        first = d.decide(d.context(None))
+        t1 = time.perf_counter()
+        later = [d.decide(d.context(None)) for _ in range(5)]
+        t2 = time.perf_counter()
+        assert t1 - t0 >= 0.5 and first.extras["fallback"] == "timeout"     # waited its budget once
+        assert t2 - t1 < 0.5                                                 # queued behind it: 5 x 0.5 s
+        assert [g.extras.get("fallback") for g in later] == ["timeout"] * 5
+        assert (d.decisions, d.fallbacks["timeout"]) == (6, 6)
+        stuck.release.set()
+        assert stuck.returned.wait(5)
+        time.sleep(0.2)                                         # the late answer's future settles
+        again = d.decide(d.context(None))
+        assert (again.block_size, "fallback" in again.extras) == (4, False)  # the policy decides again
+        assert len(stuck.threads) == 2                          # the 5 behind it were never asked of it
+    finally:
+        stuck.release.set()
+        d.close()
+
+
+NEVER_RETURNS = """
+import threading, numpy as np
+from adaptspec.control.context import Contexts
+from adaptspec.control.decider import Decider
+
+class Never:
+    arms, contextual, rng = (1, 4), False, np.random.default_rng(0)
+    def decide(self, ctx):
+        threading.Event().wait()
+
+d = Decider(Never(), Contexts(None, contextual=False, policy_label="never"), arms=(1, 4), fallback_block_size=1,
+            timeout_s=0.05)
+print(d.decide(d.context(None)).extras["fallback"], d.decide(d.context(None)).extras["fallback"], flush=True)
+d.close()
+"""
+
+
+def test_a_policy_that_never_returns_does_not_keep_the_process_from_exiting():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NEVER_RETURNS], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout.split()) == (0, ["timeout", "timeout"]), out.stderr[-2000:]
+
+
 def test_decide_on_caller_is_checked_where_it_enters():
     with pytest.raises(AdaptspecError, match="decide_on_caller must be True or False, got 1"):
         ControllerConfig(decide_on_caller=1)

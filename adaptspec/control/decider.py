@@ -1,7 +1,7 @@
 """The decider: each request's block size, from a snapshot of the policy, or the fallback.
 
-:class:`Decider` makes every decision on one *decision thread* (a one-worker
-``ThreadPoolExecutor``), the only thread that touches the policy *snapshot* decisions use.
+:class:`Decider` makes every decision on one *decision thread* (a daemon thread taking calls
+from a queue), the only thread that touches the policy *snapshot* decisions use.
 The update thread publishes a fresh copy of the learning policy after each batch of updates
 (:meth:`Decider.publish`); before each decision the decision thread adopts the newest copy,
 carrying the random generator over, so a slow update never delays a decision.
@@ -15,6 +15,12 @@ a decision :func:`~adaptspec.control.block_sizes.check_decision` refuses gives t
 block size instead (:func:`~adaptspec.control.block_sizes.fallback_decision`): the reason is in
 ``decision.extras["fallback"]`` and counted in :attr:`Decider.fallbacks`. Every decision leaves
 here checked and carrying a fresh ``decision_id``.
+
+A late decision's answer is dropped (a call still queued behind it is cancelled). While a late
+decision still holds the decision thread (a policy that takes seconds, or never returns), every
+later call gets its fallback at once, without waiting: counted as ``timeout``, logged once when the
+decision overran and once when it returns. The decision thread is a daemon, so a policy that never
+returns does not keep the process from exiting.
 
 >>> from adaptspec.policies import make_policy
 >>> from adaptspec.control.context import Contexts
@@ -31,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -73,7 +80,10 @@ class Decider:
         self.name = name or "controller"
         self._snapshot = snapshot   # touched on the decision thread only (on_caller: under _own)
         self._published = snapshot  # the newest copy, set by the update thread
-        self._pool = None if on_caller else cf.ThreadPoolExecutor(1, thread_name_prefix=f"adaptspec-decide-{name}")
+        self._calls: queue.SimpleQueue | None = None if on_caller else queue.SimpleQueue()  # to the decision thread
+        self._overdue: cf.Future | None = None  # the call past its budget that holds the decision thread
+        if self._calls is not None:
+            threading.Thread(target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True).start()
         self._own = threading.Lock()  # on_caller: the snapshot's owner at the moment
         self._lock = threading.Lock()
         self.decisions = 0
@@ -91,10 +101,12 @@ class Decider:
         reason = None
         try:
             d = self._call(self._decide_now, self.contexts.for_policy(ctx), timeout=self.timeout_s)
+        except _StillBusy:
+            reason = "timeout"  # an earlier decision is still late: no wait, no line (logged when it overran)
         except cf.TimeoutError:
             reason = "timeout"
-            log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d",
-                        self.name, self.label, self.timeout_s, self.fallback_block_size)
+            log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d", self.name, self.label,
+                        self.timeout_s, self.fallback_block_size)
         except Exception as e:  # the policy failed: the request must still succeed
             reason = "error"
             log.warning("%s: policy %s raised %r; using block size %d", self.name, self.label, e,
@@ -126,14 +138,24 @@ class Decider:
         return self._call(self._rng_state, timeout=timeout)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the decision thread once its current call returns; calls still queued are cancelled."""
+        if self._calls is None:
+            return
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call[0].cancel()
+        self._calls.put(None)
 
     def _call(self, fn: Any, *args: Any, timeout: float) -> Any:
-        """``fn(*args)`` where the snapshot lives: on the decision thread, waiting at most ``timeout``;
-        ``on_caller``, on this thread under the snapshot's lock (a decision over ``timeout`` counted late)."""
-        if self._pool is not None:
-            return self._pool.submit(fn, *args).result(timeout)
+        """``fn(*args)`` where the snapshot lives: on the decision thread, waiting at most ``timeout``
+        (:class:`_StillBusy` at once while a late call holds it); ``on_caller``, on this thread under the
+        snapshot's lock (a decision over ``timeout`` counted late)."""
+        if self._calls is not None:
+            return self._on_thread(fn, args, timeout)
         t0 = time.perf_counter()
         with self._own:
             out = fn(*args)
@@ -144,6 +166,37 @@ class Decider:
             log.warning("%s: policy %s took %.3f s to decide (budget %.3f s); used on the calling thread",
                         self.name, self.label, took, timeout)
         return out
+
+    def _on_thread(self, fn: Any, args: tuple, timeout: float) -> Any:
+        """``fn(*args)`` on the decision thread, its answer within ``timeout`` or a TimeoutError; a call
+        that is not answered in time is cancelled if it has not started, else its answer is dropped
+        and it holds the thread: until it returns, every call raises :class:`_StillBusy` at once."""
+        overdue = self._overdue
+        if overdue is not None and not overdue.done():
+            raise _StillBusy(f"{self.name}: the decision thread is still in a call that overran its budget")
+        future: cf.Future = cf.Future()
+        started = time.perf_counter()
+        self._calls.put((future, fn, args))  # type: ignore[union-attr]
+        try:
+            return future.result(timeout)
+        except cf.TimeoutError:
+            if not future.cancel():  # running: it holds the thread until it returns
+                self._overdue = future
+                future.add_done_callback(lambda f: log.warning(
+                    "%s: policy %s answered %.1f s after it was asked (its answer was dropped); decisions use it "
+                    "again", self.name, self.label, time.perf_counter() - started))
+            raise
+
+    def _serve(self) -> None:
+        """The decision thread: run the calls in order until :meth:`close`."""
+        while (call := self._calls.get()) is not None:  # type: ignore[union-attr]
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - the caller sees it, as a ThreadPoolExecutor's would
+                future.set_exception(e)
 
     # ------------------------------------------------------------------ on the decision thread
     def _decide_now(self, ctx: np.ndarray | None) -> Any:
@@ -166,3 +219,7 @@ class Decider:
     def _rng_state(self) -> dict[str, Any]:
         self._adopt()
         return self._snapshot.rng.bit_generator.state
+
+
+class _StillBusy(cf.TimeoutError):
+    """A call not made: the decision thread is still held by an earlier call past its budget."""
