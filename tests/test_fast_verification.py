@@ -27,8 +27,8 @@ torch.set_num_threads(1)
 class RecordingTarget(TargetModel):
     """A fast-mode target that keeps every verify pass: its block and its logits."""
 
-    def __init__(self, model) -> None:
-        super().__init__(model, verification="fast")
+    def __init__(self, model, small_dtype=None) -> None:
+        super().__init__(model, verification="fast", small_dtype=small_dtype)
         self.passes: list[tuple[list[int], torch.Tensor]] = []
 
     def verify(self, block, cache, context=True):
@@ -40,21 +40,25 @@ class RecordingTarget(TargetModel):
 _CACHE: dict = {}
 
 
-def fast_decoder(arch: str):
-    if arch not in _CACHE:
+def fast_decoder(arch: str, small_dtype=None):
+    """A float32 tiny target (``small_dtype``: its one- and two-row products on a copy in that dtype,
+    the dtype ``mixed``), recording its verify passes, and a drafter for it."""
+    if (arch, small_dtype) not in _CACHE:
         model = tiny_target(arch)
-        target = RecordingTarget(model)
+        target = RecordingTarget(model, small_dtype)
         drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=16)
-        _CACHE[arch] = (model, target, drafter)
-    return _CACHE[arch]
+        _CACHE[arch, small_dtype] = (model, target, drafter)
+    return _CACHE[arch, small_dtype]
 
 
+@pytest.mark.parametrize("small_dtype", [None, torch.bfloat16], ids=["float32", "mixed"])
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=st.lists(st.integers(6, 95), min_size=1, max_size=20), block_size=st.integers(2, 16),
        error_rate=st.sampled_from([0.0, 0.2, 0.6]), seed=st.integers(0, 99))
-def test_every_committed_token_is_the_argmax_of_the_pass_that_verified_it(arch, prompt, block_size, error_rate, seed):
-    model, target, drafter = fast_decoder(arch)
+def test_every_committed_token_is_the_argmax_of_the_pass_that_verified_it(arch, small_dtype, prompt, block_size,
+                                                                          error_rate, seed):
+    model, target, drafter = fast_decoder(arch, small_dtype)
     ref = reference_greedy(model, prompt, 40)
     peek = PeekingDrafter(drafter, prompt + ref, error_rate, seed)  # accepts 0..B-1 drafts per round
     decoder = SpeculativeDecoder(target, peek)

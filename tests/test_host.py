@@ -202,17 +202,20 @@ def test_host_costs_measures_once_then_reads_the_cache_and_remeasures_a_corrupt_
 
     key = host_key("tiny", 1)
     first = host_costs(load, key, directory=tmp_path)
-    assert first.fresh and loads == ["bfloat16", "float32"] and first.path.is_file()
+    assert first.fresh and loads == ["bfloat16", "float32", "mixed"] and first.path.is_file()
     again = host_costs(load, key, directory=tmp_path)
-    assert not again.fresh and again.profiles == first.profiles and len(loads) == 2
+    assert not again.fresh and again.profiles == first.profiles and len(loads) == 3
     first.path.write_text("{truncated")
     with caplog.at_level("WARNING", logger="adaptspec.host"):
         third = host_costs(load, key, directory=tmp_path)
-    assert third.fresh and len(loads) == 4
+    assert third.fresh and len(loads) == 6
     assert [r.getMessage().count("\n") for r in caplog.records] == [0]
     assert "refused" in caplog.records[0].getMessage()
     remeasured = host_costs(load, key, directory=tmp_path, remeasure=True)
-    assert remeasured.fresh and len(loads) == 6
+    assert remeasured.fresh and len(loads) == 9
+    older = HostCosts(key, {d: first.profiles[d] for d in ("bfloat16", "float32")}, first.timing_s, tmp_path)
+    write_record(older)  # a record of a release that timed two dtypes: the third is timed, all three again
+    assert host_costs(load, key, directory=tmp_path).fresh and len(loads) == 12
 
 
 def test_the_choice_runs_the_faster_dtype_and_writes_a_repriced_head(tmp_path):

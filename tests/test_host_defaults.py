@@ -32,11 +32,13 @@ def rounds(plain_s: float, per_token_s: float) -> list[dict]:
             for m, bs in ((1, (1, 2, 3, 4, 6, 8)), (4, (1, 2, 4))) for b in bs]
 
 
-def record(cache: Path, models: str, threads: int, bf16: tuple[float, float], fp32: tuple[float, float]) -> HostCosts:
-    """A host cost record for ``models`` at ``threads`` in ``cache``/host: each dtype's (plain, per token) seconds."""
-    costs = HostCosts(host_key(models, threads), {"bfloat16": fit_round_totals(rounds(*bf16), "bf16"),
-                                                  "float32": fit_round_totals(rounds(*fp32), "fp32")},
-                      {"bfloat16": 1.0, "float32": 1.0}, cache / "host", "2026-12-04T00:00:00Z")
+def record(cache: Path, models: str, threads: int, bf16: tuple[float, float], fp32: tuple[float, float],
+           mixed: tuple[float, float] | None = None) -> HostCosts:
+    """A host cost record for ``models`` at ``threads`` in ``cache``/host: each dtype's (plain, per token)
+    seconds (``mixed``: float32's unless given, so that the other two decide)."""
+    curves = {"bfloat16": bf16, "float32": fp32, "mixed": mixed or fp32}
+    costs = HostCosts(host_key(models, threads), {d: fit_round_totals(rounds(*c), d) for d, c in curves.items()},
+                      {d: 1.0 for d in curves}, cache / "host", "2026-12-04T00:00:00Z")
     write_record(costs)
     return costs
 

@@ -9,6 +9,8 @@ it is and computes ``F.linear``; every test here checks the path this host takes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -197,3 +199,52 @@ def test_a_tree_pass_runs_on_the_packed_weights_as_a_chain_pass_does():
             hook.remove()
         assert seen and all(s == (on and onednn_reorders(torch.bfloat16)) for s in seen)
     assert outs[0] == outs[1]
+
+
+def test_small_products_run_on_the_small_copy_and_larger_ones_on_the_float32_weight():
+    """A float32 model holding bfloat16 copies (the dtype ``mixed``): inside ``on()`` a product of at
+    most SMALL_ROWS rows is, bit for bit, ``F.linear`` of the input and the weight both rounded to
+    bfloat16, cast back to float32; a larger one is ``F.linear`` in float32 (to rounding); a weight
+    written in place is copied again before its next use."""
+    from adaptspec.decoding.prepacked import SMALL_ROWS, SmallCopyLinear
+
+    assert onednn_reorders(torch.float32), "a torch build without oneDNN: nothing is ever packed"
+    model = tiny_target("llama", vocab=96)
+    plain = [m for m in model.modules() if type(m) is nn.Linear]
+    packed = Prepacked(model, small_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+
+    def small_product(layer, x):
+        bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+        return F.linear(x.to(torch.bfloat16), layer.weight.to(torch.bfloat16), bias).float()
+
+    with packed.on():
+        assert all(type(m) is SmallCopyLinear for m in plain)
+        for layer in plain:
+            for shape in [(1,), (SMALL_ROWS,), (1, SMALL_ROWS), (SMALL_ROWS + 1,), (2, 5)]:
+                x = torch.randn(*shape, layer.in_features, generator=g)
+                rows = x.numel() // layer.in_features
+                if rows <= SMALL_ROWS:
+                    assert torch.equal(layer(x), small_product(layer, x)), (layer, shape)
+                else:
+                    same(layer(x), F.linear(x, layer.weight, layer.bias))
+    first = plain[0]
+    with torch.no_grad():
+        first.weight.copy_(torch.randn(first.weight.shape, generator=g))
+    x = torch.randn(1, first.in_features, generator=g)
+    with packed.on():
+        assert torch.equal(first(x), small_product(first, x))
+    assert all(type(m) is nn.Linear for m in plain)
+
+
+def test_a_mixed_speculator_is_a_float32_pair_whose_target_holds_bfloat16_copies():
+    from adaptspec.decoding.prepacked import SmallCopyLinear
+    from adaptspec.models.bundled import MIXED, load_speculator, loaded_from
+
+    pair = Path(__file__).parent / "data" / "dflash-reference-tiny-b8"
+    spec = load_speculator(str(pair / "target"), str(pair / "drafter"), dtype=MIXED)
+    assert loaded_from(spec).dtype == MIXED
+    assert spec.target.dtype == torch.float32 and next(spec.drafter.parameters()).dtype == torch.float32
+    assert spec.target.prepacked.small_dtype == torch.bfloat16
+    with spec.target.prepacked.on():
+        assert {type(m) for m in spec.target.prepacked.layers} == {SmallCopyLinear}

@@ -23,6 +23,15 @@ left as they are. A weight changed since it was reordered (loaded in place, move
 reordered again when the next block opens. The reordered copy costs the linear weights' memory once
 more.
 
+**Small products on a second copy** (``small_dtype``, the dtype ``mixed`` of
+:func:`~adaptspec.models.load_speculator`): a float32 model whose layers also hold their weights
+in ``small_dtype`` (bfloat16) runs every product of at most ``small_rows`` rows on that copy (the
+input cast to it, the output cast back) and larger ones on the reordered float32 weight. On a CPU
+without native bf16 kernels bfloat16 products are cheaper than float32 ones at one or two rows
+(half the weight bytes to read) and dearer at several (every element converted): a one-token
+decoding step then costs about a bfloat16 model's step and a batch's pass about a float32 model's
+(BENCHMARKS.md, "Two weight copies"). The copy costs half the linear weights' float32 memory.
+
 >>> import torch
 >>> lin = torch.nn.Sequential(torch.nn.Linear(16, 8)).to(torch.bfloat16)
 >>> packed = Prepacked(lin)
@@ -41,10 +50,14 @@ import threading
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 #: dtypes whose linear layers are packed (where this host's oneDNN can reorder them)
 DTYPES = (torch.bfloat16, torch.float32)
+#: the most rows a product runs on the small copy (``small_dtype``): at 1-2 rows a bfloat16 product
+#: beats a float32 one on CPUs without native bf16, at 4 they are even (BENCHMARKS.md, "Two weight copies")
+SMALL_ROWS = 2
 
 
 @functools.cache
@@ -73,16 +86,36 @@ class PrepackedLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+class SmallCopyLinear(PrepackedLinear):
+    """A :class:`PrepackedLinear` whose products of at most ``small_rows`` rows run on its weight's
+    copy in another dtype (``self.small``, ``self.small_bias``; the module docstring)."""
+
+    small: torch.Tensor
+    small_bias: torch.Tensor | None
+    small_rows: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] > self.small_rows:
+            return super().forward(x)
+        out = F.linear(flat.to(self.small.dtype), self.small, self.small_bias).to(x.dtype)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 class Prepacked:
     """The plain ``nn.Linear`` layers of ``model`` with their weights reordered once (module docstring);
-    ``rows``: the row count oneDNN is told to expect.
+    ``rows``: the row count oneDNN is told to expect; ``small_dtype``: where given, each layer also
+    holds its weight in that dtype for the products of at most ``small_rows`` rows (float32 layers
+    only: :class:`SmallCopyLinear`).
 
     Opening a block costs what switching the layers' classes costs (~0.1 ms for the bundled
     target's 211 layers) plus a look at each weight's storage and version (~0.04 ms): the
     reordered weights stay on the layers (``layer.packed``, a plain attribute, not a buffer)."""
 
-    def __init__(self, model: nn.Module, rows: int = 8) -> None:
+    def __init__(self, model: nn.Module, rows: int = 8, small_dtype: torch.dtype | None = None,
+                 small_rows: int = SMALL_ROWS) -> None:
         self.rows = rows
+        self.small_dtype, self.small_rows = small_dtype, int(small_rows)
         self.layers: list[nn.Linear] = [
             sub for sub in model.modules()
             if type(sub) is nn.Linear and sub.weight.device.type == "cpu" and sub.weight.dtype in DTYPES
@@ -90,7 +123,7 @@ class Prepacked:
         self._versioned = not any(layer.weight.is_inference() for layer in self.layers)  # no version counter there
         self._packed_from = self._identities()
         for layer in self.layers:
-            _pack(layer, self.rows)
+            self._pack(layer)
         self._lock = threading.Lock()
         self._inside = 0  # the on() blocks open now (nested or in other threads)
         self._switched: list[nn.Linear] = []
@@ -112,12 +145,12 @@ class Prepacked:
                 if now != self._packed_from:
                     for layer, a, b in zip(self.layers, now, self._packed_from):
                         if a != b and layer.weight.device.type == "cpu" and reorders(layer.weight.dtype):
-                            _pack(layer, self.rows)
+                            self._pack(layer)
                     self._packed_from = self._identities()
                 self._switched = [layer for layer in self.layers if type(layer) is nn.Linear
                                   and layer.packed.dtype == layer.weight.dtype]
                 for layer in self._switched:
-                    object.__setattr__(layer, "__class__", PrepackedLinear)
+                    object.__setattr__(layer, "__class__", self._kind(layer))
             self._inside += 1
         try:
             yield
@@ -130,6 +163,17 @@ class Prepacked:
                     self._switched = []
 
 
-def _pack(layer: nn.Linear, rows: int) -> None:
-    """Reorder ``layer``'s weight for oneDNN into ``layer.packed`` (a plain attribute: not saved, not moved)."""
-    object.__setattr__(layer, "packed", torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows))
+    def _pack(self, layer: nn.Linear) -> None:
+        """Reorder ``layer``'s weight for oneDNN into ``layer.packed``, and copy a float32 one into
+        ``layer.small`` when the layers hold a small copy (plain attributes: not saved, not moved)."""
+        weight = layer.weight.detach()
+        object.__setattr__(layer, "packed", torch.ops.mkldnn._reorder_linear_weight(weight, self.rows))
+        if self.small_dtype is not None and weight.dtype == torch.float32:
+            object.__setattr__(layer, "small", weight.to(self.small_dtype))
+            object.__setattr__(layer, "small_bias", None if layer.bias is None else layer.bias.detach().to(self.small_dtype))
+            object.__setattr__(layer, "small_rows", self.small_rows)
+
+    def _kind(self, layer: nn.Linear) -> type[PrepackedLinear]:
+        """The class ``layer`` runs as inside a block: with its small copy where it holds a current one."""
+        small = getattr(layer, "small", None)
+        return SmallCopyLinear if small is not None and layer.weight.dtype == torch.float32 else PrepackedLinear

@@ -70,7 +70,9 @@ class TargetModel:
     ``prepacked`` (default True): on a CPU, the passes run each plain linear layer on its weight
     reordered once for oneDNN (:mod:`~adaptspec.decoding.prepacked`: bfloat16 products
     bit-identical, float32 ones oneDNN's instead of MKL's; an exact target's layers are left as
-    they are).
+    they are). ``small_dtype`` (with ``prepacked``, a float32 model): the products of one or two
+    rows run on a copy of the weights in that dtype (the dtype ``mixed``: a bfloat16 copy;
+    :class:`~adaptspec.decoding.prepacked.SmallCopyLinear`).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class TargetModel:
         device: str | torch.device | None = None,
         verification: str = "fast",
         prepacked: bool = True,
+        small_dtype: torch.dtype | None = None,
     ) -> None:
         if verification not in VERIFICATION_MODES:
             raise AdaptspecError(f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}")
@@ -101,7 +104,7 @@ class TargetModel:
         self.model = model.eval()
         #: the passes' linear layers on weights reordered once (:mod:`~adaptspec.decoding.prepacked`;
         #: none with ``prepacked=False``, on an exact target, or where this CPU cannot reorder them)
-        self.prepacked = Prepacked(model if prepacked else nn.Module())
+        self.prepacked = Prepacked(model if prepacked else nn.Module(), small_dtype=small_dtype)
         self.tokenizer = tokenizer
         cfg = model.config
         self.num_layers: int = cfg.num_hidden_layers

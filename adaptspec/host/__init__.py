@@ -13,7 +13,7 @@ made, which ``AdaptiveController(speculator)`` calls for its default policy
 (:func:`~adaptspec.control.policy_build.default_on_host`).
 
 Its cost, once per host (the record is cached under ``<cache>/host/``, keyed by
-:func:`~adaptspec.host.identity.host_key`): about 15 CPU seconds to time both dtypes (9 cells of 4
+:func:`~adaptspec.host.identity.host_key`): about 20 CPU seconds to time the three dtypes (9 cells of 4
 passes each; 10-40 s of wall time on a shared 2-core host), plus loading the models once in
 each dtype; later calls read the record (milliseconds).
 """

@@ -25,8 +25,9 @@ from .identity import describe, key_digest
 
 FORMAT = 2  # 2: passes timed on prepacked linear weights (batching.prepacked), as the engine runs them
 KIND = "adaptspec-host-costs"
-#: The dtypes timed (the engine runs the one that decodes fastest here).
-TIMED_DTYPES = ("bfloat16", "float32")
+#: The dtypes timed (the engine runs the one that decodes fastest here); ``mixed``: float32 with a
+#: bfloat16 weight copy for one- and two-row products (:data:`adaptspec.models.bundled.MIXED`)
+TIMED_DTYPES = ("bfloat16", "float32", "mixed")
 
 log = logging.getLogger("adaptspec.host")
 

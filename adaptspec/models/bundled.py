@@ -14,6 +14,10 @@ from typing import Any
 
 from ..errors import AdaptspecError
 
+#: the dtype name of a float32 target whose one- and two-row products run on a bfloat16 copy of its
+#: weights (:mod:`adaptspec.decoding.prepacked`, "Small products on a second copy"); its drafter runs in float32
+MIXED = "mixed"
+
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
 #: The offline head (and its featurizer) trained on the bundled default trace set, the public
 #: benchmark prompts' (:data:`adaptspec.traces.DEFAULT_TRACES`, ``adaptspec/data/traces/benchmarks``).
@@ -82,7 +86,10 @@ def load_speculator(
     ``target`` is a local Hugging Face model directory (default: the bundled SmolLM2);
     ``drafter`` a directory written by ``BlockDiffusionDrafter.save_pretrained`` or a
     published DFlash v1 drafter as it is (default: the drafter shipped for the bundled
-    target). Both run in ``dtype`` on ``device``.
+    target). Both run in ``dtype`` on ``device``; ``dtype="mixed"`` (:data:`MIXED`): both in
+    float32, the target's products of one or two rows on a bfloat16 copy of its weights (a CPU
+    without native bf16 kernels decodes one request as fast as in bfloat16 and a batch as fast
+    as in float32).
     ``verification`` is ``"fast"`` (the model's own kernels; block size 1 is plain decoding
     at full speed) or ``"exact"`` (bit-identical to one-token greedy decoding, slower):
     see :class:`~adaptspec.decoding.TargetModel`. :func:`loaded_from` tells how it was made.
@@ -98,9 +105,12 @@ def load_speculator(
     path = Path(drafter) if drafter is not None else BUNDLED_DRAFTER
     if threads is not None:
         torch.set_num_threads(threads)
-    model, tok = load_target(target, dtype=dtype, device=device)
-    d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, dtype), device=device)
-    decoder = SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification), d)
+    weights = "float32" if dtype == MIXED else dtype  # mixed: a float32 model with a bfloat16 copy for small passes
+    model, tok = load_target(target, dtype=weights, device=device)
+    d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, weights), device=device)
+    small = torch.bfloat16 if dtype == MIXED else None
+    decoder = SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification,
+                                             small_dtype=small), d)
     _LOADED[decoder] = LoadedFrom(None if target is None else str(target), None if drafter is None else str(drafter),
                                   dtype, device, verification)
     return decoder
