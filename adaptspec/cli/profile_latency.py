@@ -8,7 +8,7 @@ speculator instead (:mod:`adaptspec.cli.user_speculator`; its codec encodes the 
 
 On a CPU with adaptspec's own models it first says what the host measurement
 (:mod:`adaptspec.host`, as ``adaptspec demo`` and ``adaptspec serve`` run it: cached per host, or
-timed, about 15 CPU seconds) measured and chose: each dtype's plain round, the dtype that
+timed, about 20 CPU seconds) measured and chose: each dtype's plain round, the dtype that
 decodes fastest here, the 4-token verify's cost over a 1-token one, and whether speculating
 pays at the prior's acceptance (the block size the default starts from); ``--json`` carries it
 as ``host`` (what ``/health`` reports).
