@@ -169,8 +169,14 @@ class Decision:
     def with_id(self, decision_id: str) -> "Decision":
         """A copy of this decision carrying ``decision_id``."""
         return Decision(
-            self.block_size, self.propensity, self.probs, self.arms, self.policy,
-            self.version, decision_id, self.extras,
+            self.block_size,
+            self.propensity,
+            self.probs,
+            self.arms,
+            self.policy,
+            self.version,
+            decision_id,
+            self.extras,
         )
 
 
@@ -207,7 +213,11 @@ class LoadState:
         for name, least in (("rows", 1), ("queue", 0), ("context_tokens", 1), ("max_tokens", 1)):
             object.__setattr__(self, name, _count(getattr(self, name), name, least))
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) or not 0 <= t < float("inf"):
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float, np.integer, np.floating))
+            or not 0 <= t < float("inf")
+        ):
             raise AdaptspecError(f"temperature must be a finite number >= 0, got {t!r}")
         object.__setattr__(self, "temperature", float(t))
 
@@ -230,7 +240,11 @@ class SharedRounds:
     def __post_init__(self) -> None:
         for name in ("attributed_s", "wall_decode_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 <= v < float("inf"):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float, np.integer, np.floating))
+                or not 0 <= v < float("inf")
+            ):
                 raise AdaptspecError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
             object.__setattr__(self, name, float(v))
         object.__setattr__(self, "rounds", _count(self.rounds, "rounds", 0))
@@ -316,7 +330,9 @@ def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = N
         if r.block_size > largest:
             return f"round {i} ran block size {r.block_size}, larger than the {largest} decided"
     for i, r in enumerate(outcome.rounds):
-        fault = _seconds_fault(r.draft_s, f"round {i} draft_s") or _seconds_fault(r.verify_s, f"round {i} verify_s")
+        fault = _seconds_fault(r.draft_s, f"round {i} draft_s") or _seconds_fault(
+            r.verify_s, f"round {i} verify_s"
+        )
         if fault is not None:
             return fault
     fault = _seconds_fault(outcome.decode_s, "decode_s")
@@ -324,23 +340,29 @@ def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = N
         return fault
     alone = sum(r.draft_s + r.verify_s for r in outcome.rounds if r.rows == 1)
     if outcome.decode_s < 0.5 * alone:
-        return (f"decode_s is {outcome.decode_s!r}, under half of its rounds' {alone:.6g} s (decode_s is the wall "
-                "time of the loop, its rounds included)")
+        return (
+            f"decode_s is {outcome.decode_s!r}, under half of its rounds' {alone:.6g} s (decode_s is the wall "
+            "time of the loop, its rounds included)"
+        )
     n = len(outcome.tokens)
     if max_new_tokens is not None and n > max_new_tokens:
         return f"it has {n} tokens, more than max_new_tokens={max_new_tokens}"
     taus = [r.tau for r in outcome.rounds]
     least, most = output_bounds(sum(taus), taus[-1]) if taus else (0, 1)
     if n > most:
-        return (f"it has {n} tokens, but its {len(taus)} rounds committed {most - 1} after the first "
-                f"(tokens are the first token and each round's tau)")
+        return (
+            f"it has {n} tokens, but its {len(taus)} rounds committed {most - 1} after the first "
+            f"(tokens are the first token and each round's tau)"
+        )
     if n < least:
         committed, j = 1, 0
         while committed <= n:  # the first round that started with more tokens committed than the output holds
             committed += taus[j]
             j += 1
-        return (f"round {j} ran after the output had ended: its first {j} rounds had committed {committed - 1} "
-                f"tokens after the first, the output holds {n - 1} (only the last round may be cut)")
+        return (
+            f"round {j} ran after the output had ended: its first {j} rounds had committed {committed - 1} "
+            f"tokens after the first, the output holds {n - 1} (only the last round may be cut)"
+        )
     return None
 
 
@@ -409,8 +431,14 @@ def drafted_positions(arm: Any) -> Any:
     return int(out) if out.ndim == 0 else out
 
 
-def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | None = None,
-                      whose: str = "the speculator's", trees: bool = False) -> tuple[int, ...]:
+def check_block_sizes(
+    arms: Sequence[int],
+    max_block_size: int,
+    *,
+    name: str | None = None,
+    whose: str = "the speculator's",
+    trees: bool = False,
+) -> tuple[int, ...]:
     """``arms`` as sorted ints, checked to be distinct block sizes from 1 to ``max_block_size``
     (a larger block cannot be drafted), and, where ``trees`` (the speculator declares
     ``draft_trees``), tree arms of 1 to :data:`MAX_TREE_NODES` nodes. ``name`` and ``whose`` word
@@ -435,12 +463,18 @@ def check_block_sizes(arms: Sequence[int], max_block_size: int, *, name: str | N
         raise AdaptspecError(f"{name}: block sizes must be distinct integers >= 1")
     bad = [arm_label(a) for a in out if a < 0]
     if bad and not trees:
-        raise AdaptspecError(f"{name}: tree arms [{', '.join(bad)}] need a speculator that declares draft_trees")
+        raise AdaptspecError(
+            f"{name}: tree arms [{', '.join(bad)}] need a speculator that declares draft_trees"
+        )
     if out[0] < -MAX_TREE_NODES:
-        raise AdaptspecError(f"{name}: a tree arm has at most {MAX_TREE_NODES} nodes, got {arm_label(out[0])}")
+        raise AdaptspecError(
+            f"{name}: a tree arm has at most {MAX_TREE_NODES} nodes, got {arm_label(out[0])}"
+        )
     if out[-1] > max_block_size:
-        raise AdaptspecError(f"{name}: {whose} max_block_size is {max_block_size}, so block sizes "
-                             f"{[a for a in out if a > max_block_size]} cannot be drafted")
+        raise AdaptspecError(
+            f"{name}: {whose} max_block_size is {max_block_size}, so block sizes "
+            f"{[a for a in out if a > max_block_size]} cannot be drafted"
+        )
     return out
 
 
@@ -491,7 +525,9 @@ class BlockSpeculator(Protocol):
 
     max_block_size: int
 
-    def prefill(self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None) -> Prefill: ...
+    def prefill(
+        self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None
+    ) -> Prefill: ...
 
     def decode(
         self,

@@ -57,7 +57,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target directory (default: the bundled SmolLM2)")
     ap.add_argument("--drafter", default=None, help="drafter directory (default: the bundled drafter)")
-    ap.add_argument("--trained", type=int, default=None, help="trained block size (default: the drafter's max_block_size)")
+    ap.add_argument(
+        "--trained", type=int, default=None, help="trained block size (default: the drafter's max_block_size)"
+    )
     ap.add_argument("--sizes", default="2,3,4,6,8,12,16")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -79,15 +81,31 @@ def main() -> None:
             for b in sizes:
                 direct[b].append(tau(full if b == trained else accepted(spec.drafter, context, seq, at, b)))
                 cut[b].append(tau(full[: b - 1]))
-    rows = [{"block_size": b, "tau_drafted_at_B": sum(direct[b]) / len(direct[b]),
-             f"tau_drafted_at_{trained}_cut_to_B": sum(cut[b]) / len(cut[b]), "positions": len(direct[b])} for b in sizes]
+    rows = [
+        {
+            "block_size": b,
+            "tau_drafted_at_B": sum(direct[b]) / len(direct[b]),
+            f"tau_drafted_at_{trained}_cut_to_B": sum(cut[b]) / len(cut[b]),
+            "positions": len(direct[b]),
+        }
+        for b in sizes
+    ]
     print(f"{'B':>3} {'drafted at B':>13} {f'at {trained}, cut':>13} {'change':>8} {'positions':>9}")
     for r, b in zip(rows, sizes):
         x, y = r["tau_drafted_at_B"], r[f"tau_drafted_at_{trained}_cut_to_B"]
         print(f"{b:>3} {x:>13.3f} {y:>13.3f} {100 * (x / y - 1):>+7.1f}% {r['positions']:>9}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"target": a.target or "bundled", "drafter": a.drafter or "bundled", "trained": trained, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "target": a.target or "bundled",
+                    "drafter": a.drafter or "bundled",
+                    "trained": trained,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

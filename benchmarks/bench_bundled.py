@@ -38,7 +38,10 @@ def summarise(ts: TraceSet, group: str = "domain") -> dict:
     secs = ts.decode_s_matrix()
     rate = tokens / secs  # per prompt tokens/s
     base = arms.index(1)
-    out: dict = {"arms": arms, "meta": {k: ts.meta.get(k) for k in ("temperature", "max_new_tokens", "hardware", "source")}}
+    out: dict = {
+        "arms": arms,
+        "meta": {k: ts.meta.get(k) for k in ("temperature", "max_new_tokens", "hardware", "source")},
+    }
     labels = ts.domains if group == "domain" else np.array([d.split("/")[0] for d in ts.domains])
     domains = ["all"] + sorted(set(labels.tolist()))
     for d in domains:
@@ -63,7 +66,9 @@ def summarise(ts: TraceSet, group: str = "domain") -> dict:
 def print_tables(s: dict, label: str) -> None:
     arms = s["arms"]
     doms = [k for k in s if k not in ("arms", "meta")]
-    print(f"\n### {label} (temperature {s['meta']['temperature']}, {s['meta']['max_new_tokens']} new tokens)\n")
+    print(
+        f"\n### {label} (temperature {s['meta']['temperature']}, {s['meta']['max_new_tokens']} new tokens)\n"
+    )
     for key, name in (("tau", "mean tau"), ("speedup", "speedup over B=1")):
         oracle = key == "speedup"
         print(f"{name} | " + " | ".join(f"B={b}" for b in arms) + (" | per-request oracle" if oracle else ""))
@@ -85,8 +90,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--group", choices=("domain", "benchmark"), default="domain",
-                    help="rows per domain, or per benchmark (the part of the domain before '/')")
+    ap.add_argument(
+        "--group",
+        choices=("domain", "benchmark"),
+        default="domain",
+        help="rows per domain, or per benchmark (the part of the domain before '/')",
+    )
     args = ap.parse_args()
     res = {}
     for path in args.traces:

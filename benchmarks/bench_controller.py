@@ -106,12 +106,21 @@ def _policy(spec, encode, workdir: Path, arms: tuple[int, ...]):
     return f"neural-linear:head={workdir / 'head'}"
 
 
-def bench_overhead(spec, encode, policy: str, workdir: Path, n: int, max_tokens: int, fsync: bool = True) -> dict:
+def bench_overhead(
+    spec, encode, policy: str, workdir: Path, n: int, max_tokens: int, fsync: bool = True
+) -> dict:
     from adaptspec import AdaptiveController
 
     out: dict = {"policy": policy.split(":")[0], "requests": n, "max_tokens": max_tokens, "fsync": fsync}
-    with AdaptiveController(spec, policy, log_dir=workdir / "log", checkpoint_dir=workdir / "ck",
-                            checkpoint_every=50, decide_timeout_s=1.0, log_fsync=fsync) as c:
+    with AdaptiveController(
+        spec,
+        policy,
+        log_dir=workdir / "log",
+        checkpoint_dir=workdir / "ck",
+        checkpoint_every=50,
+        decide_timeout_s=1.0,
+        log_fsync=fsync,
+    ) as c:
         c.generate(encode("warm up"), max_new_tokens=4)
         over, dec, pre, new = [], [], [], []
         for i in range(n):
@@ -146,13 +155,20 @@ def bench_overhead(spec, encode, policy: str, workdir: Path, n: int, max_tokens:
     per_request = float(np.mean(over)) + upd
     ratio = (np.asarray(over) + upd) / np.asarray(dec)
     out.update(
-        decode_ms=1000 * float(np.mean(dec)), prefill_ms=1000 * float(np.mean(pre)),
-        overhead_ms=1000 * per_request, overhead_pct_of_decode=100 * per_request / float(np.mean(dec)),
+        decode_ms=1000 * float(np.mean(dec)),
+        prefill_ms=1000 * float(np.mean(pre)),
+        overhead_ms=1000 * per_request,
+        overhead_pct_of_decode=100 * per_request / float(np.mean(dec)),
         overhead_pct_median=100 * float(np.median(ratio)),
-        parts_ms={"featurize": 1000 * float(np.median(t_feat)), "decide": 1000 * float(np.median(t_dec)),
-                  "feedback (reward + fsync'd log + enqueue)": 1000 * float(np.median(t_fb)),
-                  "update (update thread)": 1000 * upd},
-        tokens_per_s_in_process=float(np.sum(new) / np.sum(np.asarray(dec) + np.asarray(pre) + np.asarray(over))),
+        parts_ms={
+            "featurize": 1000 * float(np.median(t_feat)),
+            "decide": 1000 * float(np.median(t_dec)),
+            "feedback (reward + fsync'd log + enqueue)": 1000 * float(np.median(t_fb)),
+            "update (update thread)": 1000 * upd,
+        },
+        tokens_per_s_in_process=float(
+            np.sum(new) / np.sum(np.asarray(dec) + np.asarray(pre) + np.asarray(over))
+        ),
     )
     return out
 
@@ -163,15 +179,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_server(models: str, threads: int, policy: str, workdir: Path, clients: int, n: int, max_tokens: int,
-                 seconds: float, fsync: bool = True) -> dict:
+def bench_server(
+    models: str,
+    threads: int,
+    policy: str,
+    workdir: Path,
+    clients: int,
+    n: int,
+    max_tokens: int,
+    seconds: float,
+    fsync: bool = True,
+) -> dict:
     import httpx
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "adaptspec", "serve", "--threads", str(threads), "--port", str(port),
-           "--variant", f"A={policy}", "--log-dir", str(workdir / "slog"),
-           "--checkpoint-dir", str(workdir / "sck"), "--log-level", "warning", "--max-tokens", str(max(max_tokens, 16))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "adaptspec",
+        "serve",
+        "--threads",
+        str(threads),
+        "--port",
+        str(port),
+        "--variant",
+        f"A={policy}",
+        "--log-dir",
+        str(workdir / "slog"),
+        "--checkpoint-dir",
+        str(workdir / "sck"),
+        "--log-level",
+        "warning",
+        "--max-tokens",
+        str(max(max_tokens, 16)),
+    ]
     if models == "tiny":
         cmd.append("--tiny")
     elif models == "bundled-target":
@@ -209,8 +251,12 @@ def bench_server(models: str, threads: int, policy: str, workdir: Path, clients:
                         i = next(counter, None)
                     if i is None:
                         return
-                    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "user": f"u{i}",
-                            "stream": i % 2 == 0}
+                    body = {
+                        "prompt": PROMPTS[i % len(PROMPTS)],
+                        "max_tokens": max_tokens,
+                        "user": f"u{i}",
+                        "stream": i % 2 == 0,
+                    }
                     t0 = time.perf_counter()
                     first = None
                     if body["stream"]:
@@ -238,15 +284,25 @@ def bench_server(models: str, threads: int, policy: str, workdir: Path, clients:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     q = lambda xs, p: 1000 * float(np.percentile(xs, p)) if xs else None
-    return {"clients": clients, "requests": len(lat), "seconds": wall, "requests_per_s": len(lat) / wall,
-            "tokens_per_s": sum(toks) / wall, "latency_ms": {"p50": q(lat, 50), "p90": q(lat, 90), "p99": q(lat, 99)},
-            "ttft_ms": {"p50": q(ttft, 50), "p90": q(ttft, 90), "p99": q(ttft, 99)}}
+    return {
+        "clients": clients,
+        "requests": len(lat),
+        "seconds": wall,
+        "requests_per_s": len(lat) / wall,
+        "tokens_per_s": sum(toks) / wall,
+        "latency_ms": {"p50": q(lat, 50), "p90": q(lat, 90), "p99": q(lat, 99)},
+        "ttft_ms": {"p50": q(ttft, 50), "p90": q(ttft, 90), "p99": q(ttft, 99)},
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundled", action="store_true", help="the bundled SmolLM2 target and drafter (needs the drafter)")
-    ap.add_argument("--bundled-target", action="store_true", help="the bundled target with an untrained drafter")
+    ap.add_argument(
+        "--bundled", action="store_true", help="the bundled SmolLM2 target and drafter (needs the drafter)"
+    )
+    ap.add_argument(
+        "--bundled-target", action="store_true", help="the bundled target with an untrained drafter"
+    )
     ap.add_argument("--no-fsync", action="store_true", help="log without fsync")
     ap.add_argument("--no-server", action="store_true", help="overhead figures only")
     ap.add_argument("--requests", type=int, default=40, help="in-process requests for the overhead figures")
@@ -265,31 +321,55 @@ def main() -> int:
 
         arms = tuple(a for a in DEFAULT_ARMS if a <= spec.max_block_size)
         policy = _policy(spec, encode, work, arms)
-        results: dict = {"models": models, "machine": f"{platform.machine()}, {platform.processor() or platform.platform()}",
-                         "torch_threads": args.threads}
+        results: dict = {
+            "models": models,
+            "machine": f"{platform.machine()}, {platform.processor() or platform.platform()}",
+            "torch_threads": args.threads,
+        }
         print("overhead ...", file=sys.stderr, flush=True)
-        results["overhead"] = [bench_overhead(spec, encode, pol, work / pol.split(":")[0], args.requests, args.max_tokens,
-                                              not args.no_fsync) for pol in ("fixed:4", "ucb", policy)]
+        results["overhead"] = [
+            bench_overhead(
+                spec, encode, pol, work / pol.split(":")[0], args.requests, args.max_tokens, not args.no_fsync
+            )
+            for pol in ("fixed:4", "ucb", policy)
+        ]
         if not args.no_server:
             print("server ...", file=sys.stderr, flush=True)
-            results["server"] = bench_server(models, args.threads, "fixed:4", work, args.clients, args.server_requests,
-                                             args.max_tokens, args.seconds, not args.no_fsync)
+            results["server"] = bench_server(
+                models,
+                args.threads,
+                "fixed:4",
+                work,
+                args.clients,
+                args.server_requests,
+                args.max_tokens,
+                args.seconds,
+                not args.no_fsync,
+            )
             ref = results["overhead"][0]["tokens_per_s_in_process"]  # fixed:4 too
             results["server"]["ratio_to_in_process"] = results["server"]["tokens_per_s"] / ref
-    print(f"models: {models}, torch threads {args.threads}, {args.requests} requests of {args.max_tokens} tokens, "
-          f"log {'without' if args.no_fsync else 'with'} fsync")
-    print(f"{'policy':<14}{'decode ms':>10}{'overhead ms':>12}{'% of decode':>12}{'median %':>9}  parts (median ms)")
+    print(
+        f"models: {models}, torch threads {args.threads}, {args.requests} requests of {args.max_tokens} tokens, "
+        f"log {'without' if args.no_fsync else 'with'} fsync"
+    )
+    print(
+        f"{'policy':<14}{'decode ms':>10}{'overhead ms':>12}{'% of decode':>12}{'median %':>9}  parts (median ms)"
+    )
     for o in results["overhead"]:
         parts = ", ".join(f"{k.split(' ')[0]} {v:.3f}" for k, v in o["parts_ms"].items())
-        print(f"{o['policy']:<14}{o['decode_ms']:>10.1f}{o['overhead_ms']:>12.3f}{o['overhead_pct_of_decode']:>11.2f}%"
-              f"{o['overhead_pct_median']:>8.2f}%  {parts}")
+        print(
+            f"{o['policy']:<14}{o['decode_ms']:>10.1f}{o['overhead_ms']:>12.3f}{o['overhead_pct_of_decode']:>11.2f}%"
+            f"{o['overhead_pct_median']:>8.2f}%  {parts}"
+        )
     if args.no_server:
         return _save(results, args.json)
     s = results["server"]
-    print(f"server (fixed:4): {s['clients']} clients, {s['requests']} requests in {s['seconds']:.1f} s: {s['requests_per_s']:.2f} req/s, "
-          f"{s['tokens_per_s']:.1f} tok/s ({s['ratio_to_in_process']:.2f}x the in-process sequential rate); "
-          f"latency p50/p90/p99 {s['latency_ms']['p50']:.0f}/{s['latency_ms']['p90']:.0f}/{s['latency_ms']['p99']:.0f} ms; "
-          f"TTFT p50/p90/p99 {s['ttft_ms']['p50']:.0f}/{s['ttft_ms']['p90']:.0f}/{s['ttft_ms']['p99']:.0f} ms")
+    print(
+        f"server (fixed:4): {s['clients']} clients, {s['requests']} requests in {s['seconds']:.1f} s: {s['requests_per_s']:.2f} req/s, "
+        f"{s['tokens_per_s']:.1f} tok/s ({s['ratio_to_in_process']:.2f}x the in-process sequential rate); "
+        f"latency p50/p90/p99 {s['latency_ms']['p50']:.0f}/{s['latency_ms']['p90']:.0f}/{s['latency_ms']['p99']:.0f} ms; "
+        f"TTFT p50/p90/p99 {s['ttft_ms']['p50']:.0f}/{s['ttft_ms']['p90']:.0f}/{s['ttft_ms']['p99']:.0f} ms"
+    )
     return _save(results, args.json)
 
 

@@ -35,7 +35,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_verify(target: TargetModel, context: int, block_sizes, repeats: int, device: str) -> dict[int, float]:
+def time_verify(
+    target: TargetModel, context: int, block_sizes, repeats: int, device: str
+) -> dict[int, float]:
     ids = torch.randint(100, 20000, (context,)).tolist()
     pre = target.prefill(ids)
     out = {}
@@ -53,7 +55,9 @@ def time_verify(target: TargetModel, context: int, block_sizes, repeats: int, de
     return out
 
 
-def time_draft(drafter: BlockDiffusionDrafter, context: int, block_sizes, repeats: int, device: str) -> dict[int, float]:
+def time_draft(
+    drafter: BlockDiffusionDrafter, context: int, block_sizes, repeats: int, device: str
+) -> dict[int, float]:
     ctx = torch.randn(context, drafter.context_width, device=device)
     state = drafter.new_state(ctx)
     drafter.draft_logits(state, 5, 2)  # project the context once, as decoding does
@@ -96,8 +100,11 @@ def speed(decoder: SpeculativeDecoder, prompts, block_sizes, max_new: int, plain
             hf["same"] += toks == ref
     plain = res[1]["tokens"] / res[1]["seconds"]
     out = {
-        b: {"tokens_per_s": r["tokens"] / r["seconds"], "speedup": r["tokens"] / r["seconds"] / plain,
-            "mean_tau": statistics.mean(r["taus"])}
+        b: {
+            "tokens_per_s": r["tokens"] / r["seconds"],
+            "speedup": r["tokens"] / r["seconds"] / plain,
+            "mean_tau": statistics.mean(r["taus"]),
+        }
         for b, r in res.items()
     }
     if plain_model is not None:
@@ -114,7 +121,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--prompts", type=int, default=10, help="held-out prompts for the speed test (spread over domains)")
+    ap.add_argument(
+        "--prompts", type=int, default=10, help="held-out prompts for the speed test (spread over domains)"
+    )
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -125,38 +134,57 @@ def main() -> None:
 
     model, tok = load_target(None, dtype=args.dtype, device=args.device)
     standard = copy.deepcopy(model)
-    fast = time_verify(TargetModel(standard, tok, verification="fast"), args.context, sizes, args.repeats, args.device)
+    fast = time_verify(
+        TargetModel(standard, tok, verification="fast"), args.context, sizes, args.repeats, args.device
+    )
     target = TargetModel(model, tok, verification="exact")
     exact = time_verify(target, args.context, sizes, args.repeats, args.device)
     if args.untrained:
         drafter = BlockDiffusionDrafter.for_target(model, num_layers=2, seed=0, max_block_size=32)
         drafter.to(dtype=getattr(torch, args.dtype))
     else:
-        drafter = BlockDiffusionDrafter.from_pretrained(args.drafter, target=model, dtype=getattr(torch, args.dtype), device=args.device)
+        drafter = BlockDiffusionDrafter.from_pretrained(
+            args.drafter, target=model, dtype=getattr(torch, args.dtype), device=args.device
+        )
     draft = time_draft(drafter, args.context, sizes, args.repeats, args.device)
     decoder = SpeculativeDecoder(target, drafter)
     pool = heldout_prompts()
     domains = sorted({p.domain for p in pool})
-    prompts = [p for i in range(args.prompts) for p in [[q for q in pool if q.domain == domains[i % len(domains)]][i // len(domains)]]]
+    prompts = [
+        p
+        for i in range(args.prompts)
+        for p in [[q for q in pool if q.domain == domains[i % len(domains)]][i // len(domains)]]
+    ]
     spd = speed(decoder, prompts, [b for b in sizes if b <= drafter.max_block_size], args.max_new, standard)
 
     report = {
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}, {args.device}, {args.dtype}",
         "drafter": "untrained" if args.untrained else args.drafter,
-        "verify_ms": exact, "verify_ms_standard_attention": fast, "draft_ms": draft, "speed": spd,
+        "verify_ms": exact,
+        "verify_ms_standard_attention": fast,
+        "draft_ms": draft,
+        "speed": spd,
     }
-    print(f"# {report['machine']}; drafter: {report['drafter']}; context {args.context}; max_new {args.max_new}")
-    print("| B | verify ms (exact) | verify ms (standard) | draft ms | tokens/s | speedup vs B=1 | mean tau |")
+    print(
+        f"# {report['machine']}; drafter: {report['drafter']}; context {args.context}; max_new {args.max_new}"
+    )
+    print(
+        "| B | verify ms (exact) | verify ms (standard) | draft ms | tokens/s | speedup vs B=1 | mean tau |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for b in sizes:
         s = spd.get(b, {})
-        print(f"| {b} | {exact[b]:.1f} | {fast[b]:.1f} | {draft.get(b, 0):.1f} | {s.get('tokens_per_s', 0):.1f} | "
-              f"{s.get('speedup', 0):.2f}x | {s.get('mean_tau', 0):.2f} |")
+        print(
+            f"| {b} | {exact[b]:.1f} | {fast[b]:.1f} | {draft.get(b, 0):.1f} | {s.get('tokens_per_s', 0):.1f} | "
+            f"{s.get('speedup', 0):.2f}x | {s.get('mean_tau', 0):.2f} |"
+        )
     hf = spd["hf"]
     best = max((b for b in spd if b != "hf"), key=lambda b: spd[b]["tokens_per_s"])
-    print(f"\nplain greedy with transformers' own kernels and cache: {hf['tokens_per_s']:.1f} tokens/s "
-          f"(same tokens as the decoder on {hf['same_output']:.0%} of prompts); best block size {best}: "
-          f"{spd[best]['tokens_per_s']:.1f} tokens/s = {spd[best]['tokens_per_s'] / hf['tokens_per_s']:.2f}x of it")
+    print(
+        f"\nplain greedy with transformers' own kernels and cache: {hf['tokens_per_s']:.1f} tokens/s "
+        f"(same tokens as the decoder on {hf['same_output']:.0%} of prompts); best block size {best}: "
+        f"{spd[best]['tokens_per_s']:.1f} tokens/s = {spd[best]['tokens_per_s'] / hf['tokens_per_s']:.2f}x of it"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -57,7 +57,13 @@ def main() -> None:
         x = torch.tensor([[tok.pad_token_id] * (w - len(r)) + r for r in rows])
         m = torch.tensor([[0] * (w - len(r)) + [1] * len(r) for r in rows])
         with torch.inference_mode():
-            g = model.generate(input_ids=x, attention_mask=m, do_sample=False, max_new_tokens=n, pad_token_id=tok.pad_token_id)
+            g = model.generate(
+                input_ids=x,
+                attention_mask=m,
+                do_sample=False,
+                max_new_tokens=n,
+                pad_token_id=tok.pad_token_id,
+            )
         for r in g[:, w:].tolist():
             useful += next((k + 1 for k, t in enumerate(r) if t in eos), len(r))
     out["hf-generate"] = useful / (time.perf_counter() - t0)
@@ -73,7 +79,15 @@ def main() -> None:
             model(input_ids=x, attention_mask=m).logits.argmax(-1)
         useful += sum(len(r) - len(p) for r, p in zip(rows, ids[i : i + 8]))
     out["relabel"] = useful / (time.perf_counter() - t0)
-    print(json.dumps({"threads": args.threads, "batch_size": bs, "tokens_per_s": {k: round(v, 1) for k, v in out.items()}}))
+    print(
+        json.dumps(
+            {
+                "threads": args.threads,
+                "batch_size": bs,
+                "tokens_per_s": {k: round(v, 1) for k, v in out.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

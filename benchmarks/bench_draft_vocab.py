@@ -45,9 +45,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     rows = args.block - 1
-    out = {"hidden": args.hidden, "vocab": args.vocab, "draft_vocab": args.draft_vocab, "block": args.block,
-           "threads": args.threads, "head_params": {"full": args.vocab * args.hidden,
-                                                    "reduced": args.draft_vocab * args.hidden}}
+    out = {
+        "hidden": args.hidden,
+        "vocab": args.vocab,
+        "draft_vocab": args.draft_vocab,
+        "block": args.block,
+        "threads": args.threads,
+        "head_params": {"full": args.vocab * args.hidden, "reduced": args.draft_vocab * args.hidden},
+    }
     idx = torch.randperm(args.vocab, generator=g)[: args.draft_vocab].sort().values
     for dtype in (torch.float32, torch.bfloat16):
         w = torch.randn(args.vocab, args.hidden, generator=g).to(dtype)
@@ -55,7 +60,10 @@ def main() -> None:
         ws = w[idx].contiguous()
         size = torch.tensor([], dtype=dtype).element_size()
         out[str(dtype).removeprefix("torch.")] = {
-            "head_bytes": {"full": args.vocab * args.hidden * size, "reduced": args.draft_vocab * args.hidden * size},
+            "head_bytes": {
+                "full": args.vocab * args.hidden * size,
+                "reduced": args.draft_vocab * args.hidden * size,
+            },
             "ms_per_draft": {
                 "full": round(median_ms(lambda: h @ w.T, args.repeats), 4),
                 "reduced_gather_matmul": round(median_ms(lambda: h @ w[idx].T, args.repeats), 4),

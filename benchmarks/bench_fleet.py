@@ -42,24 +42,47 @@ def learning(steps: int = 500, seeds: int = 20, width: int = 40) -> dict:
     R = finite_rewards(t, "token_latency")
     spec = "linucb:standardize=false"
     make = lambda i: make_policy(spec, t.arms, seed=0)  # noqa: E731
-    single = learning_curve(np.stack([fleet_replay(make, R, X, replicas=1, steps_per_replica=4 * steps, seed=s)
-                                      for s in range(seeds)]), width)
+    single = learning_curve(
+        np.stack(
+            [fleet_replay(make, R, X, replicas=1, steps_per_replica=4 * steps, seed=s) for s in range(seeds)]
+        ),
+        width,
+    )
     hi, lo = single[0], single[-1]
     levels = hi - np.linspace(0.2, 0.7, 6) * (hi - lo)
-    out = {"policy": spec, "traces": "benchmarks", "reward": "token_latency", "seeds": seeds,
-           "requests_per_replica": steps, "replicas": 4, "levels_ms_per_token": levels.round(3).tolist(),
-           "single_curve": single.round(3).tolist(), "fleets": {}}
+    out = {
+        "policy": spec,
+        "traces": "benchmarks",
+        "reward": "token_latency",
+        "seeds": seeds,
+        "requests_per_replica": steps,
+        "replicas": 4,
+        "levels_ms_per_token": levels.round(3).tolist(),
+        "single_curve": single.round(3).tolist(),
+        "fleets": {},
+    }
     for k in (1, 8, 32, 10**9):
         t0 = time.perf_counter()
-        fleet = learning_curve(np.stack([fleet_replay(make, R, X, replicas=4, steps_per_replica=steps, sync_every=k,
-                                                      seed=s) for s in range(seeds)]), width // 4)
+        fleet = learning_curve(
+            np.stack(
+                [
+                    fleet_replay(make, R, X, replicas=4, steps_per_replica=steps, sync_every=k, seed=s)
+                    for s in range(seeds)
+                ]
+            ),
+            width // 4,
+        )
         s = speedup(single, width, fleet, width // 4, levels)
         name = "no sharing" if k == 10**9 else f"sync_every={k}"
-        out["fleets"][name] = {"speedup": [None if not np.isfinite(v) else round(float(v), 2) for v in s],
-                               "median_speedup": None if not np.isfinite(s).any() else round(float(np.nanmedian(s)), 2),
-                               "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"  {name:>16}: speed-up {out['fleets'][name]['speedup']} (median {out['fleets'][name]['median_speedup']})",
-              flush=True)
+        out["fleets"][name] = {
+            "speedup": [None if not np.isfinite(v) else round(float(v), 2) for v in s],
+            "median_speedup": None if not np.isfinite(s).any() else round(float(np.nanmedian(s)), 2),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        print(
+            f"  {name:>16}: speed-up {out['fleets'][name]['speedup']} (median {out['fleets'][name]['median_speedup']})",
+            flush=True,
+        )
     return out
 
 
@@ -94,8 +117,12 @@ def latency(n: int = 1500) -> dict:
         for mode in ("local", "redis", "redis down"):
             shared = None
             if mode != "local":
-                shared = SharedState(RedisBackend(f"{srv.url}/bench-{mode.replace(' ', '-')}").connect(), "r0",
-                                     sync_every=8, sync_interval_s=0.2)
+                shared = SharedState(
+                    RedisBackend(f"{srv.url}/bench-{mode.replace(' ', '-')}").connect(),
+                    "r0",
+                    sync_every=8,
+                    sync_interval_s=0.2,
+                )
                 if mode == "redis down" and srv.proc is None:
                     srv.start()
             ctl = AdaptiveController(_Toy(), None, feedback_timeout_s=None, shared=shared)
@@ -112,12 +139,16 @@ def latency(n: int = 1500) -> dict:
             st = ctl.stats()
             ctl.close()
             us = dts[100:] * 1e6
-            out[mode] = {"decide_us_p50": round(float(np.percentile(us, 50)), 1),
-                         "decide_us_p90": round(float(np.percentile(us, 90)), 1),
-                         "decide_us_p99": round(float(np.percentile(us, 99)), 1),
-                         "fallbacks": int(sum(st["fallbacks"].values())), "updates": st["updates"],
-                         "shared": None if shared is None else {k: st["shared"][k] for k in
-                                                                ("connected", "syncs", "sync_errors", "merges")}}
+            out[mode] = {
+                "decide_us_p50": round(float(np.percentile(us, 50)), 1),
+                "decide_us_p90": round(float(np.percentile(us, 90)), 1),
+                "decide_us_p99": round(float(np.percentile(us, 99)), 1),
+                "fallbacks": int(sum(st["fallbacks"].values())),
+                "updates": st["updates"],
+                "shared": None
+                if shared is None
+                else {k: st["shared"][k] for k in ("connected", "syncs", "sync_errors", "merges")},
+            }
             print(f"  {mode:>10}: {out[mode]}", flush=True)
     finally:
         srv.stop()

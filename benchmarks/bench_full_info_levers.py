@@ -37,7 +37,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from adaptspec.evaluation.core import (Settings, ci95, make_contexts, shuffled_stream, split_requests, train_heads)
+from adaptspec.evaluation.core import (
+    Settings,
+    ci95,
+    make_contexts,
+    shuffled_stream,
+    split_requests,
+    train_heads,
+)
 from adaptspec.policies.neural_linear import NeuralLinear
 from adaptspec.policies.offline_head import OfflineHead
 from adaptspec.policies.spec import make_policy
@@ -52,7 +59,9 @@ C_SWEEP = (0.5, 1.0, 1.5, 2.0)
 class PairedLinear:
     """Full-information ridge regression per arm of ``r_k - r_0`` on ``[1, x]``; LinUCB's bonus."""
 
-    def __init__(self, k: int, d: int, lam: float, alpha: float, prior: Callable[[np.ndarray], np.ndarray] | None):
+    def __init__(
+        self, k: int, d: int, lam: float, alpha: float, prior: Callable[[np.ndarray], np.ndarray] | None
+    ):
         self.k, self.alpha, self.prior_fn = k, alpha, prior
         self.Ainv = np.stack([np.eye(d + 1) / lam for _ in range(k)])
         self.b = np.zeros((k, d + 1))
@@ -153,10 +162,12 @@ def trace_set_part(st: Settings) -> dict[str, Any]:
         ref1 = int(np.argmax(R[one].sum(axis=0)))
         got = R[idx, a]
         d = per.setdefault(label, {})
-        for key, v in (("stream_pct_oracle", pct_of(got.sum(), R[idx].max(axis=1).sum())),
-                       ("stream_gain_pct", pct_of(got.sum(), R[idx, ref].sum()) - 100.0),
-                       ("first_pct_oracle", pct_of(got[:n_first].sum(), R[one].max(axis=1).sum())),
-                       ("first_gain_pct", pct_of(got[:n_first].sum(), R[one, ref1].sum()) - 100.0)):
+        for key, v in (
+            ("stream_pct_oracle", pct_of(got.sum(), R[idx].max(axis=1).sum())),
+            ("stream_gain_pct", pct_of(got.sum(), R[idx, ref].sum()) - 100.0),
+            ("first_pct_oracle", pct_of(got[:n_first].sum(), R[one].max(axis=1).sum())),
+            ("first_gain_pct", pct_of(got[:n_first].sum(), R[one, ref1].sum()) - 100.0),
+        ):
             d.setdefault(key, []).append(float(v))
 
     for s in range(st.splits):
@@ -165,7 +176,7 @@ def trace_set_part(st: Settings) -> dict[str, Any]:
         X = ctx.X
         heads = train_heads(X[tr], R[tr], arms, seed=s)
         hind = train_heads(X[ev], R[ev], arms, seed=s)  # trained on the requests it is scored on
-        head_pred = (lambda x, h=heads.regression: h.predict(x[None])[0])
+        head_pred = lambda x, h=heads.regression: h.predict(x[None])[0]
         T = st.passes * len(ev)
         k, dim = len(arms), X.shape[1]
         for o in range(st.orders):
@@ -175,17 +186,41 @@ def trace_set_part(st: Settings) -> dict[str, Any]:
             ref = int(np.argmax(R[idx].sum(axis=0)))
             score("best fixed", idx, np.full(T, ref), len(ev))
             for c in C_SWEEP:
-                score(f"fi-ucb c={c:g}", idx, run_policy_fi(make_policy(f"fi-ucb:c={c}", arms, seed=seed), X, idx, fb),
-                      len(ev))
-            score("neural-linear (the warm default)", idx, run_policy_fi(NeuralLinear(heads.regression, seed=seed), X,
-                                                                         idx, fb), len(ev))
-            for name, h in (("head, classifier (frozen)", heads.classification),
-                            ("head, regression (frozen)", heads.regression)):
+                score(
+                    f"fi-ucb c={c:g}",
+                    idx,
+                    run_policy_fi(make_policy(f"fi-ucb:c={c}", arms, seed=seed), X, idx, fb),
+                    len(ev),
+                )
+            score(
+                "neural-linear (the warm default)",
+                idx,
+                run_policy_fi(NeuralLinear(heads.regression, seed=seed), X, idx, fb),
+                len(ev),
+            )
+            for name, h in (
+                ("head, classifier (frozen)", heads.classification),
+                ("head, regression (frozen)", heads.regression),
+            ):
                 score(name, idx, run_policy_fi(OfflineHead(h, seed=seed), X, idx, fb), len(ev))
-            score("paired linear, cold", idx, run_raw(PairedLinear(k, dim, 10.0, 1.0, None), X, idx, fb), len(ev))
-            score("paired linear, warm", idx, run_raw(PairedLinear(k, dim, 100.0, 0.5, head_pred), X, idx, fb), len(ev))
-            score("select (warm default | fi-ucb, the longer)", idx, run_raw(Select(heads.regression, arms, seed), X,
-                                                                            idx, fb), len(ev))
+            score(
+                "paired linear, cold",
+                idx,
+                run_raw(PairedLinear(k, dim, 10.0, 1.0, None), X, idx, fb),
+                len(ev),
+            )
+            score(
+                "paired linear, warm",
+                idx,
+                run_raw(PairedLinear(k, dim, 100.0, 0.5, head_pred), X, idx, fb),
+                len(ev),
+            )
+            score(
+                "select (warm default | fi-ucb, the longer)",
+                idx,
+                run_raw(Select(heads.regression, arms, seed), X, idx, fb),
+                len(ev),
+            )
             lin = np.zeros(len(R), dtype=np.int64)
             lin[ev] = hindsight_linear(X[ev], R[ev])
             score("ceiling: linear fit in hindsight", idx, lin[idx], len(ev))
@@ -219,7 +254,13 @@ def cold_part(orders: int) -> dict[str, Any]:
             d = per.setdefault(f"fi-ucb c={c:g}", {})
             for h in (48, 240):
                 d.setdefault(f"pct_best_fixed_{h}", []).append(float(pct[h - 1]))
-    return {"requests": int(n), "orders": orders, "arms": list(arms), "profile": CPU_PROFILE, "rows": summarize(per)}
+    return {
+        "requests": int(n),
+        "orders": orders,
+        "arms": list(arms),
+        "profile": CPU_PROFILE,
+        "rows": summarize(per),
+    }
 
 
 def summarize(per: dict[str, dict[str, list[float]]]) -> list[dict[str, Any]]:
@@ -246,8 +287,10 @@ def main() -> None:
 
     print("| policy | stream, % of oracle | stream, gain % | first pass, % of oracle | first pass, gain % |")
     for r in result["trace_set"]["rows"]:
-        print(f"| {r['policy']} | {cell(r['stream_pct_oracle'])} | {cell(r['stream_gain_pct'])} | "
-              f"{cell(r['first_pct_oracle'])} | {cell(r['first_gain_pct'])} |")
+        print(
+            f"| {r['policy']} | {cell(r['stream_pct_oracle'])} | {cell(r['stream_gain_pct'])} | "
+            f"{cell(r['first_pct_oracle'])} | {cell(r['first_gain_pct'])} |"
+        )
     print("| policy | % of best fixed, first 48 | first 240 |")
     for r in result["cold"]["rows"]:
         print(f"| {r['policy']} | {cell(r['pct_best_fixed_48'])} | {cell(r['pct_best_fixed_240'])} |")

@@ -36,14 +36,19 @@ from adaptspec.models.prompts import benchmark_prompts
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=24)
-    ap.add_argument("--offset", type=int, default=400, help="first benchmark prompt (the demo takes the first ten)")
+    ap.add_argument(
+        "--offset", type=int, default=400, help="first benchmark prompt (the demo takes the first ten)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--fixed", default="2,4", help="fixed block sizes also timed")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--remeasure", action="store_true")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time each request (prefill and decode, every variant alike) in the process's CPU seconds: "
-                         "with --threads 1 the request's own work, robust to other programs on a shared host")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time each request (prefill and decode, every variant alike) in the process's CPU seconds: "
+        "with --threads 1 the request's own work, robust to other programs on a shared host",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -60,19 +65,21 @@ def main() -> None:
         PlainGreedy(s.target)(warm, 8)
         for b in (1, *fixed, s.max_block_size):
             s.decode(s.prefill(warm), b, 8)
-    prompts = benchmark_prompts()[args.offset: args.offset + args.prompts]
+    prompts = benchmark_prompts()[args.offset : args.offset + args.prompts]
     rows = []
     # the product default as `adaptspec demo` builds it (policy None: default_on_host, priced by this host's record)
     new_ctl = AdaptiveController(spec, latency=str(host.profile_path))
     print(f"default: {new_ctl.policy_choice}", flush=True)
-    old_ctl = AdaptiveController(old, default_policy_spec(speculator=old))  # the previous default: the shipped head
+    old_ctl = AdaptiveController(
+        old, default_policy_spec(speculator=old)
+    )  # the previous default: the shipped head
     # as shipped (policy=None is now the host-priced one), bfloat16
     variants = ["plain", "default", "previous", *[f"fixed:{b}" for b in fixed]]
     with new_ctl, old_ctl:
         for i, p in enumerate(prompts):
             ids = spec.target.encode_chat(p.prompt)
             row: dict = {"domain": p.domain}
-            order = variants[i % len(variants):] + variants[: i % len(variants)]
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
             for v in order:
                 c0 = time.process_time()
                 if v == "plain":
@@ -80,8 +87,12 @@ def main() -> None:
                     row[v] = {"tokens": len(toks), "s": s}
                 elif v in ("default", "previous"):
                     g = (new_ctl if v == "default" else old_ctl).generate(ids, max_new_tokens=n)
-                    row[v] = {"tokens": g.outcome.new_tokens, "s": g.outcome.decode_s, "tau": g.outcome.mean_tau,
-                              "block_size": g.decision.block_size}
+                    row[v] = {
+                        "tokens": g.outcome.new_tokens,
+                        "s": g.outcome.decode_s,
+                        "tau": g.outcome.mean_tau,
+                        "block_size": g.decision.block_size,
+                    }
                 else:
                     o = spec.decode(spec.prefill(ids), int(v.split(":")[1]), n)
                     row[v] = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau}
@@ -90,23 +101,38 @@ def main() -> None:
                     row[v]["wall_s"], row[v]["s"] = row[v]["s"], row[v]["cpu_s"]
             rows.append(row)
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".partial.json").write_text(json.dumps({"summary": host.summary(), "rows": rows}, default=str))
+            args.out.with_suffix(".partial.json").write_text(
+                json.dumps({"summary": host.summary(), "rows": rows}, default=str)
+            )
             base = row["plain"]["tokens"] / row["plain"]["s"]
-            print(f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<20} plain {base:5.1f} tok/s  "
-                  + "  ".join(f"{v} {row[v]['tokens'] / row[v]['s'] / base:.2f}x"
-                              + (f" B{row[v]['block_size']}" if "block_size" in row[v] else "") for v in variants[1:]),
-                  flush=True)
+            print(
+                f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<20} plain {base:5.1f} tok/s  "
+                + "  ".join(
+                    f"{v} {row[v]['tokens'] / row[v]['s'] / base:.2f}x"
+                    + (f" B{row[v]['block_size']}" if "block_size" in row[v] else "")
+                    for v in variants[1:]
+                ),
+                flush=True,
+            )
         new_ctl.sync()
         old_ctl.sync()
         speeds = {"default": new_ctl.stats()["machine_speed"], "previous": old_ctl.stats()["machine_speed"]}
     summary = summarise(rows, variants)
-    out = {"host": host.to_dict(), "summary": host.summary(), "config": {k: str(v) for k, v in vars(args).items()},
-           "ratios_to_plain": summary, "machine_speed": speeds, "rows": rows}
+    out = {
+        "host": host.to_dict(),
+        "summary": host.summary(),
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "ratios_to_plain": summary,
+        "machine_speed": speeds,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str))
     for v, r in summary.items():
-        print(f"{v:<10} {r['ratio']:.3f}x plain [{r['lo']:.3f}, {r['hi']:.3f}]"
-              + (f"  block sizes {r['block_sizes']}" if r.get("block_sizes") else ""))
+        print(
+            f"{v:<10} {r['ratio']:.3f}x plain [{r['lo']:.3f}, {r['hi']:.3f}]"
+            + (f"  block sizes {r['block_sizes']}" if r.get("block_sizes") else "")
+        )
 
 
 def summarise(rows: list[dict], variants: list[str], n_boot: int = 2000, seed: int = 0) -> dict:
@@ -117,10 +143,15 @@ def summarise(rows: list[dict], variants: list[str], n_boot: int = 2000, seed: i
     idx = rng.integers(0, len(rows), size=(n_boot, len(rows)))
     out = {}
     for v in variants[1:]:
-        ratio = lambda i: (tok[v][i].sum() / sec[v][i].sum()) / (tok["plain"][i].sum() / sec["plain"][i].sum())
+        ratio = lambda i: (
+            (tok[v][i].sum() / sec[v][i].sum()) / (tok["plain"][i].sum() / sec["plain"][i].sum())
+        )
         boot = np.array([ratio(i) for i in idx])
-        out[v] = {"ratio": float(ratio(np.arange(len(rows)))), "lo": float(np.quantile(boot, 0.025)),
-                  "hi": float(np.quantile(boot, 0.975))}
+        out[v] = {
+            "ratio": float(ratio(np.arange(len(rows)))),
+            "lo": float(np.quantile(boot, 0.025)),
+            "hi": float(np.quantile(boot, 0.975)),
+        }
         sizes = [r[v].get("block_size") for r in rows if "block_size" in r[v]]
         if sizes:
             out[v]["block_sizes"] = {str(b): sizes.count(b) for b in sorted(set(sizes))}

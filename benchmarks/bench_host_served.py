@@ -32,7 +32,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load_sweep import Server as SweepServer  # noqa: E402
-from bench_load_sweep import Measured, free_port, one_request, schedule, summarize, summary_table, wait_healthy  # noqa: E402
+from bench_load_sweep import (
+    Measured,
+    free_port,
+    one_request,
+    schedule,
+    summarize,
+    summary_table,
+    wait_healthy,
+)  # noqa: E402
 
 #: The arms every fixed configuration's server is given (so that 3 is one); the default gets none.
 FIXED_ARMS = "1,2,3,4,6,8"
@@ -46,8 +54,24 @@ class Server(SweepServer):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = root / f"server-{self.port}.out"
-        args = [sys.executable, "-m", "adaptspec", "serve", "--chat", "--threads", str(threads), "--port", str(self.port),
-                "--log-dir", str(root / f"log-{self.port}"), "--log-level", "warning", "--max-tokens", "1024", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--chat",
+            "--threads",
+            str(threads),
+            "--port",
+            str(self.port),
+            "--log-dir",
+            str(root / f"log-{self.port}"),
+            "--log-level",
+            "warning",
+            "--max-tokens",
+            "1024",
+            *extra,
+        ]
         self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
 
     def start(self, warm_prompt: str, timeout: float = 600) -> dict:
@@ -73,33 +97,53 @@ def host_description() -> dict:
 
     model, flags = cpu_description()
     wanted = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-    return {"cpu": model, "flags": [f for f in wanted if f in flags.split()], "cores": os.cpu_count(),
-            "torch": torch.__version__, "capability": str(torch.backends.cpu.get_cpu_capability()),
-            "load_average_at_start": list(os.getloadavg()),
-            **{k: os.environ.get(k, "") for k in KERNEL_ENV}}
+    return {
+        "cpu": model,
+        "flags": [f for f in wanted if f in flags.split()],
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "capability": str(torch.backends.cpu.get_cpu_capability()),
+        "load_average_at_start": list(os.getloadavg()),
+        **{k: os.environ.get(k, "") for k in KERNEL_ENV},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="1,2,4,8")
-    ap.add_argument("--fixed", default="2,3,4,6,8", help="fixed block sizes served beside plain and the default")
+    ap.add_argument(
+        "--fixed", default="2,3,4,6,8", help="fixed block sizes served beside plain and the default"
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--requests-per-client", type=int, default=2, help="requests per client per level (at least 4 a level)")
+    ap.add_argument(
+        "--requests-per-client",
+        type=int,
+        default=2,
+        help="requests per client per level (at least 4 a level)",
+    )
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--offset", type=int, default=346, help="first benchmark prompt (past the head's 336)")
-    ap.add_argument("--lengths", default=None, metavar="LO,HI",
-                    help="each prompt's max_tokens drawn once, uniformly from LO..HI (seeded, the same prompt the same "
-                         "length in every configuration), instead of --max-tokens for all: requests that all run to one "
-                         "length decode in lockstep at B = 1, which no other block size keeps (BENCHMARKS.md)")
+    ap.add_argument(
+        "--lengths",
+        default=None,
+        metavar="LO,HI",
+        help="each prompt's max_tokens drawn once, uniformly from LO..HI (seeded, the same prompt the same "
+        "length in every configuration), instead of --max-tokens for all: requests that all run to one "
+        "length decode in lockstep at B = 1, which no other block size keeps (BENCHMARKS.md)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
-    ap.add_argument("--extra-configs", default="{}", metavar="JSON",
-                    help='more configurations, NAME -> the serve flags it adds to the defaults, e.g. '
-                         '\'{"margin": ["--load-margin", "0.1"]}\'')
+    ap.add_argument(
+        "--extra-configs",
+        default="{}",
+        metavar="JSON",
+        help="more configurations, NAME -> the serve flags it adds to the defaults, e.g. "
+        '\'{"margin": ["--load-margin", "0.1"]}\'',
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     from adaptspec.models.prompts import benchmark_prompts
 
-    prompts = [p.prompt for p in benchmark_prompts()[args.offset:]]
+    prompts = [p.prompt for p in benchmark_prompts()[args.offset :]]
     lengths: int | list[int] = args.max_tokens
     if args.lengths:
         lo, hi = (int(x) for x in args.lengths.split(","))
@@ -109,8 +153,13 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",") if x]
     confs = configs([int(b) for b in args.fixed.split(",") if b.strip()]) | json.loads(args.extra_configs)
     names = list(confs)
-    results: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "host": host_description(),
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "health": {}, "runs": {}}
+    results: dict = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "host": host_description(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "health": {},
+        "runs": {},
+    }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         # The default server first, alone: where this host has no cached measurement it times the host
@@ -118,7 +167,9 @@ def main() -> None:
         servers = {"default": Server(confs["default"], Path(tmp), args.threads)}
         try:
             results["health"]["default"] = servers["default"].start(prompts[-1]).get("host")
-            servers.update({n: Server(extra, Path(tmp), args.threads) for n, extra in confs.items() if n != "default"})
+            servers.update(
+                {n: Server(extra, Path(tmp), args.threads) for n, extra in confs.items() if n != "default"}
+            )
             for n, s in servers.items():  # the warm-up prompt is the pool's last: measured by none
                 if n != "default":
                     results["health"][n] = s.start(prompts[-1]).get("host")

@@ -68,17 +68,24 @@ def main() -> None:
         for b in ARMS:
             p = Probe(b, prof)
             run = simulate(p, test, prof, clients=clients, requests=48, max_new_tokens=128)
-            arms[b] = {"tokens_per_s": run.tokens_per_s, "mean": float(np.mean(p.rewards)),
-                       "sd": float(np.std(p.rewards)),
-                       "longer": {str(a): float(np.mean(v)) for a, v in p.longer.items() if v}}
+            arms[b] = {
+                "tokens_per_s": run.tokens_per_s,
+                "mean": float(np.mean(p.rewards)),
+                "sd": float(np.std(p.rewards)),
+                "longer": {str(a): float(np.mean(v)) for a, v in p.longer.items() if v},
+            }
         best = max(x["tokens_per_s"] for x in arms.values())
         for x in arms.values():
             x["over_best_fixed"] = x["tokens_per_s"] / best
         out["levels"].append({"clients": clients, "arms": {str(b): x for b, x in arms.items()}})
-        print(f"{clients} client(s): B, tok/s over the best fixed size, mean reward (sd); learnt for B' > B "
-              "from the rows that rejected (against B' own mean)")
+        print(
+            f"{clients} client(s): B, tok/s over the best fixed size, mean reward (sd); learnt for B' > B "
+            "from the rows that rejected (against B' own mean)"
+        )
         for b, x in arms.items():
-            longer = ", ".join(f"B'={a}: {v:.3f} ({arms[int(a)]['mean']:.3f})" for a, v in x["longer"].items())
+            longer = ", ".join(
+                f"B'={a}: {v:.3f} ({arms[int(a)]['mean']:.3f})" for a, v in x["longer"].items()
+            )
             print(f"  B={b}: {x['over_best_fixed']:.3f}, {x['mean']:.3f} ({x['sd']:.3f}); {longer}")
     Path(args.out).write_text(json.dumps(out, indent=1))
 

@@ -36,11 +36,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dense", default=str(ROOT / "datasets/dense/benchmarks-fast"))
     ap.add_argument("--profiles", default=",".join(LEVELS))
-    ap.add_argument("--levels", default=None, help="client counts (default: 1-16 on the CPU profile, 1-64 on the GPU one)")
+    ap.add_argument(
+        "--levels", default=None, help="client counts (default: 1-16 on the CPU profile, 1-64 on the GPU one)"
+    )
     ap.add_argument("--arms", default=",".join(str(a) for a in ARMS))
-    ap.add_argument("--requests", type=int, default=48, help="requests per run at one client; 4 per client at higher loads")
-    ap.add_argument("--seeds", type=int, default=5, help="seeds of each learned rule (each cold one warms up per seed)")
-    ap.add_argument("--wrong", default="2,0.25", help="per-token factors of misjudged verify costs ('' for none)")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=48,
+        help="requests per run at one client; 4 per client at higher loads",
+    )
+    ap.add_argument(
+        "--seeds", type=int, default=5, help="seeds of each learned rule (each cold one warms up per seed)"
+    )
+    ap.add_argument(
+        "--wrong", default="2,0.25", help="per-token factors of misjudged verify costs ('' for none)"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/load-sim.json"))
     args = ap.parse_args()
     arms = [int(a) for a in args.arms.split(",")]
@@ -50,11 +61,24 @@ def main() -> None:
     say = lambda s: print(f"[{time.time() - t0:.0f}s] {s}", flush=True)  # noqa: E731
     profiles = []
     for name in args.profiles.split(","):
-        levels = [int(x) for x in args.levels.split(",")] if args.levels else LEVELS.get(name, (1, 2, 4, 8, 16))
-        profiles.append(compare_under_load(reqs[0::2], reqs[1::2], name, levels, args.requests, arms, wrong, say=say,
-                                           seeds=args.seeds))
-    results = {"status": "ok", "dense": args.dense, "requests": len(reqs), "arms": arms,
-               "load_requests": args.requests, "seeds": args.seeds, "profiles": profiles, "seconds": round(time.time() - t0, 1)}
+        levels = (
+            [int(x) for x in args.levels.split(",")] if args.levels else LEVELS.get(name, (1, 2, 4, 8, 16))
+        )
+        profiles.append(
+            compare_under_load(
+                reqs[0::2], reqs[1::2], name, levels, args.requests, arms, wrong, say=say, seeds=args.seeds
+            )
+        )
+    results = {
+        "status": "ok",
+        "dense": args.dense,
+        "requests": len(reqs),
+        "arms": arms,
+        "load_requests": args.requests,
+        "seeds": args.seeds,
+        "profiles": profiles,
+        "seconds": round(time.time() - t0, 1),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1, default=float))
     print(render_load(results))

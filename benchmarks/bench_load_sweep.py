@@ -139,9 +139,30 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = root / f"server-{self.port}.out"
-        args = [sys.executable, "-m", "adaptspec", "serve", "--max-rows", str(max_rows), "--max-queue", "64",
-                "--chat", "--threads", str(threads), "--port", str(self.port), "--log-dir", str(root / f"log-{self.port}"),
-                "--log-level", "warning", "--max-tokens", "1024", "--arms", "1,2,3,4,6,8", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--max-rows",
+            str(max_rows),
+            "--max-queue",
+            "64",
+            "--chat",
+            "--threads",
+            str(threads),
+            "--port",
+            str(self.port),
+            "--log-dir",
+            str(root / f"log-{self.port}"),
+            "--log-level",
+            "warning",
+            "--max-tokens",
+            "1024",
+            "--arms",
+            "1,2,3,4,6,8",
+            *extra,
+        ]
         self.proc = subprocess.Popen(args, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300) -> None:
@@ -167,8 +188,14 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
 
     t0 = time.perf_counter()
     first, tokens = None, 0
-    with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/completions", json={
-            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}) as r:
+    with (
+        httpx.Client(timeout=600) as c,
+        c.stream(
+            "POST",
+            url + "/v1/completions",
+            json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True},
+        ) as r,
+    ):
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
         for line in r.iter_lines():
@@ -184,8 +211,9 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
     return {"tokens": tokens, "latency_s": time.perf_counter() - t0, "ttft_s": first}
 
 
-def drive(url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int | Sequence[int],
-          start: int) -> tuple[list[dict], float]:
+def drive(
+    url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int | Sequence[int], start: int
+) -> tuple[list[dict], float]:
     """``phases``: ``(clients, requests)``, run one after another, the prompts taken in turn from
     index ``start``; ``max_tokens``: every request's, or one per prompt (the same prompt the same
     length in every configuration); returns every request's :func:`one_request` result and the wall time."""
@@ -221,18 +249,28 @@ def latency_figures(requests: list[dict]) -> dict:
     """Per-request latency p50/p95 and TTFT p50 over ``requests`` (:func:`one_request` results)."""
     lat = np.array([r["latency_s"] for r in requests])
     ttft = np.array([r["ttft_s"] for r in requests if r["ttft_s"] is not None])
-    return {"p50_s": float(np.percentile(lat, 50)), "p95_s": float(np.percentile(lat, 95)),
-            "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None}
+    return {
+        "p50_s": float(np.percentile(lat, 50)),
+        "p95_s": float(np.percentile(lat, 95)),
+        "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None,
+    }
 
 
 def run_figures(requests: list[dict], wall: float) -> dict:
     """One run's figures: requests, tokens, wall time, tokens/s and :func:`latency_figures`."""
     tokens = sum(r["tokens"] for r in requests)
-    return {"requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            **latency_figures(requests)}
+    return {
+        "requests": len(requests),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        **latency_figures(requests),
+    }
 
 
-def closed_loop(url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int, start: int) -> dict:
+def closed_loop(
+    url: str, prompts: list[str], phases: list[tuple[int, int]], max_tokens: int, start: int
+) -> dict:
     """``phases``: ``(clients, requests)``, run one after another; returns the run's figures."""
     return run_figures(*drive(url, prompts, phases, max_tokens, start))
 
@@ -244,33 +282,54 @@ def scrape(url: str) -> dict:
 
     values: dict = {"widths": {}}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        for name in ("adaptspec_load_rule_seconds_total", "adaptspec_load_rule_wall_seconds_total",
-                     "adaptspec_batch_decode_seconds_total", "adaptspec_batch_rounds_total"):
+        for name in (
+            "adaptspec_load_rule_seconds_total",
+            "adaptspec_load_rule_wall_seconds_total",
+            "adaptspec_batch_decode_seconds_total",
+            "adaptspec_batch_rounds_total",
+        ):
             if line.startswith(name + " "):
                 values[name] = float(line.split()[1])
         if line.startswith("adaptspec_batch_rounds_by_width_total{"):
-            labels, count = line[line.index("{") + 1:].split("} ")
+            labels, count = line[line.index("{") + 1 :].split("} ")
             kv = dict(part.split("=") for part in labels.split(","))
-            values["widths"][f'{kv["rows"].strip(chr(34))}x{kv["block_size"].strip(chr(34))}'] = float(count)
+            values["widths"][f"{kv['rows'].strip(chr(34))}x{kv['block_size'].strip(chr(34))}"] = float(count)
     return values
 
 
 def _engine(rule: float, wall: float, decode: float, rounds: float, widths: dict[str, int]) -> dict:
-    return {"rule_s": rule, "rule_wall_s": wall, "decode_s": decode, "rounds": rounds,
-            "rule_share": rule / decode if decode > 0 else None, "rule_wall_share": wall / decode if decode > 0 else None,
-            "rounds_by_rows_x_width": dict(sorted(widths.items(), key=lambda kv: tuple(map(int, kv[0].split("x")))))}
+    return {
+        "rule_s": rule,
+        "rule_wall_s": wall,
+        "decode_s": decode,
+        "rounds": rounds,
+        "rule_share": rule / decode if decode > 0 else None,
+        "rule_wall_share": wall / decode if decode > 0 else None,
+        "rounds_by_rows_x_width": dict(
+            sorted(widths.items(), key=lambda kv: tuple(map(int, kv[0].split("x"))))
+        ),
+    }
 
 
 def overhead(before: dict, after: dict) -> dict:
     """The load rule's time over the rounds' decode time between two scrapes, and the rounds run
     then by rows x widest block."""
+
     def d(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    widths = {k: int(v - before["widths"].get(k, 0.0)) for k, v in after["widths"].items()
-              if v > before["widths"].get(k, 0.0)}
-    return _engine(d("adaptspec_load_rule_seconds_total"), d("adaptspec_load_rule_wall_seconds_total"),
-                   d("adaptspec_batch_decode_seconds_total"), d("adaptspec_batch_rounds_total"), widths)
+    widths = {
+        k: int(v - before["widths"].get(k, 0.0))
+        for k, v in after["widths"].items()
+        if v > before["widths"].get(k, 0.0)
+    }
+    return _engine(
+        d("adaptspec_load_rule_seconds_total"),
+        d("adaptspec_load_rule_wall_seconds_total"),
+        d("adaptspec_batch_decode_seconds_total"),
+        d("adaptspec_batch_rounds_total"),
+        widths,
+    )
 
 
 def sum_engine(parts: list[dict]) -> dict:
@@ -279,14 +338,22 @@ def sum_engine(parts: list[dict]) -> dict:
     for p in parts:
         for k, v in p["rounds_by_rows_x_width"].items():
             widths[k] = widths.get(k, 0) + v
-    return _engine(*(sum(p[k] for p in parts) for k in ("rule_s", "rule_wall_s", "decode_s", "rounds")), widths)
+    return _engine(
+        *(sum(p[k] for p in parts) for k in ("rule_s", "rule_wall_s", "decode_s", "rounds")), widths
+    )
 
 
 # -- the sweep's plan and its figures: pure, tested without servers --------------------------------
 
 
-def schedule(names: list[str], levels: list[int], day: list[tuple[int, int]], repeats: int,
-             requests_per_client: int, day_extra: list[str] | tuple = ()) -> list[dict]:
+def schedule(
+    names: list[str],
+    levels: list[int],
+    day: list[tuple[int, int]],
+    repeats: int,
+    requests_per_client: int,
+    day_extra: list[str] | tuple = (),
+) -> list[dict]:
     """The sweep's phases in order: every level ``repeats`` times (level-major), then the day
     ``repeats`` times. Each phase: ``label`` (the level, or ``"day"``), ``repeat`` (from 0),
     ``phase`` (``(clients, requests)`` for :func:`drive`), ``start`` (its first prompt: each phase
@@ -306,8 +373,13 @@ def schedule(names: list[str], levels: list[int], day: list[tuple[int, int]], re
 def totals(runs: list[dict]) -> dict:
     """Runs' requests, tokens and wall time summed, tokens/s as their ratio; ``repeats``: the runs."""
     tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-    return {"requests": sum(r["requests"] for r in runs), "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "repeats": runs}
+    return {
+        "requests": sum(r["requests"] for r in runs),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "repeats": runs,
+    }
 
 
 def pool(runs: list[dict], requests: list[list[dict]]) -> dict:
@@ -383,12 +455,17 @@ def summarize(runs: dict[str, dict]) -> dict:
         configs = {}
         for n in (n for n in runs if label in runs[n]):
             mine = repeat_tps(runs[n][label])
-            e = {"tokens_per_s_mean": mean_tps(runs[n][label]),
-                 "vs_plain": paired_ratio(mine, repeat_tps(runs["plain"][label])) if label in runs.get("plain", {}) else None,
-                 "vs_best": paired_ratio(mine, repeat_tps(runs[best][label])) if best else None}
+            e = {
+                "tokens_per_s_mean": mean_tps(runs[n][label]),
+                "vs_plain": paired_ratio(mine, repeat_tps(runs["plain"][label]))
+                if label in runs.get("plain", {})
+                else None,
+                "vs_best": paired_ratio(mine, repeat_tps(runs[best][label])) if best else None,
+            }
             if label == "day" and best and label in runs.get(ORACLE, {}) and not is_static(n) and n != ORACLE:
-                e["oracle_share"] = oracle_share(e["tokens_per_s_mean"], mean_tps(runs[best][label]),
-                                                 mean_tps(runs[ORACLE][label]))
+                e["oracle_share"] = oracle_share(
+                    e["tokens_per_s_mean"], mean_tps(runs[best][label]), mean_tps(runs[ORACLE][label])
+                )
             configs[n] = e
         summary[label] = {"best": best, "configs": configs}
     return summary
@@ -429,19 +506,41 @@ def summary_table(summary: dict) -> str:
     head = ["| config | " + " | ".join(_col(c) for c in labels) + " |", "|---|" + "---:|" * len(labels)]
 
     def rows(key: str) -> list[str]:
-        return [f"| {n} | " + " | ".join(_stat(summary[c]["configs"][n][key]) if n in summary[c]["configs"] else "—"
-                                          for c in labels) + " |" for n in names]
+        return [
+            f"| {n} | "
+            + " | ".join(
+                _stat(summary[c]["configs"][n][key]) if n in summary[c]["configs"] else "—" for c in labels
+            )
+            + " |"
+            for n in names
+        ]
 
-    lines = ["Ratio to plain (paired by repeat: geometric mean [95% t-interval]):", "", *head, *rows("vs_plain"),
-             "", "Ratio to the best of plain and the fixed sizes at each level (by mean tok/s):", "", *head,
-             "| (best) | " + " | ".join(summary[c]["best"] or "—" for c in labels) + " |", *rows("vs_best")]
+    lines = [
+        "Ratio to plain (paired by repeat: geometric mean [95% t-interval]):",
+        "",
+        *head,
+        *rows("vs_plain"),
+        "",
+        "Ratio to the best of plain and the fixed sizes at each level (by mean tok/s):",
+        "",
+        *head,
+        "| (best) | " + " | ".join(summary[c]["best"] or "—" for c in labels) + " |",
+        *rows("vs_best"),
+    ]
     day = summary.get("day", {}).get("configs", {})
     shares = {n: e["oracle_share"] for n, e in day.items() if "oracle_share" in e}
     if shares:
-        lines += ["", f"The day: share of the oracle's gain over the best single fixed size ({summary['day']['best']}):",
-                  "", "| config | mean tok/s | share |", "|---|---:|---:|"]
-        lines += [f"| {n} | {day[n]['tokens_per_s_mean']:.1f} | " + ("—" if s is None else f"{s:.2f}") + " |"
-                  for n, s in shares.items()]
+        lines += [
+            "",
+            f"The day: share of the oracle's gain over the best single fixed size ({summary['day']['best']}):",
+            "",
+            "| config | mean tok/s | share |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {n} | {day[n]['tokens_per_s_mean']:.1f} | " + ("—" if s is None else f"{s:.2f}") + " |"
+            for n, s in shares.items()
+        ]
         lines.append(f"| {ORACLE} | {day[ORACLE]['tokens_per_s_mean']:.1f} | 1.00 |")
     return "\n".join(lines)
 
@@ -452,8 +551,7 @@ def table(results: dict) -> str:
     runs = results["runs"]
     names = list(runs)
     cols = labels_of(runs)
-    lines = ["| config | " + " | ".join(_col(c) for c in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = ["| config | " + " | ".join(_col(c) for c in cols) + " |", "|---|" + "---:|" * len(cols)]
     for n in names:
         cells = []
         for c in cols:
@@ -469,7 +567,9 @@ def table(results: dict) -> str:
     for n in names:
         for c in (c for c in cols if c in runs[n]):
             r = runs[n][c]
-            lines.append(f"| {n} | {c} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s'] or float('nan'):.3f} |")
+            lines.append(
+                f"| {n} | {c} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s'] or float('nan'):.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -491,8 +591,10 @@ class Measured:
         now = scrape(self.server.url)
         run["engine"], self.last = overhead(self.last, now), now
         self.reps.setdefault(step["label"], []).append((run, requests))
-        print(f"{self.tag}{self.name:18s} {step['label']} #{step['repeat'] + 1}: {run['tokens_per_s']:.1f} tok/s",
-              flush=True)
+        print(
+            f"{self.tag}{self.name:18s} {step['label']} #{step['repeat'] + 1}: {run['tokens_per_s']:.1f} tok/s",
+            flush=True,
+        )
 
     def runs(self) -> dict[str, dict]:
         """Per level, the repeats :func:`pool`-ed."""
@@ -502,8 +604,9 @@ class Measured:
         return {"runs": self.runs(), "overhead": overhead(self.first, self.last)}
 
 
-def run_config(name: str, extra: list[str], prompts: list[str], steps: list[dict], args, tmp: Path,
-               tag: str = "") -> dict:
+def run_config(
+    name: str, extra: list[str], prompts: list[str], steps: list[dict], args, tmp: Path, tag: str = ""
+) -> dict:
     """One server with ``extra`` flags running ``steps`` (:func:`schedule` phases) in turn; returns
     the runs per level (pooled over repeats) and the rule's overhead."""
     server = Server(extra, tmp, args.max_rows, args.threads)
@@ -517,8 +620,17 @@ def run_config(name: str, extra: list[str], prompts: list[str], steps: list[dict
         server.stop()
 
 
-def run_interleaved(configs: dict[str, list[str]], prompts: list[str], levels: list[int], day: list, args,
-                    tmp: Path, tag: str = "", repeats: int = 1, oracle: bool = False) -> dict[str, dict]:
+def run_interleaved(
+    configs: dict[str, list[str]],
+    prompts: list[str],
+    levels: list[int],
+    day: list,
+    args,
+    tmp: Path,
+    tag: str = "",
+    repeats: int = 1,
+    oracle: bool = False,
+) -> dict[str, dict]:
     """Every configuration's server up at once (idle ones take no CPU), then phase by phase
     (:func:`schedule`) each configuration in turn, the order rotated from phase to phase: a
     machine whose speed drifts over minutes (a shared host's does, by 10-20% here) then moves
@@ -534,9 +646,13 @@ def run_interleaved(configs: dict[str, list[str]], prompts: list[str], levels: l
             server.warm_up(prompts[-1])
         measured = {n: Measured(n, s, tag) for n, s in servers.items()}
         spec = None
-        for step in schedule(names, levels, day, repeats, args.requests_per_client, [ORACLE] if oracle else []):
+        for step in schedule(
+            names, levels, day, repeats, args.requests_per_client, [ORACLE] if oracle else []
+        ):
             if ORACLE in step["order"] and ORACLE not in measured:
-                spec = tuned_table({n: {"runs": m.runs()} for n, m in measured.items() if is_static(n)}, levels)
+                spec = tuned_table(
+                    {n: {"runs": m.runs()} for n, m in measured.items() if is_static(n)}, levels
+                )
                 print(f"{tag}oracle table (best static at each level of these prompts): {spec}", flush=True)
                 servers[ORACLE] = Server(table_extra(spec), tmp, args.max_rows, args.threads)
                 servers[ORACLE].warm_up(prompts[-1])
@@ -555,43 +671,88 @@ def run_interleaved(configs: dict[str, list[str]], prompts: list[str], levels: l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="plain,fixed:2,fixed:3,fixed:4,table,goodput,learned,controller")
-    ap.add_argument("--levels", default="1,2,4,8,16", help="client counts, one closed-loop run each (per repeat)")
-    ap.add_argument("--day", default="1:4,8:16,2:6", metavar="C:N,...",
-                    help="the run whose load changes: phases of C clients sending N requests ('' skips it)")
-    ap.add_argument("--repeats", type=int, default=1, metavar="R",
-                    help="run every level and the day R times on every configuration, each repeat on the next "
-                         "prompts (level-major, the configuration order rotated every phase); pooled per level, "
-                         "and the summary's intervals are over the repeats (none with R = 1)")
-    ap.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True,
-                    help="after the levels, serve the best static table of these very prompts (best of plain and "
-                         "the fixed sizes measured at each level) and run the day on it too, in the rotation: the "
-                         "bound the day's rules are scored against (needs the day and plain or a fixed size)")
-    ap.add_argument("--split", choices=("odd", "even", "all"), default="odd",
-                    help="the benchmark prompts measured (the static table is tuned on the other half)")
-    ap.add_argument("--table", default="tune", metavar="SPEC",
-                    help="the static table: 'tune' runs plain and every fixed size of --configs on the other half "
-                         "first and takes each level's best; or give one, like table:1=3,2=4,4=1")
-    ap.add_argument("--tune-repeats", type=int, default=1, metavar="R",
-                    help="repeats of the tuning run of --table tune (its table by mean tok/s over them)")
+    ap.add_argument(
+        "--levels", default="1,2,4,8,16", help="client counts, one closed-loop run each (per repeat)"
+    )
+    ap.add_argument(
+        "--day",
+        default="1:4,8:16,2:6",
+        metavar="C:N,...",
+        help="the run whose load changes: phases of C clients sending N requests ('' skips it)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="run every level and the day R times on every configuration, each repeat on the next "
+        "prompts (level-major, the configuration order rotated every phase); pooled per level, "
+        "and the summary's intervals are over the repeats (none with R = 1)",
+    )
+    ap.add_argument(
+        "--oracle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the levels, serve the best static table of these very prompts (best of plain and "
+        "the fixed sizes measured at each level) and run the day on it too, in the rotation: the "
+        "bound the day's rules are scored against (needs the day and plain or a fixed size)",
+    )
+    ap.add_argument(
+        "--split",
+        choices=("odd", "even", "all"),
+        default="odd",
+        help="the benchmark prompts measured (the static table is tuned on the other half)",
+    )
+    ap.add_argument(
+        "--table",
+        default="tune",
+        metavar="SPEC",
+        help="the static table: 'tune' runs plain and every fixed size of --configs on the other half "
+        "first and takes each level's best; or give one, like table:1=3,2=4,4=1",
+    )
+    ap.add_argument(
+        "--tune-repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="repeats of the tuning run of --table tune (its table by mean tok/s over them)",
+    )
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-rows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
-    ap.add_argument("--order", choices=("interleaved", "config"), default="interleaved",
-                    help="interleaved: all servers up, each level run on every configuration in turn, the order "
-                         "rotated every phase (robust to a machine whose speed drifts); config: one configuration "
-                         "after another, each level's repeats in a row (the oracle last)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="the results file (default benchmarks/results/load-sweep.json; with --pool, none)")
-    ap.add_argument("--pool", type=Path, nargs="+", metavar="FILE",
-                    help="run nothing: summarize these results files' repeats together (the configurations and "
-                         "levels all of them ran; runs under different settings are the reader's responsibility)")
+    ap.add_argument(
+        "--order",
+        choices=("interleaved", "config"),
+        default="interleaved",
+        help="interleaved: all servers up, each level run on every configuration in turn, the order "
+        "rotated every phase (robust to a machine whose speed drifts); config: one configuration "
+        "after another, each level's repeats in a row (the oracle last)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the results file (default benchmarks/results/load-sweep.json; with --pool, none)",
+    )
+    ap.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="run nothing: summarize these results files' repeats together (the configurations and "
+        "levels all of them ran; runs under different settings are the reader's responsibility)",
+    )
     args = ap.parse_args()
     if args.pool:
         files = [json.loads(f.read_text()) for f in args.pool]
         runs = pool_files(files)
-        pooled = {"pooled_from": [str(f) for f in args.pool], "settings": [f["settings"] for f in files],
-                  "runs": runs, "summary": summarize(runs)}
+        pooled = {
+            "pooled_from": [str(f) for f in args.pool],
+            "settings": [f["settings"] for f in files],
+            "runs": runs,
+            "summary": summarize(runs),
+        }
         if args.out:
             args.out.write_text(json.dumps(pooled, indent=1))
         print(summary_table(pooled["summary"]))
@@ -610,34 +771,58 @@ def main() -> None:
     names = args.configs.split(",")
     statics = [n for n in names if is_static(n)]
     oracle = args.oracle and bool(day) and bool(statics) and bool(levels)
-    results: dict = {"settings": vars(args) | {"out": str(args.out), "oracle": oracle}, "runs": {}, "overhead": {}}
+    results: dict = {
+        "settings": vars(args) | {"out": str(args.out), "oracle": oracle},
+        "runs": {},
+        "overhead": {},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         table_spec = args.table
         if "table" in names and table_spec == "tune":
             if args.order == "interleaved":
-                tuning = run_interleaved({n: CONFIGS[n] for n in statics}, other, levels, [], args, Path(tmp), "tune ",
-                                         repeats=args.tune_repeats)
+                tuning = run_interleaved(
+                    {n: CONFIGS[n] for n in statics},
+                    other,
+                    levels,
+                    [],
+                    args,
+                    Path(tmp),
+                    "tune ",
+                    repeats=args.tune_repeats,
+                )
             else:
                 steps = schedule(statics, levels, [], args.tune_repeats, args.requests_per_client)
-                tuning = {n: run_config(n, CONFIGS[n], other, steps, args, Path(tmp), "tune ") for n in statics}
+                tuning = {
+                    n: run_config(n, CONFIGS[n], other, steps, args, Path(tmp), "tune ") for n in statics
+                }
             table_spec = tuned_table(tuning, levels)
             results["tuning"] = {n: t["runs"] for n, t in tuning.items()} | {"table": table_spec}
             print(f"tuned on the other half: {table_spec}", flush=True)
         extras = {n: table_extra(table_spec) if n == "table" else CONFIGS[n] for n in names}
         if args.order == "interleaved":
-            done = run_interleaved(extras, prompts, levels, day, args, Path(tmp), repeats=args.repeats, oracle=oracle)
+            done = run_interleaved(
+                extras, prompts, levels, day, args, Path(tmp), repeats=args.repeats, oracle=oracle
+            )
         else:
             steps, done = schedule(names, levels, day, args.repeats, args.requests_per_client), {}
             for name in names:
                 done[name] = run_config(name, extras[name], prompts, steps, args, Path(tmp))
                 results["runs"][name], results["overhead"][name] = done[name]["runs"], done[name]["overhead"]
-                args.out.write_text(json.dumps(results, indent=1))  # after each configuration: a failure keeps the rest
+                args.out.write_text(
+                    json.dumps(results, indent=1)
+                )  # after each configuration: a failure keeps the rest
             if oracle:
                 spec = tuned_table({n: done[n] for n in statics}, levels)
                 print(f"oracle table (best static at each level of these prompts): {spec}", flush=True)
-                done[ORACLE] = run_config(ORACLE, table_extra(spec), prompts, [s for s in steps if s["label"] == "day"],
-                                          args, Path(tmp)) | {"table": spec}
+                done[ORACLE] = run_config(
+                    ORACLE,
+                    table_extra(spec),
+                    prompts,
+                    [s for s in steps if s["label"] == "day"],
+                    args,
+                    Path(tmp),
+                ) | {"table": spec}
         for name, d in done.items():
             results["runs"][name], results["overhead"][name] = d["runs"], d["overhead"]
         if ORACLE in done:

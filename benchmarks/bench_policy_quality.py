@@ -35,8 +35,18 @@ from typing import Any, Callable
 import numpy as np
 
 from adaptspec.reward.latency import get_profile
-from adaptspec.policies import (EXP3, UCB, EpsilonGreedy, LinTS, LinUCB, NeuralLinear, OfflineHead, SquareCB,
-                                ThompsonSampling, train_head)
+from adaptspec.policies import (
+    EXP3,
+    UCB,
+    EpsilonGreedy,
+    LinTS,
+    LinUCB,
+    NeuralLinear,
+    OfflineHead,
+    SquareCB,
+    ThompsonSampling,
+    train_head,
+)
 from adaptspec.policies.river_adapter import river_policy
 from adaptspec.reward.functions import modelled_throughput, trace_context
 from adaptspec.simulators.replay import run_policy
@@ -76,12 +86,14 @@ def learning_policies(arms, head) -> dict[str, Callable[[int], Any]]:
         "river:linear": lambda s: river_policy(arms, seed=s),
     }
     if head is not None:
-        pols.update({
-            "head": lambda s: OfflineHead(head, seed=s),
-            "neural-linear": lambda s: NeuralLinear(head, seed=s),
-            "neural-linear (ts)": lambda s: NeuralLinear(head, exploration="ts", seed=s),
-            "squarecb-head": lambda s: SquareCB(head=head, seed=s),
-        })
+        pols.update(
+            {
+                "head": lambda s: OfflineHead(head, seed=s),
+                "neural-linear": lambda s: NeuralLinear(head, seed=s),
+                "neural-linear (ts)": lambda s: NeuralLinear(head, exploration="ts", seed=s),
+                "squarecb-head": lambda s: SquareCB(head=head, seed=s),
+            }
+        )
     return pols
 
 
@@ -130,10 +142,18 @@ def stationary(scenario: str, n_train: int, batch: int, seeds: list[int]) -> dic
                 res["head_weight"] = pol.head_weight
             rows.setdefault(name, []).append(res)
             curves.setdefault(name, []).append(res["regret"])
-    out: dict[str, Any] = {"scenario": scenario, "n_train": n_train, "batch": batch, "seeds": seeds, "policies": {}}
+    out: dict[str, Any] = {
+        "scenario": scenario,
+        "n_train": n_train,
+        "batch": batch,
+        "seeds": seeds,
+        "policies": {},
+    }
     for name, rs in rows.items():
-        summary = {k: float(np.mean([r[k] for r in rs])) for k in ("pct_oracle", "pct_oracle_last1000",
-                                                                    "pct_oracle_realised")}
+        summary = {
+            k: float(np.mean([r[k] for r in rs]))
+            for k in ("pct_oracle", "pct_oracle_last1000", "pct_oracle_realised")
+        }
         summary["pct_oracle_min_seed"] = float(min(r["pct_oracle"] for r in rs))
         summary["regret_exponent"] = float(np.mean([regret_exponent(r["regret"]) for r in rs]))
         if "seconds" in rs[0]:
@@ -168,7 +188,7 @@ def drift_streams(seed: int):
     load_idx = pool[:STREAM]
     # load change: rows of the second half take their rewards at batch 8
     E_load, R_load = E1.copy(), R1.copy()
-    late = load_idx[STREAM // 2:]
+    late = load_idx[STREAM // 2 :]
     E_load = np.concatenate([E1, E8[late]])
     R_load = np.concatenate([R1, R8[late]])
     load_stream = np.concatenate([load_idx[: STREAM // 2], ts.n_requests + np.arange(len(late))])
@@ -177,11 +197,20 @@ def drift_streams(seed: int):
     # the same load change, with log(batch size) appended to the features (what a controller
     # that knows the engine's batch size can do): no longer drift for a contextual policy
     batch_feature = np.concatenate([np.zeros(len(X)), np.full(len(late), np.log(8.0))])[:, None]
-    return {
-        "domain-mix": (mix, E1, R1, X),
-        "load": (load_stream, E_load, R_load, X_load),
-        "load, batch size as a feature": (load_stream, E_load, R_load, np.concatenate([X_load, batch_feature], axis=1)),
-    }, ts.arms, head
+    return (
+        {
+            "domain-mix": (mix, E1, R1, X),
+            "load": (load_stream, E_load, R_load, X_load),
+            "load, batch size as a feature": (
+                load_stream,
+                E_load,
+                R_load,
+                np.concatenate([X_load, batch_feature], axis=1),
+            ),
+        },
+        ts.arms,
+        head,
+    )
 
 
 def drift_policies(arms, head) -> dict[str, Callable[[int], Any]]:
@@ -232,9 +261,15 @@ def drift(seeds: list[int]) -> dict[str, Any]:
                 ok = np.flatnonzero(after >= 0.98)
                 rec = {
                     "reference": "best fixed of the phase" if not pol.contextual else "per-request oracle",
-                    "pct_ref_before": float(100 * e[change - 1000:change].sum() / ref[change - 1000:change].sum()),
-                    "pct_ref_at_1000_after": float(100 * e[change + 750:change + 1000].sum() / ref[change + 750:change + 1000].sum()),
-                    "pct_ref_first_1000_after": float(100 * e[change:change + 1000].sum() / ref[change:change + 1000].sum()),
+                    "pct_ref_before": float(
+                        100 * e[change - 1000 : change].sum() / ref[change - 1000 : change].sum()
+                    ),
+                    "pct_ref_at_1000_after": float(
+                        100 * e[change + 750 : change + 1000].sum() / ref[change + 750 : change + 1000].sum()
+                    ),
+                    "pct_ref_first_1000_after": float(
+                        100 * e[change : change + 1000].sum() / ref[change : change + 1000].sum()
+                    ),
                     "pct_oracle_after": float(100 * e[change:].sum() / best[change:].sum()),
                     "recovery_requests": None if ok.size == 0 else int(ok[0]),
                 }
@@ -247,8 +282,15 @@ def drift(seeds: list[int]) -> dict[str, Any]:
             rv = [r["recovery_requests"] for r in recs]
             summary[kind][name] = {
                 "reference": recs[0]["reference"],
-                **{k: float(np.mean([r[k] for r in recs])) for k in ("pct_ref_before", "pct_ref_at_1000_after",
-                                                                     "pct_ref_first_1000_after", "pct_oracle_after")},
+                **{
+                    k: float(np.mean([r[k] for r in recs]))
+                    for k in (
+                        "pct_ref_before",
+                        "pct_ref_at_1000_after",
+                        "pct_ref_first_1000_after",
+                        "pct_oracle_after",
+                    )
+                },
                 "recovery_requests": rv,
             }
     summary["_curves"] = {k: {n: np.mean(v, axis=0) for n, v in d.items()} for k, d in curves.items()}
@@ -321,22 +363,32 @@ def main() -> int:
             t0 = time.time()
             results[key] = stationary(scenario, args.n_train, batch, seeds)
             print(f"\n{key}  [{time.time() - t0:.0f}s]")
-            print(f"  {'policy':24s} {'% oracle':>9s} {'min seed':>9s} {'last 1000':>10s} {'realised':>9s} {'regret exp.':>11s}")
+            print(
+                f"  {'policy':24s} {'% oracle':>9s} {'min seed':>9s} {'last 1000':>10s} {'realised':>9s} {'regret exp.':>11s}"
+            )
             for name, r in results[key]["policies"].items():
-                print(f"  {name:24s} {r['pct_oracle']:9.2f} {r['pct_oracle_min_seed']:9.2f} "
-                      f"{r['pct_oracle_last1000']:10.2f} {r['pct_oracle_realised']:9.2f} {r['regret_exponent']:11.2f}"
-                      + (f"   head weight {r['head_weight']}" if "head_weight" in r else "")
-                      + (f"   block {r['block_size']}" if "block_size" in r else ""), flush=True)
+                print(
+                    f"  {name:24s} {r['pct_oracle']:9.2f} {r['pct_oracle_min_seed']:9.2f} "
+                    f"{r['pct_oracle_last1000']:10.2f} {r['pct_oracle_realised']:9.2f} {r['regret_exponent']:11.2f}"
+                    + (f"   head weight {r['head_weight']}" if "head_weight" in r else "")
+                    + (f"   block {r['block_size']}" if "block_size" in r else ""),
+                    flush=True,
+                )
     drift_res = None
     if not args.no_drift:
         t0 = time.time()
         drift_res = drift(seeds)
         for kind in ("domain-mix", "load", "load, batch size as a feature"):
             print(f"\ndrift: {kind} change at request {STREAM // 2}  [{time.time() - t0:.0f}s]")
-            print(f"  {'policy':32s} {'reference':26s} {'before':>7s} {'1st 1000':>9s} {'750-1000':>9s} {'recovery (requests)':>20s}")
+            print(
+                f"  {'policy':32s} {'reference':26s} {'before':>7s} {'1st 1000':>9s} {'750-1000':>9s} {'recovery (requests)':>20s}"
+            )
             for name, r in drift_res[kind].items():
-                print(f"  {name:32s} {r['reference']:26s} {r['pct_ref_before']:7.2f} {r['pct_ref_first_1000_after']:9.2f} "
-                      f"{r['pct_ref_at_1000_after']:9.2f} {str(r['recovery_requests']):>20s}", flush=True)
+                print(
+                    f"  {name:32s} {r['reference']:26s} {r['pct_ref_before']:7.2f} {r['pct_ref_first_1000_after']:9.2f} "
+                    f"{r['pct_ref_at_1000_after']:9.2f} {str(r['recovery_requests']):>20s}",
+                    flush=True,
+                )
     if args.plots:
         for p in plots(results, drift_res, Path(args.plots)):
             print("wrote", p)

@@ -116,8 +116,19 @@ def hot_path(X: np.ndarray, R: np.ndarray, warm: int) -> float:
 def all_policies(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
     from river import bandit
 
-    from adaptspec.policies import (EXP3, UCB, EpsilonGreedy, LinTS, LinUCB, NeuralLinear, OfflineHead, RiverPolicy,
-                                    SquareCB, ThompsonSampling, train_head)
+    from adaptspec.policies import (
+        EXP3,
+        UCB,
+        EpsilonGreedy,
+        LinTS,
+        LinUCB,
+        NeuralLinear,
+        OfflineHead,
+        RiverPolicy,
+        SquareCB,
+        ThompsonSampling,
+        train_head,
+    )
     from adaptspec.policies.river_adapter import river_policy
 
     Xh, Rh = stream(2000, seed=11)
@@ -145,9 +156,18 @@ def all_policies(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
     for name, pol in cands:
         n = len(X) if not name.startswith("river") else min(len(X), warm + 400)
         t = time_policy(pol, X[:n], R[:n], warm)
-        rows.append({"policy": name, "median_us": float(np.median(t)), "p90_us": float(np.percentile(t, 90)),
-                     "steps_timed": int(len(t))})
-        print(f"  {name:40s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90", flush=True)
+        rows.append(
+            {
+                "policy": name,
+                "median_us": float(np.median(t)),
+                "p90_us": float(np.percentile(t, 90)),
+                "steps_timed": int(len(t)),
+            }
+        )
+        print(
+            f"  {name:40s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90",
+            flush=True,
+        )
     return rows
 
 
@@ -173,34 +193,64 @@ def full_information(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
 
     rng = np.random.default_rng(5)
     R16 = rng.normal(-35.0, 5.0, size=(len(R), 16))
-    cands = [(f"fi-ucb ({K} arms)", FullInfoUCB(ARMS, seed=0), X, R),
-             (f"fi-linucb (d={D}, {K} arms)", FullInfoLinUCB(ARMS, seed=0), X, R),
-             ("fi-ucb (16 arms, the cold default's shape)", FullInfoUCB(range(1, 17), seed=0), None, R16)]
+    cands = [
+        (f"fi-ucb ({K} arms)", FullInfoUCB(ARMS, seed=0), X, R),
+        (f"fi-linucb (d={D}, {K} arms)", FullInfoLinUCB(ARMS, seed=0), X, R),
+        ("fi-ucb (16 arms, the cold default's shape)", FullInfoUCB(range(1, 17), seed=0), None, R16),
+    ]
     rows = []
     for name, pol, Xs, Rs in cands:
         t = time_full(pol, Xs, Rs, warm)
-        rows.append({"policy": name, "median_us": float(np.median(t)), "p90_us": float(np.percentile(t, 90)),
-                     "steps_timed": int(len(t))})
-        print(f"  {name:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90", flush=True)
+        rows.append(
+            {
+                "policy": name,
+                "median_us": float(np.median(t)),
+                "p90_us": float(np.percentile(t, 90)),
+                "steps_timed": int(len(t)),
+            }
+        )
+        print(
+            f"  {name:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90",
+            flush=True,
+        )
     from adaptspec.policies import UCB
 
-    t = time_policy(UCB(range(1, 17), seed=0), np.zeros((len(R16), 1)), R16, warm)  # decide + update, same run
-    rows.append({"policy": "ucb (16 arms, bandit feedback: decide + update, for comparison)",
-                 "median_us": float(np.median(t)), "p90_us": float(np.percentile(t, 90)), "steps_timed": int(len(t))})
-    print(f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90")
+    t = time_policy(
+        UCB(range(1, 17), seed=0), np.zeros((len(R16), 1)), R16, warm
+    )  # decide + update, same run
+    rows.append(
+        {
+            "policy": "ucb (16 arms, bandit feedback: decide + update, for comparison)",
+            "median_us": float(np.median(t)),
+            "p90_us": float(np.percentile(t, 90)),
+            "steps_timed": int(len(t)),
+        }
+    )
+    print(
+        f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90"
+    )
     prof = get_profile("cpu-smollm2-fast")
     taus = rng.integers(1, 5, size=40)
     ts = []
     for i in range(len(R)):
         t0 = time.perf_counter()
-        counterfactuals(taus, np.full(40, 4), arms=range(1, 17), decided=4, context_tokens=100, profile=prof,
-                        decode_s=1.5).rewards("token_latency")
+        counterfactuals(
+            taus, np.full(40, 4), arms=range(1, 17), decided=4, context_tokens=100, profile=prof, decode_s=1.5
+        ).rewards("token_latency")
         if i >= warm:
             ts.append(time.perf_counter() - t0)
     t = np.array(ts) * 1e6
-    rows.append({"policy": "counterfactual outcomes of one request (40 rounds, 16 arms)", "median_us": float(np.median(t)),
-                 "p90_us": float(np.percentile(t, 90)), "steps_timed": int(len(t))})
-    print(f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90")
+    rows.append(
+        {
+            "policy": "counterfactual outcomes of one request (40 rounds, 16 arms)",
+            "median_us": float(np.median(t)),
+            "p90_us": float(np.percentile(t, 90)),
+            "steps_timed": int(len(t)),
+        }
+    )
+    print(
+        f"  {rows[-1]['policy']:46s} {rows[-1]['median_us']:9.1f} us median   {rows[-1]['p90_us']:9.1f} us p90"
+    )
     return rows
 
 
@@ -213,16 +263,24 @@ def main() -> int:
     ap.add_argument("--only-full-info", action="store_true", help="time the full-information policies only")
     args = ap.parse_args()
     X, R = stream(args.steps, seed=0)
-    machine = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
-               "processor": platform.processor() or platform.machine()}
+    machine = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
     if args.only_full_info:
-        print(f"full-information policies, decide + update_full (every arm observed), {args.steps - args.warm} timed steps")
+        print(
+            f"full-information policies, decide + update_full (every arm observed), {args.steps - args.warm} timed steps"
+        )
         out = {"machine": machine, "d": D, "arms": K, "full_information": full_information(X, R, args.warm)}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=2)
         return 0
-    print(f"LinUCB vs river LinUCBDisjoint, d={D}, {K} arms, {args.steps - args.warm} timed steps, interleaved")
+    print(
+        f"LinUCB vs river LinUCBDisjoint, d={D}, {K} arms, {args.steps - args.warm} timed steps, interleaved"
+    )
     head = linucb_vs_river(X, R, args.warm)
     for k, v in head.items():
         print(f"  {k:36s} {v:.3f}" if isinstance(v, float) else f"  {k:36s} {v}")

@@ -41,8 +41,13 @@ def sweep(steps_list=(None, 20000), seeds=5) -> dict:
     t0 = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     start = time.perf_counter() - t0
-    out = {"policies": POLICIES, "seeds": seeds, "requests": traces.n_requests, "ray_start_s": round(start, 2),
-           "runs": []}
+    out = {
+        "policies": POLICIES,
+        "seeds": seeds,
+        "requests": traces.n_requests,
+        "ray_start_s": round(start, 2),
+        "runs": [],
+    }
     try:
         replay(traces, POLICIES[:1], ray=True, **{**kw, "seeds": [0]})  # warm the workers' imports
         for steps in steps_list:
@@ -52,10 +57,16 @@ def sweep(steps_list=(None, 20000), seeds=5) -> dict:
             t0 = time.perf_counter()
             par = replay(traces, POLICIES, n_steps=steps, ray=True, **kw)
             t_ray = time.perf_counter() - t0
-            out["runs"].append({"steps": one.n_steps, "single_s": round(t_one, 2), "ray_s": round(t_ray, 2),
-                                "speedup": round(t_one / t_ray, 2),
-                                "speedup_with_ray_start": round(t_one / (t_ray + start), 2),
-                                "identical": one.table() == par.table() and one.to_json() == par.to_json()})
+            out["runs"].append(
+                {
+                    "steps": one.n_steps,
+                    "single_s": round(t_one, 2),
+                    "ray_s": round(t_ray, 2),
+                    "speedup": round(t_one / t_ray, 2),
+                    "speedup_with_ray_start": round(t_one / (t_ray + start), 2),
+                    "identical": one.table() == par.table() and one.to_json() == par.to_json(),
+                }
+            )
             print(out["runs"][-1], flush=True)
     finally:
         ray.shutdown()
@@ -67,12 +78,25 @@ def collect_dense(n: int = 8, verification: str = "fast") -> dict:
     from adaptspec.traces.dense import DenseTraceSet
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    base = [sys.executable, "-m", "adaptspec", "collect", "--prompts", "benchmarks", "--limit", str(n), "--dense",
-            "--verification", verification]
+    base = [
+        sys.executable,
+        "-m",
+        "adaptspec",
+        "collect",
+        "--prompts",
+        "benchmarks",
+        "--limit",
+        str(n),
+        "--dense",
+        "--verification",
+        verification,
+    ]
     out: dict = {"prompts": n, "verification": verification, "max_new_tokens": 96, "max_block_size": 16}
     with tempfile.TemporaryDirectory() as d:
-        runs = {"single (1 process, 2 threads)": ["--threads", "2", "--out", f"{d}/one"],
-                "ray (2 tasks x 1 thread)": ["--ray", "--ray-tasks", "2", "--out", f"{d}/ray"]}
+        runs = {
+            "single (1 process, 2 threads)": ["--threads", "2", "--out", f"{d}/one"],
+            "ray (2 tasks x 1 thread)": ["--ray", "--ray-tasks", "2", "--out", f"{d}/ray"],
+        }
         for name, extra in runs.items():
             t0, c0 = time.perf_counter(), os.times()
             p = subprocess.run([*base, *extra], env=env, capture_output=True, text=True)
@@ -80,8 +104,9 @@ def collect_dense(n: int = 8, verification: str = "fast") -> dict:
                 raise RuntimeError(p.stderr[-2000:])
             out[name] = round(time.perf_counter() - t0, 1)
             c1 = os.times()  # the Ray workers are not children of the command: only its own CPU
-            out[name + " command cpu_s"] = round(c1.children_user + c1.children_system - c0.children_user
-                                                 - c0.children_system, 1)
+            out[name + " command cpu_s"] = round(
+                c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1
+            )
             print(name, out[name], flush=True)
         a, b = DenseTraceSet.open(f"{d}/one"), DenseTraceSet.open(f"{d}/ray")
         out["identical_tables"] = a.table().equals(b.table())
@@ -95,8 +120,12 @@ def main() -> None:
     import ray
 
     path = ROOT / "benchmarks/results/ray.json"
-    res = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
-           "ray": ray.__version__, "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    res = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
     def save() -> None:
         res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

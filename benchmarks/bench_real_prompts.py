@@ -36,7 +36,11 @@ def main() -> None:
     ap.add_argument("--arms", default="1,2,3,4,8,16", help="block sizes timed in fast mode")
     ap.add_argument("--exact-arms", default="1,4", help="block sizes also timed in exact mode ('' for none)")
     ap.add_argument("--policy", default=None, help="controller policy (default: the product default)")
-    ap.add_argument("--rules", default="history", help="per-round schedules also timed in fast mode, ';'-separated ('' for none)")
+    ap.add_argument(
+        "--rules",
+        default="history",
+        help="per-round schedules also timed in fast mode, ';'-separated ('' for none)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--drafter", type=Path, default=None, help="drafter directory (default: the bundled one)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "real_prompts.json")
@@ -62,15 +66,25 @@ def main() -> None:
         for i, p in enumerate(prompts):
             ids = fast.target.encode_chat(p.prompt)
             ptoks, psec = plain(ids, n)
-            row = {"domain": p.domain, "benchmark": _bench(p.domain), "plain": {"tokens": len(ptoks), "s": psec}}
+            row = {
+                "domain": p.domain,
+                "benchmark": _bench(p.domain),
+                "plain": {"tokens": len(ptoks), "s": psec},
+            }
             for mode, spec, bs in (("fast", fast, arms), ("exact", exact, exact_arms)):
                 if spec is None:
                     continue
                 pre = spec.prefill(ids)
                 for b in bs:
                     o = spec.decode(pre, b, n)
-                    rec = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau, "rounds": len(o.rounds),
-                           "draft_s": o.draft_s, "verify_s": o.verify_s}
+                    rec = {
+                        "tokens": o.new_tokens,
+                        "s": o.decode_s,
+                        "tau": o.mean_tau,
+                        "rounds": len(o.rounds),
+                        "draft_s": o.draft_s,
+                        "verify_s": o.verify_s,
+                    }
                     if mode == "fast" and o.tokens != ptoks:
                         d = divergence(plain.model, ids, o.tokens, ptoks)
                         rec["diverged_at"], rec["gap"] = (None, None) if d is None else d
@@ -80,22 +94,47 @@ def main() -> None:
                         o = spec.decode(pre, parse_schedule(rule, spec.max_block_size), n)
                         row[f"rule:{rule}"] = {"tokens": o.new_tokens, "s": o.decode_s, "tau": o.mean_tau}
             g = ctl.generate(ids, max_new_tokens=n)
-            row["controller"] = {"tokens": g.outcome.new_tokens, "s": g.outcome.decode_s, "tau": g.outcome.mean_tau,
-                                 "block_size": g.decision.block_size, "overhead_s": g.overhead_s,
-                                 "machine_speed": ctl.sync().stats()["machine_speed"]}
+            row["controller"] = {
+                "tokens": g.outcome.new_tokens,
+                "s": g.outcome.decode_s,
+                "tau": g.outcome.mean_tau,
+                "block_size": g.decision.block_size,
+                "overhead_s": g.overhead_s,
+                "machine_speed": ctl.sync().stats()["machine_speed"],
+            }
             rows.append(row)
-            print(f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<22} plain {len(ptoks) / psec:5.1f} tok/s  "
-                  + "  ".join(f"B{b} {_speed(row[f'fast:{b}']) / _speed(row['plain']):.2f}x" for b in arms)
-                  + f"  ctl B{g.decision.block_size} {_speed(row['controller']) / _speed(row['plain']):.2f}x", flush=True)
+            print(
+                f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<22} plain {len(ptoks) / psec:5.1f} tok/s  "
+                + "  ".join(f"B{b} {_speed(row[f'fast:{b}']) / _speed(row['plain']):.2f}x" for b in arms)
+                + f"  ctl B{g.decision.block_size} {_speed(row['controller']) / _speed(row['plain']):.2f}x",
+                flush=True,
+            )
         ctl.sync()
     summary = summarise(rows, arms, exact_arms, rules)
-    summary["machine_speed"] = ctl.stats()["machine_speed"]  # the controller's measured/profile time at the end
+    summary["machine_speed"] = ctl.stats()[
+        "machine_speed"
+    ]  # the controller's measured/profile time at the end
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": vars(args) | {"out": str(args.out), "drafter": str(args.drafter or "bundled")}, "summary": summary, "rows": rows}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": vars(args) | {"out": str(args.out), "drafter": str(args.drafter or "bundled")},
+                "summary": summary,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(markdown(summary, arms, exact_arms))
     for rule in rules:
-        print(f"rule {rule}: " + ", ".join(f"{k} {v[f'rule:{rule}']['speedup']:.2f}x" for k, v in summary.items()
-                                          if isinstance(v, dict) and f"rule:{rule}" in v))
+        print(
+            f"rule {rule}: "
+            + ", ".join(
+                f"{k} {v[f'rule:{rule}']['speedup']:.2f}x"
+                for k, v in summary.items()
+                if isinstance(v, dict) and f"rule:{rule}" in v
+            )
+        )
 
 
 def _bench(domain: str) -> str:
@@ -125,18 +164,33 @@ def summarise(rows: list[dict], arms: list[int], exact_arms: list[int], rules: l
         g = {"requests": len(rs), "plain_tok_s": base}
         for m, b in _modes(arms, exact_arms):
             k = f"{m}:{b}"
-            g[k] = {"speedup": _agg(rs, lambda r: r[k]) / base, "tau": float(np.mean([r[k]["tau"] for r in rs]))}
+            g[k] = {
+                "speedup": _agg(rs, lambda r: r[k]) / base,
+                "tau": float(np.mean([r[k]["tau"] for r in rs])),
+            }
         for rule in rules:
-            g[f"rule:{rule}"] = {"speedup": _agg(rs, lambda r: r[f"rule:{rule}"]) / base,
-                                 "tau": float(np.mean([r[f"rule:{rule}"]["tau"] for r in rs]))}
-        g["controller"] = {"speedup": _agg(rs, lambda r: r["controller"]) / base,
-                           "block_sizes": sorted({r["controller"]["block_size"] for r in rs})}
-        g["oracle"] = {"speedup": _agg(rs, lambda r: min((r[f"fast:{b}"] for b in arms), key=lambda x: x["s"] / x["tokens"])) / base}
+            g[f"rule:{rule}"] = {
+                "speedup": _agg(rs, lambda r: r[f"rule:{rule}"]) / base,
+                "tau": float(np.mean([r[f"rule:{rule}"]["tau"] for r in rs])),
+            }
+        g["controller"] = {
+            "speedup": _agg(rs, lambda r: r["controller"]) / base,
+            "block_sizes": sorted({r["controller"]["block_size"] for r in rs}),
+        }
+        g["oracle"] = {
+            "speedup": _agg(
+                rs, lambda r: min((r[f"fast:{b}"] for b in arms), key=lambda x: x["s"] / x["tokens"])
+            )
+            / base
+        }
         out[name] = g
     fast_spec = [r[f"fast:{b}"] for r in rows for b in arms if b > 1]
     div = [x for x in fast_spec if "gap" in x]
-    out["divergence"] = {"decodes": len(fast_spec), "diverged": len(div),
-                         "max_gap": max((x["gap"] for x in div if x["gap"] is not None), default=None)}
+    out["divergence"] = {
+        "decodes": len(fast_spec),
+        "diverged": len(div),
+        "max_gap": max((x["gap"] for x in div if x["gap"] is not None), default=None),
+    }
     plain_step = sum(r["plain"]["s"] for r in rows) / sum(r["plain"]["tokens"] - 1 for r in rows)
     out["round_cost"] = {"plain_step_ms": 1e3 * plain_step}
     for m, b in _modes(arms, exact_arms):
@@ -156,17 +210,34 @@ def markdown(s: dict, arms: list[int], exact_arms: list[int]) -> str:
         if name not in s:
             continue
         g = s[name]
-        cells = [f"{g[f'{m}:{b}']['speedup']:.2f}x (tau {g[f'{m}:{b}']['tau']:.2f})" for m, b in _modes(arms, exact_arms)]
-        lines.append(f"| {name} ({g['requests']}) | {g['plain_tok_s']:.1f} | " + " | ".join(cells)
-                     + f" | {g['controller']['speedup']:.2f}x | {g['oracle']['speedup']:.2f}x |")
+        cells = [
+            f"{g[f'{m}:{b}']['speedup']:.2f}x (tau {g[f'{m}:{b}']['tau']:.2f})"
+            for m, b in _modes(arms, exact_arms)
+        ]
+        lines.append(
+            f"| {name} ({g['requests']}) | {g['plain_tok_s']:.1f} | "
+            + " | ".join(cells)
+            + f" | {g['controller']['speedup']:.2f}x | {g['oracle']['speedup']:.2f}x |"
+        )
     rc = s["round_cost"]
     lines += ["", f"plain step {rc['plain_step_ms']:.1f} ms; round cost (draft + verify) and break-even tau:"]
-    lines += [f"- {k}: {v['ms']:.1f} ms, break-even tau {v['break_even_tau']:.2f}" for k, v in rc.items() if k != "plain_step_ms"]
+    lines += [
+        f"- {k}: {v['ms']:.1f} ms, break-even tau {v['break_even_tau']:.2f}"
+        for k, v in rc.items()
+        if k != "plain_step_ms"
+    ]
     d = s["divergence"]
-    lines += ["", f"fast mode differs from plain greedy in {d['diverged']}/{d['decodes']} speculative decodes; "
-              f"largest logit gap at a divergence {d['max_gap']}",
-              f"controller overhead {s['controller_overhead_pct']:.3f}% of decode time"
-              + ("" if s.get("machine_speed") is None else f"; its machine-speed factor at the end {s['machine_speed']:.2f}")]
+    lines += [
+        "",
+        f"fast mode differs from plain greedy in {d['diverged']}/{d['decodes']} speculative decodes; "
+        f"largest logit gap at a divergence {d['max_gap']}",
+        f"controller overhead {s['controller_overhead_pct']:.3f}% of decode time"
+        + (
+            ""
+            if s.get("machine_speed") is None
+            else f"; its machine-speed factor at the end {s['machine_speed']:.2f}"
+        ),
+    ]
     return "\n".join(lines)
 
 

@@ -62,8 +62,10 @@ def main() -> None:
     args = ap.parse_args()
     ts = generate("cpu-small", n_requests=300, seed=0, per_round=False, progress=False)  # 32 features
     R = ts.reward_matrix("throughput")
-    print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}; synthetic cpu-small trace set "
-          f"({len(ts)} requests, {len(ts.arms)} arms); reward: measured throughput")
+    print(
+        f"{platform.processor() or platform.machine()}, numpy {np.__version__}; synthetic cpu-small trace set "
+        f"({len(ts)} requests, {len(ts.arms)} arms); reward: measured throughput"
+    )
     # replay() also scores the oracle and the best fixed arm on the same stream; their time is included.
     timed_replay(ts, "fixed:4", args.steps)  # warm-up (imports, first-touch memory)
     print(f"{'policy':<10} {'path':<11} {'decisions/s':>13} {'plain loop/s':>13} {'ratio':>7}")
@@ -76,7 +78,9 @@ def main() -> None:
         if spec not in REGISTRY:
             continue
         sec = best_of(args.repeats, timed_replay, ts, spec, args.learning_steps)
-        loop = best_of(args.repeats, plain_loop, ts, spec, R, stream_order(ts, "logged", 0, args.learning_steps))
+        loop = best_of(
+            args.repeats, plain_loop, ts, spec, R, stream_order(ts, "logged", 0, args.learning_steps)
+        )
         v, lp = args.learning_steps / sec, args.learning_steps / loop
         print(f"{spec:<10} {'loop':<11} {v:>13,.0f} {lp:>13,.0f} {v / lp:>6.1f}x")
 

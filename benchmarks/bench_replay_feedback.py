@@ -65,8 +65,12 @@ class TraceSpeculator:
         for tau, d_ms, v_ms in zip(row["tau"], row["draft_ms"], row["verify_ms"]):
             rounds.append(Round(min(int(block_size), self.limit - made), tau, d_ms / 1000, v_ms / 1000))
             made += tau
-        return Outcome([0] * row["new_tokens"], rounds, row["decode_ms"] / 1000,
-                       "length" if row["new_tokens"] == self.limit else "eos")
+        return Outcome(
+            [0] * row["new_tokens"],
+            rounds,
+            row["decode_ms"] / 1000,
+            "length" if row["new_tokens"] == self.limit else "eos",
+        )
 
 
 def controller_rewards(path: Path, ts, idx: np.ndarray, latency: str | None, seed: int) -> np.ndarray:
@@ -74,8 +78,16 @@ def controller_rewards(path: Path, ts, idx: np.ndarray, latency: str | None, see
     limit = int(ts.meta["max_new_tokens"])
     spec = TraceSpeculator(path, ts.request_ids.tolist(), limit)
     out = np.empty(len(idx))
-    with AdaptiveController(spec, "fi-ucb", arms=ts.arms, reward="token_latency", latency=latency, seed=seed,
-                            decide_on_caller=True, decide_timeout_s=60.0) as c:
+    with AdaptiveController(
+        spec,
+        "fi-ucb",
+        arms=ts.arms,
+        reward="token_latency",
+        latency=latency,
+        seed=seed,
+        decide_on_caller=True,
+        decide_timeout_s=60.0,
+    ) as c:
         for t, i in enumerate(idx.tolist()):
             out[t] = c.generate([i], max_new_tokens=limit).reward
             c.sync()
@@ -85,8 +97,12 @@ def controller_rewards(path: Path, ts, idx: np.ndarray, latency: str | None, see
 def ci(values: list[float]) -> dict[str, float]:
     v = np.asarray(values)
     lo, hi = mean_interval(v, 0.95) or (float(v.mean()), float(v.mean()))
-    return {"mean": round(float(v.mean()), 3), "lo": round(float(lo), 3), "hi": round(float(hi), 3),
-            "values": [round(float(x), 3) for x in v]}
+    return {
+        "mean": round(float(v.mean()), 3),
+        "lo": round(float(lo), 3),
+        "hi": round(float(hi), 3),
+        "values": [round(float(x), 3) for x in v],
+    }
 
 
 def run_set(path: Path, seeds: list[int]) -> dict:
@@ -99,22 +115,42 @@ def run_set(path: Path, seeds: list[int]) -> dict:
 
     def add(name: str, idx: np.ndarray, r: np.ndarray) -> None:
         for h in HORIZONS:
-            got.setdefault(name, {}).setdefault(h, []).append(float(pct_of(r[:h].sum(), R[idx[:h], fixed].sum())))
+            got.setdefault(name, {}).setdefault(h, []).append(
+                float(pct_of(r[:h].sum(), R[idx[:h], fixed].sum()))
+            )
 
     t0 = time.perf_counter()
     for seed in seeds:
         idx = stream_order(ts, "shuffled", seed, T)
-        for name, mode, lat in (("simulate, bandit feedback", "bandit", None), ("simulate", "auto", None),
-                                ("simulate --latency (same profile)", "auto", profile)):
-            rep = replay(ts, ["fi-ucb"], reward="token_latency", latency=lat, seeds=[seed], order="shuffled",
-                         n_steps=T, progress=False, feedback=mode)
+        for name, mode, lat in (
+            ("simulate, bandit feedback", "bandit", None),
+            ("simulate", "auto", None),
+            ("simulate --latency (same profile)", "auto", profile),
+        ):
+            rep = replay(
+                ts,
+                ["fi-ucb"],
+                reward="token_latency",
+                latency=lat,
+                seeds=[seed],
+                order="shuffled",
+                n_steps=T,
+                progress=False,
+                feedback=mode,
+            )
             a = rep.policies[0].chosen.astype(np.int64)
             add(name, idx, R[idx, a])
         add("controller, same profile", idx, controller_rewards(path, ts, idx, profile, seed))
         add("controller, default (measured costs)", idx, controller_rewards(path, ts, idx, None, seed))
-    return {"traces": str(path.relative_to(SETS.parents[2])), "requests": ts.n_requests, "arms": list(ts.arms),
-            "best_fixed": int(ts.arms[fixed]), "profile": profile, "seconds": round(time.perf_counter() - t0, 1),
-            "pct_best_fixed": {name: {str(h): ci(v) for h, v in by_h.items()} for name, by_h in got.items()}}
+    return {
+        "traces": str(path.relative_to(SETS.parents[2])),
+        "requests": ts.n_requests,
+        "arms": list(ts.arms),
+        "best_fixed": int(ts.arms[fixed]),
+        "profile": profile,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "pct_best_fixed": {name: {str(h): ci(v) for h, v in by_h.items()} for name, by_h in got.items()},
+    }
 
 
 def main() -> None:
@@ -123,17 +159,28 @@ def main() -> None:
     ap.add_argument("--sets", default="benchmarks,templates,sampled-t1")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
+    )
     flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
-    res = {"host": {"cpu": cpu, "avx512_bf16": "avx512_bf16" in flags, "python": platform.python_version()},
-           "reward": "token_latency", "order": "shuffled", "seeds": args.seeds, "horizons": list(HORIZONS),
-           "sets": [run_set(SETS / s, list(range(args.seeds))) for s in args.sets.split(",")]}
+    res = {
+        "host": {"cpu": cpu, "avx512_bf16": "avx512_bf16" in flags, "python": platform.python_version()},
+        "reward": "token_latency",
+        "order": "shuffled",
+        "seeds": args.seeds,
+        "horizons": list(HORIZONS),
+        "sets": [run_set(SETS / s, list(range(args.seeds))) for s in args.sets.split(",")],
+    }
     for s in res["sets"]:
-        print(f"{s['traces']} ({s['requests']} requests, best fixed B={s['best_fixed']}, priced on {s['profile']}, "
-              f"{s['seconds']} s):")
+        print(
+            f"{s['traces']} ({s['requests']} requests, best fixed B={s['best_fixed']}, priced on {s['profile']}, "
+            f"{s['seconds']} s):"
+        )
         for name, by_h in s["pct_best_fixed"].items():
-            print(f"  {name:38s} " + "  ".join(f"{h}: {v['mean']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}]"
-                                                for h, v in by_h.items()))
+            print(
+                f"  {name:38s} "
+                + "  ".join(f"{h}: {v['mean']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}]" for h, v in by_h.items())
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 

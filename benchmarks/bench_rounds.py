@@ -139,8 +139,18 @@ def predraft_features(request, rounds) -> np.ndarray:
     rejected = request.top1[start - 1, j] if j < width else 0.5
     further = request.top1[start - 1, j + 1] if j + 1 < width else 0.5
     acc = np.mean([rounds[k].tau - 1 for k in drafted[-4:]])
-    return np.array([1.0, j, float(j == last.block_size - 1), acc, further, rejected,
-                     np.log1p(len(rounds) - 1 - i), np.log1p(len(rounds))])
+    return np.array(
+        [
+            1.0,
+            j,
+            float(j == last.block_size - 1),
+            acc,
+            further,
+            rejected,
+            np.log1p(len(rounds) - 1 - i),
+            np.log1p(len(rounds)),
+        ]
+    )
 
 
 class PreDraftSkip:
@@ -177,21 +187,37 @@ def fit_predraft(train, max_new_tokens: int, ridge: float = 1e-3) -> tuple[np.nd
 
     def loss(w):
         z = x @ w
-        return np.sum(np.logaddexp(0.0, z) - y * z) + ridge * w @ w, x.T @ (1 / (1 + np.exp(-z)) - y) + 2 * ridge * w
+        return np.sum(np.logaddexp(0.0, z) - y * z) + ridge * w @ w, x.T @ (
+            1 / (1 + np.exp(-z)) - y
+        ) + 2 * ridge * w
 
     w = minimize(loss, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B").x
     ranks, pos = rankdata(x @ w), int(y.sum())
     p = 1 / (1 + np.exp(-x @ w))
-    return w, {"auc": float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos))),
-               "rounds": len(y), "accepted": float(y.mean()), "p_min": float(p.min()), "p_max": float(p.max())}
+    return w, {
+        "auc": float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos))),
+        "rounds": len(y),
+        "accepted": float(y.mean()),
+        "p_min": float(p.min()),
+        "p_max": float(p.max()),
+    }
 
 
 def pick_threshold(train, w, prof, batch: int, max_new_tokens: int) -> float:
     """The skip threshold that is fastest on the training half."""
+
     def speed(t):
-        rep = evaluate_rounds(train, {}, prof, fixed=[4], batch=batch, max_new_tokens=max_new_tokens,
-                              choose={"skip": lambda rid, req: PreDraftSkip(req, w, t)})
+        rep = evaluate_rounds(
+            train,
+            {},
+            prof,
+            fixed=[4],
+            batch=batch,
+            max_new_tokens=max_new_tokens,
+            choose={"skip": lambda rid, req: PreDraftSkip(req, w, t)},
+        )
         return rep.speedup("skip")
+
     return max((0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35), key=speed)
 
 
@@ -205,36 +231,63 @@ def main() -> None:
     items = [(rid, dom.split("/")[0], r) for rid, dom, r in ds.requests()]
     order = np.random.default_rng(args.seed).permutation(len(items))
     train = [items[i] for i in order[: len(items) // 2]]
-    test = [items[i] for i in order[len(items) // 2:]]
+    test = [items[i] for i in order[len(items) // 2 :]]
     weights = fit_learned(train, ds.max_new_tokens)
     w_skip, fit = fit_predraft(train, ds.max_new_tokens)
-    print(f"pre-draft model of first-draft acceptance ({fit['rounds']} rounds of B = 4, {100 * fit['accepted']:.0f}% "
-          f"accepted): in-sample AUC {fit['auc']:.3f}, predictions {fit['p_min']:.2f}-{fit['p_max']:.2f}")
-    results = {"dense": args.dense, "requests": len(items), "held_out": len(test), "seed": args.seed,
-               "predraft_model": fit, "profiles": []}
+    print(
+        f"pre-draft model of first-draft acceptance ({fit['rounds']} rounds of B = 4, {100 * fit['accepted']:.0f}% "
+        f"accepted): in-sample AUC {fit['auc']:.3f}, predictions {fit['p_min']:.2f}-{fit['p_max']:.2f}"
+    )
+    results = {
+        "dense": args.dense,
+        "requests": len(items),
+        "held_out": len(test),
+        "seed": args.seed,
+        "predraft_model": fit,
+        "profiles": [],
+    }
     t0 = time.perf_counter()
     for name, batch in PROFILES:
         prof = get_profile(name)
         schedules = {
-            "confidence:0.3": ConfidenceThreshold(0.3), "confidence:0.4": ConfidenceThreshold(0.4),
-            "confidence:0.5": ConfidenceThreshold(0.5), "history": AcceptanceHistory(4, 16),
+            "confidence:0.3": ConfidenceThreshold(0.3),
+            "confidence:0.4": ConfidenceThreshold(0.4),
+            "confidence:0.5": ConfidenceThreshold(0.5),
+            "history": AcceptanceHistory(4, 16),
             "history,probe_after=4": AcceptanceHistory(4, 16, probe_after=4),
             "learned per-round (ridge, history features)": LearnedRounds(weights, prof, batch),
         }
         t_skip = pick_threshold(train, w_skip, prof, batch, ds.max_new_tokens)
         skip = f"learned pre-draft skip (logistic, threshold {t_skip})"
-        choose = {"first-draft oracle (B = 4, plain where the first draft fails)": lambda rid, req: FirstDraftOracle(req),
-                  skip: lambda rid, req: PreDraftSkip(req, w_skip, t_skip)}
-        rep = evaluate_rounds(test, schedules, prof, batch=batch, max_new_tokens=ds.max_new_tokens, choose=choose)
+        choose = {
+            "first-draft oracle (B = 4, plain where the first draft fails)": lambda rid, req: (
+                FirstDraftOracle(req)
+            ),
+            skip: lambda rid, req: PreDraftSkip(req, w_skip, t_skip),
+        }
+        rep = evaluate_rounds(
+            test, schedules, prof, batch=batch, max_new_tokens=ds.max_new_tokens, choose=choose
+        )
         best = rep.best_fixed()
         # the bound of a per-request bandit that picks a rule (and its parameter) for each request
         both = "per-request oracle over fixed sizes and the rules"
         pool = [k for k in rep.seconds if k == "plain" or k.startswith("fixed:")] + list(schedules)
         rep.seconds[both] = np.min(np.stack([rep.seconds[k] for k in pool]), axis=0)
-        names = ["plain", best, *schedules, skip, "per-request oracle", both, *list(choose)[:1], "per-round oracle"]
+        names = [
+            "plain",
+            best,
+            *schedules,
+            skip,
+            "per-request oracle",
+            both,
+            *list(choose)[:1],
+            "per-round oracle",
+        ]
         rows = rep.table(names)
         for row in rows:
-            row["headroom_captured"] = rep.headroom_captured(row["schedule"]) if row["schedule"] != "plain" else None
+            row["headroom_captured"] = (
+                rep.headroom_captured(row["schedule"]) if row["schedule"] != "plain" else None
+            )
         results["profiles"].append({"profile": name, "batch": batch, "best_fixed": best, "rows": rows})
         print(f"\n{name}, batch {batch}: held-out {len(test)} of {len(items)} requests; tok/s over plain")
         doms = rep.domain_names()
@@ -242,8 +295,11 @@ def main() -> None:
         print("|---|---:|" + "---:|" * len(doms) + "---:|")
         for row in rows:
             h = row["headroom_captured"]
-            print(f"| {row['schedule']} | {row['all']:.3f} | " + " | ".join(f"{row[d]:.3f}" for d in doms)
-                  + f" | {'' if h is None else f'{100 * h:+.0f}%'} |")
+            print(
+                f"| {row['schedule']} | {row['all']:.3f} | "
+                + " | ".join(f"{row[d]:.3f}" for d in doms)
+                + f" | {'' if h is None else f'{100 * h:+.0f}%'} |"
+            )
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
 

@@ -75,10 +75,19 @@ def worker() -> None:
     target = TargetModel(model, tok)
     prompt = target.encode_chat(PROMPT)
     maps = Path("/proc/self/maps").read_text()
-    omp = sorted({Path(line.split()[-1]).name for line in maps.splitlines()
-                  if any(k in line for k in ("libgomp", "libiomp", "libomp"))})
-    print(json.dumps({"ready": True, "openmp_libraries": omp,
-                      "parallel_info": torch.__config__.parallel_info()}), flush=True)
+    omp = sorted(
+        {
+            Path(line.split()[-1]).name
+            for line in maps.splitlines()
+            if any(k in line for k in ("libgomp", "libiomp", "libomp"))
+        }
+    )
+    print(
+        json.dumps(
+            {"ready": True, "openmp_libraries": omp, "parallel_info": torch.__config__.parallel_info()}
+        ),
+        flush=True,
+    )
     lines = iter(sys.stdin)
     for line in lines:  # "prep THREADS", then "go START WINDOW STOPFILE"
         torch.set_num_threads(int(line.split()[1]))
@@ -150,8 +159,16 @@ def start_pool(setting: str, size: int) -> list[subprocess.Popen]:
     env.pop("OMP_NUM_THREADS", None)
     env["PYTHONPATH"] = str(ROOT)
     env["TRANSFORMERS_VERBOSITY"] = "error"
-    return [subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             env=env, text=True) for _ in range(size)]
+    return [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(size)
+    ]
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
@@ -179,12 +196,17 @@ def summarize(windows: list[dict], configs) -> list[dict]:
             continue
         per = [sum(w["tok_s"]) / len(w["tok_s"]) for w in ws.values()]
         agg = [w["aggregate_tok_s"] for w in ws.values()]
-        row = {"setting": c[0], "threads": c[1], "processes": c[2], "windows": len(ws),
-               "per_process_tok_s": [round(x, 2) for x in t_interval(per)],
-               "aggregate_tok_s": [round(x, 2) for x in t_interval(agg)],
-               "cpu_s_per_token": round(sum(w["cpu_s_per_token"] for w in ws.values()) / len(ws), 4),
-               "other_cpu_cores": round(sum(w["other_cpu_cores"] for w in ws.values()) / len(ws), 2),
-               "load_average_1m": round(sum(w["load_average_1m"] for w in ws.values()) / len(ws), 2)}
+        row = {
+            "setting": c[0],
+            "threads": c[1],
+            "processes": c[2],
+            "windows": len(ws),
+            "per_process_tok_s": [round(x, 2) for x in t_interval(per)],
+            "aggregate_tok_s": [round(x, 2) for x in t_interval(agg)],
+            "cpu_s_per_token": round(sum(w["cpu_s_per_token"] for w in ws.values()) / len(ws), 4),
+            "other_cpu_cores": round(sum(w["other_cpu_cores"] for w in ws.values()) / len(ws), 2),
+            "load_average_1m": round(sum(w["load_average_1m"] for w in ws.values()) / len(ws), 2),
+        }
         ref = by.get(("default", c[1], c[2]))
         if c[0] != "default" and ref:
             logs = [math.log(ws[r]["aggregate_tok_s"] / ref[r]["aggregate_tok_s"]) for r in ws if r in ref]
@@ -200,15 +222,26 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--processes", default="1,2,3")
     ap.add_argument("--settings", default=",".join(SETTINGS))
-    ap.add_argument("--threads", default="1,2", help="torch threads per process (1 runs under the default setting only)")
+    ap.add_argument(
+        "--threads", default="1,2", help="torch threads per process (1 runs under the default setting only)"
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--window", type=float, default=3.0, help="seconds each window decodes")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--wait-quiet", type=float, default=None, metavar="CORES",
-                    help="before each window, wait (up to 10 s) until the rest of the machine uses fewer cores than this")
-    ap.add_argument("--max-minutes", type=float, default=10.0, help="start no round after this (whole rounds only)")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="before each window, wait (up to 10 s) until the rest of the machine uses fewer cores than this",
+    )
+    ap.add_argument(
+        "--max-minutes", type=float, default=10.0, help="start no round after this (whole rounds only)"
+    )
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/shared-cores.json"))
-    ap.add_argument("--label", default="grid", help="the run's key under 'runs' in --json (other runs there are kept)")
+    ap.add_argument(
+        "--label", default="grid", help="the run's key under 'runs' in --json (other runs there are kept)"
+    )
     args = ap.parse_args()
     if args.worker:
         worker()
@@ -227,7 +260,9 @@ def main() -> None:
             info = read(p)
             if not info.get("ready"):
                 raise SystemExit(f"worker of {s} failed")
-    print(f"workers ready after {time.time() - t_start:.0f} s; OpenMP: {info['openmp_libraries']}", flush=True)
+    print(
+        f"workers ready after {time.time() - t_start:.0f} s; OpenMP: {info['openmp_libraries']}", flush=True
+    )
     rng = random.Random(args.seed)
     windows = []
     for r in range(args.rounds):
@@ -263,10 +298,18 @@ def main() -> None:
             for p in pool:
                 read(p)
             stop.unlink()
-            w = {"round": r, "setting": setting, "threads": t, "processes": n,
-                 "tok_s": [round(x["tok_s"], 2) for x in res], "aggregate_tok_s": round(sum(x["tok_s"] for x in res), 2),
-                 "cpu_s_per_token": round(ours / sum(x["tok_s"] * args.window for x in res), 4),
-                 "load_average_1m": round(la, 2), "other_cpu_cores": round(other, 2), "waited_quiet_s": round(waited, 1)}
+            w = {
+                "round": r,
+                "setting": setting,
+                "threads": t,
+                "processes": n,
+                "tok_s": [round(x["tok_s"], 2) for x in res],
+                "aggregate_tok_s": round(sum(x["tok_s"] for x in res), 2),
+                "cpu_s_per_token": round(ours / sum(x["tok_s"] * args.window for x in res), 4),
+                "load_average_1m": round(la, 2),
+                "other_cpu_cores": round(other, 2),
+                "waited_quiet_s": round(waited, 1),
+            }
             windows.append(w)
             print(json.dumps(w), flush=True)
     for pool in pools.values():
@@ -275,20 +318,33 @@ def main() -> None:
             p.wait()
 
     summary = summarize(windows, configs)
-    quiet = summarize([w for w in windows if w["other_cpu_cores"] < args.wait_quiet], configs) if args.wait_quiet is not None else None
-    out = {"what": "bundled target (SmolLM2-135M, bf16, fast kernels) plain decoding, batch 1; N processes "
-                   "decoding in the same window, T torch threads each, under an OpenMP setting",
-           "command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cpus": os.cpu_count(),
-           "affinity": sorted(os.sched_getaffinity(0)), "niceness": os.nice(0), "platform": platform.platform(),
-           "openmp_libraries": info["openmp_libraries"],
-           "parallel_info": info["parallel_info"].splitlines()[:8],
-           "settings": {k: {kk: vv for kk, vv in setting_env(k).items() if vv is not None} for k in settings},
-           "window_s": args.window, "rounds": args.rounds, "seed": args.seed,
-           "load_average_at_start": [round(x, 2) for x in load_at_start],
-           "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-           "wall_s": round(time.time() - t_start, 1),
-           "summary": summary, **({"summary_quiet_windows": quiet} if quiet is not None else {}), "windows": windows}
+    quiet = (
+        summarize([w for w in windows if w["other_cpu_cores"] < args.wait_quiet], configs)
+        if args.wait_quiet is not None
+        else None
+    )
+    out = {
+        "what": "bundled target (SmolLM2-135M, bf16, fast kernels) plain decoding, batch 1; N processes "
+        "decoding in the same window, T torch threads each, under an OpenMP setting",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "niceness": os.nice(0),
+        "platform": platform.platform(),
+        "openmp_libraries": info["openmp_libraries"],
+        "parallel_info": info["parallel_info"].splitlines()[:8],
+        "settings": {k: {kk: vv for kk, vv in setting_env(k).items() if vv is not None} for k in settings},
+        "window_s": args.window,
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "load_average_at_start": [round(x, 2) for x in load_at_start],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "wall_s": round(time.time() - t_start, 1),
+        "summary": summary,
+        **({"summary_quiet_windows": quiet} if quiet is not None else {}),
+        "windows": windows,
+    }
     path = Path(args.json)
     runs = json.loads(path.read_text()).get("runs", {}) if path.is_file() else {}
     runs[args.label] = out

@@ -71,9 +71,15 @@ def time_passes(spec, ids: list[int], args) -> dict:
     cache0, state0 = pre.state.cache, pre.state.context_hidden
     n, last = len(ctx), out.tokens[-1]
     depth = args.depth or DEFAULT_DEPTH
-    res: dict = {"context_tokens": n, "chain_verify_ms": {}, "tree_verify_ms": {}, "draft_ms": {}, "build_ms": {}}
+    res: dict = {
+        "context_tokens": n,
+        "chain_verify_ms": {},
+        "tree_verify_ms": {},
+        "draft_ms": {},
+        "build_ms": {},
+    }
     for b in (1, 2, 3, 4, 6, 8, 16, 32, 64):
-        block = torch.tensor([last] + out.tokens[:b - 1] if b > 1 else [last])
+        block = torch.tensor([last] + out.tokens[: b - 1] if b > 1 else [last])
         res["chain_verify_ms"][b] = cpu_ms(lambda: t.verify(block, copy.deepcopy(cache0)), args.repeats)
     state = d.new_state(state0)
     d.draft_logits(state, last, 2)  # the context projected once, as decoding keeps it
@@ -91,7 +97,9 @@ def time_passes(spec, ids: list[int], args) -> dict:
 
         res["build_ms"][nodes] = cpu_ms(build, args.repeats)
         tree = build()
-        res["tree_verify_ms"][nodes] = cpu_ms(lambda: verify_tree(t, tree, last, n, copy.deepcopy(cache0)), args.repeats)
+        res["tree_verify_ms"][nodes] = cpu_ms(
+            lambda: verify_tree(t, tree, last, n, copy.deepcopy(cache0)), args.repeats
+        )
     base = res["chain_verify_ms"][1]
     res["verify_ratio_4_to_1"] = res["chain_verify_ms"][4] / base
     return res
@@ -107,8 +115,12 @@ def summarise(rows: list[dict], variants: list[str], base: str, n_boot: int = 20
         tok = np.array([r[v]["tokens"] for r in rows], float)
         s = {"cpu": np.array([r[v]["cpu_s"] for r in rows]), "wall": np.array([r[v]["wall_s"] for r in rows])}
         tau = sum(r[v]["committed"] for r in rows) / sum(r[v]["rounds"] for r in rows)
-        rec = {"tau": tau, "cpu_tok_s": tok.sum() / s["cpu"].sum(), "wall_tok_s": tok.sum() / s["wall"].sum(),
-               "differs_from_plain": sum(r[v]["divergence"] is not None for r in rows)}
+        rec = {
+            "tau": tau,
+            "cpu_tok_s": tok.sum() / s["cpu"].sum(),
+            "wall_tok_s": tok.sum() / s["wall"].sum(),
+            "differs_from_plain": sum(r[v]["divergence"] is not None for r in rows),
+        }
         for clock in ("cpu", "wall"):
             btok = np.array([r[base]["tokens"] for r in rows], float)
             bs = np.array([r[base][f"{clock}_s"] for r in rows])
@@ -117,13 +129,18 @@ def summarise(rows: list[dict], variants: list[str], base: str, n_boot: int = 20
                 return (tok[i].sum() / s[clock][i].sum()) / (btok[i].sum() / bs[i].sum())
 
             boot = np.array([ratio(i) for i in idx])
-            rec[f"{clock}_ratio_to_{base}"] = [float(ratio(np.arange(len(rows)))), float(np.quantile(boot, 0.025)),
-                                               float(np.quantile(boot, 0.975))]
+            rec[f"{clock}_ratio_to_{base}"] = [
+                float(ratio(np.arange(len(rows)))),
+                float(np.quantile(boot, 0.025)),
+                float(np.quantile(boot, 0.975)),
+            ]
         out[v] = rec
     return out
 
 
-def paired(rows: list[dict], a: str, b: str, clock: str = "cpu", n_boot: int = 2000, seed: int = 1) -> list[float]:
+def paired(
+    rows: list[dict], a: str, b: str, clock: str = "cpu", n_boot: int = 2000, seed: int = 1
+) -> list[float]:
     """Aggregate tokens/s of ``a`` over ``b`` and its paired 95% bootstrap interval over prompts."""
     rng = np.random.default_rng(seed)
     ta, tb = (np.array([r[v]["tokens"] for r in rows], float) for v in (a, b))
@@ -133,13 +150,19 @@ def paired(rows: list[dict], a: str, b: str, clock: str = "cpu", n_boot: int = 2
         return (ta[i].sum() / sa[i].sum()) / (tb[i].sum() / sb[i].sum())
 
     boot = np.array([ratio(i) for i in rng.integers(0, len(rows), size=(n_boot, len(rows)))])
-    return [float(ratio(np.arange(len(rows)))), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))]
+    return [
+        float(ratio(np.arange(len(rows)))),
+        float(np.quantile(boot, 0.025)),
+        float(np.quantile(boot, 0.975)),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=24)
-    ap.add_argument("--offset", type=int, default=346, help="first benchmark prompt (346 on: unseen by the head)")
+    ap.add_argument(
+        "--offset", type=int, default=346, help="first benchmark prompt (346 on: unseen by the head)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--chains", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--trees", default="4,8,16,32,64")
@@ -149,7 +172,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5, help="repeats of each pass timing")
     ap.add_argument("--no-passes", action="store_true", help="skip the pass timings")
-    ap.add_argument("--combine", type=Path, nargs="+", help="summarise these results' rows together (runs nothing)")
+    ap.add_argument(
+        "--combine", type=Path, nargs="+", help="summarise these results' rows together (runs nothing)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.combine:
@@ -164,10 +189,13 @@ def main() -> None:
     host = for_models(None, None, "fast", args.threads, "bfloat16")
     profile = LatencyProfile.load(host.profile_path)
     print(host.summary(), flush=True)
-    variants = ([f"chain:{b}" for b in args.chains.split(",") if b] + [f"tree:{n}" for n in args.trees.split(",") if n]
-                + [f"auto:{n}" for n in args.auto.split(",") if n])
+    variants = (
+        [f"chain:{b}" for b in args.chains.split(",") if b]
+        + [f"tree:{n}" for n in args.trees.split(",") if n]
+        + [f"auto:{n}" for n in args.auto.split(",") if n]
+    )
     budgets = {v: parse_variant(v, args, profile) for v in variants}
-    prompts = benchmark_prompts()[args.offset: args.offset + args.prompts]
+    prompts = benchmark_prompts()[args.offset : args.offset + args.prompts]
     warm = spec.target.encode_chat("Warm-up.")
     for b in budgets.values():
         spec.decode(spec.prefill(warm), b, 8)
@@ -178,15 +206,23 @@ def main() -> None:
     for i, p in enumerate(prompts):
         ids = spec.target.encode_chat(p.prompt)
         row: dict = {"domain": p.domain, "index": args.offset + i}
-        order = variants[i % len(variants):] + variants[: i % len(variants)]
+        order = variants[i % len(variants) :] + variants[: i % len(variants)]
         for v in order:
             pre = spec.prefill(ids)
             c0 = time.process_time()
             o = spec.decode(pre, budgets[v], args.max_new_tokens)
             cpu = time.process_time() - c0
-            row[v] = {"tokens": o.new_tokens, "cpu_s": cpu, "wall_s": o.decode_s, "rounds": len(o.rounds),
-                      "committed": sum(r.tau for r in o.rounds), "verified": sum(r.block_size for r in o.rounds),
-                      "draft_s": o.draft_s, "verify_s": o.verify_s, "out": o.tokens}
+            row[v] = {
+                "tokens": o.new_tokens,
+                "cpu_s": cpu,
+                "wall_s": o.decode_s,
+                "rounds": len(o.rounds),
+                "committed": sum(r.tau for r in o.rounds),
+                "verified": sum(r.block_size for r in o.rounds),
+                "draft_s": o.draft_s,
+                "verify_s": o.verify_s,
+                "out": o.tokens,
+            }
         plain = row["chain:1"]["out"]
         for v in variants:
             d = None if row[v]["out"] == plain else divergence(spec.target.model, ids, row[v]["out"], plain)
@@ -194,16 +230,31 @@ def main() -> None:
             del row[v]["out"]
         rows.append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".partial.json").write_text(json.dumps({"passes": passes, "rows": rows}, default=str))
+        args.out.with_suffix(".partial.json").write_text(
+            json.dumps({"passes": passes, "rows": rows}, default=str)
+        )
         base = row["chain:1"]["tokens"] / row["chain:1"]["cpu_s"]
-        print(f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<12} plain {base:5.1f} tok/s "
-              + " ".join(f"{v} {row[v]['committed'] / row[v]['rounds']:.2f}/{row[v]['tokens'] / row[v]['cpu_s'] / base:.2f}x"
-                         for v in variants[1:]), flush=True)
-    result = {"config": {k: str(v) for k, v in vars(args).items()}, "host": host.to_dict(), "host_summary": host.summary(),
-              "torch_capability": torch.backends.cpu.get_cpu_capability(),
-              "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")},
-              "load_average_start": load0, "load_average_end": os.getloadavg(), "seconds": time.perf_counter() - t0,
-              "passes": passes, "variants": variants, "rows": rows}
+        print(
+            f"[{i + 1}/{len(prompts)} {time.perf_counter() - t0:.0f}s] {p.domain:<12} plain {base:5.1f} tok/s "
+            + " ".join(
+                f"{v} {row[v]['committed'] / row[v]['rounds']:.2f}/{row[v]['tokens'] / row[v]['cpu_s'] / base:.2f}x"
+                for v in variants[1:]
+            ),
+            flush=True,
+        )
+    result = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "host": host.to_dict(),
+        "host_summary": host.summary(),
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")},
+        "load_average_start": load0,
+        "load_average_end": os.getloadavg(),
+        "seconds": time.perf_counter() - t0,
+        "passes": passes,
+        "variants": variants,
+        "rows": rows,
+    }
     report(result, args.out)
     args.out.with_suffix(".partial.json").unlink(missing_ok=True)
 
@@ -215,9 +266,18 @@ def combine(paths: list[Path], out: Path) -> None:
     variants = runs[0]["variants"]
     if any(r["variants"] != variants for r in runs):
         raise SystemExit("bench_trees --combine: the runs timed different variants")
-    result = dict(runs[0], rows=[row for r in runs for row in r["rows"]],
-                  runs=[{k: r[k] for k in ("config", "load_average_start", "load_average_end", "seconds", "torch_capability")}
-                        for r in runs], combined_from=[str(p) for p in paths])
+    result = dict(
+        runs[0],
+        rows=[row for r in runs for row in r["rows"]],
+        runs=[
+            {
+                k: r[k]
+                for k in ("config", "load_average_start", "load_average_end", "seconds", "torch_capability")
+            }
+            for r in runs
+        ],
+        combined_from=[str(p) for p in paths],
+    )
     report(result, out)
 
 
@@ -241,9 +301,11 @@ def report(result: dict, out: Path) -> None:
     out.write_text(json.dumps(result, indent=1, default=str))
     for v in variants:
         r = summary[v]
-        print(f"{v:<10} tau {r['tau']:.3f}  cpu {r['cpu_tok_s']:5.1f} tok/s ({r['cpu_ratio_to_chain:1'][0]:.3f}x plain "
-              f"[{r['cpu_ratio_to_chain:1'][1]:.3f}, {r['cpu_ratio_to_chain:1'][2]:.3f}])  wall {r['wall_tok_s']:5.1f} tok/s"
-              f"  differs from plain: {r['differs_from_plain']}")
+        print(
+            f"{v:<10} tau {r['tau']:.3f}  cpu {r['cpu_tok_s']:5.1f} tok/s ({r['cpu_ratio_to_chain:1'][0]:.3f}x plain "
+            f"[{r['cpu_ratio_to_chain:1'][1]:.3f}, {r['cpu_ratio_to_chain:1'][2]:.3f}])  wall {r['wall_tok_s']:5.1f} tok/s"
+            f"  differs from plain: {r['differs_from_plain']}"
+        )
     print(json.dumps(verdict))
 
 

@@ -45,8 +45,9 @@ COST_BLOCKS = (2, 3, 4, 5, 6, 8, 12, 16)
 
 
 # ------------------------------------------------------------------ acceptance
-def replay(accept: np.ndarray, n_tokens: int, block: int, draft_length: int | None,
-           max_new: int = 128) -> tuple[int, int]:
+def replay(
+    accept: np.ndarray, n_tokens: int, block: int, draft_length: int | None, max_new: int = 128
+) -> tuple[int, int]:
     """(rounds, tokens committed) of fixed ``block`` on one request's acceptance table: drafting
     each round's block alone (``draft_length`` None) or ``draft_length`` and verifying a prefix.
     A block is cut to the tokens left before ``max_new`` (the decoder's rule); a block of 1
@@ -83,9 +84,16 @@ def acceptance(tables: list[tuple[np.ndarray, int, int]], seed: int = 0, boots: 
             ratio = (pre[idx, 1].sum(1) / pre[idx, 0].sum(1)) / (alone[idx, 1].sum(1) / alone[idx, 0].sum(1))
             pos = np.concatenate([a for a, _, _ in tables])
             differ = 0.0 if b < 2 else float((np.minimum(pos[:, d - 2], b - 1) != pos[:, b - 2]).mean())
-            rows.append({"B": b, "tau_alone": float(t_alone), "tau_prefix": float(t_pre),
-                         "ratio": float(t_pre / t_alone), "ratio_ci95": [float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))],
-                         "positions_differ": differ})
+            rows.append(
+                {
+                    "B": b,
+                    "tau_alone": float(t_alone),
+                    "tau_prefix": float(t_pre),
+                    "ratio": float(t_pre / t_alone),
+                    "ratio_ci95": [float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))],
+                    "positions_differ": differ,
+                }
+            )
         out[str(d)] = rows
     return out
 
@@ -101,8 +109,11 @@ def fixture_tables(prompts: int, max_new: int) -> list[tuple[np.ndarray, int, in
     from adaptspec.decoding.acceptance import draft_acceptance
     from adaptspec.models import load_speculator
 
-    spec = load_speculator(str(ROOT / "tests/data/dflash-reference-tiny/target"),
-                           str(ROOT / "tests/data/dflash-trained-tiny/drafter"), dtype="float32")
+    spec = load_speculator(
+        str(ROOT / "tests/data/dflash-reference-tiny/target"),
+        str(ROOT / "tests/data/dflash-trained-tiny/drafter"),
+        dtype="float32",
+    )
     g = torch.Generator().manual_seed(999)
     out = []
     for _ in range(prompts):
@@ -177,9 +188,11 @@ def cost(spec, context_tokens: int, repeats: int, rows: tuple[int, ...], verify:
             for r, ss in states.items():
                 clock(f"draft/{r}/{b}", lambda: draft_logits_rows(drafter, ss, [last] * r, [b] * r))
             if verify:
+
                 def ver():
                     target.verify(torch.tensor([last] * b), cache, context=True)
                     target.crop(cache, context_tokens)
+
                 clock(f"verify/{b}", ver)
         if warm < 2:
             times.clear()
@@ -216,7 +229,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--fixture-prompts", type=int, default=16)
-    ap.add_argument("--check-prompts", type=int, default=8, help="public benchmark prompts decoded for real (bundled)")
+    ap.add_argument(
+        "--check-prompts", type=int, default=8, help="public benchmark prompts decoded for real (bundled)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/verify-budget.json"))
     args = ap.parse_args()
@@ -224,10 +239,18 @@ def main() -> None:
     from adaptspec.models import load_speculator
 
     t0 = time.time()
-    result = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads,
-                          "cpu_load_1min_at_start": __import__("os").getloadavg()[0]},
-              "command": "python benchmarks/bench_verify_budget.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("dense", "out"))}
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "cpu_load_1min_at_start": __import__("os").getloadavg()[0],
+        },
+        "command": "python benchmarks/bench_verify_budget.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("dense", "out")
+        ),
+    }
     tables = dense_tables(Path(args.dense))
     bundled_acc = acceptance(tables)
     print("bundled acceptance", f"{time.time() - t0:.0f}s", flush=True)
@@ -242,41 +265,65 @@ def main() -> None:
     print("bundled decoder check", f"{time.time() - t0:.0f}s", flush=True)
     result["bundled"] = {
         "acceptance_source": f"dense traces {args.dense} ({len(tables)} requests, "
-                             f"{sum(len(a) for a, _, _ in tables)} positions, T = 0, fast verification)",
+        f"{sum(len(a) for a, _, _ in tables)} positions, T = 0, fast verification)",
         "acceptance": bundled_acc,
         "cost_ms": {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in bundled_cost.items()},
-        "draft_extra_ms": {f"{r}rows/D{d}-B{b}": paired_diff(bundled_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
-                           for r in (1, 4, 8) for d in DRAFT_LENGTHS for b in (2, 3, 4, 6, 8) if b < d},
+        "draft_extra_ms": {
+            f"{r}rows/D{d}-B{b}": paired_diff(bundled_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
+            for r in (1, 4, 8)
+            for d in DRAFT_LENGTHS
+            for b in (2, 3, 4, 6, 8)
+            if b < d
+        },
         "speed": speeds(bundled_acc, bundled_cost),
         "context_tokens": args.context,
         "decoder_check": check,
     }
     fx_tables = fixture_tables(args.fixture_prompts, 96)
     fx_acc = acceptance(fx_tables)
-    fx = load_speculator(str(ROOT / "tests/data/dflash-reference-tiny/target"),
-                         str(ROOT / "tests/data/dflash-trained-tiny/drafter"), dtype="float32")
+    fx = load_speculator(
+        str(ROOT / "tests/data/dflash-reference-tiny/target"),
+        str(ROOT / "tests/data/dflash-trained-tiny/drafter"),
+        dtype="float32",
+    )
     fx_cost = cost(fx, 64, args.repeats, rows=(1, 8), verify=True)
     g = torch.Generator().manual_seed(999)  # the acceptance table's prompts
-    fx_prompts = [torch.randint(0, fx.target.vocab_size - 1, (12,), generator=g).tolist() for _ in range(args.fixture_prompts)]
+    fx_prompts = [
+        torch.randint(0, fx.target.vocab_size - 1, (12,), generator=g).tolist()
+        for _ in range(args.fixture_prompts)
+    ]
     fx_check = {b: decoder_check(fx, fx_prompts, b, 16, 96) for b in (4, 8)}
-    ref = load_speculator(str(ROOT / "tests/data/dflash-reference-tiny/target"),
-                          str(ROOT / "tests/data/dflash-reference-tiny/drafter"), dtype="float32")
+    ref = load_speculator(
+        str(ROOT / "tests/data/dflash-reference-tiny/target"),
+        str(ROOT / "tests/data/dflash-reference-tiny/drafter"),
+        dtype="float32",
+    )
     ref_cost = cost(ref, 64, args.repeats, rows=(1, 8), verify=False)
     result["dflash_trained_tiny"] = {
         "acceptance_source": f"the distilled DFlash fixture on its tiny random target, {len(fx_tables)} random "
-                             f"12-token prompts, 96 greedy tokens each, float32",
+        f"12-token prompts, 96 greedy tokens each, float32",
         "acceptance": fx_acc,
         "cost_ms": {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in fx_cost.items()},
-        "draft_extra_ms": {f"{r}rows/D{d}-B{b}": paired_diff(fx_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
-                           for r in (1, 8) for d in DRAFT_LENGTHS for b in (2, 4, 8) if b < d},
+        "draft_extra_ms": {
+            f"{r}rows/D{d}-B{b}": paired_diff(fx_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
+            for r in (1, 8)
+            for d in DRAFT_LENGTHS
+            for b in (2, 4, 8)
+            if b < d
+        },
         "speed": speeds(fx_acc, fx_cost),
         "decoder_check": fx_check,
     }
     result["dflash_reference_tiny"] = {
         "note": "random weights: accepts by chance only, so cost and not acceptance",
         "cost_ms": {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in ref_cost.items()},
-        "draft_extra_ms": {f"{r}rows/D{d}-B{b}": paired_diff(ref_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
-                           for r in (1, 8) for d in DRAFT_LENGTHS for b in (2, 4, 8) if b < d},
+        "draft_extra_ms": {
+            f"{r}rows/D{d}-B{b}": paired_diff(ref_cost, f"draft/{r}/{d}", f"draft/{r}/{b}")
+            for r in (1, 8)
+            for d in DRAFT_LENGTHS
+            for b in (2, 4, 8)
+            if b < d
+        },
     }
     result["wall_s"] = time.time() - t0
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

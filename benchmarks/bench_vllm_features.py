@@ -59,14 +59,18 @@ def prompt_ids_of(request_ids, target):
     for rid in request_ids:
         i = int(rid.rsplit("-", 1)[1])
         if prompts[i].domain != rid.rsplit("-", 1)[0]:
-            raise SystemExit(f"request {rid}: prompt {i} of the benchmark set is {prompts[i].domain}, not its domain")
+            raise SystemExit(
+                f"request {rid}: prompt {i} of the benchmark set is {prompts[i].domain}, not its domain"
+            )
         out[rid] = target.encode_chat(prompts[i].prompt)
     return out
 
 
 def hidden_features(ids_by_prompt, target):
     """The target's prefill features of every prompt (adaptspec.decoding.features' default spec)."""
-    return {rid: np.asarray(target.prefill(ids).features, dtype=np.float64) for rid, ids in ids_by_prompt.items()}
+    return {
+        rid: np.asarray(target.prefill(ids).features, dtype=np.float64) for rid, ids in ids_by_prompt.items()
+    }
 
 
 def contexts(name, train, test, P, H, L, Xp):
@@ -98,8 +102,11 @@ def score(choice, R, tokens, secs):
     fixed = int(np.argmax(R.sum(axis=0)))
     rate = tokens[rows, choice].sum() / secs[rows, choice].sum()
     best_rate = (tokens.sum(axis=0) / secs.sum(axis=0)).max()
-    return {"pct_oracle": float(pct_of(r, R.max(axis=1).sum())), "pct_best_fixed": float(pct_of(r, R[:, fixed].sum())),
-            "throughput_vs_best_fixed": float(rate / best_rate)}
+    return {
+        "pct_oracle": float(pct_of(r, R.max(axis=1).sum())),
+        "pct_best_fixed": float(pct_of(r, R[:, fixed].sum())),
+        "throughput_vs_best_fixed": float(rate / best_rate),
+    }
 
 
 def split(n_prompts, s, test_fraction):
@@ -122,8 +129,10 @@ def print_summary(summary: dict, names, width: int) -> None:
     """One line a context or policy: its % of the per-request oracle and of the best fixed size, with intervals."""
     for name in names:
         s_ = summary[name]
-        print(f"{name:{width}s} {s_['pct_oracle']['mean']:.1f}% of oracle {s_['pct_oracle']['ci95']}, "
-              f"{s_['pct_best_fixed']['mean']:.1f}% of best fixed {s_['pct_best_fixed']['ci95']}")
+        print(
+            f"{name:{width}s} {s_['pct_oracle']['mean']:.1f}% of oracle {s_['pct_oracle']['ci95']}, "
+            f"{s_['pct_best_fixed']['mean']:.1f}% of best fixed {s_['pct_best_fixed']['ci95']}"
+        )
 
 
 def main() -> int:
@@ -155,9 +164,13 @@ def main() -> int:
     ids = prompt_ids_of(prompts, target)
     for j, rid in enumerate(pooled.request_ids):  # the rebuilt ids are the ones vLLM ran
         b = base[j]
-        if len(ids[b]) != pooled.prompt_tokens[j] or not np.allclose(prompt_features(ids[b]), pooled.features[j, :6]):
+        if len(ids[b]) != pooled.prompt_tokens[j] or not np.allclose(
+            prompt_features(ids[b]), pooled.features[j, :6]
+        ):
             raise SystemExit(f"request {rid}: the rebuilt prompt is not the one collected")
-    H = np.stack([v for _, v in sorted(hidden_features(ids, target).items(), key=lambda kv: prompts.index(kv[0]))])
+    H = np.stack(
+        [v for _, v in sorted(hidden_features(ids, target).items(), key=lambda kv: prompts.index(kv[0]))]
+    )
     Xp, L = pooled.features[:, :6].astype(np.float64), pooled.features[:, 6:].astype(np.float64)
     R = pooled.reward_matrix("token_latency")
     tokens = np.clip(pooled.new_tokens_matrix() - 1, 0, None)
@@ -184,33 +197,60 @@ def main() -> int:
             runs[name].append(m)
         # the per-load best fixed of the training requests (a per-batch-size table), on the held-out ones
         table = np.array([int(np.argmax(R[train][conc[train] == c].sum(axis=0))) for c in conc[test]])
-        refs["table_over_best_fixed_pct"].append(score(table, R[test], tokens[test], secs[test])["pct_best_fixed"])
-        refs["oracle_over_best_fixed"].append(score(R[test].argmax(axis=1), R[test], tokens[test], secs[test])["pct_best_fixed"])
-        print(f"split {s}: " + ", ".join(f"{n} {runs[n][-1]['pct_oracle']:.1f}" for n in CONTEXTS), flush=True)
+        refs["table_over_best_fixed_pct"].append(
+            score(table, R[test], tokens[test], secs[test])["pct_best_fixed"]
+        )
+        refs["oracle_over_best_fixed"].append(
+            score(R[test].argmax(axis=1), R[test], tokens[test], secs[test])["pct_best_fixed"]
+        )
+        print(
+            f"split {s}: " + ", ".join(f"{n} {runs[n][-1]['pct_oracle']:.1f}" for n in CONTEXTS), flush=True
+        )
 
     summary = {}
     for name in CONTEXTS:
-        summary[name] = {k: interval([r[k] for r in runs[name]]) for k in ("pct_oracle", "pct_best_fixed",
-                                                                           "throughput_vs_best_fixed", "accuracy")}
+        summary[name] = {
+            k: interval([r[k] for r in runs[name]])
+            for k in ("pct_oracle", "pct_best_fixed", "throughput_vs_best_fixed", "accuracy")
+        }
         summary[name]["minus_prompt_load_pct_oracle"] = interval(
-            [a["pct_oracle"] - b["pct_oracle"] for a, b in zip(runs[name], runs["prompt+load"])])
+            [a["pct_oracle"] - b["pct_oracle"] for a, b in zip(runs[name], runs["prompt+load"])]
+        )
     summary["per_request_oracle_pct_best_fixed"] = interval(refs["oracle_over_best_fixed"])
     summary["per_load_table_pct_best_fixed"] = interval(refs["table_over_best_fixed_pct"])
     per_level = {}
     for c in sorted(set(conc.tolist())):
         rows = conc == c
-        per_level[str(c)] = {"requests": int(rows.sum()),
-                             "best_fixed": int(arms[int(np.argmax(R[rows].sum(axis=0)))]),
-                             "tokens_per_s_by_block_size": dict(zip(map(str, arms), (tokens[rows].sum(0) / secs[rows].sum(0)).round(3).tolist())),
-                             "oracle_pct_best_fixed": score(R[rows].argmax(axis=1), R[rows], tokens[rows], secs[rows])["pct_best_fixed"]}
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "traces": [str(t) for t in args.traces],
-              "target": args.target, "requests": int(pooled.n_requests), "prompts": len(prompts),
-              "arms": arms, "concurrency": pooled.meta["concurrency"], "splits": args.splits,
-              "test_fraction": args.test_fraction, "reward": "token_latency",
-              "learner": "adaptspec.policies.offline_head.train_head (regression, hidden 64,32, the train-head defaults)",
-              "hidden_features": f"{target.feature_spec} ({H.shape[1]} values) -> standardise + whitened PCA 32, log length kept",
-              "per_level": per_level, "summary": summary, "runs": runs, "references": refs,
-              "wall_s": round(time.time() - t_start, 1), "load_average_at_end": list(os.getloadavg())}
+        per_level[str(c)] = {
+            "requests": int(rows.sum()),
+            "best_fixed": int(arms[int(np.argmax(R[rows].sum(axis=0)))]),
+            "tokens_per_s_by_block_size": dict(
+                zip(map(str, arms), (tokens[rows].sum(0) / secs[rows].sum(0)).round(3).tolist())
+            ),
+            "oracle_pct_best_fixed": score(R[rows].argmax(axis=1), R[rows], tokens[rows], secs[rows])[
+                "pct_best_fixed"
+            ],
+        }
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "traces": [str(t) for t in args.traces],
+        "target": args.target,
+        "requests": int(pooled.n_requests),
+        "prompts": len(prompts),
+        "arms": arms,
+        "concurrency": pooled.meta["concurrency"],
+        "splits": args.splits,
+        "test_fraction": args.test_fraction,
+        "reward": "token_latency",
+        "learner": "adaptspec.policies.offline_head.train_head (regression, hidden 64,32, the train-head defaults)",
+        "hidden_features": f"{target.feature_spec} ({H.shape[1]} values) -> standardise + whitened PCA 32, log length kept",
+        "per_level": per_level,
+        "summary": summary,
+        "runs": runs,
+        "references": refs,
+        "wall_s": round(time.time() - t_start, 1),
+        "load_average_at_end": list(os.getloadavg()),
+    }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_summary(summary, CONTEXTS, 20)
     print(f"wrote {args.out}")

@@ -57,10 +57,19 @@ def one_run(server: Server, prompts: list[str], clients: int, requests: int, max
     done, wall = closed_loop(server.url, prompts, clients, requests, max_tokens)
     cpu1, counters1 = process_cpu(server), server.counters()
     tokens = sum(r["tokens"] for r in done)
-    counters = {k: v - counters0.get(k, 0.0) for k, v in counters1.items() if k != "cpu_s" and v - counters0.get(k, 0.0)}
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "cpu_ms_per_token": {k: 1000 * (cpu1[k] - cpu0[k]) / tokens for k in cpu1}, "counters": counters,
-            "texts": [r["text"] for r in done]}
+    counters = {
+        k: v - counters0.get(k, 0.0)
+        for k, v in counters1.items()
+        if k != "cpu_s" and v - counters0.get(k, 0.0)
+    }
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "cpu_ms_per_token": {k: 1000 * (cpu1[k] - cpu0[k]) / tokens for k in cpu1},
+        "counters": counters,
+        "texts": [r["text"] for r in done],
+    }
 
 
 def summarize(runs: dict[str, list[dict]], names: list[str], instances: int) -> dict:
@@ -74,7 +83,9 @@ def summarize(runs: dict[str, list[dict]], names: list[str], instances: int) -> 
         order = [r["instance"] for r in runs[names[0]]]
         for s in out.values():
             logs = np.log(s["per_repeat"])
-            per_instance = [float(np.exp(np.mean([x for x, j in zip(logs, order) if j == k]))) for k in range(instances)]
+            per_instance = [
+                float(np.exp(np.mean([x for x, j in zip(logs, order) if j == k]))) for k in range(instances)
+            ]
             s["by_instance"] = paired_ratio(per_instance, [1.0] * instances)
     return out
 
@@ -86,17 +97,26 @@ def main() -> None:
     ap.add_argument("--configs", required=True, help="bench_vllm configuration names, the first the baseline")
     ap.add_argument("--clients", type=int, required=True)
     ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--instances", type=int, default=1,
-                    help="start every server afresh this many times, the pairs shared out between them")
+    ap.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="start every server afresh this many times, the pairs shared out between them",
+    )
     ap.add_argument("--requests-per-client", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--max-num-seqs", type=int, default=8, help="vLLM's --max-num-seqs (bench_vllm: its largest level)")
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=8, help="vLLM's --max-num-seqs (bench_vllm: its largest level)"
+    )
     ap.add_argument("--adaptive-max-k", type=int, default=8)
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--ld-preload", default=str(CHECKOUT / ".venv-vllm" / "lib" / "libiomp5.so"))
-    ap.add_argument("--plugin-entries", default="{}",
-                    help="settings of single plug-in configurations (JSON: configuration -> settings), as bench_vllm's, "
-                         "e.g. '{\"adaptive-bf16\": {\"latency\": \"cpu-smollm2-bf16\"}}'")
+    ap.add_argument(
+        "--plugin-entries",
+        default="{}",
+        help="settings of single plug-in configurations (JSON: configuration -> settings), as bench_vllm's, "
+        'e.g. \'{"adaptive-bf16": {"latency": "cpu-smollm2-bf16"}}\'',
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     # what bench_vllm.server_command reads, at bench_vllm's defaults
@@ -107,7 +127,11 @@ def main() -> None:
     prompts = [p.prompt for p in benchmark_prompts()][1::2]  # the odd-numbered half, as bench_vllm's default
     names = args.configs.split(",")
     requests = args.clients * args.requests_per_client
-    results: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "host": host(), "runs": {n: [] for n in names}}
+    results: dict = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "host": host(),
+        "runs": {n: [] for n in names},
+    }
     t0 = time.time()
     if not 1 <= args.instances <= args.pairs:
         ap.error(f"--instances {args.instances}: give 1 to --pairs ({args.pairs})")
@@ -118,22 +142,34 @@ def main() -> None:
                 for s in servers.values():
                     s.wait_ready(600)
                 for s in servers.values():  # first-call costs, unmeasured
-                    closed_loop(s.url, prompts[-args.clients:], args.clients, args.clients, args.max_tokens)
+                    closed_loop(s.url, prompts[-args.clients :], args.clients, args.clients, args.max_tokens)
                 for i in range(j, args.pairs, args.instances):
                     start = (i * requests) % len(prompts)
                     these = prompts[start:] + prompts[:start]
                     for n in names if i % 2 == 0 else names[::-1]:
-                        run = one_run(servers[n], these, args.clients, requests, args.max_tokens) | {"pair": i, "instance": j}
+                        run = one_run(servers[n], these, args.clients, requests, args.max_tokens) | {
+                            "pair": i,
+                            "instance": j,
+                        }
                         results["runs"][n].append(run)
-                        print(f"instance {j} pair {i} {n}: {run['tokens_per_s']:.1f} tok/s, CPU ms a token "
-                              f"{ {k: round(v, 2) for k, v in run['cpu_ms_per_token'].items()} }", flush=True)
+                        print(
+                            f"instance {j} pair {i} {n}: {run['tokens_per_s']:.1f} tok/s, CPU ms a token "
+                            f"{ {k: round(v, 2) for k, v in run['cpu_ms_per_token'].items()} }",
+                            flush=True,
+                        )
             finally:
                 for s in servers.values():
                     s.stop()
     base = names[0]
     results["summary"] = summarize(results["runs"], names, args.instances)
-    results["identical_to_first"] = {n: sum(a == b for r, q in zip(results["runs"][n], results["runs"][base])
-                                            for a, b in zip(r["texts"], q["texts"])) for n in names[1:]}
+    results["identical_to_first"] = {
+        n: sum(
+            a == b
+            for r, q in zip(results["runs"][n], results["runs"][base])
+            for a, b in zip(r["texts"], q["texts"])
+        )
+        for n in names[1:]
+    }
     for runs in results["runs"].values():
         for r in runs:
             r.pop("texts")
@@ -145,8 +181,10 @@ def main() -> None:
         lo, hi = s["ci95"] or (None, None)
         inst = s.get("by_instance")
         over = f", over instances [{inst['ci95'][0]:.3f}, {inst['ci95'][1]:.3f}]" if inst else ""
-        print(f"{n} / {base}: {s['geomean']:.3f} [{lo:.3f}, {hi:.3f}]{over}, identical responses "
-              f"{results['identical_to_first'][n]} of {requests * args.pairs}")
+        print(
+            f"{n} / {base}: {s['geomean']:.3f} [{lo:.3f}, {hi:.3f}]{over}, identical responses "
+            f"{results['identical_to_first'][n]} of {requests * args.pairs}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,14 @@ class StepScheduler(Scheduler):  # type: ignore[misc,valid-type]
         if self._choices:
             out.num_spec_tokens_to_schedule = self._rng.choice(self._choices)
         self._k = out.num_spec_tokens_to_schedule
-        if self._mark_idle and self._k == 0 and all(
-                (r := self.requests.get(rid)) is not None and r.num_output_tokens for rid in out.num_scheduled_tokens):
+        if (
+            self._mark_idle
+            and self._k == 0
+            and all(
+                (r := self.requests.get(rid)) is not None and r.num_output_tokens
+                for rid in out.num_scheduled_tokens
+            )
+        ):
             from adaptspec.vllm.idle_drafter import MARK
 
             setattr(out, MARK, True)  # as the plug-in marks a step none of whose requests drafts
@@ -84,11 +90,23 @@ class StepScheduler(Scheduler):  # type: ignore[misc,valid-type]
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         step_s = time.perf_counter() - self._t0
         n = scheduler_output.num_scheduled_tokens
-        prefill = sum(c for rid, c in n.items() if (r := self.requests.get(rid)) is not None and not r.num_output_tokens)
+        prefill = sum(
+            c for rid, c in n.items() if (r := self.requests.get(rid)) is not None and not r.num_output_tokens
+        )
         verified = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
-        self._log.write(json.dumps({"rows": len(n), "tokens": scheduler_output.total_num_scheduled_tokens,
-                                    "prefill_tokens": prefill, "verified": verified, "k": self._k,
-                                    "step_s": step_s}) + "\n")
+        self._log.write(
+            json.dumps(
+                {
+                    "rows": len(n),
+                    "tokens": scheduler_output.total_num_scheduled_tokens,
+                    "prefill_tokens": prefill,
+                    "verified": verified,
+                    "k": self._k,
+                    "step_s": step_s,
+                }
+            )
+            + "\n"
+        )
         return super().update_from_output(scheduler_output, model_runner_output)
 
 
@@ -101,13 +119,25 @@ def engine(args, name: str, log: Path):
     steps: dict[str, Any] = {"log": str(log)}
     if name in ("dflash", "skip"):
         spec = {"method": "dflash", "model": str(args.drafter), "num_speculative_tokens": args.k}
-        steps["k_choices"] = [0] * (args.k // 2) + list(range(args.k + 1))  # k = 0 a third of the steps (K = 8)
+        steps["k_choices"] = [0] * (args.k // 2) + list(
+            range(args.k + 1)
+        )  # k = 0 a third of the steps (K = 8)
     if name == "skip":
         steps["mark_idle"] = True
         extension = {"worker_extension_cls": QUALNAME}
-    return LLM(model=str(args.target), dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
-               max_num_seqs=max(args.rows), speculative_config=spec, disable_log_stats=True,
-               scheduler_cls="bench_vllm_steps.StepScheduler", additional_config={"steps": steps}, **extension)
+    return LLM(
+        model=str(args.target),
+        dtype="float32",
+        max_model_len=2048,
+        enforce_eager=True,
+        seed=0,
+        max_num_seqs=max(args.rows),
+        speculative_config=spec,
+        disable_log_stats=True,
+        scheduler_cls="bench_vllm_steps.StepScheduler",
+        additional_config={"steps": steps},
+        **extension,
+    )
 
 
 def chat_prompts(target: Path, split: str) -> list[list[int]]:
@@ -118,13 +148,17 @@ def chat_prompts(target: Path, split: str) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(str(target))
     every = [p.prompt for p in benchmark_prompts()]
     chosen = {"odd": every[1::2], "even": every[0::2], "all": every}[split]
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in chosen]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in chosen
+    ]
     return [list(tok(t, add_special_tokens=False).input_ids) for t in texts]
 
 
 def read_steps(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
 
 
 def is_floor(s: dict) -> bool:
@@ -132,8 +166,9 @@ def is_floor(s: dict) -> bool:
     return not s["prefill_tokens"] and s["k"] == 0 and s["verified"] == 0
 
 
-def floor_by_repeat(plain: list[dict], other: list[dict], plain_marks: list[dict], other_marks: list[dict],
-                    rows: int) -> dict | None:
+def floor_by_repeat(
+    plain: list[dict], other: list[dict], plain_marks: list[dict], other_marks: list[dict], rows: int
+) -> dict | None:
     """Per repeat at ``rows``: the mean floor step of ``other`` over the mean decode step of ``plain``
     (the same repeat's calls); their geometric mean and 95% t-interval over the repeats."""
     import numpy as np
@@ -144,8 +179,11 @@ def floor_by_repeat(plain: list[dict], other: list[dict], plain_marks: list[dict
         out = {}
         for m in marks:
             if m["rows"] == rows:
-                xs = [s["step_s"] for s in steps[m["first_step"]:m["last_step"]]
-                      if s["rows"] == rows and not s["prefill_tokens"] and keep(s)]
+                xs = [
+                    s["step_s"]
+                    for s in steps[m["first_step"] : m["last_step"]]
+                    if s["rows"] == rows and not s["prefill_tokens"] and keep(s)
+                ]
                 if xs:
                     out[m["repeat"]] = float(np.mean(xs))
         return out
@@ -155,11 +193,19 @@ def floor_by_repeat(plain: list[dict], other: list[dict], plain_marks: list[dict
     ci = mean_interval(logs, 0.95)
     if ci is None:
         return None
-    return {"repeats": len(logs), "geomean": float(np.exp(logs.mean())), "ci95": [float(np.exp(ci[0])), float(np.exp(ci[1]))]}
+    return {
+        "repeats": len(logs),
+        "geomean": float(np.exp(logs.mean())),
+        "ci95": [float(np.exp(ci[0])), float(np.exp(ci[1]))],
+    }
 
 
-def summarize(plain: list[dict], dflash: list[dict], plain_marks: list[dict] | None = None,
-              dflash_marks: list[dict] | None = None) -> dict:
+def summarize(
+    plain: list[dict],
+    dflash: list[dict],
+    plain_marks: list[dict] | None = None,
+    dflash_marks: list[dict] | None = None,
+) -> dict:
     """Per rows: plain's mean step, the floor's (k = 0 after k = 0, no prefill) and the ratio (also by
     repeat, given the calls' marks), the fit."""
     import numpy as np
@@ -169,26 +215,40 @@ def summarize(plain: list[dict], dflash: list[dict], plain_marks: list[dict] | N
         p = [s["step_s"] for s in plain if s["rows"] == rows and not s["prefill_tokens"]]
         d = [s for s in dflash if s["rows"] == rows and not s["prefill_tokens"]]
         floor = [s["step_s"] for s in d if is_floor(s)]
-        entry: dict = {"plain_steps": len(p), "plain_mean_s": float(np.mean(p)) if p else None,
-                       "plain_median_s": float(np.median(p)) if p else None,
-                       "floor_steps": len(floor), "floor_mean_s": float(np.mean(floor)) if floor else None,
-                       "floor_median_s": float(np.median(floor)) if floor else None}
+        entry: dict = {
+            "plain_steps": len(p),
+            "plain_mean_s": float(np.mean(p)) if p else None,
+            "plain_median_s": float(np.median(p)) if p else None,
+            "floor_steps": len(floor),
+            "floor_mean_s": float(np.mean(floor)) if floor else None,
+            "floor_median_s": float(np.median(floor)) if floor else None,
+        }
         if p and floor:
             entry["floor_over_plain_mean"] = entry["floor_mean_s"] / entry["plain_mean_s"]
             entry["floor_over_plain_median"] = entry["floor_median_s"] / entry["plain_median_s"]
             if plain_marks and dflash_marks:
-                entry["floor_over_plain_by_repeat"] = floor_by_repeat(plain, dflash, plain_marks, dflash_marks, rows)
+                entry["floor_over_plain_by_repeat"] = floor_by_repeat(
+                    plain, dflash, plain_marks, dflash_marks, rows
+                )
         if len(d) >= 8:
             x = np.array([[1.0, s["tokens"], rows * (1 + s["k"])] for s in d])
             y = np.array([s["step_s"] for s in d])
             coef, *_ = np.linalg.lstsq(x, y, rcond=None)
             resid = y - x @ coef
-            entry["fit"] = {"a_s": float(coef[0]), "per_target_token_s": float(coef[1]),
-                            "per_drafter_query_s": float(coef[2]), "steps": len(d),
-                            "residual_sd_s": float(resid.std(ddof=3))}
-            entry["by_k"] = {str(k): float(np.median([s["step_s"] for s in d if s["k"] == k and s["verified"] == rows * k]))
-                             for k in sorted({s["k"] for s in d})
-                             if any(s["k"] == k and s["verified"] == rows * k for s in d)}
+            entry["fit"] = {
+                "a_s": float(coef[0]),
+                "per_target_token_s": float(coef[1]),
+                "per_drafter_query_s": float(coef[2]),
+                "steps": len(d),
+                "residual_sd_s": float(resid.std(ddof=3)),
+            }
+            entry["by_k"] = {
+                str(k): float(
+                    np.median([s["step_s"] for s in d if s["k"] == k and s["verified"] == rows * k])
+                )
+                for k in sorted({s["k"] for s in d})
+                if any(s["k"] == k and s["verified"] == rows * k for s in d)
+            }
         out[str(rows)] = entry
     return out
 
@@ -233,14 +293,26 @@ def main() -> None:
                 before = len(read_steps(logs[n]))
                 t0 = time.perf_counter()
                 engines[n].generate(batch, params, use_tqdm=False)
-                marks[n].append({"repeat": rep, "rows": rows, "wall_s": time.perf_counter() - t0,
-                                 "first_step": before, "last_step": len(read_steps(logs[n]))})
+                marks[n].append(
+                    {
+                        "repeat": rep,
+                        "rows": rows,
+                        "wall_s": time.perf_counter() - t0,
+                        "first_step": before,
+                        "last_step": len(read_steps(logs[n])),
+                    }
+                )
                 print(f"repeat {rep} rows {rows} {n}: {marks[n][-1]['wall_s']:.1f} s", flush=True)
     steps = {n: read_steps(p) for n, p in logs.items()}
-    result = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "load_average_at_start": load_start, "load_average_at_end": list(os.getloadavg()),
-              "runs": marks, "summary": {n: summarize(steps["plain"], steps[n], marks["plain"], marks[n])
-                                         for n in names if n != "plain"}}
+    result = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "load_average_at_start": load_start,
+        "load_average_at_end": list(os.getloadavg()),
+        "runs": marks,
+        "summary": {
+            n: summarize(steps["plain"], steps[n], marks["plain"], marks[n]) for n in names if n != "plain"
+        },
+    }
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
 

@@ -37,12 +37,25 @@ def vllm_part(job: dict) -> dict:
 
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
     sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
-    common = dict(model=job["target"], dtype="float32", max_model_len=2048, enforce_eager=True, max_num_seqs=8,
-                  disable_log_stats=False, seed=0)
+    common = dict(
+        model=job["target"],
+        dtype="float32",
+        max_model_len=2048,
+        enforce_eager=True,
+        max_num_seqs=8,
+        disable_log_stats=False,
+        seed=0,
+    )
     out: dict = {}
     t0 = time.time()
-    llm = LLM(speculative_config={"method": "dflash", "model": job["drafter"],
-                                  "num_speculative_tokens": job["block_size"] - 1}, **common)
+    llm = LLM(
+        speculative_config={
+            "method": "dflash",
+            "model": job["drafter"],
+            "num_speculative_tokens": job["block_size"] - 1,
+        },
+        **common,
+    )
     spec = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp)]
     metrics = {m.name: m for m in llm.get_metrics()}
     drafts = metrics["vllm:spec_decode_num_drafts"].value
@@ -60,8 +73,10 @@ def vllm_part(job: dict) -> dict:
     plain = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp)]
     out["identical_to_plain"] = sum(a == b for a, b in zip(spec, plain))
     out["differing"] = [i for i, (a, b) in enumerate(zip(spec, plain)) if a != b]
-    out["first_difference"] = [next(j for j, (x, y) in enumerate(zip(spec[i] + [-1], plain[i] + [-2])) if x != y)
-                               for i in out["differing"]]
+    out["first_difference"] = [
+        next(j for j, (x, y) in enumerate(zip(spec[i] + [-1], plain[i] + [-2])) if x != y)
+        for i in out["differing"]
+    ]
     out["tokens"] = sum(len(t) for t in spec)
     return out
 
@@ -100,18 +115,45 @@ def main() -> None:
 
     _, tok = load_target(args.vllm_target, dtype="float32")
     chosen = benchmark_prompts(per_benchmark=args.per_benchmark)
-    ids = [tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
-                                   tokenize=True, return_dict=False) for p in chosen]
-    results: dict = {"settings": {k: str(v) for k, v in vars(args).items() if k != "vllm_job"},
-                     "prompts": [p.domain for p in chosen]}
+    ids = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p.prompt}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for p in chosen
+    ]
+    results: dict = {
+        "settings": {k: str(v) for k, v in vars(args).items() if k != "vllm_job"},
+        "prompts": [p.domain for p in chosen],
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        job = {"prompts": ids, "target": args.vllm_target, "drafter": args.vllm_drafter, "block_size": args.block_size,
-               "max_tokens": args.max_tokens, "out": str(Path(tmp) / "vllm.json")}
+        job = {
+            "prompts": ids,
+            "target": args.vllm_target,
+            "drafter": args.vllm_drafter,
+            "block_size": args.block_size,
+            "max_tokens": args.max_tokens,
+            "out": str(Path(tmp) / "vllm.json"),
+        }
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         env = {**os.environ, "LD_PRELOAD": args.ld_preload, "VLLM_CPU_KVCACHE_SPACE": "1"}
-        subprocess.run([args.vllm_python, __file__, "--vllm-target", args.vllm_target, "--vllm-drafter",
-                        args.vllm_drafter, "--vllm-job", str(Path(tmp) / "job.json")], check=True, env=env,
-                       cwd=tmp)
+        subprocess.run(
+            [
+                args.vllm_python,
+                __file__,
+                "--vllm-target",
+                args.vllm_target,
+                "--vllm-drafter",
+                args.vllm_drafter,
+                "--vllm-job",
+                str(Path(tmp) / "job.json"),
+            ],
+            check=True,
+            env=env,
+            cwd=tmp,
+        )
         results["vllm"] = json.loads((Path(tmp) / "vllm.json").read_text())
     print("vllm", json.dumps(results["vllm"]), flush=True)
     results["adaptspec"] = {}

@@ -77,7 +77,13 @@ def main() -> int:
     R = pooled.reward_matrix("token_latency")
     tokens, secs = np.clip(pooled.new_tokens_matrix() - 1, 0, None), pooled.decode_s_matrix()
     conc = pooled.column("concurrency")
-    names = ["neural-linear (warm)", "head (frozen)", f"{cold} (cold default)", "best fixed", "per-load table"]
+    names = [
+        "neural-linear (warm)",
+        "head (frozen)",
+        f"{cold} (cold default)",
+        "best fixed",
+        "per-load table",
+    ]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         for s in range(args.splits):
@@ -88,25 +94,68 @@ def main() -> int:
             pooled.subset(test).write(root / "test")
             cli(["train-head", str(root / "train"), "--out", str(root / "head"), "--seed", str(s), "--json"])
             head = root / "head"
-            report = json.loads(cli(["simulate", str(root / "test"), "--policy", f"neural-linear:head={head}",
-                                     "--policy", f"head:path={head}", "--policy", cold,
-                                     "--seeds", str(args.seeds), "--order", "shuffled", "--no-progress", "--json"]))
+            report = json.loads(
+                cli(
+                    [
+                        "simulate",
+                        str(root / "test"),
+                        "--policy",
+                        f"neural-linear:head={head}",
+                        "--policy",
+                        f"head:path={head}",
+                        "--policy",
+                        cold,
+                        "--seeds",
+                        str(args.seeds),
+                        "--order",
+                        "shuffled",
+                        "--no-progress",
+                        "--json",
+                    ]
+                )
+            )
             pols = report["policies"]  # in the order of the --policy flags
             for name, p in zip(names[:3], pols[:3]):
-                runs[name].append({"pct_oracle": p["pct_oracle"], "pct_best_fixed": p["pct_best_fixed"],
-                                   "policy": p["policy"]})
-            runs["best fixed"].append({"pct_oracle": report["best_fixed"]["pct_oracle"], "pct_best_fixed": 100.0,
-                                       "block_size": report["best_fixed"]["block_size"]})
+                runs[name].append(
+                    {
+                        "pct_oracle": p["pct_oracle"],
+                        "pct_best_fixed": p["pct_best_fixed"],
+                        "policy": p["policy"],
+                    }
+                )
+            runs["best fixed"].append(
+                {
+                    "pct_oracle": report["best_fixed"]["pct_oracle"],
+                    "pct_best_fixed": 100.0,
+                    "block_size": report["best_fixed"]["block_size"],
+                }
+            )
             table = np.array([int(np.argmax(R[train][conc[train] == c].sum(axis=0))) for c in conc[test]])
             m = score(table, R[test], tokens[test], secs[test])
-            runs["per-load table"].append({"pct_oracle": m["pct_oracle"], "pct_best_fixed": m["pct_best_fixed"]})
-            print(f"split {s}: " + ", ".join(f"{n} {runs[n][-1]['pct_oracle']:.1f}" for n in names), flush=True)
-    summary = {n: {k: interval([r[k] for r in runs[n]]) for k in ("pct_oracle", "pct_best_fixed")} for n in names}
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "traces": [str(t) for t in args.traces],
-              "requests": int(pooled.n_requests), "prompts": len(prompts), "arms": arms,
-              "concurrency": pooled.meta["concurrency"], "splits": args.splits, "test_fraction": args.test_fraction,
-              "orders_per_split": args.seeds, "reward": "token_latency", "summary": summary, "runs": runs,
-              "wall_s": round(time.time() - t0, 1)}
+            runs["per-load table"].append(
+                {"pct_oracle": m["pct_oracle"], "pct_best_fixed": m["pct_best_fixed"]}
+            )
+            print(
+                f"split {s}: " + ", ".join(f"{n} {runs[n][-1]['pct_oracle']:.1f}" for n in names), flush=True
+            )
+    summary = {
+        n: {k: interval([r[k] for r in runs[n]]) for k in ("pct_oracle", "pct_best_fixed")} for n in names
+    }
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "traces": [str(t) for t in args.traces],
+        "requests": int(pooled.n_requests),
+        "prompts": len(prompts),
+        "arms": arms,
+        "concurrency": pooled.meta["concurrency"],
+        "splits": args.splits,
+        "test_fraction": args.test_fraction,
+        "orders_per_split": args.seeds,
+        "reward": "token_latency",
+        "summary": summary,
+        "runs": runs,
+        "wall_s": round(time.time() - t0, 1),
+    }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_summary(summary, names, 28)
     print(f"wrote {args.out}")

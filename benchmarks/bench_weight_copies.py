@@ -38,19 +38,42 @@ def main() -> None:
     best: dict[str, dict[tuple[int, int], dict]] = {d: {} for d in DTYPES}
     for _ in range(args.rounds):
         for d, spec in specs.items():
-            for r in measure_surface(spec.target, spec.drafter, rows=rows, tokens=tokens, contexts=[128],
-                                     repeats=args.repeats, cpu_time=True):
+            for r in measure_surface(
+                spec.target,
+                spec.drafter,
+                rows=rows,
+                tokens=tokens,
+                contexts=[128],
+                repeats=args.repeats,
+                cpu_time=True,
+            ):
                 cell = (r["batch_size"], r["block_size"])
-                if cell not in best[d] or r["verify_s"] + r["draft_s"] < best[d][cell]["verify_s"] + best[d][cell]["draft_s"]:
+                if (
+                    cell not in best[d]
+                    or r["verify_s"] + r["draft_s"] < best[d][cell]["verify_s"] + best[d][cell]["draft_s"]
+                ):
                     best[d][cell] = r
-    table = {d: [{"rows": m, "tokens": b, "verify_ms": round(1e3 * r["verify_s"], 2), "draft_ms": round(1e3 * r["draft_s"], 2)}
-                 for (m, b), r in sorted(cells.items())] for d, cells in best.items()}
+    table = {
+        d: [
+            {
+                "rows": m,
+                "tokens": b,
+                "verify_ms": round(1e3 * r["verify_s"], 2),
+                "draft_ms": round(1e3 * r["draft_s"], 2),
+            }
+            for (m, b), r in sorted(cells.items())
+        ]
+        for d, cells in best.items()
+    }
     out = {"capability": str(torch.backends.cpu.get_cpu_capability()), "threads": 1, "passes": table}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(f"{'rows x tokens':<14}" + "".join(f"{d:>12}" for d in DTYPES) + "   verify ms (CPU, one thread)")
     for i, row in enumerate(table[DTYPES[0]]):
-        print(f"{row['rows']} x {row['tokens']:<10}" + "".join(f"{table[d][i]['verify_ms']:>12.1f}" for d in DTYPES))
+        print(
+            f"{row['rows']} x {row['tokens']:<10}"
+            + "".join(f"{table[d][i]['verify_ms']:>12.1f}" for d in DTYPES)
+        )
 
 
 if __name__ == "__main__":

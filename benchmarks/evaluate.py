@@ -21,5 +21,14 @@ if __name__ == "__main__":
     if any(a in ("-h", "--help") for a in argv):
         sys.exit(main(["evaluate", "--help"]))
     force = [] if "--force" in argv else ["--force"]
-    sys.exit(main(["evaluate", "--command-line", "python benchmarks/evaluate.py" + "".join(" " + shlex.quote(a) for a in argv),
-                   *force, *argv]))
+    sys.exit(
+        main(
+            [
+                "evaluate",
+                "--command-line",
+                "python benchmarks/evaluate.py" + "".join(" " + shlex.quote(a) for a in argv),
+                *force,
+                *argv,
+            ]
+        )
+    )

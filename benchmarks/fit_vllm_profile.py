@@ -64,14 +64,22 @@ def decode_steps(result: Path) -> list[dict]:
     """The logged steps with rows and no prompt token (decode steps), each with the seconds it would
     have taken drafting as many queries as it verified (see the module docstring)."""
     summary = json.loads(result.read_text())["summary"]
-    fits = {int(r): v["fit"]["per_drafter_query_s"] for r, v in summary["dflash"].items()
-            if "fit" in v and v["fit"]["steps"] >= MIN_STEPS}
-    steps = [s for s in map(json.loads, filter(str.strip, steps_of(result).read_text().splitlines()))
-             if s["prefill_tokens"] == 0 and s["rows"] >= 1 and s["step_s"] > 0]
+    fits = {
+        int(r): v["fit"]["per_drafter_query_s"]
+        for r, v in summary["dflash"].items()
+        if "fit" in v and v["fit"]["steps"] >= MIN_STEPS
+    }
+    steps = [
+        s
+        for s in map(json.loads, filter(str.strip, steps_of(result).read_text().splitlines()))
+        if s["prefill_tokens"] == 0 and s["rows"] >= 1 and s["step_s"] > 0
+    ]
     # the fitted per-query cost at the measured request count nearest each step's, looked up once a count
     per_query = {n: fits[min(fits, key=lambda r: abs(r - n))] for n in {s["rows"] for s in steps}}
-    return [{**s, "seconds": s["step_s"] + per_query[s["rows"]] * (s["tokens"] - s["rows"] * (1 + s["k"]))}
-            for s in steps]
+    return [
+        {**s, "seconds": s["step_s"] + per_query[s["rows"]] * (s["tokens"] - s["rows"] * (1 + s["k"]))}
+        for s in steps
+    ]
 
 
 def table(steps: list[dict], rows: int) -> CostCurve:
@@ -83,7 +91,9 @@ def table(steps: list[dict], rows: int) -> CostCurve:
             by_block.setdefault(s["tokens"] // rows, []).append(s["seconds"])
     blocks = sorted(b for b, v in by_block.items() if len(v) >= MIN_BLOCK_STEPS)
     values = [float(np.median(by_block[b])) for b in blocks]
-    tail = max((values[-1] - values[-2]) / (rows * (blocks[-1] - blocks[-2])), 0.0) if len(blocks) > 1 else 0.0
+    tail = (
+        max((values[-1] - values[-2]) / (rows * (blocks[-1] - blocks[-2])), 0.0) if len(blocks) > 1 else 0.0
+    )
     return CostCurve(tuple(float(rows * b) for b in blocks), tuple(values), tail, monotone=False)
 
 
@@ -91,25 +101,31 @@ def fit(steps: list[dict], source: str) -> LatencyProfile:
     by_rows: dict[int, list[dict]] = {}
     for s in steps:
         by_rows.setdefault(int(s["rows"]), []).append(s)
-    curves = tuple((rows, table(by_rows[rows], rows)) for rows in sorted(r for r, ss in by_rows.items()
-                                                                        if len(ss) >= MIN_STEPS))
+    curves = tuple(
+        (rows, table(by_rows[rows], rows))
+        for rows in sorted(r for r, ss in by_rows.items() if len(ss) >= MIN_STEPS)
+    )
     draft = CostCurve(knots=(1.0,), values_s=(0.0,))
     return LatencyProfile(NAME, draft=draft, verify=RowsCostCurve(curves), context_tokens=128, source=source)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", type=Path, nargs="+", help="bench_vllm_steps.py's result JSONs (their steps beside them)")
+    ap.add_argument(
+        "results", type=Path, nargs="+", help="bench_vllm_steps.py's result JSONs (their steps beside them)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     steps = [s for r in args.results for s in decode_steps(r)]
     counted = sorted({s["rows"] for s in steps})
     names = ", ".join(r.as_posix().split("benchmarks/")[-1] for r in args.results)
-    source = (f"benchmarks/fit_vllm_profile.py over {len(steps)} decode steps of bench_vllm_steps.py's dflash engine "
-              f"({names}: vLLM 0.32 CPU, float32, eager, the bundled target and its DFlash drafter, "
-              f"{', '.join(map(str, counted))} requests, random drafts a step; AMD EPYC, 2 cores), each step moved to as "
-              f"many drafter queries as tokens verified; for each request count with {MIN_STEPS}+ steps, the median "
-              f"step at each block size with {MIN_BLOCK_STEPS}+ steps, the drafter's pass in it")
+    source = (
+        f"benchmarks/fit_vllm_profile.py over {len(steps)} decode steps of bench_vllm_steps.py's dflash engine "
+        f"({names}: vLLM 0.32 CPU, float32, eager, the bundled target and its DFlash drafter, "
+        f"{', '.join(map(str, counted))} requests, random drafts a step; AMD EPYC, 2 cores), each step moved to as "
+        f"many drafter queries as tokens verified; for each request count with {MIN_STEPS}+ steps, the median "
+        f"step at each block size with {MIN_BLOCK_STEPS}+ steps, the drafter's pass in it"
+    )
     profile = fit(steps, source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(args.out)

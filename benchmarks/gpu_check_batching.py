@@ -30,12 +30,33 @@ from pathlib import Path
 import torch
 
 SIZES = {  # Qwen3 shapes (config.json of the published models); tiny: for the CPU test
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=256),
-    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=256,
+    ),
+    "4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
 }
 
 
@@ -45,14 +66,21 @@ def build(size: str, device: str, dtype: torch.dtype, seed: int = 0):
     from adaptspec.decoding import BlockDiffusionDrafter
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(**SIZES[size], max_position_embeddings=4096, eos_token_id=None, bos_token_id=None,
-                      pad_token_id=None, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        **SIZES[size],
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).to(dtype).eval()
         with torch.no_grad():  # sharper logits than the default init: fewer exact ties, like a trained model
             model.lm_head.weight.mul_(8.0)
-        drafter = BlockDiffusionDrafter.for_target(model, num_layers=5 if size != "tiny" else 1, seed=seed,
-                                                   max_block_size=16, layout="dflash").to(device=device, dtype=dtype)
+        drafter = BlockDiffusionDrafter.for_target(
+            model, num_layers=5 if size != "tiny" else 1, seed=seed, max_block_size=16, layout="dflash"
+        ).to(device=device, dtype=dtype)
     return model, drafter
 
 
@@ -68,13 +96,15 @@ def compositions(vocab: int, tiny: bool, seed: int = 1) -> list[list[tuple[int, 
     return [
         [(0, prompt(lens[0]), 4, n_new)],  # one row
         [(0, prompt(n), b, n_new) for n, b in zip(lens[:3], (1, 4, 8))],  # three rows, mixed blocks
-        [(k, prompt(n), b, n_new - k) for k, (n, b) in enumerate(zip(lens, (1, 2, 4, 8, 16, 3, 1, 6)))],  # staggered joins
+        [
+            (k, prompt(n), b, n_new - k) for k, (n, b) in enumerate(zip(lens, (1, 2, 4, 8, 16, 3, 1, 6)))
+        ],  # staggered joins
     ]
 
 
 def greedy_alone(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
-    return model.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n)[0, len(prompt):].tolist()
+    return model.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n)[0, len(prompt) :].tolist()
 
 
 def run_composition(engine, comp) -> list:
@@ -109,15 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     model, drafter = build(size, args.device, dtype)
-    report: dict = dict(size=size, device=args.device, dtype=args.dtype, torch=torch.__version__,
-                        gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                        build_s=time.perf_counter() - t0)
+    report: dict = dict(
+        size=size,
+        device=args.device,
+        dtype=args.dtype,
+        torch=torch.__version__,
+        gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        build_s=time.perf_counter() - t0,
+    )
     print(f"built {size} on {args.device} in {report['build_s']:.0f} s", flush=True)
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
 
     # 1. fast verification: the cost surface, and divergence from batch-1 greedy
     fast = TargetModel(model, verification="fast")
-    surface = measure_surface(fast, drafter, ints(args.rows), ints(args.tokens), ints(args.contexts), repeats=3)
+    surface = measure_surface(
+        fast, drafter, ints(args.rows), ints(args.tokens), ints(args.contexts), repeats=3
+    )
     report["surface"] = surface
     print(surface_table(surface, "verify_s"), surface_table(surface, "draft_s"), sep="\n", flush=True)
     comps = compositions(model.config.vocab_size, args.tiny)
@@ -127,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         got = run_composition(BatchEngine(fast, drafter, max_rows=8), comp)
         differ += sum(g != r for g, r in zip(got, ref))
     report["fast_rows_differing_from_greedy"] = f"{differ}/{sum(map(len, comps))}"
-    print(f"fast mode: {report['fast_rows_differing_from_greedy']} rows differ from batch-1 greedy", flush=True)
+    print(
+        f"fast mode: {report['fast_rows_differing_from_greedy']} rows differ from batch-1 greedy", flush=True
+    )
 
     # 2. exact verification: patch in place; the patched model's own generate is the reference
     exact = TargetModel(model, verification="exact")
@@ -142,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     report["exact_mismatches"] = mismatches
     report["exact_rows"] = sum(map(len, comps))
     report["total_s"] = time.perf_counter() - t0
-    print(f"exact mode: {len(mismatches)} of {report['exact_rows']} rows differ from the target's own greedy; "
-          f"{report['total_s']:.0f} s in all", flush=True)
+    print(
+        f"exact mode: {len(mismatches)} of {report['exact_rows']} rows differ from the target's own greedy; "
+        f"{report['total_s']:.0f} s in all",
+        flush=True,
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -40,7 +40,11 @@ K = 4
 
 def _models(args) -> tuple[Path, Path, str]:
     if args.target:
-        return Path(args.target), Path(args.drafter or args.target), "dflash" if args.drafter else "draft_model"
+        return (
+            Path(args.target),
+            Path(args.drafter or args.target),
+            "dflash" if args.drafter else "draft_model",
+        )
     sys.path.insert(0, str(HERE.parent / "tests_vllm"))
     from _tiny import tiny_qwen3
 
@@ -51,9 +55,18 @@ def _models(args) -> tuple[Path, Path, str]:
 def _llm(target: Path, spec: dict | None, entry: dict | None):
     from vllm import LLM
 
-    kw = dict(model=str(target), skip_tokenizer_init=True, dtype="float32", max_model_len=1024, max_num_seqs=64,
-              seed=0, disable_log_stats=False, async_scheduling=False, speculative_config=spec,
-              gpu_memory_utilization=float(os.environ.get("GPU_CHECK_MEMORY", "0.9")))
+    kw = dict(
+        model=str(target),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=1024,
+        max_num_seqs=64,
+        seed=0,
+        disable_log_stats=False,
+        async_scheduling=False,
+        speculative_config=spec,
+        gpu_memory_utilization=float(os.environ.get("GPU_CHECK_MEMORY", "0.9")),
+    )
     if entry is not None:
         kw |= dict(scheduler_cls="adaptspec.vllm.AdaptiveScheduler", additional_config={"adaptspec": entry})
     return LLM(**kw)
@@ -64,11 +77,16 @@ def _prompts(n: int, seed: int = 0):
     from vllm.inputs import TokensPrompt
 
     rng = np.random.default_rng(seed)
-    return [TokensPrompt(prompt_token_ids=rng.integers(1, 500, int(rng.integers(8, 200))).tolist()) for _ in range(n)]
+    return [
+        TokensPrompt(prompt_token_ids=rng.integers(1, 500, int(rng.integers(8, 200))).tolist())
+        for _ in range(n)
+    ]
 
 
 def _per_pos(llm) -> list[int]:
-    return next(list(m.values) for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos")
+    return next(
+        list(m.values) for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"
+    )
 
 
 def check(name: str, args) -> dict:
@@ -78,19 +96,33 @@ def check(name: str, args) -> dict:
     spec = {"method": method, "model": str(drafter), "num_speculative_tokens": K}
     if name == "reference":
         llm = _llm(target, None, None)
-        outs = llm.generate(_prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)])
+        outs = llm.generate(
+            _prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)]
+        )
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if name == "lossless":
         llm = _llm(target, spec, {"load_rule": "learned"})
-        outs = llm.generate(_prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)])
+        outs = llm.generate(
+            _prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)]
+        )
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if name == "cut":
         m = 33
-        llm = _llm(target, {"method": "draft_model", "model": str(target), "num_speculative_tokens": K},
-                   {"variants": {"A": "fixed:2", "B": f"fixed:{K + 1}"}})
+        llm = _llm(
+            target,
+            {"method": "draft_model", "model": str(target), "num_speculative_tokens": K},
+            {"variants": {"A": "fixed:2", "B": f"fixed:{K + 1}"}},
+        )
         asked = ["A", "B"] * 8
-        llm.generate(_prompts(len(asked)), [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, extra_args={"adaptspec_variant": v})
-                                            for v in asked])
+        llm.generate(
+            _prompts(len(asked)),
+            [
+                SamplingParams(
+                    temperature=0, max_tokens=m, ignore_eos=True, extra_args={"adaptspec_variant": v}
+                )
+                for v in asked
+            ],
+        )
         sa, sb = math.ceil((m - 1) / 2), math.ceil((m - 1) / (K + 1))
         expected = [8 * sa + 8 * sb] + [8 * sb] * (K - 1)
         got = _per_pos(llm)
@@ -99,12 +131,16 @@ def check(name: str, args) -> dict:
         _, rows, label = name.split(":")
         entry = None if label == "vllm_K" else {"variants": {"A": f"fixed:{K + 1}"}}
         llm = _llm(target, spec, entry)
-        llm.generate(_prompts(int(rows), seed=2), SamplingParams(temperature=0, max_tokens=8))   # warm-up
+        llm.generate(_prompts(int(rows), seed=2), SamplingParams(temperature=0, max_tokens=8))  # warm-up
         t0 = time.perf_counter()
-        llm.generate(_prompts(int(rows), seed=1), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
+        llm.generate(
+            _prompts(int(rows), seed=1), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+        )
         out = {"seconds": time.perf_counter() - t0}
         if entry is not None:
-            out["plugin_share"] = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec.stats()["plugin_share"]
+            out["plugin_share"] = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec.stats()[
+                "plugin_share"
+            ]
         return out
     raise SystemExit(f"unknown check {name!r}")
 
@@ -113,8 +149,13 @@ def _run(name: str, args, env: dict) -> dict:
     cmd = [sys.executable, __file__, "--check", name, "--work", args.work]
     cmd += ["--target", args.target] if args.target else []
     cmd += ["--drafter", args.drafter] if args.drafter else []
-    p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env,
-                       timeout=args.timeout)
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env,
+        timeout=args.timeout,
+    )
     if p.returncode != 0:
         return {"check": name, "status": "refused or failed", "stderr_tail": p.stderr[-1500:]}
     return {"check": name, **json.loads(p.stdout.strip().splitlines()[-1])}
@@ -138,16 +179,36 @@ def main() -> None:
         env = {"VLLM_USE_V2_MODEL_RUNNER": mrv2}
         ref, got = _run("reference", args, env), _run("lossless", args, env)
         same = "tokens" in ref and "tokens" in got and ref["tokens"] == got["tokens"]
-        results.append({"check": "lossless", "mrv2": mrv2 == "1", "passed": same,
-                        **({} if same else {"reference": ref.get("status"), "plugin": got.get("status"),
-                                            "stderr_tail": got.get("stderr_tail") or ref.get("stderr_tail")})})
+        results.append(
+            {
+                "check": "lossless",
+                "mrv2": mrv2 == "1",
+                "passed": same,
+                **(
+                    {}
+                    if same
+                    else {
+                        "reference": ref.get("status"),
+                        "plugin": got.get("status"),
+                        "stderr_tail": got.get("stderr_tail") or ref.get("stderr_tail"),
+                    }
+                ),
+            }
+        )
         results.append({"mrv2": mrv2 == "1", **_run("cut", args, env)})
     for rows in (8, 32, 64):
         base, plug = _run(f"cost:{rows}:vllm_K", args, {}), _run(f"cost:{rows}:plugin_fixed", args, {})
         ok = "seconds" in base and "seconds" in plug
-        results.append({"check": "cost", "rows": rows, "vllm_K_s": base.get("seconds"), "plugin_s": plug.get("seconds"),
-                        "ratio_plugin_over_vllm": plug["seconds"] / base["seconds"] if ok else None,
-                        "plugin_share": plug.get("plugin_share")})
+        results.append(
+            {
+                "check": "cost",
+                "rows": rows,
+                "vllm_K_s": base.get("seconds"),
+                "plugin_s": plug.get("seconds"),
+                "ratio_plugin_over_vllm": plug["seconds"] / base["seconds"] if ok else None,
+                "plugin_share": plug.get("plugin_share"),
+            }
+        )
     with open(args.out, "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")

@@ -110,8 +110,10 @@ def join_parts(entry: dict, dirs: list[Path], dest: Path) -> Path:
         else:
             found.append((hit, part))
     if missing:
-        raise AdaptspecError(f"{entry['name']}: parts missing ({', '.join(missing)}) in {', '.join(map(str, dirs))}; "
-                             "send them again")
+        raise AdaptspecError(
+            f"{entry['name']}: parts missing ({', '.join(missing)}) in {', '.join(map(str, dirs))}; "
+            "send them again"
+        )
     bad = [str(p) for p, part in found if p.stat().st_size != part["bytes"] or sha256(p) != part["sha256"]]
     if bad:
         raise AdaptspecError(f"{entry['name']}: parts do not match the manifest ({', '.join(bad)})")
@@ -137,8 +139,14 @@ def ship(src: Path, out: Path, limit: int) -> dict:
             files.append(split_file(p, out, limit, p.name))
         else:
             shutil.copyfile(p, out / p.name)
-            files.append({"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p),
-                          "parts": [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)}]})
+            files.append(
+                {
+                    "name": p.name,
+                    "bytes": p.stat().st_size,
+                    "sha256": sha256(p),
+                    "parts": [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)}],
+                }
+            )
     manifest = {"files": files}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
@@ -159,8 +167,9 @@ def read_manifest(d: Path) -> dict:
 # ---------------------------------------------------------------------- pack / stage (the target's journey)
 def _tree_bytes() -> int:
     """What every device call sends: tracked and untracked-not-ignored files (and shared/)."""
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                           capture_output=True).stdout.split(b"\0")
+    names = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True, capture_output=True
+    ).stdout.split(b"\0")
     total = sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
     shared = REPO / "shared"
     if shared.is_dir():
@@ -187,30 +196,46 @@ def pack(args: argparse.Namespace) -> int:
     out = REPO / GPU_DIR
     _ensure_ignored(GPU_DIR)
     shutil.rmtree(out, ignore_errors=True)
-    spec = importlib.util.find_spec("gguf")  # pure Python; the device image lacks it (transformers reads GGUF with it)
+    spec = importlib.util.find_spec(
+        "gguf"
+    )  # pure Python; the device image lacks it (transformers reads GGUF with it)
     if spec is None or not spec.submodule_search_locations:
         raise AdaptspecError("the package gguf is not installed here: pip install gguf")
-    shutil.copytree(list(spec.submodule_search_locations)[0], out / "site" / "gguf",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        list(spec.submodule_search_locations)[0],
+        out / "site" / "gguf",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     site = sum(p.stat().st_size for p in (out / "site").rglob("*") if p.is_file())
     free = TREE_LIMIT - _tree_bytes() - site - int(args.margin_mib * MIB)
     if free < 4 * MIB:
-        raise AdaptspecError(f"the working tree leaves {free / MIB:.1f} MiB per device call: too little to send the target")
+        raise AdaptspecError(
+            f"the working tree leaves {free / MIB:.1f} MiB per device call: too little to send the target"
+        )
     n = -(-gguf.stat().st_size // free)
     part = -(-gguf.stat().st_size // n)  # equal parts
     entry = split_file(gguf, out / "target", part, "target.gguf")
     (out / "target" / "manifest.json").write_text(json.dumps({"files": [entry]}, indent=2))
-    print(f"{gguf.name} ({gguf.stat().st_size / MIB:.1f} MiB) in {n} parts of {part / MIB:.1f} MiB under {out / 'target'};"
-          f" the tree takes {(_tree_bytes()) / MIB:.1f} MiB of each call's 64")
+    print(
+        f"{gguf.name} ({gguf.stat().st_size / MIB:.1f} MiB) in {n} parts of {part / MIB:.1f} MiB under {out / 'target'};"
+        f" the tree takes {(_tree_bytes()) / MIB:.1f} MiB of each call's 64"
+    )
     print("Device calls, back to back (the machine stays warm 30 s after each):")
     for k in range(1, n + 1):
         carry = [f"{GPU_DIR}/target/target.gguf.part{k}", f"{GPU_DIR}/target/manifest.json"]
         cmd = "python3 benchmarks/gpu_train_drafter.py stage"
         if k == n:
             carry.append(f"{GPU_DIR}/site")
-            cmd = ("set -o pipefail; " + cmd + " && PYTHONUNBUFFERED=1 python3 benchmarks/gpu_train_drafter.py train "
-                    f"--target-parts {STAGE} --minutes {args.minutes} --out $OUT 2>&1 | tee $OUT/gpu-train.log")
-        print(f"  {k}/{n}: carry {json.dumps(carry)}\n       command: {cmd}" + ("   (timeout_s 570)" if k == n else ""))
+            cmd = (
+                "set -o pipefail; "
+                + cmd
+                + " && PYTHONUNBUFFERED=1 python3 benchmarks/gpu_train_drafter.py train "
+                f"--target-parts {STAGE} --minutes {args.minutes} --out $OUT 2>&1 | tee $OUT/gpu-train.log"
+            )
+        print(
+            f"  {k}/{n}: carry {json.dumps(carry)}\n       command: {cmd}"
+            + ("   (timeout_s 570)" if k == n else "")
+        )
     return 0
 
 
@@ -224,7 +249,10 @@ def stage(args: argparse.Namespace) -> int:
         shutil.copyfile(p, args.stage_dir / p.name)
     want = [p["name"] for f in manifest["files"] for p in f["parts"]]
     missing = [w for w in want if not (args.stage_dir / w).is_file()]
-    print(f"{args.stage_dir}: {len(want) - len(missing)}/{len(want)} parts" + (f"; missing {missing}" if missing else ""))
+    print(
+        f"{args.stage_dir}: {len(want) - len(missing)}/{len(want)} parts"
+        + (f"; missing {missing}" if missing else "")
+    )
     return 0
 
 
@@ -271,11 +299,25 @@ def data_stage(args, work: Path, layers_out: list) -> None:
     model, tok = load_target(args.target, dtype="bfloat16", device=args.device)  # the dtype decoding runs in
     layers = default_target_layers(model.config.num_hidden_layers, 5)
     layers_out.extend(layers)
-    (work / "data.json").write_text(json.dumps({"layers": layers, "corpus": str(args.corpus), "eval_dense": str(args.eval_dense)}))
-    build_benchmark_contexts(benchmark_sequences(args.eval_dense, lambda t: chat_ids(tok, t), args.eval_per_benchmark),
-                             model, work / "benchmarks", layers, args.context_batch_tokens)
-    n = build_corpus_contexts(_FirstShards(Corpus(args.corpus), args.shards), model, work / "corpus", layers,
-                              max_seq_len=args.max_seq_len, max_batch_tokens=args.context_batch_tokens, progress=False)
+    (work / "data.json").write_text(
+        json.dumps({"layers": layers, "corpus": str(args.corpus), "eval_dense": str(args.eval_dense)})
+    )
+    build_benchmark_contexts(
+        benchmark_sequences(args.eval_dense, lambda t: chat_ids(tok, t), args.eval_per_benchmark),
+        model,
+        work / "benchmarks",
+        layers,
+        args.context_batch_tokens,
+    )
+    n = build_corpus_contexts(
+        _FirstShards(Corpus(args.corpus), args.shards),
+        model,
+        work / "corpus",
+        layers,
+        max_seq_len=args.max_seq_len,
+        max_batch_tokens=args.context_batch_tokens,
+        progress=False,
+    )
     print(f"contexts of {n} corpus shards", flush=True)
     del model
     if args.device.startswith("cuda"):
@@ -288,10 +330,20 @@ def _seconds_per_step(target, work: Path, cfg, device: str) -> float:
 
     ckpt = work / "calibrate"
     shutil.rmtree(ckpt, ignore_errors=True)
-    cal = replace(cfg, total_steps=40, log_every=10, eval_every=10**9, max_train_tokens=60_000,
-                  checkpoint_every_s=1e9, extra=dict(cfg.extra))
+    cal = replace(
+        cfg,
+        total_steps=40,
+        log_every=10,
+        eval_every=10**9,
+        max_train_tokens=60_000,
+        checkpoint_every_s=1e9,
+        extra=dict(cfg.extra),
+    )
     train(target, [work / "corpus"], [], ckpt, cal, log=lambda *_: None, target_layers=None, device=device)
-    rec = {r["step"]: r["elapsed_s"] for r in map(json.loads, (ckpt / "train_log.jsonl").read_text().splitlines())}
+    rec = {
+        r["step"]: r["elapsed_s"]
+        for r in map(json.loads, (ckpt / "train_log.jsonl").read_text().splitlines())
+    }
     shutil.rmtree(ckpt, ignore_errors=True)
     return (rec[40] - rec[20]) / 20  # past the first steps (allocation, kernel selection)
 
@@ -313,37 +365,73 @@ def train_stage(args) -> int:
     data_stage(args, work, layers)
     t_data = time.time()
     target, _ = load_target(args.target, dtype="float32", device=args.device)
-    cfg = TrainConfig(total_steps=args.steps or 1, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors,
-                      lr=args.lr, warmup_steps=args.warmup, max_seq_len=args.max_seq_len, threads=args.threads,
-                      init_from=None if args.init_from is None else str(args.init_from), checkpoint_every_s=120.0,
-                      log_every=10 if args.steps and args.steps < 100 else 50)
+    cfg = TrainConfig(
+        total_steps=args.steps or 1,
+        seqs_per_step=args.seqs_per_step,
+        anchors_per_seq=args.anchors,
+        lr=args.lr,
+        warmup_steps=args.warmup,
+        max_seq_len=args.max_seq_len,
+        threads=args.threads,
+        init_from=None if args.init_from is None else str(args.init_from),
+        checkpoint_every_s=120.0,
+        log_every=10 if args.steps and args.steps < 100 else 50,
+    )
     if args.steps is None:  # as many steps as the minutes hold, measured here
         s = _seconds_per_step(target, work, cfg, args.device)
         cfg.total_steps = max(10, int(0.85 * args.minutes * 60 / s))
         print(f"{s * 1000:.1f} ms a step: {cfg.total_steps} steps in {args.minutes} min", flush=True)
     cfg.eval_every = args.eval_every or max(1, cfg.total_steps // 3)
     ckpt = work / "checkpoints"
-    drafter = train(target, [work / "corpus"], [work / "benchmarks"], ckpt, cfg, args.minutes * 1.1,
-                    target_layers=layers, device=args.device,
-                    evaluate=lambda d, h: acceptance_everywhere(d, h, (4, 16), max_seqs=60))
+    drafter = train(
+        target,
+        [work / "corpus"],
+        [work / "benchmarks"],
+        ckpt,
+        cfg,
+        args.minutes * 1.1,
+        target_layers=layers,
+        device=args.device,
+        evaluate=lambda d, h: acceptance_everywhere(d, h, (4, 16), max_seqs=60),
+    )
     t_train = time.time()
-    ev = drafter_figures(drafter, ShardData([work / "benchmarks"]), (2, 4, 8, 12, 16), max_seqs=args.eval_prompts)
+    ev = drafter_figures(
+        drafter, ShardData([work / "benchmarks"]), (2, 4, 8, 12, 16), max_seqs=args.eval_prompts
+    )
     st = load_state(ckpt / "state.pt")
     data = ShardData([work / "corpus"])
-    card = {"steps": st["step"], "config": st["cfg"], "train_sequences": len(data),
-            "train_response_tokens": data.n_tokens(), "corpus": str(args.corpus),
-            "benchmark_tau_every_position": ev["tau"], "benchmark_first_draft_every_position": ev["first_draft"],
-            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-            "wall_s": {"data": round(t_data - t0, 1), "train": round(t_train - t_data, 1),
-                       "eval": round(time.time() - t_train, 1)}}
+    card = {
+        "steps": st["step"],
+        "config": st["cfg"],
+        "train_sequences": len(data),
+        "train_response_tokens": data.n_tokens(),
+        "corpus": str(args.corpus),
+        "benchmark_tau_every_position": ev["tau"],
+        "benchmark_first_draft_every_position": ev["first_draft"],
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "wall_s": {
+            "data": round(t_data - t0, 1),
+            "train": round(t_train - t_data, 1),
+            "eval": round(time.time() - t_train, 1),
+        },
+    }
     exported = work / "export"
     shutil.rmtree(exported, ignore_errors=True)
     layout = export(drafter.cpu(), exported, card)
     shutil.copyfile(ckpt / "train_log.jsonl", exported / "train_log.jsonl")
     ship(exported, args.out, int(args.part_mib * MIB))
-    print(json.dumps({"layout": layout, "steps": st["step"], "wall_s": card["wall_s"],
-                      "tau": {b: v["all"] for b, v in ev["tau"].items()},
-                      "first_draft": {b: v["all"] for b, v in ev["first_draft"].items()}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "layout": layout,
+                "steps": st["step"],
+                "wall_s": card["wall_s"],
+                "tau": {b: v["all"] for b, v in ev["tau"].items()},
+                "first_draft": {b: v["all"] for b, v in ev["first_draft"].items()},
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -380,30 +468,50 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("pack", help="here: the target in parts under .gpu/ and the device calls to make")
-    k.add_argument("--margin-mib", type=float, default=2.0, help="room left per call for files added meanwhile")
-    k.add_argument("--minutes", type=float, default=5.5, help="training minutes on the device (the last call)")
+    k.add_argument(
+        "--margin-mib", type=float, default=2.0, help="room left per call for files added meanwhile"
+    )
+    k.add_argument(
+        "--minutes", type=float, default=5.5, help="training minutes on the device (the last call)"
+    )
     s = sub.add_parser("stage", help="there: keep the parts this call carried")
-    s.add_argument("--src", type=Path, default=REPO / GPU_DIR / "target", help="the parts carried (default: .gpu/target)")
+    s.add_argument(
+        "--src", type=Path, default=REPO / GPU_DIR / "target", help="the parts carried (default: .gpu/target)"
+    )
     s.add_argument("--stage-dir", type=Path, default=STAGE)
     t = sub.add_parser("train", help="contexts, training, evaluation and export (on --device)")
     t.add_argument("--device", default="cuda")
     t.add_argument("--target", default=None, help="target model directory (default: the bundled SmolLM2)")
-    t.add_argument("--target-parts", type=Path, default=None, help="the bundled target's GGUF in parts (pack, stage)")
+    t.add_argument(
+        "--target-parts", type=Path, default=None, help="the bundled target's GGUF in parts (pack, stage)"
+    )
     t.add_argument("--corpus", type=Path, default=REPO / "datasets" / "smollm2-135m-distill")
     t.add_argument("--eval-dense", type=Path, default=REPO / "datasets" / "dense" / "benchmarks-fast")
     t.add_argument("--shards", type=int, default=None, help="the first N corpus shards only (default: all)")
-    t.add_argument("--eval-per-benchmark", type=int, default=None, help="benchmark prompts per benchmark (default: all)")
+    t.add_argument(
+        "--eval-per-benchmark", type=int, default=None, help="benchmark prompts per benchmark (default: all)"
+    )
     t.add_argument("--eval-prompts", type=int, default=120, help="benchmark prompts in the final figures")
     t.add_argument("--work", type=Path, default=Path("/tmp/adaptspec-gpu-work"))
-    t.add_argument("--out", type=Path, required=True, help="where the weights go ($OUT on the device machine)")
-    t.add_argument("--init-from", type=Path, default=SHIPPED, help="weights to continue (default: the shipped drafter)")
-    t.add_argument("--steps", type=_steps, default=None, help="optimiser steps, or auto (default: what --minutes holds)")
+    t.add_argument(
+        "--out", type=Path, required=True, help="where the weights go ($OUT on the device machine)"
+    )
+    t.add_argument(
+        "--init-from", type=Path, default=SHIPPED, help="weights to continue (default: the shipped drafter)"
+    )
+    t.add_argument(
+        "--steps", type=_steps, default=None, help="optimiser steps, or auto (default: what --minutes holds)"
+    )
     t.add_argument("--minutes", type=float, default=5.5, help="training time budget")
     t.add_argument("--seqs-per-step", type=int, default=64)
     t.add_argument("--anchors", type=int, default=32)
-    t.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (1e-4 at 4 sequences a step on the CPU)")
+    t.add_argument(
+        "--lr", type=float, default=2e-4, help="peak learning rate (1e-4 at 4 sequences a step on the CPU)"
+    )
     t.add_argument("--warmup", type=int, default=100)
-    t.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: a third of the run)")
+    t.add_argument(
+        "--eval-every", type=int, default=None, help="steps between evaluations (default: a third of the run)"
+    )
     t.add_argument("--max-seq-len", type=int, default=640)
     t.add_argument("--context-batch-tokens", type=int, default=32768)
     t.add_argument("--threads", type=int, default=4)

@@ -37,8 +37,10 @@ def repair(src: Path, out: Path) -> dict:
             row["mean_tau"] = sum(taus) / len(taus)
     fixed = pa.Table.from_pylist(rows, schema=outcomes.schema)
     meta = json.loads((src / "meta.json").read_text())
-    meta["repaired"] = (f"{src.name}: each request's last round cut to the tokens vLLM kept "
-                        "(benchmarks/repair_vllm_traces.py, the recorder's rule since 2fefc98); times unchanged")
+    meta["repaired"] = (
+        f"{src.name}: each request's last round cut to the tokens vLLM kept "
+        "(benchmarks/repair_vllm_traces.py, the recorder's rule since 2fefc98); times unchanged"
+    )
     ts = TraceSet(pq.read_table(src / "requests.parquet"), fixed, meta)  # validates
     ts.write(out, overwrite=True)
     return {"set": str(src), "out": str(out), "rows": len(rows), "last_rounds_cut": cut}

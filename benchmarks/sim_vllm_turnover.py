@@ -34,16 +34,25 @@ from adaptspec.vllm.plugin import AdaptspecPlugin
 ACCEPT = (0.31, 0.087 / 0.31, 0.025 / 0.087) + (0.3,) * 6
 
 
-def run(clients: int, seed: int, requests_per_client: int, late: float, prompt: int = 150, tokens: int = 64,
-        k: int = 8) -> tuple[collections.Counter, float]:
+def run(
+    clients: int,
+    seed: int,
+    requests_per_client: int,
+    late: float,
+    prompt: int = 150,
+    tokens: int = 64,
+    k: int = 8,
+) -> tuple[collections.Counter, float]:
     """One run: decode steps by (requests, widest block), and modelled tokens a second."""
     profile = get_profile("vllm-cpu-smollm2")
     rng = random.Random(seed)
-    p = AdaptspecPlugin(plugin_settings({"adaptspec": {"log_dir": tempfile.mkdtemp(), "seed": seed}}), k, "dflash")
+    p = AdaptspecPlugin(
+        plugin_settings({"adaptspec": {"log_dir": tempfile.mkdtemp(), "seed": seed}}), k, "dflash"
+    )
     left = dict.fromkeys(range(clients), requests_per_client)
-    live: dict[str, list[int]] = {}     # request -> [client, tokens out, context]
+    live: dict[str, list[int]] = {}  # request -> [client, tokens out, context]
     arriving: list[tuple[str, int]] = []
-    later: list[int] = []               # clients whose next request arrives a step late
+    later: list[int] = []  # clients whose next request arrives a step late
     sent = 0
 
     def arrive(c: int) -> None:
@@ -75,7 +84,9 @@ def run(clients: int, seed: int, requests_per_client: int, late: float, prompt: 
                 commits[rid] = min(accepted + 1, tokens - out)
                 rows.append((rid, 1 + d, ctx, d, commits[rid]))
             widest = max([1] + [1 + len(cut.get(r, [])) for r in live])
-            step_s = (float(profile.verify(widest, 100, len(live))) if live else 0.0) + 0.001 * prompt * len(new)
+            step_s = (float(profile.verify(widest, 100, len(live))) if live else 0.0) + 0.001 * prompt * len(
+                new
+            )
             step_s *= rng.uniform(0.95, 1.05)
             seconds += step_s
             p.observe(rows, step_s)
@@ -105,7 +116,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[2])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--requests-per-client", type=int, default=12)
-    ap.add_argument("--late", type=float, default=0.5, help="how often a client's next request misses the next step")
+    ap.add_argument(
+        "--late", type=float, default=0.5, help="how often a client's next request misses the next step"
+    )
     args = ap.parse_args()
     for clients in args.clients:
         for seed in args.seeds:
@@ -113,8 +126,10 @@ def main() -> None:
             by_rows: dict[int, dict[int, int]] = collections.defaultdict(dict)
             for (rows, block), n in sorted(steps.items()):
                 by_rows[rows][block] = n
-            print(f"{clients} clients, seed {seed}: {speed:.1f} tok/s modelled; decode steps by requests "
-                  f"-> {{widest block: steps}}: {dict(by_rows)}")
+            print(
+                f"{clients} clients, seed {seed}: {speed:.1f} tok/s modelled; decode steps by requests "
+                f"-> {{widest block: steps}}: {dict(by_rows)}"
+            )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,13 @@ import httpx
 from adaptspec.traces.log_writer import log_rows
 from adaptspec.analysis.ab import analyze, rows_to_arrays
 
-PROMPTS = ["Write a haiku about the sea.", "What is 17 times 23?", "def fibonacci(n):",
-           "Summarise the plot of Hamlet.", "List three uses of copper."]
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "What is 17 times 23?",
+    "def fibonacci(n):",
+    "Summarise the plot of Hamlet.",
+    "List three uses of copper.",
+]
 
 
 def free_port() -> int:
@@ -54,7 +59,9 @@ def wait_until_ready(client: httpx.Client, server: subprocess.Popen, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"ab_serving: the server exited with status {server.returncode} before it was ready")
+            raise SystemExit(
+                f"ab_serving: the server exited with status {server.returncode} before it was ready"
+            )
         try:
             if client.get("/health").status_code == 200:
                 return
@@ -66,14 +73,26 @@ def wait_until_ready(client: httpx.Client, server: subprocess.Popen, timeout: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", action="append", metavar="NAME=SPEC",
-                        help="a variant and its policy, repeatable (default: A=ucb and B=fixed:4)")
-    parser.add_argument("--arms", default="1,2,4,8,16", help="block sizes the policies choose among (the tiny drafter's maximum is 16)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=SPEC",
+        help="a variant and its policy, repeatable (default: A=ucb and B=fixed:4)",
+    )
+    parser.add_argument(
+        "--arms",
+        default="1,2,4,8,16",
+        help="block sizes the policies choose among (the tiny drafter's maximum is 16)",
+    )
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--users", type=int, default=20, help="distinct user ids the requests come from")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--budget-s", type=float, default=30.0,
-                        help="stop sending requests this long after the start, served or not (default 30)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=30.0,
+        help="stop sending requests this long after the start, served or not (default 30)",
+    )
     args = parser.parse_args()
     if args.requests < 1 or args.users < 1 or args.max_tokens < 1 or not args.budget_s > 0:
         parser.error("--requests, --users and --max-tokens must be >= 1, --budget-s > 0")
@@ -83,8 +102,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp) / "log"
         port = free_port()
-        cmd = [sys.executable, "-m", "adaptspec", "serve", "--tiny", "--host", "127.0.0.1", "--port", str(port),
-               "--log-dir", str(log_dir), "--arms", args.arms, "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-dir",
+            str(log_dir),
+            "--arms",
+            args.arms,
+            "--log-level",
+            "warning",
+        ]
         for v in variants:
             cmd += ["--variant", v]
         server_output = open(Path(tmp) / "server.txt", "w+")
@@ -98,11 +132,14 @@ def main() -> None:
                     if time.monotonic() > deadline:
                         print(f"time budget of {args.budget_s:.0f} s spent after {i} requests")
                         break
-                    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
-                            "user": f"user-{i % args.users}"}     # same user -> same variant
+                    body = {
+                        "prompt": PROMPTS[i % len(PROMPTS)],
+                        "max_tokens": args.max_tokens,
+                        "user": f"user-{i % args.users}",
+                    }  # same user -> same variant
                     answer = client.post("/v1/completions", json=body)
                     answer.raise_for_status()
-                    info = answer.json()["adaptspec"]            # variant, block size, reward, tau, ...
+                    info = answer.json()["adaptspec"]  # variant, block size, reward, tau, ...
                     served[info["variant"]] += 1
                     blocks.setdefault(info["variant"], Counter())[info["block_size"]] += 1
             for name in sorted(served):
@@ -116,7 +153,7 @@ def main() -> None:
             raise
         finally:
             if server.poll() is None:
-                server.send_signal(signal.SIGINT)              # like Ctrl-C: a graceful shutdown
+                server.send_signal(signal.SIGINT)  # like Ctrl-C: a graceful shutdown
                 try:
                     server.wait(timeout=30)
                 except subprocess.TimeoutExpired:
@@ -132,7 +169,9 @@ def main() -> None:
             print("verdict: one variant, nothing to compare")
         for test in report.tests:
             a, b = test["n"]
-            verdict = f"{test['winner']} is better" if test["significant"] else "no significant difference yet"
+            verdict = (
+                f"{test['winner']} is better" if test["significant"] else "no significant difference yet"
+            )
             print(f"verdict {a} vs {b}: {verdict} (always-valid p = {test['p_value']:.3g})")
 
 

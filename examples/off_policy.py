@@ -35,9 +35,13 @@ from adaptspec.traces import DecisionLog, load_traces
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2000, help="requests in the log (passes over the 336 traced ones)")
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="requests in the log (passes over the 336 traced ones)"
+    )
     parser.add_argument("--epsilon", type=float, default=0.3, help="exploration floor of the logging policy")
-    parser.add_argument("--log", default=None, help="a new directory for the decision log (default: a temporary one)")
+    parser.add_argument(
+        "--log", default=None, help="a new directory for the decision log (default: a temporary one)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.steps < 10 or not 0 < args.epsilon <= 1:
@@ -48,28 +52,44 @@ def main() -> None:
     # Contexts as the controller computes them: the bundled head's featurizer over the
     # prefill features, so a contextual target (the head) can be evaluated on the log.
     traces = Featurizer.load(BUNDLED_HEAD).transform_traces(load_traces())
-    stream = dict(reward="token_latency", order="shuffled", n_steps=args.steps)   # minus ms per token
+    stream = dict(reward="token_latency", order="shuffled", n_steps=args.steps)  # minus ms per token
 
     # 1. The logging policy serves the stream, learning as it goes; every row keeps the
     #    probability of every block size at that moment.
     logger = f"ucb:epsilon={args.epsilon}"
     with tempfile.TemporaryDirectory() as tmp:
-        DecisionLog(args.log or tmp).append(replay_log(traces, logger, seed=args.seed, progress=False, **stream))
+        DecisionLog(args.log or tmp).append(
+            replay_log(traces, logger, seed=args.seed, progress=False, **stream)
+        )
         log = DecisionLog.read(args.log or tmp)
-        print(f"decision log of {logger}: {len(log)} decisions, mean reward {log.rewards.mean():.2f} (-ms/token)")
+        print(
+            f"decision log of {logger}: {len(log)} decisions, mean reward {log.rewards.mean():.2f} (-ms/token)"
+        )
 
         # 2. Target policies, evaluated as they are built (frozen: they do not learn from the log).
-        targets = {"fixed:4": "fixed:4", "fixed:16": "fixed:16", "bundled head (frozen)": f"head:path={BUNDLED_HEAD}"}
+        targets = {
+            "fixed:4": "fixed:4",
+            "fixed:16": "fixed:16",
+            "bundled head (frozen)": f"head:path={BUNDLED_HEAD}",
+        }
         print(f"{'target':<22} {'true':>7}   {'estimator':<6} {'estimate':>8} {'95% interval':>18}  covers")
         for name, spec in targets.items():
-            estimates = evaluate_log(log, spec, seed=args.seed, estimators=["ips", "snips", "dr"], progress=False)
+            estimates = evaluate_log(
+                log, spec, seed=args.seed, estimators=["ips", "snips", "dr"], progress=False
+            )
             # 3. The truth: the same policy replayed on the same stream of requests.
-            truth = replay(traces, [spec], seeds=[args.seed], progress=False, **stream).policies[0].mean("mean_reward")
+            truth = (
+                replay(traces, [spec], seeds=[args.seed], progress=False, **stream)
+                .policies[0]
+                .mean("mean_reward")
+            )
             for k, e in estimates.items():
                 lo, hi = e.ci
                 covers = "yes" if lo <= truth <= hi else "no"
                 true = f"{truth:.2f}" if k == "ips" else ""
-                print(f"{name:<22} {true:>7}   {k:<6} {e.value:>8.2f} {f'[{lo:.2f}, {hi:.2f}]':>18}  {covers}")
+                print(
+                    f"{name:<22} {true:>7}   {k:<6} {e.value:>8.2f} {f'[{lo:.2f}, {hi:.2f}]':>18}  {covers}"
+                )
                 name = ""
     # The bootstrap intervals treat logged requests as independent; here the same 336 requests
     # recur pass after pass and the logger learns as it goes, so an interval may miss the truth

@@ -30,9 +30,18 @@ from adaptspec.models.prompts import benchmark_prompts
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=3, help="how many benchmark prompts (GSM8K, MT-Bench, HumanEval in turn)")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=3,
+        help="how many benchmark prompts (GSM8K, MT-Bench, HumanEval in turn)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--out", default=None, help="directory for the decision log and checkpoints (default: a temporary one)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="directory for the decision log and checkpoints (default: a temporary one)",
+    )
     args = parser.parse_args()
     if args.prompts < 1 or args.max_new_tokens < 1:
         parser.error("--prompts and --max-new-tokens must be >= 1")
@@ -59,7 +68,7 @@ def main() -> None:
 
             # --- 1. the controller drives the whole request --------------------------------
             for p in prompts:
-                ids = speculator.target.encode_chat(p.prompt)       # chat template -> token ids
+                ids = speculator.target.encode_chat(p.prompt)  # chat template -> token ids
                 g = ctl.generate(ids, max_new_tokens=args.max_new_tokens)
                 o = g.outcome
                 # reward = minus milliseconds per new token (bigger is better); None when it is
@@ -70,14 +79,16 @@ def main() -> None:
 
             # --- 2. an engine that decodes itself ------------------------------------------
             ids = speculator.target.encode_chat(prompts[0].prompt)
-            pre = speculator.prefill(ids)                          # the engine's own prefill
-            decision = ctl.decide(pre.features)                    # block size for this request
+            pre = speculator.prefill(ids)  # the engine's own prefill
+            decision = ctl.decide(pre.features)  # block size for this request
             outcome = speculator.decode(pre, decision.block_size, args.max_new_tokens)
-            status = ctl.feedback(decision.decision_id, outcome)   # logged durably, update queued
-            print(f"engine-style: decide -> B={decision.block_size} (propensity {decision.propensity:.2f}), "
-                  f"feedback -> {status}")
+            status = ctl.feedback(decision.decision_id, outcome)  # logged durably, update queued
+            print(
+                f"engine-style: decide -> B={decision.block_size} (propensity {decision.propensity:.2f}), "
+                f"feedback -> {status}"
+            )
 
-            ctl.sync()                                             # wait for queued updates
+            ctl.sync()  # wait for queued updates
             text = speculator.target.tokenizer.decode(outcome.tokens, skip_special_tokens=True)
             print(f"updates learnt: {ctl.stats()['updates']}; the engine-style answer starts {text[:60]!r}")
         # Leaving the block closed the controller: final checkpoint, log rolled to Parquet.

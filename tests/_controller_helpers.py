@@ -28,7 +28,9 @@ class FakeSpeculator:
         self.eos = eos
         self.calls = 0
 
-    def prefill(self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None, **kw: Any) -> Prefill:
+    def prefill(
+        self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None, **kw: Any
+    ) -> Prefill:
         ids = [int(i) for i in prompt_ids]
         rng = np.random.default_rng(ids)
         acc = float(rng.uniform(0.1, 0.9))
@@ -36,12 +38,24 @@ class FakeSpeculator:
         f[0] = acc
         return Prefill(first_token=sum(ids) % 97, prompt_tokens=len(ids), features=f, state={"acc": acc})
 
-    def decode(self, prefill: Prefill, block_size: Any, max_new_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, on_round: Callable[[list[int], Round], None] | None = None) -> Outcome:
+    def decode(
+        self,
+        prefill: Prefill,
+        block_size: Any,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        on_round: Callable[[list[int], Round], None] | None = None,
+    ) -> Outcome:
         return self._decode(prefill, block_size, max_new_tokens, on_round)
 
-    def _decode(self, prefill: Prefill, block_size: Any, max_new_tokens: int,
-                on_round: Callable[[list[int], Round], None] | None) -> Outcome:
+    def _decode(
+        self,
+        prefill: Prefill,
+        block_size: Any,
+        max_new_tokens: int,
+        on_round: Callable[[list[int], Round], None] | None,
+    ) -> Outcome:
         self.calls += 1
         if self.sleep_s:
             time.sleep(self.sleep_s)
@@ -84,8 +98,14 @@ class Misbehaving(Policy):
 
     name = "misbehaving"
 
-    def __init__(self, arms: Sequence[int], mode: str = "ok", sleep_s: float = 0.0, update_sleep_s: float = 0.0,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        arms: Sequence[int],
+        mode: str = "ok",
+        sleep_s: float = 0.0,
+        update_sleep_s: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
         self.mode, self.sleep_s, self.update_sleep_s = mode, sleep_s, update_sleep_s
         super().__init__(arms, seed=seed)
 

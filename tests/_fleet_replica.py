@@ -47,8 +47,15 @@ def main() -> None:
     shared = SharedState(backend, replica, sync_every=sync_every, sync_interval_s=0.2, lease_ttl_s=lease_ttl)
     # a policy object, not a spec: a spec's head without a featurizer would pick up the bundled one
     try:
-        ctl = AdaptiveController(Toy(), make_policy(spec, [1, 2, 4, 8], seed=0), variant="A", log_dir=log_dir,
-                                 shared=shared, log_fsync=False, feedback_timeout_s=None)
+        ctl = AdaptiveController(
+            Toy(),
+            make_policy(spec, [1, 2, 4, 8], seed=0),
+            variant="A",
+            log_dir=log_dir,
+            shared=shared,
+            log_fsync=False,
+            feedback_timeout_s=None,
+        )
     except AdaptspecError as e:
         print(e, file=sys.stderr, flush=True)
         sys.exit(2)

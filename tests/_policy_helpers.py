@@ -12,7 +12,9 @@ ARMS = (2, 4, 8)
 DIM = 4
 
 
-def linear_stream(n: int, seed: int = 0, noise: float = 0.3, dim: int = DIM) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def linear_stream(
+    n: int, seed: int = 0, noise: float = 0.3, dim: int = DIM
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Contexts (n, dim), noisy rewards (n, K) and expected rewards (n, K) of a linear model whose
     best arm depends on the context (each arm wins in a third of the space)."""
     rng = np.random.default_rng(seed)
@@ -52,8 +54,19 @@ def catalogue() -> dict[str, Callable[[int | None], Any]]:
     """name -> factory(seed) of a fresh policy over ARMS (contexts of dimension DIM where contextual)."""
     from river import bandit
 
-    from adaptspec.policies import (EXP3, UCB, EpsilonGreedy, LinTS, LinUCB, NeuralLinear, OfflineHead, RiverPolicy,
-                                    SquareCB, Standardizer, ThompsonSampling)
+    from adaptspec.policies import (
+        EXP3,
+        UCB,
+        EpsilonGreedy,
+        LinTS,
+        LinUCB,
+        NeuralLinear,
+        OfflineHead,
+        RiverPolicy,
+        SquareCB,
+        Standardizer,
+        ThompsonSampling,
+    )
 
     st = Standardizer(np.zeros(DIM), np.ones(DIM), 10.0, 1.0)
     return {
@@ -69,8 +82,13 @@ def catalogue() -> dict[str, Callable[[int | None], Any]]:
         "linucb": lambda s: LinUCB(ARMS, warmup=12, seed=s),
         "linucb-discount": lambda s: LinUCB(ARMS, warmup=12, discount=0.97, seed=s),
         "linucb-raw": lambda s: LinUCB(ARMS, standardize=False, epsilon=0.05, seed=s),
-        "linucb-prior": lambda s: LinUCB(ARMS, standardize=st, prior_mean=np.zeros(DIM + 1),
-                                         prior_precision=np.arange(1.0, DIM + 2), seed=s),
+        "linucb-prior": lambda s: LinUCB(
+            ARMS,
+            standardize=st,
+            prior_mean=np.zeros(DIM + 1),
+            prior_precision=np.arange(1.0, DIM + 2),
+            seed=s,
+        ),
         "lints": lambda s: LinTS(ARMS, warmup=12, mc_samples=64, seed=s),
         "lints-discount": lambda s: LinTS(ARMS, warmup=12, discount=0.97, mc_samples=64, seed=s),
         "squarecb": lambda s: SquareCB(ARMS, warmup=12, seed=s),
@@ -79,7 +97,9 @@ def catalogue() -> dict[str, Callable[[int | None], Any]]:
         "neural-linear-ts": lambda s: NeuralLinear(small_head(), exploration="ts", mc_samples=64, seed=s),
         "neural-linear-discount": lambda s: NeuralLinear(small_head(), discount=0.97, prior_n=32.0, seed=s),
         "squarecb-head": lambda s: SquareCB(head=small_head(), seed=s),
-        "river-regressor": lambda s: RiverPolicy(ARMS, regressor=river_regressor(), exploration="ucb", seed=s),
+        "river-regressor": lambda s: RiverPolicy(
+            ARMS, regressor=river_regressor(), exploration="ucb", seed=s
+        ),
         "river-eps": lambda s: RiverPolicy(ARMS, policy=bandit.EpsilonGreedy(epsilon=0.2), probe=16, seed=s),
         "river-linucb": lambda s: RiverPolicy(ARMS, policy=bandit.LinUCBDisjoint(), seed=s),
     }
@@ -105,11 +125,16 @@ def same_state(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+        return (
+            isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
-        return a.shape == b.shape and a.dtype.kind == b.dtype.kind and bool(
-            np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+        return (
+            a.shape == b.shape
+            and a.dtype.kind == b.dtype.kind
+            and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+        )
     if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
         return True
     return a == b

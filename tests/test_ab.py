@@ -32,10 +32,23 @@ def synthetic_rows(n=600, seed=0):
         probs = [1 / 3] * 3 if v == "A" else [0.0, 0.0, 1.0]
         tok = 32
         r = mu[b] + rng.normal(0, 4)
-        rows.append({"decision_id": f"d{i}", "time": 1.7e9 + i, "variant": v, "policy": "random" if v == "A" else "fixed:8",
-                     "block_size": b, "propensity": probs[arms.index(b)], "probs": probs, "arms": arms,
-                     "reward": r, "new_tokens": tok, "decode_ms": 1000 * tok / r, "mean_tau": 1.0 + b / 8,
-                     "features": [float(rng.normal()), 1.0]})
+        rows.append(
+            {
+                "decision_id": f"d{i}",
+                "time": 1.7e9 + i,
+                "variant": v,
+                "policy": "random" if v == "A" else "fixed:8",
+                "block_size": b,
+                "propensity": probs[arms.index(b)],
+                "probs": probs,
+                "arms": arms,
+                "reward": r,
+                "new_tokens": tok,
+                "decode_ms": 1000 * tok / r,
+                "mean_tau": 1.0 + b / 8,
+                "features": [float(rng.normal()), 1.0],
+            }
+        )
     return rows, mu
 
 
@@ -77,12 +90,18 @@ def test_report_tests_are_the_sequential_test_of_the_arrival_stream():
 
 def test_report_as_json_and_text():
     rows, _ = synthetic_rows(n=60)
-    rows += [{**rows[0], "decision_id": "c", "variant": "C", "reward": None, "mean_tau": None, "decode_ms": None}]
+    rows += [
+        {**rows[0], "decision_id": "c", "variant": "C", "reward": None, "mean_tau": None, "decode_ms": None}
+    ]
     rep = analyze(rows_to_arrays(rows))
     doc = rep.to_json()
     json.dumps(doc, allow_nan=False)  # a variant with no reward and no latency: nulls, not NaN
     assert doc["variants"]["C"]["reward"] == {"mean": None, "ci": None} and "off_policy" not in doc
-    assert [(t["n"] and list(t["n"])) for t in doc["sequential"]["tests"]] == [["A", "B"], ["A", "C"], ["B", "C"]]
+    assert [(t["n"] and list(t["n"])) for t in doc["sequential"]["tests"]] == [
+        ["A", "B"],
+        ["A", "C"],
+        ["B", "C"],
+    ]
     text = rep.to_text()
     assert "| variant | decisions | reward |" in text and "| C | 1 |" in text
     assert text.count("sequential test ") == 3
@@ -122,7 +141,9 @@ def test_rows_from_parts_and_journals_are_ordered_by_time():
 def test_parse_ab_specs():
     assert parse_ab_specs("A=fixed:16,B=ucb") == {"A": "fixed:16", "B": "ucb"}
     assert parse_ab_specs("ctl=linucb:alpha=0.5,lam=2,new=neural-linear:head=h,prior_n=64") == {
-        "ctl": "linucb:alpha=0.5,lam=2", "new": "neural-linear:head=h,prior_n=64"}
+        "ctl": "linucb:alpha=0.5,lam=2",
+        "new": "neural-linear:head=h,prior_n=64",
+    }
     assert parse_ab_specs("A=fixed:4;B=fixed:8") == {"A": "fixed:4", "B": "fixed:8"}
     for bad, msg in (("A=fixed:16", "exactly two"), ("fixed:16,ucb", "NAME=SPEC"), ("A=ucb,A=ts", "twice")):
         with pytest.raises(AdaptspecError, match=msg):
@@ -137,13 +158,16 @@ def cpu_small():
 
 def test_simulate_ab_stops_and_picks_the_better_policy(cpu_small):
     traces = cpu_small
-    sim = simulate_ab(traces, {"A": "fixed:16", "B": "linucb"}, reward="throughput", seeds=[0, 1, 2],
-                      n_steps=2000).to_json()
+    sim = simulate_ab(
+        traces, {"A": "fixed:16", "B": "linucb"}, reward="throughput", seeds=[0, 1, 2], n_steps=2000
+    ).to_json()
     assert sim["better"] == "B" and sim["true_difference"] < 0
     assert sim["stopped"] == 3 and sim["correct"] == 3 and sim["wrong"] == 0
     assert all(d["stopped_at"] < 2000 and d["winner"] == "B" for d in sim["seeds"])
     # A/A: the same policy twice rarely "wins" (type I error)
-    aa = simulate_ab(traces, {"A": "fixed:8", "B": "fixed:8"}, reward="throughput", seeds=range(10), n_steps=1500)
+    aa = simulate_ab(
+        traces, {"A": "fixed:8", "B": "fixed:8"}, reward="throughput", seeds=range(10), n_steps=1500
+    )
     assert aa.stopped <= 2
     with pytest.raises(AdaptspecError, match="every arm"):
         simulate_ab(traces, {"A": "oracle", "B": "fixed:8"}, n_steps=100)
@@ -156,9 +180,13 @@ def test_simulate_ab_truth_of_fixed_policies_is_the_column_mean():
     tau = np.column_stack([rng.uniform(1.0, 2.0, 300), rng.uniform(1.0, 4.0, 300)])
     ts = TraceSet.from_arrays([f"r{i}" for i in range(300)], ["chat"] * 300, [2, 4], tau)
     sim = simulate_ab(ts, {"A": "fixed:2", "B": "fixed:4"}, order="logged", seeds=[0, 1])
-    assert sim.true_value["A"] == pytest.approx(tau[:, 0].mean()) and sim.true_value["B"] == pytest.approx(tau[:, 1].mean())
+    assert sim.true_value["A"] == pytest.approx(tau[:, 0].mean()) and sim.true_value["B"] == pytest.approx(
+        tau[:, 1].mean()
+    )
     assert sim.better == "B"
-    for run in sim.runs:  # each variant is paid from its own column on the requests routed to it (seeded split)
+    for (
+        run
+    ) in sim.runs:  # each variant is paid from its own column on the requests routed to it (seeded split)
         to_b = np.random.default_rng([run["seed"], 99]).random(300) >= 0.5
         assert run["mean"]["A"] == pytest.approx(tau[~to_b, 0].mean(), rel=1e-6)
         assert run["mean"]["B"] == pytest.approx(tau[to_b, 1].mean(), rel=1e-6)
@@ -168,8 +196,24 @@ def test_simulate_ab_truth_of_fixed_policies_is_the_column_mean():
 
 def test_simulate_cli_ab(cpu_small, tmp_path, capsys):
     ts = str(cpu_small.write(tmp_path / "cpu-small"))
-    assert main(["simulate", ts, "--ab", "A=fixed:16,B=ucb", "--seeds", "2", "--order", "shuffled", "--steps", "1500",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                ts,
+                "--ab",
+                "A=fixed:16,B=ucb",
+                "--seeds",
+                "2",
+                "--order",
+                "shuffled",
+                "--steps",
+                "1500",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"ab"} and out["ab"]["better"] == "B" and len(out["ab"]["seeds"]) == 2
     assert main(["simulate", ts, "--ab", "A=fixed:16,B=ucb", "--steps", "300"]) == 0
@@ -185,7 +229,9 @@ def test_simulate_cli_ab(cpu_small, tmp_path, capsys):
 def test_ab_report_cli_on_a_served_log(tmp_path, capsys):
     spec = FakeSpeculator()
     log, ck = tmp_path / "log", tmp_path / "ck"
-    a = AdaptiveController(spec, "random:epsilon=0", variant="A", log_dir=log, checkpoint_dir=ck / "A", roll_rows=25)
+    a = AdaptiveController(
+        spec, "random:epsilon=0", variant="A", log_dir=log, checkpoint_dir=ck / "A", roll_rows=25
+    )
     b = AdaptiveController(spec, "fixed:2", variant="B", log_dir=log, checkpoint_dir=ck / "B", roll_rows=25)
     for i in range(120):
         (a if i % 2 else b).generate([i % 13 + 1, i % 7 + 20, i], max_new_tokens=24)

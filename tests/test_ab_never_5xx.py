@@ -18,8 +18,18 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-POOL = ["ucb", "ucb-throughput", "eps-greedy", "ts", "exp3", "linucb", "lints", "linucb:standardize=false",
-        "fixed:4", "random"]
+POOL = [
+    "ucb",
+    "ucb-throughput",
+    "eps-greedy",
+    "ts",
+    "exp3",
+    "linucb",
+    "lints",
+    "linucb:standardize=false",
+    "fixed:4",
+    "random",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +42,11 @@ def speculator():
 @pytest.mark.slow
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(specs=["ucb", "fixed:4"], n=12, checkpoints=True)  # the case: UCB still in warm-up
-@given(specs=st.lists(st.sampled_from(POOL), min_size=1, max_size=3, unique=True), n=st.integers(1, 20),
-       checkpoints=st.booleans())
+@given(
+    specs=st.lists(st.sampled_from(POOL), min_size=1, max_size=3, unique=True),
+    n=st.integers(1, 20),
+    checkpoints=st.booleans(),
+)
 def test_ab_never_5xx_with_or_without_checkpoints(speculator, specs, n, checkpoints):
     from fastapi.testclient import TestClient
 
@@ -44,11 +57,20 @@ def test_ab_never_5xx_with_or_without_checkpoints(speculator, specs, n, checkpoi
     variants = {chr(ord("A") + i): s for i, s in enumerate(specs)}
     with tempfile.TemporaryDirectory() as tmp:
         log, ck = Path(tmp) / "log", Path(tmp) / "ck"
-        service = CompletionService.build(speculator, variants, log_dir=log, checkpoint_dir=ck if checkpoints else None,
-                                          checkpoint_every=2, log_fsync=False, seed=1)
+        service = CompletionService.build(
+            speculator,
+            variants,
+            log_dir=log,
+            checkpoint_dir=ck if checkpoints else None,
+            checkpoint_every=2,
+            log_fsync=False,
+            seed=1,
+        )
         with TestClient(create_app(service)) as client:
             for i in range(n):
-                r = client.post("/v1/completions", json={"prompt": [5, 6, 7 + i % 50], "max_tokens": 3, "user": f"u{i}"})
+                r = client.post(
+                    "/v1/completions", json={"prompt": [5, 6, 7 + i % 50], "max_tokens": 3, "user": f"u{i}"}
+                )
                 assert r.status_code == 200, r.text
                 if i % 7 == 6 or i == n - 1:  # the report during the run, as a dashboard polls it
                     for q in ("/ab", "/ab?ope=0"):

@@ -35,8 +35,12 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(body: str, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-c", CHILD + textwrap.dedent(body), *args], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD + textwrap.dedent(body), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -49,7 +53,8 @@ def lines_of(path) -> list[dict]:
 
 def test_a_record_cut_short_by_the_kernel_leaves_the_file_as_it_was(tmp_path):
     p = tmp_path / "log.jsonl"
-    out = run_child("""
+    out = run_child(
+        """
         from adaptspec._util.append import LineAppender
         p = sys.argv[1]
         with LineAppender(p, fsync=True) as f:
@@ -57,15 +62,28 @@ def test_a_record_cut_short_by_the_kernel_leaves_the_file_as_it_was(tmp_path):
             limited(p, 7, lambda: f.append('{"b": "' + "x" * 200 + '"}\\n'))
             print(os.path.getsize(p))
             f.append('{"c": 3}\\n')
-    """, str(p))
+    """,
+        str(p),
+    )
     assert out.split() == ["failed:", "OSError", str(len('{"a": 1}\n'))]
     assert lines_of(p) == [{"a": 1}, {"c": 3}]
 
 
 def test_the_decision_log_and_the_slice_log_survive_a_failed_append(tmp_path):
-    row = {"decision_id": "d{}", "time": 1.7e9, "policy": "fixed:4", "variant": "A", "block_size": 4,
-           "propensity": 1.0, "probs": [0.0, 1.0], "arms": [1, 4], "reward": 1.0, "features": [0.5, 1.0]}
-    out = run_child("""
+    row = {
+        "decision_id": "d{}",
+        "time": 1.7e9,
+        "policy": "fixed:4",
+        "variant": "A",
+        "block_size": 4,
+        "propensity": 1.0,
+        "probs": [0.0, 1.0],
+        "arms": [1, 4],
+        "reward": 1.0,
+        "features": [0.5, 1.0],
+    }
+    out = run_child(
+        """
         import json
         from adaptspec.traces.log_writer import DecisionLogWriter
         from adaptspec.traces.slice_log import SliceLogWriter
@@ -83,7 +101,10 @@ def test_the_decision_log_and_the_slice_log_survive_a_failed_append(tmp_path):
         s.append({"slice": 2})
         s.close()
         os._exit(0)   # a crash: the decision log's rows are still in its journal
-    """, str(tmp_path), json.dumps(row))
+    """,
+        str(tmp_path),
+        json.dumps(row),
+    )
     assert out.split() == ["failed:", "AdaptspecError", "3", "failed:", "AdaptspecError"]
     assert [r["slice"] for r in lines_of(tmp_path / "slices-r1.jsonl")] == [0, 2]
     from adaptspec.traces.log_writer import DecisionLogWriter, log_rows

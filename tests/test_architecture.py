@@ -26,7 +26,11 @@ LAYERS = [
     {"decoding"},
     {"models", "batching"},
     {"policies"},
-    {"analysis", "load_rules", "host"},  # served-log analysis and its statistics (which the A/B simulation uses); load rules; the host's measured costs
+    {
+        "analysis",
+        "load_rules",
+        "host",
+    },  # served-log analysis and its statistics (which the A/B simulation uses); load rules; the host's measured costs
     {"collect", "simulators"},
     {"control", "fleet"},
     {"evaluation", "serving"},
@@ -109,7 +113,9 @@ def test_no_import_cycles():
 def test_every_package_has_a_layer_and_imports_only_lower_layers():
     mods = _modules()
     units = {_unit(m) for m in mods if m not in FACADE}
-    assert units <= set(LAYER_OF), f"packages without a layer in docs/architecture.md: {sorted(units - set(LAYER_OF))}"
+    assert units <= set(LAYER_OF), (
+        f"packages without a layer in docs/architecture.md: {sorted(units - set(LAYER_OF))}"
+    )
     bad = []
     for a, targets in _edges(mods).items():
         if a in FACADE:
@@ -127,7 +133,9 @@ def test_top_level_holds_at_most_five_modules():
 
 
 def test_import_adaptspec_is_cheap_and_public_names_resolve():
-    code = ("import sys, adaptspec; assert 'torch' not in sys.modules, 'import adaptspec pulled torch'; "
-            "from adaptspec import AdaptiveController, AdaptspecError, BlockSpeculator, Decision, Outcome, Prefill, Round; "
-            "from adaptspec.control import AdaptiveController as A; assert A is AdaptiveController")
+    code = (
+        "import sys, adaptspec; assert 'torch' not in sys.modules, 'import adaptspec pulled torch'; "
+        "from adaptspec import AdaptiveController, AdaptspecError, BlockSpeculator, Decision, Outcome, Prefill, Round; "
+        "from adaptspec.control import AdaptiveController as A; assert A is AdaptiveController"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -29,8 +29,14 @@ from adaptspec.traces import DecisionLog
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 TINY_DEFAULT_ARMS = (1, 2, 4, 6, 8, 10, 12, 16)  # DEFAULT_ARMS up to the tiny drafter's 16
-LIMITS = ServerLimits(max_prompt_tokens=32, max_tokens=4, default_max_tokens=2, max_context=512, vocab_size=128,
-                      max_body_bytes=1 << 20)
+LIMITS = ServerLimits(
+    max_prompt_tokens=32,
+    max_tokens=4,
+    default_max_tokens=2,
+    max_context=512,
+    vocab_size=128,
+    max_body_bytes=1 << 20,
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +74,35 @@ def metric(client, name: str, **labels) -> float:
 
 
 # ============================================================================ requests
-@pytest.mark.parametrize("body,param,needle", [
-    ({"prompt": "hi", "seed": 1180591620717411303424, "temperature": 0.7}, "seed", "seed must be an integer in 0.."),
-    ({"prompt": "hi", "seed": -1}, "seed", "seed must be an integer"),
-    ({"prompt": "hi", "temperature": 1e-300}, "temperature", "temperature must be 0 (greedy) or a number in"),
-    ({"prompt": "hi", "temperature": 1e300}, "temperature", "temperature"),
-    ({"prompt": "hi", "logprobs": 0}, "logprobs", "logprobs=0 is not supported"),
-    ({"prompt": "hi", "n": True}, "n", "n=True is not supported"),
-    ({"prompt": [1, 2, 2**70]}, "prompt", "outside the vocabulary"),
-], ids=["d4-seed-overflow", "d4-seed-negative", "d4-temperature-underflows-logits", "d4-temperature-huge",
-        "d11-logprobs-zero-refused", "n-true-is-not-one", "prompt-token-id-overflow"])
+@pytest.mark.parametrize(
+    "body,param,needle",
+    [
+        (
+            {"prompt": "hi", "seed": 1180591620717411303424, "temperature": 0.7},
+            "seed",
+            "seed must be an integer in 0..",
+        ),
+        ({"prompt": "hi", "seed": -1}, "seed", "seed must be an integer"),
+        (
+            {"prompt": "hi", "temperature": 1e-300},
+            "temperature",
+            "temperature must be 0 (greedy) or a number in",
+        ),
+        ({"prompt": "hi", "temperature": 1e300}, "temperature", "temperature"),
+        ({"prompt": "hi", "logprobs": 0}, "logprobs", "logprobs=0 is not supported"),
+        ({"prompt": "hi", "n": True}, "n", "n=True is not supported"),
+        ({"prompt": [1, 2, 2**70]}, "prompt", "outside the vocabulary"),
+    ],
+    ids=[
+        "d4-seed-overflow",
+        "d4-seed-negative",
+        "d4-temperature-underflows-logits",
+        "d4-temperature-huge",
+        "d11-logprobs-zero-refused",
+        "n-true-is-not-one",
+        "prompt-token-id-overflow",
+    ],
+)
 def test_bad_fields_get_a_400_naming_them(client, body, param, needle):
     r = post(client, body)
     assert r.status_code == 400, r.text
@@ -85,43 +110,64 @@ def test_bad_fields_get_a_400_naming_them(client, body, param, needle):
     assert err["param"] == param and needle in err["message"] and "\n" not in err["message"]
 
 
-@pytest.mark.parametrize("body,needle", [
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"prompt": ' + b"[" * 50_000 + b"1" + b"]" * 50_000 + b"}", "nested too deeply"),
-    (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "a number that cannot be read"),
-], ids=["d4-deeply-nested-array", "d4-deeply-nested-prompt", "d4-integer-of-5000-digits"])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"prompt": ' + b"[" * 50_000 + b"1" + b"]" * 50_000 + b"}", "nested too deeply"),
+        (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "a number that cannot be read"),
+    ],
+    ids=["d4-deeply-nested-array", "d4-deeply-nested-prompt", "d4-integer-of-5000-digits"],
+)
 def test_d4_bodies_json_cannot_hold_get_a_400(client, body, needle):
     r = post(client, body)
     assert r.status_code == 400 and needle in r.json()["error"]["message"]
     assert post(client, {"prompt": "still up", "max_tokens": 2}).status_code == 200
 
 
-_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=12))
-_JSON = st.recursive(_LEAF, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
-                     max_leaves=10)
+_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=12)
+)
+_JSON = st.recursive(
+    _LEAF,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    max_leaves=10,
+)
 _FIELDS = {
-    "prompt": st.one_of(st.text(max_size=40), st.lists(st.integers(-3, 300), max_size=40),
-                        st.lists(st.lists(st.integers(0, 127), max_size=3), max_size=2), _JSON),
+    "prompt": st.one_of(
+        st.text(max_size=40),
+        st.lists(st.integers(-3, 300), max_size=40),
+        st.lists(st.lists(st.integers(0, 127), max_size=3), max_size=2),
+        _JSON,
+    ),
     "max_tokens": st.one_of(st.integers(-2, 6), _JSON),
     "temperature": st.one_of(st.just(0), st.floats(0, 3), _JSON),
     "seed": st.one_of(st.none(), st.integers(-2, 2**70), _JSON),
     "stream": st.one_of(st.booleans(), _JSON),
     "user": st.one_of(st.text(max_size=8), _JSON),
     "variant": st.one_of(st.sampled_from(["A", "B", "C"]), _JSON),
-    "n": st.one_of(st.just(1), _JSON), "logprobs": _JSON, "stop": _JSON, "echo": _JSON,
+    "n": st.one_of(st.just(1), _JSON),
+    "logprobs": _JSON,
+    "stop": _JSON,
+    "echo": _JSON,
     "extra": _JSON,
 }
 _VALID = {  # requests that should run: the generated ones above are mostly refused
-    "prompt": st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(0, 127), min_size=1, max_size=20)),
+    "prompt": st.one_of(
+        st.text(min_size=1, max_size=20), st.lists(st.integers(0, 127), min_size=1, max_size=20)
+    ),
     "max_tokens": st.integers(1, 4),
     "temperature": st.one_of(st.just(0), st.floats(0.001, 2), st.floats(0, 1e-250), st.floats(2, 1e308)),
-    "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1), st.integers(2**64, 2**80)), "stream": st.booleans(),
-    "user": st.text(max_size=8), "variant": st.sampled_from(["A", "B"]),
+    "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1), st.integers(2**64, 2**80)),
+    "stream": st.booleans(),
+    "user": st.text(max_size=8),
+    "variant": st.sampled_from(["A", "B"]),
 }
 _BODIES = st.one_of(
-    st.fixed_dictionaries({k: _VALID[k] for k in ("prompt", "max_tokens", "temperature", "seed")},
-                          optional={k: _VALID[k] for k in ("stream", "user", "variant")})
-    .map(lambda d: json.dumps(d).encode()),
+    st.fixed_dictionaries(
+        {k: _VALID[k] for k in ("prompt", "max_tokens", "temperature", "seed")},
+        optional={k: _VALID[k] for k in ("stream", "user", "variant")},
+    ).map(lambda d: json.dumps(d).encode()),
     st.fixed_dictionaries({}, optional=_FIELDS).map(lambda d: json.dumps(d).encode()),
     _JSON.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=40),
@@ -178,14 +224,28 @@ def test_after_the_generated_bodies_the_server_answers_and_nothing_failed(shared
 
 # ============================================================================ state the server cannot use
 def _rows(n: int, width: int) -> list[dict]:
-    return [{"decision_id": f"old-{i}", "time": 1.7e9 + i, "policy": "ucb", "variant": "A", "block_size": 4,
-             "propensity": 1.0, "probs": [0.0, 0.0, 1.0], "arms": [1, 2, 4], "reward": 1.0,
-             "features": [0.5] * width} for i in range(n)]
+    return [
+        {
+            "decision_id": f"old-{i}",
+            "time": 1.7e9 + i,
+            "policy": "ucb",
+            "variant": "A",
+            "block_size": 4,
+            "propensity": 1.0,
+            "probs": [0.0, 0.0, 1.0],
+            "arms": [1, 2, 4],
+            "reward": 1.0,
+            "features": [0.5] * width,
+        }
+        for i in range(n)
+    ]
 
 
 def test_d5_a_log_with_contexts_of_another_width_is_refused_at_start(spec, tmp_path):
     DecisionLog(tmp_path / "log").append(_rows(3, width=3))
-    with pytest.raises(AdaptspecError, match="holds contexts of 3 features, the speculator's prefill gives 129"):
+    with pytest.raises(
+        AdaptspecError, match="holds contexts of 3 features, the speculator's prefill gives 129"
+    ):
         build(spec, tmp_path)
     assert len(DecisionLog.read(tmp_path / "log")) == 3  # untouched
 
@@ -218,7 +278,10 @@ def test_d5_a_failed_log_write_is_a_503_not_an_applied_feedback(client):
         assert post(client, {"prompt": "other variant", "variant": "B"}).status_code == 200  # B keeps serving
     finally:
         with writer._lock:  # the disk has room again: appends go to the journal segment they went to
-            full, writer._file = writer._file, None if segment is None else LineAppender(segment.path, fsync=False)
+            full, writer._file = (
+                writer._file,
+                None if segment is None else LineAppender(segment.path, fsync=False),
+            )
         with contextlib.suppress(OSError):
             full.close()
     assert post(client, {"prompt": "third", "variant": "A"}).status_code == 200
@@ -285,7 +348,9 @@ def test_d11_a_restart_that_replayed_the_log_checkpoints_at_shutdown(spec, tmp_p
     from adaptspec import AdaptiveController
     from adaptspec.policies import make_policy
 
-    opts = dict(log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", checkpoint_every=2, variant="A", seed=0)
+    opts = dict(
+        log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", checkpoint_every=2, variant="A", seed=0
+    )
     with AdaptiveController(spec, "ucb", **opts) as c:
         for i in range(3):
             c.generate(CharCodec().encode(f"request {i}"), max_new_tokens=3)
@@ -306,27 +371,43 @@ def test_d11_a_restart_that_replayed_the_log_checkpoints_at_shutdown(spec, tmp_p
 # ============================================================================ issue 38: routing and prompt shapes
 def test_i38_variant_null_is_not_given_the_model_and_the_header_route(client):
     def variant(body, headers=None):
-        r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, headers=headers or {})
+        r = client.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, headers=headers or {}
+        )
         assert r.status_code == 200, r.text
         return r.json()["adaptspec"]["variant"]
 
     assert {variant({"model": "tiny:B", "variant": None}) for _ in range(8)} == {"B"}
     assert {variant({"variant": None}, {"X-Adaptspec-Variant": "B"}) for _ in range(8)} == {"B"}
-    assert variant({"model": "tiny:A", "variant": None}, {"X-Adaptspec-Variant": "B"}) == "A"  # the body first
+    assert (
+        variant({"model": "tiny:A", "variant": None}, {"X-Adaptspec-Variant": "B"}) == "A"
+    )  # the body first
     assert {variant({"variant": None}) for _ in range(40)} == {"A", "B"}  # no key, no name: random
     r = post(client, {"prompt": "hi", "model": "tiny:B", "variant": "A"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "variant"
 
 
-@pytest.mark.parametrize("prompt,status,needle", [
-    ([["a"]], 400, "prompt must be a string or a list of integer token ids, got a list holding 'a'"),
-    ([[1, "x"]], 400, "got a list holding 'x'"),
-    ([1, None], 400, "got a list holding None"),
-    ([[1, 2], [3]], 400, "one prompt per request, got 2"),
-    (["a", "b", "c"], 400, "one prompt per request, got 3"),
-    ([[72, 105]], 200, None),
-    (["Hi"], 200, None),
-], ids=["i38-nested-string", "i38-mixed", "i38-null-id", "i38-two-prompts", "i38-three-texts", "one-id-list", "one-text"])
+@pytest.mark.parametrize(
+    "prompt,status,needle",
+    [
+        ([["a"]], 400, "prompt must be a string or a list of integer token ids, got a list holding 'a'"),
+        ([[1, "x"]], 400, "got a list holding 'x'"),
+        ([1, None], 400, "got a list holding None"),
+        ([[1, 2], [3]], 400, "one prompt per request, got 2"),
+        (["a", "b", "c"], 400, "one prompt per request, got 3"),
+        ([[72, 105]], 200, None),
+        (["Hi"], 200, None),
+    ],
+    ids=[
+        "i38-nested-string",
+        "i38-mixed",
+        "i38-null-id",
+        "i38-two-prompts",
+        "i38-three-texts",
+        "one-id-list",
+        "one-text",
+    ],
+)
 def test_i38_a_prompt_of_the_wrong_shape_is_named(client, prompt, status, needle):
     r = post(client, {"prompt": prompt, "max_tokens": 2})
     assert r.status_code == status, r.text
@@ -336,7 +417,7 @@ def test_i38_a_prompt_of_the_wrong_shape_is_named(client, prompt, status, needle
 
 # ============================================================================ issue 46: serve says what runs, refuses what it would guess
 #: a speculator of one's own (not adaptspec's SpeculativeDecoder: served one request at a time), as a factory module
-MYLOOP = '''
+MYLOOP = """
 from adaptspec.serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
 
 
@@ -356,7 +437,7 @@ class MyLoop:
 
 def make():
     return MyLoop()
-'''
+"""
 
 
 def test_i46_an_empty_load_rule_is_refused_in_one_line_not_taken_for_the_default(capsys):
@@ -364,7 +445,10 @@ def test_i46_an_empty_load_rule_is_refused_in_one_line_not_taken_for_the_default
 
     assert main(["serve", "--tiny", "--port", "0", "--load-rule", ""]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "argument --load-rule: an empty rule: give learned, goodput, fixed:B or none" in err
+    assert (
+        err.count("\n") == 1
+        and "argument --load-rule: an empty rule: give learned, goodput, fixed:B or none" in err
+    )
 
 
 def test_i46_serve_help_names_the_cold_default_that_runs(capsys):
@@ -373,7 +457,10 @@ def test_i46_serve_help_names_the_cold_default_that_runs(capsys):
     with pytest.raises(SystemExit):
         build_parser("serve").parse_args(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "else fi-ucb, UCB learning every block size a request's rounds reveal" in text and "else ucb)" not in text
+    assert (
+        "else fi-ucb, UCB learning every block size a request's rounds reveal" in text
+        and "else ucb)" not in text
+    )
     assert "--stall-timeout S" in text and "(default 60)" in text
 
 
@@ -388,6 +475,8 @@ def test_i46_redecide_every_on_a_speculator_of_ones_own_names_its_class(tmp_path
     assert main(["serve", "--speculator", "myloop:make", "--port", "0", "--redecide-every", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert "redecide_every=4 needs a speculator whose decode asks its RoundSchedule every round: speculator MyLoop " \
-           "does not declare per_round = True" in err
+    assert (
+        "redecide_every=4 needs a speculator whose decode asks its RoundSchedule every round: speculator MyLoop "
+        "does not declare per_round = True" in err
+    )
     assert "Haltable" not in err

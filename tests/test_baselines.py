@@ -18,10 +18,19 @@ ARMS = (1, 2, 4, 8, 16)
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), eps=st.floats(0.0, 1.0), n=st.integers(1, 40), which=st.sampled_from(["fixed", "random"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    eps=st.floats(0.0, 1.0),
+    n=st.integers(1, 40),
+    which=st.sampled_from(["fixed", "random"]),
+)
 def test_batch_equals_sequential_decisions_and_probs_sum_to_one(seed, eps, n, which):
     def build():
-        return Fixed(4, arms=ARMS, seed=seed, epsilon=eps) if which == "fixed" else RandomPolicy(ARMS, seed=seed, epsilon=eps)
+        return (
+            Fixed(4, arms=ARMS, seed=seed, epsilon=eps)
+            if which == "fixed"
+            else RandomPolicy(ARMS, seed=seed, epsilon=eps)
+        )
 
     a, b = build(), build()
     idx, prop = a.decide_batch(None, n)
@@ -98,18 +107,21 @@ def test_make_policy_parses_specs():
     assert describe("fixed") == "fixed:block_size=None,epsilon=0.0"
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ("", "empty policy spec"),
-    ("nope", "unknown policy 'nope' in spec 'nope': known policies are"),
-    ("fixed", "fixed needs a block size"),
-    ("fixed:x", "fixed: block_size must be an integer, got 'x'"),
-    ("fixed:16,8", "too many positional values"),
-    ("fixed:16,epsilon=a", "fixed: epsilon must be a number, got 'a'"),
-    ("fixed:16,colour=red", "unknown option 'colour'"),
-    ("fixed:epsilon=0.1,16", "positional value '16' after key=value"),
-    ("fixed:16,,", "empty value between commas"),
-    ("random:epsilon=2", "epsilon must be in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("", "empty policy spec"),
+        ("nope", "unknown policy 'nope' in spec 'nope': known policies are"),
+        ("fixed", "fixed needs a block size"),
+        ("fixed:x", "fixed: block_size must be an integer, got 'x'"),
+        ("fixed:16,8", "too many positional values"),
+        ("fixed:16,epsilon=a", "fixed: epsilon must be a number, got 'a'"),
+        ("fixed:16,colour=red", "unknown option 'colour'"),
+        ("fixed:epsilon=0.1,16", "positional value '16' after key=value"),
+        ("fixed:16,,", "empty value between commas"),
+        ("random:epsilon=2", "epsilon must be in [0, 1]"),
+    ],
+)
 def test_make_policy_errors(spec, msg):
     with pytest.raises(AdaptspecError) as e:
         make_policy(spec, ARMS)
@@ -119,8 +131,17 @@ def test_make_policy_errors(spec, msg):
 class _Toy(Policy):
     name = "toy"
 
-    def __init__(self, arms, seed=None, head: Path | None = None, flag: bool = False, k: int = 1,
-                 scale: float = 1.0, note: str = "", **kwargs):
+    def __init__(
+        self,
+        arms,
+        seed=None,
+        head: Path | None = None,
+        flag: bool = False,
+        k: int = 1,
+        scale: float = 1.0,
+        note: str = "",
+        **kwargs,
+    ):
         self.head, self.flag, self.k, self.scale, self.note, self.extra = head, flag, k, scale, note, kwargs
         super().__init__(arms, seed=seed)
 

@@ -22,7 +22,11 @@ def test_a_row_is_computed_alike_in_a_call_of_any_row_count(monkeypatch, units, 
     layer.__class__ = RowPaddedLinear
     x = torch.randn(40, 576, generator=g).to(dtype)
     with torch.inference_mode():
-        alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])  # one row a call: a decoding step each
+        alone = torch.cat(
+            [layer(x[i : i + 1]) for i in range(len(x))]
+        )  # one row a call: a decoding step each
         for m in (2, 3, 4, 5, 7, 8, 15, 16, 17, 33, 40):
             assert torch.equal(layer(x[:m]), alone[:m]), m
-            assert torch.equal(layer(x[:m].unsqueeze(0))[0], alone[:m]), m  # [batch, rows, features] as models call it
+            assert torch.equal(layer(x[:m].unsqueeze(0))[0], alone[:m]), (
+                m
+            )  # [batch, rows, features] as models call it

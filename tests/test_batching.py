@@ -80,7 +80,7 @@ def test_fast_mode_commits_the_argmax_of_the_target():
     handles = []
     for b in (1, 2, 3, 4, 6, 8, 5):
         p = torch.randint(96, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
-        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24)[0, len(p):].tolist()
+        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24)[0, len(p) :].tolist()
         drafter.learn(target.prefill(p).context_hidden, p + ref)
         handles.append((p, engine.submit(p, block_size=b, max_new_tokens=24)))
         engine.step()
@@ -99,7 +99,11 @@ def test_fast_mode_commits_the_argmax_of_the_target():
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 8), st.integers(0, 95)), min_size=1, max_size=5))
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(1, 30), st.integers(2, 8), st.integers(0, 95)), min_size=1, max_size=5
+    )
+)
 def test_one_drafter_pass_drafts_what_each_row_drafts_alone(rows):
     """The batched drafter pass: each row's logits equal its own single-row pass (to rounding)."""
     from adaptspec.batching.draft_pass import draft_logits_rows
@@ -124,7 +128,10 @@ def test_fast_engine_with_one_drafter_pass_matches_row_by_row_drafting():
     outs = []
     for together in (True, False):
         engine = BatchEngine(target, drafter, max_rows=4, batched_draft=together)
-        hs = [engine.submit([i + 1, 7, i * 3], block_size=b, max_new_tokens=16) for i, b in enumerate((2, 8, 1, 4, 6))]
+        hs = [
+            engine.submit([i + 1, 7, i * 3], block_size=b, max_new_tokens=16)
+            for i, b in enumerate((2, 8, 1, 4, 6))
+        ]
         engine.run_until_done()
         outs.append([(h.result().tokens, [r.tau for r in h.rounds]) for h in hs])
     assert outs[0] == outs[1]
@@ -142,22 +149,42 @@ def _fast_setup():
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 95), min_size=1, max_size=30),
-                                   st.integers(1, 8), st.integers(1, 16)), min_size=1, max_size=6),
-       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 4, 9]), chunk_tokens=st.sampled_from([None, 1, 5, 16]))
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.lists(st.integers(0, 95), min_size=1, max_size=30),
+            st.integers(1, 8),
+            st.integers(1, 16),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    max_rows=st.integers(1, 4),
+    budget=st.sampled_from([None, 4, 9]),
+    chunk_tokens=st.sampled_from([None, 1, 5, 16]),
+)
 def test_fast_mode_argmax_under_random_compositions(requests, max_rows, budget, chunk_tokens):
     """Arrivals, prompts, blocks, lengths, row limits, budgets and prompt chunks drawn at random:
     every committed token (the first one too, from the prompt's last chunk) is the target's argmax
     after its prefix (recomputed in one causal pass, batch 1)."""
     model, target, base = _fast_setup()
     drafter = KnowingDrafter(base, error_rate=0.3)
-    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=budget, batched_draft=False,
-                         chunk_tokens=chunk_tokens)
+    engine = BatchEngine(
+        target,
+        drafter,
+        max_rows=max_rows,
+        token_budget=budget,
+        batched_draft=False,
+        chunk_tokens=chunk_tokens,
+    )
     handles = {}
     for rnd in range(300):
         for i, (at, p, b, n) in enumerate(requests):
             if at == rnd:
-                ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n)[0, len(p):].tolist()
+                ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n)[
+                    0, len(p) :
+                ].tolist()
                 drafter.learn(target.prefill(p).context_hidden, p + ref)
                 handles[i] = (p, engine.submit(p, block_size=b, max_new_tokens=n))
         engine.step()
@@ -183,6 +210,7 @@ def test_sampling_is_exact_in_distribution():
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=1, max_block_size=4)
     prompt = [1, 4, 2]
     with torch.no_grad():
+
         def probs(seq):
             return torch.softmax(model(torch.tensor([seq])).logits[0, -1].double() / temp, -1)
 
@@ -197,14 +225,18 @@ def test_sampling_is_exact_in_distribution():
     for seed in range(n):
         handles.append(engine.submit(prompt, block_size=3, max_new_tokens=3, temperature=temp, seed=seed))
         if seed % 7 == 0:  # other rows: greedy and sampled, other prompts and blocks
-            engine.submit([3, seed % vocab], block_size=4, max_new_tokens=5, temperature=0.0 if seed % 2 else 0.8)
+            engine.submit(
+                [3, seed % vocab], block_size=4, max_new_tokens=5, temperature=0.0 if seed % 2 else 0.8
+            )
     engine.run_until_done()
     counts = np.zeros((vocab, vocab))
     for h in handles:
         t = h.result().tokens
         counts[t[1], t[2]] += 1
     rounds = [r for h in handles for r in h.rounds]
-    assert any(r.block_size == 2 and r.tau == 2 for r in rounds) and any(r.block_size == 2 and r.tau == 1 for r in rounds)
+    assert any(r.block_size == 2 and r.tau == 2 for r in rounds) and any(
+        r.block_size == 2 and r.tau == 1 for r in rounds
+    )
     assert chi_square_p(counts, joint.numpy()) > 1e-3  # rare cells pooled only where there are some
 
 
@@ -250,22 +282,32 @@ def test_a_failing_row_fails_alone():
     running.cancel()
     waiting.cancel()
     engine.run_until_done()
-    for h, word in [(bad_token, "outside"), (empty, "empty"), (too_long, "exceeds the context"),
-                    (not_ids, "token ids"), (running, "cancelled"), (waiting, "cancelled")]:
+    for h, word in [
+        (bad_token, "outside"),
+        (empty, "empty"),
+        (too_long, "exceeds the context"),
+        (not_ids, "token ids"),
+        (running, "cancelled"),
+        (waiting, "cancelled"),
+    ]:
         with pytest.raises(AdaptspecError, match=word):
             h.result()
         assert f"request {h.id}" in str(h.error)
     assert len(running.tokens) >= 3  # it was decoding when it was cancelled
     for h, (p, _, n) in zip(handles, good):
         ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
-        assert h.result().tokens == ref[0, len(p):].tolist()
+        assert h.result().tokens == ref[0, len(p) :].tolist()
 
 
 def test_settings_are_checked_at_submit():
     model = tiny_target("llama", vocab=96)
     engine = BatchEngine(TargetModel(model), None, max_rows=2)
-    for kw, word in [(dict(block_size=2), "no drafter"), (dict(max_new_tokens=0), "max_new_tokens"),
-                     (dict(temperature=-1.0), "temperature"), (dict(block_size=True), "int")]:
+    for kw, word in [
+        (dict(block_size=2), "no drafter"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(block_size=True), "int"),
+    ]:
         with pytest.raises(AdaptspecError, match=word):
             engine.submit([1, 2], **kw)
     with pytest.raises(AdaptspecError, match="max_rows"):
@@ -280,8 +322,10 @@ def test_outcome_and_round_records_add_up():
     target = TargetModel(model)
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8)
     engine = BatchEngine(target, drafter, max_rows=3)
-    handles = [engine.submit([i + 1, 2 * i + 3], block_size=b, max_new_tokens=n) for i, (b, n) in
-               enumerate([(1, 10), (4, 17), (8, 9), (2, 12)])]
+    handles = [
+        engine.submit([i + 1, 2 * i + 3], block_size=b, max_new_tokens=n)
+        for i, (b, n) in enumerate([(1, 10), (4, 17), (8, 9), (2, 12)])
+    ]
     engine.run_until_done()
     for h in handles:
         out = h.result()

@@ -7,11 +7,14 @@ import pytest
 from adaptspec.cli import main
 
 
-@pytest.mark.parametrize("argv, word", [
-    (["--batch-only"], "--batch-only needs --batch-rows"),
-    (["--batch-rows", "0,2"], "positive integers"),
-    (["--batch-rows", "2", "--batch-contexts", "a"], "positive integers"),
-])
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["--batch-only"], "--batch-only needs --batch-rows"),
+        (["--batch-rows", "0,2"], "positive integers"),
+        (["--batch-rows", "2", "--batch-contexts", "a"], "positive integers"),
+    ],
+)
 def test_bad_batch_options_are_one_line(argv, word, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         rc = main(["profile-latency", "--out", str(tmp_path / "p.json"), *argv])

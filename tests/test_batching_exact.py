@@ -35,19 +35,34 @@ def _setup(arch: str = "llama", dtype: torch.dtype = torch.float32):
 def _reference(arch: str, prompt: tuple[int, ...], n: int, dtype: torch.dtype = torch.float32) -> list[int]:
     model = _setup(arch, dtype)[0]
     out = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=n)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
-def _engine(arch: str, max_rows: int, error_rate: float = 0.3, token_budget: int | None = None, seed: int = 0,
-            dtype: torch.dtype = torch.float32, chunk_tokens: int | None = 64):
+def _engine(
+    arch: str,
+    max_rows: int,
+    error_rate: float = 0.3,
+    token_budget: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    chunk_tokens: int | None = 64,
+):
     model, target, base = _setup(arch, dtype)
     drafter = KnowingDrafter(base, error_rate=error_rate, seed=seed)
-    engine = BatchEngine(target, drafter, max_rows=max_rows, token_budget=token_budget, chunk_tokens=chunk_tokens)
+    engine = BatchEngine(
+        target, drafter, max_rows=max_rows, token_budget=token_budget, chunk_tokens=chunk_tokens
+    )
     return engine, drafter
 
 
-def _teach(engine: BatchEngine, drafter: KnowingDrafter, arch: str, prompt: list[int], n: int,
-           dtype: torch.dtype = torch.float32) -> None:
+def _teach(
+    engine: BatchEngine,
+    drafter: KnowingDrafter,
+    arch: str,
+    prompt: list[int],
+    n: int,
+    dtype: torch.dtype = torch.float32,
+) -> None:
     ref = _reference(arch, tuple(prompt), n, dtype)
     drafter.learn(engine.target.prefill(prompt).context_hidden, prompt + ref)
 
@@ -90,14 +105,18 @@ def test_greedy_rows_equal_the_target_alone(requests, max_rows, changes, error_r
         assert handles[i].result().tokens == _reference(arch, tuple(prompt), n), (i, requests)
 
 
-@pytest.mark.parametrize("arch, dtype", [("llama", torch.float32), ("qwen3", torch.float32), ("llama", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "arch, dtype", [("llama", torch.float32), ("qwen3", torch.float32), ("llama", torch.bfloat16)]
+)
 def test_staggered_joins_with_accepted_drafts(arch, dtype):
     """Six requests joining at different rounds into four rows, blocks 1..8, drafts mostly right;
     contexts up to ~90 positions (past the attention kernel's 64-key padding step)."""
     engine, drafter = _engine(arch, max_rows=4, error_rate=0.2, dtype=dtype)
     g = torch.Generator().manual_seed(1)
-    reqs = [(torch.randint(VOCAB, (int(torch.randint(1, 70, (1,), generator=g)),), generator=g).tolist(), b, 20)
-            for b in (1, 2, 4, 8, 3, 6)]
+    reqs = [
+        (torch.randint(VOCAB, (int(torch.randint(1, 70, (1,), generator=g)),), generator=g).tolist(), b, 20)
+        for b in (1, 2, 4, 8, 3, 6)
+    ]
     handles = []
     for k, (p, b, n) in enumerate(reqs):
         _teach(engine, drafter, arch, p, n, dtype)
@@ -115,8 +134,14 @@ def test_staggered_joins_with_accepted_drafts(arch, dtype):
     seed=st.integers(0, 2**31 - 1),
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10),
     block=st.integers(1, 6),
-    others=st.lists(st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), st.integers(1, 6),
-                              st.sampled_from([0.0, 0.7, 1.3])), max_size=3),
+    others=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10),
+            st.integers(1, 6),
+            st.sampled_from([0.0, 0.7, 1.3]),
+        ),
+        max_size=3,
+    ),
     late=st.booleans(),
 )
 def test_sampled_row_equals_speculative_decoder_with_its_seed(seed, prompt, block, others, late):
@@ -142,7 +167,7 @@ def test_row_padded_linear_rows_do_not_depend_on_the_batch():
         lin = torch.nn.Linear(64, 96).to(dtype)
         lin.__class__ = RowPaddedLinear
         x = torch.randn(7, 5, 64).to(dtype)
-        alone = [lin(x[r : r + 1, : t]) for r in range(7) for t in (1, 3, 5)]
+        alone = [lin(x[r : r + 1, :t]) for r in range(7) for t in (1, 3, 5)]
         for rows in range(1, 8):
             out = lin(x[:rows])
             for r in range(rows):

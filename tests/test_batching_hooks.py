@@ -20,7 +20,7 @@ MODEL = tiny_model(0)
 
 def alone(prompt: str, n: int) -> list[int]:
     ids = CODEC.encode(prompt)
-    return MODEL.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+    return MODEL.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids) :].tolist()
 
 
 def test_a_chooser_gets_the_prefill_features_at_join_and_its_block_size_is_verified():
@@ -30,6 +30,7 @@ def test_a_chooser_gets_the_prefill_features_at_join_and_its_block_size_is_verif
         def f(features):
             seen[prompt] = np.asarray(features)
             return 3
+
         return f
 
     engine = BatchEngine(SPEC.target, SPEC.drafter, max_rows=4)
@@ -87,7 +88,10 @@ def test_a_round_rule_sets_every_rows_block_size_capped_by_the_requests_own():
         return [3] * len(rows)
 
     engine.round_block_sizes = rule
-    hs = [engine.submit(CODEC.encode(p), block_size=b, max_new_tokens=12) for p, b in (("abc", 2), ("zebra", 8), ("Q: why?", 1))]
+    hs = [
+        engine.submit(CODEC.encode(p), block_size=b, max_new_tokens=12)
+        for p, b in (("abc", 2), ("zebra", 8), ("Q: why?", 1))
+    ]
     engine.run_until_done()
     assert len(asked) == len(engine.history)
     for rec in engine.history:

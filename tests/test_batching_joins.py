@@ -42,11 +42,14 @@ def _argmax_holds(model, prompt: list[int], tokens: list[int], tol: float = 1e-4
 
 # ---------------------------------------------------------------------- the packed pass
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40),
-       cuts=st.lists(st.integers(1, 12), min_size=1, max_size=8),
-       rows=st.lists(st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), st.integers(1, 4)),
-                     max_size=3),
-       seed=st.integers(0, 2**16))
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40),
+    cuts=st.lists(st.integers(1, 12), min_size=1, max_size=8),
+    rows=st.lists(
+        st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), st.integers(1, 4)), max_size=3
+    ),
+    seed=st.integers(0, 2**16),
+)
 def test_a_prompt_in_chunks_beside_rows_computes_what_it_computes_whole(prompt, cuts, rows, seed):
     """A prompt run in chunks (sizes ``cuts``, repeated), each pass also carrying decoding rows: its
     last logits, its hidden states and its keys/values equal the model's own forward over the whole
@@ -66,8 +69,14 @@ def test_a_prompt_in_chunks_beside_rows_computes_what_it_computes_whole(prompt, 
         n = min(cuts[k % len(cuts)], len(prompt) - done)
         k += 1
         blocks = torch.randint(VOCAB, (len(rows), width), generator=g) if rows else None
-        out = packer.run(blocks, store, fill, [Chunk(0, ids[done : done + n], done + n == len(prompt))],
-                         context_layers=None, chunk_layers=[1, 4])
+        out = packer.run(
+            blocks,
+            store,
+            fill,
+            [Chunk(0, ids[done : done + n], done + n == len(prompt))],
+            context_layers=None,
+            chunk_layers=[1, 4],
+        )
         if rows:
             alone, _ = verify_rows(target, store, blocks, context=False)
             assert torch.allclose(out.logits, alone, atol=1e-9, rtol=0)
@@ -96,8 +105,10 @@ def test_rows_keep_decoding_in_every_pass_that_carries_a_chunk():
     target = TargetModel(model)
     drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8)
     engine = BatchEngine(target, drafter, max_rows=3, chunk_tokens=4)
-    first = [engine.submit([3, 1, 4], block_size=2, max_new_tokens=40),
-             engine.submit([2, 7], block_size=1, max_new_tokens=40)]
+    first = [
+        engine.submit([3, 1, 4], block_size=2, max_new_tokens=40),
+        engine.submit([2, 7], block_size=1, max_new_tokens=40),
+    ]
     engine.step()  # their prompts, whole: no row was decoding
     assert len(engine.rows) == 2
     prompt = torch.randint(VOCAB, (30,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -130,7 +141,9 @@ def test_a_chunked_join_gives_the_chooser_the_prefill_features_and_the_drafter_i
         engine.step()
     alone = target.prefill(prompt)
     assert len(seen) == 1 and late.block_size == 3
-    torch.testing.assert_close(torch.as_tensor(seen[0]), torch.as_tensor(alone.features), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.as_tensor(seen[0]), torch.as_tensor(alone.features), atol=1e-4, rtol=1e-4
+    )
     row = engine.rows[1]
     assert row.handle is late and row.draft.length == len(prompt)
     torch.testing.assert_close(torch.cat(row.draft.pending), alone.context_hidden, atol=1e-4, rtol=1e-4)
@@ -156,7 +169,9 @@ def test_exact_verification_runs_a_joining_prompt_whole_whatever_the_budget():
     assert [r.prompt_tokens for r in engine.history if r.prompt_tokens] == [17, 9, 23]
     for h, p in zip(handles, prompts):
         n = h.max_new_tokens
-        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n, min_new_tokens=n)[0, len(p):]
+        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=n, min_new_tokens=n)[
+            0, len(p) :
+        ]
         assert h.result().tokens == ref.tolist()
 
 
@@ -184,7 +199,12 @@ def test_requests_ending_while_they_join_end_alone():
     before.cancel()
     stopped.finish("stop")
     engine.run_until_done()
-    for h, word in [(mid, "cancelled"), (before, "cancelled"), (bad, "outside"), (chooser, "ZeroDivisionError")]:
+    for h, word in [
+        (mid, "cancelled"),
+        (before, "cancelled"),
+        (bad, "outside"),
+        (chooser, "ZeroDivisionError"),
+    ]:
         with pytest.raises(AdaptspecError, match=word):
             h.result()
         assert f"request {h.id}" in str(h.error)

@@ -23,8 +23,15 @@ def t975(df: int) -> float:
 
 
 def run(tokens: int, wall: float, requests: int = 4) -> dict:
-    return {"requests": requests, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "p50_s": 0.0, "p95_s": 0.0, "ttft_p50_s": None}
+    return {
+        "requests": requests,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "p50_s": 0.0,
+        "p95_s": 0.0,
+        "ttft_p50_s": None,
+    }
 
 
 def entry(*tps: float) -> dict:
@@ -40,7 +47,13 @@ def entry(*tps: float) -> dict:
 def test_schedule_is_level_major_then_the_day_with_consecutive_prompts(sweep):
     plan = sweep.schedule(["a", "b"], [1, 4], [(1, 3), (2, 5)], 2, 2)
     assert [(s["label"], s["repeat"]) for s in plan] == [
-        ("1", 0), ("1", 1), ("4", 0), ("4", 1), ("day", 0), ("day", 1)]
+        ("1", 0),
+        ("1", 1),
+        ("4", 0),
+        ("4", 1),
+        ("day", 0),
+        ("day", 1),
+    ]
     assert [s["phase"] for s in plan] == [[(1, 4)]] * 2 + [[(4, 8)]] * 2 + [[(1, 3), (2, 5)]] * 2
     # each phase sends the next prompts: 4, 4, 8, 8, 8 requests before
     assert [s["start"] for s in plan] == [0, 4, 8, 16, 24, 32]
@@ -49,7 +62,7 @@ def test_schedule_is_level_major_then_the_day_with_consecutive_prompts(sweep):
 def test_schedule_with_one_repeat_rotates_by_level_as_before(sweep):
     names = ["plain", "fixed:2", "learned"]
     plan = sweep.schedule(names, [1, 2, 4, 8], [(1, 4)], 1, 2)
-    assert [s["order"] for s in plan] == [names[i % 3:] + names[:i % 3] for i in range(5)]
+    assert [s["order"] for s in plan] == [names[i % 3 :] + names[: i % 3] for i in range(5)]
 
 
 def test_every_configuration_sits_at_every_position_over_the_repeats(sweep):
@@ -70,12 +83,30 @@ def test_every_configuration_sits_at_every_position_over_the_repeats(sweep):
 
 
 def test_pool_sums_tokens_and_wall_and_takes_percentiles_over_every_request(sweep):
-    reqs = [[{"tokens": 10, "latency_s": 1.0, "ttft_s": 0.1}, {"tokens": 20, "latency_s": 5.0, "ttft_s": None}],
-            [{"tokens": 30, "latency_s": 2.0, "ttft_s": 0.3}, {"tokens": 40, "latency_s": 4.0, "ttft_s": 0.2},
-             {"tokens": 50, "latency_s": 3.0, "ttft_s": 0.4}]]
-    eng = [{"rule_s": 1.0, "rule_wall_s": 2.0, "decode_s": 10.0, "rounds": 5.0, "rounds_by_rows_x_width": {"1x2": 5}},
-           {"rule_s": 3.0, "rule_wall_s": 2.0, "decode_s": 30.0, "rounds": 7.0,
-            "rounds_by_rows_x_width": {"1x2": 3, "2x1": 4}}]
+    reqs = [
+        [{"tokens": 10, "latency_s": 1.0, "ttft_s": 0.1}, {"tokens": 20, "latency_s": 5.0, "ttft_s": None}],
+        [
+            {"tokens": 30, "latency_s": 2.0, "ttft_s": 0.3},
+            {"tokens": 40, "latency_s": 4.0, "ttft_s": 0.2},
+            {"tokens": 50, "latency_s": 3.0, "ttft_s": 0.4},
+        ],
+    ]
+    eng = [
+        {
+            "rule_s": 1.0,
+            "rule_wall_s": 2.0,
+            "decode_s": 10.0,
+            "rounds": 5.0,
+            "rounds_by_rows_x_width": {"1x2": 5},
+        },
+        {
+            "rule_s": 3.0,
+            "rule_wall_s": 2.0,
+            "decode_s": 30.0,
+            "rounds": 7.0,
+            "rounds_by_rows_x_width": {"1x2": 3, "2x1": 4},
+        },
+    ]
     runs = [sweep.run_figures(r, w) | {"engine": e} for r, w, e in zip(reqs, (2.0, 8.0), eng)]
     p = sweep.pool(runs, reqs)
     assert (p["requests"], p["tokens"], p["wall_s"]) == (5, 150, 10.0)
@@ -84,15 +115,19 @@ def test_pool_sums_tokens_and_wall_and_takes_percentiles_over_every_request(swee
     assert p["p50_s"] == pytest.approx(3.0) and p["p95_s"] == pytest.approx(4.8)
     assert p["ttft_p50_s"] == pytest.approx(0.25)  # of 0.1, 0.2, 0.3, 0.4
     e = p["engine"]
-    assert (e["rule_s"], e["decode_s"], e["rounds"]) == (4.0, 40.0, 12.0) and e["rule_share"] == pytest.approx(0.1)
+    assert (e["rule_s"], e["decode_s"], e["rounds"]) == (4.0, 40.0, 12.0) and e[
+        "rule_share"
+    ] == pytest.approx(0.1)
     assert e["rounds_by_rows_x_width"] == {"1x2": 8, "2x1": 4}
     assert p["repeats"] == runs
 
 
 def test_tuned_table_chooses_by_the_mean_over_repeats_not_the_pooled_rate(sweep):
     # fixed:2 at 100 then 10 tok/s: mean 55, pooled 200 tokens / 11 s = 18.2; plain 30 and 30
-    tuning = {"plain": {"runs": {"1": entry(30, 30), "2": entry(40, 40)}},
-              "fixed:2": {"runs": {"1": entry(100, 10), "2": entry(10, 10)}}}
+    tuning = {
+        "plain": {"runs": {"1": entry(30, 30), "2": entry(40, 40)}},
+        "fixed:2": {"runs": {"1": entry(100, 10), "2": entry(10, 10)}},
+    }
     assert tuning["fixed:2"]["runs"]["1"]["tokens_per_s"] < tuning["plain"]["runs"]["1"]["tokens_per_s"]
     assert sweep.tuned_table(tuning, [1, 2]) == "table:1=2,2=1"
 
@@ -106,7 +141,7 @@ def test_paired_ratio_two_repeats_against_the_closed_form(sweep):
     assert s["geomean"] == pytest.approx(4.0)
     # log ratios ln 2, 3 ln 2: sd sqrt(2) ln 2, standard error ln 2
     t = t975(1)
-    assert s["ci95"] == pytest.approx([4 * 2 ** -t, 4 * 2 ** t])
+    assert s["ci95"] == pytest.approx([4 * 2**-t, 4 * 2**t])
 
 
 def test_paired_ratio_three_repeats_against_a_hand_interval(sweep):
@@ -115,11 +150,17 @@ def test_paired_ratio_three_repeats_against_a_hand_interval(sweep):
     logs = [math.log(1.1), math.log(1.2), math.log(0.9)]
     assert s["geomean"] == pytest.approx((1.1 * 1.2 * 0.9) ** (1 / 3))
     half = t975(2) * statistics.stdev(logs) / math.sqrt(3)
-    assert s["ci95"] == pytest.approx([math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)])
+    assert s["ci95"] == pytest.approx(
+        [math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)]
+    )
 
 
 def test_paired_ratio_one_repeat_has_no_interval_and_unpaired_is_refused(sweep):
-    assert sweep.paired_ratio([3.0], [2.0]) == {"per_repeat": [1.5], "geomean": pytest.approx(1.5), "ci95": None}
+    assert sweep.paired_ratio([3.0], [2.0]) == {
+        "per_repeat": [1.5],
+        "geomean": pytest.approx(1.5),
+        "ci95": None,
+    }
     with pytest.raises(ValueError):
         sweep.paired_ratio([1.0, 2.0], [1.0])
 
@@ -131,10 +172,12 @@ def test_oracle_share(sweep):
 
 
 def test_summarize_pairs_by_repeat_picks_the_best_static_and_scores_the_day(sweep):
-    runs = {"plain": {"1": entry(10, 20), "day": entry(10, 10)},
-            "fixed:2": {"1": entry(15, 30), "day": entry(12, 14)},
-            "learned": {"1": entry(12, 36), "day": entry(16, 14)},
-            sweep.ORACLE: {"day": entry(18, 18)}}
+    runs = {
+        "plain": {"1": entry(10, 20), "day": entry(10, 10)},
+        "fixed:2": {"1": entry(15, 30), "day": entry(12, 14)},
+        "learned": {"1": entry(12, 36), "day": entry(16, 14)},
+        sweep.ORACLE: {"day": entry(18, 18)},
+    }
     s = sweep.summarize(runs)
     assert list(s) == ["1", "day"] and s["1"]["best"] == "fixed:2" and s["day"]["best"] == "fixed:2"
     one = s["1"]["configs"]
@@ -158,9 +201,11 @@ def test_summarize_reads_single_runs_without_repeats(sweep):
 
 
 def test_tables_render_with_the_oracle_only_in_the_day(sweep):
-    runs = {"plain": {"1": entry(10, 20), "day": entry(10, 10)},
-            "learned": {"1": entry(12, 36), "day": entry(16, 14)},
-            sweep.ORACLE: {"day": entry(18, 18)}}
+    runs = {
+        "plain": {"1": entry(10, 20), "day": entry(10, 10)},
+        "learned": {"1": entry(12, 36), "day": entry(16, 14)},
+        sweep.ORACLE: {"day": entry(18, 18)},
+    }
     text = sweep.table({"runs": runs})
     assert f"| {sweep.ORACLE} | — | 18.0 (1.80x) |" in text
     md = sweep.summary_table(sweep.summarize(runs))
@@ -171,12 +216,17 @@ def test_tables_render_with_the_oracle_only_in_the_day(sweep):
 
 
 def test_pool_files_keeps_shared_configurations_and_pairs_repeats_within_their_run(sweep):
-    a = {"runs": {"plain": {"1": entry(10, 20), "day": entry(30, 30)}, "controller": {"1": entry(12, 18)},
-                  "goodput": {"1": entry(50, 50)}}}
+    a = {
+        "runs": {
+            "plain": {"1": entry(10, 20), "day": entry(30, 30)},
+            "controller": {"1": entry(12, 18)},
+            "goodput": {"1": entry(50, 50)},
+        }
+    }
     b = {"runs": {"plain": {"1": entry(40, 40, 40)}, "controller": {"1": entry(44, 40, 36)}}}
     runs = sweep.pool_files([a, b])
-    assert set(runs) == {"plain", "controller"}                # goodput ran in one file only
-    assert set(runs["plain"]) == {"1"}                         # so did the day
+    assert set(runs) == {"plain", "controller"}  # goodput ran in one file only
+    assert set(runs["plain"]) == {"1"}  # so did the day
     assert sweep.repeat_tps(runs["controller"]["1"]) == pytest.approx([12, 18, 44, 40, 36])
     assert runs["plain"]["1"]["tokens_per_s"] == pytest.approx(500 / (100 / 10 + 100 / 20 + 3 * 100 / 40))
     ratios = sweep.summarize(runs)["1"]["configs"]["controller"]["vs_plain"]["per_repeat"]

@@ -29,13 +29,17 @@ def test_a_splits_scores_are_the_hand_sums(bench):
     # tokens a second: (10 + 20) / (2 + 2) chosen; the best fixed rate is max(30/5, 30/4)
     assert m["throughput_vs_best_fixed"] == pytest.approx((30 / 4) / (30 / 4))
     m = bench.score(np.array([0, 0]), R, tokens, secs)
-    assert m["pct_best_fixed"] == pytest.approx(100 * 35 / 40) and m["pct_oracle"] == pytest.approx(100 * 25 / 40)
+    assert m["pct_best_fixed"] == pytest.approx(100 * 35 / 40) and m["pct_oracle"] == pytest.approx(
+        100 * 25 / 40
+    )
     assert m["throughput_vs_best_fixed"] == pytest.approx((30 / 5) / (30 / 4))
 
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(2, 300), s=st.integers(0, 50), f=st.floats(0.05, 0.95))
-def test_a_split_holds_out_its_share_of_the_prompts_never_none_never_all_and_the_same_each_time(bench, n, s, f):
+def test_a_split_holds_out_its_share_of_the_prompts_never_none_never_all_and_the_same_each_time(
+    bench, n, s, f
+):
     held = bench.split(n, s, f)
     assert 1 <= len(held) <= n - 1 and len(set(held.tolist())) == len(held)
     assert len(held) == min(max(1, round(f * n)), n - 1)
@@ -45,7 +49,7 @@ def test_a_split_holds_out_its_share_of_the_prompts_never_none_never_all_and_the
 def test_each_context_is_its_columns_and_the_hidden_reduction_never_sees_the_held_out_prompts(bench):
     rng = np.random.default_rng(0)
     n_prompts, loads = 40, 3
-    P = np.repeat(np.arange(n_prompts), loads)              # every prompt at three loads
+    P = np.repeat(np.arange(n_prompts), loads)  # every prompt at three loads
     H = rng.normal(size=(n_prompts, 50))
     Xp = rng.random((len(P), 6))
     L = rng.random((len(P), 5))
@@ -54,7 +58,9 @@ def test_each_context_is_its_columns_and_the_hidden_reduction_never_sees_the_hel
     tr, te = bench.contexts("load", train, test, P, H, L, Xp)
     assert np.array_equal(tr, L[train]) and np.array_equal(te, L[test])
     tr, te = bench.contexts("prompt+load", train, test, P, H, L, Xp)
-    assert np.array_equal(tr, np.hstack([Xp[train], L[train]])) and np.array_equal(te, np.hstack([Xp[test], L[test]]))
+    assert np.array_equal(tr, np.hstack([Xp[train], L[train]])) and np.array_equal(
+        te, np.hstack([Xp[test], L[test]])
+    )
     tr, te = bench.contexts("hidden+load", train, test, P, H, L, Xp)
     assert tr.shape[1] == te.shape[1] and np.array_equal(tr[:, -5:], L[train])
     # the same prompt at every load gets the same hidden columns

@@ -27,12 +27,15 @@ def greedy(ids: list[int], n: int) -> list[int]:
     out = list(ids)
     for _ in range(n):
         out.append(target_next(out))
-    return out[len(ids):]
+    return out[len(ids) :]
 
 
 def look(ids, temperature=0.0, seed=None):
-    return Prefill(first_token=target_next(list(ids)), prompt_tokens=len(ids),
-                   features=np.array([len(ids), sum(ids) % 7], np.float32))
+    return Prefill(
+        first_token=target_next(list(ids)),
+        prompt_tokens=len(ids),
+        features=np.array([len(ids), sum(ids) % 7], np.float32),
+    )
 
 
 def generate(ids, block_size, max_new_tokens, temperature=0.0, seed=None):
@@ -56,7 +59,7 @@ def generate(ids, block_size, max_new_tokens, temperature=0.0, seed=None):
         committed = committed[: max_new_tokens - (len(seq) - len(ids))]
         seq += committed
         rounds.append(Round(block_size, len(committed), 0.001, 0.002))
-    return Outcome(seq[len(ids):], rounds, decode_s=0.003 * len(rounds))
+    return Outcome(seq[len(ids) :], rounds, decode_s=0.003 * len(rounds))
 
 
 PROMPTS = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]
@@ -112,17 +115,31 @@ def test_through_the_controller_with_streaming():
 
 def test_faults_are_one_line():
     spec = BlockSizeFirst(look, generate, max_block_size=8)
-    other = BlockSizeFirst(lambda ids, temperature=0.0, seed=None: Prefill(99, len(ids), np.ones(2, np.float32)),
-                           generate, max_block_size=8)
+    other = BlockSizeFirst(
+        lambda ids, temperature=0.0, seed=None: Prefill(99, len(ids), np.ones(2, np.float32)),
+        generate,
+        max_block_size=8,
+    )
     cases = [
-        (lambda: other.decode(other.prefill([1, 2]), 2, 5), r"the loop's first token \[\d+\] is not look's 99"),
+        (
+            lambda: other.decode(other.prefill([1, 2]), 2, 5),
+            r"the loop's first token \[\d+\] is not look's 99",
+        ),
         (lambda: spec.decode(spec.prefill([1, 2]), 9, 5), "block size 9 outside 1..8"),
         (lambda: BlockSizeFirst(look, generate, max_block_size=0), "max_block_size must be an integer >= 1"),
         (lambda: BlockSizeFirst(look, None, max_block_size=8), "generate must be callable"),
-        (lambda: BlockSizeFirst(look, generate, 8, feature_dim=True), "feature_dim must be an integer >= 1 or None"),
-        (lambda: BlockSizeFirst(lambda ids, **kw: None, generate, 8).prefill([1]), "look returned NoneType, not a Prefill"),
-        (lambda: BlockSizeFirst(look, lambda *a, **kw: [1], 8).decode(spec.prefill([1]), 2, 3),
-         "generate returned list, not an Outcome"),
+        (
+            lambda: BlockSizeFirst(look, generate, 8, feature_dim=True),
+            "feature_dim must be an integer >= 1 or None",
+        ),
+        (
+            lambda: BlockSizeFirst(lambda ids, **kw: None, generate, 8).prefill([1]),
+            "look returned NoneType, not a Prefill",
+        ),
+        (
+            lambda: BlockSizeFirst(look, lambda *a, **kw: [1], 8).decode(spec.prefill([1]), 2, 3),
+            "generate returned list, not an Outcome",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(AdaptspecError, match=message) as e:

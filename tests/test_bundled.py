@@ -53,7 +53,9 @@ def test_greedy_output_equals_the_targets_own(speculator, index):
     prompt = demo_prompts()[index].prompt
     ids = speculator.target.encode_chat(prompt)
     n = 40
-    ref = speculator.target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+    ref = speculator.target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[
+        0, len(ids) :
+    ].tolist()
     pre = speculator.prefill(ids)
     taus = []
     for b in (1, 4, 12):

@@ -30,7 +30,9 @@ def raw(folder: Path) -> tuple[dict, list[dict], list[int]]:
     """meta.json, the requests' (id, domain) rows in stored order, and the block sizes in outcomes.parquet."""
     meta = json.loads((folder / "meta.json").read_text())
     req = pq.read_table(folder / "requests.parquet", columns=["request_id", "domain"]).to_pylist()
-    arms = sorted(set(pq.read_table(folder / "outcomes.parquet", columns=["block_size"])["block_size"].to_pylist()))
+    arms = sorted(
+        set(pq.read_table(folder / "outcomes.parquet", columns=["block_size"])["block_size"].to_pylist())
+    )
     return meta, req, arms
 
 
@@ -43,8 +45,11 @@ def test_load_traces_without_a_path_reads_the_public_benchmark_set():
     assert ts.request_ids.tolist() == [r["request_id"] for r in req] and len(ts) == len(req)
     # derived from every request of the dense set it names (its Parquet parts, read with pyarrow)
     dense = Path(__file__).resolve().parents[1] / meta["dense"]
-    dense_ids = [r for part in sorted(dense.glob("part-*.parquet"))
-                 for r in pq.read_table(part, columns=["request_id"])["request_id"].to_pylist()]
+    dense_ids = [
+        r
+        for part in sorted(dense.glob("part-*.parquet"))
+        for r in pq.read_table(part, columns=["request_id"])["request_id"].to_pylist()
+    ]
     assert sorted(r["request_id"] for r in req) == sorted(dense_ids) and len(req) >= 300
     assert ts.domains.tolist() == [r["domain"] for r in req]
     assert list(ts.arms) == arms == meta["arms"] == [1, 2, 3, 4, 6, 8, 12, 16]
@@ -102,4 +107,8 @@ def test_the_old_default_path_is_gone_with_a_clear_message():
     with pytest.raises(AdaptspecError, match="no such trace set directory") as e:
         TraceSet.read(old)
     msg = str(e.value)
-    assert "\n" not in msg and "adaptspec/data/traces/templates" in msg and "adaptspec/data/traces/benchmarks" in msg
+    assert (
+        "\n" not in msg
+        and "adaptspec/data/traces/templates" in msg
+        and "adaptspec/data/traces/benchmarks" in msg
+    )

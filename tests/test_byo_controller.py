@@ -33,8 +33,13 @@ class ToyDFlash:
     target's own token. Timings are computed: a draft costs 1 ms a token, a verify 10 ms + 1 ms
     a position."""
 
-    def __init__(self, max_block_size: int = 8, declare_width: bool = True, per_round: bool = False,
-                 hit: float | None = None) -> None:
+    def __init__(
+        self,
+        max_block_size: int = 8,
+        declare_width: bool = True,
+        per_round: bool = False,
+        hit: float | None = None,
+    ) -> None:
         self.max_block_size = max_block_size
         self.hit = hit  # the drafter's hit rate on every prompt (None: set by the prompt)
         if declare_width:
@@ -46,15 +51,27 @@ class ToyDFlash:
         rng = np.random.default_rng(ids)
         f = rng.normal(size=WIDTH).astype(np.float32)
         f[0] = 0.3 + 0.6 * (sum(ids) % 5) / 4 if self.hit is None else self.hit  # the drafter's hit rate
-        return Prefill(first_token=target_next(ids), prompt_tokens=len(ids), features=f,
-                       state={"ids": ids, "hit": float(f[0]), "seed": sum(ids)})
+        return Prefill(
+            first_token=target_next(ids),
+            prompt_tokens=len(ids),
+            features=f,
+            state={"ids": ids, "hit": float(f[0]), "seed": sum(ids)},
+        )
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
-        return toy_loop(prefill.state, prefill.first_token, block_size, max_new_tokens, self.per_round, on_round)
+        return toy_loop(
+            prefill.state, prefill.first_token, block_size, max_new_tokens, self.per_round, on_round
+        )
 
 
-def toy_loop(state: dict, first: int, block_size: Any, max_new_tokens: int, per_round: bool = False,
-             on_round: Any = None) -> Outcome:
+def toy_loop(
+    state: dict,
+    first: int,
+    block_size: Any,
+    max_new_tokens: int,
+    per_round: bool = False,
+    on_round: Any = None,
+) -> Outcome:
     """The toy's draft/verify loop: a block size, or a schedule asked every round (``per_round``)
     or once."""
     rng = np.random.default_rng(state["seed"])
@@ -62,7 +79,7 @@ def toy_loop(state: dict, first: int, block_size: Any, max_new_tokens: int, per_
     out, rounds = [first], []
     once = block_size if isinstance(block_size, int) else block_size.draft_size([])
     while len(out) < max_new_tokens:
-        b = (block_size.draft_size(rounds) if per_round and not isinstance(block_size, int) else once)
+        b = block_size.draft_size(rounds) if per_round and not isinstance(block_size, int) else once
         b = min(b, max_new_tokens - len(out))
         accepted = 0
         for _ in range(b - 1):  # the drafts, checked against the target in order
@@ -105,8 +122,12 @@ def test_default_construction_decides_and_learns_from_the_first_request(max_b, d
         g = c.generate(prompt(0), max_new_tokens=24)
         assert g.fallback is None and g.decision.block_size in cold and g.reward is not None
         s = c.sync().stats()
-        assert s["updates"] == 1 and sum(s["fallbacks"].values()) == 0 and s["policy_choice"] == c.policy_choice
-        with pytest.raises(AdaptspecError) as e:  # the first request fixed the width, or the speculator declared it
+        assert (
+            s["updates"] == 1 and sum(s["fallbacks"].values()) == 0 and s["policy_choice"] == c.policy_choice
+        )
+        with pytest.raises(
+            AdaptspecError
+        ) as e:  # the first request fixed the width, or the speculator declared it
             c.decide(np.zeros(50))
         assert one_line(e).startswith(f"features have 50 values, ") and one_line(e).endswith(f" {WIDTH}")
 
@@ -131,7 +152,9 @@ def test_default_policy_spec_reads_the_protocol_only():
     assert default_policy_spec(speculator=Wide(16)) == f"neural-linear:head={BUNDLED_HEAD}"
     assert default_policy_spec(speculator=Wide(8)) == "fi-ucb"  # the head's arms go to 16
     with AdaptiveController(Wide(16), reward="tau") as c:  # the same rule in the controller
-        assert c.policy_spec == f"neural-linear:head={BUNDLED_HEAD}" and c.policy_choice.startswith("neural-linear")
+        assert c.policy_spec == f"neural-linear:head={BUNDLED_HEAD}" and c.policy_choice.startswith(
+            "neural-linear"
+        )
 
 
 def test_over_many_requests_the_default_learns_the_toys_best_block_size():
@@ -150,7 +173,9 @@ def test_an_explicit_head_of_another_width_is_refused_at_construction():
         AdaptiveController(ToyDFlash(16), "neural-linear")
     assert "1153" in one_line(e) and f"have {WIDTH}" in one_line(e)
     with pytest.raises(AdaptspecError) as e:
-        AdaptiveController.for_engine(arms=[1, 2, 3, 4, 6, 8, 12, 16], feature_dim=WIDTH, policy="neural-linear")
+        AdaptiveController.for_engine(
+            arms=[1, 2, 3, 4, 6, 8, 12, 16], feature_dim=WIDTH, policy="neural-linear"
+        )
     assert "1153" in one_line(e)
 
 
@@ -183,27 +208,47 @@ def test_an_engine_controller_needs_its_arms_and_has_no_per_round_options():
     with pytest.raises(AdaptspecError) as e:
         AdaptiveController.for_engine(arms=[1, 4], policy="fixed:8")
     assert "block size 8 is not one of the arms [1, 4]" in one_line(e)
-    with pytest.raises(AdaptspecError) as e:  # the bundled head's arms, where the engine cannot decode 3, 6 or 12
+    with pytest.raises(
+        AdaptspecError
+    ) as e:  # the bundled head's arms, where the engine cannot decode 3, 6 or 12
         AdaptiveController.for_engine(arms=[1, 2, 4, 8, 16], feature_dim=1153, policy="neural-linear")
     assert "the engine decodes only [1, 2, 4, 8, 16]" in one_line(e)
-    with AdaptiveController.for_engine(arms=[1, 2, 4, 8, 16], feature_dim=1153) as c:  # so the default is cold
+    with AdaptiveController.for_engine(
+        arms=[1, 2, 4, 8, 16], feature_dim=1153
+    ) as c:  # so the default is cold
         assert c.policy_spec == "fi-ucb" and "not all among the arms" in c.policy_choice
     with AdaptiveController.for_engine(arms=[1, 3, 5]) as c:  # arms need not be the default ones
         assert c.arms == (1, 3, 5) and c.decide(np.ones(7)).block_size in (1, 3, 5)
 
 
 # ============================================================================ the protocol, checked
-GOOD_PREFILL = ["self, prompt_ids, temperature=0.0, seed=None", "self, prompt_ids, **kw",
-                "self, *args, **kwargs", "self, prompt_ids, temperature=0.0, seed=None, extra=1"]
-BAD_PREFILL = ["self, prompt_ids", "self, prompt_ids, temperature=0.0", "self, prompt_ids, seed=None",
-               "self", "self, prompt_ids, *, t=0.0, seed=None", "self, a, b, temperature=0.0, seed=None"]
-GOOD_DECODE = ["self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None",
-               "self, prefill, block_size, max_new_tokens, **kw", "self, *a, **kw",
-               "self, prefill, block_size, max_new_tokens, *, temperature=0.0, seed=None, on_round=None"]
-BAD_DECODE = ["self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None",
-              "self, prefill, block_size, max_new_tokens, temperature=0.0, on_round=None",
-              "self, prefill, block_size, temperature=0.0, seed=None, on_round=None",
-              "self, prefill, block_size, max_new_tokens", "self, prefill, *, block_size, max_new_tokens, **kw"]
+GOOD_PREFILL = [
+    "self, prompt_ids, temperature=0.0, seed=None",
+    "self, prompt_ids, **kw",
+    "self, *args, **kwargs",
+    "self, prompt_ids, temperature=0.0, seed=None, extra=1",
+]
+BAD_PREFILL = [
+    "self, prompt_ids",
+    "self, prompt_ids, temperature=0.0",
+    "self, prompt_ids, seed=None",
+    "self",
+    "self, prompt_ids, *, t=0.0, seed=None",
+    "self, a, b, temperature=0.0, seed=None",
+]
+GOOD_DECODE = [
+    "self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None",
+    "self, prefill, block_size, max_new_tokens, **kw",
+    "self, *a, **kw",
+    "self, prefill, block_size, max_new_tokens, *, temperature=0.0, seed=None, on_round=None",
+]
+BAD_DECODE = [
+    "self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None",
+    "self, prefill, block_size, max_new_tokens, temperature=0.0, on_round=None",
+    "self, prefill, block_size, temperature=0.0, seed=None, on_round=None",
+    "self, prefill, block_size, max_new_tokens",
+    "self, prefill, *, block_size, max_new_tokens, **kw",
+]
 
 
 def make_speculator(prefill: str | None, decode: str | None, max_b: Any = 8) -> Any:
@@ -219,15 +264,23 @@ def make_speculator(prefill: str | None, decode: str | None, max_b: Any = 8) -> 
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.none(), st.sampled_from(GOOD_PREFILL), st.sampled_from(BAD_PREFILL)),
-       st.one_of(st.none(), st.sampled_from(GOOD_DECODE), st.sampled_from(BAD_DECODE)),
-       st.sampled_from([8, 16, None, 0, 2.5, "8", True]))
+@given(
+    st.one_of(st.none(), st.sampled_from(GOOD_PREFILL), st.sampled_from(BAD_PREFILL)),
+    st.one_of(st.none(), st.sampled_from(GOOD_DECODE), st.sampled_from(BAD_DECODE)),
+    st.sampled_from([8, 16, None, 0, 2.5, "8", True]),
+)
 def test_a_protocol_violation_is_refused_in_one_line_naming_the_method(prefill, decode, max_b):
     spec = make_speculator(prefill, decode, max_b)
     # which part is wrong, by the tables above, in the order the protocol is checked
-    wrong = ("prefill" if prefill is None or prefill in BAD_PREFILL else
-             "decode" if decode is None or decode in BAD_DECODE else
-             "max_block_size" if not (type(max_b) is int and max_b >= 1) else None)
+    wrong = (
+        "prefill"
+        if prefill is None or prefill in BAD_PREFILL
+        else "decode"
+        if decode is None or decode in BAD_DECODE
+        else "max_block_size"
+        if not (type(max_b) is int and max_b >= 1)
+        else None
+    )
     if wrong is None:
         with AdaptiveController(spec, "fixed:1", arms=[1]) as c:
             assert c.max_block_size == max_b
@@ -237,10 +290,14 @@ def test_a_protocol_violation_is_refused_in_one_line_naming_the_method(prefill, 
     msg = one_line(e)
     assert msg.startswith("speculator UserSpec")
     if wrong == "prefill":
-        assert "prefill" in msg and msg.endswith("the protocol's is prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill")
+        assert "prefill" in msg and msg.endswith(
+            "the protocol's is prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill"
+        )
     elif wrong == "decode":
-        assert "decode" in msg and msg.endswith("the protocol's is decode(prefill, block_size, max_new_tokens, "
-                                                "temperature=0.0, seed=None, on_round=None) -> Outcome")
+        assert "decode" in msg and msg.endswith(
+            "the protocol's is decode(prefill, block_size, max_new_tokens, "
+            "temperature=0.0, seed=None, on_round=None) -> Outcome"
+        )
     else:
         assert "max_block_size" in msg
 
@@ -296,8 +353,11 @@ def test_an_outcome_whose_rounds_do_not_add_up_is_refused_in_one_line(case):
             c.feedback(d.decision_id, outcome)
         msg = one_line(e)
         assert msg.startswith(f"outcome of decision {d.decision_id} refused: ")
-        want = {"extra_round": "ran after the output had ended", "extra_token": "committed",
-                "bigger_block": f"larger than the {decided}"}
+        want = {
+            "extra_round": "ran after the output had ended",
+            "extra_token": "committed",
+            "bigger_block": f"larger than the {decided}",
+        }
         assert want[corruption] in msg
 
 
@@ -331,11 +391,18 @@ def test_a_checkpoint_that_learnt_another_width_is_refused_at_resume(tmp_path):
             c.generate(prompt(i), max_new_tokens=8)
 
     with pytest.raises(AdaptspecError) as e:
-        AdaptiveController(ToyDFlash(8, declare_width=False), "linucb", checkpoint_dir=ck, reward="tau",
-                           feature_dim=WIDTH + 10)
+        AdaptiveController(
+            ToyDFlash(8, declare_width=False),
+            "linucb",
+            checkpoint_dir=ck,
+            reward="tau",
+            feature_dim=WIDTH + 10,
+        )
     assert f"learnt contexts of {WIDTH} values, this controller's have {WIDTH + 10}" in one_line(e)
     # undeclared: the resumed policy fixes the width, and a request of another width is refused
-    with AdaptiveController.for_engine(arms=[1, 2, 4, 6, 8], policy="linucb", checkpoint_dir=ck, reward="tau") as c:
+    with AdaptiveController.for_engine(
+        arms=[1, 2, 4, 6, 8], policy="linucb", checkpoint_dir=ck, reward="tau"
+    ) as c:
         assert c.resumed["updates_at_checkpoint"] == 3
         with pytest.raises(AdaptspecError) as e:
             c.decide(np.ones(WIDTH + 10))
@@ -365,8 +432,12 @@ def test_prefill_features_is_what_the_bundled_decoder_gives_on_a_real_prompt():
     np.testing.assert_allclose(mine, by_hand, rtol=1e-6, atol=1e-6)
     # another spec, with the projected logits, as a TargetModel of that spec computes it
     other = TargetModel(tiny_model(seed=0), features="logits:8,mean:1,len")
-    np.testing.assert_allclose(adaptspec.prefill_features(out, spec="logits:8,mean:1,len"),
-                               other.prefill(ids).features, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        adaptspec.prefill_features(out, spec="logits:8,mean:1,len"),
+        other.prefill(ids).features,
+        rtol=1e-5,
+        atol=1e-5,
+    )
     with pytest.raises(AdaptspecError) as e:
         with torch.no_grad():
             adaptspec.prefill_features(model(torch.tensor([ids])))
@@ -380,9 +451,23 @@ def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, ca
 
     spec = ToyDFlash(8)
     prompts = [(f"r{i}", "toy", prompt(i)) for i in range(40)]
-    ts = collect_traces(spec, prompts, [1, 2, 4, 8], tmp_path / "new" / "traces", max_new_tokens=24, progress=False)
+    ts = collect_traces(
+        spec, prompts, [1, 2, 4, 8], tmp_path / "new" / "traces", max_new_tokens=24, progress=False
+    )
     assert ts.features.shape == (40, WIDTH)
-    assert main(["train-head", str(tmp_path / "new" / "traces"), "--out", str(tmp_path / "head"), "--epochs", "30"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                str(tmp_path / "new" / "traces"),
+                "--out",
+                str(tmp_path / "head"),
+                "--epochs",
+                "30",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     with AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", reward="tau") as c:
         assert c.arms == (1, 2, 4, 8) and c.policy_choice.endswith("given by the caller")
@@ -390,8 +475,11 @@ def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, ca
             assert c.generate(prompt(100 + i), max_new_tokens=16).fallback is None
         assert c.sync().stats()["updates"] == 5
     with pytest.raises(AdaptspecError) as e:  # the same head on a speculator of another width
-        AdaptiveController(ToyDFlash(8, declare_width=False), f"neural-linear:head={tmp_path / 'head'}",
-                           feature_dim=WIDTH + 1)
+        AdaptiveController(
+            ToyDFlash(8, declare_width=False),
+            f"neural-linear:head={tmp_path / 'head'}",
+            feature_dim=WIDTH + 1,
+        )
     assert f"reads prefill features of {WIDTH} values" in one_line(e)
     # the default rule, over this head: it fits the toy at 8 (arms 1-8, width 40), not at another width or arms
     from adaptspec.control.policy_build import choose_default_policy
@@ -399,8 +487,12 @@ def test_traces_of_the_toy_train_a_head_the_controller_then_runs_on(tmp_path, ca
     head = tmp_path / "head"
     assert default_policy_spec(head, speculator=spec) == f"neural-linear:head={head}"
     assert choose_default_policy(8, WIDTH + 1, head=head).reason.startswith(
-        f"no head fits: head {head} reads {WIDTH} feature values, the decoder's features have {WIDTH + 1}")
-    assert "not all among the arms [1, 2, 8]" in choose_default_policy(8, WIDTH, arms=[1, 2, 8], head=head).reason
+        f"no head fits: head {head} reads {WIDTH} feature values, the decoder's features have {WIDTH + 1}"
+    )
+    assert (
+        "not all among the arms [1, 2, 8]"
+        in choose_default_policy(8, WIDTH, arms=[1, 2, 8], head=head).reason
+    )
     assert choose_default_policy(4, WIDTH, head=head).spec == "fi-ucb"
 
 
@@ -416,10 +508,13 @@ def test_a_re_decisions_rounds_are_checked_against_its_own_block_size():
 
     class KeepsTheFirst(ToyDFlash):  # declares per_round, asks, but ignores every re-decision
         def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
-            return toy_loop(prefill.state, prefill.first_token, FirstAnswer(block_size), max_new_tokens, True, on_round)
+            return toy_loop(
+                prefill.state, prefill.first_token, FirstAnswer(block_size), max_new_tokens, True, on_round
+            )
 
-    with AdaptiveController(KeepsTheFirst(8, per_round=True, hit=0.9), "random", seed=0, redecide_every=1,
-                            reward="tau") as c:
+    with AdaptiveController(
+        KeepsTheFirst(8, per_round=True, hit=0.9), "random", seed=0, redecide_every=1, reward="tau"
+    ) as c:
         refused = 0
         for i in range(20):
             try:
@@ -433,24 +528,34 @@ def test_a_re_decisions_rounds_are_checked_against_its_own_block_size():
 
 
 def test_a_decision_log_fixes_the_width_of_a_controller_that_does_not_know_it(tmp_path):
-    with AdaptiveController(ToyDFlash(8, declare_width=False), "ucb", log_dir=tmp_path / "log", reward="tau") as c:
+    with AdaptiveController(
+        ToyDFlash(8, declare_width=False), "ucb", log_dir=tmp_path / "log", reward="tau"
+    ) as c:
         c.generate(prompt(0), max_new_tokens=8)
     with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="ucb", log_dir=tmp_path / "log") as c:
         with pytest.raises(AdaptspecError) as e:  # refused now, not when the row is written
             c.decide(np.ones(WIDTH - 1))
-        assert one_line(e) == f"features have {WIDTH - 1} values, the decision log in {tmp_path / 'log'} holds {WIDTH}"
+        assert (
+            one_line(e)
+            == f"features have {WIDTH - 1} values, the decision log in {tmp_path / 'log'} holds {WIDTH}"
+        )
 
 
 def test_a_checkpoint_that_disagrees_with_the_decision_log_on_the_width_is_refused(tmp_path):
-    with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck") as c:
+    with AdaptiveController.for_engine(
+        arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck"
+    ) as c:
         c.feedback(c.decide(np.ones(30)).decision_id, reward=1.0)  # learns contexts of 30 values
     with AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="ucb", log_dir=tmp_path / "log") as c:
         c.feedback(c.decide(np.ones(WIDTH)).decision_id, reward=1.0)  # logs features of 40
     with pytest.raises(AdaptspecError) as e:
-        AdaptiveController.for_engine(arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck",
-                                      log_dir=tmp_path / "log")
-    assert one_line(e).startswith(f"policy linucb has learnt contexts of 30 values, but the decision log in "
-                                  f"{tmp_path / 'log'} holds {WIDTH} feature values")
+        AdaptiveController.for_engine(
+            arms=[1, 2, 4, 8], policy="linucb", checkpoint_dir=tmp_path / "ck", log_dir=tmp_path / "log"
+        )
+    assert one_line(e).startswith(
+        f"policy linucb has learnt contexts of 30 values, but the decision log in "
+        f"{tmp_path / 'log'} holds {WIDTH} feature values"
+    )
 
 
 def test_generate_streams_every_round_of_the_bundled_decoder_and_of_the_toy():

@@ -32,7 +32,7 @@ from adaptspec.errors import AdaptspecError
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTSPEC = Path(sys.executable).parent / "adaptspec"  # the installed command
 
-MYMOD = '''
+MYMOD = """
 from examples.byo_dflash import TinyDFlash
 
 def make():
@@ -114,10 +114,16 @@ def no_times():
 
 def timed_by_context():
     return Changed(by_context)
-'''
+"""
 
-PROMPTS = [("math", "What is 17 times 23?"), ("code", "def fibonacci(n):"), ("chat", "Write a haiku about the sea."),
-           ("math", "Is 91 a prime number?"), ("code", "class Stack:"), ("chat", "Say hello in French.")]
+PROMPTS = [
+    ("math", "What is 17 times 23?"),
+    ("code", "def fibonacci(n):"),
+    ("chat", "Write a haiku about the sea."),
+    ("math", "Is 91 a prime number?"),
+    ("code", "class Stack:"),
+    ("chat", "Say hello in French."),
+]
 
 
 def write_module(where: Path, name: str) -> None:
@@ -126,7 +132,9 @@ def write_module(where: Path, name: str) -> None:
 
 def run_cli(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # examples/ imports; mymod is found in the current directory
-    return subprocess.run([str(ADAPTSPEC), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(ADAPTSPEC), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def greedy(prompt_ids: list[int], max_tokens: int) -> list[int]:
@@ -141,7 +149,7 @@ def greedy(prompt_ids: list[int], max_tokens: int) -> list[int]:
             seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
             if seq[-1] == EOS:
                 break
-    return seq[len(prompt_ids):]
+    return seq[len(prompt_ids) :]
 
 
 def free_port() -> int:
@@ -160,8 +168,20 @@ def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
         for domain, prompt in PROMPTS:
             f.write(json.dumps({"prompt": prompt, "domain": domain}) + "\n")
     # collect: the output's parent directories do not exist yet; default arms are those up to max_block_size 8
-    p = run_cli(tmp_path, "collect", "--speculator", "mymod:make", "--prompts", "prompts.jsonl", "--out",
-                "runs/new/traces", "--max-new-tokens", "10", "--threads", "1")
+    p = run_cli(
+        tmp_path,
+        "collect",
+        "--speculator",
+        "mymod:make",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "runs/new/traces",
+        "--max-new-tokens",
+        "10",
+        "--threads",
+        "1",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wrote runs/new/traces: 6 requests x 5 block sizes" in p.stdout
     from adaptspec.traces import TraceSet
@@ -172,22 +192,46 @@ def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
     want = [len(greedy(codec.encode(q), 10)) for _, q in PROMPTS]
     assert ts.new_tokens_matrix().tolist() == [[n] * 5 for n in want]
 
-    p = run_cli(tmp_path, "train-head", "runs/new/traces", "--out", "runs/head", "--pca", "4", "--epochs", "30")
+    p = run_cli(
+        tmp_path, "train-head", "runs/new/traces", "--out", "runs/head", "--pca", "4", "--epochs", "30"
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
     port = free_port()
     out = open(tmp_path / "server.out", "w+")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    server = subprocess.Popen([str(ADAPTSPEC), "serve", "--speculator", "mymod:make", "--threads", "1",
-                               "--variant", "A=neural-linear:head=runs/head", "--variant", "B=fixed:4",
-                               "--log-dir", "runs/log", "--port", str(port), "--log-level", "warning"],
-                              cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            str(ADAPTSPEC),
+            "serve",
+            "--speculator",
+            "mymod:make",
+            "--threads",
+            "1",
+            "--variant",
+            "A=neural-linear:head=runs/head",
+            "--variant",
+            "B=fixed:4",
+            "--log-dir",
+            "runs/log",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     served = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
             deadline = time.monotonic() + 120
             while True:
-                assert server.poll() is None and time.monotonic() < deadline, out.seek(0) or out.read()[-3000:]
+                assert server.poll() is None and time.monotonic() < deadline, (
+                    out.seek(0) or out.read()[-3000:]
+                )
                 try:
                     if c.get("/health").status_code == 200:
                         break
@@ -200,7 +244,9 @@ def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
                 body = r.json()
                 assert body["choices"][0]["token_ids"] == greedy(codec.encode(prompt), 8)  # lossless
                 served.append((body["adaptspec"]["variant"], body["adaptspec"]["block_size"]))
-            assert c.post("/v1/completions", json={"prompt": [500], "max_tokens": 2}).status_code == 400  # vocab_size
+            assert (
+                c.post("/v1/completions", json={"prompt": [500], "max_tokens": 2}).status_code == 400
+            )  # vocab_size
             too_long = {"prompt": [65] * 1010, "max_tokens": 8}  # 1018 > max_context 1024 - 8
             assert c.post("/v1/completions", json=too_long).status_code == 400
     finally:
@@ -215,7 +261,8 @@ def test_collect_train_serve_report_with_a_speculator_of_your_own(tmp_path):
     report = json.loads(p.stdout)
     assert report["decisions"] == 10
     assert {v: d["decisions"] for v, d in report["variants"].items()} == {
-        v: sum(s == v for s, _ in served) for v in {s for s, _ in served}}
+        v: sum(s == v for s, _ in served) for v in {s for s, _ in served}
+    }
 
 
 @pytest.fixture()
@@ -229,44 +276,78 @@ def errmod(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--speculator", "nomod_xyz:make"], r"--speculator nomod_xyz:make: no module named 'nomod_xyz'"),
-    (["--speculator", "brokenmod:make"], r"importing brokenmod failed: No module named 'not_installed_dependency_xyz'"),
-    (["--speculator", "mymod_e:missing"], r"mymod_e has no attribute 'missing'"),
-    (["--speculator", "mymod_e:NOT_CALLABLE"], r"NOT_CALLABLE is a int, not callable"),
-    (["--speculator", "mymod_e:raises"], r"raises\(\) raised RuntimeError: no GPU here"),
-    (["--speculator", "mymod_e:not_a_speculator"], r"returned a object, not a speculator: .*prefill"),
-    (["--speculator", "mymod_e:no_codec"], r"without a codec"),
-    (["--speculator", "mymod_e:bad_vocab"], r"whose vocab_size is 0"),
-    (["--speculator", "examples/byo_dflash.py"], r"expected MODULE:FACTORY"),
-    (["--speculator", "mymod_e:make", "--target", "x"], r"--target chooses or places adaptspec's own models"),
-    (["--speculator", "mymod_e:make", "--dtype", "float32"], r"drop --dtype"),
-    (["--speculator", "mymod_e:make", "--dense"], r"--dense runs adaptspec's own models"),
-    (["--speculator", "mymod_e:make", "--arms", "1,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
-    # what the speculator's decode does, checked as the controller checks it (issue 46, items 4, 7 and 18)
-    (["--speculator", "mymod_e:raising"], r"request \S+: decode at block size 1 raised RuntimeError: decode boom$"),
-    (["--speculator", "mymod_e:claims_1000"], r"request \S+: decode at block size 12 raised IndexError: "),
-    (["--speculator", "mymod_e:too_many"], r"decode at block size 1 is refused: it has \d+ tokens, more than "
-                                          r"max_new_tokens=4"),
-    (["--speculator", "mymod_e:bigger_rounds"], r"decode at block size 1 is refused: round 0 ran block size 2, "
-                                               r"larger than the 1 decided"),
-    (["--speculator", "mymod_e:wrong_width"], r"features have 129 values, speculator Changed declares feature_dim 40"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculator", "nomod_xyz:make"], r"--speculator nomod_xyz:make: no module named 'nomod_xyz'"),
+        (
+            ["--speculator", "brokenmod:make"],
+            r"importing brokenmod failed: No module named 'not_installed_dependency_xyz'",
+        ),
+        (["--speculator", "mymod_e:missing"], r"mymod_e has no attribute 'missing'"),
+        (["--speculator", "mymod_e:NOT_CALLABLE"], r"NOT_CALLABLE is a int, not callable"),
+        (["--speculator", "mymod_e:raises"], r"raises\(\) raised RuntimeError: no GPU here"),
+        (["--speculator", "mymod_e:not_a_speculator"], r"returned a object, not a speculator: .*prefill"),
+        (["--speculator", "mymod_e:no_codec"], r"without a codec"),
+        (["--speculator", "mymod_e:bad_vocab"], r"whose vocab_size is 0"),
+        (["--speculator", "examples/byo_dflash.py"], r"expected MODULE:FACTORY"),
+        (
+            ["--speculator", "mymod_e:make", "--target", "x"],
+            r"--target chooses or places adaptspec's own models",
+        ),
+        (["--speculator", "mymod_e:make", "--dtype", "float32"], r"drop --dtype"),
+        (["--speculator", "mymod_e:make", "--dense"], r"--dense runs adaptspec's own models"),
+        (
+            ["--speculator", "mymod_e:make", "--arms", "1,16"],
+            r"max_block_size is 8, so block sizes \[16\] cannot be drafted",
+        ),
+        # what the speculator's decode does, checked as the controller checks it (issue 46, items 4, 7 and 18)
+        (
+            ["--speculator", "mymod_e:raising"],
+            r"request \S+: decode at block size 1 raised RuntimeError: decode boom$",
+        ),
+        (
+            ["--speculator", "mymod_e:claims_1000"],
+            r"request \S+: decode at block size 12 raised IndexError: ",
+        ),
+        (
+            ["--speculator", "mymod_e:too_many"],
+            r"decode at block size 1 is refused: it has \d+ tokens, more than "
+            r"max_new_tokens=4",
+        ),
+        (
+            ["--speculator", "mymod_e:bigger_rounds"],
+            r"decode at block size 1 is refused: round 0 ran block size 2, "
+            r"larger than the 1 decided",
+        ),
+        (
+            ["--speculator", "mymod_e:wrong_width"],
+            r"features have 129 values, speculator Changed declares feature_dim 40",
+        ),
+    ],
+)
 def test_collect_refusals_are_one_line(errmod, capsys, argv, message):
     assert main(["collect", "--out", "t", "--limit", "1", "--max-new-tokens", "4", *argv]) == 2
-    err = "\n".join(line for line in capsys.readouterr().err.strip().splitlines()
-                    if not re.match(r"collect: +\d+%", line))  # the progress bar, before the first prompt ended
+    err = "\n".join(
+        line for line in capsys.readouterr().err.strip().splitlines() if not re.match(r"collect: +\d+%", line)
+    )  # the progress bar, before the first prompt ended
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (errmod / "t").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--batched"], r"--batched applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
-                    r"adaptspec's SpeculativeDecoder, so it is served one request at a time"),
-    (["--tiny"], r"--tiny chooses or places adaptspec's own models"),
-    (["--chat"], r"drop --chat"),
-    (["--arms", "1,2,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--batched"],
+            r"--batched applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
+            r"adaptspec's SpeculativeDecoder, so it is served one request at a time",
+        ),
+        (["--tiny"], r"--tiny chooses or places adaptspec's own models"),
+        (["--chat"], r"drop --chat"),
+        (["--arms", "1,2,16"], r"max_block_size is 8, so block sizes \[16\] cannot be drafted"),
+    ],
+)
 def test_serve_refusals_are_one_line(errmod, argv, message):
     from adaptspec.cli.serve import build
 
@@ -277,24 +358,37 @@ def test_serve_refusals_are_one_line(errmod, argv, message):
 
 
 #: a factory returning adaptspec's own SpeculativeDecoder (the tiny bundled-test pair), as a user would build one
-TINYMOD = '''
+TINYMOD = """
 from adaptspec.serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
 
 def make():
     spec, codec = tiny_speculator(0, verification="exact")
     spec.codec, spec.vocab_size, spec.max_context = codec, spec.target.vocab_size, TINY_MAX_POSITIONS
     return spec
-'''
+"""
 
 
-@pytest.mark.parametrize("flag", [["--max-rows", "4"], ["--max-queue", "4"], ["--attribution", "tokens"],
-                                  ["--load-rule", "goodput"], ["--load-features"], ["--batched"]])
-def test_serve_refuses_engine_options_when_the_factorys_speculator_is_served_one_request_at_a_time(errmod, capsys, flag):
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--max-rows", "4"],
+        ["--max-queue", "4"],
+        ["--attribution", "tokens"],
+        ["--load-rule", "goodput"],
+        ["--load-features"],
+        ["--batched"],
+    ],
+)
+def test_serve_refuses_engine_options_when_the_factorys_speculator_is_served_one_request_at_a_time(
+    errmod, capsys, flag
+):
     assert main(["serve", "--speculator", "mymod_e:make", "--port", "0", *flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert (f"{flag[0]} applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
-            "adaptspec's SpeculativeDecoder, so it is served one request at a time: drop it") in err
+    assert (
+        f"{flag[0]} applies to the batched engine; --speculator mymod_e:make returned a TinyDFlash, not "
+        "adaptspec's SpeculativeDecoder, so it is served one request at a time: drop it"
+    ) in err
 
 
 def test_serve_runs_a_factorys_speculative_decoder_on_the_engine_with_the_engine_options(errmod, capsys):
@@ -310,13 +404,37 @@ def test_serve_runs_a_factorys_speculative_decoder_on_the_engine_with_the_engine
     # the engine decides once per request: re-deciding is refused, in one line naming what the factory returned
     assert main(["serve", "--speculator", "tinymod:make", "--port", "0", "--redecide-every", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and ("--redecide-every: --speculator tinymod:make returned a SpeculativeDecoder, "
-                                     "which runs on the batched engine") in err, err
-    args = build_parser("serve").parse_args(["serve", "--speculator", "tinymod:make", "--port", "0", "--max-rows", "2",
-                                             "--max-queue", "5", "--load-rule", "fixed:2", "--variant", "A=fixed:4"])
+    assert (
+        err.count("\n") == 1
+        and (
+            "--redecide-every: --speculator tinymod:make returned a SpeculativeDecoder, "
+            "which runs on the batched engine"
+        )
+        in err
+    ), err
+    args = build_parser("serve").parse_args(
+        [
+            "serve",
+            "--speculator",
+            "tinymod:make",
+            "--port",
+            "0",
+            "--max-rows",
+            "2",
+            "--max-queue",
+            "5",
+            "--load-rule",
+            "fixed:2",
+            "--variant",
+            "A=fixed:4",
+        ]
+    )
     service = build(args)
     try:
-        assert service.runner.describe() == "batched engine: 2 rows, queue 5, attribution marginal, load rule fixed:2"
+        assert (
+            service.runner.describe()
+            == "batched engine: 2 rows, queue 5, attribution marginal, load rule fixed:2"
+        )
         prompts = ["Hello there", "def f(x):", "1 + 1 ="]
         with TestClient(create_app(service)) as client:
             got = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 12}) for p in prompts]
@@ -324,8 +442,12 @@ def test_serve_runs_a_factorys_speculative_decoder_on_the_engine_with_the_engine
         for p, r in zip(prompts, got):
             assert r.status_code == 200, r.text
             ids = codec.encode(p)
-            want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):].tolist()
-            assert r.json()["choices"][0]["token_ids"] == want  # exact verification: the target's own greedy tokens
+            want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[
+                0, len(ids) :
+            ].tolist()
+            assert (
+                r.json()["choices"][0]["token_ids"] == want
+            )  # exact verification: the target's own greedy tokens
         assert service.runner.loop.rounds > 0  # decoded by the engine's rounds
     finally:
         service.close()
@@ -338,11 +460,29 @@ def test_profile_latency_times_your_speculator(errmod, capsys):
     from examples.byo_dflash import ByteCodec
     from mymod_e import make16
 
-    assert main(["profile-latency", "--speculator", "mymod_e:make", "--batch-rows", "1,2", "--out", "p.json"]) == 2
+    assert (
+        main(["profile-latency", "--speculator", "mymod_e:make", "--batch-rows", "1,2", "--out", "p.json"])
+        == 2
+    )
     assert "--batch-rows times adaptspec's batched engine" in capsys.readouterr().err
     torch.set_num_threads(1)
-    assert main(["profile-latency", "--speculator", "mymod_e:make16", "--prompts", "2", "--max-new-tokens", "6",
-                 "--out", "p.json", "--json"]) == 0
+    assert (
+        main(
+            [
+                "profile-latency",
+                "--speculator",
+                "mymod_e:make16",
+                "--prompts",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--out",
+                "p.json",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     arms = [1, 2, 4, 8, 12, 16]  # the default block sizes up to max_block_size 16
     assert [r["block_size"] for r in got["fit"]] == arms
@@ -364,10 +504,24 @@ def test_serve_refuses_variants_whose_heads_bring_different_featurizers(errmod):
     rng = np.random.default_rng(0)
     for name in ("h1", "h2"):  # two featurizers fitted on different data
         Featurizer.fit(rng.normal(size=(40, 129)).astype(np.float32), dim=4).save(errmod / name)
-    args = build_parser("serve").parse_args(["serve", "--speculator", "mymod_e:make", "--port", "0",
-                                             "--variant", "A=neural-linear:head=h1", "--variant", "B=neural-linear:head=h2"])
-    with pytest.raises(AdaptspecError, match=r"variants A and B bring different featurizers with their heads .*"
-                                             r"give --featurizer DIR") as e:
+    args = build_parser("serve").parse_args(
+        [
+            "serve",
+            "--speculator",
+            "mymod_e:make",
+            "--port",
+            "0",
+            "--variant",
+            "A=neural-linear:head=h1",
+            "--variant",
+            "B=neural-linear:head=h2",
+        ]
+    )
+    with pytest.raises(
+        AdaptspecError,
+        match=r"variants A and B bring different featurizers with their heads .*"
+        r"give --featurizer DIR",
+    ) as e:
         build(args)
     assert "\n" not in str(e.value)
 
@@ -392,17 +546,35 @@ def _one_error_line(err: str, bar: str) -> str:
     return "\n".join(line for line in err.strip().splitlines() if not re.match(rf"{bar}: +\d+%", line))
 
 
-@pytest.mark.parametrize("factory, message", [
-    ("raising", r"^adaptspec profile-latency: error: --speculator mymod_e:raising, held-out prompt 0: decode at block "
-                r"size 1 raised RuntimeError: decode boom$"),
-    ("claims_1000", r"held-out prompt 0: decode at block size 12 raised IndexError: "),
-    ("too_many", r"decode at block size 1 is refused: it has \d+ tokens, more than max_new_tokens=4"),
-    ("no_times", r"--speculator mymod_e:no_times reports no times: its rounds' verify_s and its outcomes' decode_s "
-                 r"are 0"),
-])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (
+            "raising",
+            r"^adaptspec profile-latency: error: --speculator mymod_e:raising, held-out prompt 0: decode at block "
+            r"size 1 raised RuntimeError: decode boom$",
+        ),
+        ("claims_1000", r"held-out prompt 0: decode at block size 12 raised IndexError: "),
+        ("too_many", r"decode at block size 1 is refused: it has \d+ tokens, more than max_new_tokens=4"),
+        (
+            "no_times",
+            r"--speculator mymod_e:no_times reports no times: its rounds' verify_s and its outcomes' decode_s "
+            r"are 0",
+        ),
+    ],
+)
 def test_profile_latency_refusals_are_one_line(errmod, capsys, factory, message):
-    argv = ["profile-latency", "--speculator", f"mymod_e:{factory}", "--prompts", "1", "--max-new-tokens", "4",
-            "--out", "p.json"]
+    argv = [
+        "profile-latency",
+        "--speculator",
+        f"mymod_e:{factory}",
+        "--prompts",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        "p.json",
+    ]
     assert main(argv) == 2
     err = _one_error_line(capsys.readouterr().err, "profile")
     assert len(err.splitlines()) == 1 and re.search(message, err), err
@@ -412,8 +584,23 @@ def test_profile_latency_refusals_are_one_line(errmod, capsys, factory, message)
 def test_profile_latency_times_a_speculator_whose_rounds_carry_no_times_from_its_decode_times(errmod, capsys):
     from adaptspec.reward.latency import LatencyProfile
 
-    assert main(["profile-latency", "--speculator", "mymod_e:untimed", "--prompts", "2", "--max-new-tokens", "6",
-                 "--out", "p.json", "--json"]) == 0
+    assert (
+        main(
+            [
+                "profile-latency",
+                "--speculator",
+                "mymod_e:untimed",
+                "--prompts",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--out",
+                "p.json",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     assert got["times"] == "whole-request" and got["rounds"] > 0
     assert all(r["verify_ms"] > 0 and r["draft_ms"] == 0 for r in got["fit"])
@@ -426,28 +613,61 @@ def test_profile_latency_fits_rounds_whose_time_is_all_context(errmod, capsys):
     # "verify times must be > 0 s (a target pass takes time), got values_s [0.0, 0.0, ...]")
     from adaptspec.reward.latency import LatencyProfile
 
-    assert main(["profile-latency", "--speculator", "mymod_e:timed_by_context", "--prompts", "2",
-                 "--max-new-tokens", "6", "--out", "p.json", "--json"]) == 0
+    assert (
+        main(
+            [
+                "profile-latency",
+                "--speculator",
+                "mymod_e:timed_by_context",
+                "--prompts",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--out",
+                "p.json",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     assert got["times"] == "per-round" and all(r["verify_ms"] > 0 for r in got["fit"])
     assert LatencyProfile.load(errmod / "p.json").verify.values_s[0] > 0
 
 
 @pytest.mark.slow
-def test_collect_cuts_the_default_arms_at_the_drafters_max_block_and_says_what_works_without_a_tokenizer(tmp_path, capsys):
+def test_collect_cuts_the_default_arms_at_the_drafters_max_block_and_says_what_works_without_a_tokenizer(
+    tmp_path, capsys
+):
     # a published-format pair whose drafter drafts 8 at most and whose target has no tokenizer: no --arms is
     # no longer "--arms [12, 16] outside 1..8" (the defaults are cut at 8), and the text prompts that cannot
     # be encoded are one line saying what works (issue 46, items 15 and 17)
     pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
-    argv = ["collect", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--out",
-            str(tmp_path / "t"), "--limit", "1", "--threads", "1"]
+    argv = [
+        "collect",
+        "--target",
+        str(pair / "target"),
+        "--drafter",
+        str(pair / "drafter"),
+        "--out",
+        str(tmp_path / "t"),
+        "--limit",
+        "1",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 2
     err = _one_error_line(capsys.readouterr().err, "Loading weights")
     assert len(err.splitlines()) == 1 and "outside" not in err, err
     assert "this target has no tokenizer, so collect cannot encode its text prompts" in err
     assert "collect_traces(spec, [(request_id, domain, token_ids), ...]" in err
-    assert main(argv + ["--arms", "4,16"]) == 2  # a given --arms beyond it is still refused, naming the drafter
-    assert "--arms 4,16: the drafter's max_block_size is 8, so block sizes [16] cannot be drafted" in capsys.readouterr().err
+    assert (
+        main(argv + ["--arms", "4,16"]) == 2
+    )  # a given --arms beyond it is still refused, naming the drafter
+    assert (
+        "--arms 4,16: the drafter's max_block_size is 8, so block sizes [16] cannot be drafted"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow
@@ -464,11 +684,33 @@ def test_collect_with_a_drafter_of_max_block_8_and_no_arms_collects_the_default_
     pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
     target = tmp_path / "target"
     shutil.copytree(pair / "target", target)
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{chr(c): c - 31 for c in range(32, 127)}}, unk_token="[UNK]"))
+    tok = Tokenizer(
+        models.WordLevel({"[UNK]": 0, **{chr(c): c - 31 for c in range(32, 127)}}, unk_token="[UNK]")
+    )
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(target)
-    assert main(["collect", "--target", str(target), "--drafter", str(pair / "drafter"), "--out", str(tmp_path / "t"),
-                 "--limit", "2", "--max-new-tokens", "6", "--threads", "1", "--dtype", "float32"]) == 0
+    assert (
+        main(
+            [
+                "collect",
+                "--target",
+                str(target),
+                "--drafter",
+                str(pair / "drafter"),
+                "--out",
+                str(tmp_path / "t"),
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--threads",
+                "1",
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     ts = TraceSet.read(tmp_path / "t")
     assert ts.arms == (1, 2, 4, 6, 8) and ts.n_requests == 2
 
@@ -479,9 +721,22 @@ def test_serve_chat_on_a_target_without_a_tokenizer_is_refused_at_start():
     from adaptspec.cli.serve import build
 
     pair = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"
-    args = build_parser("serve").parse_args(["serve", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
-                                             "--chat", "--port", "0"])
-    with pytest.raises(AdaptspecError, match=r"--chat wraps prompts in the target's chat template, but --target \S+ has "
-                                             r"no tokenizer \(its prompts are token ids\): drop --chat") as e:
+    args = build_parser("serve").parse_args(
+        [
+            "serve",
+            "--target",
+            str(pair / "target"),
+            "--drafter",
+            str(pair / "drafter"),
+            "--chat",
+            "--port",
+            "0",
+        ]
+    )
+    with pytest.raises(
+        AdaptspecError,
+        match=r"--chat wraps prompts in the target's chat template, but --target \S+ has "
+        r"no tokenizer \(its prompts are token ids\): drop --chat",
+    ) as e:
         build(args).close()
     assert "\n" not in str(e.value)

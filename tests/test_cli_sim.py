@@ -13,7 +13,6 @@ import pytest
 from adaptspec.cli import main
 
 
-
 def write_bp(folder: Path, n: int = 6) -> dict:
     """A small BlockPilot result folder: tau per block size, the selector's choice, tau at the choice."""
     folder.mkdir(parents=True)
@@ -25,7 +24,17 @@ def write_bp(folder: Path, n: int = 6) -> dict:
     (folder / "1.json").write_text(json.dumps(choice))
     (folder / "mapped_from_1.json").write_text(json.dumps({k: data[b][k] for k, b in choice.items()}))
     return {"data": data, "choice": choice}
-KEYS = {"policy", "mean_reward", "mean_tau", "throughput", "pct_oracle", "pct_best_fixed", "cumulative_regret"}
+
+
+KEYS = {
+    "policy",
+    "mean_reward",
+    "mean_tau",
+    "throughput",
+    "pct_oracle",
+    "pct_best_fixed",
+    "cumulative_regret",
+}
 
 
 def run_json(capsys, argv):
@@ -35,15 +44,39 @@ def run_json(capsys, argv):
 
 def test_simulate_bundled_table_and_plot(tmp_path, capsys):
     png = tmp_path / "x.png"
-    assert main(["simulate", "--policy", "fixed:4", "--policy", "random", "--seeds", "2",
-                 "--order", "shuffled", "--plot", str(png)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--policy",
+                "fixed:4",
+                "--policy",
+                "random",
+                "--seeds",
+                "2",
+                "--order",
+                "shuffled",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "fixed:4" in out and "random" in out and "(best fixed)" in out and "oracle" in out and "% oracle" in out
+    assert (
+        "fixed:4" in out
+        and "random" in out
+        and "(best fixed)" in out
+        and "oracle" in out
+        and "% oracle" in out
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 def test_simulate_json_shape(capsys):
-    d = run_json(capsys, ["simulate", "--policy", "fixed:8", "--policy", "random", "--json", "--seeds", "0,5"])
+    d = run_json(
+        capsys, ["simulate", "--policy", "fixed:8", "--policy", "random", "--json", "--seeds", "0,5"]
+    )
     assert [p["policy"] for p in d["policies"]] == ["fixed:8", "random"]
     for p in [*d["policies"], d["oracle"], d["best_fixed"]]:
         assert KEYS <= set(p)
@@ -60,10 +93,23 @@ def test_import_blockpilot_then_simulate_reports_the_fixed_mean(tmp_path, capsys
     assert "BlockPilot's choice" in text
     d = run_json(capsys, ["simulate", str(out), "--policy", "fixed:16", "--reward", "tau", "--json"])
     assert d["policies"][0]["mean_tau"] == pytest.approx(np.mean(list(src["data"][16].values())), abs=1e-6)
-    assert d["oracle"]["mean_tau"] == pytest.approx(np.mean([max(src["data"][b][str(i)] for b in src["data"])
-                                                             for i in range(6)]), abs=1e-6)
-    d = run_json(capsys, ["simulate", str(out), "--policy", "fixed:16", "--reward", "modelled",
-                          "--latency", "h100-qwen3-8b", "--json"])
+    assert d["oracle"]["mean_tau"] == pytest.approx(
+        np.mean([max(src["data"][b][str(i)] for b in src["data"]) for i in range(6)]), abs=1e-6
+    )
+    d = run_json(
+        capsys,
+        [
+            "simulate",
+            str(out),
+            "--policy",
+            "fixed:16",
+            "--reward",
+            "modelled",
+            "--latency",
+            "h100-qwen3-8b",
+            "--json",
+        ],
+    )
     assert d["latency"] == "h100-qwen3-8b" and d["policies"][0]["throughput"] > 0
     info = run_json(capsys, ["traces", "info", str(out), "--json"])
     assert info["requests"] == 6 and info["features"] is None
@@ -71,17 +117,38 @@ def test_import_blockpilot_then_simulate_reports_the_fixed_mean(tmp_path, capsys
 
 def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
     ts = tmp_path / "syn"
-    assert main(["synth", "--out", str(ts), "--scenario", "dflash-gpu", "--requests", "80", "--summary-only"]) == 0
+    assert (
+        main(["synth", "--out", str(ts), "--scenario", "dflash-gpu", "--requests", "80", "--summary-only"])
+        == 0
+    )
     capsys.readouterr()
     info = run_json(capsys, ["traces", "info", str(ts), "--json"])
     assert info["requests"] == 80 and info["scenario"] == "dflash-gpu" and not info["per_round"]
     assert main(["traces", "validate", str(ts)]) == 0
     assert "ok: traceset" in capsys.readouterr().out
     log = tmp_path / "log"
-    assert main(["simulate", str(ts), "--policy", "random", "--steps", "800", "--order", "shuffled",
-                 "--log", str(log)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(ts),
+                "--policy",
+                "random",
+                "--steps",
+                "800",
+                "--order",
+                "shuffled",
+                "--log",
+                str(log),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    d = run_json(capsys, ["ope", str(log), "--policy", "fixed:16", "--policy", "fixed:1", "--bootstrap", "50", "--json"])
+    d = run_json(
+        capsys,
+        ["ope", str(log), "--policy", "fixed:16", "--policy", "fixed:1", "--bootstrap", "50", "--json"],
+    )
     assert d["decisions"] == 800 and set(d["logged_policies"]) == {"random"}
     v16 = d["policies"][0]["estimates"]["dr"]["value"]
     v1 = d["policies"][1]["estimates"]["dr"]["value"]
@@ -92,22 +159,31 @@ def test_synth_traces_info_and_ope_end_to_end(tmp_path, capsys):
     assert linfo["kind"] == "decision_log" and linfo["decisions"] == 800
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["simulate", "/no/such/dir"], "/no/such/dir: no such trace set directory"),
-    (["simulate", "--policy", "fixed:5"], "fixed:5: block size 5 is not one of the arms"),  # default set: 1-4,6,8,12,16
-    (["simulate", "adaptspec/data/traces/default"], "default: no such trace set directory (the bundled template set "
-                                                    "moved to adaptspec/data/traces/templates; the default is now "
-                                                    "adaptspec/data/traces/benchmarks)"),
-    (["simulate", "--seeds", "x"], "--seeds: expected a count"),
-    (["simulate", "--steps", "0"], "--steps: expected an integer in 1..10000000, got '0'"),
-    (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
-    (["simulate", "--plot", "x.jpg"], "--plot: expected a .png file name"),
-    (["ope", "/no/log", "--policy", "random"], "/no/log: no such decision log"),
-    (["synth", "--out", "OUT", "--arms", "1,x"], "--arms: expected block sizes"),
-    (["import-blockpilot", "/no/bp", "--out", "OUT"], "/no/bp: no such directory"),
-    (["traces", "info", "/no/where"], "/no/where: no such file or directory"),
-    (["traces", "info", "adaptspec/data/traces/default"], "moved to adaptspec/data/traces/templates"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["simulate", "/no/such/dir"], "/no/such/dir: no such trace set directory"),
+        (
+            ["simulate", "--policy", "fixed:5"],
+            "fixed:5: block size 5 is not one of the arms",
+        ),  # default set: 1-4,6,8,12,16
+        (
+            ["simulate", "adaptspec/data/traces/default"],
+            "default: no such trace set directory (the bundled template set "
+            "moved to adaptspec/data/traces/templates; the default is now "
+            "adaptspec/data/traces/benchmarks)",
+        ),
+        (["simulate", "--seeds", "x"], "--seeds: expected a count"),
+        (["simulate", "--steps", "0"], "--steps: expected an integer in 1..10000000, got '0'"),
+        (["simulate", "--latency", "tpu"], "unknown latency profile 'tpu'"),
+        (["simulate", "--plot", "x.jpg"], "--plot: expected a .png file name"),
+        (["ope", "/no/log", "--policy", "random"], "/no/log: no such decision log"),
+        (["synth", "--out", "OUT", "--arms", "1,x"], "--arms: expected block sizes"),
+        (["import-blockpilot", "/no/bp", "--out", "OUT"], "/no/bp: no such directory"),
+        (["traces", "info", "/no/where"], "/no/where: no such file or directory"),
+        (["traces", "info", "adaptspec/data/traces/default"], "moved to adaptspec/data/traces/templates"),
+    ],
+)
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, msg):
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
     assert main(argv) == 2
@@ -126,8 +202,13 @@ def test_existing_output_needs_force(tmp_path, capsys):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "adaptspec", *args], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent)
+    return subprocess.run(
+        [sys.executable, "-m", "adaptspec", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent,
+    )
 
 
 def test_subprocess_json_and_error():
@@ -149,12 +230,27 @@ def test_each_bundled_trace_set_is_replayed_with_the_head_trained_on_it(capsys):
     for head in (BUNDLED_HEAD, TEMPLATES_HEAD):
         want = json.loads((head / "config.json").read_text())["info"]["featurizer"]
         assert featurizer_for(["linucb"], 1153, "auto", default_head=head).fingerprint == want
-    assert featurizer_for(["linucb"], 1153).fingerprint == json.loads(
-        (BUNDLED_HEAD / "config.json").read_text())["info"]["featurizer"]
-    d = run_json(capsys, ["simulate", "--policy", "neural-linear", "--steps", "50", "--json", "--no-progress"])
+    assert (
+        featurizer_for(["linucb"], 1153).fingerprint
+        == json.loads((BUNDLED_HEAD / "config.json").read_text())["info"]["featurizer"]
+    )
+    d = run_json(
+        capsys, ["simulate", "--policy", "neural-linear", "--steps", "50", "--json", "--no-progress"]
+    )
     assert d["policies"][0]["policy"] == "neural-linear"
     assert d["arms"] == json.loads((BUNDLED_HEAD / "config.json").read_text())["arms"]
-    d = run_json(capsys, ["simulate", str(TEMPLATE_TRACES), "--policy", "neural-linear", "--steps", "50", "--json",
-                          "--no-progress"])
+    d = run_json(
+        capsys,
+        [
+            "simulate",
+            str(TEMPLATE_TRACES),
+            "--policy",
+            "neural-linear",
+            "--steps",
+            "50",
+            "--json",
+            "--no-progress",
+        ],
+    )
     assert d["policies"][0]["policy"] == f"neural-linear:head={TEMPLATES_HEAD}"
     assert d["arms"] == json.loads((TEMPLATES_HEAD / "config.json").read_text())["arms"]

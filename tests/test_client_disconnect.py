@@ -56,23 +56,34 @@ def until(cond, timeout: float = 10.0) -> float:
 def test_a_client_that_goes_away_cancels_its_row_and_the_server_keeps_serving(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="adaptspec.serving")
     spec, codec = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, {"B": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=N), arms=[1, 2, 4, 8],
-                                  engine=EngineSettings(max_rows=3, max_queue=8))
+    svc = CompletionService.build(
+        spec,
+        {"B": "fixed:4"},
+        codec=codec,
+        log_dir=tmp_path / "log",
+        limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=N),
+        arms=[1, 2, 4, 8],
+        engine=EngineSettings(max_rows=3, max_queue=8),
+    )
     loop = svc.runner.loop
     with ThreadServer(create_app(svc)) as s:
         blocker = loop.submit(CODEC.encode("aaaa"), max_new_tokens=N, on_tokens=lambda ids: time.sleep(0.02))
         until(lambda: blocker.handle is not None)
         # 1. streamed: the connection is closed after the first chunk
         with httpx.Client(timeout=60) as c:
-            with c.stream("POST", s.url + "/v1/completions",
-                          json={"prompt": "1 + 1 =", "max_tokens": N, "stream": True}) as r:
+            with c.stream(
+                "POST", s.url + "/v1/completions", json={"prompt": "1 + 1 =", "max_tokens": N, "stream": True}
+            ) as r:
                 assert r.status_code == 200
                 first = next(line for line in r.iter_lines() if line.startswith("data: {"))
                 assert json.loads(first[6:])["choices"][0]["token_ids"]
                 streamed = other_row(loop, blocker)
         took = until(lambda: streamed.done)
-        assert streamed.error is not None and "cancelled" in str(streamed.error) and streamed.finish_reason is None
+        assert (
+            streamed.error is not None
+            and "cancelled" in str(streamed.error)
+            and streamed.finish_reason is None
+        )
         assert 1 <= len(streamed.tokens) < N / 4 and took < 5  # it stopped decoding: far from its 400 tokens
 
         # 2. plain: the client gives up waiting (its read times out, it closes the connection)
@@ -91,10 +102,16 @@ def test_a_client_that_goes_away_cancels_its_row_and_the_server_keeps_serving(tm
         # the cancelled rows are gone; the server answers the next request exactly
         blocker.cancel()
         until(lambda: loop.stats()["rows_in_flight"] == 0 and loop.queue_length == 0)
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello there", "max_tokens": 12}, timeout=60)
+        r = httpx.post(
+            s.url + "/v1/completions", json={"prompt": "Hello there", "max_tokens": 12}, timeout=60
+        )
         assert r.status_code == 200, r.text
         ids = CODEC.encode("Hello there")
-        want = tiny_model(0).generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):].tolist()
+        want = (
+            tiny_model(0)
+            .generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids) :]
+            .tolist()
+        )
         assert r.json()["choices"][0]["token_ids"] == want
         served = r.json()["adaptspec"]["decision_id"]
         metrics = httpx.get(s.url + "/metrics", timeout=30).text

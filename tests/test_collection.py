@@ -30,12 +30,16 @@ def test_collect_every_arm_with_real_stats(setup, tmp_path):
     assert ts.features.shape == (6, dec.target.feature_dim)
     tau = ts.tau_matrix()
     assert np.all(tau[:, 0] == 1.0) and np.all((tau >= 1) & (tau <= np.array([1, 2, 4])))
-    assert np.all(ts.new_tokens_matrix() == np.array([len(reference_greedy(model, p[2], 12)) for p in prompts])[:, None])
+    assert np.all(
+        ts.new_tokens_matrix() == np.array([len(reference_greedy(model, p[2], 12)) for p in prompts])[:, None]
+    )
     assert np.all(ts.decode_s_matrix() > 0)
     assert TraceSet.read(tmp_path / "t").info()["requests"] == 6
     with pytest.raises(AdaptspecError, match="exists"):
         collect_traces(dec, prompts, [1, 2], tmp_path / "t", progress=False)
-    with pytest.raises(AdaptspecError, match=r"max_block_size is 32, so block sizes \[99\] cannot be drafted"):
+    with pytest.raises(
+        AdaptspecError, match=r"max_block_size is 32, so block sizes \[99\] cannot be drafted"
+    ):
         collect_traces(dec, prompts, [1, 99], tmp_path / "u", progress=False)
     with pytest.raises(AdaptspecError, match="distinct integers >= 1"):
         collect_traces(dec, prompts, [2, 2, 4], tmp_path / "u", progress=False)
@@ -47,7 +51,9 @@ def test_parts_and_resume_give_the_same_trace_set(setup, tmp_path):
     assert collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2)) is None
     assert not out.exists()
     seen = []
-    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(1, 2), on_prompt=seen.append)
+    collect_traces(
+        dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(1, 2), on_prompt=seen.append
+    )
     assert len(seen) == 3
     again = []
     ts = collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, on_prompt=again.append)
@@ -67,7 +73,9 @@ def test_a_crash_mid_row_is_resumed_and_the_next_rows_stay_readable(setup, tmp_p
     data = partial.read_bytes()
     partial.write_bytes(data[: len(data) - 20])  # the crash: the last row's write never finished
     again = []
-    collect_traces(dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2), on_prompt=again.append)
+    collect_traces(
+        dec, prompts, [1, 2], out, max_new_tokens=8, progress=False, part=(0, 2), on_prompt=again.append
+    )
     assert again == [0]  # only the torn row is decoded again
     # the torn bytes were cut off, not glued to the new row's line
     assert [r["request_id"] for r in read_jsonl(partial).records] == ["r0", "r2", "r4"]

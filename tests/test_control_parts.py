@@ -64,26 +64,54 @@ class Answers(Policy):
 
 
 def decider_for(policy, timeout_s=1.0, contextual=False):
-    return Decider(copy_policy(policy), Contexts(None, contextual=contextual, policy_label="p"), arms=ARMS,
-                   fallback_block_size=2, timeout_s=timeout_s)
+    return Decider(
+        copy_policy(policy),
+        Contexts(None, contextual=contextual, policy_label="p"),
+        arms=ARMS,
+        fallback_block_size=2,
+        timeout_s=timeout_s,
+    )
 
 
 # ============================================================================ config
 def test_config_keeps_the_settings_as_given_and_is_the_controllers_keyword_arguments():
     c = ControllerConfig(decide_timeout_s=1, log_dir="runs/log", arms=(1, 4))
-    assert c.decide_timeout_s == 1 and type(c.decide_timeout_s) is int and c.log_dir == "runs/log" and c.arms == (1, 4)
+    assert (
+        c.decide_timeout_s == 1
+        and type(c.decide_timeout_s) is int
+        and c.log_dir == "runs/log"
+        and c.arms == (1, 4)
+    )
     params = inspect.signature(AdaptiveController.__init__).parameters
     keywords = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert keywords == {f.name: f.default for f in fields(ControllerConfig)}
 
 
-@pytest.mark.parametrize("setting,value", [
-    ("decide_timeout_s", 0), ("decide_timeout_s", float("nan")), ("decide_timeout_s", "fast"),
-    ("feedback_timeout_s", -1.0), ("checkpoint_every", 0), ("checkpoint_every", 2.5), ("checkpoint_every", True),
-    ("checkpoint_interval_s", 0), ("roll_rows", 0), ("roll_interval_s", -5), ("blas_threads", 0),
-    ("redecide_every", 0), ("fallback_block_size", 0), ("arms", []), ("arms", [1, 2.5]), ("arms", "1,2"),
-    ("seed", 1.5), ("reward", 3), ("variant", 7), ("round_rule", 3),
-])
+@pytest.mark.parametrize(
+    "setting,value",
+    [
+        ("decide_timeout_s", 0),
+        ("decide_timeout_s", float("nan")),
+        ("decide_timeout_s", "fast"),
+        ("feedback_timeout_s", -1.0),
+        ("checkpoint_every", 0),
+        ("checkpoint_every", 2.5),
+        ("checkpoint_every", True),
+        ("checkpoint_interval_s", 0),
+        ("roll_rows", 0),
+        ("roll_interval_s", -5),
+        ("blas_threads", 0),
+        ("redecide_every", 0),
+        ("fallback_block_size", 0),
+        ("arms", []),
+        ("arms", [1, 2.5]),
+        ("arms", "1,2"),
+        ("seed", 1.5),
+        ("reward", 3),
+        ("variant", 7),
+        ("round_rule", 3),
+    ],
+)
 def test_config_refuses_each_bad_setting_with_one_error_naming_it(setting, value):
     with pytest.raises(AdaptspecError, match=setting):
         ControllerConfig(**{setting: value})
@@ -101,7 +129,11 @@ def test_contexts_check_features_or_map_them_with_the_featurizer():
     raw = Contexts(None, contextual=True, policy_label="linucb", raw_width=3)
     x = raw(np.array([1, 2, 3], dtype=np.int64))
     assert x.dtype == np.float64 and x.tolist() == [1.0, 2.0, 3.0]
-    for bad, msg in ((np.array([1.0, np.inf]), "NaN or infinite"), (np.ones((2, 2)), "1-D"), ("abc", "vector")):
+    for bad, msg in (
+        (np.array([1.0, np.inf]), "NaN or infinite"),
+        (np.ones((2, 2)), "1-D"),
+        ("abc", "vector"),
+    ):
         with pytest.raises(AdaptspecError, match=msg):
             raw(bad)
     rng = np.random.default_rng(0)
@@ -119,7 +151,12 @@ def test_the_decider_decides_with_the_snapshot_and_checks_what_it_gets():
     d = decider_for(pol)
     try:
         got = d.decide(None)
-        assert got.block_size == 8 and type(got.block_size) is int and got.decision_id and got.probs.dtype == np.float64
+        assert (
+            got.block_size == 8
+            and type(got.block_size) is int
+            and got.decision_id
+            and got.probs.dtype == np.float64
+        )
         assert d.decisions == 1 and sum(d.fallbacks.values()) == 0
     finally:
         d.close()
@@ -299,14 +336,30 @@ def test_checkpoint_then_resume_with_the_log_after_it_equals_the_whole_log_appli
         for u in us:
             probs = np.zeros(len(ARMS))
             probs[ARMS.index(u.block_size)] = 1.0
-            w.append({"decision_id": u.decision_id, "policy": "p", "variant": "A", "block_size": u.block_size,
-                      "propensity": 1.0, "probs": probs, "arms": list(ARMS), "reward": u.reward,
-                      "features": u.context.astype(np.float32)})
+            w.append(
+                {
+                    "decision_id": u.decision_id,
+                    "policy": "p",
+                    "variant": "A",
+                    "block_size": u.block_size,
+                    "propensity": 1.0,
+                    "probs": probs,
+                    "arms": list(ARMS),
+                    "reward": u.reward,
+                    "features": u.context.astype(np.float32),
+                }
+            )
     ref = make_policy("linucb:standardize=false", ARMS, seed=0)
     for u in us:  # what was logged: float32 contexts
         ref.update(u.context.astype(np.float32).astype(np.float64), u.block_size, u.reward)
-    meta = {"variant": "A", "policy_label": "linucb", "policy_spec": "linucb:standardize=false", "arms": list(ARMS),
-            "seed": 0, "reward": "tau"}
+    meta = {
+        "variant": "A",
+        "policy_label": "linucb",
+        "policy_spec": "linucb:standardize=false",
+        "arms": list(ARMS),
+        "seed": 0,
+        "reward": "tau",
+    }
     first = Learner(make_policy("linucb:standardize=false", ARMS, seed=0), contextual=True)
     ck = Checkpointer(tmp_path / "ck", meta=meta, log_dir=log_dir, every=10, interval_s=None)
     info = ck.resume(first)  # no checkpoint yet: the whole log is replayed
@@ -314,7 +367,9 @@ def test_checkpoint_then_resume_with_the_log_after_it_equals_the_whole_log_appli
     assert state_digest(first.policy) == state_digest(ref)
     partial = Learner(make_policy("linucb:standardize=false", ARMS, seed=0), contextual=True)
     for u in us[:12]:
-        partial.apply(Update(u.context.astype(np.float32).astype(np.float64), u.block_size, u.reward, u.decision_id))
+        partial.apply(
+            Update(u.context.astype(np.float32).astype(np.float64), u.block_size, u.reward, u.decision_id)
+        )
     assert not ck.due(9) and ck.due(12)
     ck.write(partial.policy, partial.updates, partial.last_decision_id)
     resumed = Learner(make_policy("linucb:standardize=false", ARMS, seed=0), contextual=True)
@@ -322,13 +377,20 @@ def test_checkpoint_then_resume_with_the_log_after_it_equals_the_whole_log_appli
     assert info["updates_at_checkpoint"] == 12 and info["replayed"] == 18 and resumed.updates == 30
     assert state_digest(resumed.policy) == state_digest(ref)
     with pytest.raises(AdaptspecError, match="variant 'A'"):
-        Checkpointer(tmp_path / "ck", meta={**meta, "variant": "B"}).resume(Learner(make_policy("linucb", ARMS),
-                                                                                    contextual=True))
+        Checkpointer(tmp_path / "ck", meta={**meta, "variant": "B"}).resume(
+            Learner(make_policy("linucb", ARMS), contextual=True)
+        )
 
 
 # ============================================================================ one Decision check, at the boundary
-BAD = [(0, "not one of"), (3.5, "not an integer"), (True, "not an integer"), (5, "not one of"),
-       (float("nan"), "not an integer"), (np.float64(4.0), "not an integer")]
+BAD = [
+    (0, "not one of"),
+    (3.5, "not an integer"),
+    (True, "not an integer"),
+    (5, "not one of"),
+    (float("nan"), "not an integer"),
+    (np.float64(4.0), "not an integer"),
+]
 
 
 @pytest.mark.parametrize("block_size,why", BAD)
@@ -346,7 +408,10 @@ def test_a_bad_decision_is_refused_where_it_enters(tmp_path, caplog, block_size,
 
 
 def test_bad_probabilities_or_another_arm_set_are_refused_too():
-    for pol in (Answers(ARMS, 4, probs=[0.5, 0.5, 0.5, 0.5]), Answers(ARMS, 4, probs=[0.0, 0.0, np.nan, 1.0])):
+    for pol in (
+        Answers(ARMS, 4, probs=[0.5, 0.5, 0.5, 0.5]),
+        Answers(ARMS, 4, probs=[0.0, 0.0, np.nan, 1.0]),
+    ):
         d = decider_for(pol)
         try:
             assert d.decide(None).extras["fallback"] == "invalid"
@@ -368,6 +433,7 @@ def test_the_decision_is_checked_once_per_decision_and_never_downstream(tmp_path
         def f(*a):
             calls[where] += 1
             return real(*a)
+
         return f
 
     monkeypatch.setattr(block_sizes, "decision_fault", counting("boundary"))
@@ -393,8 +459,13 @@ def test_the_control_package_has_one_decision_check_called_in_one_place():
                 name = getattr(node.func, "id", getattr(node.func, "attr", None))
                 if name in ("check_decision", "decision_fault", "valid_decision"):
                     calls.setdefault(name, []).append(path.name)
-                if name in ("int", "float") and node.args and isinstance(node.args[0], ast.Attribute) \
-                        and node.args[0].attr == "block_size" and path.name != "block_sizes.py":
+                if (
+                    name in ("int", "float")
+                    and node.args
+                    and isinstance(node.args[0], ast.Attribute)
+                    and node.args[0].attr == "block_size"
+                    and path.name != "block_sizes.py"
+                ):
                     casts.append(path.name)
     assert calls == {"check_decision": ["decider.py"], "decision_fault": ["block_sizes.py"]}
     assert casts == []
@@ -421,8 +492,14 @@ class _ThreadRecordingPolicy:
 
 
 def _decider(policy, on_caller: bool) -> Decider:
-    return Decider(policy, Contexts(None, contextual=False, policy_label="recording"), arms=(1, 4),
-                   fallback_block_size=1, timeout_s=0.05, on_caller=on_caller)
+    return Decider(
+        policy,
+        Contexts(None, contextual=False, policy_label="recording"),
+        arms=(1, 4),
+        fallback_block_size=1,
+        timeout_s=0.05,
+        on_caller=on_caller,
+    )
 
 
 def test_a_decider_on_the_caller_decides_on_the_calling_thread_and_uses_a_late_decision():
@@ -466,24 +543,29 @@ class _Blocking(_ThreadRecordingPolicy):
 
 def test_a_late_decision_holding_the_thread_gives_every_later_decision_its_fallback_at_once():
     stuck = _Blocking()
-    d = Decider(stuck, Contexts(None, contextual=False, policy_label="blocking"), arms=(1, 4),
-                fallback_block_size=1, timeout_s=0.5)
+    d = Decider(
+        stuck,
+        Contexts(None, contextual=False, policy_label="blocking"),
+        arms=(1, 4),
+        fallback_block_size=1,
+        timeout_s=0.5,
+    )
     try:
         t0 = time.perf_counter()
         first = d.decide(d.context(None))
         t1 = time.perf_counter()
         later = [d.decide(d.context(None)) for _ in range(5)]
         t2 = time.perf_counter()
-        assert t1 - t0 >= 0.5 and first.extras["fallback"] == "timeout"     # waited its budget once
-        assert t2 - t1 < 0.5                                                 # queued behind it: 5 x 0.5 s
+        assert t1 - t0 >= 0.5 and first.extras["fallback"] == "timeout"  # waited its budget once
+        assert t2 - t1 < 0.5  # queued behind it: 5 x 0.5 s
         assert [g.extras.get("fallback") for g in later] == ["timeout"] * 5
         assert (d.decisions, d.fallbacks["timeout"]) == (6, 6)
         stuck.release.set()
         assert stuck.returned.wait(5)
-        time.sleep(0.2)                                         # the late answer's future settles
+        time.sleep(0.2)  # the late answer's future settles
         again = d.decide(d.context(None))
         assert (again.block_size, "fallback" in again.extras) == (4, False)  # the policy decides again
-        assert len(stuck.threads) == 2                          # the 5 behind it were never asked of it
+        assert len(stuck.threads) == 2  # the 5 behind it were never asked of it
     finally:
         stuck.release.set()
         d.close()

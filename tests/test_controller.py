@@ -74,7 +74,10 @@ def test_generate_runs_the_whole_loop_and_logs_it(tmp_path):
         g = c.generate(prompt(3), max_new_tokens=20, request_id="r3")
         c.sync()
         # the reward is the simulator's reward function (the default one) applied to the outcome
-        assert g.reward == pytest.approx(reward_function(DEFAULT_REWARD)(g.outcome)) and DEFAULT_REWARD == "token_latency"
+        assert (
+            g.reward == pytest.approx(reward_function(DEFAULT_REWARD)(g.outcome))
+            and DEFAULT_REWARD == "token_latency"
+        )
         assert g.outcome.new_tokens == 20 and g.decision.block_size in ARMS and g.fallback is None
         assert g.decision.decision_id and g.prefill_s >= 0 and 0 <= g.overhead_s < 1.0
         s = c.stats()
@@ -83,7 +86,9 @@ def test_generate_runs_the_whole_loop_and_logs_it(tmp_path):
     assert len(rows) == 1
     log = DecisionLog.read(tmp_path / "log")
     row = log.table.to_pylist()[0]
-    assert row["decision_id"] == g.decision.decision_id and row["request_id"] == "r3" and row["variant"] == "A"
+    assert (
+        row["decision_id"] == g.decision.decision_id and row["request_id"] == "r3" and row["variant"] == "A"
+    )
     assert row["block_size"] == g.decision.block_size and row["propensity"] == g.decision.propensity
     assert row["reward"] == pytest.approx(g.reward)
     assert row["new_tokens"] == 20 and row["rounds"] == len(g.outcome.rounds)
@@ -162,7 +167,9 @@ def test_explicit_reward_and_no_reward_outcomes(tmp_path):
 @pytest.mark.parametrize("mode,reason", [("raise", "error"), ("sleep", "timeout"), ("invalid", "invalid")])
 def test_fallback_block_size_when_the_policy_fails(tmp_path, mode, reason):
     pol = Misbehaving(ARMS, mode=mode, sleep_s=0.5)
-    with AdaptiveController(FakeSpeculator(), pol, log_dir=tmp_path, fallback_block_size=6, decide_timeout_s=0.1) as c:
+    with AdaptiveController(
+        FakeSpeculator(), pol, log_dir=tmp_path, fallback_block_size=6, decide_timeout_s=0.1
+    ) as c:
         g = c.generate(prompt(1), max_new_tokens=10)
         assert g.decision.block_size == 6 and g.fallback == reason
         assert g.outcome.new_tokens == 10 and g.reward is not None  # the request still succeeded
@@ -199,7 +206,10 @@ def test_decisions_never_wait_for_a_slow_update():
 def test_concurrent_requests_are_all_logged_and_learnt_in_log_order(tmp_path):
     spec = FakeSpeculator(sleep_s=0.001)
     errors = []
-    with AdaptiveController(spec, "linucb:standardize=false", variant="A", log_dir=tmp_path, roll_rows=7) as c:
+    with AdaptiveController(
+        spec, "linucb:standardize=false", variant="A", log_dir=tmp_path, roll_rows=7
+    ) as c:
+
         def client(k: int) -> None:
             try:
                 for i in range(6):
@@ -238,8 +248,10 @@ def test_speculator_calls_are_serialised_across_controllers():
     spec.decode = decode
     c1 = AdaptiveController(spec, "fixed:4", variant="A")
     c2 = AdaptiveController(spec, "fixed:8", variant="B")
-    threads = [threading.Thread(target=lambda c=c: [c.generate(prompt(i), max_new_tokens=4) for i in range(10)])
-               for c in (c1, c2, c1, c2)]
+    threads = [
+        threading.Thread(target=lambda c=c: [c.generate(prompt(i), max_new_tokens=4) for i in range(10)])
+        for c in (c1, c2, c1, c2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -258,7 +270,7 @@ def test_redecide_every_k_rounds_splits_the_request(tmp_path):
         n_rounds = len(g.outcome.rounds)
         assert len(g.decisions) == -(-n_rounds // 3) >= 3
         for j, d in enumerate(g.decisions):  # each decision governs its own 3 rounds
-            rs = g.outcome.rounds[3 * j: 3 * j + 3]
+            rs = g.outcome.rounds[3 * j : 3 * j + 3]
             assert all(r.block_size <= d.block_size for r in rs)
         assert c.stats()["updates"] == len(g.decisions)
     rows = DecisionLog.read(tmp_path).table.to_pylist()
@@ -291,12 +303,17 @@ def test_a_round_rule_runs_inside_every_request_from_the_chosen_block_size(one_t
         g = c.generate(ids, max_new_tokens=24)
         assert g.tokens == want
         # the rule starts from the policy's choice and then follows the rounds
-        expect = [rule.with_block_size(6).draft_size(g.outcome.rounds[:i]) for i in range(len(g.outcome.rounds))]
-        assert [r.draft_size for r in g.outcome.rounds] == [min(e, 24 - 1 - sum(r.tau for r in g.outcome.rounds[:i]))
-                                                            for i, e in enumerate(expect)]
+        expect = [
+            rule.with_block_size(6).draft_size(g.outcome.rounds[:i]) for i in range(len(g.outcome.rounds))
+        ]
+        assert [r.draft_size for r in g.outcome.rounds] == [
+            min(e, 24 - 1 - sum(r.tau for r in g.outcome.rounds[:i])) for i, e in enumerate(expect)
+        ]
         assert len({r.draft_size for r in g.outcome.rounds}) > 1
     with AdaptiveController(dec, "fixed:1", arms=[1, 6], round_rule="history") as c:
-        assert {r.draft_size for r in c.generate(ids, max_new_tokens=12).outcome.rounds} == {1}  # 1: plain throughout
+        assert {r.draft_size for r in c.generate(ids, max_new_tokens=12).outcome.rounds} == {
+            1
+        }  # 1: plain throughout
     with pytest.raises(AdaptspecError, match="cannot be combined"):
         AdaptiveController(dec, "fixed:6", arms=[1, 6], round_rule="history", redecide_every=2)
     with pytest.raises(AdaptspecError, match="unknown round schedule"):
@@ -313,7 +330,7 @@ def test_lossless_on_a_real_tiny_decoder_with_redecisions(one_torch_thread):
     with AdaptiveController(dec, "random", redecide_every=2, seed=1, decide_timeout_s=1.0) as c:
         g = c.generate(ids, max_new_tokens=24)
         g2 = c.generate(ids, max_new_tokens=24)
-    assert g.tokens == want[:len(g.tokens)] and g2.tokens == g.tokens
+    assert g.tokens == want[: len(g.tokens)] and g2.tokens == g.tokens
     assert len(g.decisions) > 1 and len({d.block_size for d in g.decisions + g2.decisions}) > 1
 
 
@@ -332,14 +349,18 @@ def test_checkpoint_and_resume_continue_exactly(tmp_path):
     with AdaptiveController(spec, "linucb:standardize=false", **opts) as c:
         straight = run(c, 0, 24)
         digest_straight = c.policy_digest()
-    a = AdaptiveController(spec, "linucb:standardize=false", log_dir=tmp_path / "log",
-                           checkpoint_dir=tmp_path / "ck", **opts)
+    a = AdaptiveController(
+        spec, "linucb:standardize=false", log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", **opts
+    )
     first = run(a, 0, 10)
     a.close()
     info = read_checkpoint(latest_checkpoint(tmp_path / "ck"))
-    assert info["updates"] == 10 and info["variant"] == "A" and info["policy_spec"] == "linucb:standardize=false"
-    b = AdaptiveController(spec, "linucb:standardize=false", log_dir=tmp_path / "log",
-                           checkpoint_dir=tmp_path / "ck", **opts)
+    assert (
+        info["updates"] == 10 and info["variant"] == "A" and info["policy_spec"] == "linucb:standardize=false"
+    )
+    b = AdaptiveController(
+        spec, "linucb:standardize=false", log_dir=tmp_path / "log", checkpoint_dir=tmp_path / "ck", **opts
+    )
     assert b.resumed["updates_at_checkpoint"] == 10 and b.resumed["replayed"] == 0
     second = run(b, 10, 24)
     assert first + second == straight
@@ -374,14 +395,23 @@ def test_sigkill_loses_no_acknowledged_decision_and_resumes_exactly(tmp_path, sy
     acked = [x["ack"] for x in lines if "ack" in x]
     assert len(acked) == 13
     assert journal_rows(log), "the crash should leave journal rows not yet rolled into a part"
-    c = AdaptiveController(FakeSpeculator(), "linucb:standardize=false", variant="A", log_dir=log,
-                           checkpoint_dir=ck, checkpoint_every=4, checkpoint_interval_s=None)
+    c = AdaptiveController(
+        FakeSpeculator(),
+        "linucb:standardize=false",
+        variant="A",
+        log_dir=log,
+        checkpoint_dir=ck,
+        checkpoint_every=4,
+        checkpoint_interval_s=None,
+    )
     try:
         ids = set(DecisionLog.read(log).table.column("decision_id").to_pylist())
         assert set(acked) <= ids and len(ids) == 13
         assert not journal_rows(log)  # recovered into a part at start
         r = c.resumed
-        assert r["checkpoint"] is not None and 4 <= r["updates_at_checkpoint"] <= 13  # batches of updates vary
+        assert (
+            r["checkpoint"] is not None and 4 <= r["updates_at_checkpoint"] <= 13
+        )  # batches of updates vary
         assert r["updates_at_checkpoint"] + r["replayed"] == 13
         digest = c.policy_digest()
         assert (digest, 13) == replayed_digest(log, "linucb:standardize=false", "A")
@@ -398,11 +428,15 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(tmp_path):
     with pytest.raises(AdaptspecError, match="variant 'A'"):
         AdaptiveController(spec, "linucb:standardize=false", variant="B", checkpoint_dir=tmp_path)
     with pytest.raises(AdaptspecError, match="arms"):
-        AdaptiveController(spec, "linucb:standardize=false", variant="A", arms=[1, 4], checkpoint_dir=tmp_path)
+        AdaptiveController(
+            spec, "linucb:standardize=false", variant="A", arms=[1, 4], checkpoint_dir=tmp_path
+        )
     with pytest.raises(AdaptspecError, match="linucb"):
         AdaptiveController(spec, "ucb", variant="A", checkpoint_dir=tmp_path)
     # resume=False starts afresh
-    with AdaptiveController(spec, "linucb:standardize=false", variant="A", checkpoint_dir=tmp_path, resume=False) as c:
+    with AdaptiveController(
+        spec, "linucb:standardize=false", variant="A", checkpoint_dir=tmp_path, resume=False
+    ) as c:
         assert c.stats()["updates"] == 0
 
 
@@ -441,7 +475,9 @@ def test_featurizer_maps_features_and_checks_them(tmp_path):
         with pytest.raises(AdaptspecError, match="6"):
             c.decide(np.ones(5))
     row = DecisionLog.read(tmp_path).table.to_pylist()[0]
-    assert np.array_equal(np.asarray(row["features"], np.float32), f(spec.prefill(prompt(7)).features).astype(np.float32))
+    assert np.array_equal(
+        np.asarray(row["features"], np.float32), f(spec.prefill(prompt(7)).features).astype(np.float32)
+    )
     assert g.decision.block_size in ARMS
     pol = LinUCB(ARMS, standardize=False, dim=3)
     with pytest.raises(AdaptspecError, match="expects 3"):
@@ -536,9 +572,18 @@ def test_close_logs_pending_decisions_as_dropped(tmp_path):
 
 # ============================================================================ the log writer
 def row(i: int, variant: str = "A") -> dict:
-    return {"decision_id": f"d{i}", "time": 1.7e9 + i, "policy": "fixed:4", "variant": variant, "block_size": 4,
-            "propensity": 1.0, "probs": [0.0, 1.0], "arms": [1, 4], "reward": float(i),
-            "features": [0.5, float(i)]}
+    return {
+        "decision_id": f"d{i}",
+        "time": 1.7e9 + i,
+        "policy": "fixed:4",
+        "variant": variant,
+        "block_size": 4,
+        "propensity": 1.0,
+        "probs": [0.0, 1.0],
+        "arms": [1, 4],
+        "reward": float(i),
+        "features": [0.5, float(i)],
+    }
 
 
 def test_writer_rolls_parts_and_keeps_order(tmp_path):
@@ -547,15 +592,21 @@ def test_writer_rolls_parts_and_keeps_order(tmp_path):
             w.append(row(i))
         assert len(DecisionLog(tmp_path).parts()) == 2 and len(w.pending_rows()) == 2
         assert [r["decision_id"] for r in log_rows(tmp_path)] == [f"d{i}" for i in range(8)]
-    assert [r["decision_id"] for r in DecisionLog.read(tmp_path).table.to_pylist()] == [f"d{i}" for i in range(8)]
+    assert [r["decision_id"] for r in DecisionLog.read(tmp_path).table.to_pylist()] == [
+        f"d{i}" for i in range(8)
+    ]
     assert not list(tmp_path.glob(".journal-*"))
 
 
 def test_writer_rejects_bad_rows_and_writes_nothing(tmp_path):
     with DecisionLogWriter(tmp_path, "A") as w:
-        for bad, msg in (({"propensity": 0.5}, "propensity"), ({"block_size": 8}, "not one of"),
-                         ({"probs": [0.2, 0.2]}, "sum to 1"), ({"reward": float("nan")}, "reward"),
-                         ({"junk": 1}, "unknown decision-log column")):
+        for bad, msg in (
+            ({"propensity": 0.5}, "propensity"),
+            ({"block_size": 8}, "not one of"),
+            ({"probs": [0.2, 0.2]}, "sum to 1"),
+            ({"reward": float("nan")}, "reward"),
+            ({"junk": 1}, "unknown decision-log column"),
+        ):
             with pytest.raises(AdaptspecError, match=msg):
                 w.append({**row(0), **bad})
         assert w.pending_rows() == []

@@ -47,8 +47,12 @@ class ToyTaus:
 
     def prefill(self, prompt_ids, temperature=0.0, seed=None):
         ids = [int(i) for i in prompt_ids]
-        return Prefill(first_token=1, prompt_tokens=len(ids), features=np.array([1.0, len(ids)], np.float32),
-                       state={"seed": sum(ids)})
+        return Prefill(
+            first_token=1,
+            prompt_tokens=len(ids),
+            features=np.array([1.0, len(ids)], np.float32),
+            state={"seed": sum(ids)},
+        )
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         b = block_size if isinstance(block_size, int) else as_schedule(block_size).draft_size([])
@@ -84,7 +88,9 @@ def closed_form(outcome: Outcome, decided: int, prompt_tokens: int, arms=ARMS) -
             out[b] = -1000.0 * outcome.decode_s / new  # exactly the measured reward
             continue
         tokens = sum(min(t, b) for t in taus)
-        cost = sum(round_s(min(b, v) if v < decided else b, c) for v, c in zip(verified, ctx))  # a short last round: cut alike
+        cost = sum(
+            round_s(min(b, v) if v < decided else b, c) for v, c in zip(verified, ctx)
+        )  # a short last round: cut alike
         out[b] = -1000.0 * (outcome.decode_s / ran) * (committed / tokens) * cost / new
     return out
 
@@ -96,7 +102,9 @@ def test_fi_ucb_learns_every_arms_counterfactual_reward_and_the_log_keeps_it(tmp
         for i in range(12):
             g = c.generate(prompt(i), max_new_tokens=23)
             want = closed_form(g.outcome, g.decision.block_size, len(prompt(i)))
-            assert g.reward == pytest.approx(want[g.decision.block_size], rel=1e-12)  # the arm that ran: its measured reward
+            assert g.reward == pytest.approx(
+                want[g.decision.block_size], rel=1e-12
+            )  # the arm that ran: its measured reward
             for b in ARMS:
                 rewards[b].append(want[b])
             decided.append(g.decision.block_size)
@@ -108,11 +116,15 @@ def test_fi_ucb_learns_every_arms_counterfactual_reward_and_the_log_keeps_it(tmp
     log = DecisionLog.read(tmp_path / "log")
     want = np.array([rewards[b] for b in ARMS]).T
     np.testing.assert_allclose(log.cf_rewards, want, rtol=1e-9)
-    assert np.array_equal(log.cf_rewards[np.arange(12), log.actions], log.rewards)  # exactly the logged reward
+    assert np.array_equal(
+        log.cf_rewards[np.arange(12), log.actions], log.rewards
+    )  # exactly the logged reward
     assert not log.cf_censored.any() and log.cf_observed.all()
     assert np.array_equal(log.cf_approximate, log.block_sizes[:, None] != np.asarray(ARMS)[None, :])
     committed = np.array([r["new_tokens"] - 1 for r in log.table.to_pylist()], dtype=float)
-    np.testing.assert_allclose(log.cf_tokens, np.repeat(committed[:, None], len(ARMS), axis=1))  # every tau < every arm
+    np.testing.assert_allclose(
+        log.cf_tokens, np.repeat(committed[:, None], len(ARMS), axis=1)
+    )  # every tau < every arm
     np.testing.assert_allclose(log.propensities, 1.0)  # the chosen arm's propensity is still logged
 
 
@@ -127,7 +139,9 @@ def test_censored_counterfactuals_round_trip_and_only_observed_arms_are_learnt(t
     with AdaptiveController(Full(), "fi-ucb", arms=(1, 2, 4), log_dir=tmp_path / "log", seed=3) as c:
         d = c.decide([1.0, 4.0])
         while d.block_size != 2:  # the policy's own choice until it plays 2: only 2's rounds are wanted
-            c.feedback(d.decision_id, reward=-1.0)  # a given reward: the arm that ran alone, no counterfactual
+            c.feedback(
+                d.decision_id, reward=-1.0
+            )  # a given reward: the arm that ran alone, no counterfactual
             d = c.decide([1.0, 4.0])
         before = c.sync().policy_snapshot().stats.n.copy()
         c.feedback(d.decision_id, Full().decode(None, 2, 6))
@@ -157,8 +171,9 @@ def test_a_re_decision_followed_by_another_censors_past_its_last_full_round(tmp_
                 tokens += [2] * rounds[-1].tau
             return Outcome(tokens, rounds, 0.002)
 
-    with AdaptiveController(TwoRounds(), "fixed:2", arms=(1, 2, 4), redecide_every=1, log_dir=tmp_path,
-                            latency="cpu-smollm2-fast") as c:  # priced on a profile from the first request on
+    with AdaptiveController(
+        TwoRounds(), "fixed:2", arms=(1, 2, 4), redecide_every=1, log_dir=tmp_path, latency="cpu-smollm2-fast"
+    ) as c:  # priced on a profile from the first request on
         assert len(c.generate(prompt(0), max_new_tokens=8).decisions) == 2
         first, last = c.pending_log_rows()
     assert first["cf_censored"] == [False, False, True] and first["cf_tokens"] == [1.0, 2.0, 2.0]
@@ -184,13 +199,18 @@ CRASH_SCRIPT = textwrap.dedent("""
 
 def test_a_crash_resumes_the_full_information_state_exactly(tmp_path):
     log, ck = tmp_path / "log", tmp_path / "ck"
-    p = subprocess.run([sys.executable, "-c", CRASH_SCRIPT.format(tests=str(HERE), log=str(log), ck=str(ck))],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT.format(tests=str(HERE), log=str(log), ck=str(ck))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     before = json.loads(p.stdout.splitlines()[-1])
     assert journal_rows(log)  # the crash left rows in the journal: recovered, then replayed
-    with AdaptiveController(ToyTaus(), "fi-ucb", arms=ARMS, log_dir=log, checkpoint_dir=ck,
-                            checkpoint_interval_s=None) as c:
+    with AdaptiveController(
+        ToyTaus(), "fi-ucb", arms=ARMS, log_dir=log, checkpoint_dir=ck, checkpoint_interval_s=None
+    ) as c:
         assert c.resumed["updates_at_checkpoint"] == 6 and c.resumed["replayed"] == 8
         assert c.policy_digest() == before["digest"]
         np.testing.assert_allclose(c.policy_snapshot().means(), before["means"], rtol=0, atol=0)
@@ -229,7 +249,9 @@ def test_the_direct_method_learns_arms_the_logging_policy_never_played(tmp_path)
     assert full["dm"].value == pytest.approx(np.mean(want), rel=1e-9)
     assert full["ips"].value == 0.0  # the weights still come from the logged propensities
     bandit = evaluate_log(log, "fixed:8", **opts)
-    assert bandit["dm"].value == pytest.approx(np.mean(log.rewards), rel=1e-9)  # arm 8 unseen: the global mean
+    assert bandit["dm"].value == pytest.approx(
+        np.mean(log.rewards), rel=1e-9
+    )  # arm 8 unseen: the global mean
 
 
 def test_a_decoder_that_verifies_prefixes_of_one_draft_has_exact_counterfactuals(tmp_path):
@@ -238,7 +260,7 @@ def test_a_decoder_that_verifies_prefixes_of_one_draft_has_exact_counterfactuals
 
     with AdaptiveController(Prefixes(), "fi-ucb", arms=ARMS, log_dir=tmp_path) as c:
         c.generate(prompt(0), max_new_tokens=23)
-        row, = c.pending_log_rows()
+        (row,) = c.pending_log_rows()
     assert row["cf_approximate"] == [False, False, False] and row["cf_censored"] == [False, False, False]
 
 
@@ -251,25 +273,33 @@ def test_with_prefix_drafts_every_speculating_arm_pays_for_the_drafted_block(tmp
 
         def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
             out = super().decode(prefill, block_size, max_new_tokens)
-            return Outcome(out.tokens, [Round(r.block_size, r.tau, 0.0, 0.0, drafted=8 if r.block_size > 1 else 0)
-                                        for r in out.rounds],
-                           out.decode_s)
+            return Outcome(
+                out.tokens,
+                [
+                    Round(r.block_size, r.tau, 0.0, 0.0, drafted=8 if r.block_size > 1 else 0)
+                    for r in out.rounds
+                ],
+                out.decode_s,
+            )
 
     arms = (1, 4, 6, 8)
     with AdaptiveController(Draft8(), "fixed:6", arms=arms, log_dir=tmp_path / "log") as c:
         g = c.generate(prompt(3), max_new_tokens=23)
-        row, = c.pending_log_rows()
+        (row,) = c.pending_log_rows()
     taus = [r.tau for r in g.outcome.rounds]
     ctx = [len(prompt(3)) + 1 + sum(taus[:i]) for i in range(len(taus))]
     verified = [r.block_size for r in g.outcome.rounds]
 
     def secs(b: int) -> float:  # the profile's time of arm b's rounds (a short last round cut alike)
         vs = [min(b, v) if v < 6 else b for v in verified]
-        return sum(float(PROFILE.draft_s(8 if x > 1 else 1, c) + PROFILE.verify_s(x, c)) for x, c in zip(vs, ctx))
+        return sum(
+            float(PROFILE.draft_s(8 if x > 1 else 1, c) + PROFILE.verify_s(x, c)) for x, c in zip(vs, ctx)
+        )
 
     committed, new = sum(taus), len(g.outcome.tokens)
-    scale = g.outcome.decode_s / sum(float(PROFILE.draft_s(8 if v > 1 else 1, c) + PROFILE.verify_s(v, c))
-                                     for v, c in zip(verified, ctx))
+    scale = g.outcome.decode_s / sum(
+        float(PROFILE.draft_s(8 if v > 1 else 1, c) + PROFILE.verify_s(v, c)) for v, c in zip(verified, ctx)
+    )
     want = [-1000.0 * scale * committed / sum(min(t, b) for t in taus) * secs(b) / new for b in arms]
     np.testing.assert_allclose(row["cf_rewards"], want, rtol=1e-9)
 
@@ -283,7 +313,6 @@ def test_a_custom_reward_has_no_counterfactuals(tmp_path):
         n = c.sync().policy_snapshot().stats.n.tolist()
     assert n == [float(b == g.decision.block_size) for b in ARMS]  # its value at another arm is unknown
     assert np.isnan(DecisionLog.read(tmp_path / "log").cf_rewards).all()
-
 
 
 def test_the_cold_default_is_fi_ucb_where_the_controller_can_feed_it_every_arm():
@@ -310,8 +339,16 @@ def test_the_machine_speed_calibrates_every_arm_alike():
 
 def test_log_columns_round_trip_journal_and_parquet_and_old_logs_still_read(tmp_path):
     log = tmp_path / "log"
-    old = {"decision_id": "old", "time": 0.0, "policy": "ucb", "block_size": 4, "propensity": 1.0,
-           "probs": [1.0, 0.0, 0.0], "arms": list(ARMS), "reward": -9.0}
+    old = {
+        "decision_id": "old",
+        "time": 0.0,
+        "policy": "ucb",
+        "block_size": 4,
+        "propensity": 1.0,
+        "probs": [1.0, 0.0, 0.0],
+        "arms": list(ARMS),
+        "reward": -9.0,
+    }
     DecisionLog(log).append([old])  # a part written before the columns existed
     with AdaptiveController(ToyTaus(), "fi-ucb", arms=ARMS, log_dir=log, roll_rows=1000) as c:
         for i in range(3):
@@ -325,7 +362,9 @@ def test_log_columns_round_trip_journal_and_parquet_and_old_logs_still_read(tmp_
             assert parquet[did].get(k) == r.get(k), (did, k)
     assert sum(r.get("cf_rewards") is None for r in journal.values()) == 1
     read = DecisionLog.read(log)
-    assert np.isnan(read.cf_rewards[0]).all() and read.cf_censored[0].all() and not read.cf_approximate[0].any()
+    assert (
+        np.isnan(read.cf_rewards[0]).all() and read.cf_censored[0].all() and not read.cf_approximate[0].any()
+    )
     assert np.isfinite(read.cf_rewards[1:4]).all() and np.isnan(read.cf_rewards[4]).all()
     # a single old part alone reads too: the columns are optional
     only_old = tmp_path / "old"
@@ -333,15 +372,27 @@ def test_log_columns_round_trip_journal_and_parquet_and_old_logs_still_read(tmp_
     assert DecisionLog.read(only_old).cf_observed.tolist() == [[False, False, False]]
 
 
-@pytest.mark.parametrize("column, value, why", [
-    ("cf_rewards", [1.0, 2.0], "one value per arm"),
-    ("cf_censored", [True, False], "one value per arm"),
-    ("cf_tokens", [1.0, "x", 2.0], "finite numbers"),
-    ("cf_approximate", [1, 0, 0], "true/false"),
-])
+@pytest.mark.parametrize(
+    "column, value, why",
+    [
+        ("cf_rewards", [1.0, 2.0], "one value per arm"),
+        ("cf_censored", [True, False], "one value per arm"),
+        ("cf_tokens", [1.0, "x", 2.0], "finite numbers"),
+        ("cf_approximate", [1, 0, 0], "true/false"),
+    ],
+)
 def test_bad_counterfactual_columns_are_refused_in_one_line(tmp_path, column, value, why):
-    row = {"decision_id": "d", "time": 0.0, "policy": "ucb", "block_size": 4, "propensity": 1.0,
-           "probs": [1.0, 0.0, 0.0], "arms": list(ARMS), "reward": -9.0, column: value}
+    row = {
+        "decision_id": "d",
+        "time": 0.0,
+        "policy": "ucb",
+        "block_size": 4,
+        "propensity": 1.0,
+        "probs": [1.0, 0.0, 0.0],
+        "arms": list(ARMS),
+        "reward": -9.0,
+        column: value,
+    }
     with DecisionLogWriter(tmp_path / "j") as w, pytest.raises(AdaptspecError, match=why):
         w.append(row)
     if column in ("cf_rewards", "cf_censored"):
@@ -353,9 +404,18 @@ def test_a_non_finite_logged_counterfactual_is_refused_on_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    t = pa.table({"decision_id": ["d"], "time": pa.array([0], pa.timestamp("us", tz="UTC")), "policy": ["ucb"],
-                  "block_size": [4], "propensity": [1.0], "probs": [[1.0, 0.0, 0.0]], "arms": [list(ARMS)],
-                  "cf_rewards": [[1.0, float("nan"), 2.0]]})
+    t = pa.table(
+        {
+            "decision_id": ["d"],
+            "time": pa.array([0], pa.timestamp("us", tz="UTC")),
+            "policy": ["ucb"],
+            "block_size": [4],
+            "propensity": [1.0],
+            "probs": [[1.0, 0.0, 0.0]],
+            "arms": [list(ARMS)],
+            "cf_rewards": [[1.0, float("nan"), 2.0]],
+        }
+    )
     (tmp_path / "log").mkdir()
     pq.write_table(t, tmp_path / "log" / "part-1.parquet")
     with pytest.raises(AdaptspecError, match="cf_rewards.*row 0: NaN or infinite"):
@@ -372,13 +432,28 @@ def test_ope_counterfactuals_from_the_command_line(tmp_path, capsys):
         for i in range(6):
             g = c.generate(prompt(i), max_new_tokens=23)
             want.append(closed_form(g.outcome, 4, len(prompt(i)))[8])
-    args = ["ope", str(tmp_path / "log"), "--policy", "fixed:8", "--estimator", "dm", "--reward-model", "mean",
-            "--folds", "1", "--bootstrap", "20", "--json"]
+    args = [
+        "ope",
+        str(tmp_path / "log"),
+        "--policy",
+        "fixed:8",
+        "--estimator",
+        "dm",
+        "--reward-model",
+        "mean",
+        "--folds",
+        "1",
+        "--bootstrap",
+        "20",
+        "--json",
+    ]
     assert main(args + ["--counterfactuals"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"][0]["estimates"]["dm"]["value"] == pytest.approx(np.mean(want), rel=1e-6)
 
-    with AdaptiveController(ToyTaus(), "fixed:4", arms=ARMS, log_dir=tmp_path / "plain", reward=lambda o: 1.0) as c:
+    with AdaptiveController(
+        ToyTaus(), "fixed:4", arms=ARMS, log_dir=tmp_path / "plain", reward=lambda o: 1.0
+    ) as c:
         c.generate(prompt(0), max_new_tokens=23)
     assert main(["ope", str(tmp_path / "plain"), "--policy", "fixed:8", "--counterfactuals"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -393,12 +468,13 @@ def test_an_engines_controller_told_prefix_drafts_has_exact_counterfactuals(tmp_
     that ran are approximate (each would have drafted a block of its own). The rounds are the toy's."""
     spec = ToyTaus()
     p = spec.prefill(prompt(3))
-    with AdaptiveController.for_engine(ARMS, feature_dim=2, policy="fixed:6", log_dir=tmp_path,
-                                       latency=PROFILE, prefix_drafts=prefix_drafts) as c:
+    with AdaptiveController.for_engine(
+        ARMS, feature_dim=2, policy="fixed:6", log_dir=tmp_path, latency=PROFILE, prefix_drafts=prefix_drafts
+    ) as c:
         d = c.decide(p.features)
         out = spec.decode(p, d.block_size, 23)
         assert c.feedback(d.decision_id, out) == "applied"
-        row, = c.pending_log_rows()
+        (row,) = c.pending_log_rows()
     ran = ARMS.index(6)
     assert row["cf_censored"] == [False, False, False]
     assert row["cf_approximate"] == [False if i == ran else not prefix_drafts for i in range(len(ARMS))]

@@ -21,8 +21,15 @@ torch.set_num_threads(1)
 def tiny_lm():
     tok = AutoTokenizer.from_pretrained(bundled_target_path())
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=tok.eos_token_id,
+    )
     return LlamaForCausalLM(cfg).eval(), tok
 
 
@@ -49,15 +56,21 @@ def test_corpus_grows_resumes_and_refuses_foreign_dirs(tmp_path, tiny_lm):
         assert z["tokens"].dtype == np.uint16
     assert len(c.prompts()) == len(seqs)
     for s, p in zip(seqs, c.prompts()):  # each sequence is its prompt in the chat template + the answer
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True
+        )
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)[-64:]
         assert s.tokens[: s.prompt_len].tolist() == ids
         assert 1 <= len(s.tokens) - s.prompt_len <= 12
     # the budget is met: nothing more to do; a larger budget continues after the existing shard
     assert C.extend(C.Corpus(out), model, tok, until_tokens=1, instruction_tokens=8) == 0
     total = stats["response_tokens"]
-    assert C.extend(C.Corpus(out), model, tok, until_tokens=total + 1, batch_size=8, instruction_tokens=8) >= 1
-    assert [p.read_bytes() for p in C.Corpus(out).shard_paths()[:n]] == [p.read_bytes() for p in first]  # untouched
+    assert (
+        C.extend(C.Corpus(out), model, tok, until_tokens=total + 1, batch_size=8, instruction_tokens=8) >= 1
+    )
+    assert [p.read_bytes() for p in C.Corpus(out).shard_paths()[:n]] == [
+        p.read_bytes() for p in first
+    ]  # untouched
     with pytest.raises(AdaptspecError, match="other settings"):
         C.create(out, "tiny", max_new_tokens=99, max_prompt_tokens=64)
     (tmp_path / "notes").mkdir()
@@ -69,7 +82,9 @@ def test_corpus_grows_resumes_and_refuses_foreign_dirs(tmp_path, tiny_lm):
 
 def test_decontaminator_flags_benchmark_prompts_and_not_others():
     d = Decontaminator()
-    row = json.loads(next(iter(open(C.Path(__file__).parents[1] / "adaptspec/data/eval-prompts/gsm8k.jsonl"))))
+    row = json.loads(
+        next(iter(open(C.Path(__file__).parents[1] / "adaptspec/data/eval-prompts/gsm8k.jsonl")))
+    )
     assert row["prompt"] in d
     assert ("Please help me: " + row["prompt"].upper() + " Thanks!") in d  # case and framing do not hide it
     assert "Write a short poem about the sea and the wind in the evening." not in d

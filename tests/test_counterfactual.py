@@ -14,7 +14,9 @@ from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces.dense import DenseRequest, replay_rounds
 
-FLAT = LatencyProfile("flat", draft=CostCurve((1, 16), (0.004, 0.006)), verify=CostCurve((1, 16), (0.020, 0.030)))
+FLAT = LatencyProfile(
+    "flat", draft=CostCurve((1, 16), (0.004, 0.006)), verify=CostCurve((1, 16), (0.020, 0.030))
+)
 
 
 def leading(flags: list[bool], n: int) -> int:
@@ -42,7 +44,9 @@ def requests(draw):
 @settings(max_examples=300, deadline=None)
 def test_tokens_and_censoring_against_brute_force(case) -> None:
     arms, decided, hidden, taus = case
-    cf = counterfactuals(taus, [decided] * len(taus), arms=arms, decided=decided, context_tokens=10, profile=FLAT)
+    cf = counterfactuals(
+        taus, [decided] * len(taus), arms=arms, decided=decided, context_tokens=10, profile=FLAT
+    )
     for k, b in enumerate(arms):
         truth, knowable = 0, True
         for r, (h, t) in enumerate(zip(hidden, taus)):
@@ -66,14 +70,28 @@ def test_prefix_consistent_dense_request_matches_its_replay() -> None:
     shorter block's counterfactual is exact: equal to replaying that block on the dense trace."""
     L, n = 3, 61  # 60 tokens after the prefill token: divisible by every tau below
     accept = np.minimum(L, np.arange(1, 16))[None, :].repeat(n - 1, axis=0).astype(np.uint8)
-    req = DenseRequest(np.arange(n), accept, np.zeros_like(accept, np.float32), np.zeros_like(accept, np.float32),
-                       np.zeros(4, np.float32), 20, "length")
+    req = DenseRequest(
+        np.arange(n),
+        accept,
+        np.zeros_like(accept, np.float32),
+        np.zeros_like(accept, np.float32),
+        np.zeros(4, np.float32),
+        20,
+        "length",
+    )
     arms = [1, 2, 3, 4]  # taus 1, 2, 3, 4 divide 60
     for b in (4, 6):
         rounds = replay_rounds(req, b, max_new_tokens=200, profile=FLAT)
-        cf = counterfactuals([r.tau for r in rounds], [r.block_size for r in rounds], arms=arms, decided=b,
-                             context_tokens=20, profile=FLAT, decode_s=sum(r.draft_s + r.verify_s for r in rounds),
-                             new_tokens=n)
+        cf = counterfactuals(
+            [r.tau for r in rounds],
+            [r.block_size for r in rounds],
+            arms=arms,
+            decided=b,
+            context_tokens=20,
+            profile=FLAT,
+            decode_s=sum(r.draft_s + r.verify_s for r in rounds),
+            new_tokens=n,
+        )
         for k, a in enumerate(arms):
             truth = replay_rounds(req, a, max_new_tokens=200, profile=FLAT)
             assert cf.tokens[k] / cf.rounds == pytest.approx(np.mean([r.tau for r in truth]))
@@ -82,7 +100,12 @@ def test_prefix_consistent_dense_request_matches_its_replay() -> None:
 
 def test_the_arm_that_ran_is_paid_its_measured_time() -> None:
     prof = get_profile("cpu-smollm2-fast")
-    rounds = [Round(4, 3, 0.01, 0.05), Round(4, 1, 0.01, 0.05), Round(4, 4, 0.01, 0.05), Round(2, 2, 0.01, 0.04)]
+    rounds = [
+        Round(4, 3, 0.01, 0.05),
+        Round(4, 1, 0.01, 0.05),
+        Round(4, 4, 0.01, 0.05),
+        Round(2, 2, 0.01, 0.04),
+    ]
     out = Outcome(tokens=list(range(11)), rounds=rounds, decode_s=0.5)
     cf = from_outcome(out, decided=4, arms=[1, 2, 4, 8], context_tokens=30, profile=prof)
     lat = cf.rewards("token_latency")
@@ -113,7 +136,9 @@ def test_trace_feedback_pays_the_arm_that_ran_its_own_reward() -> None:
     prof = get_profile("cpu-smollm2-fast")
     accept = np.minimum(2, np.arange(1, 8))[None, :].repeat(30, axis=0).astype(np.uint8)
     taus, draft, verify, dec = [], [], [], []
-    req = DenseRequest(np.arange(31), accept, accept * 0.0, accept * 0.0, np.zeros(2, np.float32), 12, "length")
+    req = DenseRequest(
+        np.arange(31), accept, accept * 0.0, accept * 0.0, np.zeros(2, np.float32), 12, "length"
+    )
     arms = [1, 2, 4, 8]
     for b in arms:
         rs = replay_rounds(req, b, max_new_tokens=31, profile=prof)
@@ -121,10 +146,20 @@ def test_trace_feedback_pays_the_arm_that_ran_its_own_reward() -> None:
         draft.append([1e3 * r.draft_s for r in rs])
         verify.append([1e3 * r.verify_s for r in rs])
         dec.append(sum(1e3 * (r.draft_s + r.verify_s) for r in rs))
-    ts = TraceSet.from_arrays(["a"], ["x"], arms, np.array([[np.mean(t) for t in taus]]), prompt_tokens=[12],
-                              new_tokens=np.array([31]), rounds=np.array([[len(t) for t in taus]]),
-                              decode_ms=np.array([dec]), tau=taus, draft_ms=draft, verify_ms=verify,
-                              meta={"latency_profile": "cpu-smollm2-fast", "max_new_tokens": 31})
+    ts = TraceSet.from_arrays(
+        ["a"],
+        ["x"],
+        arms,
+        np.array([[np.mean(t) for t in taus]]),
+        prompt_tokens=[12],
+        new_tokens=np.array([31]),
+        rounds=np.array([[len(t) for t in taus]]),
+        decode_ms=np.array([dec]),
+        tau=taus,
+        draft_ms=draft,
+        verify_ms=verify,
+        meta={"latency_profile": "cpu-smollm2-fast", "max_new_tokens": 31},
+    )
     R = ts.reward_matrix("token_latency")
     fb = trace_feedback(ts, R, "token_latency")
     assert np.allclose(np.diagonal(fb.rewards[0]), R[0])

@@ -14,8 +14,16 @@ from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, Target
 from adaptspec.errors import AdaptspecError
 from adaptspec.schedules import ConfidenceThreshold
 
-from decoding_helpers import (ARCHS, PeekingDrafter, chi_square_p, make_decoder, model_and_decoder, reference_greedy,
-                              seeded_outcomes, tiny_target)
+from decoding_helpers import (
+    ARCHS,
+    PeekingDrafter,
+    chi_square_p,
+    make_decoder,
+    model_and_decoder,
+    reference_greedy,
+    seeded_outcomes,
+    tiny_target,
+)
 
 torch.set_num_threads(1)
 
@@ -37,14 +45,21 @@ def test_greedy_equals_target_generate_untrained_drafter(arch, prompt, block_siz
 
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=prompts, block_size=st.integers(2, 16), error_rate=st.sampled_from([0.0, 0.1, 0.4]), seed=st.integers(0, 99))
+@given(
+    prompt=prompts,
+    block_size=st.integers(2, 16),
+    error_rate=st.sampled_from([0.0, 0.1, 0.4]),
+    seed=st.integers(0, 99),
+)
 def test_greedy_equals_target_generate_with_accepting_drafter(arch, prompt, block_size, error_rate, seed):
     """A drafter that is often right: rounds accept many drafts, the output must not change."""
     model, decoder = target_for(arch)
     max_new = 48
     ref = reference_greedy(model, prompt, max_new)
     peek = PeekingDrafter(decoder.drafter, prompt + ref, error_rate, seed)
-    out = SpeculativeDecoder(decoder.target, peek).generate(prompt, block_size=block_size, max_new_tokens=max_new)
+    out = SpeculativeDecoder(decoder.target, peek).generate(
+        prompt, block_size=block_size, max_new_tokens=max_new
+    )
     assert out.tokens == ref
     if error_rate == 0.0 and len(ref) > block_size + 1:
         assert max(r.tau for r in out.rounds) > 1
@@ -162,10 +177,14 @@ def _exact_second_third(model, prompt: list[int], temperature: float) -> np.ndar
     return joint.sum(0).numpy()
 
 
-@pytest.mark.parametrize("draft_vocab, schedule", [
-    (None, 4), (list(range(0, 12, 2)), 4),
-    (None, ConfidenceThreshold(0.0248, block_size=3, backoff=False)),  # both drafts or one, by context
-])
+@pytest.mark.parametrize(
+    "draft_vocab, schedule",
+    [
+        (None, 4),
+        (list(range(0, 12, 2)), 4),
+        (None, ConfidenceThreshold(0.0248, block_size=3, backoff=False)),  # both drafts or one, by context
+    ],
+)
 def test_sampling_keeps_the_target_distribution(draft_vocab, schedule):
     """Chi-square test of (x2, x3), the first tokens drafted and verified, at T=1.
 
@@ -231,7 +250,8 @@ def test_save_and_load_round_trip(tmp_path):
     loaded = BlockDiffusionDrafter.from_pretrained(tmp_path, target=model)
     ctx = torch.randn(6, loaded.context_width)
     torch.testing.assert_close(
-        loaded.draft_logits(loaded.new_state(ctx), 8, 5), decoder.drafter.draft_logits(decoder.drafter.new_state(ctx), 8, 5)
+        loaded.draft_logits(loaded.new_state(ctx), 8, 5),
+        decoder.drafter.draft_logits(decoder.drafter.new_state(ctx), 8, 5),
     )
     with pytest.raises(AdaptspecError, match="not a drafter"):
         BlockDiffusionDrafter.from_pretrained(tmp_path / "nope")
@@ -263,5 +283,7 @@ def test_plain_greedy_baseline_checks_losslessness_against_the_exact_kernels():
     plain, _ = base(ids, 12)
     exact = SpeculativeDecoder(target, None).generate(ids, 1, 12).tokens
     assert base.verdict(plain, plain, ids, 12) == "yes"
-    assert base.verdict(exact, exact[:-1] + [(exact[-1] + 1) % 96], ids, 12) == "yes*"  # plain drifted, exact holds
+    assert (
+        base.verdict(exact, exact[:-1] + [(exact[-1] + 1) % 96], ids, 12) == "yes*"
+    )  # plain drifted, exact holds
     assert base.verdict([t + 1 for t in exact], plain, ids, 12) == "NO"

@@ -53,7 +53,11 @@ def test_replay_equals_the_real_decoder_round_by_round(bundled_exact, two_thread
         # Per-round schedules: the drafted and verified size and the tau of every round agree, given
         # the confidences the decoder saw; those differ from the batched dense pass's by bf16 rounding
         # only (a threshold between the two could flip one round).
-        for s in (ConfidenceThreshold(0.3), ConfidenceThreshold(0.6, backoff=False), AcceptanceHistory(4, 16)):
+        for s in (
+            ConfidenceThreshold(0.3),
+            ConfidenceThreshold(0.6, backoff=False),
+            AcceptanceHistory(4, 16),
+        ):
             seen = _Recording(s)
             out = spec.decode(pre, seen, n)
             assert out.tokens == d.tokens.tolist()
@@ -66,7 +70,9 @@ def test_replay_equals_the_real_decoder_round_by_round(bundled_exact, two_thread
                 shape = lambda rs: [(r.draft_size, r.block_size, r.tau) for r in rs]  # noqa: E731
                 assert shape(replay_rounds(seen_d, s, n)) == shape(out.rounds), s
                 prefixes += sum(r.block_size < r.draft_size for r in out.rounds)
-    assert worst < 0.1, worst  # the decoder's confidences and the dense set's agree to bf16 rounding (0.030 measured)
+    assert worst < 0.1, (
+        worst
+    )  # the decoder's confidences and the dense set's agree to bf16 rounding (0.030 measured)
     assert accepted > 0  # the drafter was right sometimes: acceptance was exercised
     assert prefixes > 0  # a confidence schedule verified only part of a drafted block
 
@@ -89,13 +95,23 @@ def test_dense_set_resumes_and_refuses_foreign_directories(tmp_path):
     model = tiny_target("llama", eos=None)
     dec = make_decoder(model, max_block_size=8)
     prompts = [(f"r{i}", "d", [6 + i, 7, 8 + i]) for i in range(5)]
-    ds = collect_dense(dec, prompts[:3], tmp_path / "dense", max_new_tokens=12, max_block_size=8, rows_per_part=2,
-                       progress=False)
+    ds = collect_dense(
+        dec,
+        prompts[:3],
+        tmp_path / "dense",
+        max_new_tokens=12,
+        max_block_size=8,
+        rows_per_part=2,
+        progress=False,
+    )
     assert ds.request_ids() == {"r0", "r1", "r2"} and len(ds.parts()) == 2
     before = [p.read_bytes() for p in ds.parts()]
-    ds = collect_dense(dec, prompts, tmp_path / "dense", max_new_tokens=12, max_block_size=8, rows_per_part=2,
-                       progress=False)
-    assert ds.request_ids() == {f"r{i}" for i in range(5)} and [p.read_bytes() for p in ds.parts()[:2]] == before
+    ds = collect_dense(
+        dec, prompts, tmp_path / "dense", max_new_tokens=12, max_block_size=8, rows_per_part=2, progress=False
+    )
+    assert (
+        ds.request_ids() == {f"r{i}" for i in range(5)} and [p.read_bytes() for p in ds.parts()[:2]] == before
+    )
     stored = {rid: r for rid, _, r in DenseTraceSet.open(tmp_path / "dense").requests()}
     fresh = dense_request(dec, prompts[4][2], 12, 8)
     np.testing.assert_array_equal(stored["r4"].accept, fresh.accept)
@@ -126,44 +142,68 @@ class _CountingDecodes:
 def test_reused_greedy_outputs_give_the_tables_a_full_collection_gives(tmp_path):
     """A second drafter's dense set from the first set's greedy outputs equals its own full collection."""
     model = tiny_target("llama", eos=None)
-    first, second = make_decoder(model, drafter_seed=0, max_block_size=8), make_decoder(model, drafter_seed=1, max_block_size=8)
+    first, second = (
+        make_decoder(model, drafter_seed=0, max_block_size=8),
+        make_decoder(model, drafter_seed=1, max_block_size=8),
+    )
     prompts = [(f"r{i}", "d", [6 + i, 7, 8 + i]) for i in range(4)]
     kw = dict(max_new_tokens=12, max_block_size=8, progress=False)
     collect_dense(first, prompts[:3], tmp_path / "first", meta={"drafter": "seed 0"}, **kw)
     full = collect_dense(second, prompts, tmp_path / "full", meta={"drafter": "seed 1"}, **kw)
     counting = _CountingDecodes(second)
-    lent = collect_dense(counting, prompts, tmp_path / "lent", meta={"drafter": "seed 1"}, greedy_from=tmp_path / "first", **kw)
+    lent = collect_dense(
+        counting, prompts, tmp_path / "lent", meta={"drafter": "seed 1"}, greedy_from=tmp_path / "first", **kw
+    )
     assert counting.decodes == 1  # only r3, which the first set lacks, was decoded
     want = {rid: r for rid, _, r in full.requests()}
     got = {rid: r for rid, _, r in lent.requests()}
     assert got.keys() == want.keys()
     for rid in want:
         for field in ("tokens", "accept", "top1", "entropy", "features"):
-            np.testing.assert_array_equal(getattr(got[rid], field), getattr(want[rid], field), err_msg=f"{rid} {field}")
+            np.testing.assert_array_equal(
+                getattr(got[rid], field), getattr(want[rid], field), err_msg=f"{rid} {field}"
+            )
         assert got[rid].finish_reason == want[rid].finish_reason
     firsts = {rid: r for rid, _, r in DenseTraceSet.open(tmp_path / "first").requests()}
     assert any((firsts[r].accept != want[r].accept).any() for r in firsts)  # the drafters do differ
     with pytest.raises(AdaptspecError, match="other settings .*max_new_tokens"):
-        collect_dense(second, prompts, tmp_path / "other", max_new_tokens=10, max_block_size=8, progress=False,
-                      greedy_from=tmp_path / "first")
+        collect_dense(
+            second,
+            prompts,
+            tmp_path / "other",
+            max_new_tokens=10,
+            max_block_size=8,
+            progress=False,
+            greedy_from=tmp_path / "first",
+        )
     with pytest.raises(AdaptspecError, match="not the same prompt"):
-        collect_dense(second, [("r0", "d", [6, 7, 8, 9])], tmp_path / "wrong", greedy_from=tmp_path / "first", **kw)
+        collect_dense(
+            second, [("r0", "d", [6, 7, 8, 9])], tmp_path / "wrong", greedy_from=tmp_path / "first", **kw
+        )
 
 
 def test_derived_trace_set_times_rounds_with_the_profile(tmp_path):
     model = tiny_target("qwen3", eos=None)
     dec = make_decoder(model, max_block_size=8)
-    ds = collect_dense(dec, [("a", "d", [9, 10, 11, 12])], tmp_path / "dense", max_new_tokens=10, max_block_size=8,
-                       progress=False)
+    ds = collect_dense(
+        dec,
+        [("a", "d", [9, 10, 11, 12])],
+        tmp_path / "dense",
+        max_new_tokens=10,
+        max_block_size=8,
+        progress=False,
+    )
     profile = get_profile("cpu-smollm2-bf16")
     traces = to_traceset(ds, [1, 4], profile)
-    (_, _, r), = ds.requests()
+    ((_, _, r),) = ds.requests()
     # B = 1: one plain step per token after the first, at contexts prompt + 1 .. prompt + 9
     ctx = 4 + np.arange(1, 10)
     expect = 1e3 * float(np.sum(profile.verify_s(np.ones(9), ctx)))
     assert 1e3 * traces.decode_s_matrix()[0, 0] == pytest.approx(expect)
     assert traces.rounds_matrix()[0, 0] == 9 and traces.tau_matrix()[0, 0] == 1.0
     taus = replay(r.accept, len(r.tokens), 10, 4)
-    assert traces.rounds_matrix()[0, 1] == len(taus) and traces.tau_matrix()[0, 1] == pytest.approx(np.mean(taus))
+    assert traces.rounds_matrix()[0, 1] == len(taus) and traces.tau_matrix()[0, 1] == pytest.approx(
+        np.mean(taus)
+    )
     with pytest.raises(AdaptspecError, match="arms must be block sizes in 1..8"):
         to_traceset(ds, [1, 16], profile)

@@ -44,8 +44,17 @@ def target():
 def reference_shaped(draft_vocab=None, seed=0, **kw) -> BlockDiffusionDrafter:
     """A DFlash-layout drafter of the reference fixture's shape, every weight randomised (so that
     a swapped or misplaced tensor changes the drafts; fresh norms are all ones)."""
-    d = BlockDiffusionDrafter.for_target(target(), num_layers=2, target_layers=[2, 4, 5], max_block_size=16,
-                                         layout="dflash", mask_token_id=255, draft_vocab=draft_vocab, seed=seed, **kw)
+    d = BlockDiffusionDrafter.for_target(
+        target(),
+        num_layers=2,
+        target_layers=[2, 4, 5],
+        max_block_size=16,
+        layout="dflash",
+        mask_token_id=255,
+        draft_vocab=draft_vocab,
+        seed=seed,
+        **kw,
+    )
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in d.parameters():
@@ -114,7 +123,9 @@ def _learned_mask():
 
 
 def _no_qk_norm():  # the target's mask embedding, adaptspec layout (no q/k norm)
-    return BlockDiffusionDrafter.for_target(target(), num_layers=1, target_layers=[2, 4, 5], mask_token_id=255, seed=0)
+    return BlockDiffusionDrafter.for_target(
+        target(), num_layers=1, target_layers=[2, 4, 5], mask_token_id=255, seed=0
+    )
 
 
 def _layer_norm():
@@ -130,10 +141,17 @@ def _embedding_tap():
     return BlockDiffusionDrafter(dataclasses.replace(reference_shaped().config, target_layers=[0, 4, 5]))
 
 
-@pytest.mark.parametrize("make, word", [(_learned_mask, "mask_token_id None"), (_no_qk_norm, "qk_norm"),
-                                        (_layer_norm, "normalize_context_layers"), (_no_depth, "num_target_layers"),
-                                        (_embedding_tap, "target_layers")],
-                         ids=["learned_mask", "no_qk_norm", "normalize_context_layers", "no_depth", "embedding_tap"])
+@pytest.mark.parametrize(
+    "make, word",
+    [
+        (_learned_mask, "mask_token_id None"),
+        (_no_qk_norm, "qk_norm"),
+        (_layer_norm, "normalize_context_layers"),
+        (_no_depth, "num_target_layers"),
+        (_embedding_tap, "target_layers"),
+    ],
+    ids=["learned_mask", "no_qk_norm", "normalize_context_layers", "no_depth", "embedding_tap"],
+)
 def test_an_architecture_the_layout_cannot_express_is_refused_with_one_line(tmp_path, make, word):
     out = tmp_path / "out"
     with pytest.raises(AdaptspecError) as e:
@@ -176,7 +194,9 @@ def test_a_reduced_draft_vocabulary_round_trips_as_the_documented_extension(tmp_
     assert raw["adaptspec_draft_vocab_size"] == 40
     assert tensors["draft_vocab"].tolist() == vocab and tensors["draft_vocab"].dtype == torch.int64
     # besides the extension, every name is a DFlash v1 one, and no other key is adaptspec's
-    assert {k for k in tensors if k != "draft_vocab"} == set(load_file(str(REFERENCE / "drafter" / "model.safetensors")))
+    assert {k for k in tensors if k != "draft_vocab"} == set(
+        load_file(str(REFERENCE / "drafter" / "model.safetensors"))
+    )
     assert [k for k in raw if "adaptspec" in k] == ["adaptspec_draft_vocab_size"]
     again = BlockDiffusionDrafter.from_pretrained(tmp_path, target=target())
     assert again.config.draft_vocab_size == 40 and again.draft_vocab.tolist() == vocab
@@ -203,7 +223,9 @@ def test_a_half_written_extension_is_refused(tmp_path):
         BlockDiffusionDrafter.from_pretrained(tmp_path)
     raw["adaptspec_draft_vocab_size"] = 64
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    tensors["draft_vocab"] = tensors["draft_vocab"] + 4  # its last id, 252, becomes 256: outside the vocabulary
+    tensors["draft_vocab"] = (
+        tensors["draft_vocab"] + 4
+    )  # its last id, 252, becomes 256: outside the vocabulary
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(AdaptspecError, match="outside 0..255"):
         BlockDiffusionDrafter.from_pretrained(tmp_path)
@@ -213,9 +235,14 @@ def test_a_half_written_extension_is_refused(tmp_path):
 def _shards(root: Path, n=6, length=24, width=3 * 64, seed=0) -> Path:
     rng = np.random.default_rng(seed)
     (root / "shards").mkdir(parents=True)
-    np.savez(root / "shards" / "shard-00000.npz", lengths=np.full(n, length), prompt_lens=np.full(n, 6),
-             tokens=rng.integers(0, 256, n * length), hidden=rng.standard_normal((n * length, width)).astype(np.float16),
-             domains=np.array(["math"] * n))
+    np.savez(
+        root / "shards" / "shard-00000.npz",
+        lengths=np.full(n, length),
+        prompt_lens=np.full(n, 6),
+        tokens=rng.integers(0, 256, n * length),
+        hidden=rng.standard_normal((n * length, width)).astype(np.float16),
+        domains=np.array(["math"] * n),
+    )
     return root
 
 
@@ -224,8 +251,19 @@ def test_training_in_the_dflash_layout_resumes_and_exports_it(tmp_path):
     from adaptspec.models.train_drafter import TrainConfig, export, load_state, train
 
     data = _shards(tmp_path / "train")
-    cfg = TrainConfig(num_layers=1, layout="dflash", mask_token_id=7, block_size=4, draft_vocab_size=None,
-                      seqs_per_step=2, anchors_per_seq=2, max_seq_len=24, warmup_steps=1, total_steps=2, log_every=1)
+    cfg = TrainConfig(
+        num_layers=1,
+        layout="dflash",
+        mask_token_id=7,
+        block_size=4,
+        draft_vocab_size=None,
+        seqs_per_step=2,
+        anchors_per_seq=2,
+        max_seq_len=24,
+        warmup_steps=1,
+        total_steps=2,
+        log_every=1,
+    )
     d = train(target(), [data], [], tmp_path / "ckpt", cfg, log=lambda *a: None, target_layers=[2, 4, 5])
     assert d.config.qk_norm and d.config.mask_token_id == 7 and d.config.max_block_size == 4
     # resuming with the default layout still rebuilds the checkpoint's architecture
@@ -239,7 +277,10 @@ def test_training_in_the_dflash_layout_resumes_and_exports_it(tmp_path):
     d3 = _load_checkpoint(target(), tmp_path / "ckpt", cfg2, [2, 4, 5])
     assert dataclasses.asdict(d3.config) == dataclasses.asdict(d2.config)
     assert export(d3, tmp_path / "out", {"steps": 3}) == "dflash"
-    assert dflash_format.is_dflash_dir(tmp_path / "out") and not (tmp_path / "out" / "drafter_config.json").exists()
+    assert (
+        dflash_format.is_dflash_dir(tmp_path / "out")
+        and not (tmp_path / "out" / "drafter_config.json").exists()
+    )
     again = BlockDiffusionDrafter.from_pretrained(tmp_path / "out", target=target(), dtype=torch.bfloat16)
     assert torch.equal(logits(again, block=4), logits(d3.to(torch.bfloat16), block=4))
 
@@ -247,13 +288,32 @@ def test_training_in_the_dflash_layout_resumes_and_exports_it(tmp_path):
 def test_training_in_the_adaptspec_layout_still_exports_its_own_format(tmp_path):
     from adaptspec.models.train_drafter import TrainConfig, export, train
 
-    cfg = TrainConfig(num_layers=1, block_size=4, max_block_size=8, draft_vocab_size=32, seqs_per_step=2,
-                      anchors_per_seq=2, max_seq_len=24, warmup_steps=1, total_steps=1, log_every=1)
-    d = train(target(), [_shards(tmp_path / "train")], [], tmp_path / "ckpt", cfg, log=lambda *a: None,
-              target_layers=[2, 4, 5])
+    cfg = TrainConfig(
+        num_layers=1,
+        block_size=4,
+        max_block_size=8,
+        draft_vocab_size=32,
+        seqs_per_step=2,
+        anchors_per_seq=2,
+        max_seq_len=24,
+        warmup_steps=1,
+        total_steps=1,
+        log_every=1,
+    )
+    d = train(
+        target(),
+        [_shards(tmp_path / "train")],
+        [],
+        tmp_path / "ckpt",
+        cfg,
+        log=lambda *a: None,
+        target_layers=[2, 4, 5],
+    )
     assert not d.config.qk_norm and d.mask_embedding is not None and d.config.max_block_size == 8
     assert export(d, tmp_path / "out") == "adaptspec"
-    assert (tmp_path / "out" / "drafter_config.json").exists() and not (tmp_path / "out" / "config.json").exists()
+    assert (tmp_path / "out" / "drafter_config.json").exists() and not (
+        tmp_path / "out" / "config.json"
+    ).exists()
 
 
 def test_train_drafter_refuses_an_unknown_layout(capsys):

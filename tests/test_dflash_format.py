@@ -37,7 +37,9 @@ _SPECULATORS: dict = {}
 
 def speculator(fixture: Path, target: Path | None = None):
     if fixture not in _SPECULATORS:
-        _SPECULATORS[fixture] = load_speculator(target or fixture / "target", fixture / "drafter", dtype="float32")
+        _SPECULATORS[fixture] = load_speculator(
+            target or fixture / "target", fixture / "drafter", dtype="float32"
+        )
     return _SPECULATORS[fixture]
 
 
@@ -149,13 +151,18 @@ def test_a_drafter_whose_drafts_are_accepted_matches_the_reference_round_by_roun
     assert longest >= 8  # rounds that accept many drafts are part of the check
 
 
-@pytest.mark.parametrize("fixture, schedule", [(TRAINED_B16, [16, 3, 7, 2, 1, 11, 5]), (TRAINED_B8, [8, 3, 5, 2, 1, 6])],
-                         ids=["b16", "b8"])
+@pytest.mark.parametrize(
+    "fixture, schedule",
+    [(TRAINED_B16, [16, 3, 7, 2, 1, 11, 5]), (TRAINED_B8, [8, 3, 5, 2, 1, 6])],
+    ids=["b16", "b8"],
+)
 def test_greedy_is_lossless_when_the_block_size_changes_every_round(fixture, schedule):
     g = golden(fixture)
     spec = speculator(fixture)
     assert spec.max_block_size == schedule[0]  # the trained block size is the largest allowed
-    out = spec.generate(g["prompt"], block_size=lambda i, rounds: schedule[i % len(schedule)], max_new_tokens=len(g["greedy"]))
+    out = spec.generate(
+        g["prompt"], block_size=lambda i, rounds: schedule[i % len(schedule)], max_new_tokens=len(g["greedy"])
+    )
     assert out.tokens == g["greedy"]
     assert [r.block_size for r in out.rounds[: len(schedule)]] == schedule
     with pytest.raises(AdaptspecError, match=f"outside 1..{schedule[0]}"):
@@ -195,18 +202,24 @@ def _without(*keys):
             for p in path:
                 parent = parent[p]
             parent.pop(last, None)
+
     return change
 
 
 BAD_CONFIGS = {
     "attention_bias": (lambda c: c.update(attention_bias=True), "attention_bias"),
     "rope_scaling": (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
-    "rope_parameters": (lambda c: c.update(rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}),
-                        "rope_parameters"),
+    "rope_parameters": (
+        lambda c: c.update(rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}),
+        "rope_parameters",
+    ),
     "no_rope_theta": (_without("rope_theta", "rope_parameters"), "rope_theta"),
     "rope_theta_disagree": (lambda c: c.update(rope_theta=10000.0), "rope_theta"),
     "sliding_window": (lambda c: c.update(use_sliding_window=True, sliding_window=64), "sliding-window"),
-    "sliding_layer": (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), "sliding-window"),
+    "sliding_layer": (
+        lambda c: c.update(layer_types=["sliding_attention", "full_attention"]),
+        "sliding-window",
+    ),
     "projector_type": (lambda c: c.update(projector_type="mlp"), "projector_type"),
     "dflash2_key": (lambda c: c["dflash_config"].update(use_swa=True), "dflash_config.use_swa"),
     "mask_outside_vocab": (lambda c: c["dflash_config"].update(mask_token_id=256), "mask_token_id"),
@@ -254,15 +267,27 @@ def test_weights_that_do_not_fit_are_refused(tmp_path):
 
 
 def _tiny_qwen3(**change) -> Qwen3ForCausalLM:
-    cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16)
+    cfg = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     cfg.update(change)
     return Qwen3ForCausalLM(Qwen3Config(**cfg)).eval()
 
 
-@pytest.mark.parametrize("change, field", [(dict(num_hidden_layers=8), "num_target_layers"),
-                                           (dict(hidden_size=32, head_dim=8), "hidden_size"),
-                                           (dict(vocab_size=300), "vocab_size")])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(num_hidden_layers=8), "num_target_layers"),
+        (dict(hidden_size=32, head_dim=8), "hidden_size"),
+        (dict(vocab_size=300), "vocab_size"),
+    ],
+)
 def test_a_target_that_does_not_fit_is_refused_naming_the_field(change, field):
     with pytest.raises(AdaptspecError, match=field) as e:
         BlockDiffusionDrafter.from_pretrained(TRAINED_B16 / "drafter", target=_tiny_qwen3(**change))
@@ -270,7 +295,10 @@ def test_a_target_that_does_not_fit_is_refused_naming_the_field(change, field):
 
 
 def test_load_speculator_refuses_a_drafter_for_another_target():
-    with pytest.raises(AdaptspecError, match="num_target_layers: drafter was trained on a target of 6 layers, this target has 8"):
+    with pytest.raises(
+        AdaptspecError,
+        match="num_target_layers: drafter was trained on a target of 6 layers, this target has 8",
+    ):
         load_speculator(TRAINED_B8 / "target", TRAINED_B16 / "drafter", dtype="float32")
 
 
@@ -280,11 +308,20 @@ def test_a_directory_in_neither_format_is_refused(tmp_path):
         BlockDiffusionDrafter.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("command", [["demo"], ["collect", "--out", "OUT"], ["profile-latency", "--out", "OUT"], ["serve"]],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [["demo"], ["collect", "--out", "OUT"], ["profile-latency", "--out", "OUT"], ["serve"]],
+    ids=lambda c: c[0],
+)
 def test_every_command_that_loads_a_speculator_refuses_a_bad_drafter(tmp_path, capsys, command):
     bad = _bad_drafter(tmp_path, BAD_CONFIGS["projector_type"][0])
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in command]
     assert main(argv + ["--target", str(TRAINED_B16 / "target"), "--drafter", str(bad)]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("Loading weights")]
-    assert len(err) == 1 and err[0].startswith(f"adaptspec {command[0]}: error: ") and "projector_type" in err[0]
+    err = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.strip() and not line.startswith("Loading weights")
+    ]
+    assert (
+        len(err) == 1 and err[0].startswith(f"adaptspec {command[0]}: error: ") and "projector_type" in err[0]
+    )

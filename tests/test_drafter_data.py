@@ -48,7 +48,9 @@ def _corpus(tmp_path, n_shards, rng):
     for k in range(n_shards):
         prompts = [Prompt(f"p{k}-{i}", "chat") for i in range(3)]
         ids = [rng.integers(0, 96, 5).tolist() for _ in prompts]
-        answers = [rng.integers(0, 96, n).tolist() for n in (20, 1, 33)]  # the 1-token answer has no label to learn
+        answers = [
+            rng.integers(0, 96, n).tolist() for n in (20, 1, 33)
+        ]  # the 1-token answer has no label to learn
         C._write_shard(c.path / f"shard-{k:05d}.npz", prompts, ids, answers, eos=set())
     return c
 
@@ -86,7 +88,9 @@ def _text_the_drafter_half_predicts(model, drafter, rng, n=40):
 
 
 def test_every_position_tau_equals_the_decoding_paths_drafts(tmp_path, model):
-    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=3, max_block_size=8)
+    drafter = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, target_layers=LAYERS, seed=3, max_block_size=8
+    )
     rng = np.random.default_rng(2)
     seqs = [_text_the_drafter_half_predicts(model, drafter, rng) for _ in range(2)]
 
@@ -133,50 +137,94 @@ def _counting_corpus(tmp_path, model) -> ShardData:
 
 
 def _tiny_config(**kw) -> TrainConfig:
-    base = dict(num_layers=1, block_size=4, max_block_size=8, draft_vocab_size=None, seqs_per_step=4,
-                anchors_per_seq=8, lr=3e-3, warmup_steps=10, total_steps=150, eval_every=10**9,
-                checkpoint_every_s=10**9, bf16_autocast=False)
+    base = dict(
+        num_layers=1,
+        block_size=4,
+        max_block_size=8,
+        draft_vocab_size=None,
+        seqs_per_step=4,
+        anchors_per_seq=8,
+        lr=3e-3,
+        warmup_steps=10,
+        total_steps=150,
+        eval_every=10**9,
+        checkpoint_every_s=10**9,
+        bf16_autocast=False,
+    )
     return TrainConfig(**(base | kw))
 
 
 def test_training_on_recomputed_contexts_raises_acceptance(tmp_path, model):
     data = _counting_corpus(tmp_path, model)
-    before = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
+    before = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8
+    )
     tau0 = acceptance_everywhere(before, data, (4,))[4]["all"]
     cpu0 = time.process_time()
-    after = train(model, [tmp_path / "ctx"], [], tmp_path / "ckpt", _tiny_config(), log=lambda *_: None,
-                  target_layers=LAYERS)
+    after = train(
+        model,
+        [tmp_path / "ctx"],
+        [],
+        tmp_path / "ckpt",
+        _tiny_config(),
+        log=lambda *_: None,
+        target_layers=LAYERS,
+    )
     cpu_spent = time.process_time() - cpu0
     tau1 = acceptance_everywhere(after, data, (4,))[4]["all"]
     assert tau0 < 1.3 and tau1 > 2.5, (tau0, tau1)
     # the log counts the CPU time of the steps: growing, within what the whole call took, and kept
-    cpu = [json.loads(line)["cpu_s"] for line in (tmp_path / "ckpt" / "train_log.jsonl").read_text().splitlines()]
+    cpu = [
+        json.loads(line)["cpu_s"] for line in (tmp_path / "ckpt" / "train_log.jsonl").read_text().splitlines()
+    ]
     assert len(cpu) == 3 and 0 < cpu[0] < cpu[1] < cpu[2] <= cpu_spent
     assert torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)["train_cpu_s"] == cpu[-1]
 
     # a new run started from those weights (init_from): the same drafter at step 0, whatever the
     # new run's own layer count, and a fresh schedule after it
     quiet = dict(log=lambda *_: None, target_layers=LAYERS)
-    same = train(model, [tmp_path / "ctx"], [], tmp_path / "warm0", _tiny_config(num_layers=2, total_steps=0,
-                 init_from=str(tmp_path / "ckpt")), **quiet)
+    same = train(
+        model,
+        [tmp_path / "ctx"],
+        [],
+        tmp_path / "warm0",
+        _tiny_config(num_layers=2, total_steps=0, init_from=str(tmp_path / "ckpt")),
+        **quiet,
+    )
     assert same.state_dict().keys() == after.state_dict().keys()
     assert all(torch.equal(v, after.state_dict()[k]) for k, v in same.state_dict().items())
     warm0 = torch.load(tmp_path / "warm0" / "state.pt", weights_only=False)
     assert warm0["step"] == 0 and warm0["cfg"]["extra"]["steps_before"] == 150  # the source's steps
-    fresh, warm = (train(model, [tmp_path / "ctx"], [], tmp_path / name, _tiny_config(total_steps=10, lr=1e-4, **kw),
-                         **quiet) for name, kw in (("fresh", {}), ("warm", {"init_from": str(tmp_path / "ckpt")})))
+    fresh, warm = (
+        train(
+            model,
+            [tmp_path / "ctx"],
+            [],
+            tmp_path / name,
+            _tiny_config(total_steps=10, lr=1e-4, **kw),
+            **quiet,
+        )
+        for name, kw in (("fresh", {}), ("warm", {"init_from": str(tmp_path / "ckpt")}))
+    )
     tau_fresh, tau_warm = (acceptance_everywhere(d, data, (4,))[4]["all"] for d in (fresh, warm))
     assert tau_fresh < 1.3 and tau_warm > 2.5, (tau_fresh, tau_warm)
 
 
 def test_a_run_can_start_from_exported_weights(tmp_path, model):
     _counting_corpus(tmp_path, model)
-    src = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=7, max_block_size=8,
-                                           draft_vocab=list(range(0, 96, 2)))
+    src = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, target_layers=LAYERS, seed=7, max_block_size=8, draft_vocab=list(range(0, 96, 2))
+    )
     export(src, tmp_path / "shipped", {"steps": 30, "steps_before": 12, "config": {"block_size": 4}})
     quiet = dict(log=lambda *_: None, target_layers=LAYERS)
-    start = train(model, [tmp_path / "ctx"], [], tmp_path / "warm0",
-                  _tiny_config(num_layers=2, block_size=6, total_steps=0, init_from=str(tmp_path / "shipped")), **quiet)
+    start = train(
+        model,
+        [tmp_path / "ctx"],
+        [],
+        tmp_path / "warm0",
+        _tiny_config(num_layers=2, block_size=6, total_steps=0, init_from=str(tmp_path / "shipped")),
+        **quiet,
+    )
     # the exported weights are bfloat16: the run starts from the source's weights rounded to it
     want = {k: v.to(torch.bfloat16).float() for k, v in src.state_dict().items()}
     assert start.state_dict().keys() == want.keys()
@@ -186,14 +234,34 @@ def test_a_run_can_start_from_exported_weights(tmp_path, model):
     assert st["cfg"]["num_layers"] == 1 and st["cfg"]["block_size"] == 4  # the source's, from its card
     assert st["cfg"]["extra"]["steps_before"] == 42
     # the checkpoint it wrote records that architecture: a run started from it rebuilds the same drafter
-    again = train(model, [tmp_path / "ctx"], [], tmp_path / "warm1",
-                  _tiny_config(num_layers=3, total_steps=0, init_from=str(tmp_path / "warm0")), **quiet)
+    again = train(
+        model,
+        [tmp_path / "ctx"],
+        [],
+        tmp_path / "warm1",
+        _tiny_config(num_layers=3, total_steps=0, init_from=str(tmp_path / "warm0")),
+        **quiet,
+    )
     assert all(torch.equal(v, want[k]) for k, v in again.state_dict().items())
     with pytest.raises(AdaptspecError, match="target layers"):
-        train(model, [tmp_path / "ctx"], [], tmp_path / "other", _tiny_config(init_from=str(tmp_path / "shipped")),
-              log=lambda *_: None, target_layers=[0, 2])
+        train(
+            model,
+            [tmp_path / "ctx"],
+            [],
+            tmp_path / "other",
+            _tiny_config(init_from=str(tmp_path / "shipped")),
+            log=lambda *_: None,
+            target_layers=[0, 2],
+        )
     with pytest.raises(AdaptspecError, match="neither a training checkpoint"):
-        train(model, [tmp_path / "ctx"], [], tmp_path / "none", _tiny_config(init_from=str(tmp_path / "ctx")), **quiet)
+        train(
+            model,
+            [tmp_path / "ctx"],
+            [],
+            tmp_path / "none",
+            _tiny_config(init_from=str(tmp_path / "ctx")),
+            **quiet,
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -205,12 +273,17 @@ def test_drafter_layers_can_start_as_the_targets_last_layers(arch):
     drafter = BlockDiffusionDrafter.for_target(target, num_layers=2, target_layers=LAYERS, seed=0)
     if kw:  # a Qwen3 target's layers have per-head q/k norms: give the drafter some too
         from dataclasses import replace
+
         drafter = BlockDiffusionDrafter(replace(drafter.config, **kw)).attach(target)
     assert copy_target_layers(drafter, target) == [2, 3]
     for mine, theirs in zip(drafter.layers, target.model.layers[2:]):
-        pairs = [(mine.q_proj, theirs.self_attn.q_proj), (mine.o_proj, theirs.self_attn.o_proj),
-                 (mine.down_proj, theirs.mlp.down_proj), (mine.input_norm, theirs.input_layernorm),
-                 (mine.post_norm, theirs.post_attention_layernorm)]
+        pairs = [
+            (mine.q_proj, theirs.self_attn.q_proj),
+            (mine.o_proj, theirs.self_attn.o_proj),
+            (mine.down_proj, theirs.mlp.down_proj),
+            (mine.input_norm, theirs.input_layernorm),
+            (mine.post_norm, theirs.post_attention_layernorm),
+        ]
         if kw:
             pairs.append((mine.k_norm, theirs.self_attn.k_norm))
         for a, b in pairs:
@@ -220,7 +293,9 @@ def test_drafter_layers_can_start_as_the_targets_last_layers(arch):
 def test_reduced_vocabulary_head_rows_are_reused_and_follow_changes_to_the_target(model):
     target = tiny_target(vocab=96, eos=None, seed=5)
     vocab = [3, 7, 11, 50, 95]
-    drafter = BlockDiffusionDrafter.for_target(target, num_layers=1, target_layers=LAYERS, seed=0, draft_vocab=vocab)
+    drafter = BlockDiffusionDrafter.for_target(
+        target, num_layers=1, target_layers=LAYERS, seed=0, draft_vocab=vocab
+    )
     head = target.get_output_embeddings().weight
     assert torch.equal(drafter.lm_weight(), head[vocab])
     assert drafter.lm_weight() is drafter.lm_weight()  # gathered once

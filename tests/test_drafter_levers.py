@@ -49,9 +49,20 @@ def contexts(tmp_path_factory, model):
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(num_layers=1, block_size=6, max_block_size=8, draft_vocab_size=None, seqs_per_step=3,
-                anchors_per_seq=12, lr=3e-3, warmup_steps=2, total_steps=6, eval_every=10**9,
-                checkpoint_every_s=10**9, bf16_autocast=False)
+    base = dict(
+        num_layers=1,
+        block_size=6,
+        max_block_size=8,
+        draft_vocab_size=None,
+        seqs_per_step=3,
+        anchors_per_seq=12,
+        lr=3e-3,
+        warmup_steps=2,
+        total_steps=6,
+        eval_every=10**9,
+        checkpoint_every_s=10**9,
+        bf16_autocast=False,
+    )
     return TrainConfig(**(base | kw))
 
 
@@ -62,14 +73,18 @@ def test_a_cropped_batch_never_reaches_past_the_responses_first_tokens(contexts)
     idx = np.arange(len(data))
     got = make_batch(data, idx, _cfg(max_response_len=crop), np.random.default_rng(0), None)
     whole = make_batch(data, idx, _cfg(), np.random.default_rng(0), None)
-    assert got["tokens"].shape[1] == max(pl + min(crop, len(t) - pl) for t, pl in zip(data.tokens, data.prompt_lens))
+    assert got["tokens"].shape[1] == max(
+        pl + min(crop, len(t) - pl) for t, pl in zip(data.tokens, data.prompt_lens)
+    )
     reached_past = False
     for r, i in enumerate(idx):
         tok, pl = np.asarray(data.tokens[i]), data.prompt_lens[i]
         end = min(len(tok), pl + crop)  # the cropped sequence: prompt and the response's first `crop` tokens
         assert got["tokens"][r, :end].tolist() == tok[:end].tolist()
         assert not got["tokens"][r, end:].any() and not got["hidden"][r, end:].any()
-        np.testing.assert_array_equal(got["hidden"][r, :end].numpy(), np.asarray(data.hidden[i][:end], np.float32))
+        np.testing.assert_array_equal(
+            got["hidden"][r, :end].numpy(), np.asarray(data.hidden[i][:end], np.float32)
+        )
         for a, anchor in enumerate(got["anchors"][r].tolist()):
             assert pl <= anchor <= end - 2  # an anchor with at least one label inside the crop
             for k in range(b - 1):
@@ -87,19 +102,23 @@ def test_the_flags_reach_the_training_config(tmp_path):
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg = _train_config(p.parse_args(["--seqs-per-step", "16", "--max-seq-len", "128", "--soft-targets", "8",
-                                      "--seed", "3"]))
+    cfg = _train_config(
+        p.parse_args(["--seqs-per-step", "16", "--max-seq-len", "128", "--soft-targets", "8", "--seed", "3"])
+    )
     assert (cfg.seqs_per_step, cfg.max_response_len, cfg.soft_targets, cfg.seed) == (16, 128, 8, 3)
     cfg = _train_config(p.parse_args([]))
     assert (cfg.seqs_per_step, cfg.max_response_len, cfg.soft_targets, cfg.seed) == (4, None, 0, 0)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--seqs-per-step", "0"], "--seqs-per-step: expected an integer >= 1, got '0'"),
-    (["--max-seq-len", "1"], "--max-seq-len: expected an integer >= 2, got '1'"),
-    (["--soft-targets", "65"], "--soft-targets: expected an integer in 1..64, got '65'"),
-    (["--soft-targets", "4", "--stage", "train"], "--soft-targets: needs --corpus"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--seqs-per-step", "0"], "--seqs-per-step: expected an integer >= 1, got '0'"),
+        (["--max-seq-len", "1"], "--max-seq-len: expected an integer >= 2, got '1'"),
+        (["--soft-targets", "65"], "--soft-targets: expected an integer in 1..64, got '65'"),
+        (["--soft-targets", "4", "--stage", "train"], "--soft-targets: needs --corpus"),
+    ],
+)
 def test_bad_values_are_one_line(tmp_path, capsys, argv, needle):
     assert main(["train-drafter", "--work", str(tmp_path / "w"), *argv]) == 2
     err = capsys.readouterr().err
@@ -116,15 +135,29 @@ def test_training_takes_that_many_sequences_a_step_within_the_crop(contexts, mod
         return batch
 
     monkeypatch.setattr(T, "make_batch", spy)
-    train(model, [contexts / "ctx"], [], contexts / "ckpt-spy", _cfg(seqs_per_step=5, max_response_len=7),
-          log=lambda *_: None, target_layers=LAYERS)
+    train(
+        model,
+        [contexts / "ctx"],
+        [],
+        contexts / "ckpt-spy",
+        _cfg(seqs_per_step=5, max_response_len=7),
+        log=lambda *_: None,
+        target_layers=LAYERS,
+    )
     assert seen == [(5, True)] * 6
 
 
 def test_more_sequences_a_step_than_the_data_holds_is_one_line(contexts, model):
     with pytest.raises(AdaptspecError, match="^9 sequences a step, but the training data holds 8$"):
-        train(model, [contexts / "ctx"], [], contexts / "ckpt-big", _cfg(seqs_per_step=9), log=lambda *_: None,
-              target_layers=LAYERS)
+        train(
+            model,
+            [contexts / "ctx"],
+            [],
+            contexts / "ckpt-big",
+            _cfg(seqs_per_step=9),
+            log=lambda *_: None,
+            target_layers=LAYERS,
+        )
 
 
 # ---------------------------------------------------------------------- soft targets
@@ -133,7 +166,9 @@ def test_stored_top_k_is_the_targets_own_next_token_distribution(contexts, model
     assert data.top_k() == 4 and ShardData([contexts / "plain"]).top_k() == 0
     for tok, (ids, probs) in zip(data.tokens, data.top):
         with torch.no_grad():  # the reference: the model's whole forward, one sequence alone
-            ref = torch.softmax(model(input_ids=torch.as_tensor(np.asarray(tok, np.int64))[None]).logits[0], -1)
+            ref = torch.softmax(
+                model(input_ids=torch.as_tensor(np.asarray(tok, np.int64))[None]).logits[0], -1
+            )
         p, i = ref.topk(4, dim=-1)
         assert ids.dtype == np.int32 and probs.dtype == np.float16 and ids.shape == (len(tok), 4)
         np.testing.assert_array_equal(ids, i.numpy())
@@ -171,13 +206,18 @@ def test_soft_batch_holds_the_renormalised_in_vocabulary_part_of_the_stored_dist
 
 def test_soft_loss_on_one_hot_targets_is_the_greedy_cross_entropy(contexts, model):
     data = ShardData([contexts / "ctx"])
-    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
+    drafter = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8
+    )
     batch = make_batch(data, np.arange(4), _cfg(), np.random.default_rng(2), None)
     weights = block_position_weights(6, None)
     with torch.no_grad():
         hard, acc = block_loss(drafter, batch, weights)
         labels = batch["labels"]
-        one_hot = batch | {"soft_ids": labels.clamp_min(0)[..., None], "soft_probs": (labels >= 0).float()[..., None]}
+        one_hot = batch | {
+            "soft_ids": labels.clamp_min(0)[..., None],
+            "soft_probs": (labels >= 0).float()[..., None],
+        }
         soft, acc2 = block_loss(drafter, one_hot, weights)
     assert float(soft) == pytest.approx(float(hard), rel=1e-5) and acc == acc2
 
@@ -191,9 +231,17 @@ def test_soft_targets_train_and_refuse_contexts_without_them(contexts, model):
     data = ShardData([contexts / "ctx"])
     batch = make_batch(data, np.arange(8), _cfg(soft_targets=4), np.random.default_rng(3), None)
     weights = block_position_weights(6, None)
-    start = BlockDiffusionDrafter.for_target(model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8)
-    trained = train(model, [contexts / "ctx"], [], contexts / "ckpt-soft",
-                    _cfg(soft_targets=4, total_steps=40, seqs_per_step=8), **quiet)
+    start = BlockDiffusionDrafter.for_target(
+        model, num_layers=1, target_layers=LAYERS, seed=0, max_block_size=8
+    )
+    trained = train(
+        model,
+        [contexts / "ctx"],
+        [],
+        contexts / "ckpt-soft",
+        _cfg(soft_targets=4, total_steps=40, seqs_per_step=8),
+        **quiet,
+    )
     with torch.no_grad():
         before, after = (float(block_loss(d, batch, weights)[0]) for d in (start, trained))
     assert after < 0.8 * before, (before, after)

@@ -23,9 +23,11 @@ def _alone(prompt: str, n: int) -> list[int]:
 def test_concurrent_requests_each_decode_as_alone_and_stream_what_they_return():
     results, streamed = {}, {p: [] for p in PROMPTS}
     with EngineLoop(BatchEngine(SPEC.target, SPEC.drafter, max_rows=3), max_queue=16) as loop:
+
         def client(i, p):
-            t = loop.submit(CODEC.encode(p), block_size=1 + i % 4, max_new_tokens=10,
-                            on_tokens=streamed[p].extend)
+            t = loop.submit(
+                CODEC.encode(p), block_size=1 + i % 4, max_new_tokens=10, on_tokens=streamed[p].extend
+            )
             results[p] = t.wait(timeout=120).tokens
 
         threads = [threading.Thread(target=client, args=(i, p)) for i, p in enumerate(PROMPTS)]
@@ -63,8 +65,11 @@ def test_the_loop_thread_runs_with_its_own_torch_threads_and_leaves_the_callers_
 
     before, seen = torch.get_num_threads(), []
     with EngineLoop(BatchEngine(SPEC.target, SPEC.drafter, max_rows=2), threads=3) as loop:
-        t = loop.submit(CODEC.encode("the cat"), max_new_tokens=3,
-                        on_tokens=lambda new: seen.append((threading.current_thread().name, torch.get_num_threads())))
+        t = loop.submit(
+            CODEC.encode("the cat"),
+            max_new_tokens=3,
+            on_tokens=lambda new: seen.append((threading.current_thread().name, torch.get_num_threads())),
+        )
         assert t.wait(timeout=120).tokens == _alone("the cat", 3)
     assert seen and all(s == ("adaptspec-engine", 3) for s in seen)
     assert torch.get_num_threads() == before

@@ -57,7 +57,7 @@ class TreeKnowingDrafter(KnowingDrafter):
         logits = BlockDiffusionDrafter.draft_logits(self, state, last_token, block_size)  # the real pass runs
         n, v = state.length, self.config.vocab_size
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + n * 1009 + int(last_token))
-        want = state.sequence[n + 1: n + block_size]
+        want = state.sequence[n + 1 : n + block_size]
         logits.mul_(0.01).sub_(10.0)
         for i in range(block_size - 1):
             right = want[i] if i < len(want) else int(torch.randint(v, (1,), generator=gen))
@@ -69,7 +69,9 @@ class TreeKnowingDrafter(KnowingDrafter):
         return logits
 
 
-def knowing(drafter: TreeKnowingDrafter, target: TargetModel, prompt: list[int], continuation: list[int]) -> None:
+def knowing(
+    drafter: TreeKnowingDrafter, target: TargetModel, prompt: list[int], continuation: list[int]
+) -> None:
     drafter.learn(target.prefill(prompt).context_hidden, prompt + continuation)
 
 
@@ -87,7 +89,16 @@ def run(engine: BatchEngine, requests: list[tuple[int, list[int], object, int]],
 
 
 ARMS = [tree_arm(8), 4, tree_arm(3), 1, FixedTree(12, top_k=3, depth=6), tree_arm(16), 2, tree_arm(1)]
-PROMPTS = [[6, 7, 8], [40, 41, 42, 43], [70], [11, 12, 13, 14, 15], [94, 84], [53, 28, 79, 52], [21, 22, 23], [60, 9]]
+PROMPTS = [
+    [6, 7, 8],
+    [40, 41, 42, 43],
+    [70],
+    [11, 12, 13, 14, 15],
+    [94, 84],
+    [53, 28, 79, 52],
+    [21, 22, 23],
+    [60, 9],
+]
 
 
 # ---------------------------------------------------------------------- exact verification
@@ -116,8 +127,9 @@ def test_exact_rows_mixing_trees_and_chains_equal_greedy_alone(chunk_tokens):
             assert not any(r.tree for r in out.rounds)
             continue
         mine = alone.generate(p, arm, n)
-        assert [(r.block_size, r.tau, r.drafted, r.tree) for r in out.rounds] == \
-               [(r.block_size, r.tau, r.drafted, r.tree) for r in mine.rounds]
+        assert [(r.block_size, r.tau, r.drafted, r.tree) for r in out.rounds] == [
+            (r.block_size, r.tau, r.drafted, r.tree) for r in mine.rounds
+        ]
         assert [r.tree_outcomes for r in out.rounds] == [r.tree_outcomes for r in mine.rounds]
         for r in out.rounds:
             tree_rounds += r.tree
@@ -130,20 +142,35 @@ def test_exact_rows_mixing_trees_and_chains_equal_greedy_alone(chunk_tokens):
 
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(6, 95), min_size=1, max_size=16),
-                                   st.sampled_from([-1, -2, -5, -8, -16, -24, 1, 2, 3, 8]), st.integers(1, 24)),
-                         min_size=1, max_size=6),
-       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 6, 20]), chunk_tokens=st.sampled_from([None, 256]),
-       arch=st.sampled_from(["llama", "qwen3"]), peek_seed=st.integers(0, 99))
-def test_exact_rows_under_random_compositions_equal_greedy_alone(requests, max_rows, budget, chunk_tokens, arch,
-                                                                 peek_seed):
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.lists(st.integers(6, 95), min_size=1, max_size=16),
+            st.sampled_from([-1, -2, -5, -8, -16, -24, 1, 2, 3, 8]),
+            st.integers(1, 24),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    max_rows=st.integers(1, 4),
+    budget=st.sampled_from([None, 6, 20]),
+    chunk_tokens=st.sampled_from([None, 256]),
+    arch=st.sampled_from(["llama", "qwen3"]),
+    peek_seed=st.integers(0, 99),
+)
+def test_exact_rows_under_random_compositions_equal_greedy_alone(
+    requests, max_rows, budget, chunk_tokens, arch, peek_seed
+):
     """Arrivals, prompts, arms, lengths, row limits and token budgets (which cut the trees a round
     verifies) drawn at random: every row equals greedy decoding of its prompt alone."""
     model, decoder = exact_for(arch)
     drafter = TreeKnowingDrafter(decoder.drafter, seed=peek_seed)
     for _, p, _, n in requests:
         knowing(drafter, decoder.target, p, reference_greedy(model, p, n))
-    engine = BatchEngine(decoder.target, drafter, max_rows=max_rows, token_budget=budget, chunk_tokens=chunk_tokens)
+    engine = BatchEngine(
+        decoder.target, drafter, max_rows=max_rows, token_budget=budget, chunk_tokens=chunk_tokens
+    )
     handles = run(engine, requests)
     for i, (_, p, arm, n) in enumerate(requests):
         out = handles[i].result()
@@ -214,11 +241,11 @@ def check_fast_rows(model, handles: dict, requests, passes) -> None:
                 new = [tree.tokens[j - 1] for j in path] + [choices[path[-1] if path else 0]]
                 on_path = [0, *path]
             else:
-                drafts = blocks[row, 1: r.block_size].tolist()
+                drafts = blocks[row, 1 : r.block_size].tolist()
                 a = next((j for j, d in enumerate(drafts) if d != choices[j]), len(drafts))
                 new = drafts[:a] + [choices[a]]
                 on_path = list(range(a + 1))
-            got = h.tokens[len(committed): len(committed) + r.tau]
+            got = h.tokens[len(committed) : len(committed) + r.tau]
             assert r.tau == len(new) and got == new[: len(got)] and r.tree == (tree is not None)
             with torch.no_grad():
                 full = model(torch.tensor([p + committed + new[:-1]])).logits[0, n:].float()
@@ -248,11 +275,24 @@ def test_fast_rows_commit_the_argmax_of_the_pass_that_verified_them_and_trees_eq
 
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(6, 95), min_size=1, max_size=16),
-                                   st.sampled_from([-1, -3, -8, -20, 1, 3, 6]), st.integers(1, 20)),
-                         min_size=1, max_size=6),
-       max_rows=st.integers(1, 4), budget=st.sampled_from([None, 5, 16]), peek_seed=st.integers(0, 99))
-def test_fast_rows_under_random_compositions_commit_their_passes_argmax(requests, max_rows, budget, peek_seed):
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.lists(st.integers(6, 95), min_size=1, max_size=16),
+            st.sampled_from([-1, -3, -8, -20, 1, 3, 6]),
+            st.integers(1, 20),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    max_rows=st.integers(1, 4),
+    budget=st.sampled_from([None, 5, 16]),
+    peek_seed=st.integers(0, 99),
+)
+def test_fast_rows_under_random_compositions_commit_their_passes_argmax(
+    requests, max_rows, budget, peek_seed
+):
     model, target, base = fast_setup()
     drafter = TreeKnowingDrafter(base, seed=peek_seed)
     run_fast_checked(model, target, drafter, requests, max_rows=max_rows, token_budget=budget)
@@ -262,7 +302,10 @@ def test_fast_tree_rows_share_the_batched_drafter_pass_and_the_packed_pass():
     """The untrained drafter through the engine's one drafter pass for greedy rows and prompts riding in
     the rounds' passes in chunks: every committed token is still the argmax after its prefix."""
     model, target, drafter = fast_setup()
-    requests = [(at, p, arm, 16) for at, p, arm in zip([0, 0, 1, 2, 3], PROMPTS, [tree_arm(8), 3, tree_arm(4), 1, tree_arm(16)])]
+    requests = [
+        (at, p, arm, 16)
+        for at, p, arm in zip([0, 0, 1, 2, 3], PROMPTS, [tree_arm(8), 3, tree_arm(4), 1, tree_arm(16)])
+    ]
     engine = BatchEngine(target, drafter, max_rows=3, chunk_tokens=2)
     handles = run(engine, requests)
     assert engine.batched_draft and any(r.tree for h in handles.values() for r in h.rounds)
@@ -278,9 +321,13 @@ def test_fast_tree_rows_share_the_batched_drafter_pass_and_the_packed_pass():
 @pytest.mark.parametrize("arch", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
 def test_seeded_tree_rows_sample_what_the_decoder_samples_alone(arch):
     model, decoder = exact_for(arch)
-    requests = [(0, [6, 7, 8], tree_arm(8), 24, 0.8, 11), (0, [40, 41], 3, 16, 1.2, 12),
-                (1, [70, 71, 72], FixedTree(10, top_k=3, depth=5), 20, 1.0, 13), (2, [11, 12], tree_arm(2), 12, 0.0, None),
-                (2, [30], tree_arm(16), 24, 1.5, 14)]
+    requests = [
+        (0, [6, 7, 8], tree_arm(8), 24, 0.8, 11),
+        (0, [40, 41], 3, 16, 1.2, 12),
+        (1, [70, 71, 72], FixedTree(10, top_k=3, depth=5), 20, 1.0, 13),
+        (2, [11, 12], tree_arm(2), 12, 0.0, None),
+        (2, [30], tree_arm(16), 24, 1.5, 14),
+    ]
     plain = [decoder.generate(p, 1, n, temperature=t, seed=s).tokens for _, p, _, n, t, s in requests]
     drafter = TreeKnowingDrafter(decoder.drafter, seed=2)
     for (_, p, *_), ref in zip(requests, plain):
@@ -303,8 +350,13 @@ def test_seeded_tree_rows_sample_what_the_decoder_samples_alone(arch):
 
 # ---------------------------------------------------------------------- KV slots
 @settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3), nodes=st.integers(0, 9),
-       seed=st.integers(0, 10**6), row=st.integers(0, 2), pad=st.integers(0, 3))
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    nodes=st.integers(0, 9),
+    seed=st.integers(0, 10**6),
+    row=st.integers(0, 2),
+    pad=st.integers(0, 3),
+)
 def test_a_tree_rows_mask_positions_and_kept_path_follow_their_definitions(lengths, nodes, seed, row, pad):
     row = row % len(lengths)
     g = torch.Generator().manual_seed(seed)
@@ -363,14 +415,20 @@ def test_trees_are_refused_where_the_engine_cannot_run_them():
     assert engine.draft_trees
     with pytest.raises(AdaptspecError, match="at most 256 nodes"):
         engine.submit([6, 7], block_size=tree_arm(300))
-    h = plain.submit([6, 7], block_size=lambda features: tree_arm(4), max_new_tokens=4)  # a chooser's tree: refused at join
+    h = plain.submit(
+        [6, 7], block_size=lambda features: tree_arm(4), max_new_tokens=4
+    )  # a chooser's tree: refused at join
     plain.run_until_done()
     with pytest.raises(AdaptspecError, match="draft trees need a drafter"):
         h.result()
     other = tiny_target("llama")
     other.set_attn_implementation("eager")  # adds a float mask: the engine's boolean one cannot run a tree
-    eager = BatchEngine(TargetModel(other, verification="fast"),
-                        BlockDiffusionDrafter.for_target(other, num_layers=1, seed=0), max_rows=2, chunk_tokens=None)
+    eager = BatchEngine(
+        TargetModel(other, verification="fast"),
+        BlockDiffusionDrafter.for_target(other, num_layers=1, seed=0),
+        max_rows=2,
+        chunk_tokens=None,
+    )
     with pytest.raises(AdaptspecError, match="this engine has 'eager' attention"):
         eager.submit([6, 7], block_size=tree_arm(4))
 
@@ -391,30 +449,49 @@ def test_serve_runs_a_fixed_tree_variant_through_the_engine(tmp_path):
 
     codec = CharCodec()
     spec, _ = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, {"T": "fixed:-8", "C": "fixed:4", "F": "fi-ucb"}, codec=codec,
-                                  log_dir=tmp_path / "log", limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, tree_arm(8)], engine=EngineSettings(max_rows=3, max_queue=8),
-                                  latency="cpu-smollm2-fast")
+    svc = CompletionService.build(
+        spec,
+        {"T": "fixed:-8", "C": "fixed:4", "F": "fi-ucb"},
+        codec=codec,
+        log_dir=tmp_path / "log",
+        limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+        arms=[1, 2, 4, tree_arm(8)],
+        engine=EngineSettings(max_rows=3, max_queue=8),
+        latency="cpu-smollm2-fast",
+    )
     model = tiny_model(0)
     prompts = ["Hello there", "def f(x):", "Once upon a time", "The quick brown fox", "Hello there"]
     with TestClient(create_app(svc)) as client:
         got = []
         for i, prompt in enumerate(prompts):
             variant = "TCTCF"[i]
-            r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "user": f"u{i}"},
-                            headers={"X-Adaptspec-Variant": variant})
+            r = client.post(
+                "/v1/completions",
+                json={"prompt": prompt, "max_tokens": 24, "user": f"u{i}"},
+                headers={"X-Adaptspec-Variant": variant},
+            )
             assert r.status_code == 200, r.text
             got.append((prompt, r.json()["choices"][0]["token_ids"], r.json()["adaptspec"]))
         history = list(svc.runner.loop.engine.history)
     for prompt, ids, info in got:
         p = codec.encode(prompt)
-        assert ids == model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24)[0, len(p):].tolist()
-    assert [info["block_size"] for _, _, info in got] == [-8, 4, -8, 4, -8]  # fi-ucb starts from the largest tree
+        assert (
+            ids == model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=24)[0, len(p) :].tolist()
+        )
+    assert [info["block_size"] for _, _, info in got] == [
+        -8,
+        4,
+        -8,
+        4,
+        -8,
+    ]  # fi-ucb starts from the largest tree
     assert any(w > 4 for rec in history for w in rec.block_sizes)  # tree rows verified up to 9 positions
     rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
     for _, _, info in got:
         assert rows[info["decision_id"]]["block_size"] == info["block_size"]
-        assert (rows[info["decision_id"]]["reward"] is None) == (info["rounds"] == 0)  # no reward: ended at its first token
+        assert (rows[info["decision_id"]]["reward"] is None) == (
+            info["rounds"] == 0
+        )  # no reward: ended at its first token
     assert all(info["rounds"] > 0 for _, _, info in got if info["block_size"] == -8)
     # full information from the engine's tree rounds: every arm observed, the tree and plain steps uncensored
     fi = rows[got[-1][2]["decision_id"]]
@@ -444,8 +521,9 @@ def test_the_exact_kernel_computes_every_tree_node_bit_for_bit_as_the_chain_of_i
         while b > 0:
             path.insert(0, b)
             b = tree.parents[b]
-        chain_logits, chain_hidden = target.verify(torch.tensor([last, *(tree.tokens[i - 1] for i in path)]),
-                                                   copy.deepcopy(pre.cache))
+        chain_logits, chain_hidden = target.verify(
+            torch.tensor([last, *(tree.tokens[i - 1] for i in path)]), copy.deepcopy(pre.cache)
+        )
         assert torch.equal(logits[[0, *path]], chain_logits)
         assert torch.equal(hidden[[0, *path]], chain_hidden)
 
@@ -475,7 +553,9 @@ def test_a_load_rule_sets_chains_only_and_learns_from_them_only():
     engine = BatchEngine(decoder.target, drafter, max_rows=3)
     rule = RoundRule(AskOne(), lambda: 0)
     engine.round_block_sizes = rule.choose
-    handles = [engine.submit(p, block_size=b, max_new_tokens=20) for p, b in zip(prompts, [4, tree_arm(8), 2])]
+    handles = [
+        engine.submit(p, block_size=b, max_new_tokens=20) for p, b in zip(prompts, [4, tree_arm(8), 2])
+    ]
     by_id = {h.id: h for h in handles}
     while engine.busy:
         record = engine.step()
@@ -500,14 +580,25 @@ def test_fast_sampled_tree_rows_commit_the_keyed_samples_of_the_pass_that_verifi
     model, target, base = fast_setup()
     drafter = TreeKnowingDrafter(base, seed=4)
     engine = BatchEngine(target, drafter, max_rows=3, chunk_tokens=None, batched_draft=False)
-    requests = [([6, 7, 8], tree_arm(8), 0.8, 3), ([40, 41, 42], 3, 0.0, None), ([70], FixedTree(10, top_k=3, depth=5), 1.2, 9)]
+    requests = [
+        ([6, 7, 8], tree_arm(8), 0.8, 3),
+        ([40, 41, 42], 3, 0.0, None),
+        ([70], FixedTree(10, top_k=3, depth=5), 1.2, 9),
+    ]
     alone = SpeculativeDecoder(target, base)
     for p, _, t, s in requests:  # the drafter knows each sampled continuation: long paths accepted
-        knowing(drafter, target, p, alone.generate(p, 1, 24, temperature=t, seed=s).tokens if t else
-                reference_greedy(model, p, 24))
+        knowing(
+            drafter,
+            target,
+            p,
+            alone.generate(p, 1, 24, temperature=t, seed=s).tokens if t else reference_greedy(model, p, 24),
+        )
     passes = Passes(engine)
     with mock.patch.object(engine_module, "verify_rows", passes):
-        handles = [engine.submit(p, block_size=a, max_new_tokens=24, temperature=t, seed=s) for p, a, t, s in requests]
+        handles = [
+            engine.submit(p, block_size=a, max_new_tokens=24, temperature=t, seed=s)
+            for p, a, t, s in requests
+        ]
         engine.run_until_done()
     long_paths = 0
     for (p, arm, t, s), h in zip(requests, handles):
@@ -523,12 +614,14 @@ def test_fast_sampled_tree_rows_commit_the_keyed_samples_of_the_pass_that_verifi
                 noise = keys.noise(pos, 1, logits.shape[-1], logits.device)[0]
                 new = [int((logits[row, 0] / t + noise).argmax())]
             else:
-                noise = torch.stack([keys.noise(pos + d, 1, logits.shape[-1], logits.device)[0] for d in tree.depths])
+                noise = torch.stack(
+                    [keys.noise(pos + d, 1, logits.shape[-1], logits.device)[0] for d in tree.depths]
+                )
                 choices = (logits[row, : tree.nodes + 1] / t + noise).argmax(-1).tolist()
                 path = brute_path(tree, choices)
                 new = [tree.tokens[j - 1] for j in path] + [choices[path[-1] if path else 0]]
                 long_paths += len(new) >= 3
-            assert h.tokens[pos: pos + r.tau] == new[: len(h.tokens) - pos] and r.tau == len(new)
+            assert h.tokens[pos : pos + r.tau] == new[: len(h.tokens) - pos] and r.tau == len(new)
             committed += new
         assert committed[: len(h.tokens)] == h.tokens
     assert long_paths >= 3

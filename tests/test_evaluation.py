@@ -20,8 +20,17 @@ from adaptspec.simulators.synthetic import generate
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import TraceSet
 
-TINY = dict(splits=1, orders=2, passes=2, blockpilot_passes=3, drift_phase_steps=120, drift_synthetic_requests=300,
-            coldstart_repeats=1, batch_sizes=(1, 32), progress=False)
+TINY = dict(
+    splits=1,
+    orders=2,
+    passes=2,
+    blockpilot_passes=3,
+    drift_phase_steps=120,
+    drift_synthetic_requests=300,
+    coldstart_repeats=1,
+    batch_sizes=(1, 32),
+    progress=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +40,9 @@ def synth() -> TraceSet:
 
 @pytest.fixture(scope="module")
 def lineup(synth: TraceSet):
-    return evaluate_lineup(synth, "throughput", None, 1, Settings(**{**TINY, "splits": 2}), domains=True,
-                           curves=True).data
+    return evaluate_lineup(
+        synth, "throughput", None, 1, Settings(**{**TINY, "splits": 2}), domains=True, curves=True
+    ).data
 
 
 def _rows(rows):
@@ -63,10 +73,21 @@ def _wide_traces(real: bool) -> TraceSet:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n, 100)).astype(np.float32)
     tau = np.stack([np.ones(n), 1 + rng.uniform(0, 3, n)], axis=1)
-    meta = {"source": "adaptspec collect" if real else {"kind": "synthetic"}, "features": "last:-1,mean:mid,len"}
-    return TraceSet.from_arrays([f"{p.domain}-{i:04d}" for i, p in enumerate(pool)], [p.domain for p in pool],
-                                [1, 4], tau, features=X, new_tokens=np.full(n, 50), rounds=np.full((n, 2), 20),
-                                decode_ms=rng.uniform(500, 900, (n, 2)), meta=meta)
+    meta = {
+        "source": "adaptspec collect" if real else {"kind": "synthetic"},
+        "features": "last:-1,mean:mid,len",
+    }
+    return TraceSet.from_arrays(
+        [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)],
+        [p.domain for p in pool],
+        [1, 4],
+        tau,
+        features=X,
+        new_tokens=np.full(n, 50),
+        rounds=np.full((n, 2), 20),
+        decode_ms=rng.uniform(500, 900, (n, 2)),
+        meta=meta,
+    )
 
 
 def test_wide_features_are_reduced_on_the_training_split_only() -> None:
@@ -87,7 +108,9 @@ def test_e2e_policy_uses_the_traces_head_only_when_it_fits_the_decoder() -> None
 
     real = _wide_traces(True)
     pol, feat, how = e2e_policy(real, 100, 0.5)
-    assert isinstance(pol, NeuralLinear) and feat is not None and feat.in_dim == 100 and "training split" in how
+    assert (
+        isinstance(pol, NeuralLinear) and feat is not None and feat.in_dim == 100 and "training split" in how
+    )
     spec, feat, how = e2e_policy(real, 1153, 0.5)  # another decoder's features: the product default instead
     assert isinstance(spec, str) and feat is None and "not this decoder's" in how
     assert "synthetic" in e2e_policy(_wide_traces(False), 100, 0.5)[2]
@@ -129,7 +152,9 @@ def test_scorer_percentages() -> None:
     idx = np.array([0, 1, 0, 1])
     s = sc.score(idx, np.array([1, 1, 1, 1]))  # always arm 1: 3, 2, 3, 2 against the oracle's 3, 4, 3, 4
     assert s["pct_oracle"] == pytest.approx(100 * 10 / 14)
-    assert s["gain_pct"] == pytest.approx(0.0)  # arm 1 (sum 10) is the best fixed arm, arm 0 sums 10 too: tie -> 0
+    assert s["gain_pct"] == pytest.approx(
+        0.0
+    )  # arm 1 (sum 10) is the best fixed arm, arm 0 sums 10 too: tie -> 0
     assert sc.score(idx, sc.oracle_choice(idx))["pct_oracle"] == pytest.approx(100.0)
     assert sc.regret(idx, np.array([0, 0, 0, 0])).tolist() == [2.0, 2.0, 4.0, 4.0]
 
@@ -146,14 +171,21 @@ def test_oracle_bounds_every_policy_and_percentages_agree(lineup) -> None:
         assert r["pct_oracle"]["mean"] <= 100.0 + 1e-9
         if "values" in r["gain_pct"]:
             assert len(r["gain_pct"]["values"]) == lineup["runs"]
-            for g, p, bb in zip(r["gain_pct"]["values"], r["pct_oracle"]["values"], best["pct_oracle"]["values"]):
+            for g, p, bb in zip(
+                r["gain_pct"]["values"], r["pct_oracle"]["values"], best["pct_oracle"]["values"]
+            ):
                 assert g == pytest.approx(100 * (p / bb - 1), abs=1e-2), name  # run by run
         if r["kind"] == "fixed":  # the best fixed block is the best in hindsight
             assert r["gain_pct"]["hi"] <= 1e-9
     assert {f"fixed:{a}" for a in lineup["arms"]} <= set(rows)
     assert rows[f"fixed:{lineup['best_fixed']}"]["gain_pct"]["mean"] == pytest.approx(0.0)
-    for name in ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)",
-                 "linucb (cold)", "squarecb (cold)"):
+    for name in (
+        "ucb-throughput",
+        "head, classifier (BlockPilot-style)",
+        "neural-linear (default)",
+        "linucb (cold)",
+        "squarecb (cold)",
+    ):
         assert name in rows
         lo, m, hi = (rows[name]["pct_oracle"][k] for k in ("lo", "mean", "hi"))
         assert lo <= m <= hi <= 100.0 + 1e-9
@@ -184,12 +216,21 @@ def test_no_headroom_is_reported_as_such() -> None:
     n = 24
     tau = np.tile([1.0, 2.0, 2.5], (n, 1))
     dec = np.tile([400.0, 300.0, 320.0], (n, 1)) * (1 + 0.01 * np.arange(n))[:, None]
-    ts = TraceSet.from_arrays([f"r{i}" for i in range(n)], ["a", "b"] * (n // 2), [1, 4, 8], tau,
-                              features=np.random.default_rng(0).normal(size=(n, 3)), new_tokens=np.full(n, 60),
-                              rounds=np.full((n, 3), 30), decode_ms=dec)
+    ts = TraceSet.from_arrays(
+        [f"r{i}" for i in range(n)],
+        ["a", "b"] * (n // 2),
+        [1, 4, 8],
+        tau,
+        features=np.random.default_rng(0).normal(size=(n, 3)),
+        new_tokens=np.full(n, 60),
+        rounds=np.full((n, 3), 30),
+        decode_ms=dec,
+    )
     st = Settings(**{**TINY, "orders": 1})
     data = evaluate_lineup(ts, "throughput", None, 1, st, domains=True).data
-    assert data["best_fixed"] == 4 and _rows(data["stream"])["oracle"]["gain_pct"]["mean"] == pytest.approx(0.0)
+    assert data["best_fixed"] == 4 and _rows(data["stream"])["oracle"]["gain_pct"]["mean"] == pytest.approx(
+        0.0
+    )
     lines = F.where_it_does_not_help({"replay": {"data": data}})
     assert any("only +0.0% above the best fixed block" in x for x in lines)
 
@@ -199,7 +240,9 @@ def _blockpilot_folder(root: Path) -> Path:
     f = root / "toy_0T0.0"
     f.mkdir()
     rng = np.random.default_rng(2)
-    taus = {b: {str(i): float(np.clip(b * 0.4 + rng.normal(0, 0.3), 1, b)) for i in range(6)} for b in (4, 8, 12)}
+    taus = {
+        b: {str(i): float(np.clip(b * 0.4 + rng.normal(0, 0.3), 1, b)) for i in range(6)} for b in (4, 8, 12)
+    }
     for b, d in taus.items():
         (f / f"{b}.json").write_text(json.dumps(d))
     choice = {k: max(taus, key=lambda b: taus[b][k]) for k in taus[4]}
@@ -239,10 +282,20 @@ def _two_domain_traces(n: int = 120) -> TraceSet:
     dom = np.array(["a", "b"] * (n // 2))
     isa = (dom == "a").astype(float)
     X = np.stack([isa, 1 - isa, rng.normal(0, 0.1, n)], axis=1)
-    dec = np.stack([np.full(n, 4000.0), np.where(isa == 1, 2000.0, 5000.0)], axis=1) * rng.uniform(0.98, 1.02, (n, 2))
+    dec = np.stack([np.full(n, 4000.0), np.where(isa == 1, 2000.0, 5000.0)], axis=1) * rng.uniform(
+        0.98, 1.02, (n, 2)
+    )
     tau = np.stack([np.ones(n), np.where(isa == 1, 3.0, 1.2)], axis=1)
-    return TraceSet.from_arrays([f"r{i}" for i in range(n)], dom, [1, 8], tau, features=X, new_tokens=np.full(n, 100),
-                                rounds=np.full((n, 2), 40), decode_ms=dec)
+    return TraceSet.from_arrays(
+        [f"r{i}" for i in range(n)],
+        dom,
+        [1, 8],
+        tau,
+        features=X,
+        new_tokens=np.full(n, 100),
+        rounds=np.full((n, 2), 40),
+        decode_ms=dec,
+    )
 
 
 def test_drift_recovery_detected() -> None:
@@ -271,7 +324,9 @@ def test_coldstart_curve(synth: TraceSet) -> None:
         curve = h["warm"]["neural-linear (warm)"]
         assert [p["size"] for p in curve] == d["sizes"]
         assert all(0 < p["pct_oracle"]["mean"] <= 100 for p in curve)
-        best_cold = max((c for c in h["cold"] if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"])
+        best_cold = max(
+            (c for c in h["cold"] if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"]
+        )
         assert h["best_cold"] == best_cold["policy"]
         nl = [p["pct_oracle"]["mean"] for p in curve]
         assert h["crossing"] == crossing(d["sizes"], nl, best_cold["pct_oracle"]["mean"])
@@ -327,7 +382,10 @@ def test_e2e_summary_is_consistent() -> None:
     plain = [_toy_walk(ids, 1, 20) for _, _, ids in prompts]
     fixed = [_toy_walk(ids, 4, 20) for _, _, ids in prompts]
     ctrl = [_toy_walk(ids, b, 20) for (_, _, ids), b in zip(prompts, c["block_sizes"])]
-    tps = {k: sum(n for n, _ in w) / sum(s for _, s in w) for k, w in (("plain", plain), ("fixed", fixed), ("controller", ctrl))}
+    tps = {
+        k: sum(n for n, _ in w) / sum(s for _, s in w)
+        for k, w in (("plain", plain), ("fixed", fixed), ("controller", ctrl))
+    }
     for k in ("plain", "fixed", "controller"):
         assert m[k]["new_tokens"] == 80
         assert m[k]["tokens_per_s"] == pytest.approx(tps[k], rel=1e-3)
@@ -345,13 +403,33 @@ def test_e2e_summary_is_consistent() -> None:
 # ============================================================================ the report
 def test_report_written_and_sections_carried_over(tmp_path: Path, synth: TraceSet) -> None:
     traces = synth.write(tmp_path / "traces")
-    out = Outputs(tmp_path / "docs" / "evaluation.md", tmp_path / "docs" / "headline.md", tmp_path / "docs" / "eval")
-    first = run_evaluation(Request(traces=str(traces), settings=Settings(**TINY), command="test run 1",
-                                   blockpilot=str(tmp_path / "absent")), out, log=lambda s: None)
+    out = Outputs(
+        tmp_path / "docs" / "evaluation.md", tmp_path / "docs" / "headline.md", tmp_path / "docs" / "eval"
+    )
+    first = run_evaluation(
+        Request(
+            traces=str(traces),
+            settings=Settings(**TINY),
+            command="test run 1",
+            blockpilot=str(tmp_path / "absent"),
+        ),
+        out,
+        log=lambda s: None,
+    )
     md = out.report.read_text()
-    for title in ("1. Replay", "2. Same acceptance", "3. Real published", "4. Drift", "5. Cold start",
-                  "6. End to end", "7. Per-round schedules", "8. Under load", "9. Full information", "10. What the numbers say",
-                  "Where adaptation does not help"):
+    for title in (
+        "1. Replay",
+        "2. Same acceptance",
+        "3. Real published",
+        "4. Drift",
+        "5. Cold start",
+        "6. End to end",
+        "7. Per-round schedules",
+        "8. Under load",
+        "9. Full information",
+        "10. What the numbers say",
+        "Where adaptation does not help",
+    ):
         assert title in md
     assert "Not run: the trace set names no dense set" in md.split("## 7.")[1]  # synthetic: no dense traces
     assert "this trace set is SYNTHETIC" in md and "absent" in md and "--blockpilot" in md
@@ -363,8 +441,11 @@ def test_report_written_and_sections_carried_over(tmp_path: Path, synth: TraceSe
     assert "neural-linear (default)" in head and "synthetic placeholder" in head
     run1 = first["sections"]["replay"]["run"]
 
-    second = run_evaluation(Request(traces=str(traces), sections=("coldstart",), settings=Settings(**TINY),
-                                    command="test run 2"), out, log=lambda s: None)
+    second = run_evaluation(
+        Request(traces=str(traces), sections=("coldstart",), settings=Settings(**TINY), command="test run 2"),
+        out,
+        log=lambda s: None,
+    )
     run2 = second["sections"]["coldstart"]["run"]
     assert second["sections"]["replay"]["run"] == run1 and run2 > run1
     stored = json.loads((out.folder / "results.json").read_text())
@@ -373,7 +454,9 @@ def test_report_written_and_sections_carried_over(tmp_path: Path, synth: TraceSe
     md2 = out.report.read_text()
     assert "test run 1" in md2 and "test run 2" in md2
     out.report.unlink()
-    third = run_evaluation(Request(traces=str(traces), sections=(), settings=Settings(**TINY)), out, log=lambda s: None)
+    third = run_evaluation(
+        Request(traces=str(traces), sections=(), settings=Settings(**TINY)), out, log=lambda s: None
+    )
     assert set(third["runs"]) == {run1, run2} and out.report.read_text() == md2  # render only: same report
 
 

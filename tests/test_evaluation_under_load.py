@@ -29,9 +29,21 @@ def dense(tmp_path_factory) -> Path:
     for i in range(6):
         run = rng.geometric(0.5, size=16) - 1
         acc = np.minimum(run[:, None], np.arange(1, 8)[None, :]).astype(np.uint8)
-        rows.append((f"r{i}", "gsm8k", DenseRequest(np.arange(17), acc, np.ones((16, 7), np.float32),
-                                                    np.zeros((16, 7), np.float32), np.zeros(2, np.float32),
-                                                    20 + i, "length")))
+        rows.append(
+            (
+                f"r{i}",
+                "gsm8k",
+                DenseRequest(
+                    np.arange(17),
+                    acc,
+                    np.ones((16, 7), np.float32),
+                    np.zeros((16, 7), np.float32),
+                    np.zeros(2, np.float32),
+                    20 + i,
+                    "length",
+                ),
+            )
+        )
     ds.write_part(rows)
     return path
 
@@ -41,7 +53,9 @@ def section(dense: Path) -> dict:
     patch = pytest.MonkeyPatch()
     patch.setattr(L, "LEVELS", SMALL)
     try:
-        return L.section_load(SimpleNamespace(meta={"dense": str(dense)}), Settings(load_requests=4, progress=False))
+        return L.section_load(
+            SimpleNamespace(meta={"dense": str(dense)}), Settings(load_requests=4, progress=False)
+        )
     finally:
         patch.undo()
 
@@ -79,8 +93,11 @@ def test_the_section_measures_the_odd_half_and_tunes_on_the_even_half(dense: Pat
         # issue 28's targets, recomputed from the stored tok/s
         bf = max(day[L._fixed_name(b)]["tokens_per_s"] for b in L.ARMS)
         for rule, t in p["targets"].items():
-            worst = min(r["runs"][rule]["tokens_per_s"] / max(r["runs"][L._fixed_name(b)]["tokens_per_s"]
-                                                               for b in L.ARMS) for r in p["levels"])
+            worst = min(
+                r["runs"][rule]["tokens_per_s"]
+                / max(r["runs"][L._fixed_name(b)]["tokens_per_s"] for b in L.ARMS)
+                for r in p["levels"]
+            )
             assert t["worst_level"] == pytest.approx(worst)
             assert t["day_over_best_fixed"] == pytest.approx(day[rule]["tokens_per_s"] / bf)
             gain = day["per-level oracle"]["tokens_per_s"] - bf
@@ -89,16 +106,23 @@ def test_the_section_measures_the_odd_half_and_tunes_on_the_even_half(dense: Pat
 
 
 @pytest.mark.slow
-def test_the_report_renders_section_8_from_results_and_carries_it_over(tmp_path: Path, dense: Path,
-                                                                       monkeypatch) -> None:
+def test_the_report_renders_section_8_from_results_and_carries_it_over(
+    tmp_path: Path, dense: Path, monkeypatch
+) -> None:
     from adaptspec.traces.dense import to_traceset
 
     monkeypatch.setattr(L, "LEVELS", SMALL)
-    traces = to_traceset(DenseTraceSet.open(dense), [1, 4], get_profile("cpu-smollm2-bf16")).write(tmp_path / "ts")
-    out = Outputs(tmp_path / "docs" / "evaluation.md", tmp_path / "docs" / "headline.md", tmp_path / "docs" / "eval")
-    first = run_evaluation(Request(traces=str(traces), sections=("load",), settings=Settings(load_requests=4,
-                                                                                               progress=False)),
-                           out, log=lambda s: None)
+    traces = to_traceset(DenseTraceSet.open(dense), [1, 4], get_profile("cpu-smollm2-bf16")).write(
+        tmp_path / "ts"
+    )
+    out = Outputs(
+        tmp_path / "docs" / "evaluation.md", tmp_path / "docs" / "headline.md", tmp_path / "docs" / "eval"
+    )
+    first = run_evaluation(
+        Request(traces=str(traces), sections=("load",), settings=Settings(load_requests=4, progress=False)),
+        out,
+        log=lambda s: None,
+    )
     md = out.report.read_text()
     under = md.split("## 8. Under load")[1].split("## 10. What the numbers say")[0]
     assert "**cpu-smollm2-batched**" in under and "**h100-qwen3-8b**" in under and "per-level oracle" in under
@@ -108,13 +132,17 @@ def test_the_report_renders_section_8_from_results_and_carries_it_over(tmp_path:
     assert f"{warm:.3f}" in under
     # nothing recomputed: a render-only run writes the same section from results.json
     out.report.unlink()
-    run_evaluation(Request(traces=str(traces), sections=(), settings=Settings(progress=False)), out, log=lambda s: None)
+    run_evaluation(
+        Request(traces=str(traces), sections=(), settings=Settings(progress=False)), out, log=lambda s: None
+    )
     assert out.report.read_text().split("## 8. Under load")[1] == md.split("## 8. Under load")[1]
 
 
 def test_without_a_dense_set_the_section_says_how_to_get_one() -> None:
     gone = L.section_load(SimpleNamespace(meta={}), Settings(progress=False))
-    assert gone["status"] == "absent" and L.render_load(gone).startswith("Not run: the trace set names no dense set")
+    assert gone["status"] == "absent" and L.render_load(gone).startswith(
+        "Not run: the trace set names no dense set"
+    )
 
 
 def test_section_8_runs_the_measured_cpu_cost_model_and_the_gpu_profile_at_1_to_64_rows() -> None:

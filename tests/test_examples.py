@@ -25,16 +25,26 @@ DEFAULT = ROOT / "adaptspec" / "data" / "traces" / "benchmarks"  # the bundled d
 
 
 def run_example(name: str, *args: str, timeout: float = 900) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
     assert p.returncode == 0, f"{name} exited with {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}"
     return p.stdout
 
 
 def raw_arms() -> list[int]:
     """The bundled default set's block sizes, ascending, from outcomes.parquet."""
-    return sorted(set(pq.read_table(DEFAULT / "outcomes.parquet", columns=["block_size"])["block_size"].to_pylist()))
+    return sorted(
+        set(pq.read_table(DEFAULT / "outcomes.parquet", columns=["block_size"])["block_size"].to_pylist())
+    )
 
 
 def n_requests() -> int:
@@ -44,8 +54,9 @@ def n_requests() -> int:
 def token_latency() -> np.ndarray:
     """Minus milliseconds per new token of every (request, block size) of the bundled default set,
     ``(requests, arms)`` with arms ascending, from the raw decode_ms and new_tokens columns."""
-    rows = pq.read_table(DEFAULT / "outcomes.parquet", columns=["request_id", "block_size", "new_tokens",
-                                                                "decode_ms"]).to_pylist()
+    rows = pq.read_table(
+        DEFAULT / "outcomes.parquet", columns=["request_id", "block_size", "new_tokens", "decode_ms"]
+    ).to_pylist()
     arms = raw_arms()
     ids = sorted({r["request_id"] for r in rows})
     out = np.full((len(ids), len(arms)), np.nan)
@@ -58,7 +69,13 @@ def token_latency() -> np.ndarray:
 def test_every_example_has_a_docstring_a_main_and_a_readme_line():
     readme = (ROOT / "examples" / "README.md").read_text()
     scripts = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
-    assert scripts == ["ab_serving.py", "byo_dflash.py", "off_policy.py", "replay_policies.py", "wrap_speculator.py"]
+    assert scripts == [
+        "ab_serving.py",
+        "byo_dflash.py",
+        "off_policy.py",
+        "replay_policies.py",
+        "wrap_speculator.py",
+    ]
     for name in scripts:
         text = (ROOT / "examples" / name).read_text()
         assert text.startswith('"""') and f"python examples/{name}" in text, name  # says how to run it
@@ -85,10 +102,17 @@ def test_replay_policies_held_out():
     out = run_example("replay_policies.py", "--seeds", "2", "--passes", "1")
     m = re.search(r"^head trained on (\d+) requests, policies replayed on the other (\d+)$", out, re.M)
     n, domains = n_requests(), len(set(pq.read_table(DEFAULT / "requests.parquet")["domain"].to_pylist()))
-    assert m and int(m[1]) + int(m[2]) == n and abs(int(m[1]) - int(m[2])) <= domains, out  # halves, by domain
-    rows = {m[1].strip(): m for m in re.finditer(
-        r"^(.{26}) +([0-9.]+) \[([0-9.]+), ([0-9.]+)\] +([-+][0-9.]+) \[([-+][0-9.]+), ([-+][0-9.]+)\] +([0-9.]+)$",
-        out, re.M)}
+    assert m and int(m[1]) + int(m[2]) == n and abs(int(m[1]) - int(m[2])) <= domains, (
+        out
+    )  # halves, by domain
+    rows = {
+        m[1].strip(): m
+        for m in re.finditer(
+            r"^(.{26}) +([0-9.]+) \[([0-9.]+), ([0-9.]+)\] +([-+][0-9.]+) \[([-+][0-9.]+), ([-+][0-9.]+)\] +([0-9.]+)$",
+            out,
+            re.M,
+        )
+    }
     assert len(rows) == 5, out
     for m in rows.values():
         pct, lo, hi = float(m[2]), float(m[3]), float(m[4])
@@ -103,7 +127,9 @@ def test_replay_policies_bundled_head_matches_the_trace_set():
     assert f"bundled head on all {n_requests()} requests" in out  # BUNDLED_HEAD goes with the default set
     cost = -token_latency()
     best = int(np.argmin(cost.sum(axis=0)))
-    gain = 100.0 * cost[:, best].sum() / cost.min(axis=1).sum() - 100.0  # oracle's speed over the best fixed block's
+    gain = (
+        100.0 * cost[:, best].sum() / cost.min(axis=1).sum() - 100.0
+    )  # oracle's speed over the best fixed block's
     arms = raw_arms()
     m = re.search(rf"^best fixed \(B={arms[best]}\) .*$", out, re.M)
     assert m, out
@@ -127,8 +153,18 @@ def test_off_policy_truth_and_estimates():
 
 
 def test_ab_serving():
-    out = run_example("ab_serving.py", "--requests", "24", "--users", "12", "--max-tokens", "8", "--budget-s", "80",
-                      timeout=120)
+    out = run_example(
+        "ab_serving.py",
+        "--requests",
+        "24",
+        "--users",
+        "12",
+        "--max-tokens",
+        "8",
+        "--budget-s",
+        "80",
+        timeout=120,
+    )
     served = {v: int(n) for v, n in re.findall(r"^variant (\w+): (\d+) requests", out, re.M)}
     assert set(served) == {"A", "B"} and sum(served.values()) == 24
     assert "B=4: " + str(served["B"]) in out  # fixed:4 always picks 4
@@ -139,16 +175,30 @@ def test_ab_serving():
 
 @pytest.mark.slow
 def test_byo_dflash_end_to_end(tmp_path):
-    out = run_example("byo_dflash.py", "--prompts", "6", "--requests", "8", "--max-new-tokens", "8", "--out",
-                      str(tmp_path), timeout=300)
-    m = re.search(r"^1\. AdaptiveController\(speculator\): policy (\S+), block sizes \[([0-9, ]+)\]$", out, re.M)
+    out = run_example(
+        "byo_dflash.py",
+        "--prompts",
+        "6",
+        "--requests",
+        "8",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(tmp_path),
+        timeout=300,
+    )
+    m = re.search(
+        r"^1\. AdaptiveController\(speculator\): policy (\S+), block sizes \[([0-9, ]+)\]$", out, re.M
+    )
     assert m, out
     arms = [int(b) for b in m[2].split(", ")]
     assert max(arms) <= 8  # derived from the speculator's max_block_size, not the bundled head's 1..16
     chosen = [int(b) for b in re.findall(r"^   \w+ +B=(\d+) ", out, re.M)]
     assert len(chosen) == 3 and set(chosen) <= set(arms)
     assert "updates learnt: 3" in out  # three generate calls
-    assert re.search(r"^2\. for_engine: decide -> B=\d+, decode -> \d+ tokens, feedback -> applied$", out, re.M)
+    assert re.search(
+        r"^2\. for_engine: decide -> B=\d+, decode -> \d+ tokens, feedback -> applied$", out, re.M
+    )
     assert re.search(r"^3\. collected 6 requests x block sizes \[1, 2, 4, 8\]", out, re.M)
     served = {v: int(n) for v, n in re.findall(r"^5\. variant (\w): (\d+) requests", out, re.M)}
     assert sum(served.values()) == 8

@@ -19,7 +19,14 @@ from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, Target
 from adaptspec.decoding.greedy import TIE_GAP, divergence, plain_greedy
 from adaptspec.errors import AdaptspecError
 
-from decoding_helpers import ARCHS, PeekingDrafter, chi_square_p, reference_greedy, seeded_outcomes, tiny_target
+from decoding_helpers import (
+    ARCHS,
+    PeekingDrafter,
+    chi_square_p,
+    reference_greedy,
+    seeded_outcomes,
+    tiny_target,
+)
 
 torch.set_num_threads(1)
 
@@ -54,10 +61,15 @@ def fast_decoder(arch: str, small_dtype=None):
 @pytest.mark.parametrize("small_dtype", [None, torch.bfloat16], ids=["float32", "mixed"])
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=st.lists(st.integers(6, 95), min_size=1, max_size=20), block_size=st.integers(2, 16),
-       error_rate=st.sampled_from([0.0, 0.2, 0.6]), seed=st.integers(0, 99))
-def test_every_committed_token_is_the_argmax_of_the_pass_that_verified_it(arch, small_dtype, prompt, block_size,
-                                                                          error_rate, seed):
+@given(
+    prompt=st.lists(st.integers(6, 95), min_size=1, max_size=20),
+    block_size=st.integers(2, 16),
+    error_rate=st.sampled_from([0.0, 0.2, 0.6]),
+    seed=st.integers(0, 99),
+)
+def test_every_committed_token_is_the_argmax_of_the_pass_that_verified_it(
+    arch, small_dtype, prompt, block_size, error_rate, seed
+):
     model, target, drafter = fast_decoder(arch, small_dtype)
     ref = reference_greedy(model, prompt, 40)
     peek = PeekingDrafter(drafter, prompt + ref, error_rate, seed)  # accepts 0..B-1 drafts per round
@@ -70,11 +82,11 @@ def test_every_committed_token_is_the_argmax_of_the_pass_that_verified_it(arch, 
     for (block, logits), r in zip(target.passes, out.rounds):
         assert block[0] == committed[-1]  # each pass starts from the last committed token
         best = logits.argmax(-1).tolist()
-        new = out.tokens[len(committed): len(committed) + r.tau]
+        new = out.tokens[len(committed) : len(committed) + r.tau]
         # position i of the block predicts the token after block[i]: the committed tokens are
         # the verify pass's argmaxes, and every accepted draft was one
         assert new == best[: len(new)]
-        assert block[1: len(new)] == new[: len(new) - 1]
+        assert block[1 : len(new)] == new[: len(new) - 1]
         if len(new) == r.tau and r.tau < len(block):  # the first rejected draft was not the argmax
             assert block[r.tau] != best[r.tau - 1]
         committed += new
@@ -123,8 +135,9 @@ def test_sampling_keeps_the_verifying_pass_distribution():
         model.lm_head.weight.mul_(0.25)
     prompt = [1, 4, 2]
     exact = _exact_second_third(model, prompt, 1.0).ravel()
-    decoder = SpeculativeDecoder(TargetModel(model, verification="fast"),
-                                 BlockDiffusionDrafter.for_target(model, num_layers=1, seed=1))
+    decoder = SpeculativeDecoder(
+        TargetModel(model, verification="fast"), BlockDiffusionDrafter.for_target(model, num_layers=1, seed=1)
+    )
     n = 2000
     counts = np.zeros_like(exact)
     for out in seeded_outcomes(decoder, prompt, 4, 4, 1.0, n):  # generate(..., seed=i), i < n

@@ -121,9 +121,16 @@ def full_information_traces(spec: FakeSpeculator, arms, n=80):
         new.append([o.new_tokens for o in outs])
         ms.append([1000 * o.decode_s for o in outs])
         rounds.append([len(o.rounds) for o in outs])
-    ts = TraceSet.from_arrays([f"r{i}" for i in range(n)], ["toy"] * n, arms, np.array(tau),
-                              features=np.array(feats), new_tokens=np.array(new), decode_ms=np.array(ms),
-                              rounds=np.array(rounds, dtype=np.int64))
+    ts = TraceSet.from_arrays(
+        [f"r{i}" for i in range(n)],
+        ["toy"] * n,
+        arms,
+        np.array(tau),
+        features=np.array(feats),
+        new_tokens=np.array(new),
+        decode_ms=np.array(ms),
+        rounds=np.array(rounds, dtype=np.int64),
+    )
     return prompts, ts
 
 
@@ -142,7 +149,9 @@ def test_replay_and_the_controller_see_identical_contexts(tmp_path):
     assert np.array_equal(again.features.astype(np.float64), online)
 
     with torch_threads(1):
-        head = train_head(tf.features, tf.reward_matrix("throughput"), arms, hidden=(8,), max_epochs=30, seed=0)
+        head = train_head(
+            tf.features, tf.reward_matrix("throughput"), arms, hidden=(8,), max_epochs=30, seed=0
+        )
     head.save(tmp_path / "head")
     f.save(tmp_path / "head")  # saved with the head: the controller picks it up
     replay_policy = NeuralLinear(head)
@@ -152,12 +161,18 @@ def test_replay_and_the_controller_see_identical_contexts(tmp_path):
         got = [c.decide(spec.prefill(p).features).block_size for p in prompts]
     assert got == want and len(set(got)) > 1
     # a checkpoint remembers the featurizer; another one cannot resume from it
-    with AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", checkpoint_dir=tmp_path / "ck") as c:
+    with AdaptiveController(
+        spec, f"neural-linear:head={tmp_path / 'head'}", checkpoint_dir=tmp_path / "ck"
+    ) as c:
         c.generate(prompts[0], max_new_tokens=8)
     other = Featurizer.fit_traces(ts, dim=3)
     with pytest.raises(AdaptspecError, match="featurizer"):
-        AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", checkpoint_dir=tmp_path / "ck",
-                           featurizer=Featurizer.fit_traces(ts, dim=4, keep=[1]))
+        AdaptiveController(
+            spec,
+            f"neural-linear:head={tmp_path / 'head'}",
+            checkpoint_dir=tmp_path / "ck",
+            featurizer=Featurizer.fit_traces(ts, dim=4, keep=[1]),
+        )
     with pytest.raises(AdaptspecError, match="expects 5"):
         AdaptiveController(spec, f"neural-linear:head={tmp_path / 'head'}", featurizer=other)
 
@@ -173,8 +188,20 @@ def test_train_head_saves_a_featurizer_and_simulate_applies_it(tmp_path, capsys)
     ts = generate("cpu-small", n_requests=240, seed=3, dim=96)
     ts.meta["features"] = "last:-1,len"
     ts.write(tmp_path / "wide")
-    assert main(["train-head", str(tmp_path / "wide"), "--out", str(tmp_path / "head"), "--epochs", "30",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                str(tmp_path / "wide"),
+                "--out",
+                str(tmp_path / "head"),
+                "--epochs",
+                "30",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = _json.loads(capsys.readouterr().out)
     f = Featurizer.load(tmp_path / "head")
     assert (f.in_dim, f.out_dim) == (96, 33) and out["hidden"] == [64, 32]
@@ -183,5 +210,8 @@ def test_train_head_saves_a_featurizer_and_simulate_applies_it(tmp_path, capsys)
     rep = _json.loads(capsys.readouterr().out)
     assert rep["policies"][0]["pct_oracle"] > 50
     # without the featurizer the head cannot read the raw 96 features
-    assert main(["simulate", str(tmp_path / "wide"), "--policy", spec, "--featurizer", "none", "--no-progress"]) == 2
+    assert (
+        main(["simulate", str(tmp_path / "wide"), "--policy", spec, "--featurizer", "none", "--no-progress"])
+        == 2
+    )
     assert "96" in capsys.readouterr().err

@@ -58,8 +58,20 @@ def refused(fn, fifo: Path, timeout: float = 10.0) -> str:
 
 
 def decision_rows(n: int) -> list[dict]:
-    return [{"decision_id": f"d-{i}", "time": 1.7e9 + i, "policy": "ucb", "variant": "A", "block_size": 4,
-             "propensity": 1.0, "probs": [0.0, 0.0, 1.0], "arms": [1, 2, 4], "reward": 1.0} for i in range(n)]
+    return [
+        {
+            "decision_id": f"d-{i}",
+            "time": 1.7e9 + i,
+            "policy": "ucb",
+            "variant": "A",
+            "block_size": 4,
+            "propensity": 1.0,
+            "probs": [0.0, 0.0, 1.0],
+            "arms": [1, 2, 4],
+            "reward": 1.0,
+        }
+        for i in range(n)
+    ]
 
 
 def test_a_dense_trace_sets_meta_json_that_is_a_fifo(tmp_path):
@@ -67,7 +79,9 @@ def test_a_dense_trace_sets_meta_json_that_is_a_fifo(tmp_path):
     d.mkdir()
     os.mkfifo(d / "meta.json")
     assert "dense trace set's meta.json" in refused(lambda: DenseTraceSet.open(d), d / "meta.json")
-    assert "dense trace set's meta.json" in refused(lambda: DenseTraceSet.create(d, {"max_block_size": 4}), d / "meta.json")
+    assert "dense trace set's meta.json" in refused(
+        lambda: DenseTraceSet.create(d, {"max_block_size": 4}), d / "meta.json"
+    )
 
 
 def test_a_dense_trace_sets_part_that_is_a_fifo(tmp_path):
@@ -84,7 +98,9 @@ def test_a_decision_log_part_that_is_a_fifo(tmp_path):
     os.mkfifo(fifo)
     refused(lambda: DecisionLog.read(log), fifo)
     refused(lambda: log_rows(log), fifo)
-    refused(lambda: DecisionLog(log).append(decision_rows(3)[2:]), fifo)  # a writer reads every part's ids first
+    refused(
+        lambda: DecisionLog(log).append(decision_rows(3)[2:]), fifo
+    )  # a writer reads every part's ids first
     assert len([p for p in log.iterdir() if p.is_file()]) == 1  # nothing was written
 
 
@@ -120,8 +136,13 @@ def test_a_fifo_part_in_a_live_servers_log_makes_ab_a_503_not_a_hang(tmp_path, c
     from adaptspec.serving.tiny import tiny_speculator
 
     spec, codec = tiny_speculator(0)
-    svc = CompletionService.build(spec, {"A": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128))
+    svc = CompletionService.build(
+        spec,
+        {"A": "fixed:4"},
+        codec=codec,
+        log_dir=tmp_path / "log",
+        limits=ServerLimits(max_context=512, vocab_size=128),
+    )
     with TestClient(create_app(svc)) as client:
         fifo = tmp_path / "log" / "part-99999999999999999999-1-000000.parquet"
         os.mkfifo(fifo)  # appeared after the server started (it checks its log at start)
@@ -171,8 +192,10 @@ def _checkpoint(tmp_path: Path) -> Path:
 def _head(tmp_path: Path) -> Path:
     import shutil
 
-    shutil.copytree(Path(__file__).resolve().parents[1] / "adaptspec" / "models" / "weights" / "smollm2-135m-head",
-                    tmp_path / "head")
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "adaptspec" / "models" / "weights" / "smollm2-135m-head",
+        tmp_path / "head",
+    )
     return tmp_path / "head"
 
 
@@ -202,14 +225,18 @@ def test_a_checkpoints_files_that_are_fifos(tmp_path):
     refused_in_one_line(lambda: load_policy(ck2, UCB([1, 4, 8], seed=0)), fifo2)
 
 
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "featurizer.json", "featurizer.safetensors"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "model.safetensors", "featurizer.json", "featurizer.safetensors"]
+)
 def test_a_heads_files_that_are_fifos(tmp_path, name):
     from adaptspec.policies.featurizer import Featurizer
     from adaptspec.policies.offline_head import HeadModel
 
     head = _head(tmp_path)
     fifo = _swap_in_fifo(head / name)
-    refused_in_one_line(lambda: HeadModel.load(head) if "featurizer" not in name else Featurizer.load(head), fifo)
+    refused_in_one_line(
+        lambda: HeadModel.load(head) if "featurizer" not in name else Featurizer.load(head), fifo
+    )
 
 
 def test_policy_state_and_tensor_readers_refuse_a_fifo_themselves(tmp_path):
@@ -250,17 +277,31 @@ def test_a_blockpilot_result_file_that_is_a_fifo(tmp_path):
 
 
 def _cli(cwd: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-           "HOME": os.environ.get("HOME", "/tmp")}
-    return subprocess.run([sys.executable, "-m", "adaptspec", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = {
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "OMP_NUM_THREADS": "1",
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "adaptspec", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [
-    ["simulate", "TS", "--reward", "modelled", "--latency", "FIFO", "--no-progress"],
-    ["serve", "--tiny", "--threads", "1", "--reward", "modelled", "--latency", "FIFO"],
-], ids=["simulate", "serve"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "TS", "--reward", "modelled", "--latency", "FIFO", "--no-progress"],
+        ["serve", "--tiny", "--threads", "1", "--reward", "modelled", "--latency", "FIFO"],
+    ],
+    ids=["simulate", "serve"],
+)
 def test_latency_naming_a_fifo_is_exit_2_and_one_line_not_a_hang(tmp_path, argv):
     """Issue 38, item 3: these blocked forever."""
     from adaptspec.traces.traceset import DEFAULT_TRACES
@@ -269,7 +310,10 @@ def test_latency_naming_a_fifo_is_exit_2_and_one_line_not_a_hang(tmp_path, argv)
     os.mkfifo(fifo)
     argv = [str(fifo) if a == "FIFO" else str(DEFAULT_TRACES) if a == "TS" else a for a in argv]
     p = _cli(tmp_path, *argv)  # a hang is a TimeoutExpired: the test fails
-    assert "Traceback" not in p.stderr and p.returncode == 2 and p.stderr.count("\n") == 1, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and p.returncode == 2 and p.stderr.count("\n") == 1, (
+        p.returncode,
+        p.stderr,
+    )
     assert str(fifo) in p.stderr and "not a regular file" in p.stderr and "FIFO" in p.stderr, p.stderr
 
 

@@ -33,18 +33,25 @@ def test_the_documented_limits_per_kind_of_file():
     assert (JSON_BYTES, JSON_LINES_BYTES, DATA_BYTES) == (64 * MiB, 4096 * MiB, 65536 * MiB)
 
 
-@pytest.mark.parametrize("kind, size, read", [
-    ("a JSON document", 64 * MiB + 1, lambda p: read_json(p, "a JSON latency profile")),
-    ("a JSON-lines file", 4096 * MiB + 1, lambda p: read_jsonl(p, "a decision log's journal")),
-    ("a data file", 65536 * MiB + 1, lambda p: read_bytes(p, "a safetensors file", limit=DATA_BYTES)),
-], ids=["json", "json-lines", "data"])
+@pytest.mark.parametrize(
+    "kind, size, read",
+    [
+        ("a JSON document", 64 * MiB + 1, lambda p: read_json(p, "a JSON latency profile")),
+        ("a JSON-lines file", 4096 * MiB + 1, lambda p: read_jsonl(p, "a decision log's journal")),
+        ("a data file", 65536 * MiB + 1, lambda p: read_bytes(p, "a safetensors file", limit=DATA_BYTES)),
+    ],
+    ids=["json", "json-lines", "data"],
+)
 def test_a_file_one_byte_over_its_kinds_limit_is_one_line_naming_the_limit(tmp_path, kind, size, read):
     p = sparse(tmp_path / "big", size)
     with pytest.raises(AdaptspecError) as e:
         read(p)
     message = str(e.value)
     assert "\n" not in message
-    assert message.startswith(f"{p}: {size} bytes, more than ") and f"({kind}: at most {size - 1} bytes" in message
+    assert (
+        message.startswith(f"{p}: {size} bytes, more than ")
+        and f"({kind}: at most {size - 1} bytes" in message
+    )
 
 
 def test_a_json_file_at_its_limit_is_read(tmp_path):
@@ -69,4 +76,6 @@ def test_serve_refuses_a_2_gb_latency_profile_in_one_line(tmp_path, capsys):
     assert main(["serve", "--tiny", "--port", "0", "--reward", "modelled", "--latency", str(big)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert f"{big}: {2 << 30} bytes, more than a JSON latency profile may hold (a JSON document: at most " in err
+    assert (
+        f"{big}: {2 << 30} bytes, more than a JSON latency profile may hold (a JSON document: at most " in err
+    )

@@ -22,9 +22,19 @@ def write_fleet(root, n=300, replicas=3, seed=0):
     """Replicas r0..r2, each serving variants A and B; B earns 0.6 more on average. Returns the
     (variant, reward) stream in the order it was fed."""
     rng = np.random.default_rng(seed)
-    ctls = {(i, v): AdaptiveController(_Toy(), "fixed:2", arms=[1, 2, 4], variant=v, log_dir=root / f"r{i}",
-                                       log_fsync=False, roll_rows=37)
-            for i in range(replicas) for v in "AB"}
+    ctls = {
+        (i, v): AdaptiveController(
+            _Toy(),
+            "fixed:2",
+            arms=[1, 2, 4],
+            variant=v,
+            log_dir=root / f"r{i}",
+            log_fsync=False,
+            roll_rows=37,
+        )
+        for i in range(replicas)
+        for v in "AB"
+    }
     fed = []
     for t in range(n):
         v = "AB"[int(rng.integers(2))]

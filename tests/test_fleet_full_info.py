@@ -89,7 +89,9 @@ def replica_sums(R: np.ndarray, O: np.ndarray, rows) -> dict[str, np.ndarray]:
 
 def assert_exact_statistics(merged, single) -> None:
     for key in ("n", "s", "ss"):
-        np.testing.assert_allclose(getattr(merged.stats, key), getattr(single.stats, key), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            getattr(merged.stats, key), getattr(single.stats, key), rtol=1e-12, atol=1e-12
+        )
     np.testing.assert_allclose(merged.ref, single.ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(merged.diff, single.diff, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(merged.means(), single.means(), rtol=1e-12, atol=1e-12)
@@ -131,7 +133,11 @@ def test_any_split_of_any_stream_merges_to_the_closed_form(n, seed, split_seed):
 
 def test_the_arm_that_ran_alone_is_a_full_update_with_one_arm_shown():
     """A fleet update without counterfactuals (a given reward) is shared as fi-ucb learns it: one arm shown."""
-    backend, pol, ref = MemoryBackend(), make_policy("fi-ucb", ARMS, seed=0), make_policy("fi-ucb", ARMS, seed=0)
+    backend, pol, ref = (
+        MemoryBackend(),
+        make_policy("fi-ucb", ARMS, seed=0),
+        make_policy("fi-ucb", ARMS, seed=0),
+    )
     shared = SharedState(backend, "r1", sync_interval_s=60, lease_ttl_s=180)
     shared.attach(pol, "A")
     R, O = requests(30, seed=3)
@@ -186,14 +192,22 @@ def _sums(**change) -> dict[str, np.ndarray]:
 MALFORMED = {
     "negative requests": (_sums(requests=np.array([-1])), "'requests' hold a negative count"),
     "negative reference count": (_sums(ref=np.array([-2.0, 1.0])), "'ref' hold a negative count"),
-    "negative paired count": (_sums(diff=np.array([[0, -1.0, 0, 0], [0] * 4])), "'diff' hold a negative count"),
+    "negative paired count": (
+        _sums(diff=np.array([[0, -1.0, 0, 0], [0] * 4])),
+        "'diff' hold a negative count",
+    ),
     "negative error count": (_sums(err=np.array([-1.0, 0.0])), "'err' hold a negative count"),
     "negative sum of squares": (_sums(err=np.array([1.0, -3.0])), "negative sum of squares"),
     "diff of another width": (_sums(diff=np.zeros((2, 3))), "'diff' have shape (2, 3), expected (2, 4)"),
     "no reference": ({k: v for k, v in _sums().items() if k != "ref"}, "'ref' have shape ()"),
-    "an infinite difference": (_sums(diff=np.array([[1.0] * 4, [0, np.inf, 0, 0]])), "'diff' hold an infinity"),
-    "a plain ucb entry": ({k: v for k, v in _sums().items() if k in ("n", "s", "ss", "count", "running")},
-                          "'requests' have shape ()"),
+    "an infinite difference": (
+        _sums(diff=np.array([[1.0] * 4, [0, np.inf, 0, 0]])),
+        "'diff' hold an infinity",
+    ),
+    "a plain ucb entry": (
+        {k: v for k, v in _sums().items() if k in ("n", "s", "ss", "count", "running")},
+        "'requests' have shape ()",
+    ),
 }
 
 
@@ -226,7 +240,9 @@ def test_malformed_fi_ucb_entries_are_refused_in_one_line_and_never_merged(redis
         assert "array 'err' holds NaN" in why["nan"]
         assert a.status()["other_replicas"] == 1 and a.status()["state"] == "degraded"
         assert a.apply_pending(pol)
-        np.testing.assert_allclose(pol.means(), closed_form(*requests(20, seed=4)), rtol=1e-12)  # the good one alone
+        np.testing.assert_allclose(
+            pol.means(), closed_form(*requests(20, seed=4)), rtol=1e-12
+        )  # the good one alone
     finally:
         a.close()
         r.close()
@@ -250,8 +266,12 @@ class Taus:
 
     def prefill(self, prompt_ids, temperature=0.0, seed=None):
         ids = [int(i) for i in prompt_ids]
-        return Prefill(first_token=1, prompt_tokens=len(ids), features=np.array([1.0, len(ids)], np.float32),
-                       state={"seed": sum(ids)})
+        return Prefill(
+            first_token=1,
+            prompt_tokens=len(ids),
+            features=np.array([1.0, len(ids)], np.float32),
+            state={"seed": sum(ids)},
+        )
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         b = block_size if isinstance(block_size, int) else as_schedule(block_size).draft_size([])
@@ -271,8 +291,18 @@ def prompt(i: int) -> list[int]:
 
 def controller(url: str, rid: str, log_dir: Path, ttl: float = 15.0) -> AdaptiveController:
     shared = SharedState(RedisBackend(url).connect(), rid, sync_every=4, sync_interval_s=0.2, lease_ttl_s=ttl)
-    return AdaptiveController(Taus(), "fi-ucb", arms=ARMS, variant="A", log_dir=log_dir, shared=shared,
-                              log_fsync=False, feedback_timeout_s=None, speed_reference=None, seed=0)
+    return AdaptiveController(
+        Taus(),
+        "fi-ucb",
+        arms=ARMS,
+        variant="A",
+        log_dir=log_dir,
+        shared=shared,
+        log_fsync=False,
+        feedback_timeout_s=None,
+        speed_reference=None,
+        seed=0,
+    )
 
 
 def settle(ctls) -> None:
@@ -333,13 +363,19 @@ CRASH = textwrap.dedent("""
 @pytest.mark.integration
 def test_a_replica_killed_mid_stream_rebuilds_its_full_information_sums_from_its_log(redis_server, tmp_path):
     url, log = f"{redis_server.url}/crash", tmp_path / "r0"
-    p = subprocess.run([sys.executable, "-c", CRASH.format(tests=str(HERE), url=url, log=str(log), n=22)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", CRASH.format(tests=str(HERE), url=url, log=str(log), n=22)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     assert json.loads(p.stdout.splitlines()[-1])["local_updates"] == 22
     c = redis.Redis(port=redis_server.port)
     deadline = time.monotonic() + 20
-    while c.exists("adaptspec:fleet:crash:A:lease:r0") and time.monotonic() < deadline:  # the dead one's lease
+    while (
+        c.exists("adaptspec:fleet:crash:A:lease:r0") and time.monotonic() < deadline
+    ):  # the dead one's lease
         time.sleep(0.1)
     c.close()
     back, other = controller(url, "r0", log), controller(url, "r1", tmp_path / "r1")
@@ -357,7 +393,9 @@ def test_a_replica_killed_mid_stream_rebuilds_its_full_information_sums_from_its
     assert len(R) == 34
     for pol, stats in seen:
         np.testing.assert_allclose(pol.means(), closed_form(R, O), rtol=1e-9)
-        np.testing.assert_array_equal(pol.stats.n, O.sum(axis=0))  # rebuilt from the vectors, not the arm alone
+        np.testing.assert_array_equal(
+            pol.stats.n, O.sum(axis=0)
+        )  # rebuilt from the vectors, not the arm alone
         assert stats["shared"]["fleet_updates"] == 34
 
 
@@ -378,9 +416,18 @@ def test_a_replica_restarted_on_its_log_learns_the_calibrated_rewards_it_learnt_
     be, log = MemoryBackend(), tmp_path / "r0"
 
     def replica() -> AdaptiveController:
-        return AdaptiveController(Taus(), "fi-ucb", arms=ARMS, variant="A", log_dir=log, log_fsync=False,
-                                  shared=SharedState(be, "r0", sync_every=4, sync_interval_s=0.05),
-                                  feedback_timeout_s=None, speed_reference="cpu-smollm2-fast", seed=0)
+        return AdaptiveController(
+            Taus(),
+            "fi-ucb",
+            arms=ARMS,
+            variant="A",
+            log_dir=log,
+            log_fsync=False,
+            shared=SharedState(be, "r0", sync_every=4, sync_interval_s=0.05),
+            feedback_timeout_s=None,
+            speed_reference="cpu-smollm2-fast",
+            seed=0,
+        )
 
     c = replica()
     for i in range(24):

@@ -36,8 +36,15 @@ pytestmark = pytest.mark.integration
 
 def start_refused(url: str, rid: str, log_dir, spec: str = "ucb") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, str(ROOT / "tests" / "_fleet_replica.py"), url, rid, str(log_dir), spec,
-                           "8", "2.0"], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_fleet_replica.py"), url, rid, str(log_dir), spec, "8", "2.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def published(srv, fleet: str, rid: str, variant: str = "A"):
@@ -58,7 +65,9 @@ def assert_same_policy_state(fleet, single) -> None:
         np.testing.assert_array_equal(fleet.core.count, single.core.count)
     else:
         for key in ("n", "s", "ss"):
-            np.testing.assert_allclose(getattr(fleet.stats, key), getattr(single.stats, key), rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                getattr(fleet.stats, key), getattr(single.stats, key), rtol=1e-9, atol=1e-9
+            )
         np.testing.assert_allclose(fleet.running, single.running, rtol=1e-9, atol=1e-9)
 
 
@@ -74,7 +83,10 @@ def test_a_second_replica_with_a_live_replicas_id_is_refused_and_nothing_is_lost
         p = start_refused(url, "a", tmp_path / "b")  # the case: the same --replica-id, another log
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1, p.stderr
-        assert "replica id 'a' of variant 'A' is held by a live replica" in lines[0] and "Traceback" not in p.stderr
+        assert (
+            "replica id 'a' of variant 'A' is held by a live replica" in lines[0]
+            and "Traceback" not in p.stderr
+        )
         for x, rw in data[10:]:
             a.step(x, rw)
         status = a.call(op="sync")["shared"]
@@ -151,7 +163,9 @@ def test_a_replica_that_lost_its_id_stops_publishing_and_takes_it_back_when_free
 # ----------------------------------------------------------------------------- item 4: joining a fleet
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["linucb:standardize=false", "ucb"])
-def test_a_fresh_replica_decides_with_the_fleets_statistics_from_its_first_decision(redis_server, tmp_path, spec):
+def test_a_fresh_replica_decides_with_the_fleets_statistics_from_its_first_decision(
+    redis_server, tmp_path, spec
+):
     url = f"{redis_server.url}/join-{spec[:3]}"
     data = stream(41, seed=3)
     served = Replica(url, "r1", tmp_path / "r1", spec)
@@ -172,7 +186,9 @@ def test_a_fresh_replica_decides_with_the_fleets_statistics_from_its_first_decis
         assert fresh.step(x, rw)["block_size"] == expected
         fresh.call(op="sync")
         s = served.call(op="sync")["shared"]
-        assert s["refused"] == 0 and s["other_replicas"] == 2 and s["fleet_updates"] == 41  # empty peers are no error
+        assert (
+            s["refused"] == 0 and s["other_replicas"] == 2 and s["fleet_updates"] == 41
+        )  # empty peers are no error
     finally:
         for r in reps:
             r.close()
@@ -193,9 +209,27 @@ def test_serve_refuses_a_live_replicas_id_in_one_line_before_loading_the_model(r
 
     a = server("a")
     try:
-        p = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--variant", "A=ucb", "--variant",
-                            "B=fixed:4", *extra, "--port", str(free_port()), "--log-dir", str(tmp_path / "b" / "log")],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "adaptspec",
+                "serve",
+                "--tiny",
+                "--variant",
+                "A=ucb",
+                "--variant",
+                "B=fixed:4",
+                *extra,
+                "--port",
+                str(free_port()),
+                "--log-dir",
+                str(tmp_path / "b" / "log"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
         assert "replica id 'gpu-0' of variant 'A' is held by a live replica" in lines[0]

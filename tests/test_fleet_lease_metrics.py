@@ -44,8 +44,14 @@ def test_the_lease_is_in_metrics_and_agrees_with_redis(redis_server):
     key = "adaptspec:fleet:lease:A:lease:r0"  # docs/serving.md: adaptspec:fleet:NAME:VARIANT:lease:ID
     state = SharedState(RedisBackend(url).connect(), "r0", sync_interval_s=10.0, lease_ttl_s=TTL)
     spec, codec = tiny_speculator(0)
-    svc = CompletionService.build(spec, {"A": "ucb"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128),
-                                  arms=[1, 2, 4], shared=lambda name: state)
+    svc = CompletionService.build(
+        spec,
+        {"A": "ucb"},
+        codec=codec,
+        limits=ServerLimits(max_context=512, vocab_size=128),
+        arms=[1, 2, 4],
+        shared=lambda name: state,
+    )
     r = redis.Redis(port=redis_server.port)
     with TestClient(create_app(svc)) as client:
         assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
@@ -76,8 +82,9 @@ def test_a_server_outside_a_fleet_has_no_lease_gauges(tmp_path):
     from fastapi.testclient import TestClient
 
     spec, codec = tiny_speculator(0)
-    svc = CompletionService.build(spec, {"A": "ucb"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128),
-                                  arms=[1, 2, 4])
+    svc = CompletionService.build(
+        spec, {"A": "ucb"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128), arms=[1, 2, 4]
+    )
     with TestClient(create_app(svc)) as client:
         m = client.get("/metrics").text
     assert "adaptspec_requests_total" in m or "adaptspec_decisions_total" in m

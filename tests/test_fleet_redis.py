@@ -58,12 +58,34 @@ class Replica:
     """One replica process (tests/_fleet_replica.py); ``wait=False`` returns once it is started,
     before it is ready (then :meth:`ready`), so that several start side by side."""
 
-    def __init__(self, url: str, rid: str, log_dir: Path, spec: str, sync_every: int = 8, lease_ttl: float = 15.0,
-                 wait: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        rid: str,
+        log_dir: Path,
+        spec: str,
+        sync_every: int = 8,
+        lease_ttl: float = 15.0,
+        wait: bool = True,
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fleet_replica.py"), url, rid,
-                                      str(log_dir), spec, str(sync_every), str(lease_ttl)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "_fleet_replica.py"),
+                url,
+                rid,
+                str(log_dir),
+                spec,
+                str(sync_every),
+                str(lease_ttl),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         self.rid = rid
         self.acked: list[tuple[np.ndarray, int, float, float]] = []  # context, block size, reward, ack time
         if wait:
@@ -88,7 +110,9 @@ class Replica:
     def step(self, x: list[float], rewards: dict[str, float]) -> dict:
         out = self.call(op="step", x=x, rewards=rewards)
         assert out["status"] == "applied"
-        self.acked.append((np.asarray(x, np.float32).astype(np.float64), out["block_size"], out["reward"], time.monotonic()))
+        self.acked.append(
+            (np.asarray(x, np.float32).astype(np.float64), out["block_size"], out["reward"], time.monotonic())
+        )
         return out
 
     def state(self, tmp: Path, spec: str):
@@ -142,7 +166,9 @@ def assert_same_statistics(fleet, single) -> None:
         assert fleet.noise_stats[0] == single.noise_stats[0]  # one residual per update, wherever scored
     else:
         for key in ("n", "s", "ss"):
-            np.testing.assert_allclose(getattr(fleet.stats, key), getattr(single.stats, key), rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                getattr(fleet.stats, key), getattr(single.stats, key), rtol=1e-9, atol=1e-9
+            )
         np.testing.assert_array_equal(fleet.stats.pulls, single.stats.pulls)
         np.testing.assert_allclose(fleet.running, single.running, rtol=1e-9, atol=1e-9)
 
@@ -193,7 +219,11 @@ def test_sigkill_loses_nothing_acknowledged_and_its_key_keeps_counting(redis_ser
         # update (and republishes them once)
         wait_for_lease_expiry(redis_server, "kill", "r1")
         back = Replica(url, "r1", logs[1], spec, sync_every=k, lease_ttl=2.0)
-        assert back.hello["rebuilt"] == {"from": "log", "updates": len(dead.acked), "published_before": published}
+        assert back.hello["rebuilt"] == {
+            "from": "log",
+            "updates": len(dead.acked),
+            "published_before": published,
+        }
         back.acked = dead.acked
         reps[1] = back
         for i, (x, rw) in enumerate(data[120:]):

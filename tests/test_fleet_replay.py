@@ -27,7 +27,9 @@ def bench():
     X = Featurizer.load(BUNDLED_HEAD).transform(t.features).astype(np.float64)
     R = finite_rewards(t, "token_latency")
     make = lambda i: make_policy(SPEC, t.arms, seed=0)  # noqa: E731
-    single = np.stack([fleet_replay(make, R, X, replicas=1, steps_per_replica=4 * STEPS, seed=s) for s in range(SEEDS)])
+    single = np.stack(
+        [fleet_replay(make, R, X, replicas=1, steps_per_replica=4 * STEPS, seed=s) for s in range(SEEDS)]
+    )
     return make, R, X, learning_curve(single, WIDTH)
 
 
@@ -40,8 +42,12 @@ def levels(curve: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("sync_every, at_least", [(1, 3.5), (8, 2.8)])
 def test_four_replicas_learn_about_four_times_sooner(bench, sync_every, at_least):
     make, R, X, single = bench
-    fleet = np.stack([fleet_replay(make, R, X, replicas=4, steps_per_replica=STEPS, sync_every=sync_every, seed=s)
-                      for s in range(SEEDS)])
+    fleet = np.stack(
+        [
+            fleet_replay(make, R, X, replicas=4, steps_per_replica=STEPS, sync_every=sync_every, seed=s)
+            for s in range(SEEDS)
+        ]
+    )
     curve = learning_curve(fleet, WIDTH // 4)
     s = speedup(single, WIDTH, curve, WIDTH // 4, levels(single))
     assert np.isfinite(s).all() and single[0] - single[-1] > 2.0  # the single replica does learn
@@ -50,8 +56,12 @@ def test_four_replicas_learn_about_four_times_sooner(bench, sync_every, at_least
 
 def test_without_sharing_a_replica_learns_as_one_alone(bench):
     make, R, X, single = bench
-    alone = np.stack([fleet_replay(make, R, X, replicas=4, steps_per_replica=STEPS, sync_every=10**9, seed=s)
-                      for s in range(SEEDS // 2)])
+    alone = np.stack(
+        [
+            fleet_replay(make, R, X, replicas=4, steps_per_replica=STEPS, sync_every=10**9, seed=s)
+            for s in range(SEEDS // 2)
+        ]
+    )
     s = speedup(single, WIDTH, learning_curve(alone, WIDTH), WIDTH, levels(single))
     assert np.all(np.isnan(s) | (s < 1.6)), s  # NaN: not reached within its requests (a sharing fleet was)
 

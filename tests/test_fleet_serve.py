@@ -14,15 +14,20 @@ from test_serving import Server, complete
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "adaptspec", *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "adaptspec", *argv], capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("url, needle", [
-    ("http://127.0.0.1:1/x", "expected redis://HOST:PORT/NAME"),
-    ("redis://127.0.0.1:6379/", "expected redis://HOST:PORT/NAME"),
-    ("redis://127.0.0.1:99999/x", "expected redis://HOST:PORT/NAME"),
-    ("redis://127.0.0.1:{closed}/fleet", "cannot reach Redis"),
-])
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("http://127.0.0.1:1/x", "expected redis://HOST:PORT/NAME"),
+        ("redis://127.0.0.1:6379/", "expected redis://HOST:PORT/NAME"),
+        ("redis://127.0.0.1:99999/x", "expected redis://HOST:PORT/NAME"),
+        ("redis://127.0.0.1:{closed}/fleet", "cannot reach Redis"),
+    ],
+)
 def test_bad_or_unreachable_shared_url_is_one_line(url, needle):
     p = cli("serve", "--tiny", "--shared", url.format(closed=free_port()), "--port", str(free_port()))
     assert p.returncode == 2
@@ -33,8 +38,16 @@ def test_bad_or_unreachable_shared_url_is_one_line(url, needle):
 def test_a_policy_that_cannot_be_shared_is_one_line(tmp_path):
     srv = RedisServer(tmp_path / "redis").start()
     try:
-        p = cli("serve", "--tiny", "--variant", "A=ucb:discount=0.99", "--shared", f"{srv.url}/f",
-                "--port", str(free_port()))
+        p = cli(
+            "serve",
+            "--tiny",
+            "--variant",
+            "A=ucb:discount=0.99",
+            "--shared",
+            f"{srv.url}/f",
+            "--port",
+            str(free_port()),
+        )
     finally:
         srv.stop()
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -69,7 +82,10 @@ def test_two_servers_learn_together_and_one_without_redis_keeps_serving(tmp_path
             time.sleep(0.1)
         assert sb["fleet_updates"] == 3 and sb["other_replicas"] == 1 and sb["local_updates"] == 0
         m = httpx.get(a.url + "/metrics").text
-        assert metric(m, "adaptspec_shared_state_up") == 1.0 and metric(m, "adaptspec_shared_sync_errors_total") == 0
+        assert (
+            metric(m, "adaptspec_shared_state_up") == 1.0
+            and metric(m, "adaptspec_shared_sync_errors_total") == 0
+        )
 
         srv.kill()  # Redis gone: a keeps serving from its own state, and says so
         for i in range(2):
@@ -78,8 +94,11 @@ def test_two_servers_learn_together_and_one_without_redis_keeps_serving(tmp_path
         deadline = time.time() + 10
         while time.time() < deadline:  # a's next sync (every 0.2 s) fails and says so
             m = httpx.get(a.url + "/metrics").text
-            if (metric(m, "adaptspec_shared_state_up") == 0.0 and metric(m, "adaptspec_shared_sync_errors_total") >= 1
-                    and metric(m, "adaptspec_shared_unpublished_updates") == 2):
+            if (
+                metric(m, "adaptspec_shared_state_up") == 0.0
+                and metric(m, "adaptspec_shared_sync_errors_total") >= 1
+                and metric(m, "adaptspec_shared_unpublished_updates") == 2
+            ):
                 break
             time.sleep(0.05)
         assert metric(m, "adaptspec_shared_state_up") == 0.0

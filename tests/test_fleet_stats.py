@@ -15,14 +15,17 @@ from _controller_helpers import SplitFormOnly as _Toy
 ARMS = [1, 2, 4, 8]
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("ucb:discount=0.99", "global order of updates"),
-    ("ts:window=50", "global order of updates"),
-    ("linucb:discount=0.999", "global order of updates"),
-    ("exp3", "EXP3"),
-    ("linucb", "warm-up standardiser"),
-    ("squarecb", "cannot be shared"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("ucb:discount=0.99", "global order of updates"),
+        ("ts:window=50", "global order of updates"),
+        ("linucb:discount=0.999", "global order of updates"),
+        ("exp3", "EXP3"),
+        ("linucb", "warm-up standardiser"),
+        ("squarecb", "cannot be shared"),
+    ],
+)
 def test_policies_that_cannot_be_shared_say_why_in_one_line(spec, needle):
     with pytest.raises(AdaptspecError, match=needle) as e:
         family_for(make_policy(spec, ARMS, seed=0))
@@ -58,9 +61,17 @@ def test_restart_from_checkpoint_and_log_equals_one_process(tmp_path):
     rng, triples = np.random.default_rng(0), []
 
     def replica(i):
-        return AdaptiveController(_Toy(), spec, arms=ARMS, variant="A", log_dir=tmp_path / f"log{i}",
-                                  checkpoint_dir=tmp_path / f"ck{i}", checkpoint_every=7, log_fsync=False,
-                                  shared=SharedState(be, f"r{i}", sync_every=4, sync_interval_s=0.05))
+        return AdaptiveController(
+            _Toy(),
+            spec,
+            arms=ARMS,
+            variant="A",
+            log_dir=tmp_path / f"log{i}",
+            checkpoint_dir=tmp_path / f"ck{i}",
+            checkpoint_every=7,
+            log_fsync=False,
+            shared=SharedState(be, f"r{i}", sync_every=4, sync_interval_s=0.05),
+        )
 
     a, b = replica(0), replica(1)
     feed(a, rng, 30, triples)
@@ -84,8 +95,9 @@ def test_restart_from_checkpoint_and_log_equals_one_process(tmp_path):
 
 def test_a_replica_restarted_on_an_empty_log_is_refused(tmp_path):
     be = MemoryBackend()
-    c = AdaptiveController(_Toy(), "ucb", arms=ARMS, log_dir=tmp_path / "log", log_fsync=False,
-                           shared=SharedState(be, "r0"))
+    c = AdaptiveController(
+        _Toy(), "ucb", arms=ARMS, log_dir=tmp_path / "log", log_fsync=False, shared=SharedState(be, "r0")
+    )
     for _ in range(5):
         d = c.decide(None)
         c.feedback(d.decision_id, reward=1.0)

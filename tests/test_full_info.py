@@ -75,8 +75,11 @@ def test_state_round_trip_and_bandit_update() -> None:
 
 def test_update_full_checks() -> None:
     pol = FullInfoUCB([1, 4, 8], seed=0)
-    for bad in (([1.0, 2.0], [True, True]), ([1.0, np.nan, 2.0], [True, True, True]),
-                ([1.0, 2.0, 3.0], [1, 1, 1])):
+    for bad in (
+        ([1.0, 2.0], [True, True]),
+        ([1.0, np.nan, 2.0], [True, True, True]),
+        ([1.0, 2.0, 3.0], [1, 1, 1]),
+    ):
         with pytest.raises(AdaptspecError):
             pol.update_full(None, *bad)
     assert pol.version == 0 and pol.stats.n.sum() == 0
@@ -123,7 +126,9 @@ def test_specs_and_replay_with_feedback() -> None:
     rng = np.random.default_rng(2)
     n, k = 50, 3
     R = rng.normal(size=(n, k)) + np.array([0.0, 1.0, 0.5])
-    fb = Feedback(np.repeat(R[:, None, :], k, axis=1), np.ones((n, k, k), dtype=bool), np.zeros((n, k, k), bool))
+    fb = Feedback(
+        np.repeat(R[:, None, :], k, axis=1), np.ones((n, k, k), dtype=bool), np.zeros((n, k, k), bool)
+    )
     idx = rng.integers(0, n, size=200)
     full = make_policy("fi-ucb", [1, 2, 4], seed=0)
     a = run_policy(full, R, idx, feedback=fb)
@@ -141,7 +146,9 @@ def test_learned_load_rule_counterfactual_rewards_closed_form() -> None:
     from adaptspec.reward.latency import CostCurve, LatencyProfile
 
     # verify: 0.040 s flat up to 2 rows x 1 token, then 0.002 s per token; no draft cost
-    prof = LatencyProfile("toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002))
+    prof = LatencyProfile(
+        "toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002)
+    )
     rule = Learned([1, 2, 4, 8], prof, full_info=True)
     unit = 0.5
     cf = rule.counterfactual_rewards(4, [4, 2], [3, 2], [0.03, 0.02], [100.0, 100.0], unit)
@@ -163,7 +170,9 @@ def test_learned_load_rule_with_full_information_learns_every_shorter_size_its_r
     from adaptspec.reward.latency import CostCurve, LatencyProfile
     from adaptspec.simulators.load_sim import Load
 
-    prof = LatencyProfile("toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002))
+    prof = LatencyProfile(
+        "toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002)
+    )
     arms = [1, 2, 4, 8]
     rule = Learned(arms, prof, seed=1, hold=1, full_info=True)
 
@@ -182,7 +191,10 @@ def test_learned_load_rule_with_full_information_learns_every_shorter_size_its_r
         rule.feedback(rows, [b, b], taus, shares, load)
         for a in arms:
             if a <= b:
-                seen[a] += [min(tau, a) * (plain / 2) / (s * t(a) / t(b)) if b > 1 else 1.0 for tau, s in zip(taus, shares)]
+                seen[a] += [
+                    min(tau, a) * (plain / 2) / (s * t(a) / t(b)) if b > 1 else 1.0
+                    for tau, s in zip(taus, shares)
+                ]
     rule.choose([Row()], Load(rows=1, queue=0))  # another level: the last decision is learnt
     assert len(seen[8]) < len(seen[1])
     for i, a in enumerate(arms):

@@ -31,7 +31,11 @@ def stop() -> str:
     """The 2nd and 3rd characters of the tiny target's own greedy continuation of PROMPT: the stop
     completes at the first token of a round that commits 4 (block size 4), so 3 are decoded past it."""
     ids = CODEC.encode(PROMPT)
-    full = tiny_model(0).generate(torch.tensor([ids]), do_sample=False, max_new_tokens=60)[0, len(ids):].tolist()
+    full = (
+        tiny_model(0)
+        .generate(torch.tensor([ids]), do_sample=False, max_new_tokens=60)[0, len(ids) :]
+        .tolist()
+    )
     text = CODEC.decode(full)
     assert len(text) == 60 and text[1:3] not in text[:2]
     return text[1:3]
@@ -60,13 +64,21 @@ def test_generated_tokens_count_the_completion_tokens_the_client_got(tmp_path, s
     spec, codec = tiny_speculator(0, verification="exact")
     # batched: adaptspec's decoder on the engine; else the same decoder as a speculator of one's own,
     # served one request at a time through its controller
-    svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"B": "fixed:4"}, codec=codec,
-                                  log_dir=tmp_path / "log", limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, 8], engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
+    svc = CompletionService.build(
+        spec if batched else OwnSpeculator(spec),
+        {"B": "fixed:4"},
+        codec=codec,
+        log_dir=tmp_path / "log",
+        limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+        arms=[1, 2, 4, 8],
+        engine=EngineSettings(max_rows=2, max_queue=4) if batched else None,
+    )
     with TestClient(create_app(svc)) as client:
         for stream in (False, True):
             before = generated(client, "B")
-            r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 60, "stop": stop, "stream": stream})
+            r = client.post(
+                "/v1/completions", json={"prompt": PROMPT, "max_tokens": 60, "stop": stop, "stream": stream}
+            )
             usage, decision_id = usage_of(r, stream)
             after = generated(client, "B")
             committed = {x["decision_id"]: x["new_tokens"] for x in log_rows(tmp_path / "log")}[decision_id]

@@ -38,7 +38,13 @@ def test_files_sent_in_parts_come_back_whole_and_a_missing_or_changed_part_is_on
     assert [p["bytes"] for p in big["parts"]] == [3000, 3000, 3000, 1000]
     assert big["sha256"] == hashlib.sha256(data).hexdigest()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "big.bin.part1", "big.bin.part2", "big.bin.part3", "big.bin.part4", "manifest.json", "small.json"]
+        "big.bin.part1",
+        "big.bin.part2",
+        "big.bin.part3",
+        "big.bin.part4",
+        "manifest.json",
+        "small.json",
+    ]
     assert g.main(["join", str(tmp_path / "out"), "--into", str(tmp_path / "back")]) == 0
     assert (tmp_path / "back" / "big.bin").read_bytes() == data
     assert (tmp_path / "back" / "small.json").read_text() == '{"a": 1}'
@@ -52,7 +58,8 @@ def test_files_sent_in_parts_come_back_whole_and_a_missing_or_changed_part_is_on
 
 
 def test_the_target_gathered_over_several_calls_is_laid_out_as_the_package_loading_finds(
-        g, tmp_path, monkeypatch, capsys):
+    g, tmp_path, monkeypatch, capsys
+):
     from adaptspec.decoding import loading
 
     gguf = np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8).tobytes()  # stands in for the GGUF
@@ -81,10 +88,35 @@ def test_the_target_gathered_over_several_calls_is_laid_out_as_the_package_loadi
 def test_the_train_path_runs_tiny_on_cpu_and_writes_the_shipped_layout(g, tmp_path):
     lr, steps, seq_len = 1e-3, 3, 64
     with torch_threads(1):  # the script sets --threads 1; the count before is restored
-        rc = g.main(["train", "--device", "cpu", "--shards", "1", "--steps", str(steps), "--max-seq-len", str(seq_len),
-                     "--eval-per-benchmark", "1", "--seqs-per-step", "2", "--threads", "1", "--lr", str(lr),
-                     "--warmup", "1", "--eval-every", str(steps), "--work", str(tmp_path / "work"),
-                     "--out", str(tmp_path / "out")])
+        rc = g.main(
+            [
+                "train",
+                "--device",
+                "cpu",
+                "--shards",
+                "1",
+                "--steps",
+                str(steps),
+                "--max-seq-len",
+                str(seq_len),
+                "--eval-per-benchmark",
+                "1",
+                "--seqs-per-step",
+                "2",
+                "--threads",
+                "1",
+                "--lr",
+                str(lr),
+                "--warmup",
+                "1",
+                "--eval-every",
+                str(steps),
+                "--work",
+                str(tmp_path / "work"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert rc == 0
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what one device call brings back
     assert all(p.stat().st_size <= 15 * 2**20 for p in (tmp_path / "out").iterdir())
@@ -109,8 +141,10 @@ def test_the_train_path_runs_tiny_on_cpu_and_writes_the_shipped_layout(g, tmp_pa
     # AdamW moves a weight by at most 1, 1.41 and 1.73 lr in its first 3 steps (bias-corrected
     # moments, betas 0.9 / 0.95); the bfloat16 export rounds by at most 2^-9 of the weight
     # (2^-8 here, with room for the decay)
-    excess = max(float(((after[k].float() - before[k].float()).abs() - 2**-8 * before[k].float().abs()).max())
-                 for k in keys)
+    excess = max(
+        float(((after[k].float() - before[k].float()).abs() - 2**-8 * before[k].float().abs()).max())
+        for k in keys
+    )
     assert moved > 0 and excess <= 4.2 * lr
 
 

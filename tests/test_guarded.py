@@ -29,6 +29,7 @@ def failing(errors):
         e = next(it, None)
         if e is not None:
             raise e
+
     return body
 
 
@@ -97,10 +98,12 @@ def test_it_runs_on_its_own_named_daemon_thread():
 # ============================================================================ the watchdog (issue 46, items 2 and 3)
 def stuck_body(guard_ref: list, release: threading.Event, seen: list):
     """A body that beats once, then makes no progress until ``release`` (a decode that never returns)."""
+
     def body():
         guard_ref[0].beat()
         release.wait(60)
         seen.append(guard_ref[0].idle())
+
     return body
 
 
@@ -113,8 +116,9 @@ def test_the_join_returns_once_the_stall_is_told_however_long_the_telling_takes(
         time.sleep(0.5)
         told.append(message)
 
-    g = ref[0] = GuardedThread("decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2,
-                               on_stall=slow_tell)
+    g = ref[0] = GuardedThread(
+        "decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2, on_stall=slow_tell
+    )
     g.start()
     g.join_unless_stalled(60)
     assert told == ["no progress for 0.2 s"] and g.failures == 1
@@ -125,8 +129,9 @@ def test_the_join_returns_once_the_stall_is_told_however_long_the_telling_takes(
 def test_a_busy_thread_without_progress_is_stalled_told_once_logged_where_and_not_waited_for(caplog):
     caplog.set_level(logging.WARNING, logger="adaptspec.guarded")
     release, seen, told, ref = threading.Event(), [], [], [None]
-    g = ref[0] = GuardedThread("decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2,
-                               on_stall=told.append)
+    g = ref[0] = GuardedThread(
+        "decoder", stuck_body(ref, release, seen), lambda m: None, stall_s=0.2, on_stall=told.append
+    )
     g.start()
     g.join_unless_stalled(60)  # returns once stalled, though the thread is still alive
     assert g.alive and g.stalled and g.state == "stalled"
@@ -134,7 +139,9 @@ def test_a_busy_thread_without_progress_is_stalled_told_once_logged_where_and_no
     assert g.report() == {"state": "stalled", "failures": 1, "last_error": "no progress for 0.2 s"}
     stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
     assert len(stalls) == 1
-    assert "in body" in stalls[0].getMessage() and "release.wait(60)" in stalls[0].getMessage()  # where it is stuck
+    assert (
+        "in body" in stalls[0].getMessage() and "release.wait(60)" in stalls[0].getMessage()
+    )  # where it is stuck
     release.set()
     g.join(10)
     # it moved again: its own idle() says once that it had been stalled (its work was answered)
@@ -166,7 +173,9 @@ def test_a_failure_of_the_owners_stall_handler_is_logged_and_the_thread_stays_st
     def refuse(message):
         raise RuntimeError("cannot answer")
 
-    g = ref[0] = GuardedThread("t", stuck_body(ref, release, seen), lambda m: None, stall_s=0.1, on_stall=refuse)
+    g = ref[0] = GuardedThread(
+        "t", stuck_body(ref, release, seen), lambda m: None, stall_s=0.1, on_stall=refuse
+    )
     g.start()
     g.join_unless_stalled(60)
     assert g.state == "stalled"

@@ -49,7 +49,7 @@ def greedy(prompt: list[int], max_new_tokens: int) -> list[int]:
         seq.append(target_next(seq))
         if seq[-1] == EOS:
             break
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def reference_shape_generate(prompt_ids, block_size, max_new_tokens, temperature=0.0, seed=None) -> Outcome:
@@ -66,26 +66,28 @@ def reference_shape_generate(prompt_ids, block_size, max_new_tokens, temperature
         ta = time.perf_counter()
         block = [out[start]]
         for _ in range(block_size - 1):
-            block.append(draft_next(out[:start + 1] + block[1:]))
+            block.append(draft_next(out[: start + 1] + block[1:]))
         tb = time.perf_counter()
-        posterior = [target_next(out[:start + 1] + block[1:i + 1]) for i in range(block_size)]
+        posterior = [target_next(out[: start + 1] + block[1 : i + 1]) for i in range(block_size)]
         accepted = 0
         while accepted < block_size - 1 and block[1 + accepted] == posterior[accepted]:
             accepted += 1
-        out = out[:start + 1] + block[1:accepted + 1] + [posterior[accepted]]
+        out = out[: start + 1] + block[1 : accepted + 1] + [posterior[accepted]]
         start += accepted + 1
         rounds.append(Round(block_size, accepted + 1, tb - ta, time.perf_counter() - tb))
         if EOS in out[n:]:
             break
-    new = out[n:min(start + 1, max_length)]
+    new = out[n : min(start + 1, max_length)]
     if EOS in new:
-        new = new[:new.index(EOS) + 1]
+        new = new[: new.index(EOS) + 1]
     return Outcome(new, rounds, time.perf_counter() - t0, "eos" if new[-1] == EOS else "length")
 
 
 def look(prompt_ids, temperature=0.0, seed=None) -> Prefill:
     ids = list(prompt_ids)
-    return Prefill(target_next(ids), len(ids), np.array([math.log1p(len(ids)), np.mean(ids) / VOCAB], np.float32))
+    return Prefill(
+        target_next(ids), len(ids), np.array([math.log1p(len(ids)), np.mean(ids) / VOCAB], np.float32)
+    )
 
 
 def prompts(k: int) -> list[list[int]]:
@@ -107,7 +109,9 @@ def test_the_reference_loops_shape_decides_and_learns_with_no_policy_argument(ma
         stats = c.stats()
     for (p, m), g in zip(requests, gens):
         assert g.tokens == greedy(p, m)  # lossless: the target's own greedy continuation
-    assert sum(cut_whole_last_round(g.outcome) for g in gens) >= 3  # the round past a full output, met and accepted
+    assert (
+        sum(cut_whole_last_round(g.outcome) for g in gens) >= 3
+    )  # the round past a full output, met and accepted
     assert stats["feedback"].get("decode_error", 0) == 0
     assert stats["feedback"]["applied"] == len(requests)
     assert stats["updates"] == len(requests)  # it learns from every request
@@ -125,8 +129,10 @@ def honest_outcomes(draw):
     shape = draw(st.sampled_from(["before", "after", "engine"]))
     b, m = draw(st.integers(1, 16)), draw(st.integers(1, 40))
     eos_at = draw(st.one_of(st.none(), st.integers(0, 45)))  # where the first EOS is in the target's stream
+
     def eos_in(c):  # an EOS among the first c tokens
         return eos_at is not None and eos_at < c
+
     taus, committed = [], 1  # the first token, from the prefill
     if shape == "before":
         while committed <= m:
@@ -153,7 +159,9 @@ def test_every_honest_loops_outcome_is_accepted(case):
 
 
 @settings(max_examples=100, deadline=None)
-@given(honest_outcomes(), st.sampled_from(["round_after_end", "token_from_nowhere", "past_max", "larger_block"]))
+@given(
+    honest_outcomes(), st.sampled_from(["round_after_end", "token_from_nowhere", "past_max", "larger_block"])
+)
 def test_what_no_honest_loop_produces_is_refused(case, lie):
     outcome, b, m = case
     tokens, rounds = list(outcome.tokens), list(outcome.rounds)
@@ -174,23 +182,30 @@ def test_what_no_honest_loop_produces_is_refused(case, lie):
 
 
 # ---------------------------------------------------------------------------- times
-@pytest.mark.parametrize("outcome, field", [
-    (Outcome([1] * 5, [Round(4, 4, -5.0, 0.002)], 0.004), "round 0 draft_s is -5.0"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, float("inf"))], 0.004), "round 0 verify_s is inf"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, float("nan"))], 0.004), "round 0 verify_s is nan"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, "0.002")], 0.004), "round 0 verify_s is '0.002', not a number"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], -1.0), "decode_s is -1.0"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], float("nan")), "decode_s is nan"),
-    (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], None), "decode_s is None, not a number"),
-    (Outcome([1] * 5, [Round(4, 4, 0.1, 0.2)], 0.01), "under half of its rounds' 0.3 s"),
-])
+@pytest.mark.parametrize(
+    "outcome, field",
+    [
+        (Outcome([1] * 5, [Round(4, 4, -5.0, 0.002)], 0.004), "round 0 draft_s is -5.0"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, float("inf"))], 0.004), "round 0 verify_s is inf"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, float("nan"))], 0.004), "round 0 verify_s is nan"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, "0.002")], 0.004), "round 0 verify_s is '0.002', not a number"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], -1.0), "decode_s is -1.0"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], float("nan")), "decode_s is nan"),
+        (Outcome([1] * 5, [Round(4, 4, 0.001, 0.002)], None), "decode_s is None, not a number"),
+        (Outcome([1] * 5, [Round(4, 4, 0.1, 0.2)], 0.01), "under half of its rounds' 0.3 s"),
+    ],
+)
 def test_outcome_times_that_are_not_seconds_are_refused_naming_the_field(outcome, field, tmp_path):
     with AdaptiveController.for_engine(arms=[1, 4], feature_dim=2, reward="tau", log_dir=tmp_path) as c:
         d = c.decide(np.ones(2))
         with pytest.raises(AdaptspecError) as e:
             c.feedback(d.decision_id, outcome)
         msg = str(e.value)
-        assert "\n" not in msg and msg.startswith(f"outcome of decision {d.decision_id} refused: ") and field in msg
+        assert (
+            "\n" not in msg
+            and msg.startswith(f"outcome of decision {d.decision_id} refused: ")
+            and field in msg
+        )
         assert c.sync().stats()["updates"] == 0  # the policy learnt nothing from it
 
 
@@ -205,7 +220,9 @@ def test_a_nan_decode_time_from_generate_is_refused_not_a_log_failure(tmp_path):
         out = reference_shape_generate(prompt_ids, block_size, max_new_tokens)
         return Outcome(out.tokens, out.rounds, float("nan"), out.finish_reason)
 
-    with AdaptiveController(BlockSizeFirst(look, nan_loop, 8, feature_dim=2), "fixed:4", log_dir=tmp_path) as c:
+    with AdaptiveController(
+        BlockSizeFirst(look, nan_loop, 8, feature_dim=2), "fixed:4", log_dir=tmp_path
+    ) as c:
         with pytest.raises(AdaptspecError) as e:
             c.generate(prompts(1)[0], max_new_tokens=8)
         assert "decode_s is nan: seconds must be finite and >= 0" in str(e.value)
@@ -216,16 +233,29 @@ def test_a_nan_decode_time_from_generate_is_refused_not_a_log_failure(tmp_path):
 def test_a_trace_set_whose_last_round_was_cut_whole_reads_and_one_token_less_does_not(tmp_path):
     from adaptspec.traces import TraceSet
 
-    taus = [[3, 2, 4], [1]]  # 1 + 5 tokens before the last round; the second: the first token, a round past it
+    taus = [
+        [3, 2, 4],
+        [1],
+    ]  # 1 + 5 tokens before the last round; the second: the first token, a round past it
     for new, ok in (([6, 1], True), ([5, 1], False)):
-        ts = TraceSet.from_arrays(["a", "b"], ["d", "d"], [4], np.array([[3.0], [1.0]]), prompt_tokens=[4, 4],
-                                  new_tokens=np.array([[new[0]], [new[1]]]), rounds=np.array([[3], [1]]), tau=taus)
+        ts = TraceSet.from_arrays(
+            ["a", "b"],
+            ["d", "d"],
+            [4],
+            np.array([[3.0], [1.0]]),
+            prompt_tokens=[4, 4],
+            new_tokens=np.array([[new[0]], [new[1]]]),
+            rounds=np.array([[3], [1]]),
+            tau=taus,
+        )
         out = tmp_path / f"ts{new[0]}"
         ts.write(out)
         if ok:
             assert TraceSet.read(out).new_tokens_matrix().tolist() == [[6], [1]]
         else:
-            with pytest.raises(AdaptspecError, match=r"column 'new_tokens', row 0: 5 tokens, but its rounds produced 9"):
+            with pytest.raises(
+                AdaptspecError, match=r"column 'new_tokens', row 0: 5 tokens, but its rounds produced 9"
+            ):
                 TraceSet.read(out)
 
 
@@ -240,8 +270,15 @@ def reference_runs():
     golden = json.loads((Path(__file__).parent / "data" / "dflash-trained-tiny" / "golden.json").read_text())
     for run in golden["runs"]:
         for b, r in run["by_block_size"].items():
-            yield int(b), len(run["greedy"]), Outcome(list(r["tokens"]), [Round(int(b), int(t), 0.001, 0.002)
-                                                                            for t in r["acceptance_lengths"]], 1.0)
+            yield (
+                int(b),
+                len(run["greedy"]),
+                Outcome(
+                    list(r["tokens"]),
+                    [Round(int(b), int(t), 0.001, 0.002) for t in r["acceptance_lengths"]],
+                    1.0,
+                ),
+            )
 
 
 def test_every_outcome_the_reference_loop_recorded_is_accepted_by_the_rule_and_by_feedback():

@@ -31,14 +31,21 @@ def linear_profile(fixed_s: float, per_token_s: float, draft_s: float = 0.0) -> 
 def measured(points_ms: dict[int, float]) -> LatencyProfile:
     """A profile through round times at one row (ms by block size), nothing else."""
     b = sorted(points_ms)
-    verify = CostCurve(tuple(float(x) for x in b), tuple(points_ms[x] / 1e3 for x in b),
-                       tail_slope_s=(points_ms[b[-1]] - points_ms[b[-2]]) / 1e3 / (b[-1] - b[-2]))
+    verify = CostCurve(
+        tuple(float(x) for x in b),
+        tuple(points_ms[x] / 1e3 for x in b),
+        tail_slope_s=(points_ms[b[-1]] - points_ms[b[-2]]) / 1e3 / (b[-1] - b[-2]),
+    )
     return LatencyProfile("measured", CostCurve((1.0,), (0.0,)), verify, context_tokens=0)
 
 
 @settings(max_examples=25, deadline=None)
-@given(fixed=st.floats(0.005, 0.2), slope=st.floats(0.0, 0.05), draft=st.floats(0.0, 0.02),
-       gains=st.lists(st.floats(0.0, 1.0), min_size=len(ARMS) - 1, max_size=len(ARMS) - 1))
+@given(
+    fixed=st.floats(0.005, 0.2),
+    slope=st.floats(0.0, 0.05),
+    draft=st.floats(0.0, 0.02),
+    gains=st.lists(st.floats(0.0, 1.0), min_size=len(ARMS) - 1, max_size=len(ARMS) - 1),
+)
 def test_the_chosen_block_size_is_the_argmax_of_expected_tokens_per_second(fixed, slope, draft, gains):
     # acceptance lengths: 1 at B = 1, never decreasing, at most B
     tau, a = {1: 1.0}, 1.0
@@ -65,10 +72,13 @@ TAU = {1: 1.0, 2: 1.41, 3: 1.54, 4: 1.67, 6: 1.6, 8: 1.6}
 
 def test_a_verify_costing_2_55x_with_tau_1_67_is_plain_decoding_and_1_35x_speculates():
     assert best_block_size(AVX2_BF16, TAU) == 1
-    assert best_block_size(DEV_HOST, TAU) > 1        # B = 4: 1.67 / 1.345 = 1.24x plain
+    assert best_block_size(DEV_HOST, TAU) > 1  # B = 4: 1.67 / 1.345 = 1.24x plain
     # the faster dtype at one row: bf16's plain 20.9 tok/s against fp32's best, its plain 11.9
     assert cheaper_dtype({"float32": AVX2_FP32, "bfloat16": AVX2_BF16}, TAU) == "bfloat16"
-    assert cheaper_dtype({"bfloat16": measured({1: 90.0, 4: 300.0, 8: 500.0}), "float32": AVX2_FP32}, TAU) == "float32"
+    assert (
+        cheaper_dtype({"bfloat16": measured({1: 90.0, 4: 300.0, 8: 500.0}), "float32": AVX2_FP32}, TAU)
+        == "float32"
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -87,9 +97,11 @@ def test_speculation_counts_as_paying_only_beyond_the_margin(ratio2):
 
 
 @settings(max_examples=40, deadline=None)
-@given(fixed=st.lists(st.floats(0.01, 0.1), min_size=2, max_size=2),
-       slope=st.lists(st.floats(0.0, 0.03), min_size=2, max_size=2),
-       rows=st.sampled_from([(1,), (1, 2), (1, 2, 4, 8), (4, 8)]))
+@given(
+    fixed=st.lists(st.floats(0.01, 0.1), min_size=2, max_size=2),
+    slope=st.lists(st.floats(0.0, 0.03), min_size=2, max_size=2),
+    rows=st.sampled_from([(1,), (1, 2), (1, 2, 4, 8), (4, 8)]),
+)
 def test_a_server_runs_the_dtype_whose_worst_load_is_the_nearest_the_faster_one(fixed, slope, rows):
     """Plain decoding only (tau 1 at B = 1): at r rows a round verifies r positions, fixed + slope * (r - 1)
     seconds, r tokens; each dtype's speed over the faster one's at every r, the dtype with the best worst ratio."""
@@ -104,7 +116,10 @@ def test_a_server_runs_the_dtype_whose_worst_load_is_the_nearest_the_faster_one(
 def test_on_the_avx2_kind_one_request_runs_bfloat16_and_a_server_of_8_rows_float32():
     """The AVX2 host's measured curves (BENCHMARKS.md): bf16 29 ms a plain round and steep in positions,
     fp32 58 ms and flat; a 2.5x steeper bf16 loses at 8 rows by more than fp32 loses at one."""
-    bf16, fp32 = measured({1: 29.0, 2: 42.9, 4: 71.3, 8: 146.0}), measured({1: 58.3, 2: 59.5, 4: 68.0, 8: 80.0})
+    bf16, fp32 = (
+        measured({1: 29.0, 2: 42.9, 4: 71.3, 8: 146.0}),
+        measured({1: 58.3, 2: 59.5, 4: 68.0, 8: 80.0}),
+    )
     assert cheaper_dtype({"bfloat16": bf16, "float32": fp32}, TAU) == "bfloat16"
     assert cheaper_dtype({"bfloat16": bf16, "float32": fp32}, TAU, rows=(1, 2, 4, 8)) == "float32"
 
@@ -117,8 +132,10 @@ def test_the_repriced_head_predicts_each_arm_times_its_cost_ratio():
     X = head.x_mean + head.x_scale * np.random.default_rng(0).standard_normal((64, head.in_dim))
     np.testing.assert_allclose(repriced.predict(X), head.predict(X) * k, rtol=1e-9)
     np.testing.assert_allclose(cost_ratios(timed_on, AVX2_BF16, head.arms), k)
-    np.testing.assert_allclose(repriced.val_mse, np.asarray(head.val_mse) * k ** 2)
-    np.testing.assert_allclose(repriced.hidden(X), head.hidden(X))  # the acceptance model (features) untouched
+    np.testing.assert_allclose(repriced.val_mse, np.asarray(head.val_mse) * k**2)
+    np.testing.assert_allclose(
+        repriced.hidden(X), head.hidden(X)
+    )  # the acceptance model (features) untouched
     assert repriced.info["timings"] == "host.json" and repriced.info["repriced_from"] == head.info["timings"]
     # on the 2.55x host the re-priced head prefers plain decoding where the original speculated
     assert (head.predict(X).argmax(1) > 0).mean() > 0.5
@@ -126,15 +143,25 @@ def test_the_repriced_head_predicts_each_arm_times_its_cost_ratio():
 
 
 def records(plain_s: float, per_token_s: float) -> list[dict]:
-    return [dict(block_size=b, batch_size=m, context_tokens=128, draft_s=0.0,
-                 verify_s=plain_s + per_token_s * (b * m - 1) + (b > 1) * 0.002)
-            for m, bs in ((1, (1, 2, 3, 4, 6, 8)), (4, (1, 2, 4))) for b in bs]
+    return [
+        dict(
+            block_size=b,
+            batch_size=m,
+            context_tokens=128,
+            draft_s=0.0,
+            verify_s=plain_s + per_token_s * (b * m - 1) + (b > 1) * 0.002,
+        )
+        for m, bs in ((1, (1, 2, 3, 4, 6, 8)), (4, (1, 2, 4)))
+        for b in bs
+    ]
 
 
 def costs_at(tmp_path, key=None) -> HostCosts:
     key = key or host_key("test-models", 2)
-    profiles = {"bfloat16": fit_round_totals(records(0.048, 0.024), "bf16"),
-                "float32": fit_round_totals(records(0.084, 0.022), "fp32")}
+    profiles = {
+        "bfloat16": fit_round_totals(records(0.048, 0.024), "bf16"),
+        "float32": fit_round_totals(records(0.084, 0.022), "fp32"),
+    }
     return HostCosts(key, profiles, {"bfloat16": 1.0, "float32": 1.5}, tmp_path, "2026-12-04T00:00:00Z")
 
 
@@ -144,7 +171,9 @@ def test_a_record_reads_back_for_its_key_and_is_refused_for_another(tmp_path):
     back = read_record(costs.path, costs.key)
     assert back.profiles == costs.profiles and back.timing_s == costs.timing_s
     assert get_profile(str(costs.profile_path("float32"))) == costs.profiles["float32"]
-    restricted = "default" if costs.key.get("ATEN_CPU_CAPABILITY") == "avx2" else "avx2"  # a kernel cap not this one
+    restricted = (
+        "default" if costs.key.get("ATEN_CPU_CAPABILITY") == "avx2" else "avx2"
+    )  # a kernel cap not this one
     other = dict(costs.key, ATEN_CPU_CAPABILITY=restricted)
     assert key_digest(other) != costs.digest
     with pytest.raises(AdaptspecError, match="another host") as e:
@@ -161,8 +190,9 @@ def test_the_key_names_the_kernel_restriction_and_the_threads(monkeypatch):
     assert key_digest(host_key("m", 1)) != key_digest(restricted) != key_digest(host_key("n", 2))
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"kind": "adaptspec-host-costs", "format": 1}',
-                                     b"\xff\xfe", b""])
+@pytest.mark.parametrize(
+    "content", [b"{not json", b"[]", b'{"kind": "adaptspec-host-costs", "format": 1}', b"\xff\xfe", b""]
+)
 def test_a_corrupt_record_is_refused_in_one_line(tmp_path, content):
     costs = costs_at(tmp_path)
     write_record(costs)
@@ -243,8 +273,9 @@ def test_the_choice_runs_the_faster_dtype_and_writes_a_repriced_head(tmp_path):
     from adaptspec.serving.tiny import tiny_speculator
 
     spec, codec = tiny_speculator(0)
-    svc = CompletionService.build(spec, {"A": "fixed:2"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128),
-                                  host=report)
+    svc = CompletionService.build(
+        spec, {"A": "fixed:2"}, codec=codec, limits=ServerLimits(max_context=512, vocab_size=128), host=report
+    )
     try:
         assert svc.health()["host"] == report  # what /health says was measured and chosen
     finally:

@@ -28,17 +28,37 @@ HEAD_ARMS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 def rounds(plain_s: float, per_token_s: float) -> list[dict]:
     """Engine rounds whose cost is linear in the tokens verified: ``plain_s + per_token_s (rows B - 1)``."""
-    return [dict(block_size=b, batch_size=m, context_tokens=128, draft_s=0.0, verify_s=plain_s + per_token_s * (b * m - 1))
-            for m, bs in ((1, (1, 2, 3, 4, 6, 8)), (4, (1, 2, 4))) for b in bs]
+    return [
+        dict(
+            block_size=b,
+            batch_size=m,
+            context_tokens=128,
+            draft_s=0.0,
+            verify_s=plain_s + per_token_s * (b * m - 1),
+        )
+        for m, bs in ((1, (1, 2, 3, 4, 6, 8)), (4, (1, 2, 4)))
+        for b in bs
+    ]
 
 
-def record(cache: Path, models: str, threads: int, bf16: tuple[float, float], fp32: tuple[float, float],
-           mixed: tuple[float, float] | None = None) -> HostCosts:
+def record(
+    cache: Path,
+    models: str,
+    threads: int,
+    bf16: tuple[float, float],
+    fp32: tuple[float, float],
+    mixed: tuple[float, float] | None = None,
+) -> HostCosts:
     """A host cost record for ``models`` at ``threads`` in ``cache``/host: each dtype's (plain, per token)
     seconds (``mixed``: float32's unless given, so that the other two decide)."""
     curves = {"bfloat16": bf16, "float32": fp32, "mixed": mixed or fp32}
-    costs = HostCosts(host_key(models, threads), {d: fit_round_totals(rounds(*c), d) for d, c in curves.items()},
-                      {d: 1.0 for d in curves}, cache / "host", "2026-12-04T00:00:00Z")
+    costs = HostCosts(
+        host_key(models, threads),
+        {d: fit_round_totals(rounds(*c), d) for d, c in curves.items()},
+        {d: 1.0 for d in curves},
+        cache / "host",
+        "2026-12-04T00:00:00Z",
+    )
     write_record(costs)
     return costs
 
@@ -73,21 +93,31 @@ def test_a_library_users_default_is_priced_by_the_hosts_curve(bundled, tmp_path,
     models = models_key(None, None, "fast")
     # a curve on which speculating cannot pay: a 2-token verify costs 2x a 1-token one, 4 tokens 4x
     steep = (0.040, 0.040)
-    assert all(t < 1 + (b - 1) for b, t in prior_tau().items() if b > 1)  # tau(B) < cost ratio B: no B > 1 pays
+    assert all(
+        t < 1 + (b - 1) for b, t in prior_tau().items() if b > 1
+    )  # tau(B) < cost ratio B: no B > 1 pays
     record(tmp_path, models, threads, steep, (0.090, 0.040))
     assert best_by_closed_form(*steep) == 1
     served = for_models(None, None, "fast", threads, "bfloat16")  # what demo and serve run on this record
     with AdaptiveController(spec) as ctl:
-        assert ctl.setup.spec == "fixed:1", ctl.policy_choice  # plain decoding: nothing beyond B = 1 pays here
+        assert ctl.setup.spec == "fixed:1", (
+            ctl.policy_choice
+        )  # plain decoding: nothing beyond B = 1 pays here
         assert not served.speculation_pays and "speculation cannot pay" in str(ctl.policy_choice)
         assert ctl.fallback_block_size == 1  # a late decision plays plain decoding here
         from adaptspec.models.prompts import benchmark_prompts
 
-        firsts = [ctl.generate(spec.target.encode_chat(p.prompt), max_new_tokens=6).decision.block_size
-                  for p in benchmark_prompts()[400:403]]  # unseen by the head
-        rest = [ctl.generate(spec.target.encode_chat(p.prompt), max_new_tokens=6).decision.block_size
-                for p in benchmark_prompts()[403:409]]
-    assert firsts + rest == [1] * 9, "plain decoding from the first request to the last where speculating cannot pay"
+        firsts = [
+            ctl.generate(spec.target.encode_chat(p.prompt), max_new_tokens=6).decision.block_size
+            for p in benchmark_prompts()[400:403]
+        ]  # unseen by the head
+        rest = [
+            ctl.generate(spec.target.encode_chat(p.prompt), max_new_tokens=6).decision.block_size
+            for p in benchmark_prompts()[403:409]
+        ]
+    assert firsts + rest == [1] * 9, (
+        "plain decoding from the first request to the last where speculating cannot pay"
+    )
 
     # a flat curve (a 4-token verify 1.15x a 1-token one): speculating pays, and the default starts there
     flat_dir = tmp_path / "flat"
@@ -130,8 +160,25 @@ def test_profile_latency_says_what_the_host_measurement_measured_and_chose(tmp_p
     # bfloat16 the faster: plain 48 ms against 90 ms; a B-token verify costs (B + 1) / 2 a 1-token one
     bf16 = (0.048, 0.024)
     record(tmp_path, models_key(str(PAIR / "target"), str(PAIR / "drafter"), "fast"), 1, bf16, (0.090, 0.030))
-    argv = ["profile-latency", "--target", str(PAIR / "target"), "--drafter", str(PAIR / "drafter"), "--threads", "1",
-            "--dtype", "float32", "--prompts", "ids.jsonl", "--max-new-tokens", "4", "--arms", "1,2", "--out", "p.json"]
+    argv = [
+        "profile-latency",
+        "--target",
+        str(PAIR / "target"),
+        "--drafter",
+        str(PAIR / "drafter"),
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+        "--prompts",
+        "ids.jsonl",
+        "--max-new-tokens",
+        "4",
+        "--arms",
+        "1,2",
+        "--out",
+        "p.json",
+    ]
     threads = torch.get_num_threads()
     try:
         assert main(argv) == 0
@@ -152,7 +199,8 @@ def test_profile_latency_says_what_the_host_measurement_measured_and_chose(tmp_p
 
 
 def test_a_server_runs_the_dtype_nearest_the_faster_one_at_every_load_a_single_request_the_faster_at_one(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """bf16 cheap at one row and steep in positions, fp32 dear and flat (the AVX2 kind's shape): one request
     runs bf16; a server of 8 rows (``server_rows``, what ``adaptspec serve`` passes) fp32, whose worst ratio
     over rows 1, 2, 4, 8 (its one row: 0.55x bf16's) beats bf16's (at 8 rows, ~0.37x fp32's), by closed form."""
@@ -166,8 +214,10 @@ def test_a_server_runs_the_dtype_nearest_the_faster_one_at_every_load_a_single_r
     def plain_rate(plain_s, per_token_s, rows):  # plain decoding at ``rows`` rows: rows tokens a round
         return rows / (plain_s + per_token_s * (rows - 1))
 
-    worst = {name: min(plain_rate(*c, r) / max(plain_rate(*bf16, r), plain_rate(*fp32, r)) for r in (1, 2, 4, 8))
-             for name, c in (("bfloat16", bf16), ("float32", fp32))}
+    worst = {
+        name: min(plain_rate(*c, r) / max(plain_rate(*bf16, r), plain_rate(*fp32, r)) for r in (1, 2, 4, 8))
+        for name, c in (("bfloat16", bf16), ("float32", fp32))
+    }
     assert worst["float32"] > worst["bfloat16"]  # the closed form's verdict on plain decoding
     one = for_models(None, None, "fast", 1)
     served = for_models(None, None, "fast", 1, rows=server_rows(8))

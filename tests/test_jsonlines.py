@@ -19,7 +19,9 @@ _records = st.lists(st.dictionaries(st.text(max_size=8), _json, max_size=4), max
 
 @settings(max_examples=200, deadline=None)
 @given(records=_records, ascii_only=st.booleans(), cut=st.floats(0, 1, exclude_max=True), data=st.data())
-def test_a_torn_tail_cut_at_any_byte_reads_back_as_the_complete_lines(tmp_path_factory, records, ascii_only, cut, data):
+def test_a_torn_tail_cut_at_any_byte_reads_back_as_the_complete_lines(
+    tmp_path_factory, records, ascii_only, cut, data
+):
     lines = [(json.dumps(r, ensure_ascii=ascii_only) + "\n").encode() for r in records]
     extra = data.draw(st.dictionaries(st.text(max_size=8), _json, min_size=1, max_size=4))
     torn_line = (json.dumps(extra, ensure_ascii=ascii_only) + "\n").encode()

@@ -12,8 +12,15 @@ from hypothesis import strategies as st
 
 import adaptspec
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import (PROFILES, CostCurve, LatencyProfile, RowsCostCurve, fit_curve, fit_profile,
-                                      get_profile)
+from adaptspec.reward.latency import (
+    PROFILES,
+    CostCurve,
+    LatencyProfile,
+    RowsCostCurve,
+    fit_curve,
+    fit_profile,
+    get_profile,
+)
 from adaptspec.speculator import Round
 
 
@@ -29,16 +36,23 @@ def test_cpu_profile_reproduces_the_measured_figures():
 def test_gpu_profile_is_a_roofline_consistent_with_dflash():
     p = get_profile("h100-qwen3-8b")
     flat = p.verify_s(np.array([1, 16, 64]))
-    assert flat[1] / flat[0] < 1.05 and flat[2] / flat[0] < 1.2        # memory-bound: nearly flat
-    assert p.verify_s(16, batch=64) / p.verify_s(16) > 2.0              # compute-bound under load
+    assert flat[1] / flat[0] < 1.05 and flat[2] / flat[0] < 1.2  # memory-bound: nearly flat
+    assert p.verify_s(16, batch=64) / p.verify_s(16) > 2.0  # compute-bound under load
     speedup = 6.5 * p.plain_token_s() / p.round_s(16)
-    assert 4.5 < float(speedup) < 6.0                                   # DFlash: 5.15x at tau 6.53
+    assert 4.5 < float(speedup) < 6.0  # DFlash: 5.15x at tau 6.53
     assert "roofline" in p.source and "3.35 TB/s" in p.source
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(sorted(PROFILES)), b=st.integers(1, 63), c=st.integers(0, 8000),
-       m=st.integers(1, 64), db=st.integers(0, 8), dc=st.integers(0, 500), dm=st.integers(0, 8))
+@given(
+    name=st.sampled_from(sorted(PROFILES)),
+    b=st.integers(1, 63),
+    c=st.integers(0, 8000),
+    m=st.integers(1, 64),
+    db=st.integers(0, 8),
+    dc=st.integers(0, 500),
+    dm=st.integers(0, 8),
+)
 def test_profiles_never_decrease(name, b, c, m, db, dc, dm):
     p = get_profile(name)
     # a profile by rows holds each row count's measured medians, and vLLM's steps here are cheaper
@@ -67,20 +81,30 @@ def reference_rows_curve(curves, b, c, m):
 
 
 curve_strategy = st.builds(
-    lambda base, rises, tail: CostCurve(tuple(float(2 ** i) for i in range(len(rises) + 1)),
-                                        tuple(base + np.cumsum([0.0, *rises])), tail),
-    st.floats(0.001, 0.1), st.lists(st.floats(0, 0.05), max_size=4), st.floats(0, 0.01))
+    lambda base, rises, tail: CostCurve(
+        tuple(float(2**i) for i in range(len(rises) + 1)), tuple(base + np.cumsum([0.0, *rises])), tail
+    ),
+    st.floats(0.001, 0.1),
+    st.lists(st.floats(0, 0.05), max_size=4),
+    st.floats(0, 0.01),
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.integers(1, 16), min_size=1, max_size=4, unique=True),
-       curves=st.lists(curve_strategy, min_size=4, max_size=4),
-       b=st.lists(st.integers(1, 12), min_size=1, max_size=5), c=st.integers(0, 500), m=st.integers(1, 40))
+@given(
+    rows=st.lists(st.integers(1, 16), min_size=1, max_size=4, unique=True),
+    curves=st.lists(curve_strategy, min_size=4, max_size=4),
+    b=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+    c=st.integers(0, 500),
+    m=st.integers(1, 40),
+)
 def test_a_curve_by_rows_is_its_docstring(rows, curves, b, c, m):
     by_rows = tuple(zip(sorted(rows), curves))
     curve = RowsCostCurve(by_rows)
     got = curve(np.array(b), c, m)
-    np.testing.assert_allclose(got, [reference_rows_curve(by_rows, x, c, m) for x in b], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        got, [reference_rows_curve(by_rows, x, c, m) for x in b], rtol=1e-12, atol=1e-15
+    )
     again = RowsCostCurve.from_dict(json.loads(json.dumps(curve.to_dict())))
     assert again == curve
 
@@ -90,12 +114,19 @@ def test_a_profile_by_rows_round_trips_and_bad_rows_are_refused(tmp_path):
     p = LatencyProfile("rows", draft=CostCurve((1,), (0.0,)), verify=RowsCostCurve(((1, one), (4, four))))
     p.save(tmp_path / "p.json")
     assert LatencyProfile.load(tmp_path / "p.json") == p
-    assert float(p.verify_s(2, None, 4)) == pytest.approx(0.07)   # 4 rows, 8 tokens
+    assert float(p.verify_s(2, None, 4)) == pytest.approx(0.07)  # 4 rows, 8 tokens
     from adaptspec.simulators.load_sim import misjudged
-    assert float(misjudged(p, 2.0).verify_s(2, None, 4)) == pytest.approx(0.05 + 2 * 0.02)  # each further token 2x
-    for rows, msg in (({}, "one or more row counts"), ({"0": one.to_dict()}, "row count '0' is not a positive"),
-                      ({"x": one.to_dict()}, "row count 'x'"), ({"1": one.to_dict(), "01": one.to_dict()}, "must increase"),
-                      ({"1": {"knots": [1]}}, "missing or bad field")):
+
+    assert float(misjudged(p, 2.0).verify_s(2, None, 4)) == pytest.approx(
+        0.05 + 2 * 0.02
+    )  # each further token 2x
+    for rows, msg in (
+        ({}, "one or more row counts"),
+        ({"0": one.to_dict()}, "row count '0' is not a positive"),
+        ({"x": one.to_dict()}, "row count 'x'"),
+        ({"1": one.to_dict(), "01": one.to_dict()}, "must increase"),
+        ({"1": {"knots": [1]}}, "missing or bad field"),
+    ):
         (tmp_path / "bad.json").write_text(json.dumps({**p.to_dict(), "verify": {"rows": rows}}))
         with pytest.raises(AdaptspecError, match=msg):
             LatencyProfile.load(tmp_path / "bad.json")
@@ -104,10 +135,13 @@ def test_a_profile_by_rows_round_trips_and_bad_rows_are_refused(tmp_path):
 
 
 @settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(1, 64), min_size=2, max_size=12),
-       secs=st.lists(st.floats(0.001, 0.2), min_size=12, max_size=12), seed=st.integers(0, 100))
+@given(
+    sizes=st.lists(st.integers(1, 64), min_size=2, max_size=12),
+    secs=st.lists(st.floats(0.001, 0.2), min_size=12, max_size=12),
+    seed=st.integers(0, 100),
+)
 def test_fit_is_monotone_whatever_the_data(sizes, secs, seed):
-    c = fit_curve(np.array(sizes), np.array(secs[:len(sizes)]))
+    c = fit_curve(np.array(sizes), np.array(secs[: len(sizes)]))
     grid = np.arange(1, 100)
     assert np.all(np.diff(c(grid)) >= -1e-12)
     assert c.tail_slope_s >= 0 and np.all(np.asarray(c.values_s) >= 0)
@@ -115,8 +149,13 @@ def test_fit_is_monotone_whatever_the_data(sizes, secs, seed):
 
 def test_fit_recovers_a_known_curve_with_context_terms():
     rng = np.random.default_rng(0)
-    truth = CostCurve(knots=(1, 8, 32), values_s=(0.02, 0.025, 0.05), tail_slope_s=0.001,
-                      per_context_s=2e-6, per_pair_s=1e-9)
+    truth = CostCurve(
+        knots=(1, 8, 32),
+        values_s=(0.02, 0.025, 0.05),
+        tail_slope_s=0.001,
+        per_context_s=2e-6,
+        per_pair_s=1e-9,
+    )
     b = rng.choice([1, 2, 4, 8, 16, 24, 32, 48], 600)
     ctx = rng.integers(50, 3000, 600)
     m = rng.choice([1, 2, 4], 600)
@@ -147,13 +186,27 @@ def test_vectorised_prediction_broadcasts():
     assert out[1, 2] > out[0, 2] > out[0, 1] > out[0, 0]
 
 
-@pytest.mark.parametrize("content,msg", [
-    ("{", "not valid JSON (a JSON latency profile expected"),
-    ("[]", "top level is not an object"),
-    (json.dumps({"name": "x", "verify": {"knots": [1], "values_s": [0.01]}}), "missing or bad field 'draft'"),
-    (json.dumps({"name": "x", "draft": {"knots": [1, 2], "values_s": [0.02, 0.01]},
-                 "verify": {"knots": [1], "values_s": [0.01]}}), "never decrease"),
-])
+@pytest.mark.parametrize(
+    "content,msg",
+    [
+        ("{", "not valid JSON (a JSON latency profile expected"),
+        ("[]", "top level is not an object"),
+        (
+            json.dumps({"name": "x", "verify": {"knots": [1], "values_s": [0.01]}}),
+            "missing or bad field 'draft'",
+        ),
+        (
+            json.dumps(
+                {
+                    "name": "x",
+                    "draft": {"knots": [1, 2], "values_s": [0.02, 0.01]},
+                    "verify": {"knots": [1], "values_s": [0.01]},
+                }
+            ),
+            "never decrease",
+        ),
+    ],
+)
 def test_bad_profile_files_name_the_file(tmp_path, content, msg):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -169,7 +222,9 @@ def test_bad_inputs():
         CostCurve(knots=(2, 1), values_s=(0.1, 0.2))
     with pytest.raises(AdaptspecError, match="values must be >= 0 and never decrease"):
         CostCurve(knots=(1, 2), values_s=(0.2, 0.1))
-    table = CostCurve(knots=(1, 2, 3), values_s=(0.056, 0.065, 0.049), monotone=False)   # measured medians may fall
+    table = CostCurve(
+        knots=(1, 2, 3), values_s=(0.056, 0.065, 0.049), monotone=False
+    )  # measured medians may fall
     assert CostCurve.from_dict(json.loads(json.dumps(table.to_dict()))) == table
     assert float(table(2.5)) == pytest.approx(0.057)
     with pytest.raises(AdaptspecError, match="values must be >= 0, got"):
@@ -195,15 +250,32 @@ def test_the_shipped_measured_profiles_are_found():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.floats(0.01, 0.05), st.floats(1e-4, 3e-3), st.floats(0, 2e-5), st.floats(1e-3, 8e-3), st.floats(0, 3e-3))
-def test_whole_round_fit_recovers_a_batched_cost_it_can_represent(base, per_token, per_ctx, draft_base, per_row):
+@given(
+    st.floats(0.01, 0.05),
+    st.floats(1e-4, 3e-3),
+    st.floats(0, 2e-5),
+    st.floats(1e-3, 8e-3),
+    st.floats(0, 3e-3),
+)
+def test_whole_round_fit_recovers_a_batched_cost_it_can_represent(
+    base, per_token, per_ctx, draft_base, per_row
+):
     # rounds generated from a known model: target pass a + k * tokens + e * context * rows, and for
     # speculating rounds a draft pass d + r * rows; the joint fit must reproduce every total
     from adaptspec.reward.latency import fit_round_totals
 
-    rounds = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.0,
-                   verify_s=base + per_token * b * m + per_ctx * c * m + (b > 1) * (draft_base + per_row * m))
-              for b in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16) for c in (64, 256)]
+    rounds = [
+        dict(
+            block_size=b,
+            batch_size=m,
+            context_tokens=c,
+            draft_s=0.0,
+            verify_s=base + per_token * b * m + per_ctx * c * m + (b > 1) * (draft_base + per_row * m),
+        )
+        for b in (1, 2, 3, 4, 8)
+        for m in (1, 2, 4, 8, 16)
+        for c in (64, 256)
+    ]
     p = fit_round_totals(rounds, "known")
     for r in rounds:
         want = r["verify_s"]

@@ -17,8 +17,9 @@ from adaptspec.traces.dense import DenseRequest
 
 ARMS = [1, 2, 3, 4, 6, 8]
 #: a pass costs 30 ms up to 16 tokens, then 20 ms a token more; a 2 ms draft pass
-KNEE = LatencyProfile("knee", draft=CostCurve((2,), (0.002,)),
-                      verify=CostCurve((1, 16), (0.030, 0.030), tail_slope_s=0.020))
+KNEE = LatencyProfile(
+    "knee", draft=CostCurve((2,), (0.002,)), verify=CostCurve((1, 16), (0.030, 0.030), tail_slope_s=0.020)
+)
 #: what an engine that thinks verification is free per token believes of the same machine
 FLAT = LatencyProfile("flat", draft=CostCurve((2,), (0.002,)), verify=CostCurve((1,), (0.030,)))
 
@@ -38,7 +39,9 @@ def _goodput_argmax(profile: LatencyProfile, acceptance: float, rows: int, conte
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["cpu-smollm2-bf16", "h100-qwen3-8b", "knee"]), st.floats(0.05, 0.95), st.floats(50, 2000))
+@given(
+    st.sampled_from(["cpu-smollm2-bf16", "h100-qwen3-8b", "knee"]), st.floats(0.05, 0.95), st.floats(50, 2000)
+)
 def test_the_warm_start_prefers_the_goodput_models_block_size_at_every_level(name, acceptance, context):
     profile = KNEE if name == "knee" else get_profile(name)
     rule = Learned(ARMS, profile, prior=acceptance, context=context)
@@ -62,8 +65,8 @@ def test_a_cold_rule_starts_at_plain_speed_and_a_level_borrows_from_the_others()
     # ridge by hand: n (w + c - m)^2 + LEVEL_WEIGHT w^2 + COLD_WEIGHT (c - 1)^2, level term w, shared c
     w, c = np.linalg.solve([[n + LEVEL_WEIGHT, n], [n, n + COLD_WEIGHT]], [n * m, n * m + COLD_WEIGHT])
     got = rule.policy.predict(np.stack([x16, x1]))[:, ARMS.index(8)]
-    assert got == pytest.approx([w + c, c], rel=1e-9)   # the unseen level borrows the shared term
-    assert rule.preference(16) == 1 and rule.preference(1) == 1   # B = 8 is now below plain's 1.0 at both
+    assert got == pytest.approx([w + c, c], rel=1e-9)  # the unseen level borrows the shared term
+    assert rule.preference(16) == 1 and rule.preference(1) == 1  # B = 8 is now below plain's 1.0 at both
     with pytest.raises(AdaptspecError, match="prior acceptance"):
         Learned(ARMS, KNEE, prior=1.0)
     for bad in ({"noise": 0.0}, {"level_weight": float("nan")}):
@@ -77,7 +80,9 @@ def test_learning_corrects_a_cost_model_that_thinks_long_blocks_are_free():
     # 32 ms instead of 1 for 30). Goodput on the flat model stays at 8; the learned rule starts
     # there and moves to plain from measured rewards.
     reqs = [_request(129, 5)]
-    fixed = {b: simulate(_fixed(b), reqs, KNEE, clients=16, requests=32, prefill=False).tokens_per_s for b in ARMS}
+    fixed = {
+        b: simulate(_fixed(b), reqs, KNEE, clients=16, requests=32, prefill=False).tokens_per_s for b in ARMS
+    }
     assert max(fixed, key=fixed.get) == 1
     prior = draft_acceptance(reqs, 8)
     assert prior == pytest.approx(5 / 6)
@@ -109,7 +114,9 @@ def test_a_misjudged_profile_scales_only_the_verify_cost_beyond_one_token(factor
     v, c = p.verify, float(context)
     tokens_part = float(p.verify(block, context, batch)) - v.per_context_s * c * batch - v.per_pair_s * n * c
     base = v.values_s[0]
-    expected = base + factor * (tokens_part - base) + v.per_context_s * c * batch + factor * v.per_pair_s * n * c
+    expected = (
+        base + factor * (tokens_part - base) + v.per_context_s * c * batch + factor * v.per_pair_s * n * c
+    )
     assert float(wrong.verify(block, context, batch)) == pytest.approx(expected, rel=1e-9)
     assert float(wrong.draft_s(block, context, batch)) == float(p.draft_s(block, context, batch))
     assert float(wrong.verify(1, 0, 1)) == pytest.approx(float(p.verify(1, 0, 1)))
@@ -129,9 +136,9 @@ def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in
     rule = Learned(ARMS, KNEE, prior=0.5, seed=3, hold=3)
     rows = [_Row(100), _Row(300)]
     load = Load(rows=2, queue=0)
-    first = rule.choose(rows, load)            # a level's first round is plain (the scale)
+    first = rule.choose(rows, load)  # a level's first round is plain (the scale)
     assert first == [1, 1]
-    rule.feedback(rows, first, [1, 1], [0.015, 0.015], load)    # the model's plain round: scale 1
+    rule.feedback(rows, first, [1, 1], [0.015, 0.015], load)  # the model's plain round: scale 1
     plain = float(KNEE.verify(1, 200, 2))
     chosen, expected = [], []
     for k in range(3):
@@ -139,10 +146,12 @@ def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in
         chosen.append(b[0])
         taus, shares = [1 + k % 2, 2], [0.02 + 0.001 * k, 0.03]
         rule.feedback(rows, b, taus, shares, load)
-        expected += [t * (plain / 2) / s for t, s in zip(taus, shares)]   # each row's speed-up over its plain share
-    assert len(set(chosen)) == 1 and chosen[0] != 1   # one decision, held for 3 rounds
-    assert rule.policy.version == 2                   # the plain round learnt; the held rows not yet
-    rule.choose([_Row(200)], Load(rows=1, queue=0))   # another level: a new decision, the held one learnt
+        expected += [
+            t * (plain / 2) / s for t, s in zip(taus, shares)
+        ]  # each row's speed-up over its plain share
+    assert len(set(chosen)) == 1 and chosen[0] != 1  # one decision, held for 3 rounds
+    assert rule.policy.version == 2  # the plain round learnt; the held rows not yet
+    rule.choose([_Row(200)], Load(rows=1, queue=0))  # another level: a new decision, the held one learnt
     # the reference: a policy with the same prior fed the same rewards one by one
     ref = Learned(ARMS, KNEE, prior=0.5, seed=3).policy
     x2 = Learned.context(1)
@@ -156,12 +165,17 @@ def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in
         Learned(ARMS, KNEE, prior=0.5, hold=0)
 
 
-@pytest.mark.parametrize("plain_every, plain_every_max, forced", [
-    (2, None, [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]),   # a plain round after 2 without one, always
-    (2, 8, [1, 6, 15, 24]),                              # after 2, then 4, then 8, 8, ...
-    (32, 512, [1]),
-])
-def test_forced_plain_rounds_come_after_a_gap_that_doubles_up_to_its_most(plain_every, plain_every_max, forced):
+@pytest.mark.parametrize(
+    "plain_every, plain_every_max, forced",
+    [
+        (2, None, [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]),  # a plain round after 2 without one, always
+        (2, 8, [1, 6, 15, 24]),  # after 2, then 4, then 8, 8, ...
+        (32, 512, [1]),
+    ],
+)
+def test_forced_plain_rounds_come_after_a_gap_that_doubles_up_to_its_most(
+    plain_every, plain_every_max, forced
+):
     from adaptspec.simulators.load_sim import Load
 
     flat = LatencyProfile("flat", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (0.040,)))
@@ -171,7 +185,9 @@ def test_forced_plain_rounds_come_after_a_gap_that_doubles_up_to_its_most(plain_
         b = rule.choose(rows, load)[0]
         if b == 1:
             plain.append(n)
-        rule.feedback(rows, [b], [b], [0.040], load)   # every draft accepted at plain's cost: B = 4 is 4x plain
+        rule.feedback(
+            rows, [b], [b], [0.040], load
+        )  # every draft accepted at plain's cost: B = 4 is 4x plain
     assert plain == forced
     for bad in ({"plain_every": 0}, {"plain_every_max": 16, "plain_every": 32}, {"plain_every": True}):
         with pytest.raises(AdaptspecError, match="plain_every"):

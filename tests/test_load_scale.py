@@ -17,7 +17,9 @@ from adaptspec.serving.tiny import tiny_speculator
 
 def linear(a: float, k: float) -> LatencyProfile:
     """A plain pass of ``a + k x rows`` seconds (one token a row: ``k`` per position beyond the first)."""
-    return LatencyProfile("linear", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (a + k,), tail_slope_s=k))
+    return LatencyProfile(
+        "linear", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (a + k,), tail_slope_s=k)
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -35,7 +37,9 @@ def test_a_plain_row_costs_one_plain_round_alone_at_every_load_when_the_model_is
     for n in (1, 2, 4, 8, 16):
         share = float(prof.verify(1, 260, n)) / n
         assert share * scale.factor(n, 260) == pytest.approx(alone, rel=1e-9)
-    assert scale.factor(16, 260) > 5  # and the raw shares differ by that much: what a load-blind policy would learn
+    assert (
+        scale.factor(16, 260) > 5
+    )  # and the raw shares differ by that much: what a load-blind policy would learn
 
 
 def test_the_engine_loop_rescales_each_rounds_share_by_its_rows():
@@ -46,10 +50,14 @@ def test_the_engine_loop_rescales_each_rounds_share_by_its_rows():
     spec, codec = tiny_speculator(seed=2, verification="exact")
     a, k = 0.020, 0.004
     with EngineLoop(BatchEngine(spec.target, spec.drafter, max_rows=4), profile=linear(a, k)) as loop:
-        hold = threading.Event()  # hold the engine's thread until every request is queued, so they share rounds
+        hold = (
+            threading.Event()
+        )  # hold the engine's thread until every request is queued, so they share rounds
         blocker = loop.submit(codec.encode("wait"), max_new_tokens=2, on_tokens=lambda ids: hold.wait(60))
-        tickets = [loop.submit(codec.encode(p), block_size=1, max_new_tokens=n)
-                   for p, n in (("one", 5), ("two words", 9), ("three", 13))]
+        tickets = [
+            loop.submit(codec.encode(p), block_size=1, max_new_tokens=n)
+            for p, n in (("one", 5), ("two words", 9), ("three", 13))
+        ]
         deadline = time.time() + 60
         while loop.queue_length < 3 and time.time() < deadline:
             time.sleep(0.005)
@@ -63,7 +71,9 @@ def test_the_engine_loop_rescales_each_rounds_share_by_its_rows():
         mine = [r for r in history if t.handle.id in r.requests]
         decode = [r.round_s - r.join_s for r in mine]
         assert t.attributed_s == pytest.approx(sum(d / r.rows for d, r in zip(decode, mine)), rel=1e-9)
-        assert t.one_row_s == pytest.approx(sum(d * (a + k) / (a + k * r.rows) for d, r in zip(decode, mine)), rel=1e-9)
+        assert t.one_row_s == pytest.approx(
+            sum(d * (a + k) / (a + k * r.rows) for d, r in zip(decode, mine)), rel=1e-9
+        )
 
 
 def test_without_a_cost_model_the_one_row_time_is_the_attributed_time():

@@ -82,7 +82,9 @@ def test_goodput_speculates_where_drafts_are_right_and_not_where_they_are_wrong(
     good, bad = [_request(41, 7)], [_request(41, 0)]
     arms = [1, 2, 4, 8]
     # every draft right on a flat cost: the longest block; every draft wrong: plain decoding
-    assert simulate(Goodput(arms, FLAT), good, FLAT, clients=1, requests=2, prefill=False).block_sizes.keys() >= {8}
+    assert simulate(
+        Goodput(arms, FLAT), good, FLAT, clients=1, requests=2, prefill=False
+    ).block_sizes.keys() >= {8}
     run = simulate(Goodput(arms, FLAT), bad, FLAT, clients=1, requests=3, prefill=False)
     assert max(run.block_sizes, key=run.block_sizes.get) == 1
 
@@ -90,13 +92,18 @@ def test_goodput_speculates_where_drafts_are_right_and_not_where_they_are_wrong(
 def test_the_learned_rule_finds_each_load_levels_best_block_size():
     # a pass costs 30 ms up to 16 tokens, then 20 ms a token more: one row verifies 8 for the
     # price of 1; 16 rows fill the flat part with one token each (brute force says which is best)
-    cost = LatencyProfile("knee", draft=CostCurve((2,), (0.002,)),
-                          verify=CostCurve((1, 16), (0.030, 0.030), tail_slope_s=0.020))
+    cost = LatencyProfile(
+        "knee", draft=CostCurve((2,), (0.002,)), verify=CostCurve((1, 16), (0.030, 0.030), tail_slope_s=0.020)
+    )
     reqs = [_request(129, 5)]
     best = {}
     for clients in (1, 16):
-        fixed = {b: simulate(Fixed(b), reqs, cost, clients=clients, requests=clients * 2, prefill=False).tokens_per_s
-                 for b in (1, 2, 4, 8)}
+        fixed = {
+            b: simulate(
+                Fixed(b), reqs, cost, clients=clients, requests=clients * 2, prefill=False
+            ).tokens_per_s
+            for b in (1, 2, 4, 8)
+        }
         best[clients] = max(fixed, key=fixed.get)
     assert best == {1: 8, 16: 1}
     rule = Learned([1, 2, 4, 8], cost, seed=0)

@@ -78,9 +78,17 @@ def test_factor_is_the_discounted_geometric_mean_of_the_ratios(ratios, half_life
 def test_profile_time_is_the_profiles_round_time_summed():
     # closed form: draft 10 ms + 1 ms per drafted token past the first (none at B = 1), verify
     # 40 ms + 2 ms per verified token past the first; no context terms
-    toy = LatencyProfile("toy", draft=CostCurve((1,), (0.010,), tail_slope_s=0.001),
-                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
-    rounds = [Round(1, 1, 0.0, 0.0), Round(4, 2, 0.0, 0.0), Round(8, 8, 0.0, 0.0), Round(3, 1, 0.0, 0.0, drafted=8)]
+    toy = LatencyProfile(
+        "toy",
+        draft=CostCurve((1,), (0.010,), tail_slope_s=0.001),
+        verify=CostCurve((1,), (0.040,), tail_slope_s=0.002),
+    )
+    rounds = [
+        Round(1, 1, 0.0, 0.0),
+        Round(4, 2, 0.0, 0.0),
+        Round(8, 8, 0.0, 0.0),
+        Round(3, 1, 0.0, 0.0, drafted=8),
+    ]
     want = (0.040) + (0.013 + 0.046) + (0.017 + 0.054) + (0.017 + 0.044)
     assert MachineSpeed(toy).profile_s(rounds) == pytest.approx(want, rel=1e-12)
 
@@ -115,7 +123,9 @@ def test_a_policy_object_is_calibrated_by_its_own_heads_profile():
     from adaptspec.policies import NeuralLinear, SquareCB, make_policy
 
     for policy in (NeuralLinear(BUNDLED_HEAD), SquareCB(head=BUNDLED_HEAD), make_policy("ucb", [1, 2, 4])):
-        has_head = getattr(policy, "head", None) is not None  # a head reads the prefill features through its featurizer
+        has_head = (
+            getattr(policy, "head", None) is not None
+        )  # a head reads the prefill features through its featurizer
         with AdaptiveController(TraceClock(), policy, featurizer=BUNDLED_HEAD if has_head else None) as c:
             assert (c.machine_speed is not None) == has_head, type(policy).__name__
             if has_head:
@@ -183,8 +193,10 @@ def test_the_factor_is_exported_to_prometheus():
 
     from adaptspec.serving.metrics import _ControllerCollector
 
-    with AdaptiveController(TraceClock(2.0, noise=0.0), None, variant="A") as a, \
-            AdaptiveController(TraceClock(), "fixed:4", variant="B") as b:
+    with (
+        AdaptiveController(TraceClock(2.0, noise=0.0), None, variant="A") as a,
+        AdaptiveController(TraceClock(), "fixed:4", variant="B") as b,
+    ):
         for i in range(3):
             a.generate([i], 128)
             b.generate([i], 128)

@@ -39,7 +39,9 @@ class FlatCosts:
     feature_dim = 1
 
     def prefill(self, prompt_ids, temperature=0.0, seed=None):
-        return Prefill(first_token=1, prompt_tokens=len(prompt_ids), features=np.ones(1, np.float32), state=None)
+        return Prefill(
+            first_token=1, prompt_tokens=len(prompt_ids), features=np.ones(1, np.float32), state=None
+        )
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         b = int(block_size)
@@ -91,13 +93,19 @@ def test_counterfactual_prices_on_measured_costs_match_what_each_size_earns_and_
     d = Decision(16, 1.0, [0.0] * 4 + [1.0], ARMS, "fixed:16", decision_id="d")
     measured = CounterfactualPricer("token_latency", pricing_profile(None, None))
     for b in (4, 16):  # the rounds of two sizes, timed alone
-        measured.price(Decision(b, 1.0, [1.0 / 5] * 5, ARMS, "x", decision_id=f"w{b}"), spec.decode(pre, b, 64),
-                       truth[b], context_tokens=3)
+        measured.price(
+            Decision(b, 1.0, [1.0 / 5] * 5, ARMS, "x", decision_id=f"w{b}"),
+            spec.decode(pre, b, 64),
+            truth[b],
+            context_tokens=3,
+        )
     assert measured.costs is not None and measured.costs.measured
     cpu = CounterfactualPricer("token_latency", PRIOR)
     got = measured.price(d, out16, truth[16], context_tokens=3)
     old = cpu.price(d, out16, truth[16], context_tokens=3)
-    for k, b in enumerate(ARMS[1:], start=1):  # every observed size from the same rounds (1 is outside the fit)
+    for k, b in enumerate(
+        ARMS[1:], start=1
+    ):  # every observed size from the same rounds (1 is outside the fit)
         assert got.rewards[k] == pytest.approx(truth[b], rel=0.02), b
     assert abs(old.rewards[2] / truth[4] - 1) > 0.05  # the CPU profile's prices are off on this machine
 
@@ -108,8 +116,16 @@ def test_fi_ucb_without_a_profile_learns_the_best_block_size_of_this_machine_not
     assert max(speeds, key=speeds.get) == 8 and max(on_cpu, key=on_cpu.get) == 4  # the setting's premise
 
     def best_after(**kw) -> int:
-        with AdaptiveController(FlatCosts(), "fi-ucb", arms=ARMS, reward="token_latency", speed_reference=None,
-                                feedback_timeout_s=None, seed=0, **kw) as c:
+        with AdaptiveController(
+            FlatCosts(),
+            "fi-ucb",
+            arms=ARMS,
+            reward="token_latency",
+            speed_reference=None,
+            feedback_timeout_s=None,
+            seed=0,
+            **kw,
+        ) as c:
             for i in range(40):
                 c.generate([i % 7 + 1, 3, 4], max_new_tokens=64)
             c.sync()
@@ -123,8 +139,12 @@ def test_a_request_timed_alone_is_learnt_as_a_bandit_until_two_sizes_are_timed_a
     spec, pre = FlatCosts(), FlatCosts().prefill([5, 6, 7])
     pricer = CounterfactualPricer("token_latency", pricing_profile(None, None))
     d = Decision(16, 1.0, [0.0] * 4 + [1.0], ARMS, "fixed:16", decision_id="d")
-    assert pricer.price(d, spec.decode(pre, 16, 64), -9.0, context_tokens=3) is None  # one size: nothing to price with
+    assert (
+        pricer.price(d, spec.decode(pre, 16, 64), -9.0, context_tokens=3) is None
+    )  # one size: nothing to price with
     batched = Outcome([1] * 9, [Round(16, 2, 0.001, 0.03, rows=4)] * 4, decode_s=0.12)
-    got = pricer.price(d, batched, -9.0, context_tokens=3)  # other rows' work in its times: priced on the prior
+    got = pricer.price(
+        d, batched, -9.0, context_tokens=3
+    )  # other rows' work in its times: priced on the prior
     want = CounterfactualPricer("token_latency", PRIOR).price(d, batched, -9.0, context_tokens=3)
     np.testing.assert_allclose(got.rewards, want.rewards)

@@ -10,8 +10,17 @@ from hypothesis.extra.numpy import arrays
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import Fixed, Oracle, RandomPolicy
-from adaptspec.analysis.ope import (dm, dr, evaluate, evaluate_log, fit_reward_model, ips, policy_probs, snips,
-                                      switch_dr)
+from adaptspec.analysis.ope import (
+    dm,
+    dr,
+    evaluate,
+    evaluate_log,
+    fit_reward_model,
+    ips,
+    policy_probs,
+    snips,
+    switch_dr,
+)
 from adaptspec.simulators.replay import replay_log
 from adaptspec.simulators.synthetic import generate
 from adaptspec.traces import DecisionLog
@@ -25,8 +34,8 @@ def simplex(k):
 @given(data=st.data(), k=st.integers(2, 6))
 def test_ips_and_dr_are_exactly_unbiased(data, k):
     """E over the logging policy of each per-round term equals the target's true value."""
-    mu = data.draw(simplex(k))           # logging probabilities
-    pi = data.draw(simplex(k))           # target probabilities
+    mu = data.draw(simplex(k))  # logging probabilities
+    pi = data.draw(simplex(k))  # target probabilities
     r = data.draw(arrays(np.float64, k, elements=st.floats(-5, 5)))
     r_hat = data.draw(arrays(np.float64, k, elements=st.floats(-5, 5)))
     truth = float(pi @ r)
@@ -45,7 +54,7 @@ def bandit_log(n, rng, k=4, d=3):
     """Contexts, a softmax logging policy, and Bernoulli-ish rewards with a linear mean."""
     X = rng.normal(size=(n, d))
     W = np.array([[0.5, -0.2, 0.1], [0.0, 0.4, 0.0], [-0.3, 0.0, 0.5], [0.2, 0.2, -0.2]])[:k]
-    mu = 1.0 + X @ W.T                                     # true mean reward (n, k)
+    mu = 1.0 + X @ W.T  # true mean reward (n, k)
     logits = X @ np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0.5, 0.5, 0]])[:k].T
     p_log = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     p_log = 0.8 * p_log + 0.2 / k
@@ -75,9 +84,9 @@ def test_ips_and_dr_cover_the_truth_and_error_shrinks():
                     lo, hi = est[e].ci
                     cover[e] += lo <= truth <= hi
     for e in errs:
-        assert cover[e] >= reps - 3                                     # ~95% intervals
-        assert np.mean(errs[e][6400]) < 0.45 * np.mean(errs[e][400])    # ~1/sqrt(16) = 0.25 expected
-    assert np.mean(errs["dr"][6400]) < np.mean(errs["ips"][6400])       # a good model lowers variance
+        assert cover[e] >= reps - 3  # ~95% intervals
+        assert np.mean(errs[e][6400]) < 0.45 * np.mean(errs[e][400])  # ~1/sqrt(16) = 0.25 expected
+    assert np.mean(errs["dr"][6400]) < np.mean(errs["ips"][6400])  # a good model lowers variance
 
 
 def test_snips_dm_and_switch():
@@ -135,13 +144,16 @@ def test_evaluate_log_recovers_replay_values(tmp_path):
         assert est["dr"].se < est["ips"].se
 
 
-@pytest.mark.parametrize("args,msg", [
-    (([1.0], [0], [0.5], [[0.5, 0.6]]), "do not sum to 1"),
-    (([1.0], [0], [0.0], [[1.0, 0.0]]), "propensity 0 outside (0, 1]"),
-    (([1.0], [2], [0.5], [[1.0, 0.0]]), "actions must be arm indices in 0..1"),
-    (([np.nan], [0], [0.5], [[1.0, 0.0]]), "reward 0 is not finite"),
-    (([1.0, 2.0], [0], [0.5], [[1.0, 0.0]]), "must be 1-D of one length"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (([1.0], [0], [0.5], [[0.5, 0.6]]), "do not sum to 1"),
+        (([1.0], [0], [0.0], [[1.0, 0.0]]), "propensity 0 outside (0, 1]"),
+        (([1.0], [2], [0.5], [[1.0, 0.0]]), "actions must be arm indices in 0..1"),
+        (([np.nan], [0], [0.5], [[1.0, 0.0]]), "reward 0 is not finite"),
+        (([1.0, 2.0], [0], [0.5], [[1.0, 0.0]]), "must be 1-D of one length"),
+    ],
+)
 def test_bad_inputs(args, msg):
     with pytest.raises(AdaptspecError) as e:
         evaluate(*args, n_boot=20)

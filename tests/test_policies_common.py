@@ -87,9 +87,18 @@ def _bad_calls(pol):
         ("text reward", lambda: pol.update(good_ctx, ARMS[0], "fast")),
         ("unknown arm", lambda: pol.update(good_ctx, 5, 1.0)),
         ("non-integer arm", lambda: pol.update(good_ctx, 4.5, 1.0)),
-        ("batch with one NaN", lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 4, 8], [1.0, np.nan, 1.0])),
-        ("batch with one unknown arm", lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 3, 8], [1.0, 1.0, 1.0])),
-        ("batch of wrong length", lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 4, 8], [1.0, 1.0])),
+        (
+            "batch with one NaN",
+            lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 4, 8], [1.0, np.nan, 1.0]),
+        ),
+        (
+            "batch with one unknown arm",
+            lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 3, 8], [1.0, 1.0, 1.0]),
+        ),
+        (
+            "batch of wrong length",
+            lambda: pol.update_batch(X[:3] if pol.contextual else None, [2, 4, 8], [1.0, 1.0]),
+        ),
     ]
     if pol.contextual:
         calls += [
@@ -97,7 +106,10 @@ def _bad_calls(pol):
             ("missing context", lambda: pol.decide(None)),
             ("2-D context", lambda: pol.decide(X[:2])),
             ("text context", lambda: pol.decide(["a"] * DIM)),
-            ("batch with NaN context", lambda: pol.update_batch(np.vstack([X[:2], np.full((1, DIM), np.inf)]), [2, 4, 8], [1.0] * 3)),
+            (
+                "batch with NaN context",
+                lambda: pol.update_batch(np.vstack([X[:2], np.full((1, DIM), np.inf)]), [2, 4, 8], [1.0] * 3),
+            ),
         ]
         if pol.dim is not None:  # a policy built without dim learns it from the first valid context
             calls += [
@@ -166,14 +178,27 @@ def _close(a, b) -> bool:
     return a == b
 
 
-SMALL = ["eps-greedy", "ucb-discount", "ts-window", "exp3", "linucb", "linucb-discount", "lints", "squarecb",
-         "neural-linear", "neural-linear-ts"]
+SMALL = [
+    "eps-greedy",
+    "ucb-discount",
+    "ts-window",
+    "exp3",
+    "linucb",
+    "linucb-discount",
+    "lints",
+    "squarecb",
+    "neural-linear",
+    "neural-linear-ts",
+]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(SMALL),
-       rewards=st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=40),
-       scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**31 - 1))
+@given(
+    name=st.sampled_from(SMALL),
+    rewards=st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=40),
+    scale=st.floats(1e-3, 1e3),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_any_reward_sequence_keeps_probabilities_valid(name, rewards, scale, seed):
     pol = fresh(name, seed)
     ctxs = np.random.default_rng(seed).normal(size=(len(rewards) + 1, DIM)) * scale

@@ -117,7 +117,9 @@ def test_neural_linear_keeps_a_good_head_and_fixes_a_wrong_one():
     # the world changed after the head was trained: arm rewards are permuted
     perm = [2, 0, 1]
     R2, E2 = R[:, perm], E[:, perm]
-    wrong_head_alone = 100 * E2[np.arange(1500), OfflineHead(head).decide_batch(X)[0]].sum() / E2.max(axis=1).sum()
+    wrong_head_alone = (
+        100 * E2[np.arange(1500), OfflineHead(head).decide_batch(X)[0]].sum() / E2.max(axis=1).sum()
+    )
     fixed = NeuralLinear(head, seed=0)
     pct_fixed = _stream_score(fixed, X, R2, E2)
     assert fixed.head_weight <= 16
@@ -225,8 +227,26 @@ def tiny_traces(tmp_path_factory):
 
 def test_train_head_command_and_specs(tiny_traces, tmp_path, capsys):
     out = tmp_path / "head"
-    assert main(["train-head", str(tiny_traces), "--out", str(out), "--hidden", "16,8", "--epochs", "60",
-                 "--reward", "modelled", "--latency", "cpu-smollm2-bf16", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                str(tiny_traces),
+                "--out",
+                str(out),
+                "--hidden",
+                "16,8",
+                "--epochs",
+                "60",
+                "--reward",
+                "modelled",
+                "--latency",
+                "cpu-smollm2-bf16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["out"] == str(out) and summary["n_train"] + summary["n_val"] == 200
     assert summary["reward"] == "modelled" and 0 < summary["val_pct_oracle"] <= 100
@@ -246,7 +266,9 @@ def test_train_head_command_and_specs(tiny_traces, tmp_path, capsys):
     from adaptspec.models.bundled import BUNDLED_HEAD
 
     bundled = make_policy("neural-linear", list(HeadModel.load(BUNDLED_HEAD).arms))
-    assert isinstance(bundled, NeuralLinear) and bundled.dim == 33  # its featurizer maps 1,153 prefill features to 33
+    assert (
+        isinstance(bundled, NeuralLinear) and bundled.dim == 33
+    )  # its featurizer maps 1,153 prefill features to 33
     with pytest.raises(AdaptspecError, match="not a saved head"):
         make_policy(f"neural-linear:head={tmp_path / 'missing'}", arms)
 

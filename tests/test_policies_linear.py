@@ -35,8 +35,13 @@ def _direct(k, d, data, prior_mean, prior_prec, gamma=None, every=1):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(0, 60), gamma=st.sampled_from([None, 0.9, 0.99]),
-       full=st.booleans(), every=st.sampled_from([1, 3, 16]))
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(0, 60),
+    gamma=st.sampled_from([None, 0.9, 0.99]),
+    full=st.booleans(),
+    every=st.sampled_from([1, 3, 16]),
+)
 def test_cores_equal_direct_solves(seed, n, gamma, full, every):
     rng = np.random.default_rng(seed)
     k, d = 3, 4
@@ -46,8 +51,11 @@ def test_cores_equal_direct_solves(seed, n, gamma, full, every):
         pp = M @ M.transpose(0, 2, 1) + 0.5 * np.eye(d)
     else:
         pp = np.stack([np.diag(v) for v in rng.uniform(0.2, 3.0, size=(k, d))])
-    core = RidgeArms(k, d, prior_mean=pm, prior_precision=pp) if gamma is None else \
-        DiscountedRidgeArms(k, d, gamma, prior_mean=pm, prior_precision=pp, every=every)
+    core = (
+        RidgeArms(k, d, prior_mean=pm, prior_precision=pp)
+        if gamma is None
+        else DiscountedRidgeArms(k, d, gamma, prior_mean=pm, prior_precision=pp, every=every)
+    )
     data = [(int(rng.integers(k)), rng.normal(size=d) * 3, float(rng.normal() * 5)) for _ in range(n)]
     for a, x, r in data:
         core.update(a, x, r)
@@ -56,7 +64,9 @@ def test_cores_equal_direct_solves(seed, n, gamma, full, every):
     mu, var = core.mean_var_many(X)
     for a in range(k):
         assert np.allclose(mu[:, a], X @ thetas[a], rtol=1e-7, atol=1e-7)
-        assert np.allclose(var[:, a], np.einsum("nd,nd->n", X, np.linalg.solve(As[a], X.T).T), rtol=1e-7, atol=1e-9)
+        assert np.allclose(
+            var[:, a], np.einsum("nd,nd->n", X, np.linalg.solve(As[a], X.T).T), rtol=1e-7, atol=1e-9
+        )
     m1, v1 = core.mean_var(X[0])
     assert np.allclose(m1, mu[0]) and np.allclose(v1, var[0])
     out, best, _ = core.mean_var_score(X[1], 0.5)
@@ -132,12 +142,16 @@ def _pct_of_oracle(pol, X, R, E):
     return 100 * got[-500:].sum() / E[-500:].max(axis=1).sum()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: LinUCB(ARMS, seed=0),
-    lambda: LinTS(ARMS, mc_samples=128, seed=0),
-    lambda: LinUCB(ARMS, discount=0.995, seed=0),
-    lambda: SquareCB(ARMS, seed=0),
-], ids=["linucb", "lints", "linucb-discount", "squarecb"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LinUCB(ARMS, seed=0),
+        lambda: LinTS(ARMS, mc_samples=128, seed=0),
+        lambda: LinUCB(ARMS, discount=0.995, seed=0),
+        lambda: SquareCB(ARMS, seed=0),
+    ],
+    ids=["linucb", "lints", "linucb-discount", "squarecb"],
+)
 def test_learns_a_linear_optimum(make):
     X, R, E = linear_stream(2000, seed=3)
     pct = _pct_of_oracle(make(), X, R, E)

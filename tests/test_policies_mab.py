@@ -126,24 +126,32 @@ def _play(pol, T, means, rng, switch=None, after=None):
     return np.array(chosen)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: EpsilonGreedy([1, 2, 4, 8], epsilon=0.05, seed=1),
-    lambda: UCB([1, 2, 4, 8], seed=1),
-    lambda: UCB.throughput([1, 2, 4, 8], seed=1),
-    lambda: ThompsonSampling([1, 2, 4, 8], mc_samples=128, seed=1),
-    lambda: EXP3([1, 2, 4, 8], epsilon=0.05, eta=0.05, seed=1),
-], ids=["eps-greedy", "ucb", "ucb-throughput", "ts", "exp3"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: EpsilonGreedy([1, 2, 4, 8], epsilon=0.05, seed=1),
+        lambda: UCB([1, 2, 4, 8], seed=1),
+        lambda: UCB.throughput([1, 2, 4, 8], seed=1),
+        lambda: ThompsonSampling([1, 2, 4, 8], mc_samples=128, seed=1),
+        lambda: EXP3([1, 2, 4, 8], epsilon=0.05, eta=0.05, seed=1),
+    ],
+    ids=["eps-greedy", "ucb", "ucb-throughput", "ts", "exp3"],
+)
 def test_learns_the_best_arm(make):
     chosen = _play(make(), 1500, STREAM_MEANS, np.random.default_rng(2))
     assert np.mean(chosen[-300:] == 1) > 0.8
 
 
-@pytest.mark.parametrize("make, forget", [
-    (lambda **kw: UCB([1, 2, 4, 8], seed=1, **kw), {"discount": 0.98}),
-    (lambda **kw: UCB([1, 2, 4, 8], seed=1, **kw), {"window": 150}),
-    (lambda **kw: ThompsonSampling([1, 2, 4, 8], mc_samples=128, seed=1, **kw), {"discount": 0.98}),
-    (lambda **kw: EpsilonGreedy([1, 2, 4, 8], epsilon=0.1, seed=1, **kw), {"window": 150}),
-], ids=["ucb-discount", "ucb-window", "ts-discount", "eps-window"])
+@pytest.mark.parametrize(
+    "make, forget",
+    [
+        (lambda **kw: UCB([1, 2, 4, 8], seed=1, **kw), {"discount": 0.98}),
+        (lambda **kw: UCB([1, 2, 4, 8], seed=1, **kw), {"window": 150}),
+        (lambda **kw: ThompsonSampling([1, 2, 4, 8], mc_samples=128, seed=1, **kw), {"discount": 0.98}),
+        (lambda **kw: EpsilonGreedy([1, 2, 4, 8], epsilon=0.1, seed=1, **kw), {"window": 150}),
+    ],
+    ids=["ucb-discount", "ucb-window", "ts-discount", "eps-window"],
+)
 def test_forgetting_recovers_after_a_change(make, forget):
     """At t=1000 the worst arm becomes the best (the old best stays as it was, so nothing tells a
     policy that never forgets to look again): with forgetting the policy has moved within 300

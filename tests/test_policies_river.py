@@ -15,8 +15,11 @@ def test_wraps_context_free_river_policies_and_learns():
 
     rng = np.random.default_rng(0)
     means = {2: 0.3, 4: 0.7, 8: 0.5}
-    for river_pol in (bandit.UCB(delta=1.0), bandit.EpsilonGreedy(epsilon=0.1),
-                      bandit.ThompsonSampling(reward_obj=proba.Gaussian(), burn_in=2)):
+    for river_pol in (
+        bandit.UCB(delta=1.0),
+        bandit.EpsilonGreedy(epsilon=0.1),
+        bandit.ThompsonSampling(reward_obj=proba.Gaussian(), burn_in=2),
+    ):
         pol = RiverPolicy(ARMS, policy=river_pol, seed=0)
         assert not pol.contextual
         chosen = []
@@ -83,11 +86,19 @@ def test_adapter_errors_and_specs():
         RiverPolicy(ARMS, policy=object())
     with pytest.raises(AdaptspecError, match="unknown river model"):
         make_policy("river:nope", ARMS)
-    for spec, label in [("river", "river:linear"), ("river:ucb,delta=2", "river:ucb"), ("river:ts", "river:ts"),
-                        ("river:linucb,alpha=0.5", "river:linucb"), ("river:exp3,gamma=0.2", "river:exp3")]:
+    for spec, label in [
+        ("river", "river:linear"),
+        ("river:ucb,delta=2", "river:ucb"),
+        ("river:ts", "river:ts"),
+        ("river:linucb,alpha=0.5", "river:linucb"),
+        ("river:exp3,gamma=0.2", "river:exp3"),
+    ]:
         assert make_policy(spec, ARMS, seed=0).label == label
     with pytest.raises(AdaptspecError):
         make_policy("river:ucb,bogus=1", ARMS)
     pol = RiverPolicy(ARMS, regressor=river_regressor())
     with pytest.raises(AdaptspecError, match="state"):
-        pol.load_state_dict(RiverPolicy(ARMS, policy=bandit.UCB(delta=1.0)).state_dict() | {"name": "river", "label": pol.label})
+        pol.load_state_dict(
+            RiverPolicy(ARMS, policy=bandit.UCB(delta=1.0)).state_dict()
+            | {"name": "river", "label": pol.label}
+        )

@@ -19,11 +19,19 @@ ARMS = [1, 2, 4, 8, 16]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(ARMS), st.floats(-50, 50)), max_size=25),
-       st.integers(1, 3), st.sampled_from([0.0, 0.1]), st.integers(1, 12), st.booleans())
+@given(
+    st.lists(st.tuples(st.sampled_from(ARMS), st.floats(-50, 50)), max_size=25),
+    st.integers(1, 3),
+    st.sampled_from([0.0, 0.1]),
+    st.integers(1, 12),
+    st.booleans(),
+)
 def test_probs_batch_are_the_decisions_a_frozen_copy_makes(updates, warmup, epsilon, n, throughput):
-    pol = UCB.throughput(ARMS, warmup_rounds=2 * len(ARMS), epsilon=epsilon, seed=0) if throughput \
+    pol = (
+        UCB.throughput(ARMS, warmup_rounds=2 * len(ARMS), epsilon=epsilon, seed=0)
+        if throughput
         else UCB(ARMS, warmup=warmup, epsilon=epsilon, seed=0)
+    )
     for i, (b, r) in enumerate(updates):
         pol.decide()  # moves the round-robin position like a served policy's decisions do
         pol.update(None, b, r)

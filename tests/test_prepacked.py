@@ -70,8 +70,10 @@ def test_on_an_avx2_host_bfloat16_weights_are_not_packed():
     import subprocess
     import sys
 
-    code = ("import torch; from adaptspec.decoding.prepacked import reorders; "
-            "print(reorders(torch.bfloat16), reorders(torch.float32))")
+    code = (
+        "import torch; from adaptspec.decoding.prepacked import reorders; "
+        "print(reorders(torch.bfloat16), reorders(torch.float32))"
+    )
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
@@ -147,7 +149,9 @@ def test_a_weight_changed_after_packing_is_packed_again_before_it_is_used(dtype)
     other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
     model.to(other)  # cast: packed again for the new dtype where this host packs it
     with packed.on():
-        assert type(first) is (PrepackedLinear if onednn_reorders(dtype) and onednn_reorders(other) else nn.Linear)
+        assert type(first) is (
+            PrepackedLinear if onednn_reorders(dtype) and onednn_reorders(other) else nn.Linear
+        )
         y = first(x.to(other))
     same(y, F.linear(x.to(other), first.weight, first.bias))
 
@@ -163,8 +167,12 @@ def _decode_both_ways(make_target, drafter, prompts):
         decoder = SpeculativeDecoder(target, drafter)
         single = [decoder.generate(p, b, max_new_tokens=20) for p, b in prompts]
         assert all(type(m) is not PrepackedLinear for m in target.model.modules())
-        outs.append(([(h.result().tokens, [r.tau for r in h.result().rounds]) for h in hs],
-                     [(o.tokens, [r.tau for r in o.rounds]) for o in single]))
+        outs.append(
+            (
+                [(h.result().tokens, [r.tau for r in h.result().rounds]) for h in hs],
+                [(o.tokens, [r.tau for r in o.rounds]) for o in single],
+            )
+        )
     return outs
 
 
@@ -173,7 +181,9 @@ def test_the_engine_and_the_decoder_on_packed_weights_decode_what_they_decode_wi
     engine and in the single-request decoder, and the model is plain again between passes (where this
     host cannot pack bfloat16, "on" leaves the layers as they are: the same decoding twice)."""
     model = tiny_target("llama", vocab=96, eos=None).to(torch.bfloat16)
-    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(torch.bfloat16)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(
+        torch.bfloat16
+    )
     prompts = [(list(range(i + 1, i + 9)), b) for i, b in enumerate((1, 3, 4, 2))]
     with_packing, without = _decode_both_ways(lambda on: TargetModel(model, prepacked=on), drafter, prompts)
     assert with_packing == without
@@ -184,7 +194,9 @@ def test_a_tree_pass_runs_on_the_packed_weights_as_a_chain_pass_does():
     pass is the packed layer's (where this host packs bfloat16; else the plain layer's), and the
     tokens are those decoded without packing (bfloat16)."""
     model = tiny_target("llama", vocab=96, eos=None).to(torch.bfloat16)
-    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(torch.bfloat16)
+    drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0, max_block_size=8).to(
+        torch.bfloat16
+    )
     prompt = list(range(3, 13))
     outs = []
     for on in (True, False):

@@ -21,8 +21,16 @@ BLOCKS = (1, 2, 4, 8, 16)
 
 def proportional_rounds(contexts, slope_s=1e-5):
     """Verify passes whose time is exactly proportional to their context (no fixed cost at all)."""
-    return [{"block_size": b, "draft_s": 0.0 if b == 1 else 2e-4, "verify_s": slope_s * c * (1 + 0.01 * b),
-             "context_tokens": c} for b in BLOCKS for c in contexts]
+    return [
+        {
+            "block_size": b,
+            "draft_s": 0.0 if b == 1 else 2e-4,
+            "verify_s": slope_s * c * (1 + 0.01 * b),
+            "context_tokens": c,
+        }
+        for b in BLOCKS
+        for c in contexts
+    ]
 
 
 def test_context_terms_that_take_the_whole_pass_are_left_out():
@@ -34,19 +42,27 @@ def test_context_terms_that_take_the_whole_pass_are_left_out():
 
 
 def test_a_context_cost_the_data_support_is_kept():
-    rs = [{"block_size": b, "draft_s": 0.0, "verify_s": 1e-3 + 1e-6 * c, "context_tokens": c}
-          for b in BLOCKS for c in (40, 80, 160)]
+    rs = [
+        {"block_size": b, "draft_s": 0.0, "verify_s": 1e-3 + 1e-6 * c, "context_tokens": c}
+        for b in BLOCKS
+        for c in (40, 80, 160)
+    ]
     p = fit_profile(rs, "quiet")
     assert p.verify.per_context_s + p.verify.per_pair_s * 1 > 0
     assert float(p.verify_s(1, 100)) == pytest.approx(1e-3 + 1e-4, rel=1e-6)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(1e-4, 1e-1), min_size=len(BLOCKS) * 2, max_size=len(BLOCKS) * 2),
-       st.lists(st.integers(1, 4000), min_size=2, max_size=2, unique=True))
+@given(
+    st.lists(st.floats(1e-4, 1e-1), min_size=len(BLOCKS) * 2, max_size=len(BLOCKS) * 2),
+    st.lists(st.integers(1, 4000), min_size=2, max_size=2, unique=True),
+)
 def test_any_positive_verify_times_fit_a_profile(times, contexts):
     # any positive times at two contexts (what a noisy host may measure) give a profile, never a refusal
-    rs = [{"block_size": b, "draft_s": 0.0, "verify_s": times[2 * i + j], "context_tokens": c}
-          for i, b in enumerate(BLOCKS) for j, c in enumerate(contexts)]
+    rs = [
+        {"block_size": b, "draft_s": 0.0, "verify_s": times[2 * i + j], "context_tokens": c}
+        for i, b in enumerate(BLOCKS)
+        for j, c in enumerate(contexts)
+    ]
     p = fit_profile(rs, "any")
     assert p.verify.values_s[0] >= 0.01 * min(times)

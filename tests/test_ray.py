@@ -46,8 +46,9 @@ def local_ray():
     # the environment of the processes ray.init starts
     here = Path(__file__).resolve().parent
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(here), str(Path(adaptspec.__file__).resolve().parents[1]),
-                                                *([old] if old else [])])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(here), str(Path(adaptspec.__file__).resolve().parents[1]), *([old] if old else [])]
+    )
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     finally:
@@ -79,8 +80,19 @@ def test_replay_sweep_via_ray_is_the_single_process_report():
 
 
 def test_simulate_cli_with_ray_prints_the_same_table(capsys):
-    argv = ["simulate", str(BENCHMARKS), "--policy", "ucb", "--policy", "linucb", "--seeds", "2",
-            "--order", "shuffled", "--no-progress"]
+    argv = [
+        "simulate",
+        str(BENCHMARKS),
+        "--policy",
+        "ucb",
+        "--policy",
+        "linucb",
+        "--seeds",
+        "2",
+        "--order",
+        "shuffled",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     single = capsys.readouterr().out
     assert main([*argv, "--ray"]) == 0  # joins the module's Ray (and leaves it running)
@@ -96,18 +108,29 @@ def _without_timings(ts):
 
 def test_collect_every_arm_via_ray_is_the_single_process_trace_set(tmp_path):
     torch.set_num_threads(2)
-    one = collect_traces(tiny_speculator(), PROMPTS, [1, 2, 4], tmp_path / "one", max_new_tokens=12, progress=False)
-    par = collect_traces_ray(tiny_speculator, PROMPTS, [1, 2, 4], tmp_path / "ray", max_new_tokens=12,
-                             progress=False, tasks=2)
+    one = collect_traces(
+        tiny_speculator(), PROMPTS, [1, 2, 4], tmp_path / "one", max_new_tokens=12, progress=False
+    )
+    par = collect_traces_ray(
+        tiny_speculator, PROMPTS, [1, 2, 4], tmp_path / "ray", max_new_tokens=12, progress=False, tasks=2
+    )
     for a, b in zip(_without_timings(one), _without_timings(par)):
         assert a.equals(b)
     assert par.meta["processes"] == 2 and par.meta["threads"] == 1
     assert not list(tmp_path.glob("ray.partial*"))  # merged and removed
     # a part collected by hand (collect --part 0/3) is resumed, not redone
-    collect_traces(tiny_speculator(), PROMPTS, [1, 2, 4], tmp_path / "mixed", max_new_tokens=12, progress=False,
-                   part=(0, 3))
-    mixed = collect_traces_ray(tiny_speculator, PROMPTS, [1, 2, 4], tmp_path / "mixed", max_new_tokens=12,
-                               progress=False, tasks=2)
+    collect_traces(
+        tiny_speculator(),
+        PROMPTS,
+        [1, 2, 4],
+        tmp_path / "mixed",
+        max_new_tokens=12,
+        progress=False,
+        part=(0, 3),
+    )
+    mixed = collect_traces_ray(
+        tiny_speculator, PROMPTS, [1, 2, 4], tmp_path / "mixed", max_new_tokens=12, progress=False, tasks=2
+    )
     for a, b in zip(_without_timings(one), _without_timings(mixed)):
         assert a.equals(b)
 
@@ -115,18 +138,40 @@ def test_collect_every_arm_via_ray_is_the_single_process_trace_set(tmp_path):
 def test_collect_dense_via_ray_is_the_single_process_dense_set(tmp_path):
     # the tasks run one torch thread each: bit for bit, the single process at one thread
     torch.set_num_threads(1)
-    one = collect_dense(tiny_speculator(), PROMPTS, tmp_path / "one", max_new_tokens=12, max_block_size=8,
-                        rows_per_part=2, progress=False)
+    one = collect_dense(
+        tiny_speculator(),
+        PROMPTS,
+        tmp_path / "one",
+        max_new_tokens=12,
+        max_block_size=8,
+        rows_per_part=2,
+        progress=False,
+    )
     torch.set_num_threads(2)  # another thread count sums the drafter's softmax in another order:
-    two = collect_dense(tiny_speculator(), PROMPTS, tmp_path / "two", max_new_tokens=12, max_block_size=8,
-                        rows_per_part=2, progress=False).table()
+    two = collect_dense(
+        tiny_speculator(),
+        PROMPTS,
+        tmp_path / "two",
+        max_new_tokens=12,
+        max_block_size=8,
+        rows_per_part=2,
+        progress=False,
+    ).table()
     for col in ("request_id", "tokens", "accept", "features"):  # the same acceptance and tokens,
         assert two[col].equals(one.table()[col])
     for col in ("top1", "entropy"):  # the same confidences to float rounding
         a, b = (np.concatenate(t[col].to_numpy(zero_copy_only=False)) for t in (one.table(), two))
         assert np.allclose(a, b, rtol=1e-5, atol=1e-6)
-    par = collect_dense_ray(tiny_speculator, PROMPTS, tmp_path / "ray", max_new_tokens=12, max_block_size=8,
-                            rows_per_part=2, progress=False, tasks=2)
+    par = collect_dense_ray(
+        tiny_speculator,
+        PROMPTS,
+        tmp_path / "ray",
+        max_new_tokens=12,
+        max_block_size=8,
+        rows_per_part=2,
+        progress=False,
+        tasks=2,
+    )
     assert one.meta == par.meta
     assert [p.name for p in one.parts()] == [p.name for p in par.parts()]
     assert one.table().equals(par.table())  # accept, top1, entropy, tokens, features: all of it
@@ -157,9 +202,26 @@ def test_bad_ray_input_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
 
 def test_unreachable_cluster_is_one_line_and_exit_2():
     # a fresh process (this module's Ray is running in this one), and a port nothing listens on
-    p = subprocess.run([sys.executable, "-m", "adaptspec", "simulate", str(BENCHMARKS), "--policy", "ucb",
-                        "--no-progress", "--ray", "127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "simulate",
+            str(BENCHMARKS),
+            "--policy",
+            "ucb",
+            "--no-progress",
+            "--ray",
+            "127.0.0.1:9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("adaptspec simulate: error: cannot start or join Ray at 127.0.0.1:9: nothing answers")
+    assert lines[0].startswith(
+        "adaptspec simulate: error: cannot start or join Ray at 127.0.0.1:9: nothing answers"
+    )

@@ -75,7 +75,9 @@ MALFORMED = {
     "updates a string": npz(__head__=head({**GOOD_HEAD, "updates": "3"})),
     "updates a bool": npz(__head__=head({**GOOD_HEAD, "updates": True})),
     "updates negative": npz(__head__=head({**GOOD_HEAD, "updates": -1})),
-    "time NaN": npz(__head__=np.frombuffer(json.dumps({**GOOD_HEAD, "time": float("nan")}).encode(), np.uint8)),
+    "time NaN": npz(
+        __head__=np.frombuffer(json.dumps({**GOOD_HEAD, "time": float("nan")}).encode(), np.uint8)
+    ),
     "strings array": npz(__head__=head(GOOD_HEAD), count=np.array(["a", "b"])),
     "complex array": npz(__head__=head(GOOD_HEAD), count=np.array([1j, 2])),
     "NaN in sums": npz(__head__=head(GOOD_HEAD), n=np.array([np.nan, 1.0])),
@@ -99,8 +101,10 @@ def test_a_pickled_array_is_refused_not_loaded():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
-       st.integers(1, len(VALID)))
+@given(
+    st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+    st.integers(1, len(VALID)),
+)
 def test_any_mutation_of_a_blob_decodes_or_is_one_adaptspec_error(flips, cut):
     blob = bytearray(VALID[:cut])
     for i, v in flips:
@@ -122,7 +126,7 @@ def test_the_family_refuses_sums_no_replica_makes(spec):
     zero = fam.zero_like(fam.zero())
     fam.check(zero)  # nothing learnt: passes (the context-free running min/max are +-inf)
     key = "n" if "n" in zero else "xr"
-    for bad, needle in ((np.full_like(zero[key], np.inf), "infinity"), ):
+    for bad, needle in ((np.full_like(zero[key], np.inf), "infinity"),):
         with pytest.raises(AdaptspecError, match=needle):
             fam.check({**zero, key: bad})
     with pytest.raises(AdaptspecError, match="negative count"):
@@ -164,8 +168,12 @@ def wait_for(cond, timeout: float = 10.0) -> None:
 def test_a_malformed_entry_is_skipped_and_the_replica_keeps_syncing(redis_server, caplog):
     url, key = f"{redis_server.url}/fb", "adaptspec:fleet:fb:A"
     r = redis.Redis(port=redis_server.port)
-    bad = {b"bad-head": MALFORMED["header {format: 1}"], b"bad-cut": MALFORMED["truncated"],
-           b"bad-junk": MALFORMED["garbage"], b"\xff\xfe": VALID}  # the last: a field name that is not UTF-8
+    bad = {
+        b"bad-head": MALFORMED["header {format: 1}"],
+        b"bad-cut": MALFORMED["truncated"],
+        b"bad-junk": MALFORMED["garbage"],
+        b"\xff\xfe": VALID,
+    }  # the last: a field name that is not UTF-8
     names = {"bad-head", "bad-cut", "bad-junk", "\\xff\\xfe"}  # as the replica names them
     for field, blob in bad.items():
         r.hset(key, field, blob)
@@ -230,7 +238,11 @@ def test_an_entry_under_another_replicas_field_or_of_another_policy_is_skipped(r
         r.hset("adaptspec:fleet:other:A", "r7", encode(Published("r7", fp, 0, inf)))
         a.sync_now()
         why = a.status()["refused_entries"]
-        assert "published as replica 'r1'" in why["r9"] and "another policy" in why["r8"] and "infinity" in why["r7"]
+        assert (
+            "published as replica 'r1'" in why["r9"]
+            and "another policy" in why["r8"]
+            and "infinity" in why["r7"]
+        )
         assert a.status()["other_replicas"] == 0 and a.status()["state"] == "degraded"
     finally:
         a.close()
@@ -331,24 +343,49 @@ def test_serve_starts_with_a_malformed_entry_and_health_says_degraded(redis_serv
     out = tmp_path / "server.out"
 
     def args(port: int) -> list[str]:
-        return [sys.executable, "-m", "adaptspec", "serve", "--tiny", "--threads", "1", "--variant", "A=ucb",
-                "--shared", f"{redis_server.url}/fb", "--replica-id", "r1", "--lease-ttl", "1.5", "--sync-interval",
-                "0.2", "--port", str(port), "--log-level", "warning"]
+        return [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--tiny",
+            "--threads",
+            "1",
+            "--variant",
+            "A=ucb",
+            "--shared",
+            f"{redis_server.url}/fb",
+            "--replica-id",
+            "r1",
+            "--lease-ttl",
+            "1.5",
+            "--sync-interval",
+            "0.2",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+
     with open(out, "wb") as f:
         proc = subprocess.Popen(args(port), stdout=f, stderr=f)
     url = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             assert proc.poll() is None, out.read_text()[-2000:]
             try:
                 return httpx.get(url + "/health", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
+
         wait_for(up, timeout=120)
         time.sleep(3.0)  # two lease lives
         h = httpx.get(url + "/health").json()
         shared = h["variants"]["A"]["shared"]
-        assert h["status"] == "degraded" and shared["state"] == "degraded" and "x" in shared["refused_entries"]
+        assert (
+            h["status"] == "degraded" and shared["state"] == "degraded" and "x" in shared["refused_entries"]
+        )
         assert shared["lease_seconds_left"] > 0 and shared["syncs"] > 5
         metrics = httpx.get(url + "/metrics").text
         assert 'adaptspec_shared_refused_entries{variant="A"} 1.0' in metrics

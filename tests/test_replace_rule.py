@@ -30,16 +30,33 @@ USER_TEXT = "a user's data: nothing may delete it\n"
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def _dense(path: Path, n: int = 4) -> Path:
     """A small dense trace set (every draft rejected: a valid, simple set)."""
     ds = DenseTraceSet.create(path, {"max_new_tokens": 13, "max_block_size": 4})
-    ds.write_part([(f"r{i}", "gsm8k", DenseRequest(np.arange(13), np.zeros((12, 3), np.uint8),
-                                                    np.full((12, 3), 0.5, np.float32), np.zeros((12, 3), np.float32),
-                                                    np.zeros(2, np.float32), 5, "length")) for i in range(n)])
+    ds.write_part(
+        [
+            (
+                f"r{i}",
+                "gsm8k",
+                DenseRequest(
+                    np.arange(13),
+                    np.zeros((12, 3), np.uint8),
+                    np.full((12, 3), 0.5, np.float32),
+                    np.zeros((12, 3), np.float32),
+                    np.zeros(2, np.float32),
+                    5,
+                    "length",
+                ),
+            )
+            for i in range(n)
+        ]
+    )
     return path
 
 
@@ -57,15 +74,49 @@ def world(tmp_path_factory) -> Path:
 
 # name -> (argv given the output path and the inputs, kind of artefact, the replace flag, a positive run is cheap)
 WRITERS = {
-    "synth": (lambda out, w: ["synth", "--out", out, "--requests", "12", "--summary-only"], "traceset", "--force", True),
-    "import-blockpilot": (lambda out, w: ["import-blockpilot", str(w / "bp"), "--out", out], "traceset", "--force", True),
+    "synth": (
+        lambda out, w: ["synth", "--out", out, "--requests", "12", "--summary-only"],
+        "traceset",
+        "--force",
+        True,
+    ),
+    "import-blockpilot": (
+        lambda out, w: ["import-blockpilot", str(w / "bp"), "--out", out],
+        "traceset",
+        "--force",
+        True,
+    ),
     "collect": (lambda out, w: ["collect", "--out", out, "--limit", "1"], "traceset", "--force", False),
-    "traces-derive": (lambda out, w: ["traces", "derive", str(w / "dense"), "--out", out, "--arms", "1,2,4"],
-                      "traceset", "--force", True),
-    "train-head": (lambda out, w: ["train-head", str(w / "ts"), "--out", out, "--epochs", "2", "--hidden", "4"],
-                   "head", "--overwrite", True),
-    "simulate-log": (lambda out, w: ["simulate", str(w / "ts"), "--policy", "fixed:4", "--log", out, "--steps", "20",
-                                     "--seeds", "1", "--no-progress"], "decision-log", "--force", True),
+    "traces-derive": (
+        lambda out, w: ["traces", "derive", str(w / "dense"), "--out", out, "--arms", "1,2,4"],
+        "traceset",
+        "--force",
+        True,
+    ),
+    "train-head": (
+        lambda out, w: ["train-head", str(w / "ts"), "--out", out, "--epochs", "2", "--hidden", "4"],
+        "head",
+        "--overwrite",
+        True,
+    ),
+    "simulate-log": (
+        lambda out, w: [
+            "simulate",
+            str(w / "ts"),
+            "--policy",
+            "fixed:4",
+            "--log",
+            out,
+            "--steps",
+            "20",
+            "--seeds",
+            "1",
+            "--no-progress",
+        ],
+        "decision-log",
+        "--force",
+        True,
+    ),
 }
 
 #: what makes a folder look like each kind to a careless rule (the issue's meta.json case, a head's config, a log part)
@@ -78,13 +129,19 @@ LOOKALIKE = {
 
 def _write_own(out: Path, kind: str) -> None:
     """An artefact of ``kind`` as adaptspec writes it (marker and all), without running a command."""
-    files = {"traceset": ["meta.json", "requests.parquet", "outcomes.parquet"],
-             "head": ["config.json", "model.safetensors"],
-             "decision-log": ["part-00000000000000000001-1-000000.parquet"]}[kind]
-    write_dir(out, kind, False, lambda tmp: [(tmp / f).write_text(LOOKALIKE[kind].get(f, "x")) for f in files])
+    files = {
+        "traceset": ["meta.json", "requests.parquet", "outcomes.parquet"],
+        "head": ["config.json", "model.safetensors"],
+        "decision-log": ["part-00000000000000000001-1-000000.parquet"],
+    }[kind]
+    write_dir(
+        out, kind, False, lambda tmp: [(tmp / f).write_text(LOOKALIKE[kind].get(f, "x")) for f in files]
+    )
 
 
-@pytest.mark.parametrize("planted", ["lookalike-plus-user-file", "own-artefact-plus-user-file", "user-folder"])
+@pytest.mark.parametrize(
+    "planted", ["lookalike-plus-user-file", "own-artefact-plus-user-file", "user-folder"]
+)
 @pytest.mark.parametrize("name", sorted(WRITERS))
 def test_a_user_file_next_to_the_target_survives_force(tmp_path, world, capsys, name, planted):
     argv, kind, flag, _ = WRITERS[name]
@@ -114,8 +171,9 @@ def test_force_replaces_what_the_command_wrote_and_nothing_beside_it(tmp_path, w
     assert main(argv(str(out), world)) == 0
     first = json.loads((out / MARKER).read_text())
     assert first["kind"] == kind and first["written_by"] == "adaptspec"
-    assert sorted(first["files"]) == sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                                            if p.is_file() and p.name != MARKER)
+    assert sorted(first["files"]) == sorted(
+        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != MARKER
+    )
     assert main(argv(str(out), world)) == 2  # without the flag: refused
     assert f"pass {flag}" in capsys.readouterr().err
     assert main([*argv(str(out), world), flag]) == 0
@@ -144,9 +202,14 @@ def test_traces_derive_never_writes_over_its_own_dense_set(tmp_path, capsys, tar
 
 
 # ---------------------------------------------------------------------- artefacts from before the marker
-BUNDLED = [("traceset", ROOT / "adaptspec/data/traces" / n) for n in ("benchmarks", "sampled-t1", "templates")] + \
-          [("head", ROOT / "adaptspec/models/weights" / n) for n in ("smollm2-135m-head", "smollm2-135m-head-templates")] + \
-          [("drafter", ROOT / "adaptspec/models/weights/smollm2-135m-drafter")]
+BUNDLED = (
+    [("traceset", ROOT / "adaptspec/data/traces" / n) for n in ("benchmarks", "sampled-t1", "templates")]
+    + [
+        ("head", ROOT / "adaptspec/models/weights" / n)
+        for n in ("smollm2-135m-head", "smollm2-135m-head-templates")
+    ]
+    + [("drafter", ROOT / "adaptspec/models/weights/smollm2-135m-drafter")]
+)
 
 
 @pytest.mark.parametrize("kind,src", BUNDLED, ids=[p.name for _, p in BUNDLED])
@@ -164,8 +227,10 @@ def test_bundled_artefacts_stay_replaceable_but_not_with_a_stranger_inside(tmp_p
 
 def test_the_refresh_script_replaces_the_bundled_artefacts_with_the_flags():
     lines = (ROOT / "benchmarks/refresh_bundled.sh").read_text().replace("\\\n", " ").splitlines()
-    command = {w: next(ln for ln in lines if ln.startswith(w)) for w in
-               ("adaptspec traces derive", "adaptspec train-head", "python benchmarks/evaluate.py")}
+    command = {
+        w: next(ln for ln in lines if ln.startswith(w))
+        for w in ("adaptspec traces derive", "adaptspec train-head", "python benchmarks/evaluate.py")
+    }
     assert "--out adaptspec/data/traces/benchmarks" in command["adaptspec traces derive"]
     assert "--force" in command["adaptspec traces derive"].split()
     assert "--out adaptspec/models/weights/smollm2-135m-head --overwrite" in command["adaptspec train-head"]
@@ -209,18 +274,27 @@ def _docs_with_an_earlier_report(d: Path) -> None:
     """What an earlier run left (its generated-by lines; results.json in the format it reads)."""
     (d / "evaluation").mkdir(parents=True)
     (d / "evaluation" / "results.json").write_text(json.dumps({"format": 1, "runs": {}, "sections": {}}))
-    (d / "evaluation.md").write_text("# Evaluation\n\n<!-- generated by `python benchmarks/evaluate.py` (= "
-                                     "`adaptspec evaluate`); do not edit by hand -->\n")
-    (d / "evaluation_headline.md").write_text("<!-- generated by `python benchmarks/evaluate.py`; section 1 has "
-                                              "not been run -->\n")
+    (d / "evaluation.md").write_text(
+        "# Evaluation\n\n<!-- generated by `python benchmarks/evaluate.py` (= "
+        "`adaptspec evaluate`); do not edit by hand -->\n"
+    )
+    (d / "evaluation_headline.md").write_text(
+        "<!-- generated by `python benchmarks/evaluate.py`; section 1 has not been run -->\n"
+    )
 
 
-@pytest.mark.parametrize("planted", ["user-report", "user-headline", "user-file-in-figures", "user-figures-file"])
+@pytest.mark.parametrize(
+    "planted", ["user-report", "user-headline", "user-file-in-figures", "user-figures-file"]
+)
 def test_evaluate_never_replaces_a_file_it_did_not_write(tmp_path, capsys, planted):
     d = tmp_path / "docs"
     _docs_with_an_earlier_report(d)
-    target = {"user-report": d / "evaluation.md", "user-headline": d / "evaluation_headline.md",
-              "user-file-in-figures": d / "evaluation" / "mine.txt", "user-figures-file": None}[planted]
+    target = {
+        "user-report": d / "evaluation.md",
+        "user-headline": d / "evaluation_headline.md",
+        "user-file-in-figures": d / "evaluation" / "mine.txt",
+        "user-figures-file": None,
+    }[planted]
     if target is None:
         shutil.rmtree(d / "evaluation")
         (d / "evaluation").write_text(USER_TEXT)
@@ -229,7 +303,9 @@ def test_evaluate_never_replaces_a_file_it_did_not_write(tmp_path, capsys, plant
     before = _snapshot(tmp_path)
     assert main(["evaluate", "--docs", str(d), "--render-only", "--force"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "refusing to" in err and "adaptspec evaluate" in err.split("error:")[1], err
+    assert err.count("\n") == 1 and "refusing to" in err and "adaptspec evaluate" in err.split("error:")[1], (
+        err
+    )
     assert _snapshot(tmp_path) == before
 
 
@@ -243,8 +319,11 @@ def test_evaluate_replaces_its_own_report_only_when_asked(tmp_path, capsys):
     assert _snapshot(tmp_path) == before
     assert main(["evaluate", "--docs", str(d), "--render-only", "--force"]) == 0
     assert (d / "notes.md").read_text() == USER_TEXT
-    assert (d / "evaluation.md").read_text() != before and "<!-- generated by `python benchmarks/evaluate.py`" in \
-        (d / "evaluation.md").read_text()
+    assert (
+        d / "evaluation.md"
+    ).read_text() != before and "<!-- generated by `python benchmarks/evaluate.py`" in (
+        d / "evaluation.md"
+    ).read_text()
     assert main(["evaluate", "--docs", str(d), "--render-only", "--force"]) == 0  # its own output again
 
 
@@ -252,7 +331,9 @@ def test_evaluate_into_a_new_folder_needs_no_flag(tmp_path, capsys):
     d = tmp_path / "new"
     (d / "evaluation").mkdir(parents=True)
     (d / "evaluation" / "results.json").write_text(json.dumps({"format": 1, "runs": {}, "sections": {}}))
-    assert main(["evaluate", "--docs", str(d), "--render-only"]) == 2  # results.json is an earlier run's output
+    assert (
+        main(["evaluate", "--docs", str(d), "--render-only"]) == 2
+    )  # results.json is an earlier run's output
     shutil.rmtree(d)
     assert main(["evaluate", "--docs", str(d), "--render-only"]) == 2
     assert "which does not exist" in capsys.readouterr().err
@@ -283,15 +364,23 @@ def test_a_plot_replaces_only_a_png_adaptspec_wrote(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------- train-drafter --export
-@pytest.mark.parametrize("files", [("config.json", "model.safetensors", "tokenizer.json"),  # a model folder
-                                   ("config.json", "model.safetensors")])  # a published drafter: no card
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("config.json", "model.safetensors", "tokenizer.json"),  # a model folder
+        ("config.json", "model.safetensors"),
+    ],
+)  # a published drafter: no card
 def test_train_drafter_export_never_writes_over_a_folder_it_did_not_export(tmp_path, capsys, files):
     folder = tmp_path / "model"
     folder.mkdir()
     for f in files:
         (folder / f).write_text(USER_TEXT)
     before = _snapshot(tmp_path)
-    assert main(["train-drafter", "--stage", "export", "--export", str(folder), "--work", str(tmp_path / "w")]) == 2
+    assert (
+        main(["train-drafter", "--stage", "export", "--export", str(folder), "--work", str(tmp_path / "w")])
+        == 2
+    )
     assert "is not an adaptspec exported drafter: refusing to replace it" in capsys.readouterr().err
     assert _snapshot(tmp_path) == before
 

@@ -74,7 +74,15 @@ def test_fixed_policies_metrics_by_hand():
 def test_json_has_the_design_shape():
     rep = replay(toy(), ["random", "fixed:2"], reward="tau", seeds=[0, 1, 2], order="shuffled")
     d = rep.to_json()
-    keys = {"policy", "mean_reward", "mean_tau", "throughput", "pct_oracle", "pct_best_fixed", "cumulative_regret"}
+    keys = {
+        "policy",
+        "mean_reward",
+        "mean_tau",
+        "throughput",
+        "pct_oracle",
+        "pct_best_fixed",
+        "cumulative_regret",
+    }
     for p in [*d["policies"], d["oracle"], d["best_fixed"]]:
         assert keys <= set(p)
     assert d["best_fixed"]["block_size"] == 4 and d["policies"][0]["policy"] == "random"
@@ -111,8 +119,13 @@ def test_learning_policy_learns_and_instances_are_copied():
     greedy, rnd = rep.policies
     assert greedy.name == "greedy" and g.version == 0 and g.n.sum() == 0  # the original is untouched
     assert greedy.mean("mean_reward") > rnd.mean("mean_reward") * 1.1
-    assert greedy.curve[0, -1] - greedy.curve[0, len(greedy.curve[0]) // 2] < greedy.curve[0, len(greedy.curve[0]) // 2]
-    rep2 = replay(ts, [lambda arms, seed: Greedy(arms, seed=seed)], reward="throughput", n_steps=3000, seeds=[0, 1])
+    assert (
+        greedy.curve[0, -1] - greedy.curve[0, len(greedy.curve[0]) // 2]
+        < greedy.curve[0, len(greedy.curve[0]) // 2]
+    )
+    rep2 = replay(
+        ts, [lambda arms, seed: Greedy(arms, seed=seed)], reward="throughput", n_steps=3000, seeds=[0, 1]
+    )
     np.testing.assert_array_equal(rep2.policies[0].values["mean_reward"], greedy.values["mean_reward"])
 
 
@@ -127,7 +140,7 @@ def test_orders():
     long = stream_order(ts, "shuffled", 1, 2 * n + 5)
     assert len(long) == 2 * n + 5 and np.all(np.bincount(long, minlength=n) >= 2)
     d = ts.domains[stream_order(ts, "drift", 3)]
-    first, last = d[: n // 5], d[-n // 5:]
+    first, last = d[: n // 5], d[-n // 5 :]
     top_first = max(set(first), key=list(first).count)
     assert list(first).count(top_first) > 0.5 * len(first) > list(last).count(top_first)
     with pytest.raises(AdaptspecError, match="unknown order 'random'"):
@@ -171,7 +184,9 @@ def test_replay_log_matches_replay_and_validates(tmp_path):
     ts = generate("cpu-small", n_requests=60, seed=5, per_round=False)
     tab = replay_log(ts, Greedy(ts.arms), reward="throughput", seed=0, n_steps=200, order="shuffled")
     rep = replay(ts, [Greedy(ts.arms)], reward="throughput", seeds=[0], n_steps=200, order="shuffled")
-    np.testing.assert_array_equal(np.searchsorted(ts.arms, tab.column("block_size").to_numpy()), rep.policies[0].chosen)
+    np.testing.assert_array_equal(
+        np.searchsorted(ts.arms, tab.column("block_size").to_numpy()), rep.policies[0].chosen
+    )
     log = DecisionLog(tmp_path / "log")
     log.append(tab)
     back = DecisionLog.read(tmp_path / "log")

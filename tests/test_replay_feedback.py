@@ -39,12 +39,18 @@ class TraceSpeculator:
         rows = pq.read_table(BENCH / "outcomes.parquet").to_pylist()
         self.rows = {(r["request_id"], r["block_size"]): r for r in rows}
         self.ids = ts.request_ids.tolist()
-        self.prompt = dict(zip(pq.read_table(BENCH / "requests.parquet").column("request_id").to_pylist(),
-                               pq.read_table(BENCH / "requests.parquet").column("prompt_tokens").to_pylist()))
+        self.prompt = dict(
+            zip(
+                pq.read_table(BENCH / "requests.parquet").column("request_id").to_pylist(),
+                pq.read_table(BENCH / "requests.parquet").column("prompt_tokens").to_pylist(),
+            )
+        )
 
     def prefill(self, prompt_ids, temperature=0.0, seed=None):
         rid = self.ids[prompt_ids[0]]
-        return Prefill(first_token=0, prompt_tokens=int(self.prompt[rid]), features=np.zeros(1, np.float32), state=rid)
+        return Prefill(
+            first_token=0, prompt_tokens=int(self.prompt[rid]), features=np.zeros(1, np.float32), state=rid
+        )
 
     def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
         row = self.rows[(prefill.state, int(block_size))]
@@ -52,8 +58,12 @@ class TraceSpeculator:
         for tau, d_ms, v_ms in zip(row["tau"], row["draft_ms"], row["verify_ms"]):
             rounds.append(Round(min(int(block_size), self.limit - made), tau, d_ms / 1000, v_ms / 1000))
             made += tau
-        return Outcome([0] * row["new_tokens"], rounds, decode_s=row["decode_ms"] / 1000,
-                       finish_reason="length" if row["new_tokens"] == self.limit else "eos")
+        return Outcome(
+            [0] * row["new_tokens"],
+            rounds,
+            decode_s=row["decode_ms"] / 1000,
+            finish_reason="length" if row["new_tokens"] == self.limit else "eos",
+        )
 
 
 def hand_replay(ts: TraceSet, passes: int, latency: str | None) -> tuple[list[int], list[float]]:
@@ -62,8 +72,16 @@ def hand_replay(ts: TraceSet, passes: int, latency: str | None) -> tuple[list[in
     each update applied before the next decision (what a replay's step is): block sizes chosen
     and rewards."""
     chosen, rewards = [], []
-    with AdaptiveController(TraceSpeculator(ts), "fi-ucb", arms=ts.arms, reward="token_latency", latency=latency,
-                            decide_on_caller=True, decide_timeout_s=60.0, seed=0) as c:
+    with AdaptiveController(
+        TraceSpeculator(ts),
+        "fi-ucb",
+        arms=ts.arms,
+        reward="token_latency",
+        latency=latency,
+        decide_on_caller=True,
+        decide_timeout_s=60.0,
+        seed=0,
+    ) as c:
         for _ in range(passes):
             for i in range(ts.n_requests):
                 g = c.generate([i], max_new_tokens=ts.meta["max_new_tokens"])
@@ -78,8 +96,14 @@ def test_replay_feeds_the_cold_default_as_the_controller_does(latency: str | Non
     ts = bench_subset(16)
     passes = 2
     want_arms, want_r = hand_replay(ts, passes, latency)
-    rep = replay(ts, ["fi-ucb"], reward="token_latency", latency=latency, order="logged",
-                 n_steps=passes * ts.n_requests)
+    rep = replay(
+        ts,
+        ["fi-ucb"],
+        reward="token_latency",
+        latency=latency,
+        order="logged",
+        n_steps=passes * ts.n_requests,
+    )
     got = rep.policies[0]
     assert got.feedback == "full" and rep.feedback_profile == (latency or MEASURED)
     assert np.asarray(ts.arms)[got.chosen.astype(int)].tolist() == want_arms
@@ -91,8 +115,15 @@ def test_replay_feeds_the_cold_default_as_the_controller_does(latency: str | Non
     best = max(fixed.values())  # rewards are negative ms per token: the largest sum is the best
     want_pct = 100.0 * best / sum(want_r)  # pct_of a negative reward: best fixed over what was earned
     assert got.mean("pct_best_fixed") == pytest.approx(want_pct, abs=0.5)
-    bandit = replay(ts, ["fi-ucb"], reward="token_latency", latency=latency, order="logged",
-                    n_steps=passes * ts.n_requests, feedback="bandit").policies[0]
+    bandit = replay(
+        ts,
+        ["fi-ucb"],
+        reward="token_latency",
+        latency=latency,
+        order="logged",
+        n_steps=passes * ts.n_requests,
+        feedback="bandit",
+    ).policies[0]
     assert bandit.feedback == "bandit"
     assert np.asarray(ts.arms)[bandit.chosen.astype(int)].tolist() != want_arms  # the test tells them apart
 
@@ -111,21 +142,43 @@ def test_replay_log_feeds_full_feedback_and_logs_the_counterfactuals(tmp_path: P
     # every later one is priced on the costs measured so far, as the controller's default pricer does
     assert not priced[0] and priced[1:].all()
     played = np.searchsorted(arms, back.table.column("block_size").to_numpy())
-    assert np.array_equal(cf[np.arange(len(cf)), played][1:], back.rewards[1:])  # the arm that ran: its own reward
+    assert np.array_equal(
+        cf[np.arange(len(cf)), played][1:], back.rewards[1:]
+    )  # the arm that ran: its own reward
     # the shorter arms are never censored (a round that ran shows every shorter verify)
     censored = back.cf_censored[1:]
     assert not censored[arms[None, :] <= arms[played[1:]][:, None]].any()
 
 
-def test_simulate_says_which_feedback_each_policy_got(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_simulate_says_which_feedback_each_policy_got(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     sub = tmp_path / "bench"
     bench_subset(24).write(sub)
-    assert main(["simulate", str(sub), "--policy", "fi-ucb", "--policy", "ucb", "--policy", "fixed:4",
-                 "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(sub),
+                "--policy",
+                "fi-ucb",
+                "--policy",
+                "ucb",
+                "--policy",
+                "fixed:4",
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [p["feedback"] for p in out["policies"]] == ["full", "bandit", "none"]
     assert out["oracle"]["feedback"] == "oracle" and out["feedback_profile"] == MEASURED
-    assert main(["simulate", str(sub), "--policy", "fi-ucb", "--no-progress", "--feedback", "bandit", "--json"]) == 0
+    assert (
+        main(["simulate", str(sub), "--policy", "fi-ucb", "--no-progress", "--feedback", "bandit", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["policies"][0]["feedback"] == "bandit" and out["feedback_profile"] is None
     assert main(["simulate", str(sub), "--policy", "fi-ucb", "--no-progress"]) == 0
@@ -144,9 +197,13 @@ def test_a_trace_set_without_rounds_replays_full_feedback_policies_as_bandits() 
 def test_an_ab_replay_feeds_each_variant_as_the_controller_would() -> None:
     from adaptspec.simulators.ab import simulate_ab
 
-    sim = simulate_ab(bench_subset(24), {"A": "fi-ucb", "B": "ucb"}, reward="token_latency", seeds=[0], n_steps=48)
+    sim = simulate_ab(
+        bench_subset(24), {"A": "fi-ucb", "B": "ucb"}, reward="token_latency", seeds=[0], n_steps=48
+    )
     assert sim.feedback == {"A": "full", "B": "bandit"}
-    assert sim.to_json()["variants"]["A"]["feedback"] == "full" and "feedback A full, B bandit" in sim.to_text()
+    assert (
+        sim.to_json()["variants"]["A"]["feedback"] == "full" and "feedback A full, B bandit" in sim.to_text()
+    )
 
 
 def test_the_evaluation_feeds_full_feedback_contenders_and_says_so() -> None:
@@ -154,7 +211,10 @@ def test_the_evaluation_feeds_full_feedback_contenders_and_says_so() -> None:
 
     ts = bench_subset(16)
     R = ts.reward_matrix("token_latency")
-    full, bandit = spec_contender("fi-ucb", "fi-ucb", "context-free"), spec_contender("ucb", "ucb", "context-free")
+    full, bandit = (
+        spec_contender("fi-ucb", "fi-ucb", "context-free"),
+        spec_contender("ucb", "ucb", "context-free"),
+    )
     assert contender_feedback([bandit], ts, R, "token_latency") is None  # nothing to price for
     fb = contender_feedback([full, bandit], ts, R, "token_latency")
     kinds: dict[str, str] = {}

@@ -26,13 +26,31 @@ def two_sets(tmp_path_factory) -> tuple[Path, Path, Path]:
     ts = generate("cpu-small", n_requests=100, seed=5, per_round=False)
     ts.subset(np.arange(60)).write(root / "train")
     ts.subset(np.arange(60, 100)).write(root / "unseen")
-    assert main(["train-head", str(root / "train"), "--out", str(root / "head"), "--hidden", "8", "--epochs", "5",
-                 "--reward", "tau", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                str(root / "train"),
+                "--out",
+                str(root / "head"),
+                "--hidden",
+                "8",
+                "--epochs",
+                "5",
+                "--reward",
+                "tau",
+                "--json",
+            ]
+        )
+        == 0
+    )
     return root / "train", root / "unseen", root / "head"
 
 
 @pytest.mark.slow  # trains a head through the CLI (about 10 s)
-def test_a_head_scored_on_its_training_requests_is_named(two_sets, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_head_scored_on_its_training_requests_is_named(
+    two_sets, capsys: pytest.CaptureFixture[str]
+) -> None:
     train, unseen, head = two_sets
     capsys.readouterr()
     ids = HeadModel.load(head).info["request_ids"]
@@ -51,7 +69,9 @@ def test_the_shipped_head_on_its_own_trace_set_and_a_head_that_records_nothing()
     nl = NeuralLinear(BUNDLED_HEAD)
     (line,) = in_sample_warnings([nl], ts)
     assert "the shipped head was trained on requests of this trace set" in line
-    assert in_sample_warnings([nl], ts.subset(np.arange(10))) == []  # not the bundled set's path: nothing known
+    assert (
+        in_sample_warnings([nl], ts.subset(np.arange(10))) == []
+    )  # not the bundled set's path: nothing known
     bare = HeadModel.load(BUNDLED_HEAD)
     bare.layers = [(W + 1e-3, b) for W, b in bare.layers]  # another head (other weights), no ids recorded
     (line,) = in_sample_warnings([NeuralLinear(bare)], ts)

@@ -7,8 +7,16 @@ import pytest
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.reward.functions import (REWARDS, mean_tau, measured_throughput, modelled_throughput, reward_function,
-                               throughput, trace_costs, trace_rewards)
+from adaptspec.reward.functions import (
+    REWARDS,
+    mean_tau,
+    measured_throughput,
+    modelled_throughput,
+    reward_function,
+    throughput,
+    trace_costs,
+    trace_rewards,
+)
 from adaptspec.simulators.synthetic import generate
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces import TraceSet
@@ -24,7 +32,9 @@ def test_outcome_rewards():
     assert mean_tau(o) == 4.0
     assert measured_throughput(o) == pytest.approx(13 / 0.15)
     p = get_profile("cpu-smollm2-bf16")
-    assert reward_function("modelled", p, context_tokens=300)(o) == pytest.approx(4.0 / float(p.round_s(8, 300)))
+    assert reward_function("modelled", p, context_tokens=300)(o) == pytest.approx(
+        4.0 / float(p.round_s(8, 300))
+    )
     assert reward_function("throughput")(o) == measured_throughput(o)
     assert reward_function("tau")(o) == 4.0
 
@@ -50,8 +60,12 @@ def test_outcome_reward_errors():
 #: A profile whose passes cost, in closed form (n = block size x batch, c = context tokens):
 #: draft 10 ms + 1 ms per token past the first + 1 us per context token per sequence (0 at B = 1);
 #: verify 40 ms + 2 ms per token past the first + 10 ns per query-key pair.
-TOY = LatencyProfile("toy", draft=CostCurve((1,), (0.010,), tail_slope_s=0.001, per_context_s=1e-6),
-                     verify=CostCurve((1,), (0.040,), tail_slope_s=0.002, per_pair_s=1e-8), context_tokens=300)
+TOY = LatencyProfile(
+    "toy",
+    draft=CostCurve((1,), (0.010,), tail_slope_s=0.001, per_context_s=1e-6),
+    verify=CostCurve((1,), (0.040,), tail_slope_s=0.002, per_pair_s=1e-8),
+    context_tokens=300,
+)
 
 
 def _toy_round_s(b: int, c: float, batch: int) -> float:
@@ -81,8 +95,11 @@ def test_trace_rewards_match_the_outcome_functions():
     K = len(ts.arms)
     for row in range(0, 6 * K, 7):
         i, j = divmod(row, K)
-        o = Outcome(tokens=[0] * int(new[row]), rounds=[Round(ts.arms[j], t, 0.0, 0.0) for t in taus[row]],
-                    decode_s=dec[row] / 1000)
+        o = Outcome(
+            tokens=[0] * int(new[row]),
+            rounds=[Round(ts.arms[j], t, 0.0, 0.0) for t in taus[row]],
+            decode_s=dec[row] / 1000,
+        )
         assert R[i, j] == pytest.approx(measured_throughput(o))
         assert ts.tau_matrix()[i, j] == pytest.approx(mean_tau(o))
     M = trace_rewards(ts, "modelled", "cpu-smollm2-bf16")
@@ -112,10 +129,19 @@ def test_token_latency_follows_aggregate_throughput_and_reports_read_as_speed():
 
     # two requests of 48 tokens; arm 1 is very fast on the first and slow on the second, arm 2 steady
     secs = np.array([[0.5, 1.6], [3.0, 1.6]])
-    ts = TraceSet.from_arrays(["a", "b"], ["x", "x"], [1, 2], np.ones((2, 2)),
-                              new_tokens=np.full((2, 2), 48), decode_ms=secs * 1000, rounds=np.full((2, 2), 48))
+    ts = TraceSet.from_arrays(
+        ["a", "b"],
+        ["x", "x"],
+        [1, 2],
+        np.ones((2, 2)),
+        new_tokens=np.full((2, 2), 48),
+        decode_ms=secs * 1000,
+        rounds=np.full((2, 2), 48),
+    )
     tps, lat = trace_rewards(ts, "throughput"), trace_rewards(ts, "token_latency")
-    assert tps.mean(axis=0).argmax() == 0 and (96 / secs.sum(axis=0)).argmax() == 1  # mean tok/s picks the slower arm
+    assert (
+        tps.mean(axis=0).argmax() == 0 and (96 / secs.sum(axis=0)).argmax() == 1
+    )  # mean tok/s picks the slower arm
     assert lat.mean(axis=0).argmax() == 1  # minus ms/token picks the arm with the best aggregate throughput
     np.testing.assert_allclose(lat, -1000 * secs / 48)
     out = Outcome(tokens=[1] * 10, rounds=[Round(1, 1, 0.0, 0.01)] * 10, decode_s=0.2)

@@ -86,11 +86,29 @@ def test_the_kernels_compile_without_a_cache_locator_and_compute_the_closed_form
     ainv = np.concatenate([np.linalg.inv(ai) for ai in a])
     theta = np.stack([np.linalg.inv(ai) @ bi for ai, bi in zip(a, b)])
     arm, r, width = 1, 0.9, 0.8
-    inp = {"k": k, "d": d, "x": x.tolist(), "mean": mean.tolist(), "inv": inv.tolist(), "ainv": ainv.tolist(),
-           "theta": theta.tolist(), "width": width, "arm": arm, "r": r}
+    inp = {
+        "k": k,
+        "d": d,
+        "x": x.tolist(),
+        "mean": mean.tolist(),
+        "inv": inv.tolist(),
+        "ainv": ainv.tolist(),
+        "theta": theta.tolist(),
+        "width": width,
+        "arm": arm,
+        "r": r,
+    }
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ro)], input=json.dumps(inp), capture_output=True,
-                       text=True, timeout=240, env=env, cwd=home, preexec_fn=_as_a_user)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ro)],
+        input=json.dumps(inp),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=home,
+        preexec_fn=_as_a_user,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout)
     assert "no locator available" in got["premise"], got["premise"]  # numba alone would fail here
@@ -105,7 +123,11 @@ def test_the_kernels_compile_without_a_cache_locator_and_compute_the_closed_form
     assert got["best"] == int(np.argmax(score))
     assert abs(got["err"] - (r - mu[arm])) < 1e-9
     a_new = a[arm] + np.outer(phi, phi)
-    np.testing.assert_allclose(np.array(got["ainv"])[arm * d:(arm + 1) * d], np.linalg.inv(a_new), rtol=1e-8, atol=1e-12)
-    np.testing.assert_allclose(got["theta"][arm], np.linalg.inv(a_new) @ (b[arm] + r * phi), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(
+        np.array(got["ainv"])[arm * d : (arm + 1) * d], np.linalg.inv(a_new), rtol=1e-8, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        got["theta"][arm], np.linalg.inv(a_new) @ (b[arm] + r * phi), rtol=1e-8, atol=1e-12
+    )
     others = [j for j in range(k) if j != arm]
     np.testing.assert_allclose(np.array(got["theta"])[others], theta[others], rtol=0, atol=0)

@@ -21,8 +21,13 @@ from decoding_helpers import tiny_target
 seconds = st.floats(1e-5, 1.0)
 
 
-@given(passes=st.lists(st.tuples(st.integers(1, 6), seconds), max_size=30), alpha=st.floats(0.01, 1.0),
-       positions=st.integers(1, 8), pass_s=seconds, prompt=st.integers(1, 128))
+@given(
+    passes=st.lists(st.tuples(st.integers(1, 6), seconds), max_size=30),
+    alpha=st.floats(0.01, 1.0),
+    positions=st.integers(1, 8),
+    pass_s=seconds,
+    prompt=st.integers(1, 128),
+)
 def test_the_rows_are_charged_the_average_of_their_own_passes(passes, alpha, positions, pass_s, prompt):
     cost = RowsPassCost(alpha)
     for n, s in passes:
@@ -65,8 +70,9 @@ def test_the_engine_charges_rows_beside_a_chunk_their_own_pass_not_a_share_by_po
     torch.manual_seed(0)
     model = tiny_target("llama", vocab=96, eos=None, layers=4)
     target = TargetModel(model)
-    engine = BatchEngine(target, BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0), max_rows=4,
-                         chunk_tokens=64)
+    engine = BatchEngine(
+        target, BlockDiffusionDrafter.for_target(model, num_layers=1, seed=0), max_rows=4, chunk_tokens=64
+    )
     rows = [engine.submit([3, 1, 4], block_size=1, max_new_tokens=60) for _ in range(2)]
     for _ in range(12):
         engine.step()

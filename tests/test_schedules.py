@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from adaptspec.traces.dense import DenseRequest, replay_rounds
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold, FixedBlock, as_schedule, parse_schedule
+from adaptspec.schedules import (
+    AcceptanceHistory,
+    ConfidenceThreshold,
+    FixedBlock,
+    as_schedule,
+    parse_schedule,
+)
 from adaptspec.simulators.rounds import evaluate_rounds, per_round_oracle_s, schedule_time_s
 from adaptspec.speculator import Round
 
@@ -37,12 +43,15 @@ def test_confidence_verifies_the_longest_prefix_above_the_threshold(conf, t):
 def test_a_higher_threshold_never_verifies_more(conf, a, b):
     lo, hi = sorted((a, b))
     n = len(conf) + 1
-    assert ConfidenceThreshold(hi, block_size=n).verify_size(np.array(conf), []) <= \
-        ConfidenceThreshold(lo, block_size=n).verify_size(np.array(conf), [])
+    assert ConfidenceThreshold(hi, block_size=n).verify_size(np.array(conf), []) <= ConfidenceThreshold(
+        lo, block_size=n
+    ).verify_size(np.array(conf), [])
 
 
 def _round(drafted: int, verified: int, tau: int) -> Round:
-    return Round(block_size=verified, tau=tau, draft_s=0.0, verify_s=0.0, drafted=drafted if drafted != verified else 0)
+    return Round(
+        block_size=verified, tau=tau, draft_s=0.0, verify_s=0.0, drafted=drafted if drafted != verified else 0
+    )
 
 
 def test_confidence_backoff_doubles_the_plain_run_while_the_drafter_stays_unsure():
@@ -69,7 +78,9 @@ def test_history_rule_stays_in_range(rows, start):
 
 def test_schedule_specs_and_bad_ones():
     assert parse_schedule("confidence").threshold == 0.4
-    assert parse_schedule("confidence:0.2,nobackoff", max_block_size=8) == ConfidenceThreshold(0.2, 8, backoff=False)
+    assert parse_schedule("confidence:0.2,nobackoff", max_block_size=8) == ConfidenceThreshold(
+        0.2, 8, backoff=False
+    )
     assert ConfidenceThreshold(0.3).with_block_size(1) == FixedBlock(1)
     for bad in ("confidence:2", "confidence:0.3,sometimes", "history:3", "fixed:x", ""):
         with pytest.raises(AdaptspecError):
@@ -79,8 +90,14 @@ def test_schedule_specs_and_bad_ones():
 
 
 # ---------------------------------------------------------------- the decoder runs them
-@pytest.mark.parametrize("schedule", [ConfidenceThreshold(0.05, block_size=8, backoff=False),
-                                      ConfidenceThreshold(0.3, block_size=6), AcceptanceHistory(2, 12)])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ConfidenceThreshold(0.05, block_size=8, backoff=False),
+        ConfidenceThreshold(0.3, block_size=6),
+        AcceptanceHistory(2, 12),
+    ],
+)
 def test_decoder_output_is_greedy_under_any_schedule(schedule):
     model = tiny_target("qwen3", eos=None)
     dec = make_decoder(model, drafter_seed=3, max_block_size=16)
@@ -105,15 +122,25 @@ def test_a_schedule_that_verifies_outside_its_block_is_refused():
 
 # ---------------------------------------------------------------- oracles
 def _toy_profile() -> LatencyProfile:
-    return LatencyProfile("toy", draft=CostCurve((2.0, 8.0), (0.008, 0.010)),
-                          verify=CostCurve((1.0, 8.0), (0.036, 0.045), per_context_s=1e-5))
+    return LatencyProfile(
+        "toy",
+        draft=CostCurve((2.0, 8.0), (0.008, 0.010)),
+        verify=CostCurve((1.0, 8.0), (0.036, 0.045), per_context_s=1e-5),
+    )
 
 
 def _request(accept: np.ndarray, top1: np.ndarray | None = None, prompt: int = 7) -> DenseRequest:
     n, k = accept.shape
     top1 = np.full((n, k), 0.5, np.float32) if top1 is None else top1
-    return DenseRequest(np.arange(n + 1), accept.astype(np.uint8), top1, np.zeros((n, k), np.float32),
-                        np.zeros(2, np.float32), prompt, "length")
+    return DenseRequest(
+        np.arange(n + 1),
+        accept.astype(np.uint8),
+        top1,
+        np.zeros((n, k), np.float32),
+        np.zeros(2, np.float32),
+        prompt,
+        "length",
+    )
 
 
 def _random_accept(rng: np.random.Generator, n: int, largest: int) -> np.ndarray:
@@ -185,7 +212,9 @@ def test_report_speedups_are_plain_time_over_schedule_time():
     assert rep.speedup("fixed:2", "a") == pytest.approx(t(1, [1, 3, 5]) / t(2, [1, 3, 5]), rel=1e-9)
     per_request = sum(min(_fixed_time_s(r, b, 21) for b in (1, 2, 3, 4)) for _, _, r in items)
     assert rep.speedup("per-request oracle") == pytest.approx(t(1, range(6)) / per_request, rel=1e-9)
-    assert rep.speedup("per-round oracle") >= rep.speedup("per-request oracle") >= rep.speedup(rep.best_fixed())
+    assert (
+        rep.speedup("per-round oracle") >= rep.speedup("per-request oracle") >= rep.speedup(rep.best_fixed())
+    )
 
 
 def test_replayed_rounds_are_timed_at_their_drafted_and_verified_sizes():
@@ -212,18 +241,32 @@ def test_evaluation_section_replays_the_dense_set_the_trace_set_names(tmp_path):
 
     rng = np.random.default_rng(1)
     ds = DenseTraceSet.create(tmp_path / "dense", {"max_new_tokens": 21, "max_block_size": 16})
-    ds.write_part([(f"r{i}", ("gsm8k", "mt-bench/writing")[i % 2], _request(_random_accept(rng, 20, 16),
-                                                                            rng.random((20, 15)).astype(np.float32)))
-                   for i in range(4)])
+    ds.write_part(
+        [
+            (
+                f"r{i}",
+                ("gsm8k", "mt-bench/writing")[i % 2],
+                _request(_random_accept(rng, 20, 16), rng.random((20, 15)).astype(np.float32)),
+            )
+            for i in range(4)
+        ]
+    )
     d = section_rounds(SimpleNamespace(meta={"dense": str(tmp_path / "dense")}), Settings(batch_sizes=(1, 8)))
     assert d["status"] == "ok" and d["requests"] == 4
-    assert [(p["profile"], p["batch"]) for p in d["profiles"]] == [("cpu-smollm2-fast", 1), ("h100-qwen3-8b", 1),
-                                                                   ("h100-qwen3-8b", 8)]
+    assert [(p["profile"], p["batch"]) for p in d["profiles"]] == [
+        ("cpu-smollm2-fast", 1),
+        ("h100-qwen3-8b", 1),
+        ("h100-qwen3-8b", 8),
+    ]
     for p in d["profiles"]:
         rows = {r["schedule"]: r for r in p["rows"]}
         assert p["domains"] == ["gsm8k", "mt-bench"]
         assert rows["plain"]["all"] == 1.0 and rows["per-round oracle"]["headroom"] == pytest.approx(1.0)
-        assert rows["per-round oracle"]["all"] >= rows["per-request oracle"]["all"] >= rows[p["best_fixed"]]["all"]
+        assert (
+            rows["per-round oracle"]["all"]
+            >= rows["per-request oracle"]["all"]
+            >= rows[p["best_fixed"]]["all"]
+        )
     assert "confidence threshold 0.4" in render_rounds(d, [])
     gone = section_rounds(SimpleNamespace(meta={}), Settings())
     assert gone["status"] == "absent" and render_rounds(gone, []).startswith("Not run")

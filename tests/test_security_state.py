@@ -47,11 +47,21 @@ class Hostile:
 def hostile_river_state(path: Path, marker: Path, label: str = "river:ucb", arms=ARMS) -> None:
     """A policy.npz in the river adapter's former format: its state a pickle (here a hostile one)."""
     rng = make_policy("ucb", arms, seed=0).state_dict()["rng"]
-    meta = {"name": "river", "label": label, "arms": list(arms), "version": 3, "dim": None, "rng": rng,
-            "state": {"mode": "bandit", "pickle": {"__array__": "s/state/pickle"}}}
+    meta = {
+        "name": "river",
+        "label": label,
+        "arms": list(arms),
+        "version": 3,
+        "dim": None,
+        "rng": rng,
+        "state": {"mode": "bandit", "pickle": {"__array__": "s/state/pickle"}},
+    }
     with open(path, "wb") as f:
-        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                 **{"s/state/pickle": np.frombuffer(pickle.dumps(Hostile(marker)), np.uint8)})
+        np.savez(
+            f,
+            __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+            **{"s/state/pickle": np.frombuffer(pickle.dumps(Hostile(marker)), np.uint8)},
+        )
 
 
 def step(pol, x, rewards):
@@ -75,8 +85,11 @@ def test_no_reader_in_the_package_can_unpickle():
         if not any(w in text for w in (".load(", ".loads(")):
             continue
         for node in ast.walk(ast.parse(text, str(path))):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name)):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+            ):
                 continue
             mod, fn = node.func.value.id, node.func.attr
             kw = {k.arg: k.value for k in node.keywords}
@@ -129,8 +142,12 @@ def test_a_pickled_array_in_any_policy_state_is_refused_and_runs_nothing(tmp_pat
     marker = tmp_path / "pwned"
     pol = make_policy(spec, ARMS, seed=0)
     with open(tmp_path / "policy.npz", "wb") as f:
-        np.savez(f, __meta__=np.frombuffer(b"{}", np.uint8), evil=np.array([Hostile(marker)], dtype=object),
-                 allow_pickle=True)
+        np.savez(
+            f,
+            __meta__=np.frombuffer(b"{}", np.uint8),
+            evil=np.array([Hostile(marker)], dtype=object),
+            allow_pickle=True,
+        )
     with pytest.raises(AdaptspecError):
         pol.load_state(tmp_path / "policy.npz")
     assert not marker.exists()
@@ -143,20 +160,29 @@ def _ucb_state() -> dict:
     return pol.state_dict()
 
 
-@pytest.mark.parametrize("edit", [
-    lambda m: {"obj": {}, "type": "os.system", "id": 0},                          # a type the policy does not hold
-    lambda m: {**m, "type": "builtins.object"},
-    lambda m: {**m, "obj": {**m["obj"], "__class__": {"keep": True}}},              # dunder attributes
-    lambda m: {**m, "obj": {**m["obj"], "_rng": {"random": [3, [1, 2], None]}}},    # not a generator's state
-    lambda m: {**m, "obj": {**m["obj"], "_rewards": 5}},                           # a number for a mapping
-    lambda m: {**m, "obj": {**m["obj"], "_rewards": {"ref": 99}}},                 # a reference to nothing
-    lambda m: {**m, "obj": {**m["obj"], "_rewards": {"map": [[{"x": 1}, 1.0]], "id": 50}}},  # a key not plain
-    lambda m: {**m, "obj": {**m["obj"], "reward_obj": {"map": [], "id": 51}}},     # a mapping for an object
-    lambda m: {**m, "obj": {**m["obj"], "_n": {"call": "os.system"}}},              # an unknown entry
-    lambda m: {"list": [m]},
-    lambda m: [m],
-    lambda m: "river",
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: {"obj": {}, "type": "os.system", "id": 0},  # a type the policy does not hold
+        lambda m: {**m, "type": "builtins.object"},
+        lambda m: {**m, "obj": {**m["obj"], "__class__": {"keep": True}}},  # dunder attributes
+        lambda m: {
+            **m,
+            "obj": {**m["obj"], "_rng": {"random": [3, [1, 2], None]}},
+        },  # not a generator's state
+        lambda m: {**m, "obj": {**m["obj"], "_rewards": 5}},  # a number for a mapping
+        lambda m: {**m, "obj": {**m["obj"], "_rewards": {"ref": 99}}},  # a reference to nothing
+        lambda m: {
+            **m,
+            "obj": {**m["obj"], "_rewards": {"map": [[{"x": 1}, 1.0]], "id": 50}},
+        },  # a key not plain
+        lambda m: {**m, "obj": {**m["obj"], "reward_obj": {"map": [], "id": 51}}},  # a mapping for an object
+        lambda m: {**m, "obj": {**m["obj"], "_n": {"call": "os.system"}}},  # an unknown entry
+        lambda m: {"list": [m]},
+        lambda m: [m],
+        lambda m: "river",
+    ],
+)
 def test_a_crafted_data_state_cannot_build_or_call_anything(tmp_path, edit):
     state = _ucb_state()
     state["state"]["model"] = edit(state["state"]["model"])
@@ -168,14 +194,27 @@ def test_a_crafted_data_state_cannot_build_or_call_anything(tmp_path, edit):
 
 
 def cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "adaptspec", *argv], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "adaptspec", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 # ----------------------------------------------------------------------------- the Redis password
-@pytest.mark.parametrize("url", ["redis://admin:hunter2@127.0.0.1:99999/x", "redis://:hunter2@127.0.0.1:6379/",
-                                 "redis://admin:hunter2@127.0.0.1:6379/a?b", "http://u:hunter2@h/x",
-                                 "redis://u:hun/ter2@h/x", "redis://u:hunter2@[::1/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://admin:hunter2@127.0.0.1:99999/x",
+        "redis://:hunter2@127.0.0.1:6379/",
+        "redis://admin:hunter2@127.0.0.1:6379/a?b",
+        "http://u:hunter2@h/x",
+        "redis://u:hun/ter2@h/x",
+        "redis://u:hunter2@[::1/x",
+    ],
+)
 def test_a_bad_shared_url_never_shows_its_password(url):
     with pytest.raises(AdaptspecError) as e:
         parse_url(url)
@@ -189,8 +228,9 @@ def test_redact_keeps_the_user_and_host():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("url", ["redis://admin:hunter2@127.0.0.1:99999/fleet",
-                                 "redis://admin:hunter2@127.0.0.1:{closed}/fleet"])
+@pytest.mark.parametrize(
+    "url", ["redis://admin:hunter2@127.0.0.1:99999/fleet", "redis://admin:hunter2@127.0.0.1:{closed}/fleet"]
+)
 def test_serve_never_prints_the_redis_password(url):
     p = cli("serve", "--tiny", "--shared", url.format(closed=free_port()), "--port", str(free_port()))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -264,8 +304,13 @@ def test_serve_refuses_a_pickled_river_checkpoint_at_start(tmp_path):
         srv.stop()
     marker = tmp_path / "pwned"
     _tamper(srv.ck / "A", marker)
-    p = subprocess.run([sys.executable, "-m", "adaptspec", *srv.args], capture_output=True, text=True, timeout=120,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "adaptspec", *srv.args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "pickled river state" in lines[0], p.stderr[-2000:]
     assert not marker.exists()

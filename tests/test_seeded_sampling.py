@@ -73,8 +73,12 @@ def test_the_engine_gives_the_same_samples_whatever_the_rule_and_the_batch(seed,
     for b in (1, 2, 4, 8):
         assert engine_tokens(PROMPT, seed, 1.0, block_size=b) == want, b
     rng = random.Random(rule_seed)  # a per-round rule that changes every row's block size every round
-    assert engine_tokens(PROMPT, seed, 1.0, block_size=8,
-                         rule=lambda rows: [rng.choice([1, 2, 3, 5, 8]) for _ in rows]) == want
+    assert (
+        engine_tokens(
+            PROMPT, seed, 1.0, block_size=8, rule=lambda rows: [rng.choice([1, 2, 3, 5, 8]) for _ in rows]
+        )
+        == want
+    )
     others = [(CODEC.encode("abc"), 3, 0.0), (CODEC.encode("zz top"), 6, 1.5), (CODEC.encode("q"), 1, 0.8)]
     assert engine_tokens(PROMPT, seed, 1.0, block_size=5, others=others) == want
 
@@ -93,14 +97,15 @@ def test_keys_differ_by_seed_and_position_and_the_noise_is_standard_gumbel():
     g = SampleKeys(7).noise(0, 64, 1000, torch.device("cpu")).double().flatten()
     # standard Gumbel: mean = Euler-Mascheroni constant, variance pi^2 / 6 (64,000 draws)
     assert abs(float(g.mean()) - 0.5772156649) < 0.02
-    assert abs(float(g.var()) - torch.pi ** 2 / 6) < 0.05
+    assert abs(float(g.var()) - torch.pi**2 / 6) < 0.05
 
 
 @pytest.mark.parametrize("b", [2, 5])
 def test_a_reduced_draft_vocabulary_keeps_the_samples(b):
     from adaptspec.decoding import BlockDiffusionDrafter
 
-    drafter = BlockDiffusionDrafter.for_target(SPEC.target.model, num_layers=1, seed=3, max_block_size=8,
-                                               draft_vocab=list(range(0, 128, 3)))
+    drafter = BlockDiffusionDrafter.for_target(
+        SPEC.target.model, num_layers=1, seed=3, max_block_size=8, draft_vocab=list(range(0, 128, 3))
+    )
     dec = SpeculativeDecoder(SPEC.target, drafter)
     assert dec.generate(PROMPT, b, N, temperature=1.0, seed=99).tokens == reference(PROMPT, N, 1.0, 99)

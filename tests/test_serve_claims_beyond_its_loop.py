@@ -26,7 +26,7 @@ from _serving_helpers import ThreadServer
 pytestmark = pytest.mark.integration  # starts a server on loopback
 
 #: a speculator of a user's own whose loop has a block buffer of 8, but which declares 1000
-CLAIMS = '''
+CLAIMS = """
 import numpy as np
 
 from adaptspec import Outcome, Prefill, Round
@@ -66,7 +66,7 @@ class Claims1000:
 
 def make():
     return Claims1000()
-'''
+"""
 
 
 @pytest.fixture
@@ -78,13 +78,15 @@ def claims_module(tmp_path, monkeypatch):
 
 
 def _serve(factory: str, tmp_path, *argv: str):
-    args = build_parser("serve").parse_args(["serve", "--speculator", factory, "--port", "0",
-                                             "--log-dir", str(tmp_path / "log"), *argv])
+    args = build_parser("serve").parse_args(
+        ["serve", "--speculator", factory, "--port", "0", "--log-dir", str(tmp_path / "log"), *argv]
+    )
     return build(args)
 
 
 def test_a_request_at_a_block_its_loop_cannot_draft_is_one_503_with_a_reason_and_the_server_serves_on(
-        claims_module, tmp_path, caplog):
+    claims_module, tmp_path, caplog
+):
     caplog.set_level(logging.ERROR, logger="adaptspec.serving")
     svc = _serve(claims_module, tmp_path, "--variant", "A=fixed:12")  # every request asks for a block of 12
     try:

@@ -48,7 +48,7 @@ def alone(prompt: str, n: int) -> list[int]:
     """The tiny target's own greedy ``generate`` of the prompt alone (the reference of exact mode)."""
     model = _MODEL.setdefault(0, tiny_model(0))
     ids = CODEC.encode(prompt)
-    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids) :].tolist()
 
 
 def thread_server(svc: CompletionService) -> ThreadServer:
@@ -77,8 +77,14 @@ class FaultyRule:
 
 def service(variants=None, max_rows=2, max_queue=4, rule=None, verification="exact") -> CompletionService:
     spec, codec = tiny_speculator(0, verification=verification)
-    return CompletionService.build(spec, variants or {"A": "fixed:4"}, codec=codec, limits=LIMITS, arms=[1, 2, 4, 8],
-                                   engine=EngineSettings(max_rows=max_rows, max_queue=max_queue, rule=rule))
+    return CompletionService.build(
+        spec,
+        variants or {"A": "fixed:4"},
+        codec=codec,
+        limits=LIMITS,
+        arms=[1, 2, 4, 8],
+        engine=EngineSettings(max_rows=max_rows, max_queue=max_queue, rule=rule),
+    )
 
 
 def tracebacks(caplog) -> list[logging.LogRecord]:
@@ -91,7 +97,9 @@ def test_a_failure_outside_the_round_is_a_503_for_the_requests_in_flight_and_the
     svc = service(rule=FaultyRule(times=2))
     with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         t0 = time.time()
-        streamed = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12, "stream": True})
+        streamed = c.post(
+            s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12, "stream": True}
+        )
         plain = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
         assert time.time() - t0 < 30
         # the stream had started: it ends with an error event (503, the reason), then [DONE]
@@ -125,7 +133,11 @@ def test_repeated_failures_stop_the_engine_every_request_gets_503_and_the_server
             r = c.post(s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6})
             assert r.status_code == 503 and "the engine failed" in r.json()["error"]["message"]
         h = c.get(s.url + "/health")
-        assert h.status_code == 503 and h.json()["status"] == "failed" and h.json()["engine"]["state"] == "failed"
+        assert (
+            h.status_code == 503
+            and h.json()["status"] == "failed"
+            and h.json()["engine"]["state"] == "failed"
+        )
         assert "adaptspec_engine_up 0.0" in c.get(s.url + "/metrics").text
         t0 = time.time()
         for stream in (False, True):
@@ -165,13 +177,18 @@ def test_sigterm_stops_a_server_whose_engine_failed_within_seconds(tmp_path):
         url = f"http://127.0.0.1:{port}"
         wait_up(proc, url, tmp_path / "server.out")
         with httpx.Client(timeout=30) as c:
-            codes = [c.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6}).status_code
-                     for _ in range(4)]
+            codes = [
+                c.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 6}).status_code
+                for _ in range(4)
+            ]
             assert codes == [503] * 4
             assert c.get(url + "/health").json()["status"] == "failed"
         t0 = time.time()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        assert proc.wait(timeout=10) in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises the signal once it has shut down
         assert time.time() - t0 < 5
     finally:
         if proc.poll() is None:
@@ -181,7 +198,7 @@ def test_sigterm_stops_a_server_whose_engine_failed_within_seconds(tmp_path):
     assert log.count("Traceback") == 1  # the first failure, once
 
 
-FAULTY_SERVER = '''
+FAULTY_SERVER = """
 import logging, sys
 sys.path.insert(0, "{tests}")
 import uvicorn
@@ -196,16 +213,30 @@ try:
                                   timeout_graceful_shutdown=30)).run()
 finally:
     svc.close()
-'''
+"""
 
 
 # ============================================================================ item 4: a controller's failure is a 503
 def test_a_head_of_another_feature_width_is_refused_at_start_in_one_line(tmp_path):
     from adaptspec.models.bundled import BUNDLED_HEAD
 
-    r = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--port", str(free_port()),
-                        "--variant", f"A=neural-linear:head={BUNDLED_HEAD}"], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--tiny",
+            "--port",
+            str(free_port()),
+            "--variant",
+            f"A=neural-linear:head={BUNDLED_HEAD}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and "1153" in r.stderr and "Traceback" not in r.stderr
 
@@ -215,13 +246,23 @@ def test_a_controller_that_fails_during_a_request_is_a_503_with_the_reason_never
     """A variant's controller that raises while deciding (here: closed under the server) answers 503
     naming the reason (the variant's controller; the error's text is in the log), streamed or not;
     the other variant keeps serving."""
-    spec, codec = tiny_speculator(0, verification="exact")  # batched: on the engine; else one's own, one at a time
-    svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"A": "fixed:2", "B": "fixed:4"}, codec=codec,
-                                  limits=LIMITS, engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
+    spec, codec = tiny_speculator(
+        0, verification="exact"
+    )  # batched: on the engine; else one's own, one at a time
+    svc = CompletionService.build(
+        spec if batched else OwnSpeculator(spec),
+        {"A": "fixed:2", "B": "fixed:4"},
+        codec=codec,
+        limits=LIMITS,
+        engine=EngineSettings(max_rows=2, max_queue=4) if batched else None,
+    )
     svc.controllers["A"].close()
     with thread_server(svc) as s, httpx.Client(timeout=60) as c:
         for stream in (False, True):
-            r = c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "variant": "A", "stream": stream})
+            r = c.post(
+                s.url + "/v1/completions",
+                json={"prompt": "hi", "max_tokens": 4, "variant": "A", "stream": stream},
+            )
             if stream:  # the stream had started: its error event
                 assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
                 err = sse(r.text)[-1]["error"]
@@ -274,8 +315,9 @@ def burst(url: str, n: int, release: threading.Event | None = None) -> list[tupl
         prompt = f"burst {i}"
         with httpx.Client(timeout=120) as c:
             started.wait(30)
-            with c.stream("POST", url + "/v1/completions",
-                          json={"prompt": prompt, "max_tokens": 16, "stream": True}) as r:
+            with c.stream(
+                "POST", url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "stream": True}
+            ) as r:
                 if r.status_code != 200:
                     r.read()
                     assert r.status_code == 429 and "at capacity" in r.json()["error"]["message"]
@@ -301,18 +343,27 @@ def test_a_seeded_request_repeats_under_the_learned_rule_alone_and_in_a_batch():
     svc = service(max_rows=4, max_queue=8, rule=rule)
     body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 1234}
     spec, _ = tiny_speculator(0, verification="exact")
-    want = SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
-                                                                  seed=1234).tokens
+    want = (
+        SpeculativeDecoder(spec.target, spec.drafter)
+        .generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9, seed=1234)
+        .tokens
+    )
     with thread_server(svc) as s, httpx.Client(timeout=60) as c:
-        alone_ids = [c.post(s.url + "/v1/completions", json=body).json()["choices"][0]["token_ids"] for _ in range(4)]
+        alone_ids = [
+            c.post(s.url + "/v1/completions", json=body).json()["choices"][0]["token_ids"] for _ in range(4)
+        ]
         others = [{"prompt": f"other {i}", "max_tokens": 20, "temperature": 1.3 * (i % 2)} for i in range(5)]
         with ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(c.post, s.url + "/v1/completions", json=b) for b in others + [body, body]]
             batched = [f.result().json()["choices"][0]["token_ids"] for f in futures[-2:]]
         assert max(r.rows for r in svc.runner.loop.engine.history) > 1  # it did share rounds
     assert alone_ids == [want] * 4 and batched == [want] * 2
-    assert SpeculativeDecoder(spec.target, spec.drafter).generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9,
-                                                                  seed=1235).tokens != want
+    assert (
+        SpeculativeDecoder(spec.target, spec.drafter)
+        .generate(CODEC.encode(body["prompt"]), 3, 24, temperature=0.9, seed=1235)
+        .tokens
+        != want
+    )
 
 
 def test_a_seeded_request_gives_the_same_text_unbatched_and_batched():
@@ -323,17 +374,28 @@ def test_a_seeded_request_gives_the_same_text_unbatched_and_batched():
     for batched in (False, True):
         spec, codec = tiny_speculator(0, verification="exact")
         # unbatched: the same decoder as a speculator of one's own, decoded by its controller one request at a time
-        svc = CompletionService.build(spec if batched else OwnSpeculator(spec), {"A": "linucb", "B": "fixed:8"},
-                                      codec=codec, limits=LIMITS, arms=[1, 2, 4, 8],
-                                      engine=EngineSettings(max_rows=2, max_queue=4) if batched else None)
+        svc = CompletionService.build(
+            spec if batched else OwnSpeculator(spec),
+            {"A": "linucb", "B": "fixed:8"},
+            codec=codec,
+            limits=LIMITS,
+            arms=[1, 2, 4, 8],
+            engine=EngineSettings(max_rows=2, max_queue=4) if batched else None,
+        )
         with TestClient(create_app(svc)) as client:
-            got += [client.post("/v1/completions", json=b).json()["choices"][0]["token_ids"]
-                    for b in (body, {**body, "variant": "B"})]
-    assert len(got[0]) > 5 and got == [got[0]] * 4  # block sizes chosen by linucb and fixed:8, one decoder or the engine
+            got += [
+                client.post("/v1/completions", json=b).json()["choices"][0]["token_ids"]
+                for b in (body, {**body, "variant": "B"})
+            ]
+    assert (
+        len(got[0]) > 5 and got == [got[0]] * 4
+    )  # block sizes chosen by linucb and fixed:8, one decoder or the engine
 
 
 # ============================================================================ items 9 and 18: clients on raw sockets
-def raw(port: int, data: bytes, *, close: bool = False, half_close: bool = False, read: float = 10.0) -> bytes:
+def raw(
+    port: int, data: bytes, *, close: bool = False, half_close: bool = False, read: float = 10.0
+) -> bytes:
     """Send ``data``; then close, half-close (then read) or just read, for at most ``read`` seconds."""
     s = socket.create_connection(("127.0.0.1", port), timeout=read)
     try:
@@ -358,8 +420,10 @@ def raw(port: int, data: bytes, *, close: bool = False, half_close: bool = False
 
 
 def head(body_len: int) -> bytes:
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {body_len}\r\n\r\n").encode()
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {body_len}\r\n\r\n"
+    ).encode()
 
 
 BODY = json.dumps({"prompt": "Hello", "max_tokens": 8}).encode()
@@ -380,21 +444,30 @@ def test_clients_that_leave_mid_body_log_no_traceback_and_stalled_bodies_get_408
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == alone("Hello", 8)
     assert not tracebacks(caplog), [r.getMessage() for r in tracebacks(caplog)]
-    said = [r for r in caplog.records if "disconnected before sending its whole request body" in r.getMessage()]
+    said = [
+        r for r in caplog.records if "disconnected before sending its whole request body" in r.getMessage()
+    ]
     assert 1 <= len(said) <= 20
 
 
 def test_a_client_that_half_closes_after_its_request_gets_its_answer():
     svc = service()
     with thread_server(svc) as s:
-        for body, stream in ((BODY, False), (json.dumps({"prompt": "Hello", "max_tokens": 8, "stream": True}).encode(), True)):
+        for body, stream in (
+            (BODY, False),
+            (json.dumps({"prompt": "Hello", "max_tokens": 8, "stream": True}).encode(), True),
+        ):
             got = raw(s.port, head(len(body)) + body, half_close=True, read=30)
-            final = got[got.rfind(b"HTTP/1.1 "):]  # after the interim 100 Continue responses
+            final = got[got.rfind(b"HTTP/1.1 ") :]  # after the interim 100 Continue responses
             assert final.startswith(b"HTTP/1.1 200 "), got[:300]
             payload = final.split(b"\r\n\r\n", 1)[1]
             if stream:
-                ids = [t for line in payload.decode().splitlines() if line.startswith("data: {")
-                       for t in json.loads(line[6:])["choices"][0]["token_ids"]]
+                ids = [
+                    t
+                    for line in payload.decode().splitlines()
+                    if line.startswith("data: {")
+                    for t in json.loads(line[6:])["choices"][0]["token_ids"]
+                ]
             else:
                 ids = json.loads(payload)["choices"][0]["token_ids"]
             assert ids == alone("Hello", 8)
@@ -405,7 +478,9 @@ def test_a_client_that_closes_while_waiting_still_cancels_its_row():
     svc = service(max_rows=2)
     loop = svc.runner.loop
     with thread_server(svc) as s:
-        blocker = loop.submit(CODEC.encode("aaaa"), max_new_tokens=200, on_tokens=lambda ids: time.sleep(0.02))
+        blocker = loop.submit(
+            CODEC.encode("aaaa"), max_new_tokens=200, on_tokens=lambda ids: time.sleep(0.02)
+        )
         body = json.dumps({"prompt": "abcabc", "max_tokens": 200}).encode()
         client = threading.Thread(target=raw, args=(s.port, head(len(body)) + body), kwargs={"read": 1.0})
         client.start()  # waits 1 s for the answer, then closes its connection
@@ -431,10 +506,26 @@ def cli_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     port = free_port()
     out = root / "server.out"
-    proc = subprocess.Popen([sys.executable, "-m", "adaptspec", "serve", "--tiny", "--threads", "1",
-                             "--verification", "exact", "--port", str(port), "--log-level", "info"],
-                            stdout=open(out, "wb"),
-                            stderr=subprocess.STDOUT, cwd=root)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--tiny",
+            "--threads",
+            "1",
+            "--verification",
+            "exact",
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+        ],
+        stdout=open(out, "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=root,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_up(proc, url, out)
@@ -451,19 +542,25 @@ def test_cli_server_repeats_a_seeded_request_under_its_default_learned_rule(cli_
     with httpx.Client(timeout=120) as c:
         texts = [c.post(url + "/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(4)]
         with ThreadPoolExecutor(4) as pool:
-            others = [pool.submit(c.post, url + "/v1/completions", json={"prompt": f"x{i}", "max_tokens": 30})
-                      for i in range(3)]
-            texts.append(pool.submit(c.post, url + "/v1/completions", json=body).result().json()["choices"][0]["text"])
+            others = [
+                pool.submit(c.post, url + "/v1/completions", json={"prompt": f"x{i}", "max_tokens": 30})
+                for i in range(3)
+            ]
+            texts.append(
+                pool.submit(c.post, url + "/v1/completions", json=body).result().json()["choices"][0]["text"]
+            )
             [f.result() for f in others]
     assert len(texts[0]) > 10 and texts == [texts[0]] * 5
 
 
-def test_cli_server_logs_no_traceback_for_clients_that_leave_mid_body_and_answers_half_closed_ones(cli_server):
+def test_cli_server_logs_no_traceback_for_clients_that_leave_mid_body_and_answers_half_closed_ones(
+    cli_server,
+):
     _, port, _, out = cli_server
     for _ in range(30):
         raw(port, head(len(BODY)) + BODY[: len(BODY) // 2], close=True)
     got = raw(port, head(len(BODY)) + BODY, half_close=True, read=60)
-    assert got[got.rfind(b"HTTP/1.1 "):].startswith(b"HTTP/1.1 200 ")
+    assert got[got.rfind(b"HTTP/1.1 ") :].startswith(b"HTTP/1.1 200 ")
     time.sleep(0.5)
     log = out.read_text()
     assert "Traceback" not in log and "ClientDisconnect" not in log
@@ -518,9 +615,17 @@ def stalled_service(own: bool) -> tuple[CompletionService, "ForwardGate | StuckD
     spec, codec = tiny_speculator(0, verification="exact")
     if own:
         stuck = StuckDecode(spec)
-        return CompletionService.build(stuck, {"A": "fixed:4"}, codec=codec, limits=LIMITS, stall_s=STALL_TEST_S), stuck
-    svc = CompletionService.build(spec, {"A": "fixed:4"}, codec=codec, limits=LIMITS, stall_s=STALL_TEST_S,
-                                  engine=EngineSettings(max_rows=2, max_queue=4))
+        return CompletionService.build(
+            stuck, {"A": "fixed:4"}, codec=codec, limits=LIMITS, stall_s=STALL_TEST_S
+        ), stuck
+    svc = CompletionService.build(
+        spec,
+        {"A": "fixed:4"},
+        codec=codec,
+        limits=LIMITS,
+        stall_s=STALL_TEST_S,
+        engine=EngineSettings(max_rows=2, max_queue=4),
+    )
     return svc, ForwardGate(spec.target.model)
 
 
@@ -534,14 +639,31 @@ def test_a_decode_that_never_returns_answers_503_health_says_stalled_and_it_serv
     svc, gate = stalled_service(own)
     with thread_server(svc) as s, httpx.Client(timeout=120) as c:
         gate.armed.set()
-        got = post_all(s.url, [{"prompt": "abc", "max_tokens": 6, "stream": True}, {"prompt": "xyz", "max_tokens": 6},
-                               {"prompt": "hi", "max_tokens": 6}])
+        got = post_all(
+            s.url,
+            [
+                {"prompt": "abc", "max_tokens": 6, "stream": True},
+                {"prompt": "xyz", "max_tokens": 6},
+                {"prompt": "hi", "max_tokens": 6},
+            ],
+        )
         for r in got:
-            err = sse(r.text)[-1]["error"] if r.headers["content-type"].startswith("text/event-stream") else r.json()["error"]
-            assert err["code"] == 503 and ("no progress for 3 s" if own else "no round for 3 s") in err["message"], err
+            err = (
+                sse(r.text)[-1]["error"]
+                if r.headers["content-type"].startswith("text/event-stream")
+                else r.json()["error"]
+            )
+            assert (
+                err["code"] == 503
+                and ("no progress for 3 s" if own else "no round for 3 s") in err["message"]
+            ), err
             assert "stalled" in err["message"] and "\n" not in err["message"]
         h = c.get(s.url + "/health")
-        assert h.status_code == 503 and h.json()["status"] == "stalled" and h.json()["engine"]["state"] == "stalled"
+        assert (
+            h.status_code == 503
+            and h.json()["status"] == "stalled"
+            and h.json()["engine"]["state"] == "stalled"
+        )
         refused = c.post(s.url + "/v1/completions", json={"prompt": "later", "max_tokens": 4})
         assert refused.status_code == 503 and "stalled" in refused.json()["error"]["message"]
         gate.armed.clear()
@@ -551,13 +673,19 @@ def test_a_decode_that_never_returns_answers_503_health_says_stalled_and_it_serv
             assert time.time() < deadline, "it never moved again"
             time.sleep(0.1)
         ok = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
-        while ok.status_code == 503 and time.time() < deadline:  # a host so busy a round outlived 3 s: once more
+        while (
+            ok.status_code == 503 and time.time() < deadline
+        ):  # a host so busy a round outlived 3 s: once more
             ok = c.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 12})
         assert ok.status_code == 200, ok.text
         assert ok.json()["choices"][0]["token_ids"] == alone("Hello", 12)
         assert c.get(s.url + "/health").json()["engine"]["failures"] >= 1  # the stall, counted
     stalls = [r.getMessage() for r in caplog.records if " stalled: " in r.getMessage()]
-    assert len(stalls) >= 1 and ("in decode" if own else "in hook") in stalls[0] and "release.wait(300)" in stalls[0]
+    assert (
+        len(stalls) >= 1
+        and ("in decode" if own else "in hook") in stalls[0]
+        and "release.wait(300)" in stalls[0]
+    )
 
 
 def test_a_speculators_exception_text_never_reaches_a_client_and_the_log_keeps_it(caplog):
@@ -572,16 +700,24 @@ def test_a_speculators_exception_text_never_reaches_a_client_and_the_log_keeps_i
         for stream in (False, True):
             r = c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": stream})
             err = sse(r.text)[-1]["error"] if stream else r.json()["error"]
-            assert err["code"] == 503 and err["message"].startswith("the speculator could not decode this request")
+            assert err["code"] == 503 and err["message"].startswith(
+                "the speculator could not decode this request"
+            )
             for secret in ("secret", "/home", "boom", "RuntimeError"):
                 assert secret not in r.text
         own.boom = False
         assert c.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}).status_code == 200
-    logged = [r for r in caplog.records if r.exc_info and "decode boom at /home/user/secret.txt" in str(r.exc_info[1])]
-    assert len(logged) == 2 and all("the speculator could not decode this request" in r.getMessage() for r in logged)
+    logged = [
+        r
+        for r in caplog.records
+        if r.exc_info and "decode boom at /home/user/secret.txt" in str(r.exc_info[1])
+    ]
+    assert len(logged) == 2 and all(
+        "the speculator could not decode this request" in r.getMessage() for r in logged
+    )
 
 
-STALLED_ENGINE_SERVER = '''
+STALLED_ENGINE_SERVER = """
 import logging, sys, threading
 sys.path.insert(0, "{tests}")
 import uvicorn
@@ -602,9 +738,9 @@ try:
                                   timeout_graceful_shutdown=30)).run()
 finally:
     svc.close()
-'''
+"""
 
-HANGING_FACTORY = '''
+HANGING_FACTORY = """
 import threading
 from examples.byo_dflash import TinyDFlash
 
@@ -614,7 +750,7 @@ class HangingLoop(TinyDFlash):
 
 def make():
     return HangingLoop(max_block_size=8)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -627,21 +763,39 @@ def test_sigterm_stops_a_server_whose_decode_never_returns(tmp_path, own):
     out_path = tmp_path / "server.out"
     if own:
         (tmp_path / "hangmod.py").write_text(HANGING_FACTORY)
-        argv = [sys.executable, "-m", "adaptspec", "serve", "--speculator", "hangmod:make", "--stall-timeout", "1",
-                "--port", str(port), "--log-level", "info"]
+        argv = [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--speculator",
+            "hangmod:make",
+            "--stall-timeout",
+            "1",
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+        ]
         env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     else:
         script = tmp_path / "stalled_server.py"
         script.write_text(STALLED_ENGINE_SERVER.format(tests=Path(__file__).parent))
         argv, env = [sys.executable, str(script), str(port)], None
-    proc = subprocess.Popen(argv, stdout=open(out_path, "wb"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+    proc = subprocess.Popen(
+        argv, stdout=open(out_path, "wb"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_up(proc, url, out_path)
         got = post_all(url, [{"prompt": "abc", "max_tokens": 6}, {"prompt": "xyz", "max_tokens": 6}])
-        assert [r.status_code for r in got] == [503, 503] and all("stalled" in r.json()["error"]["message"] for r in got)
+        assert [r.status_code for r in got] == [503, 503] and all(
+            "stalled" in r.json()["error"]["message"] for r in got
+        )
         with httpx.Client(timeout=30) as c:
-            assert c.post(url + "/v1/completions", json={"prompt": "later", "max_tokens": 4}).status_code == 503
+            assert (
+                c.post(url + "/v1/completions", json={"prompt": "later", "max_tokens": 4}).status_code == 503
+            )
             h = c.get(url + "/health")
             assert h.status_code == 503 and h.json()["status"] == "stalled"
         proc.send_signal(signal.SIGTERM)
@@ -666,11 +820,21 @@ def test_one_at_a_time_a_request_cancelled_while_it_waits_its_turn_is_skipped_un
         stuck.armed.set()  # the first request holds the speculator until released
         got: dict = {}
         done = threading.Event()
-        svc.runner.submit(svc.parse(b'{"prompt": "hi", "max_tokens": 4}'), None, None, None,
-                          lambda r: got.setdefault("first", r))
+        svc.runner.submit(
+            svc.parse(b'{"prompt": "hi", "max_tokens": 4}'),
+            None,
+            None,
+            None,
+            lambda r: got.setdefault("first", r),
+        )
         cancel = Cancellation()
-        svc.runner.submit(svc.parse(b'{"prompt": "yo", "max_tokens": 4}'), None, None, cancel,
-                          lambda r: (got.setdefault("second", r), done.set()))
+        svc.runner.submit(
+            svc.parse(b'{"prompt": "yo", "max_tokens": 4}'),
+            None,
+            None,
+            cancel,
+            lambda r: (got.setdefault("second", r), done.set()),
+        )
         cancel.cancel()
         stuck.armed.clear()
         stuck.release.set()

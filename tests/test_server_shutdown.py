@@ -63,7 +63,7 @@ def make():
 
 #: the batched engine whose target forward never returns once the first request has been served
 #: (a forward pre-hook, as test_server_reliability's stalled engine), behind the server adaptspec serve runs
-STUCK_ENGINE_SERVER = '''
+STUCK_ENGINE_SERVER = """
 import json, logging, sys
 sys.path.insert(0, "{tests}")
 from test_server_reliability import ForwardGate, LIMITS
@@ -84,7 +84,7 @@ try:
     GracefulServer(create_app(svc), svc, float(sys.argv[3]), host="127.0.0.1", port=int(sys.argv[1])).run()
 finally:
     svc.close()
-'''
+"""
 
 
 @contextmanager
@@ -105,9 +105,25 @@ def own_speculator(tmp_path: Path, grace_s: float):
     ``tmp_path/log`` (:func:`server`'s context)."""
     (tmp_path / "scripted.py").write_text(SCRIPTED_FACTORY)
     port = free_port()
-    argv = [sys.executable, "-m", "adaptspec", "serve", "--speculator", "scripted:make", "--port", str(port),
-            "--log-dir", str(tmp_path / "log"), "--shutdown-grace", str(grace_s), "--log-level", "info"]
-    return server(argv, port, tmp_path / "server.out", dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"))
+    argv = [
+        sys.executable,
+        "-m",
+        "adaptspec",
+        "serve",
+        "--speculator",
+        "scripted:make",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--shutdown-grace",
+        str(grace_s),
+        "--log-level",
+        "info",
+    ]
+    return server(
+        argv, port, tmp_path / "server.out", dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    )
 
 
 class Stream:
@@ -139,8 +155,9 @@ class Stream:
 
 def cut(error: dict, grace_s: float) -> bool:
     """Whether ``error`` is the 503 of a request cut when the grace ended."""
-    return error["code"] == 503 and error["message"] == (f"the server is shutting down and this request did not "
-                                                         f"finish within its {grace_s:g} s grace: retry")
+    return error["code"] == 503 and error["message"] == (
+        f"the server is shutting down and this request did not finish within its {grace_s:g} s grace: retry"
+    )
 
 
 def sigterm(proc: subprocess.Popen) -> tuple[float, float]:
@@ -174,10 +191,15 @@ def test_a_decode_that_never_returns_is_answered_503_and_the_server_exits_within
         stuck = Stream(url, {"prompt": "hang", "max_tokens": 6})
         assert stuck.first.wait(60) and stuck.ended_at is None  # its first token is out: it is decoding
         port = int(url.rsplit(":", 1)[1])
-        late = socket.create_connection(("127.0.0.1", port), timeout=30)  # a request arriving during the grace
+        late = socket.create_connection(
+            ("127.0.0.1", port), timeout=30
+        )  # a request arriving during the grace
         body = json.dumps({"prompt": "late", "max_tokens": 4}).encode()
-        late.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        late.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:5]
+        )
         time.sleep(0.3)  # the server has its headers: a request under way, the rest of its body to come
         ended: list = []
         exiting = threading.Thread(target=lambda: ended.append(sigterm(proc)))
@@ -191,15 +213,21 @@ def test_a_decode_that_never_returns_is_answered_503_and_the_server_exits_within
         events = stuck.result()
         exiting.join(60)
         sent, exit_s = ended[0]
-    print(f"\nnever-returning decode, grace {grace:g} s: answered {stuck.ended_at - sent:.2f} s after SIGTERM, "
-          f"exited {exit_s:.2f} s after it")
-    assert answer.startswith(b"HTTP/1.1 503 ") and b'"message":"the server is shutting down"' in answer, answer
+    print(
+        f"\nnever-returning decode, grace {grace:g} s: answered {stuck.ended_at - sent:.2f} s after SIGTERM, "
+        f"exited {exit_s:.2f} s after it"
+    )
+    assert answer.startswith(b"HTTP/1.1 503 ") and b'"message":"the server is shutting down"' in answer, (
+        answer
+    )
     assert events[-1].get("error") is not None and cut(events[-1]["error"], grace), events[-1]
     assert grace - 0.5 <= stuck.ended_at - sent <= exit_s  # when the grace ended, before the exit
     assert exit_s < grace + 7  # well within the 30 s orchestrators allow
     log = parts(tmp_path / "log")
     assert acknowledged in log and log[acknowledged]["reward"] is not None
-    assert len(log) == 2 and sum(r["reward"] is None for r in log.values()) == 1  # the stuck one: logged, no reward
+    assert (
+        len(log) == 2 and sum(r["reward"] is None for r in log.values()) == 1
+    )  # the stuck one: logged, no reward
     out = (tmp_path / "server.out").read_text()
     assert "Application shutdown complete" in out and "shutting down without it" in out
 
@@ -215,15 +243,20 @@ def test_an_honest_decode_within_the_grace_is_answered_200_and_one_past_it_503(t
         short = Stream(url, {"prompt": "sleep 2", "max_tokens": 6})
         assert short.first.wait(60) and short.ended_at is None  # decoding (sleeping) now
         long: list = []
-        waiting = threading.Thread(target=lambda: long.append(httpx.post(
-            url + "/v1/completions", json={"prompt": "sleep 60", "max_tokens": 6}, timeout=120)))
+        waiting = threading.Thread(
+            target=lambda: long.append(
+                httpx.post(url + "/v1/completions", json={"prompt": "sleep 60", "max_tokens": 6}, timeout=120)
+            )
+        )
         waiting.start()
         time.sleep(1.0)  # admitted: in the runner's queue behind the short one
         sent, exit_s = sigterm(proc)
         waiting.join(60)
         events = short.result()
-    print(f"\nhonest decodes, grace {grace:g} s: the 2 s one answered {short.ended_at - sent:.2f} s after SIGTERM, "
-          f"exited {exit_s:.2f} s after it")
+    print(
+        f"\nhonest decodes, grace {grace:g} s: the 2 s one answered {short.ended_at - sent:.2f} s after SIGTERM, "
+        f"exited {exit_s:.2f} s after it"
+    )
     assert "error" not in events[-1] and events[-1]["choices"][0]["finish_reason"] == "length", events[-1]
     assert short.ended_at - sent < grace
     assert long[0].status_code == 503 and cut(long[0].json()["error"], grace), long[0].text
@@ -242,8 +275,23 @@ def test_the_engine_with_rows_in_flight_answers_them_and_exits_within_its_grace(
     seconds, and the decision acknowledged before is in the log's parts."""
     grace = 0.5
     port = free_port()
-    argv = [sys.executable, "-m", "adaptspec", "serve", "--tiny", "--threads", "1", "--port", str(port),
-            "--log-dir", str(tmp_path / "log"), "--shutdown-grace", str(grace), "--log-level", "info"]
+    argv = [
+        sys.executable,
+        "-m",
+        "adaptspec",
+        "serve",
+        "--tiny",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--shutdown-grace",
+        str(grace),
+        "--log-level",
+        "info",
+    ]
     with server(argv, port, tmp_path / "server.out") as (proc, url):
         ok = httpx.post(url + "/v1/completions", json={"prompt": "ok", "max_tokens": 8}, timeout=60)
         assert ok.status_code == 200, ok.text
@@ -252,8 +300,10 @@ def test_the_engine_with_rows_in_flight_answers_them_and_exits_within_its_grace(
         assert all(r.first.wait(60) for r in rows) and all(r.ended_at is None for r in rows)
         sent, exit_s = sigterm(proc)
         events = [r.result() for r in rows]
-    print(f"\nbatched engine, grace {grace:g} s: rows answered {max(r.ended_at for r in rows) - sent:.2f} s after "
-          f"SIGTERM, exited {exit_s:.2f} s after it")
+    print(
+        f"\nbatched engine, grace {grace:g} s: rows answered {max(r.ended_at for r in rows) - sent:.2f} s after "
+        f"SIGTERM, exited {exit_s:.2f} s after it"
+    )
     for ev in events:
         assert ev[-1].get("error") is not None and cut(ev[-1]["error"], grace), ev[-1]
     assert all(r.ended_at <= sent + exit_s for r in rows)
@@ -282,8 +332,10 @@ def test_the_engine_with_a_forward_that_never_returns_answers_503_and_exits_with
         assert stuck.ended_at is None
         sent, exit_s = sigterm(proc)
         events = stuck.result()
-    print(f"\nengine forward that never returns, grace {grace:g} s: answered {stuck.ended_at - sent:.2f} s after "
-          f"SIGTERM, exited {exit_s:.2f} s after it")
+    print(
+        f"\nengine forward that never returns, grace {grace:g} s: answered {stuck.ended_at - sent:.2f} s after "
+        f"SIGTERM, exited {exit_s:.2f} s after it"
+    )
     assert events[-1].get("error") is not None and cut(events[-1]["error"], grace), events[-1]
     assert grace - 0.5 <= stuck.ended_at - sent <= exit_s
     assert exit_s < grace + 7  # well within the 30 s orchestrators allow
@@ -300,7 +352,10 @@ def test_a_grace_that_would_outlast_the_orchestrators_bound_is_refused_in_one_li
 
     assert main(["serve", "--tiny", "--port", "0", "--shutdown-grace", value]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"argument --shutdown-grace: expected a number in [0, 20], got '{value}'" in err
+    assert (
+        err.count("\n") == 1
+        and f"argument --shutdown-grace: expected a number in [0, 20], got '{value}'" in err
+    )
 
 
 def test_serve_help_says_the_grace_and_its_bound(capsys):
@@ -309,4 +364,7 @@ def test_serve_help_says_the_grace_and_its_bound(capsys):
     with pytest.raises(SystemExit):
         build_parser("serve").parse_args(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--shutdown-grace S" in text and "(default 15; at most 20, so that it is gone within 30 s of the signal)" in text
+    assert (
+        "--shutdown-grace S" in text
+        and "(default 15; at most 20, so that it is gone within 30 s of the signal)" in text
+    )

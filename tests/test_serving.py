@@ -40,13 +40,21 @@ def test_router_is_stable_and_follows_the_weights():
     r = ABRouter({"A": 70, "B": 30})
     keys = [f"user-{i}" for i in range(20000)]
     got = [r.assign(k) for k in keys]
-    assert got == [ABRouter({"A": 70, "B": 30}).assign(k) for k in keys]  # same key, same variant, any instance
+    assert got == [
+        ABRouter({"A": 70, "B": 30}).assign(k) for k in keys
+    ]  # same key, same variant, any instance
     assert abs(got.count("A") / len(got) - 0.7) < 0.015
     assert {r.assign(None) for _ in range(200)} == {"A", "B"}
     assert ABRouter({"A": 1, "B": 0}).assign("anyone") == "A"
     salted = ABRouter({"A": 50, "B": 50}, salt="experiment-2")
-    assert [salted.assign(k) for k in keys[:200]] != [ABRouter({"A": 50, "B": 50}).assign(k) for k in keys[:200]]
-    for bad, msg in ((["A=fixed:4", "A=ucb"], "twice"), (["A"], "expected NAME=SPEC, e.g. A=fixed:16"), (["A=fixed:4"], "weights")):
+    assert [salted.assign(k) for k in keys[:200]] != [
+        ABRouter({"A": 50, "B": 50}).assign(k) for k in keys[:200]
+    ]
+    for bad, msg in (
+        (["A=fixed:4", "A=ucb"], "twice"),
+        (["A"], "expected NAME=SPEC, e.g. A=fixed:16"),
+        (["A=fixed:4"], "weights"),
+    ):
         with pytest.raises(AdaptspecError, match=msg):
             ABRouter.parse(bad, "1,1" if msg == "weights" else None)
     with pytest.raises(AdaptspecError, match="variant name"):
@@ -63,40 +71,55 @@ class _NoController:
 
 
 def service(**limits) -> CompletionService:
-    lim = ServerLimits(**{"max_prompt_tokens": 64, "max_tokens": 100, "max_context": 128, "vocab_size": 128,
-                          "max_body_bytes": 4096, **limits})
+    lim = ServerLimits(
+        **{
+            "max_prompt_tokens": 64,
+            "max_tokens": 100,
+            "max_context": 128,
+            "vocab_size": 128,
+            "max_body_bytes": 4096,
+            **limits,
+        }
+    )
     ctrls = {"A": _NoController(), "B": _NoController()}
     return CompletionService(ctrls, ABRouter({"A": 1, "B": 1}), SequentialRunner(ctrls), CharCodec(), lim)
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    (b"{not json", 400, "not valid JSON"),
-    (b"[1, 2]", 400, "JSON object"),
-    (b'{"max_tokens": 4}', 400, "prompt is required"),
-    (b'{"prompt": ""}', 400, "prompt is empty"),
-    (b'{"prompt": ["a", "b"]}', 400, "one prompt per request"),
-    (b'{"prompt": [1, "x"]}', 400, "integer token ids"),
-    (b'{"prompt": [1, 999]}', 400, "outside the vocabulary"),
-    (b'{"prompt": 42}', 400, "string or a list"),
-    (b'{"prompt": "hi", "max_tokens": -1}', 400, "max_tokens must be a positive integer"),
-    (b'{"prompt": "hi", "max_tokens": 2.5}', 400, "max_tokens must be a positive integer"),
-    (b'{"prompt": "hi", "max_tokens": 101}', 400, "limit of 100"),
-    (b'{"prompt": "' + b"x" * 65 + b'"}', 400, "prompt has 65 tokens; this server accepts at most 64"),
-    (b'{"prompt": "' + b"x" * 60 + b'", "max_tokens": 80}', 400, "exceeds the model's context of 128"),
-    (b'{"prompt": "hi", "temperature": -0.5}', 400, "temperature"),
-    (b'{"prompt": "hi", "seed": "x"}', 400, "seed"),
-    (b'{"prompt": "hi", "stream": "yes"}', 400, "stream must be true or false"),
-    (b'{"prompt": "hi", "variant": "C"}', 400, "unknown variant 'C': this server has A, B"),
-    (b'{"prompt": "hi", "n": 2}', 400, "n=2 is not supported"),
-    (b'{"prompt": "hi", "user": 5}', 400, "user must be a string"),
-    (b'{"prompt": "' + b"x" * 5000 + b'"}', 413, "limit is 4096"),
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"max_tokens": 4}', 400, "prompt is required"),
+        (b'{"prompt": ""}', 400, "prompt is empty"),
+        (b'{"prompt": ["a", "b"]}', 400, "one prompt per request"),
+        (b'{"prompt": [1, "x"]}', 400, "integer token ids"),
+        (b'{"prompt": [1, 999]}', 400, "outside the vocabulary"),
+        (b'{"prompt": 42}', 400, "string or a list"),
+        (b'{"prompt": "hi", "max_tokens": -1}', 400, "max_tokens must be a positive integer"),
+        (b'{"prompt": "hi", "max_tokens": 2.5}', 400, "max_tokens must be a positive integer"),
+        (b'{"prompt": "hi", "max_tokens": 101}', 400, "limit of 100"),
+        (b'{"prompt": "' + b"x" * 65 + b'"}', 400, "prompt has 65 tokens; this server accepts at most 64"),
+        (b'{"prompt": "' + b"x" * 60 + b'", "max_tokens": 80}', 400, "exceeds the model's context of 128"),
+        (b'{"prompt": "hi", "temperature": -0.5}', 400, "temperature"),
+        (b'{"prompt": "hi", "seed": "x"}', 400, "seed"),
+        (b'{"prompt": "hi", "stream": "yes"}', 400, "stream must be true or false"),
+        (b'{"prompt": "hi", "variant": "C"}', 400, "unknown variant 'C': this server has A, B"),
+        (b'{"prompt": "hi", "n": 2}', 400, "n=2 is not supported"),
+        (b'{"prompt": "hi", "user": 5}', 400, "user must be a string"),
+        (b'{"prompt": "' + b"x" * 5000 + b'"}', 413, "limit is 4096"),
+    ],
+)
 def test_malformed_requests_are_rejected_with_a_clear_message(body, status, needle):
     with pytest.raises(RequestError) as e:
         service().parse(body)
     assert e.value.status == status and needle in str(e.value)
-    assert error_body(e.value)["error"] == {"message": str(e.value), "type": "invalid_request_error", "param": e.value.param,
-                                            "code": status}
+    assert error_body(e.value)["error"] == {
+        "message": str(e.value),
+        "type": "invalid_request_error",
+        "param": e.value.param,
+        "code": status,
+    }
 
 
 def test_a_good_request_is_parsed():
@@ -107,7 +130,9 @@ def test_a_good_request_is_parsed():
     assert s.parse(b'{"prompt": [[1, 2, 3]]}').prompt_ids == [1, 2, 3]
     assert s.parse(b'{"prompt": [1]}', variant_header="B").variant == "B"
     assert s.parse(b'{"prompt": "x"}').max_tokens == 16
-    no_tok = CompletionService({"A": _NoController()}, ABRouter({"A": 1}), SequentialRunner({"A": _NoController()}), None)
+    no_tok = CompletionService(
+        {"A": _NoController()}, ABRouter({"A": 1}), SequentialRunner({"A": _NoController()}), None
+    )
     with pytest.raises(RequestError, match="no tokenizer"):
         no_tok.parse(b'{"prompt": "text"}')
 
@@ -116,7 +141,9 @@ def test_the_service_runs_requests_and_maps_a_refused_prompt_to_400(tmp_path):
     from _controller_helpers import FakeSpeculator
 
     spec = FakeSpeculator()
-    svc = CompletionService.build(spec, {"A": "fixed:4", "B": "fixed:8"}, "1,0", log_dir=tmp_path, metrics=False)
+    svc = CompletionService.build(
+        spec, {"A": "fixed:4", "B": "fixed:8"}, "1,0", log_dir=tmp_path, metrics=False
+    )
     try:
         req = svc.parse(b'{"prompt": [1, 2, 3], "max_tokens": 6, "user": "anyone"}')
         assert req.variant == "A"  # weight 0 for B: reachable only by name
@@ -166,9 +193,27 @@ class Server:
         self.log, self.ck = root / "log", root / "ck"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = ["serve", "--tiny", "--threads", "1", "--variant", "A=linucb", "--variant", "B=fixed:4",
-                     "--split", "50,50", "--log-dir", str(self.log), "--checkpoint-dir", str(self.ck),
-                     "--port", str(self.port), "--log-level", "warning", *extra]
+        self.args = [
+            "serve",
+            "--tiny",
+            "--threads",
+            "1",
+            "--variant",
+            "A=linucb",
+            "--variant",
+            "B=fixed:4",
+            "--split",
+            "50,50",
+            "--log-dir",
+            str(self.log),
+            "--checkpoint-dir",
+            str(self.ck),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Server":
@@ -203,7 +248,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("serve"), "--max-prompt-tokens", "256", "--checkpoint-every", "5").start()
+    s = Server(
+        tmp_path_factory.mktemp("serve"), "--max-prompt-tokens", "256", "--checkpoint-every", "5"
+    ).start()
     yield s
     assert s.stop() in (0, -signal.SIGTERM)
 
@@ -247,18 +294,32 @@ def greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int
         out = []
         for p in prompts:
             g = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_tokens)
-            out.append(g[0, len(p):].tolist())
+            out.append(g[0, len(p) :].tolist())
         return out
 
 
-PROMPTS = ["Hello there", "def f(x):", "1 + 1 =", "Once upon a time", "The quick brown fox", "import numpy",
-           "Q: why?", "Dear Sir,"]
+PROMPTS = [
+    "Hello there",
+    "def f(x):",
+    "1 + 1 =",
+    "Once upon a time",
+    "The quick brown fox",
+    "import numpy",
+    "Q: why?",
+    "Dear Sir,",
+]
 
 
 def request(i: int, stream: bool) -> dict:
     p = PROMPTS[i % len(PROMPTS)] + f" #{i // len(PROMPTS)}"
     prompt = p if i % 3 else CharCodec().encode(p)  # text and token-id prompts
-    return {"prompt": prompt, "max_tokens": 12 + i % 5, "temperature": 0, "stream": stream, "user": f"user-{i}"}
+    return {
+        "prompt": prompt,
+        "max_tokens": 12 + i % 5,
+        "temperature": 0,
+        "stream": stream,
+        "user": f"user-{i}",
+    }
 
 
 def test_concurrent_clients_get_the_sequential_and_greedy_outputs(server):
@@ -274,18 +335,22 @@ def test_concurrent_clients_get_the_sequential_and_greedy_outputs(server):
         assert len(a["choices"][0]["token_ids"]) <= body["max_tokens"]
     variants = {r["adaptspec"]["variant"] for r in concurrent}
     assert variants == {"A", "B"}
-    prompts = [b["prompt"] if isinstance(b["prompt"], list) else CharCodec().encode(b["prompt"]) for b in reqs[:4]]
+    prompts = [
+        b["prompt"] if isinstance(b["prompt"], list) else CharCodec().encode(b["prompt"]) for b in reqs[:4]
+    ]
     ref = greedy_reference(prompts, 16)
     for r, want, b in zip(concurrent[:4], ref, reqs[:4]):
         got = r["choices"][0]["token_ids"]
-        assert got == want[:len(got)] and (len(got) == b["max_tokens"] or got[-1] == CharCodec.eos)
+        assert got == want[: len(got)] and (len(got) == b["max_tokens"] or got[-1] == CharCodec.eos)
     # every completion was decided, logged with its variant and propensity
     ids = [r["adaptspec"]["decision_id"] for r in concurrent + sequential]
     rows = {r["decision_id"]: r for r in log_rows(server.log)}
     assert set(ids) <= set(rows)
     for r in concurrent:
         row = rows[r["adaptspec"]["decision_id"]]
-        assert row["variant"] == r["adaptspec"]["variant"] and row["propensity"] == r["adaptspec"]["propensity"]
+        assert (
+            row["variant"] == r["adaptspec"]["variant"] and row["propensity"] == r["adaptspec"]["propensity"]
+        )
         assert row["block_size"] == r["adaptspec"]["block_size"]
 
 
@@ -297,7 +362,10 @@ def test_malformed_requests_get_4xx_and_do_not_disturb_others(server):
         (b"{oops", "not valid JSON"),
         (json.dumps({"prompt": "hi", "max_tokens": -4}).encode(), "max_tokens must be a positive integer"),
         (json.dumps({"prompt": "hi", "variant": "Z"}).encode(), "unknown variant 'Z'"),
-        (json.dumps({"prompt": "x" * 300}).encode(), "prompt has 300 tokens; this server accepts at most 256"),
+        (
+            json.dumps({"prompt": "x" * 300}).encode(),
+            "prompt has 300 tokens; this server accepts at most 256",
+        ),
         (json.dumps({"prompt": [1, 2, 500]}).encode(), "outside the vocabulary"),
         (json.dumps({"prompt": "x" * 200, "max_tokens": 400}).encode(), "context of 512"),
         (b"x" * (2 << 20), "limit is"),
@@ -305,8 +373,12 @@ def test_malformed_requests_get_4xx_and_do_not_disturb_others(server):
 
     def send_bad(item):
         body, needle = item
-        r = httpx.post(server.url + "/v1/completions", content=body, timeout=60,
-                       headers={"content-type": "application/json"})
+        r = httpx.post(
+            server.url + "/v1/completions",
+            content=body,
+            timeout=60,
+            headers={"content-type": "application/json"},
+        )
         return r.status_code, r.json()["error"]["message"], needle
 
     with ThreadPoolExecutor(16) as pool:
@@ -332,13 +404,20 @@ def test_metrics_ab_and_health(server):
         ab = c.get(server.url + "/ab").json()
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     text = m.text
-    for needle in ('adaptspec_requests_total{status="ok",variant="A"}', 'adaptspec_generated_tokens_total{variant="B"}',
-                   'adaptspec_mean_tau_count{variant="A"}', 'adaptspec_decode_tokens_per_second_bucket',
-                   'adaptspec_block_size_chosen_total{block_size="4",variant="B"}',
-                   'adaptspec_fallbacks_total{reason="timeout",variant="A"}', 'adaptspec_policy_updates_total',
-                   'adaptspec_time_to_first_token_seconds_count'):
+    for needle in (
+        'adaptspec_requests_total{status="ok",variant="A"}',
+        'adaptspec_generated_tokens_total{variant="B"}',
+        'adaptspec_mean_tau_count{variant="A"}',
+        "adaptspec_decode_tokens_per_second_bucket",
+        'adaptspec_block_size_chosen_total{block_size="4",variant="B"}',
+        'adaptspec_fallbacks_total{reason="timeout",variant="A"}',
+        "adaptspec_policy_updates_total",
+        "adaptspec_time_to_first_token_seconds_count",
+    ):
         assert needle in text, needle
-    assert h["status"] == "ok" and set(h["variants"]) == {"A", "B"} and h["variants"]["B"]["spec"] == "fixed:4"
+    assert (
+        h["status"] == "ok" and set(h["variants"]) == {"A", "B"} and h["variants"]["B"]["spec"] == "fixed:4"
+    )
     assert h["variants"]["A"]["updates"] >= 12
     assert set(ab["variants"]) == {"A", "B"} and ab["variants"]["B"]["block_sizes"].keys() == {"4"}
     (t,) = ab["sequential"]["tests"]
@@ -363,15 +442,21 @@ def test_sigkill_mid_stream_then_restart_loses_nothing_acknowledged(tmp_path):
     acked = []
     with httpx.Client(timeout=120) as c:
         for i in range(11):
-            r = complete(srv.url, {"prompt": f"before the crash {i}", "max_tokens": 10, "variant": "AB"[i % 3 == 0]}, c)
+            r = complete(
+                srv.url, {"prompt": f"before the crash {i}", "max_tokens": 10, "variant": "AB"[i % 3 == 0]}, c
+            )
             acked.append(r["adaptspec"]["decision_id"])
     got_first = threading.Event()
     stream_result: dict = {}
 
     def long_stream():
         try:
-            with httpx.stream("POST", srv.url + "/v1/completions", timeout=120,
-                              json={"prompt": "a long one", "max_tokens": 480, "stream": True, "variant": "A"}) as r:
+            with httpx.stream(
+                "POST",
+                srv.url + "/v1/completions",
+                timeout=120,
+                json={"prompt": "a long one", "max_tokens": 480, "stream": True, "variant": "A"},
+            ) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         got_first.set()

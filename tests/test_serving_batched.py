@@ -37,14 +37,20 @@ def alone(prompt: str, n: int) -> list[int]:
     """The reference: the tiny target's own greedy ``generate`` of the prompt alone (stops after EOS)."""
     model = _MODEL.setdefault(0, tiny_model(0))
     ids = CODEC.encode(prompt)
-    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+    return model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids) :].tolist()
 
 
 def batched_service(log_dir, max_rows=3, max_queue=8, variants=None):
     spec, codec = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(spec, variants or {"A": "linucb", "B": "fixed:4"}, codec=codec, log_dir=log_dir,
-                                  limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
-                                  arms=[1, 2, 4, 8], engine=EngineSettings(max_rows=max_rows, max_queue=max_queue))
+    svc = CompletionService.build(
+        spec,
+        variants or {"A": "linucb", "B": "fixed:4"},
+        codec=codec,
+        log_dir=log_dir,
+        limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=400),
+        arms=[1, 2, 4, 8],
+        engine=EngineSettings(max_rows=max_rows, max_queue=max_queue),
+    )
     return svc
 
 
@@ -56,8 +62,12 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
     from fastapi.testclient import TestClient
 
     svc = batched_service(tmp_path / "log")
-    bodies = [{"prompt": p, "max_tokens": 10 + 3 * i, "user": f"u{i}", "stream": i % 2 == 1} for i, p in enumerate(PROMPTS)]
+    bodies = [
+        {"prompt": p, "max_tokens": 10 + 3 * i, "user": f"u{i}", "stream": i % 2 == 1}
+        for i, p in enumerate(PROMPTS)
+    ]
     with TestClient(create_app(svc)) as client:
+
         def one(body):
             r = client.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
@@ -67,7 +77,9 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
             return [t for c in chunks for t in c["choices"][0]["token_ids"]], chunks[-1]["adaptspec"]
 
         loop = svc.runner.loop
-        hold = threading.Event()  # hold the engine's thread until every request is queued, so they share rounds
+        hold = (
+            threading.Event()
+        )  # hold the engine's thread until every request is queued, so they share rounds
         blocker = loop.submit(CODEC.encode("wait"), max_new_tokens=2, on_tokens=lambda ids: hold.wait(60))
         with ThreadPoolExecutor(len(bodies)) as pool:
             futures = [pool.submit(one, b) for b in bodies]
@@ -82,27 +94,42 @@ def test_concurrent_requests_equal_decoding_alone_and_their_decisions_are_logged
     for body, (ids, info) in zip(bodies, got):
         assert ids == alone(body["prompt"], body["max_tokens"])
         assert info["block_size"] in (1, 2, 4, 8)
-        assert (info["reward"] is None) == (info["rounds"] == 0)  # ended at its first token: no reward (one prompt does)
+        assert (info["reward"] is None) == (
+            info["rounds"] == 0
+        )  # ended at its first token: no reward (one prompt does)
     assert sum(info["reward"] is not None for _, info in got) >= 4
-    for name in ("adaptspec_rows_in_flight", "adaptspec_queue_length", "adaptspec_tokens_per_round",
-                 "adaptspec_batch_seconds", "adaptspec_batch_rounds_total"):
+    for name in (
+        "adaptspec_rows_in_flight",
+        "adaptspec_queue_length",
+        "adaptspec_tokens_per_round",
+        "adaptspec_batch_seconds",
+        "adaptspec_batch_rounds_total",
+    ):
         assert name in metrics
-    rounds = float(next(x for x in metrics.splitlines() if x.startswith("adaptspec_batch_rounds_total")).split()[1])
+    rounds = float(
+        next(x for x in metrics.splitlines() if x.startswith("adaptspec_batch_rounds_total")).split()[1]
+    )
     assert rounds == len(loop.engine.history)
     # rounds by (rows, widest block), counted from the engine's own history
     from collections import Counter
 
     by_width = Counter((r.rows, r.width) for r in loop.engine.history)
     for (n, w), count in by_width.items():
-        assert f'adaptspec_batch_rounds_by_width_total{{block_size="{w}",rows="{n}"}} {float(count)}' in metrics
+        assert (
+            f'adaptspec_batch_rounds_by_width_total{{block_size="{w}",rows="{n}"}} {float(count)}' in metrics
+        )
     # every decision is in the log with the reward and the attributed decode time the client was told
     rows = {r["decision_id"]: r for r in log_rows(tmp_path / "log")}
     for _, info in got:
         row = rows[info["decision_id"]]
-        assert row["reward"] == (None if info["reward"] is None else pytest.approx(info["reward"])) and row["decode_ms"] == pytest.approx(1000 * info["decode_s"], abs=1e-3)
+        assert row["reward"] == (None if info["reward"] is None else pytest.approx(info["reward"])) and row[
+            "decode_ms"
+        ] == pytest.approx(1000 * info["decode_s"], abs=1e-3)
     # attribution conserves time: the requests' decode times add up to the rounds' decode time (prefills excluded)
     total = sum(r.round_s - r.join_s for r in loop.engine.history)
-    logged = sum(r["decode_ms"] for r in rows.values()) + 1000 * blocker.attributed_s  # the blocker is not a logged request
+    logged = (
+        sum(r["decode_ms"] for r in rows.values()) + 1000 * blocker.attributed_s
+    )  # the blocker is not a logged request
     assert logged == pytest.approx(1000 * total, rel=1e-6)
 
 
@@ -118,11 +145,17 @@ def test_a_stop_sequence_ends_the_row_early_as_stop_and_leaves_its_neighbours_al
     svc = batched_service(tmp_path / "log", variants={"B": "fixed:4"})
     with TestClient(create_app(svc)) as client:
         with ThreadPoolExecutor(3) as pool:
-            plain = pool.submit(client.post, "/v1/completions", json={"prompt": "Hello there", "max_tokens": 40})
-            streamed = pool.submit(client.post, "/v1/completions",
-                                   json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": stop, "stream": True})
-            whole = pool.submit(client.post, "/v1/completions",
-                                json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": [stop]})
+            plain = pool.submit(
+                client.post, "/v1/completions", json={"prompt": "Hello there", "max_tokens": 40}
+            )
+            streamed = pool.submit(
+                client.post,
+                "/v1/completions",
+                json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": stop, "stream": True},
+            )
+            whole = pool.submit(
+                client.post, "/v1/completions", json={"prompt": "Dear Sir,", "max_tokens": 80, "stop": [stop]}
+            )
             plain, streamed, whole = plain.result(), streamed.result(), whole.result()
     body = whole.json()
     assert body["choices"][0]["text"] == cut and body["choices"][0]["finish_reason"] == "stop"
@@ -130,7 +163,10 @@ def test_a_stop_sequence_ends_the_row_early_as_stop_and_leaves_its_neighbours_al
     committed = {r["decision_id"]: r["new_tokens"] for r in log_rows(tmp_path / "log")}
     assert k <= committed[body["adaptspec"]["decision_id"]] <= k + 3 < 80
     chunks = sse_json(streamed.text)
-    assert "".join(c["choices"][0]["text"] for c in chunks) == cut and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert (
+        "".join(c["choices"][0]["text"] for c in chunks) == cut
+        and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    )
     assert plain.json()["choices"][0]["token_ids"] == alone("Hello there", 40)
 
 
@@ -140,7 +176,9 @@ def test_a_full_queue_answers_429_with_retry_after_for_plain_and_streamed_reques
     svc = batched_service(tmp_path / "log", max_rows=1, max_queue=0)
     loop = svc.runner.loop
     with TestClient(create_app(svc)) as client:
-        hold = threading.Event()  # the first request's stream callback holds the engine's thread: its row stays taken
+        hold = (
+            threading.Event()
+        )  # the first request's stream callback holds the engine's thread: its row stays taken
         first = loop.submit(CODEC.encode("long"), max_new_tokens=8, on_tokens=lambda ids: hold.wait(60))
         deadline = time.time() + 60
         while loop.stats()["rows_in_flight"] == 0 and time.time() < deadline:
@@ -165,23 +203,42 @@ def test_chat_completions_run_batched_too(tmp_path):
     want = alone("<system>Be brief.\n<user>Hi\n<assistant>", 20)  # the tiny codec's chat template, rendered
     with TestClient(create_app(svc)) as client:
         r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 20})
-        streamed = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 20, "stream": True})
+        streamed = client.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 20, "stream": True}
+        )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == CODEC.decode(want)
-    pieces = [c["choices"][0]["delta"].get("content") or "" for c in sse_json(streamed.text) if c.get("choices")]
+    pieces = [
+        c["choices"][0]["delta"].get("content") or "" for c in sse_json(streamed.text) if c.get("choices")
+    ]
     assert "".join(pieces) == CODEC.decode(want)
     assert svc.runner.loop.rounds > 0  # decoded by the engine, not a per-request decode
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--tiny", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of fixed:B, goodput, learned"),
-    (["--tiny", "--batched", "--load-rule", "fixed:0"], "--load-rule 'fixed:0': the block size must be >= 1"),
-    (["--tiny", "--load-rule", "table:1=3,4"], "--load-rule 'table:1=3,4': expected table:ROWS=BLOCK"),
-    (["--tiny", "--redecide-every", "4"], "--redecide-every needs --speculator: the batched engine decides once"),
-    # with --speculator a bad rule is refused before the factory runs (whether the engine's options apply at all
-    # is decided by what it returns: tests/test_byo_toolchain.py)
-    (["--speculator", "nosuchmod:make", "--load-rule", "fastest"], "--load-rule 'fastest': expected one of"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (
+            ["--tiny", "--load-rule", "fastest"],
+            "--load-rule 'fastest': expected one of fixed:B, goodput, learned",
+        ),
+        (
+            ["--tiny", "--batched", "--load-rule", "fixed:0"],
+            "--load-rule 'fixed:0': the block size must be >= 1",
+        ),
+        (["--tiny", "--load-rule", "table:1=3,4"], "--load-rule 'table:1=3,4': expected table:ROWS=BLOCK"),
+        (
+            ["--tiny", "--redecide-every", "4"],
+            "--redecide-every needs --speculator: the batched engine decides once",
+        ),
+        # with --speculator a bad rule is refused before the factory runs (whether the engine's options apply at all
+        # is decided by what it returns: tests/test_byo_toolchain.py)
+        (
+            ["--speculator", "nosuchmod:make", "--load-rule", "fastest"],
+            "--load-rule 'fastest': expected one of",
+        ),
+    ],
+)
 def test_engine_options_are_checked_in_one_line_before_a_model_loads(capsys, argv, needle):
     assert main(["serve", "--port", "0", *argv]) == 2
     err = capsys.readouterr().err
@@ -194,7 +251,10 @@ def test_a_real_batched_server_serves_concurrent_clients_exactly(tmp_path):
 
     s = Server(tmp_path, "--verification", "exact", "--max-rows", "4", "--max-queue", "16").start()
     try:
-        bodies = [{"prompt": p, "max_tokens": 16, "user": f"u{i}", "stream": i % 2 == 0} for i, p in enumerate(PROMPTS)]
+        bodies = [
+            {"prompt": p, "max_tokens": 16, "user": f"u{i}", "stream": i % 2 == 0}
+            for i, p in enumerate(PROMPTS)
+        ]
 
         def one(body):
             with httpx.Client(timeout=120) as c:
@@ -239,14 +299,24 @@ def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(
 
     rule = Recording(make_load_rule(spec, [1, 2, 3, 4, 6, 8], "cpu-smollm2-bf16", prior=0.4))
     tiny, codec = tiny_speculator(0, verification="exact")
-    svc = CompletionService.build(tiny, {"A": "fixed:4"}, codec=codec, log_dir=tmp_path / "log",
-                                  limits=ServerLimits(max_context=512, vocab_size=128), arms=[1, 2, 4, 8],
-                                  engine=EngineSettings(max_rows=4, max_queue=8, rule=rule))
+    svc = CompletionService.build(
+        tiny,
+        {"A": "fixed:4"},
+        codec=codec,
+        log_dir=tmp_path / "log",
+        limits=ServerLimits(max_context=512, vocab_size=128),
+        arms=[1, 2, 4, 8],
+        engine=EngineSettings(max_rows=4, max_queue=8, rule=rule),
+    )
     n = 24
     with TestClient(create_app(svc)) as client:
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            got = list(pool.map(lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": n}).json(),
-                                PROMPTS))
+            got = list(
+                pool.map(
+                    lambda p: client.post("/v1/completions", json={"prompt": p, "max_tokens": n}).json(),
+                    PROMPTS,
+                )
+            )
         loop = svc.runner.loop
         history = list(loop.engine.history)
         stats = loop.stats()
@@ -258,7 +328,9 @@ def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(
         assert rows == rec.rows == len(chosen)
         for rid, c, b, tau in zip(rec.requests, chosen, rec.block_sizes, rec.taus):
             m = committed.get(rid, 1)  # the prefill's token
-            assert b == min(c, 4, n - m)  # the rule's choice, capped by the request's own (fixed:4) and its room
+            assert b == min(
+                c, 4, n - m
+            )  # the rule's choice, capped by the request's own (fixed:4) and its room
             committed[rid] = m + tau
     if spec == "fixed:3":
         assert {c for _, cs in rule.chosen for c in cs} == {3}
@@ -273,7 +345,12 @@ def test_the_engine_decides_on_its_own_thread_no_decision_thread(tmp_path):
 
     svc = batched_service(tmp_path / "log")
     with TestClient(create_app(svc)) as client:
-        assert client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "user": "u1"}).status_code == 200
+        assert (
+            client.post(
+                "/v1/completions", json={"prompt": "hello", "max_tokens": 4, "user": "u1"}
+            ).status_code
+            == 200
+        )
         names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith("adaptspec-decide")], names
     assert sum(c.stats()["decisions"] for c in svc.controllers.values()) == 1

@@ -16,7 +16,13 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from adaptspec import AdaptspecError
-from adaptspec.analysis.statistics import mean_interval, quantile_interval, ratio_interval, sequential_test, welch_p
+from adaptspec.analysis.statistics import (
+    mean_interval,
+    quantile_interval,
+    ratio_interval,
+    sequential_test,
+    welch_p,
+)
 
 
 # ============================================================================ the sequential test
@@ -29,7 +35,7 @@ def msprt_by_prefix(g, y, alpha=0.05, tau_sd=0.2, min_n=10):
         a, b = y[:t][g[:t] == 0], y[:t][g[:t] == 1]
         if len(a) >= min_n and len(b) >= min_n:
             V = a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)
-            tau2 = tau_sd ** 2 * (a.var(ddof=1) + b.var(ddof=1)) / 2
+            tau2 = tau_sd**2 * (a.var(ddof=1) + b.var(ddof=1)) / 2
             d = a.mean() - b.mean()
             lam = math.sqrt(V / (V + tau2)) * math.exp(tau2 * d * d / (2 * V * (V + tau2)))
             best = min(best, 1 / lam)
@@ -40,7 +46,9 @@ def msprt_by_prefix(g, y, alpha=0.05, tau_sd=0.2, min_n=10):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(0, 120), shift=st.floats(0.0, 2.0), scale=st.floats(0.1, 50.0))
+@given(
+    seed=st.integers(0, 10_000), n=st.integers(0, 120), shift=st.floats(0.0, 2.0), scale=st.floats(0.1, 50.0)
+)
 def test_sequential_test_matches_the_closed_form_on_every_prefix(seed, n, shift, scale):
     rng = np.random.default_rng(seed)
     g = rng.integers(0, 2, n)
@@ -68,8 +76,9 @@ def test_type_one_error_holds_under_continuous_monitoring():
         y = rng.gamma(2.0, 15.0, 1500)
         stopped_msprt += sequential_test(g, y).stopped_at is not None
         # what peeking with a plain t-test every 50 requests would do
-        stopped_naive += any(stats.ttest_ind(y[:n][g[:n] == 0], y[:n][g[:n] == 1]).pvalue < 0.05
-                             for n in range(100, 1501, 50))
+        stopped_naive += any(
+            stats.ttest_ind(y[:n][g[:n] == 0], y[:n][g[:n] == 1]).pvalue < 0.05 for n in range(100, 1501, 50)
+        )
     assert stopped_msprt / 300 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 300)
     assert stopped_naive / 300 > 0.12  # the reason for an always-valid test
 
@@ -183,8 +192,10 @@ def test_quantile_interval_is_the_order_statistic_interval(n, q):
 def test_quantile_interval_covers_the_true_median():
     rng = np.random.default_rng(6)
     true_median = math.exp(3.0)  # lognormal(3, 0.5)
-    cover = sum(lo <= true_median <= hi for lo, hi in
-                (quantile_interval(rng.lognormal(3.0, 0.5, 200), 0.5, 0.95)[1] for _ in range(300)))
+    cover = sum(
+        lo <= true_median <= hi
+        for lo, hi in (quantile_interval(rng.lognormal(3.0, 0.5, 200), 0.5, 0.95)[1] for _ in range(300))
+    )
     assert cover >= 0.92 * 300
 
 
@@ -193,7 +204,7 @@ def test_welch_p_by_hand():
     b = np.array([14.0, 15.0, 13.5, 16.0])
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     y, g = np.concatenate([a, b]), np.array([0] * 5 + [1] * 4)
     assert welch_p(y, g) == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-9)
     assert welch_p(np.array([1.0, 2.0, 3.0]), np.array([0, 0, 1])) is None

@@ -34,8 +34,11 @@ _ALPHABET = "ab\n"
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=st.text(_ALPHABET, max_size=40), stops=st.lists(st.text(_ALPHABET, min_size=1, max_size=4), max_size=4),
-       cuts=st.lists(st.integers(0, 40), max_size=12))
+@given(
+    text=st.text(_ALPHABET, max_size=40),
+    stops=st.lists(st.text(_ALPHABET, min_size=1, max_size=4), max_size=4),
+    cuts=st.lists(st.integers(0, 40), max_size=12),
+)
 def test_scanner_sends_exactly_the_text_before_the_first_stop_however_it_arrives(text, stops, cuts):
     end = first_stop(text, stops)
     want = text if end is None else text[:end]
@@ -86,16 +89,20 @@ def served(request):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's cores are shared: one thread is faster here than two fighting
     spec = tiny_speculator(0, verification="exact")[0]
-    svc = CompletionService.build(spec if request.param == "engine" else OwnSpeculator(spec),
-                                  {f"b{b}": f"fixed:{b}" for b in BLOCK_SIZES}, codec=CharCodec(),
-                                  limits=ServerLimits(max_tokens=MAX_TOKENS, max_context=512, vocab_size=128),
-                                  arms=list(BLOCK_SIZES), metrics=False)
+    svc = CompletionService.build(
+        spec if request.param == "engine" else OwnSpeculator(spec),
+        {f"b{b}": f"fixed:{b}" for b in BLOCK_SIZES},
+        codec=CharCodec(),
+        limits=ServerLimits(max_tokens=MAX_TOKENS, max_context=512, vocab_size=128),
+        arms=list(BLOCK_SIZES),
+        metrics=False,
+    )
     model = tiny_model(0)
     ref = {}
     for p in PROMPTS:
         ids = CharCodec().encode(p)
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_TOKENS)
-        ref[p] = out[0, len(ids):].tolist()
+        ref[p] = out[0, len(ids) :].tolist()
     yield svc, ref, request.param
     svc.close()
     torch.set_num_threads(threads)
@@ -105,15 +112,25 @@ def served(request):
 def stop_strings(draw, text: str):
     """1-4 stop strings: pieces of the reference text (they occur), short strings over its characters, or neither."""
     chars = sorted(set(text)) or ["x"]
-    options = [st.text(st.sampled_from(chars), min_size=1, max_size=3), st.text(st.sampled_from("~|{"), min_size=1, max_size=3)]
+    options = [
+        st.text(st.sampled_from(chars), min_size=1, max_size=3),
+        st.text(st.sampled_from("~|{"), min_size=1, max_size=3),
+    ]
     if text:
-        options.append(st.tuples(st.integers(0, len(text) - 1), st.integers(1, 6)).map(lambda t: text[t[0]: t[0] + t[1]]))
+        options.append(
+            st.tuples(st.integers(0, len(text) - 1), st.integers(1, 6)).map(
+                lambda t: text[t[0] : t[0] + t[1]]
+            )
+        )
     return draw(st.lists(st.one_of(options), min_size=1, max_size=4))
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_generation_ends_at_the_first_stop_whatever_the_block_size(served, data):
     svc, ref, _ = served
@@ -145,7 +162,9 @@ def test_generation_ends_at_the_first_stop_whatever_the_block_size(served, data)
     assert output.ids == plain[:k] and output.finish_reason == "stop"
     out = gen.outcome  # what was decoded: no round after the one that completed the stop string
     assert out.tokens == plain[: len(out.tokens)]
-    last = out.rounds[-1].tau if out.rounds else 1  # tokens of the last round (or the first token, from prefill)
+    last = (
+        out.rounds[-1].tau if out.rounds else 1
+    )  # tokens of the last round (or the first token, from prefill)
     assert len(out.tokens) - last < k <= len(out.tokens)
     assert all(r.block_size <= block for r in out.rounds)
 

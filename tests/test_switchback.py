@@ -28,7 +28,7 @@ def test_every_block_of_k_slices_holds_each_variant_once(variants):
     for seed in range(20):
         seq = [slice_variant(variants, seed, i) for i in range(40 * k)]
         for b in range(40):
-            assert sorted(seq[b * k:(b + 1) * k]) == sorted(variants)
+            assert sorted(seq[b * k : (b + 1) * k]) == sorted(variants)
 
 
 def test_the_schedule_is_reproducible_from_its_seed_and_random_across_seeds():
@@ -40,8 +40,11 @@ def test_the_schedule_is_reproducible_from_its_seed_and_random_across_seeds():
     share = firsts.count("A") / len(firsts)
     assert abs(share - 0.5) < 4 * math.sqrt(0.25 / len(firsts))
     # and every order of 3 variants is about equally likely (chi-square, 5 df)
-    orders = Counter(tuple(slice_variant(("x", "y", "z"), s, 3 * b + j) for j in range(3)) for s in range(100)
-                     for b in range(12))
+    orders = Counter(
+        tuple(slice_variant(("x", "y", "z"), s, 3 * b + j) for j in range(3))
+        for s in range(100)
+        for b in range(12)
+    )
     assert len(orders) == 6 and stats.chisquare(list(orders.values())).pvalue > 0.001
 
 
@@ -54,14 +57,29 @@ def test_a_switchback_needs_two_variants_and_a_positive_slice_length():
 
 # ============================================================================ the slice records
 def _round(requests, taus, round_s=0.1, join_s=0.0):
-    return RoundRecord(requests=tuple(requests), block_sizes=tuple(taus), taus=tuple(taus), draft_s=0.0,
-                       verify_s=round_s, round_s=round_s, join_s=join_s)
+    return RoundRecord(
+        requests=tuple(requests),
+        block_sizes=tuple(taus),
+        taus=tuple(taus),
+        draft_s=0.0,
+        verify_s=round_s,
+        round_s=round_s,
+        join_s=join_s,
+    )
 
 
 def test_slices_cut_rounds_at_multiples_of_n_and_count_carried_rows(tmp_path):
     sb = Switchback(("A", "B"), slice_rounds=3, seed=4, writer=SliceLogWriter(tmp_path, run="t"))
     # request 1 joins in slice 0 and decodes 5 rounds (2 of them in slice 1); request 2 joins in round 3
-    plan = [((1,), (2,)), ((1,), (3,)), ((1,), (1,)), ((1, 2), (2, 4)), ((1, 2), (1, 1)), ((2,), (2,)), ((2,), (3,))]
+    plan = [
+        ((1,), (2,)),
+        ((1,), (3,)),
+        ((1,), (1,)),
+        ((1, 2), (2, 4)),
+        ((1, 2), (1, 1)),
+        ((2,), (2,)),
+        ((2,), (3,)),
+    ]
     assigned = []
     for r, (reqs, taus) in enumerate(plan):
         if r in (0, 3):
@@ -73,10 +91,18 @@ def test_slices_cut_rounds_at_multiples_of_n_and_count_carried_rows(tmp_path):
     assert [r["variant"] for r in recs] == [slice_variant(("A", "B"), 4, i) for i in range(3)]
     assert assigned == [recs[0]["variant"], recs[1]["variant"]]
     assert [r["requests"] for r in recs] == [["req1"], ["req2"], []]
-    assert [(r["first_round"], r["last_round"], r["rounds"]) for r in recs] == [(0, 2, 3), (3, 5, 3), (6, 6, 1)]
+    assert [(r["first_round"], r["last_round"], r["rounds"]) for r in recs] == [
+        (0, 2, 3),
+        (3, 5, 3),
+        (6, 6, 1),
+    ]
     assert [r["tokens"] for r in recs] == [6, 10, 3]
     assert [r["row_rounds"] for r in recs] == [3, 5, 1]
-    assert [r["carried_row_rounds"] for r in recs] == [0, 2, 1]  # request 1 in rounds 3-4, request 2 in round 6
+    assert [r["carried_row_rounds"] for r in recs] == [
+        0,
+        2,
+        1,
+    ]  # request 1 in rounds 3-4, request 2 in round 6
     assert recs[1]["decode_s"] == pytest.approx(0.4 + 0.5 + 0.6)
     assert recs[1]["round_carried"] == [1, 1, 0]
 
@@ -142,8 +168,16 @@ def _records(rng, variant, n, mean, d=None, rounds=4):
     for _ in range(n):
         sec = np.full(rounds, 0.05) if d is None else rng.uniform(0.02, d, rounds)
         tok = rng.poisson(mean * sec)
-        out.append({"variant": variant, "complete": True, "round_tokens": tok.tolist(), "round_decode_s": sec.tolist(),
-                    "round_rows": [3] * rounds, "round_carried": [0] * rounds})
+        out.append(
+            {
+                "variant": variant,
+                "complete": True,
+                "round_tokens": tok.tolist(),
+                "round_decode_s": sec.tolist(),
+                "round_rows": [3] * rounds,
+                "round_carried": [0] * rounds,
+            }
+        )
     return out
 
 
@@ -151,8 +185,10 @@ def test_with_equal_slice_times_the_interval_is_welchs_on_per_slice_throughput()
     rng = np.random.default_rng(1)
     recs = _records(rng, "A", 9, 400.0) + _records(rng, "B", 13, 300.0)
     rep = analyze_slices(recs)
-    y = {v: np.asarray([sum(r["round_tokens"]) / sum(r["round_decode_s"]) for r in recs if r["variant"] == v])
-         for v in "AB"}
+    y = {
+        v: np.asarray([sum(r["round_tokens"]) / sum(r["round_decode_s"]) for r in recs if r["variant"] == v])
+        for v in "AB"
+    }
     t = stats.ttest_ind(y["A"], y["B"], equal_var=False)
     lo, hi = t.confidence_interval(0.95)
     c = rep["comparisons"][0]
@@ -162,7 +198,9 @@ def test_with_equal_slice_times_the_interval_is_welchs_on_per_slice_throughput()
     assert c["p_value"] == pytest.approx(t.pvalue, abs=1e-6)
     for v in "AB":
         m, sem = y[v].mean(), stats.sem(y[v])
-        assert rep["variants"][v]["ci"] == pytest.approx(list(stats.t.interval(0.95, len(y[v]) - 1, m, sem)), abs=1e-5)
+        assert rep["variants"][v]["ci"] == pytest.approx(
+            list(stats.t.interval(0.95, len(y[v]) - 1, m, sem)), abs=1e-5
+        )
 
 
 def test_with_unequal_slice_times_the_intervals_are_welchs_on_the_linearised_slices():
@@ -178,11 +216,14 @@ def test_with_unequal_slice_times_the_intervals_are_welchs_on_the_linearised_sli
         lin[v] = R + (T - R * D) / D.mean()  # values whose mean is R and whose spread is the delta method's
         loglin[v] = math.log(R) + (T - R * D) / (D.mean() * R)
     c = rep["comparisons"][0]
-    assert c["diff_ci"] == pytest.approx(list(stats.ttest_ind(lin["A"], lin["B"], equal_var=False).confidence_interval(0.95)),
-                                         abs=1e-5)
+    assert c["diff_ci"] == pytest.approx(
+        list(stats.ttest_ind(lin["A"], lin["B"], equal_var=False).confidence_interval(0.95)), abs=1e-5
+    )
     lo, hi = stats.ttest_ind(loglin["A"], loglin["B"], equal_var=False).confidence_interval(0.95)
     assert c["ratio_ci"] == pytest.approx([math.exp(lo), math.exp(hi)], abs=1e-5)
-    assert c["ratio"] == pytest.approx(rep["variants"]["A"]["tokens_per_s"] / rep["variants"]["B"]["tokens_per_s"], abs=1e-5)
+    assert c["ratio"] == pytest.approx(
+        rep["variants"]["A"]["tokens_per_s"] / rep["variants"]["B"]["tokens_per_s"], abs=1e-5
+    )
 
 
 def test_the_difference_interval_covers_the_truth_about_95_percent_of_the_time():
@@ -196,9 +237,17 @@ def test_the_difference_interval_covers_the_truth_about_95_percent_of_the_time()
 
 
 def test_burn_in_drops_each_slices_first_rounds_and_incomplete_slices_are_left_out():
-    recs = [{"variant": v, "complete": True, "round_tokens": [99, 99, t, t], "round_decode_s": [1.0, 1.0, 0.5, 0.5],
-             "round_rows": [4, 4, 2, 2], "round_carried": [4, 2, 0, 0]}
-            for v, t in [("A", 10), ("B", 5), ("A", 12), ("B", 6), ("A", 11), ("B", 4)]]
+    recs = [
+        {
+            "variant": v,
+            "complete": True,
+            "round_tokens": [99, 99, t, t],
+            "round_decode_s": [1.0, 1.0, 0.5, 0.5],
+            "round_rows": [4, 4, 2, 2],
+            "round_carried": [4, 2, 0, 0],
+        }
+        for v, t in [("A", 10), ("B", 5), ("A", 12), ("B", 6), ("A", 11), ("B", 4)]
+    ]
     recs.append({"variant": "A", "complete": False, "round_tokens": [1000], "round_decode_s": [0.1]})
     rep = analyze_slices(recs, burn_in=2)
     assert rep["variants"]["A"]["tokens_per_s"] == pytest.approx((20 + 24 + 22) / 3.0)
@@ -215,18 +264,30 @@ def test_cli_refuses_a_switchback_it_cannot_run_in_one_line(capsys, tmp_path):
     base = ["serve", "--tiny", "--port", "0", "--variant", "A=fixed:1", "--variant", "B=fixed:4"]
     for argv, needle in [
         (["--ab-design", "switchback"], "needs --log-dir"),
-        (["--slice-rounds", "8", "--log-dir", str(tmp_path / "l")], "--slice-rounds needs --ab-design switchback"),
-        (["--ab-design", "switchback", "--log-dir", str(tmp_path / "l"), "--split", "60,40"], "--split does not apply"),
+        (
+            ["--slice-rounds", "8", "--log-dir", str(tmp_path / "l")],
+            "--slice-rounds needs --ab-design switchback",
+        ),
+        (
+            ["--ab-design", "switchback", "--log-dir", str(tmp_path / "l"), "--split", "60,40"],
+            "--split does not apply",
+        ),
     ]:
         assert main([*base, *argv]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1
-    assert main(["serve", "--tiny", "--port", "0", "--ab-design", "switchback", "--log-dir",
-                 str(tmp_path / "l")]) == 2
+    assert (
+        main(
+            ["serve", "--tiny", "--port", "0", "--ab-design", "switchback", "--log-dir", str(tmp_path / "l")]
+        )
+        == 2
+    )
     assert "needs at least 2 --variant" in capsys.readouterr().err
 
 
-def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report_reads_the_slices(tmp_path, capsys):
+def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report_reads_the_slices(
+    tmp_path, capsys
+):
     import torch
     from fastapi.testclient import TestClient
 
@@ -242,15 +303,34 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     try:
         spec, codec = tiny_speculator(0, verification="exact")
         log = tmp_path / "log"
-        svc = CompletionService.build(spec, {"A": "fixed:1", "B": "fixed:4"}, codec=codec, log_dir=log,
-                                      limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=64), arms=[1, 2, 4],
-                                      # B's slices run under a per-round rule (at most 2), A's under none
-                                      engine=EngineSettings(max_rows=3, design="switchback", slice_rounds=3, seed=5,
-                                                            rule={"B": Fixed(2), "A": None}))
+        svc = CompletionService.build(
+            spec,
+            {"A": "fixed:1", "B": "fixed:4"},
+            codec=codec,
+            log_dir=log,
+            limits=ServerLimits(max_context=512, vocab_size=128, max_tokens=64),
+            arms=[1, 2, 4],
+            # B's slices run under a per-round rule (at most 2), A's under none
+            engine=EngineSettings(
+                max_rows=3, design="switchback", slice_rounds=3, seed=5, rule={"B": Fixed(2), "A": None}
+            ),
+        )
         loop = svc.runner.loop
-        prompts = ["Hello there", "def f(x):", "1 + 1 =", "Once upon", "The quick", "Q: why?", "abc", "xyz", "ok", "no"]
+        prompts = [
+            "Hello there",
+            "def f(x):",
+            "1 + 1 =",
+            "Once upon",
+            "The quick",
+            "Q: why?",
+            "abc",
+            "xyz",
+            "ok",
+            "no",
+        ]
         got = {}
         with TestClient(create_app(svc)) as client:
+
             def one(i, p):
                 body = {"prompt": p, "max_tokens": 6 + (i % 3) * 4}
                 if i == 0:
@@ -274,7 +354,9 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     assert [r["slice"] for r in recs] == list(range(len(recs))) and len(recs) >= 2
     assert sum(r["rounds"] for r in recs) == len(history) == loop.rounds
     assert sum(r["tokens"] for r in recs) == sum(sum(h.taus) for h in history)
-    assert sum(r["decode_s"] for r in recs) == pytest.approx(sum(h.round_s - h.join_s for h in history), rel=1e-9)
+    assert sum(r["decode_s"] for r in recs) == pytest.approx(
+        sum(h.round_s - h.join_s for h in history), rel=1e-9
+    )
     assert [r["first_round"] for r in recs] == [3 * i for i in range(len(recs))]
     assert [r["variant"] for r in recs] == [slice_variant(("A", "B"), 5, i) for i in range(len(recs))]
     # every request is in the slice it joined in, and ran as that slice's variant, with its controller's block size
@@ -294,6 +376,8 @@ def test_a_served_switchback_gives_each_request_its_slices_variant_and_ab_report
     for v, d in rep["variants"].items():
         mine = [r for r in recs if r["variant"] == v and r["complete"]]
         assert d["slices"] == len(mine)
-        assert d["tokens_per_s"] == pytest.approx(sum(r["tokens"] for r in mine) / sum(r["decode_s"] for r in mine), abs=1e-5)
+        assert d["tokens_per_s"] == pytest.approx(
+            sum(r["tokens"] for r in mine) / sum(r["decode_s"] for r in mine), abs=1e-5
+        )
     assert main(["ab-report", str(log)]) == 0
     assert "switchback:" in capsys.readouterr().out

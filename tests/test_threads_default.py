@@ -40,8 +40,13 @@ runpy.run_module("adaptspec", run_name="__main__", alter_sys=True)
 
 def _at_torch(**env: str) -> tuple[str, str, float]:
     base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    r = subprocess.run([sys.executable, "-c", CHILD], env={**base, "PYTHONPATH": str(ROOT), **env},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     lines = [line.split() for line in r.stdout.splitlines() if line.startswith("torch ")]
     assert len(lines) == 1, (r.stdout, r.stderr)  # the command did reach torch
@@ -49,16 +54,23 @@ def _at_torch(**env: str) -> tuple[str, str, float]:
     return spin, policy, float(load)
 
 
-@pytest.mark.parametrize("env, load, expected", [
-    ({}, 0.0, None),  # idle cores: libgomp's own spin, which is fastest alone
-    ({}, 0.49, None),
-    ({}, 0.5, "10000"),  # half a core's work already there: the short spin (BENCHMARKS.md, "Shared cores")
-    ({}, 7.0, "10000"),
-    ({"GOMP_SPINCOUNT": "300000"}, 7.0, None),  # the user's own value stays
-    ({"GOMP_SPINCOUNT": "INFINITE"}, 7.0, None),
-    ({"OMP_WAIT_POLICY": "PASSIVE"}, 7.0, None),  # a spin count would override the policy's own
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, 0.0, None),
-])
+@pytest.mark.parametrize(
+    "env, load, expected",
+    [
+        ({}, 0.0, None),  # idle cores: libgomp's own spin, which is fastest alone
+        ({}, 0.49, None),
+        (
+            {},
+            0.5,
+            "10000",
+        ),  # half a core's work already there: the short spin (BENCHMARKS.md, "Shared cores")
+        ({}, 7.0, "10000"),
+        ({"GOMP_SPINCOUNT": "300000"}, 7.0, None),  # the user's own value stays
+        ({"GOMP_SPINCOUNT": "INFINITE"}, 7.0, None),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, 7.0, None),  # a spin count would override the policy's own
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, 0.0, None),
+    ],
+)
 def test_the_rule(env, load, expected):
     assert spin_count(env, load) == expected
 
@@ -75,9 +87,12 @@ def test_the_cli_decides_before_torch_loads():
         assert spin in ("10000", "None")
 
 
-@pytest.mark.parametrize("env, seen", [
-    ({"GOMP_SPINCOUNT": "300000"}, ("300000", "None")),
-    ({"OMP_WAIT_POLICY": "PASSIVE"}, ("None", "PASSIVE")),
-])
+@pytest.mark.parametrize(
+    "env, seen",
+    [
+        ({"GOMP_SPINCOUNT": "300000"}, ("300000", "None")),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, ("None", "PASSIVE")),
+    ],
+)
 def test_a_setting_of_the_users_own_reaches_torch_as_it_is(env, seen):
     assert _at_torch(**env)[:2] == seen

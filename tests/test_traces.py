@@ -21,7 +21,9 @@ from adaptspec.speculator import Decision, Outcome, Round
 from adaptspec.traces import DecisionLog, TraceSet, decision_row, import_blockpilot, open_any
 
 
-def small_traces(n: int = 3, arms=(1, 2, 4), dim: int | None = 3, per_round: bool = True, seed: int = 0) -> TraceSet:
+def small_traces(
+    n: int = 3, arms=(1, 2, 4), dim: int | None = 3, per_round: bool = True, seed: int = 0
+) -> TraceSet:
     rng = np.random.default_rng(seed)
     k = len(arms)
     taus, dms, vms = [], [], []
@@ -39,11 +41,19 @@ def small_traces(n: int = 3, arms=(1, 2, 4), dim: int | None = 3, per_round: boo
             rounds[i, j] = r
             new[i, j] = t.sum() + 1  # the rounds' tokens and the prefill's
     return TraceSet.from_arrays(
-        [f"r{i}" for i in range(n)], ["math" if i % 2 else "chat" for i in range(n)], arms, mean,
-        prompt_tokens=rng.integers(1, 100, n), features=None if dim is None else rng.normal(size=(n, dim)),
-        new_tokens=new, rounds=rounds,
-        tau=taus if per_round else None, draft_ms=dms if per_round else None, verify_ms=vms if per_round else None,
-        meta={"target": "t"})
+        [f"r{i}" for i in range(n)],
+        ["math" if i % 2 else "chat" for i in range(n)],
+        arms,
+        mean,
+        prompt_tokens=rng.integers(1, 100, n),
+        features=None if dim is None else rng.normal(size=(n, dim)),
+        new_tokens=new,
+        rounds=rounds,
+        tau=taus if per_round else None,
+        draft_ms=dms if per_round else None,
+        verify_ms=vms if per_round else None,
+        meta={"target": "t"},
+    )
 
 
 def rewrite(path: Path, name: str, fn) -> None:
@@ -64,8 +74,13 @@ def set_col(t: pa.Table, name: str, values) -> pa.Table:
 
 # ============================================================================ trace sets
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 6), arms=st.lists(st.integers(1, 24), min_size=1, max_size=5, unique=True),
-       dim=st.one_of(st.none(), st.integers(1, 5)), per_round=st.booleans(), seed=st.integers(0, 10))
+@given(
+    n=st.integers(1, 6),
+    arms=st.lists(st.integers(1, 24), min_size=1, max_size=5, unique=True),
+    dim=st.one_of(st.none(), st.integers(1, 5)),
+    per_round=st.booleans(),
+    seed=st.integers(0, 10),
+)
 def test_round_trip(tmp_path_factory, n, arms, dim, per_round, seed):
     ts = small_traces(n, sorted(arms), dim, per_round, seed)
     path = tmp_path_factory.mktemp("ts") / "set"
@@ -101,8 +116,9 @@ def test_matrices_follow_request_and_arm_order_whatever_the_row_order(tmp_path):
 
 def test_decode_ms_takes_precedence_over_round_sums():
     ts = small_traces(2, (1, 2), per_round=True)
-    t2 = TraceSet(ts.requests, ts.outcomes.append_column("decode_ms", pa.array([100.0, 200.0, 300.0, 400.0])),
-                  ts.meta)
+    t2 = TraceSet(
+        ts.requests, ts.outcomes.append_column("decode_ms", pa.array([100.0, 200.0, 300.0, 400.0])), ts.meta
+    )
     np.testing.assert_allclose(t2.decode_s_matrix(), [[0.1, 0.2], [0.3, 0.4]])
 
 
@@ -116,30 +132,68 @@ def test_subset_keeps_rows_and_order():
         ts.subset([7])
 
 
-@pytest.mark.parametrize("file,mutate,expected", [
-    ("outcomes.parquet", lambda t: t.drop(["mean_tau"]), "outcomes.parquet: missing column 'mean_tau'"),
-    ("requests.parquet", lambda t: t.drop(["domain"]), "requests.parquet: missing column 'domain'"),
-    ("outcomes.parquet", lambda t: set_col(t, "mean_tau", [1.0, 1.5, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
-     "outcomes.parquet: column 'mean_tau', row 2: 9.0 outside 1..4"),
-    ("outcomes.parquet", lambda t: set_col(t, "mean_tau", [1.0, np.nan] + [1.0] * 7),
-     "column 'mean_tau', row 1: nan outside"),
-    ("outcomes.parquet", lambda t: set_col(t, "block_size", [1, 2, 2, 1, 2, 4, 1, 2, 4]),
-     "outcomes.parquet: rows 1 and 2 repeat (request 'r0', block_size 2)"),
-    ("outcomes.parquet", lambda t: t.slice(0, 8),
-     "request 'r2' has block sizes [1, 2], others have [1, 2, 4]"),
-    ("outcomes.parquet", lambda t: set_col(t, "request_id", ["zz"] + ["r0", "r0"] + ["r1"] * 3 + ["r2"] * 3),
-     "column 'request_id', row 0: request 'zz' is not in requests.parquet"),
-    ("outcomes.parquet", lambda t: set_col(t, "tau", _tau_with(t, 4, 3)), "column 'tau', row 4: tau 3 outside 1..2"),
-    ("outcomes.parquet", lambda t: t.set_column(1, "block_size", pa.array(["x"] * 9)),
-     "column 'block_size' has type string, expected int64"),
-    ("requests.parquet", lambda t: set_col(t, "features", [[1.0, 2.0, 3.0], [1.0, 2.0], [1.0, 2.0, 3.0]]),
-     "requests.parquet: column 'features', row 1: 2 values, row 0 has 3"),
-    ("requests.parquet", lambda t: set_col(t, "features", [[1.0, 2.0, 3.0], [1.0, np.nan, 2.0], [1.0, 2.0, 3.0]]),
-     "column 'features', row 1: NaN or infinite value"),
-    ("requests.parquet", lambda t: set_col(t, "request_id", ["r0", "r0", "r2"]),
-     "column 'request_id', row 0: duplicate request_id 'r0'"),
-    ("requests.parquet", lambda t: set_col(t, "domain", ["a", None, "b"]), "column 'domain', row 1: missing value"),
-])
+@pytest.mark.parametrize(
+    "file,mutate,expected",
+    [
+        ("outcomes.parquet", lambda t: t.drop(["mean_tau"]), "outcomes.parquet: missing column 'mean_tau'"),
+        ("requests.parquet", lambda t: t.drop(["domain"]), "requests.parquet: missing column 'domain'"),
+        (
+            "outcomes.parquet",
+            lambda t: set_col(t, "mean_tau", [1.0, 1.5, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+            "outcomes.parquet: column 'mean_tau', row 2: 9.0 outside 1..4",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: set_col(t, "mean_tau", [1.0, np.nan] + [1.0] * 7),
+            "column 'mean_tau', row 1: nan outside",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: set_col(t, "block_size", [1, 2, 2, 1, 2, 4, 1, 2, 4]),
+            "outcomes.parquet: rows 1 and 2 repeat (request 'r0', block_size 2)",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: t.slice(0, 8),
+            "request 'r2' has block sizes [1, 2], others have [1, 2, 4]",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: set_col(t, "request_id", ["zz"] + ["r0", "r0"] + ["r1"] * 3 + ["r2"] * 3),
+            "column 'request_id', row 0: request 'zz' is not in requests.parquet",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: set_col(t, "tau", _tau_with(t, 4, 3)),
+            "column 'tau', row 4: tau 3 outside 1..2",
+        ),
+        (
+            "outcomes.parquet",
+            lambda t: t.set_column(1, "block_size", pa.array(["x"] * 9)),
+            "column 'block_size' has type string, expected int64",
+        ),
+        (
+            "requests.parquet",
+            lambda t: set_col(t, "features", [[1.0, 2.0, 3.0], [1.0, 2.0], [1.0, 2.0, 3.0]]),
+            "requests.parquet: column 'features', row 1: 2 values, row 0 has 3",
+        ),
+        (
+            "requests.parquet",
+            lambda t: set_col(t, "features", [[1.0, 2.0, 3.0], [1.0, np.nan, 2.0], [1.0, 2.0, 3.0]]),
+            "column 'features', row 1: NaN or infinite value",
+        ),
+        (
+            "requests.parquet",
+            lambda t: set_col(t, "request_id", ["r0", "r0", "r2"]),
+            "column 'request_id', row 0: duplicate request_id 'r0'",
+        ),
+        (
+            "requests.parquet",
+            lambda t: set_col(t, "domain", ["a", None, "b"]),
+            "column 'domain', row 1: missing value",
+        ),
+    ],
+)
 def test_validation_names_file_column_and_row(tmp_path, file, mutate, expected):
     ts = small_traces(3, (1, 2, 4), dim=3)
     path = ts.write(tmp_path / "s")
@@ -154,7 +208,9 @@ def test_per_round_lists_must_match_rounds_and_be_times(tmp_path):
     ts = small_traces(2, (2, 4))
     path = ts.write(tmp_path / "s")
     rounds = ts.rounds_matrix().ravel().astype(int)
-    rewrite(path, "outcomes.parquet", lambda t: set_col(t, "rounds", (rounds + np.array([0, 0, 1, 0])).tolist()))
+    rewrite(
+        path, "outcomes.parquet", lambda t: set_col(t, "rounds", (rounds + np.array([0, 0, 1, 0])).tolist())
+    )
     with pytest.raises(AdaptspecError, match=r"column 'tau', row 2: \d+ rounds listed, column 'rounds' says"):
         TraceSet.read(path)
     path2 = ts.write(tmp_path / "s2")
@@ -177,7 +233,9 @@ def test_meta_problems(tmp_path):
     with pytest.raises(AdaptspecError, match="schema_version 99 is newer"):
         TraceSet.read(path)
     (path / "meta.json").write_text(json.dumps({"schema_version": 1, "arms": [1, 2]}))
-    with pytest.raises(AdaptspecError, match=r"meta.json: arms \[1, 2\] but outcomes.parquet has block sizes \[1, 2, 4\]"):
+    with pytest.raises(
+        AdaptspecError, match=r"meta.json: arms \[1, 2\] but outcomes.parquet has block sizes \[1, 2, 4\]"
+    ):
         TraceSet.read(path)
     (path / "requests.parquet").write_bytes(b"garbage")
     (path / "meta.json").write_text(json.dumps({"schema_version": 1}))
@@ -205,7 +263,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
     with pytest.raises(AdaptspecError, match="cannot write \\(disk full\\); nothing was changed"):
         small_traces(seed=5).write(path, overwrite=True)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # old set intact
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]        # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no temporary left
     monkeypatch.undo()
     small_traces(seed=5).write(path, overwrite=True)
     np.testing.assert_array_equal(TraceSet.read(path).tau_matrix(), small_traces(seed=5).tau_matrix())
@@ -231,8 +289,17 @@ def test_info_and_columns():
 
 # ============================================================================ decision logs
 def row(i: int, **kw):
-    d = {"decision_id": f"d{i}", "time": 1.7e9 + i, "policy": "random", "block_size": 4, "propensity": 0.5,
-         "probs": [0.5, 0.5], "arms": [1, 4], "reward": 1.0 + i, "features": [0.1 * i, 1.0]}
+    d = {
+        "decision_id": f"d{i}",
+        "time": 1.7e9 + i,
+        "policy": "random",
+        "block_size": 4,
+        "propensity": 0.5,
+        "probs": [0.5, 0.5],
+        "arms": [1, 4],
+        "reward": 1.0 + i,
+        "features": [0.1 * i, 1.0],
+    }
     d.update(kw)
     return d
 
@@ -255,16 +322,19 @@ def test_decision_log_parts_round_trip(tmp_path):
     assert isinstance(open_any(tmp_path / "log"), DecisionLog)
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ({"propensity": 0.7}, "column 'propensity', row 0: 0.7 but probs gives 0.5"),
-    ({"probs": [0.5, 0.6]}, "column 'probs', row 0: probabilities sum to 1.1"),
-    ({"block_size": 8}, "column 'block_size', row 0: 8 is not one of the row's arms [1, 4]"),
-    ({"reward": float("nan")}, "column 'reward', row 0: nan (use null for a missing value)"),
-    ({"probs": [1.0]}, "column 'probs', row 0: 1 probabilities for 2 arms"),
-    ({"propensity": 0.0}, "column 'propensity', row 0: 0.0 outside (0, 1]"),
-    ({"colour": "red"}, "unknown decision-log column 'colour'"),
-    ({"time": "noon"}, "column 'time', row 0: 'noon' is not a time"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ({"propensity": 0.7}, "column 'propensity', row 0: 0.7 but probs gives 0.5"),
+        ({"probs": [0.5, 0.6]}, "column 'probs', row 0: probabilities sum to 1.1"),
+        ({"block_size": 8}, "column 'block_size', row 0: 8 is not one of the row's arms [1, 4]"),
+        ({"reward": float("nan")}, "column 'reward', row 0: nan (use null for a missing value)"),
+        ({"probs": [1.0]}, "column 'probs', row 0: 1 probabilities for 2 arms"),
+        ({"propensity": 0.0}, "column 'propensity', row 0: 0.0 outside (0, 1]"),
+        ({"colour": "red"}, "unknown decision-log column 'colour'"),
+        ({"time": "noon"}, "column 'time', row 0: 'noon' is not a time"),
+    ],
+)
 def test_decision_log_rejects_bad_rows_and_writes_nothing(tmp_path, bad, msg):
     log = DecisionLog(tmp_path / "log")
     with pytest.raises(AdaptspecError) as e:
@@ -276,13 +346,17 @@ def test_decision_log_rejects_bad_rows_and_writes_nothing(tmp_path, bad, msg):
 def test_decision_log_checks_across_parts(tmp_path):
     log = DecisionLog(tmp_path / "log")
     log.append([row(0)])
-    with pytest.raises(AdaptspecError, match="2 values, earlier parts of this log have 2|3 values, earlier parts"):
+    with pytest.raises(
+        AdaptspecError, match="2 values, earlier parts of this log have 2|3 values, earlier parts"
+    ):
         log.append([row(1, features=[1.0, 2.0, 3.0])])
     # a second writer (fresh object) is checked against the stored parts too
     with pytest.raises(AdaptspecError, match="earlier parts of this log have 2"):
         DecisionLog(tmp_path / "log").append([row(1, features=[1.0])])
     for writer in (log, DecisionLog(tmp_path / "log")):  # the same decision id again: refused on write
-        with pytest.raises(AdaptspecError, match="decision_id 'd0' is already in this log; nothing was written"):
+        with pytest.raises(
+            AdaptspecError, match="decision_id 'd0' is already in this log; nothing was written"
+        ):
             writer.append([row(0, time=5.0)])
     assert len(DecisionLog(tmp_path / "log").parts()) == 1
     first = DecisionLog(tmp_path / "log").parts()[0]  # ... and on read, for a part written by other means
@@ -294,7 +368,9 @@ def test_decision_log_checks_across_parts(tmp_path):
 def test_decision_log_arms_must_agree_and_schema_version_is_checked(tmp_path):
     log = DecisionLog(tmp_path / "a")
     log.append([row(0), row(1, arms=[1, 4, 8], probs=[0.25, 0.5, 0.25])])
-    with pytest.raises(AdaptspecError, match=r"column 'arms', row 1: arms \[1, 4, 8\] differ from row 0's \[1, 4\]"):
+    with pytest.raises(
+        AdaptspecError, match=r"column 'arms', row 1: arms \[1, 4, 8\] differ from row 0's \[1, 4\]"
+    ):
         DecisionLog.read(tmp_path / "a").arms
     t = pq.read_table(DecisionLog(tmp_path / "a").parts()[0])
     pq.write_table(t.replace_schema_metadata({"adaptspec.schema_version": "7"}), tmp_path / "one.parquet")
@@ -308,10 +384,19 @@ def test_decision_log_arms_must_agree_and_schema_version_is_checked(tmp_path):
 
 
 def test_decision_row_from_records(tmp_path):
-    d = Decision(block_size=4, propensity=0.75, probs=np.array([0.25, 0.75]), arms=(1, 4), policy="linucb",
-                 version=3, decision_id="abc")
+    d = Decision(
+        block_size=4,
+        propensity=0.75,
+        probs=np.array([0.25, 0.75]),
+        arms=(1, 4),
+        policy="linucb",
+        version=3,
+        decision_id="abc",
+    )
     out = Outcome(tokens=[1] * 9, rounds=[Round(4, 3, 0.01, 0.04), Round(4, 4, 0.01, 0.04)], decode_s=0.1)
-    r = decision_row(d, features=[1.0, 2.0], outcome=out, reward=90.0, request_id="q1", variant="B", time=1.7e9)
+    r = decision_row(
+        d, features=[1.0, 2.0], outcome=out, reward=90.0, request_id="q1", variant="B", time=1.7e9
+    )
     DecisionLog(tmp_path / "log").append([r, decision_row(d.with_id("xyz"), features=[0.0, 1.0])])
     log = DecisionLog.read(tmp_path / "log")
     t = log.table.to_pylist()
@@ -321,8 +406,14 @@ def test_decision_row_from_records(tmp_path):
 
 
 # ============================================================================ BlockPilot importer
-def write_bp(folder: Path, sizes=(14, 15, 16, 17, 18), n: int = 4, choice: bool = True, mapped: bool = True,
-             seed: int = 0) -> dict:
+def write_bp(
+    folder: Path,
+    sizes=(14, 15, 16, 17, 18),
+    n: int = 4,
+    choice: bool = True,
+    mapped: bool = True,
+    seed: int = 0,
+) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     data = {b: {str(i): float(rng.uniform(1, min(b, 9))) for i in range(n)} for b in sizes}
@@ -362,18 +453,36 @@ def test_import_blockpilot_true_block_size_one_and_parent_folders(tmp_path):
     assert np.all(np.isnan(ts.column("blockpilot_choice")))
 
 
-@pytest.mark.parametrize("break_it,msg", [
-    (lambda f: (f / "mapped_from_1.json").write_text(json.dumps({str(i): 1.5 for i in range(4)})),
-     "mapped_from_1.json: prompt 0: tau 1.5 but"),
-    (lambda f: (f / "1.json").write_text(json.dumps({str(i): 40 for i in range(4)})),
-     "1.json: mapped_from_1.json is present, so 1.json should hold the selector's block size"),
-    (lambda f: (f / "16.json").write_text(json.dumps({str(i): 2.0 for i in range(3)})), "16.json: prompt 3 missing"),
-    (lambda f: (f / "14.json").write_text(json.dumps({str(i): 15.0 for i in range(4)})),
-     "14.json: prompt 0: tau 15.0 outside 1..14"),
-    (lambda f: (f / "15.json").write_text("[1, 2"), "15.json: not valid JSON"),
-    (lambda f: (f / "15.json").write_text(json.dumps({"a": 1.0})), "15.json: key 'a' is not a prompt index"),
-    (lambda f: (f / "15.json").write_text(json.dumps({str(i): "x" for i in range(4)})), "15.json: prompt 0: 'x' is not"),
-])
+@pytest.mark.parametrize(
+    "break_it,msg",
+    [
+        (
+            lambda f: (f / "mapped_from_1.json").write_text(json.dumps({str(i): 1.5 for i in range(4)})),
+            "mapped_from_1.json: prompt 0: tau 1.5 but",
+        ),
+        (
+            lambda f: (f / "1.json").write_text(json.dumps({str(i): 40 for i in range(4)})),
+            "1.json: mapped_from_1.json is present, so 1.json should hold the selector's block size",
+        ),
+        (
+            lambda f: (f / "16.json").write_text(json.dumps({str(i): 2.0 for i in range(3)})),
+            "16.json: prompt 3 missing",
+        ),
+        (
+            lambda f: (f / "14.json").write_text(json.dumps({str(i): 15.0 for i in range(4)})),
+            "14.json: prompt 0: tau 15.0 outside 1..14",
+        ),
+        (lambda f: (f / "15.json").write_text("[1, 2"), "15.json: not valid JSON"),
+        (
+            lambda f: (f / "15.json").write_text(json.dumps({"a": 1.0})),
+            "15.json: key 'a' is not a prompt index",
+        ),
+        (
+            lambda f: (f / "15.json").write_text(json.dumps({str(i): "x" for i in range(4)})),
+            "15.json: prompt 0: 'x' is not",
+        ),
+    ],
+)
 def test_import_blockpilot_errors(tmp_path, break_it, msg):
     f = tmp_path / "gsm8k_0T0.0"
     write_bp(f)
@@ -386,7 +495,9 @@ def test_import_blockpilot_errors(tmp_path, break_it, msg):
 def test_import_blockpilot_folders_must_share_block_sizes(tmp_path):
     write_bp(tmp_path / "a_0T0.0", sizes=(4, 8), choice=False, mapped=False)
     write_bp(tmp_path / "b_0T0.0", sizes=(4, 16), choice=False, mapped=False)
-    with pytest.raises(AdaptspecError, match=r"b_0T0.0: block sizes \[4, 16\] differ from a_0T0.0's \[4, 8\]"):
+    with pytest.raises(
+        AdaptspecError, match=r"b_0T0.0: block sizes \[4, 16\] differ from a_0T0.0's \[4, 8\]"
+    ):
         import_blockpilot(tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(AdaptspecError, match="no BlockPilot result folder"):

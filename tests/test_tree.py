@@ -40,8 +40,11 @@ def candidates(draw, max_depth=4, max_k=4, ties=False):
 def every_path(lp: np.ndarray) -> dict[tuple[int, ...], float]:
     """Every rank path (r_1 .. r_d), d = 1..D, and its score, enumerated."""
     depth, k = lp.shape
-    return {ranks: float(sum(lp[i, r] for i, r in enumerate(ranks)))
-            for d in range(1, depth + 1) for ranks in itertools.product(range(k), repeat=d)}
+    return {
+        ranks: float(sum(lp[i, r] for i, r in enumerate(ranks)))
+        for d in range(1, depth + 1)
+        for ranks in itertools.product(range(k), repeat=d)
+    }
 
 
 def rank_path(tree: DraftTree, ids: np.ndarray, node: int) -> tuple[int, ...]:
@@ -61,7 +64,11 @@ def test_build_tree_is_the_best_prefix_closed_set_of_paths(cands, nodes):
     paths = every_path(lp.numpy())
     assert tree.nodes == min(nodes, len(paths))
     assert tree.chain == ids[:, 0].tolist()
-    assert len(tree.parents) == len(tree.depths) == tree.nodes + 1 and tree.parents[0] == -1 and tree.depths[0] == 0
+    assert (
+        len(tree.parents) == len(tree.depths) == tree.nodes + 1
+        and tree.parents[0] == -1
+        and tree.depths[0] == 0
+    )
     got = [rank_path(tree, ids.numpy(), i) for i in range(1, tree.nodes + 1)]
     assert len(set(got)) == tree.nodes  # distinct paths
     for i, ranks in enumerate(got, start=1):
@@ -71,14 +78,19 @@ def test_build_tree_is_the_best_prefix_closed_set_of_paths(cands, nodes):
         assert tree.log_mass[i - 1] == pytest.approx(paths[ranks], abs=1e-9)
     assert all(a >= b - 1e-12 for a, b in zip(tree.log_mass, tree.log_mass[1:]))  # best-first
     best = sorted(paths.values(), reverse=True)[: tree.nodes]
-    np.testing.assert_allclose(sorted(tree.log_mass, reverse=True), best, atol=1e-9)  # the N best (ties: any of them)
+    np.testing.assert_allclose(
+        sorted(tree.log_mass, reverse=True), best, atol=1e-9
+    )  # the N best (ties: any of them)
     for n in range(tree.nodes + 1):
         sub = tree.prefix(n)
-        assert sub.tokens == tree.tokens[:n] and sub.parents == tree.parents[: n + 1] and sub.chain == tree.chain
+        assert (
+            sub.tokens == tree.tokens[:n] and sub.parents == tree.parents[: n + 1] and sub.chain == tree.chain
+        )
 
 
 def brute_walk(tree: DraftTree, choices: list[int]) -> list[int]:
     """The deepest node whose every token was the target's choice at its parent, and its ancestors."""
+
     def accepted(i: int) -> bool:
         while i:
             if tree.tokens[i - 1] != choices[tree.parents[i]]:
@@ -147,7 +159,9 @@ def _eager(model):
     return model
 
 
-@pytest.mark.parametrize("arch, attention", [(a, "sdpa") for a in ARCHS] + [("llama", "eager"), ("qwen3", "exact")])
+@pytest.mark.parametrize(
+    "arch, attention", [(a, "sdpa") for a in ARCHS] + [("llama", "eager"), ("qwen3", "exact")]
+)
 def test_keep_path_leaves_the_cache_a_chain_of_the_path_would(arch, attention):
     """The tree pass's logits along a path are the chain's, and the cache kept is the chain's:
     with the model's sdpa and eager kernels, and with exact verification's row-wise kernel."""
@@ -157,7 +171,11 @@ def test_keep_path_leaves_the_cache_a_chain_of_the_path_would(arch, attention):
     target = TargetModel(model, verification="exact" if attention == "exact" else "fast")
     prompt = [12, 13, 14, 15, 16, 17, 18]
     gen = torch.Generator().manual_seed(3)
-    lp = torch.log_softmax(torch.randn(4, 3, generator=gen, dtype=torch.float64), -1).sort(-1, descending=True).values
+    lp = (
+        torch.log_softmax(torch.randn(4, 3, generator=gen, dtype=torch.float64), -1)
+        .sort(-1, descending=True)
+        .values
+    )
     ids = torch.stack([torch.randperm(90, generator=gen)[:3] + 6 for _ in range(4)])
     tree = build_tree(lp, ids, 14)
     n, last = len(prompt), 40
@@ -180,7 +198,9 @@ def test_keep_path_leaves_the_cache_a_chain_of_the_path_would(arch, attention):
             torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(tree_logits[[0, *path]], chain_logits, rtol=1e-4, atol=1e-4)
         nxt = torch.tensor([int(tree_logits[path[-1] if path else 0].argmax())])
-        torch.testing.assert_close(target.verify(nxt, cache)[0], target.verify(nxt, chain)[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            target.verify(nxt, cache)[0], target.verify(nxt, chain)[0], rtol=1e-4, atol=1e-4
+        )
 
 
 # ---------------------------------------------------------------------- budgets
@@ -203,8 +223,13 @@ def grow_while_rising(masses: list[float], cost) -> int:
 
 
 @settings(max_examples=200, deadline=None)
-@given(masses=st.lists(st.floats(1e-4, 1.0), min_size=0, max_size=40),
-       a=st.floats(0.05, 5.0), b=st.floats(0.0, 1.0), c=st.floats(0.0, 0.05), max_nodes=st.integers(1, 48))
+@given(
+    masses=st.lists(st.floats(1e-4, 1.0), min_size=0, max_size=40),
+    a=st.floats(0.05, 5.0),
+    b=st.floats(0.0, 1.0),
+    c=st.floats(0.0, 0.05),
+    max_nodes=st.integers(1, 48),
+)
 def test_cost_aware_budget_is_the_argmax_of_its_ratio_under_convex_costs(masses, a, b, c, max_nodes):
     masses = sorted(masses, reverse=True)  # best-first: path masses never rise
     cost = lambda m: a + b * m + c * m * m  # noqa: E731  convex, rising
@@ -225,11 +250,15 @@ def test_cost_aware_budget_does_not_stop_at_a_local_maximum_of_a_measured_curve(
 def test_cost_aware_budget_priced_by_a_profile_pays_the_draft_every_round():
     from adaptspec.reward.latency import CostCurve, LatencyProfile
 
-    profile = LatencyProfile("t", draft=CostCurve((2, 16), (0.004, 0.006)), verify=CostCurve((1, 65), (0.05, 0.114)))
+    profile = LatencyProfile(
+        "t", draft=CostCurve((2, 16), (0.004, 0.006)), verify=CostCurve((1, 65), (0.05, 0.114))
+    )
     rule = CostAwareTree.from_profile(profile, max_nodes=32, depth=7)
     for m in (0, 1, 31):  # draft of 8 positions: 0.004 + 0.002 * 6 / 14; verify of m + 1: 0.05 + 0.001 * m
         assert rule.costs[m] == pytest.approx(0.004 + 0.002 * 6 / 14 + 0.05 + 0.001 * m)
-    assert CostAwareTree.from_profile(profile, max_nodes=4).costs[0] == pytest.approx(0.006 + 0.05)  # depth 15: 16 drafted
+    assert CostAwareTree.from_profile(profile, max_nodes=4).costs[0] == pytest.approx(
+        0.006 + 0.05
+    )  # depth 15: 16 drafted
     assert DEFAULT_DEPTH == 15
 
 
@@ -237,8 +266,13 @@ def test_fixed_budget_and_bad_budgets():
     assert FixedTree(8).nodes(np.zeros(20)) == 8 and FixedTree(8).nodes(np.zeros(3)) == 3
     assert FixedTree(8).top_k == 8 and FixedTree(64).top_k == 16 and FixedTree(64, top_k=4).top_k == 4
     assert str(FixedTree(32)) == "tree:32"
-    for kw in ({"max_nodes": 0}, {"max_nodes": True}, {"max_nodes": 4, "top_k": -2}, {"max_nodes": 4, "depth": 0},
-               {"max_nodes": 4.0}):
+    for kw in (
+        {"max_nodes": 0},
+        {"max_nodes": True},
+        {"max_nodes": 4, "top_k": -2},
+        {"max_nodes": 4, "depth": 0},
+        {"max_nodes": 4.0},
+    ):
         with pytest.raises(AdaptspecError, match="a draft tree's"):
             FixedTree(**kw)
     with pytest.raises(AdaptspecError, match="finite and > 0"):
@@ -250,7 +284,9 @@ def test_fixed_budget_and_bad_budgets():
 def test_a_tree_round_may_verify_more_positions_than_it_drafted_but_never_commit_deeper():
     from adaptspec.speculator import Round
 
-    r = Round(block_size=33, tau=4, draft_s=0.0, verify_s=0.0, drafted=16, tree=True)  # 32 nodes of depth <= 15
+    r = Round(
+        block_size=33, tau=4, draft_s=0.0, verify_s=0.0, drafted=16, tree=True
+    )  # 32 nodes of depth <= 15
     assert r.draft_size == 16 and r.tree
     with pytest.raises(ValueError, match="smaller than the verified block_size"):
         Round(block_size=33, tau=4, draft_s=0.0, verify_s=0.0, drafted=16)  # a chain cannot

@@ -16,14 +16,29 @@ import pytest
 import torch
 
 from adaptspec import AdaptiveController
-from adaptspec.control.policy_build import (DEFAULT_TREE_NODES, TREE_MARGIN, TREE_VERIFY_RATIO, default_on_host,
-                                             tree_default)
+from adaptspec.control.policy_build import (
+    DEFAULT_TREE_NODES,
+    TREE_MARGIN,
+    TREE_VERIFY_RATIO,
+    default_on_host,
+    tree_default,
+)
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.counterfactual import from_outcome
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.speculator import (TREE_ARM_DEPTH, Outcome, Prefill, Round, TreeOutcomes, arm_label, check_block_sizes,
-                                  parse_arm, tree_arm, verified_positions)
+from adaptspec.speculator import (
+    TREE_ARM_DEPTH,
+    Outcome,
+    Prefill,
+    Round,
+    TreeOutcomes,
+    arm_label,
+    check_block_sizes,
+    parse_arm,
+    tree_arm,
+    verified_positions,
+)
 from adaptspec.traces import DecisionLog
 
 from decoding_helpers import reference_greedy, tiny_target
@@ -62,9 +77,11 @@ def test_arm_labels_parse_and_checks():
 def test_the_profile_prices_a_tree_arm_as_its_draft_and_its_nodes_plus_one():
     for n in (1, 8, 64):
         assert float(PROFILE.round_s(tree_arm(n))) == pytest.approx(
-            float(PROFILE.draft_s(TREE_ARM_DEPTH + 1)) + float(PROFILE.verify_s(n + 1)))
+            float(PROFILE.draft_s(TREE_ARM_DEPTH + 1)) + float(PROFILE.verify_s(n + 1))
+        )
     assert float(PROFILE.draft_s(1)) == 0.0 and float(PROFILE.round_s(4)) == pytest.approx(
-        float(PROFILE.draft_s(4) + PROFILE.verify_s(4)))
+        float(PROFILE.draft_s(4) + PROFILE.verify_s(4))
+    )
 
 
 # ---------------------------------------------------------------------- the decoder
@@ -72,7 +89,9 @@ def test_a_tree_arm_decodes_the_best_tree_and_reports_what_it_showed():
     model, dec = tiny_tree_decoder()
     pre = dec.prefill([7, 8, 9, 10])
     out = dec.decode(pre, tree_arm(12), 40)
-    assert dec.draft_trees and out.tokens == reference_greedy(model, [7, 8, 9, 10], 40)  # the drafter does not change them
+    assert dec.draft_trees and out.tokens == reference_greedy(
+        model, [7, 8, 9, 10], 40
+    )  # the drafter does not change them
     trees = [r for r in out.rounds if r.tree]
     assert trees and all(r.block_size <= 13 and r.tree_outcomes is not None for r in trees)
     for r in trees:  # the round's own tau is its whole tree's
@@ -89,15 +108,19 @@ def outcome_of(rounds, decode_s=0.05):
 def test_counterfactuals_of_a_tree_request_follow_the_tree_outcomes():
     a = TreeOutcomes(tree_tau=(1, 2, 2, 3, 3), chain_tau=(1, 2, 3, None), chain_floor=(1, 2, 3, 3))
     b = TreeOutcomes(tree_tau=(1, 1, 1, 1, 2), chain_tau=(1, 1, 1, 1), chain_floor=(1, 1, 1, 1))
-    rounds = [Round(5, 3, 0.001, 0.01, drafted=4, tree=True, tree_outcomes=a),
-              Round(5, 2, 0.001, 0.01, drafted=4, tree=True, tree_outcomes=b),
-              Round(1, 1, 0.0, 0.01)]  # the last token's plain step
+    rounds = [
+        Round(5, 3, 0.001, 0.01, drafted=4, tree=True, tree_outcomes=a),
+        Round(5, 2, 0.001, 0.01, drafted=4, tree=True, tree_outcomes=b),
+        Round(1, 1, 0.0, 0.01),
+    ]  # the last token's plain step
     arms = (tree_arm(8), tree_arm(4), tree_arm(2), 1, 2, 3, 4, 6)
     cf = from_outcome(outcome_of(rounds), tree_arm(4), arms, 30, PROFILE)
     by = dict(zip(cf.arms, cf.tokens.tolist()))
     # trees: the first M nodes of each round; chains: each round's rank-0 path; the plain step: 1 everywhere
     assert by[-4] == 3 + 2 + 1 and by[-2] == 2 + 1 + 1 and by[-8] == 3 + 2 + 1
-    assert by[1] == 3 and by[2] == 2 + 1 + 1 and by[3] == 3 + 1 + 1 and by[4] == 3 + 1 + 1 and by[6] == 3 + 1 + 1
+    assert (
+        by[1] == 3 and by[2] == 2 + 1 + 1 and by[3] == 3 + 1 + 1 and by[4] == 3 + 1 + 1 and by[6] == 3 + 1 + 1
+    )
     cens = dict(zip(cf.arms, cf.censored.tolist()))
     assert cens[-8]  # larger than the trees that ran
     assert cens[4] and cens[6]  # round a's chain accepted down to depth 3, which the tree did not hold
@@ -106,7 +129,9 @@ def test_counterfactuals_of_a_tree_request_follow_the_tree_outcomes():
     assert not any(approx[x] for x in (-8, -4, -2, 1)) and all(approx[x] for x in (2, 3, 4, 6))
     # time: each arm's own rounds, scaled as what ran was measured
     ctx = np.array([30 + 1, 30 + 1 + 3, 30 + 1 + 5])
-    ran = sum(float(PROFILE.draft_s(d, c) + PROFILE.verify_s(v, c)) for d, v, c in zip((4, 4, 1), (5, 5, 1), ctx))
+    ran = sum(
+        float(PROFILE.draft_s(d, c) + PROFILE.verify_s(v, c)) for d, v, c in zip((4, 4, 1), (5, 5, 1), ctx)
+    )
     for arm in (-2, 3):
         own = sum(float(PROFILE.round_s(arm if v > 1 else 1, c)) for v, c in zip((5, 5, 1), ctx))
         assert dict(zip(cf.arms, cf.decode_s.tolist()))[arm] == pytest.approx(0.05 / ran * 6 / by[arm] * own)
@@ -135,8 +160,12 @@ def test_fi_ucb_pairs_every_arm_with_the_plain_step_which_chain_requests_show_to
     pol.update_full(None, [0.0, 1.0, 5.0], [False, True, True])  # a chain request: the tree censored
     pol.update_full(None, [0.0, 3.0, 4.0], [False, True, True])
     ref = (1.0 + 1.0 + 3.0) / 3
-    assert pol.means().tolist() == pytest.approx([ref + (3 - 1), ref, ref + ((2 - 1) + (5 - 1) + (4 - 3)) / 3])
-    trees_only = FullInfoUCB([tree_arm(8), tree_arm(2)], seed=0)  # the smallest tree: shown by every larger one
+    assert pol.means().tolist() == pytest.approx(
+        [ref + (3 - 1), ref, ref + ((2 - 1) + (5 - 1) + (4 - 3)) / 3]
+    )
+    trees_only = FullInfoUCB(
+        [tree_arm(8), tree_arm(2)], seed=0
+    )  # the smallest tree: shown by every larger one
     trees_only.update_full(None, [4.0, 2.0], [True, True])
     trees_only.update_full(None, [0.0, 1.0], [False, True])
     assert trees_only.means().tolist() == pytest.approx([1.5 + 2.0, 1.5])
@@ -146,15 +175,21 @@ def test_fi_ucb_pairs_every_arm_with_the_plain_step_which_chain_requests_show_to
 def test_the_controller_decides_tree_arms_learns_every_arm_and_logs_ints(tmp_path):
     model, dec = tiny_tree_decoder()
     arms = (tree_arm(12), tree_arm(4), 1, 2, 4)
-    with AdaptiveController(dec, "fi-ucb", arms=arms, log_dir=tmp_path / "log", latency="cpu-smollm2-fast") as c:
+    with AdaptiveController(
+        dec, "fi-ucb", arms=arms, log_dir=tmp_path / "log", latency="cpu-smollm2-fast"
+    ) as c:
         gens = [c.generate([7, 8, 9, 10], max_new_tokens=24) for _ in range(4)]
         c.sync()
         assert c.stats()["update_errors"] == 0
-    assert gens[0].decision.block_size == tree_arm(12)  # fi-ucb starts from the largest tree: it shows the most
+    assert gens[0].decision.block_size == tree_arm(
+        12
+    )  # fi-ucb starts from the largest tree: it shows the most
     assert all(g.tokens == reference_greedy(model, [7, 8, 9, 10], 24) for g in gens)
     log = DecisionLog.read(tmp_path / "log")
     assert log.block_sizes[0] == -12 and list(log.arms) == sorted(arms)
-    first = log.table.to_pylist()[0]  # the largest tree ran: the smaller tree, plain steps and B = 2 are known
+    first = log.table.to_pylist()[
+        0
+    ]  # the largest tree ran: the smaller tree, plain steps and B = 2 are known
     assert [c for a, c in zip(sorted(arms), first["cf_censored"]) if a in (-12, -4, 1, 2)] == [False] * 4
     assert log.cf_observed[0].sum() >= 4 and np.isfinite(log.cf_rewards[0]).all()
 
@@ -192,12 +227,20 @@ def test_a_trace_set_keeps_tree_arms(tmp_path):
 def test_a_checkpoint_of_a_policy_over_tree_arms_resumes(tmp_path):
     _, dec = tiny_tree_decoder(peek=False)
     arms = (tree_arm(8), 1, 2, 4)
-    with AdaptiveController(dec, "fi-ucb", arms=arms, checkpoint_dir=tmp_path / "ck", checkpoint_every=1,
-                            latency="cpu-smollm2-fast") as c:
+    with AdaptiveController(
+        dec,
+        "fi-ucb",
+        arms=arms,
+        checkpoint_dir=tmp_path / "ck",
+        checkpoint_every=1,
+        latency="cpu-smollm2-fast",
+    ) as c:
         for _ in range(3):
             c.generate([7, 8, 9, 10], max_new_tokens=12)
         c.sync()
-    with AdaptiveController(dec, "fi-ucb", arms=arms, checkpoint_dir=tmp_path / "ck", latency="cpu-smollm2-fast") as c:
+    with AdaptiveController(
+        dec, "fi-ucb", arms=arms, checkpoint_dir=tmp_path / "ck", latency="cpu-smollm2-fast"
+    ) as c:
         assert c.stats()["resumed"]["updates_at_checkpoint"] == 3 and c.arms == tuple(sorted(arms))
 
 
@@ -212,12 +255,16 @@ def test_tree_arms_are_refused_where_the_speculator_does_not_verify_trees(tmp_pa
         def decode(self, prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None):
             return Outcome([1], [], 0.0)
 
-    with pytest.raises(AdaptspecError, match=r"tree arms \[tree:8\] need a speculator that declares draft_trees"):
+    with pytest.raises(
+        AdaptspecError, match=r"tree arms \[tree:8\] need a speculator that declares draft_trees"
+    ):
         AdaptiveController(Chains(), "fi-ucb", arms=(1, 4, tree_arm(8)))
     with pytest.raises(AdaptspecError, match=r"tree arms \[tree:8\] need"):  # no engine decodes trees yet
         AdaptiveController(None, "fi-ucb", arms=(1, 4, tree_arm(8)))
     _, dec = tiny_tree_decoder(peek=False)
-    with pytest.raises(AdaptspecError, match="hold draft trees, which redecide_every and round_rule cannot choose"):
+    with pytest.raises(
+        AdaptspecError, match="hold draft trees, which redecide_every and round_rule cannot choose"
+    ):
         AdaptiveController(dec, "fi-ucb", arms=(1, 4, tree_arm(8)), redecide_every=2)
 
 
@@ -239,8 +286,11 @@ def curve(ratio4: float, per_token_after: float) -> LatencyProfile:
     """A host whose 4-token verify costs ``ratio4`` times a 1-token one (50 ms), then
     ``per_token_after`` ms a position."""
     v1 = 0.050
-    return LatencyProfile("t", draft=CostCurve((2, 16), (0.004, 0.006)),
-                          verify=CostCurve((1, 4, 65), (v1, v1 * ratio4, v1 * ratio4 + 61 * per_token_after / 1e3)))
+    return LatencyProfile(
+        "t",
+        draft=CostCurve((2, 16), (0.004, 0.006)),
+        verify=CostCurve((1, 4, 65), (v1, v1 * ratio4, v1 * ratio4 + 61 * per_token_after / 1e3)),
+    )
 
 
 def test_the_default_never_plays_a_tree_where_a_wide_verify_is_not_cheap():
@@ -248,7 +298,9 @@ def test_the_default_never_plays_a_tree_where_a_wide_verify_is_not_cheap():
 
     steep = Host(curve(2.55, 5.0), BUNDLED_HEAD)  # the AVX2 host of issue 47
     choice, fallback = default_on_host(16, 1153, None, lambda: steep, trees=True)
-    assert choice.arms is None and choice.spec == "fixed:1" and fallback == 1  # nothing beyond B = 1 pays there
+    assert (
+        choice.arms is None and choice.spec == "fixed:1" and fallback == 1
+    )  # nothing beyond B = 1 pays there
     assert tree_default(steep.profile, steep.speeds, (1, 2, 4)) is None
     assert float(steep.profile.verify_s(4)) / float(steep.profile.verify_s(1)) > TREE_VERIFY_RATIO
 
@@ -262,7 +314,9 @@ def test_the_default_adds_trees_only_where_they_beat_the_best_chain_on_the_hosts
     assert fallback < 0 and "draft trees pay" in choice.reason
     chains_only, _ = default_on_host(16, 1153, None, lambda: flat, trees=False)  # a speculator without trees
     assert chains_only.arms is None and "neural-linear" in chains_only.spec
-    given, _ = default_on_host(16, 1153, (1, 2, 3, 4, 6, 8, 12, 16), lambda: flat, trees=True)  # arms given: kept
+    given, _ = default_on_host(
+        16, 1153, (1, 2, 3, 4, 6, 8, 12, 16), lambda: flat, trees=True
+    )  # arms given: kept
     assert given.arms is None
     # a tree that only ties the best chain at the prior is not added
     best_chain = max(flat.speeds.values())
@@ -279,10 +333,17 @@ def test_on_the_measured_avx512_curve_the_default_keeps_chains():
     verify_ms = {1: 57.1, 2: 56.2, 3: 58.5, 4: 62.4, 6: 72.2, 8: 66.6, 16: 79.3, 32: 105.2, 64: 162.4}
     sizes = sorted(verify_ms)
     envelope = np.maximum.accumulate([verify_ms[b] / 1e3 for b in sizes])  # a cost curve never decreases
-    measured = LatencyProfile("avx512", draft=CostCurve((4, 16), (0.00508, 0.00691)),
-                              verify=CostCurve(tuple(sizes), tuple(envelope.tolist())))
+    measured = LatencyProfile(
+        "avx512",
+        draft=CostCurve((4, 16), (0.00508, 0.00691)),
+        verify=CostCurve(tuple(sizes), tuple(envelope.tolist())),
+    )
     chains = (1, 2, 3, 4, 6, 8, 12, 16)
     speeds = expected_speeds(measured, prior_tokens_per_round(chains))
-    assert float(measured.verify_s(4)) / float(measured.verify_s(1)) <= TREE_VERIFY_RATIO  # a wide pass is cheap here
+    assert (
+        float(measured.verify_s(4)) / float(measured.verify_s(1)) <= TREE_VERIFY_RATIO
+    )  # a wide pass is cheap here
     assert tree_default(measured, speeds, chains) is None
-    assert tree_default(measured, speeds, chains, prior={8: 2.2}) is not None  # at the tau issue 47 asks of trees
+    assert (
+        tree_default(measured, speeds, chains, prior={8: 2.2}) is not None
+    )  # at the tau issue 47 asks of trees

@@ -38,8 +38,13 @@ class TreePeekingDrafter(BlockDiffusionDrafter):
     """Drafts from a known continuation with the right token at rank 0, 1, 2, 3 or nowhere among
     four decoys: best-first trees then accept along paths that leave rank 0, as a real drafter's do."""
 
-    def __init__(self, base: BlockDiffusionDrafter, sequence: list[int], seed: int = 0,
-                 rank_probs: tuple[float, ...] = (0.5, 0.2, 0.1, 0.1, 0.1)):
+    def __init__(
+        self,
+        base: BlockDiffusionDrafter,
+        sequence: list[int],
+        seed: int = 0,
+        rank_probs: tuple[float, ...] = (0.5, 0.2, 0.1, 0.1, 0.1),
+    ):
         super().__init__(base.config, base.draft_vocab)
         self.load_state_dict(base.state_dict())
         self.__dict__["_shared"] = base._shared
@@ -52,7 +57,7 @@ class TreePeekingDrafter(BlockDiffusionDrafter):
         logits = super().draft_logits(state, last_token, block_size)  # the real code path stays busy
         n, v = state.length, self.config.vocab_size
         self.gen = torch.Generator().manual_seed(self.seed * 1_000_003 + n * 1009 + last_token)
-        want = self.sequence[n + 1: n + block_size]
+        want = self.sequence[n + 1 : n + block_size]
         logits.mul_(0.01).sub_(10.0)
         for i in range(block_size - 1):
             right = want[i] if i < len(want) else int(torch.randint(v, (1,), generator=self.gen))
@@ -73,8 +78,14 @@ def convex_costs(a: float, b: float, c: float):
 
 budgets = st.one_of(
     st.builds(FixedTree, st.integers(1, 24), st.integers(0, 5), st.one_of(st.none(), st.integers(1, 8))),
-    st.builds(lambda a, b, c, n, k: CostAwareTree(convex_costs(a, b, c), max_nodes=n, top_k=k),
-              st.floats(0.5, 2.0), st.floats(0.0, 0.2), st.floats(0.0, 0.01), st.integers(1, 24), st.integers(0, 4)),
+    st.builds(
+        lambda a, b, c, n, k: CostAwareTree(convex_costs(a, b, c), max_nodes=n, top_k=k),
+        st.floats(0.5, 2.0),
+        st.floats(0.0, 0.2),
+        st.floats(0.0, 0.01),
+        st.integers(1, 24),
+        st.integers(0, 4),
+    ),
 )
 prompts = st.lists(st.integers(6, 95), min_size=1, max_size=20)
 
@@ -89,12 +100,19 @@ def check_rounds(out, budget: TreeBudget) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=prompts, budget=budgets, max_new=st.integers(1, 40), peek_seed=st.one_of(st.none(), st.integers(0, 99)))
+@given(
+    prompt=prompts,
+    budget=budgets,
+    max_new=st.integers(1, 40),
+    peek_seed=st.one_of(st.none(), st.integers(0, 99)),
+)
 def test_exact_trees_are_bit_identical_to_greedy(arch, prompt, budget, max_new, peek_seed):
     model, decoder = exact_for(arch)
     ref = reference_greedy(model, prompt, max_new)
     if peek_seed is not None:  # a drafter often right, at any rank
-        decoder = SpeculativeDecoder(decoder.target, TreePeekingDrafter(decoder.drafter, prompt + ref, peek_seed))
+        decoder = SpeculativeDecoder(
+            decoder.target, TreePeekingDrafter(decoder.drafter, prompt + ref, peek_seed)
+        )
     out = decoder.generate(prompt, budget, max_new)
     assert out.tokens == ref
     check_rounds(out, budget)
@@ -112,11 +130,15 @@ def test_exact_trees_accept_off_the_rank0_path_and_stop_at_eos_inside_a_path():
         hook = model.register_forward_hook(lambda *_: forwards.append(1))  # the target's passes
         try:
             with mock.patch.object(decoder_module, "verify_tree", passes):
-                out = SpeculativeDecoder(decoder.target, peek).generate(prompt, FixedTree(32, top_k=4, depth=8), 60)
+                out = SpeculativeDecoder(decoder.target, peek).generate(
+                    prompt, FixedTree(32, top_k=4, depth=8), 60
+                )
         finally:
             hook.remove()
         assert out.tokens == ref
-        assert len(forwards) == 1 + len(out.rounds)  # the prefill, then one pass a round: no second pass for exactness
+        assert len(forwards) == 1 + len(
+            out.rounds
+        )  # the prefill, then one pass a round: no second pass for exactness
         deepest = max(deepest, *(r.tau for r in out.rounds))
         for tree, _, _, logits in passes.passes:
             path = brute_path(tree, logits.argmax(-1).tolist())
@@ -190,11 +212,13 @@ def check_fast_rounds(model, prompt, out, passes, temperature=0.0, seed=None):
         if temperature == 0:
             choices = logits.argmax(-1).tolist()
         else:
-            noise = torch.stack([keys.noise(pos + d, 1, logits.shape[-1], logits.device)[0] for d in tree.depths])
+            noise = torch.stack(
+                [keys.noise(pos + d, 1, logits.shape[-1], logits.device)[0] for d in tree.depths]
+            )
             choices = (logits / temperature + noise).argmax(-1).tolist()
         path = brute_path(tree, choices)
         new = [tree.tokens[i - 1] for i in path] + [choices[path[-1] if path else 0]]
-        got = out.tokens[pos: pos + r.tau]
+        got = out.tokens[pos : pos + r.tau]
         assert r.tau == len(new) and got == new[: len(got)]
         with torch.no_grad():
             full = model(torch.tensor([prompt + committed + new[:-1]])).logits[0, n:].float()
@@ -206,8 +230,15 @@ def check_fast_rounds(model, prompt, out, passes, temperature=0.0, seed=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=prompts, budget=budgets, max_new=st.integers(1, 40), peek_seed=st.one_of(st.none(), st.integers(0, 99)))
-def test_fast_trees_commit_the_argmax_of_the_pass_that_verified_them(arch, prompt, budget, max_new, peek_seed):
+@given(
+    prompt=prompts,
+    budget=budgets,
+    max_new=st.integers(1, 40),
+    peek_seed=st.one_of(st.none(), st.integers(0, 99)),
+)
+def test_fast_trees_commit_the_argmax_of_the_pass_that_verified_them(
+    arch, prompt, budget, max_new, peek_seed
+):
     model, target, drafter = fast_for(arch)
     if peek_seed is not None:
         drafter = TreePeekingDrafter(drafter, prompt + reference_greedy(model, prompt, max_new), peek_seed)
@@ -243,14 +274,23 @@ def test_fast_trees_equal_plain_greedy_except_at_near_ties(attention):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=prompts, budget=budgets, seed=st.integers(0, 2**32), temperature=st.sampled_from([0.5, 1.0, 1.5]),
-       peek=st.booleans())
-def test_exact_trees_sample_the_same_tokens_as_plain_decoding_under_a_seed(arch, prompt, budget, seed, temperature, peek):
+@given(
+    prompt=prompts,
+    budget=budgets,
+    seed=st.integers(0, 2**32),
+    temperature=st.sampled_from([0.5, 1.0, 1.5]),
+    peek=st.booleans(),
+)
+def test_exact_trees_sample_the_same_tokens_as_plain_decoding_under_a_seed(
+    arch, prompt, budget, seed, temperature, peek
+):
     model, decoder = exact_for(arch)
     plain = decoder.generate(prompt, 1, 32, temperature=temperature, seed=seed).tokens
     tree_decoder = decoder
     if peek:  # a drafter that knows the sampled continuation: long paths accepted
-        tree_decoder = SpeculativeDecoder(decoder.target, TreePeekingDrafter(decoder.drafter, prompt + plain, seed % 97))
+        tree_decoder = SpeculativeDecoder(
+            decoder.target, TreePeekingDrafter(decoder.drafter, prompt + plain, seed % 97)
+        )
     out = tree_decoder.generate(prompt, budget, 32, temperature=temperature, seed=seed)
     assert out.tokens == plain == decoder.generate(prompt, 4, 32, temperature=temperature, seed=seed).tokens
     check_rounds(out, budget)
@@ -266,8 +306,9 @@ def test_fast_trees_commit_the_keyed_sample_of_the_pass_that_verified_them(arch)
         peek = TreePeekingDrafter(drafter, prompt + plain, seed)
         passes = TreePasses()
         with mock.patch.object(decoder_module, "verify_tree", passes):
-            out = SpeculativeDecoder(target, peek).generate(prompt, FixedTree(10, top_k=3, depth=5), 30,
-                                                            temperature=0.8, seed=seed)
+            out = SpeculativeDecoder(target, peek).generate(
+                prompt, FixedTree(10, top_k=3, depth=5), 30, temperature=0.8, seed=seed
+            )
         check_fast_rounds(model, prompt, out, passes.passes, temperature=0.8, seed=seed)
         assert max(r.tau for r in out.rounds) > 2
 
@@ -289,7 +330,10 @@ def test_trees_are_refused_where_they_cannot_run():
     spec = SpeculativeDecoder(target, BlockDiffusionDrafter.for_target(other, num_layers=1, seed=0))
     pre = spec.prefill([6, 7])
     other.config._attn_implementation = "flash_attention_2"  # takes no mask per query
-    with pytest.raises(AdaptspecError, match=r"draft trees need sdpa or eager attention \(a mask per query\); this target runs 'flash_attention_2'"):
+    with pytest.raises(
+        AdaptspecError,
+        match=r"draft trees need sdpa or eager attention \(a mask per query\); this target runs 'flash_attention_2'",
+    ):
         spec.decode(pre, FixedTree(4), 5)
 
 
@@ -300,5 +344,7 @@ def test_a_cache_that_cannot_drop_positions_is_refused():
 
     _, decoder = exact_for("llama")
     windowed = DynamicCache(config=MistralConfig(num_hidden_layers=2, sliding_window=8))
-    with pytest.raises(AdaptspecError, match="full-attention KV cache; this target's has DynamicSlidingWindowLayer"):
+    with pytest.raises(
+        AdaptspecError, match="full-attention KV cache; this target's has DynamicSlidingWindowLayer"
+    ):
         check_tree_target(decoder.target, windowed)

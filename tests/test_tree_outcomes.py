@@ -43,16 +43,25 @@ def first_round_tau(decoder, pre, budget, max_new, temperature):
 @pytest.mark.slow
 @pytest.mark.parametrize("verification", ["fast", "exact"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=st.lists(st.integers(6, 95), min_size=1, max_size=12), nodes=st.integers(1, 20), top_k=st.integers(1, 4),
-       depth=st.integers(1, 6), peek_seed=st.integers(0, 99), temperature=st.sampled_from([0.0, 0.0, 0.9]),
-       seed=st.integers(0, 2**31))
-def test_outcomes_are_what_running_the_smaller_trees_and_the_chains_gives(verification, prompt, nodes, top_k, depth,
-                                                                          peek_seed, temperature, seed):
+@given(
+    prompt=st.lists(st.integers(6, 95), min_size=1, max_size=12),
+    nodes=st.integers(1, 20),
+    top_k=st.integers(1, 4),
+    depth=st.integers(1, 6),
+    peek_seed=st.integers(0, 99),
+    temperature=st.sampled_from([0.0, 0.0, 0.9]),
+    seed=st.integers(0, 2**31),
+)
+def test_outcomes_are_what_running_the_smaller_trees_and_the_chains_gives(
+    verification, prompt, nodes, top_k, depth, peek_seed, temperature, seed
+):
     model, target, drafter = models(verification)
     if temperature == 0:
         continuation = reference_greedy(model, prompt, 24)
     else:
-        continuation = SpeculativeDecoder(target, drafter).generate(prompt, 1, 24, temperature, seed=seed).tokens
+        continuation = (
+            SpeculativeDecoder(target, drafter).generate(prompt, 1, 24, temperature, seed=seed).tokens
+        )
     peek = TreePeekingDrafter(drafter, prompt + continuation, peek_seed)
     decoder = SpeculativeDecoder(target, peek)
     pre = decoder.prefill(prompt, temperature=temperature, seed=seed)
@@ -60,7 +69,9 @@ def test_outcomes_are_what_running_the_smaller_trees_and_the_chains_gives(verifi
     passes = TreePasses()
     with mock.patch.object(decoder_module, "verify_tree", passes):
         rounds = decoder.decode(pre, FixedTree(nodes, top_k, depth), max_new, temperature=temperature).rounds
-    assume(rounds)  # an output that ends at its prefill's token (an end token drawn there) has no round to compare
+    assume(
+        rounds
+    )  # an output that ends at its prefill's token (an end token drawn there) has no round to compare
     tau = rounds[0].tau
     tree, _, _, logits = passes.passes[0]
     if temperature == 0:
@@ -73,7 +84,9 @@ def test_outcomes_are_what_running_the_smaller_trees_and_the_chains_gives(verifi
     assert len(out.tree_tau) == tree.nodes + 1 and len(out.chain_tau) == depth + 1
     assert out.tree_tau[-1] == tau and out.tree(10**6) == tau
     for n in range(1, tree.nodes):
-        assert out.tree(n) == first_round_tau(decoder, pre, FixedTree(n, top_k, depth), max_new, temperature), n
+        assert out.tree(n) == first_round_tau(
+            decoder, pre, FixedTree(n, top_k, depth), max_new, temperature
+        ), n
     chains = SpeculativeDecoder(target, peek, draft_length=depth + 1)  # a prefix of the same drafter pass
     for b in range(1, depth + 2):
         if out.chain(b) is not None:
@@ -94,7 +107,13 @@ def test_every_chain_is_determined_by_a_tree_holding_the_rank0_path_and_none_pas
     assert round_outcomes(tree, choices).chain_tau == (1, 2, 3, 4, 5)
     depth3 = chain_nodes[3]  # leave out the rank-0 node of depth 3 and every node after it
     out = round_outcomes(tree.prefix(depth3 - 1), choices[:depth3])
-    assert out.chain_tau == (1, 2, 3, 4, None)  # depth 3's draft accepted at depth 2's node; depth 4's unknown
+    assert out.chain_tau == (
+        1,
+        2,
+        3,
+        4,
+        None,
+    )  # depth 3's draft accepted at depth 2's node; depth 4's unknown
     choices[chain_nodes[1]] = 99  # the target rejects the second draft: every longer chain stops there
     assert round_outcomes(tree.prefix(depth3 - 1), choices[:depth3]).chain_tau == (1, 2, 2, 2, 2)
 

@@ -15,8 +15,15 @@ from adaptspec.errors import AdaptspecError
 from adaptspec.policies.spec import make_policy
 
 ARMS = [1, 2, 4]
-rounds = st.lists(st.tuples(st.integers(0, 2), st.lists(st.floats(-3, 3), min_size=1, max_size=16),
-                            st.lists(st.floats(-2, 2), min_size=3, max_size=3)), min_size=1, max_size=8)
+rounds = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        st.lists(st.floats(-3, 3), min_size=1, max_size=16),
+        st.lists(st.floats(-2, 2), min_size=3, max_size=3),
+    ),
+    min_size=1,
+    max_size=8,
+)
 
 
 def _pair(spec: str, **kw):
@@ -35,7 +42,9 @@ def test_one_step_posterior_equals_the_rows_fed_one_by_one(spec, kw, data):
     probe = np.random.default_rng(0).normal(size=(5, 3))
     np.testing.assert_allclose(fast.predict(probe), slow.predict(probe), rtol=1e-9, atol=1e-9)
     phi = fast.map.phi_many(probe)
-    np.testing.assert_allclose(fast.core.mean_var_many(phi)[1], slow.core.mean_var_many(phi)[1], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        fast.core.mean_var_many(phi)[1], slow.core.mean_var_many(phi)[1], rtol=1e-9, atol=1e-12
+    )
     assert fast.version == slow.version == sum(len(r) for _, r, _ in data)
     assert fast.noise_stats[0] == pytest.approx(slow.noise_stats[0])
 
@@ -44,7 +53,7 @@ def test_the_noise_estimate_counts_each_row_against_the_prediction_before_the_ro
     pol = make_policy("lints", ARMS, seed=0, standardize=False, dim=2)
     x = np.array([1.0, 0.5])
     pol.update_repeated(x, 2, [1.0, 2.0])
-    before = pol.predict(x[None])[0, 1]          # arm 2's mean after the first round
+    before = pol.predict(x[None])[0, 1]  # arm 2's mean after the first round
     n0, ss0 = pol.noise_stats
     rewards = np.array([0.5, 1.5, 3.0])
     pol.update_repeated(x, 2, rewards)
@@ -70,5 +79,5 @@ def test_bad_input_raises_and_changes_nothing():
         with pytest.raises(AdaptspecError):
             pol.update_repeated(x, bad[1], bad[0])
     assert pol.version == 0
-    pol.update_repeated(x, 2, [])                 # no rows: nothing learnt
+    pol.update_repeated(x, 2, [])  # no rows: nothing learnt
     assert pol.version == 0

@@ -19,8 +19,26 @@ from adaptspec.serving.router import ABRouter
 from _redis import free_port
 
 GOOD = ["A", "b", "default", "v1.0", "ctl_2", "x-y", "9", "A" * 32]
-BAD = ["", ".", "..", "../x", "a/b", "/abs", "a\\b", "a\x00b", "-x", "_x", ".hidden", "A" * 33, "A" * 5000,
-       "A\n", "a:b", " A", "a b", "é"]
+BAD = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "a/b",
+    "/abs",
+    "a\\b",
+    "a\x00b",
+    "-x",
+    "_x",
+    ".hidden",
+    "A" * 33,
+    "A" * 5000,
+    "A\n",
+    "a:b",
+    " A",
+    "a b",
+    "é",
+]
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -32,8 +50,11 @@ def test_good_names_pass_everywhere(name):
 
 @pytest.mark.parametrize("name", BAD)
 def test_bad_names_are_one_line_everywhere(name):
-    for call in (lambda: check_variant_name(name), lambda: ABRouter({name: 1.0}),
-                 lambda: SharedState(MemoryBackend(), "r1").claim(name or "\x00")):
+    for call in (
+        lambda: check_variant_name(name),
+        lambda: ABRouter({name: 1.0}),
+        lambda: SharedState(MemoryBackend(), "r1").claim(name or "\x00"),
+    ):
         with pytest.raises(AdaptspecError) as e:
             call()
         msg = str(e.value)
@@ -58,9 +79,26 @@ def test_simulate_ab_names_are_checked_too():
 @pytest.mark.parametrize("variant", ["..=ucb", ".=ucb", "a/b=ucb", "-x=ucb", "A" * 200 + "=ucb"])
 def test_serve_refuses_a_path_as_a_variant_name_and_writes_nothing(tmp_path, variant):
     ck, log = tmp_path / "run" / "ck", tmp_path / "run" / "log"
-    p = subprocess.run([sys.executable, "-m", "adaptspec", "serve", "--tiny", f"--variant={variant}",
-                        "--checkpoint-dir", str(ck), "--log-dir", str(log), "--port", str(free_port())],
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "serve",
+            "--tiny",
+            f"--variant={variant}",
+            "--checkpoint-dir",
+            str(ck),
+            "--log-dir",
+            str(log),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "use 1-32 letters" in lines[0], p.stderr
     assert os.listdir(tmp_path) == []  # no checkpoint folder, inside or outside DIR

@@ -68,7 +68,7 @@ def _setup():
 def _greedy(prompt: tuple[int, ...], n: int) -> list[int]:
     model = _setup()[0]
     out = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def _drafter(prompts_and_lengths) -> PatternDrafter:
@@ -79,7 +79,9 @@ def _drafter(prompts_and_lengths) -> PatternDrafter:
     return d
 
 
-def _expected_rounds(prompt_len: int, n_new: int, block: int, drafted: int | None) -> list[tuple[int, int, int]]:
+def _expected_rounds(
+    prompt_len: int, n_new: int, block: int, drafted: int | None
+) -> list[tuple[int, int, int]]:
     """(verified, tau, drafted) of every round, from the pattern alone (the decoder's end rule:
     a block is cut to the tokens left; a cut to 1 drafts nothing)."""
     out, made, n = [], 1, prompt_len
@@ -100,7 +102,9 @@ prompts = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10)
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=prompts, draft_length=st.integers(2, 16), data=st.data(), n_new=st.integers(1, 30))
-def test_draft_once_verify_prefix_is_greedy_and_rounds_follow_the_prefix_rule(prompt, draft_length, data, n_new):
+def test_draft_once_verify_prefix_is_greedy_and_rounds_follow_the_prefix_rule(
+    prompt, draft_length, data, n_new
+):
     block = data.draw(st.integers(1, draft_length))
     _, target, _ = _setup()
     drafter = _drafter([(prompt, n_new)])
@@ -121,7 +125,9 @@ def test_without_draft_length_each_block_is_drafted_alone():
     dec = SpeculativeDecoder(target, drafter)
     assert not dec.prefix_drafts
     out = dec.generate(prompt, 4, n_new)
-    assert [(r.block_size, r.tau, r.draft_size) for r in out.rounds] == _expected_rounds(len(prompt), n_new, 4, None)
+    assert [(r.block_size, r.tau, r.draft_size) for r in out.rounds] == _expected_rounds(
+        len(prompt), n_new, 4, None
+    )
     # and the pattern does tell the two apart: drafting 16 and verifying 4 makes other rounds
     assert _expected_rounds(len(prompt), n_new, 4, 16) != _expected_rounds(len(prompt), n_new, 4, None)
 
@@ -131,7 +137,9 @@ def test_a_schedule_verifies_prefixes_of_one_drafted_length():
     _, target, _ = _setup()
     drafter = _drafter([(prompt, n_new)])
     sizes = [1, 4, 8, 2, 3]
-    out = SpeculativeDecoder(target, drafter, draft_length=8).generate(prompt, lambda i, r: sizes[i % 5], n_new)
+    out = SpeculativeDecoder(target, drafter, draft_length=8).generate(
+        prompt, lambda i, r: sizes[i % 5], n_new
+    )
     assert out.tokens == _greedy(tuple(prompt), n_new)
     assert {r.draft_size for r in out.rounds} <= {1, 8} and set(drafter.calls) == {8}
     assert {r.block_size for r in out.rounds} >= {1, 2, 4}
@@ -142,26 +150,43 @@ def test_engine_rows_with_different_prefixes_equal_each_row_alone(temperature):
     """Rows verifying 1, 2, 3, 5 and 8 positions of one drafted length in the same passes: each
     row's tokens and rounds are those of the single-request decoder run on it alone."""
     _, target, _ = _setup()
-    reqs = [([5, 6, 7], 1, 20), ([11, 2], 2, 24), ([40, 41, 42, 43], 3, 17), ([1], 5, 30), ([77, 3, 9], 8, 26)]
+    reqs = [
+        ([5, 6, 7], 1, 20),
+        ([11, 2], 2, 24),
+        ([40, 41, 42, 43], 3, 17),
+        ([1], 5, 30),
+        ([77, 3, 9], 8, 26),
+    ]
     drafter = _drafter([(p, n) for p, _, n in reqs])
     engine = BatchEngine(target, drafter, max_rows=5, draft_length=8)
     assert engine.prefix_drafts and engine.max_block_size == 8
-    handles = [engine.submit(p, block_size=b, max_new_tokens=n, temperature=temperature, seed=17 + k)
-               for k, (p, b, n) in enumerate(reqs)]
+    handles = [
+        engine.submit(p, block_size=b, max_new_tokens=n, temperature=temperature, seed=17 + k)
+        for k, (p, b, n) in enumerate(reqs)
+    ]
     engine.run_until_done()
     assert any(len(set(r.block_sizes)) >= 4 for r in engine.history)  # mixed prefixes in one pass
     for k, (h, (p, b, n)) in enumerate(zip(handles, reqs)):
-        alone = SpeculativeDecoder(target, drafter, draft_length=8).generate(p, b, n, temperature=temperature, seed=17 + k)
+        alone = SpeculativeDecoder(target, drafter, draft_length=8).generate(
+            p, b, n, temperature=temperature, seed=17 + k
+        )
         res = h.result()
         assert res.tokens == alone.tokens
         assert [(r.block_size, r.tau, r.drafted) for r in res.rounds] == [
-            (r.block_size, r.tau, r.drafted) for r in alone.rounds]
+            (r.block_size, r.tau, r.drafted) for r in alone.rounds
+        ]
         if temperature == 0:
             assert res.tokens == _greedy(tuple(p), n)
-            assert [(r.block_size, r.tau, r.draft_size) for r in res.rounds] == _expected_rounds(len(p), n, b, 8)
+            assert [(r.block_size, r.tau, r.draft_size) for r in res.rounds] == _expected_rounds(
+                len(p), n, b, 8
+            )
         else:  # a seed gives the same tokens whatever is drafted (keyed sampling)
-            assert res.tokens == SpeculativeDecoder(target, _setup()[2]).generate(
-                p, b, n, temperature=temperature, seed=17 + k).tokens
+            assert (
+                res.tokens
+                == SpeculativeDecoder(target, _setup()[2])
+                .generate(p, b, n, temperature=temperature, seed=17 + k)
+                .tokens
+            )
 
 
 def test_engine_per_round_rule_verifies_prefixes_of_one_draft():
@@ -212,13 +237,18 @@ def test_prefix_drafts_make_the_counterfactuals_exact():
     _, target, _ = _setup()
     dec = SpeculativeDecoder(target, _drafter([(prompt, n_new)]), draft_length=8)
     out = dec.generate(prompt, 4, n_new)
-    cf = from_outcome(out, 4, [1, 2, 3, 4], len(prompt), get_profile("cpu-smollm2-fast"), prefix_drafts=dec.prefix_drafts)
+    cf = from_outcome(
+        out, 4, [1, 2, 3, 4], len(prompt), get_profile("cpu-smollm2-fast"), prefix_drafts=dec.prefix_drafts
+    )
     assert not cf.approximate.any() and not cf.censored[:3].any()
     starts = [len(prompt) + sum(r.tau for r in out.rounds[:k]) for k in range(len(out.rounds))]
     for b in (2, 3):
         truth = [_tau(n, min(b, r.block_size), 8) for n, r in zip(starts, out.rounds)]
         assert cf.tokens[b - 1] == sum(truth) == sum(min(r.tau, b) for r in out.rounds)
-    alone = [[_tau(n, min(b, r.block_size), min(b, r.block_size)) for n, r in zip(starts, out.rounds)] for b in (2, 3)]
+    alone = [
+        [_tau(n, min(b, r.block_size), min(b, r.block_size)) for n, r in zip(starts, out.rounds)]
+        for b in (2, 3)
+    ]
     prefix = [[min(r.tau, b) for r in out.rounds] for b in (2, 3)]
     assert alone != prefix  # blocks drafted alone commit otherwise
 
@@ -250,9 +280,14 @@ def _reference_accept(best: list[int], drafts: list[int], width: int) -> list[in
 def test_prefix_acceptance_rule_matches_a_reference(data, rows, drafted, vocab):
     """Every row's committed tokens for its verify width: the reference loop's; and a prefix of
     width ``B`` of one draft commits ``min(tau_D, B)`` tokens, ``tau_D`` the whole draft's."""
-    best = [data.draw(st.lists(st.integers(0, vocab - 1), min_size=drafted, max_size=drafted)) for _ in range(rows)]
-    drafts = [data.draw(st.lists(st.integers(0, vocab - 1), min_size=drafted - 1, max_size=drafted - 1))
-              for _ in range(rows)]
+    best = [
+        data.draw(st.lists(st.integers(0, vocab - 1), min_size=drafted, max_size=drafted))
+        for _ in range(rows)
+    ]
+    drafts = [
+        data.draw(st.lists(st.integers(0, vocab - 1), min_size=drafted - 1, max_size=drafted - 1))
+        for _ in range(rows)
+    ]
     widths = [data.draw(st.integers(1, drafted)) for _ in range(rows)]
     logits = torch.zeros(rows, drafted, vocab)
     for i in range(rows):

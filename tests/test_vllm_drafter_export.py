@@ -36,8 +36,15 @@ def reference_target():
 
 def reduced_vocab_drafter(target, tmp_path: Path, vocab: list[int]) -> Path:
     torch.manual_seed(0)
-    d = BlockDiffusionDrafter.for_target(target, num_layers=2, target_layers=[2, 4, 5], max_block_size=16,
-                                         draft_vocab=vocab, layout="dflash", mask_token_id=255)
+    d = BlockDiffusionDrafter.for_target(
+        target,
+        num_layers=2,
+        target_layers=[2, 4, 5],
+        max_block_size=16,
+        draft_vocab=vocab,
+        layout="dflash",
+        mask_token_id=255,
+    )
     with torch.no_grad():
         for p in d.parameters():
             p.normal_(0, 0.1)
@@ -53,9 +60,23 @@ def test_full_vocabulary_drafter_is_the_reference_file(tmp_path):
     assert all(torch.equal(mine[k], ref[k]) for k in ref)
     cfg = json.loads((out / "config.json").read_text())
     ref_cfg = json.loads((REFERENCE / "drafter" / "config.json").read_text())
-    for key in ("architectures", "model_type", "block_size", "dflash_config", "hidden_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                "num_target_layers", "rms_norm_eps", "rope_theta", "layer_types"):
+    for key in (
+        "architectures",
+        "model_type",
+        "block_size",
+        "dflash_config",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "num_target_layers",
+        "rms_norm_eps",
+        "rope_theta",
+        "layer_types",
+    ):
         assert cfg[key] == ref_cfg[key], key
     assert "draft_vocab_size" not in cfg and dflash_format.DRAFT_VOCAB_KEY not in cfg
     assert draft_vocab_of(out) is None
@@ -93,8 +114,16 @@ def test_export_drafter_refusals(tmp_path, reference_target):
     with pytest.raises(AdaptspecError, match="not a DFlash v1 drafter"):
         export_drafter(adaptspec_layout, REFERENCE / "target", tmp_path / "a")
     other = tmp_path / "other-target"
-    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=64, num_hidden_layers=6,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(other)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(other)
     src = reduced_vocab_drafter(reference_target, tmp_path, [1, 2, 3])
     with pytest.raises(AdaptspecError, match="vocab_size 256, this target has 300"):
         export_drafter(src, other, tmp_path / "b")
@@ -119,8 +148,13 @@ def test_export_target_copies_the_model_and_replaces_only_its_own(tmp_path):
 
 def test_relayout_keeps_every_shared_tensor(reference_target):
     torch.manual_seed(1)
-    src = BlockDiffusionDrafter.for_target(reference_target, num_layers=2, target_layers=[2, 4, 5],
-                                           max_block_size=32, draft_vocab=list(range(0, 256, 4)))
+    src = BlockDiffusionDrafter.for_target(
+        reference_target,
+        num_layers=2,
+        target_layers=[2, 4, 5],
+        max_block_size=32,
+        draft_vocab=list(range(0, 256, 4)),
+    )
     with torch.no_grad():
         for p in src.parameters():
             p.normal_(0, 0.1)
@@ -130,8 +164,12 @@ def test_relayout_keeps_every_shared_tensor(reference_target):
     assert set(theirs) - set(mine) == {"mask_embedding"}
     assert all(torch.equal(theirs[k], mine[k]) for k in theirs if k != "mask_embedding")
     assert all(torch.equal(mine[k], torch.ones_like(mine[k])) for k in fresh)
-    assert (out.config.qk_norm, out.config.mask_token_id, out.max_block_size, out.config.num_target_layers) == \
-        (True, 7, 16, 6)
+    assert (
+        out.config.qk_norm,
+        out.config.mask_token_id,
+        out.max_block_size,
+        out.config.num_target_layers,
+    ) == (True, 7, 16, 6)
     assert torch.equal(out.draft_vocab, src.draft_vocab)
     assert dflash_format.unsupported(out.config) is None  # it saves in the DFlash v1 layout
     # the mask is now the target's embedding of token 7
@@ -145,19 +183,57 @@ def test_relayout_refuses_normalised_context_layers(reference_target):
 
 
 def test_cli_export_vllm(tmp_path, capsys):
-    assert main(["export-vllm", str(tmp_path / "out"), "--drafter", str(REFERENCE / "drafter"),
-                 "--target", str(REFERENCE / "target"), "--dtype", "float32"]) == 0
+    assert (
+        main(
+            [
+                "export-vllm",
+                str(tmp_path / "out"),
+                "--drafter",
+                str(REFERENCE / "drafter"),
+                "--target",
+                str(REFERENCE / "target"),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr().out
     assert '"method": "dflash"' in said and str(tmp_path / "out" / "drafter") in said
     assert (tmp_path / "out" / "target" / "model.safetensors").is_file()
-    assert load_file(tmp_path / "out" / "drafter" / "model.safetensors").keys() == \
-        load_file(REFERENCE / "drafter" / "model.safetensors").keys()
+    assert (
+        load_file(tmp_path / "out" / "drafter" / "model.safetensors").keys()
+        == load_file(REFERENCE / "drafter" / "model.safetensors").keys()
+    )
     # again: refused without --force, with nothing changed; replaced with it
-    assert main(["export-vllm", str(tmp_path / "out"), "--drafter", str(REFERENCE / "drafter"),
-                 "--target", str(REFERENCE / "target")]) == 2
+    assert (
+        main(
+            [
+                "export-vllm",
+                str(tmp_path / "out"),
+                "--drafter",
+                str(REFERENCE / "drafter"),
+                "--target",
+                str(REFERENCE / "target"),
+            ]
+        )
+        == 2
+    )
     assert "already exists" in capsys.readouterr().err
-    assert main(["export-vllm", str(tmp_path / "out"), "--drafter", str(REFERENCE / "drafter"),
-                 "--target", str(REFERENCE / "target"), "--force"]) == 0
+    assert (
+        main(
+            [
+                "export-vllm",
+                str(tmp_path / "out"),
+                "--drafter",
+                str(REFERENCE / "drafter"),
+                "--target",
+                str(REFERENCE / "target"),
+                "--force",
+            ]
+        )
+        == 0
+    )
 
 
 def exit_status(argv: list[str]) -> int:
@@ -168,11 +244,14 @@ def exit_status(argv: list[str]) -> int:
         return int(e.code)
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--target", "somewhere"], "needs its own drafter"),
-    (["--drafter", "no-such-dir"], "not a DFlash v1 drafter"),
-    (["--dtype", "int8"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--target", "somewhere"], "needs its own drafter"),
+        (["--drafter", "no-such-dir"], "not a DFlash v1 drafter"),
+        (["--dtype", "int8"], "invalid choice"),
+    ],
+)
 def test_cli_export_vllm_bad_input_is_one_line(tmp_path, capsys, argv, says):
     assert exit_status(["export-vllm", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -189,7 +268,9 @@ def test_qk_scales_are_the_mean_head_rms(reference_target):
     scales = qk_scales(d, lambda: [(layer.q_proj(z), layer.k_proj(z)) for layer in d.layers])
     hd = d.config.head_dim
     for layer, (q, k) in zip(d.layers, scales):
-        qh = (z @ layer.q_proj.weight.detach().T).reshape(-1, hd).double()  # by hand: every head of every position
+        qh = (
+            (z @ layer.q_proj.weight.detach().T).reshape(-1, hd).double()
+        )  # by hand: every head of every position
         kh = (z @ layer.k_proj.weight.detach().T).reshape(-1, hd).double()
         assert q == pytest.approx(float(qh.pow(2).mean(1).sqrt().mean()), rel=1e-5)
         assert k == pytest.approx(float(kh.pow(2).mean(1).sqrt().mean()), rel=1e-5)
@@ -200,7 +281,9 @@ def test_qk_scales_are_the_mean_head_rms(reference_target):
 def test_calibrated_norms_keep_a_head_of_typical_length(reference_target):
     from adaptspec.models.relayout import calibrate_qk_norms
 
-    d = BlockDiffusionDrafter.for_target(reference_target, num_layers=2, target_layers=[2, 4, 5], layout="dflash")
+    d = BlockDiffusionDrafter.for_target(
+        reference_target, num_layers=2, target_layers=[2, 4, 5], layout="dflash"
+    )
     calibrate_qk_norms(d, [(0.7, 1.3), (2.0, 0.5)])
     hd = d.config.head_dim
     for layer, s in zip(d.layers, (0.7, 2.0)):
@@ -218,13 +301,24 @@ def test_shipped_dflash_drafter_is_for_the_bundled_target():
     config, tensors = dflash_format.load(SHIPPED_DFLASH_DRAFTER)
     raw = json.loads((SHIPPED_DFLASH_DRAFTER / "config.json").read_text())
     bundled = json.loads((BUNDLED_DRAFTER / "drafter_config.json").read_text())
-    assert raw["dflash_config"] == {"mask_token_id": 16, "target_layer_ids": [i - 1 for i in bundled["target_layers"]]}
-    assert (raw["num_target_layers"], raw["hidden_size"], raw["head_dim"], raw["vocab_size"]) == (30, 576, 64, 49152)
+    assert raw["dflash_config"] == {
+        "mask_token_id": 16,
+        "target_layer_ids": [i - 1 for i in bundled["target_layers"]],
+    }
+    assert (raw["num_target_layers"], raw["hidden_size"], raw["head_dim"], raw["vocab_size"]) == (
+        30,
+        576,
+        64,
+        49152,
+    )
     assert config.qk_norm and config.draft_vocab_size == 8192
     # the same draft vocabulary as the bundled drafter it was made from
     from safetensors.torch import load_file as load
 
-    assert torch.equal(tensors[dflash_format.DRAFT_VOCAB_TENSOR], load(BUNDLED_DRAFTER / "drafter.safetensors")["draft_vocab"])
+    assert torch.equal(
+        tensors[dflash_format.DRAFT_VOCAB_TENSOR],
+        load(BUNDLED_DRAFTER / "drafter.safetensors")["draft_vocab"],
+    )
 
 
 @pytest.mark.slow

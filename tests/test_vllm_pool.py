@@ -22,9 +22,18 @@ from adaptspec.traces import TraceSet, load_traces
 from adaptspec.vllm.pool import POOLED_FEATURES, with_load
 
 ARMS = [1, 2, 3]
-META = {"source": "adaptspec collect-vllm", "engine": "vLLM 0.32.0", "target": "T", "drafter": "D", "method": "dflash",
-        "num_speculative_tokens": 2, "features": "vllm-prompt-tokens", "temperature": 0.0, "max_new_tokens": 64,
-        "dtype": "float32"}
+META = {
+    "source": "adaptspec collect-vllm",
+    "engine": "vLLM 0.32.0",
+    "target": "T",
+    "drafter": "D",
+    "method": "dflash",
+    "num_speculative_tokens": 2,
+    "features": "vllm-prompt-tokens",
+    "temperature": 0.0,
+    "max_new_tokens": 64,
+    "dtype": "float32",
+}
 
 
 def collected(concurrency, prompt_tokens, seed=0, **meta):
@@ -32,12 +41,19 @@ def collected(concurrency, prompt_tokens, seed=0, **meta):
     rng = np.random.default_rng(seed)
     n = len(prompt_tokens)
     taus = [[1] * 11, [2] * 5 + [1], [3, 3, 3, 2]] * n
-    return TraceSet.from_arrays([f"gsm8k-{i:04d}" for i in range(n)], ["gsm8k"] * n, ARMS,
-                                np.array([[np.mean(t) for t in taus[:3]]] * n), prompt_tokens=prompt_tokens,
-                                features=rng.random((n, 6)), new_tokens=np.full((n, 3), 12),
-                                rounds=np.array([[len(t) for t in taus[:3]]] * n),
-                                decode_ms=rng.uniform(100, 900, (n, 3)), tau=taus,
-                                meta={**META, "concurrency": concurrency, **meta})
+    return TraceSet.from_arrays(
+        [f"gsm8k-{i:04d}" for i in range(n)],
+        ["gsm8k"] * n,
+        ARMS,
+        np.array([[np.mean(t) for t in taus[:3]]] * n),
+        prompt_tokens=prompt_tokens,
+        features=rng.random((n, 6)),
+        new_tokens=np.full((n, 3), 12),
+        rounds=np.array([[len(t) for t in taus[:3]]] * n),
+        decode_ms=rng.uniform(100, 900, (n, 3)),
+        tau=taus,
+        meta={**META, "concurrency": concurrency, **meta},
+    )
 
 
 def expected_load(rows, prompt_tokens, max_tokens=64, sampled=0.0):
@@ -45,8 +61,10 @@ def expected_load(rows, prompt_tokens, max_tokens=64, sampled=0.0):
 
 
 @settings(max_examples=40, deadline=None)
-@given(levels=st.lists(st.integers(1, 256), min_size=1, max_size=4, unique=True),
-       lengths=st.lists(st.integers(1, 4000), min_size=1, max_size=5))
+@given(
+    levels=st.lists(st.integers(1, 256), min_size=1, max_size=4, unique=True),
+    lengths=st.lists(st.integers(1, 4000), min_size=1, max_size=5),
+)
 def test_every_request_gets_its_prompt_features_then_the_load_at_its_sets_concurrency(levels, lengths):
     sets = [collected(c, lengths, seed=i) for i, c in enumerate(levels)]
     pooled = with_load(sets)
@@ -66,16 +84,21 @@ def test_every_request_gets_its_prompt_features_then_the_load_at_its_sets_concur
 
 def test_a_sampled_set_and_its_max_tokens_reach_the_load():
     pooled = with_load([collected(4, [10, 20], temperature=0.7, max_new_tokens=128)])
-    assert pooled.features[1, 6:] == pytest.approx(expected_load(4, 20, max_tokens=128, sampled=1.0), rel=1e-6)
+    assert pooled.features[1, 6:] == pytest.approx(
+        expected_load(4, 20, max_tokens=128, sampled=1.0), rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("second, words", [
-    (lambda: collected(1, [5]), "a second trace set at concurrency 1"),
-    (lambda: collected(4, [5], features="last:-1,mean:mid,len"), "not a collect-vllm trace set"),
-    (lambda: collected(4, [5], target="other"), "meta.json target 'other'"),
-    (lambda: collected(4, [5], max_new_tokens=32), "meta.json max_new_tokens 32"),
-    (lambda: collected(0, [5]), "concurrency 0 is not an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "second, words",
+    [
+        (lambda: collected(1, [5]), "a second trace set at concurrency 1"),
+        (lambda: collected(4, [5], features="last:-1,mean:mid,len"), "not a collect-vllm trace set"),
+        (lambda: collected(4, [5], target="other"), "meta.json target 'other'"),
+        (lambda: collected(4, [5], max_new_tokens=32), "meta.json max_new_tokens 32"),
+        (lambda: collected(0, [5]), "concurrency 0 is not an integer >= 1"),
+    ],
+)
 def test_sets_that_cannot_be_pooled_are_refused_naming_why(second, words):
     with pytest.raises(AdaptspecError, match=words):
         with_load([collected(1, [5, 6]), second()])
@@ -91,13 +114,23 @@ def test_the_command_writes_a_set_train_head_reads_and_the_head_decides_on_promp
     assert "32 requests x 3 block sizes" in capsys.readouterr().out
     pooled = load_traces(tmp_path / "pooled")
     assert json.loads((tmp_path / "pooled" / "meta.json").read_text())["concurrency"] == [1, 8]
-    assert main(["train-head", str(tmp_path / "pooled"), "--out", str(tmp_path / "head"), "--epochs", "3"]) == 0
+    assert (
+        main(["train-head", str(tmp_path / "pooled"), "--out", str(tmp_path / "head"), "--epochs", "3"]) == 0
+    )
     # the plug-in's controller for a variant (adaptspec.vllm.plugin._controller): six prompt features, load_features
-    c = AdaptiveController.for_engine(ARMS, 6, f"neural-linear:head={tmp_path / 'head'}", load_features=True,
-                                      decide_on_caller=True, prefix_drafts=True)
+    c = AdaptiveController.for_engine(
+        ARMS,
+        6,
+        f"neural-linear:head={tmp_path / 'head'}",
+        load_features=True,
+        decide_on_caller=True,
+        prefix_drafts=True,
+    )
     try:
-        d = c.decide(pooled.features[0, :6], load=LoadState(rows=1, queue=0, context_tokens=8, temperature=0.0,
-                                                             max_tokens=64))
+        d = c.decide(
+            pooled.features[0, :6],
+            load=LoadState(rows=1, queue=0, context_tokens=8, temperature=0.0, max_tokens=64),
+        )
         assert d.block_size in ARMS
     finally:
         c.close()

@@ -22,7 +22,9 @@ RESULTS = [ROOT / "benchmarks" / "results" / name for name in ("vllm-steps.json"
 
 
 def fit_module():
-    spec = importlib.util.spec_from_file_location("fit_vllm_profile", ROOT / "benchmarks" / "fit_vllm_profile.py")
+    spec = importlib.util.spec_from_file_location(
+        "fit_vllm_profile", ROOT / "benchmarks" / "fit_vllm_profile.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -81,13 +83,23 @@ def test_the_plugins_warm_prior_prefers_what_the_logged_steps_and_vllms_acceptan
     from adaptspec.vllm.config import PLUGIN_PRIOR
     from adaptspec.vllm.step_costs import StepCosts
 
-    shares = json.loads((ROOT / "benchmarks" / "results" / "vllm-tau.json").read_text())["vllm"]["accepted_per_position"]
+    shares = json.loads((ROOT / "benchmarks" / "results" / "vllm-tau.json").read_text())["vllm"][
+        "accepted_per_position"
+    ]
     medians = measured_medians()
-    rule = Learned(list(range(1, 10)), StepCosts(get_profile(PLUGIN_PROFILE), max_block_size=9), prior=PLUGIN_PRIOR,
-                   full_info=True, margin=SPECULATION_MARGIN)
+    rule = Learned(
+        list(range(1, 10)),
+        StepCosts(get_profile(PLUGIN_PROFILE), max_block_size=9),
+        prior=PLUGIN_PRIOR,
+        full_info=True,
+        margin=SPECULATION_MARGIN,
+    )
     for rows in (1, 2, 4, 8):
-        speed = {b: (1 + sum(shares[: b - 1])) / medians[(rows, b)][0] / (1 + SPECULATION_MARGIN * (b > 1))
-                 for b in range(1, 10) if (rows, b) in medians}
+        speed = {
+            b: (1 + sum(shares[: b - 1])) / medians[(rows, b)][0] / (1 + SPECULATION_MARGIN * (b > 1))
+            for b in range(1, 10)
+            if (rows, b) in medians
+        }
         best, chosen = max(speed, key=speed.get), rule.preference(rows)
         assert speed[chosen] >= 0.97 * speed[best], (rows, chosen, best, speed)
         assert (chosen > 1) == (best > 1) == (rows <= 2), (rows, chosen, best)

@@ -16,8 +16,12 @@ from adaptspec.load_rules import Goodput
 from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.vllm.step_costs import StepCosts
 
-PRIOR = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (0.040,), tail_slope_s=0.002),
-                       context_tokens=100)
+PRIOR = LatencyProfile(
+    "linear",
+    draft=CostCurve((1,), (0.0,)),
+    verify=CostCurve((1,), (0.040,), tail_slope_s=0.002),
+    context_tokens=100,
+)
 #: the load levels' largest request counts (1, 2, 3-4, 5-8, 9-16, 17-32, more), written out
 LEVEL_TOP = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 16: 16, 17: 32, 33: 64, 100: 64}
 
@@ -32,12 +36,15 @@ def test_a_level_nothing_ran_at_is_the_priors_round_at_the_levels_largest_reques
     top = LEVEL_TOP[rows]
     for b in range(1, 10):
         assert c.verify(b, None, rows) == pytest.approx(rows / top * prior_round(top, b), rel=1e-12)
-        assert c.draft(b, None, rows) == 0.0   # the drafter's pass is in the step's time
+        assert c.draft(b, None, rows) == 0.0  # the drafter's pass is in the step's time
 
 
 @settings(max_examples=60, deadline=None)
-@given(times=st.lists(st.floats(0.001, 1.0), min_size=4, max_size=64), rows=st.integers(1, 8),
-       block=st.integers(1, 9))
+@given(
+    times=st.lists(st.floats(0.001, 1.0), min_size=4, max_size=64),
+    rows=st.integers(1, 8),
+    block=st.integers(1, 9),
+)
 def test_up_to_the_window_a_measured_size_is_the_mean_seconds_a_request(times, rows, block):
     c = StepCosts(PRIOR, max_block_size=9, min_steps=4, window=64)
     for t in times:
@@ -57,9 +64,16 @@ def test_beyond_the_window_it_is_an_exponential_average(y1, y2, k):
 
 
 @settings(max_examples=60, deadline=None)
-@given(m1=st.floats(0.01, 0.5), m2=st.floats(0.01, 0.5), b1=st.integers(1, 4), gap=st.integers(1, 4),
-       rows=st.sampled_from([1, 3, 8]))
-def test_sizes_not_measured_are_linear_between_measured_ones_and_scaled_by_the_prior_beyond(m1, m2, b1, gap, rows):
+@given(
+    m1=st.floats(0.01, 0.5),
+    m2=st.floats(0.01, 0.5),
+    b1=st.integers(1, 4),
+    gap=st.integers(1, 4),
+    rows=st.sampled_from([1, 3, 8]),
+)
+def test_sizes_not_measured_are_linear_between_measured_ones_and_scaled_by_the_prior_beyond(
+    m1, m2, b1, gap, rows
+):
     b2 = b1 + gap
     c = StepCosts(PRIOR, max_block_size=9, min_steps=2)
     for _ in range(2):
@@ -80,10 +94,12 @@ def test_a_size_seen_fewer_than_min_steps_times_is_not_measured_yet_and_levels_k
     c = StepCosts(PRIOR, max_block_size=9, min_steps=3)
     for _ in range(2):
         c.observe(rows=3, block=2, step_s=0.3)
-    assert c.verify(2, None, 4) == pytest.approx(prior_round(4, 2))   # two steps: the prior's still
+    assert c.verify(2, None, 4) == pytest.approx(prior_round(4, 2))  # two steps: the prior's still
     c.observe(rows=3, block=2, step_s=0.3)
-    assert c.verify(2, None, 4) == pytest.approx(0.4)                  # 3 and 4 requests: one level, 0.1 s a request
-    assert c.verify(2, None, 2) == pytest.approx(prior_round(2, 2))    # 2 requests: another level, nothing measured
+    assert c.verify(2, None, 4) == pytest.approx(0.4)  # 3 and 4 requests: one level, 0.1 s a request
+    assert c.verify(2, None, 2) == pytest.approx(
+        prior_round(2, 2)
+    )  # 2 requests: another level, nothing measured
     assert c.stats() == {"4": {2: 100.0}}
 
 
@@ -91,14 +107,16 @@ def test_the_plain_step_is_measured_from_one_step_the_others_from_min_steps():
     c = StepCosts(PRIOR, max_block_size=9, min_steps=3)
     c.observe(rows=4, block=1, step_s=0.2)
     c.observe(rows=4, block=3, step_s=0.4)
-    assert c.verify(1, None, 4) == pytest.approx(0.2)                   # one plain step: measured
+    assert c.verify(1, None, 4) == pytest.approx(0.2)  # one plain step: measured
     # B = 3, seen once, is not: priced from the measured plain step by the prior's ratio
     assert c.verify(3, None, 4) == pytest.approx(0.2 * prior_round(4, 3) / prior_round(4, 1))
     assert c.stats() == {"4": {1: 50.0}}
 
 
-@pytest.mark.parametrize("rows, block, step_s", [(0, 2, 0.1), (1, 0, 0.1), (1, 10, 0.1), (1, 2, 0.0), (1, 2, -1.0),
-                                                 (1, 2, math.nan)])
+@pytest.mark.parametrize(
+    "rows, block, step_s",
+    [(0, 2, 0.1), (1, 0, 0.1), (1, 10, 0.1), (1, 2, 0.0), (1, 2, -1.0), (1, 2, math.nan)],
+)
 def test_an_observation_outside_the_model_changes_nothing(rows, block, step_s):
     c = StepCosts(PRIOR, max_block_size=9, min_steps=1)
     c.observe(rows=rows, block=block, step_s=step_s)
@@ -128,9 +146,9 @@ def test_the_goodput_rule_priced_by_the_measured_steps_chooses_as_they_say():
     assert Goodput([1, 2, 3, 4, 5], steep).choose([_Row()], None) == [1]
 
 
-
-def _learned_rule_in_a_linear_world(per_token_s: float, acceptance: float, margin: float,
-                                    rounds: int = 400) -> tuple[int, dict[int, int]]:
+def _learned_rule_in_a_linear_world(
+    per_token_s: float, acceptance: float, margin: float, rounds: int = 400
+) -> tuple[int, dict[int, int]]:
     """The plug-in's learned rule (warm from adaptspec's own bf16 profile, full information, priced
     by StepCosts) at 4 requests, in a world whose step costs 36 ms + ``per_token_s`` a verified
     token (vLLM's steps on this CPU: ~3 ms at 8 requests, BENCHMARKS.md) and whose drafts are each
@@ -160,20 +178,26 @@ def _learned_rule_in_a_linear_world(per_token_s: float, acceptance: float, margi
 def _best_block(per_token_s: float, acceptance: float, margin: float) -> int:
     """Closed form: E[tau] at B is sum_{i<B} acceptance^i, a step at 4 requests costs 36 ms + 4 B
     per_token_s, and a speculating size's speed counts 1 / (1 + margin)."""
-    speed = {b: sum(acceptance ** i for i in range(b)) / (0.036 + per_token_s * 4 * b) / (1 + margin * (b > 1))
-             for b in range(1, 10)}
+    speed = {
+        b: sum(acceptance**i for i in range(b)) / (0.036 + per_token_s * 4 * b) / (1 + margin * (b > 1))
+        for b in range(1, 10)
+    }
     return max(speed, key=speed.get)
 
 
-@pytest.mark.parametrize("per_token_s, acceptance, margin, best", [
-    (0.003, 0.3, 0.0, 2),    # B = 2's rounds 1.04x plain's: speculating pays, by the rounds
-    (0.003, 0.3, 0.1, 1),    # ... but not by the margin
-    (0.001, 0.5, 0.1, 3),    # B = 3's rounds 1.32x plain's: past the margin
-    (0.003, 0.2, 0.0, 1),    # no block size pays
-])
+@pytest.mark.parametrize(
+    "per_token_s, acceptance, margin, best",
+    [
+        (0.003, 0.3, 0.0, 2),  # B = 2's rounds 1.04x plain's: speculating pays, by the rounds
+        (0.003, 0.3, 0.1, 1),  # ... but not by the margin
+        (0.001, 0.5, 0.1, 3),  # B = 3's rounds 1.32x plain's: past the margin
+        (0.003, 0.2, 0.0, 1),  # no block size pays
+    ],
+)
 def test_the_learned_rule_priced_by_the_measured_steps_finds_the_best_block_at_four_requests(
-        per_token_s, acceptance, margin, best):
-    assert _best_block(per_token_s, acceptance, margin) == best   # the closed form, checked against the table
+    per_token_s, acceptance, margin, best
+):
+    assert _best_block(per_token_s, acceptance, margin) == best  # the closed form, checked against the table
     preference, played = _learned_rule_in_a_linear_world(per_token_s, acceptance, margin)
     assert preference == best
     assert max(played, key=played.get) == best

@@ -55,7 +55,7 @@ class LineAppender:
         data = memoryview(text.encode("utf-8"))
         try:
             while data:
-                data = data[os.write(fd, data):]
+                data = data[os.write(fd, data) :]
             if self.fsync:
                 _sync(fd)
         except OSError:

@@ -51,7 +51,9 @@ def read_descriptor(path: Path, kind: str, newest_format: int, what: str) -> dic
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
         raise AdaptspecError(f"{path}: format={fmt!r} must be a non-negative integer")
     if fmt > newest_format:
-        raise AdaptspecError(f"{path}: {what} format {info.get('format')} is newer than this adaptspec reads ({newest_format})")
+        raise AdaptspecError(
+            f"{path}: {what} format {info.get('format')} is newer than this adaptspec reads ({newest_format})"
+        )
     return info
 
 

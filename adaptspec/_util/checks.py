@@ -36,7 +36,15 @@ from ..errors import AdaptspecError
 from . import files
 from .files import regular_file
 
-__all__ = ["integer", "int_list", "number", "read_json_object", "read_npz", "read_safetensors", "regular_file"]
+__all__ = [
+    "integer",
+    "int_list",
+    "number",
+    "read_json_object",
+    "read_npz",
+    "read_safetensors",
+    "regular_file",
+]
 
 _MISSING = object()
 
@@ -60,8 +68,14 @@ def integer(value: Any, where: str, field: str, lo: int | None = None, hi: int |
     return int(value)
 
 
-def number(value: Any, where: str, field: str, lo: float | None = None, hi: float | None = None,
-           lo_open: bool = False) -> float:
+def number(
+    value: Any,
+    where: str,
+    field: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+) -> float:
     """``value`` as a finite float between ``lo`` and ``hi`` (a JSON number: not a string)."""
     ok = (_is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(float(value))
     if ok and lo is not None:
@@ -75,10 +89,14 @@ def number(value: Any, where: str, field: str, lo: float | None = None, hi: floa
 
 def int_list(value: Any, where: str, field: str, lo: int | None = None, hi: int | None = None) -> list[int]:
     """``value`` as a non-empty list of ints in ``lo..hi``."""
-    if (not isinstance(value, (list, tuple)) or not value
-            or not all(_is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi) for v in value)):
-        raise AdaptspecError(f"{where}: {field}={value!r} must be a non-empty list of "
-                             f"{_bounds('integers', lo, hi)}")
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(_is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi) for v in value)
+    ):
+        raise AdaptspecError(
+            f"{where}: {field}={value!r} must be a non-empty list of {_bounds('integers', lo, hi)}"
+        )
     return [int(v) for v in value]
 
 
@@ -102,7 +120,9 @@ def read_npz(path: str | os.PathLike, what: str, keys: tuple[str, ...] = ()) -> 
             with z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
-            raise AdaptspecError(f"{path}: not a readable {what} (truncated or corrupted: {e or type(e).__name__})") from None
+            raise AdaptspecError(
+                f"{path}: not a readable {what} (truncated or corrupted: {e or type(e).__name__})"
+            ) from None
     missing = [k for k in keys if k not in arrays]
     if missing:
         raise AdaptspecError(f"{path}: {what} has no array {missing[0]!r}")
@@ -118,4 +138,3 @@ def read_safetensors(path: str | os.PathLike, what: str) -> dict[str, Any]:
         return load(data)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own (Rust) error types
         raise AdaptspecError(f"{path}: not a readable {what} (truncated or corrupted: {e})") from None
-

@@ -56,8 +56,18 @@ from typing import Any, BinaryIO
 
 from ..errors import AdaptspecError
 
-__all__ = ["DATA_BYTES", "JSON_BYTES", "JSON_LINES_BYTES", "SizeLimit", "open_regular", "parse_json", "read_bytes",
-           "read_json", "read_json_object", "regular_file"]
+__all__ = [
+    "DATA_BYTES",
+    "JSON_BYTES",
+    "JSON_LINES_BYTES",
+    "SizeLimit",
+    "open_regular",
+    "parse_json",
+    "read_bytes",
+    "read_json",
+    "read_json_object",
+    "regular_file",
+]
 
 
 class SizeLimit(int):
@@ -82,8 +92,13 @@ JSON_LINES_BYTES = SizeLimit(4 << 30, "a JSON-lines file")
 #: a binary container of tensors or tables (safetensors, .npz, Parquet), read whole by its library
 DATA_BYTES = SizeLimit(64 << 30, "a data file")
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def _not_regular(path: str | os.PathLike, what: str, mode: int) -> AdaptspecError:
@@ -122,8 +137,9 @@ def regular_file(path: str | os.PathLike, what: str = "a file") -> Path:
     return Path(path)
 
 
-def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False,
-                 limit: SizeLimit | None = None) -> BinaryIO | None:
+def open_regular(
+    path: str | os.PathLike, what: str, *, missing_ok: bool = False, limit: SizeLimit | None = None
+) -> BinaryIO | None:
     """``path`` opened for reading in binary, once it is known to be a regular file (see the
     module docstring) of at most ``limit`` bytes (when given: for a library that reads the file
     object itself); a missing file is an error, or ``None`` with ``missing_ok``."""
@@ -150,7 +166,9 @@ def open_regular(path: str | os.PathLike, what: str, *, missing_ok: bool = False
         raise
 
 
-def read_bytes(path: str | os.PathLike, what: str, *, limit: SizeLimit, missing_ok: bool = False) -> bytes | None:
+def read_bytes(
+    path: str | os.PathLike, what: str, *, limit: SizeLimit, missing_ok: bool = False
+) -> bytes | None:
     """The whole file at ``path`` (see :func:`open_regular`), refused in one line naming ``limit``
     when it holds more (from its size, before reading; or once a read passes it)."""
     f = open_regular(path, what, missing_ok=missing_ok, limit=limit)
@@ -195,8 +213,10 @@ def parse_json(data: bytes | str, where: str | os.PathLike, what: str) -> Any:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise AdaptspecError(f"{where}: not valid JSON ({what} expected; not UTF-8 text: byte 0x{data[e.start]:02x} "
-                                 f"at offset {e.start})") from None
+            raise AdaptspecError(
+                f"{where}: not valid JSON ({what} expected; not UTF-8 text: byte 0x{data[e.start]:02x} "
+                f"at offset {e.start})"
+            ) from None
     else:
         text = data
     try:
@@ -204,7 +224,9 @@ def parse_json(data: bytes | str, where: str | os.PathLike, what: str) -> Any:
     except RecursionError:
         raise AdaptspecError(f"{where}: not readable JSON ({what} expected; nested too deeply)") from None
     except ValueError as e:  # JSONDecodeError, and a number too long to convert
-        raise AdaptspecError(f"{where}: not valid JSON ({what} expected; {str(e).splitlines()[0][:200]})") from None
+        raise AdaptspecError(
+            f"{where}: not valid JSON ({what} expected; {str(e).splitlines()[0][:200]})"
+        ) from None
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:

@@ -78,13 +78,24 @@ log = logging.getLogger("adaptspec.guarded")
 class GuardedThread:
     """``body`` on a daemon thread named ``name``, restarted after a failure (see the module docstring)."""
 
-    def __init__(self, name: str, body: Callable[[], None], on_failure: Callable[[str], None],
-                 max_failures: int = 3, window_s: float = 60.0, logger: logging.Logger | None = None,
-                 stall_s: float | None = None, on_stall: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        body: Callable[[], None],
+        on_failure: Callable[[str], None],
+        max_failures: int = 3,
+        window_s: float = 60.0,
+        logger: logging.Logger | None = None,
+        stall_s: float | None = None,
+        on_stall: Callable[[str], None] | None = None,
+    ) -> None:
         if not isinstance(max_failures, int) or max_failures < 1:
             raise ValueError(f"max_failures must be an int >= 1, got {max_failures!r}")
-        if stall_s is not None and (isinstance(stall_s, bool) or not isinstance(stall_s, (int, float))
-                                    or not 0 < stall_s < float("inf")):
+        if stall_s is not None and (
+            isinstance(stall_s, bool)
+            or not isinstance(stall_s, (int, float))
+            or not 0 < stall_s < float("inf")
+        ):
             raise ValueError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
         self.stall_s = None if stall_s is None else float(stall_s)
         self.on_stall = on_stall
@@ -104,9 +115,14 @@ class GuardedThread:
         self._progress_lock = threading.Lock()
         self._last_beat: float | None = None
         self.stalled = False  # busy with no progress for stall_s; cleared by its next beat() or idle()
-        self._stall_told = threading.Event()  # set once a stall is logged, counted and told; cleared by progress
-        self._watchdog = None if self.stall_s is None else threading.Thread(
-            target=self._watch, name=f"{name}-watchdog", daemon=True)
+        self._stall_told = (
+            threading.Event()
+        )  # set once a stall is logged, counted and told; cleared by progress
+        self._watchdog = (
+            None
+            if self.stall_s is None
+            else threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True)
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -145,8 +161,10 @@ class GuardedThread:
             self.stalled = False
             self._stall_told.clear()
         if was:
-            self.log.warning("thread %s made progress again after it was stalled; what it held had been answered",
-                             self.name)
+            self.log.warning(
+                "thread %s made progress again after it was stalled; what it held had been answered",
+                self.name,
+            )
         return was
 
     def _watch(self) -> None:
@@ -172,14 +190,21 @@ class GuardedThread:
         self.last_error = message
         self._recent.append(now)
         frame = sys._current_frames().get(self._thread.ident or -1)
-        where = "".join(traceback.format_stack(frame)) if frame is not None else "(its stack is not available)\n"
+        where = (
+            "".join(traceback.format_stack(frame)) if frame is not None else "(its stack is not available)\n"
+        )
         self.log.error("thread %s stalled: %s; stuck in:\n%s", self.name, message, where.rstrip())
         if self.on_stall is not None:
             try:
                 self.on_stall(message)
             except Exception as e:  # noqa: BLE001 - logged; the thread stays stalled
-                self.log.error("thread %s: answering the work of a stalled thread failed (%s: %s)",
-                               self.name, type(e).__name__, e, exc_info=e)
+                self.log.error(
+                    "thread %s: answering the work of a stalled thread failed (%s: %s)",
+                    self.name,
+                    type(e).__name__,
+                    e,
+                    exc_info=e,
+                )
 
     @property
     def alive(self) -> bool:
@@ -190,7 +215,11 @@ class GuardedThread:
         included) and what the last one was: the error's type, or the stall; never the error's
         message, which may carry a user's paths (the log has it)."""
         last = self.last_error
-        return {"state": self.state, "failures": self.failures, "last_error": None if last is None else last.split(":")[0]}
+        return {
+            "state": self.state,
+            "failures": self.failures,
+            "last_error": None if last is None else last.split(":")[0],
+        }
 
     @property
     def state(self) -> str:
@@ -226,12 +255,19 @@ class GuardedThread:
         if self._seen[message] == 1:
             self.log.error("thread %s failed (%s); %s", self.name, message, what, exc_info=error)
         else:
-            self.log.error("thread %s failed again (%s, %d times); %s", self.name, message, self._seen[message], what)
+            self.log.error(
+                "thread %s failed again (%s, %d times); %s", self.name, message, self._seen[message], what
+            )
         self.gave_up = give_up
         try:
             self.on_failure(message)
         except BaseException as e:  # noqa: BLE001 - the owner could not reset: nothing safe to restart
-            self.log.error("thread %s: cleaning up after the failure failed too (%s: %s); stopping it",
-                           self.name, type(e).__name__, e, exc_info=e)
+            self.log.error(
+                "thread %s: cleaning up after the failure failed too (%s: %s); stopping it",
+                self.name,
+                type(e).__name__,
+                e,
+                exc_info=e,
+            )
             self.gave_up = True
         return not self.gave_up

@@ -44,7 +44,9 @@ class JsonLines(NamedTuple):
     lines: list[int] = []
 
 
-def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, missing_ok: bool = False) -> JsonLines:
+def read_jsonl(
+    path: str | os.PathLike, what: str = "a JSON-lines file", *, missing_ok: bool = False
+) -> JsonLines:
     """The JSON objects of the file at ``path``, one a line, skipping a torn last line.
 
     A last line with no newline after it is torn (its write never finished) and is skipped,
@@ -55,7 +57,9 @@ def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, miss
     A missing file raises too, or reads as no records if ``missing_ok``. ``what`` names
     the file in the message when it cannot be read at all (a FIFO, no permission).
     """
-    data = read_bytes(path, what, limit=JSON_LINES_BYTES, missing_ok=missing_ok)  # a regular file: a FIFO would block
+    data = read_bytes(
+        path, what, limit=JSON_LINES_BYTES, missing_ok=missing_ok
+    )  # a regular file: a FIFO would block
     if data is None:
         return JsonLines([], 0, [])
     lines = data.split(b"\n")
@@ -67,7 +71,11 @@ def read_jsonl(path: str | os.PathLike, what: str = "a JSON-lines file", *, miss
             continue
         try:
             r = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):  # ValueError: a number too long to convert too
+        except (
+            UnicodeDecodeError,
+            ValueError,
+            RecursionError,
+        ):  # ValueError: a number too long to convert too
             raise AdaptspecError(f"{path}: line {i + 1} is not valid JSON") from None
         if not isinstance(r, dict):
             raise AdaptspecError(f"{path}: line {i + 1} is not a JSON object")

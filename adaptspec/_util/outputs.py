@@ -63,8 +63,10 @@ MARKER = ".adaptspec-output.json"
 _PNG = b"\x89PNG\r\n\x1a\n"
 #: what a decision log's writers leave: parts, a part being written, journal segments, lock files,
 #: switchback slice records (traces.slice_log)
-_LOG_NAMES = re.compile(r"^(part-[^/]*\.parquet|\.part-[^/]*\.parquet\.tmp|\.journal-[A-Za-z0-9_.-]+-\d+\.jsonl"
-                        r"|\.writer-[A-Za-z0-9_.-]+\.lock|slices-[A-Za-z0-9_.-]+\.jsonl)$")
+_LOG_NAMES = re.compile(
+    r"^(part-[^/]*\.parquet|\.part-[^/]*\.parquet\.tmp|\.journal-[A-Za-z0-9_.-]+-\d+\.jsonl"
+    r"|\.writer-[A-Za-z0-9_.-]+\.lock|slices-[A-Za-z0-9_.-]+\.jsonl)$"
+)
 
 
 def _json(path: Path) -> Any:
@@ -113,8 +115,8 @@ def _is_png(p: Path) -> bool:
         return False
     i = 8
     while i + 8 <= len(head):
-        n, kind = int.from_bytes(head[i:i + 4], "big"), head[i + 4:i + 8]
-        if kind == b"tEXt" and head[i + 8:i + 8 + n] == b"Software\x00adaptspec":
+        n, kind = int.from_bytes(head[i : i + 4], "big"), head[i + 4 : i + 8]
+        if kind == b"tEXt" and head[i + 8 : i + 8 + n] == b"Software\x00adaptspec":
             return True
         if kind == b"IDAT":
             return False
@@ -129,12 +131,30 @@ def _is_latency_profile(p: Path) -> bool:
 
 #: directory kinds -> (what it is called, the files a legacy one (no marker) may hold, its test)
 _DIRS: dict[str, tuple[str, frozenset[str], Callable[[Path], bool]]] = {
-    "traceset": ("trace set", frozenset({"meta.json", "requests.parquet", "outcomes.parquet"}), _traceset_legacy),
-    "head": ("offline head", frozenset({"config.json", "model.safetensors", "featurizer.json",
-                                        "featurizer.safetensors"}), _head_legacy),
+    "traceset": (
+        "trace set",
+        frozenset({"meta.json", "requests.parquet", "outcomes.parquet"}),
+        _traceset_legacy,
+    ),
+    "head": (
+        "offline head",
+        frozenset({"config.json", "model.safetensors", "featurizer.json", "featurizer.safetensors"}),
+        _head_legacy,
+    ),
     "decision-log": ("decision log", frozenset(), lambda p: True),
-    "drafter": ("exported drafter", frozenset({"training.json", "drafter_config.json", "drafter.safetensors",
-                                               "config.json", "model.safetensors"}), _drafter_legacy),
+    "drafter": (
+        "exported drafter",
+        frozenset(
+            {
+                "training.json",
+                "drafter_config.json",
+                "drafter.safetensors",
+                "config.json",
+                "model.safetensors",
+            }
+        ),
+        _drafter_legacy,
+    ),
     # a Hugging Face model directory adaptspec exported (adaptspec.models.vllm_export): known by its marker only
     "model": ("exported model directory", frozenset(), lambda p: False),
 }
@@ -144,8 +164,10 @@ _FILES: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "latency-profile": ("latency profile", _is_latency_profile),
 }
 #: kind -> (what it is called, is a directory)
-KINDS: dict[str, tuple[str, bool]] = {**{k: (v[0], True) for k, v in _DIRS.items()},
-                                      **{k: (v[0], False) for k, v in _FILES.items()}}
+KINDS: dict[str, tuple[str, bool]] = {
+    **{k: (v[0], True) for k, v in _DIRS.items()},
+    **{k: (v[0], False) for k, v in _FILES.items()},
+}
 
 
 def foreign_files(path: str | os.PathLike, kind: str) -> list[str] | None:
@@ -163,8 +185,12 @@ def foreign_files(path: str | os.PathLike, kind: str) -> list[str] | None:
         return [n for n in names if n not in ours]
     marker = _json(p / MARKER)
     if MARKER in entries:
-        if not (isinstance(marker, dict) and marker.get("written_by") == "adaptspec" and marker.get("kind") == kind
-                and isinstance(marker.get("files"), list)):
+        if not (
+            isinstance(marker, dict)
+            and marker.get("written_by") == "adaptspec"
+            and marker.get("kind") == kind
+            and isinstance(marker.get("files"), list)
+        ):
             return None
         ours = {str(f) for f in marker["files"]} | {MARKER}
         ours |= {"/".join(f.split("/")[:i]) + "/" for f in ours for i in range(1, f.count("/") + 1)}
@@ -186,8 +212,14 @@ def _same_or_nested(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def check_output(path: str | os.PathLike, kind: str, replace: bool, flag: str = "--force",
-                 parents: bool = True, reads: Iterable[str | os.PathLike | None] = ()) -> None:
+def check_output(
+    path: str | os.PathLike,
+    kind: str,
+    replace: bool,
+    flag: str = "--force",
+    parents: bool = True,
+    reads: Iterable[str | os.PathLike | None] = (),
+) -> None:
     """Raise :class:`AdaptspecError` unless ``path`` may be written as a ``kind``.
 
     Fine: ``path`` does not exist, or is an empty directory (directory kinds), or holds a
@@ -201,8 +233,10 @@ def check_output(path: str | os.PathLike, kind: str, replace: bool, flag: str = 
     what, is_dir = KINDS[kind]
     for r in reads:
         if r is not None and _same_or_nested(p.resolve(), Path(r).resolve()):
-            raise AdaptspecError(f"{p}: the output overlaps this command's own input {r} (the same path, inside "
-                                  "it or holding it); choose another path")
+            raise AdaptspecError(
+                f"{p}: the output overlaps this command's own input {r} (the same path, inside "
+                "it or holding it); choose another path"
+            )
     if p.is_symlink():
         raise AdaptspecError(f"{p} is a symbolic link: refusing to replace it")
     if not p.exists():
@@ -224,8 +258,10 @@ def check_output(path: str | os.PathLike, kind: str, replace: bool, flag: str = 
             raise AdaptspecError(f"{p} exists and is not an adaptspec {what}: refusing to replace it")
         if foreign:
             more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-            raise AdaptspecError(f"{p} holds {foreign[0].rstrip('/')}{more}, which adaptspec did not write: "
-                                 "refusing to replace it")
+            raise AdaptspecError(
+                f"{p} holds {foreign[0].rstrip('/')}{more}, which adaptspec did not write: "
+                "refusing to replace it"
+            )
     elif not _FILES[kind][1](p):
         raise AdaptspecError(f"{p} exists and is not an adaptspec {what}: refusing to replace it")
     if not replace:
@@ -235,7 +271,9 @@ def check_output(path: str | os.PathLike, kind: str, replace: bool, flag: str = 
 def mark(tmp: Path, kind: str) -> None:
     """Write the marker of a finished ``kind`` directory ``tmp``: its kind and every file in it."""
     files = [e for e in _entries(tmp) if not e.endswith("/") and e != MARKER]
-    (tmp / MARKER).write_text(json.dumps({"written_by": "adaptspec", "kind": kind, "files": files}, indent=1) + "\n")
+    (tmp / MARKER).write_text(
+        json.dumps({"written_by": "adaptspec", "kind": kind, "files": files}, indent=1) + "\n"
+    )
 
 
 def swap_into_place(tmp: Path, path: Path) -> None:
@@ -250,8 +288,14 @@ def swap_into_place(tmp: Path, path: Path) -> None:
         os.rename(tmp, path)
 
 
-def write_dir(path: str | os.PathLike, kind: str, replace: bool, write: Callable[[Path], Any],
-              flag: str = "--force", reads: Iterable[str | os.PathLike | None] = ()) -> Path:
+def write_dir(
+    path: str | os.PathLike,
+    kind: str,
+    replace: bool,
+    write: Callable[[Path], Any],
+    flag: str = "--force",
+    reads: Iterable[str | os.PathLike | None] = (),
+) -> Path:
     """Check ``path`` (:func:`check_output`), run ``write(tmpdir)``, mark ``tmpdir`` as a ``kind``
     (:data:`MARKER`), check ``path`` again (it may have changed meanwhile) and rename ``tmpdir``
     to ``path``."""
@@ -277,8 +321,14 @@ def write_dir(path: str | os.PathLike, kind: str, replace: bool, write: Callable
     return path
 
 
-def write_file(path: str | os.PathLike, kind: str, replace: bool, write: Callable[[Path], Any],
-               flag: str = "--force", parents: bool = True) -> Path:
+def write_file(
+    path: str | os.PathLike,
+    kind: str,
+    replace: bool,
+    write: Callable[[Path], Any],
+    flag: str = "--force",
+    parents: bool = True,
+) -> Path:
     """Check ``path`` (:func:`check_output`), run ``write(tmpfile)``, rename it to ``path``."""
     path = Path(path)
     check_output(path, kind, replace, flag, parents)

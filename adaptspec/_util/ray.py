@@ -18,8 +18,10 @@ from ..errors import AdaptspecError
 
 #: what ``--ray`` accepts: nothing (a local Ray with this machine's CPUs), ``local``, ``auto`` (the
 #: cluster this machine is part of), ``ray://HOST:PORT`` (Ray Client) or ``HOST:PORT`` (a head's GCS)
-ADDRESS_HELP = ("run as Ray tasks: no ADDRESS (or 'local') starts a local Ray with this machine's CPUs; "
-                "'auto' joins the cluster this machine belongs to; ray://HOST:PORT or HOST:PORT a remote one")
+ADDRESS_HELP = (
+    "run as Ray tasks: no ADDRESS (or 'local') starts a local Ray with this machine's CPUs; "
+    "'auto' joins the cluster this machine belongs to; ray://HOST:PORT or HOST:PORT a remote one"
+)
 _HOSTPORT = re.compile(r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
 
@@ -37,15 +39,19 @@ def parse_address(text: str) -> str:
 
     if text in ("local", "auto") or _HOSTPORT.match(text):
         return text
-    raise argparse.ArgumentTypeError(f"expected local, auto, ray://HOST:PORT or HOST:PORT, got {text!r} "
-                                     "(a positional argument goes before --ray)")
+    raise argparse.ArgumentTypeError(
+        f"expected local, auto, ray://HOST:PORT or HOST:PORT, got {text!r} "
+        "(a positional argument goes before --ray)"
+    )
 
 
 def import_ray():
     try:
         import ray
     except ImportError:
-        raise AdaptspecError("--ray needs Ray, which is not installed: pip install 'adaptspec[ray]'") from None
+        raise AdaptspecError(
+            "--ray needs Ray, which is not installed: pip install 'adaptspec[ray]'"
+        ) from None
     return ray
 
 
@@ -97,8 +103,9 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
-        raise AdaptspecError(f"cannot start or join Ray at {address}: nothing answers there "
-                             f"({e.strerror or type(e).__name__})") from None
+        raise AdaptspecError(
+            f"cannot start or join Ray at {address}: nothing answers there ({e.strerror or type(e).__name__})"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -134,5 +141,3 @@ def cluster_slots(ray, gpu: bool = False) -> int:
     """How many one-CPU (or one-GPU) tasks the cluster runs at once."""
     res = ray.cluster_resources()
     return max(1, int(res.get("GPU" if gpu else "CPU", 1)))
-
-

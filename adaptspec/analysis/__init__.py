@@ -13,11 +13,34 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(["ESTIMATORS", "Estimate", "dm", "dr", "evaluate", "evaluate_log", "fit_reward_model", "ips",
-                     "policy_probs", "snips", "switch_dr"], "ope"),
+    **dict.fromkeys(
+        [
+            "ESTIMATORS",
+            "Estimate",
+            "dm",
+            "dr",
+            "evaluate",
+            "evaluate_log",
+            "fit_reward_model",
+            "ips",
+            "policy_probs",
+            "snips",
+            "switch_dr",
+        ],
+        "ope",
+    ),
     **dict.fromkeys(["ABReport", "analyze", "rows_to_arrays"], "ab"),
-    **dict.fromkeys(["SequentialTest", "mean_interval", "quantile_interval", "ratio_interval", "sequential_test",
-                     "welch_p"], "statistics"),
+    **dict.fromkeys(
+        [
+            "SequentialTest",
+            "mean_interval",
+            "quantile_interval",
+            "ratio_interval",
+            "sequential_test",
+            "welch_p",
+        ],
+        "statistics",
+    ),
 }
 
 __all__ = sorted(_WHERE)

@@ -71,9 +71,17 @@ class ABReport:
     def to_json(self) -> dict[str, Any]:
         """The ``ab-report --json`` object (NaN and infinities as null)."""
         out: dict[str, Any] = {
-            "decisions": self.decisions, "level": self.level, "variants": self.variants,
-            "sequential": {"metric": "reward", "method": "mSPRT (normal mixture), always valid",
-                           "tau_sd": self.tau_sd, "min_n": self.min_n, "tests": self.tests}}
+            "decisions": self.decisions,
+            "level": self.level,
+            "variants": self.variants,
+            "sequential": {
+                "metric": "reward",
+                "method": "mSPRT (normal mixture), always valid",
+                "tau_sd": self.tau_sd,
+                "min_n": self.min_n,
+                "tests": self.tests,
+            },
+        }
         if self.off_policy is not None:
             out["off_policy"] = self.off_policy
         if self.switchback is not None:
@@ -86,27 +94,46 @@ class ABReport:
 
     def to_text(self) -> str:
         """A plain-text report for people: a table of the variants, then one line per test and estimate."""
-        lines = [f"{self.decisions} decisions; intervals are {int(100 * self.level)}% (fixed-sample, except the "
-                 "sequential test's)"]
+        lines = [
+            f"{self.decisions} decisions; intervals are {int(100 * self.level)}% (fixed-sample, except the "
+            "sequential test's)"
+        ]
         head = ["variant", "decisions", "reward", "tau", "tok/s", "latency p50 ms", "p95 ms", "fallbacks"]
-        rows = [[v, s["decisions"], pm(s["reward"]["mean"], s["reward"]["ci"]), pm(s["tau"]["mean"], s["tau"]["ci"]),
-                 pm(s["throughput"]["tokens_per_s"], s["throughput"]["ci"]), sig(s["latency_ms"]["p50"]),
-                 sig(s["latency_ms"]["p95"]), s["fallbacks"]] for v, s in self.variants.items()]
+        rows = [
+            [
+                v,
+                s["decisions"],
+                pm(s["reward"]["mean"], s["reward"]["ci"]),
+                pm(s["tau"]["mean"], s["tau"]["ci"]),
+                pm(s["throughput"]["tokens_per_s"], s["throughput"]["ci"]),
+                sig(s["latency_ms"]["p50"]),
+                sig(s["latency_ms"]["p95"]),
+                s["fallbacks"],
+            ]
+            for v, s in self.variants.items()
+        ]
         lines.append(table(head, rows))
         for t in self.tests:
             a, b = list(t["n"])
-            verdict = (f"{t['winner']} is better (stopped after {t['stopped_at']} requests)" if t["significant"]
-                       else "no significant difference yet")
+            verdict = (
+                f"{t['winner']} is better (stopped after {t['stopped_at']} requests)"
+                if t["significant"]
+                else "no significant difference yet"
+            )
             lo, hi = t["always_valid_ci"]
-            lines.append(f"sequential test {a} vs {b}: {verdict}; always-valid p = {sig(t['p_value'])}, "
-                         f"difference {sig(t['diff'])} ({a} - {b}), always-valid CI [{sig(lo)}, {sig(hi)}]")
+            lines.append(
+                f"sequential test {a} vs {b}: {verdict}; always-valid p = {sig(t['p_value'])}, "
+                f"difference {sig(t['diff'])} ({a} - {b}), always-valid CI [{sig(lo)}, {sig(hi)}]"
+            )
         for e in self.off_policy or []:
             if "skipped" in e:
                 lines.append(f"off-policy {e['target']} on {e['logged_by']}'s log: skipped ({e['skipped']})")
                 continue
             est = ", ".join(f"{k} {pm(v['value'], v['ci'])}" for k, v in e["estimates"].items())
-            lines.append(f"off-policy {e['target']} on {e['logged_by']}'s log (n={e['n']}, support "
-                         f"{sig(100 * e['support'])}%): {est}; {e['logged_by']} itself got {sig(e['logged_value'])}")
+            lines.append(
+                f"off-policy {e['target']} on {e['logged_by']}'s log (n={e['n']}, support "
+                f"{sig(100 * e['support'])}%): {est}; {e['logged_by']} itself got {sig(e['logged_value'])}"
+            )
         if self.switchback is not None:
             lines += slices_text(self.switchback)
         return "\n".join(lines)
@@ -127,13 +154,19 @@ def rows_to_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     t = np.asarray([_seconds(r.get("time")) for r in rows], dtype=np.float64)
     order = np.argsort(t, kind="stable")
     out: dict[str, Any] = {
-        "variant": np.asarray(["(none)" if r.get("variant") is None else str(r["variant"]) for r in rows], dtype=object),
+        "variant": np.asarray(
+            ["(none)" if r.get("variant") is None else str(r["variant"]) for r in rows], dtype=object
+        ),
         "policy": np.asarray([str(r.get("policy")) for r in rows], dtype=object),
-        "reward": col("reward"), "new_tokens": col("new_tokens"), "decode_ms": col("decode_ms"),
-        "mean_tau": col("mean_tau"), "time": t,
+        "reward": col("reward"),
+        "new_tokens": col("new_tokens"),
+        "decode_ms": col("decode_ms"),
+        "mean_tau": col("mean_tau"),
+        "time": t,
         "block_size": col("block_size").astype(np.int64) if n else np.zeros(0, np.int64),
         "propensity": col("propensity"),
-        "probs": [r.get("probs") for r in rows], "arms": [tuple(r.get("arms") or ()) for r in rows],
+        "probs": [r.get("probs") for r in rows],
+        "arms": [tuple(r.get("arms") or ()) for r in rows],
         "features": [r.get("features") for r in rows],
     }
     for k, v in out.items():
@@ -150,10 +183,20 @@ def _seconds(t: Any) -> float:
 
 
 # ============================================================================ the report
-def analyze(data: Mapping[str, Any], *, policies: Mapping[str, Any] | None = None, alpha: float = 0.05,
-            tau_sd: float = 0.2, min_n: int = 10, level: float = 0.95, n_boot: int = 200,
-            estimators: Sequence[str] = ("snips", "dr"), seed: int = 0,
-            slices: Sequence[Mapping[str, Any]] | None = None, slice_burn_in: int = 0) -> ABReport:
+def analyze(
+    data: Mapping[str, Any],
+    *,
+    policies: Mapping[str, Any] | None = None,
+    alpha: float = 0.05,
+    tau_sd: float = 0.2,
+    min_n: int = 10,
+    level: float = 0.95,
+    n_boot: int = 200,
+    estimators: Sequence[str] = ("snips", "dr"),
+    seed: int = 0,
+    slices: Sequence[Mapping[str, Any]] | None = None,
+    slice_burn_in: int = 0,
+) -> ABReport:
     """The A/B report of a decision log (arrays from :func:`rows_to_arrays`).
 
     ``policies`` maps variant -> a policy object (its current state is evaluated) for the
@@ -165,7 +208,7 @@ def analyze(data: Mapping[str, Any], *, policies: Mapping[str, Any] | None = Non
     tests = []
     has_r = np.isfinite(data["reward"])
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             m = has_r & np.isin(data["variant"], [a, b])
             g = (data["variant"][m] == b).astype(np.int64)
             t = sequential_test(g, data["reward"][m], alpha=alpha, tau_sd=tau_sd, min_n=min_n)
@@ -174,10 +217,16 @@ def analyze(data: Mapping[str, Any], *, policies: Mapping[str, Any] | None = Non
                 d["stopped_at_time"] = float(data["time"][m][t.stopped_at - 1])
             d["naive_t_test_p"] = rounded(welch_p(data["reward"][m], g))
             tests.append(d)
-    return ABReport(int(len(data["variant"])), level, {v: _summary(data["variant"] == v, data, level) for v in names},
-                    tests, tau_sd, min_n,
-                    off_policy=_off_policy(data, names, policies, n_boot, estimators, seed) if policies else None,
-                    switchback=analyze_slices(slices, slice_burn_in, level) if slices else None)
+    return ABReport(
+        int(len(data["variant"])),
+        level,
+        {v: _summary(data["variant"] == v, data, level) for v in names},
+        tests,
+        tau_sd,
+        min_n,
+        off_policy=_off_policy(data, names, policies, n_boot, estimators, seed) if policies else None,
+        switchback=analyze_slices(slices, slice_burn_in, level) if slices else None,
+    )
 
 
 def _summary(mask: np.ndarray, data: Mapping[str, Any], level: float) -> dict[str, Any]:
@@ -205,16 +254,32 @@ def _summary(mask: np.ndarray, data: Mapping[str, Any], level: float) -> dict[st
         "fallbacks": int(sum(str(p).startswith("fallback:") for p in data["policy"][mask])),
         "reward": {"mean": mean(r[has_r]), "ci": ci(mean_interval(r[has_r], level))},
         "tau": {"mean": mean(tau), "ci": ci(mean_interval(tau, level))},
-        "throughput": {"tokens_per_s": rounded(tput), "ci": ci(tput_ci), "tokens": int(tok[ok].sum()),
-                       "decode_s": rounded(float(ms[ok].sum()) / 1000.0)},
-        "latency_ms": {"mean": mean(lat), "ci": ci(mean_interval(lat, level)),
-                       "p50": rounded(p50), "p50_ci": ci(p50_ci), "p95": rounded(p95), "p95_ci": ci(p95_ci)},
+        "throughput": {
+            "tokens_per_s": rounded(tput),
+            "ci": ci(tput_ci),
+            "tokens": int(tok[ok].sum()),
+            "decode_s": rounded(float(ms[ok].sum()) / 1000.0),
+        },
+        "latency_ms": {
+            "mean": mean(lat),
+            "ci": ci(mean_interval(lat, level)),
+            "p50": rounded(p50),
+            "p50_ci": ci(p50_ci),
+            "p95": rounded(p95),
+            "p95_ci": ci(p95_ci),
+        },
         "block_sizes": {str(int(b)): int(c) for b, c in zip(uniq, cnt)},
     }
 
 
-def _off_policy(data: Mapping[str, Any], names: list[str], policies: Mapping[str, Any], n_boot: int,
-                estimators: Sequence[str], seed: int) -> list[dict[str, Any]]:
+def _off_policy(
+    data: Mapping[str, Any],
+    names: list[str],
+    policies: Mapping[str, Any],
+    n_boot: int,
+    estimators: Sequence[str],
+    seed: int,
+) -> list[dict[str, Any]]:
     """Each given policy evaluated on every other variant's logged requests."""
     results = []
     for target, pol in policies.items():
@@ -228,8 +293,15 @@ def _off_policy(data: Mapping[str, Any], names: list[str], policies: Mapping[str
     return results
 
 
-def _estimate(entry: dict[str, Any], data: Mapping[str, Any], pol: Any, logging: str, n_boot: int,
-              estimators: Sequence[str], seed: int) -> None:
+def _estimate(
+    entry: dict[str, Any],
+    data: Mapping[str, Any],
+    pol: Any,
+    logging: str,
+    n_boot: int,
+    estimators: Sequence[str],
+    seed: int,
+) -> None:
     """Fill ``entry`` with the estimates of ``pol`` on ``logging``'s rows, or with why it was skipped."""
     from .ope import evaluate, policy_probs  # the policies, only when there is something to estimate
 
@@ -256,10 +328,25 @@ def _estimate(entry: dict[str, Any], data: Mapping[str, Any], pol: Any, logging:
     a = np.searchsorted(np.asarray(arms_t), data["block_size"][idx])
     logged_probs = np.asarray([data["probs"][i] for i in idx], dtype=np.float64)
     support = float(np.mean(np.sum(P * (logged_probs > 0), axis=1)))
-    est = evaluate(data["reward"][idx], a, data["propensity"][idx], P, X, estimators=estimators,
-                   n_boot=n_boot, seed=seed, progress=False)
-    entry.update(n=int(len(idx)), support=rounded(support), logged_value=rounded(float(data["reward"][idx].mean())),
-                 estimates={k: e.to_dict() for k, e in est.items()})
+    est = evaluate(
+        data["reward"][idx],
+        a,
+        data["propensity"][idx],
+        P,
+        X,
+        estimators=estimators,
+        n_boot=n_boot,
+        seed=seed,
+        progress=False,
+    )
+    entry.update(
+        n=int(len(idx)),
+        support=rounded(support),
+        logged_value=rounded(float(data["reward"][idx].mean())),
+        estimates={k: e.to_dict() for k, e in est.items()},
+    )
     if support < 0.999:
-        entry["note"] = (f"the target puts {100 * (1 - support):.1f}% of its probability on arms {logging} never "
-                         "plays: the estimates cover only the rest")
+        entry["note"] = (
+            f"the target puts {100 * (1 - support):.1f}% of its probability on arms {logging} never "
+            "plays: the estimates cover only the rest"
+        )

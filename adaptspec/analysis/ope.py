@@ -68,9 +68,13 @@ class WeightDiagnostics:
     clipped: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ess": rounded(self.ess), "mean_weight": rounded(self.mean_weight),
-                "max_weight": rounded(self.max_weight), "support": None if self.support is None else rounded(self.support),
-                "clipped": rounded(self.clipped)}
+        return {
+            "ess": rounded(self.ess),
+            "mean_weight": rounded(self.mean_weight),
+            "max_weight": rounded(self.max_weight),
+            "support": None if self.support is None else rounded(self.support),
+            "clipped": rounded(self.clipped),
+        }
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,12 @@ class Estimate:
     note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"value": rounded(self.value), "ci": [rounded(self.ci[0]), rounded(self.ci[1])], "se": rounded(self.se),
-             "n": self.n}
+        d = {
+            "value": rounded(self.value),
+            "ci": [rounded(self.ci[0]), rounded(self.ci[1])],
+            "se": rounded(self.se),
+            "n": self.n,
+        }
         if self.diagnostics is not None:
             d["diagnostics"] = self.diagnostics.to_dict()
             d["note"] = self.note
@@ -104,7 +112,9 @@ def _check(rewards: Any, actions: Any, propensities: Any, target: Any) -> tuple[
     pi = np.asarray(target, dtype=np.float64)
     n = r.shape[0] if r.ndim == 1 else -1
     if r.ndim != 1 or a.shape != (n,) or p.shape != (n,):
-        raise AdaptspecError(f"rewards, actions and propensities must be 1-D of one length, got {r.shape}, {a.shape}, {p.shape}")
+        raise AdaptspecError(
+            f"rewards, actions and propensities must be 1-D of one length, got {r.shape}, {a.shape}, {p.shape}"
+        )
     if n == 0:
         raise AdaptspecError("no logged rounds to evaluate")
     if pi.ndim != 2 or pi.shape[0] != n:
@@ -114,7 +124,9 @@ def _check(rewards: Any, actions: Any, propensities: Any, target: Any) -> tuple[
     if not np.all(np.isfinite(r)):
         raise AdaptspecError(f"reward {int(np.flatnonzero(~np.isfinite(r))[0])} is not finite")
     if np.any(~np.isfinite(p) | (p <= 0) | (p > 1 + 1e-9)):
-        raise AdaptspecError(f"propensity {int(np.flatnonzero(~np.isfinite(p) | (p <= 0) | (p > 1 + 1e-9))[0])} outside (0, 1]")
+        raise AdaptspecError(
+            f"propensity {int(np.flatnonzero(~np.isfinite(p) | (p <= 0) | (p > 1 + 1e-9))[0])} outside (0, 1]"
+        )
     bad = ~np.isfinite(pi).all(axis=1) | (pi < -1e-12).any(axis=1) | (np.abs(pi.sum(axis=1) - 1) > 1e-6)
     if bad.any():
         raise AdaptspecError(f"target probabilities of round {int(np.flatnonzero(bad)[0])} do not sum to 1")
@@ -128,8 +140,9 @@ def importance_weights(actions: Any, propensities: Any, target: Any) -> np.ndarr
     return pi[np.arange(len(a)), a] / np.asarray(propensities, dtype=np.float64)
 
 
-def weight_diagnostics(actions: Any, propensities: Any, target: Any, logging_probs: Any = None,
-                       switch_tau: float = 10.0) -> WeightDiagnostics:
+def weight_diagnostics(
+    actions: Any, propensities: Any, target: Any, logging_probs: Any = None, switch_tau: float = 10.0
+) -> WeightDiagnostics:
     """The :class:`WeightDiagnostics` of a log: ``logging_probs`` (n, K) the logging policy's
     probability of every arm (the decision log's ``probs``), for the support.
 
@@ -148,8 +161,14 @@ def weight_diagnostics(actions: Any, propensities: Any, target: Any, logging_pro
         if q.shape != pi.shape:
             raise AdaptspecError(f"logging probabilities have shape {q.shape}, expected {pi.shape}")
         support = float(np.mean(np.sum(np.where(q > 0, pi, 0.0), axis=1)))
-    return WeightDiagnostics(len(w), sw * sw / sw2 if sw2 > 0 else 0.0, float(w.mean()), float(w.max()), support,
-                             float(np.mean(w > switch_tau)))
+    return WeightDiagnostics(
+        len(w),
+        sw * sw / sw2 if sw2 > 0 else 0.0,
+        float(w.mean()),
+        float(w.max()),
+        support,
+        float(np.mean(w > switch_tau)),
+    )
 
 
 def weight_note(estimator: str, value: float, rewards: np.ndarray, diag: WeightDiagnostics) -> str | None:
@@ -161,11 +180,15 @@ def weight_note(estimator: str, value: float, rewards: np.ndarray, diag: WeightD
     if math.isfinite(value) and not lo - 1e-9 * max(1.0, abs(lo)) <= value <= hi + 1e-9 * max(1.0, abs(hi)):
         why.append(f"outside the logged rewards [{lo:.4g}, {hi:.4g}]")
     if diag.support is not None and diag.support < 0.999:
-        why.append(f"{100 * (1 - diag.support):.1f}% of the target's probability is on arms the logging policy "
-                   "never played (no support)")
+        why.append(
+            f"{100 * (1 - diag.support):.1f}% of the target's probability is on arms the logging policy "
+            "never played (no support)"
+        )
     if estimator == "ips" and abs(diag.mean_weight - 1.0) > 0.1:
-        why.append(f"mean importance weight {diag.mean_weight:.3g} (1 with support; IPS scales with it, SNIPS "
-                   "divides it out)")
+        why.append(
+            f"mean importance weight {diag.mean_weight:.3g} (1 with support; IPS scales with it, SNIPS "
+            "divides it out)"
+        )
     if diag.ess < 0.1 * diag.n:
         why.append(f"effective sample size {diag.ess:.1f} of {diag.n} rounds")
     if estimator == "switch-dr" and diag.clipped > 0:
@@ -194,16 +217,23 @@ def dm(target: Any, r_hat: Any) -> float:
 
 def dr(rewards: Any, actions: Any, propensities: Any, target: Any, r_hat: Any) -> float:
     """Doubly robust."""
-    return float(np.mean(_dr_terms(*_check(rewards, actions, propensities, target), np.asarray(r_hat, float))))
+    return float(
+        np.mean(_dr_terms(*_check(rewards, actions, propensities, target), np.asarray(r_hat, float)))
+    )
 
 
-def switch_dr(rewards: Any, actions: Any, propensities: Any, target: Any, r_hat: Any, tau: float = 10.0) -> float:
+def switch_dr(
+    rewards: Any, actions: Any, propensities: Any, target: Any, r_hat: Any, tau: float = 10.0
+) -> float:
     """Switch doubly robust: the DR correction only where the weight is at most ``tau``."""
-    return float(np.mean(_dr_terms(*_check(rewards, actions, propensities, target), np.asarray(r_hat, float), tau)))
+    return float(
+        np.mean(_dr_terms(*_check(rewards, actions, propensities, target), np.asarray(r_hat, float), tau))
+    )
 
 
-def _dr_terms(r: np.ndarray, a: np.ndarray, p: np.ndarray, pi: np.ndarray, r_hat: np.ndarray,
-              tau: float = math.inf) -> np.ndarray:
+def _dr_terms(
+    r: np.ndarray, a: np.ndarray, p: np.ndarray, pi: np.ndarray, r_hat: np.ndarray, tau: float = math.inf
+) -> np.ndarray:
     if r_hat.shape != pi.shape:
         raise AdaptspecError(f"reward model predictions have shape {r_hat.shape}, expected {pi.shape}")
     t = np.arange(len(a))
@@ -213,9 +243,18 @@ def _dr_terms(r: np.ndarray, a: np.ndarray, p: np.ndarray, pi: np.ndarray, r_hat
 
 
 # ============================================================================ reward models
-def fit_reward_model(contexts: np.ndarray | None, actions: Any, rewards: Any, n_arms: int, *,
-                     model: str = "ridge", alpha: float = 1.0, folds: int = 2, seed: int = 0,
-                     observed: tuple[Any, Any] | None = None) -> np.ndarray:
+def fit_reward_model(
+    contexts: np.ndarray | None,
+    actions: Any,
+    rewards: Any,
+    n_arms: int,
+    *,
+    model: str = "ridge",
+    alpha: float = 1.0,
+    folds: int = 2,
+    seed: int = 0,
+    observed: tuple[Any, Any] | None = None,
+) -> np.ndarray:
     """Predicted reward of every arm for every logged round, ``(n, n_arms)``.
 
     ``ridge``: per-arm ridge regression on standardised features with an intercept;
@@ -258,7 +297,9 @@ def fit_reward_model(contexts: np.ndarray | None, actions: Any, rewards: Any, n_
     return out
 
 
-def _shown(a: np.ndarray, r: np.ndarray, k: int, observed: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+def _shown(
+    a: np.ndarray, r: np.ndarray, k: int, observed: tuple[Any, Any] | None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(R, M)``: every arm's reward where a round shows it; the logged arm's always."""
     n = len(a)
     M = np.zeros((n, k), dtype=bool)
@@ -267,7 +308,9 @@ def _shown(a: np.ndarray, r: np.ndarray, k: int, observed: tuple[Any, Any] | Non
         R0 = np.asarray(observed[0], dtype=np.float64)
         M0 = np.asarray(observed[1], dtype=bool)
         if R0.shape != (n, k) or M0.shape != (n, k):
-            raise AdaptspecError(f"observed rewards and mask must have shape ({n}, {k}), got {R0.shape} and {M0.shape}")
+            raise AdaptspecError(
+                f"observed rewards and mask must have shape ({n}, {k}), got {R0.shape} and {M0.shape}"
+            )
         M = M0 & np.isfinite(R0)
         R = np.where(M, R0, 0.0)
     t = np.arange(n)
@@ -276,8 +319,15 @@ def _shown(a: np.ndarray, r: np.ndarray, k: int, observed: tuple[Any, Any] | Non
     return R, M
 
 
-def _fit_predict(X: np.ndarray | None, r: np.ndarray, R: np.ndarray, M: np.ndarray, alpha: float,
-                 train: np.ndarray, test: np.ndarray) -> np.ndarray:
+def _fit_predict(
+    X: np.ndarray | None,
+    r: np.ndarray,
+    R: np.ndarray,
+    M: np.ndarray,
+    alpha: float,
+    train: np.ndarray,
+    test: np.ndarray,
+) -> np.ndarray:
     k = R.shape[1]
     glob = float(r[train].mean()) if len(train) else 0.0
     out = np.full((len(test), k), glob)
@@ -321,10 +371,20 @@ def policy_probs(policy: Policy, contexts: np.ndarray | None = None, n: int | No
     if hasattr(policy, "probs_batch"):
         P = np.asarray(policy.probs_batch(X, m), dtype=np.float64)
     else:
-        P = np.stack([np.asarray(policy.decide(None if X is None else X[t]).probs, dtype=np.float64)
-                      for t in range(m)]) if m else np.zeros((0, len(policy.arms)))
+        P = (
+            np.stack(
+                [
+                    np.asarray(policy.decide(None if X is None else X[t]).probs, dtype=np.float64)
+                    for t in range(m)
+                ]
+            )
+            if m
+            else np.zeros((0, len(policy.arms)))
+        )
     if P.shape != (m, len(policy.arms)):
-        raise AdaptspecError(f"{policy.label}: probabilities have shape {P.shape}, expected ({m}, {len(policy.arms)})")
+        raise AdaptspecError(
+            f"{policy.label}: probabilities have shape {P.shape}, expected ({m}, {len(policy.arms)})"
+        )
     return P
 
 
@@ -367,8 +427,9 @@ def evaluate(
     w = importance_weights(a, p, pi)
     need_model = any(e in ("dm", "dr", "switch-dr") for e in estimators)
     if need_model and r_hat is None:
-        r_hat = fit_reward_model(contexts, a, r, k, model=reward_model, alpha=alpha, folds=folds, seed=seed,
-                                 observed=observed)
+        r_hat = fit_reward_model(
+            contexts, a, r, k, model=reward_model, alpha=alpha, folds=folds, seed=seed, observed=observed
+        )
     # every estimator is sum(c * num) / sum(c * den) for bootstrap multiplicities c
     parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     ones = np.ones(n)
@@ -389,8 +450,14 @@ def evaluate(
     if n_boot < 1:
         raise AdaptspecError(f"n_boot must be >= 1, got {n_boot}")
     chunk = max(1, int(2e6 // n))
-    bar = tqdm(total=n_boot, desc="bootstrap", unit="resample", leave=False, delay=1.0,
-               disable=(not progress) if progress is not None else None)
+    bar = tqdm(
+        total=n_boot,
+        desc="bootstrap",
+        unit="resample",
+        leave=False,
+        delay=1.0,
+        disable=(not progress) if progress is not None else None,
+    )
     for s in range(0, n_boot, chunk):
         m = min(chunk, n_boot - s)
         bar.update(m)
@@ -398,7 +465,7 @@ def evaluate(
         for e, (num, den) in parts.items():
             nn, dd = num[idx].sum(axis=1), den[idx].sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
-                reps[e][s:s + m] = np.where(dd > 0, nn / np.where(dd > 0, dd, 1.0), np.nan)
+                reps[e][s : s + m] = np.where(dd > 0, nn / np.where(dd > 0, dd, 1.0), np.nan)
     bar.close()
     out = {}
     q = (1 - level) / 2
@@ -407,8 +474,15 @@ def evaluate(
         v = reps[e][np.isfinite(reps[e])]
         ci = (float(np.quantile(v, q)), float(np.quantile(v, 1 - q))) if len(v) else (math.nan, math.nan)
         d = None if e == "dm" else diag
-        out[e] = Estimate(e, point[e], ci, float(v.std(ddof=1)) if len(v) > 1 else math.nan, n, d,
-                          None if d is None else weight_note(e, point[e], r, d))
+        out[e] = Estimate(
+            e,
+            point[e],
+            ci,
+            float(v.std(ddof=1)) if len(v) > 1 else math.nan,
+            n,
+            d,
+            None if d is None else weight_note(e, point[e], r, d),
+        )
     return out
 
 
@@ -416,8 +490,9 @@ def _ratio(num: float, den: float) -> float:
     return float(num / den) if den > 0 else float("nan")
 
 
-def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, counterfactuals: bool = False,
-                 **kwargs: Any) -> dict[str, Estimate]:
+def evaluate_log(
+    log: Any, policy: Policy | str, *, seed: int = 0, counterfactuals: bool = False, **kwargs: Any
+) -> dict[str, Estimate]:
     """:func:`evaluate` a policy (object or spec) on a :class:`~adaptspec.traces.DecisionLog`.
 
     Rows without a reward (feedback never arrived) are left out. ``counterfactuals``: the
@@ -444,6 +519,14 @@ def evaluate_log(log: Any, policy: Policy | str, *, seed: int = 0, counterfactua
     order = np.argsort(np.asarray(arms))  # log arm order -> sorted policy arm order
     P = P[:, np.argsort(order)] if not np.all(order == np.arange(len(arms))) else P
     observed = (log.cf_rewards[keep], log.cf_observed[keep]) if counterfactuals else None
-    return evaluate(r[keep], log.actions[keep], log.propensities[keep], P,
-                    None if X is None else X[keep], seed=seed, observed=observed, logging_probs=log.probs[keep],
-                    **kwargs)
+    return evaluate(
+        r[keep],
+        log.actions[keep],
+        log.propensities[keep],
+        P,
+        None if X is None else X[keep],
+        seed=seed,
+        observed=observed,
+        logging_probs=log.probs[keep],
+        **kwargs,
+    )

@@ -44,7 +44,14 @@ from scipy import stats
 from .._util.numbers import rounded
 from ..errors import AdaptspecError
 
-__all__ = ["SequentialTest", "sequential_test", "mean_interval", "ratio_interval", "quantile_interval", "welch_p"]
+__all__ = [
+    "SequentialTest",
+    "sequential_test",
+    "mean_interval",
+    "ratio_interval",
+    "quantile_interval",
+    "welch_p",
+]
 
 
 @dataclass
@@ -64,16 +71,23 @@ class SequentialTest:
     def to_json(self, names: Sequence[str] = ("0", "1")) -> dict[str, Any]:
         """The test as a JSON object, the groups called ``names``."""
         a, b = names
-        return {"n": {a: self.n[0], b: self.n[1]},
-                "mean": {a: rounded(self.means[0]), b: rounded(self.means[1])},
-                "diff": rounded(self.diff), "diff_of": f"{a} - {b}",
-                "p_value": rounded(self.p_value), "always_valid_ci": [rounded(self.ci[0]), rounded(self.ci[1])],
-                "alpha": self.alpha, "significant": self.stopped_at is not None,
-                "stopped_at": self.stopped_at, "winner": None if self.winner is None else names[self.winner]}
+        return {
+            "n": {a: self.n[0], b: self.n[1]},
+            "mean": {a: rounded(self.means[0]), b: rounded(self.means[1])},
+            "diff": rounded(self.diff),
+            "diff_of": f"{a} - {b}",
+            "p_value": rounded(self.p_value),
+            "always_valid_ci": [rounded(self.ci[0]), rounded(self.ci[1])],
+            "alpha": self.alpha,
+            "significant": self.stopped_at is not None,
+            "stopped_at": self.stopped_at,
+            "winner": None if self.winner is None else names[self.winner],
+        }
 
 
-def sequential_test(groups: Any, values: Any, *, alpha: float = 0.05, tau_sd: float = 0.2,
-                    min_n: int = 10) -> SequentialTest:
+def sequential_test(
+    groups: Any, values: Any, *, alpha: float = 0.05, tau_sd: float = 0.2, min_n: int = 10
+) -> SequentialTest:
     """Always-valid test of ``mean(values | group 0) != mean(values | group 1)`` along the stream.
 
     ``groups`` (0/1) and ``values`` are in arrival order. ``stopped_at`` is the number of
@@ -96,8 +110,9 @@ def sequential_test(groups: Any, values: Any, *, alpha: float = 0.05, tau_sd: fl
     min_n = max(2, int(min_n))
     T = len(y)
     if T == 0:
-        return SequentialTest((0, 0), (math.nan, math.nan), math.nan, 1.0, (-math.inf, math.inf), None, None,
-                              np.ones(0), alpha)
+        return SequentialTest(
+            (0, 0), (math.nan, math.nan), math.nan, 1.0, (-math.inf, math.inf), None, None, np.ones(0), alpha
+        )
     # running means and variances of both groups after every observation
     yc = y - y.mean()  # centring keeps the running sums of squares accurate
     m1 = g == 1
@@ -122,15 +137,32 @@ def sequential_test(groups: Any, values: Any, *, alpha: float = 0.05, tau_sd: fl
     stopped = int(hit[0]) + 1 if len(hit) else None
     winner = None if stopped is None else (0 if d[stopped - 1] > 0 else 1)
     last = T - 1
-    means = (float(a0[last] + y.mean()) if n0[last] else math.nan, float(a1[last] + y.mean()) if n1[last] else math.nan)
+    means = (
+        float(a0[last] + y.mean()) if n0[last] else math.nan,
+        float(a1[last] + y.mean()) if n1[last] else math.nan,
+    )
     if ok[last]:
-        w = math.sqrt(2.0 * V[last] * (V[last] + tau2[last]) / tau2[last]
-                      * (math.log(1.0 / alpha) + 0.5 * math.log((V[last] + tau2[last]) / V[last])))
+        w = math.sqrt(
+            2.0
+            * V[last]
+            * (V[last] + tau2[last])
+            / tau2[last]
+            * (math.log(1.0 / alpha) + 0.5 * math.log((V[last] + tau2[last]) / V[last]))
+        )
         ci = (float(d[last] - w), float(d[last] + w))
     else:
         ci = (-math.inf, math.inf)
-    return SequentialTest((int(n0[last]), int(n1[last])), means, float(means[0] - means[1]), float(p_path[last]), ci,
-                          stopped, winner, p_path, alpha)
+    return SequentialTest(
+        (int(n0[last]), int(n1[last])),
+        means,
+        float(means[0] - means[1]),
+        float(p_path[last]),
+        ci,
+        stopped,
+        winner,
+        p_path,
+        alpha,
+    )
 
 
 def mean_interval(x: np.ndarray, level: float) -> tuple[float, float] | None:
@@ -144,7 +176,9 @@ def mean_interval(x: np.ndarray, level: float) -> tuple[float, float] | None:
     return float(lo), float(hi)
 
 
-def ratio_interval(num: np.ndarray, den: np.ndarray, level: float) -> tuple[float, tuple[float, float] | None]:
+def ratio_interval(
+    num: np.ndarray, den: np.ndarray, level: float
+) -> tuple[float, tuple[float, float] | None]:
     """``sum(num) / sum(den)`` and its delta-method normal interval (None with fewer than 2 pairs)."""
     if len(num) == 0 or den.sum() <= 0:
         return math.nan, None

@@ -40,11 +40,15 @@ from ..errors import AdaptspecError
 
 __all__ = ["analyze_slices", "slices_text"]
 
-METHOD = ("ratio of sums over each variant's slices; delta-method standard errors with slices as units; "
-          "Welch t intervals for the difference and (log scale) the ratio")
+METHOD = (
+    "ratio of sums over each variant's slices; delta-method standard errors with slices as units; "
+    "Welch t intervals for the difference and (log scale) the ratio"
+)
 
 
-def _slice_figures(r: Mapping[str, Any], burn_in: int, where: str) -> tuple[float, float, int, int, int] | None:
+def _slice_figures(
+    r: Mapping[str, Any], burn_in: int, where: str
+) -> tuple[float, float, int, int, int] | None:
     """(tokens, decode seconds, rounds, row-rounds, carried row-rounds) of a slice after its burn-in."""
     try:
         tok = [float(x) for x in r["round_tokens"]]
@@ -74,13 +78,15 @@ def _se(T: np.ndarray, D: np.ndarray) -> tuple[float, float]:
 
 def _welch(se_a: float, n_a: int, se_b: float, n_b: int) -> tuple[float, float]:
     """The combined standard error and the Welch-Satterthwaite degrees of freedom."""
-    va, vb = se_a ** 2, se_b ** 2
+    va, vb = se_a**2, se_b**2
     se = math.sqrt(va + vb)
-    den = va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1)
+    den = va**2 / (n_a - 1) + vb**2 / (n_b - 1)
     return se, (va + vb) ** 2 / den if den > 0 else math.inf
 
 
-def analyze_slices(records: Sequence[Mapping[str, Any]], burn_in: int = 0, level: float = 0.95) -> dict[str, Any]:
+def analyze_slices(
+    records: Sequence[Mapping[str, Any]], burn_in: int = 0, level: float = 0.95
+) -> dict[str, Any]:
     """The switchback report of slice ``records`` (see the module docstring): per variant its
     slices, tokens, decode seconds, throughput with a t interval and the share of its row-rounds
     carried over from another slice; per pair of variants the difference and the ratio of
@@ -112,19 +118,37 @@ def analyze_slices(records: Sequence[Mapping[str, Any]], burn_in: int = 0, level
         T, D = a[:, 0], a[:, 1]
         R, se = _se(T, D)
         est[v] = (R, se, len(T))
-        ci = None if not math.isfinite(se) else [rounded(R - q(len(T) - 1) * se), rounded(R + q(len(T) - 1) * se)]
-        variants[v] = {"slices": int(len(T)), "rounds": int(a[:, 2].sum()), "tokens": int(T.sum()),
-                       "decode_s": rounded(float(D.sum())), "tokens_per_s": rounded(R), "ci": ci,
-                       "se": rounded(se) if math.isfinite(se) else None,
-                       "row_rounds": int(a[:, 3].sum()),
-                       "carried_share": rounded(float(a[:, 4].sum() / a[:, 3].sum())) if a[:, 3].sum() > 0 else None}
+        ci = (
+            None
+            if not math.isfinite(se)
+            else [rounded(R - q(len(T) - 1) * se), rounded(R + q(len(T) - 1) * se)]
+        )
+        variants[v] = {
+            "slices": int(len(T)),
+            "rounds": int(a[:, 2].sum()),
+            "tokens": int(T.sum()),
+            "decode_s": rounded(float(D.sum())),
+            "tokens_per_s": rounded(R),
+            "ci": ci,
+            "se": rounded(se) if math.isfinite(se) else None,
+            "row_rounds": int(a[:, 3].sum()),
+            "carried_share": rounded(float(a[:, 4].sum() / a[:, 3].sum())) if a[:, 3].sum() > 0 else None,
+        }
     comparisons = []
     names = sorted(est)
     for i, x in enumerate(names):
-        for y in names[i + 1:]:
+        for y in names[i + 1 :]:
             (Ra, sa, na), (Rb, sb, nb) = est[x], est[y]
-            c: dict[str, Any] = {"a": x, "b": y, "diff": rounded(Ra - Rb), "ratio": rounded(Ra / Rb) if Rb > 0 else None,
-                                 "diff_ci": None, "ratio_ci": None, "p_value": None, "df": None}
+            c: dict[str, Any] = {
+                "a": x,
+                "b": y,
+                "diff": rounded(Ra - Rb),
+                "ratio": rounded(Ra / Rb) if Rb > 0 else None,
+                "diff_ci": None,
+                "ratio_ci": None,
+                "p_value": None,
+                "df": None,
+            }
             if math.isfinite(sa) and math.isfinite(sb):
                 se, df = _welch(sa, na, sb, nb)
                 if se > 0:
@@ -138,10 +162,20 @@ def analyze_slices(records: Sequence[Mapping[str, Any]], burn_in: int = 0, level
                     d = math.log(Ra / Rb)
                     c["ratio_ci"] = [rounded(math.exp(d - q(ldf) * lse)), rounded(math.exp(d + q(ldf) * lse))]
             comparisons.append(c)
-    return {"design": "switchback", "metric": "tokens per decode second", "method": METHOD, "level": level,
-            "burn_in": burn_in, "slices": {"used": sum(len(p) for p in per.values()), "incomplete": incomplete,
-                                           "too_short": too_short},
-            "variants": variants, "comparisons": comparisons}
+    return {
+        "design": "switchback",
+        "metric": "tokens per decode second",
+        "method": METHOD,
+        "level": level,
+        "burn_in": burn_in,
+        "slices": {
+            "used": sum(len(p) for p in per.values()),
+            "incomplete": incomplete,
+            "too_short": too_short,
+        },
+        "variants": variants,
+        "comparisons": comparisons,
+    }
 
 
 def slices_text(s: Mapping[str, Any]) -> list[str]:
@@ -149,16 +183,26 @@ def slices_text(s: Mapping[str, Any]) -> list[str]:
     from .._util.markdown import pm, sig
 
     n = s["slices"]
-    lines = [f"switchback: {n['used']} slices (burn-in {s['burn_in']} rounds; {n['incomplete']} incomplete and "
-             f"{n['too_short']} too short left out); throughput = tokens / decode s over each variant's slices, "
-             f"{int(100 * s['level'])}% intervals with slices as units"]
+    lines = [
+        f"switchback: {n['used']} slices (burn-in {s['burn_in']} rounds; {n['incomplete']} incomplete and "
+        f"{n['too_short']} too short left out); throughput = tokens / decode s over each variant's slices, "
+        f"{int(100 * s['level'])}% intervals with slices as units"
+    ]
     for v, d in s["variants"].items():
-        carried = "" if d["carried_share"] is None else f", {sig(100 * d['carried_share'])}% of row-rounds carried over"
-        lines.append(f"  {v}: {pm(d['tokens_per_s'], d['ci'])} tok/s over {d['slices']} slices ({d['rounds']} rounds"
-                     f"{carried})")
+        carried = (
+            ""
+            if d["carried_share"] is None
+            else f", {sig(100 * d['carried_share'])}% of row-rounds carried over"
+        )
+        lines.append(
+            f"  {v}: {pm(d['tokens_per_s'], d['ci'])} tok/s over {d['slices']} slices ({d['rounds']} rounds"
+            f"{carried})"
+        )
     for c in s["comparisons"]:
         lo, hi = c["diff_ci"] or (None, None)
         rlo, rhi = c["ratio_ci"] or (None, None)
-        lines.append(f"  {c['a']} - {c['b']}: {sig(c['diff'])} tok/s, CI [{sig(lo)}, {sig(hi)}], p = {sig(c['p_value'])}; "
-                     f"{c['a']} / {c['b']}: {sig(c['ratio'])}, CI [{sig(rlo)}, {sig(rhi)}]")
+        lines.append(
+            f"  {c['a']} - {c['b']}: {sig(c['diff'])} tok/s, CI [{sig(lo)}, {sig(hi)}], p = {sig(c['p_value'])}; "
+            f"{c['a']} / {c['b']}: {sig(c['ratio'])}, CI [{sig(rlo)}, {sig(rhi)}]"
+        )
     return lines

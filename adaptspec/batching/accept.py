@@ -21,14 +21,16 @@ from __future__ import annotations
 import torch
 
 
-
 def greedy(logits: torch.Tensor, drafts: torch.Tensor, widths: list[int]) -> list[list[int]]:
     """Committed tokens of every row: ``logits[R, T, V]``, ``drafts[R, T - 1]`` (padding
     ignored), row ``i`` verified ``widths[i]`` positions."""
     r, t = logits.shape[:2]
     best = logits.argmax(-1)  # [R, T]
     if t > 1:
-        valid = torch.arange(t - 1, device=best.device)[None, :] < (torch.tensor(widths, device=best.device) - 1)[:, None]
+        valid = (
+            torch.arange(t - 1, device=best.device)[None, :]
+            < (torch.tensor(widths, device=best.device) - 1)[:, None]
+        )
         ok = (best[:, :-1] == drafts) & valid
         accepted = ok.int().cumprod(1).sum(1)
     else:

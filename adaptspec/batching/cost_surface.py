@@ -97,8 +97,15 @@ def measure_surface(
                     t2 = clock() if clock else _now(dev)
                     draft_s.append(t1 - t0)
                     verify_s.append(t2 - t1)
-                out.append(dict(block_size=b, batch_size=m, context_tokens=context,
-                                draft_s=min(draft_s[1:]), verify_s=min(verify_s[1:])))
+                out.append(
+                    dict(
+                        block_size=b,
+                        batch_size=m,
+                        context_tokens=context,
+                        draft_s=min(draft_s[1:]),
+                        verify_s=min(verify_s[1:]),
+                    )
+                )
     return out
 
 
@@ -140,7 +147,10 @@ def measure_rounds(
         raise ValueError("measure_rounds needs at least one prompt")
     out: list[dict] = []
     longest = max(len(p) for p in prompts)
-    eos, target.eos_token_ids = target.eos_token_ids, set()  # no row may end early: every round has all its rows
+    eos, target.eos_token_ids = (
+        target.eos_token_ids,
+        set(),
+    )  # no row may end early: every round has all its rows
     try:
         _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup, longest, out)
     finally:
@@ -157,7 +167,9 @@ def _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup,
                 continue
             need = (warmup + rounds + 1) * b
             engine = BatchEngine(target, drafter, max_rows=m, capacity=longest + need + 8)
-            handles = [engine.submit(prompts[i % len(prompts)], block_size=b, max_new_tokens=need) for i in range(m)]
+            handles = [
+                engine.submit(prompts[i % len(prompts)], block_size=b, max_new_tokens=need) for i in range(m)
+            ]
             while engine.waiting or engine.joining:  # the prompts' pass: every row starts after it
                 engine.step()
             for i in range(warmup + rounds):
@@ -167,8 +179,15 @@ def _measure_rounds(target, drafter, prompts, rows, block_sizes, rounds, warmup,
                 if i >= warmup:
                     ctx = sum(len(h.prompt) + len(h.tokens) for h in handles) / m
                     draft = record.draft_s if b > 1 else 0.0  # a plain round has no drafter pass
-                    out.append(dict(block_size=b, batch_size=m, context_tokens=ctx, draft_s=draft,
-                                    verify_s=record.round_s - record.join_s - draft))
+                    out.append(
+                        dict(
+                            block_size=b,
+                            batch_size=m,
+                            context_tokens=ctx,
+                            draft_s=draft,
+                            verify_s=record.round_s - record.join_s - draft,
+                        )
+                    )
             for h in handles:
                 h.cancel()
             engine.run_until_done()
@@ -189,10 +208,15 @@ def surface_table(rounds: list[dict], field: str = "verify_s") -> str:
         bs = sorted({r["block_size"] for r in rs})
         ms = sorted({r["batch_size"] for r in rs})
         val = {(r["batch_size"], r["block_size"]): r[field] for r in rs}
-        lines += [f"context {c}: {field}, ms", "| rows \\ tokens per row | " + " | ".join(map(str, bs)) + " |",
-                  "|---|" + "---:|" * len(bs)]
+        lines += [
+            f"context {c}: {field}, ms",
+            "| rows \\ tokens per row | " + " | ".join(map(str, bs)) + " |",
+            "|---|" + "---:|" * len(bs),
+        ]
         for m in ms:
-            lines.append(f"| {m} | " + " | ".join(f"{1e3 * val[m, b]:.1f}" if (m, b) in val else "" for b in bs) + " |")
+            lines.append(
+                f"| {m} | " + " | ".join(f"{1e3 * val[m, b]:.1f}" if (m, b) in val else "" for b in bs) + " |"
+            )
     return "\n".join(lines)
 
 
@@ -212,10 +236,17 @@ def round_table(rounds: list[dict]) -> str:
     cell: dict[tuple[int, int], list[float]] = {}
     for r in rounds:
         cell.setdefault((r["batch_size"], r["block_size"]), []).append(r["draft_s"] + r["verify_s"])
-    lines = ["median round, ms", "| rows \\ block size | " + " | ".join(map(str, bs)) + " |", "|---|" + "---:|" * len(bs)]
+    lines = [
+        "median round, ms",
+        "| rows \\ block size | " + " | ".join(map(str, bs)) + " |",
+        "|---|" + "---:|" * len(bs),
+    ]
     for m in ms:
-        lines.append(f"| {m} | " + " | ".join(f"{1e3 * float(np.median(cell[m, b])):.1f}" if (m, b) in cell else ""
-                                             for b in bs) + " |")
+        lines.append(
+            f"| {m} | "
+            + " | ".join(f"{1e3 * float(np.median(cell[m, b])):.1f}" if (m, b) in cell else "" for b in bs)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -234,14 +265,23 @@ def fit_errors(profile, rounds: list[dict], totals: bool = False) -> dict[str, f
 
     out = {}
     if totals:
-        err = [abs(float(profile.round_s(r["block_size"], r["context_tokens"], r["batch_size"]))
-                   / (r["draft_s"] + r["verify_s"]) - 1) for r in rounds]
+        err = [
+            abs(
+                float(profile.round_s(r["block_size"], r["context_tokens"], r["batch_size"]))
+                / (r["draft_s"] + r["verify_s"])
+                - 1
+            )
+            for r in rounds
+        ]
         return {"round_median": float(np.median(err)), "round_max": float(np.max(err))}
     for name in ("verify", "draft"):
         rs = [r for r in rounds if name == "verify" or r["block_size"] > 1]
         if not rs:
             continue
         fn = getattr(profile, f"{name}_s")
-        err = [abs(float(fn(r["block_size"], r["context_tokens"], r["batch_size"])) / r[f"{name}_s"] - 1) for r in rs]
+        err = [
+            abs(float(fn(r["block_size"], r["context_tokens"], r["batch_size"])) / r[f"{name}_s"] - 1)
+            for r in rs
+        ]
         out[f"{name}_median"], out[f"{name}_max"] = float(np.median(err)), float(np.max(err))
     return out

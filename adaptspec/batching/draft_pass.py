@@ -33,7 +33,10 @@ from ..decoding.drafter import BlockDiffusionDrafter, DraftState
 
 @torch.no_grad()
 def draft_logits_rows(
-    drafter: BlockDiffusionDrafter, states: Sequence[DraftState], last_tokens: Sequence[int], widths: Sequence[int]
+    drafter: BlockDiffusionDrafter,
+    states: Sequence[DraftState],
+    last_tokens: Sequence[int],
+    widths: Sequence[int],
 ) -> list[torch.Tensor]:
     """Logits ``[B_i - 1, V_draft]`` of every row's drafted positions, from one drafter pass."""
     for s in states:
@@ -48,7 +51,9 @@ def draft_logits_rows(
     x = torch.cat([first, p.expand(rows, width - 1, -1)], dim=1)
     pos = ctx_len[:, None] + torch.arange(width, device=dev)
     see_ctx = torch.arange(keys, device=dev)[None, :] < ctx_len[:, None]  # [R, K]
-    see_blk = torch.arange(width, device=dev)[None, :] < torch.tensor(list(widths), device=dev)[:, None]  # [R, T]
+    see_blk = (
+        torch.arange(width, device=dev)[None, :] < torch.tensor(list(widths), device=dev)[:, None]
+    )  # [R, T]
     mask = torch.cat([see_ctx, see_blk], dim=1)[:, None, None, :].expand(rows, 1, width, keys + width)
     for layer_idx, layer in enumerate(drafter.layers):
         k = _padded([s.keys[layer_idx] for s in states], keys)

@@ -129,7 +129,9 @@ class BatchEngine:
             drafter.attach(target.model)
             target.context_layers = list(drafter.config.target_layers)
         self.draft_length = check_draft_length(draft_length, drafter)
-        self.max_block_size: int = self.draft_length or (drafter.config.max_block_size if drafter is not None else 1)
+        self.max_block_size: int = self.draft_length or (
+            drafter.config.max_block_size if drafter is not None else 1
+        )
         #: every speculating row drafts one block of ``draft_length`` and verifies a prefix of it
         self.prefix_drafts: bool = self.draft_length is not None
         if not isinstance(max_rows, int) or max_rows < 1:
@@ -140,10 +142,14 @@ class BatchEngine:
             raise AdaptspecError(f"token_budget must be an int >= 1, got {token_budget!r}")
         self.max_context = max_context or int(getattr(target.model.config, "max_position_embeddings", 4096))
         #: the most positions a row writes past its committed ones in a pass (a tree row: its nodes + 1)
-        self.max_width = self.max_block_size if drafter is None else max(self.max_block_size,
-                                                                          min(self.token_budget, MAX_TREE_NODES + 1))
-        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
-                                         or chunk_tokens < 1):
+        self.max_width = (
+            self.max_block_size
+            if drafter is None
+            else max(self.max_block_size, min(self.token_budget, MAX_TREE_NODES + 1))
+        )
+        if chunk_tokens is not None and (
+            isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1
+        ):
             raise AdaptspecError(f"chunk_tokens must be an int >= 1 or None, got {chunk_tokens!r}")
         self.chunk_tokens = chunk_tokens
         #: the packed passes (rows and prompt chunks together), None when prompts are prefilled alone
@@ -192,7 +198,9 @@ class BatchEngine:
             raise AdaptspecError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature >= 0:
             raise AdaptspecError(f"temperature must be >= 0, got {temperature}")
-        handle = RequestHandle(self._next_id, prompt_ids, block_size, max_new_tokens, float(temperature), seed)
+        handle = RequestHandle(
+            self._next_id, prompt_ids, block_size, max_new_tokens, float(temperature), seed
+        )
         handle.choose = choose
         self._next_id += 1
         self.waiting.append(handle)
@@ -244,24 +252,44 @@ class BatchEngine:
         cap = max(1, self.token_budget // max(1, len(self.rows)))
         asked = [row.handle.block_size for row in self.rows]
         if self.round_block_sizes is not None and self.rows:  # a tree row keeps its tree
-            asked = [a if as_tree_budget(a) is not None else max(1, min(int(b), a))
-                     for b, a in zip(self.round_block_sizes(self.rows), asked)]
+            asked = [
+                a if as_tree_budget(a) is not None else max(1, min(int(b), a))
+                for b, a in zip(self.round_block_sizes(self.rows), asked)
+            ]
         budgets = [self._tree_budget(a, row) for a, row in zip(asked, self.rows)]
         # a tree row's width (its nodes + 1) is known once its tree is built (_draft)
-        widths = [1 if t is not None or as_tree_budget(b) is not None else min(b, row.room, cap)
-                  for b, t, row in zip(asked, budgets, self.rows)]
-        drafted = [tree_depth(t, self.drafter.config.max_block_size, row.room) + 1 if t is not None else
-                   b if b == 1 or self.draft_length is None else self.draft_length
-                   for b, t, row in zip(widths, budgets, self.rows)]
-        noise = [None if row.keys is None else  # sampled rows: the Gumbel noise of the drafted positions
-                 row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
-                 for row, d in zip(self.rows, drafted)]
-        blocks, drafts, trees = self._draft(widths, drafted, noise, budgets, cap) if self.rows else (None, None, [])
+        widths = [
+            1 if t is not None or as_tree_budget(b) is not None else min(b, row.room, cap)
+            for b, t, row in zip(asked, budgets, self.rows)
+        ]
+        drafted = [
+            tree_depth(t, self.drafter.config.max_block_size, row.room) + 1
+            if t is not None
+            else b
+            if b == 1 or self.draft_length is None
+            else self.draft_length
+            for b, t, row in zip(widths, budgets, self.rows)
+        ]
+        noise = [
+            None
+            if row.keys is None
+            # sampled rows: the Gumbel noise of the drafted positions
+            else row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
+            for row, d in zip(self.rows, drafted)
+        ]
+        blocks, drafts, trees = (
+            self._draft(widths, drafted, noise, budgets, cap) if self.rows else (None, None, [])
+        )
         clock.mark()
         with self.target.prepacked.on():
             packed = self._pass(blocks, chunks, trees) if chunks else None
-            logits, hidden = (packed.logits, packed.context) if chunks else verify_rows(
-                self.target, self.store, blocks, context=self.drafter is not None, trees=trees)
+            logits, hidden = (
+                (packed.logits, packed.context)
+                if chunks
+                else verify_rows(
+                    self.target, self.store, blocks, context=self.drafter is not None, trees=trees
+                )
+            )
         new = accept.greedy(logits, drafts, widths) if self.rows else []
         paths: dict[int, list[int]] = {}
         outcomes: dict[int, TreeOutcomes] = {}
@@ -270,7 +298,9 @@ class BatchEngine:
                 choices = target_choices(logits[i, : widths[i]], trees[i], row.handle.temperature, noise[i])
                 paths[i], new[i] = committed(trees[i], choices)
                 outcomes[i] = round_outcomes(trees[i], choices)
-            elif row.keys is not None:  # the target's keyed samples (decoding.sampling): the batch changes nothing
+            elif (
+                row.keys is not None
+            ):  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
                 new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i][:b], row.handle.temperature)
         taus = [len(n) for n in new]
@@ -284,13 +314,24 @@ class BatchEngine:
         admit_s, draft_s, pass_s = clock.spans()
         # the rows' share of the pass: what a pass of their positions alone costs here (the rest was the prompts')
         prompt_tokens = sum(len(c.ids) for c in chunks)
-        verify_s = self.rows_pass_cost.rows_share(pass_s, len(self.rows) * max(widths, default=0), prompt_tokens)
+        verify_s = self.rows_pass_cost.rows_share(
+            pass_s, len(self.rows) * max(widths, default=0), prompt_tokens
+        )
         rows, done = list(self.rows), []
         for i, row in enumerate(rows):
             tree = trees[i] is not None
-            row.handle.rounds.append(Round(block_size=widths[i], tau=taus[i], draft_s=draft_s, verify_s=verify_s,
-                                           drafted=drafted[i] if tree or drafted[i] != widths[i] else 0, rows=len(rows),
-                                           tree=tree, tree_outcomes=outcomes.get(i)))
+            row.handle.rounds.append(
+                Round(
+                    block_size=widths[i],
+                    tau=taus[i],
+                    draft_s=draft_s,
+                    verify_s=verify_s,
+                    drafted=drafted[i] if tree or drafted[i] != widths[i] else 0,
+                    rows=len(rows),
+                    tree=tree,
+                    tree_outcomes=outcomes.get(i),
+                )
+            )
             if self._commit(row.handle, new[i]):
                 done.append(i)
         self._leave(done)
@@ -301,14 +342,22 @@ class BatchEngine:
             return None
         join_s = admit_s + pass_s - verify_s + time.perf_counter() - started_at
         record = RoundRecord(
-            requests=tuple(row.handle.id for row in rows), block_sizes=tuple(widths), taus=tuple(taus),
-            draft_s=draft_s, verify_s=verify_s, round_s=max(clock.total(), join_s + draft_s + verify_s),
-            joined=joined, join_s=join_s, prompt_tokens=prompt_tokens,
+            requests=tuple(row.handle.id for row in rows),
+            block_sizes=tuple(widths),
+            taus=tuple(taus),
+            draft_s=draft_s,
+            verify_s=verify_s,
+            round_s=max(clock.total(), join_s + draft_s + verify_s),
+            joined=joined,
+            join_s=join_s,
+            prompt_tokens=prompt_tokens,
         )
         self.history.append(record)
         return record
 
-    def _pass(self, blocks: torch.Tensor | None, chunks: list[Chunk], trees: list[DraftTree | None]) -> PackedOutput:
+    def _pass(
+        self, blocks: torch.Tensor | None, chunks: list[Chunk], trees: list[DraftTree | None]
+    ) -> PackedOutput:
         """The rows' blocks (``trees``: the rows' draft trees, None for a chain) and the joining prompts'
         ``chunks`` in one target pass; each chunk keeps the hidden states its request needs (the
         drafter's context; the feature spec's layers for a chooser)."""
@@ -318,8 +367,14 @@ class BatchEngine:
         context = self.target.context_layers if self.drafter is not None else None
         return self.packer.run(blocks, self.store, self.fills.store, chunks, context, sorted(layers), trees)
 
-    def _draft(self, widths: list[int], drafted: list[int], noise: list[torch.Tensor | None],
-               budgets: list[TreeBudget | None], cap: int) -> tuple[torch.Tensor, torch.Tensor, list[DraftTree | None]]:
+    def _draft(
+        self,
+        widths: list[int],
+        drafted: list[int],
+        noise: list[torch.Tensor | None],
+        budgets: list[TreeBudget | None],
+        cap: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[DraftTree | None]]:
         """Every row's block ``[R, T]`` (padded with its last token), its drafts ``[R, T - 1]`` (-1 where
         none) and its draft tree (None for a chain): a chain row ``i`` drafts ``drafted[i]`` positions and
         keeps the first ``widths[i]``; a tree row (``budgets[i]``) drafts ``drafted[i]`` positions and
@@ -331,21 +386,34 @@ class BatchEngine:
         shared = {}
         if together:  # one drafter pass for the greedy rows (fast verification)
             rows = [self.rows[i] for i in together]
-            out = draft_logits_rows(self.drafter, [r.draft for r in rows], [r.last for r in rows], [drafted[i] for i in together])
+            out = draft_logits_rows(
+                self.drafter, [r.draft for r in rows], [r.last for r in rows], [drafted[i] for i in together]
+            )
             shared = dict(zip(together, out))
         trees: list[DraftTree | None] = [None] * len(self.rows)
         chains: dict[int, torch.Tensor] = {}
         for i in speculating:
             row = self.rows[i]
-            logits = (shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, drafted[i])).float()
+            logits = (
+                shared[i] if i in shared else self.drafter.draft_logits(row.draft, row.last, drafted[i])
+            ).float()
             if budgets[i] is not None:
-                trees[i] = draft_tree(logits, budgets[i], self.drafter.to_target_ids, row.handle.temperature, noise[i],
-                                      self.drafter.draft_vocab, max_nodes=cap - 1)
+                trees[i] = draft_tree(
+                    logits,
+                    budgets[i],
+                    self.drafter.to_target_ids,
+                    row.handle.temperature,
+                    noise[i],
+                    self.drafter.draft_vocab,
+                    max_nodes=cap - 1,
+                )
                 widths[i] = trees[i].nodes + 1
             elif noise[i] is None:
                 chains[i] = self.drafter.to_target_ids(logits.argmax(-1)).to(dev)[: widths[i] - 1]
             else:  # proposed as SpeculativeDecoder proposes them
-                idx = draft_keyed(logits, noise[i][: drafted[i] - 1], row.handle.temperature, self.drafter.draft_vocab)
+                idx = draft_keyed(
+                    logits, noise[i][: drafted[i] - 1], row.handle.temperature, self.drafter.draft_vocab
+                )
                 chains[i] = self.drafter.to_target_ids(idx).to(dev)[: widths[i] - 1]
         width = max(widths)
         last = torch.tensor([row.last for row in self.rows], device=dev)
@@ -390,7 +458,9 @@ class BatchEngine:
                     self.fills.add(handle, ids)
                     continue
                 tp = self.target.prefill(ids)
-                row = self._start_row(handle, tp.logits, tp.context_hidden, lambda: tp.features, prefill_layers(tp.cache))
+                row = self._start_row(
+                    handle, tp.logits, tp.context_hidden, lambda: tp.features, prefill_layers(tp.cache)
+                )
             except AdaptspecError as e:
                 handle.fail(AdaptspecError(f"request {handle.id}: {e}"))
                 continue
@@ -404,7 +474,9 @@ class BatchEngine:
         the prompts whole; exact verification never cuts a prompt (see :mod:`~adaptspec.batching.packed_pass`)."""
         if self.fills is None:
             return []
-        return self.fills.plan(self.chunk_tokens if self.rows else None, whole=self.target.verification == "exact")
+        return self.fills.plan(
+            self.chunk_tokens if self.rows else None, whole=self.target.verification == "exact"
+        )
 
     def _start_filled(self, ended: list[tuple[int, torch.Tensor]]) -> int:
         """Start the rows of the requests whose prompts ended in the last pass (``ended``: their fill slots
@@ -413,10 +485,19 @@ class BatchEngine:
         for slot, logits in ended:
             f = self.fills.fillings[slot]
             f.started = True  # a chooser deciding now sees the load without it among the joining
-            context = None if self.drafter is None else torch.cat([f.layer(i) for i in self.target.context_layers], dim=-1)
+            context = (
+                None
+                if self.drafter is None
+                else torch.cat([f.layer(i) for i in self.target.context_layers], dim=-1)
+            )
             try:
-                row = self._start_row(f.handle, logits, context, lambda f=f, logits=logits: self._features(f, logits),
-                                      self.fills.store.layers(slot))
+                row = self._start_row(
+                    f.handle,
+                    logits,
+                    context,
+                    lambda f=f, logits=logits: self._features(f, logits),
+                    self.fills.store.layers(slot),
+                )
             except AdaptspecError as e:
                 f.handle.fail(AdaptspecError(f"request {f.handle.id}: {e}"))
                 continue
@@ -430,8 +511,12 @@ class BatchEngine:
         """The prefill features of ``f``'s prompt from the hidden states its chunks kept (the layers the
         feature spec reads; the others stay empty and unread)."""
         unread = torch.empty(1, 0, 0)
-        hidden = tuple(f.layer(i)[None] if i in f.hidden else unread for i in range(self.target.num_layers + 1))
-        return prefill_features(hidden, logits=logits, prompt_tokens=int(f.ids.numel()), spec=self.target.feature_spec)
+        hidden = tuple(
+            f.layer(i)[None] if i in f.hidden else unread for i in range(self.target.num_layers + 1)
+        )
+        return prefill_features(
+            hidden, logits=logits, prompt_tokens=int(f.ids.numel()), spec=self.target.feature_spec
+        )
 
     def _prompt_ids(self, handle: RequestHandle) -> torch.Tensor:
         """``handle``'s prompt as token ids on the target's device, checked (one line naming what is wrong)."""
@@ -450,8 +535,14 @@ class BatchEngine:
             )
         return ids.to(self.target.device)
 
-    def _start_row(self, handle: RequestHandle, logits: torch.Tensor, context_hidden: torch.Tensor | None,
-                   features: Callable[[], np.ndarray], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Row | None:
+    def _start_row(
+        self,
+        handle: RequestHandle,
+        logits: torch.Tensor,
+        context_hidden: torch.Tensor | None,
+        features: Callable[[], np.ndarray],
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> Row | None:
         """After the prompt's prefill (its last ``logits[V]``, the drafter's ``context_hidden``, its
         ``features`` when asked, its keys/values ``kv``): the block size chosen, the first token
         committed, the row started in the next free KV slot. None when the first token ends the request."""
@@ -509,7 +600,10 @@ class BatchEngine:
         """Whether a row may verify a draft tree (its block size a tree arm ``-N`` or a
         :class:`~adaptspec.decoding.tree_budget.TreeBudget`): with a drafter, on a target whose attention
         takes a boolean mask per query (``sdpa``, or exact verification's kernel)."""
-        return self.drafter is not None and getattr(self.target.model.config, "_attn_implementation", None) in BOOLEAN_MASK
+        return (
+            self.drafter is not None
+            and getattr(self.target.model.config, "_attn_implementation", None) in BOOLEAN_MASK
+        )
 
     def _check_block_size(self, b: int | TreeBudget) -> int | TreeBudget:
         """``b`` if it is a block size the engine can verify, or a tree arm / tree budget where it runs trees."""
@@ -518,9 +612,11 @@ class BatchEngine:
             return check_block_size(b, self.max_block_size, self.drafter is not None)
         if not self.draft_trees:
             attention = getattr(self.target.model.config, "_attn_implementation", None)
-            raise AdaptspecError(f"draft trees need a drafter and a target whose attention takes a boolean mask per "
-                                 f"query (sdpa or exact verification's); this engine has "
-                                 f"{'no drafter' if self.drafter is None else f'{attention!r} attention'}")
+            raise AdaptspecError(
+                f"draft trees need a drafter and a target whose attention takes a boolean mask per "
+                f"query (sdpa or exact verification's); this engine has "
+                f"{'no drafter' if self.drafter is None else f'{attention!r} attention'}"
+            )
         if budget.max_nodes > MAX_TREE_NODES:
             raise AdaptspecError(f"a draft tree has at most {MAX_TREE_NODES} nodes, got {budget.max_nodes}")
         return b

@@ -88,7 +88,9 @@ class SlotStore:
     def open(self, slot: int) -> None:
         """Start an empty sequence in ``slot``, which must be the next free one (passes fill it)."""
         if slot != self.rows or slot >= self.max_rows:
-            raise AdaptspecError(f"slot {slot} is not the next free slot ({self.rows} of {self.max_rows} used)")
+            raise AdaptspecError(
+                f"slot {slot} is not the next free slot ({self.rows} of {self.max_rows} used)"
+            )
         self.lengths.append(0)
 
     def load(self, slot: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -106,7 +108,9 @@ class SlotStore:
         """Per layer ``(keys, values)`` of ``slot``'s committed positions, ``[1, kv_heads, n, head_dim]``
         views (what :meth:`load` takes)."""
         n = self.lengths[slot]
-        return [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in zip(self.keys, self.values)]
+        return [
+            (k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in zip(self.keys, self.values)
+        ]
 
     def remove(self, slot: int) -> None:
         """Free ``slot``; the last row moves into it (so rows stay ``0 .. rows - 1``)."""
@@ -160,7 +164,9 @@ class SlotCache:
         rows = store.rows
         device = store.keys[0].device
         self.starts = torch.tensor(store.lengths, device=device)  # [R], one host -> device copy a pass
-        self.slots = self.starts[:, None] + torch.arange(width, device=device)  # [R, T] where each position is written
+        self.slots = self.starts[:, None] + torch.arange(
+            width, device=device
+        )  # [R, T] where each position is written
         self.rows = torch.arange(rows, device=device)[:, None]
         self.key_length = max(store.lengths) + width
         self.blocks = None  # [R, T, T] which of its row's block positions each query sees (trees only)
@@ -192,7 +198,9 @@ class SlotCache:
         return (sees | (rel < 0)[:, None, :])[:, None]
 
 
-def block_layout(trees: Sequence[DraftTree | None], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def block_layout(
+    trees: Sequence[DraftTree | None], width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's position offsets ``[R, T]`` and which of its block positions each query sees
     ``[R, T, T]``: a chain row (None) ``q`` and the positions up to ``q``; a tree row its block indices'
     depths and ancestors (:meth:`~adaptspec.decoding.tree.DraftTree.ancestors`), the padding after its

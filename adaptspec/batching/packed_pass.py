@@ -98,8 +98,10 @@ def own_attention(model: nn.Module) -> Callable[..., Any]:
     AttentionInterface.register(ATTENTION_NAME, packed_attention)
     name = model.config._attn_implementation
     if name not in ALL_ATTENTION_FUNCTIONS or name == ATTENTION_NAME:
-        raise AdaptspecError(f"joins sharing target passes need a registered attention implementation (sdpa, or exact "
-                             f"verification's), the target runs {name!r}: load it with attn_implementation='sdpa'")
+        raise AdaptspecError(
+            f"joins sharing target passes need a registered attention implementation (sdpa, or exact "
+            f"verification's), the target runs {name!r}: load it with attn_implementation='sdpa'"
+        )
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
@@ -120,8 +122,14 @@ class PackedCache:
     """The target's cache for one packed pass: the rows' part goes to their slots (a
     :class:`~adaptspec.batching.kv_slots.SlotCache`), each chunk's to its slot in the fill store."""
 
-    def __init__(self, store: SlotStore, width: int, fill: SlotStore, chunks: list[Chunk],
-                 trees: Sequence[DraftTree | None] | None = None) -> None:
+    def __init__(
+        self,
+        store: SlotStore,
+        width: int,
+        fill: SlotStore,
+        chunks: list[Chunk],
+        trees: Sequence[DraftTree | None] | None = None,
+    ) -> None:
         self.rows = store.rows if width else 0
         self.width = width
         self.rows_cache = store.pass_cache(width, trees) if self.rows else None
@@ -136,7 +144,9 @@ class PackedCache:
             at += len(c.ids)
         self.offsets = offsets
         self.tokens = at
-        self.chunk_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # this layer's keys/values of each chunk's slot
+        self.chunk_kv: list[
+            tuple[torch.Tensor, torch.Tensor]
+        ] = []  # this layer's keys/values of each chunk's slot
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the pass's ``[1, kv_heads, N, head_dim]`` keys/values where each part belongs; return the
@@ -152,7 +162,9 @@ class PackedCache:
         if self.rows_cache is None:
             return key_states, value_states  # no rows: packed_attention reads the chunks' only
         split = self.rows * self.width
-        return self.rows_cache.update(self.rows_part(key_states, split), self.rows_part(value_states, split), layer_idx)
+        return self.rows_cache.update(
+            self.rows_part(key_states, split), self.rows_part(value_states, split), layer_idx
+        )
 
     def rows_part(self, states: torch.Tensor, split: int) -> torch.Tensor:
         """``[1, heads, N, d]`` -> the rows' ``[R, heads, T, d]`` (a view)."""
@@ -183,12 +195,22 @@ class Pack:
     inner: Callable[..., Any]
 
 
-def packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     adaptspec_pack: Pack | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def packed_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    adaptspec_pack: Pack | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention of a packed pass: the rows' part and each chunk through the model's own function."""
     if adaptspec_pack is None:
-        raise AdaptspecError("adaptspec_packed attention runs inside a packed pass only (adaptspec.batching.packed_pass)")
+        raise AdaptspecError(
+            "adaptspec_packed attention runs inside a packed pass only (adaptspec.batching.packed_pass)"
+        )
     pack, cache = adaptspec_pack, adaptspec_pack.cache
     heads, dim = query.shape[1], query.shape[3]
     parts = []
@@ -213,9 +235,16 @@ class Packer:
         self.configs = attention_configs(target.model)
 
     @torch.inference_mode()
-    def run(self, blocks: torch.Tensor | None, store: SlotStore, fill: SlotStore, chunks: list[Chunk],
-            context_layers: list[int] | None, chunk_layers: list[int],
-            trees: Sequence[DraftTree | None] | None = None) -> PackedOutput:
+    def run(
+        self,
+        blocks: torch.Tensor | None,
+        store: SlotStore,
+        fill: SlotStore,
+        chunks: list[Chunk],
+        context_layers: list[int] | None,
+        chunk_layers: list[int],
+        trees: Sequence[DraftTree | None] | None = None,
+    ) -> PackedOutput:
         """Run the rows' ``blocks[R, T]`` (None: no rows; row ``i`` after its ``store.lengths[i]``
         positions; ``trees[i]``, when given and not None: row ``i``'s block is that draft tree's,
         :class:`~adaptspec.batching.kv_slots.SlotCache`) and the ``chunks`` in one target pass.
@@ -229,7 +258,9 @@ class Packer:
         width = 0 if blocks is None else blocks.shape[1]
         cache = PackedCache(store, width, fill, chunks, trees)
         split = cache.rows * width
-        ids = torch.cat(([] if blocks is None else [blocks.reshape(-1)]) + [c.ids.to(dev) for c in chunks])[None]
+        ids = torch.cat(([] if blocks is None else [blocks.reshape(-1)]) + [c.ids.to(dev) for c in chunks])[
+            None
+        ]
         positions = [] if cache.rows_cache is None else [cache.rows_cache.positions.reshape(-1)]
         positions += [start + torch.arange(len(c.ids), device=dev) for c, start in zip(chunks, cache.starts)]
         ends = [at + len(c.ids) - 1 for c, at in zip(chunks, cache.offsets) if c.last]
@@ -242,7 +273,9 @@ class Packer:
             out = target.model(
                 input_ids=ids,
                 # a prepared 4-D mask is taken as it is (packed_attention uses the pack's own masks)
-                attention_mask=rows_mask if rows_mask is not None else torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
+                attention_mask=rows_mask
+                if rows_mask is not None
+                else torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
                 position_ids=torch.cat(positions)[None],
                 **{cache_keyword(): cache},
                 use_cache=True,
@@ -257,7 +290,11 @@ class Packer:
         hs = out.hidden_states if want_hidden else None
         rows_context = None
         if context:
-            rows_context = torch.cat([hs[i][0, :split] for i in context_layers], dim=-1).reshape(cache.rows, width, -1)
-        chunk_hidden = [{i: hs[i][0, at : at + len(c.ids)].clone() for i in chunk_layers}
-                        for c, at in zip(chunks, cache.offsets)]
+            rows_context = torch.cat([hs[i][0, :split] for i in context_layers], dim=-1).reshape(
+                cache.rows, width, -1
+            )
+        chunk_hidden = [
+            {i: hs[i][0, at : at + len(c.ids)].clone() for i in chunk_layers}
+            for c, at in zip(chunks, cache.offsets)
+        ]
         return PackedOutput(rows_logits, rows_context, chunk_logits, chunk_hidden)

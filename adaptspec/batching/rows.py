@@ -88,8 +88,12 @@ class RequestHandle:
             raise self.error
         if self.finish_reason is None:
             raise AdaptspecError(f"request {self.id} is not finished yet")
-        return Outcome(tokens=list(self.tokens), rounds=list(self.rounds), decode_s=self.decode_s,
-                       finish_reason=self.finish_reason)
+        return Outcome(
+            tokens=list(self.tokens),
+            rounds=list(self.rounds),
+            decode_s=self.decode_s,
+            finish_reason=self.finish_reason,
+        )
 
     def fail(self, error: AdaptspecError) -> None:
         self.error = error

@@ -42,7 +42,7 @@ class RowsPassCost:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
         self._seconds: dict[int, float] = {}  # positions -> exponential average of a rows-only pass
-        self._sizes: list[int] = []           # the keys, sorted
+        self._sizes: list[int] = []  # the keys, sorted
 
     def rows_share(self, pass_s: float, positions: int, prompt_tokens: int) -> float:
         """The rows' seconds of a pass of ``pass_s`` that computed ``positions`` of the rows' and

@@ -47,7 +47,10 @@ def new_store(target: TargetModel, max_rows: int, capacity: int, max_capacity: i
 
 @torch.inference_mode()
 def verify_rows(
-    target: TargetModel, store: SlotStore, blocks: torch.Tensor, context: bool,
+    target: TargetModel,
+    store: SlotStore,
+    blocks: torch.Tensor,
+    context: bool,
     trees: Sequence[DraftTree | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``blocks[R, T]`` (row ``i`` after its ``store.lengths[i]`` cached positions; ``trees[i]``,

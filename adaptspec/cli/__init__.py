@@ -32,16 +32,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("adaptspec.cli.traces", "inspect trace sets and decision logs"),
     "train-head": ("adaptspec.cli.train_head", "train the BlockPilot-style offline head on a trace set"),
     "train-drafter": ("adaptspec.cli.train_drafter", "generate distillation data and train a drafter"),
-    "distill": ("adaptspec.cli.distill", "grow a drafter's distillation corpus (the target's own answers, token ids)"),
-    "collect": ("adaptspec.cli.collect", "run a speculator (the bundled one, or yours with --speculator) at every block size to collect a trace set"),
+    "distill": (
+        "adaptspec.cli.distill",
+        "grow a drafter's distillation corpus (the target's own answers, token ids)",
+    ),
+    "collect": (
+        "adaptspec.cli.collect",
+        "run a speculator (the bundled one, or yours with --speculator) at every block size to collect a trace set",
+    ),
     "profile-latency": ("adaptspec.cli.profile_latency", "measure draft/verify latency on this machine"),
     "serve": ("adaptspec.cli.serve", "HTTP server with A/B testing, decision logs and metrics"),
     "ab-report": ("adaptspec.cli.ab_report", "A/B analysis of decision logs"),
     "evaluate": ("adaptspec.cli.evaluate", "regenerate docs/evaluation.md and its plots"),
-    "export-vllm": ("adaptspec.cli.export_vllm", "write the bundled target and its DFlash drafter as vLLM's dflash method loads them"),
-    "collect-vllm": ("adaptspec.cli.collect_vllm", "collect a trace set from vLLM: every block size run on every prompt through the plug-in"),
-    "export-vllm-table": ("adaptspec.cli.export_vllm_table", "tune vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) from trace sets"),
-    "pool-vllm-traces": ("adaptspec.cli.pool_vllm_traces", "pool collect-vllm's trace sets at several loads, the plug-in's load features in each context"),
+    "export-vllm": (
+        "adaptspec.cli.export_vllm",
+        "write the bundled target and its DFlash drafter as vLLM's dflash method loads them",
+    ),
+    "collect-vllm": (
+        "adaptspec.cli.collect_vllm",
+        "collect a trace set from vLLM: every block size run on every prompt through the plug-in",
+    ),
+    "export-vllm-table": (
+        "adaptspec.cli.export_vllm_table",
+        "tune vLLM's per-batch-size table (num_speculative_tokens_per_batch_size) from trace sets",
+    ),
+    "pool-vllm-traces": (
+        "adaptspec.cli.pool_vllm_traces",
+        "pool collect-vllm's trace sets at several loads, the plug-in's load features in each context",
+    ),
 }
 
 

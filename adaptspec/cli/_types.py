@@ -25,8 +25,21 @@ import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["MAX_BLOCK_SIZE", "arms", "block_sizes", "device", "float_range", "input_dir", "input_file", "int_range",
-           "png_output", "port", "seed", "state_dir", "threads"]
+__all__ = [
+    "MAX_BLOCK_SIZE",
+    "arms",
+    "block_sizes",
+    "device",
+    "float_range",
+    "input_dir",
+    "input_file",
+    "int_range",
+    "png_output",
+    "port",
+    "seed",
+    "state_dir",
+    "threads",
+]
 
 #: the largest block size a flag accepts (DFlash drafts at most 16; BlockPilot's sets reach 32)
 MAX_BLOCK_SIZE = 64
@@ -66,8 +79,9 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], i
     return parse
 
 
-def float_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-                hi_open: bool = False) -> Callable[[str], float]:
+def float_range(
+    lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[str], float]:
     """A finite number between ``lo`` and ``hi`` (ends closed unless ``*_open``); without ``hi``, at
     most :data:`FLOAT_CEILING`."""
     if lo is not None and hi is not None:
@@ -121,12 +135,16 @@ def arms(text: str) -> list[int]:
     try:
         out = sorted({parse_arm(x) for x in text.split(",") if x.strip()})
     except AdaptspecError:
-        raise argparse.ArgumentTypeError(f"expected block sizes and trees like 1,2,4,tree:8, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected block sizes and trees like 1,2,4,tree:8, got {text!r}"
+        ) from None
     if not out:
         raise argparse.ArgumentTypeError("expected block sizes and trees like 1,2,4,tree:8, got none")
     if out[0] < -MAX_TREE_NODES or out[-1] > MAX_BLOCK_SIZE:
-        raise argparse.ArgumentTypeError(f"block sizes must be in 1..{MAX_BLOCK_SIZE} and trees have at most "
-                                         f"{MAX_TREE_NODES} nodes, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"block sizes must be in 1..{MAX_BLOCK_SIZE} and trees have at most "
+            f"{MAX_TREE_NODES} nodes, got {text!r}"
+        )
     return out
 
 
@@ -165,9 +183,13 @@ def device(text: str) -> str:
     if kind == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (torch.cuda.is_available() is False)")
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has no CUDA device (torch.cuda.is_available() is False)"
+            )
         if index is not None and int(index) >= n:
-            raise argparse.ArgumentTypeError(f"{text}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}"
+            )
     elif not torch.backends.mps.is_available():
         raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device")
     return m.group(0)
@@ -220,10 +242,14 @@ def log_dir(text: str) -> Path:
     if p.is_dir() and any(p.iterdir()):
         foreign = foreign_files(p, "decision-log")
         if foreign is None:
-            raise argparse.ArgumentTypeError(f"{text} exists and is not a decision log: refusing to log into it")
+            raise argparse.ArgumentTypeError(
+                f"{text} exists and is not a decision log: refusing to log into it"
+            )
         if foreign:
-            raise argparse.ArgumentTypeError(f"{text} holds {foreign[0].rstrip('/')}, which is not part of a decision "
-                                             "log: refusing to log into it")
+            raise argparse.ArgumentTypeError(
+                f"{text} holds {foreign[0].rstrip('/')}, which is not part of a decision "
+                "log: refusing to log into it"
+            )
     return p
 
 

@@ -29,24 +29,64 @@ from ._types import float_range, input_dir, int_range
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", metavar="LOGS", nargs="+",
-                   help="decision log directory; several (one per replica of a fleet), or a parent directory of "
-                        "replicas' log directories, give one report over all of them")
-    p.add_argument("--checkpoint-dir", type=input_dir, default=None, metavar="DIR",
-                   help="the server's checkpoint directory: each variant's policy is rebuilt from its newest "
-                        "checkpoint for the off-policy estimates")
-    p.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
-                   help="the policy of variant NAME for the off-policy estimates (as built: a learning policy is "
-                        "untrained unless --checkpoint-dir gives its state), repeatable")
-    p.add_argument("--alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, help="significance level of the sequential test")
-    p.add_argument("--tau", type=float_range(0, lo_open=True), default=0.2, metavar="SD",
-                   help="width of the test's mixture, in pooled standard deviations (default 0.2)")
-    p.add_argument("--min-n", type=int_range(2), default=10, metavar="N",
-                   help="rewards per variant before testing (at least 2; default 10)")
-    p.add_argument("--bootstrap", type=int_range(10), default=200, metavar="N", help="bootstrap resamples of the estimates")
-    p.add_argument("--slice-burn-in", type=int_range(0), default=0, metavar="K",
-                   help="switchback: leave each slice's first K rounds out of the estimate (rows decided in the "
-                        "previous slice are still finishing then; default 0)")
+    p.add_argument(
+        "logs",
+        metavar="LOGS",
+        nargs="+",
+        help="decision log directory; several (one per replica of a fleet), or a parent directory of "
+        "replicas' log directories, give one report over all of them",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=input_dir,
+        default=None,
+        metavar="DIR",
+        help="the server's checkpoint directory: each variant's policy is rebuilt from its newest "
+        "checkpoint for the off-policy estimates",
+    )
+    p.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="the policy of variant NAME for the off-policy estimates (as built: a learning policy is "
+        "untrained unless --checkpoint-dir gives its state), repeatable",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float_range(0, 1, lo_open=True, hi_open=True),
+        default=0.05,
+        help="significance level of the sequential test",
+    )
+    p.add_argument(
+        "--tau",
+        type=float_range(0, lo_open=True),
+        default=0.2,
+        metavar="SD",
+        help="width of the test's mixture, in pooled standard deviations (default 0.2)",
+    )
+    p.add_argument(
+        "--min-n",
+        type=int_range(2),
+        default=10,
+        metavar="N",
+        help="rewards per variant before testing (at least 2; default 10)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int_range(10),
+        default=200,
+        metavar="N",
+        help="bootstrap resamples of the estimates",
+    )
+    p.add_argument(
+        "--slice-burn-in",
+        type=int_range(0),
+        default=0,
+        metavar="K",
+        help="switchback: leave each slice's first K rounds out of the estimate (rows decided in the "
+        "previous slice are still finishing then; default 0)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -65,8 +105,10 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
             raise AdaptspecError(f"--checkpoint-dir {root}: no such directory")
         found = {sub: latest_checkpoint(sub) for sub in sorted(p for p in root.iterdir() if p.is_dir())}
         if not any(found.values()):
-            raise AdaptspecError(f"--checkpoint-dir {root}: no checkpoints (a server's checkpoint directory has one "
-                                 "subdirectory per variant holding ckpt-* checkpoints)")
+            raise AdaptspecError(
+                f"--checkpoint-dir {root}: no checkpoints (a server's checkpoint directory has one "
+                "subdirectory per variant holding ckpt-* checkpoints)"
+            )
         for sub, ck in found.items():
             if ck is None or sub.name in given:
                 continue
@@ -105,12 +147,24 @@ def run(args: argparse.Namespace) -> int:
     slices = [r for d in dirs for r in slice_rows(d)]
     if args.slice_burn_in and not slices:
         raise AdaptspecError(f"--slice-burn-in: {path} has no switchback slice records (slices-*.jsonl)")
-    report = analyze(data, policies=policies, alpha=args.alpha, tau_sd=args.tau, min_n=args.min_n,
-                     n_boot=args.bootstrap, slices=slices, slice_burn_in=args.slice_burn_in)
+    report = analyze(
+        data,
+        policies=policies,
+        alpha=args.alpha,
+        tau_sd=args.tau,
+        min_n=args.min_n,
+        n_boot=args.bootstrap,
+        slices=slices,
+        slice_burn_in=args.slice_burn_in,
+    )
     report.logs = [str(d) for d in dirs]
     if args.json:
         print(json.dumps(report.to_json()))
     else:
-        print(f"{path}:" if len(dirs) == 1 else f"{len(dirs)} decision logs ({', '.join(d.name for d in dirs)}):")
+        print(
+            f"{path}:"
+            if len(dirs) == 1
+            else f"{len(dirs)} decision logs ({', '.join(d.name for d in dirs)}):"
+        )
         print(report.to_text())
     return 0

@@ -36,47 +36,104 @@ def _prompt_source(text: str) -> Path | str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=_prompt_source, default=None,
-                   help="JSONL with 'prompt' (text) or 'prompt_ids' (the target's token ids, a list of integers: "
-                        "for a target without a tokenizer) and optional 'domain', or 'benchmarks' for the public "
-                        "benchmark prompts (GSM8K, MT-Bench, HumanEval in turn; default: the held-out template "
-                        "prompts minus the demo's)")
-    p.add_argument("--arms", type=block_sizes, default=None,
-                   help="comma-separated block sizes, at most the speculator's max_block_size (default: "
-                        f"{','.join(map(str, DEFAULT_ARMS))} up to it)")
-    p.add_argument("--out", type=Path, required=True,
-                   help="trace set directory to write (new, empty, or a trace set to replace with --force)")
+    p.add_argument(
+        "--prompts",
+        type=_prompt_source,
+        default=None,
+        help="JSONL with 'prompt' (text) or 'prompt_ids' (the target's token ids, a list of integers: "
+        "for a target without a tokenizer) and optional 'domain', or 'benchmarks' for the public "
+        "benchmark prompts (GSM8K, MT-Bench, HumanEval in turn; default: the held-out template "
+        "prompts minus the demo's)",
+    )
+    p.add_argument(
+        "--arms",
+        type=block_sizes,
+        default=None,
+        help="comma-separated block sizes, at most the speculator's max_block_size (default: "
+        f"{','.join(map(str, DEFAULT_ARMS))} up to it)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="trace set directory to write (new, empty, or a trace set to replace with --force)",
+    )
     p.add_argument("--max-new-tokens", type=int_range(1), default=96)
     p.add_argument("--temperature", type=float_range(0), default=0.0)
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn")
-    p.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
-                   help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device, "
-                        "--dense or --ray)")
+    p.add_argument(
+        "--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn"
+    )
+    p.add_argument(
+        "--speculator",
+        type=speculator_path,
+        default=None,
+        metavar="MODULE:FACTORY",
+        help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device, "
+        "--dense or --ray)",
+    )
     p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
-    p.add_argument("--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)")
-    p.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                   help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)",
+    )
+    p.add_argument(
+        "--verification",
+        choices=["fast", "exact"],
+        default="fast",
+        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
+    )
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or mps (checked before the model loads)")
+    p.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="cpu, cuda, cuda:N or mps (checked before the model loads)",
+    )
     p.add_argument("--threads", type=threads, default=None)
     p.add_argument("--force", action="store_true", help="replace the trace set at OUT (only a trace set)")
-    p.add_argument("--dense", action="store_true",
-                   help="T=0 only: one greedy pass per prompt, then the drafts accepted at every position for every "
-                        "block size up to max(--arms) (a dense trace set; derive per-request traces with "
-                        "'adaptspec traces derive'); resumes an interrupted run in OUT")
-    p.add_argument("--greedy-from", type=Path, default=None, metavar="DENSE",
-                   help="with --dense: reuse the greedy outputs of this dense set (same target and settings, any "
-                        "drafter) instead of decoding; a new drafter's dense traces then cost a teacher-forced "
-                        "pass and drafter passes per prompt")
-    p.add_argument("--part", type=_part, default=None, metavar="I/N",
-                   help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)")
-    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", type=parse_address,
-                   help="split the prompts into parts run as Ray tasks, each loading the speculator with one thread "
-                        "(pip install 'adaptspec[ray]'); resumable like --part. " + ADDRESS_HELP[len("run as Ray tasks: "):])
-    p.add_argument("--ray-tasks", type=int_range(1), default=None, metavar="N",
-                   help="with --ray: this many parts (default: one per CPU of the Ray cluster, one per GPU with "
-                        "--device cuda)")
+    p.add_argument(
+        "--dense",
+        action="store_true",
+        help="T=0 only: one greedy pass per prompt, then the drafts accepted at every position for every "
+        "block size up to max(--arms) (a dense trace set; derive per-request traces with "
+        "'adaptspec traces derive'); resumes an interrupted run in OUT",
+    )
+    p.add_argument(
+        "--greedy-from",
+        type=Path,
+        default=None,
+        metavar="DENSE",
+        help="with --dense: reuse the greedy outputs of this dense set (same target and settings, any "
+        "drafter) instead of decoding; a new drafter's dense traces then cost a teacher-forced "
+        "pass and drafter passes per prompt",
+    )
+    p.add_argument(
+        "--part",
+        type=_part,
+        default=None,
+        metavar="I/N",
+        help="collect only prompts I, I+N, ... (run N processes, then once without --part to write OUT)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        type=parse_address,
+        help="split the prompts into parts run as Ray tasks, each loading the speculator with one thread "
+        "(pip install 'adaptspec[ray]'); resumable like --part. " + ADDRESS_HELP[len("run as Ray tasks: ") :],
+    )
+    p.add_argument(
+        "--ray-tasks",
+        type=int_range(1),
+        default=None,
+        metavar="N",
+        help="with --ray: this many parts (default: one per CPU of the Ray cluster, one per GPU with "
+        "--device cuda)",
+    )
 
 
 def _check_dense_out(args: argparse.Namespace) -> None:
@@ -86,23 +143,32 @@ def _check_dense_out(args: argparse.Namespace) -> None:
 
     out = args.out
     if args.arms is not None and max(args.arms) < 2:  # default arms: checked again once the drafter is loaded
-        raise AdaptspecError(f"--dense needs a block size >= 2 in --arms (it records every size up to max(--arms)), "
-                             f"got {','.join(map(str, args.arms))}")
+        raise AdaptspecError(
+            f"--dense needs a block size >= 2 in --arms (it records every size up to max(--arms)), "
+            f"got {','.join(map(str, args.arms))}"
+        )
     if out.is_dir() and (out / "meta.json").exists():
         if not (out / "meta.json").is_file():
             raise AdaptspecError(f"{out / 'meta.json'}: not a regular file")
         old = DenseTraceSet.open(out).meta
-        planned = {"max_new_tokens": args.max_new_tokens, "verification": args.verification,
-                   "target": args.target or "smollm2-135m-instruct",
-                   "drafter": args.drafter or "bundled", "dtype": args.dtype, "device": args.device}
+        planned = {
+            "max_new_tokens": args.max_new_tokens,
+            "verification": args.verification,
+            "target": args.target or "smollm2-135m-instruct",
+            "drafter": args.drafter or "bundled",
+            "dtype": args.dtype,
+            "device": args.device,
+        }
         if args.arms is not None:
             planned["max_block_size"] = max(args.arms)
         if args.greedy_from is not None or "greedy_from" in old:
             planned["greedy_from"] = None if args.greedy_from is None else str(args.greedy_from)
         diff = [f"{k} {old.get(k)!r}, now {v!r}" for k, v in planned.items() if old.get(k) != v]
         if diff:
-            raise AdaptspecError(f"{out}: a dense trace set made with other settings ({'; '.join(diff)}); "
-                                 "use another directory")
+            raise AdaptspecError(
+                f"{out}: a dense trace set made with other settings ({'; '.join(diff)}); "
+                "use another directory"
+            )
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AdaptspecError(f"{out}: exists and is not a dense trace set; refusing to write into it")
 
@@ -111,13 +177,25 @@ def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output
     from ..models.prompts import benchmark_prompts, check_prompt_ids, read_prompts, trace_prompts
 
-    model_flags_given(args, {"--target": None, "--drafter": None, "--verification": "fast", "--dtype": "bfloat16",
-                             "--device": "cpu"})
+    model_flags_given(
+        args,
+        {
+            "--target": None,
+            "--drafter": None,
+            "--verification": "fast",
+            "--dtype": "bfloat16",
+            "--device": "cpu",
+        },
+    )
     if args.speculator is not None and (args.dense or args.ray):
-        raise AdaptspecError(f"{'--dense' if args.dense else '--ray'} runs adaptspec's own models; with --speculator, "
-                             "collect every block size in this process (--part I/N shares the prompts among processes)")
+        raise AdaptspecError(
+            f"{'--dense' if args.dense else '--ray'} runs adaptspec's own models; with --speculator, "
+            "collect every block size in this process (--part I/N shares the prompts among processes)"
+        )
     if args.ray:
-        args.arms = args.arms or DEFAULT_ARMS  # the driver loads no model: each task checks them against its own
+        args.arms = (
+            args.arms or DEFAULT_ARMS
+        )  # the driver loads no model: each task checks them against its own
     if args.ray_tasks and not args.ray:
         raise AdaptspecError("--ray-tasks needs --ray")
     if args.ray and args.part:
@@ -130,11 +208,17 @@ def run(args: argparse.Namespace) -> int:
         DenseTraceSet.open(args.greedy_from)  # not a dense set: one line, before the model loads
     if args.dense:
         if args.temperature != 0 or args.part or args.force:
-            raise AdaptspecError("--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force")
+            raise AdaptspecError(
+                "--dense is for T=0 in one process and resumes OUT: drop --temperature/--part/--force"
+            )
         _check_dense_out(args)
     else:
-        check_output(args.out, "traceset", args.force,  # before the model is loaded and any prompt decoded
-                     reads=[p for p in (args.prompts,) if isinstance(p, Path)])
+        check_output(
+            args.out,
+            "traceset",
+            args.force,  # before the model is loaded and any prompt decoded
+            reads=[p for p in (args.prompts,) if isinstance(p, Path)],
+        )
     if args.prompts is None:
         numbered = trace_prompts()
     elif args.prompts == "benchmarks":
@@ -158,11 +242,21 @@ def run(args: argparse.Namespace) -> int:
     from ..collect.every_arm import collect_traces
     from ..models import load_speculator
 
-    spec = load_speculator(args.target, args.drafter, dtype=args.dtype, device=args.device, threads=args.threads,
-                           verification=args.verification)
-    check_prompt_ids([p for _, p in numbered], spec.target.vocab_size,
-                     getattr(spec.target.model.config, "max_position_embeddings", None), args.max_new_tokens,
-                     "the target's")
+    spec = load_speculator(
+        args.target,
+        args.drafter,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        verification=args.verification,
+    )
+    check_prompt_ids(
+        [p for _, p in numbered],
+        spec.target.vocab_size,
+        getattr(spec.target.model.config, "max_position_embeddings", None),
+        args.max_new_tokens,
+        "the target's",
+    )
     defaulted = args.arms is None
     args.arms = _arms(args.arms, spec.max_block_size, "the drafter's")
     if args.dense and defaulted:
@@ -171,18 +265,44 @@ def run(args: argparse.Namespace) -> int:
     if args.dense:
         from ..collect.dense import collect_dense
 
-        ds = collect_dense(spec, triples, args.out, args.max_new_tokens, max(args.arms), meta={
-            "target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
-            "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec},
-            greedy_from=args.greedy_from)
-        print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
+        ds = collect_dense(
+            spec,
+            triples,
+            args.out,
+            args.max_new_tokens,
+            max(args.arms),
+            meta={
+                "target": args.target or "smollm2-135m-instruct",
+                "drafter": args.drafter or "bundled",
+                "dtype": args.dtype,
+                "device": args.device,
+                "features": spec.target.feature_spec,
+            },
+            greedy_from=args.greedy_from,
+        )
+        print(
+            f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}"
+        )
         return 0
     traces = collect_traces(
-        spec, triples, args.arms, args.out, args.max_new_tokens, args.temperature, args.seed, overwrite=args.force,
-        part=args.part, progress=sys.stderr.isatty(),
-        meta={"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
-              "dtype": args.dtype, "device": args.device, "features": spec.target.feature_spec,
-              "threads": torch.get_num_threads()},
+        spec,
+        triples,
+        args.arms,
+        args.out,
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        overwrite=args.force,
+        part=args.part,
+        progress=sys.stderr.isatty(),
+        meta={
+            "target": args.target or "smollm2-135m-instruct",
+            "drafter": args.drafter or "bundled",
+            "dtype": args.dtype,
+            "device": args.device,
+            "features": spec.target.feature_spec,
+            "threads": torch.get_num_threads(),
+        },
     )
     if traces is None:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
@@ -198,7 +318,9 @@ def _arms(arms: list[int] | None, max_block_size: int, whose: str = "the specula
 
     if arms is None:
         return [b for b in DEFAULT_ARMS if b <= max_block_size]
-    return list(check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose))
+    return list(
+        check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(str, arms))}", whose=whose)
+    )
 
 
 def _encode(target, prompt, target_dir: str | None) -> list[int]:
@@ -209,11 +331,13 @@ def _encode(target, prompt, target_dir: str | None) -> list[int]:
     if prompt.prompt_ids is not None:
         return list(prompt.prompt_ids)
     if target.tokenizer is None:
-        raise AdaptspecError(f"--target {target_dir}: this target has no tokenizer, so collect cannot encode its text "
-                             f"prompts ({prompt.where or 'the default prompts'}): add the tokenizer's files to the "
-                             f"target directory, or {IDS_INSTEAD}, or collect token ids from Python "
-                             "(adaptspec.collect.collect_traces(spec, [(request_id, domain, token_ids), ...], arms, "
-                             "out))")
+        raise AdaptspecError(
+            f"--target {target_dir}: this target has no tokenizer, so collect cannot encode its text "
+            f"prompts ({prompt.where or 'the default prompts'}): add the tokenizer's files to the "
+            f"target directory, or {IDS_INSTEAD}, or collect token ids from Python "
+            "(adaptspec.collect.collect_traces(spec, [(request_id, domain, token_ids), ...], arms, "
+            "out))"
+        )
     return target.encode_chat(prompt.prompt)
 
 
@@ -229,13 +353,34 @@ def _run_user_speculator(args: argparse.Namespace, numbered: list) -> int:
 
     user = load_speculator_factory(args.speculator)
     arms = _arms(args.arms, user.speculator.max_block_size)
-    check_prompt_ids([p for _, p in numbered], user.vocab_size, user.max_context, args.max_new_tokens,
-                     f"--speculator {user.path}'s")
-    triples = [(f"{p.domain}-{i:04d}", p.domain, user.codec.encode(p.prompt) if p.prompt_ids is None
-                else list(p.prompt_ids)) for i, p in numbered]
-    traces = collect_traces(user.speculator, triples, arms, args.out, args.max_new_tokens, args.temperature,
-                            args.seed, overwrite=args.force, part=args.part, progress=sys.stderr.isatty(),
-                            meta={"speculator": user.path, "threads": torch.get_num_threads()})
+    check_prompt_ids(
+        [p for _, p in numbered],
+        user.vocab_size,
+        user.max_context,
+        args.max_new_tokens,
+        f"--speculator {user.path}'s",
+    )
+    triples = [
+        (
+            f"{p.domain}-{i:04d}",
+            p.domain,
+            user.codec.encode(p.prompt) if p.prompt_ids is None else list(p.prompt_ids),
+        )
+        for i, p in numbered
+    ]
+    traces = collect_traces(
+        user.speculator,
+        triples,
+        arms,
+        args.out,
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        overwrite=args.force,
+        part=args.part,
+        progress=sys.stderr.isatty(),
+        meta={"speculator": user.path, "threads": torch.get_num_threads()},
+    )
     if traces is None:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
     else:
@@ -257,21 +402,57 @@ def _run_ray(args: argparse.Namespace, numbered: list) -> int:
         from ..traces.dense import DenseTraceSet
 
         DenseTraceSet.open(args.out)  # a foreign directory is refused before Ray starts
-    make = functools.partial(load_speculator, args.target, args.drafter, dtype=args.dtype, device=args.device,
-                             threads=1, verification=args.verification)
-    triples = [(f"{p.domain}-{i:04d}", p.domain, p.prompt if p.prompt_ids is None else list(p.prompt_ids))
-               for i, p in numbered]  # ids: their vocabulary checked by each task's target
-    meta = {"target": args.target or "smollm2-135m-instruct", "drafter": args.drafter or "bundled",
-            "dtype": args.dtype, "device": args.device, "features": None}
+    make = functools.partial(
+        load_speculator,
+        args.target,
+        args.drafter,
+        dtype=args.dtype,
+        device=args.device,
+        threads=1,
+        verification=args.verification,
+    )
+    triples = [
+        (f"{p.domain}-{i:04d}", p.domain, p.prompt if p.prompt_ids is None else list(p.prompt_ids))
+        for i, p in numbered
+    ]  # ids: their vocabulary checked by each task's target
+    meta = {
+        "target": args.target or "smollm2-135m-instruct",
+        "drafter": args.drafter or "bundled",
+        "dtype": args.dtype,
+        "device": args.device,
+        "features": None,
+    }
     gpu = args.device.startswith("cuda")
     with session(args.ray):
         if args.dense:
-            ds = collect_dense_ray(make, triples, args.out, args.max_new_tokens, max(args.arms), meta=meta,
-                                   tasks=args.ray_tasks, gpu=gpu, address=args.ray)
-            print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
+            ds = collect_dense_ray(
+                make,
+                triples,
+                args.out,
+                args.max_new_tokens,
+                max(args.arms),
+                meta=meta,
+                tasks=args.ray_tasks,
+                gpu=gpu,
+                address=args.ray,
+            )
+            print(
+                f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}"
+            )
             return 0
-        traces = collect_traces_ray(make, triples, args.arms, args.out, args.max_new_tokens, args.temperature,
-                                    args.seed, meta=meta, overwrite=args.force, tasks=args.ray_tasks, gpu=gpu,
-                                    address=args.ray)
+        traces = collect_traces_ray(
+            make,
+            triples,
+            args.arms,
+            args.out,
+            args.max_new_tokens,
+            args.temperature,
+            args.seed,
+            meta=meta,
+            overwrite=args.force,
+            tasks=args.ray_tasks,
+            gpu=gpu,
+            address=args.ray,
+        )
     print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
     return 0

@@ -24,7 +24,12 @@ def _positive(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="corpus directory (created, or continued if it exists)")
-    p.add_argument("--tokens", type=_positive, default=3_000_000, help="stop when the corpus holds this many response tokens")
+    p.add_argument(
+        "--tokens",
+        type=_positive,
+        default=3_000_000,
+        help="stop when the corpus holds this many response tokens",
+    )
     p.add_argument("--target", default=None, help="target model directory (default: the bundled SmolLM2)")
     p.add_argument("--max-new-tokens", type=_positive, default=256)
     p.add_argument("--max-prompt-tokens", type=_positive, default=384)
@@ -48,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decoding.loading import BUNDLED_TARGET, load_target
 
-    c = corpus_mod.create(args.out, args.target or BUNDLED_TARGET, args.max_new_tokens, args.max_prompt_tokens)
+    c = corpus_mod.create(
+        args.out, args.target or BUNDLED_TARGET, args.max_new_tokens, args.max_prompt_tokens
+    )
     torch.set_num_threads(args.threads)
     model, tok = load_target(args.target, dtype="bfloat16")
-    n = corpus_mod.extend(c, model, tok, args.tokens, worker=args.worker, workers=args.workers, batch_size=args.batch_size)
+    n = corpus_mod.extend(
+        c, model, tok, args.tokens, worker=args.worker, workers=args.workers, batch_size=args.batch_size
+    )
     print(f"wrote {n} shards; {json.dumps(c.stats())}")
     return 0

@@ -25,44 +25,113 @@ from pathlib import Path
 from ..errors import AdaptspecError
 from ._types import MAX_BLOCK_SIZE, int_range, threads
 
-QUICK = {"splits": 1, "orders": 2, "passes": 3, "blockpilot_passes": 10, "drift_phase_steps": 300,
-         "drift_synthetic_requests": 800, "coldstart_repeats": 1}
+QUICK = {
+    "splits": 1,
+    "orders": 2,
+    "passes": 3,
+    "blockpilot_passes": 10,
+    "drift_phase_steps": 300,
+    "drift_synthetic_requests": 800,
+    "coldstart_repeats": 1,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--traces", default=None, metavar="DIR", help="trace set to evaluate (default: the bundled public "
-                   "benchmark set, adaptspec/data/traces/benchmarks)")
-    p.add_argument("--blockpilot", default=None, metavar="DIR",
-                   help="BlockPilot per-prompt result folder for section 3 (e.g. .../gsm8k_0T0.0); without it an "
-                        "earlier section 3 is kept, or the section says how to run it")
-    p.add_argument("--sections", default=None, metavar="LIST",
-                   help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e, rounds, load, full_info "
-                        "(default: all but e2e; e2e is added by --e2e)")
-    p.add_argument("--e2e", type=int_range(1), default=None, metavar="N_PROMPTS",
-                   help="also run section 6: N held-out prompts through the real decoder (slow: minutes per prompt "
-                        "set on a CPU)")
-    p.add_argument("--e2e-max-new-tokens", type=int_range(1), default=64, metavar="N", help="new tokens per prompt in section 6")
-    p.add_argument("--e2e-fixed", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
-                   help="fixed block size for section 6 (default: the best on the trace set's training split)")
-    p.add_argument("--drafter", default=None, metavar="DIR", help="drafter for section 6 (default: the bundled one)")
-    p.add_argument("--target", default=None, metavar="DIR", help="target for section 6 (default: the bundled SmolLM2)")
+    p.add_argument(
+        "--traces",
+        default=None,
+        metavar="DIR",
+        help="trace set to evaluate (default: the bundled public "
+        "benchmark set, adaptspec/data/traces/benchmarks)",
+    )
+    p.add_argument(
+        "--blockpilot",
+        default=None,
+        metavar="DIR",
+        help="BlockPilot per-prompt result folder for section 3 (e.g. .../gsm8k_0T0.0); without it an "
+        "earlier section 3 is kept, or the section says how to run it",
+    )
+    p.add_argument(
+        "--sections",
+        default=None,
+        metavar="LIST",
+        help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e, rounds, load, full_info "
+        "(default: all but e2e; e2e is added by --e2e)",
+    )
+    p.add_argument(
+        "--e2e",
+        type=int_range(1),
+        default=None,
+        metavar="N_PROMPTS",
+        help="also run section 6: N held-out prompts through the real decoder (slow: minutes per prompt "
+        "set on a CPU)",
+    )
+    p.add_argument(
+        "--e2e-max-new-tokens",
+        type=int_range(1),
+        default=64,
+        metavar="N",
+        help="new tokens per prompt in section 6",
+    )
+    p.add_argument(
+        "--e2e-fixed",
+        type=int_range(1, MAX_BLOCK_SIZE),
+        default=None,
+        metavar="B",
+        help="fixed block size for section 6 (default: the best on the trace set's training split)",
+    )
+    p.add_argument(
+        "--drafter", default=None, metavar="DIR", help="drafter for section 6 (default: the bundled one)"
+    )
+    p.add_argument(
+        "--target", default=None, metavar="DIR", help="target for section 6 (default: the bundled SmolLM2)"
+    )
     p.add_argument("--threads", type=threads, default=None, metavar="N", help="torch threads for section 6")
-    p.add_argument("--splits", type=int_range(1), default=None, metavar="N", help="training/evaluation splits (default 3)")
-    p.add_argument("--orders", type=int_range(1), default=None, metavar="N", help="stream orders per split (default 3)")
-    p.add_argument("--passes", type=int_range(1), default=None, metavar="N",
-                   help="passes over the evaluation requests per stream (default 10)")
-    p.add_argument("--render-only", action="store_true",
-                   help="recompute nothing: rewrite the report and the headline from evaluation/results.json")
-    p.add_argument("--quick", action="store_true", help="far fewer runs and shorter streams (rough figures, seconds)")
-    p.add_argument("--docs", default=None, metavar="DIR",
-                   help="write evaluation.md, evaluation_headline.md and evaluation/ here (default: the checkout's "
-                        "docs/; needed when adaptspec is installed, not run from a checkout)")
-    p.add_argument("--force", action="store_true",
-                   help="replace an earlier report in --docs (only files adaptspec evaluate wrote: anything else "
-                        "is refused)")
-    p.add_argument("--json", action="store_true", help="print the results (every section's data) as one JSON object")
+    p.add_argument(
+        "--splits",
+        type=int_range(1),
+        default=None,
+        metavar="N",
+        help="training/evaluation splits (default 3)",
+    )
+    p.add_argument(
+        "--orders", type=int_range(1), default=None, metavar="N", help="stream orders per split (default 3)"
+    )
+    p.add_argument(
+        "--passes",
+        type=int_range(1),
+        default=None,
+        metavar="N",
+        help="passes over the evaluation requests per stream (default 10)",
+    )
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="recompute nothing: rewrite the report and the headline from evaluation/results.json",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="far fewer runs and shorter streams (rough figures, seconds)"
+    )
+    p.add_argument(
+        "--docs",
+        default=None,
+        metavar="DIR",
+        help="write evaluation.md, evaluation_headline.md and evaluation/ here (default: the checkout's "
+        "docs/; needed when adaptspec is installed, not run from a checkout)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier report in --docs (only files adaptspec evaluate wrote: anything else "
+        "is refused)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results (every section's data) as one JSON object"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)  # how benchmarks/evaluate.py was called
+    p.add_argument(
+        "--command-line", default=None, help=argparse.SUPPRESS
+    )  # how benchmarks/evaluate.py was called
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,28 +160,52 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError(f"--e2e must be >= 1 prompt, got {args.e2e}")
     if args.threads is not None and args.threads < 1:
         raise AdaptspecError(f"--threads must be >= 1, got {args.threads}")
-    e2e = None if args.e2e is None else E2EOptions(args.e2e, args.e2e_max_new_tokens, args.drafter, args.target,
-                                                   args.e2e_fixed, args.threads)
+    e2e = (
+        None
+        if args.e2e is None
+        else E2EOptions(
+            args.e2e, args.e2e_max_new_tokens, args.drafter, args.target, args.e2e_fixed, args.threads
+        )
+    )
     if args.blockpilot is not None and not Path(args.blockpilot).is_dir():
-        print(f"adaptspec evaluate: warning: --blockpilot {args.blockpilot} does not exist; section 3 will say so",
-              file=sys.stderr)
-    command = args.command_line or ("adaptspec evaluate" + "".join(" " + shlex.quote(a) for a in sys.argv[2:])
-                                    if sys.argv[1:2] == ["evaluate"] else "adaptspec evaluate")
-    req = Request(traces=args.traces, sections=sections, blockpilot=args.blockpilot, e2e=e2e, settings=settings,
-                  command=command)
+        print(
+            f"adaptspec evaluate: warning: --blockpilot {args.blockpilot} does not exist; section 3 will say so",
+            file=sys.stderr,
+        )
+    command = args.command_line or (
+        "adaptspec evaluate" + "".join(" " + shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["evaluate"]
+        else "adaptspec evaluate"
+    )
+    req = Request(
+        traces=args.traces,
+        sections=sections,
+        blockpilot=args.blockpilot,
+        e2e=e2e,
+        settings=settings,
+        command=command,
+    )
     if args.docs is None and checkout() is None:
-        raise AdaptspecError("--docs DIR is needed: adaptspec is installed, not run from a checkout with a docs/ "
-                             "folder to regenerate")
+        raise AdaptspecError(
+            "--docs DIR is needed: adaptspec is installed, not run from a checkout with a docs/ "
+            "folder to regenerate"
+        )
     out = Outputs.default(Path(args.docs) if args.docs else None)
     out.check(args.force)  # before any section runs
     if args.render_only and not (out.folder / "results.json").is_file():
-        raise AdaptspecError(f"--render-only rewrites the report from an earlier run's {out.folder / 'results.json'}, "
-                             "which does not exist")
+        raise AdaptspecError(
+            f"--render-only rewrites the report from an earlier run's {out.folder / 'results.json'}, "
+            "which does not exist"
+        )
     results = run_evaluation(req, out)
     if args.json:
         print(json.dumps({"report": str(out.report), "headline": str(out.headline), **results}))
     else:
         latest = max(results["runs"], default=None)
-        ran = [k for k, s in results["sections"].items() if s["run"] == latest] if not args.render_only else []
-        print(f"wrote {out.report}, {out.headline} and {out.folder}/ (regenerated: {', '.join(ran) or 'nothing'})")
+        ran = (
+            [k for k, s in results["sections"].items() if s["run"] == latest] if not args.render_only else []
+        )
+        print(
+            f"wrote {out.report}, {out.headline} and {out.folder}/ (regenerated: {', '.join(ran) or 'nothing'})"
+        )
     return 0

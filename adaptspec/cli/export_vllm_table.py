@@ -37,15 +37,33 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="+", type=input_dir, metavar="TRACES",
-                   help="trace sets: one per batch size (its meta.json concurrency, 1 when absent), or one with --latency")
-    p.add_argument("--latency", metavar="PROFILE", default=None,
-                   help="re-time one trace set's acceptance at --batch-sizes with this latency profile (a name such "
-                        "as cpu-smollm2-batched, or a JSON file) instead of the trace sets' own measured times")
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16, 32, 64], metavar="N,N,...",
-                   help="with --latency: the batch sizes where the table may change (default 1,2,4,8,16,32,64)")
-    p.add_argument("--max-batch", type=int_range(1), default=256,
-                   help="the table's last batch size (vLLM's max_num_seqs; default 256)")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        type=input_dir,
+        metavar="TRACES",
+        help="trace sets: one per batch size (its meta.json concurrency, 1 when absent), or one with --latency",
+    )
+    p.add_argument(
+        "--latency",
+        metavar="PROFILE",
+        default=None,
+        help="re-time one trace set's acceptance at --batch-sizes with this latency profile (a name such "
+        "as cpu-smollm2-batched, or a JSON file) instead of the trace sets' own measured times",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        default=[1, 2, 4, 8, 16, 32, 64],
+        metavar="N,N,...",
+        help="with --latency: the batch sizes where the table may change (default 1,2,4,8,16,32,64)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int_range(1),
+        default=256,
+        help="the table's last batch size (vLLM's max_num_seqs; default 256)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the JSON here (default: print it)")
     p.add_argument("--force", action="store_true", help="replace --out")
 
@@ -64,12 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.latency is not None:
         from ..reward.latency import get_profile
 
-        levels = modelled_levels(sets[0], get_profile(args.latency), [b for b in args.batch_sizes if b <= args.max_batch])
+        levels = modelled_levels(
+            sets[0], get_profile(args.latency), [b for b in args.batch_sizes if b <= args.max_batch]
+        )
         how = f"modelled: {args.traces[0]}'s acceptance timed by {args.latency}"
     else:
         levels = measured_levels(sets)
-        how = "measured: " + ", ".join(f"{t} at batch size {ts.meta.get('concurrency', 1)}"
-                                       for t, ts in zip(args.traces, sets))
+        how = "measured: " + ", ".join(
+            f"{t} at batch size {ts.meta.get('concurrency', 1)}" for t, ts in zip(args.traces, sets)
+        )
     ranges = table_ranges(levels, args.max_batch)
     entry = speculative_entry(ranges)
     text = json.dumps(entry)
@@ -104,4 +125,6 @@ def _check_out(out: Path, force: bool) -> None:
     except (ValueError, TypeError, UnicodeDecodeError):
         ours = False
     if not ours:
-        raise AdaptspecError(f"--out {out}: exists and is not a table this command wrote: refusing to replace it")
+        raise AdaptspecError(
+            f"--out {out}: exists and is not a table this command wrote: refusing to replace it"
+        )

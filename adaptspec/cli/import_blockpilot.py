@@ -13,14 +13,20 @@ import json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", metavar="DIR",
-                   help="a {dataset}_{N}T{temperature} folder of {B}.json files, or a folder of such folders")
+    p.add_argument(
+        "dir",
+        metavar="DIR",
+        help="a {dataset}_{N}T{temperature} folder of {B}.json files, or a folder of such folders",
+    )
     p.add_argument("--out", required=True, metavar="TRACES", help="trace set directory to write")
     p.add_argument("--target", default=None, help="target model name to record in meta.json")
     p.add_argument("--drafter", default=None, help="drafter name to record in meta.json")
     p.add_argument("--hardware", default=None, help="hardware to record in meta.json")
-    p.add_argument("--force", action="store_true",
-                   help="replace an existing trace set at --out (only a trace set: anything else is refused)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing trace set at --out (only a trace set: anything else is refused)",
+    )
     p.add_argument("--json", action="store_true", help="print the new trace set's summary as JSON")
 
 
@@ -46,5 +52,7 @@ def run(args: argparse.Namespace) -> int:
     print("mean tau per block size: " + ", ".join(f"{b}: {v:.2f}" for b, v in info["mean_tau"].items()))
     print(f"per-request best: {info['oracle_mean_tau']:.2f}")
     if "blockpilot_choice_mean_tau" in info:
-        print(f"BlockPilot's choice (request column blockpilot_choice): mean tau {info['blockpilot_choice_mean_tau']:.2f}")
+        print(
+            f"BlockPilot's choice (request column blockpilot_choice): mean tau {info['blockpilot_choice_mean_tau']:.2f}"
+        )
     return 0

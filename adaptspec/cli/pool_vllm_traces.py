@@ -21,9 +21,16 @@ from ._types import input_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="+", type=input_dir, metavar="TRACES",
-                   help="collect-vllm trace sets, one per concurrency (their meta.json concurrency, 1 when absent)")
-    p.add_argument("--out", type=Path, required=True, help="trace set directory to write (new, empty, or with --force)")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        type=input_dir,
+        metavar="TRACES",
+        help="collect-vllm trace sets, one per concurrency (their meta.json concurrency, 1 when absent)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="trace set directory to write (new, empty, or with --force)"
+    )
     p.add_argument("--force", action="store_true", help="replace the trace set at OUT (only a trace set)")
 
 
@@ -36,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     pooled = with_load([load_traces(t) for t in args.traces])
     pooled.write(args.out, overwrite=args.force)
     levels = ", ".join(f"{c} ({pooled.meta['pooled_from'][str(c)]})" for c in pooled.meta["concurrency"])
-    print(f"wrote {args.out}: {pooled.n_requests} requests x {len(pooled.arms)} block sizes at concurrency {levels}; "
-          f"features: {len(pooled.meta['feature_names'])} (the plug-in's with load_features)")
+    print(
+        f"wrote {args.out}: {pooled.n_requests} requests x {len(pooled.arms)} block sizes at concurrency {levels}; "
+        f"features: {len(pooled.meta['feature_names'])} (the plug-in's with load_features)"
+    )
     return 0

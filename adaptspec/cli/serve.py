@@ -34,7 +34,19 @@ from ..speculator import arm_label, check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
 from .._util.guarded import STALL_S
-from ._types import MAX_BLOCK_SIZE, arms as arm_list, device, float_range, input_dir, int_range, log_dir, port, seed, state_dir, threads
+from ._types import (
+    MAX_BLOCK_SIZE,
+    arms as arm_list,
+    device,
+    float_range,
+    input_dir,
+    int_range,
+    log_dir,
+    port,
+    seed,
+    state_dir,
+    threads,
+)
 from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
 
 #: seconds between SIGTERM and SIGKILL that orchestrators allow (Kubernetes' default grace period)
@@ -49,142 +61,316 @@ SHUTDOWN_GRACE_S, MAX_SHUTDOWN_GRACE_S = 15.0, KILL_AFTER_S - AFTER_GRACE_S
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     start = p.add_argument_group("start here: the options most servers set")
-    start.add_argument("--variant", action="append", metavar="NAME=SPEC",
-                       help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
-                            "default policy: neural-linear over the bundled head when it fits the model, else fi-ucb, "
-                            "UCB learning every block size a request's rounds reveal; the server says which at start)")
-    start.add_argument("--log-dir", type=log_dir, default=None, metavar="DIR",
-                       help="decision log directory (needed for /ab): new, or a decision log this server can append to "
-                            "(every part readable, contexts of this server's width); anything else is refused at start")
-    start.add_argument("--checkpoint-dir", type=state_dir, default=None, metavar="DIR",
-                       help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
-                            "unless it is a writable directory)")
+    start.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=SPEC",
+        help="an A/B variant and its policy spec, repeatable (default: one variant 'default' with the "
+        "default policy: neural-linear over the bundled head when it fits the model, else fi-ucb, "
+        "UCB learning every block size a request's rounds reveal; the server says which at start)",
+    )
+    start.add_argument(
+        "--log-dir",
+        type=log_dir,
+        default=None,
+        metavar="DIR",
+        help="decision log directory (needed for /ab): new, or a decision log this server can append to "
+        "(every part readable, contexts of this server's width); anything else is refused at start",
+    )
+    start.add_argument(
+        "--checkpoint-dir",
+        type=state_dir,
+        default=None,
+        metavar="DIR",
+        help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
+        "unless it is a writable directory)",
+    )
     start.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
-    start.add_argument("--max-rows", type=int_range(1, 256), default=None, metavar="N",
-                       help="requests decoding at once (default 8; 1: one at a time, through the same engine)")
+    start.add_argument(
+        "--max-rows",
+        type=int_range(1, 256),
+        default=None,
+        metavar="N",
+        help="requests decoding at once (default 8; 1: one at a time, through the same engine)",
+    )
     ab = p.add_argument_group("A/B design (see docs/serving.md)")
-    ab.add_argument("--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)")
-    ab.add_argument("--ab-design", choices=("requests", "switchback"), default=None,
-                    help="requests: each request is routed to a variant on its own (the default); switchback: "
-                         "rounds are cut into slices, each slice runs one variant (balanced random order from "
-                         "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
-                         "for ab-report; needs --log-dir and 2+ variants, not --split")
-    ab.add_argument("--slice-rounds", type=int_range(1), default=None, metavar="N",
-                    help="rounds per switchback slice (default 32; needs --ab-design switchback)")
+    ab.add_argument(
+        "--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)"
+    )
+    ab.add_argument(
+        "--ab-design",
+        choices=("requests", "switchback"),
+        default=None,
+        help="requests: each request is routed to a variant on its own (the default); switchback: "
+        "rounds are cut into slices, each slice runs one variant (balanced random order from "
+        "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
+        "for ab-report; needs --log-dir and 2+ variants, not --split",
+    )
+    ab.add_argument(
+        "--slice-rounds",
+        type=int_range(1),
+        default=None,
+        metavar="N",
+        help="rounds per switchback slice (default 32; needs --ab-design switchback)",
+    )
     models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
-    models.add_argument("--speculator", type=speculator_path, default=None, metavar="MODULE:FACTORY",
-                        help=SPECULATOR_HELP + "; not with the model flags below. What the factory returns decides "
-                             "how it is served: adaptspec's SpeculativeDecoder runs on the batched engine (the engine "
-                             "options apply); any other speculator one request at a time (the engine options are "
-                             "refused)")
-    models.add_argument("--tiny", action="store_true",
-                        help="a tiny random model with a character tokenizer, for development and tests")
+    models.add_argument(
+        "--speculator",
+        type=speculator_path,
+        default=None,
+        metavar="MODULE:FACTORY",
+        help=SPECULATOR_HELP + "; not with the model flags below. What the factory returns decides "
+        "how it is served: adaptspec's SpeculativeDecoder runs on the batched engine (the engine "
+        "options apply); any other speculator one request at a time (the engine options are "
+        "refused)",
+    )
+    models.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a tiny random model with a character tokenizer, for development and tests",
+    )
     models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
-    models.add_argument("--target", default=None, metavar="PATH", help="local Hugging Face target model directory")
-    models.add_argument("--drafter", default=None, metavar="PATH",
-                        help="drafter directory: adaptspec's save_pretrained or a published DFlash v1 one")
-    models.add_argument("--verification", choices=["fast", "exact"], default="fast",
-                        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower")
-    models.add_argument("--dtype", default=None,
-                        help="dtype of the real models (default on a CPU: the one measured fastest on this host, "
-                             "see --remeasure; elsewhere bfloat16)")
-    models.add_argument("--remeasure", action="store_true",
-                        help="time this host's round costs again instead of reading them from the cache (a CPU only)")
-    models.add_argument("--device", type=device, default="cpu", help="device of the real models (default: cpu)")
+    models.add_argument(
+        "--target", default=None, metavar="PATH", help="local Hugging Face target model directory"
+    )
+    models.add_argument(
+        "--drafter",
+        default=None,
+        metavar="PATH",
+        help="drafter directory: adaptspec's save_pretrained or a published DFlash v1 one",
+    )
+    models.add_argument(
+        "--verification",
+        choices=["fast", "exact"],
+        default="fast",
+        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
+    )
+    models.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype of the real models (default on a CPU: the one measured fastest on this host, "
+        "see --remeasure; elsewhere bfloat16)",
+    )
+    models.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time this host's round costs again instead of reading them from the cache (a CPU only)",
+    )
+    models.add_argument(
+        "--device", type=device, default="cpu", help="device of the real models (default: cpu)"
+    )
     models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
     models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
     ctl = p.add_argument_group("controller")
-    ctl.add_argument("--reward", default=DEFAULT_REWARD, choices=REWARDS,
-                     help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)")
-    ctl.add_argument("--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled")
-    ctl.add_argument("--arms", type=arm_list, default=None, metavar="B1,B2,...",
-                     help="block sizes for policies built from a spec, at most the speculator's max_block_size "
-                          "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's), and "
-                          "draft trees tree:N (the arm -N: the best tree of N nodes, fixed:-N plays it) where the "
-                          "decoder runs trees")
-    ctl.add_argument("--featurizer", type=input_dir, default=None, metavar="DIR",
-                     help="saved featurizer, for every variant (default: the one saved next to the variants' "
-                          "heads, if any; heads that bring different ones need this flag)")
+    ctl.add_argument(
+        "--reward",
+        default=DEFAULT_REWARD,
+        choices=REWARDS,
+        help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)",
+    )
+    ctl.add_argument(
+        "--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled"
+    )
+    ctl.add_argument(
+        "--arms",
+        type=arm_list,
+        default=None,
+        metavar="B1,B2,...",
+        help="block sizes for policies built from a spec, at most the speculator's max_block_size "
+        "(default: 1,2,4,6,8,10,12,16,20,24 up to it; a head-based policy uses its head's), and "
+        "draft trees tree:N (the arm -N: the best tree of N nodes, fixed:-N plays it) where the "
+        "decoder runs trees",
+    )
+    ctl.add_argument(
+        "--featurizer",
+        type=input_dir,
+        default=None,
+        metavar="DIR",
+        help="saved featurizer, for every variant (default: the one saved next to the variants' "
+        "heads, if any; heads that bring different ones need this flag)",
+    )
     ctl.add_argument("--seed", type=seed, default=0, help="seed of the policies")
-    ctl.add_argument("--fallback-block-size", type=int_range(1, MAX_BLOCK_SIZE), default=None, metavar="B",
-                     help="block size used when a policy fails or is late (default: the arm closest to 8)")
-    ctl.add_argument("--decide-timeout", type=float_range(0, lo_open=True), default=0.1, metavar="S", help="time budget of a decision (default 0.1): one request at a time, a later one gets the "
-                          "fallback block size; on the engine, whose thread decides, it is counted late")
-    ctl.add_argument("--feedback-timeout", type=float_range(0, lo_open=True), default=300.0, metavar="S",
-                     help="drop a decision without feedback after this long")
-    ctl.add_argument("--redecide-every", type=int_range(1), default=None, metavar="K",
-                     help="decide again every K rounds inside a request (off by default; only with a --speculator "
-                          "served one request at a time: the batched engine decides once per request, at join)")
-    ctl.add_argument("--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates")
-    ctl.add_argument("--checkpoint-interval", type=float_range(0, lo_open=True), default=60.0, metavar="S",
-                     help="... or S seconds after the last checkpoint")
-    ctl.add_argument("--roll-rows", type=int_range(1), default=1000, metavar="N", help="log rows per Parquet part")
-    ctl.add_argument("--no-fsync", action="store_true",
-                     help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
-                          "server but not of the machine (saves a few ms per request)")
+    ctl.add_argument(
+        "--fallback-block-size",
+        type=int_range(1, MAX_BLOCK_SIZE),
+        default=None,
+        metavar="B",
+        help="block size used when a policy fails or is late (default: the arm closest to 8)",
+    )
+    ctl.add_argument(
+        "--decide-timeout",
+        type=float_range(0, lo_open=True),
+        default=0.1,
+        metavar="S",
+        help="time budget of a decision (default 0.1): one request at a time, a later one gets the "
+        "fallback block size; on the engine, whose thread decides, it is counted late",
+    )
+    ctl.add_argument(
+        "--feedback-timeout",
+        type=float_range(0, lo_open=True),
+        default=300.0,
+        metavar="S",
+        help="drop a decision without feedback after this long",
+    )
+    ctl.add_argument(
+        "--redecide-every",
+        type=int_range(1),
+        default=None,
+        metavar="K",
+        help="decide again every K rounds inside a request (off by default; only with a --speculator "
+        "served one request at a time: the batched engine decides once per request, at join)",
+    )
+    ctl.add_argument(
+        "--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates"
+    )
+    ctl.add_argument(
+        "--checkpoint-interval",
+        type=float_range(0, lo_open=True),
+        default=60.0,
+        metavar="S",
+        help="... or S seconds after the last checkpoint",
+    )
+    ctl.add_argument(
+        "--roll-rows", type=int_range(1), default=1000, metavar="N", help="log rows per Parquet part"
+    )
+    ctl.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
+        "server but not of the machine (saves a few ms per request)",
+    )
     fleet = p.add_argument_group("fleet (replicas learning together; see docs/serving.md#fleet)")
-    fleet.add_argument("--shared", type=_shared_url, default=None, metavar="redis://HOST:PORT/NAME",
-                       help="share every variant's policy statistics with the other replicas of fleet NAME through "
-                            "Redis (needs the fleet extra); off by default: this server learns alone")
-    fleet.add_argument("--replica-id", default=None, metavar="ID",
-                       help="this replica's id in the fleet, stable across restarts (default: HOSTNAME:PORT)")
-    fleet.add_argument("--sync-every", type=int_range(1), default=32, metavar="N",
-                       help="publish and merge after N own updates (default 32) ...")
-    fleet.add_argument("--sync-interval", type=float_range(0, lo_open=True), default=1.0, metavar="S",
-                       help="... or every S seconds (default 1)")
-    fleet.add_argument("--lease-ttl", type=float_range(0, lo_open=True), default=15.0, metavar="S",
-                       help="a replica id is held by one live process: a second one claiming it is refused; a "
-                            "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)")
-    bat = p.add_argument_group("batched engine: every request is a row of one continuous-batching engine "
-                               "(see docs/serving.md#batched-serving); with --speculator only when its factory "
-                               "returns a SpeculativeDecoder")
-    bat.add_argument("--batched", action="store_true",
-                     help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
-                          "decodes one request at a time)")
-    bat.add_argument("--max-queue", type=int_range(0), default=None, metavar="Q",
-                     help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64)")
-    bat.add_argument("--attribution", choices=ATTRIBUTIONS, default=None,
-                     help="how a round's time is split among its rows for their rewards: marginal (each row's "
-                          "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
-                          "or tokens (by block size; also used on other devices without --latency)")
-    bat.add_argument("--load-rule", type=_load_rule_name, default=None, metavar="RULE",
-                     help="the per-round block-size rule under load: learned (the default: one block "
-                          "size a round for every row, learned from measured rounds, warm-started from the cost "
-                          "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
-                          "round every row verifies min(the rule's choice, its request's own)")
-    bat.add_argument("--load-features", action="store_true",
-                     help="each variant's policy decides on the load at join too (rows in flight, queue, context "
-                          "tokens, temperature, max_tokens: 5 more context columns; a policy that fits them, such "
-                          "as linucb or lints, not the bundled head; every variant of a log directory alike)")
-    bat.add_argument("--load-prior", type=float_range(0, 1, hi_open=True), default=0.4, metavar="A",
-                     help="prior per-draft acceptance of the goodput and learned rules (default 0.4)")
-    bat.add_argument("--load-margin", type=float_range(0, 1, hi_open=True), default=SPECULATION_MARGIN, metavar="M",
-                     help="the learned rule's margin over plain decoding: a speculating block size is preferred "
-                          f"only where its rounds beat plain's by M (default {SPECULATION_MARGIN}; 0: the rounds alone)")
+    fleet.add_argument(
+        "--shared",
+        type=_shared_url,
+        default=None,
+        metavar="redis://HOST:PORT/NAME",
+        help="share every variant's policy statistics with the other replicas of fleet NAME through "
+        "Redis (needs the fleet extra); off by default: this server learns alone",
+    )
+    fleet.add_argument(
+        "--replica-id",
+        default=None,
+        metavar="ID",
+        help="this replica's id in the fleet, stable across restarts (default: HOSTNAME:PORT)",
+    )
+    fleet.add_argument(
+        "--sync-every",
+        type=int_range(1),
+        default=32,
+        metavar="N",
+        help="publish and merge after N own updates (default 32) ...",
+    )
+    fleet.add_argument(
+        "--sync-interval",
+        type=float_range(0, lo_open=True),
+        default=1.0,
+        metavar="S",
+        help="... or every S seconds (default 1)",
+    )
+    fleet.add_argument(
+        "--lease-ttl",
+        type=float_range(0, lo_open=True),
+        default=15.0,
+        metavar="S",
+        help="a replica id is held by one live process: a second one claiming it is refused; a "
+        "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)",
+    )
+    bat = p.add_argument_group(
+        "batched engine: every request is a row of one continuous-batching engine "
+        "(see docs/serving.md#batched-serving); with --speculator only when its factory "
+        "returns a SpeculativeDecoder"
+    )
+    bat.add_argument(
+        "--batched",
+        action="store_true",
+        help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
+        "decodes one request at a time)",
+    )
+    bat.add_argument(
+        "--max-queue",
+        type=int_range(0),
+        default=None,
+        metavar="Q",
+        help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64)",
+    )
+    bat.add_argument(
+        "--attribution",
+        choices=ATTRIBUTIONS,
+        default=None,
+        help="how a round's time is split among its rows for their rewards: marginal (each row's "
+        "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
+        "or tokens (by block size; also used on other devices without --latency)",
+    )
+    bat.add_argument(
+        "--load-rule",
+        type=_load_rule_name,
+        default=None,
+        metavar="RULE",
+        help="the per-round block-size rule under load: learned (the default: one block "
+        "size a round for every row, learned from measured rounds, warm-started from the cost "
+        "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
+        "round every row verifies min(the rule's choice, its request's own)",
+    )
+    bat.add_argument(
+        "--load-features",
+        action="store_true",
+        help="each variant's policy decides on the load at join too (rows in flight, queue, context "
+        "tokens, temperature, max_tokens: 5 more context columns; a policy that fits them, such "
+        "as linucb or lints, not the bundled head; every variant of a log directory alike)",
+    )
+    bat.add_argument(
+        "--load-prior",
+        type=float_range(0, 1, hi_open=True),
+        default=0.4,
+        metavar="A",
+        help="prior per-draft acceptance of the goodput and learned rules (default 0.4)",
+    )
+    bat.add_argument(
+        "--load-margin",
+        type=float_range(0, 1, hi_open=True),
+        default=SPECULATION_MARGIN,
+        metavar="M",
+        help="the learned rule's margin over plain decoding: a speculating block size is preferred "
+        f"only where its rounds beat plain's by M (default {SPECULATION_MARGIN}; 0: the rounds alone)",
+    )
     lim = p.add_argument_group("server and limits")
     lim.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
-    lim.add_argument("--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted")
+    lim.add_argument(
+        "--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted"
+    )
     lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
-    lim.add_argument("--stall-timeout", type=float_range(0, lo_open=True), default=STALL_S, metavar="S",
-                     help=f"seconds the decoding thread (the engine, or your speculator) may stay busy without "
-                          f"progress (a round; a decode that reports no rounds: the whole decode) before it is "
-                          f"declared stalled: the requests waiting on it get 503, new ones too, /health says stalled "
-                          f"(HTTP 503) and SIGTERM exits without it (default {STALL_S:g})")
-    lim.add_argument("--shutdown-grace", type=float_range(0, MAX_SHUTDOWN_GRACE_S), default=SHUTDOWN_GRACE_S,
-                     metavar="S",
-                     help=f"on SIGTERM or SIGINT, new requests get 503 and those in flight have S seconds to finish; "
-                          f"every one left then gets 503 (the server is shutting down), whatever its decode is doing, "
-                          f"and the server exits (default {SHUTDOWN_GRACE_S:g}; at most {MAX_SHUTDOWN_GRACE_S:g}, so "
-                          f"that it is gone within {KILL_AFTER_S:g} s of the signal)")
+    lim.add_argument(
+        "--stall-timeout",
+        type=float_range(0, lo_open=True),
+        default=STALL_S,
+        metavar="S",
+        help=f"seconds the decoding thread (the engine, or your speculator) may stay busy without "
+        f"progress (a round; a decode that reports no rounds: the whole decode) before it is "
+        f"declared stalled: the requests waiting on it get 503, new ones too, /health says stalled "
+        f"(HTTP 503) and SIGTERM exits without it (default {STALL_S:g})",
+    )
+    lim.add_argument(
+        "--shutdown-grace",
+        type=float_range(0, MAX_SHUTDOWN_GRACE_S),
+        default=SHUTDOWN_GRACE_S,
+        metavar="S",
+        help=f"on SIGTERM or SIGINT, new requests get 503 and those in flight have S seconds to finish; "
+        f"every one left then gets 503 (the server is shutting down), whatever its decode is doing, "
+        f"and the server exits (default {SHUTDOWN_GRACE_S:g}; at most {MAX_SHUTDOWN_GRACE_S:g}, so "
+        f"that it is gone within {KILL_AFTER_S:g} s of the signal)",
+    )
     lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def _load_rule_name(text: str) -> str:
     """``--load-rule``'s value as given: an empty one is refused, not taken for the default."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("an empty rule: give learned, goodput, fixed:B or none (or drop the flag "
-                                         "for the default, learned)")
+        raise argparse.ArgumentTypeError(
+            "an empty rule: give learned, goodput, fixed:B or none (or drop the flag "
+            "for the default, learned)"
+        )
     return text
 
 
@@ -209,8 +395,14 @@ def _shared(args: argparse.Namespace, variants: list[str]) -> dict | None:
 
     from ..fleet import claimed_states
 
-    return claimed_states(args.shared, args.replica_id or f"{socket.gethostname()}:{args.port}", variants,
-                          sync_every=args.sync_every, sync_interval_s=args.sync_interval, lease_ttl_s=args.lease_ttl)
+    return claimed_states(
+        args.shared,
+        args.replica_id or f"{socket.gethostname()}:{args.port}",
+        variants,
+        sync_every=args.sync_every,
+        sync_interval_s=args.sync_interval,
+        lease_ttl_s=args.lease_ttl,
+    )
 
 
 def build(args: argparse.Namespace):
@@ -222,14 +414,33 @@ def build(args: argparse.Namespace):
     from ..reward.functions import reward_function
 
     if args.default_max_tokens > args.max_tokens:
-        raise AdaptspecError(f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}")
+        raise AdaptspecError(
+            f"--default-max-tokens {args.default_max_tokens} exceeds --max-tokens {args.max_tokens}"
+        )
     if args.tiny and (args.target or args.drafter):
         raise AdaptspecError("--tiny builds its own model: drop --target/--drafter")
-    model_flags_given(args, {"--tiny": False, "--tiny-seed": 0, "--target": None, "--drafter": None,
-                             "--verification": "fast", "--dtype": None, "--device": "cpu", "--chat": False,
-                             "--remeasure": False})
-    if args.fallback_block_size is not None and args.arms is not None and args.fallback_block_size not in args.arms:
-        raise AdaptspecError(f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}")
+    model_flags_given(
+        args,
+        {
+            "--tiny": False,
+            "--tiny-seed": 0,
+            "--target": None,
+            "--drafter": None,
+            "--verification": "fast",
+            "--dtype": None,
+            "--device": "cpu",
+            "--chat": False,
+            "--remeasure": False,
+        },
+    )
+    if (
+        args.fallback_block_size is not None
+        and args.arms is not None
+        and args.fallback_block_size not in args.arms
+    ):
+        raise AdaptspecError(
+            f"--fallback-block-size {args.fallback_block_size} is not one of --arms {args.arms}"
+        )
     reward_function(args.reward, args.latency)  # an unknown latency profile fails here, not after loading
     _check_engine(args)
     _check_ab_design(args)
@@ -255,7 +466,9 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
     if args.tiny:
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
-        _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's", trees=True)  # a drafter, sdpa or exact kernels
+        _check_arms(
+            args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's", trees=True
+        )  # a drafter, sdpa or exact kernels
     import torch
 
     from ..serving.service import runs_on_engine
@@ -273,9 +486,16 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         user = load_speculator_factory(args.speculator)
         speculator, codec, model_name = user.speculator, user.codec, user.path
         max_context, vocab = user.max_context, user.vocab_size
-        _check_arms(args.arms, speculator.max_block_size, "the speculator's", bool(getattr(speculator, "draft_trees", False)))
+        _check_arms(
+            args.arms,
+            speculator.max_block_size,
+            "the speculator's",
+            bool(getattr(speculator, "draft_trees", False)),
+        )
         _check_user_engine(args, speculator)
-        if runs_on_engine(speculator):  # the factory's target and drafter run on the engine, as the bundled ones
+        if runs_on_engine(
+            speculator
+        ):  # the factory's target and drafter run on the engine, as the bundled ones
             torch.set_num_threads(1)
             device = speculator.target.device.type
     elif args.tiny:
@@ -289,51 +509,97 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         from ..models import load_speculator
 
         dtype = args.dtype or "bfloat16"
-        if args.device == "cpu" and args.dtype in (None, *TIMED_DTYPES):  # this host's costs: the dtype run, the
+        if args.device == "cpu" and args.dtype in (
+            None,
+            *TIMED_DTYPES,
+        ):  # this host's costs: the dtype run, the
             # head's prior and every price (adaptspec.host)
             from ..host import for_models, server_rows
 
             # the dtype at every load the engine runs: bfloat16 without native kernels is cheap at one row, dear at 8
-            args.host_choice = for_models(args.target, args.drafter, args.verification, engine_threads, args.dtype,
-                                          args.remeasure, rows=server_rows(args.max_rows or 8))
+            args.host_choice = for_models(
+                args.target,
+                args.drafter,
+                args.verification,
+                engine_threads,
+                args.dtype,
+                args.remeasure,
+                rows=server_rows(args.max_rows or 8),
+            )
             dtype = args.host_choice.dtype
             args.latency = args.latency or str(args.host_choice.profile_path)
-        speculator = load_speculator(args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification)
+        speculator = load_speculator(
+            args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification
+        )
         tok = speculator.target.tokenizer
         if tok is None and args.chat:  # else the server starts, then answers every chat request 400
-            raise AdaptspecError(f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
-                                 "tokenizer (its prompts are token ids): drop --chat, or add the tokenizer's files")
+            raise AdaptspecError(
+                f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
+                "tokenizer (its prompts are token ids): drop --chat, or add the tokenizer's files"
+            )
         codec = None if tok is None else HFCodec(tok, chat=args.chat)
         model_name = str(args.target or "smollm2-135m-instruct")
         max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
         vocab = speculator.target.vocab_size
-        _check_arms(args.arms, speculator.max_block_size, "the speculator's", bool(getattr(speculator, "draft_trees", False)))
+        _check_arms(
+            args.arms,
+            speculator.max_block_size,
+            "the speculator's",
+            bool(getattr(speculator, "draft_trees", False)),
+        )
     if not specs:
         from ..control.policy_build import default_on_host
         from ..control.protocol import speculator_shape
 
         shape = speculator_shape(speculator)
         host = getattr(args, "host_choice", None)
-        choice, fallback = default_on_host(shape.max_block_size, shape.feature_dim, args.arms,  # a fleet shares fi-ucb too
-                                           None if host is None else lambda: host)  # the library's default, the same code
+        choice, fallback = default_on_host(
+            shape.max_block_size,
+            shape.feature_dim,
+            args.arms,  # a fleet shares fi-ucb too
+            None if host is None else lambda: host,
+        )  # the library's default, the same code
         args.default_choice = choice  # said once the server is up (run), not before a refusal
         if args.fallback_block_size is None:
-            args.fallback_block_size = fallback  # a late decision plays what pays here (1 where nothing else does)
+            args.fallback_block_size = (
+                fallback  # a late decision plays what pays here (1 where nothing else does)
+            )
         specs = {"default": choice.spec}
-    limits = ServerLimits(max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
-                          default_max_tokens=args.default_max_tokens, max_context=max_context, vocab_size=vocab)
+    limits = ServerLimits(
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens=args.max_tokens,
+        default_max_tokens=args.default_max_tokens,
+        max_context=max_context,
+        vocab_size=vocab,
+    )
     service = CompletionService.build(
-        speculator, specs, args.split, codec=codec, log_dir=args.log_dir, checkpoint_dir=args.checkpoint_dir,
-        limits=limits, model_name=model_name, arms=args.arms, featurizer=args.featurizer, reward=args.reward,
-        latency=args.latency, seed=args.seed, fallback_block_size=args.fallback_block_size,
-        decide_timeout_s=args.decide_timeout, feedback_timeout_s=args.feedback_timeout,
-        redecide_every=args.redecide_every, checkpoint_every=args.checkpoint_every,
-        checkpoint_interval_s=args.checkpoint_interval, roll_rows=args.roll_rows, log_fsync=not args.no_fsync,
+        speculator,
+        specs,
+        args.split,
+        codec=codec,
+        log_dir=args.log_dir,
+        checkpoint_dir=args.checkpoint_dir,
+        limits=limits,
+        model_name=model_name,
+        arms=args.arms,
+        featurizer=args.featurizer,
+        reward=args.reward,
+        latency=args.latency,
+        seed=args.seed,
+        fallback_block_size=args.fallback_block_size,
+        decide_timeout_s=args.decide_timeout,
+        feedback_timeout_s=args.feedback_timeout,
+        redecide_every=args.redecide_every,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_interval_s=args.checkpoint_interval,
+        roll_rows=args.roll_rows,
+        log_fsync=not args.no_fsync,
         stall_s=args.stall_timeout,
         host=None if getattr(args, "host_choice", None) is None else args.host_choice.to_dict(),
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
-        **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}))
+        **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}),
+    )
     return service
 
 
@@ -347,16 +613,22 @@ def _one_featurizer(featurizer, specs: dict[str, str]):
     from ..control.policy_build import spec_head
     from ..policies.featurizer import Featurizer
 
-    found = {n: h for n, h in ((n, spec_head(s)) for n, s in specs.items()) if h is not None and Featurizer.exists(h)}
+    found = {
+        n: h
+        for n, h in ((n, spec_head(s)) for n, s in specs.items())
+        if h is not None and Featurizer.exists(h)
+    }
     if not found:
         return None
     loaded = {n: Featurizer.load(h) for n, h in found.items()}
     first = next(iter(found))
     other = next((n for n in loaded if loaded[n] != loaded[first]), None)
     if other is not None:
-        raise AdaptspecError(f"variants {first} and {other} bring different featurizers with their heads "
-                             f"({found[first]}, {found[other]}); every variant of a server featurizes alike (one "
-                             "decision log, one context width): give --featurizer DIR")
+        raise AdaptspecError(
+            f"variants {first} and {other} bring different featurizers with their heads "
+            f"({found[first]}, {found[other]}); every variant of a server featurizes alike (one "
+            "decision log, one context width): give --featurizer DIR"
+        )
     return found[first]
 
 
@@ -364,8 +636,9 @@ def _check_engine(args: argparse.Namespace) -> None:
     """The batched engine's options that can be checked before any model is loaded. With a
     --speculator, whether they apply is known once its factory has run (:func:`_check_user_engine`)."""
     if args.speculator is None and args.redecide_every is not None:
-        raise AdaptspecError("--redecide-every needs --speculator: the batched engine decides once per request, "
-                             "at join")
+        raise AdaptspecError(
+            "--redecide-every needs --speculator: the batched engine decides once per request, at join"
+        )
     if args.speculator is None or args.load_rule is not None:
         _load_rule(args, args.device)  # a bad rule is one line before any model is loaded
 
@@ -380,17 +653,30 @@ def _check_user_engine(args: argparse.Namespace, speculator: object) -> None:
     returned = f"--speculator {args.speculator} returned a {type(speculator).__name__}"
     if runs_on_engine(speculator):
         if args.redecide_every is not None:
-            raise AdaptspecError(f"--redecide-every: {returned}, which runs on the batched engine: it decides once "
-                                 "per request, at join")
+            raise AdaptspecError(
+                f"--redecide-every: {returned}, which runs on the batched engine: it decides once "
+                "per request, at join"
+            )
         return
-    given = [f for f, v in (("--batched", getattr(args, "batched", False) or None), ("--max-rows", args.max_rows),
-                            ("--max-queue", args.max_queue), ("--attribution", args.attribution),
-                            ("--load-rule", args.load_rule), ("--load-features", args.load_features or None),
-                            ("--ab-design", getattr(args, "ab_design", None)),
-                            ("--slice-rounds", getattr(args, "slice_rounds", None))) if v is not None]
+    given = [
+        f
+        for f, v in (
+            ("--batched", getattr(args, "batched", False) or None),
+            ("--max-rows", args.max_rows),
+            ("--max-queue", args.max_queue),
+            ("--attribution", args.attribution),
+            ("--load-rule", args.load_rule),
+            ("--load-features", args.load_features or None),
+            ("--ab-design", getattr(args, "ab_design", None)),
+            ("--slice-rounds", getattr(args, "slice_rounds", None)),
+        )
+        if v is not None
+    ]
     if given:
-        raise AdaptspecError(f"{given[0]} applies to the batched engine; {returned}, not adaptspec's "
-                             "SpeculativeDecoder, so it is served one request at a time: drop it")
+        raise AdaptspecError(
+            f"{given[0]} applies to the batched engine; {returned}, not adaptspec's "
+            "SpeculativeDecoder, so it is served one request at a time: drop it"
+        )
 
 
 def _engine_settings(args: argparse.Namespace, threads: int, device: str):
@@ -398,11 +684,17 @@ def _engine_settings(args: argparse.Namespace, threads: int, device: str):
     describe, for models on ``device``."""
     from ..serving.engine.batched import EngineSettings
 
-    return EngineSettings(max_rows=args.max_rows or 8, max_queue=64 if args.max_queue is None else args.max_queue,
-                          attribution=args.attribution or "marginal", profile=_cost_model(args, device),
-                          rule=_load_rule(args, device),
-                          design=getattr(args, "ab_design", None) or "requests",
-                          slice_rounds=getattr(args, "slice_rounds", None), seed=args.seed, threads=threads)
+    return EngineSettings(
+        max_rows=args.max_rows or 8,
+        max_queue=64 if args.max_queue is None else args.max_queue,
+        attribution=args.attribution or "marginal",
+        profile=_cost_model(args, device),
+        rule=_load_rule(args, device),
+        design=getattr(args, "ab_design", None) or "requests",
+        slice_rounds=getattr(args, "slice_rounds", None),
+        seed=args.seed,
+        threads=threads,
+    )
 
 
 def _check_ab_design(args: argparse.Namespace) -> None:
@@ -415,14 +707,17 @@ def _check_ab_design(args: argparse.Namespace) -> None:
             raise AdaptspecError("--slice-rounds needs --ab-design switchback")
         return
     if args.log_dir is None:
-        raise AdaptspecError("--ab-design switchback needs --log-dir (its slices are recorded next to the decision log)")
+        raise AdaptspecError(
+            "--ab-design switchback needs --log-dir (its slices are recorded next to the decision log)"
+        )
     from ..policies.variants import named_specs
 
     if len(named_specs(args.variant or [], "--variant", "A=fixed:16")) < 2:
         raise AdaptspecError("--ab-design switchback needs at least 2 --variant")
     if args.split is not None:
-        raise AdaptspecError("--split does not apply to --ab-design switchback (every variant gets the same number "
-                             "of slices)")
+        raise AdaptspecError(
+            "--split does not apply to --ab-design switchback (every variant gets the same number of slices)"
+        )
 
 
 def _cost_model(args: argparse.Namespace, device: str) -> str | None:
@@ -438,16 +733,26 @@ def _load_rule(args: argparse.Namespace, device: str) -> object | None:
     spec = args.load_rule or "learned"
     if spec == "none":
         return None
-    chains = [a for a in args.arms or [] if a > 0]  # the rule sets chains' block sizes; a tree row keeps its tree
+    chains = [
+        a for a in args.arms or [] if a > 0
+    ]  # the rule sets chains' block sizes; a tree row keeps its tree
     arms = chains or [b for b in (1, 2, 3, 4, 6, 8) if b <= MAX_BLOCK_SIZE]
-    return make_load_rule(spec, arms, _cost_model(args, device) or "cpu-smollm2-batched", prior=args.load_prior,
-                          seed=args.seed, margin=args.load_margin)
+    return make_load_rule(
+        spec,
+        arms,
+        _cost_model(args, device) or "cpu-smollm2-batched",
+        prior=args.load_prior,
+        seed=args.seed,
+        margin=args.load_margin,
+    )
 
 
 def _check_arms(arms: list[int] | None, max_block_size: int, whose: str, trees: bool) -> None:
     """--arms against the decoder: block sizes it can draft, trees only where it runs them (``trees``)."""
     if arms is not None:
-        check_block_sizes(arms, max_block_size, name=f"--arms {','.join(map(arm_label, arms))}", whose=whose, trees=trees)
+        check_block_sizes(
+            arms, max_block_size, name=f"--arms {','.join(map(arm_label, arms))}", whose=whose, trees=trees
+        )
 
 
 def _check_port(host: str, port: int) -> None:
@@ -461,20 +766,30 @@ def _check_port(host: str, port: int) -> None:
     except OSError as e:
         raise AdaptspecError(f"--host {host}: cannot resolve it ({e.strerror or e})") from None
     with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as uvicorn does: a port in TIME_WAIT is free
         try:
             s.bind(addr)
         except OSError as e:
-            raise AdaptspecError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+            raise AdaptspecError(
+                f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})"
+            ) from None
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         from ..serving.app import create_app
-        from ..serving.shutdown import GracefulServer  # uvicorn's, its shutdown bounded whatever the requests do
+        from ..serving.shutdown import (
+            GracefulServer,
+        )  # uvicorn's, its shutdown bounded whatever the requests do
     except ImportError as e:
-        raise AdaptspecError(f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'") from None
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+        raise AdaptspecError(
+            f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'"
+        ) from None
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
+    )
     _check_port(args.host, args.port)  # before anything is loaded or created
     service = build(args)
     try:
@@ -485,12 +800,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"adaptspec serve: default policy {args.default_choice}", file=sys.stderr, flush=True)
         for name, c in service.controllers.items():
             r = c.resumed or {}
-            print(f"adaptspec serve: variant {name}: {c.policy_label} (arms {list(c.arms)}), weight "
-                  f"{service.router.weights[service.router.variants.index(name)]:.2f}"
-                  + (f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
-                     if r.get("checkpoint") or r.get("replayed") else ""), file=sys.stderr, flush=True)
+            print(
+                f"adaptspec serve: variant {name}: {c.policy_label} (arms {list(c.arms)}), weight "
+                f"{service.router.weights[service.router.variants.index(name)]:.2f}"
+                + (
+                    f", resumed at {r['updates_at_checkpoint']} updates + {r['replayed']} replayed"
+                    if r.get("checkpoint") or r.get("replayed")
+                    else ""
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"adaptspec serve: {service.runner.describe()}", file=sys.stderr, flush=True)
-        GracefulServer(app, service, args.shutdown_grace, host=args.host, port=args.port, log_level=args.log_level).run()
+        GracefulServer(
+            app, service, args.shutdown_grace, host=args.host, port=args.port, log_level=args.log_level
+        ).run()
     finally:
         service.close()  # done already by the app's lifespan, unless a second Ctrl-C skipped it
     return 0

@@ -27,52 +27,132 @@ DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
-                   help="trace set directory (default: the bundled public benchmark set, "
-                        "adaptspec/data/traces/benchmarks)")
-    p.add_argument("--policy", action="append", metavar="SPEC",
-                   help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
-                        f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)")
-    p.add_argument("--reward", choices=REWARDS, default=None,
-                   help="reward: measured ms per token (token_latency), measured throughput, modelled throughput "
-                        "(needs --latency) or tau (default: token_latency when the trace set has timings, else "
-                        "modelled with --latency, else tau)")
-    p.add_argument("--latency", metavar="PROFILE", default=None,
-                   help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
-                        "trace's acceptance for --reward modelled and the tok/s column")
-    p.add_argument("--batch-size", type=int_range(1), default=1, metavar="N", help="batch size the latency profile is taken at")
-    p.add_argument("--seeds", type=parse_seeds, default="1", metavar="N|LIST",
-                   help="number of seeds (0..N-1) or a comma-separated list (default: 1)")
-    p.add_argument("--order", choices=("logged", "shuffled", "drift"), default="logged",
-                   help="request order: as stored, shuffled per seed, or a drifting domain mix")
-    p.add_argument("--steps", type=int_range(1, 10_000_000), default=None, metavar="N",
-                   help="requests to stream (default: one pass; more repeats the trace set)")
-    p.add_argument("--featurizer", default="auto", metavar="auto|none|DIR",
-                   help="map the features to policy contexts as the controller does (auto: the featurizer saved "
-                        "with the policies' head, else the bundled head's when it fits the trace set)")
-    p.add_argument("--feedback", choices=("auto", "bandit"), default="auto",
-                   help="what a learning policy learns after each request: auto (as the controller feeds it: a "
-                        "full-feedback policy such as the cold default fi-ucb every arm its chosen arm's rounds show, "
-                        "when the trace set keeps per-round taus; any other the chosen arm's reward) or bandit (every "
-                        "policy the chosen arm's reward only); the table and the JSON say which each policy got")
+    p.add_argument(
+        "traces",
+        nargs="?",
+        default=None,
+        metavar="TRACES",
+        help="trace set directory (default: the bundled public benchmark set, "
+        "adaptspec/data/traces/benchmarks)",
+    )
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="SPEC",
+        help="policy spec, repeatable: fixed:16, random, ucb, linucb:alpha=0.5, ... "
+        f"(default: those of {', '.join(DEFAULT_POLICIES)} that are available)",
+    )
+    p.add_argument(
+        "--reward",
+        choices=REWARDS,
+        default=None,
+        help="reward: measured ms per token (token_latency), measured throughput, modelled throughput "
+        "(needs --latency) or tau (default: token_latency when the trace set has timings, else "
+        "modelled with --latency, else tau)",
+    )
+    p.add_argument(
+        "--latency",
+        metavar="PROFILE",
+        default=None,
+        help="latency profile name (cpu-smollm2-bf16, h100-qwen3-8b) or JSON file; re-times the "
+        "trace's acceptance for --reward modelled and the tok/s column",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int_range(1),
+        default=1,
+        metavar="N",
+        help="batch size the latency profile is taken at",
+    )
+    p.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default="1",
+        metavar="N|LIST",
+        help="number of seeds (0..N-1) or a comma-separated list (default: 1)",
+    )
+    p.add_argument(
+        "--order",
+        choices=("logged", "shuffled", "drift"),
+        default="logged",
+        help="request order: as stored, shuffled per seed, or a drifting domain mix",
+    )
+    p.add_argument(
+        "--steps",
+        type=int_range(1, 10_000_000),
+        default=None,
+        metavar="N",
+        help="requests to stream (default: one pass; more repeats the trace set)",
+    )
+    p.add_argument(
+        "--featurizer",
+        default="auto",
+        metavar="auto|none|DIR",
+        help="map the features to policy contexts as the controller does (auto: the featurizer saved "
+        "with the policies' head, else the bundled head's when it fits the trace set)",
+    )
+    p.add_argument(
+        "--feedback",
+        choices=("auto", "bandit"),
+        default="auto",
+        help="what a learning policy learns after each request: auto (as the controller feeds it: a "
+        "full-feedback policy such as the cold default fi-ucb every arm its chosen arm's rounds show, "
+        "when the trace set keeps per-round taus; any other the chosen arm's reward) or bandit (every "
+        "policy the chosen arm's reward only); the table and the JSON say which each policy got",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--plot", metavar="FILE.png", type=png_output, default=None,
-                   help="write cumulative regret and block sizes over time (in an existing directory; replaces "
-                        "only a PNG file)")
-    p.add_argument("--log", metavar="DIR", default=None,
-                   help="also write each policy's seed-0 decisions as a new decision log (for adaptspec ope)")
-    p.add_argument("--force", action="store_true",
-                   help="replace the decision log at --log (only a decision log: anything else is refused)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=png_output,
+        default=None,
+        help="write cumulative regret and block sizes over time (in an existing directory; replaces "
+        "only a PNG file)",
+    )
+    p.add_argument(
+        "--log",
+        metavar="DIR",
+        default=None,
+        help="also write each policy's seed-0 decisions as a new decision log (for adaptspec ope)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the decision log at --log (only a decision log: anything else is refused)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", type=parse_address,
-                   help="run the (policy, seed) replays as Ray tasks (pip install 'adaptspec[ray]'); same report. "
-                        + ADDRESS_HELP[len("run as Ray tasks: "):])
-    p.add_argument("--ab", metavar="A=SPEC,B=SPEC", default=None,
-                   help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
-                        "always-valid sequential test have stopped, and did it pick the better policy? "
-                        "--json then prints {\"ab\": {...}}")
-    p.add_argument("--ab-split", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.5, metavar="F", help="share of requests sent to the first --ab variant")
-    p.add_argument("--ab-alpha", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.05, metavar="A", help="significance level of the --ab test")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        type=parse_address,
+        help="run the (policy, seed) replays as Ray tasks (pip install 'adaptspec[ray]'); same report. "
+        + ADDRESS_HELP[len("run as Ray tasks: ") :],
+    )
+    p.add_argument(
+        "--ab",
+        metavar="A=SPEC,B=SPEC",
+        default=None,
+        help="replay an A/B test of two policies instead (adaptspec.simulators.ab): when would the "
+        "always-valid sequential test have stopped, and did it pick the better policy? "
+        '--json then prints {"ab": {...}}',
+    )
+    p.add_argument(
+        "--ab-split",
+        type=float_range(0, 1, lo_open=True, hi_open=True),
+        default=0.5,
+        metavar="F",
+        help="share of requests sent to the first --ab variant",
+    )
+    p.add_argument(
+        "--ab-alpha",
+        type=float_range(0, 1, lo_open=True, hi_open=True),
+        default=0.05,
+        metavar="A",
+        help="significance level of the --ab test",
+    )
 
 
 def pair_spec(spec: str, head: Path) -> str:
@@ -103,7 +183,9 @@ def parse_seeds(text: str) -> list[int]:
                 raise ValueError
             seeds = list(range(k))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count in 1..10000 or a list like 0,1,2, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a count in 1..10000 or a list like 0,1,2, got {text!r}"
+        ) from None
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**63:
         raise argparse.ArgumentTypeError(f"seeds must be distinct integers in 0..2**63-1, got {text!r}")
     return seeds
@@ -125,17 +207,21 @@ def run(args: argparse.Namespace) -> int:
         if args.ray:
             raise AdaptspecError("--ray runs the replays of --policy sweeps; --ab runs in one process")
         return _run_ab(args, traces, reward)
-    policies = args.policy or [s for s in DEFAULT_POLICIES if s in REGISTRY
-                               and not (s.startswith("lin") and traces.features is None)]
+    policies = args.policy or [
+        s for s in DEFAULT_POLICIES if s in REGISTRY and not (s.startswith("lin") and traces.features is None)
+    ]
     from ..policies.featurizer import featurizer_for
     from ..models.bundled import BUNDLED_HEAD, paired_head
 
     home = paired_head(traces.path)  # each bundled trace set with the head trained on it
     if home != BUNDLED_HEAD:
         policies = [pair_spec(s, home) for s in policies]
-    feat = featurizer_for([s for s in policies if isinstance(s, str)],
-                          None if traces.features is None else traces.features.shape[1], args.featurizer,
-                          default_head=home)
+    feat = featurizer_for(
+        [s for s in policies if isinstance(s, str)],
+        None if traces.features is None else traces.features.shape[1],
+        args.featurizer,
+        default_head=home,
+    )
     if feat is not None:
         path, traces = traces.path, feat.transform_traces(traces)
         traces.path = path  # the same requests (their features mapped): the report names them, the in-sample check reads it
@@ -146,19 +232,42 @@ def run(args: argparse.Namespace) -> int:
         from ..simulators.replay import finite_rewards
 
         prof = None if args.latency is None else get_profile(args.latency)
-        feedback = replay_feedback(traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof,
-                                   args.batch_size) or "bandit"  # None: no rounds, so nothing to price
+        feedback = (
+            replay_feedback(
+                traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof, args.batch_size
+            )
+            or "bandit"
+        )  # None: no rounds, so nothing to price
     if args.ray:
         from .._util.ray import session
 
         with session(args.ray):
-            report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                            seeds=seeds, order=args.order, n_steps=args.steps,
-                            progress=False if args.no_progress else None, ray=True, feedback=feedback)
+            report = replay(
+                traces,
+                policies,
+                reward=reward,
+                latency=args.latency,
+                batch_size=args.batch_size,
+                seeds=seeds,
+                order=args.order,
+                n_steps=args.steps,
+                progress=False if args.no_progress else None,
+                ray=True,
+                feedback=feedback,
+            )
     else:
-        report = replay(traces, policies, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                        seeds=seeds, order=args.order, n_steps=args.steps,
-                        progress=False if args.no_progress else None, feedback=feedback)
+        report = replay(
+            traces,
+            policies,
+            reward=reward,
+            latency=args.latency,
+            batch_size=args.batch_size,
+            seeds=seeds,
+            order=args.order,
+            n_steps=args.steps,
+            progress=False if args.no_progress else None,
+            feedback=feedback,
+        )
     if args.plot:
         plot_report(report, args.plot)
     if args.log:
@@ -169,9 +278,20 @@ def run(args: argparse.Namespace) -> int:
             for spec in policies:
                 if spec.split(":")[0].strip().lower() == "oracle":
                     continue
-                log.append(replay_log(traces, spec, reward=reward, latency=args.latency, batch_size=args.batch_size,
-                                      seed=report.seeds[0], order=args.order, n_steps=args.steps,
-                                      progress=False if args.no_progress else None, feedback=feedback))
+                log.append(
+                    replay_log(
+                        traces,
+                        spec,
+                        reward=reward,
+                        latency=args.latency,
+                        batch_size=args.batch_size,
+                        seed=report.seeds[0],
+                        order=args.order,
+                        n_steps=args.steps,
+                        progress=False if args.no_progress else None,
+                        feedback=feedback,
+                    )
+                )
 
         write_dir(args.log, "decision-log", args.force, write, reads=[args.traces])
     if args.json:
@@ -192,9 +312,18 @@ def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
     for flag, value in (("--policy", args.policy), ("--plot", args.plot), ("--log", args.log)):
         if value:
             raise AdaptspecError(f"--ab replays its own two policies: {flag} does not apply")
-    sim = simulate_ab(traces, parse_ab_specs(args.ab), reward=reward, latency=args.latency, batch_size=args.batch_size,
-                      seeds=args.seeds, order=args.order, n_steps=args.steps, split=args.ab_split,
-                      alpha=args.ab_alpha)
+    sim = simulate_ab(
+        traces,
+        parse_ab_specs(args.ab),
+        reward=reward,
+        latency=args.latency,
+        batch_size=args.batch_size,
+        seeds=args.seeds,
+        order=args.order,
+        n_steps=args.steps,
+        split=args.ab_split,
+        alpha=args.ab_alpha,
+    )
     print(json.dumps({"ab": sim.to_json()}) if args.json else sim.to_text())
     return 0
 
@@ -230,12 +359,19 @@ def plot_report(report, path: str) -> None:
             ax2.plot(np.arange(win, len(b) + 1), ma, ls, color=c, label=label)
     ob = arms[report.oracle.chosen.astype(np.int64)].astype(float)
     if len(ob) >= win:
-        ax2.plot(np.arange(win, len(ob) + 1), np.convolve(ob, np.ones(win) / win, mode="valid"),
-                 ":", color="black", label="oracle")
+        ax2.plot(
+            np.arange(win, len(ob) + 1),
+            np.convolve(ob, np.ones(win) / win, mode="valid"),
+            ":",
+            color="black",
+            label="oracle",
+        )
     unit = REWARD_UNITS[report.reward]
     ax1.set_ylabel(f"cumulative regret ({unit})")
-    ax1.set_title(f"{Path(report.traces).name if report.traces else 'trace set'}: regret against the per-request "
-                  f"oracle, {len(report.seeds)} seed{'s' if len(report.seeds) > 1 else ''}, order {report.order}")
+    ax1.set_title(
+        f"{Path(report.traces).name if report.traces else 'trace set'}: regret against the per-request "
+        f"oracle, {len(report.seeds)} seed{'s' if len(report.seeds) > 1 else ''}, order {report.order}"
+    )
     ax1.legend(loc="upper left", fontsize=8)
     ax1.grid(alpha=0.3)
     ax2.set_ylabel(f"block size chosen ({win}-request moving average)")
@@ -246,4 +382,3 @@ def plot_report(report, path: str) -> None:
     ax2.legend(loc="upper left", fontsize=8, ncol=2)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
-

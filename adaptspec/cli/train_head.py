@@ -28,31 +28,82 @@ from ._types import float_range, int_range, seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="?", default=None, metavar="TRACES",
-                   help="trace set directory with features (default: the bundled public benchmark "
-                        "set, adaptspec/data/traces/benchmarks)")
+    p.add_argument(
+        "traces",
+        nargs="?",
+        default=None,
+        metavar="TRACES",
+        help="trace set directory with features (default: the bundled public benchmark "
+        "set, adaptspec/data/traces/benchmarks)",
+    )
     p.add_argument("--out", required=True, metavar="HEAD", help="directory to write the head to")
-    p.add_argument("--mode", choices=("regression", "classification"), default="regression",
-                   help="predict every arm's reward (default) or the best arm (BlockPilot)")
-    p.add_argument("--reward", choices=REWARDS, default=None,
-                   help="reward the head predicts (default: token_latency when the trace set has timings, "
-                        "else modelled with --latency, else tau)")
-    p.add_argument("--latency", metavar="PROFILE", default=None,
-                   help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)")
-    p.add_argument("--batch-size", type=int_range(1), default=1, metavar="N", help="batch size the latency profile is taken at")
-    p.add_argument("--pca", type=int_range(0), default=None, metavar="N",
-                   help="fit a featurizer (standardise + whitened PCA to N dims, keeping the log prompt length) "
-                        "and save it with the head; default 32 when there are more than 64 features, 0 disables")
-    p.add_argument("--hidden", type=_hidden, default=(64, 32), metavar="W1,W2,...", help="hidden layer widths (default 64,32)")
-    p.add_argument("--val-fraction", type=float_range(0, 1, lo_open=True, hi_open=True), default=0.2, metavar="F", help="held-out share for early stopping")
+    p.add_argument(
+        "--mode",
+        choices=("regression", "classification"),
+        default="regression",
+        help="predict every arm's reward (default) or the best arm (BlockPilot)",
+    )
+    p.add_argument(
+        "--reward",
+        choices=REWARDS,
+        default=None,
+        help="reward the head predicts (default: token_latency when the trace set has timings, "
+        "else modelled with --latency, else tau)",
+    )
+    p.add_argument(
+        "--latency",
+        metavar="PROFILE",
+        default=None,
+        help="latency profile for --reward modelled (cpu-smollm2-bf16, h100-qwen3-8b or a JSON file)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int_range(1),
+        default=1,
+        metavar="N",
+        help="batch size the latency profile is taken at",
+    )
+    p.add_argument(
+        "--pca",
+        type=int_range(0),
+        default=None,
+        metavar="N",
+        help="fit a featurizer (standardise + whitened PCA to N dims, keeping the log prompt length) "
+        "and save it with the head; default 32 when there are more than 64 features, 0 disables",
+    )
+    p.add_argument(
+        "--hidden",
+        type=_hidden,
+        default=(64, 32),
+        metavar="W1,W2,...",
+        help="hidden layer widths (default 64,32)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float_range(0, 1, lo_open=True, hi_open=True),
+        default=0.2,
+        metavar="F",
+        help="held-out share for early stopping",
+    )
     p.add_argument("--epochs", type=int_range(1), default=300, metavar="N", help="maximum epochs")
-    p.add_argument("--patience", type=int_range(1), default=20, metavar="N", help="epochs without validation improvement before stopping")
+    p.add_argument(
+        "--patience",
+        type=int_range(1),
+        default=20,
+        metavar="N",
+        help="epochs without validation improvement before stopping",
+    )
     p.add_argument("--lr", type=float_range(0, lo_open=True), default=1e-3, help="Adam learning rate")
     p.add_argument("--weight-decay", type=float_range(0), default=1e-4, help="Adam weight decay")
     p.add_argument("--batch", type=int_range(1), default=128, metavar="N", help="mini-batch size")
-    p.add_argument("--seed", type=seed, default=0, help="seed of the split, the initialisation and the batches")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing head at --out (only a head: any other file or directory is refused)")
+    p.add_argument(
+        "--seed", type=seed, default=0, help="seed of the split, the initialisation and the batches"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing head at --out (only a head: any other file or directory is refused)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
 
 
@@ -78,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
     traces = load_traces(args.traces)
     X = traces.features
     if X is None:
-        raise AdaptspecError(f"trace set {traces.path or ''} has no features: the head learns from the prefill "
-                             "features (collect traces with features, or use a synthetic set)")
+        raise AdaptspecError(
+            f"trace set {traces.path or ''} has no features: the head learns from the prefill "
+            "features (collect traces with features, or use a synthetic set)"
+        )
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     R = traces.reward_matrix(reward, args.latency, args.batch_size)
     pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
@@ -94,16 +147,33 @@ def run(args: argparse.Namespace) -> int:
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
-    info = {"traces": path_label(traces.path), "reward": reward,
-            "latency": args.latency, "batch_size": args.batch_size, "features": int(X.shape[1]),
-            "featurizer": None if featurizer is None else featurizer.fingerprint,
-            # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
-            "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None,
-            # what it was trained on (training and validation parts): a replay on these requests warns it is in-sample
-            "request_ids": [str(r) for r in traces.request_ids.tolist()]}
-    head = train_head(np.asarray(X, dtype=np.float64), R, traces.arms, mode=args.mode, hidden=hidden,
-                      val_fraction=args.val_fraction, max_epochs=args.epochs, patience=args.patience,
-                      lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch, seed=args.seed, info=info)
+    info = {
+        "traces": path_label(traces.path),
+        "reward": reward,
+        "latency": args.latency,
+        "batch_size": args.batch_size,
+        "features": int(X.shape[1]),
+        "featurizer": None if featurizer is None else featurizer.fingerprint,
+        # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
+        "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None,
+        # what it was trained on (training and validation parts): a replay on these requests warns it is in-sample
+        "request_ids": [str(r) for r in traces.request_ids.tolist()],
+    }
+    head = train_head(
+        np.asarray(X, dtype=np.float64),
+        R,
+        traces.arms,
+        mode=args.mode,
+        hidden=hidden,
+        val_fraction=args.val_fraction,
+        max_epochs=args.epochs,
+        patience=args.patience,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        batch_size=args.batch,
+        seed=args.seed,
+        info=info,
+    )
 
     def write(tmp: Path) -> None:
         head.save(tmp)
@@ -112,16 +182,35 @@ def run(args: argparse.Namespace) -> int:
 
     write_dir(out, "head", args.overwrite, write, "--overwrite", reads=[args.traces])
 
-    keys = ("n_train", "n_val", "best_epoch", "epochs", "val_loss", "val_accuracy", "val_pct_oracle", "val_pct_best_fixed")
-    summary = {"out": str(out), "mode": head.mode, "arms": list(head.arms), "hidden": list(head.hidden_sizes),
-               "reward": reward, **{k: head.info[k] for k in keys}}
+    keys = (
+        "n_train",
+        "n_val",
+        "best_epoch",
+        "epochs",
+        "val_loss",
+        "val_accuracy",
+        "val_pct_oracle",
+        "val_pct_best_fixed",
+    )
+    summary = {
+        "out": str(out),
+        "mode": head.mode,
+        "arms": list(head.arms),
+        "hidden": list(head.hidden_sizes),
+        "reward": reward,
+        **{k: head.info[k] for k in keys},
+    }
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"head ({head.mode}, hidden {list(head.hidden_sizes)}) trained on {summary['n_train']} requests, "
-              f"validated on {summary['n_val']}; best epoch {summary['best_epoch']} of {summary['epochs']}")
-        print(f"validation: {summary['val_pct_oracle']:.1f}% of the per-request oracle, "
-              f"{summary['val_pct_best_fixed']:.1f}% of the best fixed block size, "
-              f"best arm picked {100 * summary['val_accuracy']:.1f}% of the time (reward {reward})")
+        print(
+            f"head ({head.mode}, hidden {list(head.hidden_sizes)}) trained on {summary['n_train']} requests, "
+            f"validated on {summary['n_val']}; best epoch {summary['best_epoch']} of {summary['epochs']}"
+        )
+        print(
+            f"validation: {summary['val_pct_oracle']:.1f}% of the per-request oracle, "
+            f"{summary['val_pct_best_fixed']:.1f}% of the best fixed block size, "
+            f"best arm picked {100 * summary['val_accuracy']:.1f}% of the time (reward {reward})"
+        )
         print(f"wrote {out}  (use: --policy head:path={out}  or  --policy neural-linear:head={out})")
     return 0

@@ -47,19 +47,29 @@ from typing import Any
 
 from ..errors import AdaptspecError
 
-__all__ = ["SPECULATOR_HELP", "UserSpeculator", "load_speculator_factory", "model_flags_given", "speculator_path"]
+__all__ = [
+    "SPECULATOR_HELP",
+    "UserSpeculator",
+    "load_speculator_factory",
+    "model_flags_given",
+    "speculator_path",
+]
 
-SPECULATOR_HELP = ("your own speculator: MODULE:FACTORY, a callable (importable from the current directory or the "
-                   "Python path) returning a BlockSpeculator with a codec (docs/bring-your-own.md); instead of the "
-                   "bundled models")
+SPECULATOR_HELP = (
+    "your own speculator: MODULE:FACTORY, a callable (importable from the current directory or the "
+    "Python path) returning a BlockSpeculator with a codec (docs/bring-your-own.md); instead of the "
+    "bundled models"
+)
 
 
 def speculator_path(text: str) -> str:
     """The argparse type of ``--speculator``: the ``MODULE:FACTORY`` form (nothing is imported yet)."""
     module, sep, attr = text.partition(":")
     if not (sep and _dotted(module) and _dotted(attr)):
-        raise argparse.ArgumentTypeError("expected MODULE:FACTORY (an importable module and a callable in it, e.g. "
-                                         f"mypackage.spec:make), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            "expected MODULE:FACTORY (an importable module and a callable in it, e.g. "
+            f"mypackage.spec:make), got {text!r}"
+        )
     return text
 
 
@@ -88,8 +98,9 @@ def load_speculator_factory(path: str) -> UserSpeculator:
         obj: Any = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
-            raise AdaptspecError(f"{where}: no module named {e.name!r} (not in the current directory "
-                                 f"or on the Python path)") from None
+            raise AdaptspecError(
+                f"{where}: no module named {e.name!r} (not in the current directory or on the Python path)"
+            ) from None
         raise AdaptspecError(f"{where}: importing {module} failed: {_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - the user's module raised while it was imported
         raise AdaptspecError(f"{where}: importing {module} raised {type(e).__name__}: {_line(e)}") from None
@@ -99,8 +110,10 @@ def load_speculator_factory(path: str) -> UserSpeculator:
             raise AdaptspecError(f"{where}: {owner} has no attribute {part!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise AdaptspecError(f"{where}: {attr} is a {type(obj).__name__}, not callable (it must be a function "
-                             "that returns a speculator)")
+        raise AdaptspecError(
+            f"{where}: {attr} is a {type(obj).__name__}, not callable (it must be a function "
+            "that returns a speculator)"
+        )
     try:
         spec = obj()
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's factory failed
@@ -118,8 +131,10 @@ def _checked(where: str, attr: str, spec: Any) -> UserSpeculator:
         raise AdaptspecError(f"{what}, not a speculator: {e}") from None
     codec = getattr(spec, "codec", None)
     if not all(callable(getattr(codec, m, None)) for m in ("encode", "decode")):
-        raise AdaptspecError(f"{what} without a codec: the command needs speculator.codec with encode(text) -> "
-                             "list[int] and decode(ids) -> str (HFCodec(tokenizer) for a Hugging Face tokenizer)")
+        raise AdaptspecError(
+            f"{what} without a codec: the command needs speculator.codec with encode(text) -> "
+            "list[int] and decode(ids) -> str (HFCodec(tokenizer) for a Hugging Face tokenizer)"
+        )
     declared = {}
     for name in ("vocab_size", "max_context"):
         v = getattr(spec, name, None)
@@ -136,8 +151,10 @@ def model_flags_given(args: argparse.Namespace, defaults: dict[str, Any]) -> Non
         return
     for flag, default in defaults.items():
         if getattr(args, flag.lstrip("-").replace("-", "_")) != default:
-            raise AdaptspecError(f"{flag} chooses or places adaptspec's own models; --speculator brings its own "
-                                 f"(the factory builds and places it): drop {flag}")
+            raise AdaptspecError(
+                f"{flag} chooses or places adaptspec's own models; --speculator brings its own "
+                f"(the factory builds and places it): drop {flag}"
+            )
 
 
 def _line(e: BaseException) -> str:

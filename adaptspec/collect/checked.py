@@ -35,7 +35,9 @@ def _line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def checked_prefill(speculator: Any, prompt_ids: Sequence[int], temperature: float, seed: int, where: str) -> Prefill:
+def checked_prefill(
+    speculator: Any, prompt_ids: Sequence[int], temperature: float, seed: int, where: str
+) -> Prefill:
     """``speculator.prefill`` of ``prompt_ids`` (with ``temperature`` and ``seed`` at T > 0)."""
     try:
         if temperature > 0:
@@ -63,8 +65,15 @@ def checked_features(features: Any, width: int | None, where: str, whose: str) -
     return x.astype(np.float32)
 
 
-def checked_decode(speculator: Any, prefill: Prefill, block_size: int, max_new_tokens: int, where: str,
-                   temperature: float = 0.0, seed: int | None = None) -> Outcome:
+def checked_decode(
+    speculator: Any,
+    prefill: Prefill,
+    block_size: int,
+    max_new_tokens: int,
+    where: str,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> Outcome:
     """``speculator.decode(prefill, block_size, max_new_tokens, temperature=, seed=)``, its outcome
     checked by :func:`~adaptspec.speculator.outcome_fault`."""
     at = f"{where}: decode at block size {arm_label(block_size)}"

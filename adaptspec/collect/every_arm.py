@@ -59,19 +59,29 @@ def collect_traces(
     Returns the trace set, or None for a ``part`` run (see the module docstring). Train a head
     on it with ``adaptspec train-head OUT``.
     """
-    arms = list(check_block_sizes(arms, speculator.max_block_size, trees=bool(getattr(speculator, "draft_trees", False))))
+    arms = list(
+        check_block_sizes(
+            arms, speculator.max_block_size, trees=bool(getattr(speculator, "draft_trees", False))
+        )
+    )
     out = Path(out)
     check_request(out, temperature, max_new_tokens, overwrite)
     if part is not None and not 0 <= part[0] < part[1]:
         raise AdaptspecError(f"part {part[0]} of {part[1]}: needs 0 <= i < n")
-    partial = out.with_name(out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl"))
+    partial = out.with_name(
+        out.name + (".partial.jsonl" if part is None else f".partial-{part[0]}-of-{part[1]}.jsonl")
+    )
     rows = read_partials(out, arms)
     mine = prompts if part is None else prompts[part[0] :: part[1]]
     todo = [p for p in mine if p[0] not in rows]
     f = None
     try:
-        prompt_rows = collect_rows(speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows))
-        for i, row in enumerate(tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)):
+        prompt_rows = collect_rows(
+            speculator, todo, arms, max_new_tokens, temperature, seed, offset=len(rows)
+        )
+        for i, row in enumerate(
+            tqdm(prompt_rows, total=len(todo), desc="collect", unit="prompt", disable=not progress)
+        ):
             if f is None:  # at the first row: a run refused before it leaves nothing behind
                 out.parent.mkdir(parents=True, exist_ok=True)
                 f = open_partial(partial)
@@ -102,8 +112,16 @@ def read_partials(out: Path, arms: list[int]) -> dict[str, dict]:
     return {r["request_id"]: r for path in partials for r in _read_partial(path, arms)}
 
 
-def collect_rows(speculator: BlockSpeculator, prompts, arms: list[int], max_new_tokens: int, temperature: float,
-                 seed: int, offset: int = 0, positions: Sequence[int] | None = None) -> Iterator[dict]:
+def collect_rows(
+    speculator: BlockSpeculator,
+    prompts,
+    arms: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    offset: int = 0,
+    positions: Sequence[int] | None = None,
+) -> Iterator[dict]:
     """One partial-file row per prompt (``(request_id, domain, token_ids)``), as it is decoded. The
     block sizes are decoded in an order rotated by the prompt's position (``offset + i``, or
     ``offset + positions[i]``), so slow drift of the machine's speed favours none of them. Every
@@ -129,9 +147,12 @@ def collect_rows(speculator: BlockSpeculator, prompts, arms: list[int], max_new_
                 "decode_ms": o.decode_s * 1e3,
             }
         yield {
-            "request_id": rid, "domain": domain, "prompt_tokens": len(ids),
+            "request_id": rid,
+            "domain": domain,
+            "prompt_tokens": len(ids),
             "features": features.tolist(),
-            "arms": arms, "outcomes": {str(b): v for b, v in per_arm.items()},
+            "arms": arms,
+            "outcomes": {str(b): v for b, v in per_arm.items()},
         }
 
 
@@ -142,17 +163,32 @@ def append_row(f, row: dict) -> None:
     os.fsync(f.fileno())
 
 
-def finish(out: Path, prompts, arms: list[int], rows: dict[str, dict], max_new_tokens: int, temperature: float,
-           meta: dict | None, overwrite: bool) -> TraceSet:
+def finish(
+    out: Path,
+    prompts,
+    arms: list[int],
+    rows: dict[str, dict],
+    max_new_tokens: int,
+    temperature: float,
+    meta: dict | None,
+    overwrite: bool,
+) -> TraceSet:
     """Write the trace set of ``prompts`` (every one in ``rows``) at ``out``, in prompt order, and
     remove the partial files."""
     partials = sorted(out.parent.glob(out.name + ".partial*.jsonl"))
     ordered = [rows[p[0]] for p in prompts]
-    traces = _to_traceset(ordered, arms, {
-        "source": "adaptspec collect", "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "processes": max(1, sum(1 for p in partials if "-of-" in p.name)), **(meta or {}),
-    })
+    traces = _to_traceset(
+        ordered,
+        arms,
+        {
+            "source": "adaptspec collect",
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "processes": max(1, sum(1 for p in partials if "-of-" in p.name)),
+            **(meta or {}),
+        },
+    )
     traces.write(out, overwrite=overwrite)
     for path in out.parent.glob(out.name + ".partial*.jsonl"):
         path.unlink()
@@ -160,10 +196,14 @@ def finish(out: Path, prompts, arms: list[int], rows: dict[str, dict], max_new_t
 
 
 def _read_partial(path: Path, arms: list[int]) -> list[dict]:
-    rows = read_jsonl(path, "a collection's partial file", missing_ok=True).records  # a torn last line: a crash
+    rows = read_jsonl(
+        path, "a collection's partial file", missing_ok=True
+    ).records  # a torn last line: a crash
     for r in rows:
         if r.get("arms") != arms:
-            raise AdaptspecError(f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart")
+            raise AdaptspecError(
+                f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart"
+            )
     return rows
 
 
@@ -184,8 +224,10 @@ def _to_traceset(rows: list[dict], arms: list[int], meta: dict) -> TraceSet:
     if len(widths) > 1:  # a resumed collection whose speculator changed its features' length
         first = rows[0]
         other = next(r for r in rows if len(r["features"]) != len(first["features"]))
-        raise AdaptspecError(f"request {other['request_id']}'s features have {len(other['features'])} values, "
-                             f"request {first['request_id']}'s {len(first['features'])}: one trace set holds one width")
+        raise AdaptspecError(
+            f"request {other['request_id']}'s features have {len(other['features'])} values, "
+            f"request {first['request_id']}'s {len(first['features'])}: one trace set holds one width"
+        )
     taus = per("tau")
     n, k = len(rows), len(arms)
     mean_tau = np.array([np.mean(t) if t else 1.0 for t in taus]).reshape(n, k)

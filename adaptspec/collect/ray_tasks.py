@@ -39,15 +39,23 @@ def _speculator(make_speculator: Callable[[], Any]):
 
 
 def _encode(spec, prompts) -> list:
-    return [(rid, dom, spec.target.encode_chat(ids) if isinstance(ids, str) else list(ids)) for rid, dom, ids in prompts]
+    return [
+        (rid, dom, spec.target.encode_chat(ids) if isinstance(ids, str) else list(ids))
+        for rid, dom, ids in prompts
+    ]
 
 
 def _header(spec) -> dict:
-    return {"max_block_size": int(spec.max_block_size), "verification": getattr(spec, "verification", None),
-            "features": getattr(spec.target, "feature_spec", None)}
+    return {
+        "max_block_size": int(spec.max_block_size),
+        "verification": getattr(spec, "verification", None),
+        "features": getattr(spec.target, "feature_spec", None),
+    }
 
 
-def _every_arm_part(make_speculator, prompts, positions, arms, max_new_tokens, temperature, seed, offset) -> Iterator:
+def _every_arm_part(
+    make_speculator, prompts, positions, arms, max_new_tokens, temperature, seed, offset
+) -> Iterator:
     """A task: a header, then one partial-file row per prompt."""
     from ..speculator import check_block_sizes
     from .every_arm import collect_rows
@@ -55,7 +63,9 @@ def _every_arm_part(make_speculator, prompts, positions, arms, max_new_tokens, t
     spec = _speculator(make_speculator)
     check_block_sizes(arms, spec.max_block_size)
     yield _header(spec)
-    yield from collect_rows(spec, _encode(spec, prompts), arms, max_new_tokens, temperature, seed, offset, positions)
+    yield from collect_rows(
+        spec, _encode(spec, prompts), arms, max_new_tokens, temperature, seed, offset, positions
+    )
 
 
 def _dense_part(make_speculator, prompts, max_new_tokens, max_block_size) -> Iterator:
@@ -130,8 +140,19 @@ def collect_traces_ray(
     header: dict = {}
     if todo:
         n = _split(todo, tasks, ray, gpu)
-        parts = [(make_speculator, [p for _, p in todo[i::n]], [j for j, _ in todo[i::n]], arms, max_new_tokens, temperature, seed,
-                  len(rows)) for i in range(n)]
+        parts = [
+            (
+                make_speculator,
+                [p for _, p in todo[i::n]],
+                [j for j, _ in todo[i::n]],
+                arms,
+                max_new_tokens,
+                temperature,
+                seed,
+                len(rows),
+            )
+            for i in range(n)
+        ]
         files: dict[int, Any] = {}
         bar = tqdm(total=len(todo), desc=f"collect ({n} Ray tasks)", unit="prompt", disable=not progress)
         try:
@@ -187,8 +208,12 @@ def collect_dense_ray(
     ds = None
 
     def create(header: dict) -> DenseTraceSet:
-        m = {"max_new_tokens": max_new_tokens, "max_block_size": max_block_size,
-             "verification": header["verification"], **(meta or {})}
+        m = {
+            "max_new_tokens": max_new_tokens,
+            "max_block_size": max_block_size,
+            "verification": header["verification"],
+            **(meta or {}),
+        }
         if "features" in m and m["features"] is None:
             m["features"] = header["features"]
         return DenseTraceSet.create(out, m)
@@ -210,8 +235,8 @@ def collect_dense_ray(
                 continue
             back[item[0]] = item
             bar.update(1)
-            while written < len(todo) and all(p[0] in back for p in todo[written:written + rows_per_part]):
-                chunk = todo[written:written + rows_per_part]
+            while written < len(todo) and all(p[0] in back for p in todo[written : written + rows_per_part]):
+                chunk = todo[written : written + rows_per_part]
                 ds.write_part([back.pop(p[0]) for p in chunk])
                 written += len(chunk)
     finally:

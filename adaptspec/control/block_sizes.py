@@ -38,7 +38,9 @@ from ..speculator import check_block_sizes, Decision, Outcome, outcome_fault, ve
 from ..traces.decision_check import decision_fault
 
 
-def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int, trees: bool = False) -> tuple[int, ...]:
+def check_arms(
+    learner: Any, arms: Sequence[int] | None, max_block_size: int, trees: bool = False
+) -> tuple[int, ...]:
     """The arms of policy ``learner`` as ints, in the policy's order, checked by
     :func:`~adaptspec.speculator.check_block_sizes` (the one block-size check; tree arms only
     where the speculator declares ``draft_trees``: ``trees``).
@@ -46,7 +48,9 @@ def check_arms(learner: Any, arms: Sequence[int] | None, max_block_size: int, tr
     ``arms`` is what the caller gave (for the error message: "given" or "of policy ...")."""
     out = tuple(int(a) for a in learner.arms)
     label = getattr(learner, "label", type(learner).__name__)
-    whose = "given" if arms is not None and tuple(sorted(arms)) == tuple(sorted(out)) else f"of policy {label}"
+    whose = (
+        "given" if arms is not None and tuple(sorted(arms)) == tuple(sorted(out)) else f"of policy {label}"
+    )
     check_block_sizes(out, max_block_size, name=f"arms {list(out)} {whose}", trees=trees)
     return out
 
@@ -81,12 +85,22 @@ def check_decision(d: Any, arms: tuple[int, ...], decision_id: str) -> Decision:
     if not isinstance(d, Decision):
         raise AdaptspecError(f"a policy returned {type(d).__name__}, not a Decision")
     if tuple(d.arms) != arms:
-        raise AdaptspecError(f"policy {d.policy}: decision over arms {list(d.arms)}, the controller's are {list(arms)}")
+        raise AdaptspecError(
+            f"policy {d.policy}: decision over arms {list(d.arms)}, the controller's are {list(arms)}"
+        )
     fault = decision_fault(d.block_size, d.propensity, d.probs, arms)
     if fault is not None:
         raise AdaptspecError(f"policy {d.policy}: {fault}")
-    return Decision(int(d.block_size), float(d.propensity), np.asarray(d.probs, dtype=np.float64), arms, d.policy,
-                    d.version, decision_id, d.extras)
+    return Decision(
+        int(d.block_size),
+        float(d.propensity),
+        np.asarray(d.probs, dtype=np.float64),
+        arms,
+        d.policy,
+        d.version,
+        decision_id,
+        d.extras,
+    )
 
 
 def fallback_decision(block_size: int, arms: tuple[int, ...], reason: str, decision_id: str) -> Decision:
@@ -94,16 +108,20 @@ def fallback_decision(block_size: int, arms: tuple[int, ...], reason: str, decis
     by :func:`choose_fallback`) with probability 1."""
     probs = np.zeros(len(arms))
     probs[arms.index(block_size)] = 1.0
-    return Decision(block_size, 1.0, probs, arms, f"fallback:{block_size}", -1, decision_id, {"fallback": reason})
+    return Decision(
+        block_size, 1.0, probs, arms, f"fallback:{block_size}", -1, decision_id, {"fallback": reason}
+    )
 
 
-def check_outcome(outcome: Outcome, decision: Decision, largest: int | None = None,
-                  max_new_tokens: int | None = None) -> None:
+def check_outcome(
+    outcome: Outcome, decision: Decision, largest: int | None = None, max_new_tokens: int | None = None
+) -> None:
     """Refuse, in one line, an outcome that is not a report of ``decision``: a block larger than
     it chose (than ``largest``, when a per-round rule may go beyond the decision), rounds that
     no honest loop ends with for its tokens, or times that are not seconds
     (:func:`adaptspec.speculator.outcome_fault`)."""
-    fault = outcome_fault(outcome, verified_positions(decision.block_size) if largest is None else largest,
-                          max_new_tokens)
+    fault = outcome_fault(
+        outcome, verified_positions(decision.block_size) if largest is None else largest, max_new_tokens
+    )
     if fault is not None:
         raise AdaptspecError(f"outcome of decision {decision.decision_id} refused: {fault}")

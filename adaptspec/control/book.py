@@ -47,7 +47,17 @@ from .updates import Update, UpdateQueue
 
 log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
-FEEDBACK = ("applied", "no_reward", "duplicate", "late", "unknown", "expired", "dropped", "decode_error", "log_error")
+FEEDBACK = (
+    "applied",
+    "no_reward",
+    "duplicate",
+    "late",
+    "unknown",
+    "expired",
+    "dropped",
+    "decode_error",
+    "log_error",
+)
 _DONE_MEMORY = 100_000
 
 
@@ -77,9 +87,19 @@ class DecisionBook:
     custom reward) gives each computed reward every arm's counterfactual reward.
     """
 
-    def __init__(self, updates: UpdateQueue, *, reward_fn: Callable[[Outcome], float], log_writer: Any = None,
-                 machine_speed: Any = None, variant: str | None = None, log_features: bool = True,
-                 feedback_timeout_s: float | None = 300.0, max_pending: int = 10_000, pricer: Any = None) -> None:
+    def __init__(
+        self,
+        updates: UpdateQueue,
+        *,
+        reward_fn: Callable[[Outcome], float],
+        log_writer: Any = None,
+        machine_speed: Any = None,
+        variant: str | None = None,
+        log_features: bool = True,
+        feedback_timeout_s: float | None = 300.0,
+        max_pending: int = 10_000,
+        pricer: Any = None,
+    ) -> None:
         self.updates = updates
         self.reward_fn = reward_fn
         self.pricer = pricer
@@ -89,7 +109,7 @@ class DecisionBook:
         self.log_features = log_features
         self.feedback_timeout_s = feedback_timeout_s
         self.max_pending = int(max_pending)
-        self._lock = threading.Lock()      # pending decisions, counters
+        self._lock = threading.Lock()  # pending decisions, counters
         self._seq_lock = threading.Lock()  # log order == update order
         self._pending: dict[str, Pending] = {}
         self._done: OrderedDict[str, str] = OrderedDict()
@@ -101,15 +121,22 @@ class DecisionBook:
     def pending(self) -> int:
         return len(self._pending)
 
-    def open(self, decision: Decision, context: np.ndarray | None, request_id: str | None,
-             load: LoadState | None = None, context_tokens: int | None = None) -> None:
+    def open(
+        self,
+        decision: Decision,
+        context: np.ndarray | None,
+        request_id: str | None,
+        load: LoadState | None = None,
+        context_tokens: int | None = None,
+    ) -> None:
         """Record a (checked) decision, made under ``load`` (or None), as waiting for feedback;
         ``context_tokens`` (default: the load's) is the prompt's length."""
         if context_tokens is None and load is not None:
             context_tokens = load.context_tokens
         with self._lock:
-            self._pending[decision.decision_id] = Pending(decision, context, request_id, time.monotonic(), load,
-                                                          context_tokens)
+            self._pending[decision.decision_id] = Pending(
+                decision, context, request_id, time.monotonic(), load, context_tokens
+            )
             over = len(self._pending) - self.max_pending
             oldest = list(islice(self._pending, over)) if over > 0 else []
         for did in oldest:  # at the cap the oldest waiting decision expires early (memory stays bounded)
@@ -124,8 +151,14 @@ class DecisionBook:
             p = self._pending.get(decision_id)
         return None if p is None else p.decision
 
-    def feedback(self, decision_id: str, outcome: Outcome | None, reward: float | None,
-                 shared: SharedRounds | None = None, last: bool = True) -> tuple[str, float | None]:
+    def feedback(
+        self,
+        decision_id: str,
+        outcome: Outcome | None,
+        reward: float | None,
+        shared: SharedRounds | None = None,
+        last: bool = True,
+    ) -> tuple[str, float | None]:
         """Settle a decision with its ``outcome`` and/or a (checked) ``reward``: ``(status, reward)``.
         ``shared`` (batched serving) is how its decode time was attributed; it goes to the log;
         ``last``: the outcome's rounds end the request (False for a re-decision followed by another).
@@ -142,14 +175,22 @@ class DecisionBook:
         ratio = full = None
         if reward is None and outcome is not None:
             reward = self._reward(outcome, decision_id)
-            if reward is not None and self.machine_speed is not None:  # a computed reward is calibrated, a given one not
+            if (
+                reward is not None and self.machine_speed is not None
+            ):  # a computed reward is calibrated, a given one not
                 ratio = self.machine_speed.ratio(outcome)
             if reward is not None and self.pricer is not None:  # every arm's, from the same rounds
                 full = self.pricer.price(p.decision, outcome, reward, p.context_tokens, last)
-                if full is not None and not plausible_rewards(full.rewards):  # learnt as the arm that ran alone
-                    log.warning("%s: decision %s: counterfactual rewards %s are not all of plausible size; "
-                                "learning the arm that ran alone", self.variant or "controller", decision_id,
-                                full.rewards.tolist())
+                if full is not None and not plausible_rewards(
+                    full.rewards
+                ):  # learnt as the arm that ran alone
+                    log.warning(
+                        "%s: decision %s: counterfactual rewards %s are not all of plausible size; "
+                        "learning the arm that ran alone",
+                        self.variant or "controller",
+                        decision_id,
+                        full.rewards.tolist(),
+                    )
                     full = None
         status = "applied" if reward is not None else "no_reward"
         try:
@@ -206,13 +247,29 @@ class DecisionBook:
             log.info("%s: no reward for decision %s: %s", self.variant or "controller", decision_id, e)
             return None
 
-    def _write(self, p: Pending, outcome: Outcome | None, reward: float | None, speed_ratio: float | None = None,
-               shared: SharedRounds | None = None, full: Any = None) -> None:
+    def _write(
+        self,
+        p: Pending,
+        outcome: Outcome | None,
+        reward: float | None,
+        speed_ratio: float | None = None,
+        shared: SharedRounds | None = None,
+        full: Any = None,
+    ) -> None:
         from ..traces import decision_row
 
-        row = decision_row(p.decision, features=p.context if self.log_features else None, outcome=outcome,
-                           reward=reward, request_id=p.request_id, variant=self.variant, speed_ratio=speed_ratio,
-                           load=p.load, shared=shared, counterfactual=full)
+        row = decision_row(
+            p.decision,
+            features=p.context if self.log_features else None,
+            outcome=outcome,
+            reward=reward,
+            request_id=p.request_id,
+            variant=self.variant,
+            speed_ratio=speed_ratio,
+            load=p.load,
+            shared=shared,
+            counterfactual=full,
+        )
         with self._seq_lock:  # the log's order is the order updates are applied in
             if self.log_writer is not None:
                 try:
@@ -221,12 +278,26 @@ class DecisionBook:
                     with self._lock:
                         self.log_errors += 1
                         self.last_error = (time.time(), f"decision log: {e}")
-                    log.error("%s: decision %s not logged: %s", self.variant or "controller", p.decision.decision_id, e)
-                    raise DecisionLogError(f"decision {p.decision.decision_id} could not be logged: {e}") from None
+                    log.error(
+                        "%s: decision %s not logged: %s",
+                        self.variant or "controller",
+                        p.decision.decision_id,
+                        e,
+                    )
+                    raise DecisionLogError(
+                        f"decision {p.decision.decision_id} could not be logged: {e}"
+                    ) from None
             if reward is not None:
-                every = {} if full is None else {"arms": full.arms, "rewards": full.rewards, "observed": full.observed}
-                self.updates.put(Update(p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio,
-                                        **every))
+                every = (
+                    {}
+                    if full is None
+                    else {"arms": full.arms, "rewards": full.rewards, "observed": full.observed}
+                )
+                self.updates.put(
+                    Update(
+                        p.context, p.decision.block_size, reward, p.decision.decision_id, speed_ratio, **every
+                    )
+                )
 
     def _finished(self, decision_id: str) -> str:
         """What feedback for a decision that is not pending is (under the lock): ``late`` after it
@@ -249,5 +320,10 @@ def open_decision_log(cfg: ControllerConfig) -> Any:
         return None
     from ..traces.log_writer import DecisionLogWriter
 
-    return DecisionLogWriter(log_dir, name=cfg.variant or "default", roll_rows=cfg.roll_rows,
-                             roll_interval_s=cfg.roll_interval_s, fsync=cfg.log_fsync)
+    return DecisionLogWriter(
+        log_dir,
+        name=cfg.variant or "default",
+        roll_rows=cfg.roll_rows,
+        roll_interval_s=cfg.roll_interval_s,
+        fsync=cfg.log_fsync,
+    )

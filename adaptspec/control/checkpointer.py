@@ -50,9 +50,18 @@ class Checkpointer:
     restored with the policy.
     """
 
-    def __init__(self, directory: Path, *, meta: dict[str, Any], featurizer: Any = None, log_dir: Path | None = None,
-                 machine_speed: Any = None, contextual: bool = True, every: int = 100,
-                 interval_s: float | None = 60.0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        meta: dict[str, Any],
+        featurizer: Any = None,
+        log_dir: Path | None = None,
+        machine_speed: Any = None,
+        contextual: bool = True,
+        every: int = 100,
+        interval_s: float | None = 60.0,
+    ) -> None:
         check_checkpoint_dir(directory)
         self.directory = directory
         self.meta = meta
@@ -62,7 +71,7 @@ class Checkpointer:
         self.contextual = contextual
         self.every = every
         self.interval_s = interval_s
-        self.updates_written = 0         # the updates the newest checkpoint holds
+        self.updates_written = 0  # the updates the newest checkpoint holds
         self._time = time.monotonic()
         self.written = 0
         self.errors = 0
@@ -77,7 +86,9 @@ class Checkpointer:
             return True
         return self.interval_s is not None and time.monotonic() - self._time >= self.interval_s
 
-    def write(self, policy: Any, updates: int, last_decision_id: str | None, rng_state: dict | None = None) -> Path:
+    def write(
+        self, policy: Any, updates: int, last_decision_id: str | None, rng_state: dict | None = None
+    ) -> Path:
         """Write ``policy`` after ``updates`` updates, the last one ``last_decision_id``.
         ``rng_state`` (the decisions' random generator) becomes the policy's first, so that a
         resumed policy draws on from where decisions were."""
@@ -125,24 +136,35 @@ class Checkpointer:
                 learner.apply(u)
             info["replayed"] = len(todo)
         if ck is not None or info["replayed"]:
-            log.info("%s: resumed from %s (%d updates) and replayed %d logged feedbacks",
-                     self.meta.get("variant") or "controller", ck, info["updates_at_checkpoint"], info["replayed"])
+            log.info(
+                "%s: resumed from %s (%d updates) and replayed %d logged feedbacks",
+                self.meta.get("variant") or "controller",
+                ck,
+                info["updates_at_checkpoint"],
+                info["replayed"],
+            )
         return info
 
     def _check_fits(self, ck: Path, meta: dict[str, Any]) -> None:
         variant, arms = self.meta.get("variant"), tuple(self.meta.get("arms", ()))
         if meta.get("variant") != variant:
-            raise AdaptspecError(f"{ck}: checkpoint of variant {meta.get('variant')!r}, this controller is {variant!r}")
+            raise AdaptspecError(
+                f"{ck}: checkpoint of variant {meta.get('variant')!r}, this controller is {variant!r}"
+            )
         if tuple(meta.get("arms", ())) != arms:
             raise AdaptspecError(f"{ck}: checkpoint has arms {meta.get('arms')}, the policy has {list(arms)}")
         load = bool(self.meta.get("load_features", False))
         if bool(meta.get("load_features", False)) != load:  # older checkpoints: written without them
-            raise AdaptspecError(f"{ck}: checkpoint was written with load_features={not load}, this controller has "
-                                 f"load_features={load} (chosen when the policy is created)")
+            raise AdaptspecError(
+                f"{ck}: checkpoint was written with load_features={not load}, this controller has "
+                f"load_features={load} (chosen when the policy is created)"
+            )
         fp = None if self.featurizer is None else self.featurizer.fingerprint
         if meta.get("featurizer") != fp:
-            raise AdaptspecError(f"{ck}: checkpoint was written with featurizer {meta.get('featurizer')}, "
-                                 f"this controller uses {fp}")
+            raise AdaptspecError(
+                f"{ck}: checkpoint was written with featurizer {meta.get('featurizer')}, "
+                f"this controller uses {fp}"
+            )
 
     def _logged_after(self, anchor: str | None) -> list[Update]:
         """The logged rewards of this variant after decision ``anchor`` (all of them without one), in log order.
@@ -151,28 +173,56 @@ class Checkpointer:
         from ..traces.log_writer import log_rows
 
         variant, arms = self.meta.get("variant"), tuple(self.meta.get("arms", ()))
-        rows = [r for r in log_rows(self.log_dir, ["variant", "block_size", "reward", "features", "speed_ratio", "arms",
-                                                   "cf_rewards", "cf_censored"], journals=False)
-                if r.get("variant") == variant]
+        rows = [
+            r
+            for r in log_rows(
+                self.log_dir,
+                [
+                    "variant",
+                    "block_size",
+                    "reward",
+                    "features",
+                    "speed_ratio",
+                    "arms",
+                    "cf_rewards",
+                    "cf_censored",
+                ],
+                journals=False,
+            )
+            if r.get("variant") == variant
+        ]
         todo = [r for r in rows if r.get("reward") is not None and int(r["block_size"]) in arms]
         if anchor is not None:
             ids = [r["decision_id"] for r in todo]
             if anchor not in ids:
-                log.warning("%s: the checkpoint's last update %s is not in %s; resuming from the checkpoint alone",
-                            variant or "controller", anchor, self.log_dir)
+                log.warning(
+                    "%s: the checkpoint's last update %s is not in %s; resuming from the checkpoint alone",
+                    variant or "controller",
+                    anchor,
+                    self.log_dir,
+                )
                 return []
-            todo = todo[ids.index(anchor) + 1:]
+            todo = todo[ids.index(anchor) + 1 :]
         out = []
         for r in todo:
             f = r.get("features")
             if self.contextual and f is None:
-                raise AdaptspecError(f"{self.log_dir}: logged decision {r['decision_id']} has no features: cannot "
-                                     "replay it into a contextual policy (log_features was off)")
+                raise AdaptspecError(
+                    f"{self.log_dir}: logged decision {r['decision_id']} has no features: cannot "
+                    "replay it into a contextual policy (log_features was off)"
+                )
             ctx = None if f is None else np.asarray(f, dtype=np.float32).astype(np.float64)
             ratio = r.get("speed_ratio") if self.machine_speed is not None else None
             every = {}
-            if r.get("cf_rewards") is not None and r.get("cf_censored") is not None:  # every arm's, as it was learnt
-                every = {"arms": tuple(int(a) for a in r["arms"]), "rewards": np.asarray(r["cf_rewards"], dtype=np.float64),
-                         "observed": ~np.asarray(r["cf_censored"], dtype=bool)}
-            out.append(Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"], ratio, **every))
+            if (
+                r.get("cf_rewards") is not None and r.get("cf_censored") is not None
+            ):  # every arm's, as it was learnt
+                every = {
+                    "arms": tuple(int(a) for a in r["arms"]),
+                    "rewards": np.asarray(r["cf_rewards"], dtype=np.float64),
+                    "observed": ~np.asarray(r["cf_censored"], dtype=bool),
+                }
+            out.append(
+                Update(ctx, int(r["block_size"]), float(r["reward"]), r["decision_id"], ratio, **every)
+            )
         return out

@@ -79,18 +79,28 @@ class ControllerConfig:
             raise AdaptspecError(f"decide_on_caller must be True or False, got {self.decide_on_caller!r}")
         for name in ("feedback_timeout_s", "checkpoint_interval_s", "roll_interval_s"):
             _positive_number(getattr(self, name), name, none=True)
-        if self.fallback_block_size is not None and (not _is_int(self.fallback_block_size)
-                                                     or self.fallback_block_size == 0):
-            raise AdaptspecError(f"fallback_block_size must be a block size >= 1 or a tree arm (-N), "
-                                 f"got {self.fallback_block_size!r}")
-        if self.arms is not None and (isinstance(self.arms, (str, bytes)) or not len(self.arms)
-                                      or not all(_is_int(a) and a != 0 for a in self.arms)):
-            raise AdaptspecError(f"arms must be a non-empty list of block sizes >= 1 or tree arms (-N: the best draft "
-                                 f"tree of N nodes), got {self.arms!r}")
+        if self.fallback_block_size is not None and (
+            not _is_int(self.fallback_block_size) or self.fallback_block_size == 0
+        ):
+            raise AdaptspecError(
+                f"fallback_block_size must be a block size >= 1 or a tree arm (-N), "
+                f"got {self.fallback_block_size!r}"
+            )
+        if self.arms is not None and (
+            isinstance(self.arms, (str, bytes))
+            or not len(self.arms)
+            or not all(_is_int(a) and a != 0 for a in self.arms)
+        ):
+            raise AdaptspecError(
+                f"arms must be a non-empty list of block sizes >= 1 or tree arms (-N: the best draft "
+                f"tree of N nodes), got {self.arms!r}"
+            )
         if self.seed is not None and not _is_int(self.seed):
             raise AdaptspecError(f"seed must be an integer or None, got {self.seed!r}")
         if not (callable(self.reward) or isinstance(self.reward, str)):
-            raise AdaptspecError(f"reward must be a reward name or a function of the outcome, got {self.reward!r}")
+            raise AdaptspecError(
+                f"reward must be a reward name or a function of the outcome, got {self.reward!r}"
+            )
         if not isinstance(self.prefix_drafts, (bool, np.bool_)):
             raise AdaptspecError(f"prefix_drafts must be True or False, got {self.prefix_drafts!r}")
         if not isinstance(self.load_features, (bool, np.bool_)):
@@ -98,10 +108,18 @@ class ControllerConfig:
         if self.variant is not None and not isinstance(self.variant, str):
             raise AdaptspecError(f"variant must be a string or None, got {self.variant!r}")
         rule = self.round_rule
-        if rule is not None and not isinstance(rule, str) and not callable(getattr(rule, "with_block_size", None)):
-            raise AdaptspecError(f"round_rule must be a schedule with with_block_size (adaptspec.schedules), got {rule!r}")
+        if (
+            rule is not None
+            and not isinstance(rule, str)
+            and not callable(getattr(rule, "with_block_size", None))
+        ):
+            raise AdaptspecError(
+                f"round_rule must be a schedule with with_block_size (adaptspec.schedules), got {rule!r}"
+            )
         if rule is not None and self.redecide_every is not None:
-            raise AdaptspecError("round_rule and redecide_every cannot be combined: a round rule already decides every round")
+            raise AdaptspecError(
+                "round_rule and redecide_every cannot be combined: a round rule already decides every round"
+            )
         _separate_dirs(self.log_dir, self.checkpoint_dir)
 
     # ------------------------------------------------------------------ derived, never re-checked
@@ -156,6 +174,8 @@ def _positive_int(v: Any, name: str, none: bool = False) -> None:
 def _positive_number(v: Any, name: str, none: bool = False) -> None:
     if v is None and none:
         return
-    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and v > 0  # NaN is not > 0
+    ok = (
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and v > 0
+    )  # NaN is not > 0
     if not ok:
         raise AdaptspecError(f"{name} must be > 0{' or None' if none else ''}, got {v!r}")

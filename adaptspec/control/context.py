@@ -52,8 +52,16 @@ def load_vector(load: LoadState) -> np.ndarray:
     >>> load_vector(LoadState(rows=7, queue=0, context_tokens=1024, temperature=0.0, max_tokens=128)).tolist()
     [3.0, 0.0, 10.0, 0.0, 7.0]
     """
-    return np.array([np.log2(1 + load.rows), np.log2(1 + load.queue), np.log2(load.context_tokens),
-                     float(load.temperature > 0), np.log2(load.max_tokens)], dtype=np.float64)
+    return np.array(
+        [
+            np.log2(1 + load.rows),
+            np.log2(1 + load.queue),
+            np.log2(load.context_tokens),
+            float(load.temperature > 0),
+            np.log2(load.max_tokens),
+        ],
+        dtype=np.float64,
+    )
 
 
 class Contexts:
@@ -67,9 +75,17 @@ class Contexts:
     appended (then every request needs one).
     """
 
-    def __init__(self, featurizer: Any, *, contextual: bool, policy_label: str, raw_width: int | None = None,
-                 load_features: bool = False, width_source: str = "the decoder declares",
-                 declared: bool = False) -> None:
+    def __init__(
+        self,
+        featurizer: Any,
+        *,
+        contextual: bool,
+        policy_label: str,
+        raw_width: int | None = None,
+        load_features: bool = False,
+        width_source: str = "the decoder declares",
+        declared: bool = False,
+    ) -> None:
         self.featurizer = featurizer
         self.contextual = contextual
         self.policy_label = policy_label
@@ -80,12 +96,20 @@ class Contexts:
         self._fix = threading.Lock()
 
     @classmethod
-    def settled(cls, width: Any, featurizer: Any, *, contextual: bool, policy_label: str,
-                load_features: bool = False) -> "Contexts":
+    def settled(
+        cls, width: Any, featurizer: Any, *, contextual: bool, policy_label: str, load_features: bool = False
+    ) -> "Contexts":
         """The contexts of a controller whose width :func:`~adaptspec.control.context_width.settle_width`
         settled (``width``, a :class:`~adaptspec.control.context_width.ContextWidth`)."""
-        return cls(featurizer, contextual=contextual, policy_label=policy_label, raw_width=width.raw,
-                   load_features=load_features, width_source=width.source, declared=width.declared)
+        return cls(
+            featurizer,
+            contextual=contextual,
+            policy_label=policy_label,
+            raw_width=width.raw,
+            load_features=load_features,
+            width_source=width.source,
+            declared=width.declared,
+        )
 
     def fix_width(self, width: int, source: str) -> None:
         """Fix the length of the features from now on (``source`` says who fixed it, for the error
@@ -111,23 +135,31 @@ class Contexts:
         features are on, raise one clear error; ``load`` is ignored where they are off."""
         if features is None:
             if self.contextual:
-                raise AdaptspecError(f"policy {self.policy_label} is contextual: it needs the prefill features")
+                raise AdaptspecError(
+                    f"policy {self.policy_label} is contextual: it needs the prefill features"
+                )
             if self.declared:
-                raise AdaptspecError(f"features are missing: {self.width_source} {self.raw_width} (every request "
-                                     "brings its prefill features, which the log keeps)")
+                raise AdaptspecError(
+                    f"features are missing: {self.width_source} {self.raw_width} (every request "
+                    "brings its prefill features, which the log keeps)"
+                )
             return None
         x = self._prefill(features)
         if not self.load_features:
             return x
         if not isinstance(load, LoadState):
-            raise AdaptspecError(f"policy {self.policy_label} was made with load_features: each decision needs "
-                                 f"load=LoadState(...), got {type(load).__name__}")
+            raise AdaptspecError(
+                f"policy {self.policy_label} was made with load_features: each decision needs "
+                f"load=LoadState(...), got {type(load).__name__}"
+            )
         return np.concatenate([np.asarray(x, dtype=np.float64), load_vector(load)])
 
     def _prefill(self, features: Any) -> np.ndarray:
         if self.featurizer is not None:
             z = self.featurizer(features)  # checks its input's length and finiteness
-            if not float(z.dot(z)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # features far outside what it was fitted on
+            if (
+                not float(z.dot(z)) <= CONTEXT_LIMIT * CONTEXT_LIMIT
+            ):  # features far outside what it was fitted on
                 raise context_fault(z, "the featurizer's contexts of these features")
             return z
         x = feature_vector(features)

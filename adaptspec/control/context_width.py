@@ -48,9 +48,19 @@ class ContextWidth:
     declared: bool = False
 
 
-def settle_width(shape: DecoderShape, *, reads: int | None, featurizer: Any, extra: int, given: int | None,
-                 label: str = "", logged: int | None = None, log_dir: Path | None = None,
-                 learnt: int | None = None, checkpoint: str | None = None) -> ContextWidth:
+def settle_width(
+    shape: DecoderShape,
+    *,
+    reads: int | None,
+    featurizer: Any,
+    extra: int,
+    given: int | None,
+    label: str = "",
+    logged: int | None = None,
+    log_dir: Path | None = None,
+    learnt: int | None = None,
+    checkpoint: str | None = None,
+) -> ContextWidth:
     """The :class:`ContextWidth` of a controller over a decoder of ``shape`` (see the module
     docstring). ``reads``: the raw width the policy ``label`` reads (its featurizer's input, or its
     own dimension less the ``extra`` load features), None when it does not say; ``featurizer``:
@@ -61,13 +71,19 @@ def settle_width(shape: DecoderShape, *, reads: int | None, featurizer: Any, ext
     raw, source = None, ""
     if shape.feature_dim is not None:
         raw = shape.feature_dim
-        source = "the controller's feature_dim is" if given is not None else f"speculator {shape.name} declares feature_dim"
+        source = (
+            "the controller's feature_dim is"
+            if given is not None
+            else f"speculator {shape.name} declares feature_dim"
+        )
     if reads is not None:
         if raw is not None and int(reads) != raw:
             by = "its featurizer" if featurizer is not None else f"policy {label}"
             whose = "the speculator's" if shape.speculator else "the engine's"
-            raise AdaptspecError(f"{by} reads prefill features of {int(reads)} values, {whose} have {raw}: "
-                                 "use a policy made for this decoder (or no policy, for the default)")
+            raise AdaptspecError(
+                f"{by} reads prefill features of {int(reads)} values, {whose} have {raw}: "
+                "use a policy made for this decoder (or no policy, for the default)"
+            )
         if raw is None:
             raw, source = int(reads), f"policy {label} reads"
 
@@ -78,18 +94,24 @@ def settle_width(shape: DecoderShape, *, reads: int | None, featurizer: Any, ext
     if logged is not None:
         if context(raw) is not None and int(logged) != context(raw):
             made_by = "the featurizer" if featurizer is not None else "the speculator's prefill"
-            raise AdaptspecError(f"{log_dir}: this decision log holds contexts of {int(logged)} features, {made_by} "
-                                 f"gives {context(raw)}: use another log directory")
+            raise AdaptspecError(
+                f"{log_dir}: this decision log holds contexts of {int(logged)} features, {made_by} "
+                f"gives {context(raw)}: use another log directory"
+            )
         if raw is None and featurizer is None:
             raw, source = int(logged) - extra, f"the decision log in {log_dir} holds"
     if learnt is not None:
         if context(raw) is not None and int(learnt) != context(raw):
             if source.startswith("the decision log"):
-                raise AdaptspecError(f"policy {label} has learnt contexts of {int(learnt)} values, but {source} "
-                                     f"{raw} feature values: use another checkpoint directory")
-            raise AdaptspecError(f"{checkpoint or 'the resumed policy'}: the checkpoint's policy learnt contexts of "
-                                 f"{int(learnt)} values, this controller's have {context(raw)} (another model or "
-                                 "featurizer): use another checkpoint directory")
+                raise AdaptspecError(
+                    f"policy {label} has learnt contexts of {int(learnt)} values, but {source} "
+                    f"{raw} feature values: use another checkpoint directory"
+                )
+            raise AdaptspecError(
+                f"{checkpoint or 'the resumed policy'}: the checkpoint's policy learnt contexts of "
+                f"{int(learnt)} values, this controller's have {context(raw)} (another model or "
+                "featurizer): use another checkpoint directory"
+            )
         if raw is None and featurizer is None:
             raw, source = int(learnt) - extra, f"policy {label} has learnt"
     return ContextWidth(raw, source or "the first request's features had", shape.feature_dim is not None)

@@ -93,13 +93,22 @@ from .protocol import DecoderShape, engine_shape, speculator_shape
 from .updates import Learner, UpdateQueue, UpdateWorker
 from ..errors import AdaptspecError
 from ..policies.featurizer import Featurizer
-from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..models.bundled import (
+    BUNDLED_HEAD,
+)  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from ..reward.functions import DEFAULT_REWARD, check_reward
 from ..schedules.fixed import BlockFunction
 from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds, is_tree_arm, verified_positions
 
-__all__ = ["AdaptiveController", "Generation", "PrefillError", "DecisionLogError", "DEFAULT_ARMS", "BUNDLED_HEAD",
-           "default_policy_spec"]
+__all__ = [
+    "AdaptiveController",
+    "Generation",
+    "PrefillError",
+    "DecisionLogError",
+    "DEFAULT_ARMS",
+    "BUNDLED_HEAD",
+    "default_policy_spec",
+]
 
 log = logging.getLogger("adaptspec.control.controller")  # one logger for the controller and its parts
 
@@ -259,60 +268,126 @@ class AdaptiveController:
         (not marked approximate; docs/controller.md, *Full information*). Default False.
     """
 
-    def __init__(self, speculator: Any, policy: Any = None, *, arms: Sequence[int] | None = None,
-                 featurizer: Featurizer | str | Path | None = None, reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
-                 latency: Any = None, speed_reference: Any = "auto", variant: str | None = None,
-                 log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 100,
-                 checkpoint_interval_s: float | None = 60.0, fallback_block_size: int | None = None,
-                 decide_timeout_s: float = 0.1, decide_on_caller: bool = False, feedback_timeout_s: float | None = 300.0, redecide_every: int | None = None,
-                 round_rule: Any = None, seed: int | None = 0, resume: bool = True, log_features: bool = True,
-                 roll_rows: int = 1000, roll_interval_s: float | None = 60.0, log_fsync: bool = True,
-                 blas_threads: int | None = 1, shared: Any = None, load_features: bool = False,
-                 feature_dim: int | None = None, max_pending: int = 10_000, prefix_drafts: bool = False) -> None:
+    def __init__(
+        self,
+        speculator: Any,
+        policy: Any = None,
+        *,
+        arms: Sequence[int] | None = None,
+        featurizer: Featurizer | str | Path | None = None,
+        reward: str | Callable[[Outcome], float] = DEFAULT_REWARD,
+        latency: Any = None,
+        speed_reference: Any = "auto",
+        variant: str | None = None,
+        log_dir: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 100,
+        checkpoint_interval_s: float | None = 60.0,
+        fallback_block_size: int | None = None,
+        decide_timeout_s: float = 0.1,
+        decide_on_caller: bool = False,
+        feedback_timeout_s: float | None = 300.0,
+        redecide_every: int | None = None,
+        round_rule: Any = None,
+        seed: int | None = 0,
+        resume: bool = True,
+        log_features: bool = True,
+        roll_rows: int = 1000,
+        roll_interval_s: float | None = 60.0,
+        log_fsync: bool = True,
+        blas_threads: int | None = 1,
+        shared: Any = None,
+        load_features: bool = False,
+        feature_dim: int | None = None,
+        max_pending: int = 10_000,
+        prefix_drafts: bool = False,
+    ) -> None:
         settings = {k: v for k, v in locals().items() if k not in ("self", "speculator", "policy")}
-        self.config = cfg = ControllerConfig(**settings)  # the keyword arguments as given, every one checked here
+        self.config = cfg = ControllerConfig(
+            **settings
+        )  # the keyword arguments as given, every one checked here
         self.shape = shape = _decoder_shape(speculator, cfg)
         self.speculator, self.max_block_size = speculator, shape.max_block_size
         self.setup = setup = setup_policy(policy, cfg, shape, host=_host_pricing(speculator))
-        if any(is_tree_arm(a) for a in setup.arms) and (cfg.redecide_every is not None or cfg.round_rule is not None):
-            raise AdaptspecError(f"arms {list(setup.arms)} hold draft trees, which redecide_every and round_rule "
-                                 "cannot choose between rounds: give chain arms only")
+        if any(is_tree_arm(a) for a in setup.arms) and (
+            cfg.redecide_every is not None or cfg.round_rule is not None
+        ):
+            raise AdaptspecError(
+                f"arms {list(setup.arms)} hold draft trees, which redecide_every and round_rule "
+                "cannot choose between rounds: give chain arms only"
+            )
         self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
-        self._requests, self._inflight, self._closed = threading.Condition(), 0, False  # generate calls in flight
+        self._requests, self._inflight, self._closed = (
+            threading.Condition(),
+            0,
+            False,
+        )  # generate calls in flight
         if policy is None:  # the controller chose: say which and why (a caller's own choice needs no words)
             log.info("%s: policy %s", variant or "controller", setup.choice)
         self._log = open_decision_log(cfg)
         try:
             self._updates = UpdateQueue()
-            self._book = DecisionBook(self._updates, reward_fn=setup.reward_fn, log_writer=self._log, variant=variant,
-                                      machine_speed=setup.machine_speed, log_features=log_features,
-                                      feedback_timeout_s=feedback_timeout_s, max_pending=cfg.max_pending,
-                                      pricer=_pricer(cfg, setup, shape))
-            learner = Learner(setup.learner, contextual=setup.contextual, machine_speed=setup.machine_speed,
-                              reward_name=cfg.reward_name, name=variant or "")
+            self._book = DecisionBook(
+                self._updates,
+                reward_fn=setup.reward_fn,
+                log_writer=self._log,
+                variant=variant,
+                machine_speed=setup.machine_speed,
+                log_features=log_features,
+                feedback_timeout_s=feedback_timeout_s,
+                max_pending=cfg.max_pending,
+                pricer=_pricer(cfg, setup, shape),
+            )
+            learner = Learner(
+                setup.learner,
+                contextual=setup.contextual,
+                machine_speed=setup.machine_speed,
+                reward_name=cfg.reward_name,
+                name=variant or "",
+            )
             checkpointer = _checkpointer(cfg, setup)
             self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
-            contexts = Contexts.settled(_width(cfg, shape, setup, self._log, learner, self.resumed), setup.featurizer,
-                                        contextual=setup.contextual, policy_label=setup.label,
-                                        load_features=cfg.load_features)
+            contexts = Contexts.settled(
+                _width(cfg, shape, setup, self._log, learner, self.resumed),
+                setup.featurizer,
+                contextual=setup.contextual,
+                policy_label=setup.label,
+                load_features=cfg.load_features,
+            )
             if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
                 learner.attach(shared, variant, cfg.path("log_dir"))
-            self._decider = Decider(copy_policy(learner.policy), contexts, arms=setup.arms, name=variant or "",
-                                    fallback_block_size=setup.fallback_block_size, timeout_s=decide_timeout_s,
-                                    on_caller=cfg.decide_on_caller)
-            self._worker = UpdateWorker(learner, self._updates, decider=self._decider, book=self._book,
-                                        checkpointer=checkpointer, log_writer=self._log, name=variant or "")
+            self._decider = Decider(
+                copy_policy(learner.policy),
+                contexts,
+                arms=setup.arms,
+                name=variant or "",
+                fallback_block_size=setup.fallback_block_size,
+                timeout_s=decide_timeout_s,
+                on_caller=cfg.decide_on_caller,
+            )
+            self._worker = UpdateWorker(
+                learner,
+                self._updates,
+                decider=self._decider,
+                book=self._book,
+                checkpointer=checkpointer,
+                log_writer=self._log,
+                name=variant or "",
+            )
             self._worker.start()
-            self._blas_limits = None if blas_threads is None else threadpool_limits(blas_threads, user_api="blas")
+            self._blas_limits = (
+                None if blas_threads is None else threadpool_limits(blas_threads, user_api="blas")
+            )
         except BaseException:
             if self._log is not None:
                 self._log.close()
             raise
 
     @classmethod
-    def for_engine(cls, arms: Sequence[int], feature_dim: int | None = None, policy: Any = None,
-                   **settings: Any) -> "AdaptiveController":
+    def for_engine(
+        cls, arms: Sequence[int], feature_dim: int | None = None, policy: Any = None, **settings: Any
+    ) -> "AdaptiveController":
         """A controller for an engine that decodes by itself (no speculator object): it calls
         :meth:`decide` with each request's prefill features and :meth:`feedback` with its
         :class:`~adaptspec.speculator.Outcome`. ``arms`` are the block sizes the engine can
@@ -339,13 +414,21 @@ class AdaptiveController:
     arms = property(lambda self: self.setup.arms, doc="The block sizes the policy chooses among.")
     policy_spec = property(lambda self: self.setup.spec, doc="The policy's spec (None for a policy object).")
     policy_label = property(lambda self: self.setup.label, doc="The policy's label.")
-    featurizer = property(lambda self: self.setup.featurizer, doc="The featurizer contexts are made with, or None.")
-    fallback_block_size = property(lambda self: self.setup.fallback_block_size, doc="Used when the policy fails.")
+    featurizer = property(
+        lambda self: self.setup.featurizer, doc="The featurizer contexts are made with, or None."
+    )
+    fallback_block_size = property(
+        lambda self: self.setup.fallback_block_size, doc="Used when the policy fails."
+    )
     machine_speed = property(lambda self: self.setup.machine_speed, doc="The reward calibration, or None.")
-    policy_choice = property(lambda self: str(self.setup.choice),
-                             doc="Which policy runs and why, in words (logged at construction).")
+    policy_choice = property(
+        lambda self: str(self.setup.choice),
+        doc="Which policy runs and why, in words (logged at construction).",
+    )
     log_dir = property(lambda self: self.config.path("log_dir"), doc="The decision log directory, or None.")
-    checkpoint_dir = property(lambda self: self.config.path("checkpoint_dir"), doc="The checkpoint directory, or None.")
+    checkpoint_dir = property(
+        lambda self: self.config.path("checkpoint_dir"), doc="The checkpoint directory, or None."
+    )
     _contextual = property(lambda self: self.setup.contextual)
     _shared = property(lambda self: self._worker.learner.shared)
 
@@ -371,9 +454,15 @@ class AdaptiveController:
         inside decode and count in its time.
         """
         if self.speculator is None:
-            raise AdaptspecError("this controller was made for an engine that decodes by itself (no speculator): "
-                                 "call decide() and feedback(), or build it over a speculator to use generate()")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise AdaptspecError(
+                "this controller was made for an engine that decodes by itself (no speculator): "
+                "call decide() and feedback(), or build it over a speculator to use generate()"
+            )
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, (int, np.integer))
+            or max_new_tokens < 1
+        ):
             raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         with self._requests:
             if self._closed:
@@ -386,8 +475,15 @@ class AdaptiveController:
                 self._inflight -= 1
                 self._requests.notify_all()
 
-    def _generate(self, prompt_ids: Any, max_new_tokens: int, temperature: float, seed: int | None,
-                  request_id: str | None, on_tokens: Callable[[list[int]], None] | None) -> Generation:
+    def _generate(
+        self,
+        prompt_ids: Any,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        request_id: str | None,
+        on_tokens: Callable[[list[int]], None] | None,
+    ) -> Generation:
         t0 = time.perf_counter()
         try:
             with self._spec_lock:
@@ -400,19 +496,28 @@ class AdaptiveController:
         ta = time.perf_counter()
         load = None
         if self.config.load_features:  # decoded alone: one row, nothing counted as queued
-            load = LoadState(rows=1, queue=0, context_tokens=int(pre.prompt_tokens), temperature=float(temperature),
-                             max_tokens=max_new_tokens)
+            load = LoadState(
+                rows=1,
+                queue=0,
+                context_tokens=int(pre.prompt_tokens),
+                temperature=float(temperature),
+                max_tokens=max_new_tokens,
+            )
         ctx = self._decider.context(pre.features, load)
         first = self._decide(ctx, request_id, load, int(pre.prompt_tokens))
         decisions = [first]
         starts = [0]
-        schedule: Any = first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
+        schedule: Any = (
+            first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
+        )
         if self.config.redecide_every is not None:
             k = self.config.redecide_every
 
             def redecide(i: int, rounds: list[Round]) -> int:
                 if i > 0 and i % k == 0 and starts[-1] != i:
-                    before = int(pre.prompt_tokens) + sum(r.tau for r in rounds)  # its rounds' context starts there
+                    before = int(pre.prompt_tokens) + sum(
+                        r.tau for r in rounds
+                    )  # its rounds' context starts there
                     decisions.append(self._decide(ctx, request_id, load, before))
                     starts.append(i)
                 return decisions[-1].block_size
@@ -431,31 +536,49 @@ class AdaptiveController:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
-        largest = self.max_block_size if self.round_rule is not None else max(verified_positions(d.block_size)
-                                                                                for d in decisions)
+        largest = (
+            self.max_block_size
+            if self.round_rule is not None
+            else max(verified_positions(d.block_size) for d in decisions)
+        )
         try:
             if not isinstance(outcome, Outcome):
-                raise AdaptspecError(f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
-                                     "not an adaptspec Outcome")
+                raise AdaptspecError(
+                    f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
+                    "not an adaptspec Outcome"
+                )
             check_outcome(outcome, first, largest, max_new_tokens)
             segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
-            for d, seg in zip(decisions, segments if len(decisions) > 1 else []):  # each one's rounds: at most its size
+            for d, seg in zip(
+                decisions, segments if len(decisions) > 1 else []
+            ):  # each one's rounds: at most its size
                 big = max((r.block_size for r in seg.rounds), default=0)
                 if big > verified_positions(d.block_size):
-                    raise AdaptspecError(f"outcome of decision {d.decision_id} refused: its rounds ran block size "
-                                         f"{big}, larger than the {d.block_size} decided")
+                    raise AdaptspecError(
+                        f"outcome of decision {d.decision_id} refused: its rounds ran block size "
+                        f"{big}, larger than the {d.block_size} decided"
+                    )
         except AdaptspecError:
             for d in decisions:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         ends = [False] * (len(decisions) - 1) + [True]  # which re-decision's rounds end the request
-        rewards = [self._book.feedback(d.decision_id, seg, None, last=end)[1]
-                   for d, seg, end in zip(decisions, segments, ends)]
+        rewards = [
+            self._book.feedback(d.decision_id, seg, None, last=end)[1]
+            for d, seg, end in zip(decisions, segments, ends)
+        ]
         t4 = time.perf_counter()
-        return Generation(outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3))
+        return Generation(
+            outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3)
+        )
 
-    def decide(self, features: Sequence[float] | np.ndarray | None = None, *, request_id: str | None = None,
-               load: LoadState | None = None) -> Decision:
+    def decide(
+        self,
+        features: Sequence[float] | np.ndarray | None = None,
+        *,
+        request_id: str | None = None,
+        load: LoadState | None = None,
+    ) -> Decision:
         """Choose a block size for a request whose prefill gave ``features``; the decision has an id.
 
         ``load`` is the load at this decision (a batched engine's rows and queue, the request's
@@ -469,8 +592,14 @@ class AdaptiveController:
             raise AdaptspecError(f"load must be an adaptspec LoadState, got {type(load).__name__}")
         return self._decide(self._decider.context(features, load), request_id, load)
 
-    def feedback(self, decision_id: str, outcome: Outcome | None = None, *, reward: float | None = None,
-                 shared: SharedRounds | None = None) -> FeedbackResult:
+    def feedback(
+        self,
+        decision_id: str,
+        outcome: Outcome | None = None,
+        *,
+        reward: float | None = None,
+        shared: SharedRounds | None = None,
+    ) -> FeedbackResult:
         """Report how decision ``decision_id`` went: its ``outcome`` (the reward is computed from
         it) and/or an explicit ``reward``; ``shared``, from a batched engine, how the outcome's
         ``decode_s`` was attributed among the rows it shared rounds with (logged).
@@ -502,7 +631,9 @@ class AdaptiveController:
         if outcome is not None and decision is not None:
             try:
                 check_outcome(outcome, decision)
-            except AdaptspecError:  # an outcome no honest decode produces: logged as a failed decode, not pending
+            except (
+                AdaptspecError
+            ):  # an outcome no honest decode produces: logged as a failed decode, not pending
                 self._book.abandon(decision_id, "decode_error")
                 raise
         return FeedbackResult(*self._book.feedback(decision_id, outcome, reward, shared))
@@ -544,14 +675,22 @@ class AdaptiveController:
             "resumed": self.resumed,
             "machine_speed": None if self.machine_speed is None else self.machine_speed.factor,
         }
-        errors = [book.last_error, None if ck is None else ck.last_error, None if lw is None else lw.last_error]
+        errors = [
+            book.last_error,
+            None if ck is None else ck.last_error,
+            None if lw is None else lw.last_error,
+        ]
         newest = max((e for e in errors if e is not None), default=None)
         out["last_error"] = None if newest is None else newest[1]
         if self._shared is not None:
             out["shared"] = self._shared.status()
         if lw is not None:
-            out["log"] = {"rows": lw.rows_written, "parts": lw.parts_written, "recovered": lw.recovered,
-                          "roll_errors": lw.roll_errors}
+            out["log"] = {
+                "rows": lw.rows_written,
+                "parts": lw.parts_written,
+                "recovered": lw.recovered,
+                "roll_errors": lw.roll_errors,
+            }
         return out
 
     def policy_snapshot(self, timeout: float = 5.0) -> Any:
@@ -595,12 +734,19 @@ class AdaptiveController:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"AdaptiveController(policy={self.policy_label!r}, arms={list(self.arms)}, variant={self.variant!r}, "
-                f"featurizer={self.featurizer!r})")
+        return (
+            f"AdaptiveController(policy={self.policy_label!r}, arms={list(self.arms)}, variant={self.variant!r}, "
+            f"featurizer={self.featurizer!r})"
+        )
 
     # ================================================================== helpers
-    def _decide(self, ctx: np.ndarray | None, request_id: str | None, load: LoadState | None = None,
-                context_tokens: int | None = None) -> Decision:
+    def _decide(
+        self,
+        ctx: np.ndarray | None,
+        request_id: str | None,
+        load: LoadState | None = None,
+        context_tokens: int | None = None,
+    ) -> Decision:
         d = self._decider.decide(ctx)  # checked, with an id; the fallback if the policy failed
         self._book.open(d, ctx, request_id, load, context_tokens)
         return d
@@ -616,37 +762,63 @@ def _decoder_shape(speculator: Any, cfg: ControllerConfig) -> DecoderShape:
     refused."""
     if speculator is None:
         if cfg.arms is None:
-            raise AdaptspecError("AdaptiveController(None, ...) is a controller for an engine that decodes by itself: "
-                                 "it needs arms, the block sizes the engine can decode (AdaptiveController.for_engine)")
+            raise AdaptspecError(
+                "AdaptiveController(None, ...) is a controller for an engine that decodes by itself: "
+                "it needs arms, the block sizes the engine can decode (AdaptiveController.for_engine)"
+            )
         shape = engine_shape(cfg.arms, cfg.feature_dim, cfg.prefix_drafts)
         if cfg.redecide_every is not None or cfg.round_rule is not None:
-            raise AdaptspecError("redecide_every and round_rule run inside generate(): a controller for an engine "
-                                 "(no speculator) has none; the engine applies its own per-round rule")
+            raise AdaptspecError(
+                "redecide_every and round_rule run inside generate(): a controller for an engine "
+                "(no speculator) has none; the engine applies its own per-round rule"
+            )
         return shape
     if cfg.prefix_drafts:
-        raise AdaptspecError("prefix_drafts is for an engine's controller (no speculator): a speculator declares "
-                             "its own prefix_drafts attribute")
+        raise AdaptspecError(
+            "prefix_drafts is for an engine's controller (no speculator): a speculator declares "
+            "its own prefix_drafts attribute"
+        )
     shape = speculator_shape(speculator, cfg.feature_dim)
     if not shape.per_round:
-        option = (f"redecide_every={cfg.redecide_every}" if cfg.redecide_every is not None else
-                  f"round_rule={cfg.round_rule!r}" if cfg.round_rule is not None else None)
+        option = (
+            f"redecide_every={cfg.redecide_every}"
+            if cfg.redecide_every is not None
+            else f"round_rule={cfg.round_rule!r}"
+            if cfg.round_rule is not None
+            else None
+        )
         if option is not None:
-            raise AdaptspecError(f"{option} needs a speculator whose decode asks its RoundSchedule every round: "
-                                 f"speculator {shape.name} does not declare per_round = True")
+            raise AdaptspecError(
+                f"{option} needs a speculator whose decode asks its RoundSchedule every round: "
+                f"speculator {shape.name} does not declare per_round = True"
+            )
     return shape
 
 
-def _width(cfg: ControllerConfig, shape: DecoderShape, setup: PolicySetup, log_writer: Any, learner: Learner,
-           resumed: dict[str, Any] | None) -> ContextWidth:
+def _width(
+    cfg: ControllerConfig,
+    shape: DecoderShape,
+    setup: PolicySetup,
+    log_writer: Any,
+    learner: Learner,
+    resumed: dict[str, Any] | None,
+) -> ContextWidth:
     """The width of the features, settled from everything that knows it
     (:func:`~adaptspec.control.context_width.settle_width`): the decoder, the policy, the decision
     log (when it keeps contexts) and the policy as resumed."""
     learnt = getattr(learner.policy, "dim", None) if setup.contextual else None
-    return settle_width(shape, reads=setup.reads, featurizer=setup.featurizer, given=cfg.feature_dim,
-                        extra=len(LOAD_FEATURES) if cfg.load_features else 0, label=setup.label,
-                        logged=log_writer.feature_dim if log_writer is not None and cfg.log_features else None,
-                        log_dir=cfg.path("log_dir"), learnt=learnt,
-                        checkpoint=None if resumed is None else resumed.get("checkpoint"))
+    return settle_width(
+        shape,
+        reads=setup.reads,
+        featurizer=setup.featurizer,
+        given=cfg.feature_dim,
+        extra=len(LOAD_FEATURES) if cfg.load_features else 0,
+        label=setup.label,
+        logged=log_writer.feature_dim if log_writer is not None and cfg.log_features else None,
+        log_dir=cfg.path("log_dir"),
+        learnt=learnt,
+        checkpoint=None if resumed is None else resumed.get("checkpoint"),
+    )
 
 
 def _pricer(cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> CounterfactualPricer | None:
@@ -655,7 +827,9 @@ def _pricer(cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> C
     of one draft."""
     if not isinstance(cfg.reward, str):
         return None
-    return CounterfactualPricer(cfg.reward, pricing_profile(cfg.latency, setup.machine_speed), shape.prefix_drafts)
+    return CounterfactualPricer(
+        cfg.reward, pricing_profile(cfg.latency, setup.machine_speed), shape.prefix_drafts
+    )
 
 
 def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | None:
@@ -663,8 +837,22 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | N
     directory = cfg.path("checkpoint_dir")
     if directory is None:
         return None
-    meta = {"variant": cfg.variant, "policy_label": setup.label, "policy_spec": setup.spec, "arms": list(setup.arms),
-            "seed": cfg.seed, "reward": cfg.reward_name, "load_features": cfg.load_features}
-    return Checkpointer(directory, meta=meta, featurizer=setup.featurizer, log_dir=cfg.path("log_dir"),
-                        machine_speed=setup.machine_speed, contextual=setup.contextual, every=cfg.checkpoint_every,
-                        interval_s=cfg.checkpoint_interval_s)
+    meta = {
+        "variant": cfg.variant,
+        "policy_label": setup.label,
+        "policy_spec": setup.spec,
+        "arms": list(setup.arms),
+        "seed": cfg.seed,
+        "reward": cfg.reward_name,
+        "load_features": cfg.load_features,
+    }
+    return Checkpointer(
+        directory,
+        meta=meta,
+        featurizer=setup.featurizer,
+        log_dir=cfg.path("log_dir"),
+        machine_speed=setup.machine_speed,
+        contextual=setup.contextual,
+        every=cfg.checkpoint_every,
+        interval_s=cfg.checkpoint_interval_s,
+    )

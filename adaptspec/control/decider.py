@@ -70,17 +70,29 @@ class Decider:
     checked already (:mod:`adaptspec.control.block_sizes`); ``timeout_s`` is a decision's budget.
     """
 
-    def __init__(self, snapshot: Any, contexts: Contexts, *, arms: tuple[int, ...], fallback_block_size: int,
-                 timeout_s: float, label: str = "", name: str = "", on_caller: bool = False) -> None:
+    def __init__(
+        self,
+        snapshot: Any,
+        contexts: Contexts,
+        *,
+        arms: tuple[int, ...],
+        fallback_block_size: int,
+        timeout_s: float,
+        label: str = "",
+        name: str = "",
+        on_caller: bool = False,
+    ) -> None:
         self.contexts = contexts
         self.arms = arms
         self.fallback_block_size = fallback_block_size
         self.timeout_s = timeout_s
         self.label = label or contexts.policy_label
         self.name = name or "controller"
-        self._snapshot = snapshot   # touched on the decision thread only (on_caller: under _own)
+        self._snapshot = snapshot  # touched on the decision thread only (on_caller: under _own)
         self._published = snapshot  # the newest copy, set by the update thread
-        self._calls: queue.SimpleQueue | None = None if on_caller else queue.SimpleQueue()  # to the decision thread
+        self._calls: queue.SimpleQueue | None = (
+            None if on_caller else queue.SimpleQueue()
+        )  # to the decision thread
         self._overdue: cf.Future | None = None  # the call past its budget that holds the decision thread
         if self._calls is not None:
             threading.Thread(target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True).start()
@@ -105,18 +117,30 @@ class Decider:
             reason = "timeout"  # an earlier decision is still late: no wait, no line (logged when it overran)
         except cf.TimeoutError:
             reason = "timeout"
-            log.warning("%s: policy %s took longer than %.3f s to decide; using block size %d", self.name, self.label,
-                        self.timeout_s, self.fallback_block_size)
+            log.warning(
+                "%s: policy %s took longer than %.3f s to decide; using block size %d",
+                self.name,
+                self.label,
+                self.timeout_s,
+                self.fallback_block_size,
+            )
         except Exception as e:  # the policy failed: the request must still succeed
             reason = "error"
-            log.warning("%s: policy %s raised %r; using block size %d", self.name, self.label, e,
-                        self.fallback_block_size)
+            log.warning(
+                "%s: policy %s raised %r; using block size %d",
+                self.name,
+                self.label,
+                e,
+                self.fallback_block_size,
+            )
         else:
             try:
                 d = check_decision(d, self.arms, did)
             except AdaptspecError as e:
                 reason = "invalid"
-                log.warning("%s: invalid decision (%s); using block size %d", self.name, e, self.fallback_block_size)
+                log.warning(
+                    "%s: invalid decision (%s); using block size %d", self.name, e, self.fallback_block_size
+                )
         if reason is not None:
             d = fallback_decision(self.fallback_block_size, self.arms, reason, did)
         with self._lock:
@@ -163,8 +187,13 @@ class Decider:
         if fn == self._decide_now and took > timeout:
             with self._lock:
                 self.late += 1
-            log.warning("%s: policy %s took %.3f s to decide (budget %.3f s); used on the calling thread",
-                        self.name, self.label, took, timeout)
+            log.warning(
+                "%s: policy %s took %.3f s to decide (budget %.3f s); used on the calling thread",
+                self.name,
+                self.label,
+                took,
+                timeout,
+            )
         return out
 
     def _on_thread(self, fn: Any, args: tuple, timeout: float) -> Any:
@@ -182,9 +211,15 @@ class Decider:
         except cf.TimeoutError:
             if not future.cancel():  # running: it holds the thread until it returns
                 self._overdue = future
-                future.add_done_callback(lambda f: log.warning(
-                    "%s: policy %s answered %.1f s after it was asked (its answer was dropped); decisions use it "
-                    "again", self.name, self.label, time.perf_counter() - started))
+                future.add_done_callback(
+                    lambda f: log.warning(
+                        "%s: policy %s answered %.1f s after it was asked (its answer was dropped); decisions use it "
+                        "again",
+                        self.name,
+                        self.label,
+                        time.perf_counter() - started,
+                    )
+                )
             raise
 
     def _serve(self) -> None:

@@ -89,11 +89,13 @@ def split_outcome(outcome: Outcome, starts: list[int]) -> list[Outcome]:
     out = []
     pos = 1
     for j in range(len(starts)):
-        rs = rounds[bounds[j]:bounds[j + 1]]
+        rs = rounds[bounds[j] : bounds[j + 1]]
         n = sum(r.tau for r in rs)
-        toks = (outcome.tokens[:1] if j == 0 else []) + outcome.tokens[pos:pos + n]
+        toks = (outcome.tokens[:1] if j == 0 else []) + outcome.tokens[pos : pos + n]
         pos += n
-        share = sum(busy[bounds[j]:bounds[j + 1]]) / total if total > 0 else len(rs) / max(1, len(rounds))
+        share = sum(busy[bounds[j] : bounds[j + 1]]) / total if total > 0 else len(rs) / max(1, len(rounds))
         last = j == len(starts) - 1
-        out.append(Outcome(toks, list(rs), outcome.decode_s * share, outcome.finish_reason if last else "length"))
+        out.append(
+            Outcome(toks, list(rs), outcome.decode_s * share, outcome.finish_reason if last else "length")
+        )
     return out

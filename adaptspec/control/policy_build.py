@@ -13,7 +13,9 @@ from typing import Any, Callable, Sequence
 from ..errors import AdaptspecError
 from .context import LOAD_FEATURES
 from ..policies.featurizer import Featurizer
-from ..models.bundled import BUNDLED_HEAD  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..models.bundled import (
+    BUNDLED_HEAD,
+)  # the head trained on the bundled default (benchmark) traces, with its featurizer
 
 #: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum, and
 #: the maximum itself: :func:`default_arms`); the same as the template trace set's
@@ -70,8 +72,13 @@ class PolicyChoice:
         return f"{self.spec or 'a policy object'}: {self.reason}"
 
 
-def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
-                          head: str | Path | None = None, full_information: bool = True) -> PolicyChoice:
+def choose_default_policy(
+    max_block_size: int,
+    feature_dim: int | None,
+    arms: Sequence[int] | None = None,
+    head: str | Path | None = None,
+    full_information: bool = True,
+) -> PolicyChoice:
     """The product default for a decoder of ``max_block_size`` whose prefill features have
     ``feature_dim`` values (None: not declared), decoding only ``arms`` when given: NeuralLinear
     over ``head`` (default: the bundled head) where it fits (:func:`head_misfit`), else
@@ -83,13 +90,22 @@ def choose_default_policy(max_block_size: int, feature_dim: int | None, arms: Se
     """
     h = Path(head) if head is not None else BUNDLED_HEAD
     which = "the bundled head" if head is None else f"head {h}"
-    why = f"{which} is not installed" if not (h / "config.json").is_file() else head_misfit(h, max_block_size, feature_dim, arms)
+    why = (
+        f"{which} is not installed"
+        if not (h / "config.json").is_file()
+        else head_misfit(h, max_block_size, feature_dim, arms)
+    )
     if why is None:
-        return PolicyChoice(f"neural-linear:head={h}", f"{which} fits: its block sizes are within max_block_size "
-                                                       f"{max_block_size} and it reads the decoder's {feature_dim} "
-                                                       "feature values")
+        return PolicyChoice(
+            f"neural-linear:head={h}",
+            f"{which} fits: its block sizes are within max_block_size "
+            f"{max_block_size} and it reads the decoder's {feature_dim} "
+            "feature values",
+        )
     cold = tuple(sorted(int(a) for a in arms)) if arms is not None else default_arms(max_block_size)
-    return PolicyChoice(cold_policy_spec(cold, full_information), f"no head fits: {why}; cold start over arms {list(cold)}")
+    return PolicyChoice(
+        cold_policy_spec(cold, full_information), f"no head fits: {why}; cold start over arms {list(cold)}"
+    )
 
 
 #: The bundled drafter's tokens a round with the best tree of N nodes (``FixedTree(N)``: fast
@@ -114,8 +130,12 @@ TREE_VERIFY_RATIO = 1.5
 TREE_MARGIN = 0.10
 
 
-def tree_default(profile: Any, chain_speeds: dict[int, float], chain_arms: Sequence[int],
-                 prior: dict[int, float] | None = None) -> tuple[PolicyChoice, int] | None:
+def tree_default(
+    profile: Any,
+    chain_speeds: dict[int, float],
+    chain_arms: Sequence[int],
+    prior: dict[int, float] | None = None,
+) -> tuple[PolicyChoice, int] | None:
     """Where draft trees pay on ``profile`` (a host's curve): ``fi-ucb`` over ``chain_arms`` and the
     tree arms of the prior (:data:`DEFAULT_TREE_NODES` by default), with the best tree at the
     prior's acceptance as the fallback; None (no tree) where a 4-token verify costs more than
@@ -138,16 +158,23 @@ def tree_default(profile: Any, chain_speeds: dict[int, float], chain_arms: Seque
     if trees[best_tree] < best_chain * (1 + TREE_MARGIN):
         return None
     arms = tuple(sorted({int(a) for a in chain_arms} | set(trees)))
-    why = (f"draft trees pay on this host: a 4-token verify costs {ratio:.2f}x a 1-token one (at most "
-           f"{TREE_VERIFY_RATIO}), and the best tree at the prior's acceptance ({arm_label(best_tree)}) decodes "
-           f"{trees[best_tree] / best_chain:.2f}x the best chain; full-information UCB over chains and trees, "
-           f"the largest tree first")
+    why = (
+        f"draft trees pay on this host: a 4-token verify costs {ratio:.2f}x a 1-token one (at most "
+        f"{TREE_VERIFY_RATIO}), and the best tree at the prior's acceptance ({arm_label(best_tree)}) decodes "
+        f"{trees[best_tree] / best_chain:.2f}x the best chain; full-information UCB over chains and trees, "
+        f"the largest tree first"
+    )
     return PolicyChoice("fi-ucb", why, arms), best_tree
 
 
-def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None,
-                    host: Callable[[], Any] | None = None, full_information: bool = True,
-                    trees: bool = False) -> tuple[PolicyChoice, int | None]:
+def default_on_host(
+    max_block_size: int,
+    feature_dim: int | None,
+    arms: Sequence[int] | None = None,
+    host: Callable[[], Any] | None = None,
+    full_information: bool = True,
+    trees: bool = False,
+) -> tuple[PolicyChoice, int | None]:
     """The product default priced by this host's curve, and the block size its late decisions play.
 
     :func:`choose_default_policy`; where that is the bundled head and ``host`` gives this host's
@@ -171,11 +198,16 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
     if priced is None or priced.head is None:
         return choice, None
     if not priced.speculation_pays:
-        return PolicyChoice(PLAIN_SPEC, f"speculation cannot pay on this host's curve ({priced.dtype}: no block "
-                                        "size beyond 1 beats plain decoding by the margin at the prior's acceptance, "
-                                        "adaptspec.host.pricing.PAYS_MARGIN): plain decoding; give a policy to "
-                                        "speculate anyway"), 1
-    here = choose_default_policy(max_block_size, feature_dim, arms, head=priced.head, full_information=full_information)
+        return PolicyChoice(
+            PLAIN_SPEC,
+            f"speculation cannot pay on this host's curve ({priced.dtype}: no block "
+            "size beyond 1 beats plain decoding by the margin at the prior's acceptance, "
+            "adaptspec.host.pricing.PAYS_MARGIN): plain decoding; give a policy to "
+            "speculate anyway",
+        ), 1
+    here = choose_default_policy(
+        max_block_size, feature_dim, arms, head=priced.head, full_information=full_information
+    )
     if here.spec != f"neural-linear:head={priced.head}":
         return choice, None
     if trees and arms is None and full_information:
@@ -184,9 +216,11 @@ def default_on_host(max_block_size: int, feature_dim: int | None, arms: Sequence
         with_trees = tree_default(priced.profile, priced.speeds, HeadModel.load(priced.head).arms)
         if with_trees is not None:
             return with_trees
-    why = (f"the bundled head fits (its block sizes within max_block_size {max_block_size}, the decoder's "
-           f"{feature_dim} feature values), re-priced by this host's curve ({priced.dtype}; best block size at the "
-           f"prior's acceptance {priced.best_block_size}, the fallback)")
+    why = (
+        f"the bundled head fits (its block sizes within max_block_size {max_block_size}, the decoder's "
+        f"{feature_dim} feature values), re-priced by this host's curve ({priced.dtype}; best block size at the "
+        f"prior's acceptance {priced.best_block_size}, the fallback)"
+    )
     return PolicyChoice(here.spec, why), int(priced.best_block_size)
 
 
@@ -207,7 +241,9 @@ def default_policy_spec(head: str | Path | None = None, speculator: Any = None) 
     return choose_default_policy(shape.max_block_size, shape.feature_dim, head=head).spec or ""
 
 
-def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None) -> str | None:
+def head_misfit(
+    head: Path, max_block_size: int, feature_dim: int | None, arms: Sequence[int] | None = None
+) -> str | None:
     """Why ``head`` cannot run on a decoder of ``max_block_size`` with ``feature_dim`` feature
     values (decoding only ``arms`` when given), in words; None when it fits. A decoder that
     declares no width does not fit: the head's would be a guess."""
@@ -215,7 +251,9 @@ def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: 
 
     model = HeadModel.load(head)
     name = "the bundled head" if Path(head) == BUNDLED_HEAD else f"head {head}"
-    if arms is not None and not set(model.arms) <= {int(a) for a in arms}:  # the arms given, in the caller's words
+    if arms is not None and not set(model.arms) <= {
+        int(a) for a in arms
+    }:  # the arms given, in the caller's words
         return f"{name} has arms {list(model.arms)}, not all among the arms {sorted(int(a) for a in arms)}"
     if max(model.arms) > max_block_size:
         return f"{name} has arms up to {max(model.arms)}, beyond max_block_size {max_block_size}"
@@ -227,7 +265,9 @@ def head_misfit(head: Path, max_block_size: int, feature_dim: int | None, arms: 
     return None
 
 
-def make_learner(policy: Any, arms: Sequence[int] | None, max_block_size: int, seed: int | None) -> tuple[str | None, Any]:
+def make_learner(
+    policy: Any, arms: Sequence[int] | None, max_block_size: int, seed: int | None
+) -> tuple[str | None, Any]:
     """``(spec, policy)`` for :class:`~adaptspec.control.controller.AdaptiveController`'s ``policy`` argument.
 
     A spec string is built over ``arms`` (default: :func:`default_arms` of ``max_block_size``; a
@@ -306,12 +346,18 @@ def resolve_machine_speed(speed_reference: Any, learner: Any, reward: Any) -> An
         try:
             return MachineSpeed(timings)
         except AdaptspecError as e:  # e.g. a profile file that stayed on the machine the head was trained on
-            log.warning("the policy's head was timed with latency profile %r, which is not available here (%s): "
-                        "learning from uncalibrated rewards; pass speed_reference=PROFILE to calibrate", timings, e)
+            log.warning(
+                "the policy's head was timed with latency profile %r, which is not available here (%s): "
+                "learning from uncalibrated rewards; pass speed_reference=PROFILE to calibrate",
+                timings,
+                e,
+            )
             return None
     if not measured:
-        raise AdaptspecError(f"speed_reference calibrates measured rewards ({', '.join(MEASURED_REWARDS)}); "
-                             f"the reward is {reward if isinstance(reward, str) else 'a custom function'}")
+        raise AdaptspecError(
+            f"speed_reference calibrates measured rewards ({', '.join(MEASURED_REWARDS)}); "
+            f"the reward is {reward if isinstance(reward, str) else 'a custom function'}"
+        )
     return MachineSpeed(speed_reference)
 
 
@@ -360,18 +406,22 @@ def setup_policy(policy: Any, config: Any, shape: Any, host: Callable[[], Any] |
     host_fallback = None
     if policy is None:
         full = isinstance(config.reward, str)  # counterfactuals priced and learnt (a fleet shares them)
-        choice, host_fallback = default_on_host(shape.max_block_size, shape.feature_dim, allowed, host, full,
-                                                trees=shape.draft_trees)
+        choice, host_fallback = default_on_host(
+            shape.max_block_size, shape.feature_dim, allowed, host, full, trees=shape.draft_trees
+        )
         policy = choice.spec
         allowed = choice.arms if choice.arms is not None else allowed
     else:
         choice = PolicyChoice(policy if isinstance(policy, str) else None, "given by the caller")
-    spec, learner = make_learner(policy, allowed if isinstance(policy, str) else config.arms, shape.max_block_size,
-                                 config.seed)
+    spec, learner = make_learner(
+        policy, allowed if isinstance(policy, str) else config.arms, shape.max_block_size, config.seed
+    )
     arms = check_arms(learner, config.arms, shape.max_block_size, trees=shape.draft_trees)
     if shape.arms is not None and not set(arms) <= set(shape.arms):
-        raise AdaptspecError(f"arms {list(arms)} of policy {getattr(learner, 'label', spec)}: the engine decodes only "
-                             f"{list(shape.arms)}")
+        raise AdaptspecError(
+            f"arms {list(arms)} of policy {getattr(learner, 'label', spec)}: the engine decodes only "
+            f"{list(shape.arms)}"
+        )
     label = str(getattr(learner, "label", type(learner).__name__))
     contextual = bool(getattr(learner, "contextual", True))
     featurizer = resolve_featurizer(config.featurizer, spec)
@@ -380,12 +430,30 @@ def setup_policy(policy: Any, config: Any, shape: Any, host: Callable[[], Any] |
     if featurizer is not None and dim is not None and contextual:
         if dim != featurizer.out_dim + extra:
             with_load = f" + {extra} load features" if extra else ""
-            raise AdaptspecError(f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
-                                 f"{' (load_features is chosen when the policy is created)' if extra else ''}")
-    reads = featurizer.in_dim if featurizer is not None else (dim - extra if contextual and dim is not None else None)
-    fallback = choose_fallback(config.fallback_block_size if config.fallback_block_size is not None else host_fallback,
-                               arms)
+            raise AdaptspecError(
+                f"the featurizer gives {featurizer.out_dim} values{with_load}, policy {label} expects {dim}"
+                f"{' (load_features is chosen when the policy is created)' if extra else ''}"
+            )
+    reads = (
+        featurizer.in_dim
+        if featurizer is not None
+        else (dim - extra if contextual and dim is not None else None)
+    )
+    fallback = choose_fallback(
+        config.fallback_block_size if config.fallback_block_size is not None else host_fallback, arms
+    )
     reward_fn = config.reward if callable(config.reward) else reward_function(config.reward, config.latency)
     machine_speed = resolve_machine_speed(config.speed_reference, learner, config.reward)
-    return PolicySetup(spec, learner, arms, label, contextual, featurizer, fallback, reward_fn, machine_speed, choice,
-                       None if reads is None else int(reads))
+    return PolicySetup(
+        spec,
+        learner,
+        arms,
+        label,
+        contextual,
+        featurizer,
+        fallback,
+        reward_fn,
+        machine_speed,
+        choice,
+        None if reads is None else int(reads),
+    )

@@ -40,8 +40,14 @@ from ..speculator import MAX_TREE_NODES
 from .._util.atomic import fsync_path, json_default, read_descriptor
 from .._util.checks import int_list, integer
 
-__all__ = ["CHECKPOINT_FORMAT", "latest_checkpoint", "load_policy", "read_checkpoint", "state_digest",
-           "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "latest_checkpoint",
+    "load_policy",
+    "read_checkpoint",
+    "state_digest",
+    "write_checkpoint",
+]
 
 CHECKPOINT_FORMAT = 1
 _CKPT = re.compile(r"^ckpt-(\d{12})$")
@@ -54,19 +60,27 @@ def _only_ours(path: Path) -> bool:
     return all(f.name in _FILES and f.is_file() and not f.is_symlink() for f in path.iterdir())
 
 
-def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[str, Any],
-                     featurizer: Any = None, keep: int = 2) -> Path:
+def write_checkpoint(
+    directory: str | os.PathLike, policy: Any, meta: Mapping[str, Any], featurizer: Any = None, keep: int = 2
+) -> Path:
     """Write a checkpoint of ``policy`` (and ``featurizer``); ``meta["updates"]`` names it."""
     if not hasattr(policy, "save_state"):
-        raise AdaptspecError(f"{type(policy).__name__} has no save_state(path): checkpoints need an adaptspec Policy")
+        raise AdaptspecError(
+            f"{type(policy).__name__} has no save_state(path): checkpoints need an adaptspec Policy"
+        )
     fault = policy.state_fault() if hasattr(policy, "state_fault") else None
     if fault is not None:  # never written: a resume would learn from it
         raise AdaptspecError(f"not writing a checkpoint of policy {getattr(policy, 'label', '?')}: {fault}")
     root = Path(directory)
     updates = int(meta.get("updates", 0))
     final = root / f"ckpt-{updates:012d}"
-    info = {"format": CHECKPOINT_FORMAT, "kind": "adaptspec-checkpoint", "time": time.time(),
-            "featurizer": None if featurizer is None else featurizer.fingerprint, **dict(meta)}
+    info = {
+        "format": CHECKPOINT_FORMAT,
+        "kind": "adaptspec-checkpoint",
+        "time": time.time(),
+        "featurizer": None if featurizer is None else featurizer.fingerprint,
+        **dict(meta),
+    }
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", suffix=".tmp", dir=root))
@@ -89,7 +103,7 @@ def write_checkpoint(directory: str | os.PathLike, policy: Any, meta: Mapping[st
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in checkpoints(root)[:-max(1, int(keep))]:
+    for old in checkpoints(root)[: -max(1, int(keep))]:
         if _only_ours(old):  # a checkpoint someone put a file into is kept, and the file with it
             shutil.rmtree(old, ignore_errors=True)
     return final
@@ -117,7 +131,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if "arms" in info:
         arms = int_list(info["arms"], str(where), "arms", -MAX_TREE_NODES)  # a negative arm: a draft tree
         if 0 in arms:
-            raise AdaptspecError(f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0")
+            raise AdaptspecError(
+                f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0"
+            )
     for key in ("last_decision_id", "variant", "featurizer"):
         if info.get(key) is not None and not isinstance(info[key], str):
             raise AdaptspecError(f"{where}: {key}={info[key]!r} must be a string")

@@ -36,8 +36,9 @@ from ..speculator import check_block_sizes
 
 #: The protocol's two methods, as a user must write them (the error messages quote these).
 PREFILL_SIGNATURE = "prefill(prompt_ids, temperature=0.0, seed=None) -> Prefill"
-DECODE_SIGNATURE = ("decode(prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None) "
-                    "-> Outcome")
+DECODE_SIGNATURE = (
+    "decode(prefill, block_size, max_new_tokens, temperature=0.0, seed=None, on_round=None) -> Outcome"
+)
 
 # (method, positional arguments the controller may pass, keywords it passes, the protocol's signature)
 _CALLS = (
@@ -83,34 +84,54 @@ def speculator_shape(speculator: Any, feature_dim: int | None = None) -> Decoder
         raise AdaptspecError(f"speculator {name} needs an integer max_block_size >= 1, got {max_b!r}")
     declared = getattr(speculator, "feature_dim", None)
     if declared is not None and (not _is_int(declared) or declared < 1):
-        raise AdaptspecError(f"speculator {name}: feature_dim must be an integer >= 1 or None, got {declared!r}")
+        raise AdaptspecError(
+            f"speculator {name}: feature_dim must be an integer >= 1 or None, got {declared!r}"
+        )
     width = _width(feature_dim, "feature_dim")
     if width is not None and declared is not None and int(declared) != width:
-        raise AdaptspecError(f"feature_dim={width}, but speculator {name} declares feature_dim {int(declared)}")
+        raise AdaptspecError(
+            f"feature_dim={width}, but speculator {name} declares feature_dim {int(declared)}"
+        )
     flags = {}
     for flag in ("per_round", "prefix_drafts", "draft_trees"):
         flags[flag] = getattr(speculator, flag, False)
         if not isinstance(flags[flag], (bool, np.bool_)):
             raise AdaptspecError(f"speculator {name}: {flag} must be True or False, got {flags[flag]!r}")
-    return DecoderShape(name, int(max_b), width if width is not None else (None if declared is None else int(declared)),
-                        bool(flags["per_round"]), prefix_drafts=bool(flags["prefix_drafts"]),
-                        draft_trees=bool(flags["draft_trees"]))
+    return DecoderShape(
+        name,
+        int(max_b),
+        width if width is not None else (None if declared is None else int(declared)),
+        bool(flags["per_round"]),
+        prefix_drafts=bool(flags["prefix_drafts"]),
+        draft_trees=bool(flags["draft_trees"]),
+    )
 
 
-def engine_shape(arms: Sequence[int] | None, feature_dim: int | None = None,
-                 prefix_drafts: bool = False) -> DecoderShape:
+def engine_shape(
+    arms: Sequence[int] | None, feature_dim: int | None = None, prefix_drafts: bool = False
+) -> DecoderShape:
     """The :class:`DecoderShape` of an engine that decodes by itself: the block sizes it can
     decode (``arms``, required; no engine decodes draft trees yet, so tree arms are refused), the
     width of its prefill features (None: fixed by the first ``decide``) and whether every round
     drafts one block and verifies a prefix of it (``prefix_drafts``: every shorter arm's
     counterfactual is exact)."""
     if arms is None or isinstance(arms, (str, bytes)) or not all(_is_int(a) for a in arms):
-        raise AdaptspecError(f"an engine's controller needs arms, the block sizes the engine can decode "
-                             f"(a list of integers), got {arms!r}")
-    checked = check_block_sizes([int(a) for a in arms], max(int(a) for a in arms) if len(arms) else 1,
-                                name=f"arms {list(arms)}")
-    return DecoderShape("engine", checked[-1], _width(feature_dim, "feature_dim"), False, checked, speculator=False,
-                        prefix_drafts=bool(prefix_drafts))
+        raise AdaptspecError(
+            f"an engine's controller needs arms, the block sizes the engine can decode "
+            f"(a list of integers), got {arms!r}"
+        )
+    checked = check_block_sizes(
+        [int(a) for a in arms], max(int(a) for a in arms) if len(arms) else 1, name=f"arms {list(arms)}"
+    )
+    return DecoderShape(
+        "engine",
+        checked[-1],
+        _width(feature_dim, "feature_dim"),
+        False,
+        checked,
+        speculator=False,
+        prefix_drafts=bool(prefix_drafts),
+    )
 
 
 def _call_fault(fn: Any, positional: int, keywords: tuple[str, ...]) -> str | None:

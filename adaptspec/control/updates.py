@@ -96,16 +96,23 @@ class UpdateQueue:
 class Learner:
     """The learning copy of the policy, and how a logged reward updates it (see the module docstring)."""
 
-    def __init__(self, policy: Any, *, contextual: bool, machine_speed: Any = None, reward_name: str = "",
-                 name: str = "") -> None:
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        contextual: bool,
+        machine_speed: Any = None,
+        reward_name: str = "",
+        name: str = "",
+    ) -> None:
         self.policy = policy
         self.name = name or "controller"
         self.contextual = contextual
         self.machine_speed = machine_speed
         self.reward_name = reward_name
-        self.shared: Any = None                   # the fleet's SharedState once attached
+        self.shared: Any = None  # the fleet's SharedState once attached
         self.full_feedback = bool(getattr(policy, "full_feedback", False))  # learns every observed arm
-        self.updates = 0                          # updates seen since the policy was new (incl. before a restart)
+        self.updates = 0  # updates seen since the policy was new (incl. before a restart)
         self.last_decision_id: str | None = None
         self.errors = 0
         self.update_s = 0.0
@@ -126,11 +133,15 @@ class Learner:
             if u.speed_ratio is not None and self.machine_speed is not None:  # in log order
                 self.machine_speed.observe(u.speed_ratio)
                 reward = self.machine_speed.calibrate(self.reward_name, reward)
-            full = self.full_feedback and (self.shared is None or self.shared.full_feedback)  # a fleet that shares them
+            full = self.full_feedback and (
+                self.shared is None or self.shared.full_feedback
+            )  # a fleet that shares them
             if u.rewards is not None and full and u.arms == tuple(self.policy.arms):
                 rewards = u.rewards
                 if u.speed_ratio is not None and self.machine_speed is not None:
-                    rewards = self.machine_speed.calibrate(self.reward_name, rewards)  # one factor for every arm
+                    rewards = self.machine_speed.calibrate(
+                        self.reward_name, rewards
+                    )  # one factor for every arm
                 if self.shared is None:
                     self.policy.update_full(ctx, rewards, u.observed)
                 else:  # the fleet's statistics of every arm the request showed
@@ -158,8 +169,17 @@ class UpdateWorker:
     Housekeeping runs at least every 0.25 s, and four times per ``book.feedback_timeout_s``.
     """
 
-    def __init__(self, learner: Learner, queue: UpdateQueue, *, decider: Any, book: Any, checkpointer: Any = None,
-                 log_writer: Any = None, name: str = "") -> None:
+    def __init__(
+        self,
+        learner: Learner,
+        queue: UpdateQueue,
+        *,
+        decider: Any,
+        book: Any,
+        checkpointer: Any = None,
+        log_writer: Any = None,
+        name: str = "",
+    ) -> None:
         self.learner, self.queue, self.decider, self.book = learner, queue, decider, book
         self.checkpointer, self.log_writer = checkpointer, log_writer
         timeout = book.feedback_timeout_s
@@ -177,7 +197,9 @@ class UpdateWorker:
         """Wait until every update queued so far is applied and published."""
         with self.queue.cond:
             target = self.queue.enqueued
-            if not self.queue.cond.wait_for(lambda: self.queue.applied >= target or not self.is_alive(), timeout):
+            if not self.queue.cond.wait_for(
+                lambda: self.queue.applied >= target or not self.is_alive(), timeout
+            ):
                 raise AdaptspecError(f"updates not applied within {timeout} s")
 
     def checkpoint_now(self, timeout: float = 60.0) -> Any:
@@ -242,7 +264,9 @@ class UpdateWorker:
     def _finish(self) -> None:
         self.book.drop_pending()
         n = 0
-        while (u := self.queue.get()) is not None:  # rows just logged: apply them so the final checkpoint has them
+        while (
+            u := self.queue.get()
+        ) is not None:  # rows just logged: apply them so the final checkpoint has them
             if isinstance(u, Update):
                 self.learner.apply(u)
                 n += 1
@@ -260,7 +284,9 @@ class UpdateWorker:
             rng = self.decider.rng_state()
         except Exception:  # a stuck or generator-less policy: keep the learner's own
             rng = None
-        return self.checkpointer.write(self.learner.policy, self.learner.updates, self.learner.last_decision_id, rng)
+        return self.checkpointer.write(
+            self.learner.policy, self.learner.updates, self.learner.last_decision_id, rng
+        )
 
     def _checkpoint_safely(self) -> None:
         try:

@@ -5,5 +5,12 @@ from .drafter import BlockDiffusionDrafter, DrafterConfig
 from .target import TargetModel
 from .tree_budget import CostAwareTree, FixedTree, TreeBudget
 
-__all__ = ["BlockDiffusionDrafter", "CostAwareTree", "DrafterConfig", "FixedTree", "SpeculativeDecoder", "TargetModel",
-           "TreeBudget"]
+__all__ = [
+    "BlockDiffusionDrafter",
+    "CostAwareTree",
+    "DrafterConfig",
+    "FixedTree",
+    "SpeculativeDecoder",
+    "TargetModel",
+    "TreeBudget",
+]

@@ -12,8 +12,15 @@ import torch
 
 
 @torch.inference_mode()
-def draft_acceptance(drafter, context: torch.Tensor, seq: torch.Tensor, start: int, block_sizes, chunk: int = 128,
-                     confidences: bool = False):
+def draft_acceptance(
+    drafter,
+    context: torch.Tensor,
+    seq: torch.Tensor,
+    start: int,
+    block_sizes,
+    chunk: int = 128,
+    confidences: bool = False,
+):
     """Drafts the target would accept at every position of the text ``seq[start:]``.
 
     ``context[i]`` is the target's hidden state at position ``i`` (at least up to
@@ -51,4 +58,3 @@ def draft_acceptance(drafter, context: torch.Tensor, seq: torch.Tensor, start: i
                 top1[rows.numpy()] = logp.max(-1).values.exp().cpu().numpy()
                 entropy[rows.numpy()] = -(logp.exp() * logp).sum(-1).cpu().numpy()
     return accept, top1, entropy
-

@@ -103,9 +103,13 @@ def rowwise_attention(
     padded to a multiple of 4, over keys zero-padded to a multiple of 64 and masked, so a
     row's reductions do not depend on how many rows or keys came with it.
     """
-    rows_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype == torch.bool
+    rows_mask = (
+        attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype == torch.bool
+    )
     if rows_mask and (query.shape[0] != 1 or query.shape[2] != key.shape[2]):
-        return _each_row(module, query, key, value, attention_mask, scaling)  # adaptspec.batching's rows, a tree's
+        return _each_row(
+            module, query, key, value, attention_mask, scaling
+        )  # adaptspec.batching's rows, a tree's
     if query.shape[0] != 1:
         raise ValueError(
             "this model was patched by adaptspec for batch-invariant decoding of one sequence at a "
@@ -151,17 +155,39 @@ def _each_row(module, query, key, value, mask, scaling):
     rows, q_len, kv_len = mask.shape[0], mask.shape[2], mask.shape[3]
     sees = mask[:, 0]
     counts = sees.sum(-1)  # [R, q]
-    chain = torch.arange(kv_len, device=mask.device) < (counts[:, -1:] - q_len + 1 + torch.arange(q_len, device=mask.device))[..., None]
-    lengths, is_chain = torch.stack([counts[:, -1], (chain == sees).all(-1).all(-1).long()]).tolist()  # one host sync
+    chain = (
+        torch.arange(kv_len, device=mask.device)
+        < (counts[:, -1:] - q_len + 1 + torch.arange(q_len, device=mask.device))[..., None]
+    )
+    lengths, is_chain = torch.stack(
+        [counts[:, -1], (chain == sees).all(-1).all(-1).long()]
+    ).tolist()  # one host sync
     out = []
     for r, (n, plain) in enumerate(zip(lengths, is_chain)):
         if plain:
-            out.append(rowwise_attention(module, query[r : r + 1], key[r : r + 1, :, :n].contiguous(),
-                                         value[r : r + 1, :, :n].contiguous(), None, scaling=scaling)[0])
+            out.append(
+                rowwise_attention(
+                    module,
+                    query[r : r + 1],
+                    key[r : r + 1, :, :n].contiguous(),
+                    value[r : r + 1, :, :n].contiguous(),
+                    None,
+                    scaling=scaling,
+                )[0]
+            )
             continue
         seen = sees[r].nonzero()[:, 1].split(counts[r].tolist())  # each query's keys, in order
-        each = [rowwise_attention(module, query[r : r + 1, :, q : q + 1], key[r : r + 1][:, :, idx],
-                                  value[r : r + 1][:, :, idx], None, scaling=scaling)[0] for q, idx in enumerate(seen)]
+        each = [
+            rowwise_attention(
+                module,
+                query[r : r + 1, :, q : q + 1],
+                key[r : r + 1][:, :, idx],
+                value[r : r + 1][:, :, idx],
+                None,
+                scaling=scaling,
+            )[0]
+            for q, idx in enumerate(seen)
+        ]
         out.append(torch.cat(each, dim=1))
     return torch.cat(out), None
 

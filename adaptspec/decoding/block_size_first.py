@@ -63,23 +63,39 @@ class BlockSizeFirst:
     #: controller refuses per-round options (``redecide_every``, ``round_rule``)
     per_round = False
 
-    def __init__(self, look: Callable[..., Prefill], generate: Callable[..., Outcome], max_block_size: int,
-                 feature_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        look: Callable[..., Prefill],
+        generate: Callable[..., Outcome],
+        max_block_size: int,
+        feature_dim: int | None = None,
+    ) -> None:
         for name, fn in (("look", look), ("generate", generate)):
             if not callable(fn):
                 raise AdaptspecError(f"BlockSizeFirst: {name} must be callable, got {fn!r}")
-        if isinstance(max_block_size, bool) or not isinstance(max_block_size, (int, np.integer)) or max_block_size < 1:
-            raise AdaptspecError(f"BlockSizeFirst: max_block_size must be an integer >= 1, got {max_block_size!r}")
+        if (
+            isinstance(max_block_size, bool)
+            or not isinstance(max_block_size, (int, np.integer))
+            or max_block_size < 1
+        ):
+            raise AdaptspecError(
+                f"BlockSizeFirst: max_block_size must be an integer >= 1, got {max_block_size!r}"
+            )
         self.look = look
         self.generate = generate
-        if feature_dim is not None and (isinstance(feature_dim, bool) or not isinstance(feature_dim, (int, np.integer))
-                                        or feature_dim < 1):
-            raise AdaptspecError(f"BlockSizeFirst: feature_dim must be an integer >= 1 or None, got {feature_dim!r}")
+        if feature_dim is not None and (
+            isinstance(feature_dim, bool) or not isinstance(feature_dim, (int, np.integer)) or feature_dim < 1
+        ):
+            raise AdaptspecError(
+                f"BlockSizeFirst: feature_dim must be an integer >= 1 or None, got {feature_dim!r}"
+            )
         self.max_block_size = int(max_block_size)
         #: the length of look's features (the protocol's declaration; None: the first request fixes it)
         self.feature_dim = None if feature_dim is None else int(feature_dim)
 
-    def prefill(self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None) -> Prefill:
+    def prefill(
+        self, prompt_ids: Sequence[int], temperature: float = 0.0, seed: int | None = None
+    ) -> Prefill:
         ids = [int(i) for i in prompt_ids]
         if seed is None and temperature > 0:
             seed = secrets.randbits(31)  # look and the loop must sample the first token alike
@@ -88,20 +104,29 @@ class BlockSizeFirst:
             raise AdaptspecError(f"BlockSizeFirst: look returned {type(pre).__name__}, not a Prefill")
         return Prefill(pre.first_token, pre.prompt_tokens, pre.features, state=(ids, seed))
 
-    def decode(self, prefill: Prefill, block_size: "int | RoundSchedule", max_new_tokens: int,
-               temperature: float = 0.0, seed: int | None = None,
-               on_round: Callable[[list[int], Round], None] | None = None) -> Outcome:
+    def decode(
+        self,
+        prefill: Prefill,
+        block_size: "int | RoundSchedule",
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        on_round: Callable[[list[int], Round], None] | None = None,
+    ) -> Outcome:
         ids, prefill_seed = prefill.state
         b = as_schedule(block_size).draft_size([])  # asked once: the loop keeps it for the whole request
         if not 1 <= b <= self.max_block_size:
             raise AdaptspecError(f"BlockSizeFirst: block size {b} outside 1..{self.max_block_size}")
-        out = self.generate(ids, b, max_new_tokens, temperature=temperature,
-                            seed=prefill_seed if seed is None else seed)
+        out = self.generate(
+            ids, b, max_new_tokens, temperature=temperature, seed=prefill_seed if seed is None else seed
+        )
         if not isinstance(out, Outcome):
             raise AdaptspecError(f"BlockSizeFirst: generate returned {type(out).__name__}, not an Outcome")
         if out.tokens[:1] != [prefill.first_token]:
-            raise AdaptspecError(f"BlockSizeFirst: the loop's first token {out.tokens[:1]} is not look's "
-                                 f"{prefill.first_token}: both must choose it alike (at T > 0, from the same seed)")
+            raise AdaptspecError(
+                f"BlockSizeFirst: the loop's first token {out.tokens[:1]} is not look's "
+                f"{prefill.first_token}: both must choose it alike (at T > 0, from the same seed)"
+            )
         if on_round is not None:
             _replay_rounds(out, on_round)
         return out
@@ -112,5 +137,5 @@ def _replay_rounds(out: Outcome, on_round: Callable[[list[int], Round], Any]) ->
     chosen at prefill, is in no round)."""
     at = 1
     for r in out.rounds:
-        on_round(list(out.tokens[at: at + r.tau]), r)
+        on_round(list(out.tokens[at : at + r.tau]), r)
         at += r.tau

@@ -94,8 +94,12 @@ class SpeculativeDecoder:
     verifies a prefix of them (see the module docstring); it caps the block size.
     """
 
-    def __init__(self, target: TargetModel, drafter: BlockDiffusionDrafter | None = None,
-                 draft_length: int | None = None) -> None:
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: BlockDiffusionDrafter | None = None,
+        draft_length: int | None = None,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         if drafter is not None:
@@ -210,14 +214,22 @@ class SpeculativeDecoder:
         while finish == "length" and len(tokens) < max_new_tokens:
             room = max_new_tokens - len(tokens)
             if tree is not None:
-                new, r = self._tree_round(tokens[-1], n, room, cache, draft, temperature, keys, len(tokens), tree)
+                new, r = self._tree_round(
+                    tokens[-1], n, room, cache, draft, temperature, keys, len(tokens), tree
+                )
             else:
                 b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
                 if not schedule.uses_confidence:
                     b = min(b, room)  # drafts past the end would be thrown away
                 d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
-                noise = None if temperature == 0 else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
-                new, r = self._round(tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds)
+                noise = (
+                    None
+                    if temperature == 0
+                    else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
+                )
+                new, r = self._round(
+                    tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds
+                )
             rounds.append(r)
             n += r.tau
             kept = len(tokens)
@@ -242,7 +254,9 @@ class SpeculativeDecoder:
             raise AdaptspecError("this Prefill was not made by this decoder with a drafter")
         if not len(tokens):
             return state.context_hidden
-        _, hidden = self.target.verify(torch.tensor(list(tokens), device=self.target.device), copy.deepcopy(state.cache))
+        _, hidden = self.target.verify(
+            torch.tensor(list(tokens), device=self.target.device), copy.deepcopy(state.cache)
+        )
         return torch.cat([state.context_hidden, hidden])
 
     def generate(
@@ -296,10 +310,23 @@ class SpeculativeDecoder:
         block = torch.cat([torch.tensor([last], device=dev), drafts])
         new = self._verify_chain(block, n, cache, draft, temperature, noise)
         t2 = _now(dev)
-        return new, Round(block_size=b, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1, drafted=drafted if drafted != b else 0)
+        return new, Round(
+            block_size=b,
+            tau=len(new),
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            drafted=drafted if drafted != b else 0,
+        )
 
-    def _verify_chain(self, block: torch.Tensor, n: int, cache: Any, draft: DraftState | None,
-                      temperature: float, noise: torch.Tensor | None) -> list[int]:
+    def _verify_chain(
+        self,
+        block: torch.Tensor,
+        n: int,
+        cache: Any,
+        draft: DraftState | None,
+        temperature: float,
+        noise: torch.Tensor | None,
+    ) -> list[int]:
         """Verify ``block = [last, drafts]`` after ``n`` cached positions; keep the committed
         part of the cache and of the drafter's context; return the committed tokens."""
         drafts = block[1:]
@@ -318,8 +345,18 @@ class SpeculativeDecoder:
             draft.append(hidden[:tau])
         return new
 
-    def _tree_round(self, last: int, n: int, room: int, cache: Any, draft: DraftState, temperature: float,
-                    keys: SampleKeys | None, position: int, budget: TreeBudget) -> tuple[list[int], Round]:
+    def _tree_round(
+        self,
+        last: int,
+        n: int,
+        room: int,
+        cache: Any,
+        draft: DraftState,
+        temperature: float,
+        keys: SampleKeys | None,
+        position: int,
+        budget: TreeBudget,
+    ) -> tuple[list[int], Round]:
         """One round of a draft tree (:mod:`adaptspec.decoding.tree`): one drafter pass of
         ``depth + 1`` positions, the best-first tree its budget allows, one target pass over it with
         the ancestor-only mask, the target's own choice walked down it (the argmax at T = 0, else
@@ -335,7 +372,9 @@ class SpeculativeDecoder:
             new = self._verify_chain(torch.tensor([last], device=dev), n, cache, draft, temperature, noise)
             return new, Round(block_size=1, tau=1, draft_s=0.0, verify_s=_now(dev) - t0)
         scores = self.drafter.draft_logits(draft, last, depth + 1).float()  # [depth, V_draft]
-        tree = draft_tree(scores, budget, self.drafter.to_target_ids, temperature, noise, self.drafter.draft_vocab)
+        tree = draft_tree(
+            scores, budget, self.drafter.to_target_ids, temperature, noise, self.drafter.draft_vocab
+        )
         t1 = _now(dev)
         logits, hidden = verify_tree(self.target, tree, last, n, cache)
         choices = target_choices(logits, tree, temperature, noise)
@@ -343,8 +382,15 @@ class SpeculativeDecoder:
         keep_path(cache, n, path)
         draft.append(hidden[[0, *path]])
         t2 = _now(dev)
-        return new, Round(block_size=tree.nodes + 1, tau=len(new), draft_s=t1 - t0, verify_s=t2 - t1,
-                          drafted=depth + 1, tree=True, tree_outcomes=round_outcomes(tree, choices))
+        return new, Round(
+            block_size=tree.nodes + 1,
+            tau=len(new),
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            drafted=depth + 1,
+            tree=True,
+            tree_outcomes=round_outcomes(tree, choices),
+        )
 
     def _check_block_size(self, b: int) -> int:
         return check_block_size(b, self.max_block_size, self.drafter is not None)
@@ -368,7 +414,9 @@ def check_draft_length(draft_length: int | None, drafter: BlockDiffusionDrafter 
         raise AdaptspecError("draft_length needs a drafter")
     top = drafter.config.max_block_size
     if isinstance(draft_length, bool) or not isinstance(draft_length, int) or not 2 <= draft_length <= top:
-        raise AdaptspecError(f"draft_length must be an int in 2..{top} (the drafter's max_block_size), got {draft_length!r}")
+        raise AdaptspecError(
+            f"draft_length must be an int in 2..{top} (the drafter's max_block_size), got {draft_length!r}"
+        )
     return draft_length
 
 

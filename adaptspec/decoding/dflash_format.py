@@ -121,38 +121,55 @@ def read_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> DrafterConfig
         raise fail(f"dflash_config.mask_token_id={mask!r} must be a token id in 0..{vocab - 1} (vocab_size)")
     num_target_layers = _positive_int(raw, "num_target_layers", fail)
     ids = dflash.get("target_layer_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
         raise fail(f"dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer ids")
     if not all(0 <= i < num_target_layers for i in ids):
-        raise fail(f"dflash_config.target_layer_ids {ids} outside 0..{num_target_layers - 1} (num_target_layers)")
+        raise fail(
+            f"dflash_config.target_layer_ids {ids} outside 0..{num_target_layers - 1} (num_target_layers)"
+        )
 
     hidden = _positive_int(raw, "hidden_size", fail)
     heads = _positive_int(raw, "num_attention_heads", fail)
-    kv_heads = heads if raw.get("num_key_value_heads") is None else integer(
-        raw["num_key_value_heads"], source, "num_key_value_heads", 1)
+    kv_heads = (
+        heads
+        if raw.get("num_key_value_heads") is None
+        else integer(raw["num_key_value_heads"], source, "num_key_value_heads", 1)
+    )
     if heads % kv_heads:
         raise fail(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-    return check_config(DrafterConfig(
-        hidden_size=hidden,
-        num_layers=_positive_int(raw, "num_hidden_layers", fail),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=hidden // heads if raw.get("head_dim") is None else integer(raw["head_dim"], source, "head_dim", 1),
-        intermediate_size=_positive_int(raw, "intermediate_size", fail),
-        vocab_size=vocab,
-        target_layers=[i + 1 for i in ids],  # hidden_states index: 0 is the embeddings
-        max_block_size=block_size,
-        rms_norm_eps=number(raw.get("rms_norm_eps", 1e-6), source, "rms_norm_eps", 0, lo_open=True),
-        rope_theta=rope_theta,
-        target_name=str(raw.get("_name_or_path") or ""),
-        qk_norm=True,
-        mask_token_id=mask,
-        num_target_layers=num_target_layers,
-        draft_vocab_size=_draft_vocab_size(raw, vocab, fail),
-        extra={"format": "dflash-v1"} | (
-            {"max_position_embeddings": raw["max_position_embeddings"]} if "max_position_embeddings" in raw else {}
+    return check_config(
+        DrafterConfig(
+            hidden_size=hidden,
+            num_layers=_positive_int(raw, "num_hidden_layers", fail),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=hidden // heads
+            if raw.get("head_dim") is None
+            else integer(raw["head_dim"], source, "head_dim", 1),
+            intermediate_size=_positive_int(raw, "intermediate_size", fail),
+            vocab_size=vocab,
+            target_layers=[i + 1 for i in ids],  # hidden_states index: 0 is the embeddings
+            max_block_size=block_size,
+            rms_norm_eps=number(raw.get("rms_norm_eps", 1e-6), source, "rms_norm_eps", 0, lo_open=True),
+            rope_theta=rope_theta,
+            target_name=str(raw.get("_name_or_path") or ""),
+            qk_norm=True,
+            mask_token_id=mask,
+            num_target_layers=num_target_layers,
+            draft_vocab_size=_draft_vocab_size(raw, vocab, fail),
+            extra={"format": "dflash-v1"}
+            | (
+                {"max_position_embeddings": raw["max_position_embeddings"]}
+                if "max_position_embeddings" in raw
+                else {}
+            ),
         ),
-    ), source)
+        source,
+    )
 
 
 def _draft_vocab_size(raw: dict, vocab: int, fail) -> int | None:
@@ -178,7 +195,9 @@ def _block_size(raw: dict, dflash: dict, fail) -> int:
         raise fail(f"block_size={top} and dflash_config.block_size={inner} disagree")
     b = inner if inner is not None else top
     if not isinstance(b, int) or isinstance(b, bool) or not 2 <= b <= MAX_BLOCK_SIZE:
-        raise fail(f"block_size={b!r} (top level or in dflash_config) must be an integer in 2..{MAX_BLOCK_SIZE}")
+        raise fail(
+            f"block_size={b!r} (top level or in dflash_config) must be an integer in 2..{MAX_BLOCK_SIZE}"
+        )
     return b
 
 
@@ -193,9 +212,15 @@ def _rope_theta(raw: dict, fail, source: str) -> float:
         extra = set(p) - {"rope_type", "type", "rope_theta"}
         if kind != "default" or extra:
             raise fail(f"{name}={p!r}: only default RoPE is supported (no scaling)")
-    thetas = {number(v, source, name, 0, lo_open=True)
-              for name, v in (("rope_theta", raw.get("rope_theta")), ("rope_parameters.rope_theta", params.get("rope_theta")),
-                              ("rope_scaling.rope_theta", scaling.get("rope_theta"))) if v is not None}
+    thetas = {
+        number(v, source, name, 0, lo_open=True)
+        for name, v in (
+            ("rope_theta", raw.get("rope_theta")),
+            ("rope_parameters.rope_theta", params.get("rope_theta")),
+            ("rope_scaling.rope_theta", scaling.get("rope_theta")),
+        )
+        if v is not None
+    }
     if not thetas:
         raise fail("no rope_theta (top level or in rope_parameters)")
     if len(thetas) > 1:
@@ -245,13 +270,21 @@ def load(path: str | Path):
         )
     tensors = {to_adaptspec_names(k): v for k, v in stored.items()}
     if draft_vocab is not None:
-        if draft_vocab.dim() != 1 or len(draft_vocab) != config.draft_vocab_size or draft_vocab.is_floating_point():
+        if (
+            draft_vocab.dim() != 1
+            or len(draft_vocab) != config.draft_vocab_size
+            or draft_vocab.is_floating_point()
+        ):
             raise AdaptspecError(
                 f"{path}: {DRAFT_VOCAB_TENSOR} must be {config.draft_vocab_size} integer token ids "
                 f"({DRAFT_VOCAB_KEY}), got shape {tuple(draft_vocab.shape)} {draft_vocab.dtype}"
             )
-        if draft_vocab.numel() and not (0 <= int(draft_vocab.min()) and int(draft_vocab.max()) < config.vocab_size):
-            raise AdaptspecError(f"{path}: {DRAFT_VOCAB_TENSOR} holds ids outside 0..{config.vocab_size - 1} (vocab_size)")
+        if draft_vocab.numel() and not (
+            0 <= int(draft_vocab.min()) and int(draft_vocab.max()) < config.vocab_size
+        ):
+            raise AdaptspecError(
+                f"{path}: {DRAFT_VOCAB_TENSOR} holds ids outside 0..{config.vocab_size - 1} (vocab_size)"
+            )
         tensors[DRAFT_VOCAB_TENSOR] = draft_vocab.to(torch.long)
     return config, tensors
 
@@ -268,8 +301,10 @@ def unsupported(config: DrafterConfig) -> str | None:
     if c.num_target_layers is None:
         return "num_target_layers is not recorded; DFlash v1 needs the target's depth"
     if min(c.target_layers) < 1 or max(c.target_layers) > c.num_target_layers:
-        return (f"target_layers {c.target_layers} outside 1..{c.num_target_layers}: DFlash v1 taps decoder "
-                f"outputs (target_layer_ids 0..num_target_layers-1), not the embeddings")
+        return (
+            f"target_layers {c.target_layers} outside 1..{c.num_target_layers}: DFlash v1 taps decoder "
+            f"outputs (target_layer_ids 0..num_target_layers-1), not the embeddings"
+        )
     return None
 
 
@@ -286,7 +321,10 @@ def to_config(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16) -> dic
         "attention_bias": False,
         "attention_dropout": 0.0,
         "block_size": c.max_block_size,
-        "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": [i - 1 for i in c.target_layers]},
+        "dflash_config": {
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": [i - 1 for i in c.target_layers],
+        },
         "head_dim": c.head_dim,
         "hidden_act": "silu",
         "hidden_size": c.hidden_size,
@@ -333,9 +371,13 @@ def save(drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None
     raw = to_config(drafter.config, dtype)
     path = Path(path)
     if (path / CONFIG_NAME).exists():
-        raise AdaptspecError(f"{path}: holds an adaptspec drafter ({CONFIG_NAME}), which loads before config.json; "
-                             "choose another directory")
-    tensors = {to_dflash_names(k): v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
+        raise AdaptspecError(
+            f"{path}: holds an adaptspec drafter ({CONFIG_NAME}), which loads before config.json; "
+            "choose another directory"
+        )
+    tensors = {
+        to_dflash_names(k): v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()
+    }
     if drafter.draft_vocab is not None:
         tensors[DRAFT_VOCAB_TENSOR] = drafter.draft_vocab.detach().cpu().to(torch.int64).contiguous()
     path.mkdir(parents=True, exist_ok=True)
@@ -347,5 +389,13 @@ def save(drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None
     os.replace(tmp, path / CONFIG_FILE)
 
 
-__all__ = ["is_dflash_dir", "load", "read_config", "save", "to_adaptspec_names", "to_config", "to_dflash_names",
-           "unsupported"]
+__all__ = [
+    "is_dflash_dir",
+    "load",
+    "read_config",
+    "save",
+    "to_adaptspec_names",
+    "to_config",
+    "to_dflash_names",
+    "unsupported",
+]

@@ -213,7 +213,9 @@ class BlockDiffusionDrafter(nn.Module):
         super().__init__()
         c = self.config = config
         k = len(c.target_layers)
-        self.layer_norm = LayerwiseRMSNorm(k, c.hidden_size, c.rms_norm_eps) if c.normalize_context_layers else None
+        self.layer_norm = (
+            LayerwiseRMSNorm(k, c.hidden_size, c.rms_norm_eps) if c.normalize_context_layers else None
+        )
         self.fc = nn.Linear(c.context_width, c.hidden_size, bias=False)
         self.context_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_layers))
@@ -256,14 +258,18 @@ class BlockDiffusionDrafter(nn.Module):
             raise AdaptspecError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
         tc = target.config
         L = tc.num_hidden_layers
-        layers = list(target_layers) if target_layers is not None else default_target_layers(L, num_target_layers)
+        layers = (
+            list(target_layers) if target_layers is not None else default_target_layers(L, num_target_layers)
+        )
         if any(not 0 <= i <= L for i in layers):
             raise AdaptspecError(f"target_layers {layers} outside 0..{L}")
         dflash = layout == "dflash"
         if dflash and mask_token_id is None:
             mask_token_id = default_mask_token_id(target)
         if mask_token_id is not None and not 0 <= mask_token_id < tc.vocab_size:
-            raise AdaptspecError(f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}")
+            raise AdaptspecError(
+                f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}"
+            )
         heads = tc.num_attention_heads
         rope = getattr(tc, "rope_parameters", None) or {}
         config = DrafterConfig(
@@ -285,7 +291,8 @@ class BlockDiffusionDrafter(nn.Module):
             mask_token_id=mask_token_id,
             num_target_layers=L if dflash else None,
             extra={"max_position_embeddings": tc.max_position_embeddings}
-            if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int) else {},
+            if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int)
+            else {},
         )
         if dflash:  # the layout's own rules, in one place
             from .dflash_format import unsupported
@@ -328,9 +335,13 @@ class BlockDiffusionDrafter(nn.Module):
                 f"this target has {tc.num_hidden_layers}"
             )
         if max(c.target_layers) > tc.num_hidden_layers:
-            raise AdaptspecError(f"drafter reads target layer {max(c.target_layers)}, target has {tc.num_hidden_layers}")
+            raise AdaptspecError(
+                f"drafter reads target layer {max(c.target_layers)}, target has {tc.num_hidden_layers}"
+            )
         if c.mask_token_id is not None and not 0 <= c.mask_token_id < tc.vocab_size:
-            raise AdaptspecError(f"mask_token_id {c.mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}")
+            raise AdaptspecError(
+                f"mask_token_id {c.mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}"
+            )
         self.__dict__["_shared"] = (target.get_input_embeddings(), target.get_output_embeddings().weight)
         return self
 
@@ -511,7 +522,9 @@ class BlockDiffusionDrafter(nn.Module):
 
         path = Path(path)
         if (path / CONFIG_NAME).exists():
-            config = config_from_json(read_json_object(path / CONFIG_NAME, "drafter config"), str(path / CONFIG_NAME))
+            config = config_from_json(
+                read_json_object(path / CONFIG_NAME, "drafter config"), str(path / CONFIG_NAME)
+            )
             if not (path / WEIGHTS_NAME).is_file():
                 raise AdaptspecError(f"{path}: no {WEIGHTS_NAME} beside {CONFIG_NAME}")
             tensors = read_safetensors(path / WEIGHTS_NAME, "drafter weights file")
@@ -538,10 +551,14 @@ def _check_tensors(path: Path, drafter: nn.Module, tensors: dict[str, torch.Tens
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
     if missing or extra:
-        raise AdaptspecError(f"{path}: weights do not fit the config: missing {missing[:4]}, unexpected {extra[:4]}")
+        raise AdaptspecError(
+            f"{path}: weights do not fit the config: missing {missing[:4]}, unexpected {extra[:4]}"
+        )
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
-            raise AdaptspecError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, the config implies {shape}")
+            raise AdaptspecError(
+                f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, the config implies {shape}"
+            )
 
 
 def _final_norm(target: nn.Module) -> nn.Module | None:
@@ -571,4 +588,3 @@ __all__ = [
     "default_mask_token_id",
     "default_target_layers",
 ]
-

@@ -82,8 +82,15 @@ def check_config(c: DrafterConfig, where: str) -> DrafterConfig:
     ...
     adaptspec.errors.AdaptspecError: drafter_config.json: rms_norm_eps='1e-6' must be a number > 0
     """
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-                 "vocab_size"):
+    for name in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+    ):
         integer(getattr(c, name), where, name, 1)
     int_list(c.target_layers, where, "target_layers", 0)
     integer(c.max_block_size, where, "max_block_size", 2, MAX_BLOCK_SIZE)
@@ -97,7 +104,9 @@ def check_config(c: DrafterConfig, where: str) -> DrafterConfig:
     if c.num_target_layers is not None:
         integer(c.num_target_layers, where, "num_target_layers", 1)
     if c.num_heads % c.num_kv_heads:
-        raise AdaptspecError(f"{where}: num_heads={c.num_heads} is not a multiple of num_kv_heads={c.num_kv_heads}")
+        raise AdaptspecError(
+            f"{where}: num_heads={c.num_heads} is not a multiple of num_kv_heads={c.num_kv_heads}"
+        )
     for name in ("normalize_context_layers", "qk_norm"):
         if not isinstance(getattr(c, name), bool):
             raise AdaptspecError(f"{where}: {name}={getattr(c, name)!r} must be true or false")

@@ -74,12 +74,15 @@ def parse_feature_spec(spec: str, num_layers: int) -> list[tuple[str, int]]:
 def feature_dim(hidden_size: int, num_layers: int, spec: str = DEFAULT_FEATURES) -> int:
     """The length of the feature vector of ``spec`` for a model of ``hidden_size`` and
     ``num_layers`` (a Hugging Face config's ``hidden_size`` and ``num_hidden_layers``)."""
-    return sum(hidden_size if k in ("last", "mean") else (1 if k == "len" else d)
-               for k, d in parse_feature_spec(spec, num_layers))
+    return sum(
+        hidden_size if k in ("last", "mean") else (1 if k == "len" else d)
+        for k, d in parse_feature_spec(spec, num_layers)
+    )
 
 
-def prefill_features(output: Any, *, logits: Any = None, prompt_tokens: int | None = None,
-                     spec: str = DEFAULT_FEATURES) -> np.ndarray:
+def prefill_features(
+    output: Any, *, logits: Any = None, prompt_tokens: int | None = None, spec: str = DEFAULT_FEATURES
+) -> np.ndarray:
     """The standard feature vector (float32, 1-D) of a prompt, from a Hugging Face causal LM's
     prefill: exactly what the bundled decoder gives as ``Prefill.features``.
 
@@ -98,13 +101,19 @@ def prefill_features(output: Any, *, logits: Any = None, prompt_tokens: int | No
     if logits is None:
         logits = getattr(output, "logits", None)
     if hidden is None:
-        raise AdaptspecError("the model output has no hidden states: run the model with output_hidden_states=True")
+        raise AdaptspecError(
+            "the model output has no hidden states: run the model with output_hidden_states=True"
+        )
     if not isinstance(hidden, (tuple, list)) or not hidden or not all(torch.is_tensor(h) for h in hidden):
-        raise AdaptspecError(f"prefill_features needs the hidden states, a tuple of tensors (embeddings, then each "
-                             f"layer), got {type(hidden).__name__}")
+        raise AdaptspecError(
+            f"prefill_features needs the hidden states, a tuple of tensors (embeddings, then each "
+            f"layer), got {type(hidden).__name__}"
+        )
     if hidden[0].ndim != 3 or hidden[0].shape[0] != 1:
-        raise AdaptspecError(f"prefill_features needs hidden states of one prompt, [1, positions, hidden], got "
-                             f"{list(hidden[0].shape)}")
+        raise AdaptspecError(
+            f"prefill_features needs hidden states of one prompt, [1, positions, hidden], got "
+            f"{list(hidden[0].shape)}"
+        )
     n = int(hidden[0].shape[1]) if prompt_tokens is None else int(prompt_tokens)
     out: list[torch.Tensor] = []
     for kind, arg in parse_feature_spec(spec, len(hidden) - 1):

@@ -24,7 +24,11 @@ import torch
 
 @torch.inference_mode()
 def plain_greedy(
-    model, prompt_ids: Sequence[int], max_new_tokens: int, eos: Iterable[int] = (), logits_out: list | None = None
+    model,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos: Iterable[int] = (),
+    logits_out: list | None = None,
 ) -> tuple[list[int], float]:
     """Greedy tokens (at most ``max_new_tokens``, stopping after an EOS) and decode seconds.
 
@@ -38,14 +42,18 @@ def plain_greedy(
     device = next(model.parameters()).device
     eos = set(eos)
     cache = DynamicCache()
-    logits = model(torch.tensor([list(prompt_ids)], device=device), **{cache_keyword(): cache}, use_cache=True).logits
+    logits = model(
+        torch.tensor([list(prompt_ids)], device=device), **{cache_keyword(): cache}, use_cache=True
+    ).logits
     tokens = [int(logits[0, -1].argmax())]
     if logits_out is not None:
         logits_out.append(logits[0, -1].float())
     _sync(device)
     start = time.perf_counter()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
-        logits = model(torch.tensor([[tokens[-1]]], device=device), **{cache_keyword(): cache}, use_cache=True).logits
+        logits = model(
+            torch.tensor([[tokens[-1]]], device=device), **{cache_keyword(): cache}, use_cache=True
+        ).logits
         tokens.append(int(logits[0, -1].argmax()))
         if logits_out is not None:
             logits_out.append(logits[0, -1].float())
@@ -53,7 +61,9 @@ def plain_greedy(
     return tokens, time.perf_counter() - start
 
 
-def divergence(model, prompt_ids: Sequence[int], tokens: list[int], plain_tokens: list[int]) -> tuple[int, float] | None:
+def divergence(
+    model, prompt_ids: Sequence[int], tokens: list[int], plain_tokens: list[int]
+) -> tuple[int, float] | None:
     """Where ``tokens`` first leaves plain greedy decoding, and by how much: ``(position, gap)``,
     ``gap`` being how far (in logits) the chosen token lay below plain decoding's argmax there.
 
@@ -114,7 +124,9 @@ class PlainGreedy:
     def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], float]:
         return plain_greedy(self.model, prompt_ids, max_new_tokens, self.eos)
 
-    def verdict(self, tokens: list[int], plain_tokens: list[int], prompt_ids: Sequence[int], max_new_tokens: int) -> str:
+    def verdict(
+        self, tokens: list[int], plain_tokens: list[int], prompt_ids: Sequence[int], max_new_tokens: int
+    ) -> str:
         if tokens == plain_tokens:
             return "yes"
         if self.model is not self.target.model:  # exact verification

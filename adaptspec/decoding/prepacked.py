@@ -68,8 +68,14 @@ def reorders(dtype: torch.dtype) -> bool:
         return False
     try:
         w = torch.zeros(8, 8, dtype=dtype)
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 8, dtype=dtype),
-                                           torch.ops.mkldnn._reorder_linear_weight(w, 1), None, "none", [], "")
+        torch.ops.mkldnn._linear_pointwise(
+            torch.zeros(1, 8, dtype=dtype),
+            torch.ops.mkldnn._reorder_linear_weight(w, 1),
+            None,
+            "none",
+            [],
+            "",
+        )
     except RuntimeError:
         return False
     return True
@@ -112,15 +118,26 @@ class Prepacked:
     target's 211 layers) plus a look at each weight's storage and version (~0.04 ms): the
     reordered weights stay on the layers (``layer.packed``, a plain attribute, not a buffer)."""
 
-    def __init__(self, model: nn.Module, rows: int = 8, small_dtype: torch.dtype | None = None,
-                 small_rows: int = SMALL_ROWS) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        rows: int = 8,
+        small_dtype: torch.dtype | None = None,
+        small_rows: int = SMALL_ROWS,
+    ) -> None:
         self.rows = rows
         self.small_dtype, self.small_rows = small_dtype, int(small_rows)
         self.layers: list[nn.Linear] = [
-            sub for sub in model.modules()
-            if type(sub) is nn.Linear and sub.weight.device.type == "cpu" and sub.weight.dtype in DTYPES
-            and reorders(sub.weight.dtype)]
-        self._versioned = not any(layer.weight.is_inference() for layer in self.layers)  # no version counter there
+            sub
+            for sub in model.modules()
+            if type(sub) is nn.Linear
+            and sub.weight.device.type == "cpu"
+            and sub.weight.dtype in DTYPES
+            and reorders(sub.weight.dtype)
+        ]
+        self._versioned = not any(
+            layer.weight.is_inference() for layer in self.layers
+        )  # no version counter there
         self._packed_from = self._identities()
         for layer in self.layers:
             self._pack(layer)
@@ -147,8 +164,11 @@ class Prepacked:
                         if a != b and layer.weight.device.type == "cpu" and reorders(layer.weight.dtype):
                             self._pack(layer)
                     self._packed_from = self._identities()
-                self._switched = [layer for layer in self.layers if type(layer) is nn.Linear
-                                  and layer.packed.dtype == layer.weight.dtype]
+                self._switched = [
+                    layer
+                    for layer in self.layers
+                    if type(layer) is nn.Linear and layer.packed.dtype == layer.weight.dtype
+                ]
                 for layer in self._switched:
                     object.__setattr__(layer, "__class__", self._kind(layer))
             self._inside += 1
@@ -162,7 +182,6 @@ class Prepacked:
                         object.__setattr__(layer, "__class__", nn.Linear)
                     self._switched = []
 
-
     def _pack(self, layer: nn.Linear) -> None:
         """Reorder ``layer``'s weight for oneDNN into ``layer.packed``, and copy a float32 one into
         ``layer.small`` when the layers hold a small copy (plain attributes: not saved, not moved)."""
@@ -170,10 +189,14 @@ class Prepacked:
         object.__setattr__(layer, "packed", torch.ops.mkldnn._reorder_linear_weight(weight, self.rows))
         if self.small_dtype is not None and weight.dtype == torch.float32:
             object.__setattr__(layer, "small", weight.to(self.small_dtype))
-            object.__setattr__(layer, "small_bias", None if layer.bias is None else layer.bias.detach().to(self.small_dtype))
+            object.__setattr__(
+                layer, "small_bias", None if layer.bias is None else layer.bias.detach().to(self.small_dtype)
+            )
             object.__setattr__(layer, "small_rows", self.small_rows)
 
     def _kind(self, layer: nn.Linear) -> type[PrepackedLinear]:
         """The class ``layer`` runs as inside a block: with its small copy where it holds a current one."""
         small = getattr(layer, "small", None)
-        return SmallCopyLinear if small is not None and layer.weight.dtype == torch.float32 else PrepackedLinear
+        return (
+            SmallCopyLinear if small is not None and layer.weight.dtype == torch.float32 else PrepackedLinear
+        )

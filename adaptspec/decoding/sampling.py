@@ -62,7 +62,9 @@ class SampleKeys:
 
     def __init__(self, seed: int | None) -> None:
         self.seed = secrets.randbits(63) if seed is None else int(seed)
-        self._drawn: dict[int, torch.Tensor] = {}  # positions drawn and not yet passed: a round's rejected tail
+        self._drawn: dict[
+            int, torch.Tensor
+        ] = {}  # positions drawn and not yet passed: a round's rejected tail
 
     def key(self, position: int) -> int:
         """The generator seed of output position ``position`` (a 64-bit int)."""
@@ -80,7 +82,13 @@ class SampleKeys:
                 g = torch.Generator(device=device)
                 g.manual_seed(self.key(p))
                 # u in [0, 1): -log(-log(u)) is standard Gumbel; u = 0 gives -inf (never the argmax)
-                row = torch.rand(vocab, generator=g, device=device, dtype=torch.float32).log_().neg_().log_().neg_()
+                row = (
+                    torch.rand(vocab, generator=g, device=device, dtype=torch.float32)
+                    .log_()
+                    .neg_()
+                    .log_()
+                    .neg_()
+                )
             rows.append(row)
         self._drawn = {p: row for p, row in zip(range(start, start + count), rows)}
         return torch.stack(rows) if rows else torch.empty(0, vocab, dtype=torch.float32, device=device)
@@ -91,8 +99,12 @@ def sample_keyed(logits: torch.Tensor, noise: torch.Tensor, temperature: float) 
     return (logits.float() / temperature + noise).argmax(-1).tolist()
 
 
-def draft_keyed(draft_logits: torch.Tensor, noise: torch.Tensor, temperature: float,
-                target_ids: torch.Tensor | None = None) -> torch.Tensor:
+def draft_keyed(
+    draft_logits: torch.Tensor,
+    noise: torch.Tensor,
+    temperature: float,
+    target_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The drafter's proposals ``[n]`` (draft-vocabulary indices): ``argmax(draft_logits / T + G)``
     over ``draft_logits[n, V_draft]``, the noise ``[n, V]`` of the target's vocabulary read at
     ``target_ids[V_draft]`` (the drafter's vocabulary as target ids; None: the same vocabulary)."""
@@ -101,7 +113,9 @@ def draft_keyed(draft_logits: torch.Tensor, noise: torch.Tensor, temperature: fl
     return (draft_logits.float().to(noise.device) / temperature + noise).argmax(-1)
 
 
-def accept_keyed(logits: torch.Tensor, drafts: torch.Tensor, noise: torch.Tensor, temperature: float) -> list[int]:
+def accept_keyed(
+    logits: torch.Tensor, drafts: torch.Tensor, noise: torch.Tensor, temperature: float
+) -> list[int]:
     """Committed tokens of one verified block: ``logits[b, V]`` of its positions, ``drafts[b - 1]``
     (target ids) and the positions' ``noise[b, V]``: the drafts equal to the target's keyed samples,
     in order, then the target's keyed sample after them (1..b tokens)."""

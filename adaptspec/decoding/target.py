@@ -88,18 +88,24 @@ class TargetModel:
         small_dtype: torch.dtype | None = None,
     ) -> None:
         if verification not in VERIFICATION_MODES:
-            raise AdaptspecError(f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}")
+            raise AdaptspecError(
+                f"verification must be one of {', '.join(VERIFICATION_MODES)}, got {verification!r}"
+            )
         if not isinstance(model, nn.Module):
             from .loading import load_target
 
-            model, tokenizer = load_target(model, dtype=_dtype_name(dtype) or "bfloat16", device=str(device or "cpu"))
+            model, tokenizer = load_target(
+                model, dtype=_dtype_name(dtype) or "bfloat16", device=str(device or "cpu")
+            )
         else:
             if dtype is not None or device is not None:
                 model = model.to(device=device, dtype=_torch_dtype(dtype))
         if verification == "exact":
             make_batch_invariant(model)
         elif is_batch_invariant(model):
-            raise AdaptspecError("this model was patched for exact verification; load a fresh copy for fast verification")
+            raise AdaptspecError(
+                "this model was patched for exact verification; load a fresh copy for fast verification"
+            )
         self.verification = verification
         self.model = model.eval()
         #: the passes' linear layers on weights reordered once (:mod:`~adaptspec.decoding.prepacked`;
@@ -115,7 +121,9 @@ class TargetModel:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if eos is None:
             eos = getattr(cfg, "eos_token_id", None)
-        self.eos_token_ids: set[int] = set() if eos is None else set(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.eos_token_ids: set[int] = (
+            set() if eos is None else set(eos if isinstance(eos, (list, tuple)) else [eos])
+        )
 
     @property
     def device(self) -> torch.device:
@@ -178,7 +186,9 @@ class TargetModel:
         return TargetPrefill(logits, self._context(hs), self._features(hs, logits, ids.shape[1]), cache)
 
     @torch.inference_mode()
-    def verify(self, block: torch.Tensor, cache: Any, context: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def verify(
+        self, block: torch.Tensor, cache: Any, context: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``block[B]`` after the cached positions: logits ``[B, V]`` and drafter context ``[B, k*H]``
         (None when ``context`` is False or the target feeds no drafter: then this is the model's
         plain forward step)."""

@@ -73,7 +73,9 @@ class DraftTree:
 
     def prefix(self, n: int) -> "DraftTree":
         """The first ``n`` nodes: the best prefix-closed tree of ``n`` nodes (parents come first)."""
-        return DraftTree(self.tokens[:n], self.log_mass[:n], self.parents[: n + 1], self.depths[: n + 1], self.chain)
+        return DraftTree(
+            self.tokens[:n], self.log_mass[:n], self.parents[: n + 1], self.depths[: n + 1], self.chain
+        )
 
     def ancestors(self) -> torch.Tensor:
         """``[N + 1, N + 1]`` booleans: ``[i, j]`` when block index ``j`` is ``i`` or one of its
@@ -103,7 +105,9 @@ def build_tree(log_probs: torch.Tensor, ids: torch.Tensor, nodes: int) -> DraftT
     from the largest; ``ids[D, K]`` their tokens (distinct within a row). Fewer nodes only when
     the ``D x K`` candidates run out (``K + K^2 + .. + K^D`` paths)."""
     if log_probs.dim() != 2 or log_probs.shape != ids.shape:
-        raise AdaptspecError(f"log_probs and ids must be [depth, k] alike, got {tuple(log_probs.shape)} and {tuple(ids.shape)}")
+        raise AdaptspecError(
+            f"log_probs and ids must be [depth, k] alike, got {tuple(log_probs.shape)} and {tuple(ids.shape)}"
+        )
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise AdaptspecError(f"a draft tree needs an int number of nodes >= 1, got {nodes!r}")
     lp = log_probs.double().cpu().tolist()

@@ -96,8 +96,9 @@ class CostAwareTree(TreeBudget):
     """CaDDTree's per-round budget (module docstring). ``round_s(m)`` is a round's cost with ``m``
     nodes (any unit); :meth:`from_profile` prices it on a host's measured curve."""
 
-    def __init__(self, round_s: Callable[[int], float], max_nodes: int = 64, top_k: int = 0,
-                 depth: int | None = None) -> None:
+    def __init__(
+        self, round_s: Callable[[int], float], max_nodes: int = 64, top_k: int = 0, depth: int | None = None
+    ) -> None:
         self.max_nodes, self.top_k, self.depth = _check(max_nodes, top_k or 1, depth)
         self.top_k = top_k or min(max_nodes, DEFAULT_TOP_K)
         costs = np.array([float(round_s(m)) for m in range(max_nodes + 1)])
@@ -106,8 +107,9 @@ class CostAwareTree(TreeBudget):
         self.costs = costs
 
     @classmethod
-    def from_profile(cls, profile: Any, max_nodes: int = 64, top_k: int = 0,
-                     depth: int | None = None) -> "CostAwareTree":
+    def from_profile(
+        cls, profile: Any, max_nodes: int = 64, top_k: int = 0, depth: int | None = None
+    ) -> "CostAwareTree":
         """Priced by ``profile`` (a :class:`~adaptspec.reward.latency.LatencyProfile`, at its
         context): a drafter pass of ``depth + 1`` positions and a target pass of ``m + 1`` (the
         draft is paid every round, whatever the tree)."""

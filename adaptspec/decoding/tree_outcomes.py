@@ -53,7 +53,9 @@ def round_outcomes(tree: DraftTree, choices: Sequence[int]) -> TreeOutcomes:
     """The outcomes of every smaller tree and every chain (module docstring) from ``tree`` and the
     target's ``choices[i]`` at block index ``i`` (the root 0, node ``i`` at ``i``)."""
     if len(choices) != tree.nodes + 1:
-        raise AdaptspecError(f"a tree of {tree.nodes} nodes needs {tree.nodes + 1} choices, got {len(choices)}")
+        raise AdaptspecError(
+            f"a tree of {tree.nodes} nodes needs {tree.nodes + 1} choices, got {len(choices)}"
+        )
     path = tree.walk(list(choices))
     tree_tau, on = [1], 0
     for n in range(1, tree.nodes + 1):

@@ -45,9 +45,15 @@ def tree_depth(budget: TreeBudget, max_block_size: int, room: int) -> int:
     return min(budget.depth or DEFAULT_DEPTH, max_block_size - 1, room - 1)
 
 
-def draft_tree(scores: torch.Tensor, budget: TreeBudget, to_target: Callable[[torch.Tensor], torch.Tensor],
-               temperature: float = 0.0, noise: torch.Tensor | None = None,
-               draft_vocab: torch.Tensor | None = None, max_nodes: int | None = None) -> DraftTree:
+def draft_tree(
+    scores: torch.Tensor,
+    budget: TreeBudget,
+    to_target: Callable[[torch.Tensor], torch.Tensor],
+    temperature: float = 0.0,
+    noise: torch.Tensor | None = None,
+    draft_vocab: torch.Tensor | None = None,
+    max_nodes: int | None = None,
+) -> DraftTree:
     """The round's tree: the best-first tree of up to ``budget.max_nodes`` nodes built from the top
     ``budget.top_k`` of the drafter's ``scores[depth, V_draft]`` (float), cut to the nodes
     ``budget.nodes`` asks for (and to ``max_nodes``, an engine's per-row cap). At ``temperature > 0``
@@ -66,8 +72,9 @@ def draft_tree(scores: torch.Tensor, budget: TreeBudget, to_target: Callable[[to
     return tree.prefix(int(m) if max_nodes is None else min(int(m), max_nodes))
 
 
-def target_choices(logits: torch.Tensor, tree: DraftTree, temperature: float = 0.0,
-                   noise: torch.Tensor | None = None) -> list[int]:
+def target_choices(
+    logits: torch.Tensor, tree: DraftTree, temperature: float = 0.0, noise: torch.Tensor | None = None
+) -> list[int]:
     """The target's choice after every block index of ``tree`` from the pass's ``logits[N + 1, V]``:
     the argmax at ``temperature`` 0, else the keyed sample of the node's output position (``noise``
     of the round's positions, row ``d`` the position at depth ``d``)."""

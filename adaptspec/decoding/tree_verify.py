@@ -30,7 +30,9 @@ BOOLEAN_MASK = ("sdpa", ATTENTION_NAME)
 ADDITIVE_MASK = ("eager",)
 
 
-def tree_inputs(tree: DraftTree, last: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tree_inputs(
+    tree: DraftTree, last: int, n: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pass's ``input_ids[1, N + 1]``, ``position_ids[1, N + 1]`` and boolean
     ``attention_mask[1, 1, N + 1, n + N + 1]`` (every cached position, then the ancestors)."""
     ids = torch.tensor([[last, *tree.tokens]], device=device)
@@ -53,15 +55,20 @@ def check_tree_target(target: TargetModel, cache: Any) -> None:
 
     attention = getattr(target.model.config, "_attn_implementation", None)
     if not tree_attention(target):
-        raise AdaptspecError(f"draft trees need sdpa or eager attention (a mask per query); this target runs {attention!r}")
+        raise AdaptspecError(
+            f"draft trees need sdpa or eager attention (a mask per query); this target runs {attention!r}"
+        )
     kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if kinds:
-        raise AdaptspecError(f"draft trees need a full-attention KV cache; this target's has {', '.join(sorted(kinds))} layers")
+        raise AdaptspecError(
+            f"draft trees need a full-attention KV cache; this target's has {', '.join(sorted(kinds))} layers"
+        )
 
 
 @torch.inference_mode()
-def verify_tree(target: TargetModel, tree: DraftTree, last: int, n: int, cache: Any,
-                context: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def verify_tree(
+    target: TargetModel, tree: DraftTree, last: int, n: int, cache: Any, context: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the tree after the ``n`` positions of ``cache``: logits ``[N + 1, V]`` (row ``i``: the
     target's next-token logits after block index ``i``'s path) and, when ``context`` and the
     target feeds a drafter, the drafter's context ``[N + 1, k*H]``. Appends all ``N + 1``
@@ -69,11 +76,19 @@ def verify_tree(target: TargetModel, tree: DraftTree, last: int, n: int, cache: 
     prepacked weights, as its chain passes do (``TargetModel.prepacked``)."""
     ids, positions, mask = tree_inputs(tree, last, n, target.device)
     if target.model.config._attn_implementation in ADDITIVE_MASK:
-        mask = torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(target.dtype).min)
+        mask = torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(target.dtype).min
+        )
     context = context and target.context_layers is not None
     with target.prepacked.on():
-        out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                           **{cache_keyword(): cache}, use_cache=True, output_hidden_states=context)
+        out = target.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            **{cache_keyword(): cache},
+            use_cache=True,
+            output_hidden_states=context,
+        )
     hidden = torch.cat([out.hidden_states[i][0] for i in target.context_layers], dim=-1) if context else None
     return out.logits[0], hidden
 

@@ -15,9 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from .core import (Contender, ProgressBar, Scorer, Settings, Tally, contender_feedback, make_contexts, provenance,
-                   run_contenders,
-                   shuffled_stream, spec_contender, split_requests, train_heads)
+from .core import (
+    Contender,
+    ProgressBar,
+    Scorer,
+    Settings,
+    Tally,
+    contender_feedback,
+    make_contexts,
+    provenance,
+    run_contenders,
+    shuffled_stream,
+    spec_contender,
+    split_requests,
+    train_heads,
+)
 from .replay_sections import default_reward
 
 #: the smallest head training set tried
@@ -52,7 +64,9 @@ def crossing(sizes: list[int], warm: list[float], cold: float) -> int | None:
     return None
 
 
-def section_coldstart(traces: Any, st: Settings, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def section_coldstart(
+    traces: Any, st: Settings, seed: int = 0
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Learning curve of the warm start over head training-set sizes, against cold bandits."""
     from ..policies.neural_linear import NeuralLinear
     from ..policies.offline_head import OfflineHead
@@ -74,48 +88,74 @@ def section_coldstart(traces: Any, st: Settings, seed: int = 0) -> tuple[dict[st
     cold, first_cold = Tally(), Tally()
     warm = {k: {s: Tally() for s in sizes} for k in ("stream", "first_pass")}
     bar = ProgressBar("5 cold start", st.progress)
-    cold_c = [spec_contender(lbl, spec, "context-free" if "ucb" in spec else "contextual") for lbl, spec in COLD]
+    cold_c = [
+        spec_contender(lbl, spec, "context-free" if "ucb" in spec else "contextual") for lbl, spec in COLD
+    ]
     fb = contender_feedback(cold_c, traces, R, reward, latency)  # the warm ones learn from the arm that ran
     fed = {"best fixed": "none"}
     try:
         for r in range(reps):
             idx = shuffled_stream(ev, T, 7000 + r)
-            one = idx[:len(ev)]
+            one = idx[: len(ev)]
             bar.plan(len(cold_c) * T)
             chosen = run_contenders(cold_c, R, ctx.X, idx, arms, 7000 + r, bar, feedback=fb, kinds=fed)
             chosen["best fixed"] = np.full(T, int(np.argmax(R[idx].sum(axis=0))))
             for lbl, a in chosen.items():
                 cold.add(lbl, scorer.score(idx, a), feedback=fed[lbl])
-                first_cold.add(lbl, scorer.score(one, a[:len(ev)]), feedback=fed[lbl])
+                first_cold.add(lbl, scorer.score(one, a[: len(ev)]), feedback=fed[lbl])
             rng = np.random.default_rng([seed, r, 77])
             for s in sizes:
                 sub = np.sort(rng.choice(tr, size=s, replace=False)) if s < len(tr) else tr
                 heads = train_heads(ctx.X[sub], R[sub], arms, seed=1000 * r + s, classification=False)
-                warm_c = [Contender("neural-linear (warm)", "contextual",
-                                    lambda ar, sd, h=heads.regression: NeuralLinear(h, seed=sd)),
-                          Contender("head alone (regression)", "offline",
-                                    lambda ar, sd, h=heads.regression: OfflineHead(h, seed=sd))]
+                warm_c = [
+                    Contender(
+                        "neural-linear (warm)",
+                        "contextual",
+                        lambda ar, sd, h=heads.regression: NeuralLinear(h, seed=sd),
+                    ),
+                    Contender(
+                        "head alone (regression)",
+                        "offline",
+                        lambda ar, sd, h=heads.regression: OfflineHead(h, seed=sd),
+                    ),
+                ]
                 bar.plan(len(warm_c) * T)
                 ch = run_contenders(warm_c, R, ctx.X, idx, arms, 7000 + r, bar, feedback=fb)
                 for lbl, a in ch.items():
                     warm["stream"][s].add(lbl, scorer.score(idx, a))
-                    warm["first_pass"][s].add(lbl, scorer.score(one, a[:len(ev)]))
+                    warm["first_pass"][s].add(lbl, scorer.score(one, a[: len(ev)]))
     finally:
         bar.close()
-    out: dict[str, Any] = {**base, "status": "ok", "contexts": ctx.description, "n_train": int(len(tr)),
-                           "n_eval": int(len(ev)), "steps": int(T), "repeats": reps, "sizes": sizes, "horizons": {}}
+    out: dict[str, Any] = {
+        **base,
+        "status": "ok",
+        "contexts": ctx.description,
+        "n_train": int(len(tr)),
+        "n_eval": int(len(ev)),
+        "steps": int(T),
+        "repeats": reps,
+        "sizes": sizes,
+        "horizons": {},
+    }
     for key, cold_t in (("stream", cold), ("first_pass", first_cold)):
         cold_rows = cold_t.summary()
         curve = {lbl: [] for lbl in ("neural-linear (warm)", "head alone (regression)")}
         for s in sizes:
             for row in warm[key][s].summary():
-                curve[row["policy"]].append({"size": s, "pct_oracle": row["pct_oracle"], "gain_pct": row["gain_pct"]})
-        best_cold = max((c for c in cold_rows if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"])
+                curve[row["policy"]].append(
+                    {"size": s, "pct_oracle": row["pct_oracle"], "gain_pct": row["gain_pct"]}
+                )
+        best_cold = max(
+            (c for c in cold_rows if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"]
+        )
         nl = [p["pct_oracle"]["mean"] for p in curve["neural-linear (warm)"]]
         out["horizons"][key] = {
-            "cold": cold_rows, "warm": curve, "best_cold": best_cold["policy"],
+            "cold": cold_rows,
+            "warm": curve,
+            "best_cold": best_cold["policy"],
             "crossing": crossing(sizes, nl, best_cold["pct_oracle"]["mean"]),
-            "crossing_best_fixed": crossing(sizes, nl, next(c for c in cold_rows if c["policy"] == "best fixed")
-                                            ["pct_oracle"]["mean"]),
+            "crossing_best_fixed": crossing(
+                sizes, nl, next(c for c in cold_rows if c["policy"] == "best fixed")["pct_oracle"]["mean"]
+            ),
         }
     return out, out

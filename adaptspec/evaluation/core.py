@@ -50,8 +50,16 @@ class Settings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("splits", "orders", "passes", "blockpilot_passes", "drift_phase_steps",
-                     "drift_synthetic_requests", "coldstart_repeats", "load_requests"):
+        for name in (
+            "splits",
+            "orders",
+            "passes",
+            "blockpilot_passes",
+            "drift_phase_steps",
+            "drift_synthetic_requests",
+            "coldstart_repeats",
+            "load_requests",
+        ):
             v = getattr(self, name)
             if int(v) != v or v < 1:
                 raise AdaptspecError(f"{name} must be a positive integer, got {v!r}")
@@ -136,8 +144,12 @@ def _make_contexts(traces: Any, train_idx: np.ndarray) -> Contexts:
     keep = [-1] if spec.split(",")[-1].strip() == "len" else []
     f = Featurizer.fit(X[train_idx], dim=PCA_DIM, keep=keep)
     extra = " + log prompt length" if keep else ""
-    return Contexts(f.transform(X), f, f"{X.shape[1]} stored features -> PCA to {f.out_dim - len(keep)} "
-                                       f"whitened components{extra}, fitted on the training split")
+    return Contexts(
+        f.transform(X),
+        f,
+        f"{X.shape[1]} stored features -> PCA to {f.out_dim - len(keep)} "
+        f"whitened components{extra}, fitted on the training split",
+    )
 
 
 @dataclass
@@ -149,8 +161,9 @@ class Heads:
     n_train: int
 
 
-def train_heads(X: np.ndarray, R: np.ndarray, arms: Sequence[int], seed: int,
-                classification: bool = True) -> Heads:
+def train_heads(
+    X: np.ndarray, R: np.ndarray, arms: Sequence[int], seed: int, classification: bool = True
+) -> Heads:
     """A regression head (what NeuralLinear starts from) and a BlockPilot-style classifier."""
     from ..policies.offline_head import train_head
 
@@ -197,30 +210,66 @@ def standard_lineup(heads: Heads | None, contextual: bool, *, discount: bool = F
     from ..policies.neural_linear import NeuralLinear
     from ..policies.offline_head import OfflineHead
 
-    out = [spec_contender("ucb-throughput", "ucb-throughput", "context-free",
-                          "BanditSpec-style: UCB over B on measured throughput, 8 round-robin warm-up rounds")]
+    out = [
+        spec_contender(
+            "ucb-throughput",
+            "ucb-throughput",
+            "context-free",
+            "BanditSpec-style: UCB over B on measured throughput, 8 round-robin warm-up rounds",
+        )
+    ]
     if discount:
-        out.append(spec_contender("ucb-throughput (window 300)", "ucb-throughput:window=300", "context-free",
-                                  "the same, remembering only the last 300 requests"))
+        out.append(
+            spec_contender(
+                "ucb-throughput (window 300)",
+                "ucb-throughput:window=300",
+                "context-free",
+                "the same, remembering only the last 300 requests",
+            )
+        )
     if heads is not None:
         if heads.classification is not None:
-            out.append(Contender("head, classifier (BlockPilot-style)", "offline",
-                                 lambda ar, s, h=heads.classification: OfflineHead(h, seed=s),
-                                 note="MLP from prefill features to the best B, trained offline, frozen"))
-        out.append(Contender("head, regression (greedy)", "offline",
-                             lambda ar, s, h=heads.regression: OfflineHead(h, seed=s),
-                             note="MLP predicting every B's reward, frozen; what NeuralLinear starts from"))
-        out.append(Contender("neural-linear (default)", "contextual",
-                             lambda ar, s, h=heads.regression: NeuralLinear(h, seed=s),
-                             note="Bayesian linear regression on the head's last layer, warm-started from the head"))
+            out.append(
+                Contender(
+                    "head, classifier (BlockPilot-style)",
+                    "offline",
+                    lambda ar, s, h=heads.classification: OfflineHead(h, seed=s),
+                    note="MLP from prefill features to the best B, trained offline, frozen",
+                )
+            )
+        out.append(
+            Contender(
+                "head, regression (greedy)",
+                "offline",
+                lambda ar, s, h=heads.regression: OfflineHead(h, seed=s),
+                note="MLP predicting every B's reward, frozen; what NeuralLinear starts from",
+            )
+        )
+        out.append(
+            Contender(
+                "neural-linear (default)",
+                "contextual",
+                lambda ar, s, h=heads.regression: NeuralLinear(h, seed=s),
+                note="Bayesian linear regression on the head's last layer, warm-started from the head",
+            )
+        )
         if discount:
-            out.append(Contender("neural-linear (discount 0.998)", "contextual",
-                                 lambda ar, s, h=heads.regression: NeuralLinear(h, discount=0.998, seed=s)))
+            out.append(
+                Contender(
+                    "neural-linear (discount 0.998)",
+                    "contextual",
+                    lambda ar, s, h=heads.regression: NeuralLinear(h, discount=0.998, seed=s),
+                )
+            )
     if contextual:
         out.append(spec_contender("linucb (cold)", "linucb", "contextual", "LinUCB, no offline data"))
         if discount:
             out.append(spec_contender("linucb (cold, discount 0.999)", "linucb:discount=0.999", "contextual"))
-        out.append(spec_contender("squarecb (cold)", "squarecb", "contextual", "SquareCB, linear oracle, no offline data"))
+        out.append(
+            spec_contender(
+                "squarecb (cold)", "squarecb", "contextual", "SquareCB, linear oracle, no offline data"
+            )
+        )
     return out
 
 
@@ -235,9 +284,17 @@ def shuffled_stream(pool: np.ndarray, n_steps: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(pool) for _ in range(passes)])[:n_steps]
 
 
-def run_contenders(contenders: Iterable[Contender], R: np.ndarray, X: np.ndarray | None, idx: np.ndarray,
-                   arms: tuple[int, ...], seed: int, bar: Any = None, feedback: Any = None,
-                   kinds: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+def run_contenders(
+    contenders: Iterable[Contender],
+    R: np.ndarray,
+    X: np.ndarray | None,
+    idx: np.ndarray,
+    arms: tuple[int, ...],
+    seed: int,
+    bar: Any = None,
+    feedback: Any = None,
+    kinds: dict[str, str] | None = None,
+) -> dict[str, np.ndarray]:
     """Arm index chosen at each step of ``idx`` by every contender (fresh policies seeded with ``seed``);
     ``feedback`` (:class:`~adaptspec.simulators.counterfactuals.Feedback`, :func:`contender_feedback`)
     feeds full-information ones. ``kinds``, when given, receives what each contender learnt from
@@ -258,8 +315,14 @@ def run_contenders(contenders: Iterable[Contender], R: np.ndarray, X: np.ndarray
     return out
 
 
-def contender_feedback(contenders: Sequence[Contender], traces: Any, R: np.ndarray, reward: str,
-                       latency: Any = None, batch_size: int = 1) -> Any:
+def contender_feedback(
+    contenders: Sequence[Contender],
+    traces: Any,
+    R: np.ndarray,
+    reward: str,
+    latency: Any = None,
+    batch_size: int = 1,
+) -> Any:
     """The counterfactual feedback the controller would give the full-feedback contenders (a
     :class:`~adaptspec.simulators.counterfactuals.Feedback` of ``traces`` and ``R``), or None when
     none of ``contenders`` learns from it or the trace set keeps no per-round taus."""
@@ -277,7 +340,9 @@ class ProgressBar:
     def __init__(self, desc: str, enabled: bool, unit: str = "step") -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=0, desc=desc, unit=unit, unit_scale=True, leave=False, disable=not enabled, delay=0.5)
+        self.bar = tqdm(
+            total=0, desc=desc, unit=unit, unit_scale=True, leave=False, disable=not enabled, delay=0.5
+        )
 
     def plan(self, n: int) -> None:
         self.bar.total += int(n)
@@ -418,7 +483,9 @@ def provenance(traces: Any) -> dict[str, Any]:
         "temperature": meta.get("temperature"),
         "requests": int(traces.n_requests),
         "arms": [int(a) for a in traces.arms],
-        "domains": {str(k): int(v) for k, v in zip(*np.unique(traces.domains.astype(str), return_counts=True))},
+        "domains": {
+            str(k): int(v) for k, v in zip(*np.unique(traces.domains.astype(str), return_counts=True))
+        },
         "features": None if traces.features is None else int(traces.features.shape[1]),
         "timings": bool(traces.has_timings),
         "fingerprint": h.hexdigest()[:16],

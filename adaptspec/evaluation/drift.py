@@ -19,15 +19,31 @@ from typing import Any
 import numpy as np
 
 from ..reward.functions import pct_of
-from .core import (Contender, ProgressBar, Scorer, Settings, ci95, contender_feedback, curve_points, make_contexts,
-                   provenance, run_contenders, shuffled_stream, split_requests, standard_lineup, train_heads)
+from .core import (
+    Contender,
+    ProgressBar,
+    Scorer,
+    Settings,
+    ci95,
+    contender_feedback,
+    curve_points,
+    make_contexts,
+    provenance,
+    run_contenders,
+    shuffled_stream,
+    split_requests,
+    standard_lineup,
+    train_heads,
+)
 from .replay_sections import default_reward
 
 #: a window is "recovered" when it earns this share of the new phase's best fixed block
 RECOVERY_LEVEL = 0.98
 
 
-def phase_domains(domains: np.ndarray, R: np.ndarray, pool: np.ndarray) -> tuple[list[str], list[str], dict[str, int]]:
+def phase_domains(
+    domains: np.ndarray, R: np.ndarray, pool: np.ndarray
+) -> tuple[list[str], list[str], dict[str, int]]:
     """Split the domains in two: those whose best fixed arm (on ``pool``) is largest go first."""
     doms = np.asarray(domains).astype(str)
     best: dict[str, int] = {}
@@ -70,7 +86,9 @@ def windowed_pct(r: np.ndarray, best: np.ndarray, window: int, points: np.ndarra
     return pct_of(cr[points] - cr[lo], cb[points] - cb[lo])
 
 
-def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, seed: int = 0) -> tuple[dict, dict]:
+def drift_stream(
+    traces: Any, label: str, st: Settings, train_fraction: float, seed: int = 0
+) -> tuple[dict, dict]:
     """One source: train heads on a split with the full mix, then stream phase A then phase B."""
     reward, latency = default_reward(traces)
     R = traces.reward_matrix(reward, latency)
@@ -80,8 +98,13 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
     ctx = make_contexts(traces, tr)
     heads = None if ctx.X is None else train_heads(ctx.X[tr], R[tr], arms, seed=seed)
     fixed_tr = int(np.argmax(R[tr].mean(axis=0)))
-    contenders = [Contender(f"fixed:{arms[fixed_tr]} (best on the training split)", "fixed",
-                            choices=np.full(traces.n_requests, fixed_tr))]
+    contenders = [
+        Contender(
+            f"fixed:{arms[fixed_tr]} (best on the training split)",
+            "fixed",
+            choices=np.full(traces.n_requests, fixed_tr),
+        )
+    ]
     contenders += standard_lineup(heads, ctx.X is not None, discount=True)
     fb = contender_feedback(contenders, traces, R, reward, latency)
     fed = {"best fixed of each phase (reference)": "none", "oracle": "oracle"}
@@ -106,15 +129,19 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
             refs.append((int(arms[ra]), int(arms[rb])))
             best = R[idx].max(axis=1)
             ref_r = np.concatenate([R[idx[:P], ra], R[idx[P:], rb]])
-            chosen = {"best fixed of each phase (reference)": np.concatenate([np.full(P, ra), np.full(P, rb)]),
-                      "oracle": scorer.oracle_choice(idx), **chosen}
+            chosen = {
+                "best fixed of each phase (reference)": np.concatenate([np.full(P, ra), np.full(P, rb)]),
+                "oracle": scorer.oracle_choice(idx),
+                **chosen,
+            }
             for lbl, a in chosen.items():
                 r = R[idx, a]
-                e = rows.setdefault(lbl, {"before": [], "first_window": [], "last_window": [], "recovery": [],
-                                          "phase_b": []})
+                e = rows.setdefault(
+                    lbl, {"before": [], "first_window": [], "last_window": [], "recovery": [], "phase_b": []}
+                )
                 e["before"].append(float(pct_of(r[:P].sum(), best[:P].sum())))
                 e["phase_b"].append(float(pct_of(r[P:].sum(), best[P:].sum())))
-                e["first_window"].append(float(pct_of(r[P:P + W].sum(), best[P:P + W].sum())))
+                e["first_window"].append(float(pct_of(r[P : P + W].sum(), best[P : P + W].sum())))
                 e["last_window"].append(float(pct_of(r[-W:].sum(), best[-W:].sum())))
                 e["recovery"].append(recovery_time(r[P:], ref_r[P:], W))
                 curves.setdefault(lbl, []).append(windowed_pct(r, best, W, pts))
@@ -124,31 +151,52 @@ def drift_stream(traces: Any, label: str, st: Settings, train_fraction: float, s
     table = []
     for lbl, e in rows.items():
         rec = e["recovery"]
-        table.append({
-            "policy": lbl, "kind": kinds.get(lbl, "reference"), "feedback": fed[lbl],
-            **{k: round(ci95(e[k])[0], 3) for k in ("before", "first_window", "last_window", "phase_b")},
-            "recovery": rec,
-            "recovered_runs": sum(x is not None for x in rec),
-            "recovery_median": None if any(x is None for x in rec) else float(np.median(rec)),
-        })
+        table.append(
+            {
+                "policy": lbl,
+                "kind": kinds.get(lbl, "reference"),
+                "feedback": fed[lbl],
+                **{k: round(ci95(e[k])[0], 3) for k in ("before", "first_window", "last_window", "phase_b")},
+                "recovery": rec,
+                "recovered_runs": sum(x is not None for x in rec),
+                "recovery_median": None if any(x is None for x in rec) else float(np.median(rec)),
+            }
+        )
     data = {
-        "label": label, "traces": provenance(traces), "reward": reward, "latency": latency,
+        "label": label,
+        "traces": provenance(traces),
+        "reward": reward,
+        "latency": latency,
         "contexts": ctx.description,
-        "phase_a": a_doms, "phase_b": b_doms,
+        "phase_a": a_doms,
+        "phase_b": b_doms,
         "domain_best_fixed": {d: int(arms[j]) for d, j in dom_best.items()},
-        "phase_best_fixed": refs, "phase_steps": P, "window": W, "runs": st.orders,
-        "n_train": int(len(tr)), "pool_a": int(len(pool_a)), "pool_b": int(len(pool_b)),
-        "recovery_level": RECOVERY_LEVEL, "policies": table,
+        "phase_best_fixed": refs,
+        "phase_steps": P,
+        "window": W,
+        "runs": st.orders,
+        "n_train": int(len(tr)),
+        "pool_a": int(len(pool_a)),
+        "pool_b": int(len(pool_b)),
+        "recovery_level": RECOVERY_LEVEL,
+        "policies": table,
     }
-    return data, {"label": label, "steps": pts, "change": P, "window": W,
-                  "curves": {k: np.mean(v, axis=0) for k, v in curves.items()}}
+    return data, {
+        "label": label,
+        "steps": pts,
+        "change": P,
+        "window": W,
+        "curves": {k: np.mean(v, axis=0) for k, v in curves.items()},
+    }
 
 
 def section_drift(traces: Any, st: Settings) -> tuple[dict[str, Any], list[dict]]:
     """A synthetic stream with a known optimum and one built from the trace set under evaluation."""
     from ..simulators.synthetic import generate
 
-    syn = generate("cpu-small", n_requests=st.drift_synthetic_requests, seed=7, per_round=False, progress=False)
+    syn = generate(
+        "cpu-small", n_requests=st.drift_synthetic_requests, seed=7, per_round=False, progress=False
+    )
     out, plots = [], []
     for label, ts, frac in (("synthetic (cpu-small)", syn, 0.25), ("trace set", traces, st.train_fraction)):
         d, p = drift_stream(ts, label, st, frac)

@@ -27,9 +27,18 @@ from .replay_sections import default_reward
 METHODS = ("plain", "fixed", "controller")
 
 
-def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], fixed_block: int, policy: Any,
-            *, featurizer: Any = None, max_new_tokens: int = 64, warmup: bool = True,
-            progress: bool = True, speed_reference: Any = "auto") -> dict[str, Any]:
+def run_e2e(
+    speculator: Any,
+    prompts: Sequence[tuple[str, str, Sequence[int]]],
+    fixed_block: int,
+    policy: Any,
+    *,
+    featurizer: Any = None,
+    max_new_tokens: int = 64,
+    warmup: bool = True,
+    progress: bool = True,
+    speed_reference: Any = "auto",
+) -> dict[str, Any]:
     """Decode every prompt plainly, at ``fixed_block`` and through a controller over ``policy``.
 
     ``prompts`` are ``(request_id, domain, token_ids)``. The controller learns online (the
@@ -48,8 +57,17 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
         for b in sorted({1, fixed_block}):
             speculator.decode(pre, b, min(8, max_new_tokens))
         plain(list(prompts[0][2]), min(8, max_new_tokens))
-    ctrl = AdaptiveController(speculator, policy, featurizer=featurizer, reward=DEFAULT_REWARD, seed=0,
-                              speed_reference=speed_reference, feedback_timeout_s=None, checkpoint_interval_s=None, roll_interval_s=None)
+    ctrl = AdaptiveController(
+        speculator,
+        policy,
+        featurizer=featurizer,
+        reward=DEFAULT_REWARD,
+        seed=0,
+        speed_reference=speed_reference,
+        feedback_timeout_s=None,
+        checkpoint_interval_s=None,
+        roll_interval_s=None,
+    )
     rows = []
     bar = ProgressBar("6 end to end", progress, unit="prompt")
     bar.plan(len(prompts))
@@ -59,12 +77,16 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
             pre = None
             rec: dict[str, Any] = {"request_id": rid, "domain": domain, "prompt_tokens": len(ids)}
             toks = {}
-            for m in METHODS[i % 3:] + METHODS[:i % 3]:
+            for m in METHODS[i % 3 :] + METHODS[: i % 3]:
                 if m == "controller":
                     g = ctrl.generate(ids, max_new_tokens=max_new_tokens, request_id=rid)
                     out = g.outcome
-                    rec[m] = {"block_size": int(g.decision.block_size), "overhead_s": float(g.overhead_s),
-                              "fallback": g.fallback, "reward": g.reward}
+                    rec[m] = {
+                        "block_size": int(g.decision.block_size),
+                        "overhead_s": float(g.overhead_s),
+                        "fallback": g.fallback,
+                        "reward": g.reward,
+                    }
                 elif m == "plain":
                     out = plain(ids, max_new_tokens)
                     rec[m] = {"block_size": 1}
@@ -73,8 +95,11 @@ def run_e2e(speculator: Any, prompts: Sequence[tuple[str, str, Sequence[int]]], 
                         pre = speculator.prefill(ids)
                     out = speculator.decode(pre, fixed_block, max_new_tokens)
                     rec[m] = {"block_size": int(fixed_block)}
-                rec[m].update(new_tokens=int(out.new_tokens), decode_s=float(out.decode_s),
-                              mean_tau=float(out.mean_tau) if out.rounds else None)
+                rec[m].update(
+                    new_tokens=int(out.new_tokens),
+                    decode_s=float(out.decode_s),
+                    mean_tau=float(out.mean_tau) if out.rounds else None,
+                )
                 toks[m] = list(out.tokens)
             verdict = plain.verdict(toks["fixed"], toks["plain"], ids, max_new_tokens)
             rec["identical"] = toks["fixed"] == toks["controller"] and verdict != "NO"
@@ -103,8 +128,11 @@ class _Plain:
         target = getattr(speculator, "target", None)
         self.speculator = speculator
         self.greedy = PlainGreedy(target) if hasattr(getattr(target, "model", None), "config") else None
-        self.description = ("transformers' greedy loop on the target alone: standard kernels, KV cache"
-                            if self.greedy else "block size 1 through the speculator's own loop")
+        self.description = (
+            "transformers' greedy loop on the target alone: standard kernels, KV cache"
+            if self.greedy
+            else "block size 1 through the speculator's own loop"
+        )
 
     def __call__(self, ids: list[int], max_new: int) -> Any:
         from ..speculator import Outcome
@@ -121,11 +149,18 @@ class _Plain:
         return self.greedy.verdict(tokens, plain_tokens, ids, max_new)
 
 
-def summarize_e2e(rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block: int, policy: str) -> dict[str, Any]:
+def summarize_e2e(
+    rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block: int, policy: str
+) -> dict[str, Any]:
     """Totals per method (tokens/s = all new tokens / all decode seconds), speedups over plain
     decoding, and the controller's overhead."""
-    out: dict[str, Any] = {"prompts": len(rows), "fixed_block": int(fixed_block), "policy": policy, "methods": {},
-                           "rows": rows}
+    out: dict[str, Any] = {
+        "prompts": len(rows),
+        "fixed_block": int(fixed_block),
+        "policy": policy,
+        "methods": {},
+        "rows": rows,
+    }
     plain_tps = None
     for m in METHODS:
         tok = sum(r[m]["new_tokens"] for r in rows)
@@ -134,9 +169,13 @@ def summarize_e2e(rows: list[dict[str, Any]], stats: dict[str, Any], fixed_block
         tps = tok / sec if sec > 0 else float("nan")
         if m == "plain":
             plain_tps = tps
-        out["methods"][m] = {"new_tokens": tok, "decode_s": round(sec, 4), "tokens_per_s": round(tps, 3),
-                             "mean_tau": round(float(np.mean(taus)), 4) if taus else None,
-                             "speedup": round(tps / plain_tps, 4) if plain_tps else None}
+        out["methods"][m] = {
+            "new_tokens": tok,
+            "decode_s": round(sec, 4),
+            "tokens_per_s": round(tps, 3),
+            "mean_tau": round(float(np.mean(taus)), 4) if taus else None,
+            "speedup": round(tps / plain_tps, 4) if plain_tps else None,
+        }
     ov = [r["controller"]["overhead_s"] for r in rows]
     dec = sum(r["controller"]["decode_s"] for r in rows)
     tok = out["methods"]["controller"]["new_tokens"]
@@ -166,7 +205,10 @@ def pick_prompts(traces: Any, n: int, train_fraction: float) -> tuple[list[tuple
     pool, source = benchmark_prompts(), "public benchmark prompts"
     ids = [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)]
     if not any(i in known for i in ids):
-        pool, source = heldout_prompts(), "held-out template prompts (in distribution for the drafter's templates)"
+        pool, source = (
+            heldout_prompts(),
+            "held-out template prompts (in distribution for the drafter's templates)",
+        )
         ids = [f"{p.domain}-{i:04d}" for i, p in enumerate(pool)]
     allowed = set(range(len(pool)))
     how = f"{source}; the trace set was not collected from them"
@@ -203,18 +245,36 @@ def e2e_policy(traces: Any, feature_dim: int, train_fraction: float) -> tuple[An
         tr, _ = split_requests(traces.domains, train_fraction, 0)
         ctx = make_contexts(traces, tr)
         head = train_head(ctx.X[tr], R[tr], traces.arms, seed=0)
-        return NeuralLinear(head, seed=0), ctx.featurizer, (
-            f"neural-linear warm-started from a head trained on the trace set's training split ({len(tr)} requests, "
-            f"{ctx.description})")
+        return (
+            NeuralLinear(head, seed=0),
+            ctx.featurizer,
+            (
+                f"neural-linear warm-started from a head trained on the trace set's training split ({len(tr)} requests, "
+                f"{ctx.description})"
+            ),
+        )
     spec = default_policy_spec()
-    why = ("the trace set has no features" if X is None else
-           "the trace set is synthetic" if prov["synthetic"] else
-           f"the trace set's features ({X.shape[1]}) are not this decoder's ({feature_dim})")
+    why = (
+        "the trace set has no features"
+        if X is None
+        else "the trace set is synthetic"
+        if prov["synthetic"]
+        else f"the trace set's features ({X.shape[1]}) are not this decoder's ({feature_dim})"
+    )
     return spec, None, f"`{spec}` (the product default without a matching head: {why})"
 
 
-def section_e2e(traces: Any, st: Settings, n_prompts: int, *, max_new_tokens: int = 64, drafter: str | None = None,
-                target: str | None = None, fixed_block: int | None = None, threads: int | None = None) -> dict[str, Any]:
+def section_e2e(
+    traces: Any,
+    st: Settings,
+    n_prompts: int,
+    *,
+    max_new_tokens: int = 64,
+    drafter: str | None = None,
+    target: str | None = None,
+    fixed_block: int | None = None,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Load the decoder, pick prompts and the policy, and run :func:`run_e2e`."""
     import platform
 
@@ -245,12 +305,26 @@ def section_e2e(traces: Any, st: Settings, n_prompts: int, *, max_new_tokens: in
     # a head trained here on the trace set learnt rewards timed by the trace set's profile, if any
     profile = traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None
     speed_reference = "auto" if isinstance(policy, str) else profile
-    res = run_e2e(spec, encoded, fixed_block, policy, featurizer=featurizer, max_new_tokens=max_new_tokens,
-                  progress=st.progress, speed_reference=speed_reference)
+    res = run_e2e(
+        spec,
+        encoded,
+        fixed_block,
+        policy,
+        featurizer=featurizer,
+        max_new_tokens=max_new_tokens,
+        progress=st.progress,
+        speed_reference=speed_reference,
+    )
     res.update(
-        prompt_selection=how, policy_description=policy_desc, fixed_how=fixed_how, max_new_tokens=max_new_tokens,
-        drafter=str(drafter) if drafter else "bundled", target=str(target) if target else "smollm2-135m-instruct (bundled)",
-        feature_dim=dim, load_s=round(load_s, 2), traces=provenance(traces),
+        prompt_selection=how,
+        policy_description=policy_desc,
+        fixed_how=fixed_how,
+        max_new_tokens=max_new_tokens,
+        drafter=str(drafter) if drafter else "bundled",
+        target=str(target) if target else "smollm2-135m-instruct (bundled)",
+        feature_dim=dim,
+        load_s=round(load_s, 2),
+        traces=provenance(traces),
         speed_reference=None if speed_reference is None else str(speed_reference),
         machine=f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
     )

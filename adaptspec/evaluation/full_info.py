@@ -27,8 +27,19 @@ import numpy as np
 
 from .._util.markdown import ci, num, table
 from ..reward.functions import pct_of
-from .core import (ProgressBar, Scorer, Settings, Tally, ci95, make_contexts, provenance, run_contenders,
-                   shuffled_stream, spec_contender, split_requests)
+from .core import (
+    ProgressBar,
+    Scorer,
+    Settings,
+    Tally,
+    ci95,
+    make_contexts,
+    provenance,
+    run_contenders,
+    shuffled_stream,
+    spec_contender,
+    split_requests,
+)
 from .replay_sections import default_reward
 
 #: the block sizes of the cold setting (every size the dense set holds, up to 16)
@@ -39,9 +50,13 @@ HORIZONS = (48, 240)
 #: within this share of the best fixed block size counts as "there"
 WITHIN = 0.99
 #: (label, spec, kind): bandit feedback beside full information, cold
-COLD = (("ucb", "ucb", "context-free"), ("fi-ucb", "fi-ucb", "context-free"),
-        ("linucb", "linucb", "contextual"), ("fi-linucb", "fi-linucb", "contextual"),
-        ("squarecb", "squarecb", "contextual"))
+COLD = (
+    ("ucb", "ucb", "context-free"),
+    ("fi-ucb", "fi-ucb", "context-free"),
+    ("linucb", "linucb", "contextual"),
+    ("fi-linucb", "fi-linucb", "contextual"),
+    ("squarecb", "squarecb", "contextual"),
+)
 #: stream orders of the cold setting
 ORDERS = 20
 
@@ -57,16 +72,25 @@ def section_full_info(traces: Any, st: Settings) -> dict[str, Any]:
         out["trace_set"] = _trace_set_part(traces, st, bar, trace_feedback)
         where = (getattr(traces, "meta", None) or {}).get("dense")
         if not where or not (Path(where) / "meta.json").is_file():
-            out["dense"] = {"status": "absent", "reason": f"the trace set names no dense set on disk ({where!r})"}
+            out["dense"] = {
+                "status": "absent",
+                "reason": f"the trace set names no dense set on disk ({where!r})",
+            }
             return out
         ds = DenseTraceSet.open(where)
         arms = tuple(a for a in ARMS if a <= ds.max_block_size)
         ts = to_traceset(ds, arms, get_profile(CPU_PROFILE))
         R = ts.reward_matrix("token_latency")
         fb = trace_feedback(ts, R, "token_latency")
-        out["dense"] = {"status": "ok", "path": str(where), "requests": int(ts.n_requests), "arms": list(arms),
-                        "profile": CPU_PROFILE, "errors": counterfactual_errors(R, fb),
-                        "rounds": round_disagreement(ds)}
+        out["dense"] = {
+            "status": "ok",
+            "path": str(where),
+            "requests": int(ts.n_requests),
+            "arms": list(arms),
+            "profile": CPU_PROFILE,
+            "errors": counterfactual_errors(R, fb),
+            "rounds": round_disagreement(ds),
+        }
         out["cold"] = _cold_part(ts, R, fb, st, bar)
     finally:
         bar.close()
@@ -87,9 +111,13 @@ def counterfactual_errors(R: np.ndarray, fb: Any) -> dict[str, Any]:
     for key, sel in (("shorter", k_idx < j_idx), ("longer", k_idx > j_idx)):
         m = fb.observed & sel[None]
         e = rel[m]
-        res[key] = {"pairs": int(m.sum()), "mae_pct": round(float(np.abs(e).mean()), 3),
-                    "bias_pct": round(float(e.mean()), 3), "p90_abs_pct": round(float(np.quantile(np.abs(e), 0.9)), 3),
-                    "observed_share": round(float(m.sum() / max(n * sel.sum(), 1)), 4)}
+        res[key] = {
+            "pairs": int(m.sum()),
+            "mae_pct": round(float(np.abs(e).mean()), 3),
+            "bias_pct": round(float(e.mean()), 3),
+            "p90_abs_pct": round(float(np.quantile(np.abs(e), 0.9)), 3),
+            "observed_share": round(float(m.sum() / max(n * sel.sum(), 1)), 4),
+        }
     loss = []
     for i in range(n):
         for j in range(k):
@@ -119,9 +147,12 @@ def round_disagreement(ds: Any) -> dict[str, Any]:
                 more += int(np.count_nonzero(d > 0))
                 absd += float(np.abs(d).sum())
                 total += d.size
-    return {"comparisons": total, "differ_share": round(diff / max(total, 1), 4),
-            "prefix_more_share": round(more / max(total, 1), 4),
-            "mean_abs_drafts": round(absd / max(total, 1), 4)}
+    return {
+        "comparisons": total,
+        "differ_share": round(diff / max(total, 1), 4),
+        "prefix_more_share": round(more / max(total, 1), 4),
+        "mean_abs_drafts": round(absd / max(total, 1), 4),
+    }
 
 
 # ============================================================================ part 2: cold, unseen prompts
@@ -129,7 +160,9 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
     n = ts.n_requests
     everything = np.arange(n)
     ctx = make_contexts(ts, everything)  # prompts' features only (no reward): what a cold deployment has
-    contexts = ctx.description.replace("fitted on the training split", "fitted on every prompt's features, no reward")
+    contexts = ctx.description.replace(
+        "fitted on the training split", "fitted on every prompt's features, no reward"
+    )
     H = [h for h in HORIZONS if h <= n]
     contenders = [spec_contender(lbl, spec, kind) for lbl, spec, kind in COLD]
     per: dict[str, dict[str, list[float]]] = {c.label: {} for c in contenders}
@@ -162,19 +195,31 @@ def _cold_part(ts: Any, R: np.ndarray, fb: Any, st: Settings, bar: ProgressBar) 
         row["requests_to_within"]["never_share"] = float(np.mean(v > n))
         rows.append(row)
     best = int(np.argmax(R.sum(axis=0)))
-    return {"requests": n, "orders": ORDERS, "horizons": H, "within": WITHIN, "contexts": contexts,
-            "best_fixed": int(ts.arms[best]), "oracle_gain_pct": round(float(pct_of(R.max(axis=1).sum(),
-                                                                                   R[:, best].sum()) - 100), 3),
-            "rows": rows}
+    return {
+        "requests": n,
+        "orders": ORDERS,
+        "horizons": H,
+        "within": WITHIN,
+        "contexts": contexts,
+        "best_fixed": int(ts.arms[best]),
+        "oracle_gain_pct": round(float(pct_of(R.max(axis=1).sum(), R[:, best].sum()) - 100), 3),
+        "rows": rows,
+    }
 
 
 # ============================================================================ part 3: the trace set
 def _trace_set_part(traces: Any, st: Settings, bar: ProgressBar, trace_feedback: Any) -> dict[str, Any]:
     reward, latency = default_reward(traces)
-    if (reward != "token_latency" or "tau" not in traces.outcomes.column_names
-            or not traces.meta.get("latency_profile")):
-        return {"status": "absent", "reason": "the trace set has no timings, per-round taus and latency profile "
-                                              "to price counterfactual rounds with"}
+    if (
+        reward != "token_latency"
+        or "tau" not in traces.outcomes.column_names
+        or not traces.meta.get("latency_profile")
+    ):
+        return {
+            "status": "absent",
+            "reason": "the trace set has no timings, per-round taus and latency profile "
+            "to price counterfactual rounds with",
+        }
     R = traces.reward_matrix(reward)
     fb = trace_feedback(traces, R, reward)
     scorer = Scorer(R, traces.tau_matrix())
@@ -191,67 +236,120 @@ def _trace_set_part(traces: Any, st: Settings, bar: ProgressBar, trace_feedback:
             idx = shuffled_stream(ev, T, run_seed)
             bar.plan(len(contenders) * T)
             fed = {"best fixed": "none"}
-            chosen = run_contenders(contenders, R, ctx.X, idx, traces.arms, run_seed, bar, feedback=fb, kinds=fed)
+            chosen = run_contenders(
+                contenders, R, ctx.X, idx, traces.arms, run_seed, bar, feedback=fb, kinds=fed
+            )
             ref = int(np.argmax(R[idx].sum(axis=0)))
-            one = idx[:len(ev)]
+            one = idx[: len(ev)]
             ref1 = int(np.argmax(R[one].sum(axis=0)))
             chosen = {"best fixed": np.full(T, ref), **chosen}
             for lbl, a in chosen.items():
                 stream.add(lbl, scorer.score(idx, a, ref), feedback=fed[lbl])
-                first.add(lbl, scorer.score(one, np.full(len(one), ref1) if lbl == "best fixed" else a[:len(one)], ref1),
-                          feedback=fed[lbl])
-    return {"status": "ok", "reward": reward, "runs": st.runs, "passes": st.passes, **info,
-            "stream": stream.summary(), "first_pass": first.summary()}
+                first.add(
+                    lbl,
+                    scorer.score(
+                        one, np.full(len(one), ref1) if lbl == "best fixed" else a[: len(one)], ref1
+                    ),
+                    feedback=fed[lbl],
+                )
+    return {
+        "status": "ok",
+        "reward": reward,
+        "runs": st.runs,
+        "passes": st.passes,
+        **info,
+        "stream": stream.summary(),
+        "first_pass": first.summary(),
+    }
 
 
 # ============================================================================ rendering
 def render_full_info(d: dict[str, Any] | None, figs: list[str]) -> str:
     if not d or d.get("status") != "ok":
         return "Not run yet."
-    out = ["After a request, every block size up to the one that ran is known from its rounds: a round that verified "
-           "`B` positions and committed `tau` tokens would have committed `min(tau, B')` at `B' <= B`, and at a longer "
-           "`B'` too unless it accepted everything (then the longer sizes are censored). A full-information learner "
-           "(`fi-ucb`, `fi-linucb`: `update_full`) learns every observed size after every request; the bandit "
-           "versions learn the one that ran. Counterfactual rewards are priced by the latency profile and scaled to "
-           "the measured time of what ran ([simulator.md](simulator.md#counterfactual-outcomes)).", ""]
+    out = [
+        "After a request, every block size up to the one that ran is known from its rounds: a round that verified "
+        "`B` positions and committed `tau` tokens would have committed `min(tau, B')` at `B' <= B`, and at a longer "
+        "`B'` too unless it accepted everything (then the longer sizes are censored). A full-information learner "
+        "(`fi-ucb`, `fi-linucb`: `update_full`) learns every observed size after every request; the bandit "
+        "versions learn the one that ran. Counterfactual rewards are priced by the latency profile and scaled to "
+        "the measured time of what ran ([simulator.md](simulator.md#counterfactual-outcomes)).",
+        "",
+    ]
     dn = d.get("dense", {})
     if dn.get("status") == "ok":
         e, rd = dn["errors"], dn["rounds"]
-        out += [f"**How good the counterfactuals are** (dense set `{dn['path']}`, {dn['requests']} requests, block "
-                f"sizes {dn['arms'][0]}-{dn['arms'][-1]}, `{dn['profile']}`): each block size's counterfactual ms per "
-                "token, from the rounds of another, against its own replay (drafting that block alone, the truth at "
-                "T = 0). Error in % of speed.", "",
-                table(["counterfactual of", "pairs", "observed", "mean abs error, %", "bias, %", "90th pct abs, %"],
-                      [[f"a {k} block size", f"{e[k]['pairs']:,}", f"{100 * e[k]['observed_share']:.0f}%",
-                        num(e[k]["mae_pct"], 2), f"{e[k]['bias_pct']:+.2f}", num(e[k]["p90_abs_pct"], 2)]
-                       for k in ("shorter", "longer")], "lrrrrr"), "",
-                f"- Per round, a prefix of a longer draft accepts a different number of drafts than the shorter block "
-                f"drafted alone in {100 * rd['differ_share']:.1f}% of {rd['comparisons']:,} (position, B, B') "
-                f"comparisons (more in {100 * rd['prefix_more_share']:.1f}%), {rd['mean_abs_drafts']:.3f} drafts "
-                "apart on average: the drafter attends both ways inside a block, so these counterfactuals are "
-                "approximate; they are exact for a speculator that drafts once and verifies a prefix.",
-                f"- Choosing the block size with the best counterfactual reward among those a request shows loses "
-                f"{-e['choice_loss_pct']:.2f}% of the speed of the truly best of them on average (the same choice "
-                f"in {100 * e['choice_exact_share']:.0f}% of (request, block size) pairs).", ""]
+        out += [
+            f"**How good the counterfactuals are** (dense set `{dn['path']}`, {dn['requests']} requests, block "
+            f"sizes {dn['arms'][0]}-{dn['arms'][-1]}, `{dn['profile']}`): each block size's counterfactual ms per "
+            "token, from the rounds of another, against its own replay (drafting that block alone, the truth at "
+            "T = 0). Error in % of speed.",
+            "",
+            table(
+                ["counterfactual of", "pairs", "observed", "mean abs error, %", "bias, %", "90th pct abs, %"],
+                [
+                    [
+                        f"a {k} block size",
+                        f"{e[k]['pairs']:,}",
+                        f"{100 * e[k]['observed_share']:.0f}%",
+                        num(e[k]["mae_pct"], 2),
+                        f"{e[k]['bias_pct']:+.2f}",
+                        num(e[k]["p90_abs_pct"], 2),
+                    ]
+                    for k in ("shorter", "longer")
+                ],
+                "lrrrrr",
+            ),
+            "",
+            f"- Per round, a prefix of a longer draft accepts a different number of drafts than the shorter block "
+            f"drafted alone in {100 * rd['differ_share']:.1f}% of {rd['comparisons']:,} (position, B, B') "
+            f"comparisons (more in {100 * rd['prefix_more_share']:.1f}%), {rd['mean_abs_drafts']:.3f} drafts "
+            "apart on average: the drafter attends both ways inside a block, so these counterfactuals are "
+            "approximate; they are exact for a speculator that drafts once and verifies a prefix.",
+            f"- Choosing the block size with the best counterfactual reward among those a request shows loses "
+            f"{-e['choice_loss_pct']:.2f}% of the speed of the truly best of them on average (the same choice "
+            f"in {100 * e['choice_exact_share']:.0f}% of (request, block size) pairs).",
+            "",
+        ]
         c = d["cold"]
         H = c["horizons"]
         rows = []
         for r in c["rows"]:
             rtw = r["requests_to_within"]
-            rows.append([f"`{r['policy']}`", *[ci(r[f"pct_best_fixed_{h}"]) for h in H],
-                         (f"{rtw['median']:.0f}" if rtw["median"] <= c["requests"] else f"not in {c['requests']}")
-                         + (f" ({100 * rtw['never_share']:.0f}% of orders never)"
-                            if 0 < rtw["never_share"] < 1 else ""),
-                         ci(r["first_pass_pct_oracle"])])
-        out += [f"**Cold, on prompts no policy has seen** (block sizes {dn['arms'][0]}-{dn['arms'][-1]}, "
-                f"`{dn['profile']}`; every one of the {c['requests']} prompts once, {c['orders']} shuffled orders; "
-                f"contextual policies: {c['contexts']}). % of the best fixed block "
-                "size's reward on the same requests so far (B = "
-                f"{c['best_fixed']} over all; the per-request oracle is {c['oracle_gain_pct']:+.1f}% over it); "
-                f"requests until the running total stays within {100 - 100 * c['within']:.0f}% of it (median over "
-                "orders).", "",
-                table(["policy", *[f"% of best fixed, first {h}" for h in H], "requests to within 1%",
-                       "first pass, % of oracle"], rows, "l" + "r" * (len(H) + 2)), ""]
+            rows.append(
+                [
+                    f"`{r['policy']}`",
+                    *[ci(r[f"pct_best_fixed_{h}"]) for h in H],
+                    (f"{rtw['median']:.0f}" if rtw["median"] <= c["requests"] else f"not in {c['requests']}")
+                    + (
+                        f" ({100 * rtw['never_share']:.0f}% of orders never)"
+                        if 0 < rtw["never_share"] < 1
+                        else ""
+                    ),
+                    ci(r["first_pass_pct_oracle"]),
+                ]
+            )
+        out += [
+            f"**Cold, on prompts no policy has seen** (block sizes {dn['arms'][0]}-{dn['arms'][-1]}, "
+            f"`{dn['profile']}`; every one of the {c['requests']} prompts once, {c['orders']} shuffled orders; "
+            f"contextual policies: {c['contexts']}). % of the best fixed block "
+            "size's reward on the same requests so far (B = "
+            f"{c['best_fixed']} over all; the per-request oracle is {c['oracle_gain_pct']:+.1f}% over it); "
+            f"requests until the running total stays within {100 - 100 * c['within']:.0f}% of it (median over "
+            "orders).",
+            "",
+            table(
+                [
+                    "policy",
+                    *[f"% of best fixed, first {h}" for h in H],
+                    "requests to within 1%",
+                    "first pass, % of oracle",
+                ],
+                rows,
+                "l" + "r" * (len(H) + 2),
+            ),
+            "",
+        ]
     t = d.get("trace_set", {})
     if t.get("status") != "ok":
         out += [f"The trace set part was not run: {t.get('reason')}.", ""]
@@ -259,13 +357,34 @@ def render_full_info(d: dict[str, Any] | None, figs: list[str]) -> str:
         out += [f"The dense parts were not run: {dn.get('reason')}.", ""]
     if t.get("status") == "ok":
         fp = {r["policy"]: r for r in t["first_pass"]}
-        rows = [[f"`{r['policy']}`", ci(fp[r["policy"]]["pct_oracle"]), ci(fp[r["policy"]]["gain_pct"], sign=True),
-                 ci(r["pct_oracle"]), ci(r["gain_pct"], sign=True)] for r in t["stream"]]
-        out += [f"**The trace set, cold** (section 1's protocol: {t['runs']} runs, {t['passes']} passes over "
-                f"{t['n_eval']} evaluation requests; contexts: {t['contexts']}). % of the per-request oracle and gain "
-                "over the best fixed block size:", "",
-                table(["policy", "first pass: % of oracle", "first pass: gain, %", "stream: % of oracle",
-                       "stream: gain, %"], rows, "lrrrr"), ""]
+        rows = [
+            [
+                f"`{r['policy']}`",
+                ci(fp[r["policy"]]["pct_oracle"]),
+                ci(fp[r["policy"]]["gain_pct"], sign=True),
+                ci(r["pct_oracle"]),
+                ci(r["gain_pct"], sign=True),
+            ]
+            for r in t["stream"]
+        ]
+        out += [
+            f"**The trace set, cold** (section 1's protocol: {t['runs']} runs, {t['passes']} passes over "
+            f"{t['n_eval']} evaluation requests; contexts: {t['contexts']}). % of the per-request oracle and gain "
+            "over the best fixed block size:",
+            "",
+            table(
+                [
+                    "policy",
+                    "first pass: % of oracle",
+                    "first pass: gain, %",
+                    "stream: % of oracle",
+                    "stream: gain, %",
+                ],
+                rows,
+                "lrrrr",
+            ),
+            "",
+        ]
     out += ["", *[f"- {x}" for x in full_info_findings(d)]]
     return "\n".join(out).rstrip()
 
@@ -280,18 +399,23 @@ def full_info_findings(d: dict[str, Any]) -> list[str]:
             if bandit in rows and full in rows:
                 b, f = rows[bandit], rows[full]
                 hs = c["horizons"]
-                out.append(f"Cold on unseen prompts, `{full}` earns "
-                           + " and ".join(f"{f[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
-                           + f" of the best fixed block size over the first {' and '.join(map(str, hs))} requests "
-                           f"(`{bandit}`: " + " and ".join(f"{b[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
-                           + f"); median requests to within 1%: {_within(f, c)} against {_within(b, c)}.")
+                out.append(
+                    f"Cold on unseen prompts, `{full}` earns "
+                    + " and ".join(f"{f[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
+                    + f" of the best fixed block size over the first {' and '.join(map(str, hs))} requests "
+                    f"(`{bandit}`: "
+                    + " and ".join(f"{b[f'pct_best_fixed_{h}']['mean']:.1f}%" for h in hs)
+                    + f"); median requests to within 1%: {_within(f, c)} against {_within(b, c)}."
+                )
     t = d.get("trace_set", {})
     if t.get("status") == "ok":
         fp = {r["policy"]: r for r in t["first_pass"]}
         st = {r["policy"]: r for r in t["stream"]}
         best = max((p for p in fp if p != "best fixed"), key=lambda p: fp[p]["pct_oracle"]["mean"])
-        out.append(f"On the trace set, cold, the best first pass is `{best}`'s: {fp[best]['pct_oracle']['mean']:.1f}% "
-                   f"of the per-request oracle ({st[best]['pct_oracle']['mean']:.1f}% over the whole stream).")
+        out.append(
+            f"On the trace set, cold, the best first pass is `{best}`'s: {fp[best]['pct_oracle']['mean']:.1f}% "
+            f"of the per-request oracle ({st[best]['pct_oracle']['mean']:.1f}% over the whole stream)."
+        )
     return out
 
 

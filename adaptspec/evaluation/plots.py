@@ -11,8 +11,13 @@ from ..reward.functions import REWARD_UNITS
 from .._util.atomic import save_figure
 
 #: contenders drawn in line plots (others would crowd them); the rest appear in the tables
-MAIN = ("ucb-throughput", "head, classifier (BlockPilot-style)", "neural-linear (default)", "linucb (cold)",
-        "squarecb (cold)")
+MAIN = (
+    "ucb-throughput",
+    "head, classifier (BlockPilot-style)",
+    "neural-linear (default)",
+    "linucb (cold)",
+    "squarecb (cold)",
+)
 
 
 def _plt() -> Any:
@@ -54,8 +59,11 @@ def plot_replay(data: dict, res: Any, path: Path) -> Path:
             a1.fill_between(steps, c.min(axis=0), c.max(axis=0), color=f"C{i % 10}", alpha=0.12, lw=0)
     a1.set_xlabel("request in the stream")
     a1.set_ylabel(f"cumulative regret against the per-request oracle ({REWARD_UNITS[data['reward']]})")
-    a1.set_title(f"{data['passes']} passes over {data['n_eval']} evaluation requests; mean of {data['runs']} runs "
-                 "(band: min..max)", fontsize=9)
+    a1.set_title(
+        f"{data['passes']} passes over {data['n_eval']} evaluation requests; mean of {data['runs']} runs "
+        "(band: min..max)",
+        fontsize=9,
+    )
     a1.legend(fontsize=7, loc="upper left")
     a1.grid(alpha=0.3)
     _bars(a2, data["stream"], "gain_pct", "% gain over the best fixed block (in hindsight), 95% CI")
@@ -84,9 +92,19 @@ def plot_hardware(plot: dict, path: Path) -> Path:
     for i, b in enumerate(plot["batches"]):
         rows = {r["policy"]: r for r in b["stream"]}
         vals = [rows[lbl]["gain_pct"]["mean"] if lbl in rows else np.nan for lbl in labels]
-        err = [(rows[lbl]["gain_pct"]["hi"] - rows[lbl]["gain_pct"]["mean"]) if lbl in rows else 0 for lbl in labels]
-        a2.bar(np.arange(len(labels)) + i * width, vals, width, yerr=err, capsize=2, color=f"C{i + 1}",
-               label=f"batch {b['batch_size']}")
+        err = [
+            (rows[lbl]["gain_pct"]["hi"] - rows[lbl]["gain_pct"]["mean"]) if lbl in rows else 0
+            for lbl in labels
+        ]
+        a2.bar(
+            np.arange(len(labels)) + i * width,
+            vals,
+            width,
+            yerr=err,
+            capsize=2,
+            color=f"C{i + 1}",
+            label=f"batch {b['batch_size']}",
+        )
     a2.set_xticks(np.arange(len(labels)) + width * (len(plot["batches"]) - 1) / 2)
     a2.set_xticklabels(labels, rotation=20, ha="right", fontsize=7)
     a2.axhline(0, color="black", lw=0.8)
@@ -106,9 +124,15 @@ def plot_blockpilot(data: dict, path: Path) -> Path:
     tau = data["rewards"][0]["mean_tau"]
     a1 = axes[0]
     a1.plot(arms, [tau[str(a)] for a in arms], "o-", label="fixed B")
-    rows = {r["policy"]: r for r in data["rewards"][0]["policies"]} if data["rewards"][0]["reward"] == "tau" else {}
+    rows = (
+        {r["policy"]: r for r in data["rewards"][0]["policies"]}
+        if data["rewards"][0]["reward"] == "tau"
+        else {}
+    )
     if "oracle" in rows:
-        a1.axhline(rows["oracle"]["mean_tau"]["mean"], color="black", lw=3, alpha=0.4, label="per-prompt oracle")
+        a1.axhline(
+            rows["oracle"]["mean_tau"]["mean"], color="black", lw=3, alpha=0.4, label="per-prompt oracle"
+        )
     sel = "BlockPilot's selector (released choices)"
     if sel in rows:
         a1.axhline(rows[sel]["mean_tau"]["mean"], color="C3", ls="--", label="BlockPilot's released choices")
@@ -118,7 +142,9 @@ def plot_blockpilot(data: dict, path: Path) -> Path:
     a1.tick_params(axis="x", labelsize=7, labelrotation=90)
     a1.legend(fontsize=8)
     a1.grid(alpha=0.3)
-    a1.set_title(f"{data['requests']} prompts ({', '.join(data['traces']['domains'])}): mean tau per B", fontsize=9)
+    a1.set_title(
+        f"{data['requests']} prompts ({', '.join(data['traces']['domains'])}): mean tau per B", fontsize=9
+    )
     for ax, rw in zip(axes[1:], data["rewards"]):
         name = "tau" if rw["latency"] is None else f"throughput\nmodelled on {rw['latency']}"
         _bars(ax, rw["policies"], "pct_oracle", f"% of the per-prompt oracle, reward {name}")
@@ -132,13 +158,25 @@ def plot_drift(plots: list[dict], path: Path) -> Path:
     """Windowed % of the oracle over a stream whose domain mix switches half way."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(plots), figsize=(7 * len(plots), 4.8), squeeze=False)
-    show = ("best fixed of each phase (reference)", "ucb-throughput", "ucb-throughput (window 300)",
-            "head, classifier (BlockPilot-style)", "neural-linear (default)", "linucb (cold)")
+    show = (
+        "best fixed of each phase (reference)",
+        "ucb-throughput",
+        "ucb-throughput (window 300)",
+        "head, classifier (BlockPilot-style)",
+        "neural-linear (default)",
+        "linucb (cold)",
+    )
     for ax, p in zip(axes[0], plots):
         for i, lbl in enumerate(show):
             if lbl in p["curves"]:
                 ls = ":" if "reference" in lbl else "-"
-                ax.plot(p["steps"], p["curves"][lbl], ls, color="black" if "reference" in lbl else f"C{i}", label=lbl)
+                ax.plot(
+                    p["steps"],
+                    p["curves"][lbl],
+                    ls,
+                    color="black" if "reference" in lbl else f"C{i}",
+                    label=lbl,
+                )
         fixed = [k for k in p["curves"] if k.startswith("fixed:")]
         for k in fixed:
             ax.plot(p["steps"], p["curves"][k], "--", color="0.5", label=k)
@@ -157,19 +195,31 @@ def plot_coldstart(data: dict, path: Path) -> Path:
     plt = _plt()
     hz = data["horizons"]
     fig, axes = plt.subplots(1, len(hz), figsize=(13, 4.6), squeeze=False)
-    titles = {"first_pass": f"first pass ({data['n_eval']} requests, each once)",
-              "stream": f"whole stream ({data['steps']} requests)"}
+    titles = {
+        "first_pass": f"first pass ({data['n_eval']} requests, each once)",
+        "stream": f"whole stream ({data['steps']} requests)",
+    }
     for ax, key in zip(axes[0], ("first_pass", "stream")):
         h = hz[key]
         for i, (lbl, pts) in enumerate(h["warm"].items()):
             x = [p["size"] for p in pts]
             m = np.array([p["pct_oracle"]["mean"] for p in pts])
             ax.plot(x, m, "o-", color=f"C{i}", label=lbl)
-            ax.fill_between(x, [p["pct_oracle"]["lo"] for p in pts], [p["pct_oracle"]["hi"] for p in pts],
-                            color=f"C{i}", alpha=0.15, lw=0)
+            ax.fill_between(
+                x,
+                [p["pct_oracle"]["lo"] for p in pts],
+                [p["pct_oracle"]["hi"] for p in pts],
+                color=f"C{i}",
+                alpha=0.15,
+                lw=0,
+            )
         for j, c in enumerate(h["cold"]):
-            ax.axhline(c["pct_oracle"]["mean"], color=f"C{j + 3}", ls="--" if c["policy"] != "best fixed" else ":",
-                       label=c["policy"])
+            ax.axhline(
+                c["pct_oracle"]["mean"],
+                color=f"C{j + 3}",
+                ls="--" if c["policy"] != "best fixed" else ":",
+                label=c["policy"],
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(data["sizes"])
         ax.set_xticklabels([str(s) for s in data["sizes"]], rotation=45)

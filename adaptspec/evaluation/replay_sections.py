@@ -17,9 +17,25 @@ import numpy as np
 from ..reward.latency import get_profile
 from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs
 from ..simulators.replay import finite_rewards
-from .core import (Contender, ProgressBar, Scorer, Settings, Tally, ci95, contender_feedback, curve_points,
-                   fixed_contenders, make_contexts, provenance, run_contenders, shuffled_stream, spec_contender, split_requests, standard_lineup,
-                   train_heads)
+from .core import (
+    Contender,
+    ProgressBar,
+    Scorer,
+    Settings,
+    Tally,
+    ci95,
+    contender_feedback,
+    curve_points,
+    fixed_contenders,
+    make_contexts,
+    provenance,
+    run_contenders,
+    shuffled_stream,
+    spec_contender,
+    split_requests,
+    standard_lineup,
+    train_heads,
+)
 
 #: the CPU profile used to put a cost on acceptance when a trace set has no timings
 FALLBACK_PROFILE = "cpu-smollm2-bf16"
@@ -51,8 +67,18 @@ class LineupResult:
     steps: np.ndarray | None = None
 
 
-def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: int, st: Settings, *,
-                    desc: str = "replay", domains: bool = False, curves: bool = False, seed: int = 0) -> LineupResult:
+def evaluate_lineup(
+    traces: Any,
+    reward: str,
+    latency: str | None,
+    batch_size: int,
+    st: Settings,
+    *,
+    desc: str = "replay",
+    domains: bool = False,
+    curves: bool = False,
+    seed: int = 0,
+) -> LineupResult:
     """Every fixed block, the standard line-up and the oracle over ``st.splits`` training/evaluation
     splits x ``st.orders`` stream orders. Heads are trained on each split's training part with the
     same reward; the stream is ``st.passes`` shuffled passes over the evaluation part."""
@@ -80,34 +106,49 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
                 fb = contender_feedback(contenders, traces, R, reward, prof, batch_size)
             T = st.passes * len(ev)
             pts = curve_points(T)
-            info = {"contexts": ctx.description, "n_train": int(len(tr)), "n_eval": int(len(ev)), "steps": int(T),
-                    "notes": {c.label: c.note for c in lineup if c.note}}
+            info = {
+                "contexts": ctx.description,
+                "n_train": int(len(tr)),
+                "n_eval": int(len(ev)),
+                "steps": int(T),
+                "notes": {c.label: c.note for c in lineup if c.note},
+            }
             for o in range(st.orders):
                 run_seed = 1000 * (seed + s) + o
                 idx = shuffled_stream(ev, T, run_seed)
                 bar.plan(len(contenders) * T)
                 fed = {"oracle": "oracle", "best fixed": "none"}
-                chosen = run_contenders(contenders, R, ctx.X, idx, arms, run_seed, bar, feedback=fb, kinds=fed)
+                chosen = run_contenders(
+                    contenders, R, ctx.X, idx, arms, run_seed, bar, feedback=fb, kinds=fed
+                )
                 ref = int(np.argmax(R[idx].sum(axis=0)))
                 best_runs.append(int(arms[ref]))
                 chosen = {"oracle": scorer.oracle_choice(idx), "best fixed": np.full(T, ref), **chosen}
-                one = idx[:len(ev)]
+                one = idx[: len(ev)]
                 ref1 = int(np.argmax(R[one].sum(axis=0)))
                 kinds = {c.label: c.kind for c in contenders}
                 for label, a in chosen.items():
                     kind = kinds.get(label, "reference")
                     stream.add(label, scorer.score(idx, a, ref), kind=kind, feedback=fed[label])
-                    a1 = np.full(len(one), ref1) if label == "best fixed" else a[:len(one)]
+                    a1 = np.full(len(one), ref1) if label == "best fixed" else a[: len(one)]
                     first.add(label, scorer.score(one, a1, ref1), kind=kind, feedback=fed[label])
                     if curves and kind != "fixed":
                         reg.setdefault(label, []).append(scorer.regret(idx, a)[pts - 1])
                 if domains:
-                    _domain_scores(traces.domains.astype(str)[idx], R[idx], chosen, ref, dom, dom_best, dom_share, arms)
+                    _domain_scores(
+                        traces.domains.astype(str)[idx], R[idx], chosen, ref, dom, dom_best, dom_share, arms
+                    )
     finally:
         bar.close()
     data = {
-        "reward": reward, "latency": None if prof is None else prof.name, "batch_size": int(batch_size),
-        **info, "runs": st.runs, "splits": st.splits, "orders": st.orders, "passes": st.passes,
+        "reward": reward,
+        "latency": None if prof is None else prof.name,
+        "batch_size": int(batch_size),
+        **info,
+        "runs": st.runs,
+        "splits": st.splits,
+        "orders": st.orders,
+        "passes": st.passes,
         "arms": [int(a) for a in arms],
         "best_fixed_per_run": best_runs,
         "best_fixed": Counter(best_runs).most_common(1)[0][0],
@@ -117,9 +158,12 @@ def evaluate_lineup(traces: Any, reward: str, latency: str | None, batch_size: i
     }
     if domains:
         data["domains"] = [
-            {"domain": str(d), "share": round(dom_share[d] / st.runs, 4),
-             "best_fixed_in_domain": dom_best[d].most_common(1)[0][0],
-             "gain_pct": {label: _mci(v) for label, v in dom[d].items()}}
+            {
+                "domain": str(d),
+                "share": round(dom_share[d] / st.runs, 4),
+                "best_fixed_in_domain": dom_best[d].most_common(1)[0][0],
+                "gain_pct": {label: _mci(v) for label, v in dom[d].items()},
+            }
             for d in sorted(dom)
         ]
     return LineupResult(data, reg, pts)
@@ -130,9 +174,16 @@ def _mci(v: list[float]) -> dict[str, float]:
     return {"mean": round(m, 4), "lo": round(lo, 4), "hi": round(hi, 4)}
 
 
-def _domain_scores(doms: np.ndarray, R: np.ndarray, chosen: dict[str, np.ndarray], ref: int,
-                   acc: dict[str, dict[str, list[float]]], best: dict[str, Counter], share: dict[str, float],
-                   arms: tuple[int, ...]) -> None:
+def _domain_scores(
+    doms: np.ndarray,
+    R: np.ndarray,
+    chosen: dict[str, np.ndarray],
+    ref: int,
+    acc: dict[str, dict[str, list[float]]],
+    best: dict[str, Counter],
+    share: dict[str, float],
+    arms: tuple[int, ...],
+) -> None:
     """Gain over the stream's best fixed block, per domain, for every non-fixed contender, plus what the
     domain's own best fixed block would give (a per-domain lookup table)."""
     rows = np.arange(len(R))
@@ -164,8 +215,11 @@ def section_hardware(traces: Any, st: Settings) -> tuple[dict[str, Any], dict[st
     """The trace set's acceptance re-timed with the GPU latency profile at each batch size."""
     reward, latency = default_reward(traces)
     base = arm_profile(traces.reward_matrix(reward, latency), traces.arms)
-    out: dict[str, Any] = {"profile": st.gpu_profile, "reference": {"reward": reward, "latency": latency, **base},
-                           "batches": []}
+    out: dict[str, Any] = {
+        "profile": st.gpu_profile,
+        "reference": {"reward": reward, "latency": latency, **base},
+        "batches": [],
+    }
     plot: dict[str, Any] = {"arms": list(traces.arms), "reference": base, "batches": []}
     for b in st.batch_sizes:
         res = evaluate_lineup(traces, "modelled", st.gpu_profile, b, st, desc=f"2 gpu batch {b}")
@@ -176,12 +230,16 @@ def section_hardware(traces: Any, st: Settings) -> tuple[dict[str, Any], dict[st
 
 
 # ============================================================================ section 3
-BANDITS = (("ucb-throughput", "ucb-throughput", "BanditSpec-style UCB, 8 round-robin warm-up rounds"),
-           ("thompson", "ts", "Gaussian Thompson sampling"),
-           ("exp3", "exp3", "EXP3 (adversarial bandit), rewards rescaled online to [0, 1]"))
+BANDITS = (
+    ("ucb-throughput", "ucb-throughput", "BanditSpec-style UCB, 8 round-robin warm-up rounds"),
+    ("thompson", "ts", "Gaussian Thompson sampling"),
+    ("exp3", "exp3", "EXP3 (adversarial bandit), rewards rescaled online to [0, 1]"),
+)
 
 
-def section_blockpilot(folder: str | Path | None, st: Settings) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def section_blockpilot(
+    folder: str | Path | None, st: Settings
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Fixed blocks, the oracle, context-free bandits and BlockPilot's own released choices on a
     BlockPilot per-prompt result folder, paid in tau and in throughput modelled on the GPU profile."""
     if folder is None:
@@ -194,16 +252,31 @@ def section_blockpilot(folder: str | Path | None, st: Settings) -> tuple[dict[st
     ts = import_blockpilot(p)
     arms = ts.arms
     n = ts.n_requests
-    contenders = fixed_contenders(arms) + [spec_contender(lbl, spec, "context-free", note) for lbl, spec, note in BANDITS]
+    contenders = fixed_contenders(arms) + [
+        spec_contender(lbl, spec, "context-free", note) for lbl, spec, note in BANDITS
+    ]
     choice = ts.column("blockpilot_choice") if "blockpilot_choice" in ts.requests.column_names else None
     if choice is not None and np.all(np.isfinite(choice.astype(float))):
         pos = {a: j for j, a in enumerate(arms)}
-        contenders.append(Contender("BlockPilot's selector (released choices)", "offline",
-                                    choices=np.array([pos[int(c)] for c in choice]),
-                                    note="the block size BlockPilot's classifier chose per prompt, as published"))
-    out: dict[str, Any] = {"status": "ok", "path": str(p), "traces": provenance(ts), "arms": [int(a) for a in arms],
-                           "requests": n, "steps": st.blockpilot_passes * n, "runs": st.runs, "rewards": [],
-                           "notes": {c.label: c.note for c in contenders if c.note}}
+        contenders.append(
+            Contender(
+                "BlockPilot's selector (released choices)",
+                "offline",
+                choices=np.array([pos[int(c)] for c in choice]),
+                note="the block size BlockPilot's classifier chose per prompt, as published",
+            )
+        )
+    out: dict[str, Any] = {
+        "status": "ok",
+        "path": str(p),
+        "traces": provenance(ts),
+        "arms": [int(a) for a in arms],
+        "requests": n,
+        "steps": st.blockpilot_passes * n,
+        "runs": st.runs,
+        "rewards": [],
+        "notes": {c.label: c.note for c in contenders if c.note},
+    }
     bar = ProgressBar("3 blockpilot", st.progress)
     try:
         for reward, latency in (("tau", None), ("modelled", st.gpu_profile)):
@@ -219,11 +292,26 @@ def section_blockpilot(folder: str | Path | None, st: Settings) -> tuple[dict[st
                 chosen = run_contenders(contenders, R, None, idx, arms, r, bar, feedback=fb, kinds=fed)
                 ref = int(np.argmax(R[idx].sum(axis=0)))
                 kinds = {c.label: c.kind for c in contenders}
-                for label, a in {"oracle": scorer.oracle_choice(idx), "best fixed": np.full(T, ref), **chosen}.items():
-                    tally.add(label, scorer.score(idx, a, ref), kind=kinds.get(label, "reference"), feedback=fed[label])
-            out["rewards"].append({"reward": reward, "latency": latency, "all_requests": arm_profile(R, arms),
-                                   "mean_tau": {str(a): round(float(v), 4) for a, v in zip(arms, ts.tau_matrix().mean(0))},
-                                   "policies": tally.summary()})
+                for label, a in {
+                    "oracle": scorer.oracle_choice(idx),
+                    "best fixed": np.full(T, ref),
+                    **chosen,
+                }.items():
+                    tally.add(
+                        label,
+                        scorer.score(idx, a, ref),
+                        kind=kinds.get(label, "reference"),
+                        feedback=fed[label],
+                    )
+            out["rewards"].append(
+                {
+                    "reward": reward,
+                    "latency": latency,
+                    "all_requests": arm_profile(R, arms),
+                    "mean_tau": {str(a): round(float(v), 4) for a, v in zip(arms, ts.tau_matrix().mean(0))},
+                    "policies": tally.summary(),
+                }
+            )
     finally:
         bar.close()
     return out, out

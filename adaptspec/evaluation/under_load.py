@@ -27,17 +27,30 @@ ARMS = (1, 2, 3, 4, 6, 8)
 #: this CPU, the batched server's cost model), the GPU profile at 1-64 (a roofline, not a measurement)
 LEVELS = {"cpu-smollm2-batched": (1, 2, 4, 8, 16), "h100-qwen3-8b": (1, 2, 4, 8, 16, 32, 64)}
 #: what each profile of :data:`LEVELS` is, said under its tables (profiles not named here get no note)
-PROFILE_NOTES = {"cpu-smollm2-batched": "the batched engine's whole rounds measured on this CPU "
-                                        "(`adaptspec/data/latency/cpu-smollm2-batched.json`, the batched server's "
-                                        "cost model)",
-                 "h100-qwen3-8b": "a roofline of published H100 SXM and Qwen3-8B figures, not a measurement"}
+PROFILE_NOTES = {
+    "cpu-smollm2-batched": "the batched engine's whole rounds measured on this CPU "
+    "(`adaptspec/data/latency/cpu-smollm2-batched.json`, the batched server's "
+    "cost model)",
+    "h100-qwen3-8b": "a roofline of published H100 SXM and Qwen3-8B figures, not a measurement",
+}
 #: what the section's rules are called in the results (the fixed sizes are "plain" and "fixed:B")
-RULES = ("table", "goodput", "learned (cold)", "learned (cold, full info)", "learned (warm)",
-         "learned (warm, full info)")
+RULES = (
+    "table",
+    "goodput",
+    "learned (cold)",
+    "learned (cold, full info)",
+    "learned (warm)",
+    "learned (warm, full info)",
+)
 #: their column names in the section's tables
-RULE_LABELS = {"table": "table", "goodput": "goodput", "learned (cold)": "cold",
-               "learned (cold, full info)": "cold, full info", "learned (warm)": "warm",
-               "learned (warm, full info)": "warm, full info"}
+RULE_LABELS = {
+    "table": "table",
+    "goodput": "goodput",
+    "learned (cold)": "cold",
+    "learned (cold, full info)": "cold, full info",
+    "learned (warm)": "warm",
+    "learned (warm, full info)": "warm, full info",
+}
 #: the day's rules: those plus the per-level oracle
 DAY_RULES = (*RULES, "per-level oracle")
 MAX_NEW_TOKENS = 128
@@ -60,9 +73,17 @@ def day_phases(profile: Any, levels: Sequence[int], requests: int) -> list[tuple
     return [(phase_s, c) for c in order]
 
 
-def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: str, levels: Sequence[int],
-                       requests: int, arms: Sequence[int] = ARMS, wrong: Sequence[float] = (),
-                       say: Callable[[str], None] = lambda s: None, seeds: int = 1) -> dict[str, Any]:
+def compare_under_load(
+    tune: Sequence[Any],
+    test: Sequence[Any],
+    profile_name: str,
+    levels: Sequence[int],
+    requests: int,
+    arms: Sequence[int] = ARMS,
+    wrong: Sequence[float] = (),
+    say: Callable[[str], None] = lambda s: None,
+    seeds: int = 1,
+) -> dict[str, Any]:
     """Every rule at every level and over the day on one profile; ``wrong``: per-token factors of
     misjudged cost models given to the goodput and warm learned rules (and, in a third run, to the
     engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run. ``seeds``:
@@ -81,37 +102,52 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
         return Learned(arms, model, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx)
 
     def run(rule: Any, pool: Sequence[Any], model: Any = None, **arrivals: Any) -> dict[str, Any]:
-        s = simulate(rule, pool, prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals).summary()
+        s = simulate(
+            rule, pool, prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals
+        ).summary()
         return {k: s[k] for k in ("tokens_per_s", "p50_s", "p95_s", "requests", "block_sizes")}
 
     def wrong_runs(arrivals: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for f in wrong:
             m = misjudged(prof, f)
-            out[f"{f:g}"] = {"goodput": run(Goodput(arms, m, prior=prior), test, **arrivals),
-                             "learned (warm)": run(warm(m), test, **arrivals),
-                             "learned (warm), attribution misjudged too": run(warm(m), test, model=m, **arrivals)}
+            out[f"{f:g}"] = {
+                "goodput": run(Goodput(arms, m, prior=prior), test, **arrivals),
+                "learned (warm)": run(warm(m), test, **arrivals),
+                "learned (warm), attribution misjudged too": run(warm(m), test, model=m, **arrivals),
+            }
         return out
 
     def learned(pool: Sequence[Any], arrivals: dict[str, Any]) -> dict[str, Any]:
         """The learned rules, each over ``seeds`` seeds: the cold ones after a warm-up run on the tuning half."""
         out = {}
-        for name, make, warm_up in (("learned (cold)", lambda s: Learned(arms, prof, seed=s), True),
-                                    ("learned (cold, full info)", lambda s: Learned(arms, prof, seed=s, full_info=True),
-                                     True),
-                                    ("learned (warm)", lambda s: Learned(arms, prof, seed=s, prior=prior,
-                                                                         prior_weight=PRIOR_WEIGHT, context=ctx), False),
-                                    ("learned (warm, full info)", lambda s: Learned(
-                                        arms, prof, seed=s, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx,
-                                        full_info=True), False)):
+        for name, make, warm_up in (
+            ("learned (cold)", lambda s: Learned(arms, prof, seed=s), True),
+            ("learned (cold, full info)", lambda s: Learned(arms, prof, seed=s, full_info=True), True),
+            (
+                "learned (warm)",
+                lambda s: Learned(arms, prof, seed=s, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx),
+                False,
+            ),
+            (
+                "learned (warm, full info)",
+                lambda s: Learned(
+                    arms, prof, seed=s, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx, full_info=True
+                ),
+                False,
+            ),
+        ):
             runs = []
             for s in range(seeds):
                 rule = make(s)
                 if warm_up:
                     run(rule, tune, **arrivals)
                 runs.append(run(rule, pool, **arrivals))
-            out[name] = {**runs[0], "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / seeds,
-                         "seed_tokens_per_s": [r["tokens_per_s"] for r in runs]}
+            out[name] = {
+                **runs[0],
+                "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / seeds,
+                "seed_tokens_per_s": [r["tokens_per_s"] for r in runs],
+            }
         return out
 
     rows, tuned, oracle = [], {}, {}
@@ -121,23 +157,46 @@ def compare_under_load(tune: Sequence[Any], test: Sequence[Any], profile_name: s
         tuned[c] = max(tuning, key=tuning.get)
         fixed = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
         oracle[c] = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
-        runs = {**fixed, "table": run(Table({c: tuned[c]}), test, **arr),
-                "goodput": run(Goodput(arms, prof, prior=prior), test, **arr), **learned(test, arr)}
-        rows.append({"clients": c, "requests": arr["requests"], "best_fixed": oracle[c], "tuned_fixed": tuned[c],
-                     "runs": runs, "wrong": wrong_runs(arr)})
+        runs = {
+            **fixed,
+            "table": run(Table({c: tuned[c]}), test, **arr),
+            "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
+            **learned(test, arr),
+        }
+        rows.append(
+            {
+                "clients": c,
+                "requests": arr["requests"],
+                "best_fixed": oracle[c],
+                "tuned_fixed": tuned[c],
+                "runs": runs,
+                "wrong": wrong_runs(arr),
+            }
+        )
         say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
     phases = day_phases(prof, levels, requests)
     arr = {"day": phases, "requests": 100_000}
     day = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
-    day.update({"table": run(Table(tuned), test, **arr), "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-                **learned(test, arr),  # the cold ones after a warm-up day on the tuning half
-                "per-level oracle": run(Table(oracle), test, **arr)})
+    day.update(
+        {
+            "table": run(Table(tuned), test, **arr),
+            "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
+            **learned(test, arr),  # the cold ones after a warm-up day on the tuning half
+            "per-level oracle": run(Table(oracle), test, **arr),
+        }
+    )
     say(f"{profile_name}, the day: done")
-    out = {"profile": profile_name, "prior_acceptance": prior, "prior_weight": PRIOR_WEIGHT, "context": ctx,
-           "seeds": seeds,
-           "levels": rows,
-           "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
-           "tuned_table": {str(k): v for k, v in tuned.items()}, "oracle_table": {str(k): v for k, v in oracle.items()}}
+    out = {
+        "profile": profile_name,
+        "prior_acceptance": prior,
+        "prior_weight": PRIOR_WEIGHT,
+        "context": ctx,
+        "seeds": seeds,
+        "levels": rows,
+        "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
+        "tuned_table": {str(k): v for k, v in tuned.items()},
+        "oracle_table": {str(k): v for k, v in oracle.items()},
+    }
     return with_ratios(out)
 
 
@@ -162,41 +221,66 @@ def section_load(traces: Any, st: Settings) -> dict[str, Any]:
 
     where = (getattr(traces, "meta", None) or {}).get("dense")
     if not where or not (Path(where) / "meta.json").is_file():
-        return {"status": "absent", "reason": f"the trace set names no dense set on disk (meta.json dense: {where!r}); "
-                                              "collect one with `adaptspec collect --dense`"}
+        return {
+            "status": "absent",
+            "reason": f"the trace set names no dense set on disk (meta.json dense: {where!r}); "
+            "collect one with `adaptspec collect --dense`",
+        }
     reqs = [r for _, _, r in DenseTraceSet.open(where).requests()]
     if len(reqs) < 2:
         return {"status": "absent", "reason": f"the dense set {where} has fewer than two requests"}
-    say = (lambda s: print(f"evaluate: load: {s}", file=sys.stderr, flush=True)) if st.progress else (lambda s: None)
-    profiles = [compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say, seeds=SEEDS)
-                for name, levels in LEVELS.items()]
-    return {"status": "ok", "dense": str(where), "requests": len(reqs), "arms": list(ARMS),
-            "load_requests": st.load_requests, "profiles": profiles}
+    say = (
+        (lambda s: print(f"evaluate: load: {s}", file=sys.stderr, flush=True))
+        if st.progress
+        else (lambda s: None)
+    )
+    profiles = [
+        compare_under_load(reqs[0::2], reqs[1::2], name, levels, st.load_requests, say=say, seeds=SEEDS)
+        for name, levels in LEVELS.items()
+    ]
+    return {
+        "status": "ok",
+        "dense": str(where),
+        "requests": len(reqs),
+        "arms": list(ARMS),
+        "load_requests": st.load_requests,
+        "profiles": profiles,
+    }
 
 
 # ============================================================================ figures from results
 def best_fixed(runs: dict[str, Any]) -> str:
     """The fixed size (plain included) with the most tok/s."""
-    return max((k for k in runs if k == "plain" or k.startswith("fixed:")), key=lambda k: runs[k]["tokens_per_s"])
+    return max(
+        (k for k in runs if k == "plain" or k.startswith("fixed:")), key=lambda k: runs[k]["tokens_per_s"]
+    )
 
 
 def targets(p: dict[str, Any], rule: str) -> dict[str, Any]:
     """Issue 28's simulation targets for ``rule`` on one profile's results: its worst ratio to the best
     of plain and every fixed size over the levels; on the day its ratio to the best single fixed size,
     to the table tuned on the other half, and the share of the per-level oracle's gain it captures."""
-    at = min(p["levels"], key=lambda r: r["runs"][rule]["tokens_per_s"] / r["runs"][best_fixed(r["runs"])]["tokens_per_s"])
+    at = min(
+        p["levels"],
+        key=lambda r: r["runs"][rule]["tokens_per_s"] / r["runs"][best_fixed(r["runs"])]["tokens_per_s"],
+    )
     worst = at["runs"][rule]["tokens_per_s"] / at["runs"][best_fixed(at["runs"])]["tokens_per_s"]
     day = p["day"]["runs"]
     bf = day[best_fixed(day)]["tokens_per_s"]
     gain = day["per-level oracle"]["tokens_per_s"] - bf
     got = day[rule]["tokens_per_s"] - bf
-    t = {"worst_level": worst, "day_over_best_fixed": day[rule]["tokens_per_s"] / bf,
-         "day_over_table": day[rule]["tokens_per_s"] / day["table"]["tokens_per_s"],
-         "oracle_gain_captured": got / gain if gain > 0 else None}
+    t = {
+        "worst_level": worst,
+        "day_over_best_fixed": day[rule]["tokens_per_s"] / bf,
+        "day_over_table": day[rule]["tokens_per_s"] / day["table"]["tokens_per_s"],
+        "oracle_gain_captured": got / gain if gain > 0 else None,
+    }
     t["worst_clients"] = at["clients"]
     if "over_best_fixed_ci" in at["runs"][rule]:
         t["worst_level_ci"] = at["runs"][rule]["over_best_fixed_ci"]
-    t["met"] = bool(worst >= 0.98 and got > 0 and t["day_over_table"] >= 0.98 and (gain <= 0 or got >= gain / 2))
+    t["met"] = bool(
+        worst >= 0.98 and got > 0 and t["day_over_table"] >= 0.98 and (gain <= 0 or got >= gain / 2)
+    )
     return t
 
 
@@ -222,37 +306,60 @@ def render_load(d: dict[str, Any] | None, figs: list[str] | None = None) -> str:
     if not d or d.get("status") != "ok":
         return f"Not run: {d.get('reason') if d else 'never run'}."
     arms = d["arms"]
-    out = [f"The dense set `{d['dense']}` ({d['requests']} requests) through the load simulator "
-           "(`adaptspec/simulators/load_sim.py`: continuous batching, closed-loop clients, each round's cost from the "
-           "profile's batched cost model, each round's time attributed to its rows by their marginal cost). "
-           "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
-           "rule's warm-up run), odd-numbered ones are measured; at least "
-           f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
-           "plain decoding at that level. *cold*: LinTS on the load level, every block size starting at plain's "
-           "speed, after a warm-up run on the other half (*cold, full info*: the same, learning from each round "
-           "every block size shorter than the one it played, not only that one); "
-           "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
-           f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round "
-           "(*warm, full info*: with full information).", ""]
+    out = [
+        f"The dense set `{d['dense']}` ({d['requests']} requests) through the load simulator "
+        "(`adaptspec/simulators/load_sim.py`: continuous batching, closed-loop clients, each round's cost from the "
+        "profile's batched cost model, each round's time attributed to its rows by their marginal cost). "
+        "Even-numbered requests tune (the static table, the goodput rule's prior acceptance, the cold learned "
+        "rule's warm-up run), odd-numbered ones are measured; at least "
+        f"{d['load_requests']} requests per level (4 per client at higher loads). Values: aggregate tok/s over "
+        "plain decoding at that level. *cold*: LinTS on the load level, every block size starting at plain's "
+        "speed, after a warm-up run on the other half (*cold, full info*: the same, learning from each round "
+        "every block size shorter than the one it played, not only that one); "
+        "*warm*: the same bandit started from the goodput model's predicted reward per level and block size "
+        f"(weighted as {d['profiles'][0]['prior_weight']:g} observations), measured from its first round "
+        "(*warm, full info*: with full information).",
+        "",
+    ]
     for p in d["profiles"]:
-        rules = [k for k in RULES if all(k in r["runs"] for r in p["levels"])]  # earlier results lack the newer rules
+        rules = [
+            k for k in RULES if all(k in r["runs"] for r in p["levels"])
+        ]  # earlier results lack the newer rules
         head = ["clients"] + [_label(b) for b in arms] + [RULE_LABELS[k] for k in rules] + ["warm / best"]
         rows = []
         for r in p["levels"]:
             x = r["runs"]
-            rows.append([r["clients"]] + [f"{x[_fixed_name(b)]['over_plain']:.3f}" for b in arms]
-                        + [f"{x[k]['over_plain']:.3f}" for k in rules] + [f"{x['learned (warm)']['over_best_fixed']:.3f}"])
+            rows.append(
+                [r["clients"]]
+                + [f"{x[_fixed_name(b)]['over_plain']:.3f}" for b in arms]
+                + [f"{x[k]['over_plain']:.3f}" for k in rules]
+                + [f"{x['learned (warm)']['over_best_fixed']:.3f}"]
+            )
         day, bf = p["day"]["runs"], p["day"]["best"]
-        drows = [[k, f"{v['tokens_per_s']:.1f}", f"{v['over_plain']:.3f}", f"{v['over_best_fixed']:.3f}",
-                  f"{v['p50_s']:.2f}", f"{v['p95_s']:.2f}"] for k, v in day.items()]
+        drows = [
+            [
+                k,
+                f"{v['tokens_per_s']:.1f}",
+                f"{v['over_plain']:.3f}",
+                f"{v['over_best_fixed']:.3f}",
+                f"{v['p50_s']:.2f}",
+                f"{v['p95_s']:.2f}",
+            ]
+            for k, v in day.items()
+        ]
         phases = ", ".join(str(c) for _, c in p["day"]["phases"])
         note = f"{PROFILE_NOTES[p['profile']]}; " if p["profile"] in PROFILE_NOTES else ""
-        out += [f"**{p['profile']}** ({note}prior acceptance {p['prior_acceptance']:.3f}, measured on the tuning half):",
-                "",
-                table(head, rows, "r" * len(head)), "",
-                f"The day on `{p['profile']}`: clients {phases}, {p['day']['phases'][0][0]:.1f} s each "
-                f"(best single fixed size: {bf}):", "",
-                table(["rule", "tok/s", "over plain", "over best fixed", "p50 s", "p95 s"], drows, "lrrrrr"), ""]
+        out += [
+            f"**{p['profile']}** ({note}prior acceptance {p['prior_acceptance']:.3f}, measured on the tuning half):",
+            "",
+            table(head, rows, "r" * len(head)),
+            "",
+            f"The day on `{p['profile']}`: clients {phases}, {p['day']['phases'][0][0]:.1f} s each "
+            f"(best single fixed size: {bf}):",
+            "",
+            table(["rule", "tok/s", "over plain", "over best fixed", "p50 s", "p95 s"], drows, "lrrrrr"),
+            "",
+        ]
         if p.get("seeds", 1) > 1:
             out += _render_seeds(p, rules) + [""]
         if p["levels"] and p["levels"][0].get("wrong"):
@@ -279,10 +386,13 @@ def _render_seeds(p: dict[str, Any], rules: Sequence[str]) -> list[str]:
             lo, hi = x.get("over_best_fixed_ci", (x["over_best_fixed"],) * 2)
             cells.append(f"{x['over_best_fixed']:.3f} [{lo:.3f}, {hi:.3f}]")
         rows.append([r["clients"], r["best"].replace("fixed:", "B=")] + cells)
-    return [f"The learned rules on `{p['profile']}` over {p['seeds']} seeds (a cold rule's warm-up run is its own "
-            "per seed): tok/s over the best fixed size of the level (of the day: the best single one), mean "
-            "[95% interval]:", "",
-            table(["clients", "best fixed"] + [RULE_LABELS[k] for k in learned], rows, "r" * (2 + len(learned)))]
+    return [
+        f"The learned rules on `{p['profile']}` over {p['seeds']} seeds (a cold rule's warm-up run is its own "
+        "per seed): tok/s over the best fixed size of the level (of the day: the best single one), mean "
+        "[95% interval]:",
+        "",
+        table(["clients", "best fixed"] + [RULE_LABELS[k] for k in learned], rows, "r" * (2 + len(learned))),
+    ]
 
 
 def _render_wrong(p: dict[str, Any]) -> list[str]:
@@ -293,14 +403,38 @@ def _render_wrong(p: dict[str, Any]) -> list[str]:
         rows = []
         for r in [*p["levels"], {**p["day"], "clients": "day"}]:
             w = r["wrong"][f]
-            rows.append([r["clients"]] + [f"{x['over_best_fixed']:.3f}" for x in (
-                r["runs"]["goodput"], w["goodput"], r["runs"]["learned (warm)"], w["learned (warm)"],
-                w["learned (warm), attribution misjudged too"])])
-        out += [f"A misjudged cost model on `{p['profile']}`: the rules are given a profile whose verify cost per "
-                f"token is {f}x the true one (tok/s over the best fixed size; the last column: the engine's "
-                "attribution of round time uses the misjudged model too):", "",
-                table(["clients", "goodput", f"goodput, x{f}", "warm", f"warm, x{f}", f"warm, x{f}, attribution too"],
-                      rows, "rrrrrr"), ""]
+            rows.append(
+                [r["clients"]]
+                + [
+                    f"{x['over_best_fixed']:.3f}"
+                    for x in (
+                        r["runs"]["goodput"],
+                        w["goodput"],
+                        r["runs"]["learned (warm)"],
+                        w["learned (warm)"],
+                        w["learned (warm), attribution misjudged too"],
+                    )
+                ]
+            )
+        out += [
+            f"A misjudged cost model on `{p['profile']}`: the rules are given a profile whose verify cost per "
+            f"token is {f}x the true one (tok/s over the best fixed size; the last column: the engine's "
+            "attribution of round time uses the misjudged model too):",
+            "",
+            table(
+                [
+                    "clients",
+                    "goodput",
+                    f"goodput, x{f}",
+                    "warm",
+                    f"warm, x{f}",
+                    f"warm, x{f}, attribution too",
+                ],
+                rows,
+                "rrrrrr",
+            ),
+            "",
+        ]
     return out
 
 
@@ -308,20 +442,36 @@ def load_findings(d: dict[str, Any]) -> list[str]:
     """What the section's numbers say about issue 28's simulation targets, per profile."""
     out = []
     for p in d["profiles"]:
-        for rule in ("learned (warm)", "learned (warm, full info)", "learned (cold)", "learned (cold, full info)",
-                     "goodput"):
+        for rule in (
+            "learned (warm)",
+            "learned (warm, full info)",
+            "learned (cold)",
+            "learned (cold, full info)",
+            "goodput",
+        ):
             if rule not in p["targets"]:
                 continue
             t = p["targets"][rule]
-            cap = "n/a (the per-level oracle gains nothing)" if t["oracle_gain_captured"] is None else \
-                f"{100 * t['oracle_gain_captured']:.0f}%"
-            ci = (f" at {t['worst_clients']} clients, 95% interval over {p['seeds']} seeds "
-                  f"{t['worst_level_ci'][0]:.3f}-{t['worst_level_ci'][1]:.3f}") if "worst_level_ci" in t else ""
-            out.append(f"`{p['profile']}`, {rule}: worst level {t['worst_level']:.3f}x{ci} the best of plain and every "
-                       f"fixed size (target >= 0.98); the day {t['day_over_best_fixed']:.3f}x the best single fixed "
-                       f"size, {t['day_over_table']:.3f}x the table tuned on the other half (target >= 0.98), "
-                       f"{cap} of the per-level oracle's gain (target >= 50%): "
-                       f"{'all targets met' if t['met'] else 'targets not all met'}.")
+            cap = (
+                "n/a (the per-level oracle gains nothing)"
+                if t["oracle_gain_captured"] is None
+                else f"{100 * t['oracle_gain_captured']:.0f}%"
+            )
+            ci = (
+                (
+                    f" at {t['worst_clients']} clients, 95% interval over {p['seeds']} seeds "
+                    f"{t['worst_level_ci'][0]:.3f}-{t['worst_level_ci'][1]:.3f}"
+                )
+                if "worst_level_ci" in t
+                else ""
+            )
+            out.append(
+                f"`{p['profile']}`, {rule}: worst level {t['worst_level']:.3f}x{ci} the best of plain and every "
+                f"fixed size (target >= 0.98); the day {t['day_over_best_fixed']:.3f}x the best single fixed "
+                f"size, {t['day_over_table']:.3f}x the table tuned on the other half (target >= 0.98), "
+                f"{cap} of the per-level oracle's gain (target >= 50%): "
+                f"{'all targets met' if t['met'] else 'targets not all met'}."
+            )
     return out
 
 

@@ -50,7 +50,9 @@ class ReplicaLease:
         self.backend, self.channel, self.replica, self.ttl_s = backend, channel, replica, float(ttl_s)
         self.token = f"{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
         self.held = False
-        self.renewed_at: float | None = None  # time.monotonic() when the last claim/renewal that worked was sent
+        self.renewed_at: float | None = (
+            None  # time.monotonic() when the last claim/renewal that worked was sent
+        )
 
     def seconds_left(self) -> float:
         """Seconds until the lease expires unless renewed (0 when it is not held)."""
@@ -65,13 +67,16 @@ class ReplicaLease:
         try:
             holder = self.backend.claim(self.channel, self.replica, self.token, self.ttl_s)
         except Exception as e:  # noqa: BLE001 - any backend failure is one line
-            raise AdaptspecError(f"shared state {where}: cannot be reached ({type(e).__name__}: {e})") from None
+            raise AdaptspecError(
+                f"shared state {where}: cannot be reached ({type(e).__name__}: {e})"
+            ) from None
         if holder is not None:
             token, left = holder
             raise AdaptspecError(
                 f"replica id {self.replica!r} of variant {self.channel!r} is held by a live replica ({token}; its "
                 f"lease ends {left:.1f} s after its last renewal): give this replica another id (--replica-id), or stop that "
-                "one (a crashed replica's id is free once its lease has expired)")
+                "one (a crashed replica's id is free once its lease has expired)"
+            )
         self.held, self.renewed_at = True, sent
 
     def renew(self) -> bool:

@@ -37,7 +37,11 @@ def log_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
         if _is_log(p):
             out.append(p)
             continue
-        subs = sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith(".") and _is_log(s)) if p.is_dir() else []
+        subs = (
+            sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith(".") and _is_log(s))
+            if p.is_dir()
+            else []
+        )
         if not subs:
             raise AdaptspecError(f"{p}: neither a decision log nor a directory of replicas' decision logs")
         out.extend(subs)
@@ -58,7 +62,9 @@ def fleet_log_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
         for r in part:
             did = r["decision_id"]
             if did in where:
-                raise AdaptspecError(f"decision {did} is in both {where[did]} and {d}: a log given twice, or copied")
+                raise AdaptspecError(
+                    f"decision {did} is in both {where[did]} and {d}: a log given twice, or copied"
+                )
             where[did] = d
             r["replica"] = d.stem if d.is_file() else d.name
             rows.append(r)

@@ -28,23 +28,50 @@ def shared_families(controllers: Mapping[str, Any]) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     v = ["variant"]
-    up = GaugeMetricFamily("adaptspec_shared_state_up", "1 if the last sync with the shared state worked, else 0 "
-                           "(serving from local state)", labels=v)
-    syncs = CounterMetricFamily("adaptspec_shared_syncs", "Publish+fetch rounds with the shared state that worked", labels=v)
-    errs = CounterMetricFamily("adaptspec_shared_sync_errors", "Publish+fetch rounds that failed (shared state "
-                               "unreachable)", labels=v)
-    refused = CounterMetricFamily("adaptspec_shared_refused", "Other replicas' statistics refused (another policy, "
-                                  "unreadable)", labels=v)
-    skipped = GaugeMetricFamily("adaptspec_shared_refused_entries", "Other replicas' entries skipped at the last "
-                                "fetch (malformed, another policy)", labels=v)
-    unpub = GaugeMetricFamily("adaptspec_shared_unpublished_updates", "Own updates not yet published", labels=v)
+    up = GaugeMetricFamily(
+        "adaptspec_shared_state_up",
+        "1 if the last sync with the shared state worked, else 0 (serving from local state)",
+        labels=v,
+    )
+    syncs = CounterMetricFamily(
+        "adaptspec_shared_syncs", "Publish+fetch rounds with the shared state that worked", labels=v
+    )
+    errs = CounterMetricFamily(
+        "adaptspec_shared_sync_errors",
+        "Publish+fetch rounds that failed (shared state unreachable)",
+        labels=v,
+    )
+    refused = CounterMetricFamily(
+        "adaptspec_shared_refused",
+        "Other replicas' statistics refused (another policy, unreadable)",
+        labels=v,
+    )
+    skipped = GaugeMetricFamily(
+        "adaptspec_shared_refused_entries",
+        "Other replicas' entries skipped at the last fetch (malformed, another policy)",
+        labels=v,
+    )
+    unpub = GaugeMetricFamily(
+        "adaptspec_shared_unpublished_updates", "Own updates not yet published", labels=v
+    )
     fleet = GaugeMetricFamily("adaptspec_shared_fleet_updates", "Updates in the merged statistics", labels=v)
-    others = GaugeMetricFamily("adaptspec_shared_other_replicas", "Other replicas whose statistics are merged", labels=v)
-    age = GaugeMetricFamily("adaptspec_shared_last_sync_age_seconds", "Seconds since the last sync that worked", labels=v)
-    held = GaugeMetricFamily("adaptspec_fleet_lease_held", "1 while this replica holds its replica id's lease, else 0 "
-                             "(another process holds the id: not publishing)", labels=v)
-    left = GaugeMetricFamily("adaptspec_fleet_lease_seconds_left", "Seconds the replica id's lease lasts without "
-                             "another renewal (0 when not held)", labels=v)
+    others = GaugeMetricFamily(
+        "adaptspec_shared_other_replicas", "Other replicas whose statistics are merged", labels=v
+    )
+    age = GaugeMetricFamily(
+        "adaptspec_shared_last_sync_age_seconds", "Seconds since the last sync that worked", labels=v
+    )
+    held = GaugeMetricFamily(
+        "adaptspec_fleet_lease_held",
+        "1 while this replica holds its replica id's lease, else 0 "
+        "(another process holds the id: not publishing)",
+        labels=v,
+    )
+    left = GaugeMetricFamily(
+        "adaptspec_fleet_lease_seconds_left",
+        "Seconds the replica id's lease lasts without another renewal (0 when not held)",
+        labels=v,
+    )
     any_shared = False
     for name, c in controllers.items():
         s = c.stats().get("shared")

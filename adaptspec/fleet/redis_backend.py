@@ -107,10 +107,17 @@ class RedisBackend:
             from redis.retry import Retry
         except ImportError:
             raise AdaptspecError("--shared needs the redis client: pip install 'adaptspec[fleet]'") from None
-        self._redis = redis.Redis(host=self.url.host, port=self.url.port, password=self.url.password,
-                                  socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                  retry=Retry(NoBackoff(), 0))  # no retries: the next sync is the retry
-        self._claim, self._renew, self._release = (self._redis.register_script(x) for x in (_CLAIM, _RENEW, _RELEASE))
+        self._redis = redis.Redis(
+            host=self.url.host,
+            port=self.url.port,
+            password=self.url.password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )  # no retries: the next sync is the retry
+        self._claim, self._renew, self._release = (
+            self._redis.register_script(x) for x in (_CLAIM, _RENEW, _RELEASE)
+        )
         self.describe = str(self.url)
 
     def connect(self) -> "RedisBackend":
@@ -118,7 +125,9 @@ class RedisBackend:
         try:
             self._redis.ping()
         except Exception as e:  # noqa: BLE001 - redis raises many kinds; one line for all
-            raise AdaptspecError(f"--shared {self.url}: cannot reach Redis ({type(e).__name__}: {e})") from None
+            raise AdaptspecError(
+                f"--shared {self.url}: cannot reach Redis ({type(e).__name__}: {e})"
+            ) from None
         return self
 
     def publish(self, channel: str, replica: str, blob: bytes) -> None:
@@ -126,7 +135,10 @@ class RedisBackend:
 
     def fetch(self, channel: str) -> dict[str, bytes]:
         # a field that is not UTF-8 (nothing adaptspec writes) keeps a readable name: the replica skips that entry
-        return {k.decode(errors="backslashreplace"): v for k, v in self._redis.hgetall(self.url.key(channel)).items()}
+        return {
+            k.decode(errors="backslashreplace"): v
+            for k, v in self._redis.hgetall(self.url.key(channel)).items()
+        }
 
     def fetch_one(self, channel: str, replica: str) -> bytes | None:
         return self._redis.hget(self.url.key(channel), replica)

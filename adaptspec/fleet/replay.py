@@ -25,8 +25,17 @@ from .stats import family_for, merge_sums
 __all__ = ["fleet_replay", "learning_curve", "speedup"]
 
 
-def fleet_replay(make: Callable[[int], Any], rewards: np.ndarray, contexts: np.ndarray | None, *, replicas: int,
-                 steps_per_replica: int, sync_every: int = 8, seed: int = 0, feedback: Any = None) -> np.ndarray:
+def fleet_replay(
+    make: Callable[[int], Any],
+    rewards: np.ndarray,
+    contexts: np.ndarray | None,
+    *,
+    replicas: int,
+    steps_per_replica: int,
+    sync_every: int = 8,
+    seed: int = 0,
+    feedback: Any = None,
+) -> np.ndarray:
     """Regret against the best fixed arm of every request each replica served: ``(replicas, steps)``.
 
     ``make(i)`` builds replica ``i``'s policy (same spec and seed for all: they differ by what
@@ -84,8 +93,9 @@ def reach(curve: np.ndarray, width: int, level: float) -> float:
     return float((below[0] + 1) * width) if len(below) else np.nan
 
 
-def speedup(single: np.ndarray, single_width: int, fleet: np.ndarray, fleet_width: int,
-            levels: np.ndarray) -> np.ndarray:
+def speedup(
+    single: np.ndarray, single_width: int, fleet: np.ndarray, fleet_width: int, levels: np.ndarray
+) -> np.ndarray:
     """For each regret level: requests one replica alone needs to reach it / requests per replica of the fleet.
 
     Compare curves binned over the same number of rewards learnt from (``fleet_width`` =

@@ -90,8 +90,15 @@ class SharedState:
         crashed replica's id stays taken.
     """
 
-    def __init__(self, backend: Any, replica: str, *, sync_every: int = 32, sync_interval_s: float = 1.0,
-                 lease_ttl_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        replica: str,
+        *,
+        sync_every: int = 32,
+        sync_interval_s: float = 1.0,
+        lease_ttl_s: float = 15.0,
+    ) -> None:
         if not replica or not isinstance(replica, str):
             raise AdaptspecError(f"replica id must be a non-empty string, got {replica!r}")
         if int(sync_every) != sync_every or sync_every < 1:
@@ -99,8 +106,10 @@ class SharedState:
         if not sync_interval_s > 0:
             raise AdaptspecError(f"sync_interval_s must be > 0, got {sync_interval_s!r}")
         if not lease_ttl_s >= 3 * sync_interval_s:
-            raise AdaptspecError(f"the lease ttl ({lease_ttl_s!r} s, --lease-ttl) must be at least 3 sync intervals "
-                                 f"({3 * sync_interval_s!r} s): a live replica would lose its id between renewals")
+            raise AdaptspecError(
+                f"the lease ttl ({lease_ttl_s!r} s, --lease-ttl) must be at least 3 sync intervals "
+                f"({3 * sync_interval_s!r} s): a live replica would lose its id between renewals"
+            )
         self.backend = backend
         self.replica = replica
         self.sync_every = int(sync_every)
@@ -133,7 +142,9 @@ class SharedState:
         self.loop_error: str | None = None  # what the sync loop's last iteration raised (None: it did not)
         self.merge_error: str | None = None  # why the last merge into the policy failed (None: it worked)
         self.refused_entries: dict[str, str] = {}  # replica -> why its entry was skipped, at the last fetch
-        self._refused_blobs: dict[str, str] = {}  # replica -> digest of its refused blob (logged and counted once)
+        self._refused_blobs: dict[
+            str, str
+        ] = {}  # replica -> digest of its refused blob (logged and counted once)
         self.rebuilt: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
@@ -143,14 +154,22 @@ class SharedState:
         channel = check_variant_name(variant or "default")  # it becomes a Redis key
         if self.lease is not None:
             if self.lease.channel != channel:
-                raise AdaptspecError(f"replica {self.replica!r} claimed variant {self.lease.channel!r}, not {channel!r}")
+                raise AdaptspecError(
+                    f"replica {self.replica!r} claimed variant {self.lease.channel!r}, not {channel!r}"
+                )
             return
         lease = ReplicaLease(self.backend, channel, self.replica, self.lease_ttl_s)
         lease.claim()
         self.lease, self.channel = lease, channel
 
-    def attach(self, policy: Any, variant: str | None, log_dir: str | Path | None = None,
-               contextual: bool | None = None, calibration: LogCalibration | None = None) -> None:
+    def attach(
+        self,
+        policy: Any,
+        variant: str | None,
+        log_dir: str | Path | None = None,
+        contextual: bool | None = None,
+        calibration: LogCalibration | None = None,
+    ) -> None:
         """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
 
         Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward;
@@ -169,15 +188,22 @@ class SharedState:
             self.close()
             raise
 
-    def _attach(self, policy: Any, log_dir: str | Path | None, contextual: bool | None,
-                calibration: LogCalibration | None) -> None:
+    def _attach(
+        self,
+        policy: Any,
+        log_dir: str | Path | None,
+        contextual: bool | None,
+        calibration: LogCalibration | None,
+    ) -> None:
         self.fingerprint = self.family.fingerprint(policy)
         self._contextual = bool(getattr(policy, "contextual", True) if contextual is None else contextual)
         try:
             own_blob = self.backend.fetch_one(self.channel, self.replica)
         except Exception as e:  # noqa: BLE001
-            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: cannot be reached "
-                                 f"({type(e).__name__}: {e})") from None
+            raise AdaptspecError(
+                f"shared state {getattr(self.backend, 'describe', self.backend)}: cannot be reached "
+                f"({type(e).__name__}: {e})"
+            ) from None
         own = None
         if own_blob is not None:
             try:
@@ -188,18 +214,26 @@ class SharedState:
                 try:
                     self._check(self.replica, own)
                 except AdaptspecError as e:
-                    raise AdaptspecError(f"replica {self.replica!r} of variant {self.channel!r} published statistics "
-                                         f"of another policy before ({e}): use another replica id or fleet name") from None
+                    raise AdaptspecError(
+                        f"replica {self.replica!r} of variant {self.channel!r} published statistics "
+                        f"of another policy before ({e}): use another replica id or fleet name"
+                    ) from None
         if log_dir is not None:
             local, n = self._rebuild(policy, Path(log_dir), calibration)
             if own is not None and own.updates > n:
-                raise AdaptspecError(f"replica {self.replica!r} published {own.updates} updates of variant "
-                                     f"{self.channel!r}, but its decision log {log_dir} holds {n}: start it on its own "
-                                     "log directory, or give it another replica id")
+                raise AdaptspecError(
+                    f"replica {self.replica!r} published {own.updates} updates of variant "
+                    f"{self.channel!r}, but its decision log {log_dir} holds {n}: start it on its own "
+                    "log directory, or give it another replica id"
+                )
             if own is not None and own.updates == n:  # keep what the fleet has seen of the estimates
                 for key in self.family.approximate:
                     local[key] = np.asarray(own.sums[key], dtype=np.float64).copy()
-            self.rebuilt = {"from": "log", "updates": n, "published_before": None if own is None else own.updates}
+            self.rebuilt = {
+                "from": "log",
+                "updates": n,
+                "published_before": None if own is None else own.updates,
+            }
         elif own is not None:
             local, n = {k: np.array(v) for k, v in own.sums.items()}, own.updates
             self.rebuilt = {"from": "shared", "updates": n, "published_before": n}
@@ -208,14 +242,17 @@ class SharedState:
             self.rebuilt = {"from": "none", "updates": 0, "published_before": None}
         self._local, self._local_updates = local, n
         if not self._sync_guarded():
-            raise AdaptspecError(f"shared state {getattr(self.backend, 'describe', self.backend)}: the first sync "
-                                 f"failed ({self.last_error})")
+            raise AdaptspecError(
+                f"shared state {getattr(self.backend, 'describe', self.backend)}: the first sync "
+                f"failed ({self.last_error})"
+            )
         self.apply_pending(policy)
         self._thread = threading.Thread(target=self._run, name=f"adaptspec-fleet-{self.channel}", daemon=True)
         self._thread.start()
 
-    def _rebuild(self, policy: Any, log_dir: Path,
-                 calibration: LogCalibration | None) -> tuple[dict[str, np.ndarray], int]:
+    def _rebuild(
+        self, policy: Any, log_dir: Path, calibration: LogCalibration | None
+    ) -> tuple[dict[str, np.ndarray], int]:
         """This replica's sums from its decision log: every logged reward of this variant, in log order,
         calibrated as the learner calibrated it and replayed into a fresh copy of the policy (the
         estimates are scored against that copy)."""
@@ -224,9 +261,23 @@ class SharedState:
         sums = self.family.zero()
         if not log_dir.is_dir():
             return sums, 0
-        rows = [r for r in log_rows(log_dir, ["variant", "block_size", "reward", "features", "arms", "cf_rewards",
-                                              "cf_censored", "speed_ratio"])
-                if r.get("variant") == self.channel and r.get("reward") is not None]
+        rows = [
+            r
+            for r in log_rows(
+                log_dir,
+                [
+                    "variant",
+                    "block_size",
+                    "reward",
+                    "features",
+                    "arms",
+                    "cf_rewards",
+                    "cf_censored",
+                    "speed_ratio",
+                ],
+            )
+            if r.get("variant") == self.channel and r.get("reward") is not None
+        ]
         if not rows or self.family is NOTHING:
             return sums, 0
         learnt = 0
@@ -241,25 +292,48 @@ class SharedState:
             learnt += 1
             f = r.get("features")
             if self._contextual and f is None:
-                raise AdaptspecError(f"{log_dir}: logged decision {r['decision_id']} has no features: cannot rebuild "
-                                     "this replica's shared statistics (log_features was off)")
-            ctx = None if (f is None or not self._contextual) else np.asarray(f, dtype=np.float32).astype(np.float64)
-            if self.family.full_feedback and r.get("cf_rewards") is not None and r.get("cf_censored") is not None \
-                    and tuple(int(a) for a in r["arms"]) == self.family.arms:  # every arm's, as it was learnt
-                self._learn_full(scratch, sums, ctx, calibrated(np.asarray(r["cf_rewards"], dtype=np.float64)),
-                                 ~np.asarray(r["cf_censored"], dtype=bool))
+                raise AdaptspecError(
+                    f"{log_dir}: logged decision {r['decision_id']} has no features: cannot rebuild "
+                    "this replica's shared statistics (log_features was off)"
+                )
+            ctx = (
+                None
+                if (f is None or not self._contextual)
+                else np.asarray(f, dtype=np.float32).astype(np.float64)
+            )
+            if (
+                self.family.full_feedback
+                and r.get("cf_rewards") is not None
+                and r.get("cf_censored") is not None
+                and tuple(int(a) for a in r["arms"]) == self.family.arms
+            ):  # every arm's, as it was learnt
+                self._learn_full(
+                    scratch,
+                    sums,
+                    ctx,
+                    calibrated(np.asarray(r["cf_rewards"], dtype=np.float64)),
+                    ~np.asarray(r["cf_censored"], dtype=bool),
+                )
             else:
                 self._learn(scratch, sums, ctx, int(r["block_size"]), float(calibrated(float(r["reward"]))))
         return sums, learnt
 
     # ------------------------------------------------------------------ update thread
-    def _learn(self, policy: Any, sums: dict[str, np.ndarray], context: Any, block_size: int, reward: float) -> None:
+    def _learn(
+        self, policy: Any, sums: dict[str, np.ndarray], context: Any, block_size: int, reward: float
+    ) -> None:
         pre = self.family.before(policy)
         policy.update(context, block_size, reward)
         self.family.observe(sums, policy, context, policy.arm_index(block_size), float(reward), pre)
 
-    def _learn_full(self, policy: Any, sums: dict[str, np.ndarray], context: Any, rewards: np.ndarray,
-                    observed: np.ndarray) -> None:
+    def _learn_full(
+        self,
+        policy: Any,
+        sums: dict[str, np.ndarray],
+        context: Any,
+        rewards: np.ndarray,
+        observed: np.ndarray,
+    ) -> None:
         pre = self.family.before(policy)
         policy.update_full(context, rewards, observed)
         self.family.observe_full(sums, policy, context, rewards, observed, pre)
@@ -281,8 +355,10 @@ class SharedState:
         """``policy.update_full(context, rewards, observed)``, and the update counted in this replica's sums
         (only when :attr:`full_feedback`; otherwise one line, nothing learnt)."""
         if not self.family.full_feedback:
-            raise AdaptspecError(f"the shared statistics of variant {self.channel!r} are of the arm that ran only: "
-                                 "use update(), not update_full()")
+            raise AdaptspecError(
+                f"the shared statistics of variant {self.channel!r} are of the arm that ran only: "
+                "use update(), not update_full()"
+            )
         with self._lock:
             self._learn_full(policy, self._local, context, rewards, observed)
             due = self._counted()
@@ -306,7 +382,11 @@ class SharedState:
             except Exception as e:  # noqa: BLE001 - the policy keeps learning from its own updates meanwhile
                 msg = f"merging the fleet's statistics failed ({type(e).__name__}: {e})"
                 if msg != self.merge_error:
-                    log.error("%s: %s; deciding on this replica's own updates until a merge works", self.channel, msg)
+                    log.error(
+                        "%s: %s; deciding on this replica's own updates until a merge works",
+                        self.channel,
+                        msg,
+                    )
                 self.merge_error = self.last_error = msg
                 self._applied_seq = seq
                 return False
@@ -335,8 +415,12 @@ class SharedState:
             msg = f"{type(e).__name__}: {e}"
             self.sync_errors += 1
             if msg != self.loop_error:
-                log.error("%s: shared-state sync failed (%s); retrying every %g s", self.channel, msg,
-                          self.sync_interval_s)
+                log.error(
+                    "%s: shared-state sync failed (%s); retrying every %g s",
+                    self.channel,
+                    msg,
+                    self.sync_interval_s,
+                )
             self.loop_error = self.last_error = msg
             return False
         if self.loop_error is not None:
@@ -350,10 +434,14 @@ class SharedState:
     def _check(self, rid: str, p: Published) -> None:
         """Refuse a decoded entry that is not this variant's policy, or not under its own replica's field."""
         if p.replica != rid:
-            raise AdaptspecError(f"shared statistics of {self._entry(rid)}: published as replica {p.replica!r}")
+            raise AdaptspecError(
+                f"shared statistics of {self._entry(rid)}: published as replica {p.replica!r}"
+            )
         if p.fingerprint != self.fingerprint:
-            raise AdaptspecError(f"shared statistics of {self._entry(rid)}: another policy (fingerprint "
-                                 f"{p.fingerprint}, this one {self.fingerprint})")
+            raise AdaptspecError(
+                f"shared statistics of {self._entry(rid)}: another policy (fingerprint "
+                f"{p.fingerprint}, this one {self.fingerprint})"
+            )
         try:
             self.family.check(p.sums)
         except AdaptspecError as e:
@@ -371,15 +459,25 @@ class SharedState:
                 parts.append(p)
             except AdaptspecError as e:
                 refused[rid] = str(e)
-                digest = hashlib.sha256(bytes(blob) if isinstance(blob, (bytes, bytearray)) else repr(blob).encode())
-                if self._refused_blobs.get(rid) != digest.hexdigest():  # a new bad blob: logged and counted once
+                digest = hashlib.sha256(
+                    bytes(blob) if isinstance(blob, (bytes, bytearray)) else repr(blob).encode()
+                )
+                if (
+                    self._refused_blobs.get(rid) != digest.hexdigest()
+                ):  # a new bad blob: logged and counted once
                     self._refused_blobs[rid] = digest.hexdigest()
                     self.refused += 1
-                    log.warning("%s: skipping %s (not merged; /health degraded while it is there)", self.channel, e)
+                    log.warning(
+                        "%s: skipping %s (not merged; /health degraded while it is there)", self.channel, e
+                    )
         for rid in sorted(set(self._refused_blobs) - set(refused)):
             del self._refused_blobs[rid]
-            log.warning("%s: the entry of %s is %s", self.channel, self._entry(rid),
-                        "readable again" if rid in blobs else "gone")
+            log.warning(
+                "%s: the entry of %s is %s",
+                self.channel,
+                self._entry(rid),
+                "readable again" if rid in blobs else "gone",
+            )
         return parts, refused
 
     def _sync_once(self) -> bool:
@@ -392,8 +490,12 @@ class SharedState:
             if self.lease is not None and not self.lease.renew():
                 return self._identity_lost()
             with self._lock:
-                mine = Published(self.replica, self.fingerprint, self._local_updates,
-                                 {k: np.array(v) for k, v in self._local.items()})
+                mine = Published(
+                    self.replica,
+                    self.fingerprint,
+                    self._local_updates,
+                    {k: np.array(v) for k, v in self._local.items()},
+                )
             if not self._publishable(mine):
                 return False
             self.backend.publish(self.channel, self.replica, encode(mine))
@@ -402,8 +504,12 @@ class SharedState:
             self.sync_errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
             if self.connected or self.syncs == 0:
-                log.warning("%s: shared state %s unreachable, serving from local state: %s", self.channel,
-                            getattr(self.backend, "describe", ""), self.last_error)
+                log.warning(
+                    "%s: shared state %s unreachable, serving from local state: %s",
+                    self.channel,
+                    getattr(self.backend, "describe", ""),
+                    self.last_error,
+                )
             self.connected = False
             return False
         parts, refused = self._others_readable(blobs)
@@ -415,7 +521,9 @@ class SharedState:
             self._others, self._others_updates = others, counts
             self._fetch_seq += 1
         if not self.connected and self.syncs:
-            log.warning("%s: shared state %s reachable again", self.channel, getattr(self.backend, "describe", ""))
+            log.warning(
+                "%s: shared state %s reachable again", self.channel, getattr(self.backend, "describe", "")
+            )
         self.connected = True
         self.syncs += 1
         self.last_sync = time.time()
@@ -438,9 +546,11 @@ class SharedState:
     def _identity_lost(self) -> bool:
         """Another process holds this replica's id: publish nothing (it would overwrite that one's sums)."""
         self.sync_errors += 1
-        self.last_error = (f"replica id {self.replica!r} of variant {self.channel!r} is held by another process (this "
-                           "one could not renew its lease in time): not publishing until the id is free; give one of "
-                           "them another --replica-id")
+        self.last_error = (
+            f"replica id {self.replica!r} of variant {self.channel!r} is held by another process (this "
+            "one could not renew its lease in time): not publishing until the id is free; give one of "
+            "them another --replica-id"
+        )
         if self.connected or self.syncs == 0:
             log.warning("%s: %s", self.channel, self.last_error)
         self.connected = False
@@ -464,14 +574,26 @@ class SharedState:
         with self._lock:
             others = dict(self._others_updates)
             local, published = self._local_updates, self._published_updates
-        return {"backend": getattr(self.backend, "describe", type(self.backend).__name__), "replica": self.replica,
-                "state": self.state(), "connected": self.connected, "syncs": self.syncs, "sync_errors": self.sync_errors,
-                "refused": self.refused, "refused_entries": dict(self.refused_entries), "merges": self.merges,
-                "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
-                "local_updates": local, "unpublished_updates": local - published, "other_replicas": len(others),
-                "fleet_updates": local + sum(others.values()), "last_error": self.last_error,
-                "rebuilt": self.rebuilt, "lease_held": bool(self.lease is not None and self.lease.held),
-                "lease_seconds_left": 0.0 if self.lease is None else round(self.lease.seconds_left(), 3)}
+        return {
+            "backend": getattr(self.backend, "describe", type(self.backend).__name__),
+            "replica": self.replica,
+            "state": self.state(),
+            "connected": self.connected,
+            "syncs": self.syncs,
+            "sync_errors": self.sync_errors,
+            "refused": self.refused,
+            "refused_entries": dict(self.refused_entries),
+            "merges": self.merges,
+            "last_sync_age_s": None if self.last_sync is None else round(time.time() - self.last_sync, 3),
+            "local_updates": local,
+            "unpublished_updates": local - published,
+            "other_replicas": len(others),
+            "fleet_updates": local + sum(others.values()),
+            "last_error": self.last_error,
+            "rebuilt": self.rebuilt,
+            "lease_held": bool(self.lease is not None and self.lease.held),
+            "lease_seconds_left": 0.0 if self.lease is None else round(self.lease.seconds_left(), 3),
+        }
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the sync thread, publish one last time (best effort: a dead backend is only counted) and

@@ -95,12 +95,21 @@ class Family:
     #: whether :meth:`observe_full` is supported (a policy with ``full_feedback`` can share every arm it learns)
     full_feedback = False
 
-    def observe(self, sums: Sums, policy: Any, context: np.ndarray | None, arm: int, reward: float, pre: Any) -> None:
+    def observe(
+        self, sums: Sums, policy: Any, context: np.ndarray | None, arm: int, reward: float, pre: Any
+    ) -> None:
         """Add one update, already applied to ``policy``, to ``sums`` (in place)."""
         raise NotImplementedError
 
-    def observe_full(self, sums: Sums, policy: Any, context: np.ndarray | None, rewards: np.ndarray,
-                     observed: np.ndarray, pre: Any) -> None:
+    def observe_full(
+        self,
+        sums: Sums,
+        policy: Any,
+        context: np.ndarray | None,
+        rewards: np.ndarray,
+        observed: np.ndarray,
+        pre: Any,
+    ) -> None:
         """Add one full-information update (``policy.update_full``, already applied) to ``sums`` (in place)."""
         raise AdaptspecError(f"the shared statistics of {type(self).__name__} are of the arm that ran only")
 
@@ -122,7 +131,9 @@ class Family:
             raise AdaptspecError(f"shared statistics hold an array {extra[0]!r} this policy does not keep")
         for k, v in ref.items():
             if k not in sums or np.shape(sums[k]) != np.shape(v):
-                raise AdaptspecError(f"shared statistics {k!r} have shape {np.shape(sums.get(k))}, expected {np.shape(v)}")
+                raise AdaptspecError(
+                    f"shared statistics {k!r} have shape {np.shape(sums.get(k))}, expected {np.shape(v)}"
+                )
             finite = np.isfinite(np.asarray(sums[k], dtype=np.float64))
             if k in self.infinite_ok:
                 finite[self.infinite_ok[k]] = True
@@ -167,7 +178,9 @@ def _welford_merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return b.copy()
     n = na + nb
     d = b[1] - a[1]
-    return np.array([n, a[1] + d * nb / n, a[2] + b[2] + d * d * na * nb / n, min(a[3], b[3]), max(a[4], b[4])])
+    return np.array(
+        [n, a[1] + d * nb / n, a[2] + b[2] + d * d * na * nb / n, min(a[3], b[3]), max(a[4], b[4])]
+    )
 
 
 class ContextFree(Family):
@@ -177,8 +190,13 @@ class ContextFree(Family):
 
     def zero(self) -> Sums:
         k = self.k
-        return {"n": np.zeros(k), "s": np.zeros(k), "ss": np.zeros(k), "count": np.zeros(k, np.int64),
-                "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf])}
+        return {
+            "n": np.zeros(k),
+            "s": np.zeros(k),
+            "ss": np.zeros(k),
+            "count": np.zeros(k, np.int64),
+            "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf]),
+        }
 
     def add(self, a: Sums, b: Sums) -> Sums:
         out = {k: a[k] + b[k] for k in ("n", "s", "ss", "count")}
@@ -224,14 +242,30 @@ class FullInfo(Family):
     infinite_ok = {"running": slice(3, 5)}  # min and max of no reward yet: +inf, -inf
     full_feedback = True
     #: (key, row) of every count (row None: the whole array) and of every sum of squares, never negative
-    _COUNTS = (("n", None), ("count", None), ("requests", None), ("ref", 0), ("diff", 0), ("err", 0), ("running", 0))
+    _COUNTS = (
+        ("n", None),
+        ("count", None),
+        ("requests", None),
+        ("ref", 0),
+        ("diff", 0),
+        ("err", 0),
+        ("running", 0),
+    )
     _SQUARES = (("ss", None), ("err", 1), ("running", 2))
 
     def zero(self) -> Sums:
         k = self.k
-        return {"n": np.zeros(k), "s": np.zeros(k), "ss": np.zeros(k), "count": np.zeros(k, np.int64),
-                "requests": np.zeros(1, np.int64), "ref": np.zeros(2), "diff": np.zeros((2, k)), "err": np.zeros(2),
-                "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf])}
+        return {
+            "n": np.zeros(k),
+            "s": np.zeros(k),
+            "ss": np.zeros(k),
+            "count": np.zeros(k, np.int64),
+            "requests": np.zeros(1, np.int64),
+            "ref": np.zeros(2),
+            "diff": np.zeros((2, k)),
+            "err": np.zeros(2),
+            "running": np.array([0.0, 0.0, 0.0, np.inf, -np.inf]),
+        }
 
     def add(self, a: Sums, b: Sums) -> Sums:
         out = {k: a[k] + b[k] for k in a if k != "running"}
@@ -260,8 +294,9 @@ class FullInfo(Family):
         r[arm], seen[arm] = reward, True
         self.observe_full(sums, policy, context, r, seen, pre)
 
-    def observe_full(self, sums: Sums, policy: Any, context: Any, rewards: np.ndarray, observed: np.ndarray,
-                     pre: Any) -> None:
+    def observe_full(
+        self, sums: Sums, policy: Any, context: Any, rewards: np.ndarray, observed: np.ndarray, pre: Any
+    ) -> None:
         from ..policies.fi_ucb import merge_running
 
         ready, err = pre
@@ -285,8 +320,12 @@ class FullInfo(Family):
     def apply(self, policy: Any, total: Sums) -> None:
         state = policy.state_dict()  # the policy's own checks, flags and estimates, through its public state
         learnt = state["state"]
-        learnt["stats"] = {"n": total["n"].copy(), "s": total["s"].copy(), "ss": total["ss"].copy(),
-                           "pulls": total["count"].astype(np.int64)}
+        learnt["stats"] = {
+            "n": total["n"].copy(),
+            "s": total["s"].copy(),
+            "ss": total["ss"].copy(),
+            "pulls": total["count"].astype(np.int64),
+        }
         for key in ("running", "ref", "diff", "err"):
             learnt[key] = np.array(total[key], dtype=np.float64)
         state["version"] = self.updates(total)
@@ -306,20 +345,34 @@ class Linear(Family):
     def _identity(self, policy: Any) -> dict[str, Any]:
         # stable before the dimension is known (standardize=false learns it from the first context);
         # a dimension mismatch shows as a shape mismatch of the sums
-        ident = {**super()._identity(policy), "lam": policy.lam, "intercept": policy.fit_intercept,
-                 "noise": str(policy.noise), "noise_prior": list(policy.noise_prior)}
+        ident = {
+            **super()._identity(policy),
+            "lam": policy.lam,
+            "intercept": policy.fit_intercept,
+            "noise": str(policy.noise),
+            "noise_prior": list(policy.noise_prior),
+        }
         pm, pp = policy._prior
         if pm is not None or pp is not None:
-            ident["prior"] = hashlib.sha256(np.asarray(0.0 if pm is None else pm, float).tobytes() + np.asarray(0.0 if pp is None else pp, float).tobytes()).hexdigest()
+            ident["prior"] = hashlib.sha256(
+                np.asarray(0.0 if pm is None else pm, float).tobytes()
+                + np.asarray(0.0 if pp is None else pp, float).tobytes()
+            ).hexdigest()
         m = policy.standardize
         if m is not False:  # a fixed Standardizer
-            ident["map"] = hashlib.sha256(np.concatenate([m.mean, m.scale, [m.reward_mean, m.reward_scale]]).tobytes()).hexdigest()
+            ident["map"] = hashlib.sha256(
+                np.concatenate([m.mean, m.scale, [m.reward_mean, m.reward_scale]]).tobytes()
+            ).hexdigest()
         return ident
 
     def zero(self) -> Sums:
         d = self.dim_out or 0
-        return {"xx": np.zeros((self.k, d, d)), "xr": np.zeros((self.k, d)), "count": np.zeros(self.k, np.int64),
-                "noise": np.zeros(2)}
+        return {
+            "xx": np.zeros((self.k, d, d)),
+            "xr": np.zeros((self.k, d)),
+            "count": np.zeros(self.k, np.int64),
+            "noise": np.zeros(2),
+        }
 
     def zero_like(self, sums: Sums) -> Sums:
         width = np.shape(sums["xr"])[1] if "xr" in sums and np.ndim(sums["xr"]) == 2 else None
@@ -392,8 +445,12 @@ class NeuralLinearFamily(Linear):
         self._prior_prec: list[np.ndarray] | None = None
 
     def _identity(self, policy: Any) -> dict[str, Any]:
-        return {**Family._identity(self, policy), "head": policy.fingerprint, "grid": policy.prior_grid.tolist(),
-                "discount": policy.discount}
+        return {
+            **Family._identity(self, policy),
+            "head": policy.fingerprint,
+            "grid": policy.prior_grid.tolist(),
+            "discount": policy.discount,
+        }
 
     def zero(self) -> Sums:
         return {**super().zero(), "evidence": np.zeros(self.grid)}
@@ -422,7 +479,7 @@ class NeuralLinearFamily(Linear):
             self._prior_prec = [np.linalg.inv(c.prior_cov) for c in policy.cores]
         data = np.zeros((k * d, k * d))
         for a in range(k):
-            data[a * d:(a + 1) * d, a * d:(a + 1) * d] = total["xx"][a]
+            data[a * d : (a + 1) * d, a * d : (a + 1) * d] = total["xx"][a]
         posts = []  # every posterior first: a total that is not a posterior changes nothing
         for core, L in zip(policy.cores, self._prior_prec):
             _positive_definite(L + data)
@@ -443,8 +500,10 @@ def _positive_definite(A: np.ndarray) -> None:
     try:
         np.linalg.cholesky(A)
     except np.linalg.LinAlgError:
-        raise AdaptspecError("the merged statistics are not a posterior (a precision matrix is not positive "
-                             "definite): a replica published sums no policy makes") from None
+        raise AdaptspecError(
+            "the merged statistics are not a posterior (a precision matrix is not positive "
+            "definite): a replica published sums no policy makes"
+        ) from None
 
 
 def family_for(policy: Any) -> Family:
@@ -458,26 +517,39 @@ def family_for(policy: Any) -> Family:
 
     label = getattr(policy, "label", type(policy).__name__)
     if getattr(policy, "discount", None) is not None or getattr(policy, "window", None) is not None:
-        raise AdaptspecError(f"policy {label} forgets (discount or window) and cannot be shared: its weights depend "
-                             "on the global order of updates, which replicas do not share; drop discount/window")
+        raise AdaptspecError(
+            f"policy {label} forgets (discount or window) and cannot be shared: its weights depend "
+            "on the global order of updates, which replicas do not share; drop discount/window"
+        )
     if isinstance(policy, NeuralLinear):
         return NeuralLinearFamily(policy)
     if isinstance(policy, EXP3):
-        raise AdaptspecError(f"policy {label} cannot be shared: EXP3's importance weights use each replica's own "
-                             "probabilities and reward range")
+        raise AdaptspecError(
+            f"policy {label} cannot be shared: EXP3's importance weights use each replica's own "
+            "probabilities and reward range"
+        )
     if isinstance(policy, FullInfoUCB):
         return FullInfo(policy)
     if isinstance(policy, ContextFreePolicy):
         return ContextFree(policy)
     if type(policy).__name__ in ("LinUCB", "LinTS") and isinstance(policy, LinearPolicy):
         if policy.standardize is True:
-            raise AdaptspecError(f"policy {label} with its warm-up standardiser cannot be shared: each replica would "
-                                 "fit its own feature map; use standardize=false (on a featurizer's output) or a fixed "
-                                 "Standardizer")
+            raise AdaptspecError(
+                f"policy {label} with its warm-up standardiser cannot be shared: each replica would "
+                "fit its own feature map; use standardize=false (on a featurizer's output) or a fixed "
+                "Standardizer"
+            )
         if policy.standardize is not False and not isinstance(policy.standardize, Standardizer):
             raise AdaptspecError(f"policy {label}: unknown standardize setting")
         return Linear(policy)
-    if not getattr(policy, "learning", True) or getattr(policy, "name", None) in ("fixed", "random", "head", "oracle"):
+    if not getattr(policy, "learning", True) or getattr(policy, "name", None) in (
+        "fixed",
+        "random",
+        "head",
+        "oracle",
+    ):
         return NOTHING
-    raise AdaptspecError(f"policy {label} cannot be shared: sharing supports ucb, ucb-throughput, eps-greedy, ts, "
-                         "fi-ucb, linucb/lints (standardize=false) and neural-linear")
+    raise AdaptspecError(
+        f"policy {label} cannot be shared: sharing supports ucb, ucb-throughput, eps-greedy, ts, "
+        "fi-ucb, linucb/lints (standardize=false) and neural-linear"
+    )

@@ -50,11 +50,19 @@ class Published:
 
 
 def encode(p: Published) -> bytes:
-    head = {"format": FORMAT, "replica": p.replica, "fingerprint": p.fingerprint, "updates": int(p.updates),
-            "time": p.time}
+    head = {
+        "format": FORMAT,
+        "replica": p.replica,
+        "fingerprint": p.fingerprint,
+        "updates": int(p.updates),
+        "time": p.time,
+    }
     buf = io.BytesIO()
-    np.savez(buf, **{_HEAD: np.frombuffer(json.dumps(head).encode(), dtype=np.uint8)},
-             **{k: np.asarray(v) for k, v in p.sums.items()})
+    np.savez(
+        buf,
+        **{_HEAD: np.frombuffer(json.dumps(head).encode(), dtype=np.uint8)},
+        **{k: np.asarray(v) for k, v in p.sums.items()},
+    )
     return buf.getvalue()
 
 

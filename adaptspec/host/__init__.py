@@ -26,17 +26,38 @@ from .choice import HostChoice, choose, server_rows
 from .costs import HostCosts, host_costs
 from .identity import host_key
 
-__all__ = ["HostChoice", "HostCosts", "choose", "for_models", "for_speculator", "host_costs", "host_key",
-           "measure_and_choose", "models_key", "server_rows"]
+__all__ = [
+    "HostChoice",
+    "HostCosts",
+    "choose",
+    "for_models",
+    "for_speculator",
+    "host_costs",
+    "host_key",
+    "measure_and_choose",
+    "models_key",
+    "server_rows",
+]
 
 
-def measure_and_choose(load: Callable[[str], Any], models: str, threads: int, dtype: str | None = None,
-                       remeasure: bool = False, chosen_by: str = "--dtype", rows: Sequence[int] = (1,)) -> HostChoice:
+def measure_and_choose(
+    load: Callable[[str], Any],
+    models: str,
+    threads: int,
+    dtype: str | None = None,
+    remeasure: bool = False,
+    chosen_by: str = "--dtype",
+    rows: Sequence[int] = (1,),
+) -> HostChoice:
     """This host's costs for ``models`` at ``threads`` torch threads (cached, or timed on
     ``load(dtype)`` for each dtype), and the choice on them (``dtype``: given, by ``chosen_by``;
     ``rows``: the engine's loads, :func:`~adaptspec.host.choice.choose`)."""
-    return choose(host_costs(load, host_key(models, threads), remeasure=remeasure), dtype, chosen_by=chosen_by,
-                  rows=rows)
+    return choose(
+        host_costs(load, host_key(models, threads), remeasure=remeasure),
+        dtype,
+        chosen_by=chosen_by,
+        rows=rows,
+    )
 
 
 def models_key(target: str | None, drafter: str | None, verification: str) -> str:
@@ -48,19 +69,39 @@ def models_key(target: str | None, drafter: str | None, verification: str) -> st
     """
     import os
 
-    return " ".join(f"{k}={os.path.abspath(v) if v else 'bundled'}" for k, v in
-                    (("target", target), ("drafter", drafter))) + f" verification={verification}"
+    return (
+        " ".join(
+            f"{k}={os.path.abspath(v) if v else 'bundled'}"
+            for k, v in (("target", target), ("drafter", drafter))
+        )
+        + f" verification={verification}"
+    )
 
 
-def for_models(target: str | None, drafter: str | None, verification: str, threads: int, dtype: str | None = None,
-               remeasure: bool = False, chosen_by: str = "--dtype", rows: Sequence[int] = (1,)) -> HostChoice:
+def for_models(
+    target: str | None,
+    drafter: str | None,
+    verification: str,
+    threads: int,
+    dtype: str | None = None,
+    remeasure: bool = False,
+    chosen_by: str = "--dtype",
+    rows: Sequence[int] = (1,),
+) -> HostChoice:
     """:func:`measure_and_choose` for the models :func:`~adaptspec.models.load_speculator` loads from
     ``target`` and ``drafter`` (None: the bundled ones) in ``verification``, on the CPU; ``rows``:
     the engine's loads (a server's: :func:`~adaptspec.host.choice.server_rows`)."""
     from ..models import load_speculator
 
-    return measure_and_choose(lambda d: load_speculator(target, drafter, dtype=d, verification=verification),
-                              models_key(target, drafter, verification), threads, dtype, remeasure, chosen_by, rows)
+    return measure_and_choose(
+        lambda d: load_speculator(target, drafter, dtype=d, verification=verification),
+        models_key(target, drafter, verification),
+        threads,
+        dtype,
+        remeasure,
+        chosen_by,
+        rows,
+    )
 
 
 def for_speculator(speculator: Any, threads: int | None = None) -> HostChoice | None:
@@ -76,5 +117,11 @@ def for_speculator(speculator: Any, threads: int | None = None) -> HostChoice | 
     how = loaded_from(speculator)
     if how is None or how.device != "cpu" or how.dtype not in TIMED_DTYPES:
         return None
-    return for_models(how.target, how.drafter, how.verification, threads or torch.get_num_threads(), how.dtype,
-                      chosen_by="as loaded")
+    return for_models(
+        how.target,
+        how.drafter,
+        how.verification,
+        threads or torch.get_num_threads(),
+        how.dtype,
+        chosen_by="as loaded",
+    )

@@ -67,31 +67,53 @@ class HostChoice:
         s1 = self.speeds.get(1, 1.0 / float(p.round_s(1)))
         sb = self.speeds.get(self.best_block_size, s1)
         top = max(self.speeds, key=self.speeds.get, default=1)
-        verdict = (f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
-                   if self.speculation_pays else "speculation cannot pay here at the prior's acceptance "
-                   f"(best B = {top}: {self.speeds.get(top, s1) / s1:.2f}x plain, under the {1 + PAYS_MARGIN:.2f}x "
-                   "it must clear): the default decodes plainly (B = 1)")
-        faster = (f"; {self.fastest_dtype} decodes faster here" if self.fastest_dtype and self.fastest_dtype != self.dtype
-                  else "")
-        return (f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
-                f"running {self.dtype} ({self.chosen_by}{faster}): a 4-token verify {ratio:.2f}x a 1-token one "
-                f"({plain:.1f} ms); {verdict}")
+        verdict = (
+            f"speculation pays here at the prior's acceptance (B = {self.best_block_size}: {sb / s1:.2f}x plain)"
+            if self.speculation_pays
+            else "speculation cannot pay here at the prior's acceptance "
+            f"(best B = {top}: {self.speeds.get(top, s1) / s1:.2f}x plain, under the {1 + PAYS_MARGIN:.2f}x "
+            "it must clear): the default decodes plainly (B = 1)"
+        )
+        faster = (
+            f"; {self.fastest_dtype} decodes faster here"
+            if self.fastest_dtype and self.fastest_dtype != self.dtype
+            else ""
+        )
+        return (
+            f"host: {describe(self.costs.key)}; plain round (CPU time, one thread) {per} ({where}, timing {took:.1f} s{f', {cpu:.1f} CPU s' if cpu else ''}); "
+            f"running {self.dtype} ({self.chosen_by}{faster}): a 4-token verify {ratio:.2f}x a 1-token one "
+            f"({plain:.1f} ms); {verdict}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """For ``/health``: what was measured and chosen (the profile's and head's file names, never
         the server's paths)."""
-        return {"host": describe(self.costs.key), "dtype": self.dtype, "chosen_by": self.chosen_by,
-                "fastest_dtype": self.fastest_dtype,
-                "plain_round_ms": {d: round(1e3 * float(q.round_s(1)), 2) for d, q in self.costs.profiles.items()},
-                "round_ms": {str(b): round(1e3 * float(self.profile.round_s(b)), 2) for b in sorted(self.speeds)},
-                "prior_tok_s": {str(b): round(s, 2) for b, s in self.speeds.items()},
-                "best_block_size": self.best_block_size, "speculation_pays": self.speculation_pays,
-                "profile": self.profile_path.name, "head": None if self.head is None else self.head.name,
-                "measured_at": self.costs.measured_at, "timing_s": self.costs.timing_s}
+        return {
+            "host": describe(self.costs.key),
+            "dtype": self.dtype,
+            "chosen_by": self.chosen_by,
+            "fastest_dtype": self.fastest_dtype,
+            "plain_round_ms": {
+                d: round(1e3 * float(q.round_s(1)), 2) for d, q in self.costs.profiles.items()
+            },
+            "round_ms": {str(b): round(1e3 * float(self.profile.round_s(b)), 2) for b in sorted(self.speeds)},
+            "prior_tok_s": {str(b): round(s, 2) for b, s in self.speeds.items()},
+            "best_block_size": self.best_block_size,
+            "speculation_pays": self.speculation_pays,
+            "profile": self.profile_path.name,
+            "head": None if self.head is None else self.head.name,
+            "measured_at": self.costs.measured_at,
+            "timing_s": self.costs.timing_s,
+        }
 
 
-def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None, chosen_by: str = "--dtype",
-           rows: Sequence[int] = (1,)) -> HostChoice:
+def choose(
+    costs: HostCosts,
+    dtype: str | None = None,
+    head: Path | None = None,
+    chosen_by: str = "--dtype",
+    rows: Sequence[int] = (1,),
+) -> HostChoice:
     """The choice on ``costs`` (see the module docstring); ``head`` default: the bundled head;
     ``chosen_by``: who gave ``dtype`` when one is given (``--dtype``, or ``as loaded``); ``rows``:
     the row counts the engine will run (a server's loads, :func:`server_rows`; one request: 1),
@@ -105,7 +127,9 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None,
     arms = model.arms if model is not None else (1, 2, 3, 4, 6, 8)
     tokens = prior_tokens_per_round(arms)
     if dtype is not None and dtype not in costs.profiles:
-        raise AdaptspecError(f"dtype {dtype!r} was not timed on this host (timed: {', '.join(costs.profiles)})")
+        raise AdaptspecError(
+            f"dtype {dtype!r} was not timed on this host (timed: {', '.join(costs.profiles)})"
+        )
     rows = tuple(int(r) for r in rows)
     fastest = cheaper_dtype(costs.profiles, tokens, rows)
     chosen = dtype or fastest
@@ -116,8 +140,17 @@ def choose(costs: HostCosts, dtype: str | None = None, head: Path | None = None,
         profile.save(path)
     repriced = None if model is None else write_repriced_head(model, source, profile, path)
     here = "measured: the faster here" + ("" if rows == (1,) else f" at {min(rows)}-{max(rows)} rows")
-    return HostChoice(chosen, chosen_by if dtype else here, profile, path, repriced,
-                      expected_speeds(profile, tokens), paying_block_size(profile, tokens), costs, fastest)
+    return HostChoice(
+        chosen,
+        chosen_by if dtype else here,
+        profile,
+        path,
+        repriced,
+        expected_speeds(profile, tokens),
+        paying_block_size(profile, tokens),
+        costs,
+        fastest,
+    )
 
 
 def server_rows(max_rows: int) -> tuple[int, ...]:

@@ -63,8 +63,14 @@ class HostCosts:
         return self.directory / f"{self.digest}-{dtype}.json"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "kind": KIND, "key": self.key, "measured_at": self.measured_at,
-                "timing_s": self.timing_s, "profiles": {d: p.to_dict() for d, p in self.profiles.items()}}
+        return {
+            "format": FORMAT,
+            "kind": KIND,
+            "key": self.key,
+            "measured_at": self.measured_at,
+            "timing_s": self.timing_s,
+            "profiles": {d: p.to_dict() for d, p in self.profiles.items()},
+        }
 
 
 def write_record(costs: HostCosts) -> None:
@@ -100,8 +106,12 @@ def read_record(path: Path, key: Mapping[str, Any]) -> HostCosts:
     return HostCosts(dict(key), profiles, timing, path.parent, str(d.get("measured_at", "")))
 
 
-def measure(load: Callable[[str], Any], key: Mapping[str, Any], dtypes: Sequence[str] = TIMED_DTYPES,
-            directory: Path | None = None) -> HostCosts:
+def measure(
+    load: Callable[[str], Any],
+    key: Mapping[str, Any],
+    dtypes: Sequence[str] = TIMED_DTYPES,
+    directory: Path | None = None,
+) -> HostCosts:
     """Time every dtype of ``dtypes`` on the speculator ``load(dtype)`` returns (loaded, timed, let go)."""
     from .timing import fit_host_profile, time_rounds
 
@@ -112,15 +122,30 @@ def measure(load: Callable[[str], Any], key: Mapping[str, Any], dtypes: Sequence
         records = time_rounds(speculator)
         timing[dtype] = round(time.perf_counter() - t0, 2)
         timing[f"{dtype} cpu"] = round(time.process_time() - c0, 2)  # the timing's own CPU seconds
-        profiles[dtype] = fit_host_profile(records, f"host-{key_digest(dict(key))}-{dtype}",
-                                           f"{len(records)} engine passes timed (CPU seconds, one thread) on {describe(dict(key))}, {dtype}")
+        profiles[dtype] = fit_host_profile(
+            records,
+            f"host-{key_digest(dict(key))}-{dtype}",
+            f"{len(records)} engine passes timed (CPU seconds, one thread) on {describe(dict(key))}, {dtype}",
+        )
         del speculator
-    return HostCosts(dict(key), profiles, timing, directory or host_dir(),
-                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), fresh=True)
+    return HostCosts(
+        dict(key),
+        profiles,
+        timing,
+        directory or host_dir(),
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        fresh=True,
+    )
 
 
-def host_costs(load: Callable[[str], Any], key: Mapping[str, Any], *, remeasure: bool = False,
-               dtypes: Sequence[str] = TIMED_DTYPES, directory: Path | None = None) -> HostCosts:
+def host_costs(
+    load: Callable[[str], Any],
+    key: Mapping[str, Any],
+    *,
+    remeasure: bool = False,
+    dtypes: Sequence[str] = TIMED_DTYPES,
+    directory: Path | None = None,
+) -> HostCosts:
     """The cached record for ``key``, or a fresh measurement (written to the cache); see the module docstring."""
     where = directory or host_dir()
     path = where / f"{key_digest(dict(key))}.json"

@@ -74,5 +74,7 @@ def describe(key: dict[str, Any]) -> str:
     env = ", ".join(f"{k}={key[k]}" for k in KERNEL_ENV if key.get(k))
     flags = set(str(key.get("cpu_flags", "")).split())
     bf16 = "bf16 in the CPU flags" if flags & {"avx512_bf16", "amx_bf16"} else "no bf16 in the CPU flags"
-    return (f"{key['cpu_model']}, torch kernels {key['capability']}{f' ({env})' if env else ''}, {bf16}, "
-            f"{key['threads']} threads")
+    return (
+        f"{key['cpu_model']}, torch kernels {key['capability']}{f' ({env})' if env else ''}, {bf16}, "
+        f"{key['threads']} threads"
+    )

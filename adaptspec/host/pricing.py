@@ -30,7 +30,9 @@ from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile
 
 
-def expected_speeds(profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1) -> dict[int, float]:
+def expected_speeds(
+    profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1
+) -> dict[int, float]:
     """Tokens a second of one request at each block size of ``tokens_per_round`` (``a(B)``), with
     ``rows`` rows in every round, at the profile's reference context."""
     out = {}
@@ -55,8 +57,9 @@ def best_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, floa
 PAYS_MARGIN = 0.10
 
 
-def paying_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1,
-                      margin: float = PAYS_MARGIN) -> int:
+def paying_block_size(
+    profile: LatencyProfile, tokens_per_round: Mapping[int, float], rows: int = 1, margin: float = PAYS_MARGIN
+) -> int:
     """:func:`best_block_size`, or 1 where it decodes less than ``1 + margin`` times as fast as
     plain decoding (``B = 1``).
 
@@ -73,8 +76,9 @@ def paying_block_size(profile: LatencyProfile, tokens_per_round: Mapping[int, fl
     return best if speeds[best] >= (1 + margin) * plain else 1
 
 
-def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float],
-                  rows: Sequence[int] = (1,)) -> str:
+def cheaper_dtype(
+    profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapping[int, float], rows: Sequence[int] = (1,)
+) -> str:
     """The dtype that decodes fastest at every load of ``rows`` (rows in every round) as nearly as
     any timed dtype can: at each row count, each dtype's best block size's tokens a second over the
     best dtype's there; the dtype whose worst such ratio is the largest (ties: the larger mean, then
@@ -91,7 +95,10 @@ def cheaper_dtype(profiles: Mapping[str, LatencyProfile], tokens_per_round: Mapp
     """
     if not profiles:
         raise AdaptspecError("no dtype was timed")
-    best = {d: np.array([max(expected_speeds(p, tokens_per_round, r).values()) for r in rows]) for d, p in profiles.items()}
+    best = {
+        d: np.array([max(expected_speeds(p, tokens_per_round, r).values()) for r in rows])
+        for d, p in profiles.items()
+    }
     top = np.max(np.stack(list(best.values())), axis=0)
     ratios = {d: b / top for d, b in best.items()}
     return max(ratios, key=lambda d: (float(ratios[d].min()), float(ratios[d].mean())))
@@ -127,8 +134,12 @@ def reprice_head(head: Any, timed_on: LatencyProfile, host: LatencyProfile, timi
     W, b = head.layers[-1]
     shift = (k - 1.0) * head.reward_mean / head.reward_scale
     layers = [*head.layers[:-1], (W * k[:, None], b * k + shift)]
-    mse = None if head.val_mse is None else np.asarray(head.val_mse) * k ** 2
+    mse = None if head.val_mse is None else np.asarray(head.val_mse) * k**2
     cov = None if head.val_cov is None else np.asarray(head.val_cov) * np.outer(k, k)
-    info = {**head.info, "timings": timings, "repriced_from": head.info.get("timings"),
-            "cost_ratios": [round(float(x), 6) for x in k]}
+    info = {
+        **head.info,
+        "timings": timings,
+        "repriced_from": head.info.get("timings"),
+        "cost_ratios": [round(float(x), 6) for x in k],
+    }
     return dataclasses.replace(head, layers=layers, val_mse=mse, val_cov=cov, info=info)

@@ -28,8 +28,12 @@ REPEATS = 3
 CONTEXT = 128
 
 
-def time_rounds(speculator: Any, grid: Sequence[tuple[int, Sequence[int]]] = GRID, context: int = CONTEXT,
-                repeats: int = REPEATS) -> list[dict]:
+def time_rounds(
+    speculator: Any,
+    grid: Sequence[tuple[int, Sequence[int]]] = GRID,
+    context: int = CONTEXT,
+    repeats: int = REPEATS,
+) -> list[dict]:
     """Draft and verify CPU seconds of every (rows, block size) of ``grid`` on ``speculator`` (a
     :class:`~adaptspec.decoding.SpeculativeDecoder`), on one torch thread (restored after); block
     sizes past its drafter's largest are left out. Records as
@@ -44,8 +48,15 @@ def time_rounds(speculator: Any, grid: Sequence[tuple[int, Sequence[int]]] = GRI
         out: list[dict] = []
         for rows, sizes in grid:
             sizes = [b for b in sizes if b <= speculator.max_block_size]
-            out += measure_surface(speculator.target, speculator.drafter, rows=[rows], tokens=sizes,
-                                   contexts=[context], repeats=repeats, cpu_time=True)
+            out += measure_surface(
+                speculator.target,
+                speculator.drafter,
+                rows=[rows],
+                tokens=sizes,
+                contexts=[context],
+                repeats=repeats,
+                cpu_time=True,
+            )
         return out
     finally:
         torch.set_num_threads(threads)

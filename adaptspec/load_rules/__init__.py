@@ -34,10 +34,38 @@ size the rule asked, the tokens the row committed and its share of the round's t
 from .base import LoadRule
 from .fixed import Fixed
 from .goodput import Goodput, acceptance, expected_tau, predicted_speedup
-from .learned import (COLD_WEIGHT, HOLD_ROUNDS, LEVEL_ROWS, LEVEL_WEIGHT, LEVELS, PLAIN_EVERY, ROW_NOISE,
-                      SCALE_ROUNDS, SPECULATION_MARGIN, Learned, level_index)
+from .learned import (
+    COLD_WEIGHT,
+    HOLD_ROUNDS,
+    LEVEL_ROWS,
+    LEVEL_WEIGHT,
+    LEVELS,
+    PLAIN_EVERY,
+    ROW_NOISE,
+    SCALE_ROUNDS,
+    SPECULATION_MARGIN,
+    Learned,
+    level_index,
+)
 from .table import Table
 
-__all__ = ["COLD_WEIGHT", "HOLD_ROUNDS", "LEVEL_ROWS", "LEVEL_WEIGHT", "LEVELS", "PLAIN_EVERY", "ROW_NOISE",
-           "SCALE_ROUNDS", "SPECULATION_MARGIN", "Fixed", "Goodput", "Learned", "LoadRule", "Table", "acceptance", "expected_tau",
-           "level_index", "predicted_speedup"]
+__all__ = [
+    "COLD_WEIGHT",
+    "HOLD_ROUNDS",
+    "LEVEL_ROWS",
+    "LEVEL_WEIGHT",
+    "LEVELS",
+    "PLAIN_EVERY",
+    "ROW_NOISE",
+    "SCALE_ROUNDS",
+    "SPECULATION_MARGIN",
+    "Fixed",
+    "Goodput",
+    "Learned",
+    "LoadRule",
+    "Table",
+    "acceptance",
+    "expected_tau",
+    "level_index",
+    "predicted_speedup",
+]

@@ -16,7 +16,13 @@ class LoadRule(Protocol):
         ``rejected``, ``context`` and ``m``) and the load (its ``rows`` and ``queue``)."""
         ...
 
-    def feedback(self, rows: Sequence[Any], block_sizes: Sequence[int], taus: Sequence[int],
-                 attributed_s: Sequence[float], load: Any) -> None:
+    def feedback(
+        self,
+        rows: Sequence[Any],
+        block_sizes: Sequence[int],
+        taus: Sequence[int],
+        attributed_s: Sequence[float],
+        load: Any,
+    ) -> None:
         """After the round: each row's asked block size, committed tokens and share of the round's time."""
         ...

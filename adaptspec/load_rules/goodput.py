@@ -29,8 +29,9 @@ def expected_tau(acceptance: np.ndarray, block_size: int) -> np.ndarray:
     return (1.0 - a**block_size) / (1.0 - a) if block_size > 1 else np.ones_like(a)
 
 
-def predicted_speedup(profile: LatencyProfile, arms: Sequence[int], acceptance: float, rows: int,
-                      context: float) -> np.ndarray:
+def predicted_speedup(
+    profile: LatencyProfile, arms: Sequence[int], acceptance: float, rows: int, context: float
+) -> np.ndarray:
     """The goodput model's reward of each block size in ``arms`` at ``rows`` rows in flight, in the
     learned rule's unit (1.0 = plain decoding): a batch all at ``B`` commits :func:`expected_tau`
     tokens a row in one round of ``batch_round_s``, plain decoding one token a row in a plain
@@ -42,8 +43,14 @@ def predicted_speedup(profile: LatencyProfile, arms: Sequence[int], acceptance: 
     array([1. , 1.2, 1.5])
     """
     plain = batch_round_s(profile, [1] * rows, [context] * rows)
-    return np.array([float(expected_tau(np.array([acceptance]), b)[0]) * plain
-                     / batch_round_s(profile, [b] * rows, [context] * rows) for b in arms])
+    return np.array(
+        [
+            float(expected_tau(np.array([acceptance]), b)[0])
+            * plain
+            / batch_round_s(profile, [b] * rows, [context] * rows)
+            for b in arms
+        ]
+    )
 
 
 class Goodput:
@@ -55,8 +62,14 @@ class Goodput:
     ``prior_drafts`` trials (a new row starts at the prior).
     """
 
-    def __init__(self, arms: Sequence[int], profile: LatencyProfile, prior: float = 0.5, prior_drafts: float = 8.0,
-                 max_new_tokens: int = 128) -> None:
+    def __init__(
+        self,
+        arms: Sequence[int],
+        profile: LatencyProfile,
+        prior: float = 0.5,
+        prior_drafts: float = 8.0,
+        max_new_tokens: int = 128,
+    ) -> None:
         self.arms = sorted(int(a) for a in arms)
         self.profile, self.prior, self.weight = profile, float(prior), float(prior_drafts)
         self.max_new_tokens = max_new_tokens

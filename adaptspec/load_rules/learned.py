@@ -166,11 +166,23 @@ class Learned:
     1
     """
 
-    def __init__(self, arms: Sequence[int], profile: LatencyProfile, policy: str = "lints", seed: int = 0,
-                 prior: float | None = None, prior_weight: float = 32.0, context: float | None = None,
-                 hold: int = HOLD_ROUNDS, full_info: bool = False, noise: float = ROW_NOISE,
-                 level_weight: float = LEVEL_WEIGHT, margin: float = 0.0, plain_every: int = PLAIN_EVERY,
-                 plain_every_max: int | None = None) -> None:
+    def __init__(
+        self,
+        arms: Sequence[int],
+        profile: LatencyProfile,
+        policy: str = "lints",
+        seed: int = 0,
+        prior: float | None = None,
+        prior_weight: float = 32.0,
+        context: float | None = None,
+        hold: int = HOLD_ROUNDS,
+        full_info: bool = False,
+        noise: float = ROW_NOISE,
+        level_weight: float = LEVEL_WEIGHT,
+        margin: float = 0.0,
+        plain_every: int = PLAIN_EVERY,
+        plain_every_max: int | None = None,
+    ) -> None:
         from ..policies.spec import make_policy
 
         self.arms = sorted(int(a) for a in arms)
@@ -193,8 +205,17 @@ class Learned:
             mean[:, -1] = 1.0
             precision = np.full((len(self.arms), dim + 1), float(level_weight))
             precision[:, -1] = COLD_WEIGHT
-            self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False,
-                                      dim=dim + 1, prior_mean=mean, prior_precision=precision, **fast)
+            self.policy = make_policy(
+                policy,
+                self.arms,
+                seed=seed,
+                standardize=False,
+                fit_intercept=False,
+                dim=dim + 1,
+                prior_mean=mean,
+                prior_precision=precision,
+                **fast,
+            )
             self.name = f"learned ({policy})"
         else:
             if not 0.0 <= prior < 1.0:
@@ -202,10 +223,21 @@ class Learned:
             if not (prior_weight > 0 and math.isfinite(prior_weight)):
                 raise AdaptspecError(f"prior_weight must be > 0, got {prior_weight!r}")
             ctx = float(profile.context_tokens if context is None else context)
-            mean = np.stack([predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1)
+            mean = np.stack(
+                [predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1
+            )
             mean[np.asarray(self.arms) > 1] *= self.discount
-            self.policy = make_policy(policy, self.arms, seed=seed, standardize=False, fit_intercept=False, dim=dim,
-                                      prior_mean=mean, prior_precision=float(prior_weight), **fast)
+            self.policy = make_policy(
+                policy,
+                self.arms,
+                seed=seed,
+                standardize=False,
+                fit_intercept=False,
+                dim=dim,
+                prior_mean=mean,
+                prior_precision=float(prior_weight),
+                **fast,
+            )
             self.name = f"learned ({policy}, warm)"
         if not isinstance(hold, int) or hold < 1:
             raise AdaptspecError(f"hold must be an int >= 1, got {hold!r}")
@@ -221,15 +253,19 @@ class Learned:
         if self.full_info:
             self.name = self.name[:-1] + ", full info)"
         self._cf: dict[int, list[float]] = {}  # full info: rewards of the other block sizes, not learnt yet
-        self._round: tuple | None = None  # level, block size, rows, modelled plain round s, contexts: the round in progress
-        self._held: tuple | None = None   # level, block size, rounds left: the decision holding
-        self._pending: list[float] = []   # rewards of the held decision's rows, not learnt yet
+        self._round: tuple | None = (
+            None  # level, block size, rows, modelled plain round s, contexts: the round in progress
+        )
+        self._held: tuple | None = None  # level, block size, rounds left: the decision holding
+        self._pending: list[float] = []  # rewards of the held decision's rows, not learnt yet
         self._plain_cache: dict[tuple[int, int], float] = {}
         # per level: measured / modelled plain round time (1 until a plain round is measured), and
         # rounds since the last plain one (a plain round is forced after the level's gap without one)
         self._scale = np.ones(len(LEVELS) + 1)
         self._plain_n = np.zeros(len(LEVELS) + 1, dtype=np.int64)
-        self._plain_gap = np.full(len(LEVELS) + 1, plain_every, dtype=np.int64)  # rounds between forced plain ones
+        self._plain_gap = np.full(
+            len(LEVELS) + 1, plain_every, dtype=np.int64
+        )  # rounds between forced plain ones
         self._since_plain = self._plain_gap.copy()  # the first round is plain
 
     @staticmethod
@@ -258,7 +294,9 @@ class Learned:
             self._learn()
             held = self._held = None
         self._since_plain[level] += 1
-        if self._since_plain[level] > self._plain_gap[level]:  # time to measure a plain round again (one round)
+        if (
+            self._since_plain[level] > self._plain_gap[level]
+        ):  # time to measure a plain round again (one round)
             b = 1
             self._plain_gap[level] = min(2 * self._plain_gap[level], self.plain_every_max)
         elif held is not None and held[2] > 0:  # (a held decision is at this level: see above)
@@ -276,8 +314,14 @@ class Learned:
         self._round = (level, b, n, self._plain_s(n, context), contexts)
         return [b] * n
 
-    def feedback(self, rows: Sequence[Any], block_sizes: Sequence[int], taus: Sequence[int],
-                 attributed_s: Sequence[float], load: Any) -> None:
+    def feedback(
+        self,
+        rows: Sequence[Any],
+        block_sizes: Sequence[int],
+        taus: Sequence[int],
+        attributed_s: Sequence[float],
+        load: Any,
+    ) -> None:
         """Keep the rewards of the round :meth:`choose` chose last (one a row); they are learnt
         when its decision ends. A plain round updates the level's scale first."""
         if self._round is None:
@@ -290,10 +334,18 @@ class Learned:
         if b == 1:  # a plain round: how much slower (or faster) than the model this machine runs
             seen = self._plain_n[level] = self._plain_n[level] + 1
             self._scale[level] += (spent / plain_s - self._scale[level]) / min(seen, SCALE_ROUNDS)
-        unit = plain_s / n * float(self._scale[level])  # a row's share of a plain round, as this machine runs it
-        paid = unit * (self.discount if b > 1 else 1.0)  # a speculating row clears the margin (SPECULATION_MARGIN)
+        unit = (
+            plain_s / n * float(self._scale[level])
+        )  # a row's share of a plain round, as this machine runs it
+        paid = unit * (
+            self.discount if b > 1 else 1.0
+        )  # a speculating row clears the margin (SPECULATION_MARGIN)
         rewards = [t * paid / s for t, s in zip(taus, attributed_s) if s > 0]  # speed-up over it, row by row
-        cf = self.counterfactual_rewards(b, block_sizes, taus, attributed_s, contexts, unit) if self.full_info else {}
+        cf = (
+            self.counterfactual_rewards(b, block_sizes, taus, attributed_s, contexts, unit)
+            if self.full_info
+            else {}
+        )
         held = self._held
         if held is not None and held[:2] == (level, b):
             self._pending.extend(rewards)
@@ -304,9 +356,15 @@ class Learned:
             for a, r in cf.items():
                 self.policy.update_repeated(self.features(level), a, r)
 
-    def counterfactual_rewards(self, b: int, block_sizes: Sequence[int], taus: Sequence[int],
-                               attributed_s: Sequence[float], contexts: Sequence[float],
-                               unit: float) -> dict[int, list[float]]:
+    def counterfactual_rewards(
+        self,
+        b: int,
+        block_sizes: Sequence[int],
+        taus: Sequence[int],
+        attributed_s: Sequence[float],
+        contexts: Sequence[float],
+        unit: float,
+    ) -> dict[int, list[float]]:
         """Every other block size's rewards, row by row, from a round the rule ran at ``b`` (see
         the class docstring, full information); sizes censored in this round are left out."""
         v = np.asarray(block_sizes, dtype=np.int64)
@@ -314,10 +372,14 @@ class Learned:
         s = np.asarray(attributed_s, dtype=np.float64)
         if b <= 1 or v.size == 0 or not (s > 0).all():
             return {}
-        shorter = np.array([a for a in self.arms if a < b])  # longer blocks: censored where a row accepted all b
+        shorter = np.array(
+            [a for a in self.arms if a < b]
+        )  # longer blocks: censored where a row accepted all b
         if shorter.size == 0:
             return {}
-        blocks = np.where(v[None, :] < b, np.minimum(shorter[:, None], v[None, :]), shorter[:, None])  # arms x rows
+        blocks = np.where(
+            v[None, :] < b, np.minimum(shorter[:, None], v[None, :]), shorter[:, None]
+        )  # arms x rows
         ran = batch_round_s(self.profile, v, contexts)
         ratio = batch_rounds_s(self.profile, blocks, contexts) / ran
         paid = np.where(shorter > 1, unit * self.discount, unit)

@@ -8,7 +8,14 @@ from typing import Any
 
 from .bundled import BUNDLED_DRAFTER, BUNDLED_HEAD, TEMPLATES_HEAD, load_speculator
 
-__all__ = ["BUNDLED_DRAFTER", "BUNDLED_HEAD", "TEMPLATES_HEAD", "BUNDLED_TARGET", "load_speculator", "load_target"]
+__all__ = [
+    "BUNDLED_DRAFTER",
+    "BUNDLED_HEAD",
+    "TEMPLATES_HEAD",
+    "BUNDLED_TARGET",
+    "load_speculator",
+    "load_target",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -105,12 +105,25 @@ def load_speculator(
     path = Path(drafter) if drafter is not None else BUNDLED_DRAFTER
     if threads is not None:
         torch.set_num_threads(threads)
-    weights = "float32" if dtype == MIXED else dtype  # mixed: a float32 model with a bfloat16 copy for small passes
+    weights = (
+        "float32" if dtype == MIXED else dtype
+    )  # mixed: a float32 model with a bfloat16 copy for small passes
     model, tok = load_target(target, dtype=weights, device=device)
-    d = BlockDiffusionDrafter.from_pretrained(path, target=model, dtype=getattr(torch, weights), device=device)
+    d = BlockDiffusionDrafter.from_pretrained(
+        path, target=model, dtype=getattr(torch, weights), device=device
+    )
     small = torch.bfloat16 if dtype == MIXED else None
-    decoder = SpeculativeDecoder(TargetModel(model, tok, features=features or DEFAULT_FEATURES, verification=verification,
-                                             small_dtype=small), d)
-    _LOADED[decoder] = LoadedFrom(None if target is None else str(target), None if drafter is None else str(drafter),
-                                  dtype, device, verification)
+    decoder = SpeculativeDecoder(
+        TargetModel(
+            model, tok, features=features or DEFAULT_FEATURES, verification=verification, small_dtype=small
+        ),
+        d,
+    )
+    _LOADED[decoder] = LoadedFrom(
+        None if target is None else str(target),
+        None if drafter is None else str(drafter),
+        dtype,
+        device,
+        verification,
+    )
     return decoder

@@ -46,7 +46,11 @@ def teacher_forced_hidden(
 
 @torch.inference_mode()
 def teacher_forced(
-    model, sequences: Sequence[np.ndarray], layers: Sequence[int], max_batch_tokens: int = 4096, top_k: int = 0,
+    model,
+    sequences: Sequence[np.ndarray],
+    layers: Sequence[int],
+    max_batch_tokens: int = 4096,
+    top_k: int = 0,
 ) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]]:
     """Per sequence, its hidden states (as :func:`teacher_forced_hidden`) and, with ``top_k``,
     the target's ``top_k`` most likely next tokens at every position: ``(ids int32 [n, top_k],
@@ -62,7 +66,9 @@ def teacher_forced(
             stop += 1
         rows = order[start:stop]
         width = len(sequences[rows[-1]])
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # right padding: never seen by earlier positions
+        ids = torch.zeros(
+            len(rows), width, dtype=torch.long
+        )  # right padding: never seen by earlier positions
         for r, i in enumerate(rows):
             ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i], dtype=np.int64))
         res = model.model(input_ids=ids.to(model.device), output_hidden_states=True)
@@ -87,8 +93,14 @@ def _top_k(model, last_hidden: torch.Tensor, k: int, chunk: int = 1024) -> tuple
     return torch.cat(ids).numpy(), torch.cat(probs).numpy()
 
 
-def write_shard(path: Path, tokens: list[np.ndarray], prompt_lens: list[int], domains: list[str],
-                hidden: list[np.ndarray], top: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+def write_shard(
+    path: Path,
+    tokens: list[np.ndarray],
+    prompt_lens: list[int],
+    domains: list[str],
+    hidden: list[np.ndarray],
+    top: list[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> None:
     """One context shard: ``path`` (``.npz``, written last, so its presence means complete), its
     ``.hidden.npy`` and, with ``top`` (:func:`teacher_forced`'s), the target's top-k next tokens
     at every position beside them: ``.topk_ids.npy`` (int32 ``[sum(lengths), k]``) and
@@ -104,14 +116,27 @@ def write_shard(path: Path, tokens: list[np.ndarray], prompt_lens: list[int], do
         np.save(tmp, arr)
         os.replace(tmp, apath)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, tokens=flat.astype(np.int32), lengths=np.asarray([len(t) for t in tokens], dtype=np.int32),
-             prompt_lens=np.asarray(prompt_lens, dtype=np.int32), domains=np.asarray(domains))
+    np.savez(
+        tmp,
+        tokens=flat.astype(np.int32),
+        lengths=np.asarray([len(t) for t in tokens], dtype=np.int32),
+        prompt_lens=np.asarray(prompt_lens, dtype=np.int32),
+        domains=np.asarray(domains),
+    )
     os.replace(tmp, path)
 
 
-def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequence[int], max_seq_len: int | None = None,
-                          max_batch_tokens: int = 4096, progress: bool = True, max_response_tokens: int | None = None,
-                          top_k: int = 0) -> int:
+def build_corpus_contexts(
+    corpus,
+    model,
+    out: str | os.PathLike,
+    layers: Sequence[int],
+    max_seq_len: int | None = None,
+    max_batch_tokens: int = 4096,
+    progress: bool = True,
+    max_response_tokens: int | None = None,
+    top_k: int = 0,
+) -> int:
     """Context shards under ``out/shards`` for every corpus shard that has none yet; returns how many were written.
 
     ``max_seq_len`` cuts each sequence (prompt kept whole where it fits) to bound the pass.
@@ -138,8 +163,14 @@ def build_corpus_contexts(corpus, model, out: str | os.PathLike, layers: Sequenc
         keep = [i for i, (s, pl) in enumerate(zip(seqs, pls)) if len(s) - pl >= 2]
         seqs = [seqs[i] for i in keep]
         got = teacher_forced(model, seqs, layers, max_batch_tokens, top_k)
-        write_shard(shards / path.name, seqs, [pls[i] for i in keep], [doms[i] for i in keep], [h for h, _ in got],
-                    [t for _, t in got] if top_k else None)
+        write_shard(
+            shards / path.name,
+            seqs,
+            [pls[i] for i in keep],
+            [doms[i] for i in keep],
+            [h for h, _ in got],
+            [t for _, t in got] if top_k else None,
+        )
     return len(todo)
 
 
@@ -151,8 +182,9 @@ def _cut(z, max_seq_len: int | None) -> tuple[list[np.ndarray], list[int], list[
     return seqs, [int(p) for p in z["prompt_lens"]], [str(d) for d in z["domains"]]
 
 
-def benchmark_sequences(dense_dir: str | os.PathLike, encode, per_benchmark: int | None = None
-                        ) -> list[tuple[np.ndarray, int, str]]:
+def benchmark_sequences(
+    dense_dir: str | os.PathLike, encode, per_benchmark: int | None = None
+) -> list[tuple[np.ndarray, int, str]]:
     """``(prompt + greedy answer, prompt length, benchmark)`` for the requests of a dense trace set
     collected on the public benchmark prompts (``adaptspec collect --dense --prompts benchmarks``).
 
@@ -178,8 +210,13 @@ def benchmark_sequences(dense_dir: str | os.PathLike, encode, per_benchmark: int
     return out
 
 
-def build_benchmark_contexts(sequences: Iterable[tuple[np.ndarray, int, str]], model, out: str | os.PathLike,
-                             layers: Sequence[int], max_batch_tokens: int = 4096) -> None:
+def build_benchmark_contexts(
+    sequences: Iterable[tuple[np.ndarray, int, str]],
+    model,
+    out: str | os.PathLike,
+    layers: Sequence[int],
+    max_batch_tokens: int = 4096,
+) -> None:
     """The evaluation side's context shard (``out/shards/shard-00000.npz``), unless it exists."""
     path = Path(out) / "shards" / "shard-00000.npz"
     if path.exists():

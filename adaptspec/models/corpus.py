@@ -77,7 +77,6 @@ class Corpus:
                 out.extend(str(p) for p in read_shard(path)["prompts"])
         return out
 
-
     def stats(self) -> dict:
         n_seq = resp = 0
         by: dict[str, int] = {}
@@ -86,10 +85,22 @@ class Corpus:
             r = len(s.tokens) - s.prompt_len
             resp += r
             by[s.domain] = by.get(s.domain, 0) + r
-        return {"shards": len(self.shard_paths()), "sequences": n_seq, "response_tokens": resp, "by_domain": by}
+        return {
+            "shards": len(self.shard_paths()),
+            "sequences": n_seq,
+            "response_tokens": resp,
+            "by_domain": by,
+        }
 
 
-_SHARD_KINDS = {"prompts": "U", "domains": "U", "tokens": "iu", "lengths": "iu", "prompt_lens": "iu", "finished": "b"}
+_SHARD_KINDS = {
+    "prompts": "U",
+    "domains": "U",
+    "tokens": "iu",
+    "lengths": "iu",
+    "prompt_lens": "iu",
+    "finished": "b",
+}
 
 
 def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -98,8 +109,10 @@ def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
     z = read_npz(path, "distillation corpus shard", tuple(_SHARD_KINDS))
     for key, kinds in _SHARD_KINDS.items():
         if z[key].ndim != 1 or (z[key].size and z[key].dtype.kind not in kinds):  # an empty shard's are float
-            raise AdaptspecError(f"{path}: array {key!r} has dtype {z[key].dtype} and shape {z[key].shape}, "
-                                 f"expected a 1-D {'text' if kinds == 'U' else 'boolean' if kinds == 'b' else 'integer'} array")
+            raise AdaptspecError(
+                f"{path}: array {key!r} has dtype {z[key].dtype} and shape {z[key].shape}, "
+                f"expected a 1-D {'text' if kinds == 'U' else 'boolean' if kinds == 'b' else 'integer'} array"
+            )
     n = len(z["lengths"])
     for key in ("prompts", "prompt_lens", "domains", "finished"):
         if len(z[key]) != n:
@@ -108,10 +121,14 @@ def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
     bad = np.flatnonzero((lens < 1) | (pls < 0) | (pls > lens))
     if bad.size:
         r = int(bad[0])
-        raise AdaptspecError(f"{path}: row {r}: length {lens[r]} and prompt_lens {pls[r]} "
-                             f"(need 0 <= prompt_lens <= length, length >= 1)")
+        raise AdaptspecError(
+            f"{path}: row {r}: length {lens[r]} and prompt_lens {pls[r]} "
+            f"(need 0 <= prompt_lens <= length, length >= 1)"
+        )
     if int(lens.sum()) != len(z["tokens"]):
-        raise AdaptspecError(f"{path}: array 'tokens' holds {len(z['tokens'])} tokens, 'lengths' add up to {int(lens.sum())}")
+        raise AdaptspecError(
+            f"{path}: array 'tokens' holds {len(z['tokens'])} tokens, 'lengths' add up to {int(lens.sum())}"
+        )
     if len(z["tokens"]) and int(z["tokens"].min()) < 0:
         raise AdaptspecError(f"{path}: array 'tokens' holds a negative token id {int(z['tokens'].min())}")
     return z
@@ -120,8 +137,13 @@ def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def create(path: str | os.PathLike, target: str, max_new_tokens: int, max_prompt_tokens: int) -> Corpus:
     """An empty corpus at ``path`` (or the existing one, if it was made for the same settings)."""
     path = Path(path)
-    meta = {"format": FORMAT, "target": target, "max_new_tokens": max_new_tokens,
-            "max_prompt_tokens": max_prompt_tokens, "prompts_per_shard": PROMPTS_PER_SHARD}
+    meta = {
+        "format": FORMAT,
+        "target": target,
+        "max_new_tokens": max_new_tokens,
+        "max_prompt_tokens": max_prompt_tokens,
+        "prompts_per_shard": PROMPTS_PER_SHARD,
+    }
     if (path / "corpus.json").exists():
         old = json.loads((path / "corpus.json").read_text())
         if old != meta:
@@ -160,7 +182,9 @@ def extend(
     seen: set[str] = set()  # normalised prompts already in the corpus, other workers' shards included
     read: set[Path] = set()
     written = 0
-    bar = tqdm(total=until_tokens, initial=min(total, until_tokens), unit="tok", desc=f"distill {corpus.path.name}")
+    bar = tqdm(
+        total=until_tokens, initial=min(total, until_tokens), unit="tok", desc=f"distill {corpus.path.name}"
+    )
     k = worker
     while total < until_tokens:
         path = corpus.path / f"shard-{k:05d}.npz"
@@ -172,13 +196,21 @@ def extend(
         read |= fresh
         if k % TEMPLATE_EVERY == TEMPLATE_EVERY - 1:
             if templates is None:
-                templates = [p for p in split_pool(build_prompt_pool(2000, seed=seed))[0] if p.prompt not in dirty]
+                templates = [
+                    p for p in split_pool(build_prompt_pool(2000, seed=seed))[0] if p.prompt not in dirty
+                ]
             j = (k // TEMPLATE_EVERY) * PROMPTS_PER_SHARD
             chosen = [p for p in templates[j : j + PROMPTS_PER_SHARD] if normalise(p.prompt) not in seen]
         else:
             chosen = []
-            for text in sample_instructions(model, tokenizer, PROMPTS_PER_SHARD * 3 // 2, seed=seed * 100_003 + k,
-                                            max_new_tokens=instruction_tokens, batch_size=batch_size):
+            for text in sample_instructions(
+                model,
+                tokenizer,
+                PROMPTS_PER_SHARD * 3 // 2,
+                seed=seed * 100_003 + k,
+                max_new_tokens=instruction_tokens,
+                batch_size=batch_size,
+            ):
                 text = clean_instruction(text)
                 if text is None or normalise(text) in seen or text in dirty:
                     continue
@@ -186,12 +218,14 @@ def extend(
                 chosen.append(Prompt(text, "self-instruct"))
                 if len(chosen) == PROMPTS_PER_SHARD:
                     break
-        ids = [chat_ids(tokenizer, p.prompt)[-meta["max_prompt_tokens"]:] for p in chosen]
+        ids = [chat_ids(tokenizer, p.prompt)[-meta["max_prompt_tokens"] :] for p in chosen]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # less padding per batch
         answers: list[list[int]] = [[] for _ in ids]
         for b in range(0, len(order), batch_size):
             rows = order[b : b + batch_size]
-            for i, a in zip(rows, generate(model, [ids[i] for i in rows], meta["max_new_tokens"], eos, pad_id=pad)):
+            for i, a in zip(
+                rows, generate(model, [ids[i] for i in rows], meta["max_new_tokens"], eos, pad_id=pad)
+            ):
                 answers[i] = a
         _write_shard(path, chosen, ids, answers, eos)
         got = sum(map(len, answers))
@@ -203,7 +237,9 @@ def extend(
     return written
 
 
-def _write_shard(path: Path, prompts: list[Prompt], ids: list[list[int]], answers: list[list[int]], eos: set[int]) -> None:
+def _write_shard(
+    path: Path, prompts: list[Prompt], ids: list[list[int]], answers: list[list[int]], eos: set[int]
+) -> None:
     seqs = [p + a for p, a in zip(ids, answers)]
     flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if seqs else np.zeros(0, np.int64)
     dtype = np.uint16 if flat.size == 0 or flat.max() < 2**16 else np.int32

@@ -26,7 +26,9 @@ from .prompts import Prompt
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     """Token ids of ``prompt`` as one user turn, ready for the assistant's answer."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
@@ -38,7 +40,9 @@ def _eos_ids(model) -> set[int]:
 
 
 @torch.no_grad()
-def greedy_responses(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[list[int]]:
+def greedy_responses(
+    model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int
+) -> list[list[int]]:
     """Greedy answers (EOS included when reached), batched by similar prompt length."""
     eos = _eos_ids(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos), 0)
@@ -53,7 +57,11 @@ def greedy_responses(model, tokenizer, prompt_ids: list[list[int]], max_new_toke
             ids[r, width - len(prompt_ids[i]) :] = torch.tensor(prompt_ids[i])
             mask[r, width - len(prompt_ids[i]) :] = 1
         gen = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
         )
         for r, i in enumerate(rows):
             for t in gen[r, width:].tolist():
@@ -64,7 +72,9 @@ def greedy_responses(model, tokenizer, prompt_ids: list[list[int]], max_new_toke
 
 
 @torch.no_grad()
-def hidden_states(model, sequences: list[list[int]], layers: Sequence[int], batch_size: int = 8) -> list[np.ndarray]:
+def hidden_states(
+    model, sequences: list[list[int]], layers: Sequence[int], batch_size: int = 8
+) -> list[np.ndarray]:
     """float16 hidden states ``[len, k*H]`` at ``layers`` for each sequence (right-padded batches)."""
     out = []
     for b in range(0, len(sequences), batch_size):
@@ -75,7 +85,9 @@ def hidden_states(model, sequences: list[list[int]], layers: Sequence[int], batc
         for r, s in enumerate(chunk):
             ids[r, : len(s)] = torch.tensor(s)
             mask[r, : len(s)] = 1
-        hs = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+        hs = model(
+            input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1
+        ).hidden_states
         cat = torch.cat([hs[i] for i in layers], dim=-1)
         out.extend(cat[r, : len(s)].to(torch.float16).numpy() for r, s in enumerate(chunk))
     return out

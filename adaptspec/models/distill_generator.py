@@ -44,14 +44,20 @@ def generate(
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.as_tensor(list(p))
-        mask[r, width - len(p):] = 1
+        ids[r, width - len(p) :] = torch.as_tensor(list(p))
+        mask[r, width - len(p) :] = 1
     rows = torch.arange(n)  # which prompt each batch row answers
     out: list[list[int]] = [[] for _ in prompts]
     cache = DynamicCache(config=model.config)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_keyword(): cache},
-                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        **{cache_keyword(): cache},
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     for _ in range(max_new_tokens):
         nxt = _choose(logits, temperature, generator)
         for r, t in zip(rows.tolist(), nxt.tolist()):
@@ -65,8 +71,13 @@ def generate(
             rows, mask, nxt = rows[keep], mask[keep], nxt[keep]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         pos = mask.sum(1, keepdim=True) - 1
-        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **{cache_keyword(): cache},
-                       use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=pos,
+            **{cache_keyword(): cache},
+            use_cache=True,
+        ).logits[:, -1]
     return out
 
 

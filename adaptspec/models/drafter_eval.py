@@ -22,8 +22,13 @@ import torch
 
 
 @torch.no_grad()
-def acceptance_everywhere(drafter, data, block_sizes: Iterable[int] = (2, 4, 8, 16), max_seqs: int | None = None,
-                          anchors_per_pass: int = 64) -> dict[int, dict[str, float]]:
+def acceptance_everywhere(
+    drafter,
+    data,
+    block_sizes: Iterable[int] = (2, 4, 8, 16),
+    max_seqs: int | None = None,
+    anchors_per_pass: int = 64,
+) -> dict[int, dict[str, float]]:
     """Mean per-position tau by block size: ``{B: {"all": macro mean, domain: mean, ...}}``.
 
     ``data`` has ``tokens``, ``hidden``, ``prompt_lens`` and ``domains`` per sequence (a
@@ -33,8 +38,13 @@ def acceptance_everywhere(drafter, data, block_sizes: Iterable[int] = (2, 4, 8, 
 
 
 @torch.no_grad()
-def drafter_figures(drafter, data, block_sizes: Iterable[int] = (2, 4, 8, 16), max_seqs: int | None = None,
-                    anchors_per_pass: int = 64) -> dict[str, dict[int, dict[str, float]]]:
+def drafter_figures(
+    drafter,
+    data,
+    block_sizes: Iterable[int] = (2, 4, 8, 16),
+    max_seqs: int | None = None,
+    anchors_per_pass: int = 64,
+) -> dict[str, dict[int, dict[str, float]]]:
     """Per-position tau and first-draft acceptance by block size, as :func:`acceptance_everywhere`.
 
     ``{"tau": {B: {...}}, "first_draft": {B: {...}}}``: the first is the mean of ``1 + accepted``,
@@ -50,7 +60,9 @@ def drafter_figures(drafter, data, block_sizes: Iterable[int] = (2, 4, 8, 16), m
     for i in range(n):
         seq = torch.from_numpy(np.asarray(data.tokens[i], dtype=np.int64))
         hidden = torch.from_numpy(np.asarray(data.hidden[i], dtype=np.float32))
-        accept, _, _ = draft_acceptance(drafter, hidden, seq, int(data.prompt_lens[i]), block_sizes, anchors_per_pass)
+        accept, _, _ = draft_acceptance(
+            drafter, hidden, seq, int(data.prompt_lens[i]), block_sizes, anchors_per_pass
+        )
         for j, b in enumerate(block_sizes):
             accepted[b].setdefault(str(data.domains[i]), []).append(accept[:, j].astype(np.int64))
     return {"tau": _macro(accepted, lambda a: 1 + a), "first_draft": _macro(accepted, lambda a: a >= 1)}

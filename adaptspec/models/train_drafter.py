@@ -64,7 +64,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     max_train_tokens: int | None = None  # train on the first shards holding this many response tokens
     init_from_target: bool = False  # start the drafter's layers as copies of the target's last layers
-    init_from: str | None = None  # start from this checkpoint directory's weights (new optimiser and schedule)
+    init_from: str | None = (
+        None  # start from this checkpoint directory's weights (new optimiser and schedule)
+    )
     grad_clip: float = 1.0
     gamma: float | None = None
     seed: int = 0
@@ -108,10 +110,17 @@ class ShardData:
             with np.load(path, allow_pickle=False) as z:
                 lens, tok = z["lengths"], z["tokens"]
                 # hidden states inline (distill shards) or beside, memory-mapped (context shards)
-                hid = z["hidden"] if "hidden" in z.files else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r", allow_pickle=False)
+                hid = (
+                    z["hidden"]
+                    if "hidden" in z.files
+                    else np.load(path.with_suffix(".hidden.npy"), mmap_mode="r", allow_pickle=False)
+                )
                 top = None
                 if path.with_suffix(".topk_ids.npy").exists():
-                    top = tuple(np.load(path.with_suffix(f".{k}.npy"), mmap_mode="r", allow_pickle=False) for k in ("topk_ids", "topk_probs"))
+                    top = tuple(
+                        np.load(path.with_suffix(f".{k}.npy"), mmap_mode="r", allow_pickle=False)
+                        for k in ("topk_ids", "topk_probs")
+                    )
                 starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
                 for s, n, pl, d in zip(starts, lens, z["prompt_lens"], z["domains"]):
                     if n - pl >= 3:  # needs at least one anchor with a label
@@ -127,7 +136,9 @@ class ShardData:
         return len(self.tokens)
 
     def n_tokens(self, responses_only: bool = True) -> int:
-        return int(sum(len(t) - (pl if responses_only else 0) for t, pl in zip(self.tokens, self.prompt_lens)))
+        return int(
+            sum(len(t) - (pl if responses_only else 0) for t, pl in zip(self.tokens, self.prompt_lens))
+        )
 
     def top_k(self) -> int:
         """How many next tokens every sequence's stored distribution holds (0 where any lacks one)."""
@@ -141,7 +152,11 @@ class ShardData:
 
 
 def make_batch(
-    data: ShardData, idx: np.ndarray, cfg: TrainConfig, rng: np.random.Generator, vocab_map: torch.Tensor | None,
+    data: ShardData,
+    idx: np.ndarray,
+    cfg: TrainConfig,
+    rng: np.random.Generator,
+    vocab_map: torch.Tensor | None,
     device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
     """Sequences ``idx`` truncated to ``max_seq_len``, with random anchors in their responses.
@@ -175,8 +190,13 @@ def make_batch(
             tops.append((lo, top))
     width = max(len(t) for t, _, _ in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-    hidden = torch.zeros(len(seqs), width, seqs[0][1].shape[1], device=device,
-                         dtype=torch.float32 if device.type == "cpu" else torch.float16)
+    hidden = torch.zeros(
+        len(seqs),
+        width,
+        seqs[0][1].shape[1],
+        device=device,
+        dtype=torch.float32 if device.type == "cpu" else torch.float16,
+    )
     anchors = torch.zeros(len(seqs), a, dtype=torch.long)
     labels = torch.full((len(seqs), a, b - 1), -100, dtype=torch.long)
     if k_soft:
@@ -185,21 +205,34 @@ def make_batch(
     for r, (tok, hid, pl) in enumerate(seqs):
         n = len(tok)
         tokens[r, :n] = torch.from_numpy(tok)
-        hidden[r, :n] = hid if isinstance(hid, torch.Tensor) else torch.from_numpy(np.asarray(hid, dtype=np.float32))
+        hidden[r, :n] = (
+            hid if isinstance(hid, torch.Tensor) else torch.from_numpy(np.asarray(hid, dtype=np.float32))
+        )
         cand = np.arange(pl, n - 1)  # the anchor token must have at least one label after it
         pick = np.sort(rng.choice(cand, size=a, replace=len(cand) < a))
         anchors[r] = torch.from_numpy(pick)
-        after = pick[:, None] + np.arange(1, b)  # the b - 1 positions each block drafts; past the end: no label
+        after = pick[:, None] + np.arange(
+            1, b
+        )  # the b - 1 positions each block drafts; past the end: no label
         labels[r] = torch.from_numpy(np.where(after < n, tok[np.minimum(after, n - 1)], -100))
         if k_soft:
             lo, (top_ids, top_probs) = tops[r]
             rows = lo + np.minimum(after, n - 1) - 1  # the distribution each labelled token was drawn from
-            soft_ids[r] = torch.from_numpy(np.asarray(top_ids[rows.ravel(), :k_soft], dtype=np.int64)).view(a, b - 1, k_soft)
-            p = torch.from_numpy(np.asarray(top_probs[rows.ravel(), :k_soft], dtype=np.float32)).view(a, b - 1, k_soft)
+            soft_ids[r] = torch.from_numpy(np.asarray(top_ids[rows.ravel(), :k_soft], dtype=np.int64)).view(
+                a, b - 1, k_soft
+            )
+            p = torch.from_numpy(np.asarray(top_probs[rows.ravel(), :k_soft], dtype=np.float32)).view(
+                a, b - 1, k_soft
+            )
             soft_probs[r] = p * torch.from_numpy(after < n)[..., None]
     if vocab_map is not None:
         labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
-    batch = {"tokens": tokens.to(device), "hidden": hidden, "anchors": anchors.to(device), "labels": labels.to(device)}
+    batch = {
+        "tokens": tokens.to(device),
+        "hidden": hidden,
+        "anchors": anchors.to(device),
+        "labels": labels.to(device),
+    }
     if k_soft:
         if vocab_map is not None:  # tokens the draft vocabulary lacks cannot be drafted: no mass
             mapped = vocab_map[soft_ids]
@@ -249,7 +282,9 @@ def copy_target_layers(drafter: BlockDiffusionDrafter, target) -> list[int]:
 
 
 # ---------------------------------------------------------------------- loss and eval
-def block_loss(drafter: BlockDiffusionDrafter, batch: dict, weights: torch.Tensor) -> tuple[torch.Tensor, float]:
+def block_loss(
+    drafter: BlockDiffusionDrafter, batch: dict, weights: torch.Tensor
+) -> tuple[torch.Tensor, float]:
     """Position-weighted cross-entropy of a batch, and its top-1 accuracy on valid labels.
 
     Against the greedy labels, or, where the batch holds ``soft_ids``/``soft_probs``
@@ -295,7 +330,9 @@ def greedy_acceptance(
     for i in range(n):
         batch = make_batch(data, np.array([i]), cfg, rng, None, device=drafter.fc.weight.device)
         h = drafter.forward_train(batch["hidden"], batch["tokens"], batch["anchors"], bmax)
-        pred = drafter.to_target_ids((h @ drafter.lm_weight().T.to(h.dtype)).argmax(-1))[0].cpu()  # [A, bmax-1]
+        pred = drafter.to_target_ids((h @ drafter.lm_weight().T.to(h.dtype)).argmax(-1))[
+            0
+        ].cpu()  # [A, bmax-1]
         labels = batch["labels"][0].cpu()
         for b in block_sizes:
             ok = (pred[:, : b - 1] == labels[:, : b - 1]) & (labels[:, : b - 1] >= 0)
@@ -310,18 +347,27 @@ def greedy_acceptance(
 
 
 # ---------------------------------------------------------------------- training loop
-def build_drafter(target, cfg: dict, draft_vocab: torch.Tensor | None, target_layers: list[int] | None,
-                  seed: int | None = None) -> BlockDiffusionDrafter:
+def build_drafter(
+    target,
+    cfg: dict,
+    draft_vocab: torch.Tensor | None,
+    target_layers: list[int] | None,
+    seed: int | None = None,
+) -> BlockDiffusionDrafter:
     """A fresh drafter shaped as ``cfg`` says (``asdict(TrainConfig)``, or a checkpoint's ``cfg``,
     which also records the layout and mask token it was trained with; older ones are the
     adaptspec layout). DFlash's ``block_size`` is the trained one, so layout dflash's largest
     block is ``block_size``; the adaptspec layout's is ``max_block_size``."""
     layout = cfg.get("layout", "adaptspec")
     return BlockDiffusionDrafter.for_target(
-        target, num_layers=cfg["num_layers"],
+        target,
+        num_layers=cfg["num_layers"],
         max_block_size=cfg["block_size"] if layout == "dflash" else cfg["max_block_size"],
-        target_layers=target_layers, draft_vocab=None if draft_vocab is None else draft_vocab.tolist(), seed=seed,
-        normalize_context_layers=cfg.get("normalize_context_layers", False), layout=layout,
+        target_layers=target_layers,
+        draft_vocab=None if draft_vocab is None else draft_vocab.tolist(),
+        seed=seed,
+        normalize_context_layers=cfg.get("normalize_context_layers", False),
+        layout=layout,
         mask_token_id=cfg.get("mask_token_id"),
     )
 
@@ -334,8 +380,10 @@ def load_state(path: Path) -> dict:
     try:
         st = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise AdaptspecError(f"{path}: holds objects other than tensors and plain values; refused "
-                             "(loading them could run code)") from None
+        raise AdaptspecError(
+            f"{path}: holds objects other than tensors and plain values; refused "
+            "(loading them could run code)"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         raise AdaptspecError(f"{path}: not a readable training checkpoint ({msg})") from None
@@ -344,7 +392,14 @@ def load_state(path: Path) -> dict:
     return st
 
 
-_ARCHITECTURE = ("num_layers", "layout", "normalize_context_layers", "mask_token_id", "block_size", "max_block_size")
+_ARCHITECTURE = (
+    "num_layers",
+    "layout",
+    "normalize_context_layers",
+    "mask_token_id",
+    "block_size",
+    "max_block_size",
+)
 
 
 def weights_to_start_from(path: Path, target, target_layers: list[int] | None, seed: int | None = None):
@@ -356,20 +411,34 @@ def weights_to_start_from(path: Path, target, target_layers: list[int] | None, s
         drafter = build_drafter(target, st["cfg"], st["draft_vocab"], target_layers, seed)
         drafter.load_state_dict(st["model"])
         earlier = st["cfg"].get("extra", {}).get("steps_before", 0)
-        return drafter, st["draft_vocab"], {k: st["cfg"][k] for k in _ARCHITECTURE if k in st["cfg"]}, \
-            int(st["step"]) + int(earlier)
+        return (
+            drafter,
+            st["draft_vocab"],
+            {k: st["cfg"][k] for k in _ARCHITECTURE if k in st["cfg"]},
+            int(st["step"]) + int(earlier),
+        )
     try:
         drafter = BlockDiffusionDrafter.from_pretrained(path, target, dtype=torch.float32)
     except AdaptspecError:
-        raise AdaptspecError(f"{path}: neither a training checkpoint (state.pt) nor an exported drafter") from None
+        raise AdaptspecError(
+            f"{path}: neither a training checkpoint (state.pt) nor an exported drafter"
+        ) from None
     c = drafter.config
     if target_layers is not None and list(c.target_layers) != list(target_layers):
-        raise AdaptspecError(f"{path}: the drafter reads target layers {c.target_layers}, the contexts hold {target_layers}")
+        raise AdaptspecError(
+            f"{path}: the drafter reads target layers {c.target_layers}, the contexts hold {target_layers}"
+        )
     card_path = path / "training.json"
     card = json.loads(card_path.read_text()) if card_path.is_file() else {}
-    trained = int(card.get("steps", 0)) + int(card.get("steps_before", card.get("config", {}).get("extra", {}).get("steps_before", 0)))
-    arch = {"num_layers": c.num_layers, "normalize_context_layers": c.normalize_context_layers,
-            "mask_token_id": c.mask_token_id, "max_block_size": c.max_block_size} | trained_architecture(drafter)
+    trained = int(card.get("steps", 0)) + int(
+        card.get("steps_before", card.get("config", {}).get("extra", {}).get("steps_before", 0))
+    )
+    arch = {
+        "num_layers": c.num_layers,
+        "normalize_context_layers": c.normalize_context_layers,
+        "mask_token_id": c.mask_token_id,
+        "max_block_size": c.max_block_size,
+    } | trained_architecture(drafter)
     if arch["layout"] == "dflash":  # DFlash's block_size is the trained (and largest) one
         arch["block_size"] = c.max_block_size
     elif "block_size" in card.get("config", {}):
@@ -379,7 +448,10 @@ def weights_to_start_from(path: Path, target, target_layers: list[int] | None, s
 
 def trained_architecture(drafter: BlockDiffusionDrafter) -> dict:
     """The layout and mask token a checkpoint records (what :func:`build_drafter` reads back)."""
-    return {"layout": "dflash" if drafter.config.qk_norm else "adaptspec", "mask_token_id": drafter.config.mask_token_id}
+    return {
+        "layout": "dflash" if drafter.config.qk_norm else "adaptspec",
+        "mask_token_id": drafter.config.mask_token_id,
+    }
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -428,9 +500,14 @@ def train(
         raise AdaptspecError(f"{cfg.seqs_per_step} sequences a step, but the training data holds {len(data)}")
     if cfg.soft_targets and data.top_k() < cfg.soft_targets:
         have = data.top_k()
-        raise AdaptspecError(f"soft targets of {cfg.soft_targets} tokens, but " + (
-            f"the training contexts store {have}" if have else
-            "some training contexts store no top-k distribution (run the data stage with --soft-targets)"))
+        raise AdaptspecError(
+            f"soft targets of {cfg.soft_targets} tokens, but "
+            + (
+                f"the training contexts store {have}"
+                if have
+                else "some training contexts store no top-k distribution (run the data stage with --soft-targets)"
+            )
+        )
     if device.type != "cpu":
         data.to(device)
     state_path = ckpt_dir / "state.pt"
@@ -440,9 +517,13 @@ def train(
         draft_vocab = st["draft_vocab"]
         saved = st["cfg"]
         if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
-            log(f"the checkpoint was trained with {saved['num_layers']} layers, layout "
-                f"{saved.get('layout', 'adaptspec')}; continuing with it")
-        for k in _ARCHITECTURE:  # the architecture is the checkpoint's (block_size included: it sets the loss)
+            log(
+                f"the checkpoint was trained with {saved['num_layers']} layers, layout "
+                f"{saved.get('layout', 'adaptspec')}; continuing with it"
+            )
+        for (
+            k
+        ) in _ARCHITECTURE:  # the architecture is the checkpoint's (block_size included: it sets the loss)
             if k in saved:
                 setattr(cfg, k, saved[k])
         drafter = build_drafter(target, saved, draft_vocab, target_layers, cfg.seed)
@@ -451,12 +532,16 @@ def train(
         rng.bit_generator.state = st["rng"]
         log(f"resumed from step {step}")
     elif cfg.init_from is not None:
-        drafter, draft_vocab, arch, trained = weights_to_start_from(Path(cfg.init_from), target, target_layers, cfg.seed)
+        drafter, draft_vocab, arch, trained = weights_to_start_from(
+            Path(cfg.init_from), target, target_layers, cfg.seed
+        )
         for k, v in arch.items():  # the architecture is the source's
             setattr(cfg, k, v)
         cfg.extra = {**cfg.extra, "steps_before": trained, "init_from": str(cfg.init_from)}
         step, st = 0, None
-        log(f"starting from the weights of {cfg.init_from} (trained {trained} steps), new optimiser and schedule")
+        log(
+            f"starting from the weights of {cfg.init_from} (trained {trained} steps), new optimiser and schedule"
+        )
     else:
         draft_vocab = None
         if cfg.draft_vocab_size:
@@ -471,7 +556,9 @@ def train(
         drafter = build_drafter(target, asdict(cfg), draft_vocab, target_layers, cfg.seed)
         step, st = 0, None
         if cfg.init_from_target:
-            log(f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}")
+            log(
+                f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}"
+            )
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.to(device).train()
@@ -482,19 +569,30 @@ def train(
     vmap = None if draft_vocab is None else vocab_index(draft_vocab, target.config.vocab_size)
     weights = block_position_weights(cfg.block_size, cfg.gamma).to(device)
     log(f"position weights (gamma {cfg.gamma or 'default'}): {[round(float(w), 3) for w in weights]}")
-    log(f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}")
+    log(
+        f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}"
+    )
 
     def save() -> None:
         tmp = state_path.with_suffix(".tmp")
         torch.save(
-            {"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.bit_generator.state,
-             "draft_vocab": draft_vocab, "cfg": asdict(cfg) | trained_architecture(drafter), "train_cpu_s": cpu_s},
+            {
+                "model": drafter.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "rng": rng.bit_generator.state,
+                "draft_vocab": draft_vocab,
+                "cfg": asdict(cfg) | trained_architecture(drafter),
+                "train_cpu_s": cpu_s,
+            },
             tmp,
         )
         os.replace(tmp, state_path)
 
     t_start = last_ckpt = time.time()
-    cpu_s = float(st.get("train_cpu_s", 0.0)) if st is not None else 0.0  # CPU time of the steps (not evaluations)
+    cpu_s = (
+        float(st.get("train_cpu_s", 0.0)) if st is not None else 0.0
+    )  # CPU time of the steps (not evaluations)
     run_loss = run_acc = 0.0
     logf = open(ckpt_dir / "train_log.jsonl", "a")
     while step < cfg.total_steps:
@@ -516,8 +614,14 @@ def train(
         run_loss += float(loss.detach())
         run_acc += acc
         if step % cfg.log_every == 0:
-            rec = {"step": step, "loss": run_loss / cfg.log_every, "acc": run_acc / cfg.log_every,
-                   "lr": lr_at(step, cfg), "elapsed_s": time.time() - t_start, "cpu_s": cpu_s}
+            rec = {
+                "step": step,
+                "loss": run_loss / cfg.log_every,
+                "acc": run_acc / cfg.log_every,
+                "lr": lr_at(step, cfg),
+                "elapsed_s": time.time() - t_start,
+                "cpu_s": cpu_s,
+            }
             log(json.dumps(rec))
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
@@ -570,7 +674,9 @@ def prepare_data(
     held_eval = [p for ps in by_dom.values() for p in ps[:k]]
     write_jsonl(train_p, work / "train_prompts.jsonl")
     write_jsonl(held_eval, work / "heldout_prompts.jsonl")
-    (work / "data.json").write_text(json.dumps({"layers": layers, "max_new_tokens": max_new_tokens, "per_domain": per_domain}))
+    (work / "data.json").write_text(
+        json.dumps({"layers": layers, "max_new_tokens": max_new_tokens, "per_domain": per_domain})
+    )
     distill(model, tok, held_eval, work / "heldout", layers, max_new_tokens=max_new_tokens)
     distill(model, tok, train_p, work / "train", layers, max_new_tokens=max_new_tokens, reverse=reverse)
 

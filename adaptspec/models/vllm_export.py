@@ -37,11 +37,22 @@ D2T = "d2t"
 LM_HEAD = "lm_head.weight"
 VLLM_VOCAB_KEY = "draft_vocab_size"
 #: the files of a Hugging Face target directory vLLM needs (the tokenizer's are copied when present)
-TARGET_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+TARGET_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 
-def export_target(out: str | os.PathLike, target: str | os.PathLike | None = None, replace: bool = False) -> Path:
+def export_target(
+    out: str | os.PathLike, target: str | os.PathLike | None = None, replace: bool = False
+) -> Path:
     """Write the target (default: the bundled SmolLM2, converted once) as a Hugging Face directory."""
     from ..decoding.loading import resolve_model_path
 
@@ -79,11 +90,15 @@ def export_drafter(
     if draft_vocab is not None:
         model, _ = load_target(target, dtype="float32")
         tc = model.config
-        for what, mine, theirs in (("vocab_size", config.vocab_size, tc.vocab_size),
-                                   ("hidden_size", config.hidden_size, tc.hidden_size),
-                                   ("num_target_layers", config.num_target_layers, tc.num_hidden_layers)):
+        for what, mine, theirs in (
+            ("vocab_size", config.vocab_size, tc.vocab_size),
+            ("hidden_size", config.hidden_size, tc.hidden_size),
+            ("num_target_layers", config.num_target_layers, tc.num_hidden_layers),
+        ):
             if mine != theirs:
-                raise AdaptspecError(f"{drafter}: made for a target with {what} {mine}, this target has {theirs}")
+                raise AdaptspecError(
+                    f"{drafter}: made for a target with {what} {mine}, this target has {theirs}"
+                )
         head = model.get_output_embeddings().weight.detach()
         out_tensors[LM_HEAD] = head[draft_vocab].to(dtype).contiguous()
         out_tensors[D2T] = (draft_vocab - torch.arange(len(draft_vocab))).to(torch.int64).contiguous()
@@ -102,8 +117,10 @@ def export_drafter(
 def read_dflash_drafter(path: Path):
     """``dflash_format.load(path)``, refusing in one line a directory that is not a DFlash v1 drafter."""
     if not dflash_format.is_dflash_dir(path):
-        raise AdaptspecError(f"{path}: not a DFlash v1 drafter (config.json naming DFlashDraftModel); train one "
-                             "with train-drafter --layout dflash, or re-lay adaptspec's with adaptspec.models.relayout")
+        raise AdaptspecError(
+            f"{path}: not a DFlash v1 drafter (config.json naming DFlashDraftModel); train one "
+            "with train-drafter --layout dflash, or re-lay adaptspec's with adaptspec.models.relayout"
+        )
     return dflash_format.load(path)
 
 
@@ -117,4 +134,12 @@ def draft_vocab_of(path: str | os.PathLike) -> torch.Tensor | None:
     return torch.arange(len(d2t)) + d2t
 
 
-__all__ = ["D2T", "LM_HEAD", "SHIPPED_DFLASH_DRAFTER", "draft_vocab_of", "export_drafter", "export_target", "read_dflash_drafter"]
+__all__ = [
+    "D2T",
+    "LM_HEAD",
+    "SHIPPED_DFLASH_DRAFTER",
+    "draft_vocab_of",
+    "export_drafter",
+    "export_target",
+    "read_dflash_drafter",
+]

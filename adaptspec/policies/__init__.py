@@ -17,7 +17,26 @@ from .river_adapter import RiverPolicy
 from .spec import REGISTRY, make_policy
 from .squarecb import SquareCB
 
-__all__ = ["Policy", "Fixed", "Oracle", "RandomPolicy", "REGISTRY", "make_policy",
-           "EpsilonGreedy", "UCB", "ThompsonSampling", "EXP3", "LinUCB", "LinTS", "Standardizer",
-           "OfflineHead", "HeadModel", "train_head", "NeuralLinear", "SquareCB", "RiverPolicy",
-           "FullInfoUCB", "FullInfoLinUCB"]
+__all__ = [
+    "Policy",
+    "Fixed",
+    "Oracle",
+    "RandomPolicy",
+    "REGISTRY",
+    "make_policy",
+    "EpsilonGreedy",
+    "UCB",
+    "ThompsonSampling",
+    "EXP3",
+    "LinUCB",
+    "LinTS",
+    "Standardizer",
+    "OfflineHead",
+    "HeadModel",
+    "train_head",
+    "NeuralLinear",
+    "SquareCB",
+    "RiverPolicy",
+    "FullInfoUCB",
+    "FullInfoLinUCB",
+]

@@ -73,7 +73,9 @@ class Policy(abc.ABC):
         arms_t = tuple(int(a) for a in arms)
         if not arms_t:
             raise AdaptspecError("a policy needs at least one arm")
-        if 0 in arms_t or len(set(arms_t)) != len(arms_t):  # a negative arm is a draft tree (speculator.tree_arm)
+        if 0 in arms_t or len(set(arms_t)) != len(
+            arms_t
+        ):  # a negative arm is a draft tree (speculator.tree_arm)
             raise AdaptspecError(f"arms must be unique block sizes >= 1 or tree arms, got {list(arms)}")
         if not 0.0 <= epsilon <= 1.0:
             raise AdaptspecError(f"epsilon must be in [0, 1], got {epsilon}")
@@ -141,8 +143,12 @@ class Policy(abc.ABC):
         self._update(ctx, arm, reward)
         self.version += 1
 
-    def update_full(self, context: Sequence[float] | np.ndarray | None, rewards: Sequence[float] | np.ndarray,
-                    observed: Sequence[bool] | np.ndarray) -> None:
+    def update_full(
+        self,
+        context: Sequence[float] | np.ndarray | None,
+        rewards: Sequence[float] | np.ndarray,
+        observed: Sequence[bool] | np.ndarray,
+    ) -> None:
         """Feed back the reward of every arm whose outcome one request revealed: ``rewards`` (K,)
         in arm order, ``observed`` (K,) true where the reward is known (not censored); the others'
         values are ignored. One request is one update (``version`` + 1), however many arms it
@@ -150,11 +156,15 @@ class Policy(abc.ABC):
         alone) stays valid for every policy, so its propensities and estimators do too.
         Bad input raises and changes nothing."""
         if not self.full_feedback:
-            raise AdaptspecError(f"{self.label} learns from the arm that ran only: use update(), not update_full()")
+            raise AdaptspecError(
+                f"{self.label} learns from the arm that ran only: use update(), not update_full()"
+            )
         m = np.asarray(observed)
         k = len(self.arms)
         if m.shape != (k,) or m.dtype != np.bool_:
-            raise AdaptspecError(f"observed must be {k} booleans (one per arm), got shape {m.shape} of {m.dtype}")
+            raise AdaptspecError(
+                f"observed must be {k} booleans (one per arm), got shape {m.shape} of {m.dtype}"
+            )
         try:
             r = np.asarray(rewards, dtype=np.float64)
         except (TypeError, ValueError):
@@ -163,8 +173,10 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"rewards must be {k} numbers (one per arm), got shape {r.shape}")
         r = np.where(m, r, 0.0)
         if not np.abs(r).max() <= REWARD_LIMIT:  # NaN compares False
-            raise AdaptspecError(f"the reward of every observed arm must be finite and within +-{REWARD_LIMIT:g}, "
-                                 f"got {r[m].tolist()}")
+            raise AdaptspecError(
+                f"the reward of every observed arm must be finite and within +-{REWARD_LIMIT:g}, "
+                f"got {r[m].tolist()}"
+            )
         ctx = self._check_update_context(context)
         self._update_full(ctx, r, m)
         self.version += 1
@@ -174,7 +186,9 @@ class Policy(abc.ABC):
         validated, and the rewards of arms not observed are 0."""
         raise NotImplementedError
 
-    def decide_batch(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def decide_batch(
+        self, contexts: np.ndarray | None, n: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Decide for ``n`` requests without learning in between.
 
         ``contexts`` is an ``(n, dim)`` array (``None`` for context-free policies, with ``n``).
@@ -196,8 +210,12 @@ class Policy(abc.ABC):
         self._update_batch(X, idx, r)
         self.version += len(idx)
 
-    def update_repeated(self, context: Sequence[float] | np.ndarray | None, block_size: int,
-                        rewards: Sequence[float] | np.ndarray) -> None:
+    def update_repeated(
+        self,
+        context: Sequence[float] | np.ndarray | None,
+        block_size: int,
+        rewards: Sequence[float] | np.ndarray,
+    ) -> None:
         """Feed back several rewards of one block size at one context (the rows of one batched
         round). By default the same as :meth:`update_batch` with the context repeated; linear
         policies learn them in one step (the same posterior, a fraction of the time).
@@ -252,15 +270,17 @@ class Policy(abc.ABC):
         plain values, nested dicts allowed). It is a copy: later updates do not change it.
         Hyper-parameters are not in it: load it into a policy built with the same ones.
         """
-        return copy.deepcopy({
-            "name": self.name,
-            "label": self.label,
-            "arms": list(self.arms),
-            "version": self.version,
-            "dim": self.dim,
-            "rng": self.rng.bit_generator.state,
-            "state": self._state(),
-        })
+        return copy.deepcopy(
+            {
+                "name": self.name,
+                "label": self.label,
+                "arms": list(self.arms),
+                "version": self.version,
+                "dim": self.dim,
+                "rng": self.rng.bit_generator.state,
+                "state": self._state(),
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict``; the arms and the policy type must match.
@@ -337,7 +357,9 @@ class Policy(abc.ABC):
         from .._util.files import parse_json
 
         arrays = read_npz(path, "policy state file", ("__meta__",))
-        meta = parse_json(arrays.pop("__meta__").tobytes(), f"{path}: array '__meta__'", "the policy's JSON description")
+        meta = parse_json(
+            arrays.pop("__meta__").tobytes(), f"{path}: array '__meta__'", "the policy's JSON description"
+        )
 
         def unpack(obj: Any) -> Any:
             if isinstance(obj, dict):
@@ -364,7 +386,9 @@ class Policy(abc.ABC):
             i = self._index.get(block_size)
             return i if i is not None else self._index[operator.index(block_size)]
         except (KeyError, TypeError, ValueError):
-            raise AdaptspecError(f"unknown arm {block_size!r}: this policy's arms are {list(self.arms)}") from None
+            raise AdaptspecError(
+                f"unknown arm {block_size!r}: this policy's arms are {list(self.arms)}"
+            ) from None
 
     @staticmethod
     def check_reward(reward: float) -> float:
@@ -387,7 +411,9 @@ class Policy(abc.ABC):
             try:
                 x = np.asarray(context, dtype=np.float64)
             except (TypeError, ValueError):
-                raise AdaptspecError(f"context must be a vector of numbers, got {type(context).__name__}") from None
+                raise AdaptspecError(
+                    f"context must be a vector of numbers, got {type(context).__name__}"
+                ) from None
         if x.ndim != 1:
             raise AdaptspecError(f"context must be a 1-D vector, got shape {x.shape}")
         if self.dim is not None and x.shape[0] != self.dim:
@@ -399,7 +425,9 @@ class Policy(abc.ABC):
             self.dim = int(x.shape[0])
         return x
 
-    def check_contexts(self, contexts: np.ndarray | None, n: int | None = None) -> tuple[np.ndarray | None, int]:
+    def check_contexts(
+        self, contexts: np.ndarray | None, n: int | None = None
+    ) -> tuple[np.ndarray | None, int]:
         """Validate a batch of contexts: an ``(n, dim)`` finite array (None for context-free policies)."""
         if not self.contextual:
             if contexts is not None:
@@ -438,8 +466,10 @@ class Policy(abc.ABC):
             raise AdaptspecError(f"block sizes must be a 1-D array, got shape {b.shape}")
         if b.size == 0:
             return np.empty(0, dtype=np.int64)
-        if not (np.issubdtype(b.dtype, np.integer) or (np.issubdtype(b.dtype, np.floating)
-                                                       and np.all(np.isfinite(b)) and np.all(b == np.round(b)))):
+        if not (
+            np.issubdtype(b.dtype, np.integer)
+            or (np.issubdtype(b.dtype, np.floating) and np.all(np.isfinite(b)) and np.all(b == np.round(b)))
+        ):
             raise AdaptspecError(f"block sizes must be integers, got dtype {b.dtype}")
         b = b.astype(np.int64)
         pos = np.searchsorted(self.arm_array, b)
@@ -447,7 +477,8 @@ class Policy(abc.ABC):
         bad = self.arm_array[pos_c] != b
         if bad.any():
             raise AdaptspecError(
-                f"unknown arm {int(b[np.argmax(bad)])}: this policy's arms are {list(self.arms)}")
+                f"unknown arm {int(b[np.argmax(bad)])}: this policy's arms are {list(self.arms)}"
+            )
         return pos_c.astype(np.int64)
 
     @staticmethod
@@ -508,7 +539,9 @@ def _non_finite(value: Any, path: str, allowed: Any = None) -> str | None:
     if isinstance(value, dict):
         return next((f for k, v in value.items() if (f := _non_finite(v, f"{path}/{k}")) is not None), None)
     if isinstance(value, (list, tuple)):
-        return next((f for i, v in enumerate(value) if (f := _non_finite(v, f"{path}/{i}")) is not None), None)
+        return next(
+            (f for i, v in enumerate(value) if (f := _non_finite(v, f"{path}/{i}")) is not None), None
+        )
     if isinstance(value, (float, np.floating)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc":
@@ -528,8 +561,10 @@ def context_fault(x: np.ndarray, what: str = "context") -> AdaptspecError:
     have = "have" if what.endswith("s") else "has"
     if not np.isfinite(x).all():
         return AdaptspecError(f"{what} {have} NaN or infinite values")
-    return AdaptspecError(f"{what} {have} values of implausible size (the largest is {float(np.abs(x).max()):.3g}; "
-                          f"a context's norm is at most {CONTEXT_LIMIT:g})")
+    return AdaptspecError(
+        f"{what} {have} values of implausible size (the largest is {float(np.abs(x).max()):.3g}; "
+        f"a context's norm is at most {CONTEXT_LIMIT:g})"
+    )
 
 
 def feature_vector(features: Any) -> np.ndarray:
@@ -541,7 +576,9 @@ def feature_vector(features: Any) -> np.ndarray:
         raise AdaptspecError(f"features must be a vector of numbers, got {type(features).__name__}") from None
     if x.ndim != 1 or x.size == 0:
         raise AdaptspecError(f"features must be a non-empty 1-D vector, got shape {x.shape}")
-    if not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT:  # NaN, infinite and implausibly large values fail
+    if (
+        not float(x.dot(x)) <= CONTEXT_LIMIT * CONTEXT_LIMIT
+    ):  # NaN, infinite and implausibly large values fail
         raise context_fault(x, "features")
     return x
 

@@ -44,7 +44,9 @@ class _Stateless(Policy):
             idx = np.full(n, j, dtype=np.int64)
         else:
             c = np.cumsum(probs)
-            idx = np.minimum(np.searchsorted(c, self.rng.random(n) * c[-1], side="right"), k - 1).astype(np.int64)
+            idx = np.minimum(np.searchsorted(c, self.rng.random(n) * c[-1], side="right"), k - 1).astype(
+                np.int64
+            )
         return idx, probs[idx]
 
     def probs_batch(self, contexts: np.ndarray | None = None, n: int | None = None) -> np.ndarray:
@@ -67,14 +69,21 @@ class Fixed(_Stateless):
 
     name = "fixed"
 
-    def __init__(self, block_size: int, arms: Sequence[int] | None = None, seed: int | None = None,
-                 epsilon: float = 0.0) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        arms: Sequence[int] | None = None,
+        seed: int | None = None,
+        epsilon: float = 0.0,
+    ) -> None:
         try:
             b = int(block_size)
         except (TypeError, ValueError):
             raise AdaptspecError(f"fixed: block size must be an integer, got {block_size!r}") from None
         if b == 0 or b != block_size:  # a negative one is a tree arm (adaptspec.speculator.tree_arm)
-            raise AdaptspecError(f"fixed: block size must be a positive integer or a tree arm (-N), got {block_size!r}")
+            raise AdaptspecError(
+                f"fixed: block size must be a positive integer or a tree arm (-N), got {block_size!r}"
+            )
         self.block_size = b
         super().__init__((b,) if arms is None else arms, seed=seed, epsilon=epsilon)
         if b not in self._index:
@@ -126,8 +135,9 @@ class Oracle(Policy):
         i = int(idx[0])
         return Decision(self.arms[i], 1.0, one_hot(len(self.arms), i), self.arms, self.label, self.version)
 
-    def decide_batch(self, contexts: np.ndarray | None, n: int | None = None,
-                     rewards: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def decide_batch(
+        self, contexts: np.ndarray | None, n: int | None = None, rewards: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Best arm per row of ``rewards`` (``(n, K)``), with propensity 1."""
         if rewards is None:
             self._probs(None)
@@ -135,5 +145,7 @@ class Oracle(Policy):
         if R.ndim != 2 or R.shape[1] != len(self.arms) or (n is not None and R.shape[0] != n):
             raise AdaptspecError(f"oracle: rewards must have shape (n, {len(self.arms)}), got {R.shape}")
         if not np.isfinite(R).all():
-            raise AdaptspecError(f"oracle: reward row {int(np.flatnonzero(~np.isfinite(R).all(axis=1))[0])} is not finite")
+            raise AdaptspecError(
+                f"oracle: reward row {int(np.flatnonzero(~np.isfinite(R).all(axis=1))[0])} is not finite"
+            )
         return np.argmax(R, axis=1).astype(np.int64), np.ones(R.shape[0])

@@ -199,14 +199,19 @@ class ContextFreePolicy(Policy):
         self.stats.add_many(idx, rewards)
 
     def _state(self) -> dict[str, Any]:
-        return {"stats": self.stats.state(), "running": self.running,
-                "forgetting": {"discount": self.discount, "window": self.window}}
+        return {
+            "stats": self.stats.state(),
+            "running": self.running,
+            "forgetting": {"discount": self.discount, "window": self.window},
+        }
 
     def _load_state(self, state: dict[str, Any]) -> None:
         forgetting = state.get("forgetting", {})
         if forgetting.get("discount") != self.discount or forgetting.get("window") != self.window:
-            raise AdaptspecError(f"state was saved with discount={forgetting.get('discount')}, window="
-                                 f"{forgetting.get('window')}; this policy has discount={self.discount}, window={self.window}")
+            raise AdaptspecError(
+                f"state was saved with discount={forgetting.get('discount')}, window="
+                f"{forgetting.get('window')}; this policy has discount={self.discount}, window={self.window}"
+            )
         running = np.array(state["running"], dtype=np.float64)
         if running.shape != (5,):
             raise AdaptspecError("state 'running' must have 5 values")

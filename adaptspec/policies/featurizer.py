@@ -64,8 +64,15 @@ class Featurizer:
     Build one with :meth:`fit`, :meth:`fit_traces`, :meth:`identity` or :meth:`load`.
     """
 
-    def __init__(self, kind: str, mean: np.ndarray, scale: np.ndarray, components: np.ndarray | None = None,
-                 keep: Sequence[int] = (), info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        mean: np.ndarray,
+        scale: np.ndarray,
+        components: np.ndarray | None = None,
+        keep: Sequence[int] = (),
+        info: dict[str, Any] | None = None,
+    ) -> None:
         if kind not in KINDS:
             raise AdaptspecError(f"featurizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
         self.kind = kind
@@ -73,7 +80,9 @@ class Featurizer:
         self.scale = np.ascontiguousarray(scale, dtype=np.float64).ravel()
         d = self.mean.shape[0]
         if d < 1 or self.scale.shape != (d,):
-            raise AdaptspecError(f"featurizer mean {self.mean.shape} and scale {self.scale.shape} must be two (d,) arrays")
+            raise AdaptspecError(
+                f"featurizer mean {self.mean.shape} and scale {self.scale.shape} must be two (d,) arrays"
+            )
         if not (np.isfinite(self.mean).all() and np.isfinite(self.scale).all() and (self.scale > 0).all()):
             raise AdaptspecError("featurizer needs finite means and positive finite scales")
         self.keep = tuple(int(k) % d if -d <= int(k) < d else _bad_keep(k, d) for k in keep)
@@ -103,8 +112,15 @@ class Featurizer:
         return cls("identity", np.zeros(int(dim)), np.ones(int(dim)))
 
     @classmethod
-    def fit(cls, X: np.ndarray, kind: str = "pca", dim: int = 32, whiten: bool = True,
-            keep: Sequence[int] = (), info: dict[str, Any] | None = None) -> "Featurizer":
+    def fit(
+        cls,
+        X: np.ndarray,
+        kind: str = "pca",
+        dim: int = 32,
+        whiten: bool = True,
+        keep: Sequence[int] = (),
+        info: dict[str, Any] | None = None,
+    ) -> "Featurizer":
         """Fit on features ``X`` (n, d): means and scales, and for ``pca`` the ``dim`` leading components.
 
         ``dim`` is capped at ``min(n - 1, d)``; components are sign-normalised (largest loading
@@ -114,7 +130,9 @@ class Featurizer:
             raise AdaptspecError(f"featurizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1:
-            raise AdaptspecError(f"Featurizer.fit needs an (n, d) feature matrix with n >= 2, got shape {X.shape}")
+            raise AdaptspecError(
+                f"Featurizer.fit needs an (n, d) feature matrix with n >= 2, got shape {X.shape}"
+            )
         if not np.isfinite(X).all():
             row = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
             raise AdaptspecError(f"features of row {row} have NaN or infinite values")
@@ -138,14 +156,18 @@ class Featurizer:
         sv = s[:k] / math.sqrt(n)  # standard deviation of each component on the fitted set
         if whiten:
             V /= np.where(sv > 1e-12, sv, 1.0)
-        total = float(np.sum(s ** 2))
-        meta.update(dim=k, whiten=bool(whiten),
-                    explained_variance=round(float(np.sum(s[:k] ** 2)) / total, 6) if total > 0 else None)
+        total = float(np.sum(s**2))
+        meta.update(
+            dim=k,
+            whiten=bool(whiten),
+            explained_variance=round(float(np.sum(s[:k] ** 2)) / total, 6) if total > 0 else None,
+        )
         return cls("pca", mean, scale, V, keep=keep, info=meta)
 
     @classmethod
-    def fit_traces(cls, traces: Any, kind: str = "pca", dim: int = 32, whiten: bool = True,
-                   keep: Sequence[int] = ()) -> "Featurizer":
+    def fit_traces(
+        cls, traces: Any, kind: str = "pca", dim: int = 32, whiten: bool = True, keep: Sequence[int] = ()
+    ) -> "Featurizer":
         """Fit on a :class:`~adaptspec.traces.TraceSet`'s request features."""
         X = traces.features
         if X is None:
@@ -217,8 +239,12 @@ class Featurizer:
         col = pa.FixedSizeListArray.from_arrays(pa.array(Z.ravel()), Z.shape[1]).cast(pa.list_(pa.float32()))
         req = req.set_column(req.column_names.index("features"), "features", col)
         meta = dict(traces.meta)
-        meta["featurizer"] = {"fingerprint": self.fingerprint, "kind": self.kind, "in_dim": self.in_dim,
-                              "out_dim": self.out_dim}
+        meta["featurizer"] = {
+            "fingerprint": self.fingerprint,
+            "kind": self.kind,
+            "in_dim": self.in_dim,
+            "out_dim": self.out_dim,
+        }
         return TraceSet(req, traces.outcomes, meta)
 
     # ------------------------------------------------------------------ identity and files
@@ -239,9 +265,16 @@ class Featurizer:
         tensors = {"mean": self.mean, "scale": self.scale}
         if self.components is not None:
             tensors["components"] = self.components
-        cfg = {"format": FEATURIZER_FORMAT, "kind": "adaptspec-featurizer", "map": self.kind,
-               "in_dim": self.in_dim, "out_dim": self.out_dim, "keep": list(self.keep),
-               "fingerprint": self.fingerprint, "info": self.info}
+        cfg = {
+            "format": FEATURIZER_FORMAT,
+            "kind": "adaptspec-featurizer",
+            "map": self.kind,
+            "in_dim": self.in_dim,
+            "out_dim": self.out_dim,
+            "keep": list(self.keep),
+            "fingerprint": self.fingerprint,
+            "info": self.info,
+        }
         try:
             path.mkdir(parents=True, exist_ok=True)
             tmp_t, tmp_j = path / f".{_TENSORS}.tmp", path / f".{_JSON}.tmp"
@@ -267,8 +300,14 @@ class Featurizer:
         cfg = read_descriptor(cfg_file, "adaptspec-featurizer", FEATURIZER_FORMAT, "featurizer")
         t = read_tensors(st_file)
         try:
-            f = cls(cfg["map"], t["mean"], t["scale"], t.get("components"), keep=cfg.get("keep", ()),
-                    info=cfg.get("info", {}))
+            f = cls(
+                cfg["map"],
+                t["mean"],
+                t["scale"],
+                t.get("components"),
+                keep=cfg.get("keep", ()),
+                info=cfg.get("info", {}),
+            )
         except KeyError as e:
             raise AdaptspecError(f"{path}: saved featurizer lacks {e}") from None
         if cfg.get("fingerprint") not in (None, f.fingerprint):
@@ -291,8 +330,12 @@ class Featurizer:
         return f"Featurizer(kind={self.kind!r}, in_dim={self.in_dim}, out_dim={self.out_dim})"
 
 
-def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | None = "auto",
-                   default_head: str | Path | None = None) -> Featurizer | None:
+def featurizer_for(
+    specs: Sequence[str],
+    feature_dim: int | None,
+    choice: str | None = "auto",
+    default_head: str | Path | None = None,
+) -> Featurizer | None:
     """The featurizer replay should apply for these policy specs (``choice``: auto, none or a path).
 
     ``auto``: the featurizer saved with a head the specs name (``head=`` / ``path=``; one at
@@ -311,12 +354,18 @@ def featurizer_for(specs: Sequence[str], feature_dim: int | None, choice: str | 
     found = set()
     for spec in specs:
         name, args, opts = parse_spec(spec)
-        head = opts.get("head") or opts.get("path") or (BUNDLED_HEAD if name in ("neural-linear", "head") else None)
+        head = (
+            opts.get("head")
+            or opts.get("path")
+            or (BUNDLED_HEAD if name in ("neural-linear", "head") else None)
+        )
         if head and Featurizer.exists(Path(head).expanduser()):
             found.add(Path(head).expanduser().resolve())
     if len(found) > 1:
-        raise AdaptspecError(f"the policies' heads have different featurizers ({', '.join(map(str, sorted(found)))}); "
-                             "pass --featurizer PATH")
+        raise AdaptspecError(
+            f"the policies' heads have different featurizers ({', '.join(map(str, sorted(found)))}); "
+            "pass --featurizer PATH"
+        )
     if found:
         return Featurizer.load(found.pop())
     if feature_dim is not None and Featurizer.exists(home):

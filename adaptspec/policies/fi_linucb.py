@@ -44,7 +44,7 @@ class FullInfoLinUCB(LinUCB):
         """The arm played while the standardiser warms up: the largest without an outcome, else
         the one with the best mean outcome in the warm-up buffer."""
         k = len(self.arms)
-        a, r = self._buf_a[:self._buf_n], self._buf_r[:self._buf_n]
+        a, r = self._buf_a[: self._buf_n], self._buf_r[: self._buf_n]
         n = np.bincount(a, minlength=k)
         if (n == 0).any():
             return int(np.flatnonzero(n == 0)[-1])

@@ -49,14 +49,23 @@ class FullInfoUCB(UCB):
     name = "fi-ucb"
     full_feedback = True
 
-    def __init__(self, arms: Sequence[int], c: float = 1.0, scale: float | str = "auto", epsilon: float = 0.0,
-                 seed: int | None = None, label: str | None = None) -> None:
+    def __init__(
+        self,
+        arms: Sequence[int],
+        c: float = 1.0,
+        scale: float | str = "auto",
+        epsilon: float = 0.0,
+        seed: int | None = None,
+        label: str | None = None,
+    ) -> None:
         super().__init__(arms, c=c, scale=scale, warmup=1, epsilon=epsilon, seed=seed, label=label)
 
     def _reset(self) -> None:
         super()._reset()
         k = len(self.arms)
-        chains = np.flatnonzero(self.arm_array > 0)  # tree arms (-N) sort first: a request of a chain censors them
+        chains = np.flatnonzero(
+            self.arm_array > 0
+        )  # tree arms (-N) sort first: a request of a chain censors them
         self.ref_index = int(chains[0]) if chains.size else k - 1
         self.ref = np.zeros(2)  # requests that showed the reference arm, sum of its rewards
         self.diff = np.zeros((2, k))  # per arm: requests that showed it and the reference, sum of differences
@@ -74,7 +83,9 @@ class FullInfoUCB(UCB):
         """Recompute the means and the bonus' scale after an update (decisions only read them)."""
         n, s = self.diff
         own_n = self.stats.n
-        if self._paired or (self.ref[0] > 0 and n.min() > 0.5):  # every arm paired (from the first request on)
+        if self._paired or (
+            self.ref[0] > 0 and n.min() > 0.5
+        ):  # every arm paired (from the first request on)
             self._paired = True
             self._means = self.ref[1] / self.ref[0] + s / n
         else:

@@ -97,7 +97,8 @@ class LinearPolicy(Policy):
             if prior_mean is not None or prior_precision is not None:
                 raise AdaptspecError(
                     "a prior is expressed in the standardised feature space: pass standardize="
-                    "Standardizer(...) (or False) together with prior_mean / prior_precision")
+                    "Standardizer(...) (or False) together with prior_mean / prior_precision"
+                )
             warmup = 10 * k if warmup is None else int(warmup)
             if warmup < 2:
                 raise AdaptspecError(f"warmup must be >= 2 to estimate scales, got {warmup}")
@@ -137,7 +138,9 @@ class LinearPolicy(Policy):
         (K, D, D). Needs a fixed feature map (``standardize`` a Standardizer or False).
         """
         if self.standardize is True:
-            raise AdaptspecError("set_prior needs a fixed standardizer (standardize=Standardizer(...) or False)")
+            raise AdaptspecError(
+                "set_prior needs a fixed standardizer (standardize=Standardizer(...) or False)"
+            )
         if self.map is None:
             raise AdaptspecError("set_prior needs the context dimension: pass dim= when building the policy")
         prior_arrays(len(self.arms), self.map.out_dim, mean, precision, self.lam)  # validate first
@@ -213,8 +216,13 @@ class LinearPolicy(Policy):
         """A context equal to the one of the last decision (the update of the request just
         decided) was validated then, so it is not checked twice."""
         last = self._last
-        if (last is not None and type(context) is np.ndarray and context.ndim == 1
-                and context.dtype is _F64 and context.tobytes() == last[0]):
+        if (
+            last is not None
+            and type(context) is np.ndarray
+            and context.ndim == 1
+            and context.dtype is _F64
+            and context.tobytes() == last[0]
+        ):
             return context
         return self.check_context(context)
 
@@ -281,8 +289,12 @@ class LinearPolicy(Policy):
         measure the later ones against a model that had already moved)."""
         self._ensure_core()
         core = self.core
-        if (core is None or rewards.size == 1 or self.discount is not None
-                or type(self)._update is not LinearPolicy._update):
+        if (
+            core is None
+            or rewards.size == 1
+            or self.discount is not None
+            or type(self)._update is not LinearPolicy._update
+        ):
             # warming up (the buffer takes them one by one), decaying data (its clock counts
             # updates), or a subclass that learns more than the ridge statistics from each one
             super()._update_repeated(context, arm, rewards)
@@ -318,10 +330,17 @@ class LinearPolicy(Policy):
 
     # -------------------------------------------------------------- state
     def _state(self) -> dict[str, Any]:
-        st: dict[str, Any] = {"noise_stats": self.noise_stats, "buf_n": self._buf_n, "discount": self.discount}
+        st: dict[str, Any] = {
+            "noise_stats": self.noise_stats,
+            "buf_n": self._buf_n,
+            "discount": self.discount,
+        }
         if self._buf_X is not None:
-            st.update(buf_X=self._buf_X[: self._buf_n], buf_a=self._buf_a[: self._buf_n],
-                      buf_r=self._buf_r[: self._buf_n])
+            st.update(
+                buf_X=self._buf_X[: self._buf_n],
+                buf_a=self._buf_a[: self._buf_n],
+                buf_r=self._buf_r[: self._buf_n],
+            )
         if self.map is not None and self.standardize is True:
             st["map"] = self.map.to_dict()
         if self.core is not None:
@@ -330,7 +349,9 @@ class LinearPolicy(Policy):
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("discount") != self.discount:
-            raise AdaptspecError(f"state was saved with discount={state.get('discount')}, this policy has {self.discount}")
+            raise AdaptspecError(
+                f"state was saved with discount={state.get('discount')}, this policy has {self.discount}"
+            )
         noise_stats = np.array(state["noise_stats"], dtype=np.float64)
         if noise_stats.shape != (2,):
             raise AdaptspecError("state 'noise_stats' must have 2 values")
@@ -351,8 +372,11 @@ class LinearPolicy(Policy):
         if buf_n:
             if core is not None or buf_n >= max(self.warmup, 1):
                 raise AdaptspecError("state has a warm-up buffer that does not fit this policy")
-            buf = (np.array(state["buf_X"], dtype=np.float64), np.array(state["buf_a"], dtype=np.int64),
-                   np.array(state["buf_r"], dtype=np.float64))
+            buf = (
+                np.array(state["buf_X"], dtype=np.float64),
+                np.array(state["buf_a"], dtype=np.int64),
+                np.array(state["buf_r"], dtype=np.float64),
+            )
             if buf[0].shape[0] != buf_n or buf[1].shape != (buf_n,) or buf[2].shape != (buf_n,):
                 raise AdaptspecError("state warm-up buffer has inconsistent lengths")
         self.map, self.core, self.noise_stats = fmap, core, noise_stats

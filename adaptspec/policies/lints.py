@@ -48,7 +48,9 @@ class LinTS(LinearPolicy):
     name = "lints"
     _stochastic = True
 
-    def __init__(self, arms: Sequence[int], v: float = 0.5, mc_samples: int = MC_SAMPLES, **kwargs: Any) -> None:
+    def __init__(
+        self, arms: Sequence[int], v: float = 0.5, mc_samples: int = MC_SAMPLES, **kwargs: Any
+    ) -> None:
         if not (v > 0 and math.isfinite(v)):
             raise AdaptspecError(f"v must be > 0, got {v}")
         if int(mc_samples) != mc_samples or mc_samples < 1:

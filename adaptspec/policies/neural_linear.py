@@ -55,7 +55,15 @@ from .base import MC_SAMPLES, greedy_probs
 from .linear import LinearPolicy, mc_probs
 from .offline_head import HeadModel, head_fingerprint
 
-__all__ = ["HeadFeatures", "NeuralLinear", "head_prior", "systematic_corr", "head_fingerprint", "neural_linear_policy", "PRIOR_GRID"]
+__all__ = [
+    "HeadFeatures",
+    "NeuralLinear",
+    "head_prior",
+    "systematic_corr",
+    "head_fingerprint",
+    "neural_linear_policy",
+    "PRIOR_GRID",
+]
 
 #: head weights (observations per arm) compared online when ``prior_n="auto"``
 PRIOR_GRID = (4.0, 16.0, 64.0, 256.0, 1024.0)
@@ -70,7 +78,8 @@ class HeadFeatures:
     def __init__(self, head: HeadModel) -> None:
         if head.mode != "regression":
             raise AdaptspecError(
-                f"a {head.mode} head predicts no rewards: train it with mode='regression' for neural-linear / SquareCB")
+                f"a {head.mode} head predicts no rewards: train it with mode='regression' for neural-linear / SquareCB"
+            )
         self.head = head
         self.reward_mean = float(head.reward_mean)
         self.reward_scale = float(head.reward_scale)
@@ -100,7 +109,9 @@ class HeadFeatures:
 def head_prior(head: HeadModel, prior_n: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Prior mean (K, D), prior precision (K, D, D) and noise variance from a regression head."""
     if head.val_mse is None or head.val_gram is None:
-        raise AdaptspecError("this head has no validation statistics (val_mse, val_gram): retrain it with train_head")
+        raise AdaptspecError(
+            "this head has no validation statistics (val_mse, val_gram): retrain it with train_head"
+        )
     if not (prior_n > 0 and math.isfinite(prior_n)):
         raise AdaptspecError(f"prior_n must be > 0, got {prior_n}")
     W, b = head.layers[-1]
@@ -202,8 +213,9 @@ class JointArms:
     ([1.0, 0.5], [0.5, 0.875])
     """
 
-    def __init__(self, prior_mean: np.ndarray, prior_cov: np.ndarray, discount: float | None = None,
-                 every: int = 16) -> None:
+    def __init__(
+        self, prior_mean: np.ndarray, prior_cov: np.ndarray, discount: float | None = None, every: int = 16
+    ) -> None:
         self.k, self.dim = prior_mean.shape
         n = self.k * self.dim
         if prior_cov.shape != (n, n):
@@ -262,7 +274,7 @@ class JointArms:
         return mean, v
 
     def _decay(self) -> None:
-        g = self.discount ** self.since
+        g = self.discount**self.since
         self.Dw *= g
         self.e *= g
         if self._prior_prec is None:
@@ -271,7 +283,9 @@ class JointArms:
         for a in range(self.k):
             A[self._block(a), self._block(a)] += self.Dw[a]
         self.S = _spd_inv(A)
-        self.theta = (self.S @ (self._prior_prec @ self.prior_mean.reshape(-1) + self.e.reshape(-1))).reshape(self.k, self.dim)
+        self.theta = (self.S @ (self._prior_prec @ self.prior_mean.reshape(-1) + self.e.reshape(-1))).reshape(
+            self.k, self.dim
+        )
         self.since = 0
 
     def state(self) -> dict[str, Any]:
@@ -387,8 +401,15 @@ class NeuralLinear(LinearPolicy):
         # tie-break of the evidence before any feedback: prefer the default weight
         self._tiebreak = -1e-9 * np.abs(np.log(self.prior_grid / _DEFAULT_PRIOR))
         super().__init__(
-            self.head.arms, feature_map=fmap, prior_mean=mean, prior_precision=prec1 * grid[0], discount=discount,
-            noise=noise, noise_prior=(s2, float(noise_weight)), epsilon=epsilon, seed=seed,
+            self.head.arms,
+            feature_map=fmap,
+            prior_mean=mean,
+            prior_precision=prec1 * grid[0],
+            discount=discount,
+            noise=noise,
+            noise_prior=(s2, float(noise_weight)),
+            epsilon=epsilon,
+            seed=seed,
         )
 
     # ------------------------------------------------------------------ one posterior per head weight
@@ -430,7 +451,9 @@ class NeuralLinear(LinearPolicy):
                 err = r - mu
             if len(self.cores) > 1:
                 var = s2 * (1.0 + max(v, 0.0))
-                self.evidence[i] = g * self.evidence[i] - 0.5 * (math.log(2.0 * math.pi * var) + (r - mu) ** 2 / var)
+                self.evidence[i] = g * self.evidence[i] - 0.5 * (
+                    math.log(2.0 * math.pi * var) + (r - mu) ** 2 / var
+                )
         self._add_residual(err)
         self._last = None
         self._select()
@@ -450,21 +473,36 @@ class NeuralLinear(LinearPolicy):
         return mc_probs(self.rng, mu, sd, self.mc_samples)
 
     def _state(self) -> dict[str, Any]:
-        return {"head": self.fingerprint, "discount": self.discount, "noise_stats": self.noise_stats, "evidence": self.evidence,
-                "prior_grid": self.prior_grid, "cores": [c.state() for c in self.cores]}
+        return {
+            "head": self.fingerprint,
+            "discount": self.discount,
+            "noise_stats": self.noise_stats,
+            "evidence": self.evidence,
+            "prior_grid": self.prior_grid,
+            "cores": [c.state() for c in self.cores],
+        }
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("head") != self.fingerprint:
             raise AdaptspecError(
-                f"state was saved with head {state.get('head')!r}, this policy uses head {self.fingerprint!r}")
+                f"state was saved with head {state.get('head')!r}, this policy uses head {self.fingerprint!r}"
+            )
         if state.get("discount") != self.discount:
-            raise AdaptspecError(f"state was saved with discount={state.get('discount')}, this policy has {self.discount}")
+            raise AdaptspecError(
+                f"state was saved with discount={state.get('discount')}, this policy has {self.discount}"
+            )
         grid = np.asarray(state["prior_grid"], dtype=np.float64)
         if grid.shape != self.prior_grid.shape or not np.allclose(grid, self.prior_grid):
-            raise AdaptspecError(f"state has head weights {grid.tolist()}, this policy uses {self.prior_grid.tolist()}")
+            raise AdaptspecError(
+                f"state has head weights {grid.tolist()}, this policy uses {self.prior_grid.tolist()}"
+            )
         noise_stats = np.array(state["noise_stats"], dtype=np.float64)
         evidence = np.array(state["evidence"], dtype=np.float64)
-        if noise_stats.shape != (2,) or evidence.shape != self.evidence.shape or len(state["cores"]) != len(self.cores):
+        if (
+            noise_stats.shape != (2,)
+            or evidence.shape != self.evidence.shape
+            or len(state["cores"]) != len(self.cores)
+        ):
             raise AdaptspecError("state does not fit this NeuralLinear policy")
         cores = [self._core_for(float(w)) for w in self.prior_grid]
         for c, st in zip(cores, state["cores"]):
@@ -474,20 +512,42 @@ class NeuralLinear(LinearPolicy):
         self._select()
 
     def __repr__(self) -> str:
-        return (f"NeuralLinear(arms={list(self.arms)}, exploration={self.exploration!r}, "
-                f"prior_n={self.prior_n!r}, hidden={list(self.head.hidden_sizes)})")
+        return (
+            f"NeuralLinear(arms={list(self.arms)}, exploration={self.exploration!r}, "
+            f"prior_n={self.prior_n!r}, hidden={list(self.head.hidden_sizes)})"
+        )
 
 
-def neural_linear_policy(arms: Sequence[int], seed: int | None = None, head: Path | None = None,
-                         exploration: str = "ucb", alpha: float = 0.1, v: float = 0.5, prior_n: float | str = "auto",
-                         discount: float | None = None, epsilon: float = 0.0,
-                         mc_samples: int = MC_SAMPLES) -> NeuralLinear:
+def neural_linear_policy(
+    arms: Sequence[int],
+    seed: int | None = None,
+    head: Path | None = None,
+    exploration: str = "ucb",
+    alpha: float = 0.1,
+    v: float = 0.5,
+    prior_n: float | str = "auto",
+    discount: float | None = None,
+    epsilon: float = 0.0,
+    mc_samples: int = MC_SAMPLES,
+) -> NeuralLinear:
     """Factory of the ``neural-linear[:head=PATH,exploration=ucb,...]`` spec (default head: the bundled one)."""
     if head is None:
         from ..models.bundled import BUNDLED_HEAD
 
         if not (BUNDLED_HEAD / "config.json").is_file():
-            raise AdaptspecError("neural-linear needs a trained head: neural-linear:head=PATH (adaptspec train-head)")
+            raise AdaptspecError(
+                "neural-linear needs a trained head: neural-linear:head=PATH (adaptspec train-head)"
+            )
         head = BUNDLED_HEAD
-    return NeuralLinear(head, exploration=exploration, alpha=alpha, v=v, prior_n=prior_n, discount=discount,
-                        epsilon=epsilon, seed=seed, arms=arms, mc_samples=mc_samples)
+    return NeuralLinear(
+        head,
+        exploration=exploration,
+        alpha=alpha,
+        v=v,
+        prior_n=prior_n,
+        discount=discount,
+        epsilon=epsilon,
+        seed=seed,
+        arms=arms,
+        mc_samples=mc_samples,
+    )

@@ -72,17 +72,23 @@ class HeadModel:
     def __post_init__(self) -> None:
         self.arms = tuple(int(a) for a in self.arms)
         if list(self.arms) != sorted(set(self.arms)) or not self.arms or self.arms[0] < 1:
-            raise AdaptspecError(f"head arms must be unique positive block sizes in increasing order, got {list(self.arms)}")
+            raise AdaptspecError(
+                f"head arms must be unique positive block sizes in increasing order, got {list(self.arms)}"
+            )
         if self.mode not in MODES:
             raise AdaptspecError(f"head mode must be one of {MODES}, got {self.mode!r}")
         if len(self.layers) < 2:
             raise AdaptspecError("a head needs at least one hidden layer")
-        self.layers = [(np.asarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)) for W, b in self.layers]
+        self.layers = [
+            (np.asarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)) for W, b in self.layers
+        ]
         for i, (W, b) in enumerate(self.layers):
             if W.ndim != 2 or b.shape != (W.shape[0],):
                 raise AdaptspecError(f"head layer {i} has weight {W.shape} and bias {b.shape}")
             if i and W.shape[1] != self.layers[i - 1][0].shape[0]:
-                raise AdaptspecError(f"head layer {i} expects {W.shape[1]} inputs, layer {i-1} gives {self.layers[i-1][0].shape[0]}")
+                raise AdaptspecError(
+                    f"head layer {i} expects {W.shape[1]} inputs, layer {i - 1} gives {self.layers[i - 1][0].shape[0]}"
+                )
         if self.layers[-1][0].shape[0] != len(self.arms):
             raise AdaptspecError(f"head has {self.layers[-1][0].shape[0]} outputs for {len(self.arms)} arms")
         self.x_mean = np.asarray(self.x_mean, dtype=np.float64)
@@ -173,7 +179,9 @@ class HeadModel:
             path = path.parent
         cfg_file, st_file = path / "config.json", path / "model.safetensors"
         if not cfg_file.is_file() or not st_file.is_file():
-            raise AdaptspecError(f"{str(path)!r} is not a saved head (needs config.json and model.safetensors)")
+            raise AdaptspecError(
+                f"{str(path)!r} is not a saved head (needs config.json and model.safetensors)"
+            )
         cfg = read_descriptor(cfg_file, "adaptspec-offline-head", HEAD_FORMAT, "offline head")
         where = str(cfg_file)
         arms = int_list(cfg.get("arms"), where, "arms", 1)
@@ -188,9 +196,17 @@ class HeadModel:
         try:
             layers = [(t[f"layers.{i}.weight"], t[f"layers.{i}.bias"]) for i in range(n_layers)]
             return cls(
-                arms=tuple(arms), layers=layers, x_mean=t["x_mean"], x_scale=t["x_scale"],
-                mode=cfg["mode"], reward_mean=reward_mean, reward_scale=reward_scale, val_mse=t.get("val_mse"),
-                val_gram=t.get("val_gram"), val_cov=t.get("val_cov"), info=cfg.get("info", {}),
+                arms=tuple(arms),
+                layers=layers,
+                x_mean=t["x_mean"],
+                x_scale=t["x_scale"],
+                mode=cfg["mode"],
+                reward_mean=reward_mean,
+                reward_scale=reward_scale,
+                val_mse=t.get("val_mse"),
+                val_gram=t.get("val_gram"),
+                val_cov=t.get("val_cov"),
+                info=cfg.get("info", {}),
             )
         except KeyError as e:
             raise AdaptspecError(f"{path}: saved head lacks {e}") from None
@@ -206,7 +222,6 @@ def head_fingerprint(head: HeadModel) -> str:
         h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
     h.update(np.ascontiguousarray(head.x_mean).tobytes())
     return h.hexdigest()[:16]
-
 
 
 # ---------------------------------------------------------------------------------- training
@@ -280,19 +295,71 @@ def train_head(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a small MLP on mini-batches: one thread is fastest and deterministic
     try:
-        model = _fit(torch, Xs, Y, tr_idx, val_idx, X.shape[1], hidden, len(arms), mode, rng, seed,
-                     lr, weight_decay, batch_size, max_epochs, patience, min_delta)
+        model = _fit(
+            torch,
+            Xs,
+            Y,
+            tr_idx,
+            val_idx,
+            X.shape[1],
+            hidden,
+            len(arms),
+            mode,
+            rng,
+            seed,
+            lr,
+            weight_decay,
+            batch_size,
+            max_epochs,
+            patience,
+            min_delta,
+        )
     finally:
         torch.set_num_threads(threads)
     layers, best, best_epoch, epoch = model
-    return _finish(X, R, arms, layers, x_mean, x_scale, mode, r_mean, r_scale, val_idx, tr_idx,
-                   best, best_epoch, epoch, seed, lr, weight_decay, batch_size, patience, info)
+    return _finish(
+        X,
+        R,
+        arms,
+        layers,
+        x_mean,
+        x_scale,
+        mode,
+        r_mean,
+        r_scale,
+        val_idx,
+        tr_idx,
+        best,
+        best_epoch,
+        epoch,
+        seed,
+        lr,
+        weight_decay,
+        batch_size,
+        patience,
+        info,
+    )
 
 
-def _fit(torch: Any, Xs: np.ndarray, Y: np.ndarray, tr_idx: np.ndarray, val_idx: np.ndarray, d: int,
-         hidden: tuple[int, ...], k: int, mode: str, rng: np.random.Generator, seed: int, lr: float,
-         weight_decay: float, batch_size: int, max_epochs: int, patience: int,
-         min_delta: float) -> tuple[Any, ...]:
+def _fit(
+    torch: Any,
+    Xs: np.ndarray,
+    Y: np.ndarray,
+    tr_idx: np.ndarray,
+    val_idx: np.ndarray,
+    d: int,
+    hidden: tuple[int, ...],
+    k: int,
+    mode: str,
+    rng: np.random.Generator,
+    seed: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    max_epochs: int,
+    patience: int,
+    min_delta: float,
+) -> tuple[Any, ...]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         sizes = (d,) + hidden
@@ -316,7 +383,7 @@ def _fit(torch: Any, Xs: np.ndarray, Y: np.ndarray, tr_idx: np.ndarray, val_idx:
             net.train()
             order = torch.from_numpy(rng.permutation(len(tr_idx)))
             for lo in range(0, len(tr_idx), batch_size):
-                b = order[lo: lo + batch_size]
+                b = order[lo : lo + batch_size]
                 opt.zero_grad()
                 loss = loss_fn(net(xt[b]), yt[b])
                 loss.backward()
@@ -337,10 +404,28 @@ def _fit(torch: Any, Xs: np.ndarray, Y: np.ndarray, tr_idx: np.ndarray, val_idx:
     return layers, best, best_epoch, epoch
 
 
-def _finish(X: np.ndarray, R: np.ndarray, arms: tuple[int, ...], layers: list, x_mean: np.ndarray,
-            x_scale: np.ndarray, mode: str, r_mean: float, r_scale: float, val_idx: np.ndarray,
-            tr_idx: np.ndarray, best: float, best_epoch: int, epoch: int, seed: int, lr: float,
-            weight_decay: float, batch_size: int, patience: int, info: dict[str, Any] | None) -> HeadModel:
+def _finish(
+    X: np.ndarray,
+    R: np.ndarray,
+    arms: tuple[int, ...],
+    layers: list,
+    x_mean: np.ndarray,
+    x_scale: np.ndarray,
+    mode: str,
+    r_mean: float,
+    r_scale: float,
+    val_idx: np.ndarray,
+    tr_idx: np.ndarray,
+    best: float,
+    best_epoch: int,
+    epoch: int,
+    seed: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    patience: int,
+    info: dict[str, Any] | None,
+) -> HeadModel:
     n_val = len(val_idx)
     model = HeadModel(arms, layers, x_mean, x_scale, mode, r_mean, r_scale)
     Xv, Rv = X[val_idx], R[val_idx]
@@ -348,9 +433,16 @@ def _finish(X: np.ndarray, R: np.ndarray, arms: tuple[int, ...], layers: list, x
     pick = np.argmax(s, axis=1)
     got = Rv[np.arange(len(Rv)), pick]
     metrics: dict[str, Any] = {
-        "n_train": int(len(tr_idx)), "n_val": int(n_val), "best_epoch": int(best_epoch),
-        "epochs": int(epoch), "val_loss": float(best), "seed": int(seed),
-        "lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "patience": patience,
+        "n_train": int(len(tr_idx)),
+        "n_val": int(n_val),
+        "best_epoch": int(best_epoch),
+        "epochs": int(epoch),
+        "val_loss": float(best),
+        "seed": int(seed),
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "batch_size": batch_size,
+        "patience": patience,
         "val_accuracy": float(np.mean(pick == np.argmax(Rv, axis=1))),
         "val_pct_oracle": float(pct_of(got.mean(), Rv.max(axis=1).mean())),
         "val_pct_best_fixed": float(pct_of(got.mean(), Rv.mean(axis=0).max())),
@@ -386,8 +478,13 @@ class OfflineHead(Policy):
     contextual = True
     learning = False
 
-    def __init__(self, head: HeadModel | str | Path, epsilon: float = 0.0, seed: int | None = None,
-                 arms: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        head: HeadModel | str | Path,
+        epsilon: float = 0.0,
+        seed: int | None = None,
+        arms: Sequence[int] | None = None,
+    ) -> None:
         self.head = head if isinstance(head, HeadModel) else HeadModel.load(head)
         if arms is not None and tuple(sorted(int(a) for a in arms)) != tuple(sorted(self.head.arms)):
             raise AdaptspecError(f"the head was trained for arms {list(self.head.arms)}, not {list(arms)}")
@@ -395,8 +492,15 @@ class OfflineHead(Policy):
         self.fingerprint = head_fingerprint(self.head)
 
     @classmethod
-    def fit(cls, X: np.ndarray, R: np.ndarray, arms: Sequence[int], epsilon: float = 0.0,
-            seed: int = 0, **train_kwargs: Any) -> "OfflineHead":
+    def fit(
+        cls,
+        X: np.ndarray,
+        R: np.ndarray,
+        arms: Sequence[int],
+        epsilon: float = 0.0,
+        seed: int = 0,
+        **train_kwargs: Any,
+    ) -> "OfflineHead":
         """Train a head (see :func:`train_head`) and wrap it as a policy."""
         return cls(train_head(X, R, arms, seed=seed, **train_kwargs), epsilon=epsilon, seed=seed)
 
@@ -427,14 +531,17 @@ class OfflineHead(Policy):
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("head") != self.fingerprint:
-            raise AdaptspecError(f"state was saved with head {state.get('head')!r}, this policy uses {self.fingerprint!r}")
+            raise AdaptspecError(
+                f"state was saved with head {state.get('head')!r}, this policy uses {self.fingerprint!r}"
+            )
 
     def __repr__(self) -> str:
         return f"OfflineHead(arms={list(self.arms)}, mode={self.head.mode!r}, hidden={list(self.head.hidden_sizes)})"
 
 
-def head_policy(arms: Sequence[int], seed: int | None = None, path: Path | None = None,
-                epsilon: float = 0.0) -> OfflineHead:
+def head_policy(
+    arms: Sequence[int], seed: int | None = None, path: Path | None = None, epsilon: float = 0.0
+) -> OfflineHead:
     """Factory of the ``head:PATH`` (or ``head:path=PATH``) spec."""
     if path is None:
         raise AdaptspecError("head needs the path of a trained head, e.g. head:path=runs/head")

@@ -61,7 +61,8 @@ def prior_arrays(k: int, dim: int, mean: Any, precision: Any, lam: float) -> tup
     else:
         raise AdaptspecError(
             f"prior_precision must be a number or have shape ({k},), ({dim},), ({k}, {dim}) or "
-            f"({k}, {dim}, {dim}); got {p.shape}")
+            f"({k}, {dim}, {dim}); got {p.shape}"
+        )
     if not (np.isfinite(m).all() and np.isfinite(P).all()):
         raise AdaptspecError("prior mean and precision must be finite")
     P = 0.5 * (P + P.transpose(0, 2, 1))
@@ -89,14 +90,18 @@ class RidgeArms:
 
     discount = None
 
-    def __init__(self, k: int, dim: int, lam: float = 1.0, prior_mean: Any = None, prior_precision: Any = None) -> None:
+    def __init__(
+        self, k: int, dim: int, lam: float = 1.0, prior_mean: Any = None, prior_precision: Any = None
+    ) -> None:
         ridge_kernels.warm_up()
         self.k, self.dim = int(k), int(dim)
         self.set_prior(prior_mean, prior_precision, lam)
 
     def set_prior(self, prior_mean: Any = None, prior_precision: Any = None, lam: float = 1.0) -> None:
         """Set the prior and forget all data."""
-        self.prior_mean, self.prior_precision = prior_arrays(self.k, self.dim, prior_mean, prior_precision, lam)
+        self.prior_mean, self.prior_precision = prior_arrays(
+            self.k, self.dim, prior_mean, prior_precision, lam
+        )
         self.clear()
 
     def clear(self) -> None:
@@ -127,12 +132,12 @@ class RidgeArms:
     def A_inv(self) -> np.ndarray:
         """``(K, D, D)`` view of the inverses."""
         k, d = self.k, self.dim
-        return self._buf[:k * d].reshape(k, d, -1)[:, :, :d]
+        return self._buf[: k * d].reshape(k, d, -1)[:, :, :d]
 
     @property
     def theta(self) -> np.ndarray:
         """``(K, D)`` view of the posterior means."""
-        return self._buf[self.k * self.dim:, :self.dim]
+        return self._buf[self.k * self.dim :, : self.dim]
 
     def mean_var_score(self, phi: np.ndarray, width: float = 0.0) -> tuple[np.ndarray, int, int]:
         """Rows ``(mu, var, score)`` (3, K) for one feature vector: the posterior mean
@@ -146,10 +151,10 @@ class RidgeArms:
             best, ties = ridge_kernels.mean_var_score(self._buf, k, d, phi, float(width), out, self._u)
         else:
             v = self._buf @ phi
-            self._u = v[:k * d].reshape(k, d)
+            self._u = v[: k * d].reshape(k, d)
             out = np.empty((3, k))
             mu, var, score = out
-            mu[:] = v[k * d:]
+            mu[:] = v[k * d :]
             np.maximum(np.matmul(self._u, phi, out=var), 0.0, out=var)
             np.sqrt(var, out=score)
             score *= width
@@ -180,7 +185,7 @@ class RidgeArms:
         if self._compiled:
             return ridge_kernels.sherman_morrison(self._buf, self.k, self.dim, arm, phi, float(r), u, fresh)
         d = self.dim
-        Ai = self._buf[arm * d:(arm + 1) * d]
+        Ai = self._buf[arm * d : (arm + 1) * d]
         th = self._buf[self.k * d + arm]
         if not fresh:
             u = Ai @ phi
@@ -193,13 +198,26 @@ class RidgeArms:
         return r - mean
 
     def state(self) -> dict[str, Any]:
-        return {"A_inv": self.A_inv, "theta": self.theta, "count": self.count,
-                "prior_mean": self.prior_mean, "prior_precision": self.prior_precision}
+        return {
+            "A_inv": self.A_inv,
+            "theta": self.theta,
+            "count": self.count,
+            "prior_mean": self.prior_mean,
+            "prior_precision": self.prior_precision,
+        }
 
     def load(self, st: dict[str, Any]) -> None:
         k, d = self.k, self.dim
-        arrs = checked_arrays(st, {"A_inv": (k, d, d), "theta": (k, d), "count": (k,),
-                             "prior_mean": (k, d), "prior_precision": (k, d, d)})
+        arrs = checked_arrays(
+            st,
+            {
+                "A_inv": (k, d, d),
+                "theta": (k, d),
+                "count": (k,),
+                "prior_mean": (k, d),
+                "prior_precision": (k, d, d),
+            },
+        )
         self.prior_mean, self.prior_precision = arrs["prior_mean"], arrs["prior_precision"]
         self._alloc()
         self.A_inv[...] = arrs["A_inv"]
@@ -229,8 +247,16 @@ class DiscountedRidgeArms(RidgeArms):
     [0.6]
     """
 
-    def __init__(self, k: int, dim: int, gamma: float, lam: float = 1.0, prior_mean: Any = None,
-                 prior_precision: Any = None, every: int = 16) -> None:
+    def __init__(
+        self,
+        k: int,
+        dim: int,
+        gamma: float,
+        lam: float = 1.0,
+        prior_mean: Any = None,
+        prior_precision: Any = None,
+        every: int = 16,
+    ) -> None:
         if not 0.0 < gamma < 1.0:
             raise AdaptspecError(f"discount must be in (0, 1), got {gamma}")
         if int(every) != every or every < 1:
@@ -255,7 +281,7 @@ class DiscountedRidgeArms(RidgeArms):
 
     def _decay(self) -> None:
         self._u_for = None
-        g = self.discount ** self.since
+        g = self.discount**self.since
         self.Dw *= g
         self.e *= g
         P = self.prior_precision

@@ -134,7 +134,7 @@ def cache_aligned_rows(n: int, d: int) -> np.ndarray:
     stride = -(-d // per_line) * per_line
     raw = np.zeros(n * stride + per_line)
     start = (-raw.ctypes.data % _LINE) // 8
-    return raw[start:start + n * stride].reshape(n, stride)
+    return raw[start : start + n * stride].reshape(n, stride)
 
 
 _warm = False

@@ -105,11 +105,17 @@ class RiverPolicy(Policy):
         from river import bandit
 
         if (policy is None) == (regressor is None):
-            raise AdaptspecError("RiverPolicy needs exactly one of policy= (a river.bandit policy) or regressor=")
+            raise AdaptspecError(
+                "RiverPolicy needs exactly one of policy= (a river.bandit policy) or regressor="
+            )
         if policy is not None and not isinstance(policy, bandit.base.Policy):
             raise AdaptspecError(f"policy must be a river.bandit policy, got {type(policy).__name__}")
-        if regressor is not None and not (hasattr(regressor, "learn_one") and hasattr(regressor, "predict_one")):
-            raise AdaptspecError(f"regressor must be a river regressor (learn_one/predict_one), got {type(regressor).__name__}")
+        if regressor is not None and not (
+            hasattr(regressor, "learn_one") and hasattr(regressor, "predict_one")
+        ):
+            raise AdaptspecError(
+                f"regressor must be a river regressor (learn_one/predict_one), got {type(regressor).__name__}"
+            )
         if exploration not in ("greedy", "ucb"):
             raise AdaptspecError(f"exploration must be 'greedy' or 'ucb', got {exploration!r}")
         if not (c >= 0 and math.isfinite(c)):
@@ -207,10 +213,14 @@ class RiverPolicy(Policy):
         if not isinstance(state, dict):
             raise AdaptspecError("not a river policy's state")
         if "pickle" in state:
-            raise AdaptspecError("holds a pickled river state (written by an older adaptspec): refused, unpickling "
-                                 "a file can run code; remove this checkpoint to resume from the decision log")
+            raise AdaptspecError(
+                "holds a pickled river state (written by an older adaptspec): refused, unpickling "
+                "a file can run code; remove this checkpoint to resume from the decision log"
+            )
         if state.get("mode") != self.mode:
-            raise AdaptspecError(f"state is for a river {state.get('mode')} policy, this one is a {self.mode} policy")
+            raise AdaptspecError(
+                f"state is for a river {state.get('mode')} policy, this one is a {self.mode} policy"
+            )
         if self.mode == "bandit":
             self.model = fill(self.template.clone(), state["model"])
             return
@@ -231,18 +241,36 @@ def _presets() -> dict[str, tuple[str, Any]]:
 
     return {
         "ucb": ("policy", lambda seed, delta=1.0, **kw: bandit.UCB(delta=delta, seed=seed, **kw)),
-        "eps-greedy": ("policy", lambda seed, epsilon=0.1, **kw: bandit.EpsilonGreedy(epsilon=epsilon, seed=seed, **kw)),
-        "ts": ("policy", lambda seed, burn_in=2, **kw: bandit.ThompsonSampling(
-            reward_obj=proba.Gaussian(), burn_in=burn_in, seed=seed, **kw)),
+        "eps-greedy": (
+            "policy",
+            lambda seed, epsilon=0.1, **kw: bandit.EpsilonGreedy(epsilon=epsilon, seed=seed, **kw),
+        ),
+        "ts": (
+            "policy",
+            lambda seed, burn_in=2, **kw: bandit.ThompsonSampling(
+                reward_obj=proba.Gaussian(), burn_in=burn_in, seed=seed, **kw
+            ),
+        ),
         "exp3": ("policy", lambda seed, gamma=0.1, **kw: bandit.Exp3(gamma=gamma, seed=seed, **kw)),
         "linucb": ("policy", lambda seed, **kw: bandit.LinUCBDisjoint(seed=seed, **kw)),
         "random": ("policy", lambda seed, **kw: bandit.RandomPolicy(seed=seed, **kw)),
-        "linear": ("regressor", lambda seed, **kw: preprocessing.StandardScaler() | linear_model.LinearRegression(**kw)),
+        "linear": (
+            "regressor",
+            lambda seed, **kw: preprocessing.StandardScaler() | linear_model.LinearRegression(**kw),
+        ),
     }
 
 
-def river_policy(arms: Sequence[int], seed: int | None = None, model: str = "linear", exploration: str = "greedy",
-                 c: float = 1.0, probe: int = 32, epsilon: float = 0.0, **params: Any) -> RiverPolicy:
+def river_policy(
+    arms: Sequence[int],
+    seed: int | None = None,
+    model: str = "linear",
+    exploration: str = "greedy",
+    c: float = 1.0,
+    probe: int = 32,
+    epsilon: float = 0.0,
+    **params: Any,
+) -> RiverPolicy:
     """Build a :class:`RiverPolicy` from a preset name (the ``river:NAME,key=value`` spec).
 
     Presets: ``ucb``, ``eps-greedy``, ``ts`` (Gaussian reward distributions, two burn-in pulls
@@ -265,4 +293,6 @@ def river_policy(arms: Sequence[int], seed: int | None = None, model: str = "lin
     label = f"river:{model}"
     if kind == "policy":
         return RiverPolicy(arms, policy=obj, probe=probe, epsilon=epsilon, seed=seed, label=label)
-    return RiverPolicy(arms, regressor=obj, exploration=exploration, c=c, epsilon=epsilon, seed=seed, label=label)
+    return RiverPolicy(
+        arms, regressor=obj, exploration=exploration, c=c, epsilon=epsilon, seed=seed, label=label
+    )

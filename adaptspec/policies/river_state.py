@@ -44,8 +44,14 @@ __all__ = ["dump", "fill"]
 _SCALARS = (bool, int, float, str, type(None))
 _MAX_DEPTH = 48
 _KEEP = {"keep": True}
-_CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType, type,
-         functools.partial)
+_CODE = (
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    type,
+    functools.partial,
+)
 
 
 def _type_name(obj: Any) -> str:
@@ -54,8 +60,9 @@ def _type_name(obj: Any) -> str:
 
 def _map_like(obj: Any) -> bool:
     """A dict, or a mapping object without attributes of its own (river's ``VectorDict``)."""
-    return isinstance(obj, dict) or (not hasattr(obj, "__dict__") and all(
-        hasattr(obj, m) for m in ("items", "clear", "__setitem__")))
+    return isinstance(obj, dict) or (
+        not hasattr(obj, "__dict__") and all(hasattr(obj, m) for m in ("items", "clear", "__setitem__"))
+    )
 
 
 def dump(obj: Any) -> Any:
@@ -73,7 +80,9 @@ def _dump(obj: Any, seen: dict[int, int], depth: int) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biufc":
             raise AdaptspecError(f"river state: an array of {obj.dtype} has no data-only form")
-        return {"array": obj.copy(order="K")}  # the memory order too (river updates some in place, Fortran-ordered)
+        return {
+            "array": obj.copy(order="K")
+        }  # the memory order too (river updates some in place, Fortran-ordered)
     if isinstance(obj, random.Random):
         version, ints, gauss = obj.getstate()
         return {"random": [version, list(ints), gauss]}
@@ -129,7 +138,11 @@ def _fill(cur: Any, node: Any, memo: dict[int, Any], depth: int) -> Any:
         return memo[node["ref"]]
     if kind == "array":
         arr = node["array"]
-        if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biufc" or not isinstance(cur, (np.ndarray, type(None))):
+        if (
+            not isinstance(arr, np.ndarray)
+            or arr.dtype.kind not in "biufc"
+            or not isinstance(cur, (np.ndarray, type(None)))
+        ):
             raise AdaptspecError("river state: an array where the policy has none")
         return np.array(arr, order="K")
     if kind == "random":
@@ -152,14 +165,20 @@ def _fill(cur: Any, node: Any, memo: dict[int, Any], depth: int) -> Any:
         return _fill_map(cur, node["map"], memo, node["id"], d)
     if kind == "obj" and set(node) == {"obj", "type", "id"}:
         if cur is None or _type_name(cur) != node["type"] or not hasattr(cur, "__dict__"):
-            raise AdaptspecError(f"river state: holds a {node['type']} where the policy has a "
-                                 f"{'nothing' if cur is None else _type_name(cur)}")
+            raise AdaptspecError(
+                f"river state: holds a {node['type']} where the policy has a "
+                f"{'nothing' if cur is None else _type_name(cur)}"
+            )
         attrs = node["obj"]
         if not isinstance(attrs, dict):
             raise AdaptspecError("river state: an object's attributes are not a mapping")
         memo[node["id"]] = cur
         for name, value in attrs.items():
-            if not isinstance(name, str) or not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
+            if (
+                not isinstance(name, str)
+                or not name.isidentifier()
+                or (name.startswith("__") and name.endswith("__"))
+            ):
                 raise AdaptspecError(f"river state: attribute name {name!r}")
             setattr(cur, name, _fill(getattr(cur, name, None), value, memo, d))
         return cur
@@ -202,7 +221,11 @@ def _fill_map(cur: Any, pairs: Any, memo: dict[int, Any], ident: int, depth: int
 def _key(node: Any) -> Any:
     if isinstance(node, _SCALARS):
         return node
-    if isinstance(node, dict) and set(node) == {"tuple"} and isinstance(node["tuple"], list) \
-            and all(isinstance(k, _SCALARS) for k in node["tuple"]):
+    if (
+        isinstance(node, dict)
+        and set(node) == {"tuple"}
+        and isinstance(node["tuple"], list)
+        and all(isinstance(k, _SCALARS) for k in node["tuple"])
+    ):
         return tuple(node["tuple"])
     raise AdaptspecError("river state: a mapping key that is not a plain value")

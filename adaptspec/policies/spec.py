@@ -30,8 +30,9 @@ from .base import Policy
 from .baselines import Fixed, Oracle, RandomPolicy
 
 
-def _fixed(arms: Sequence[int], seed: int | None = None, block_size: int | None = None, *,
-           epsilon: float = 0.0) -> Fixed:
+def _fixed(
+    arms: Sequence[int], seed: int | None = None, block_size: int | None = None, *, epsilon: float = 0.0
+) -> Fixed:
     if block_size is None:
         raise AdaptspecError("fixed needs a block size, e.g. fixed:16")
     return Fixed(block_size, arms=arms, seed=seed, epsilon=epsilon)
@@ -60,22 +61,24 @@ from .squarecb import SquareCB  # noqa: E402
 from .fi_ucb import FullInfoUCB  # noqa: E402
 from .fi_linucb import FullInfoLinUCB  # noqa: E402
 
-REGISTRY.update({
-    "eps-greedy": EpsilonGreedy,
-    "ucb": UCB,
-    "ucb-throughput": ucb_throughput,
-    "ts": ThompsonSampling,
-    "exp3": EXP3,
-    "linucb": LinUCB,
-    "lints": LinTS,
-    "head": head_policy,
-    "neural-linear": neural_linear_policy,
-    "squarecb": SquareCB,
-    "river": river_policy,
-    # full information (graph feedback): learn every arm a request's rounds reveal (update_full)
-    "fi-ucb": FullInfoUCB,
-    "fi-linucb": FullInfoLinUCB,
-})
+REGISTRY.update(
+    {
+        "eps-greedy": EpsilonGreedy,
+        "ucb": UCB,
+        "ucb-throughput": ucb_throughput,
+        "ts": ThompsonSampling,
+        "exp3": EXP3,
+        "linucb": LinUCB,
+        "lints": LinTS,
+        "head": head_policy,
+        "neural-linear": neural_linear_policy,
+        "squarecb": SquareCB,
+        "river": river_policy,
+        # full information (graph feedback): learn every arm a request's rounds reveal (update_full)
+        "fi-ucb": FullInfoUCB,
+        "fi-linucb": FullInfoLinUCB,
+    }
+)
 
 
 def parse_spec(spec: str) -> tuple[str, list[str], dict[str, str]]:
@@ -101,7 +104,9 @@ def parse_spec(spec: str) -> tuple[str, list[str], dict[str, str]]:
                 kwargs[k] = v.strip()
             else:
                 if kwargs:
-                    raise AdaptspecError(f"policy spec {spec!r}: positional value {part!r} after key=value options")
+                    raise AdaptspecError(
+                        f"policy spec {spec!r}: positional value {part!r} after key=value options"
+                    )
                 args.append(part)
     return name, args, kwargs
 
@@ -216,7 +221,9 @@ def check_spec(spec: str) -> tuple[Callable[..., Any], dict[str, Any]]:
     name, args, opts = parse_spec(spec)
     factory = REGISTRY.get(name)
     if factory is None:
-        raise AdaptspecError(f"unknown policy {name!r} in spec {spec!r}: known policies are {', '.join(sorted(REGISTRY))}")
+        raise AdaptspecError(
+            f"unknown policy {name!r} in spec {spec!r}: known policies are {', '.join(sorted(REGISTRY))}"
+        )
     params, hints, var_kw = _params(factory)
     names = [p.name for p in params]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -228,7 +235,9 @@ def check_spec(spec: str) -> tuple[Callable[..., Any], dict[str, Any]]:
         values[p.name] = _convert(v, hints.get(p.name), f"{name}: {p.name}")
     for k, v in opts.items():
         if k not in names and not var_kw:
-            raise AdaptspecError(f"policy spec {spec!r}: unknown option {k!r} ({name} takes {', '.join(names) or 'none'})")
+            raise AdaptspecError(
+                f"policy spec {spec!r}: unknown option {k!r} ({name} takes {', '.join(names) or 'none'})"
+            )
         if k in values:
             raise AdaptspecError(f"policy spec {spec!r}: {k!r} given twice")
         values[k] = _convert(v, hints.get(k), f"{name}: {k}")

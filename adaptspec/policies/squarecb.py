@@ -111,14 +111,20 @@ class SquareCB(LinearPolicy):
         if head is not None:
             self.head = head if isinstance(head, HeadModel) else HeadModel.load(head)
             if arms is not None and tuple(sorted(int(a) for a in arms)) != tuple(sorted(self.head.arms)):
-                raise AdaptspecError(f"the head was trained for arms {list(self.head.arms)}, not {list(arms)}")
+                raise AdaptspecError(
+                    f"the head was trained for arms {list(self.head.arms)}, not {list(arms)}"
+                )
             for key in ("standardize", "prior_mean", "prior_precision", "dim"):
                 if key in kwargs:
                     raise AdaptspecError(f"{key} cannot be combined with head= (the head defines them)")
             mean, prec, s2 = head_prior(self.head, prior_n)
             self.fingerprint = head_fingerprint(self.head)
-            kwargs.update(feature_map=HeadFeatures(self.head), prior_mean=mean, prior_precision=prec,
-                          noise_prior=(s2, 100.0))
+            kwargs.update(
+                feature_map=HeadFeatures(self.head),
+                prior_mean=mean,
+                prior_precision=prec,
+                noise_prior=(s2, 100.0),
+            )
             arms = self.head.arms
         elif arms is None:
             raise AdaptspecError("SquareCB needs arms (or a head)")
@@ -148,6 +154,6 @@ class SquareCB(LinearPolicy):
     def _load_state(self, state: dict[str, Any]) -> None:
         if state.get("head") != self.fingerprint:
             raise AdaptspecError(
-                f"state was saved with head {state.get('head')!r}, this policy uses {self.fingerprint!r}")
+                f"state was saved with head {state.get('head')!r}, this policy uses {self.fingerprint!r}"
+            )
         super()._load_state(state)
-

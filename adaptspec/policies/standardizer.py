@@ -37,7 +37,9 @@ class Standardizer:
         if not (np.isfinite(self.mean).all() and np.isfinite(self.scale).all() and (self.scale > 0).all()):
             raise AdaptspecError("standardizer needs finite means and positive finite scales")
         self.reward_mean, self.reward_scale = float(self.reward_mean), float(self.reward_scale)
-        if not (math.isfinite(self.reward_mean) and math.isfinite(self.reward_scale) and self.reward_scale > 0):
+        if not (
+            math.isfinite(self.reward_mean) and math.isfinite(self.reward_scale) and self.reward_scale > 0
+        ):
             raise AdaptspecError("standardizer needs a finite reward mean and a positive reward scale")
         self._inv = 1.0 / self.scale
 
@@ -99,8 +101,13 @@ class Standardizer:
         return r * self.reward_scale + self.reward_mean
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "scale": self.scale, "reward_mean": self.reward_mean,
-                "reward_scale": self.reward_scale, "intercept": self.intercept}
+        return {
+            "mean": self.mean,
+            "scale": self.scale,
+            "reward_mean": self.reward_mean,
+            "reward_scale": self.reward_scale,
+            "intercept": self.intercept,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Standardizer":

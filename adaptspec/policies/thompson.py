@@ -94,7 +94,11 @@ class ThompsonSampling(ContextFreePolicy):
 
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation of every arm's mean reward."""
-        m0 = self.prior_mean if self.prior_mean != "auto" else (self.running[1] if self.running[0] > 0 else 0.0)
+        m0 = (
+            self.prior_mean
+            if self.prior_mean != "auto"
+            else (self.running[1] if self.running[0] > 0 else 0.0)
+        )
         n = self.stats.n + self.prior_count
         mean = (self.prior_count * m0 + self.stats.s) / n
         return mean, self.noise_std() / np.sqrt(n)

@@ -161,8 +161,16 @@ class UCB(ContextFreePolicy):
         self._rr = rr
 
 
-def ucb_throughput(arms: Sequence[int], seed: int | None = None, warmup_rounds: int = 8, c: float = 0.25,
-                   discount: float | None = None, window: int | None = None, epsilon: float = 0.0) -> UCB:
+def ucb_throughput(
+    arms: Sequence[int],
+    seed: int | None = None,
+    warmup_rounds: int = 8,
+    c: float = 0.25,
+    discount: float | None = None,
+    window: int | None = None,
+    epsilon: float = 0.0,
+) -> UCB:
     """Factory of the ``ucb-throughput`` spec: :meth:`UCB.throughput`."""
-    return UCB.throughput(arms, warmup_rounds=warmup_rounds, c=c, discount=discount, window=window,
-                          epsilon=epsilon, seed=seed)
+    return UCB.throughput(
+        arms, warmup_rounds=warmup_rounds, c=c, discount=discount, window=window, epsilon=epsilon, seed=seed
+    )

@@ -33,8 +33,14 @@ def check_variant_name(name: Any, where: str = "variant name") -> str:
     """``name`` if it is a variant name (:data:`VARIANT_NAME`, whole); otherwise one line naming ``where``."""
     if isinstance(name, str) and VARIANT_NAME.fullmatch(name):
         return name
-    shown = repr(name[:40]) + f"... ({len(name)} characters)" if isinstance(name, str) and len(name) > 40 else repr(name)
-    raise AdaptspecError(f"{where} {shown}: use 1-32 letters, digits or _.-, starting with a letter or a digit")
+    shown = (
+        repr(name[:40]) + f"... ({len(name)} characters)"
+        if isinstance(name, str) and len(name) > 40
+        else repr(name)
+    )
+    raise AdaptspecError(
+        f"{where} {shown}: use 1-32 letters, digits or _.-, starting with a letter or a digit"
+    )
 
 
 def named_specs(pieces: Iterable[str], flag: str, example: str) -> dict[str, str]:
@@ -67,7 +73,9 @@ def split_variants(text: str) -> list[str]:
         pieces: list[str] = []
         for part in chunk.split(","):
             name, eq, rest = part.partition("=")
-            starts_variant = bool(eq) and name.strip().isidentifier() and rest.split(":")[0].strip().lower() in REGISTRY
+            starts_variant = (
+                bool(eq) and name.strip().isidentifier() and rest.split(":")[0].strip().lower() in REGISTRY
+            )
             if pieces and not starts_variant:
                 pieces[-1] += "," + part
             else:

@@ -123,17 +123,18 @@ def serial_costs(profile: LatencyProfile, blocks: Sequence[int], contexts: Seque
     n = b.size
     if n == 0:
         return np.zeros(0)
-    widths = np.unique(b)                    # sorted distinct widths
+    widths = np.unique(b)  # sorted distinct widths
     steps = widths[widths > 1]
-    levels = [batch_round_s(profile, np.minimum(b, w), c) for w in (1, *steps)]   # C(1), C(w_1), ...
-    rises = np.diff(levels)                  # C(w_k) - C(w_{k-1}), >= 0 for a valid profile
+    levels = [batch_round_s(profile, np.minimum(b, w), c) for w in (1, *steps)]  # C(1), C(w_1), ...
+    rises = np.diff(levels)  # C(w_k) - C(w_{k-1}), >= 0 for a valid profile
     payers = np.array([(b >= w).sum() for w in steps])
-    per_row = np.concatenate([[0.0], np.cumsum(rises / payers)])   # what a row at w_k pays above C(1)/n
+    per_row = np.concatenate([[0.0], np.cumsum(rises / payers)])  # what a row at w_k pays above C(1)/n
     return levels[0] / n + per_row[np.searchsorted(np.concatenate([[1], steps]), b)]
 
 
-def by_serial_cost(round_s: float, blocks: Sequence[int], contexts: Sequence[float],
-                   profile: LatencyProfile) -> np.ndarray:
+def by_serial_cost(
+    round_s: float, blocks: Sequence[int], contexts: Sequence[float], profile: LatencyProfile
+) -> np.ndarray:
     """``round_s`` split by serial cost sharing on ``profile`` (see the module docstring), scaled
     to sum to ``round_s``."""
     shares = serial_costs(profile, blocks, contexts)
@@ -142,13 +143,20 @@ def by_serial_cost(round_s: float, blocks: Sequence[int], contexts: Sequence[flo
     return round_s * shares / shares.sum()
 
 
-def attribute(rule: str, round_s: float, blocks: Sequence[int], contexts: Sequence[float],
-              profile: LatencyProfile | None = None) -> np.ndarray:
+def attribute(
+    rule: str,
+    round_s: float,
+    blocks: Sequence[int],
+    contexts: Sequence[float],
+    profile: LatencyProfile | None = None,
+) -> np.ndarray:
     """Each row's share of ``round_s`` under ``rule`` (one of :data:`ATTRIBUTIONS`)."""
     if rule not in ATTRIBUTIONS:
         raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {rule!r}")
     if len(blocks) != len(contexts):
-        raise AdaptspecError(f"attribution needs a context per row: {len(blocks)} blocks, {len(contexts)} contexts")
+        raise AdaptspecError(
+            f"attribution needs a context per row: {len(blocks)} blocks, {len(contexts)} contexts"
+        )
     if len(blocks) and min(blocks) < 1:
         raise AdaptspecError(f"block sizes must be >= 1, got {list(blocks)}")
     if rule == "tokens" or profile is None:

@@ -79,8 +79,13 @@ class Counterfactuals:
         """Tokens per round at each arm (a lower bound where censored)."""
         return self.tokens / max(self.rounds, 1)
 
-    def rewards(self, reward: str, profile: LatencyProfile | None = None, context_tokens: int | None = None,
-                batch_size: int = 1) -> np.ndarray:
+    def rewards(
+        self,
+        reward: str,
+        profile: LatencyProfile | None = None,
+        context_tokens: int | None = None,
+        batch_size: int = 1,
+    ) -> np.ndarray:
         """Each arm's reward (K,) by the name :mod:`~adaptspec.reward.functions` gives it
         (``token_latency``, ``throughput``, ``tau``, or ``modelled`` with ``profile``); a lower
         bound where censored (every reward grows with the tokens a round commits)."""
@@ -93,8 +98,10 @@ class Counterfactuals:
             return self.mean_tau.copy()
         if profile is None:
             raise AdaptspecError("the modelled reward needs a latency profile")
-        return np.asarray(modelled_throughput(self.mean_tau, np.asarray(self.arms), profile, context_tokens,
-                                              batch_size), dtype=np.float64)
+        return np.asarray(
+            modelled_throughput(self.mean_tau, np.asarray(self.arms), profile, context_tokens, batch_size),
+            dtype=np.float64,
+        )
 
 
 def round_tokens(taus: np.ndarray, verified: np.ndarray, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -168,8 +175,9 @@ def counterfactuals(
     exact = (A == int(decided)) | (A == 1)
     if t.size == 0:  # nothing ran: no arm is known
         nan = np.full(len(A), np.nan)
-        return Counterfactuals(arm_t, int(decided), np.zeros(len(A)), 0, 0, nan, n_new,
-                               np.ones(len(A), dtype=bool), ~exact)
+        return Counterfactuals(
+            arm_t, int(decided), np.zeros(len(A)), 0, 0, nan, n_new, np.ones(len(A), dtype=bool), ~exact
+        )
     trees = A < 0
     ctx = context_tokens + 1 + np.concatenate([[0], np.cumsum(t)[:-1]])  # committed before each round
     if is_tree.any():  # the request ran trees: every arm from what they showed
@@ -203,7 +211,9 @@ def counterfactuals(
     return Counterfactuals(arm_t, int(decided), tokens, int(t.size), committed, secs, n_new, censored, approx)
 
 
-def tree_round_tokens(taus: np.ndarray, outcomes: Sequence[Any], arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tree_round_tokens(
+    taus: np.ndarray, outcomes: Sequence[Any], arms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """``(tokens (K,), censored (K,))`` over rounds that verified draft trees (``outcomes[r]``, a
     :class:`~adaptspec.speculator.TreeOutcomes`; None: a plain step, one token at every arm): a tree
     arm ``-M`` commits what the tree's first ``M`` nodes would have (exact up to the nodes the
@@ -236,14 +246,31 @@ def tree_round_tokens(taus: np.ndarray, outcomes: Sequence[Any], arms: np.ndarra
     return tokens, censored
 
 
-def from_outcome(outcome: Any, decided: int, arms: Sequence[int], context_tokens: int, profile: LatencyProfile,
-                 *, batch: int = 1, prefix_drafts: bool = False) -> Counterfactuals:
+def from_outcome(
+    outcome: Any,
+    decided: int,
+    arms: Sequence[int],
+    context_tokens: int,
+    profile: LatencyProfile,
+    *,
+    batch: int = 1,
+    prefix_drafts: bool = False,
+) -> Counterfactuals:
     """:func:`counterfactuals` of an :class:`~adaptspec.speculator.Outcome`: its rounds' taus, verified
     and drafted sizes, its measured decode time and new tokens."""
     rounds = outcome.rounds
     outcomes = [r.tree_outcomes for r in rounds]
-    return counterfactuals([r.tau for r in rounds], [r.block_size for r in rounds], arms=arms, decided=decided,
-                           context_tokens=context_tokens, profile=profile,
-                           drafted=[r.draft_size for r in rounds], decode_s=float(outcome.decode_s),
-                           new_tokens=outcome.new_tokens, batch=batch, prefix_drafts=prefix_drafts,
-                           tree_outcomes=outcomes if any(o is not None for o in outcomes) else None)
+    return counterfactuals(
+        [r.tau for r in rounds],
+        [r.block_size for r in rounds],
+        arms=arms,
+        decided=decided,
+        context_tokens=context_tokens,
+        profile=profile,
+        drafted=[r.draft_size for r in rounds],
+        decode_s=float(outcome.decode_s),
+        new_tokens=outcome.new_tokens,
+        batch=batch,
+        prefix_drafts=prefix_drafts,
+        tree_outcomes=outcomes if any(o is not None for o in outcomes) else None,
+    )

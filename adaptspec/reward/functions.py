@@ -48,11 +48,20 @@ REWARDS = ("throughput", "token_latency", "modelled", "tau")
 DEFAULT_REWARD = "token_latency"
 
 #: Units of each reward, for reports.
-REWARD_UNITS = {"throughput": "tok/s", "token_latency": "-ms/token", "modelled": "tok/s (modelled)", "tau": "tau"}
+REWARD_UNITS = {
+    "throughput": "tok/s",
+    "token_latency": "-ms/token",
+    "modelled": "tok/s (modelled)",
+    "tau": "tau",
+}
 
 #: What each reward is, in words, for reports.
-REWARD_NAMES = {"throughput": "measured throughput", "token_latency": "measured ms per token (negated)",
-                "modelled": "modelled throughput", "tau": "tau"}
+REWARD_NAMES = {
+    "throughput": "measured throughput",
+    "token_latency": "measured ms per token (negated)",
+    "modelled": "modelled throughput",
+    "tau": "tau",
+}
 
 #: The largest size of a reward anything learns from, read from a log or given by a caller:
 #: ``|reward| <= REWARD_LIMIT``. A reward is tokens per second (one request decodes at most some
@@ -87,8 +96,10 @@ def check_reward(value: Any, what: str = "reward") -> float:
     if not math.isfinite(r):
         raise AdaptspecError(f"{what} must be finite, got {value!r}")
     if abs(r) > REWARD_LIMIT:
-        raise AdaptspecError(f"{what} must be a number within +-{REWARD_LIMIT:g} (a reward is tokens/s, -ms/token "
-                             f"or tau), got {r:g}")
+        raise AdaptspecError(
+            f"{what} must be a number within +-{REWARD_LIMIT:g} (a reward is tokens/s, -ms/token "
+            f"or tau), got {r:g}"
+        )
     return r
 
 
@@ -148,8 +159,9 @@ def throughput(tokens: Any, seconds: Any) -> np.ndarray:
     return np.asarray(tokens, dtype=np.float64) / np.asarray(seconds, dtype=np.float64)
 
 
-def modelled_throughput(mean_tau: Any, block_size: Any, profile: LatencyProfile | str,
-                        context: Any = None, batch_size: Any = 1) -> np.ndarray:
+def modelled_throughput(
+    mean_tau: Any, block_size: Any, profile: LatencyProfile | str, context: Any = None, batch_size: Any = 1
+) -> np.ndarray:
     """Tokens per second if each round commits ``mean_tau`` tokens and costs one draft and one
     verify pass of ``block_size`` on ``profile`` (broadcasts over arrays). ``context`` defaults
     to the profile's reference context."""
@@ -157,8 +169,13 @@ def modelled_throughput(mean_tau: Any, block_size: Any, profile: LatencyProfile 
     return np.asarray(mean_tau, dtype=np.float64) / p.round_s(block_size, context, batch_size)
 
 
-def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
-                    context_tokens: int | None = None, batch_size: int = 1) -> Callable[[Outcome], float]:
+def reward_function(
+    name: str,
+    profile: LatencyProfile | str | None = None,
+    *,
+    context_tokens: int | None = None,
+    batch_size: int = 1,
+) -> Callable[[Outcome], float]:
     """``reward(outcome) -> float`` for the controller: one of :data:`REWARDS`.
 
     >>> from adaptspec.speculator import Outcome, Round
@@ -180,7 +197,9 @@ def reward_function(name: str, profile: LatencyProfile | str | None = None, *,
     def modelled(outcome: Outcome) -> float:
         tau = mean_tau(outcome)
         first = outcome.rounds[0]
-        arm = tree_arm(first.block_size - 1) if first.tree and first.block_size > 1 else first.block_size  # a tree: its cost
+        arm = (
+            tree_arm(first.block_size - 1) if first.tree and first.block_size > 1 else first.block_size
+        )  # a tree: its cost
         return float(modelled_throughput(tau, arm, p, context_tokens, batch_size))
 
     return modelled
@@ -215,8 +234,9 @@ def trace_context(traces: Any, profile: LatencyProfile) -> np.ndarray:
     return ctx
 
 
-def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None = None,
-                  batch_size: int = 1) -> np.ndarray:
+def trace_rewards(
+    traces: Any, reward: str, latency: LatencyProfile | str | None = None, batch_size: int = 1
+) -> np.ndarray:
     """``(n_requests, n_arms)`` reward matrix of a :class:`~adaptspec.traces.TraceSet`."""
     check_reward_name(reward)
     tau = traces.tau_matrix()
@@ -227,8 +247,10 @@ def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None
         new = traces.new_tokens_matrix()
         if secs is None or np.isnan(new).any():
             where = f" {traces.path}" if traces.path else ""
-            raise AdaptspecError(f"trace set{where} has no measured decode times or token counts: "
-                                 "use --reward modelled with --latency PROFILE, or --reward tau")
+            raise AdaptspecError(
+                f"trace set{where} has no measured decode times or token counts: "
+                "use --reward modelled with --latency PROFILE, or --reward tau"
+            )
         return throughput(new, secs) if reward == "throughput" else -1000.0 * secs / new
     if latency is None:
         raise AdaptspecError("--reward modelled needs --latency PROFILE")
@@ -236,8 +258,9 @@ def trace_rewards(traces: Any, reward: str, latency: LatencyProfile | str | None
     return modelled_throughput(tau, traces.arm_array[None, :], p, trace_context(traces, p), batch_size)
 
 
-def trace_costs(traces: Any, latency: LatencyProfile | str | None = None,
-                batch_size: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+def trace_costs(
+    traces: Any, latency: LatencyProfile | str | None = None, batch_size: int = 1
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Tokens and decode seconds per (request, arm), for aggregate throughput.
 
     With a latency profile the seconds are modelled (tokens / modelled throughput); without

@@ -41,7 +41,6 @@ from ..errors import AdaptspecError
 from ..speculator import drafted_positions, verified_positions
 
 
-
 def _num(x: Any) -> float:
     """A JSON number as a float (a string or a boolean is not one)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -150,9 +149,11 @@ class RowsCostCurve:
 
     def __call__(self, block_size: Any, context: Any = 0, batch: Any = 1) -> np.ndarray:
         """Seconds for blocks of ``block_size`` tokens over ``batch`` rows (broadcasts over arrays)."""
-        b, c, m = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (block_size, context, batch)))
+        b, c, m = np.broadcast_arrays(
+            *(np.asarray(x, dtype=np.float64) for x in (block_size, context, batch))
+        )
         rows = np.array([r for r, _ in self.curves], dtype=np.float64)
-        at = np.stack([curve(b, c, r) for r, curve in self.curves])        # each curve at its own rows
+        at = np.stack([curve(b, c, r) for r, curve in self.curves])  # each curve at its own rows
         lo = np.clip(np.searchsorted(rows, m, side="right") - 1, 0, max(rows.size - 2, 0))
         hi = np.minimum(lo + 1, rows.size - 1)
         span = np.maximum(rows[hi] - rows[lo], 1.0)
@@ -167,8 +168,10 @@ class RowsCostCurve:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RowsCostCurve":
         try:
-            items = sorted(((_row_count(k), CostCurve.from_dict(v)) for k, v in dict(d["rows"]).items()),
-                           key=lambda item: item[0])
+            items = sorted(
+                ((_row_count(k), CostCurve.from_dict(v)) for k, v in dict(d["rows"]).items()),
+                key=lambda item: item[0],
+            )
         except AdaptspecError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -220,7 +223,9 @@ def fit_curve(
     >>> fit_curve([1, 2, 4], [0.05, 0.04, 0.06])(np.array([1, 2, 4])).round(3)  # never decreases
     array([0.045, 0.045, 0.06 ])
     """
-    b, s, c, m = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (block_size, seconds, context, batch)))
+    b, s, c, m = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.float64) for x in (block_size, seconds, context, batch))
+    )
     b, s, c, m = (x.ravel() for x in (b, s, c, m))
     if b.size == 0:
         raise AdaptspecError("no measurements to fit a latency curve to")
@@ -261,14 +266,16 @@ def fit_curve(
 
     coef, _ = nnls(A / scale, target, maxiter=50 * A.shape[1])
     coef = coef / scale
-    slopes = coef[1:k.size]
+    slopes = coef[1 : k.size]
     values = coef[0] + np.concatenate([[0.0], np.cumsum(slopes * np.diff(k))])
     i = k.size
     ctx_s = coef[i] if fit_ctx else fixed_ctx
     i += int(fit_ctx)
     pair_s = coef[i] if fit_pair else fixed_pair
     tail = float(slopes[-1]) if slopes.size else 0.0
-    return CostCurve(tuple(float(x) for x in k), tuple(float(x) for x in values), tail, float(ctx_s), float(pair_s))
+    return CostCurve(
+        tuple(float(x) for x in k), tuple(float(x) for x in values), tail, float(ctx_s), float(pair_s)
+    )
 
 
 @dataclass(frozen=True)
@@ -293,8 +300,10 @@ class LatencyProfile:
         v = self.verify
         for curve in [c for _, c in v.curves] if isinstance(v, RowsCostCurve) else [v]:
             if not min(curve.values_s) > 0:
-                raise AdaptspecError(f"verify times must be > 0 s (a target pass takes time), got values_s "
-                                     f"{list(curve.values_s)}")
+                raise AdaptspecError(
+                    f"verify times must be > 0 s (a target pass takes time), got values_s "
+                    f"{list(curve.values_s)}"
+                )
         c = self.context_tokens
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= 10**8:
             raise AdaptspecError(f"context_tokens must be an integer in 0..{10**8}, got {c!r}")
@@ -309,7 +318,9 @@ class LatencyProfile:
     def verify_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
         """Seconds of one target pass over ``block_size`` tokens per sequence (a tree arm ``-N``:
         its ``N + 1`` positions)."""
-        return self.verify(verified_positions(np.asarray(block_size, dtype=np.float64)), self._ctx(context), batch)
+        return self.verify(
+            verified_positions(np.asarray(block_size, dtype=np.float64)), self._ctx(context), batch
+        )
 
     def round_s(self, block_size: Any, context: Any = None, batch: Any = 1) -> np.ndarray:
         """Seconds of one draft + verify round (of any arm: a block size or a tree arm)."""
@@ -416,7 +427,9 @@ def fit_profile(
             b = int(_field(r, "block_size"))
             d = float(_field(r, "draft_s"))
             v = float(_field(r, "verify_s"))
-            c = float(_field(r, "context_tokens", None) if _field(r, "context_tokens", None) is not None else ctx0)
+            c = float(
+                _field(r, "context_tokens", None) if _field(r, "context_tokens", None) is not None else ctx0
+            )
             m = int(_field(r, "batch_size", 1) or 1)
         except (TypeError, ValueError):
             raise AdaptspecError(f"round {i}: needs numeric block_size, draft_s and verify_s") from None
@@ -431,18 +444,23 @@ def fit_profile(
         # host can line up so): the fit says a pass over no context costs under 1% of the fastest pass
         # measured, where reading the weights alone costs more. Refit with the context cost left out
         # (0, or the one given): the verify times then stay > 0.
-        verify = fit_curve(a["b"], a["v"], a["c"], a["m"], per_context_s=per_context_s or 0.0,
-                           per_pair_s=per_pair_s or 0.0)
+        verify = fit_curve(
+            a["b"], a["v"], a["c"], a["m"], per_context_s=per_context_s or 0.0, per_pair_s=per_pair_s or 0.0
+        )
     spec = a["b"] > 1
     if spec.any():
         draft = fit_curve(a["b"][spec], a["d"][spec], a["c"][spec], a["m"][spec])
     else:
         draft = CostCurve(knots=(1.0,), values_s=(0.0,))
     ref = int(np.median(a["c"])) if context_tokens is None else ctx0
-    return LatencyProfile(name, draft, verify, context_tokens=ref, source=source or f"fitted to {len(rows)} rounds")
+    return LatencyProfile(
+        name, draft, verify, context_tokens=ref, source=source or f"fitted to {len(rows)} rounds"
+    )
 
 
-def fit_round_totals(rounds: Iterable[Mapping[str, Any]], name: str = "measured", *, source: str = "") -> LatencyProfile:
+def fit_round_totals(
+    rounds: Iterable[Mapping[str, Any]], name: str = "measured", *, source: str = ""
+) -> LatencyProfile:
     """Fit a profile to whole batched rounds: ``draft_s + verify_s`` of each round is modelled as
     ``verify(B, c, m) + [B > 1] draft(B, c, m)``, both curves fitted together by non-negative
     least squares, the draft curve with a cost per speculating row (``per_row_s``).
@@ -464,11 +482,19 @@ def fit_round_totals(rounds: Iterable[Mapping[str, Any]], name: str = "measured"
     if not rows:
         raise AdaptspecError("fit_round_totals needs at least one measured round")
     try:
-        b, m, c, t = (np.array([float(r[k]) if k != "total" else float(r["draft_s"]) + float(r["verify_s"]) for r in rows])
-                      for k in ("block_size", "batch_size", "context_tokens", "total"))
+        b, m, c, t = (
+            np.array(
+                [float(r[k]) if k != "total" else float(r["draft_s"]) + float(r["verify_s"]) for r in rows]
+            )
+            for k in ("block_size", "batch_size", "context_tokens", "total")
+        )
     except (KeyError, TypeError, ValueError) as e:
-        raise AdaptspecError(f"rounds need block_size, batch_size, context_tokens, draft_s, verify_s: {e!r}") from None
-    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(b >= 1) and np.all(m >= 1) and np.all(c >= 0)):
+        raise AdaptspecError(
+            f"rounds need block_size, batch_size, context_tokens, draft_s, verify_s: {e!r}"
+        ) from None
+    if not (
+        np.all(np.isfinite(t)) and np.all(t > 0) and np.all(b >= 1) and np.all(m >= 1) and np.all(c >= 0)
+    ):
         raise AdaptspecError("rounds out of range: block_size and batch_size >= 1, context >= 0, seconds > 0")
     n, spec = b * m, (b > 1).astype(np.float64)
 
@@ -490,18 +516,23 @@ def fit_round_totals(rounds: Iterable[Mapping[str, Any]], name: str = "measured"
 
     coef, _ = nnls(A / scale, t, maxiter=50 * A.shape[1])
     coef = coef / scale
-    cv, cd = coef[:len(vcols)], coef[len(vcols):]
+    cv, cd = coef[: len(vcols)], coef[len(vcols) :]
 
     def curve(cf: np.ndarray, knots: np.ndarray, extra: int) -> CostCurve:
-        slopes = cf[1:knots.size]
+        slopes = cf[1 : knots.size]
         values = cf[0] + np.concatenate([[0.0], np.cumsum(slopes * np.diff(knots))])
         tail = float(slopes[-1]) if slopes.size else 0.0
-        rest = [float(x) for x in cf[knots.size:knots.size + extra]]
+        rest = [float(x) for x in cf[knots.size : knots.size + extra]]
         return CostCurve(tuple(float(x) for x in knots), tuple(float(x) for x in values), tail, *rest)
 
     verify, draft = curve(cv, kv, 2), curve(cd, kd, 3)
-    return LatencyProfile(name, draft, verify, context_tokens=int(np.median(c)),
-                          source=source or f"fitted to {len(rows)} whole rounds")
+    return LatencyProfile(
+        name,
+        draft,
+        verify,
+        context_tokens=int(np.median(c)),
+        source=source or f"fitted to {len(rows)} whole rounds",
+    )
 
 
 # ---------------------------------------------------------------------------- named profiles
@@ -521,10 +552,19 @@ def _cpu_smollm2_bf16() -> LatencyProfile:
     ctx = 300
     per_ctx, per_pair = 2.3e-6, 2.0e-10
     b = np.array([1, 8, 16, 32])
-    verify = fit_curve(b, np.array([0.040, 0.045, 0.052, 0.067]), ctx, per_context_s=per_ctx, per_pair_s=per_pair)
-    draft = fit_curve(np.array([2, 8, 16]), np.array([0.008, 0.010, 0.016]), ctx,
-                      per_context_s=per_ctx / 15, per_pair_s=per_pair / 15)  # 2 layers, not 30
-    return LatencyProfile("cpu-smollm2-bf16", draft, verify, context_tokens=ctx, source=_cpu_smollm2_bf16.__doc__ or "")
+    verify = fit_curve(
+        b, np.array([0.040, 0.045, 0.052, 0.067]), ctx, per_context_s=per_ctx, per_pair_s=per_pair
+    )
+    draft = fit_curve(
+        np.array([2, 8, 16]),
+        np.array([0.008, 0.010, 0.016]),
+        ctx,
+        per_context_s=per_ctx / 15,
+        per_pair_s=per_pair / 15,
+    )  # 2 layers, not 30
+    return LatencyProfile(
+        "cpu-smollm2-bf16", draft, verify, context_tokens=ctx, source=_cpu_smollm2_bf16.__doc__ or ""
+    )
 
 
 def _h100_qwen3_8b() -> LatencyProfile:
@@ -547,11 +587,23 @@ def _h100_qwen3_8b() -> LatencyProfile:
     6.5 x 6.8 ms / (1.5 + 7.1 ms) = 5.1x over plain decoding; DFlash reports 5.15x at tau 6.53
     (Qwen3-4B, GSM8K, H200) and up to ~6x on Qwen3-8B.
     """
-    verify = CostCurve(knots=(1.0, 256.0), values_s=(6.8e-3, 6.8e-3 + 255 * 15e-6),
-                       tail_slope_s=28e-6, per_context_s=5.9e-8, per_pair_s=2.0e-12)
-    draft = CostCurve(knots=(1.0, 256.0), values_s=(1.45e-3, 1.45e-3 + 255 * 3e-6),
-                      tail_slope_s=5.3e-6, per_context_s=8.2e-9, per_pair_s=2.8e-13)
-    return LatencyProfile("h100-qwen3-8b", draft, verify, context_tokens=512, source=_h100_qwen3_8b.__doc__ or "")
+    verify = CostCurve(
+        knots=(1.0, 256.0),
+        values_s=(6.8e-3, 6.8e-3 + 255 * 15e-6),
+        tail_slope_s=28e-6,
+        per_context_s=5.9e-8,
+        per_pair_s=2.0e-12,
+    )
+    draft = CostCurve(
+        knots=(1.0, 256.0),
+        values_s=(1.45e-3, 1.45e-3 + 255 * 3e-6),
+        tail_slope_s=5.3e-6,
+        per_context_s=8.2e-9,
+        per_pair_s=2.8e-13,
+    )
+    return LatencyProfile(
+        "h100-qwen3-8b", draft, verify, context_tokens=512, source=_h100_qwen3_8b.__doc__ or ""
+    )
 
 
 #: name -> builder of the named profiles

@@ -51,7 +51,7 @@ class MachineSpeed:
         self.profile = get_profile(profile)
         self.half_life = float(half_life)
         self._decay = 0.5 ** (1.0 / self.half_life)
-        self._sum = 0.0     # discounted sum of log ratios
+        self._sum = 0.0  # discounted sum of log ratios
         self._weight = 0.0  # discounted count
 
     @property
@@ -88,8 +88,10 @@ class MachineSpeed:
             return reward / self.factor
         if reward_name == "throughput":
             return reward * self.factor
-        raise AdaptspecError(f"a machine-speed factor applies to measured rewards ({', '.join(MEASURED_REWARDS)}), "
-                             f"not {reward_name!r}")
+        raise AdaptspecError(
+            f"a machine-speed factor applies to measured rewards ({', '.join(MEASURED_REWARDS)}), "
+            f"not {reward_name!r}"
+        )
 
     def replay(self, reward_name: str) -> "LogCalibration":
         """A fresh factor of the same profile and half-life, to calibrate a decision log's rewards
@@ -102,8 +104,10 @@ class MachineSpeed:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if float(state.get("half_life", self.half_life)) != self.half_life:
-            raise AdaptspecError(f"checkpoint's machine-speed half-life {state.get('half_life')} differs from "
-                                 f"this controller's {self.half_life}")
+            raise AdaptspecError(
+                f"checkpoint's machine-speed half-life {state.get('half_life')} differs from "
+                f"this controller's {self.half_life}"
+            )
         self._sum, self._weight = float(state["sum"]), float(state["weight"])
 
 

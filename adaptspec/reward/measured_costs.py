@@ -48,7 +48,9 @@ from .latency import CostCurve, LatencyProfile, fit_curve
 class MeasuredCosts:
     """Draft and verify curves fitted to the rounds seen; ``prior`` until two block sizes have been timed."""
 
-    def __init__(self, prior: LatencyProfile, *, min_rounds: int = 16, window: int = 2048, refit_every: int = 256) -> None:
+    def __init__(
+        self, prior: LatencyProfile, *, min_rounds: int = 16, window: int = 2048, refit_every: int = 256
+    ) -> None:
         import scipy.optimize  # noqa: F401 - fit_curve's solver: loaded now, not on a request's feedback path
 
         self.prior = prior
@@ -125,8 +127,13 @@ class MeasuredCosts:
             if dsizes.size == 1:
                 scale = float(dmeans[0]) / max(float(self.prior.draft(float(dsizes[0]), ctx)), 1e-12)
             draft = _scaled(self.prior.draft, scale, ctx)
-        return LatencyProfile("measured" if dsizes.size >= 2 else f"measured (draft: {self.prior.name}'s shape)",
-                              draft, verify, context_tokens=ctx, source=f"{len(self._verify)} rounds timed alone")
+        return LatencyProfile(
+            "measured" if dsizes.size >= 2 else f"measured (draft: {self.prior.name}'s shape)",
+            draft,
+            verify,
+            context_tokens=ctx,
+            source=f"{len(self._verify)} rounds timed alone",
+        )
 
 
 def _extended(fit: CostCurve, sizes: np.ndarray) -> CostCurve:

@@ -64,10 +64,17 @@ class CounterfactualPricer:
     is approximate; ``batch_size``: the batch the profile's costs are taken at (a trace replay
     priced at the batch its reward matrix was modelled at; the controller's rounds: 1)."""
 
-    def __init__(self, reward: str, profile: LatencyProfile | MeasuredCosts, prefix_drafts: bool = False,
-                 batch_size: int = 1) -> None:
+    def __init__(
+        self,
+        reward: str,
+        profile: LatencyProfile | MeasuredCosts,
+        prefix_drafts: bool = False,
+        batch_size: int = 1,
+    ) -> None:
         if reward not in REWARDS:
-            raise AdaptspecError(f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}")
+            raise AdaptspecError(
+                f"counterfactual rewards need a named reward ({', '.join(REWARDS)}), got {reward!r}"
+            )
         self.reward = reward
         self.costs = profile if isinstance(profile, MeasuredCosts) else None
         self._profile = profile.prior if isinstance(profile, MeasuredCosts) else profile
@@ -79,8 +86,15 @@ class CounterfactualPricer:
         """The profile the next request is priced with."""
         return self._profile if self.costs is None else self.costs.profile()
 
-    def price(self, decision: Any, outcome: Any, reward: float, context_tokens: int | None,
-              last: bool = True, reward_context: float | None = None) -> FullFeedback | None:
+    def price(
+        self,
+        decision: Any,
+        outcome: Any,
+        reward: float,
+        context_tokens: int | None,
+        last: bool = True,
+        reward_context: float | None = None,
+    ) -> FullFeedback | None:
         """Every arm's outcome on the request ``decision`` decided, from ``outcome``'s rounds; the
         arm that ran gets ``reward`` (the one the bandit path learns from). ``context_tokens``: the
         context before its first round (None: the profile's reference context); ``last``: its
@@ -97,9 +111,18 @@ class CounterfactualPricer:
         arms = tuple(int(a) for a in decision.arms)
         ctx = int(profile.context_tokens if context_tokens is None else context_tokens)
         try:
-            cf = from_outcome(outcome, decision.block_size, arms, ctx, profile, batch=self.batch_size,
-                              prefix_drafts=self.prefix_drafts)
-            r = cf.rewards(self.reward, profile, reward_context, self.batch_size)  # modelled: as the reward function
+            cf = from_outcome(
+                outcome,
+                decision.block_size,
+                arms,
+                ctx,
+                profile,
+                batch=self.batch_size,
+                prefix_drafts=self.prefix_drafts,
+            )
+            r = cf.rewards(
+                self.reward, profile, reward_context, self.batch_size
+            )  # modelled: as the reward function
         except (AdaptspecError, ValueError, ZeroDivisionError) as e:
             log.info("decision %s: no counterfactual rewards: %s", decision.decision_id, e)
             return None
@@ -111,6 +134,8 @@ class CounterfactualPricer:
             return None
         censored = cf.censored[order].copy()
         end = outcome.rounds[-1]
-        if not last and end.tau == end.block_size:  # the request went on: a longer block could have gone on too
+        if (
+            not last and end.tau == end.block_size
+        ):  # the request went on: a longer block could have gone on too
             censored |= np.asarray(arms) > end.block_size
         return FullFeedback(arms, rewards, cf.tokens[order], censored, cf.approximate[order].copy())

@@ -49,7 +49,9 @@ class ConfidenceThreshold:
         if not 0.0 <= self.threshold <= 1.0:
             raise AdaptspecError(f"confidence threshold must be in [0, 1], got {self.threshold!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2:
-            raise AdaptspecError(f"a confidence schedule drafts at least 2 tokens, got block size {self.block_size!r}")
+            raise AdaptspecError(
+                f"a confidence schedule drafts at least 2 tokens, got block size {self.block_size!r}"
+            )
         if self.max_backoff < 1:
             raise AdaptspecError(f"max_backoff must be >= 1, got {self.max_backoff!r}")
 

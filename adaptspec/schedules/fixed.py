@@ -64,4 +64,6 @@ def as_schedule(block_size: "int | RoundSchedule | Callable[[int, Sequence[Round
         return block_size
     if callable(block_size):
         return BlockFunction(block_size)
-    raise AdaptspecError(f"a block size must be an int, a RoundSchedule or a function of the rounds, got {block_size!r}")
+    raise AdaptspecError(
+        f"a block size must be an int, a RoundSchedule or a function of the rounds, got {block_size!r}"
+    )

@@ -66,4 +66,6 @@ class AcceptanceHistory:
         """Start at ``block_size``; block size 1 is plain decoding throughout."""
         if block_size == 1:
             return FixedBlock(1)
-        return replace(self, block_size=int(block_size), max_block_size=max(self.max_block_size, int(block_size)))
+        return replace(
+            self, block_size=int(block_size), max_block_size=max(self.max_block_size, int(block_size))
+        )

@@ -38,7 +38,9 @@ def parse_schedule(spec: str, max_block_size: int = 16):
             if flags - {"nobackoff"}:
                 raise AdaptspecError(f"unknown round schedule {spec!r}: {_USAGE}")
             nums = [float(p) for p in parts if _is_number(p)]
-            return ConfidenceThreshold(*(nums[:1] or [0.4]), block_size=max_block_size, backoff="nobackoff" not in flags)
+            return ConfidenceThreshold(
+                *(nums[:1] or [0.4]), block_size=max_block_size, backoff="nobackoff" not in flags
+            )
         if name == "history" and not arg:
             return AcceptanceHistory(block_size=min(max_block_size, 4), max_block_size=max_block_size)
     except ValueError:

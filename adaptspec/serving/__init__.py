@@ -11,8 +11,15 @@ when an app is built.
 from .router import ABRouter
 from .service import CompletionRequest, CompletionService, RequestError, ServerLimits, runs_on_engine
 
-__all__ = ["ABRouter", "CompletionRequest", "CompletionService", "RequestError", "ServerLimits", "create_app",
-           "runs_on_engine"]
+__all__ = [
+    "ABRouter",
+    "CompletionRequest",
+    "CompletionService",
+    "RequestError",
+    "ServerLimits",
+    "create_app",
+    "runs_on_engine",
+]
 
 
 def __getattr__(name: str):

@@ -46,8 +46,16 @@ from typing import Any, AsyncIterator, Callable
 from .._util.numbers import finite
 from .bodies import ClientGone, read_body
 from .request import CompletionRequest, Output
-from .responses import (ChatChunks, ChunkFormat, CompletionChunks, chat_body, completion_body, error_body, models_body,
-                        server_fault)
+from .responses import (
+    ChatChunks,
+    ChunkFormat,
+    CompletionChunks,
+    chat_body,
+    completion_body,
+    error_body,
+    models_body,
+    server_fault,
+)
 from .service import CompletionService, RequestError
 from .streaming import complete, events
 
@@ -81,9 +89,12 @@ def create_app(service: CompletionService) -> Any:
             service.metrics.rejected_request(e.status)
         return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
 
-    async def answer(request: Request, parse: Parse,
-                     whole: Callable[[CompletionRequest, Any, Output], dict[str, Any]],
-                     chunks: Callable[[CompletionRequest], ChunkFormat]) -> Any:
+    async def answer(
+        request: Request,
+        parse: Parse,
+        whole: Callable[[CompletionRequest, Any, Output], dict[str, Any]],
+        chunks: Callable[[CompletionRequest], ChunkFormat],
+    ) -> Any:
         """One POST endpoint: read and check the body, then stream the answer or send it whole."""
         try:
             body = await read_body(request, service)  # 413, 408, or the client left mid-body
@@ -96,8 +107,11 @@ def create_app(service: CompletionService) -> Any:
         except RequestError as e:
             return error(e)
         if req.stream:
-            return StreamingResponse(events(service, req, chunks(req)), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                events(service, req, chunks(req)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         try:
             done = await complete(request, service, req)  # None: the client went away (cancelled)
         except RequestError as e:
@@ -110,13 +124,21 @@ def create_app(service: CompletionService) -> Any:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        return await answer(request, service.parse, lambda req, gen, out: completion_body(model, req, gen, out),
-                            lambda req: CompletionChunks(model, req))
+        return await answer(
+            request,
+            service.parse,
+            lambda req, gen, out: completion_body(model, req, gen, out),
+            lambda req: CompletionChunks(model, req),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        return await answer(request, service.parse_chat,
-                            lambda req, gen, out: chat_body(model, req, gen, out), lambda req: ChatChunks(model, req))
+        return await answer(
+            request,
+            service.parse_chat,
+            lambda req, gen, out: chat_body(model, req, gen, out),
+            lambda req: ChatChunks(model, req),
+        )
 
     @app.get("/v1/models")
     async def models() -> Any:

@@ -36,9 +36,12 @@ async def read_body(request: Any, service: Any) -> bytes:
         return await asyncio.wait_for(request.body(), timeout)
     except ClientDisconnect:
         client = request.client
-        log.info("a client%s disconnected before sending its whole request body",
-                 "" if client is None else f" ({client.host}:{client.port})")
+        log.info(
+            "a client%s disconnected before sending its whole request body",
+            "" if client is None else f" ({client.host}:{client.port})",
+        )
         raise ClientGone() from None
     except asyncio.TimeoutError:
-        raise RequestError(f"the request body did not arrive within {timeout:g} s", 408,
-                           headers={"Connection": "close"}) from None
+        raise RequestError(
+            f"the request body did not arrive within {timeout:g} s", 408, headers={"Connection": "close"}
+        ) from None

@@ -50,4 +50,3 @@ class Cancellation:
                 self._hooks.append(hook)
                 return
         hook()
-

@@ -48,15 +48,19 @@ class CharCodec:
         return "".join(chr(i) for i in ids if 32 <= i < 127 or i in (9, 10))
 
     #: a minimal chat template (the tiny model has no trained one); like many real ones it refuses some orders
-    chat_template = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
-                     "{{ raise_exception('a system message must come first') }}{% endif %}"
-                     "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+        "{{ raise_exception('a system message must come first') }}{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Ids of ``messages`` rendered with :attr:`chat_template`, ending with the assistant's turn."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, _ = render_jinja_template([messages], chat_template=self.chat_template, add_generation_prompt=True)
+        rendered, _ = render_jinja_template(
+            [messages], chat_template=self.chat_template, add_generation_prompt=True
+        )
         return self.encode(rendered[0])
 
 
@@ -71,8 +75,9 @@ class HFCodec:
 
     def encode(self, text: str) -> list[int]:
         if self.chat:
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                     add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
@@ -119,8 +124,8 @@ class TextStream:
 
     def _delta(self, text: str) -> str:
         if text.startswith(self.sent):
-            delta = text[len(self.sent):]
+            delta = text[len(self.sent) :]
         else:  # the tokenizer re-spelled earlier text (rare): send nothing new for it
-            delta = text[len(self.sent):] if len(text) > len(self.sent) else ""
+            delta = text[len(self.sent) :] if len(text) > len(self.sent) else ""
         self.sent = text if len(text) >= len(self.sent) else self.sent
         return delta

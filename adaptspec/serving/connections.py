@@ -50,8 +50,13 @@ class HalfCloseProtocol(H11Protocol):
 
     def _probe(self) -> None:
         cycle = self.cycle
-        if (cycle is None or cycle.response_started or cycle.response_complete or cycle.disconnected
-                or self.transport.is_closing()):
+        if (
+            cycle is None
+            or cycle.response_started
+            or cycle.response_complete
+            or cycle.disconnected
+            or self.transport.is_closing()
+        ):
             return
         try:
             data = self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))

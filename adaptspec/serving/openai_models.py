@@ -56,7 +56,9 @@ class GenerationOptions(_Checked):
             raise ValueError(f"stop has {len(stops)} sequences; at most {MAX_STOPS} are allowed")
         for s in stops:
             if not s or len(s) > MAX_STOP_CHARS:
-                raise ValueError(f"each stop sequence must have 1..{MAX_STOP_CHARS} characters, got {_short(s)}")
+                raise ValueError(
+                    f"each stop sequence must have 1..{MAX_STOP_CHARS} characters, got {_short(s)}"
+                )
         return tuple(stops)
 
 
@@ -81,7 +83,9 @@ class ChatMessage(_Checked):
         for i, part in enumerate(v):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text":
-                raise ValueError(f"content part {i} has type {_short(kind)}: this model takes text parts only")
+                raise ValueError(
+                    f"content part {i} has type {_short(kind)}: this model takes text parts only"
+                )
             if not isinstance(part.get("text"), str):
                 raise ValueError(f"content part {i} needs a string 'text', got {_short(part.get('text'))}")
             texts.append(part["text"])
@@ -100,11 +104,23 @@ class ChatMessage(_Checked):
 
 
 #: chat fields this server does not implement, with their neutral values
-_CHAT_UNSUPPORTED = {"n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
-                     "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-                     "response_format": (None, {"type": "text"}), "logit_bias": (None, {}), "audio": (None,),
-                     "modalities": (None, ["text"]), "prediction": (None,), "best_of": (None, 1), "echo": (None, False),
-                     "suffix": (None, "")}
+_CHAT_UNSUPPORTED = {
+    "n": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+}
 
 
 class _Unsupported(ValueError):
@@ -151,5 +167,7 @@ def _one_line(err: dict[str, Any]) -> RequestError:
     else:
         text = err["msg"][:1].lower() + err["msg"][1:]
         msg = f"{loc}: {text}, got {_short(err['input'])}"
-    param = getattr(err.get("ctx", {}).get("error"), "field", None) or (str(err["loc"][0]) if err["loc"] else None)
+    param = getattr(err.get("ctx", {}).get("error"), "field", None) or (
+        str(err["loc"][0]) if err["loc"] else None
+    )
     return RequestError(msg, param=param)

@@ -30,7 +30,9 @@ class CompletionRequest:
     user: str | None
     stop: tuple[str, ...] = ()
     include_usage: bool = False  # stream_options.include_usage
-    slot: "Reservation | None" = None  # the batched engine's place in its queue, held from the checks to the run
+    slot: "Reservation | None" = (
+        None  # the batched engine's place in its queue, held from the checks to the run
+    )
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     received: float = field(default_factory=time.perf_counter)
 

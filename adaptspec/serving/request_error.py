@@ -20,8 +20,9 @@ __all__ = ["RequestError", "body_too_large", "short"]
 class RequestError(AdaptspecError):
     """A request the server refuses: ``status`` (4xx) and a message naming what is wrong."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.param = param

@@ -38,8 +38,20 @@ from .request_error import RequestError
 if TYPE_CHECKING:
     from ..control.generation import Generation
 
-__all__ = ["ChatChunks", "ChunkFormat", "CompletionChunks", "chat_body", "completion_body", "error_body",
-           "finish_reason", "info", "models_body", "server_fault", "unavailable", "usage"]
+__all__ = [
+    "ChatChunks",
+    "ChunkFormat",
+    "CompletionChunks",
+    "chat_body",
+    "completion_body",
+    "error_body",
+    "finish_reason",
+    "info",
+    "models_body",
+    "server_fault",
+    "unavailable",
+    "usage",
+]
 
 log = logging.getLogger("adaptspec.serving")
 
@@ -50,7 +62,9 @@ def error_body(e: RequestError) -> dict[str, Any]:
     return {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.status}}
 
 
-def unavailable(reason: str, error: BaseException | None = None, request_id: str | None = None) -> RequestError:
+def unavailable(
+    reason: str, error: BaseException | None = None, request_id: str | None = None
+) -> RequestError:
     """The 503 of a request the server could not complete: ``reason`` in the server's own words;
     ``error`` (what failed, whose text may name a user's paths) is logged with its traceback and
     ``request_id``, and the reason says where to look."""
@@ -74,7 +88,11 @@ def finish_reason(decoded: str) -> str:
 
 def usage(req: CompletionRequest, output: Output) -> dict[str, int]:
     n = len(output.ids)
-    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n}
+    return {
+        "prompt_tokens": len(req.prompt_ids),
+        "completion_tokens": n,
+        "total_tokens": len(req.prompt_ids) + n,
+    }
 
 
 def info(req: CompletionRequest, gen: "Generation") -> dict[str, Any]:
@@ -100,8 +118,12 @@ def info(req: CompletionRequest, gen: "Generation") -> dict[str, Any]:
 
 def models_body(model_ids: list[str], created: float) -> dict[str, Any]:
     """``GET /v1/models``: the served model and, with several variants, ``MODEL:VARIANT`` for each."""
-    return {"object": "list", "data": [{"id": m, "object": "model", "created": int(created), "owned_by": "adaptspec"}
-                                       for m in model_ids]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": int(created), "owned_by": "adaptspec"} for m in model_ids
+        ],
+    }
 
 
 def completion_body(model: str, req: CompletionRequest, gen: "Generation", output: Output) -> dict[str, Any]:
@@ -111,8 +133,15 @@ def completion_body(model: str, req: CompletionRequest, gen: "Generation", outpu
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": output.text, "token_ids": output.ids,
-                     "logprobs": None, "finish_reason": output.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "text": output.text,
+                "token_ids": output.ids,
+                "logprobs": None,
+                "finish_reason": output.finish_reason,
+            }
+        ],
         "usage": usage(req, output),
         "adaptspec": info(req, gen),
     }
@@ -125,8 +154,14 @@ def chat_body(model: str, req: CompletionRequest, gen: "Generation", output: Out
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text},
-                     "logprobs": None, "finish_reason": output.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": output.text},
+                "logprobs": None,
+                "finish_reason": output.finish_reason,
+            }
+        ],
         "usage": usage(req, output),
         "adaptspec": info(req, gen),
     }
@@ -147,9 +182,15 @@ class CompletionChunks:
         self.model, self.req = model, req
 
     def _chunk(self, text: str, ids: list[int], finish: str | None = None) -> dict[str, Any]:
-        return {"id": f"cmpl-{self.req.request_id}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model,
-                "choices": [{"index": 0, "text": text, "token_ids": ids, "logprobs": None, "finish_reason": finish}]}
+        return {
+            "id": f"cmpl-{self.req.request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {"index": 0, "text": text, "token_ids": ids, "logprobs": None, "finish_reason": finish}
+            ],
+        }
 
     def piece(self, text: str, ids: list[int]) -> dict[str, Any]:
         return self._chunk(text, ids)
@@ -172,7 +213,9 @@ class ChatChunks:
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
-            "id": f"chatcmpl-{self.req.request_id}", "object": "chat.completion.chunk", "created": self.created,
+            "id": f"chatcmpl-{self.req.request_id}",
+            "object": "chat.completion.chunk",
+            "created": self.created,
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
@@ -188,7 +231,9 @@ class ChatChunks:
         return delta
 
     def piece(self, text: str, ids: list[int]) -> dict[str, Any] | None:
-        return self._chunk(self._delta(text)) if text else None  # ids whose text is held back: nothing to say yet
+        return (
+            self._chunk(self._delta(text)) if text else None
+        )  # ids whose text is held back: nothing to say yet
 
     def final(self, gen: "Generation", output: Output, tail: str) -> list[dict[str, Any]]:
         last = self._chunk(self._delta(tail), output.finish_reason)

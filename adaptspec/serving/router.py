@@ -35,7 +35,9 @@ class ABRouter:
     reachable only when a request asks for it by name.
     """
 
-    def __init__(self, weights: Mapping[str, float], specs: Mapping[str, str] | None = None, salt: str = "") -> None:
+    def __init__(
+        self, weights: Mapping[str, float], specs: Mapping[str, str] | None = None, salt: str = ""
+    ) -> None:
         if not weights:
             raise AdaptspecError("the A/B router needs at least one variant")
         names = tuple(weights)
@@ -69,11 +71,11 @@ class ABRouter:
     def position(self, key: str) -> float:
         """Where ``key`` falls in [0, 1): the first 8 bytes of SHA-256(salt + key)."""
         h = hashlib.sha256((self.salt + "\x00" + key).encode()).digest()
-        return int.from_bytes(h[:8], "big") / 2.0 ** 64
+        return int.from_bytes(h[:8], "big") / 2.0**64
 
     def assign(self, key: str | None = None) -> str:
         """The variant for ``key`` (random when None)."""
-        u = self.position(key) if key is not None else secrets.randbits(53) / 2.0 ** 53
+        u = self.position(key) if key is not None else secrets.randbits(53) / 2.0**53
         i = int(np.searchsorted(self._cum, u, side="right"))
         return self.variants[min(i, len(self.variants) - 1)]
 
@@ -84,10 +86,13 @@ class ABRouter:
         return variant
 
     def to_dict(self) -> dict[str, object]:
-        return {"variants": {n: {"weight": round(float(w), 6), "spec": self.specs.get(n)}
-                             for n, w in zip(self.variants, self.weights)}}
+        return {
+            "variants": {
+                n: {"weight": round(float(w), 6), "spec": self.specs.get(n)}
+                for n, w in zip(self.variants, self.weights)
+            }
+        }
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}={w:.3g}" for n, w in zip(self.variants, self.weights))
         return f"ABRouter({parts})"
-

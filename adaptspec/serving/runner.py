@@ -52,17 +52,26 @@ class Runner(Protocol):
         there is nothing to reserve; :meth:`run` uses it (``req.slot``) or gives it back."""
         ...
 
-    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: "Cancellation | None" = None) -> "Generation":
+    def run(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: "Cancellation | None" = None,
+    ) -> "Generation":
         """Decode ``req``; returns its generation once its decision and outcome are in the decision
         log. ``on_tokens(ids)`` gets the tokens as they are committed; ``stop_when()`` true ends it
         as ``"stop"``; ``cancel`` ends it when the client went away. Refusals are
         :class:`~adaptspec.serving.request_error.RequestError`."""
         ...
 
-    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-                        stop_when: Callable[[], bool] | None = None,
-                        cancel: "Cancellation | None" = None) -> "Generation":
+    async def run_async(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: "Cancellation | None" = None,
+    ) -> "Generation":
         """:meth:`run`, awaited on the server's event loop (the batched engine: no thread waits)."""
         ...
 

@@ -42,11 +42,24 @@ if TYPE_CHECKING:
     from .engine.batched import EngineSettings
     from .metrics import ServingMetrics
 
-__all__ = ["CompletionRequest", "CompletionService", "Output", "RequestError", "ServerLimits", "runs_on_engine"]
+__all__ = [
+    "CompletionRequest",
+    "CompletionService",
+    "Output",
+    "RequestError",
+    "ServerLimits",
+    "runs_on_engine",
+]
 
 #: fields of the OpenAI completions API that this server does not implement, with their neutral values
-_UNSUPPORTED = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "echo": (None, False),
-                "suffix": (None, ""), "logit_bias": (None, {})}
+_UNSUPPORTED = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+}
 
 
 #: what ``temperature`` may be besides 0: below the minimum, logits / T overflow
@@ -91,10 +104,18 @@ class ServerLimits:
 class CompletionService:
     """Controllers per variant, the router, the tokenizer and the limits; thread-safe."""
 
-    def __init__(self, controllers: Mapping[str, "AdaptiveController"], router: ABRouter, runner: Runner,
-                 codec: Codec | None = None, limits: ServerLimits | None = None, model_name: str = "adaptspec",
-                 metrics: "ServingMetrics | None" = None, log_dir: str | Path | None = None,
-                 host: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        controllers: Mapping[str, "AdaptiveController"],
+        router: ABRouter,
+        runner: Runner,
+        codec: Codec | None = None,
+        limits: ServerLimits | None = None,
+        model_name: str = "adaptspec",
+        metrics: "ServingMetrics | None" = None,
+        log_dir: str | Path | None = None,
+        host: Mapping[str, Any] | None = None,
+    ) -> None:
         missing = [v for v in router.variants if v not in controllers]
         if missing:
             raise AdaptspecError(f"no controller for variant {missing[0]!r}")
@@ -105,7 +126,9 @@ class CompletionService:
         self.model_name = model_name
         self.metrics = metrics
         self.log_dir = None if log_dir is None else Path(log_dir)
-        self.host = None if host is None else dict(host)  # what the host measurement chose (adaptspec.host), for /health
+        self.host = (
+            None if host is None else dict(host)
+        )  # what the host measurement chose (adaptspec.host), for /health
         self.started = time.time()
         self._admitting = True  # False once shutting down: new requests get 503
         self._drained = False  # every request held was answered 503 (drain): close waits for no decode
@@ -115,11 +138,23 @@ class CompletionService:
         self.runner = runner  # decodes the requests: a BatchedRunner (one engine) or a SequentialRunner
 
     @classmethod
-    def build(cls, speculator: "BlockSpeculator", variants: Mapping[str, str], split: str | None = None, *, codec: Codec | None = None,
-              log_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-              limits: ServerLimits | None = None, model_name: str = "adaptspec", metrics: bool = True,
-              engine: "EngineSettings | None" = None, stall_s: float = STALL_S,
-              host: Mapping[str, Any] | None = None, **controller_options: Any) -> "CompletionService":
+    def build(
+        cls,
+        speculator: "BlockSpeculator",
+        variants: Mapping[str, str],
+        split: str | None = None,
+        *,
+        codec: Codec | None = None,
+        log_dir: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None,
+        limits: ServerLimits | None = None,
+        model_name: str = "adaptspec",
+        metrics: bool = True,
+        engine: "EngineSettings | None" = None,
+        stall_s: float = STALL_S,
+        host: Mapping[str, Any] | None = None,
+        **controller_options: Any,
+    ) -> "CompletionService":
         """A service with one :class:`~adaptspec.AdaptiveController` per variant over one speculator.
 
         ``variants`` maps name -> policy spec; ``split`` is ``"50,50"`` (default: equal).
@@ -143,15 +178,25 @@ class CompletionService:
 
         batched = runs_on_engine(speculator)
         if batched and controller_options.get("redecide_every") is not None:
-            raise AdaptspecError("redecide_every is not available with the batched engine (each request decides "
-                                 "once, at join); it applies to a speculator of your own, served one request at a time")
+            raise AdaptspecError(
+                "redecide_every is not available with the batched engine (each request decides "
+                "once, at join); it applies to a speculator of your own, served one request at a time"
+            )
         if not batched and engine is not None:
-            raise AdaptspecError(f"engine settings apply to adaptspec's own target and drafter; a "
-                                 f"{type(speculator).__name__} is served one request at a time")
-        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+            raise AdaptspecError(
+                f"engine settings apply to adaptspec's own target and drafter; a "
+                f"{type(speculator).__name__} is served one request at a time"
+            )
+        if (
+            isinstance(stall_s, bool)
+            or not isinstance(stall_s, (int, float))
+            or not 0 < stall_s < float("inf")
+        ):
             raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
         if not batched:
-            speculator = HaltableSpeculator.around(speculator)  # a stop sequence ends decoding (serving.engine.halting)
+            speculator = HaltableSpeculator.around(
+                speculator
+            )  # a stop sequence ends decoding (serving.engine.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
         controllers: dict[str, AdaptiveController] = {}
         shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
@@ -160,11 +205,20 @@ class CompletionService:
                 if shared is not None:
                     controller_options["shared"] = shared(name)
                 controllers[name] = AdaptiveController(
-                    speculator, spec, variant=name, log_dir=log_dir,
+                    speculator,
+                    spec,
+                    variant=name,
+                    log_dir=log_dir,
                     checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name,
-                    **({"decide_on_caller": True} if batched else {}) | controller_options)  # the engine's thread decides
-            runner: Runner = (batched_runner(speculator, controllers, router.variants, log_dir, engine or EngineSettings(),
-                                             stall_s) if batched else SequentialRunner(controllers, stall_s))
+                    **({"decide_on_caller": True} if batched else {}) | controller_options,
+                )  # the engine's thread decides
+            runner: Runner = (
+                batched_runner(
+                    speculator, controllers, router.variants, log_dir, engine or EngineSettings(), stall_s
+                )
+                if batched
+                else SequentialRunner(controllers, stall_s)
+            )
         except BaseException:
             for c in controllers.values():
                 c.close()
@@ -195,13 +249,16 @@ class CompletionService:
         chat = validate(ChatRequest, data)
         encode_chat = getattr(self.codec, "encode_chat", None)
         if encode_chat is None:
-            raise RequestError("this model has no tokenizer with a chat template: use /v1/completions", param="messages")
+            raise RequestError(
+                "this model has no tokenizer with a chat template: use /v1/completions", param="messages"
+            )
         try:
             ids = encode_chat(chat.chat())
         except Exception as e:  # noqa: BLE001 - the template refusing these messages (raise_exception, types)
             why = " ".join(str(e).split()) or type(e).__name__
-            raise RequestError(f"messages cannot be rendered with this model's chat template: {why}",
-                               param="messages") from None
+            raise RequestError(
+                f"messages cannot be rendered with this model's chat template: {why}", param="messages"
+            ) from None
         if chat.max_completion_tokens is not None:
             data = {**data, "max_tokens": chat.max_completion_tokens}
         return self.request(data, ids, variant_header, options=chat)
@@ -223,35 +280,56 @@ class CompletionService:
             raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
         return data
 
-    def request(self, data: dict[str, Any], ids: list[int], variant_header: str | None = None,
-                options: GenerationOptions | None = None) -> CompletionRequest:
+    def request(
+        self,
+        data: dict[str, Any],
+        ids: list[int],
+        variant_header: str | None = None,
+        options: GenerationOptions | None = None,
+    ) -> CompletionRequest:
         """Check the fields both endpoints share around the prompt's ``ids``; ``options`` if already checked."""
         lim = self.limits
         opts = options if options is not None else validate(GenerationOptions, data)
         if opts.stop and self.codec is None:
             raise RequestError("stop sequences need a tokenizer: this model has none", param="stop")
         if len(ids) > lim.max_prompt_tokens:
-            raise RequestError(f"prompt has {len(ids)} tokens; this server accepts at most {lim.max_prompt_tokens}",
-                               param="prompt")
+            raise RequestError(
+                f"prompt has {len(ids)} tokens; this server accepts at most {lim.max_prompt_tokens}",
+                param="prompt",
+            )
         mt = data.get("max_tokens", lim.default_max_tokens)
         if mt is None:
             mt = lim.default_max_tokens
         if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
             raise RequestError(f"max_tokens must be a positive integer, got {_short(mt)}", param="max_tokens")
         if mt > lim.max_tokens:
-            raise RequestError(f"max_tokens={mt} exceeds this server's limit of {lim.max_tokens}", param="max_tokens")
+            raise RequestError(
+                f"max_tokens={mt} exceeds this server's limit of {lim.max_tokens}", param="max_tokens"
+            )
         if lim.max_context is not None and len(ids) + mt > lim.max_context:
-            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({mt}) exceeds the model's context of "
-                               f"{lim.max_context} tokens", param="max_tokens")
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({mt}) exceeds the model's context of "
+                f"{lim.max_context} tokens",
+                param="max_tokens",
+            )
         temp = data.get("temperature", 0.0)
         if temp is None:
             temp = 0.0
-        if (isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp)
-                or not (temp == 0 or MIN_TEMPERATURE <= temp <= MAX_TEMPERATURE)):
-            raise RequestError(f"temperature must be 0 (greedy) or a number in {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}, "
-                               f"got {_short(temp)}", param="temperature")
+        if (
+            isinstance(temp, bool)
+            or not isinstance(temp, (int, float))
+            or not math.isfinite(temp)
+            or not (temp == 0 or MIN_TEMPERATURE <= temp <= MAX_TEMPERATURE)
+        ):
+            raise RequestError(
+                f"temperature must be 0 (greedy) or a number in {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}, "
+                f"got {_short(temp)}",
+                param="temperature",
+            )
         seed = data.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+        ):
             raise RequestError(f"seed must be an integer in 0..{MAX_SEED}, got {_short(seed)}", param="seed")
         stream = data.get("stream", False)
         if not isinstance(stream, bool):
@@ -264,8 +342,10 @@ class CompletionService:
         variant = given if given is not None else named if named is not None else variant_header
         if variant is not None:
             if not isinstance(variant, str) or variant not in self.router.variants:
-                raise RequestError(f"unknown variant {_short(variant)}: this server has {', '.join(self.router.variants)}",
-                                   param="variant")
+                raise RequestError(
+                    f"unknown variant {_short(variant)}: this server has {', '.join(self.router.variants)}",
+                    param="variant",
+                )
         else:
             variant = self.router.assign(user)
         include_usage = opts.stream_options is not None and opts.stream_options.include_usage
@@ -273,7 +353,9 @@ class CompletionService:
             raise RequestError(SHUTTING_DOWN, 503)
         # the engine's queue: its place is taken now, the last check, so a stream refused is a 429 before its headers
         slot = self.runner.reserve()
-        return CompletionRequest(ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage, slot=slot)
+        return CompletionRequest(
+            ids, mt, float(temp), seed, stream, variant, user, opts.stop, include_usage, slot=slot
+        )
 
     def model_ids(self) -> list[str]:
         """The names ``model`` may take: the served model, and ``MODEL:VARIANT`` for each of several variants."""
@@ -285,11 +367,17 @@ class CompletionService:
         if model is None or model == self.model_name:
             return None
         if model not in self.model_ids():
-            raise RequestError(f"model {_short(model)} is not served here; GET /v1/models lists "
-                               f"{', '.join(self.model_ids())}", 404, param="model")
-        named = model[len(self.model_name) + 1:]
+            raise RequestError(
+                f"model {_short(model)} is not served here; GET /v1/models lists "
+                f"{', '.join(self.model_ids())}",
+                404,
+                param="model",
+            )
+        named = model[len(self.model_name) + 1 :]
         if variant is not None and variant != named:
-            raise RequestError(f"model {model!r} is variant {named!r} but variant is {_short(variant)}", param="variant")
+            raise RequestError(
+                f"model {model!r} is variant {named!r} but variant is {_short(variant)}", param="variant"
+            )
         return named
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
@@ -301,20 +389,28 @@ class CompletionService:
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             if self.codec is None:
-                raise RequestError("this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
+                raise RequestError(
+                    "this model has no tokenizer: send the prompt as a list of token ids", param="prompt"
+                )
             try:
                 ids = self.codec.encode(prompt)
             except Exception as e:  # noqa: BLE001 - a tokenizer refusing the text (lone surrogates, ...)
-                raise RequestError(f"prompt cannot be tokenized ({type(e).__name__})", param="prompt") from None
+                raise RequestError(
+                    f"prompt cannot be tokenized ({type(e).__name__})", param="prompt"
+                ) from None
         elif isinstance(prompt, list):
             bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
             if bad:
-                raise RequestError(f"prompt must be a string or a list of integer token ids, got a list holding "
-                                   f"{_short(bad[0], 30)}", param="prompt")
+                raise RequestError(
+                    f"prompt must be a string or a list of integer token ids, got a list holding "
+                    f"{_short(bad[0], 30)}",
+                    param="prompt",
+                )
             ids = list(prompt)
         else:
-            raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
-                               param="prompt")
+            raise RequestError(
+                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt"
+            )
         if not ids:
             raise RequestError("prompt is empty", param="prompt")
         v = self.limits.vocab_size if self.limits.vocab_size is not None else 2**31
@@ -323,8 +419,13 @@ class CompletionService:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary 0..{v - 1}", param="prompt")
         return ids
 
-    def run(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
+    def run(
+        self,
+        req: CompletionRequest,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """Decode a checked request on the runner; returns the Generation.
 
         ``on_tokens(ids)`` gets the tokens as they are committed; ``stop_when()``, asked after each
@@ -338,9 +439,13 @@ class CompletionService:
             self._failed(req, e)
             raise
 
-    async def run_async(self, req: CompletionRequest, on_tokens: Callable[[list[int]], None] | None = None,
-                        stop_when: Callable[[], bool] | None = None,
-                        cancel: Cancellation | None = None) -> "Generation":
+    async def run_async(
+        self,
+        req: CompletionRequest,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """:meth:`run`, awaited on the server's event loop."""
         try:
             return await self.runner.run_async(req, on_tokens, stop_when, cancel)
@@ -353,11 +458,23 @@ class CompletionService:
         if self.metrics is not None and not (isinstance(e, RequestError) and e.status == 429):
             self.metrics.failed(req.variant)
 
-    def observe(self, req: CompletionRequest, gen: "Generation", ttft_s: float | None, completion_tokens: int | None = None) -> None:
+    def observe(
+        self,
+        req: CompletionRequest,
+        gen: "Generation",
+        ttft_s: float | None,
+        completion_tokens: int | None = None,
+    ) -> None:
         """Record a completed request; ``completion_tokens``: what the client got (default: every token decoded)."""
         if self.metrics is not None:
-            self.metrics.observe(req.variant, gen, len(req.prompt_ids), time.perf_counter() - req.received, ttft_s,
-                                 completion_tokens)
+            self.metrics.observe(
+                req.variant,
+                gen,
+                len(req.prompt_ids),
+                time.perf_counter() - req.received,
+                ttft_s,
+                completion_tokens,
+            )
 
     # ------------------------------------------------------------------ answers (their bodies: serving.responses)
     def text(self, ids: list[int]) -> str:
@@ -374,30 +491,51 @@ class CompletionService:
         for name, w in zip(self.router.variants, self.router.weights):
             c = self.controllers[name]
             s = c.stats()
-            v = {"spec": self.router.specs.get(name), "weight": round(float(w), 6), "policy": s["policy"],
-                 "decisions": s["decisions"], "updates": s["updates"], "pending": s["pending"], "queued": s["queued"],
-                 "fallbacks": sum(s["fallbacks"].values()), "late_decisions": s["late_decisions"],
-                 "checkpoint_updates": s["checkpoint_updates"],
-                 "resumed": _hide_dirs(s["resumed"], c), "checkpoint_errors": s["checkpoint_errors"],
-                 "log_errors": s["log_errors"], "last_error": _hide_dirs(s["last_error"], c),
-                 "machine_speed": s["machine_speed"]}
+            v = {
+                "spec": self.router.specs.get(name),
+                "weight": round(float(w), 6),
+                "policy": s["policy"],
+                "decisions": s["decisions"],
+                "updates": s["updates"],
+                "pending": s["pending"],
+                "queued": s["queued"],
+                "fallbacks": sum(s["fallbacks"].values()),
+                "late_decisions": s["late_decisions"],
+                "checkpoint_updates": s["checkpoint_updates"],
+                "resumed": _hide_dirs(s["resumed"], c),
+                "checkpoint_errors": s["checkpoint_errors"],
+                "log_errors": s["log_errors"],
+                "last_error": _hide_dirs(s["last_error"], c),
+                "machine_speed": s["machine_speed"],
+            }
             if "shared" in s:
                 v["shared"] = s["shared"]
             if digest:
                 c.sync()
                 v["policy_digest"] = c.policy_digest()
             variants[name] = v
-        failing = any(v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
-                      for v in variants.values())
-        engine = self.runner.health  # the decoding thread's: the batched engine's, or a speculator of one's own
+        failing = any(
+            v["checkpoint_errors"] or v["log_errors"] or v.get("shared", {}).get("state", "ok") != "ok"
+            for v in variants.values()
+        )
+        engine = (
+            self.runner.health
+        )  # the decoding thread's: the batched engine's, or a speculator of one's own
         if engine["state"] in ("failed", "stalled"):
-            status = engine["state"]  # stopped for good, or stuck: every request gets a 503 (HTTP 503 here too)
+            status = engine[
+                "state"
+            ]  # stopped for good, or stuck: every request gets a 503 (HTTP 503 here too)
         elif self._closed or not self._admitting:
             status = "closing"
         else:
             status = "degraded" if failing or engine["state"] != "ok" else "ok"
-        report = {"status": status, "model": self.model_name, "uptime_s": round(time.time() - self.started, 3),
-                  "variants": variants, "engine": engine}
+        report = {
+            "status": status,
+            "model": self.model_name,
+            "uptime_s": round(time.time() - self.started, 3),
+            "variants": variants,
+            "engine": engine,
+        }
         if self.host is not None:
             report["host"] = self.host
         return report
@@ -433,7 +571,9 @@ class CompletionService:
         for part in DecisionLog(self.log_dir).parts():  # parts never change: read each once
             key = str(part)
             if key not in self._parts_cache:
-                self._parts_cache[key] = read_part(part).to_pylist()  # any fault: one AdaptspecError (a 503 below)
+                self._parts_cache[key] = read_part(
+                    part
+                ).to_pylist()  # any fault: one AdaptspecError (a 503 below)
             for r in self._parts_cache[key]:
                 seen.add(r["decision_id"])
                 rows.append(r)
@@ -470,7 +610,9 @@ class CompletionService:
         self.stop_admitting()
         self.runner.close(DRAINED_WAIT_S if self._drained else CLOSE_WAIT_S)
         for c in self.controllers.values():
-            c.close(timeout=0.0)  # the runner has ended, or what it still decodes was answered: not waited for
+            c.close(
+                timeout=0.0
+            )  # the runner has ended, or what it still decodes was answered: not waited for
 
 
 def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:
@@ -485,4 +627,3 @@ def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:
             for shown in sorted({str(d), str(d.absolute()), str(d.resolve())}, key=len, reverse=True):
                 value = value.replace(shown, d.name)
     return value
-

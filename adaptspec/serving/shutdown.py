@@ -49,8 +49,11 @@ class GracefulServer(uvicorn.Server):
     every one left with 503 (see the module docstring)."""
 
     def __init__(self, app: Any, service: CompletionService, grace_s: float, **options: Any) -> None:
-        if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not (
-                math.isfinite(grace_s) and grace_s >= 0):
+        if (
+            isinstance(grace_s, bool)
+            or not isinstance(grace_s, (int, float))
+            or not (math.isfinite(grace_s) and grace_s >= 0)
+        ):
             raise AdaptspecError(f"grace_s must be a number of seconds >= 0, got {grace_s!r}")
         self.service = service
         self.grace_s = float(grace_s)

@@ -86,7 +86,7 @@ class StopScanner:
     def _release(self, upto: int) -> str:
         if upto <= self.sent:
             return ""
-        out, self.sent = self.text[self.sent: upto], upto
+        out, self.sent = self.text[self.sent : upto], upto
         return out
 
 

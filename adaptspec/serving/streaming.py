@@ -44,8 +44,12 @@ class _Answer:
     """One request's answer as its tokens arrive: stop sequences watched, pieces handed on, the
     output cut at the first stop, metrics recorded at the end."""
 
-    def __init__(self, service: CompletionService, req: CompletionRequest,
-                 on_piece: Callable[[str, list[int]], None] | None) -> None:
+    def __init__(
+        self,
+        service: CompletionService,
+        req: CompletionRequest,
+        on_piece: Callable[[str, list[int]], None] | None,
+    ) -> None:
         self.service, self.req, self.on_piece = service, req, on_piece
         self.stream = StopStream(service.codec, req.stop)
         self.watch = bool(req.stop) or on_piece is not None  # else the text is decoded once, at the end
@@ -56,7 +60,9 @@ class _Answer:
             self.first = time.perf_counter()
         if not self.watch:
             return
-        text, kept = self.stream.push(ids)  # on the decoding thread, so a stop halts decoding right after this round
+        text, kept = self.stream.push(
+            ids
+        )  # on the decoding thread, so a stop halts decoding right after this round
         if self.on_piece is not None and (text or kept):
             self.on_piece(text, kept)
 
@@ -66,8 +72,11 @@ class _Answer:
     def output(self, gen: "Generation") -> tuple["Generation", Output]:
         if self.watch:
             self.stream.finish()
-            output = Output(self.stream.ids, self.stream.text,
-                            "stop" if self.stream.stopped else self.service.output(gen).finish_reason)
+            output = Output(
+                self.stream.ids,
+                self.stream.text,
+                "stop" if self.stream.stopped else self.service.output(gen).finish_reason,
+            )
         else:
             output = self.service.output(gen)
         # the client gets output.ids (usage.completion_tokens), not what was decoded past a stop sequence
@@ -76,9 +85,12 @@ class _Answer:
         return gen, output
 
 
-def generate(service: CompletionService, req: CompletionRequest,
-             on_piece: Callable[[str, list[int]], None] | None = None,
-             cancel: Cancellation | None = None) -> tuple["Generation", Output]:
+def generate(
+    service: CompletionService,
+    req: CompletionRequest,
+    on_piece: Callable[[str, list[int]], None] | None = None,
+    cancel: Cancellation | None = None,
+) -> tuple["Generation", Output]:
     """Run ``req`` on this thread; ``on_piece(text, ids)`` gets each piece that may be sent. Returns
     ``(generation, output)``.
 
@@ -92,9 +104,12 @@ def generate(service: CompletionService, req: CompletionRequest,
     return a.output(service.run(req, a.on_tokens, stop_when=a.stopped, cancel=cancel))
 
 
-async def answer(service: CompletionService, req: CompletionRequest,
-                 on_piece: Callable[[str, list[int]], None] | None = None,
-                 cancel: Cancellation | None = None) -> tuple["Generation", Output]:
+async def answer(
+    service: CompletionService,
+    req: CompletionRequest,
+    on_piece: Callable[[str, list[int]], None] | None = None,
+    cancel: Cancellation | None = None,
+) -> tuple["Generation", Output]:
     """:func:`generate`, awaited on the event loop: no thread waits for the engine."""
     a = _Answer(service, req, on_piece)
     return a.output(await service.run_async(req, a.on_tokens, stop_when=a.stopped, cancel=cancel))
@@ -144,7 +159,7 @@ async def events(service: CompletionService, req: CompletionRequest, fmt: ChunkF
             elif kind == "done":
                 ended = True
                 gen, output = value
-                for chunk in fmt.final(gen, output, output.text[len(sent):]):
+                for chunk in fmt.final(gen, output, output.text[len(sent) :]):
                     yield sse(chunk)
                 yield "data: [DONE]\n\n"
                 return
@@ -166,7 +181,9 @@ def gone(req: CompletionRequest, cancel: Cancellation) -> None:
     cancel.cancel()
 
 
-async def complete(request: Any, service: CompletionService, req: CompletionRequest) -> tuple["Generation", Output] | None:
+async def complete(
+    request: Any, service: CompletionService, req: CompletionRequest
+) -> tuple["Generation", Output] | None:
     """Run a plain (not streamed) request; ``None`` if its client went away first (the request is
     then cancelled, and whatever it raises is dropped: nobody is listening).
 

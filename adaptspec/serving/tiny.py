@@ -29,9 +29,18 @@ def tiny_model(seed: int = 0) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     codec = CharCodec()
-    cfg = LlamaConfig(vocab_size=codec.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_MAX_POSITIONS,
-                      eos_token_id=codec.eos, bos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=codec.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        eos_token_id=codec.eos,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg)
@@ -40,7 +49,9 @@ def tiny_model(seed: int = 0) -> Any:
     return model.eval()
 
 
-def tiny_speculator(seed: int = 0, max_block_size: int = TINY_MAX_BLOCK_SIZE, verification: str = "fast") -> tuple[Any, CharCodec]:
+def tiny_speculator(
+    seed: int = 0, max_block_size: int = TINY_MAX_BLOCK_SIZE, verification: str = "fast"
+) -> tuple[Any, CharCodec]:
     """``(SpeculativeDecoder, CharCodec)`` over :func:`tiny_model` and a fresh 1-layer drafter."""
     import torch
 
@@ -48,5 +59,7 @@ def tiny_speculator(seed: int = 0, max_block_size: int = TINY_MAX_BLOCK_SIZE, ve
 
     model = tiny_model(seed)
     with torch.random.fork_rng(devices=[]):
-        drafter = BlockDiffusionDrafter.for_target(model, num_layers=1, seed=seed + 1, max_block_size=max_block_size)
+        drafter = BlockDiffusionDrafter.for_target(
+            model, num_layers=1, seed=seed + 1, max_block_size=max_block_size
+        )
     return SpeculativeDecoder(TargetModel(model, verification=verification), drafter), CharCodec()

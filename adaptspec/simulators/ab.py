@@ -79,14 +79,28 @@ class ABSimulation:
         """The ``simulate --ab --json`` object (under ``"ab"``)."""
         a, b = self.names
         return {
-            "variants": {n: {"spec": self.specs[n], "true_value": rounded(self.true_value[n]),
-                             "feedback": (self.feedback or {}).get(n)} for n in self.names},
+            "variants": {
+                n: {
+                    "spec": self.specs[n],
+                    "true_value": rounded(self.true_value[n]),
+                    "feedback": (self.feedback or {}).get(n),
+                }
+                for n in self.names
+            },
             "better": self.better,
             "true_difference": rounded(self.true_value[a] - self.true_value[b]),
-            "reward": self.reward, "latency": self.latency, "order": self.order, "split": self.split,
-            "alpha": self.alpha, "tau_sd": self.tau_sd, "min_n": self.min_n,
-            "stopped": self.stopped, "runs": len(self.runs), "median_stop": self.median_stop,
-            "correct": self.correct, "wrong": self.wrong,
+            "reward": self.reward,
+            "latency": self.latency,
+            "order": self.order,
+            "split": self.split,
+            "alpha": self.alpha,
+            "tau_sd": self.tau_sd,
+            "min_n": self.min_n,
+            "stopped": self.stopped,
+            "runs": len(self.runs),
+            "median_stop": self.median_stop,
+            "correct": self.correct,
+            "wrong": self.wrong,
             "seeds": self.runs,
         }
 
@@ -94,24 +108,51 @@ class ABSimulation:
         """A plain-text summary for people: the setting, a table of the runs, the tally."""
         a, b = self.names
         fb = self.feedback or {}
-        lines = [f"A/B replay: {a} = {self.specs[a]}, {b} = {self.specs[b]}; reward {self.reward}, "
-                 f"split {self.split:.2f}, alpha {self.alpha}, order {self.order}"
-                 + (f"; feedback {a} {fb.get(a)}, {b} {fb.get(b)}" if fb else ""),
-                 "true value on the whole stream: " + ", ".join(f"{n} {sig(self.true_value[n])}" for n in self.names)
-                 + f" -> {self.better} is better"]
+        lines = [
+            f"A/B replay: {a} = {self.specs[a]}, {b} = {self.specs[b]}; reward {self.reward}, "
+            f"split {self.split:.2f}, alpha {self.alpha}, order {self.order}"
+            + (f"; feedback {a} {fb.get(a)}, {b} {fb.get(b)}" if fb else ""),
+            "true value on the whole stream: "
+            + ", ".join(f"{n} {sig(self.true_value[n])}" for n in self.names)
+            + f" -> {self.better} is better",
+        ]
         head = ["seed", "requests", "stopped at", "winner", "correct", "final p", f"mean {a}", f"mean {b}"]
-        rows = [[d["seed"], d["requests"], "-" if d["stopped_at"] is None else d["stopped_at"], d["winner"] or "-",
-                 "-" if d["correct"] is None else ("yes" if d["correct"] else "NO"), sig(d["p_value"]),
-                 sig(d["mean"][a]), sig(d["mean"][b])] for d in self.runs]
+        rows = [
+            [
+                d["seed"],
+                d["requests"],
+                "-" if d["stopped_at"] is None else d["stopped_at"],
+                d["winner"] or "-",
+                "-" if d["correct"] is None else ("yes" if d["correct"] else "NO"),
+                sig(d["p_value"]),
+                sig(d["mean"][a]),
+                sig(d["mean"][b]),
+            ]
+            for d in self.runs
+        ]
         lines.append(table(head, rows))
-        lines.append(f"stopped in {self.stopped}/{len(self.runs)} runs (median after {sig(self.median_stop)} "
-                     f"requests); picked the better policy {self.correct} times, the worse {self.wrong} times")
+        lines.append(
+            f"stopped in {self.stopped}/{len(self.runs)} runs (median after {sig(self.median_stop)} "
+            f"requests); picked the better policy {self.correct} times, the worse {self.wrong} times"
+        )
         return "\n".join(lines)
 
 
-def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", latency: Any = None,
-                batch_size: int = 1, seeds: Sequence[int] = (0,), order: str = "shuffled", n_steps: int | None = None,
-                split: float = 0.5, alpha: float = 0.05, tau_sd: float = 0.2, min_n: int = 10) -> ABSimulation:
+def simulate_ab(
+    traces: Any,
+    specs: Mapping[str, str],
+    *,
+    reward: str = "tau",
+    latency: Any = None,
+    batch_size: int = 1,
+    seeds: Sequence[int] = (0,),
+    order: str = "shuffled",
+    n_steps: int | None = None,
+    split: float = 0.5,
+    alpha: float = 0.05,
+    tau_sd: float = 0.2,
+    min_n: int = 10,
+) -> ABSimulation:
     """Replay an A/B test of two policy specs on a full-information trace set, once per seed.
 
     Each request of the stream (``stream_order``) goes to the first variant with probability
@@ -156,9 +197,27 @@ def simulate_ab(traces: Any, specs: Mapping[str, str], *, reward: str = "tau", l
         g = to_b.astype(np.int64)
         t = sequential_test(g, r, alpha=alpha, tau_sd=tau_sd, min_n=min_n)
         better_here = names[int(truth[names[1]][-1] > truth[names[0]][-1])]
-        runs.append({**t.to_json(names), "seed": int(seed), "requests": len(idx),
-                     "true_value": {n: rounded(truth[n][-1]) for n in names}, "better": better_here,
-                     "correct": None if t.winner is None else names[t.winner] == better_here,
-                     "naive_t_test_p": rounded(welch_p(r, g))})
-    return ABSimulation(dict(specs), {n: float(np.mean(v)) for n, v in truth.items()}, runs, reward,
-                        None if prof is None else prof.name, order, split, alpha, tau_sd, min_n, kinds)
+        runs.append(
+            {
+                **t.to_json(names),
+                "seed": int(seed),
+                "requests": len(idx),
+                "true_value": {n: rounded(truth[n][-1]) for n in names},
+                "better": better_here,
+                "correct": None if t.winner is None else names[t.winner] == better_here,
+                "naive_t_test_p": rounded(welch_p(r, g)),
+            }
+        )
+    return ABSimulation(
+        dict(specs),
+        {n: float(np.mean(v)) for n, v in truth.items()},
+        runs,
+        reward,
+        None if prof is None else prof.name,
+        order,
+        split,
+        alpha,
+        tau_sd,
+        min_n,
+        kinds,
+    )

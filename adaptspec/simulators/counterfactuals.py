@@ -118,9 +118,18 @@ class OnlineFeedback:
     def at(self, i: int, j: int) -> Shown | None:
         """Price the rounds of arm ``j`` on request ``i`` now (the pricer learns their costs)."""
         if self.pricer is None:
-            raise AdaptspecError("OnlineFeedback.at needs fresh() first: each replay prices with its own pricer")
+            raise AdaptspecError(
+                "OnlineFeedback.at needs fresh() first: each replay prices with its own pricer"
+            )
         k = len(self.arms)
-        d = Decision(self.arms[j], 1.0, np.eye(k)[j], self.arms, "replay", decision_id=f"{self.request_ids[i]}@{self.arms[j]}")
+        d = Decision(
+            self.arms[j],
+            1.0,
+            np.eye(k)[j],
+            self.arms,
+            "replay",
+            decision_id=f"{self.request_ids[i]}@{self.arms[j]}",
+        )
         fb = self.pricer.price(d, self.outcomes[i][j], float(self.rewards[i, j]), self.prompt_tokens[i])
         return None if fb is None else Shown(fb.rewards, fb.observed, fb.tokens, fb.approximate)
 
@@ -141,8 +150,11 @@ def per_round_taus(traces: Any) -> list[list[list[int]]]:
     col = {a: j for j, a in enumerate(traces.arms)}
     n, k = traces.n_requests, len(traces.arms)
     taus: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
-    for r, b, t in zip(out.column("request_id").to_pylist(), out.column("block_size").to_pylist(),
-                       out.column("tau").to_pylist()):
+    for r, b, t in zip(
+        out.column("request_id").to_pylist(),
+        out.column("block_size").to_pylist(),
+        out.column("tau").to_pylist(),
+    ):
         taus[rid[r]][col[int(b)]] = [int(x) for x in (t or [])]
     return taus
 
@@ -162,15 +174,25 @@ def per_round_times(traces: Any) -> list[list[list[tuple[float, float]]]]:
         return times
     rid = {r: i for i, r in enumerate(traces.request_ids.tolist())}
     col = {a: j for j, a in enumerate(traces.arms)}
-    for r, b, d, v in zip(out.column("request_id").to_pylist(), out.column("block_size").to_pylist(),
-                          out.column("draft_ms").to_pylist(), out.column("verify_ms").to_pylist()):
+    for r, b, d, v in zip(
+        out.column("request_id").to_pylist(),
+        out.column("block_size").to_pylist(),
+        out.column("draft_ms").to_pylist(),
+        out.column("verify_ms").to_pylist(),
+    ):
         if d is not None and v is not None and len(d) == len(v):
             times[rid[r]][col[int(b)]] = [(float(x) / 1000, float(y) / 1000) for x, y in zip(d, v)]
     return times
 
 
-def trace_outcome(taus: list[int], block_size: int, limit: int, decode_s: float, new_tokens: float,
-                  times: list[tuple[float, float]] | None = None) -> Outcome:
+def trace_outcome(
+    taus: list[int],
+    block_size: int,
+    limit: int,
+    decode_s: float,
+    new_tokens: float,
+    times: list[tuple[float, float]] | None = None,
+) -> Outcome:
     """The :class:`~adaptspec.speculator.Outcome` a decoder returned for one trace row: a round per
     tau, verifying ``block_size`` positions or, at the request's end, what is left of ``limit``
     (``max_new_tokens``; 0: no limit known) after the tokens before it (the prefill's included),
@@ -179,16 +201,28 @@ def trace_outcome(taus: list[int], block_size: int, limit: int, decode_s: float,
     its verified length allows (not an outcome a decoder can return)."""
     rounds, made = [], 1
     timed = times if times is not None and len(times) == len(taus) else [(0.0, 0.0)] * len(taus)
-    tree = block_size < 0  # a tree arm -N: rounds of N + 1 positions drafted at its depth (speculator.tree_arm)
+    tree = (
+        block_size < 0
+    )  # a tree arm -N: rounds of N + 1 positions drafted at its depth (speculator.tree_arm)
     for t, (d_s, v_s) in zip(taus, timed):
         most = drafted_positions(block_size) if tree else block_size
         v = min(most, limit - made) if limit else most
         if not 1 <= t <= v:
-            raise AdaptspecError(f"block size {arm_label(block_size)}: a round commits {t} tokens where "
-                                 f"max_new_tokens={limit} leaves {v}")
+            raise AdaptspecError(
+                f"block size {arm_label(block_size)}: a round commits {t} tokens where "
+                f"max_new_tokens={limit} leaves {v}"
+            )
         if tree:  # what the tree showed of other arms is not in a trace set: only this arm is known
-            rounds.append(Round(verified_positions(block_size) if v > 1 else 1, int(t), d_s, v_s,
-                                drafted=v if v > 1 else 0, tree=v > 1))
+            rounds.append(
+                Round(
+                    verified_positions(block_size) if v > 1 else 1,
+                    int(t),
+                    d_s,
+                    v_s,
+                    drafted=v if v > 1 else 0,
+                    tree=v > 1,
+                )
+            )
         else:
             rounds.append(Round(v, int(t), d_s, v_s))
         made += int(t)
@@ -207,16 +241,25 @@ def trace_outcomes(traces: Any, max_new_tokens: int | None = None) -> list[list[
         row = []
         for j, b in enumerate(traces.arms):
             try:
-                row.append(trace_outcome(taus[i][j], int(b), limit, np.nan if dec is None else dec[i, j], new[i, j],
-                                         times[i][j]))
+                row.append(
+                    trace_outcome(
+                        taus[i][j],
+                        int(b),
+                        limit,
+                        np.nan if dec is None else dec[i, j],
+                        new[i, j],
+                        times[i][j],
+                    )
+                )
             except AdaptspecError as e:
                 raise AdaptspecError(f"request {rid[i]!r}, {e}") from None
         out.append(row)
     return out
 
 
-def replay_feedback(traces: Any, R: np.ndarray, reward: str, latency: LatencyProfile | str | None = None,
-                    batch_size: int = 1) -> Feedback | OnlineFeedback | None:
+def replay_feedback(
+    traces: Any, R: np.ndarray, reward: str, latency: LatencyProfile | str | None = None, batch_size: int = 1
+) -> Feedback | OnlineFeedback | None:
     """The counterfactual feedback a replay gives full-feedback policies, priced as a controller set
     up alike prices it: on ``latency`` when given (``AdaptiveController(latency=...)``; a
     :class:`Feedback`), else on the costs measured from the rounds as they are served (the
@@ -228,13 +271,25 @@ def replay_feedback(traces: Any, R: np.ndarray, reward: str, latency: LatencyPro
     if reward == "modelled":
         raise AdaptspecError("the modelled reward needs a latency profile")
     pt = traces.prompt_tokens
-    return OnlineFeedback(trace_outcomes(traces), np.asarray(R, dtype=np.float64), reward,
-                          tuple(int(a) for a in traces.arms), tuple(None if np.isnan(x) else int(x) for x in pt),
-                          tuple(traces.request_ids.tolist()), int(batch_size))
+    return OnlineFeedback(
+        trace_outcomes(traces),
+        np.asarray(R, dtype=np.float64),
+        reward,
+        tuple(int(a) for a in traces.arms),
+        tuple(None if np.isnan(x) else int(x) for x in pt),
+        tuple(traces.request_ids.tolist()),
+        int(batch_size),
+    )
 
 
-def trace_feedback(traces: Any, R: np.ndarray, reward: str, profile: LatencyProfile | str | None = None,
-                   batch_size: int = 1, max_new_tokens: int | None = None) -> Feedback:
+def trace_feedback(
+    traces: Any,
+    R: np.ndarray,
+    reward: str,
+    profile: LatencyProfile | str | None = None,
+    batch_size: int = 1,
+    max_new_tokens: int | None = None,
+) -> Feedback:
     """Counterfactual feedback of every (request, arm that ran) of ``traces`` for reward matrix
     ``R`` (n, K) of reward ``reward``, priced by the controller's pricer on ``profile`` (see
     :func:`feedback_profile`) at ``batch_size``; a round's verified length is its arm, cut to what
@@ -256,8 +311,13 @@ def trace_feedback(traces: Any, R: np.ndarray, reward: str, profile: LatencyProf
         prompt = None if np.isnan(pt[i]) else int(pt[i])
         for j, b in enumerate(arms):
             decision = Decision(b, 1.0, np.eye(k)[j], arms, "replay", decision_id=f"{rid[i]}@{b}")
-            fb = pricer.price(decision, outcomes[i][j], float(R[i, j]), prompt,
-                              reward_context=None if ctx is None else float(ctx[i, j]))
+            fb = pricer.price(
+                decision,
+                outcomes[i][j],
+                float(R[i, j]),
+                prompt,
+                reward_context=None if ctx is None else float(ctx[i, j]),
+            )
             if fb is None:  # learnt from as a bandit: the arm that ran alone
                 rew[i, j, j], obs[i, j, j] = R[i, j], True
                 continue

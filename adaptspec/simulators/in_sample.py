@@ -56,18 +56,24 @@ def _warning(label: str, head: HeadModel, key: str, traces: Any) -> str | None:
         k = int(np.isin(traces.request_ids.astype(str), np.asarray(ids, dtype=str)).sum())
         if not k:
             return None
-        return (f"{label}: its head was trained on {k} of these {n} requests (its training metadata): their "
-                "scores are in-sample, not what unseen prompts would get")
+        return (
+            f"{label}: its head was trained on {k} of these {n} requests (its training metadata): their "
+            "scores are in-sample, not what unseen prompts would get"
+        )
     shipped = _shipped_home(key)
     trained = head.info.get("n_train", 0) + head.info.get("n_val", 0)
     if shipped is not None:
         if traces.path is None or Path(traces.path).resolve() != shipped.resolve():
             return None
-        return (f"{label}: the shipped head was trained on requests of this trace set ({trained} of its {n}; it "
-                "records no ids): its scores here are in-sample, not what unseen prompts would get")
+        return (
+            f"{label}: the shipped head was trained on requests of this trace set ({trained} of its {n}; it "
+            "records no ids): its scores here are in-sample, not what unseen prompts would get"
+        )
     where = head.info.get("traces")
-    return (f"{label}: its head records no training request ids (trained on {where or 'an unnamed trace set'}, "
-            f"{trained} requests): if these {n} requests were among them, its scores are in-sample")
+    return (
+        f"{label}: its head records no training request ids (trained on {where or 'an unnamed trace set'}, "
+        f"{trained} requests): if these {n} requests were among them, its scores are in-sample"
+    )
 
 
 def _shipped_home(key: str) -> Path | None:

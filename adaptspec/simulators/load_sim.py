@@ -101,16 +101,37 @@ class LoadRun:
 
     def summary(self) -> dict[str, Any]:
         q = lambda a, p: float(np.percentile(a, p)) if len(a) else float("nan")  # noqa: E731
-        return {"rule": self.rule, "tokens_per_s": self.tokens_per_s, "tokens": self.tokens,
-                "duration_s": self.duration_s, "rounds": self.rounds, "requests": len(self.latency_s),
-                "p50_s": q(self.latency_s, 50), "p95_s": q(self.latency_s, 95), "ttft_p50_s": q(self.ttft_s, 50),
-                "mean_rows": self.mean_rows, "block_sizes": dict(sorted(self.block_sizes.items()))}
+        return {
+            "rule": self.rule,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens": self.tokens,
+            "duration_s": self.duration_s,
+            "rounds": self.rounds,
+            "requests": len(self.latency_s),
+            "p50_s": q(self.latency_s, 50),
+            "p95_s": q(self.latency_s, 95),
+            "ttft_p50_s": q(self.ttft_s, 50),
+            "mean_rows": self.mean_rows,
+            "block_sizes": dict(sorted(self.block_sizes.items())),
+        }
 
 
-def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *, clients: int | None = None,
-             rate: float | None = None, day: Sequence[tuple[float, int]] | None = None, requests: int = 200,
-             max_rows: int = 64, max_new_tokens: int = 128, attribution: str = "marginal", prefill: bool = True,
-             seed: int = 0, model: LatencyProfile | None = None) -> LoadRun:
+def simulate(
+    rule: Any,
+    pool: Sequence[DenseRequest],
+    profile: LatencyProfile,
+    *,
+    clients: int | None = None,
+    rate: float | None = None,
+    day: Sequence[tuple[float, int]] | None = None,
+    requests: int = 200,
+    max_rows: int = 64,
+    max_new_tokens: int = 128,
+    attribution: str = "marginal",
+    prefill: bool = True,
+    seed: int = 0,
+    model: LatencyProfile | None = None,
+) -> LoadRun:
     """Serve ``requests`` requests drawn in order from ``pool`` (cycling) under one arrival
     process (exactly one of ``clients``, ``rate``, ``day``), choosing block sizes with ``rule``.
 
@@ -177,8 +198,16 @@ def simulate(rule: Any, pool: Sequence[DenseRequest], profile: LatencyProfile, *
             else:
                 still.append(row)
         active = still
-    return LoadRun(getattr(rule, "name", type(rule).__name__), tokens, t, rounds, np.asarray(latency),
-                   np.asarray(ttft), rows_time / t if t > 0 else 0.0, blocks_seen)
+    return LoadRun(
+        getattr(rule, "name", type(rule).__name__),
+        tokens,
+        t,
+        rounds,
+        np.asarray(latency),
+        np.asarray(ttft),
+        rows_time / t if t > 0 else 0.0,
+        blocks_seen,
+    )
 
 
 def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:
@@ -194,13 +223,22 @@ def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:
     """
     if not (per_token > 0 and math.isfinite(per_token)):
         raise AdaptspecError(f"per-token cost factor must be > 0, got {per_token!r}")
+
     def scaled(v: CostCurve) -> CostCurve:
         base = v.values_s[0]
-        return replace(v, values_s=tuple(base + per_token * (x - base) for x in v.values_s),
-                       tail_slope_s=per_token * v.tail_slope_s, per_pair_s=per_token * v.per_pair_s)
+        return replace(
+            v,
+            values_s=tuple(base + per_token * (x - base) for x in v.values_s),
+            tail_slope_s=per_token * v.tail_slope_s,
+            per_pair_s=per_token * v.per_pair_s,
+        )
 
     v = profile.verify
-    verify = RowsCostCurve(tuple((r, scaled(c)) for r, c in v.curves)) if isinstance(v, RowsCostCurve) else scaled(v)
+    verify = (
+        RowsCostCurve(tuple((r, scaled(c)) for r, c in v.curves))
+        if isinstance(v, RowsCostCurve)
+        else scaled(v)
+    )
     return replace(profile, name=f"{profile.name} (verify x{per_token:g} per token)", verify=verify)
 
 

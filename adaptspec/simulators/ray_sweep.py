@@ -12,8 +12,14 @@ from typing import Any, Sequence
 from .._util.ray import connect, get
 
 
-def replay_jobs(job, ctx: dict, jobs: Sequence[tuple[Any, int, Any]], address: str | None = "local",
-                progress: Any = None, steps: int = 0) -> list:
+def replay_jobs(
+    job,
+    ctx: dict,
+    jobs: Sequence[tuple[Any, int, Any]],
+    address: str | None = "local",
+    progress: Any = None,
+    steps: int = 0,
+) -> list:
     """``[job(ctx, spec, seed, idx) for spec, seed, idx in jobs]``, as Ray tasks (``job``: :func:`~adaptspec.simulators.replay.replay_job`)."""
     ray, _ = connect(address)
     task = ray.remote(num_cpus=1)(job)
@@ -26,5 +32,3 @@ def replay_jobs(job, ctx: dict, jobs: Sequence[tuple[Any, int, Any]], address: s
         if progress is not None:
             progress.update(steps)
     return get(ray, refs)
-
-

@@ -63,7 +63,9 @@ _CHUNK = 65536
 
 
 # ============================================================================ request streams
-def stream_order(traces: TraceSet, order: str = "logged", seed: int = 0, n_steps: int | None = None) -> np.ndarray:
+def stream_order(
+    traces: TraceSet, order: str = "logged", seed: int = 0, n_steps: int | None = None
+) -> np.ndarray:
     """Request indices in the order they are replayed (``n_steps`` of them, default one pass).
 
     - ``logged``: stored order, repeated if ``n_steps`` exceeds the trace set;
@@ -134,8 +136,14 @@ def feedback_of(policy: Policy, feedback: Any = None) -> str:
     return "full" if policy.full_feedback and feedback is not None else "bandit"
 
 
-def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: np.ndarray | None = None,
-               progress: Any = None, feedback: Any = None) -> np.ndarray:
+def run_policy(
+    policy: Policy,
+    rewards: np.ndarray,
+    idx: np.ndarray,
+    contexts: np.ndarray | None = None,
+    progress: Any = None,
+    feedback: Any = None,
+) -> np.ndarray:
     """Arm index chosen at each step of the stream ``idx`` over the reward matrix ``rewards``.
 
     Learning policies get ``update`` with the chosen arm's reward after every decision; a
@@ -159,16 +167,18 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
             raise AdaptspecError(f"{policy.label}: full-information policies must not learn")
         out = np.empty(T, dtype=np.int64)
         for s in range(0, T, _CHUNK):
-            j = idx[s:s + _CHUNK]
-            out[s:s + len(j)] = policy.decide_batch(None if X is None else X[j], len(j), rewards=rewards[j])[0]
+            j = idx[s : s + _CHUNK]
+            out[s : s + len(j)] = policy.decide_batch(
+                None if X is None else X[j], len(j), rewards=rewards[j]
+            )[0]
             if progress is not None:
                 progress.update(len(j))
         return out
     if kind == "none":
         out = np.empty(T, dtype=np.int64)
         for s in range(0, T, _CHUNK):
-            j = idx[s:s + _CHUNK]
-            out[s:s + len(j)] = policy.decide_batch(None if X is None else X[j], len(j))[0]
+            j = idx[s : s + _CHUNK]
+            out[s : s + len(j)] = policy.decide_batch(None if X is None else X[j], len(j))[0]
             if progress is not None:
                 progress.update(len(j))
         return out
@@ -177,8 +187,9 @@ def run_policy(policy: Policy, rewards: np.ndarray, idx: np.ndarray, contexts: n
     return _learning_loop(policy, rewards, idx, X, progress)
 
 
-def _full_feedback_loop(policy: Policy, rewards: np.ndarray, feedback: Any, idx: np.ndarray,
-                        X: np.ndarray | None, progress: Any) -> np.ndarray:
+def _full_feedback_loop(
+    policy: Policy, rewards: np.ndarray, feedback: Any, idx: np.ndarray, X: np.ndarray | None, progress: Any
+) -> np.ndarray:
     """Decide, then learn every arm the chosen arm's rounds show (``update_full``), or the chosen
     arm alone (``update``) where its rounds were not priced; a fresh pricer per replay."""
     out = np.empty(len(idx), dtype=np.int64)
@@ -198,8 +209,9 @@ def _full_feedback_loop(policy: Policy, rewards: np.ndarray, feedback: Any, idx:
     return out
 
 
-def _learning_loop(policy: Policy, rewards: np.ndarray, idx: np.ndarray, X: np.ndarray | None,
-                   progress: Any) -> np.ndarray:
+def _learning_loop(
+    policy: Policy, rewards: np.ndarray, idx: np.ndarray, X: np.ndarray | None, progress: Any
+) -> np.ndarray:
     T = len(idx)
     out = np.empty(T, dtype=np.int64)
     R = rewards.tolist()
@@ -261,7 +273,9 @@ class PolicyResult:
             d[m] = rounded(x)
         if curve:
             d["cumulative_regret_curve"] = [rounded(x) for x in self.curve.mean(axis=0)]
-        d["ci95"] = {m: (None if (c := self.ci(m)) is None else [rounded(c[0]), rounded(c[1])]) for m in METRICS}
+        d["ci95"] = {
+            m: (None if (c := self.ci(m)) is None else [rounded(c[0]), rounded(c[1])]) for m in METRICS
+        }
         return d
 
 
@@ -312,23 +326,45 @@ class ReplayReport:
     def table(self) -> str:
         """A plain-text table for people."""
         unit = REWARD_UNITS[self.reward]
-        head = ["policy", "feedback", f"reward ({unit})", "mean tau", "tok/s", "% oracle", "% best fixed", "regret"]
+        head = [
+            "policy",
+            "feedback",
+            f"reward ({unit})",
+            "mean tau",
+            "tok/s",
+            "% oracle",
+            "% best fixed",
+            "regret",
+        ]
         rows = []
         for p in [*self.policies, self.best_fixed, self.oracle]:
             name = p.name + (" (best fixed)" if p is self.best_fixed else "")
             ci = p.ci("mean_reward")
             rew = _fmt(p.mean("mean_reward")) + ("" if ci is None else f" ± {_fmt((ci[1] - ci[0]) / 2)}")
             tp = p.mean("throughput")
-            rows.append([name, p.feedback, rew, f"{p.mean('mean_tau'):.2f}", "-" if not math.isfinite(tp) else f"{tp:.1f}",
-                         f"{p.mean('pct_oracle'):.1f}", f"{p.mean('pct_best_fixed'):.1f}",
-                         _fmt(p.mean("cumulative_regret"))])
+            rows.append(
+                [
+                    name,
+                    p.feedback,
+                    rew,
+                    f"{p.mean('mean_tau'):.2f}",
+                    "-" if not math.isfinite(tp) else f"{tp:.1f}",
+                    f"{p.mean('pct_oracle'):.1f}",
+                    f"{p.mean('pct_best_fixed'):.1f}",
+                    _fmt(p.mean("cumulative_regret")),
+                ]
+            )
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        line = lambda r: "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
         seeds = f"{len(self.seeds)} seed{'s' if len(self.seeds) > 1 else ''}"
-        title = (f"{self.traces or 'trace set'}: {self.n_steps} steps over {self.extras.get('requests', '?')} requests, "
-                 f"arms {list(self.arms)}, "
-                 f"reward {self.reward}{'' if self.latency is None else ' @ ' + self.latency}, "
-                 f"order {self.order}, {seeds}" + ("" if len(self.seeds) < 2 else " (± is the 95% CI)"))
+        title = (
+            f"{self.traces or 'trace set'}: {self.n_steps} steps over {self.extras.get('requests', '?')} requests, "
+            f"arms {list(self.arms)}, "
+            f"reward {self.reward}{'' if self.latency is None else ' @ ' + self.latency}, "
+            f"order {self.order}, {seeds}" + ("" if len(self.seeds) < 2 else " (± is the 95% CI)")
+        )
         out = [title, line(head), line(["-" * w for w in widths])]
         out += [line(r) for r in rows]
         for kind in dict.fromkeys(p.feedback for p in [*self.policies, self.best_fixed, self.oracle]):
@@ -361,8 +397,16 @@ def replay_job(ctx: dict, spec: Any, seed: int, idx: np.ndarray, progress: Any =
     return name, m, c, a.astype(np.int16), feedback_of(pol, ctx["feedback"])
 
 
-def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, best: np.ndarray,
-             fixed: int, costs: tuple[np.ndarray, np.ndarray] | None, steps: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+def _metrics(
+    a: np.ndarray,
+    idx: np.ndarray,
+    R: np.ndarray,
+    tau: np.ndarray,
+    best: np.ndarray,
+    fixed: int,
+    costs: tuple[np.ndarray, np.ndarray] | None,
+    steps: np.ndarray,
+) -> tuple[dict[str, float], np.ndarray]:
     r = R[idx, a]
     opt = best[idx]
     fx = R[idx, fixed]
@@ -370,7 +414,9 @@ def _metrics(a: np.ndarray, idx: np.ndarray, R: np.ndarray, tau: np.ndarray, bes
     m = {
         "mean_reward": float(r.mean()),
         "mean_tau": float(tau[idx, a].mean()),
-        "throughput": float("nan") if costs is None else float(costs[0][idx, a].sum() / costs[1][idx, a].sum()),
+        "throughput": float("nan")
+        if costs is None
+        else float(costs[0][idx, a].sum() / costs[1][idx, a].sum()),
         "pct_oracle": float(pct_of(r.sum(), opt.sum())),
         "pct_best_fixed": float(pct_of(r.sum(), fx.sum())),
         "cumulative_regret": float(regret[-1]),
@@ -384,8 +430,10 @@ def finite_rewards(traces: TraceSet, reward: str, profile: Any = None, batch_siz
     R = traces.reward_matrix(reward, profile, batch_size)
     if not np.all(np.isfinite(R)):
         bad = np.argwhere(~np.isfinite(R))[0]
-        raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
-                             f"block size {traces.arms[bad[1]]}")
+        raise AdaptspecError(
+            f"reward {reward} is not finite for request {traces.request_ids[bad[0]]!r}, "
+            f"block size {traces.arms[bad[1]]}"
+        )
     return R
 
 
@@ -457,13 +505,29 @@ def replay(
     fb = None
     if not isinstance(feedback, str) or any(feedback_of(p, True) == "full" for p in probes):
         fb = _feedback(feedback, traces, R, reward, prof, batch_size)
-    ctx = {"R": R, "tau": tau, "best": best, "fixed": fixed, "costs": costs, "steps": steps, "X": X, "arms": arms,
-           "feedback": fb}
+    ctx = {
+        "R": R,
+        "tau": tau,
+        "best": best,
+        "fixed": fixed,
+        "costs": costs,
+        "steps": steps,
+        "X": X,
+        "arms": arms,
+        "feedback": fb,
+    }
     orders = [stream_order(traces, order, seed, T) for seed in seeds]
     jobs = [(spec, seed, idx) for seed, idx in zip(seeds, orders) for spec in policies]
     total = T * len(jobs)
-    bar = tqdm(total=total, desc="replay", unit="step", unit_scale=True, leave=False,
-               disable=(not progress) if progress is not None else None, delay=1.0)
+    bar = tqdm(
+        total=total,
+        desc="replay",
+        unit="step",
+        unit_scale=True,
+        leave=False,
+        disable=(not progress) if progress is not None else None,
+        delay=1.0,
+    )
     try:
         for k, idx in enumerate(orders):
             for key, ref in refs.items():
@@ -504,15 +568,27 @@ def replay(
         if seen[n] > 1:
             names[i] = f"{n}#{seen[n]}"
 
-    def result(name: str, v: dict[str, list[float]], c: list[np.ndarray], ch: np.ndarray, kind: str,
-               b: int | None = None) -> PolicyResult:
+    def result(
+        name: str,
+        v: dict[str, list[float]],
+        c: list[np.ndarray],
+        ch: np.ndarray,
+        kind: str,
+        b: int | None = None,
+    ) -> PolicyResult:
         return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b, kind)
 
     return ReplayReport(
         policies=[result(n, v, c, ch, kd) for n, v, c, ch, kd in zip(names, vals, curves, chosen, kinds)],
         oracle=result("oracle", ref_vals["oracle"], ref_curves["oracle"], ref_chosen["oracle"], "oracle"),
-        best_fixed=result(f"fixed:{arms[fixed]}", ref_vals["fixed"], ref_curves["fixed"], ref_chosen["fixed"], "none",
-                          arms[fixed]),
+        best_fixed=result(
+            f"fixed:{arms[fixed]}",
+            ref_vals["fixed"],
+            ref_curves["fixed"],
+            ref_chosen["fixed"],
+            "none",
+            arms[fixed],
+        ),
         reward=reward,
         order=order,
         seeds=seeds,
@@ -575,8 +651,16 @@ def replay_log(
     kind = feedback_of(pol, fb)
     fb = None if fb is None else fb.fresh()
     shown: list[Any] = []
-    for t, i in enumerate(tqdm(idx.tolist(), desc=f"log {name}", unit="step", leave=False, delay=1.0,
-                               disable=(not progress) if progress is not None else None)):
+    for t, i in enumerate(
+        tqdm(
+            idx.tolist(),
+            desc=f"log {name}",
+            unit="step",
+            leave=False,
+            delay=1.0,
+            disable=(not progress) if progress is not None else None,
+        )
+    ):
         x = None if X is None else X[i].astype(np.float64)
         ctx = x if pol.contextual else None
         d = pol.decide(ctx)
@@ -594,7 +678,9 @@ def replay_log(
     dec = traces.decode_s_matrix()
     cols = {
         "decision_id": pa.array([f"{name}/{seed}/{t}" for t in range(T)]),
-        "time": pa.array(((start_time + np.arange(T)) * 1e6).astype(np.int64)).cast(pa.timestamp("us", tz="UTC")),
+        "time": pa.array(((start_time + np.arange(T)) * 1e6).astype(np.int64)).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
         "request_id": pa.array(traces.request_ids[idx].tolist(), pa.string()),
         "policy": pa.array([name] * T),
         "version": pa.array(version),
@@ -605,26 +691,34 @@ def replay_log(
         "arms": pa.FixedSizeListArray.from_arrays(pa.array(np.tile(arms, T)), K).cast(pa.list_(pa.int64())),
         "reward": pa.array(R[idx, chosen]),
         "new_tokens": pa.array(new, pa.float64(), mask=np.isnan(new)).cast(pa.int64()),
-        "decode_ms": pa.array(np.zeros(T) if dec is None else 1000 * dec[idx, chosen], mask=None if dec is not None else np.ones(T, bool)),
+        "decode_ms": pa.array(
+            np.zeros(T) if dec is None else 1000 * dec[idx, chosen],
+            mask=None if dec is not None else np.ones(T, bool),
+        ),
         "mean_tau": pa.array(traces.tau_matrix()[idx, chosen]),
         "rounds": pa.array(rounds, pa.float64(), mask=np.isnan(rounds)).cast(pa.int64()),
     }
     if X is not None:
         f = X[idx].astype(np.float32)
-        cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(pa.list_(pa.float32()))
+        cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(
+            pa.list_(pa.float32())
+        )
     if fb is not None:
         cols.update(_cf_columns(shown, K))
     return pa.table(cols)
 
 
-def _feedback(feedback: Any, traces: TraceSet, R: np.ndarray, reward: str, prof: LatencyProfile | None,
-              batch_size: int) -> Any:
+def _feedback(
+    feedback: Any, traces: TraceSet, R: np.ndarray, reward: str, prof: LatencyProfile | None, batch_size: int
+) -> Any:
     """The counterfactual feedback ``feedback`` asks for (a mode of :data:`FEEDBACK_MODES`, or
     feedback already made for this trace set and reward), or None (the chosen arm only)."""
     if not isinstance(feedback, str):
         if feedback.rewards.shape[:2] != R.shape:
-            raise AdaptspecError(f"feedback of shape {feedback.rewards.shape[:2]} does not fit this trace set's "
-                                 f"{R.shape} rewards")
+            raise AdaptspecError(
+                f"feedback of shape {feedback.rewards.shape[:2]} does not fit this trace set's "
+                f"{R.shape} rewards"
+            )
         return feedback
     if feedback not in FEEDBACK_MODES:
         raise AdaptspecError(f"unknown feedback {feedback!r}: choose one of {', '.join(FEEDBACK_MODES)}")
@@ -645,5 +739,9 @@ def _cf_columns(shown: list[Any], k: int) -> dict[str, Any]:
         flat = pa.array((~values if flip else values).ravel(), kind)
         return pa.ListArray.from_arrays(pa.array(np.arange(T + 1) * k, pa.int32()), flat, mask=pa.array(mask))
 
-    return {"cf_rewards": lists(0, pa.float64()), "cf_tokens": lists(2, pa.float64()),
-            "cf_censored": lists(1, pa.bool_(), flip=True), "cf_approximate": lists(3, pa.bool_())}
+    return {
+        "cf_rewards": lists(0, pa.float64()),
+        "cf_tokens": lists(2, pa.float64()),
+        "cf_censored": lists(1, pa.bool_(), flip=True),
+        "cf_approximate": lists(3, pa.bool_()),
+    }

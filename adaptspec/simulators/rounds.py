@@ -40,15 +40,19 @@ from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile, get_profile
 
 
-def schedule_time_s(request: DenseRequest, schedule: Any, max_new_tokens: int, profile: LatencyProfile,
-                    batch: int = 1) -> float:
+def schedule_time_s(
+    request: DenseRequest, schedule: Any, max_new_tokens: int, profile: LatencyProfile, batch: int = 1
+) -> float:
     """Seconds a schedule (block size, :class:`~adaptspec.speculator.RoundSchedule`) spends on
     one request's decode, on ``profile``."""
-    return float(sum(r.draft_s + r.verify_s for r in replay_rounds(request, schedule, max_new_tokens, profile, batch)))
+    return float(
+        sum(r.draft_s + r.verify_s for r in replay_rounds(request, schedule, max_new_tokens, profile, batch))
+    )
 
 
-def per_round_oracle_s(request: DenseRequest, max_new_tokens: int, profile: LatencyProfile, batch: int = 1,
-                       prefix: bool = True) -> float:
+def per_round_oracle_s(
+    request: DenseRequest, max_new_tokens: int, profile: LatencyProfile, batch: int = 1, prefix: bool = True
+) -> float:
     """The least decode time of any per-round schedule on this request: a dynamic programme
     over committed-token counts ``m``. From ``m`` a round is a plain step, or drafts a block of
     ``b`` and verifies ``v`` of it; knowing the acceptance ``a(m, b)`` the best ``v`` is
@@ -66,7 +70,9 @@ def per_round_oracle_s(request: DenseRequest, max_new_tokens: int, profile: Late
             if j == 0:
                 continue  # a plain step is cheaper
             v = j + 1 if prefix else b
-            options.append(float(profile.draft_s(b, ctx, batch) + profile.verify_s(v, ctx, batch)) + best[m + j + 1])
+            options.append(
+                float(profile.draft_s(b, ctx, batch) + profile.verify_s(v, ctx, batch)) + best[m + j + 1]
+            )
         best[m] = min(options)
     return float(best[1])
 
@@ -104,7 +110,9 @@ class RoundsReport:
         """One row per schedule: speed-up overall and per domain."""
         names = list(names or self.seconds)
         doms = self.domain_names()
-        return [{"schedule": k, "all": self.speedup(k), **{d: self.speedup(k, d) for d in doms}} for k in names]
+        return [
+            {"schedule": k, "all": self.speedup(k), **{d: self.speedup(k, d) for d in doms}} for k in names
+        ]
 
     def _rows(self, domain: str | None) -> np.ndarray:
         if domain is None:
@@ -148,12 +156,20 @@ def evaluate_rounds(
     secs = {k: np.zeros(len(items)) for k in names + ["per-request oracle", "per-round oracle"]}
     for i, (rid, _, req) in enumerate(items):
         for b in [1, *fixed]:
-            secs["plain" if b == 1 else f"fixed:{b}"][i] = schedule_time_s(req, b, max_new_tokens, profile, batch)
+            secs["plain" if b == 1 else f"fixed:{b}"][i] = schedule_time_s(
+                req, b, max_new_tokens, profile, batch
+            )
         for k, s in schedules.items():
             secs[k][i] = schedule_time_s(req, s, max_new_tokens, profile, batch)
         for k, fn in (choose or {}).items():
             secs[k][i] = schedule_time_s(req, fn(rid, req), max_new_tokens, profile, batch)
         secs["per-request oracle"][i] = min(secs[k][i] for k in ["plain", *[f"fixed:{b}" for b in fixed]])
         secs["per-round oracle"][i] = per_round_oracle_s(req, max_new_tokens, profile, batch)
-    return RoundsReport(profile.name, batch, [r for r, _, _ in items], [d for _, d, _ in items],
-                        np.asarray([len(r.tokens) for _, _, r in items]), secs)
+    return RoundsReport(
+        profile.name,
+        batch,
+        [r for r, _, _ in items],
+        [d for _, d, _ in items],
+        np.asarray([len(r.tokens) for _, _, r in items]),
+        secs,
+    )

@@ -47,8 +47,8 @@ class Domain:
 
     name: str
     weight: float
-    accept: float           # acceptance probability of the first drafted token (median request)
-    decay: float            # logit drop per further draft position
+    accept: float  # acceptance probability of the first drafted token (median request)
+    decay: float  # logit drop per further draft position
     new_tokens: tuple[int, int] = (64, 160)
     prompt_tokens: tuple[int, int] = (40, 400)
 
@@ -63,11 +63,11 @@ class Scenario:
     arms: tuple[int, ...] = ARMS
     train_block: int = 16
     overshoot: float = 0.15
-    skill_sd: float = 0.6       # per-request logit shift (what contextual policies can learn)
-    round_sd: float = 0.5       # per-round logit noise
-    timing_sd: float = 0.05     # per-pass multiplicative timing noise
+    skill_sd: float = 0.6  # per-request logit shift (what contextual policies can learn)
+    round_sd: float = 0.5  # per-round logit noise
+    timing_sd: float = 0.05  # per-pass multiplicative timing noise
     request_timing_sd: float = 0.03
-    overhead_ms: float = 0.3    # host time per round outside the draft and verify passes
+    overhead_ms: float = 0.3  # host time per round outside the draft and verify passes
     dim: int = 32
     cluster_scale: float = 2.5  # distance of domain centres relative to within-domain noise
     description: str = ""
@@ -77,7 +77,7 @@ SCENARIOS: dict[str, Scenario] = {
     "cpu-small": Scenario(
         name="cpu-small",
         description="SmolLM2-135M-like target with a small DFlash-style drafter on 2 CPU cores (bf16): "
-                    "held-out tau at B=16 of ~3.3 math, ~1.8 code, ~1.3 prose/lists/chat (REFERENCES.md probe)",
+        "held-out tau at B=16 of ~3.3 math, ~1.8 code, ~1.3 prose/lists/chat (REFERENCES.md probe)",
         latency="cpu-smollm2-bf16",
         domains=(
             Domain("math", 0.25, accept=0.78, decay=0.25, new_tokens=(64, 160), prompt_tokens=(40, 300)),
@@ -93,8 +93,8 @@ SCENARIOS: dict[str, Scenario] = {
     "dflash-gpu": Scenario(
         name="dflash-gpu",
         description="Qwen3-8B-like target with a DFlash drafter trained at B=16 on an H100: expected tau at B=16 "
-                    "of ~7.8 math, ~6.5 gsm8k, ~6.6 code, ~4.3 chat (DFlash's figures); the gsm8k curve over "
-                    "block sizes is fitted to BlockPilot's per-block means (4: 3.3 ... 16: 6.5, 18: 6.3, 32: 4.2)",
+        "of ~7.8 math, ~6.5 gsm8k, ~6.6 code, ~4.3 chat (DFlash's figures); the gsm8k curve over "
+        "block sizes is fitted to BlockPilot's per-block means (4: 3.3 ... 16: 6.5, 18: 6.3, 32: 4.2)",
         latency="h100-qwen3-8b",
         arms=(1, 4, 8, 12, 14, 16, 18, 20, 24, 32),
         domains=(
@@ -219,7 +219,7 @@ def generate(
     u /= np.linalg.norm(u)
     X = centres[dom] + frng.normal(0.0, 1.0, (n, sc.dim))
     X += (skill / sc.skill_sd - X @ u)[:, None] * u  # the skill direction carries the skill, standardised
-    X[:, -1] = (np.log(prompt) - 5.0)  # last feature: log prompt length
+    X[:, -1] = np.log(prompt) - 5.0  # last feature: log prompt length
     machine = np.exp(rng.normal(0.0, sc.request_timing_sd, n))
 
     # --- outcomes, arm by arm
@@ -231,8 +231,14 @@ def generate(
     d_lists: list[list[np.ndarray]] = [[None] * K for _ in range(n)]  # type: ignore[list-item]
     v_lists: list[list[np.ndarray]] = [[None] * K for _ in range(n)]  # type: ignore[list-item]
     need = new - 1  # tokens the rounds commit (the first comes from prefill)
-    bar = tqdm(total=n * K, desc=f"synth {sc.name}", unit="trace", leave=False,
-               disable=(not progress) if progress is not None else None, delay=1.0)
+    bar = tqdm(
+        total=n * K,
+        desc=f"synth {sc.name}",
+        unit="trace",
+        leave=False,
+        disable=(not progress) if progress is not None else None,
+        delay=1.0,
+    )
     for j, B in enumerate(sc.arms):
         base = np.stack([position_logits(sc, sc.domains[d], B) for d in range(D)])[dom] + skill[:, None]
         exp_tau[:, j] = expected_tau(base, sc.round_sd)
@@ -275,7 +281,13 @@ def generate(
     flat = (lambda L: [x for row in L for x in row]) if per_round else (lambda L: None)
     meta = {
         "schema_version": SCHEMA_VERSION,
-        "source": {"kind": "synthetic", "scenario": sc.name, "seed": seed, "drift": drift, "batch_size": batch_size},
+        "source": {
+            "kind": "synthetic",
+            "scenario": sc.name,
+            "seed": seed,
+            "drift": drift,
+            "batch_size": batch_size,
+        },
         "scenario": sc.name,
         "description": sc.description,
         "target": "synthetic",

@@ -28,8 +28,21 @@ from .parquet import _err
 from .schema import DECISION_COLUMNS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 from .traceset import DEFAULT_TRACES, TEMPLATE_TRACES, TraceSet, load_traces, moved_hint, path_label
 
-__all__ = ["TraceSet", "DecisionLog", "load_traces", "import_blockpilot", "open_any", "decision_row", "path_label",
-           "DEFAULT_TRACES", "TEMPLATE_TRACES", "SCHEMA_VERSION", "REQUEST_COLUMNS", "OUTCOME_COLUMNS", "DECISION_COLUMNS"]
+__all__ = [
+    "TraceSet",
+    "DecisionLog",
+    "load_traces",
+    "import_blockpilot",
+    "open_any",
+    "decision_row",
+    "path_label",
+    "DEFAULT_TRACES",
+    "TEMPLATE_TRACES",
+    "SCHEMA_VERSION",
+    "REQUEST_COLUMNS",
+    "OUTCOME_COLUMNS",
+    "DECISION_COLUMNS",
+]
 
 
 def open_any(path: str | os.PathLike) -> TraceSet | DecisionLog:
@@ -40,8 +53,11 @@ def open_any(path: str | os.PathLike) -> TraceSet | DecisionLog:
     if p.is_dir() and (p / "meta.json").exists():
         return TraceSet.read(p)
     if p.is_dir() and ((p / "requests.parquet").exists() or (p / "outcomes.parquet").exists()):
-        raise _err(str(p / "meta.json"), "no such file: the trace set's requests.parquet/outcomes.parquet are "
-                                         "here, but a trace set also needs meta.json with a schema_version")
+        raise _err(
+            str(p / "meta.json"),
+            "no such file: the trace set's requests.parquet/outcomes.parquet are "
+            "here, but a trace set also needs meta.json with a schema_version",
+        )
     if p.is_file() and p.suffix == ".parquet" or p.is_dir() and any(p.glob("*.parquet")):
         return DecisionLog.read(p)
     raise _err(str(p), "neither a trace set (meta.json) nor a decision log (*.parquet parts)")

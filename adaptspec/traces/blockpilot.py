@@ -50,11 +50,16 @@ def _read_blockpilot_folder(folder: Path) -> dict[str, Any]:
         if in_range and (mapped is not None or not np.all(vals == 1)):
             choice = {k: int(v) for k, v in sizes.pop(1).items()}
         elif mapped is not None:
-            raise _err(str(folder / "1.json"), "mapped_from_1.json is present, so 1.json should hold the selector's "
-                                               f"block size per prompt (integers in {others[0]}..{others[-1]}), but it does not")
+            raise _err(
+                str(folder / "1.json"),
+                "mapped_from_1.json is present, so 1.json should hold the selector's "
+                f"block size per prompt (integers in {others[0]}..{others[-1]}), but it does not",
+            )
         elif not np.all(vals == 1):
-            raise _err(str(folder / "1.json"), "values are neither tau at block size 1 (all 1.0) nor block sizes "
-                                               f"among {others}")
+            raise _err(
+                str(folder / "1.json"),
+                f"values are neither tau at block size 1 (all 1.0) nor block sizes among {others}",
+            )
     if not sizes:
         raise _err(str(folder), "no {block size}.json files")
     prompts = sorted(next(iter(sizes.values())), key=int)
@@ -83,13 +88,28 @@ def _read_blockpilot_folder(folder: Path) -> dict[str, Any]:
             for k, v in mapped.items():
                 at = sizes[choice[k]][k]
                 if abs(v - at) > 1e-9 * max(1.0, abs(at)):
-                    raise _err(str(mapped_path), f"prompt {k}: tau {v} but {choice[k]}.json has {at} "
-                                                 f"at the chosen block size {choice[k]}")
-    return {"sizes": sizes, "arms": arms, "prompts": prompts, "choice": choice, "mapped": mapped, "ignored": ignored}
+                    raise _err(
+                        str(mapped_path),
+                        f"prompt {k}: tau {v} but {choice[k]}.json has {at} "
+                        f"at the chosen block size {choice[k]}",
+                    )
+    return {
+        "sizes": sizes,
+        "arms": arms,
+        "prompts": prompts,
+        "choice": choice,
+        "mapped": mapped,
+        "ignored": ignored,
+    }
 
 
-def import_blockpilot(path: str | os.PathLike, *, target: str | None = None, drafter: str | None = None,
-                      hardware: str | None = None) -> TraceSet:
+def import_blockpilot(
+    path: str | os.PathLike,
+    *,
+    target: str | None = None,
+    drafter: str | None = None,
+    hardware: str | None = None,
+) -> TraceSet:
     """Import a BlockPilot per-prompt result folder (or a folder of them) as a trace set.
 
     A result folder ``{dataset}_{N}T{temperature}`` holds ``{B}.json`` files mapping prompt
@@ -107,7 +127,10 @@ def import_blockpilot(path: str | os.PathLike, *, target: str | None = None, dra
     else:
         folders = sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*.json")))
         if not folders:
-            raise _err(str(root), "no BlockPilot result folder here ({block size}.json files, or subfolders holding them)")
+            raise _err(
+                str(root),
+                "no BlockPilot result folder here ({block size}.json files, or subfolders holding them)",
+            )
     ids, domains, pidx, choice_col, temps = [], [], [], [], []
     tau_rows = []
     arms = None
@@ -133,14 +156,20 @@ def import_blockpilot(path: str | os.PathLike, *, target: str | None = None, dra
     uniq_t = sorted({t for t in temps if t is not None})
     meta = {
         "schema_version": SCHEMA_VERSION,
-        "source": {"kind": "blockpilot", "path": str(root.resolve()), "folders": [f.name for f in folders],
-                   **({"ignored": ignored} if ignored else {})},
+        "source": {
+            "kind": "blockpilot",
+            "path": str(root.resolve()),
+            "folders": [f.name for f in folders],
+            **({"ignored": ignored} if ignored else {}),
+        },
         "target": target,
         "drafter": drafter,
         "hardware": hardware,
         "temperature": uniq_t[0] if len(uniq_t) == 1 else None,
     }
-    cols: dict[str, Any] = {"prompt_index": pa.array(pidx, pa.int64()),
-                            "blockpilot_choice": pa.array(choice_col, pa.int64()),
-                            "temperature": pa.array(temps, pa.float64())}
+    cols: dict[str, Any] = {
+        "prompt_index": pa.array(pidx, pa.int64()),
+        "blockpilot_choice": pa.array(choice_col, pa.int64()),
+        "temperature": pa.array(temps, pa.float64()),
+    }
     return TraceSet.from_arrays(ids, domains, arms, np.asarray(tau_rows), request_columns=cols, meta=meta)

@@ -27,8 +27,15 @@ from ..errors import AdaptspecError
 from ..reward.functions import REWARD_LIMIT
 from ..speculator import drafted_positions
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
-from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
-                     MAX_TOKENS, SCHEMA_VERSION)
+from .schema import (
+    DECISION_COLUMNS,
+    DECISION_COUNTS,
+    DECISION_FLOATS,
+    DECISION_PER_ARM,
+    DECISION_PER_ARM_FLOATS,
+    MAX_TOKENS,
+    SCHEMA_VERSION,
+)
 
 _part_counter = count()
 _PART = "a decision-log part"
@@ -51,7 +58,9 @@ def read_part(path: str | os.PathLike, feature_dim: int | None = None) -> pa.Tab
         except ValueError:
             raise _err(str(path), f"schema_version {v!r} in the file's metadata is not an integer") from None
         if version > SCHEMA_VERSION:
-            raise _err(str(path), f"schema_version {version} is newer than this adaptspec reads ({SCHEMA_VERSION})")
+            raise _err(
+                str(path), f"schema_version {version} is newer than this adaptspec reads ({SCHEMA_VERSION})"
+            )
     return _validate_decisions(t, str(path), feature_dim)
 
 
@@ -61,8 +70,11 @@ def part_ids(path: str | os.PathLike) -> list[str]:
     t = read_parquet(path, _PART, columns=["decision_id"])
     col = t.column("decision_id")
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) or col.null_count:
-        raise _err(str(path), f"column 'decision_id' must hold strings (has type {col.type}"
-                              f"{', and missing values' if col.null_count else ''})")
+        raise _err(
+            str(path),
+            f"column 'decision_id' must hold strings (has type {col.type}"
+            f"{', and missing values' if col.null_count else ''})",
+        )
     return col.to_pylist()
 
 
@@ -118,19 +130,34 @@ def decision_row(
     if speed_ratio is not None:
         row["speed_ratio"] = float(speed_ratio)
     if load is not None:
-        row.update(rows_in_flight=load.rows, queue_length=load.queue, context_tokens=load.context_tokens,
-                   temperature=load.temperature, max_tokens=load.max_tokens)
+        row.update(
+            rows_in_flight=load.rows,
+            queue_length=load.queue,
+            context_tokens=load.context_tokens,
+            temperature=load.temperature,
+            max_tokens=load.max_tokens,
+        )
     if shared is not None:
-        row.update(attributed_ms=1000.0 * shared.attributed_s, wall_decode_ms=1000.0 * shared.wall_decode_s,
-                   row_rounds=shared.row_rounds, mean_rows=shared.mean_rows)
+        row.update(
+            attributed_ms=1000.0 * shared.attributed_s,
+            wall_decode_ms=1000.0 * shared.wall_decode_s,
+            row_rounds=shared.row_rounds,
+            mean_rows=shared.mean_rows,
+        )
     if counterfactual is not None:
-        row.update(cf_rewards=np.asarray(counterfactual.rewards, dtype=np.float64),
-                   cf_tokens=np.asarray(counterfactual.tokens, dtype=np.float64),
-                   cf_censored=[bool(c) for c in counterfactual.censored],
-                   cf_approximate=[bool(c) for c in counterfactual.approximate])
+        row.update(
+            cf_rewards=np.asarray(counterfactual.rewards, dtype=np.float64),
+            cf_tokens=np.asarray(counterfactual.tokens, dtype=np.float64),
+            cf_censored=[bool(c) for c in counterfactual.censored],
+            cf_approximate=[bool(c) for c in counterfactual.approximate],
+        )
     if outcome is not None:
-        row.update(new_tokens=int(outcome.new_tokens), decode_ms=1000.0 * float(outcome.decode_s),
-                   mean_tau=float(outcome.mean_tau) if outcome.rounds else None, rounds=len(outcome.rounds))
+        row.update(
+            new_tokens=int(outcome.new_tokens),
+            decode_ms=1000.0 * float(outcome.decode_s),
+            mean_tau=float(outcome.mean_tau) if outcome.rounds else None,
+            rounds=len(outcome.rounds),
+        )
     return row
 
 
@@ -142,7 +169,9 @@ def _rows_to_table(rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
         raise AdaptspecError("no decision rows to append")
     unknown = sorted({k for r in rows for k in r} - set(DECISION_COLUMNS))
     if unknown:
-        raise AdaptspecError(f"unknown decision-log column {unknown[0]!r} (known: {', '.join(DECISION_COLUMNS)})")
+        raise AdaptspecError(
+            f"unknown decision-log column {unknown[0]!r} (known: {', '.join(DECISION_COLUMNS)})"
+        )
     cols: dict[str, pa.Array] = {}
     for name, (typ, _, _) in DECISION_COLUMNS.items():
         if not any(name in r for r in rows):
@@ -208,14 +237,19 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
     off = np.abs(p_chosen - prop) > 1e-6
     if off.any():
         r = _first(off)
-        raise _err(where, f"column 'propensity', row {r}: {prop[r]} but probs gives {p_chosen[r]:.6g} to block size {bs[r]}")
+        raise _err(
+            where,
+            f"column 'propensity', row {r}: {prop[r]} but probs gives {p_chosen[r]:.6g} to block size {bs[r]}",
+        )
     for name in DECISION_FLOATS:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
             bad = ~np.asarray(pc.is_finite(col).fill_null(True))
             if bad.any():
                 r = _first(bad)
-                raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} (use null for a missing value)")
+                raise _err(
+                    where, f"column {name!r}, row {r}: {col[r].as_py()} (use null for a missing value)"
+                )
     for name in DECISION_COUNTS:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
@@ -232,7 +266,10 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             col = table.column(name).combine_chunks()
             lc, flat, _ = _list_parts(col)
             if col.flatten().null_count:
-                raise _err(where, f"column {name!r}: a missing value inside a row's list (null the whole row instead)")
+                raise _err(
+                    where,
+                    f"column {name!r}: a missing value inside a row's list (null the whole row instead)",
+                )
             present = ~np.asarray(pc.is_null(col))
             bad = present & (lc != la)
             if bad.any():
@@ -248,7 +285,9 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
         bad = ~np.isnan(mt) & ((mt < 1 - 1e-9) | (mt > most + 1e-9))
         if bad.any():
             r = _first(bad)
-            raise _err(where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block size {bs[r]})")
+            raise _err(
+                where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block size {bs[r]})"
+            )
     if "features" in table.column_names:
         col = table.column("features")
         present = ~np.asarray(pc.is_null(col.combine_chunks()))
@@ -256,8 +295,11 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             rows = np.flatnonzero(present)
             X = _matrix(col, where, "features", rows)
             if feature_dim is not None and X.shape[1] != feature_dim:
-                raise _err(where, f"column 'features', row {int(rows[0])}: {X.shape[1]} values, "
-                                  f"earlier parts of this log have {feature_dim}")
+                raise _err(
+                    where,
+                    f"column 'features', row {int(rows[0])}: {X.shape[1]} values, "
+                    f"earlier parts of this log have {feature_dim}",
+                )
     ids = np.asarray(table.column("decision_id").to_pylist(), dtype=object)
     _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
     if len(first) != n:
@@ -266,8 +308,9 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
     return table
 
 
-def _check_rewards(table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray, la: np.ndarray,
-                   bs: np.ndarray) -> None:
+def _check_rewards(
+    table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray, la: np.ndarray, bs: np.ndarray
+) -> None:
     """The rewards of a decision-log table (finite already): of plausible size
     (:data:`~adaptspec.reward.functions.REWARD_LIMIT`), and the counterfactual columns' own
     invariants (docs/data.md): the four ``cf_`` columns null together, only in rows with a
@@ -279,30 +322,43 @@ def _check_rewards(table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray,
     big = np.abs(reward) > REWARD_LIMIT
     if big.any():
         r = _first(big)
-        raise _err(where, f"column 'reward', row {r}: {reward[r]:g} is beyond any reward (|reward| <= {REWARD_LIMIT:g}: "
-                          "a reward is tokens/s, -ms/token or tau)")
-    present = {c: (~np.asarray(pc.is_null(table.column(c).combine_chunks())) if c in names else np.zeros(n, bool))
-               for c in DECISION_PER_ARM}
+        raise _err(
+            where,
+            f"column 'reward', row {r}: {reward[r]:g} is beyond any reward (|reward| <= {REWARD_LIMIT:g}: "
+            "a reward is tokens/s, -ms/token or tau)",
+        )
+    present = {
+        c: (~np.asarray(pc.is_null(table.column(c).combine_chunks())) if c in names else np.zeros(n, bool))
+        for c in DECISION_PER_ARM
+    }
     has = present["cf_rewards"]
     for c in DECISION_PER_ARM[1:]:
         odd = present[c] != has
         if odd.any():
             r = _first(odd)
             null, other = (c, "cf_rewards") if has[r] else ("cf_rewards", c)
-            raise _err(where, f"column {null!r}, row {r}: null while {other!r} is not (the four cf_ columns are null "
-                              "together)")
+            raise _err(
+                where,
+                f"column {null!r}, row {r}: null while {other!r} is not (the four cf_ columns are null "
+                "together)",
+            )
     if not has.any():
         return
     orphan = has & np.isnan(reward)
     if orphan.any():
-        raise _err(where, f"column 'cf_rewards', row {_first(orphan)}: set in a row without a reward (the controller "
-                          "prices counterfactuals only for a reward it computed)")
+        raise _err(
+            where,
+            f"column 'cf_rewards', row {_first(orphan)}: set in a row without a reward (the controller "
+            "prices counterfactuals only for a reward it computed)",
+        )
     lc, flat, _ = _list_parts(table.column("cf_rewards"))
     flat = flat.astype(np.float64)
     big = np.abs(flat) > REWARD_LIMIT
     if big.any():
         r = int(np.repeat(np.arange(n), lc)[_first(big)])
-        raise _err(where, f"column 'cf_rewards', row {r}: a value beyond any reward (|reward| <= {REWARD_LIMIT:g})")
+        raise _err(
+            where, f"column 'cf_rewards', row {r}: a value beyond any reward (|reward| <= {REWARD_LIMIT:g})"
+        )
     chosen = np.zeros(n, np.int64)  # the position of the arm that ran in its row's arms
     h = np.flatnonzero(hit)
     chosen[ap[h]] = h - (np.cumsum(la) - la)[ap[h]]
@@ -311,8 +367,11 @@ def _check_rewards(table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray,
     off = ~np.isclose(at, reward[rows], rtol=1e-9, atol=0.0)
     if off.any():
         r = int(rows[_first(off)])
-        raise _err(where, f"column 'cf_rewards', row {r}: {at[_first(off)]:g} at block size {bs[r]} (the arm that "
-                          f"ran), but the row's reward is {reward[r]:g} (they are the same number)")
+        raise _err(
+            where,
+            f"column 'cf_rewards', row {r}: {at[_first(off)]:g} at block size {bs[r]} (the arm that "
+            f"ran), but the row's reward is {reward[r]:g} (they are the same number)",
+        )
 
 
 class DecisionLog:
@@ -335,9 +394,9 @@ class DecisionLog:
         self.path = Path(path)
         self._table: pa.Table | None = None
         self._dim: int | None = None
-        self._ids: set[str] = set()        # decision ids of the parts in _id_parts
+        self._ids: set[str] = set()  # decision ids of the parts in _id_parts
         self._id_parts: set[str] = set()
-        self._of_rows = False              # a view of rows read elsewhere (of_rows): not appended to
+        self._of_rows = False  # a view of rows read elsewhere (of_rows): not appended to
 
     # ------------------------------------------------------------------ writing
     def append(self, rows: Iterable[Mapping[str, Any]] | pa.Table) -> Path:
@@ -346,7 +405,10 @@ class DecisionLog:
         if self.path.exists() and not self.path.is_dir():
             raise _err(str(self.path), "cannot append: a single-file log is read-only; use a directory")
         if self._of_rows:
-            raise _err(str(self.path), "cannot append: these rows were read (DecisionLog.of_rows); open the log itself")
+            raise _err(
+                str(self.path),
+                "cannot append: these rows were read (DecisionLog.of_rows); open the log itself",
+            )
         table = _rows_to_table(rows)
         if self._dim is None and self.path.exists():
             parts = self.parts()
@@ -371,7 +433,9 @@ class DecisionLog:
         tmp: Path | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)  # O_EXCL: never a link
+            fd, tmp_name = tempfile.mkstemp(
+                prefix=f".{name}.", suffix=".tmp", dir=self.path
+            )  # O_EXCL: never a link
             tmp = Path(tmp_name)
             os.fchmod(fd, 0o644)  # as the journal's files (mkstemp makes them 0600)
             with os.fdopen(fd, "wb") as f:
@@ -439,8 +503,11 @@ class DecisionLog:
             if not parts:
                 raise _err(str(self.path), "no part-*.parquet files: not a decision log")
             if {p.name for p in parts} & {"requests.parquet", "outcomes.parquet"}:
-                raise _err(str(self.path), "holds a trace set's requests.parquet/outcomes.parquet (without its "
-                                           "meta.json), not a decision log")
+                raise _err(
+                    str(self.path),
+                    "holds a trace set's requests.parquet/outcomes.parquet (without its "
+                    "meta.json), not a decision log",
+                )
             tables, dim = [], None
             for p in parts:
                 t = read_part(p, dim)
@@ -448,7 +515,11 @@ class DecisionLog:
                     f = t.column("features").drop_null()
                     if len(f):
                         dim = len(f[0])
-                tables.append(t.select([c for c in t.column_names if c in DECISION_COLUMNS]).replace_schema_metadata(None))
+                tables.append(
+                    t.select([c for c in t.column_names if c in DECISION_COLUMNS]).replace_schema_metadata(
+                        None
+                    )
+                )
             try:
                 table = pa.concat_tables(tables, promote_options="default")
             except pa.ArrowException as e:
@@ -481,7 +552,9 @@ class DecisionLog:
             same = (flat.reshape(-1, k) == np.asarray(first)).all(axis=1)
         if not same.all():
             r = _first(~same)
-            raise _err(str(self.path), f"column 'arms', row {r}: arms {col[r].as_py()} differ from row 0's {first}")
+            raise _err(
+                str(self.path), f"column 'arms', row {r}: arms {col[r].as_py()} differ from row 0's {first}"
+            )
         return tuple(int(a) for a in first)
 
     @property
@@ -491,8 +564,11 @@ class DecisionLog:
     @property
     def actions(self) -> np.ndarray:
         """Index of the chosen block size in :attr:`arms`, per row."""
-        return np.searchsorted(np.asarray(self.arms), self.block_sizes) if _sorted(self.arms) else \
-            np.asarray([self.arms.index(b) for b in self.block_sizes], dtype=np.int64)
+        return (
+            np.searchsorted(np.asarray(self.arms), self.block_sizes)
+            if _sorted(self.arms)
+            else np.asarray([self.arms.index(b) for b in self.block_sizes], dtype=np.int64)
+        )
 
     @property
     def propensities(self) -> np.ndarray:
@@ -575,8 +651,11 @@ class DecisionLog:
         for name in sorted(set(pol)):
             m = pol == name
             rr = r[m]
-            per_policy[str(name)] = {"decisions": int(m.sum()), "with_reward": int(np.isfinite(rr).sum()),
-                                     "mean_reward": None if not np.isfinite(rr).any() else round(float(np.nanmean(rr)), 4)}
+            per_policy[str(name)] = {
+                "decisions": int(m.sum()),
+                "with_reward": int(np.isfinite(rr).sum()),
+                "mean_reward": None if not np.isfinite(rr).any() else round(float(np.nanmean(rr)), 4),
+            }
         times = t.column("time")
         d: dict[str, Any] = {
             "kind": "decision_log",

@@ -53,7 +53,6 @@ class DenseRequest:
     finish_reason: str
 
 
-
 def replay(
     accept: np.ndarray,
     n_tokens: int,
@@ -78,8 +77,16 @@ def replay_rounds(request: DenseRequest, schedule, max_new_tokens: int, profile=
     With a latency ``profile`` each round's draft and verify seconds are the profile's at the
     round's block sizes, context length and ``batch``; without one they are 0.
     """
-    return _walk(request.accept, request.top1, len(request.tokens), max_new_tokens, schedule, profile,
-                 request.prompt_tokens, batch)
+    return _walk(
+        request.accept,
+        request.top1,
+        len(request.tokens),
+        max_new_tokens,
+        schedule,
+        profile,
+        request.prompt_tokens,
+        batch,
+    )
 
 
 def _walk(accept, top1, n_tokens, max_new_tokens, schedule, profile, prompt_tokens, batch) -> list:
@@ -97,8 +104,10 @@ def _walk(accept, top1, n_tokens, max_new_tokens, schedule, profile, prompt_toke
             raise AdaptspecError(f"block size {b} outside 1..{largest} (this dense set's largest)")
         if schedule.uses_confidence and b > 1:
             if b != largest or top1 is None:
-                raise AdaptspecError(f"{schedule!r} drafts {b}, but drafter confidences are stored "
-                                     f"for block size {largest} only")
+                raise AdaptspecError(
+                    f"{schedule!r} drafts {b}, but drafter confidences are stored "
+                    f"for block size {largest} only"
+                )
             v = min(int(schedule.verify_size(top1[m - 1], rounds)), room)
         else:
             b = v = min(b, room)
@@ -107,7 +116,9 @@ def _walk(accept, top1, n_tokens, max_new_tokens, schedule, profile, prompt_toke
         ctx = prompt_tokens + m  # as profile-latency counts context
         draft_s = float(profile.draft_s(b, ctx, batch)) if profile is not None and b > 1 else 0.0
         verify_s = float(profile.verify_s(v, ctx, batch)) if profile is not None else 0.0
-        rounds.append(Round(block_size=v, tau=j + 1, draft_s=draft_s, verify_s=verify_s, drafted=b if b != v else 0))
+        rounds.append(
+            Round(block_size=v, tau=j + 1, draft_s=draft_s, verify_s=verify_s, drafted=b if b != v else 0)
+        )
         m += j + 1
     return rounds
 
@@ -135,7 +146,9 @@ class DenseTraceSet:
         meta_file = path / "meta.json"
         if not meta_file.exists() and not meta_file.is_symlink():
             raise AdaptspecError(f"{path}: not a dense trace set (no meta.json)")
-        meta = read_json_object(meta_file, "a dense trace set's meta.json")  # a regular file only: a FIFO would block
+        meta = read_json_object(
+            meta_file, "a dense trace set's meta.json"
+        )  # a regular file only: a FIFO would block
         if meta.get("format") != FORMAT:
             raise AdaptspecError(f"{path}/meta.json: format {meta.get('format')!r}, expected {FORMAT!r}")
         return cls(path, meta)
@@ -148,7 +161,9 @@ class DenseTraceSet:
         if (path / "meta.json").exists():
             old = cls.open(path)
             if old.meta != meta:
-                raise AdaptspecError(f"{path}: a dense trace set made with other settings; use another directory")
+                raise AdaptspecError(
+                    f"{path}: a dense trace set made with other settings; use another directory"
+                )
             return old
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise AdaptspecError(f"{path}: exists and is not a dense trace set; refusing to write into it")
@@ -167,7 +182,9 @@ class DenseTraceSet:
         if columns is None:
             check_part(t, str(path), self.max_block_size, self.max_new_tokens)
         elif "request_id" in columns and not pa.types.is_string(t.schema.field("request_id").type):
-            raise AdaptspecError(f"{path}: column 'request_id' has type {t.schema.field('request_id').type}, expected string")
+            raise AdaptspecError(
+                f"{path}: column 'request_id' has type {t.schema.field('request_id').type}, expected string"
+            )
         return t
 
     def table(self):
@@ -183,24 +200,35 @@ class DenseTraceSet:
         for row in (r for p in self.parts() for r in self.read_part(p).to_pylist()):
             n = len(row["tokens"]) - 1
             mat = lambda key, dt: np.asarray(row[key], dtype=dt).reshape(n, k)  # noqa: E731
-            yield row["request_id"], row["domain"], DenseRequest(
-                np.asarray(row["tokens"], dtype=np.int64), mat("accept", np.uint8), mat("top1", np.float32),
-                mat("entropy", np.float32), np.asarray(row["features"], dtype=np.float32), row["prompt_tokens"],
-                row["finish_reason"])
+            yield (
+                row["request_id"],
+                row["domain"],
+                DenseRequest(
+                    np.asarray(row["tokens"], dtype=np.int64),
+                    mat("accept", np.uint8),
+                    mat("top1", np.float32),
+                    mat("entropy", np.float32),
+                    np.asarray(row["features"], dtype=np.float32),
+                    row["prompt_tokens"],
+                    row["finish_reason"],
+                ),
+            )
 
     def write_part(self, rows: list[tuple[str, str, DenseRequest]]) -> None:
         f32 = pa.list_(pa.float32())
-        table = pa.table({
-            "request_id": pa.array([r for r, _, _ in rows], pa.string()),
-            "domain": pa.array([d for _, d, _ in rows], pa.string()),
-            "prompt_tokens": pa.array([x.prompt_tokens for _, _, x in rows], pa.int64()),
-            "finish_reason": pa.array([x.finish_reason for _, _, x in rows], pa.string()),
-            "features": pa.array([x.features.tolist() for _, _, x in rows], f32),
-            "tokens": pa.array([x.tokens.tolist() for _, _, x in rows], pa.list_(pa.int32())),
-            "accept": pa.array([x.accept.ravel().tolist() for _, _, x in rows], pa.list_(pa.uint8())),
-            "top1": pa.array([x.top1.ravel().tolist() for _, _, x in rows], f32),
-            "entropy": pa.array([x.entropy.ravel().tolist() for _, _, x in rows], f32),
-        })
+        table = pa.table(
+            {
+                "request_id": pa.array([r for r, _, _ in rows], pa.string()),
+                "domain": pa.array([d for _, d, _ in rows], pa.string()),
+                "prompt_tokens": pa.array([x.prompt_tokens for _, _, x in rows], pa.int64()),
+                "finish_reason": pa.array([x.finish_reason for _, _, x in rows], pa.string()),
+                "features": pa.array([x.features.tolist() for _, _, x in rows], f32),
+                "tokens": pa.array([x.tokens.tolist() for _, _, x in rows], pa.list_(pa.int32())),
+                "accept": pa.array([x.accept.ravel().tolist() for _, _, x in rows], pa.list_(pa.uint8())),
+                "top1": pa.array([x.top1.ravel().tolist() for _, _, x in rows], f32),
+                "entropy": pa.array([x.entropy.ravel().tolist() for _, _, x in rows], f32),
+            }
+        )
         path = self.path / _PART.format(len(self.parts()))
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(table, tmp)
@@ -220,7 +248,9 @@ def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
 
     arms = sorted(int(a) for a in arms)
     if not arms or arms[0] < 1 or arms[-1] > ds.max_block_size:
-        raise AdaptspecError(f"arms must be block sizes in 1..{ds.max_block_size} (the dense set's largest), got {arms}")
+        raise AdaptspecError(
+            f"arms must be block sizes in 1..{ds.max_block_size} (the dense set's largest), got {arms}"
+        )
     ids, doms, prompt_tokens, feats, taus, draft_ms, verify_ms, new_tokens = [], [], [], [], [], [], [], []
     for rid, dom, r in ds.requests():
         ids.append(rid)
@@ -239,11 +269,25 @@ def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
     per = [np.mean(t) if t else 1.0 for t in taus]
     decode_ms = [sum(d) + sum(v) for d, v in zip(draft_ms, verify_ms)]
     return TraceSet.from_arrays(
-        ids, doms, arms, np.asarray(per).reshape(n, k), prompt_tokens=prompt_tokens,
-        features=np.asarray(feats, dtype=np.float32), new_tokens=np.asarray(new_tokens),
-        rounds=np.asarray([len(t) for t in taus]).reshape(n, k), decode_ms=np.asarray(decode_ms).reshape(n, k),
-        tau=taus, draft_ms=draft_ms, verify_ms=verify_ms,
-        meta={"arms": arms, "source": "adaptspec dense traces", "dense": str(ds.path),
-              "latency_profile": getattr(profile, "name", ""), "max_new_tokens": ds.max_new_tokens,
-              **{k_: v for k_, v in ds.meta.items() if k_ not in ("format",)}, **(meta or {})},
+        ids,
+        doms,
+        arms,
+        np.asarray(per).reshape(n, k),
+        prompt_tokens=prompt_tokens,
+        features=np.asarray(feats, dtype=np.float32),
+        new_tokens=np.asarray(new_tokens),
+        rounds=np.asarray([len(t) for t in taus]).reshape(n, k),
+        decode_ms=np.asarray(decode_ms).reshape(n, k),
+        tau=taus,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        meta={
+            "arms": arms,
+            "source": "adaptspec dense traces",
+            "dense": str(ds.path),
+            "latency_profile": getattr(profile, "name", ""),
+            "max_new_tokens": ds.max_new_tokens,
+            **{k_: v for k_, v in ds.meta.items() if k_ not in ("format",)},
+            **(meta or {}),
+        },
     )

@@ -48,7 +48,9 @@ def _fail(where: str, column: str, row: int, what: str) -> AdaptspecError:
 def _column_types(table: pa.Table, where: str) -> None:
     for name in COLUMNS:
         if name not in table.column_names:
-            raise AdaptspecError(f"{where}: missing column {name!r} (a dense trace part has {', '.join(COLUMNS)})")
+            raise AdaptspecError(
+                f"{where}: missing column {name!r} (a dense trace part has {', '.join(COLUMNS)})"
+            )
         t = table.schema.field(name).type
         if name in _STRINGS:
             ok = pa.types.is_string(t) or pa.types.is_large_string(t)
@@ -58,8 +60,11 @@ def _column_types(table: pa.Table, where: str) -> None:
         else:
             v = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else None
             want = f"list of {_LISTS[name]}"
-            ok = v is not None and (pa.types.is_integer(v) if _LISTS[name] == "int"
-                                    else pa.types.is_floating(v) or pa.types.is_integer(v))
+            ok = v is not None and (
+                pa.types.is_integer(v)
+                if _LISTS[name] == "int"
+                else pa.types.is_floating(v) or pa.types.is_integer(v)
+            )
         if not ok:
             raise AdaptspecError(f"{where}: column {name!r} has type {t}, expected {want}")
         nulls = table.column(name).null_count
@@ -84,17 +89,26 @@ def check_part(table: pa.Table, where: str, max_block_size: int, max_new_tokens:
     k = max_block_size - 1
     n_tok = pc.list_value_length(table.column("tokens").combine_chunks()).to_numpy(zero_copy_only=False)
     if (n_tok < 1).any():
-        raise _fail(where, "tokens", int(np.flatnonzero(n_tok < 1)[0]), "no tokens (the prefill's token comes first)")
+        raise _fail(
+            where, "tokens", int(np.flatnonzero(n_tok < 1)[0]), "no tokens (the prefill's token comes first)"
+        )
     if max_new_tokens is not None and (n_tok > max_new_tokens).any():
         r = int(np.flatnonzero(n_tok > max_new_tokens)[0])
-        raise _fail(where, "tokens", r, f"{n_tok[r]} tokens, more than meta.json's max_new_tokens {max_new_tokens}")
+        raise _fail(
+            where, "tokens", r, f"{n_tok[r]} tokens, more than meta.json's max_new_tokens {max_new_tokens}"
+        )
     for name in ("accept", "top1", "entropy"):
         got = pc.list_value_length(table.column(name).combine_chunks()).to_numpy(zero_copy_only=False)
         bad = np.flatnonzero(got != (n_tok - 1) * k)
         if bad.size:
             r = int(bad[0])
-            raise _fail(where, name, r, f"{got[r]} values, expected {(n_tok[r] - 1) * k} "
-                                        f"((len(tokens) - 1) * (max_block_size - 1) = ({n_tok[r]} - 1) * {k})")
+            raise _fail(
+                where,
+                name,
+                r,
+                f"{got[r]} values, expected {(n_tok[r] - 1) * k} "
+                f"((len(tokens) - 1) * (max_block_size - 1) = ({n_tok[r]} - 1) * {k})",
+            )
     n_feat = pc.list_value_length(table.column("features").combine_chunks()).to_numpy(zero_copy_only=False)
     if (n_feat != n_feat[0]).any():
         r = int(np.flatnonzero(n_feat != n_feat[0])[0])
@@ -114,11 +128,17 @@ def check_part(table: pa.Table, where: str, max_block_size: int, max_new_tokens:
     bad = np.flatnonzero((values < 0) | (values > limit))
     if bad.size:
         i = int(bad[0])
-        raise _fail(where, "accept", int(rows[i]), f"{values[i]} drafts accepted at block size {limit[i] + 1} "
-                                                   f"(at most {limit[i]})")
-    for name, lo, hi, what in (("top1", -_ROUNDING, 1.0 + _ROUNDING, "a probability in [0, 1]"),
-                               ("entropy", -_ROUNDING, np.inf, "an entropy >= 0"),
-                               ("features", -np.inf, np.inf, "a finite number")):
+        raise _fail(
+            where,
+            "accept",
+            int(rows[i]),
+            f"{values[i]} drafts accepted at block size {limit[i] + 1} (at most {limit[i]})",
+        )
+    for name, lo, hi, what in (
+        ("top1", -_ROUNDING, 1.0 + _ROUNDING, "a probability in [0, 1]"),
+        ("entropy", -_ROUNDING, np.inf, "an entropy >= 0"),
+        ("features", -np.inf, np.inf, "a finite number"),
+    ):
         values, rows = _flat(table, name)
         values = values.astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(values) | (values < lo) | (values > hi))

@@ -84,10 +84,18 @@ class DecisionLogWriter:
         machine crash.
     """
 
-    def __init__(self, path: str | os.PathLike, name: str = "default", roll_rows: int = 1000,
-                 roll_interval_s: float | None = 60.0, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        name: str = "default",
+        roll_rows: int = 1000,
+        roll_interval_s: float | None = 60.0,
+        fsync: bool = True,
+    ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
-            raise AdaptspecError(f"log writer name must be 1-64 letters, digits or _.- characters, got {name!r}")
+            raise AdaptspecError(
+                f"log writer name must be 1-64 letters, digits or _.- characters, got {name!r}"
+            )
         if int(roll_rows) != roll_rows or roll_rows < 1:
             raise AdaptspecError(f"roll_rows must be a positive integer, got {roll_rows!r}")
         if roll_interval_s is not None and not roll_interval_s > 0:
@@ -113,12 +121,16 @@ class DecisionLogWriter:
                 raise AdaptspecError(f"{self.path}: this is a trace set (meta.json), not a decision log")
             self._lock_file = _open_lock(self.path / f".writer-{name}.lock")
         except OSError as e:
-            raise AdaptspecError(f"{self.path}: cannot write the decision log here ({e.strerror or e})") from None
+            raise AdaptspecError(
+                f"{self.path}: cannot write the decision log here ({e.strerror or e})"
+            ) from None
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._lock_file.close()
-            raise AdaptspecError(f"{self.path}: another writer named {name!r} is using this decision log") from None
+            raise AdaptspecError(
+                f"{self.path}: another writer named {name!r} is using this decision log"
+            ) from None
         try:
             self._dim = _check_parts(self.path)
             self.recovered = self._recover()
@@ -149,13 +161,17 @@ class DecisionLogWriter:
                 if self._dim is None:
                     self._dim = len(f)
                 elif len(f) != self._dim:
-                    raise AdaptspecError(f"decision row has {len(f)} features, earlier rows of this log have {self._dim}")
+                    raise AdaptspecError(
+                        f"decision row has {len(f)} features, earlier rows of this log have {self._dim}"
+                    )
             if self._file is None:
                 self._open_segment()
             try:
                 self._file.append(line)  # whole or not at all: a failed write leaves no torn line behind
             except OSError as e:
-                raise AdaptspecError(f"{self.path}: cannot append to the decision log ({e.strerror or e})") from None
+                raise AdaptspecError(
+                    f"{self.path}: cannot append to the decision log ({e.strerror or e})"
+                ) from None
             self._rows.append(clean)
             self.rows_written += 1
             if len(self._rows) >= self.roll_rows:
@@ -164,8 +180,11 @@ class DecisionLogWriter:
     def maybe_roll(self) -> bool:
         """Roll the journal if its oldest row is older than ``roll_interval_s``; True if it rolled."""
         with self._lock:
-            if (self._rows and self.roll_interval_s is not None
-                    and time.monotonic() - self._opened >= self.roll_interval_s):
+            if (
+                self._rows
+                and self.roll_interval_s is not None
+                and time.monotonic() - self._opened >= self.roll_interval_s
+            ):
                 self._roll()
                 return True
         return False
@@ -229,7 +248,9 @@ class DecisionLogWriter:
         except OSError as e:
             if f is not None:
                 f.close()
-            raise AdaptspecError(f"{self.path}: cannot create a journal segment ({e.strerror or e})") from None
+            raise AdaptspecError(
+                f"{self.path}: cannot create a journal segment ({e.strerror or e})"
+            ) from None
         self._file = f
         self._segment = p  # what a roll deletes: this writer's own segment, never whatever _file names
         self._opened = time.monotonic()
@@ -239,10 +260,17 @@ class DecisionLogWriter:
             return
         try:
             self._write_part(self._rows)
-        except AdaptspecError as e:  # e.g. a full disk: the rows stay in the journal; retried at the next roll
+        except (
+            AdaptspecError
+        ) as e:  # e.g. a full disk: the rows stay in the journal; retried at the next roll
             self.roll_errors += 1
             self.last_error = (time.time(), f"decision log roll: {e}")
-            log.error("%s: could not roll the journal of writer %r into a part (%s); will retry", self.path, self.name, e)
+            log.error(
+                "%s: could not roll the journal of writer %r into a part (%s); will retry",
+                self.path,
+                self.name,
+                e,
+            )
             return
         f, self._file = self._file, None
         f.close()
@@ -271,7 +299,13 @@ class DecisionLogWriter:
             if rows:
                 self._write_part(rows)
                 n += len(rows)
-                log.warning("%s: recovered %d decision(s) of writer %r from %s", self.path, len(rows), self.name, seg.name)
+                log.warning(
+                    "%s: recovered %d decision(s) of writer %r from %s",
+                    self.path,
+                    len(rows),
+                    self.name,
+                    seg.name,
+                )
             seg.unlink()
         return n
 
@@ -285,8 +319,9 @@ def _open_lock(path: Path) -> Any:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise AdaptspecError(f"{path}: the writer's lock file is a symbolic link; not following it "
-                                 "(remove it)") from None
+            raise AdaptspecError(
+                f"{path}: the writer's lock file is a symbolic link; not following it (remove it)"
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -311,8 +346,9 @@ def journal_rows(path: str | os.PathLike, name: str | None = None) -> list[dict[
     return out
 
 
-def log_rows(path: str | os.PathLike, columns: Sequence[str] | None = None, *,
-             journals: bool = True) -> list[dict[str, Any]]:
+def log_rows(
+    path: str | os.PathLike, columns: Sequence[str] | None = None, *, journals: bool = True
+) -> list[dict[str, Any]]:
     """Every row of a decision log directory as dicts, in order: parts, then unrolled journal rows.
 
     Everything is validated as :class:`~adaptspec.traces.DecisionLog` validates a log (each
@@ -352,8 +388,14 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
     """The row with plain values, and its JSON line, after the checks that make it a valid decision-log row.
 
     ``check_decision=False`` skips the decision's own fields (a row made from a checked decision)."""
-    from .schema import (DECISION_COLUMNS, DECISION_COUNTS, DECISION_FLOATS, DECISION_PER_ARM, DECISION_PER_ARM_FLOATS,
-                         MAX_TOKENS)
+    from .schema import (
+        DECISION_COLUMNS,
+        DECISION_COUNTS,
+        DECISION_FLOATS,
+        DECISION_PER_ARM,
+        DECISION_PER_ARM_FLOATS,
+        MAX_TOKENS,
+    )
 
     unknown = sorted(set(row) - set(DECISION_COLUMNS))
     if unknown:
@@ -385,7 +427,9 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         mt, b = out.get("mean_tau"), out["block_size"]
         most = drafted_positions(b)  # a round commits at most what it drafted (a tree arm -N: its depth + 1)
         if mt is not None and math.isfinite(float(mt)) and not 1 - 1e-9 <= float(mt) <= most + 1e-9:
-            raise AdaptspecError(f"decision row mean_tau {mt} outside 1..{most} (its block size {arm_label(b)})")
+            raise AdaptspecError(
+                f"decision row mean_tau {mt} outside 1..{most} (its block size {arm_label(b)})"
+            )
     for k in DECISION_FLOATS:
         v = out.get(k)
         if v is not None and not math.isfinite(float(v)):
@@ -399,9 +443,13 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
         if v is None:
             continue
         if not isinstance(v, list) or len(v) != len(out["arms"]):
-            raise AdaptspecError(f"decision row {k} must be a list of one value per arm ({len(out['arms'])}), got {v!r}")
+            raise AdaptspecError(
+                f"decision row {k} must be a list of one value per arm ({len(out['arms'])}), got {v!r}"
+            )
         if k in DECISION_PER_ARM_FLOATS:
-            if not all(not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in v):
+            if not all(
+                not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in v
+            ):
                 raise AdaptspecError(f"decision row {k} must hold finite numbers, got {v!r}")
         elif not all(isinstance(x, bool) for x in v):
             raise AdaptspecError(f"decision row {k} must hold true/false values, got {v!r}")
@@ -440,9 +488,13 @@ def _reward_fault(row: Mapping[str, Any]) -> str | None:
     if any(abs(float(x)) > REWARD_LIMIT for x in cf):
         return f"cf_rewards {cf} hold a value beyond any reward (|reward| <= {REWARD_LIMIT:g})"
     arms = list(row["arms"])
-    if row["block_size"] in arms and not math.isclose(cf[arms.index(row["block_size"])], reward, rel_tol=1e-9, abs_tol=0.0):
-        return (f"cf_rewards at block size {row['block_size']} (the arm that ran) is {cf[arms.index(row['block_size'])]}, "
-                f"its reward {reward} (they are the same number)")
+    if row["block_size"] in arms and not math.isclose(
+        cf[arms.index(row["block_size"])], reward, rel_tol=1e-9, abs_tol=0.0
+    ):
+        return (
+            f"cf_rewards at block size {row['block_size']} (the arm that ran) is {cf[arms.index(row['block_size'])]}, "
+            f"its reward {reward} (they are the same number)"
+        )
     return None
 
 
@@ -461,19 +513,29 @@ def _read_segment(path: Path, missing_ok: bool = False) -> tuple[list[dict[str, 
         if "__journal__" in r:
             c = r.get("created_ns", 0)
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-                raise AdaptspecError(f"{path}: line {line}: the journal header's created_ns={c!r} must be a "
-                                     "non-negative integer (a corrupted journal segment)")
+                raise AdaptspecError(
+                    f"{path}: line {line}: the journal header's created_ns={c!r} must be a "
+                    "non-negative integer (a corrupted journal segment)"
+                )
             created = c
             continue
         try:
             clean, _ = _encode(r)
-        except (AdaptspecError, TypeError, ValueError) as e:  # TypeError, ValueError: int() or float() of a wrong type
-            raise AdaptspecError(f"{path}: line {line} is not a valid decision-log row ({e}); a corrupted journal "
-                                 "segment: repair or remove the line") from None
+        except (
+            AdaptspecError,
+            TypeError,
+            ValueError,
+        ) as e:  # TypeError, ValueError: int() or float() of a wrong type
+            raise AdaptspecError(
+                f"{path}: line {line} is not a valid decision-log row ({e}); a corrupted journal "
+                "segment: repair or remove the line"
+            ) from None
         if not isinstance(clean["decision_id"], str):
-            raise AdaptspecError(f"{path}: line {line} is not a valid decision-log row (decision_id="
-                                 f"{clean['decision_id']!r} must be a string); a corrupted journal segment: "
-                                 "repair or remove the line")
+            raise AdaptspecError(
+                f"{path}: line {line} is not a valid decision-log row (decision_id="
+                f"{clean['decision_id']!r} must be a string); a corrupted journal segment: "
+                "repair or remove the line"
+            )
         rows.append(clean)
     return rows, created
 
@@ -501,4 +563,3 @@ def _check_parts(path: Path) -> int | None:
     if not log.parts():
         return None
     return log.feature_dim  # reads and validates every part; raises naming the first problem
-

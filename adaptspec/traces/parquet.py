@@ -22,7 +22,9 @@ def _err(where: str, msg: str) -> AdaptspecError:
     return AdaptspecError(f"{where}: {msg}")
 
 
-def read_parquet(path: str | Path, what: str = "a Parquet file", columns: Sequence[str] | None = None) -> pa.Table:
+def read_parquet(
+    path: str | Path, what: str = "a Parquet file", columns: Sequence[str] | None = None
+) -> pa.Table:
     """The table in the Parquet file at ``path`` (only ``columns``, when given).
 
     Every way it can fail is one :class:`~adaptspec.errors.AdaptspecError` naming the file:
@@ -46,16 +48,19 @@ def read_parquet(path: str | Path, what: str = "a Parquet file", columns: Sequen
         raise _err(str(path), f"not a readable Parquet file (truncated or corrupted: {msg})") from None
 
 
-
 def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _check_columns(table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, bool]], where: str) -> pa.Table:
+def _check_columns(
+    table: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool, bool]], where: str
+) -> pa.Table:
     """Cast every known column to its type and check nulls; missing required columns raise."""
     missing = [n for n, (_, req, _) in spec.items() if req and n not in table.column_names]
     if missing:
-        raise _err(where, f"missing column {missing[0]!r} (has {', '.join(table.column_names) or 'no columns'})")
+        raise _err(
+            where, f"missing column {missing[0]!r} (has {', '.join(table.column_names) or 'no columns'})"
+        )
     for name, (typ, _, nullable) in spec.items():
         if name not in table.column_names:
             continue
@@ -83,8 +88,12 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
     nested = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
     if any(f(src) for f in nested) and any(f(dst) for f in nested):
         return _castable(src.value_type, dst.value_type)
-    if pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_binary(src) \
-            or pa.types.is_large_binary(src):
+    if (
+        pa.types.is_string(src)
+        or pa.types.is_large_string(src)
+        or pa.types.is_binary(src)
+        or pa.types.is_large_binary(src)
+    ):
         return pa.types.is_string(dst) or pa.types.is_large_string(dst)
     if pa.types.is_boolean(src):
         return pa.types.is_boolean(dst)
@@ -122,15 +131,20 @@ def _matrix(col: pa.ChunkedArray, where: str, name: str, rows: np.ndarray | None
     d = int(lengths[0])
     if np.any(lengths != d):
         bad = _first(lengths != d)
-        raise _err(where, f"column {name!r}, row {bad if rows is None else int(rows[bad])}: "
-                          f"{lengths[bad]} values, row {0 if rows is None else int(rows[0])} has {d}")
+        raise _err(
+            where,
+            f"column {name!r}, row {bad if rows is None else int(rows[bad])}: "
+            f"{lengths[bad]} values, row {0 if rows is None else int(rows[0])} has {d}",
+        )
     if rows is not None:
         keep = np.isin(parents, rows)
         values = values[keep]
     x = values.astype(np.float32, copy=False).reshape(len(lengths), d)
     if not np.all(np.isfinite(x)):
         bad = _first(~np.isfinite(x).all(axis=1))
-        raise _err(where, f"column {name!r}, row {bad if rows is None else int(rows[bad])}: NaN or infinite value")
+        raise _err(
+            where, f"column {name!r}, row {bad if rows is None else int(rows[bad])}: NaN or infinite value"
+        )
     return x
 
 

@@ -73,9 +73,24 @@ DECISION_COLUMNS: dict[str, tuple[pa.DataType, bool, bool]] = {
 }
 
 #: Decision-log columns checked finite (null is the missing value) and non-negative integers.
-DECISION_FLOATS = ("reward", "decode_ms", "mean_tau", "temperature", "attributed_ms", "wall_decode_ms", "mean_rows")
-DECISION_COUNTS = ("new_tokens", "rounds", "rows_in_flight", "queue_length", "context_tokens", "max_tokens",
-                   "row_rounds")
+DECISION_FLOATS = (
+    "reward",
+    "decode_ms",
+    "mean_tau",
+    "temperature",
+    "attributed_ms",
+    "wall_decode_ms",
+    "mean_rows",
+)
+DECISION_COUNTS = (
+    "new_tokens",
+    "rounds",
+    "rows_in_flight",
+    "queue_length",
+    "context_tokens",
+    "max_tokens",
+    "row_rounds",
+)
 #: Decision-log list columns with one value per arm of the row (null, or as long as ``arms``);
 #: the numeric ones are checked finite.
 DECISION_PER_ARM = ("cf_rewards", "cf_tokens", "cf_censored", "cf_approximate")

@@ -50,7 +50,9 @@ class SliceLogWriter:
         self.path = Path(path)
         self.file = self.path / f"slices-{run}.jsonl"
         if not SLICE_FILE.match(self.file.name):
-            raise AdaptspecError(f"slice log run name must be 1-64 letters, digits or _.- characters, got {run!r}")
+            raise AdaptspecError(
+                f"slice log run name must be 1-64 letters, digits or _.- characters, got {run!r}"
+            )
         self.run = run
         self.fsync = bool(fsync)
         self._lock = threading.Lock()
@@ -62,7 +64,9 @@ class SliceLogWriter:
         except FileExistsError:
             raise AdaptspecError(f"{self.file}: a slice log of run {run!r} already exists") from None
         except OSError as e:
-            raise AdaptspecError(f"{self.path}: cannot write the slice log here ({e.strerror or e})") from None
+            raise AdaptspecError(
+                f"{self.path}: cannot write the slice log here ({e.strerror or e})"
+            ) from None
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one slice record (with this writer's ``run``) durably; raises AdaptspecError if it cannot."""
@@ -76,7 +80,9 @@ class SliceLogWriter:
             try:
                 self._f.append(line)  # whole or not at all: a failed write leaves no torn line behind
             except OSError as e:
-                raise AdaptspecError(f"{self.file}: cannot append a slice record ({e.strerror or e})") from None
+                raise AdaptspecError(
+                    f"{self.file}: cannot append a slice record ({e.strerror or e})"
+                ) from None
 
     def close(self) -> None:
         """Close the file. Idempotent."""

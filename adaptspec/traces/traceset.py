@@ -55,8 +55,14 @@ class TraceSet:
     arms are sorted ascending; matrices are ``(n_requests, n_arms)`` in those orders.
     """
 
-    def __init__(self, requests: pa.Table, outcomes: pa.Table, meta: Mapping[str, Any] | None = None,
-                 *, path: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        requests: pa.Table,
+        outcomes: pa.Table,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        path: str | os.PathLike | None = None,
+    ) -> None:
         self.path = None if path is None else Path(path)
         base = str(self.path) + "/" if self.path else ""
         self._where_req = f"{base}requests.parquet"
@@ -83,8 +89,11 @@ class TraceSet:
         if np.any(pt < 0):
             raise _err(wr, f"column 'prompt_tokens', row {_first(pt < 0)}: negative ({pt[pt < 0][0]:g})")
         if np.any(pt > MAX_TOKENS):
-            raise _err(wr, f"column 'prompt_tokens', row {_first(pt > MAX_TOKENS)}: {pt[pt > MAX_TOKENS][0]:.6g} is more "
-                           f"than {MAX_TOKENS} (no prompt is that long)")
+            raise _err(
+                wr,
+                f"column 'prompt_tokens', row {_first(pt > MAX_TOKENS)}: {pt[pt > MAX_TOKENS][0]:.6g} is more "
+                f"than {MAX_TOKENS} (no prompt is that long)",
+            )
         if "features" in self.requests.column_names:
             self._features = _matrix(self.requests.column("features"), wr, "features")
         else:
@@ -99,10 +108,15 @@ class TraceSet:
             raise _err(wo, f"column 'request_id', row {bad}: request {rid!r} is not in requests.parquet")
         ridx = ridx.astype(np.int64)
         bs = _np(out.column("block_size"), np.int64)
-        if np.any((bs == 0) | (bs < -MAX_TREE_NODES)):  # a negative block size is a tree arm (speculator.tree_arm)
+        if np.any(
+            (bs == 0) | (bs < -MAX_TREE_NODES)
+        ):  # a negative block size is a tree arm (speculator.tree_arm)
             bad = _first((bs == 0) | (bs < -MAX_TREE_NODES))
-            raise _err(wo, f"column 'block_size', row {bad}: block size {bs[bad]} is neither >= 1 nor a tree arm "
-                           f"(-1 .. -{MAX_TREE_NODES})")
+            raise _err(
+                wo,
+                f"column 'block_size', row {bad}: block size {bs[bad]} is neither >= 1 nor a tree arm "
+                f"(-1 .. -{MAX_TREE_NODES})",
+            )
         arms, aidx = np.unique(bs, return_inverse=True)
         self.arms: tuple[int, ...] = tuple(int(a) for a in arms)
         n, k = len(ids), len(arms)
@@ -111,14 +125,19 @@ class TraceSet:
         if np.any(counts > 1):
             c = _first(counts > 1)
             rows = np.flatnonzero(cell == c)[:2]
-            raise _err(wo, f"rows {rows[0]} and {rows[1]} repeat (request {ids[c // k]!r}, block_size {arms[c % k]})")
+            raise _err(
+                wo, f"rows {rows[0]} and {rows[1]} repeat (request {ids[c // k]!r}, block_size {arms[c % k]})"
+            )
         if np.any(counts == 0):
             c = _first(counts == 0)
             has = [int(a) for a, m in zip(arms, counts.reshape(n, k)[c // k]) if m]
             if not has:
                 raise _err(wo, f"request {ids[c // k]!r} has no outcome rows")
-            raise _err(wo, f"request {ids[c // k]!r} has block sizes {has}, others have {list(self.arms)} "
-                           f"(every request needs every arm; missing {int(arms[c % k])})")
+            raise _err(
+                wo,
+                f"request {ids[c // k]!r} has block sizes {has}, others have {list(self.arms)} "
+                f"(every request needs every arm; missing {int(arms[c % k])})",
+            )
         self._ridx, self._aidx, self._cell = ridx, aidx, cell
 
         mt = _np(out.column("mean_tau"), np.float64)
@@ -134,15 +153,21 @@ class TraceSet:
                 raise _err(wo, f"column {name!r}, row {_first(neg)}: {v[neg][0]:g} < {lo}")
             big = v > MAX_TOKENS
             if big.any():
-                raise _err(wo, f"column {name!r}, row {_first(big)}: {v[big][0]:.6g} is more than {MAX_TOKENS} "
-                               "(no request decodes that many tokens)")
+                raise _err(
+                    wo,
+                    f"column {name!r}, row {_first(big)}: {v[big][0]:.6g} is more than {MAX_TOKENS} "
+                    "(no request decodes that many tokens)",
+                )
         rounds = _np(out.column("rounds"), np.float64)
         if "tau" in out.column_names:
             lengths, vals, parents = _list_parts(out.column("tau"))
             known = ~np.isnan(rounds)
             if np.any(known & (lengths != rounds)):
                 r = _first(known & (lengths != rounds))
-                raise _err(wo, f"column 'tau', row {r}: {lengths[r]} rounds listed, column 'rounds' says {int(rounds[r])}")
+                raise _err(
+                    wo,
+                    f"column 'tau', row {r}: {lengths[r]} rounds listed, column 'rounds' says {int(rounds[r])}",
+                )
             if np.any(lengths == 0):
                 raise _err(wo, f"column 'tau', row {_first(lengths == 0)}: empty list")
             badv = (vals < 1) | (vals > most[parents])
@@ -153,19 +178,28 @@ class TraceSet:
             off = np.abs(means - mt) > 1e-6 * np.maximum(1.0, mt)
             if off.any():
                 r = _first(off)
-                raise _err(wo, f"column 'mean_tau', row {r}: {mt[r]} but the per-round tau list averages {means[r]:.6g}")
+                raise _err(
+                    wo,
+                    f"column 'mean_tau', row {r}: {mt[r]} but the per-round tau list averages {means[r]:.6g}",
+                )
             for name in ("draft_ms", "verify_ms"):
                 if name not in out.column_names:
                     continue
                 ln, v, p = _list_parts(out.column(name))
                 if np.any(ln != lengths):
                     r = _first(ln != lengths)
-                    raise _err(wo, f"column {name!r}, row {r}: {ln[r]} values, column 'tau' has {lengths[r]} rounds")
-                lo = 0.0 if name == "draft_ms" else None  # a target pass takes time; a draft pass at block size 1 none
+                    raise _err(
+                        wo, f"column {name!r}, row {r}: {ln[r]} values, column 'tau' has {lengths[r]} rounds"
+                    )
+                lo = (
+                    0.0 if name == "draft_ms" else None
+                )  # a target pass takes time; a draft pass at block size 1 none
                 badv = ~np.isfinite(v) | ((v < 0) if lo is not None else (v <= 0))
                 if badv.any():
                     what = "a time >= 0" if lo is not None else "a time > 0"
-                    raise _err(wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not {what}")
+                    raise _err(
+                        wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not {what}"
+                    )
         else:
             for name in ("draft_ms", "verify_ms"):
                 if name in out.column_names:
@@ -177,8 +211,10 @@ class TraceSet:
                 raise _err(wo, f"column 'decode_ms', row {_first(badd)}: {d[badd][0]} is not a time > 0")
         meta_arms = self.meta.get("arms")
         if meta_arms is not None and sorted(int(a) for a in meta_arms) != list(self.arms):
-            raise AdaptspecError(f"{str(self.path) + '/' if self.path else ''}meta.json: arms {list(meta_arms)} "
-                                 f"but outcomes.parquet has block sizes {list(self.arms)}")
+            raise AdaptspecError(
+                f"{str(self.path) + '/' if self.path else ''}meta.json: arms {list(meta_arms)} "
+                f"but outcomes.parquet has block sizes {list(self.arms)}"
+            )
 
     # ------------------------------------------------------------------ reading and writing
 
@@ -190,7 +226,11 @@ class TraceSet:
             raise _err(str(p), "no such trace set directory" + moved_hint(p))
         if not p.is_dir():
             raise _err(str(p), "a trace set is a directory (meta.json, requests.parquet, outcomes.parquet)")
-        for name in ("meta.json", "requests.parquet", "outcomes.parquet"):  # a FIFO or a device would hang the read
+        for name in (
+            "meta.json",
+            "requests.parquet",
+            "outcomes.parquet",
+        ):  # a FIFO or a device would hang the read
             regular_file(p / name, f"a trace set's {name}")
         meta = _read_meta(p / "meta.json")
         ts = cls(read_parquet(p / "requests.parquet"), read_parquet(p / "outcomes.parquet"), meta, path=p)
@@ -199,7 +239,10 @@ class TraceSet:
 
     def write(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write to directory ``path`` atomically (temporary directory, then rename)."""
-        meta = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in self.meta.items() if k != "schema_version"}}
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            **{k: v for k, v in self.meta.items() if k != "schema_version"},
+        }
         meta["arms"] = list(self.arms)
 
         def write(tmp: Path) -> None:
@@ -242,14 +285,19 @@ class TraceSet:
         req: dict[str, Any] = {
             "request_id": pa.array([str(r) for r in request_ids], pa.string()),
             "domain": pa.array([str(d) for d in domains], pa.string()),
-            "prompt_tokens": (pa.nulls(n, pa.int64()) if prompt_tokens is None
-                              else pa.array(np.asarray(prompt_tokens, dtype=np.int64))),
+            "prompt_tokens": (
+                pa.nulls(n, pa.int64())
+                if prompt_tokens is None
+                else pa.array(np.asarray(prompt_tokens, dtype=np.int64))
+            ),
         }
         if features is not None:
             f = np.ascontiguousarray(features, dtype=np.float32)
             if f.ndim != 2 or f.shape[0] != n:
                 raise AdaptspecError(f"features has shape {f.shape}, expected ({n}, d)")
-            req["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(_F32_LIST)
+            req["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(
+                _F32_LIST
+            )
         for name, values in (request_columns or {}).items():
             req[name] = pa.array(values)
 
@@ -262,14 +310,21 @@ class TraceSet:
             return pa.array(a.ravel().astype(dtype))
 
         out: dict[str, Any] = {
-            "request_id": pa.array(np.repeat(np.asarray([str(r) for r in request_ids], dtype=object), k), pa.string()),
+            "request_id": pa.array(
+                np.repeat(np.asarray([str(r) for r in request_ids], dtype=object), k), pa.string()
+            ),
             "block_size": pa.array(np.tile(np.asarray(arms, dtype=np.int64), n)),
-            "new_tokens": mat(new_tokens, np.int64) if new_tokens is not None else pa.nulls(n * k, pa.int64()),
+            "new_tokens": mat(new_tokens, np.int64)
+            if new_tokens is not None
+            else pa.nulls(n * k, pa.int64()),
             "rounds": mat(rounds, np.int64) if rounds is not None else pa.nulls(n * k, pa.int64()),
             "mean_tau": pa.array(mt.ravel()),
         }
-        for name, lists, typ in (("tau", tau, pa.list_(pa.int32())), ("draft_ms", draft_ms, _F32_LIST),
-                                 ("verify_ms", verify_ms, _F32_LIST)):
+        for name, lists, typ in (
+            ("tau", tau, pa.list_(pa.int32())),
+            ("draft_ms", draft_ms, _F32_LIST),
+            ("verify_ms", verify_ms, _F32_LIST),
+        ):
             if lists is not None:
                 if len(lists) != n * k:
                     raise AdaptspecError(f"{name}: {len(lists)} lists, expected {n * k}")
@@ -298,12 +353,16 @@ class TraceSet:
 
     @property
     def request_ids(self) -> np.ndarray:
-        return self._cached("ids", lambda: np.asarray(self.requests.column("request_id").to_pylist(), dtype=object))
+        return self._cached(
+            "ids", lambda: np.asarray(self.requests.column("request_id").to_pylist(), dtype=object)
+        )
 
     @property
     def domains(self) -> np.ndarray:
         """Domain of each request (object array of str)."""
-        return self._cached("domains", lambda: np.asarray(self.requests.column("domain").to_pylist(), dtype=object))
+        return self._cached(
+            "domains", lambda: np.asarray(self.requests.column("domain").to_pylist(), dtype=object)
+        )
 
     @property
     def features(self) -> np.ndarray | None:
@@ -417,7 +476,9 @@ class TraceSet:
             "per_round": "tau" in self.outcomes.column_names,
             "timings": self.has_timings,
             "mean_tau": {int(a): round(float(v), 4) for a, v in zip(self.arms, tau.mean(axis=0))},
-            "best_arm_share_by_tau": {int(a): round(float(v) / self.n_requests, 4) for a, v in zip(self.arms, best)},
+            "best_arm_share_by_tau": {
+                int(a): round(float(v) / self.n_requests, 4) for a, v in zip(self.arms, best)
+            },
             "oracle_mean_tau": round(float(tau.max(axis=1).mean()), 4),
         }
         for k in ("source", "target", "drafter", "hardware", "temperature", "scenario", "latency_profile"):
@@ -451,9 +512,12 @@ def _check_new_tokens(out: pa.Table, where: str) -> None:
     bad = ~np.isnan(new) & ~np.isnan(produced) & ((new > most + tol) | (new < least - tol))
     if bad.any():
         r = _first(bad)
-        raise _err(where, f"column 'new_tokens', row {r}: {new[r]:.6g} tokens, but its rounds produced "
-                          f"{produced[r]:.6g} (the sum of their tau; new_tokens is that, +1 for the prefill's "
-                          "token, less what a stop cut from the last round: only the last round's tokens can be cut)")
+        raise _err(
+            where,
+            f"column 'new_tokens', row {r}: {new[r]:.6g} tokens, but its rounds produced "
+            f"{produced[r]:.6g} (the sum of their tau; new_tokens is that, +1 for the prefill's "
+            "token, less what a stop cut from the last round: only the last round's tokens can be cut)",
+        )
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -472,11 +536,16 @@ def _check_meta(meta: dict[str, Any], where: str, kind: str) -> dict[str, Any]:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise _err(where, f"schema_version must be a positive integer, got {v!r}")
     if v > SCHEMA_VERSION:
-        raise _err(where, f"schema_version {v} is newer than this adaptspec reads ({SCHEMA_VERSION}); upgrade adaptspec")
+        raise _err(
+            where,
+            f"schema_version {v} is newer than this adaptspec reads ({SCHEMA_VERSION}); upgrade adaptspec",
+        )
     if meta.get("arms") is not None:
         arms = int_list(meta["arms"], where, "arms", -MAX_TREE_NODES)
         if 0 in arms:
-            raise AdaptspecError(f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0")
+            raise AdaptspecError(
+                f"{where}: arms={arms} holds 0: an arm is a block size >= 1 or a tree arm < 0"
+            )
     meta.setdefault("kind", kind)
     return meta
 
@@ -496,8 +565,10 @@ def moved_hint(path: str | os.PathLike) -> str:
     ''
     """
     if Path(path).as_posix().rstrip("/").endswith("data/traces/default"):
-        return (f" (the bundled template set moved to {path_label(TEMPLATE_TRACES)}; the default is now "
-                f"{path_label(DEFAULT_TRACES)})")
+        return (
+            f" (the bundled template set moved to {path_label(TEMPLATE_TRACES)}; the default is now "
+            f"{path_label(DEFAULT_TRACES)})"
+        )
     return ""
 
 

@@ -102,8 +102,13 @@ def load_at_join(loop: EngineLoop, req: "CompletionRequest") -> LoadState:
     """The load ``req`` is decided under; called on ``loop``'s thread while the request joins (its
     own row not yet in ``engine.rows``, so it is counted here; the requests joining before it in
     the same round are in; those whose prompts are still being prefilled count in the queue)."""
-    return LoadState(rows=len(loop.engine.rows) + 1, queue=loop.queue_length, context_tokens=len(req.prompt_ids),
-                     temperature=float(req.temperature), max_tokens=int(req.max_tokens))
+    return LoadState(
+        rows=len(loop.engine.rows) + 1,
+        queue=loop.queue_length,
+        context_tokens=len(req.prompt_ids),
+        temperature=float(req.temperature),
+        max_tokens=int(req.max_tokens),
+    )
 
 
 class BatchedRunner:
@@ -121,8 +126,10 @@ class BatchedRunner:
 
     def describe(self) -> str:
         lp = self.loop
-        return (f"batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution {lp.attribution}, "
-                f"load rule {'none' if lp.rule is None else lp.rule.name}")
+        return (
+            f"batched engine: {lp.engine.max_rows} rows, queue {lp.max_queue}, attribution {lp.attribution}, "
+            f"load rule {'none' if lp.rule is None else lp.rule.name}"
+        )
 
     def close(self, timeout: float = 120.0) -> None:
         """Finish the requests in the engine within ``timeout`` seconds, then stop its thread
@@ -145,9 +152,14 @@ class BatchedRunner:
         except EngineFailed as e:
             raise RequestError(str(e), 503) from None
 
-    def start(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None,
-              stop_when: Callable[[], bool] | None, cancel: Cancellation | None,
-              deliver: Callable[["Generation | RequestError"], None]) -> Ticket:
+    def start(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None,
+        stop_when: Callable[[], bool] | None,
+        cancel: Cancellation | None,
+        deliver: Callable[["Generation | RequestError"], None],
+    ) -> Ticket:
         """Submit ``req`` to the engine; when it ends, ``deliver`` gets its generation (its feedback
         given, its decision and outcome logged) or the :class:`RequestError` it answers with, on the
         engine's thread (:meth:`settle`). A full queue or a stopped engine raises here."""
@@ -172,9 +184,17 @@ class BatchedRunner:
             deliver(self.settle(req, ctrl, ticket, decided))
 
         try:
-            ticket = self.loop.submit(req.prompt_ids, block_size=choose, max_new_tokens=req.max_tokens,
-                                      temperature=req.temperature, seed=req.seed, on_tokens=on_tokens,
-                                      stop_when=stop_when, reservation=req.slot, on_done=done)
+            ticket = self.loop.submit(
+                req.prompt_ids,
+                block_size=choose,
+                max_new_tokens=req.max_tokens,
+                temperature=req.temperature,
+                seed=req.seed,
+                on_tokens=on_tokens,
+                stop_when=stop_when,
+                reservation=req.slot,
+                on_done=done,
+            )
         except QueueFull as e:
             raise too_busy(e) from None
         except EngineFailed as e:
@@ -186,8 +206,9 @@ class BatchedRunner:
             cancel.add(ticket.cancel)  # the client went away: the row leaves at the next round boundary
         return ticket
 
-    def settle(self, req: "CompletionRequest", ctrl: AdaptiveController, ticket: Ticket,
-               decided: dict[str, Any]) -> "Generation | RequestError":
+    def settle(
+        self, req: "CompletionRequest", ctrl: AdaptiveController, ticket: Ticket, decided: dict[str, Any]
+    ) -> "Generation | RequestError":
         """What an ended request answers: its generation, after its feedback (the one decide ->
         decode -> feedback path: the reward is the controller's), or the error it gets."""
         from ...control.controller import DecisionLogError
@@ -199,32 +220,50 @@ class BatchedRunner:
             if isinstance(e, EngineFailed):
                 return RequestError(str(e), 503)
             if "error" in decided:
-                return unavailable(f"variant {req.variant}'s controller could not decide this request",
-                                   decided["error"], req.request_id)
+                return unavailable(
+                    f"variant {req.variant}'s controller could not decide this request",
+                    decided["error"],
+                    req.request_id,
+                )
             if "decision" not in decided:  # the prefill refused the prompt
                 return RequestError(str(e), param="prompt")
             # after the decision (cancelled: the client went away): it stays pending and is logged
             # without a reward when it expires
             return RequestError(str(e), 503)
         decision = decided["decision"]  # every joined request is decided before its first token
-        outcome = Outcome(list(done.tokens), list(done.rounds), decode_s=ticket.one_row_s,
-                          finish_reason=done.finish_reason)
-        shared = SharedRounds(attributed_s=ticket.attributed_s, wall_decode_s=done.decode_s, rounds=len(done.rounds),
-                              row_rounds=ticket.row_rounds)
+        outcome = Outcome(
+            list(done.tokens), list(done.rounds), decode_s=ticket.one_row_s, finish_reason=done.finish_reason
+        )
+        shared = SharedRounds(
+            attributed_s=ticket.attributed_s,
+            wall_decode_s=done.decode_s,
+            rounds=len(done.rounds),
+            row_rounds=ticket.row_rounds,
+        )
         t0 = time.perf_counter()
         try:
             fed = ctrl.feedback(decision.decision_id, outcome, shared=shared)
         except DecisionLogError as e:
-            return unavailable("the decision log cannot be written, the request was not recorded", e, req.request_id)
+            return unavailable(
+                "the decision log cannot be written, the request was not recorded", e, req.request_id
+            )
         except Exception as e:  # noqa: BLE001 - the controller's fault: a 503 with a reason, the server keeps serving
-            return unavailable(f"variant {req.variant}'s controller could not record this request", e,
-                               req.request_id)
+            return unavailable(
+                f"variant {req.variant}'s controller could not record this request", e, req.request_id
+            )
         overhead = decided["decide_s"] + time.perf_counter() - t0
         queued_prefill = ticket.ttft_s or 0.0  # queueing + prefill: the engine prefills at join
-        return Generation(outcome, decision, [decision], [fed.reward], prefill_s=queued_prefill, overhead_s=overhead)
+        return Generation(
+            outcome, decision, [decision], [fed.reward], prefill_s=queued_prefill, overhead_s=overhead
+        )
 
-    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
+    def run(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """Decode ``req`` in the batch, waiting on this thread; returns a
         :class:`~adaptspec.control.generation.Generation` whose decision and outcome are in the
         decision log. ``stop_when()``, asked after each round's tokens are streamed, ends the row as
@@ -236,11 +275,17 @@ class BatchedRunner:
         except EngineFailed as e:
             if not result:
                 raise RequestError(str(e), 503) from None
-        return answered(result[0] if result else RequestError("the engine stopped before this request finished", 503))
+        return answered(
+            result[0] if result else RequestError("the engine stopped before this request finished", 503)
+        )
 
-    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-                        stop_when: Callable[[], bool] | None = None,
-                        cancel: Cancellation | None = None) -> "Generation":
+    async def run_async(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """:meth:`run` without a waiting thread: the event loop submits ``req`` and awaits its
         settlement, which the engine's thread hands back (one hand-off each way)."""
         import asyncio
@@ -259,13 +304,20 @@ class BatchedRunner:
             result = await asyncio.wait_for(asyncio.shield(settled), self.loop.request_timeout_s)
         except asyncio.TimeoutError:
             ticket.cancel()
-            raise RequestError(f"the request did not finish within {self.loop.request_timeout_s:g} s", 503) from None
+            raise RequestError(
+                f"the request did not finish within {self.loop.request_timeout_s:g} s", 503
+            ) from None
         return answered(result)
 
 
-
-def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController], variants: list[str],
-                   log_dir: Any, settings: EngineSettings, stall_s: float = STALL_S) -> BatchedRunner:
+def batched_runner(
+    speculator: Any,
+    controllers: Mapping[str, AdaptiveController],
+    variants: list[str],
+    log_dir: Any,
+    settings: EngineSettings,
+    stall_s: float = STALL_S,
+) -> BatchedRunner:
     """One batched engine over ``speculator``'s target and drafter, deciding through ``controllers``
     (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
     records go, or None); ``stall_s``: its watchdog's bound (:class:`EngineLoop`)."""
@@ -277,24 +329,37 @@ def batched_runner(speculator: Any, controllers: Mapping[str, AdaptiveController
     s = settings
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)
     if target is None:
-        raise AdaptspecError(f"the batched engine needs adaptspec's own target and drafter, not a {type(speculator).__name__}")
+        raise AdaptspecError(
+            f"the batched engine needs adaptspec's own target and drafter, not a {type(speculator).__name__}"
+        )
     switchback = _switchback(variants, log_dir, s.design, s.slice_rounds, s.seed, s.rule)
     engine = BatchEngine(target, drafter, max_rows=s.max_rows, chunk_tokens=s.chunk_tokens)
     rule = s.rule
     if isinstance(rule, Mapping):  # per variant (switchback): the slice's variant's rule, each round
         from .switchback import SliceRule
 
-        adapter: Any = SliceRule(switchback, {v: None if r is None else RoundRule(r, lambda: loop.queue_length)
-                                              for v, r in rule.items()})
+        adapter: Any = SliceRule(
+            switchback,
+            {v: None if r is None else RoundRule(r, lambda: loop.queue_length) for v, r in rule.items()},
+        )
     else:
         adapter = None if rule is None else RoundRule(rule, lambda: loop.queue_length)
-    loop = EngineLoop(engine, max_queue=s.max_queue, attribution=s.attribution,
-                      profile=None if s.profile is None else get_profile(s.profile), rule=adapter,
-                      switchback=switchback, threads=s.threads, stall_s=stall_s)
+    loop = EngineLoop(
+        engine,
+        max_queue=s.max_queue,
+        attribution=s.attribution,
+        profile=None if s.profile is None else get_profile(s.profile),
+        rule=adapter,
+        switchback=switchback,
+        threads=s.threads,
+        stall_s=stall_s,
+    )
     return BatchedRunner(loop, controllers)
 
 
-def _switchback(variants: list[str], log_dir: Any, design: str, slice_rounds: int | None, seed: int, rule: Any) -> Any:
+def _switchback(
+    variants: list[str], log_dir: Any, design: str, slice_rounds: int | None, seed: int, rule: Any
+) -> Any:
     """The :class:`~adaptspec.serving.engine.switchback.Switchback` of ``design`` (None for ``"requests"``),
     writing its slice records next to the decision log in ``log_dir`` (when there is one)."""
     from .switchback import AB_DESIGNS, DEFAULT_SLICE_ROUNDS, Switchback

@@ -65,7 +65,9 @@ class HaltableSpeculator:
     def around(cls, inner: Any) -> "HaltableSpeculator":
         """``inner`` made haltable, by a subclass of this one that bears the name of ``inner``'s class."""
         name = type(inner).__name__
-        named = type(name, (cls,), {"__qualname__": name, "__module__": cls.__module__, "__doc__": cls.__doc__})
+        named = type(
+            name, (cls,), {"__qualname__": name, "__module__": cls.__module__, "__doc__": cls.__doc__}
+        )
         return named(inner)
 
     def __getattr__(self, name: str) -> Any:
@@ -74,12 +76,20 @@ class HaltableSpeculator:
     def prefill(self, *args: Any, **kwargs: Any) -> Any:
         return self.inner.prefill(*args, **kwargs)
 
-    def decode(self, prefill: Any, block_size: Any, max_new_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, on_round: Callable[[list[int], Any], None] | None = None) -> Outcome:
+    def decode(
+        self,
+        prefill: Any,
+        block_size: Any,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        on_round: Callable[[list[int], Any], None] | None = None,
+    ) -> Outcome:
         halted = _condition.get()
         if halted is None:
-            return self.inner.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed,
-                                     on_round=on_round)
+            return self.inner.decode(
+                prefill, block_size, max_new_tokens, temperature=temperature, seed=seed, on_round=on_round
+            )
         if halted():  # the first token (chosen at prefill) already ended the output
             return Outcome(tokens=[int(prefill.first_token)], rounds=[], decode_s=0.0, finish_reason="stop")
         tokens, rounds = [int(prefill.first_token)], []
@@ -94,7 +104,10 @@ class HaltableSpeculator:
 
         start = time.perf_counter()
         try:
-            return self.inner.decode(prefill, block_size, max_new_tokens, temperature=temperature, seed=seed,
-                                     on_round=watch)
+            return self.inner.decode(
+                prefill, block_size, max_new_tokens, temperature=temperature, seed=seed, on_round=watch
+            )
         except _Halt:
-            return Outcome(tokens=tokens, rounds=rounds, decode_s=time.perf_counter() - start, finish_reason="stop")
+            return Outcome(
+                tokens=tokens, rounds=rounds, decode_s=time.perf_counter() - start, finish_reason="stop"
+            )

@@ -109,7 +109,10 @@ class EngineRule(Protocol):
 
     def choose(self, rows: Sequence["Row"]) -> list[int]: ...
 
-    def feedback(self, record: "RoundRecord", shares: Sequence[float], handles: Sequence["RequestHandle"]) -> None: ...
+    def feedback(
+        self, record: "RoundRecord", shares: Sequence[float], handles: Sequence["RequestHandle"]
+    ) -> None: ...
+
 
 #: seconds a reserved place in the queue is held for a request that has not been submitted
 RESERVATION_S = 30.0
@@ -119,7 +122,9 @@ class QueueFull(AdaptspecError):
     """The engine's queue is full; retry after ``retry_after_s`` seconds."""
 
     def __init__(self, queued: int, retry_after_s: float) -> None:
-        super().__init__(f"the server is at capacity ({queued} requests waiting); retry after {retry_after_s:.0f} s")
+        super().__init__(
+            f"the server is at capacity ({queued} requests waiting); retry after {retry_after_s:.0f} s"
+        )
         self.retry_after_s = retry_after_s
 
 
@@ -206,16 +211,29 @@ class Ticket:
 class EngineLoop:
     """Runs a :class:`~adaptspec.batching.engine.BatchEngine` on its own thread (see the module docstring)."""
 
-    def __init__(self, engine: "BatchEngine", max_queue: int = 64, attribution: str = "marginal",
-                 profile: "LatencyProfile | None" = None, rule: EngineRule | None = None,
-                 switchback: "Switchback | None" = None, threads: int | None = None,
-                 request_timeout_s: float = 600.0, max_failures: int = 3, failure_window_s: float = 60.0,
-                 stall_s: float = STALL_S) -> None:
+    def __init__(
+        self,
+        engine: "BatchEngine",
+        max_queue: int = 64,
+        attribution: str = "marginal",
+        profile: "LatencyProfile | None" = None,
+        rule: EngineRule | None = None,
+        switchback: "Switchback | None" = None,
+        threads: int | None = None,
+        request_timeout_s: float = 600.0,
+        max_failures: int = 3,
+        failure_window_s: float = 60.0,
+        stall_s: float = STALL_S,
+    ) -> None:
         if not isinstance(max_queue, int) or max_queue < 0:
             raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
             raise AdaptspecError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
-        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+        if (
+            isinstance(stall_s, bool)
+            or not isinstance(stall_s, (int, float))
+            or not 0 < stall_s < float("inf")
+        ):
             raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
         self.request_timeout_s = float(request_timeout_s)
         self.stall_s = float(stall_s)
@@ -226,10 +244,13 @@ class EngineLoop:
             import torch
 
             if torch.get_num_threads() > 1:
-                log.warning("the engine loop gets %d torch threads while the thread starting it has %d: if that "
-                            "thread has run torch work, the engine runs ~1.6x slower (call "
-                            "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine.loop)",
-                            threads, torch.get_num_threads())
+                log.warning(
+                    "the engine loop gets %d torch threads while the thread starting it has %d: if that "
+                    "thread has run torch work, the engine runs ~1.6x slower (call "
+                    "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine.loop)",
+                    threads,
+                    torch.get_num_threads(),
+                )
         if attribution not in ATTRIBUTIONS:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
@@ -238,7 +259,9 @@ class EngineLoop:
         self.rule = rule  # a serving.engine.round_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
-        engine.on_first_token = self._first_token  # a stop in the first token ends the request before any round
+        engine.on_first_token = (
+            self._first_token
+        )  # a stop in the first token ends the request before any round
         # a serving.engine.switchback.Switchback (switchback A/B): it counts the rounds into slices; the
         # variant of a request joining now is its slice's (switchback.assign), each round is recorded
         self.switchback = switchback
@@ -261,16 +284,31 @@ class EngineLoop:
         # with a 503, resets the engine and restarts the loop; max_failures within failure_window_s
         # stop it for good (submissions then get EngineFailed: the server answers 503); no round
         # finished for stall_s seconds while busy: stalled (see the module docstring)
-        self._guard = GuardedThread("adaptspec-engine", self._run, self._failed, max_failures=max_failures,
-                                    window_s=failure_window_s, logger=log, stall_s=stall_s, on_stall=self._stalled)
+        self._guard = GuardedThread(
+            "adaptspec-engine",
+            self._run,
+            self._failed,
+            max_failures=max_failures,
+            window_s=failure_window_s,
+            logger=log,
+            stall_s=stall_s,
+            on_stall=self._stalled,
+        )
         self._guard.start()
 
     # ------------------------------------------------------------------ any thread
-    def submit(self, prompt_ids: Sequence[int], block_size: int = 1, max_new_tokens: int = 128,
-               temperature: float = 0.0, seed: int | None = None,
-               on_tokens: Callable[[list[int]], None] | None = None,
-               stop_when: Callable[[], bool] | None = None, reservation: Reservation | None = None,
-               on_done: Callable[[Ticket], None] | None = None) -> Ticket:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        block_size: int = 1,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        reservation: Reservation | None = None,
+        on_done: Callable[[Ticket], None] | None = None,
+    ) -> Ticket:
         """Queue a request (checked by the engine when the loop takes it; a bad one fails alone).
 
         With a ``reservation`` (:meth:`reserve`) still held, its place is used: no :class:`QueueFull`.
@@ -313,8 +351,10 @@ class EngineLoop:
 
     def _check_open(self) -> None:  # with the lock held
         if self._guard.gave_up:
-            raise EngineFailed("the engine has stopped after repeated failures (the server's log has them); "
-                               "this server cannot decode until it is restarted")
+            raise EngineFailed(
+                "the engine has stopped after repeated failures (the server's log has them); "
+                "this server cannot decode until it is restarted"
+            )
         if self._guard.stalled:
             raise self._stall_error()
         if self._closed:
@@ -326,7 +366,9 @@ class EngineLoop:
         limit = self.request_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + limit
         while not ticket.done.is_set():
-            if not self._guard.alive:  # the loop has ended (closed, or stopped for good): nobody will finish it
+            if (
+                not self._guard.alive
+            ):  # the loop has ended (closed, or stopped for good): nobody will finish it
                 ticket.complete(EngineFailed("the engine stopped before this request finished"))
             elif time.monotonic() >= deadline:
                 ticket.cancel()
@@ -357,14 +399,21 @@ class EngineLoop:
     def stats(self) -> dict[str, Any]:
         """Rows in flight, requests waiting, the last round's tokens and time (for /metrics)."""
         r = self.last_round
-        return {"rows_in_flight": len(self.engine.rows), "queue_length": self.queue_length,
-                "rounds": self.rounds, "tokens_per_round": sum(r.taus) if r is not None else 0,
-                "batch_time_s": r.round_s if r is not None else 0.0, "round_s_ewma": self.round_s_ewma or 0.0,
-                "rows_last_round": r.rows if r is not None else 0, "decode_s": self.decode_s,
-                "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
-                "rule_wall_s": 0.0 if self.rule is None else self.rule.busy_wall_s,
-                "rounds_by_width": dict(self.rounds_by_width), "engine_failures": self._guard.failures,
-                "engine_up": int(not (self._guard.gave_up or self._guard.stalled))}
+        return {
+            "rows_in_flight": len(self.engine.rows),
+            "queue_length": self.queue_length,
+            "rounds": self.rounds,
+            "tokens_per_round": sum(r.taus) if r is not None else 0,
+            "batch_time_s": r.round_s if r is not None else 0.0,
+            "round_s_ewma": self.round_s_ewma or 0.0,
+            "rows_last_round": r.rows if r is not None else 0,
+            "decode_s": self.decode_s,
+            "rule_s": 0.0 if self.rule is None else self.rule.busy_s,
+            "rule_wall_s": 0.0 if self.rule is None else self.rule.busy_wall_s,
+            "rounds_by_width": dict(self.rounds_by_width),
+            "engine_failures": self._guard.failures,
+            "engine_up": int(not (self._guard.gave_up or self._guard.stalled)),
+        }
 
     @property
     def queue_length(self) -> int:
@@ -384,10 +433,15 @@ class EngineLoop:
         else:
             self.drain("the server is shutting down")
             if self._guard.stalled:
-                log.error("the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s)
+                log.error(
+                    "the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s
+                )
             else:
-                log.error("the engine thread is still in a round %g s into the shutdown: its requests were "
-                          "answered 503; shutting down without it", timeout)
+                log.error(
+                    "the engine thread is still in a round %g s into the shutdown: its requests were "
+                    "answered 503; shutting down without it",
+                    timeout,
+                )
         if self.switchback is not None:  # the slice in progress is written, marked incomplete
             self.switchback.close()
 
@@ -399,7 +453,9 @@ class EngineLoop:
         with self._lock:
             self._closed = True
             self._drained = error
-        for t in self._take_inbox() + list(self._tickets):  # as _stalled: the loop's own may be stuck in a round
+        for t in self._take_inbox() + list(
+            self._tickets
+        ):  # as _stalled: the loop's own may be stuck in a round
             t.complete(error)
         self._wake.set()
 
@@ -419,7 +475,9 @@ class EngineLoop:
             with self._lock:
                 self._inbox_n -= 1
             try:
-                ticket.handle = self.engine.submit(ids, block_size=b, max_new_tokens=n, temperature=t, seed=seed)
+                ticket.handle = self.engine.submit(
+                    ids, block_size=b, max_new_tokens=n, temperature=t, seed=seed
+                )
             except AdaptspecError as e:
                 ticket.complete(e)
                 continue
@@ -450,8 +508,11 @@ class EngineLoop:
                     self.rounds_by_width[record.rows, record.width] += 1
                     self.last_round = record
                     a = 0.1
-                    self.round_s_ewma = record.round_s if self.round_s_ewma is None else (
-                        (1 - a) * self.round_s_ewma + a * record.round_s)
+                    self.round_s_ewma = (
+                        record.round_s
+                        if self.round_s_ewma is None
+                        else ((1 - a) * self.round_s_ewma + a * record.round_s)
+                    )
                 self._stream()
                 if self._guard.beat():  # a callback (a stream, a feedback) that outlived stall_s
                     self._after_stall()
@@ -472,7 +533,9 @@ class EngineLoop:
         decode_s = max(0.0, record.round_s - record.join_s)
         self.decode_s += decode_s
         shares = attribute(self.attribution, decode_s, record.block_sizes, contexts, self.profile)
-        one_row = 1.0 if self._one_row is None else self._one_row.factor(len(rows), sum(contexts) / len(contexts))
+        one_row = (
+            1.0 if self._one_row is None else self._one_row.factor(len(rows), sum(contexts) / len(contexts))
+        )
         for t, share in zip(rows, shares):
             if t is not None:
                 t.attributed_s += float(share)
@@ -497,7 +560,7 @@ class EngineLoop:
         """Give ``t`` its new tokens, then ask its stop condition (true: it ends at the next boundary)."""
         h = t.handle
         if t.on_tokens is not None and len(h.tokens) > t.sent:
-            new = h.tokens[t.sent:]
+            new = h.tokens[t.sent :]
             t.sent = len(h.tokens)
             try:
                 t.on_tokens(new)
@@ -528,18 +591,26 @@ class EngineLoop:
         flight or queued with a 503 saying so (the error's message, logged by the guard, may carry
         a user's paths: not for clients), and reset the engine (rows dropped, KV slots freed)."""
         what = "it has stopped" if self._guard.gave_up else "it was restarted"
-        self._fail_everything(EngineFailed(f"the engine failed (the server's log has the error); {what} and this "
-                                           "request was dropped: retry"))
+        self._fail_everything(
+            EngineFailed(
+                f"the engine failed (the server's log has the error); {what} and this "
+                "request was dropped: retry"
+            )
+        )
 
     def _stall_error(self) -> EngineFailed:
-        return EngineFailed(f"the engine has finished no round for {self.stall_s:g} s (stalled; the server's log "
-                            "shows where): requests get 503 until it moves again or the server is restarted")
+        return EngineFailed(
+            f"the engine has finished no round for {self.stall_s:g} s (stalled; the server's log "
+            "shows where): requests get 503 until it moves again or the server is restarted"
+        )
 
     def _stalled(self, message: str) -> None:
         """On the watchdog's thread, once the engine is stalled: answer every request in flight or
         queued with a 503. The engine itself is the stuck thread's: not touched here (see _after_stall)."""
         error = self._stall_error()
-        for t in self._take_inbox() + list(self._tickets):  # the inbox: submitted, not yet taken by the (stuck) loop
+        for t in self._take_inbox() + list(
+            self._tickets
+        ):  # the inbox: submitted, not yet taken by the (stuck) loop
             t.complete(error)
 
     def _after_stall(self) -> None:

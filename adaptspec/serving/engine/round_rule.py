@@ -85,7 +85,9 @@ class RoundRule:
         self._load = self._Load(rows=len(rows), queue=int(self._queue_length()))
         self._asked = [int(b) for b in self.rule.choose(views, self._load)]
         if len(self._asked) != len(rows):
-            raise AdaptspecError(f"load rule {self.name} gave {len(self._asked)} block sizes for {len(rows)} rows")
+            raise AdaptspecError(
+                f"load rule {self.name} gave {len(self._asked)} block sizes for {len(rows)} rows"
+            )
         self.busy_s += time.thread_time() - t0
         self.busy_wall_s += time.perf_counter() - w0
         return self._asked
@@ -99,8 +101,13 @@ class RoundRule:
         # a draft tree's row ran its tree, not the size asked for it (the engine sets chains only): left out
         chains = [i for i, h in enumerate(handles) if as_tree_budget(h.block_size) is None]
         views = [self._views[handles[i].id] for i in chains]
-        self.rule.feedback(views, [self._asked[i] for i in chains], [record.taus[i] for i in chains],
-                           [shares[i] for i in chains], self._load)
+        self.rule.feedback(
+            views,
+            [self._asked[i] for i in chains],
+            [record.taus[i] for i in chains],
+            [shares[i] for i in chains],
+            self._load,
+        )
         for v, i in zip(views, chains):
             v.after_round(record.block_sizes[i], int(record.taus[i]), len(handles[i].tokens))
         self.row_rounds += len(record.taus)
@@ -108,8 +115,9 @@ class RoundRule:
         self.busy_wall_s += time.perf_counter() - w0
 
 
-def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0,
-                   margin: float = 0.0) -> LoadRule | None:
+def make_load_rule(
+    spec: str, arms: Sequence[int], profile: Any, prior: float = 0.4, seed: int = 0, margin: float = 0.0
+) -> LoadRule | None:
     """The rule ``spec`` names (``fixed:B``, ``goodput``, ``learned``; ``none``: None) over block sizes ``arms``;
     ``profile`` is the cost model of the goodput and learned rules, ``prior`` their prior
     per-draft acceptance (the learned rule starts warm from it), ``margin`` the learned rule's
@@ -125,8 +133,8 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
 
     if spec == "none":
         return None
-    if spec.startswith("fixed:") and spec[len("fixed:"):].isdigit():
-        b = int(spec[len("fixed:"):])
+    if spec.startswith("fixed:") and spec[len("fixed:") :].isdigit():
+        b = int(spec[len("fixed:") :])
         if b < 1:
             raise AdaptspecError(f"--load-rule {spec!r}: the block size must be >= 1")
         return Fixed(b)
@@ -136,17 +144,25 @@ def make_load_rule(spec: str, arms: Sequence[int], profile: Any, prior: float = 
         prof = get_profile(profile)
         if spec == "goodput":
             return Goodput(arms, prof, prior=prior)
-        return Learned(arms, prof, prior=prior, seed=seed, full_info=True,  # every shorter block a round shows
-                       margin=margin)
+        return Learned(
+            arms,
+            prof,
+            prior=prior,
+            seed=seed,
+            full_info=True,  # every shorter block a round shows
+            margin=margin,
+        )
     raise AdaptspecError(f"--load-rule {spec!r}: expected one of {', '.join(LOAD_RULES)}")
 
 
 def _table(spec: str) -> dict[int, int]:
     """``table:R=B,...`` -> ``{R: B}`` (rows up to R verify B), checked."""
     table = {}
-    for part in spec[len("table:"):].split(","):
+    for part in spec[len("table:") :].split(","):
         rows, eq, b = part.partition("=")
         if not (eq and rows.strip().isdigit() and b.strip().isdigit() and int(rows) >= 1 and int(b) >= 1):
-            raise AdaptspecError(f"--load-rule {spec!r}: expected table:ROWS=BLOCK,... with integers >= 1, like table:1=3,4=1")
+            raise AdaptspecError(
+                f"--load-rule {spec!r}: expected table:ROWS=BLOCK,... with integers >= 1, like table:1=3,4=1"
+            )
         table[int(rows)] = int(b)
     return table

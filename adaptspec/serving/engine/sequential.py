@@ -65,9 +65,14 @@ log = logging.getLogger("adaptspec.serving")
 class Job:
     """One request waiting for, or in, the runner's thread; answered once (:meth:`finish`)."""
 
-    def __init__(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None,
-                 stop_when: Callable[[], bool] | None, cancel: Cancellation | None,
-                 deliver: Callable[["Generation | RequestError"], None]) -> None:
+    def __init__(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None,
+        stop_when: Callable[[], bool] | None,
+        cancel: Cancellation | None,
+        deliver: Callable[["Generation | RequestError"], None],
+    ) -> None:
         self.req, self.on_tokens, self.stop_when, self.cancel = req, on_tokens, stop_when, cancel
         self.deliver = deliver
         self._settled = threading.Lock()
@@ -91,8 +96,14 @@ class SequentialRunner:
         self._closed = False
         self._drained: RequestError | None = None  # set by drain(): what a request still held gets
         self._current: Job | None = None  # the request being decoded
-        self._guard = GuardedThread("adaptspec-speculator", self._serve, self._failed, logger=log,
-                                    stall_s=stall_s, on_stall=self._stalled)
+        self._guard = GuardedThread(
+            "adaptspec-speculator",
+            self._serve,
+            self._failed,
+            logger=log,
+            stall_s=stall_s,
+            on_stall=self._stalled,
+        )
         self._guard.start()
 
     @property
@@ -122,11 +133,16 @@ class SequentialRunner:
             return
         self.drain("the server is shutting down")
         if self._guard.stalled:
-            log.error("the speculator's thread is stalled (no progress for %g s): shutting down without it",
-                      self.stall_s)
+            log.error(
+                "the speculator's thread is stalled (no progress for %g s): shutting down without it",
+                self.stall_s,
+            )
         else:
-            log.error("the speculator's thread is still decoding %g s into the shutdown: its requests were "
-                      "answered 503; shutting down without it", timeout)
+            log.error(
+                "the speculator's thread is still decoding %g s into the shutdown: its requests were "
+                "answered 503; shutting down without it",
+                timeout,
+            )
 
     def drain(self, reason: str) -> None:
         """Answer the request decoding and every one waiting with a 503 giving ``reason``, now, and
@@ -137,23 +153,36 @@ class SequentialRunner:
         self._answer_all(error)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None,
-               stop_when: Callable[[], bool] | None, cancel: Cancellation | None,
-               deliver: Callable[["Generation | RequestError"], None]) -> None:
+    def submit(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None,
+        stop_when: Callable[[], bool] | None,
+        cancel: Cancellation | None,
+        deliver: Callable[["Generation | RequestError"], None],
+    ) -> None:
         """Queue ``req``; ``deliver`` gets its generation (decision and outcome logged) or the
         :class:`RequestError` it answers with. A stalled, failed or closing runner refuses it now (503)."""
         with self._lock:
             if self._closed or self._drained is not None:
                 raise RequestError("the server is shutting down", 503)
             if self._guard.gave_up:
-                raise RequestError("the speculator's thread has stopped after repeated failures (the server's log "
-                                   "has them); this server cannot decode until it is restarted", 503)
+                raise RequestError(
+                    "the speculator's thread has stopped after repeated failures (the server's log "
+                    "has them); this server cannot decode until it is restarted",
+                    503,
+                )
             if self._guard.stalled:
                 raise self._stall_error()
             self._jobs.put(Job(req, on_tokens, stop_when, cancel, deliver))
 
-    def run(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-            stop_when: Callable[[], bool] | None = None, cancel: Cancellation | None = None) -> "Generation":
+    def run(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """Decode ``req`` through its variant's controller, waiting on this thread; returns the
         :class:`~adaptspec.control.generation.Generation`, its decision and outcome logged."""
         done = threading.Event()
@@ -167,9 +196,13 @@ class SequentialRunner:
         done.wait()  # bounded: the watchdog answers a request whose decode stalls
         return answered(result[0])
 
-    async def run_async(self, req: "CompletionRequest", on_tokens: Callable[[list[int]], None] | None = None,
-                        stop_when: Callable[[], bool] | None = None,
-                        cancel: Cancellation | None = None) -> "Generation":
+    async def run_async(
+        self,
+        req: "CompletionRequest",
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        cancel: Cancellation | None = None,
+    ) -> "Generation":
         """:meth:`run` without a waiting thread: the event loop queues ``req`` and awaits its answer,
         which the runner's thread (or its watchdog) hands back."""
         import asyncio
@@ -224,22 +257,33 @@ class SequentialRunner:
         try:
             with halt_when(job.stop_when):
                 return self.controllers[req.variant].generate(
-                    req.prompt_ids, max_new_tokens=req.max_tokens, temperature=req.temperature, seed=req.seed,
-                    request_id=req.request_id, on_tokens=tokens)
+                    req.prompt_ids,
+                    max_new_tokens=req.max_tokens,
+                    temperature=req.temperature,
+                    seed=req.seed,
+                    request_id=req.request_id,
+                    on_tokens=tokens,
+                )
         except PrefillError as e:  # the speculator refused this prompt: its own words, for the client
             return RequestError(str(e), param="prompt")
         except DecisionLogError as e:  # not acknowledged: the client may retry
-            return unavailable("the decision log cannot be written, the request was not recorded", e, req.request_id)
+            return unavailable(
+                "the decision log cannot be written, the request was not recorded", e, req.request_id
+            )
         except AdaptspecError as e:  # the controller's refusal (closed, an outcome that breaks the protocol)
-            return unavailable(f"variant {req.variant}'s controller could not complete this request", e,
-                               req.request_id)
+            return unavailable(
+                f"variant {req.variant}'s controller could not complete this request", e, req.request_id
+            )
         except Exception as e:  # noqa: BLE001 - the speculator's own failure: a 503, its text logged
             return unavailable("the speculator could not decode this request", e, req.request_id)
 
     def _stall_error(self) -> RequestError:
-        return RequestError(f"the speculator's decode has made no progress for {self.stall_s:g} s (stalled; the "
-                            "server's log shows where): requests get 503 until it moves again or the server is "
-                            "restarted", 503)
+        return RequestError(
+            f"the speculator's decode has made no progress for {self.stall_s:g} s (stalled; the "
+            "server's log shows where): requests get 503 until it moves again or the server is "
+            "restarted",
+            503,
+        )
 
     def _stalled(self, message: str) -> None:
         """On the watchdog's thread: answer the request decoding and every one waiting with a 503."""
@@ -247,8 +291,12 @@ class SequentialRunner:
 
     def _failed(self, message: str) -> None:
         """After the runner's own loop failed (the guard logged it): answer what it held, then it restarts."""
-        self._answer_all(unavailable("the speculator's thread failed (the server's log has the error); this "
-                                     "request was dropped: retry"))
+        self._answer_all(
+            unavailable(
+                "the speculator's thread failed (the server's log has the error); this "
+                "request was dropped: retry"
+            )
+        )
 
     def _answer_all(self, error: RequestError) -> None:
         current = self._current

@@ -79,11 +79,18 @@ class Switchback:
     :meth:`close` (any thread, after the engine's thread has stopped).
     """
 
-    def __init__(self, variants: Sequence[str], slice_rounds: int = DEFAULT_SLICE_ROUNDS, seed: int = 0,
-                 writer: Any = None) -> None:
+    def __init__(
+        self,
+        variants: Sequence[str],
+        slice_rounds: int = DEFAULT_SLICE_ROUNDS,
+        seed: int = 0,
+        writer: Any = None,
+    ) -> None:
         variants = tuple(variants)
         if len(variants) < 2 or len(set(variants)) != len(variants):
-            raise AdaptspecError(f"a switchback test needs at least 2 distinct variants, got {list(variants)}")
+            raise AdaptspecError(
+                f"a switchback test needs at least 2 distinct variants, got {list(variants)}"
+            )
         if isinstance(slice_rounds, bool) or not isinstance(slice_rounds, int) or slice_rounds < 1:
             raise AdaptspecError(f"slice_rounds must be an int >= 1, got {slice_rounds!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -152,29 +159,55 @@ class Switchback:
             self.writer.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"design": "switchback", "slice_rounds": self.slice_rounds, "slice": self.slice,
-                "variant": self.variant, "slices_written": len(self.records), "write_errors": self.write_errors}
+        return {
+            "design": "switchback",
+            "slice_rounds": self.slice_rounds,
+            "slice": self.slice,
+            "variant": self.variant,
+            "slices_written": len(self.records),
+            "write_errors": self.write_errors,
+        }
 
     # ------------------------------------------------------------------ internals
     def _current(self) -> dict[str, Any]:
         s = self.slice
         if self._open is None or self._open["slice"] != s:
-            self._open = {"slice": s, "variant": slice_variant(self.variants, self.seed, s), "first_round": self.round,
-                          "started": time.time(), "requests": [], "round_tokens": [], "round_decode_s": [],
-                          "round_rows": [], "round_carried": []}
+            self._open = {
+                "slice": s,
+                "variant": slice_variant(self.variants, self.seed, s),
+                "first_round": self.round,
+                "started": time.time(),
+                "requests": [],
+                "round_tokens": [],
+                "round_decode_s": [],
+                "round_rows": [],
+                "round_carried": [],
+            }
         return self._open
 
     def _finish(self, complete: bool) -> None:
         o = self._open
         self._open = None
         n = len(o["round_tokens"])
-        rec = {"slice": o["slice"], "variant": o["variant"], "complete": complete,
-               "first_round": o["first_round"], "last_round": o["first_round"] + n - 1, "rounds": n,
-               "tokens": sum(o["round_tokens"]), "decode_s": sum(o["round_decode_s"]),
-               "row_rounds": sum(o["round_rows"]), "carried_row_rounds": sum(o["round_carried"]),
-               "requests": o["requests"], "started": o["started"], "ended": time.time(),
-               "slice_rounds": self.slice_rounds, "seed": self.seed, "variants": list(self.variants),
-               **{k: o[k] for k in ("round_tokens", "round_decode_s", "round_rows", "round_carried")}}
+        rec = {
+            "slice": o["slice"],
+            "variant": o["variant"],
+            "complete": complete,
+            "first_round": o["first_round"],
+            "last_round": o["first_round"] + n - 1,
+            "rounds": n,
+            "tokens": sum(o["round_tokens"]),
+            "decode_s": sum(o["round_decode_s"]),
+            "row_rounds": sum(o["round_rows"]),
+            "carried_row_rounds": sum(o["round_carried"]),
+            "requests": o["requests"],
+            "started": o["started"],
+            "ended": time.time(),
+            "slice_rounds": self.slice_rounds,
+            "seed": self.seed,
+            "variants": list(self.variants),
+            **{k: o[k] for k in ("round_tokens", "round_decode_s", "round_rows", "round_carried")},
+        }
         self.records.append(rec)
         if self.writer is not None:
             try:
@@ -193,11 +226,15 @@ class SliceRule:
     def __init__(self, switchback: Switchback, rules: Mapping[str, Any]) -> None:
         unknown = sorted(set(rules) - set(switchback.variants))
         if unknown:
-            raise AdaptspecError(f"a load rule for unknown variant {unknown[0]!r}: the variants are "
-                                 f"{', '.join(switchback.variants)}")
+            raise AdaptspecError(
+                f"a load rule for unknown variant {unknown[0]!r}: the variants are "
+                f"{', '.join(switchback.variants)}"
+            )
         self.switchback = switchback
         self.rules = {v: rules.get(v) for v in switchback.variants}
-        self.name = "per variant: " + ", ".join(f"{v}={'none' if r is None else r.name}" for v, r in self.rules.items())
+        self.name = "per variant: " + ", ".join(
+            f"{v}={'none' if r is None else r.name}" for v, r in self.rules.items()
+        )
         self._chose: Any = None
 
     @property
