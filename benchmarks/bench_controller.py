@@ -90,8 +90,8 @@ def _policy(spec, encode, workdir: Path, arms: tuple[int, ...]):
     """
     import torch
 
-    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.policies import train_head
+    from adaptspec.policies.featurizer import Featurizer
 
     X = np.stack([spec.prefill(encode(p + f" {i}")).features for i, p in enumerate(PROMPTS * 4)])
     f = Featurizer.fit(X, dim=min(32, len(X) - 1), keep=[-1])

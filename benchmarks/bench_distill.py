@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from adaptspec.models.distill_generator import generate
-from adaptspec.models.distill import chat_ids
 from adaptspec.decoding.loading import load_target
+from adaptspec.models.distill import chat_ids
+from adaptspec.models.distill_generator import generate
 from adaptspec.models.prompts import build_prompt_pool, split_pool
 
 

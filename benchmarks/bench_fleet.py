@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Redis test server (tests/_redis.p
 
 
 def learning(steps: int = 500, seeds: int = 20, width: int = 40) -> dict:
-    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
     from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.policies.featurizer import Featurizer
     from adaptspec.policies.spec import make_policy
     from adaptspec.simulators.replay import finite_rewards
     from adaptspec.traces import load_traces
@@ -100,7 +100,6 @@ class _Toy:
 
 def latency(n: int = 1500) -> dict:
     from _redis import RedisServer
-
     from adaptspec import AdaptiveController
     from adaptspec.fleet import SharedState
     from adaptspec.fleet.redis_backend import RedisBackend

@@ -31,9 +31,9 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load_sweep import Server as SweepServer  # noqa: E402
 from bench_load_sweep import (
     Measured,
+    Server as SweepServer,  # noqa: E402
     free_port,
     one_request,
     schedule,

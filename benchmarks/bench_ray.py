@@ -75,6 +75,7 @@ def sweep(steps_list=(None, 20000), seeds=5) -> dict:
 
 def collect_dense(n: int = 8, verification: str = "fast") -> dict:
     import pyarrow  # noqa: F401
+
     from adaptspec.traces.dense import DenseTraceSet
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

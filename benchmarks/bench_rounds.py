@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptspec.traces.dense import DenseTraceSet, replay_rounds
 from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 from adaptspec.simulators.rounds import evaluate_rounds
+from adaptspec.traces.dense import DenseTraceSet, replay_rounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = [("cpu-smollm2-fast", 1), ("h100-qwen3-8b", 1), ("h100-qwen3-8b", 8), ("h100-qwen3-8b", 32)]

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load_sweep import paired_ratio  # noqa: E402
-from bench_vllm import DEFAULT_VLLM_PYTHON, CHECKOUT, Server, closed_loop, host  # noqa: E402
+from bench_vllm import CHECKOUT, DEFAULT_VLLM_PYTHON, Server, closed_loop, host  # noqa: E402
 
 
 def process_cpu(server: Server) -> dict[str, float]:

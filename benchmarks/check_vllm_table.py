@@ -24,11 +24,11 @@ from pathlib import Path
 def engine(target: str, spec: dict | None, prompts: int, concurrency: int, max_tokens: int) -> dict:
     """In this process: start vLLM (``spec``: its speculative_config, None without), decode, report."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from adaptspec.models.prompts import benchmark_prompts
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
     texts = [p.prompt for p in benchmark_prompts()[1::2][:prompts]]

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from adaptspec.traces.log_writer import log_rows
 from adaptspec.analysis.ab import analyze, rows_to_arrays
+from adaptspec.traces.log_writer import log_rows
 
 PROMPTS = [
     "Write a haiku about the sea.",

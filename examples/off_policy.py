@@ -25,9 +25,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from adaptspec.policies.featurizer import Featurizer
-from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
 from adaptspec.analysis import evaluate_log
+from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.simulators import replay_log
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import DecisionLog, load_traces

@@ -33,9 +33,9 @@ from __future__ import annotations
 import argparse
 
 from adaptspec.evaluation.core import split_requests
-from adaptspec.policies.featurizer import Featurizer
 from adaptspec.models import BUNDLED_HEAD, TEMPLATES_HEAD  # heads trained on the default / the template set
 from adaptspec.policies import NeuralLinear, OfflineHead, train_head
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import TEMPLATE_TRACES, load_traces
 

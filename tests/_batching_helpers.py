@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _threads import torch_threads
 from adaptspec.decoding import BlockDiffusionDrafter
 from adaptspec.decoding.drafter import DraftState
-
-from _threads import torch_threads
 
 
 class _TaggedState(DraftState):

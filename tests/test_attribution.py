@@ -8,8 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.attribution import attribute, batch_round_s, batch_rounds_s, by_serial_cost, by_tokens

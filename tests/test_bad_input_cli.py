@@ -454,7 +454,6 @@ def test_the_world_is_what_the_cases_assume(tmp_path):
 def test_train_drafter_work_dir_with_a_bad_data_json_is_one_line(tmp_path, content):
     """A train-drafter work directory whose data.json is not UTF-8, nested too deep, or holds no
     list of layers: exit 2 with one line naming the file, before any model loads."""
-    from adaptspec.cli import main
 
     work = tmp_path / "work"
     work.mkdir()

@@ -1650,11 +1650,11 @@ def test_simulate_steps_beyond_the_bound_is_refused(tmp_path):
 def test_serve_refuses_a_truncated_checkpoint_at_start(tmp_path):
     """A server that checkpointed, then its policy.npz truncated (a crash of the disk, not of
     adaptspec): the next start is one line naming the file, before it serves anything."""
+    from fastapi.testclient import TestClient
+
     from adaptspec.cli import build_parser
     from adaptspec.cli.serve import build as build_service
     from adaptspec.serving import create_app
-
-    from fastapi.testclient import TestClient
 
     args = [
         "serve",

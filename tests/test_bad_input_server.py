@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adaptspec import AdaptspecError
 from adaptspec._util.append import LineAppender

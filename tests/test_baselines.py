@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import REGISTRY, Fixed, Oracle, RandomPolicy, make_policy

@@ -5,17 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.batching.kv_slots import SlotStore
 from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
 from adaptspec.errors import AdaptspecError
-
-from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import chi_square_p, tiny_target
-
 
 # ---------------------------------------------------------------------- KV slots
 _op = st.one_of(

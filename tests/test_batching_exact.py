@@ -10,14 +10,12 @@ import functools
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.decoding.batch_invariant import RowPaddedLinear
-
-from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import tiny_target
 
 VOCAB = 96

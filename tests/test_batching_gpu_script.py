@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from _scripts import load_script
 from _threads import torch_threads
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.errors import AdaptspecError
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
-from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 SPEC, CODEC = tiny_speculator(seed=0, verification="exact")
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.batching.packed_pass import Chunk, Packer
 from adaptspec.batching.target_pass import new_store, prefill_layers, verify_rows
 from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
 from adaptspec.errors import AdaptspecError
-
-from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import tiny_target
 
 VOCAB = 96

@@ -8,6 +8,7 @@ import math
 import statistics
 
 import pytest
+
 from _scripts import load_script
 
 

@@ -9,6 +9,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+
 from _scripts import load_script
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+
 from _scripts import load_script
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptspec.models import BUNDLED_DRAFTER, load_speculator
-from adaptspec.models.prompts import demo_prompts
-
 from _bundled import bundled_exact
 from _threads import torch_threads
+from adaptspec.models import BUNDLED_DRAFTER, load_speculator
+from adaptspec.models.prompts import demo_prompts
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.policy_build import DEFAULT_ARMS, default_policy_spec
@@ -129,7 +128,7 @@ def test_default_construction_decides_and_learns_from_the_first_request(max_b, d
             AdaptspecError
         ) as e:  # the first request fixed the width, or the speculator declared it
             c.decide(np.zeros(50))
-        assert one_line(e).startswith(f"features have 50 values, ") and one_line(e).endswith(f" {WIDTH}")
+        assert one_line(e).startswith("features have 50 values, ") and one_line(e).endswith(f" {WIDTH}")
 
 
 def test_why_the_bundled_head_does_not_fit_is_said():

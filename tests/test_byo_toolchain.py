@@ -23,8 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.cli import build_parser, main
 from adaptspec.errors import AdaptspecError
@@ -455,10 +454,10 @@ def test_serve_runs_a_factorys_speculative_decoder_on_the_engine_with_the_engine
 
 def test_profile_latency_times_your_speculator(errmod, capsys):
     import torch
+    from mymod_e import make16
 
     from adaptspec.models.prompts import heldout_prompts
     from examples.byo_dflash import ByteCodec
-    from mymod_e import make16
 
     assert (
         main(["profile-latency", "--speculator", "mymod_e:make", "--batch-rows", "1,2", "--out", "p.json"])

@@ -24,9 +24,9 @@ LIMITS = ServerLimits(
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    from adaptspec.serving.tiny import tiny_speculator
-
     import torch
+
+    from adaptspec.serving.tiny import tiny_speculator
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's cores are shared: one thread is faster here than two fighting

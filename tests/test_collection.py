@@ -10,7 +10,6 @@ from adaptspec._util.jsonlines import read_jsonl
 from adaptspec.collect.every_arm import collect_traces
 from adaptspec.errors import AdaptspecError
 from adaptspec.traces import TraceSet
-
 from decoding_helpers import make_decoder, reference_greedy, tiny_target
 
 torch.set_num_threads(1)

@@ -18,11 +18,11 @@ from _controller_helpers import FakeSpeculator, Misbehaving
 from _threads import torch_threads
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.policy_checkpoint import latest_checkpoint, read_checkpoint, state_digest
-from adaptspec.traces.log_writer import DecisionLogWriter, journal_rows, log_rows
 from adaptspec.policies import LinUCB, make_policy
 from adaptspec.reward.functions import DEFAULT_REWARD, reward_function
 from adaptspec.speculator import Outcome
 from adaptspec.traces import DecisionLog
+from adaptspec.traces.log_writer import DecisionLogWriter, journal_rows, log_rows
 
 ARMS = (1, 2, 4, 6, 8, 10, 12, 16)
 HERE = Path(__file__).resolve().parent
@@ -291,7 +291,6 @@ def test_on_tokens_streams_first_token_then_rounds():
 
 def test_a_round_rule_runs_inside_every_request_from_the_chosen_block_size(one_torch_thread):
     from adaptspec.schedules import AcceptanceHistory
-
     from decoding_helpers import make_decoder, reference_greedy, tiny_target
 
     model = tiny_target("llama", vocab=96)

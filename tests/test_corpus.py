@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from adaptspec.decoding.loading import bundled_target_path
 from adaptspec.errors import AdaptspecError
 from adaptspec.models import corpus as C
-from adaptspec.decoding.loading import bundled_target_path
 from adaptspec.models.self_instruct import Decontaminator, distinct_ngrams, user_turn_prefix
 
 torch.set_num_threads(1)

@@ -7,13 +7,11 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
 from adaptspec.schedules import ConfidenceThreshold
-
 from decoding_helpers import (
     ARCHS,
     PeekingDrafter,

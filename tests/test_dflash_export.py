@@ -19,8 +19,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from adaptspec.cli import main
-from adaptspec.decoding import BlockDiffusionDrafter
-from adaptspec.decoding import dflash_format
+from adaptspec.decoding import BlockDiffusionDrafter, dflash_format
 from adaptspec.errors import AdaptspecError
 
 torch.set_num_threads(1)

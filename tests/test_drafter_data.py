@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from adaptspec.decoding import BlockDiffusionDrafter
+from adaptspec.errors import AdaptspecError
 from adaptspec.models import corpus as C
 from adaptspec.models.contexts import build_corpus_contexts, teacher_forced_hidden
 from adaptspec.models.drafter_eval import acceptance_everywhere, drafter_figures
 from adaptspec.models.prompts import Prompt
 from adaptspec.models.train_drafter import ShardData, TrainConfig, export, train
-from adaptspec.decoding import BlockDiffusionDrafter
-from adaptspec.errors import AdaptspecError
-
 from decoding_helpers import tiny_target
 
 torch.set_num_threads(1)

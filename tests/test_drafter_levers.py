@@ -12,14 +12,13 @@ import torch
 
 import adaptspec.models.train_drafter as T
 from adaptspec.cli import main
+from adaptspec.decoding import BlockDiffusionDrafter
+from adaptspec.decoding.drafter import block_position_weights
 from adaptspec.errors import AdaptspecError
 from adaptspec.models import corpus as C
 from adaptspec.models.contexts import build_corpus_contexts
 from adaptspec.models.prompts import Prompt
 from adaptspec.models.train_drafter import ShardData, TrainConfig, block_loss, make_batch, train, vocab_index
-from adaptspec.decoding import BlockDiffusionDrafter
-from adaptspec.decoding.drafter import block_position_weights
-
 from decoding_helpers import tiny_target
 
 torch.set_num_threads(1)

@@ -273,10 +273,10 @@ def test_a_trace_set_without_meta_json_says_so(tmp_path, capsys, argv, needle):
 @pytest.mark.slow  # builds and saves a reference-shaped drafter (~10 s)
 def test_a_drafter_missing_its_draft_vocab_tensor_reads_clearly(tmp_path):
     from safetensors.torch import load_file, save_file
-    from test_dflash_export import reference_shaped
 
     from adaptspec.decoding import dflash_format
     from adaptspec.decoding.drafter import BlockDiffusionDrafter
+    from test_dflash_export import reference_shaped
 
     dflash_format.save(reference_shaped(draft_vocab=list(range(0, 256, 4))), tmp_path, dtype=torch.float32)
     tensors = load_file(str(tmp_path / "model.safetensors"))

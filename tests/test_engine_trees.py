@@ -21,13 +21,12 @@ from __future__ import annotations
 import functools
 from unittest import mock
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import adaptspec.batching.engine as engine_module
+from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.batching.kv_slots import SlotStore
 from adaptspec.decoding import BlockDiffusionDrafter, FixedTree, SpeculativeDecoder, TargetModel
@@ -35,8 +34,6 @@ from adaptspec.decoding.greedy import TIE_GAP, divergence
 from adaptspec.decoding.tree import build_tree
 from adaptspec.errors import AdaptspecError
 from adaptspec.speculator import tree_arm
-
-from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import brute_path, model_and_decoder, reference_greedy, tiny_target
 
 exact_for = functools.cache(model_and_decoder)  # one tiny target and exact decoder per architecture

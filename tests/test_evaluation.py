@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.evaluation import Outputs, Request, Settings, run_evaluation
-from adaptspec.evaluation import findings as F
+from adaptspec.evaluation import Outputs, Request, Settings, findings as F, run_evaluation
 from adaptspec.evaluation.coldstart import crossing, section_coldstart
 from adaptspec.evaluation.core import Scorer, shuffled_stream, split_requests
 from adaptspec.evaluation.drift import drift_stream, recovery_time

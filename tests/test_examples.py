@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import pyarrow.parquet as pq
+import pytest
 
 from adaptspec.models.prompts import benchmark_prompts
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.decoding.greedy import TIE_GAP, divergence, plain_greedy
 from adaptspec.errors import AdaptspecError
-
 from decoding_helpers import (
     ARCHS,
     PeekingDrafter,

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from _controller_helpers import FakeSpeculator
+from _threads import torch_threads
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.policies.featurizer import Featurizer
 from adaptspec.traces import TraceSet
-
-from _threads import torch_threads
 
 
 def data(n=300, d=12, seed=0):

@@ -11,11 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from adaptspec import AdaptiveController
-from adaptspec.cli import main
-from adaptspec.analysis.statistics import sequential_test
-
 from _controller_helpers import SplitFormOnly as _Toy
+from adaptspec import AdaptiveController
+from adaptspec.analysis.statistics import sequential_test
+from adaptspec.cli import main
 
 
 def write_fleet(root, n=300, replicas=3, seed=0):

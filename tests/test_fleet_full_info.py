@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from _redis import RedisServer
 from adaptspec import AdaptiveController
 from adaptspec.control.policy_build import choose_default_policy
 from adaptspec.errors import AdaptspecError
@@ -39,8 +39,6 @@ from adaptspec.policies import make_policy
 from adaptspec.schedules import as_schedule
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import DecisionLog
-
-from _redis import RedisServer
 
 HERE = Path(__file__).resolve().parent
 ARMS = (1, 2, 4, 8)

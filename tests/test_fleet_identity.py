@@ -21,14 +21,13 @@ import numpy as np
 import pytest
 import redis
 
+from _redis import free_port
 from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import SharedState
 from adaptspec.fleet.identity import ReplicaLease
 from adaptspec.fleet.redis_backend import RedisBackend
 from adaptspec.fleet.wire import decode
 from adaptspec.policies.spec import make_policy
-
-from _redis import free_port
 from test_fleet_redis import ARMS, ROOT, Replica, redis_server, single_process, stream  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration

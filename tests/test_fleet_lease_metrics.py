@@ -11,13 +11,12 @@ import re
 import pytest
 import redis
 
+from _redis import RedisServer
 from adaptspec.fleet import SharedState
 from adaptspec.fleet.identity import ReplicaLease
 from adaptspec.fleet.redis_backend import RedisBackend
 from adaptspec.serving import CompletionService, ServerLimits, create_app
 from adaptspec.serving.tiny import tiny_speculator
-
-from _redis import RedisServer
 
 TTL = 30.0
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaptspec.policies.spec import make_policy
-
 from _redis import RedisServer
+from adaptspec.policies.spec import make_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = [1, 2, 4, 8]

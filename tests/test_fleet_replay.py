@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptspec.policies.featurizer import Featurizer
 from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
 from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.policies.featurizer import Featurizer
 from adaptspec.policies.spec import make_policy
 from adaptspec.simulators.replay import finite_rewards
 from adaptspec.traces import load_traces

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+
 from _redis import RedisServer, free_port
 from test_serving import Server, complete
 

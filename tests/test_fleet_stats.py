@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _controller_helpers import SplitFormOnly as _Toy
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.fleet import MemoryBackend, SharedState, family_for
 from adaptspec.policies.spec import make_policy
-
-from _controller_helpers import SplitFormOnly as _Toy
 
 ARMS = [1, 2, 4, 8]
 

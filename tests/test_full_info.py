@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.policies import FullInfoLinUCB, FullInfoUCB, LinUCB, UCB
+from adaptspec.policies import UCB, FullInfoLinUCB, FullInfoUCB, LinUCB
 from adaptspec.policies.spec import make_policy
 
 finite = st.floats(-50, 50, allow_nan=False, width=32)

@@ -13,14 +13,14 @@ import re
 import pytest
 import torch
 
-from adaptspec.serving import CompletionService, ServerLimits
-from adaptspec.serving.app import create_app
-from adaptspec.serving.engine.batched import EngineSettings
-from adaptspec.serving.codec import CharCodec
-from adaptspec.serving.tiny import tiny_model, tiny_speculator
-from adaptspec.traces.log_writer import log_rows
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from _serving_helpers import OwnSpeculator
+from adaptspec.serving import CompletionService, ServerLimits
+from adaptspec.serving.app import create_app
+from adaptspec.serving.codec import CharCodec
+from adaptspec.serving.engine.batched import EngineSettings
+from adaptspec.serving.tiny import tiny_model, tiny_speculator
+from adaptspec.traces.log_writer import log_rows
 
 CODEC = CharCodec()
 PROMPT = "Q: why?"  # the tiny drafter's drafts are mostly rejected; here two rounds of 4 are accepted

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _scripts import load_script
-from _threads import torch_threads
 from safetensors.torch import load_file
 
+from _scripts import load_script
+from _threads import torch_threads
 from adaptspec.errors import AdaptspecError
 
 REPO = Path(__file__).resolve().parent.parent

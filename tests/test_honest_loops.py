@@ -20,8 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec import AdaptiveController, Outcome, Prefill, Round
 from adaptspec.decoding.block_size_first import BlockSizeFirst

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from _threads import torch_threads
 from adaptspec.cli import main
 from adaptspec.control.context import LOAD_FEATURES, Contexts, load_vector
 from adaptspec.control.controller import AdaptiveController
@@ -26,8 +27,6 @@ from adaptspec.policies.featurizer import Featurizer
 from adaptspec.speculator import Decision, LoadState, Outcome, Prefill, Round, SharedRounds
 from adaptspec.traces import DecisionLog, decision_row
 from adaptspec.traces.log_writer import log_rows
-
-from _threads import torch_threads
 
 LOAD = LoadState(rows=3, queue=1, context_tokens=16, temperature=0.7, max_tokens=64)
 LOAD_BY_HAND = [2.0, 1.0, 4.0, 1.0, 6.0]  # log2(1+3), log2(1+1), log2(16), 0.7 > 0, log2(64)
@@ -377,8 +376,8 @@ def test_batched_decisions_log_their_load_and_attribution_and_decide_on_the_load
 
     from adaptspec.serving import CompletionService, ServerLimits
     from adaptspec.serving.app import create_app
-    from adaptspec.serving.engine.batched import EngineSettings
     from adaptspec.serving.codec import CharCodec
+    from adaptspec.serving.engine.batched import EngineSettings
     from adaptspec.serving.tiny import tiny_speculator
 
     codec = CharCodec()

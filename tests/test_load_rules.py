@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.errors import AdaptspecError
 from adaptspec.load_rules import LEVEL_ROWS, LEVELS, Goodput, Learned
@@ -130,7 +129,6 @@ class _Row:
 
 
 def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in_one_update():
-    from adaptspec.policies.spec import make_policy
     from adaptspec.simulators.load_sim import Load
 
     rule = Learned(ARMS, KNEE, prior=0.5, seed=3, hold=3)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.simulators.load_sim import simulate
 from adaptspec.load_rules import Fixed, Goodput, Learned, Table, expected_tau
+from adaptspec.reward.latency import CostCurve, LatencyProfile
+from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseRequest
 
 #: Every pass costs 50 ms, whatever it holds (draft 10 ms when any row speculates, verify 40 ms).

@@ -12,17 +12,16 @@ import shutil
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec import AdaptiveController
 from adaptspec.control.policy_checkpoint import latest_checkpoint
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
-from adaptspec.traces.log_writer import log_rows
+from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.reward.machine_speed import MachineSpeed
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import load_traces
+from adaptspec.traces.log_writer import log_rows
 
 PROFILE = "cpu-smollm2-fast"
 N_REQUESTS = 24

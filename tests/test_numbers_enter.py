@@ -9,15 +9,13 @@ or by pyarrow, checkpoints on disk), no mocks.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.context_width import settle_width
@@ -513,7 +511,6 @@ def test_an_absurd_reward_is_refused_before_it_reaches_the_fleet(tmp_path):
 
     sys.path.insert(0, os.path.dirname(__file__))
     from _redis import RedisServer
-
     from adaptspec.fleet import SharedState
     from adaptspec.fleet.redis_backend import RedisBackend
 

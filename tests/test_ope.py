@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from adaptspec.errors import AdaptspecError
-from adaptspec.policies import Fixed, Oracle, RandomPolicy
 from adaptspec.analysis.ope import (
     dm,
     dr,
@@ -21,6 +18,8 @@ from adaptspec.analysis.ope import (
     snips,
     switch_dr,
 )
+from adaptspec.errors import AdaptspecError
+from adaptspec.policies import Fixed, Oracle, RandomPolicy
 from adaptspec.simulators.replay import replay_log
 from adaptspec.simulators.synthetic import generate
 from adaptspec.traces import DecisionLog

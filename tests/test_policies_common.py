@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _policy_helpers import ARMS, DIM, catalogue, context_for, linear_stream, run, same_state
 from adaptspec.errors import AdaptspecError

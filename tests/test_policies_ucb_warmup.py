@@ -10,8 +10,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.policies.ucb import UCB
 

@@ -16,13 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaptspec.batching import BatchEngine
-from adaptspec.decoding.prepacked import Prepacked, PrepackedLinear
-from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
-
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
-from decoding_helpers import tiny_target
 from _host_kernels import onednn_reorders
+from adaptspec.batching import BatchEngine
+from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
+from adaptspec.decoding.prepacked import Prepacked, PrepackedLinear
+from decoding_helpers import tiny_target
 
 DTYPES = [torch.bfloat16, torch.float32]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from adaptspec.cli import main
-from adaptspec.models.prompts import MAX_PROMPT_IDS, Prompt, check_prompt_ids, read_prompts, write_jsonl
 from adaptspec.errors import AdaptspecError
+from adaptspec.models.prompts import MAX_PROMPT_IDS, Prompt, check_prompt_ids, read_prompts, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "tests" / "data" / "dflash-reference-tiny-b8"

@@ -17,15 +17,14 @@ import torch
 
 import adaptspec
 from adaptspec.cli import main
-from adaptspec.collect.every_arm import collect_traces
-from adaptspec.traces.dense import DenseTraceSet
 from adaptspec.collect.dense import collect_dense
+from adaptspec.collect.every_arm import collect_traces
 from adaptspec.collect.ray_tasks import collect_dense_ray, collect_traces_ray
 from adaptspec.errors import AdaptspecError
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import load_traces
+from adaptspec.traces.dense import DenseTraceSet
 from adaptspec.traces.traceset import DEFAULT_TRACES
-
 from decoding_helpers import make_decoder, tiny_target
 
 BENCHMARKS = DEFAULT_TRACES  # the bundled default: the public benchmark prompts' trace set

@@ -24,17 +24,15 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from _redis import RedisServer, free_port
 from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import MemoryBackend, SharedState
 from adaptspec.fleet.redis_backend import RedisBackend
 from adaptspec.fleet.stats import family_for
 from adaptspec.fleet.wire import Published, decode, encode
 from adaptspec.policies.spec import make_policy
-
-from _redis import RedisServer, free_port
 
 ARMS = [1, 2, 4, 8]
 ENTRY = "replica 'x' of variant 'A'"

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.reward.functions import (
     REWARDS,
     mean_tau,
@@ -17,6 +16,7 @@ from adaptspec.reward.functions import (
     trace_costs,
     trace_rewards,
 )
+from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.simulators.synthetic import generate
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces import TraceSet

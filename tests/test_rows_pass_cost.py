@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.batching.rows_pass_cost import RowsPassCost
 from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
-
-from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from decoding_helpers import tiny_target
 
 seconds = st.floats(1e-5, 1.0)

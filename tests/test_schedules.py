@@ -6,10 +6,8 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from adaptspec.traces.dense import DenseRequest, replay_rounds
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.schedules import (
@@ -21,7 +19,7 @@ from adaptspec.schedules import (
 )
 from adaptspec.simulators.rounds import evaluate_rounds, per_round_oracle_s, schedule_time_s
 from adaptspec.speculator import Round
-
+from adaptspec.traces.dense import DenseRequest, replay_rounds
 from decoding_helpers import make_decoder, reference_greedy, tiny_target
 
 probs = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=15)
@@ -235,9 +233,9 @@ def test_replayed_rounds_are_timed_at_their_drafted_and_verified_sizes():
 def test_evaluation_section_replays_the_dense_set_the_trace_set_names(tmp_path):
     from types import SimpleNamespace
 
-    from adaptspec.traces.dense import DenseTraceSet
     from adaptspec.evaluation.core import Settings
     from adaptspec.evaluation.rounds import render_rounds, section_rounds
+    from adaptspec.traces.dense import DenseTraceSet
 
     rng = np.random.default_rng(1)
     ds = DenseTraceSet.create(tmp_path / "dense", {"max_new_tokens": 21, "max_block_size": 16})

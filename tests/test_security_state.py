@@ -21,14 +21,13 @@ import httpx
 import numpy as np
 import pytest
 
+from _controller_helpers import FakeSpeculator
+from _redis import free_port
 from adaptspec.control.policy_checkpoint import latest_checkpoint, state_digest
 from adaptspec.errors import AdaptspecError
 from adaptspec.fleet.redis_backend import parse_url, redact
 from adaptspec.policies.river_adapter import river_policy
 from adaptspec.policies.spec import make_policy
-
-from _controller_helpers import FakeSpeculator
-from _redis import free_port
 
 ARMS = [1, 4, 8]
 PRESETS = ["ucb", "eps-greedy", "ts", "exp3", "linucb", "random", "linear"]

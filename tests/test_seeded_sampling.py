@@ -15,14 +15,13 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
 from adaptspec.decoding import SpeculativeDecoder
 from adaptspec.decoding.sampling import SampleKeys
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
-from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 SPEC, CODEC = tiny_speculator(0, verification="exact")
 MODEL = tiny_model(0)

@@ -17,11 +17,10 @@ import sys
 import httpx
 import pytest
 
+from _serving_helpers import ThreadServer
 from adaptspec.cli import build_parser
 from adaptspec.cli.serve import build
 from adaptspec.serving.app import create_app
-
-from _serving_helpers import ThreadServer
 
 pytestmark = pytest.mark.integration  # starts a server on loopback
 

@@ -28,10 +28,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adaptspec.traces.log_writer import log_rows
-
 from _redis import free_port
 from _serving_helpers import sse, wait_up
+from adaptspec.traces.log_writer import log_rows
 
 REPO = Path(__file__).resolve().parents[1]
 

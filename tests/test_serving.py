@@ -20,17 +20,16 @@ import httpx
 import numpy as np
 import pytest
 
+from _threads import torch_threads
 from adaptspec import AdaptspecError
 from adaptspec.control.policy_checkpoint import state_digest
-from adaptspec.traces.log_writer import journal_rows, log_rows
 from adaptspec.policies import make_policy
 from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
-from adaptspec.serving.responses import completion_body, error_body
 from adaptspec.serving.engine.sequential import SequentialRunner
+from adaptspec.serving.responses import completion_body, error_body
 from adaptspec.traces import DecisionLog
-
-from _threads import torch_threads
+from adaptspec.traces.log_writer import journal_rows, log_rows
 
 TINY_ARMS = (1, 2, 4, 6, 8, 10, 12, 16)
 

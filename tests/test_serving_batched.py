@@ -17,14 +17,14 @@ import httpx
 import pytest
 import torch
 
+from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.cli import main
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
-from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.codec import CharCodec
+from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 from adaptspec.traces.log_writer import log_rows
-from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 
 CODEC = CharCodec()
 PROMPTS = ["Hello there", "def f(x):", "1 + 1 =", "Once upon a time", "The quick brown fox", "Q: why?"]

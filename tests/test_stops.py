@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from _serving_helpers import OwnSpeculator
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.stops import StopScanner, StopStream
 from adaptspec.serving.streaming import generate
-from _serving_helpers import OwnSpeculator
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:

@@ -11,8 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import adaptspec.traces as traces_mod
 import adaptspec.traces.traceset as traceset_mod

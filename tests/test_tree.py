@@ -9,15 +9,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.decoding import TargetModel
 from adaptspec.decoding.tree import DraftTree, build_tree, top_candidates
 from adaptspec.decoding.tree_budget import DEFAULT_DEPTH, CostAwareTree, FixedTree
 from adaptspec.decoding.tree_verify import keep_path, verify_tree
 from adaptspec.errors import AdaptspecError
-
 from decoding_helpers import ARCHS, tiny_target
 
 torch.set_num_threads(1)

@@ -40,7 +40,6 @@ from adaptspec.speculator import (
     verified_positions,
 )
 from adaptspec.traces import DecisionLog
-
 from decoding_helpers import reference_greedy, tiny_target
 from test_tree_decoding import TreePeekingDrafter
 

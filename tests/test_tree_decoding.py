@@ -19,8 +19,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import adaptspec.decoding.decoder as decoder_module
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
@@ -28,8 +27,7 @@ from adaptspec.decoding.greedy import TIE_GAP, divergence, plain_greedy
 from adaptspec.decoding.sampling import SampleKeys
 from adaptspec.decoding.tree_budget import CostAwareTree, FixedTree, TreeBudget
 from adaptspec.errors import AdaptspecError
-
-from decoding_helpers import ARCHS, brute_path, make_decoder, model_and_decoder, reference_greedy, tiny_target
+from decoding_helpers import ARCHS, brute_path, model_and_decoder, reference_greedy, tiny_target
 
 torch.set_num_threads(1)
 

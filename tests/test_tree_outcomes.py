@@ -8,8 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import adaptspec.decoding.decoder as decoder_module
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
@@ -18,7 +17,6 @@ from adaptspec.decoding.tree import build_tree
 from adaptspec.decoding.tree_budget import FixedTree
 from adaptspec.decoding.tree_outcomes import round_outcomes
 from adaptspec.errors import AdaptspecError
-
 from decoding_helpers import reference_greedy, tiny_target
 from test_tree_decoding import TreePasses, TreePeekingDrafter
 

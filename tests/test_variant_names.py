@@ -11,12 +11,11 @@ import sys
 
 import pytest
 
+from _redis import free_port
 from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import MemoryBackend, SharedState
 from adaptspec.policies.variants import check_variant_name, named_specs, parse_ab_specs
 from adaptspec.serving.router import ABRouter
-
-from _redis import free_port
 
 GOOD = ["A", "b", "default", "v1.0", "ctl_2", "x-y", "9", "A" * 32]
 BAD = [

@@ -13,8 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.cli import main
 from adaptspec.errors import AdaptspecError

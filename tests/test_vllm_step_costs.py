@@ -9,8 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adaptspec.load_rules import Goodput
 from adaptspec.reward.latency import CostCurve, LatencyProfile

@@ -1,4 +1,4 @@
-"""Connecting to Ray (the ``ray`` extra), shared by the Ray collectors
+r"""Connecting to Ray (the ``ray`` extra), shared by the Ray collectors
 (:mod:`adaptspec.collect.ray_tasks`) and the Ray replay sweeps (:mod:`adaptspec.simulators.ray_sweep`); private.
 
 ``--ray [ADDRESS]``: no address (or ``local``) starts a local Ray with this machine's CPUs; an

@@ -32,9 +32,8 @@ machine the slower ones include waits for a core.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import time
+from typing import Sequence
 
 import torch
 
@@ -141,7 +140,6 @@ def measure_rounds(
     >>> all(r["verify_s"] > 0 for r in rs), [r["draft_s"] > 0 for r in rs][::2]
     (True, [False, True, False, True])
     """
-    from .engine import BatchEngine
 
     if not prompts:
         raise ValueError("measure_rounds needs at least one prompt")

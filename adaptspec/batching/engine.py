@@ -69,9 +69,9 @@ import numpy as np
 import torch
 
 from ..decoding.decoder import as_tree_budget, check_block_size, check_draft_length, first_token
+from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.features import prefill_features
 from ..decoding.sampling import SampleKeys, accept_keyed, draft_keyed
-from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.target import TargetModel
 from ..decoding.tree import DraftTree
 from ..decoding.tree_budget import TreeBudget
@@ -84,7 +84,7 @@ from . import accept
 from .clock import RoundClock
 from .draft_pass import draft_logits_rows
 from .fills import Fills
-from .packed_pass import Chunk, Packer, PackedOutput
+from .packed_pass import Chunk, PackedOutput, Packer
 from .records import RoundRecord
 from .rows import Filling, RequestHandle, Row
 from .rows_pass_cost import RowsPassCost

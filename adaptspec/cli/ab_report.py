@@ -92,8 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[str, Any]:
     """Variant -> policy: rebuilt from the newest checkpoint of each variant, or from ``NAME=SPEC``."""
-    from ..control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
     from ..control.policy_build import build_policy
+    from ..control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
     from ..policies.spec import make_policy
     from ..policies.variants import named_specs
 
@@ -125,8 +125,8 @@ def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[s
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fleet.logs import fleet_log_rows, log_dirs
     from ..analysis.ab import analyze, rows_to_arrays
+    from ..fleet.logs import fleet_log_rows, log_dirs
 
     dirs = log_dirs(args.logs)
     path = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([str(d) for d in dirs]))

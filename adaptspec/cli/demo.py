@@ -81,13 +81,12 @@ def _prompt_count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
-    import torch
-
     from ..control.controller import AdaptiveController
-    from ..host import for_models
     from ..decoding.greedy import TIE_GAP, PlainGreedy
+    from ..host import for_models
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
 

@@ -11,8 +11,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -99,9 +99,9 @@ def read_log(path: str) -> "DecisionLog":
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.ope import ESTIMATORS, evaluate_log
     from .._util.markdown import table
     from .._util.numbers import rounded
+    from ..analysis.ope import ESTIMATORS, evaluate_log
 
     log = read_log(args.logs)
     if args.counterfactuals and not np.isfinite(log.cf_rewards).any():

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import platform
+import sys
 from pathlib import Path
 
 from ..collect.checked import checked_decode, checked_prefill
@@ -182,13 +182,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..errors import AdaptspecError
-    from ..reward.latency import fit_profile
-    from ..models import load_speculator
-    from ..decoding.loading import cache_dir
-    from ..models.prompts import IDS_INSTEAD, check_prompt_ids, heldout_prompts, read_prompts
-
     from .._util.outputs import check_output, write_file
+    from ..decoding.loading import cache_dir
+    from ..errors import AdaptspecError
+    from ..models import load_speculator
+    from ..models.prompts import IDS_INSTEAD, check_prompt_ids, heldout_prompts, read_prompts
+    from ..reward.latency import fit_profile
 
     model_flags_given(
         args,

@@ -28,12 +28,12 @@ import argparse
 import logging
 import sys
 
+from .._util.guarded import STALL_S
 from ..errors import AdaptspecError
 from ..load_rules import SPECULATION_MARGIN
-from ..speculator import arm_label, check_block_sizes
 from ..reward.attribution import ATTRIBUTIONS
 from ..reward.functions import DEFAULT_REWARD, REWARDS
-from .._util.guarded import STALL_S
+from ..speculator import arm_label, check_block_sizes
 from ._types import (
     MAX_BLOCK_SIZE,
     arms as arm_list,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._util.ray import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
 from ..reward.functions import REWARD_UNITS, REWARDS, trace_reward_name
-from .._util.ray import ADDRESS_HELP, parse_address
 from ._types import float_range, int_range, png_output
 
 DEFAULT_POLICIES = ("random", "ucb", "linucb")
@@ -210,8 +210,8 @@ def run(args: argparse.Namespace) -> int:
     policies = args.policy or [
         s for s in DEFAULT_POLICIES if s in REGISTRY and not (s.startswith("lin") and traces.features is None)
     ]
-    from ..policies.featurizer import featurizer_for
     from ..models.bundled import BUNDLED_HEAD, paired_head
+    from ..policies.featurizer import featurizer_for
 
     home = paired_head(traces.path)  # each bundled trace set with the head trained on it
     if home != BUNDLED_HEAD:

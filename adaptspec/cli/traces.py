@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "derive":
         from .._util.outputs import check_output
-        from ..traces.dense import DenseTraceSet, to_traceset
         from ..errors import AdaptspecError
         from ..reward.latency import get_profile
+        from ..traces.dense import DenseTraceSet, to_traceset
 
         check_output(args.out, "traceset", args.force, reads=[args.path])  # never the dense set itself
 
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rounds(args: argparse.Namespace) -> int:
-    from ..traces.dense import DenseTraceSet
     from ..schedules import parse_schedule
     from ..simulators.rounds import evaluate_rounds
+    from ..traces.dense import DenseTraceSet
 
     ds = DenseTraceSet.open(args.path)
     specs = [x.strip() for x in args.schedules.replace(";", "|").split("|") if x.strip()]

@@ -20,7 +20,6 @@ from pathlib import Path
 from ..errors import AdaptspecError
 from ._types import float_range, int_range, threads
 
-
 #: the checkout this package lives in (the default --eval-dense is its datasets/dense/benchmarks-fast)
 _CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -251,9 +250,9 @@ def _eval_dense(args: argparse.Namespace) -> Path:
 def _run_corpus(args: argparse.Namespace, work: Path) -> int:
     """The corpus path: contexts (teacher-forced hidden states) -> training -> benchmark evaluation."""
 
+    from ..decoding.loading import load_target
     from ..models.corpus import Corpus
     from ..models.drafter_eval import acceptance_everywhere, drafter_figures
-    from ..decoding.loading import load_target
     from ..models.train_drafter import ShardData, train
 
     corpus = Corpus(args.corpus)  # refuses a directory that is not one, before any model loads
@@ -323,8 +322,8 @@ def _prompt_token_counts(work: Path, target: str | None):
 
     from transformers import AutoTokenizer
 
-    from ..models.distill import chat_ids
     from ..decoding.loading import resolve_model_path
+    from ..models.distill import chat_ids
     from ..models.prompts import read_prompts
 
     path = work / "train_prompts.jsonl"

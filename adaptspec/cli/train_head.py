@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..reward.machine_speed import MEASURED_REWARDS
 from ..reward.functions import REWARDS, trace_reward_name
+from ..reward.machine_speed import MEASURED_REWARDS
 from ._types import float_range, int_range, seed
 
 

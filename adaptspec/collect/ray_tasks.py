@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ..errors import AdaptspecError
 from .._util.ray import cluster_slots, connect, get
+from ..errors import AdaptspecError
 
 
 # ============================================================================ collection

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..speculator import check_block_sizes, Decision, Outcome, outcome_fault, verified_positions
+from ..speculator import Decision, Outcome, check_block_sizes, outcome_fault, verified_positions
 from ..traces.decision_check import decision_fault
 
 

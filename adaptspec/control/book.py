@@ -33,8 +33,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Callable
 
 import numpy as np

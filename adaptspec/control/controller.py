@@ -67,6 +67,7 @@ and the update thread), :mod:`~adaptspec.control.checkpointer` (checkpoints and 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -76,11 +77,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import logging
-
+from ..errors import AdaptspecError
+from ..models.bundled import (
+    BUNDLED_HEAD,
+)  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..policies.featurizer import Featurizer
+from ..reward.functions import DEFAULT_REWARD, check_reward
+from ..schedules.fixed import BlockFunction
+from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds, is_tree_arm, verified_positions
 from .block_sizes import check_outcome
-from .book import DecisionBook, open_decision_log
-from .book import DecisionLogError as DecisionLogError  # re-exported: the serving layer catches it
+from .book import (
+    DecisionBook,
+    DecisionLogError as DecisionLogError,  # re-exported: the serving layer catches it
+    open_decision_log,
+)
 from .checkpointer import Checkpointer
 from .config import ControllerConfig
 from .context import LOAD_FEATURES, Contexts
@@ -91,14 +101,6 @@ from .generation import FeedbackResult, Generation, PrefillError, split_outcome
 from .policy_build import DEFAULT_ARMS, PolicySetup, default_policy_spec, setup_policy
 from .protocol import DecoderShape, engine_shape, speculator_shape
 from .updates import Learner, UpdateQueue, UpdateWorker
-from ..errors import AdaptspecError
-from ..policies.featurizer import Featurizer
-from ..models.bundled import (
-    BUNDLED_HEAD,
-)  # the head trained on the bundled default (benchmark) traces, with its featurizer
-from ..reward.functions import DEFAULT_REWARD, check_reward
-from ..schedules.fixed import BlockFunction
-from ..speculator import Decision, LoadState, Outcome, Round, SharedRounds, is_tree_arm, verified_positions
 
 __all__ = [
     "AdaptiveController",

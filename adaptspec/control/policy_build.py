@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
-from .context import LOAD_FEATURES
-from ..policies.featurizer import Featurizer
 from ..models.bundled import (
     BUNDLED_HEAD,
 )  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..policies.featurizer import Featurizer
+from .context import LOAD_FEATURES
 
 #: Block sizes a policy built from a spec chooses among (those up to the drafter's maximum, and
 #: the maximum itself: :func:`default_arms`); the same as the template trace set's
@@ -332,8 +332,8 @@ def resolve_machine_speed(speed_reference: Any, learner: Any, reward: Any) -> An
     when the reward is measured on this machine; ``None``: none; a profile (name, path or
     object): that one.
     """
-    from ..reward.machine_speed import MEASURED_REWARDS, MachineSpeed
     from ..policies.offline_head import HeadModel
+    from ..reward.machine_speed import MEASURED_REWARDS, MachineSpeed
 
     if speed_reference is None:
         return None

@@ -34,11 +34,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .._util.atomic import fsync_path, json_default, read_descriptor
+from .._util.checks import int_list, integer
 from .._util.outputs import swap_into_place
 from ..errors import AdaptspecError
 from ..speculator import MAX_TREE_NODES
-from .._util.atomic import fsync_path, json_default, read_descriptor
-from .._util.checks import int_list, integer
 
 __all__ = [
     "CHECKPOINT_FORMAT",

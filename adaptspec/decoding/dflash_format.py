@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from ..errors import AdaptspecError
 from .._util.checks import integer, number, read_safetensors
 from .._util.files import read_json_object
+from ..errors import AdaptspecError
 from .drafter_config import CONFIG_NAME, MAX_BLOCK_SIZE, DrafterConfig, check_config
 
 CONFIG_FILE = "config.json"

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..reward.functions import REWARD_UNITS
 from .._util.atomic import save_figure
+from ..reward.functions import REWARD_UNITS
 
 #: contenders drawn in line plots (others would crowd them); the rest appear in the tables
 MAIN = (

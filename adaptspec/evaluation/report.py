@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..reward.functions import REWARD_NAMES, REWARD_UNITS, pct_of
 from .._util.markdown import ci, num, table
+from ..reward.functions import REWARD_NAMES, REWARD_UNITS, pct_of
 from . import findings as F
 
 TITLES = {

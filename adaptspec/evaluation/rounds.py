@@ -25,9 +25,9 @@ CPU_PROFILE = "cpu-smollm2-fast"
 
 
 def section_rounds(traces: Any, st: Settings) -> dict[str, Any]:
-    from ..traces.dense import DenseTraceSet
     from ..schedules import parse_schedule
     from ..simulators.rounds import evaluate_rounds
+    from ..traces.dense import DenseTraceSet
 
     where = (getattr(traces, "meta", None) or {}).get("dense")
     if not where or not (Path(where) / "meta.json").is_file():

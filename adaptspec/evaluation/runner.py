@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._util.atomic import json_default
+from .._util.files import open_regular, read_json
 from ..errors import AdaptspecError
 from .core import Settings, provenance
 from .report import SECTIONS, render_headline, render_report
-from .._util.atomic import json_default
-from .._util.files import open_regular, read_json
 
 #: sections a plain run regenerates (the end-to-end one needs ``e2e_prompts``)
 REPLAY_SECTIONS = ("replay", "hardware", "blockpilot", "drift", "coldstart", "rounds", "load", "full_info")

@@ -52,8 +52,8 @@ def log_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 def fleet_log_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """Every row of every replica's log, each with its ``replica`` (the log's directory name)."""
-    from ..traces.log_writer import log_rows
     from ..traces import DecisionLog
+    from ..traces.log_writer import log_rows
 
     rows: list[dict[str, Any]] = []
     where: dict[str, Path] = {}

@@ -512,8 +512,8 @@ def family_for(policy: Any) -> Family:
     from ..policies.exp3 import EXP3
     from ..policies.fi_ucb import FullInfoUCB
     from ..policies.linear import LinearPolicy
-    from ..policies.standardizer import Standardizer
     from ..policies.neural_linear import NeuralLinear
+    from ..policies.standardizer import Standardizer
 
     label = getattr(policy, "label", type(policy).__name__)
     if getattr(policy, "discount", None) is not None or getattr(policy, "window", None) is not None:

@@ -97,8 +97,8 @@ def load_speculator(
     import torch
 
     from ..decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
-    from ..decoding.target import DEFAULT_FEATURES
     from ..decoding.loading import load_target
+    from ..decoding.target import DEFAULT_FEATURES
 
     if drafter is None and target is not None:
         raise AdaptspecError("a custom target needs its own drafter: pass drafter=PATH")

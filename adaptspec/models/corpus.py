@@ -169,9 +169,9 @@ def extend(
 ) -> int:
     """Add shards until the corpus holds ``until_tokens`` response tokens; returns shards written."""
     from .distill import chat_ids
+    from .distill_generator import generate
     from .prompts import build_prompt_pool, split_pool
     from .self_instruct import Decontaminator, clean_instruction, normalise, sample_instructions
-    from .distill_generator import generate
 
     meta = corpus.meta
     eos = {tokenizer.eos_token_id} | ({model.generation_config.eos_token_id} - {None})

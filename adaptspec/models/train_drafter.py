@@ -658,8 +658,8 @@ def prepare_data(
 ) -> None:
     """Prompts -> greedy responses -> hidden-state shards, for training and held-out evaluation."""
     from ..decoding.drafter import default_target_layers
-    from .distill import distill
     from ..decoding.loading import load_target
+    from .distill import distill
     from .prompts import build_prompt_pool, split_pool, write_jsonl
 
     torch.set_num_threads(threads)

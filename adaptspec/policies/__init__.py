@@ -8,14 +8,14 @@ from .fi_linucb import FullInfoLinUCB
 from .fi_ucb import FullInfoUCB
 from .lints import LinTS
 from .linucb import LinUCB
-from .standardizer import Standardizer
-from .thompson import ThompsonSampling
-from .ucb import UCB
 from .neural_linear import NeuralLinear
 from .offline_head import HeadModel, OfflineHead, train_head
 from .river_adapter import RiverPolicy
 from .spec import REGISTRY, make_policy
 from .squarecb import SquareCB
+from .standardizer import Standardizer
+from .thompson import ThompsonSampling
+from .ucb import UCB
 
 __all__ = [
     "Policy",

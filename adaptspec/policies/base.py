@@ -23,7 +23,6 @@ from ..errors import AdaptspecError
 from ..reward.functions import REWARD_LIMIT, check_reward
 from ..speculator import Decision
 
-
 _F64 = np.dtype(np.float64)
 
 #: The largest norm of a context a policy learns from. Prefill features are hidden-state

@@ -46,8 +46,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import AdaptspecError
 from .._util.atomic import fsync_path, json_default, read_descriptor, read_tensors
+from ..errors import AdaptspecError
 
 __all__ = ["Featurizer", "FEATURIZER_FORMAT", "KINDS"]
 

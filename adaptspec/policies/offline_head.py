@@ -30,12 +30,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import AdaptspecError
-from .base import Policy
-from .base import greedy_probs
 from .._util.atomic import json_default, read_descriptor, read_tensors, write_tensors
 from .._util.checks import int_list, integer, number
+from ..errors import AdaptspecError
 from ..reward.functions import pct_of
+from .base import Policy, greedy_probs
 
 __all__ = ["HeadModel", "OfflineHead", "train_head", "head_policy", "head_fingerprint", "HEAD_FORMAT"]
 

@@ -34,8 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from .base import Policy
-from .base import greedy_probs
+from .base import Policy, greedy_probs
 
 __all__ = ["RiverPolicy", "river_policy"]
 

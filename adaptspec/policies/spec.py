@@ -50,16 +50,16 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
 # river_adapter); none of these imports torch or river until a policy that needs it is built.
 from .epsilon_greedy import EpsilonGreedy  # noqa: E402
 from .exp3 import EXP3  # noqa: E402
+from .fi_linucb import FullInfoLinUCB  # noqa: E402
+from .fi_ucb import FullInfoUCB  # noqa: E402
 from .lints import LinTS  # noqa: E402
 from .linucb import LinUCB  # noqa: E402
-from .thompson import ThompsonSampling  # noqa: E402
-from .ucb import UCB, ucb_throughput  # noqa: E402
 from .neural_linear import neural_linear_policy  # noqa: E402
 from .offline_head import head_policy  # noqa: E402
 from .river_adapter import river_policy  # noqa: E402
 from .squarecb import SquareCB  # noqa: E402
-from .fi_ucb import FullInfoUCB  # noqa: E402
-from .fi_linucb import FullInfoLinUCB  # noqa: E402
+from .thompson import ThompsonSampling  # noqa: E402
+from .ucb import UCB, ucb_throughput  # noqa: E402
 
 REGISTRY.update(
     {

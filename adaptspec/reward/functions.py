@@ -38,8 +38,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import AdaptspecError
-from .latency import LatencyProfile, get_profile
 from ..speculator import Outcome, tree_arm
+from .latency import LatencyProfile, get_profile
 
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")

@@ -28,9 +28,8 @@ from ..errors import AdaptspecError
 from .cancelling import Cancellation
 from .codec import Codec
 from .openai_models import ChatRequest, GenerationOptions, validate
-from .request_error import RequestError
-from .request_error import short as _short
 from .request import CompletionRequest, Output
+from .request_error import RequestError, short as _short
 from .responses import finish_reason, unavailable
 from .router import ABRouter
 from .runner import Runner
@@ -173,8 +172,8 @@ class CompletionService:
         from ..control.controller import AdaptiveController
         from .engine.batched import EngineSettings, batched_runner
         from .engine.halting import HaltableSpeculator
-        from .metrics import ServingMetrics
         from .engine.sequential import SequentialRunner
+        from .metrics import ServingMetrics
 
         batched = runs_on_engine(speculator)
         if batched and controller_options.get("redecide_every") is not None:
@@ -562,9 +561,9 @@ class CompletionService:
         return report
 
     def _log_rows(self) -> list[dict[str, Any]]:
-        from ..traces.log_writer import journal_rows
         from ..traces import DecisionLog
         from ..traces.decision_log import read_part
+        from ..traces.log_writer import journal_rows
 
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()

@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..traces.dense import DenseRequest, DenseTraceSet, replay_rounds
 from ..errors import AdaptspecError
 from ..reward.latency import LatencyProfile, get_profile
+from ..traces.dense import DenseRequest, DenseTraceSet, replay_rounds
 
 
 def schedule_time_s(

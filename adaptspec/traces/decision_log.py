@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from ..errors import AdaptspecError
 from ..reward.functions import REWARD_LIMIT
 from ..speculator import drafted_positions
-from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
+from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _write_parquet, read_parquet
 from .schema import (
     DECISION_COLUMNS,
     DECISION_COUNTS,

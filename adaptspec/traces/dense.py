@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 
 from .._util.files import read_json_object
 from ..errors import AdaptspecError
-from .parquet import read_parquet
 from .dense_checks import check_meta, check_part
+from .parquet import read_parquet
 
 
 @dataclass

@@ -34,7 +34,7 @@ from .._util.checks import int_list
 from .._util.files import read_json, regular_file
 from ..errors import AdaptspecError
 from ..speculator import MAX_TREE_NODES, drafted_positions, output_bounds
-from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, read_parquet, _write_parquet
+from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _write_parquet, read_parquet
 from .schema import _F32_LIST, MAX_TOKENS, OUTCOME_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION
 
 _BUNDLED = Path(__file__).resolve().parent.parent / "data" / "traces"

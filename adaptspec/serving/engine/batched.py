@@ -49,10 +49,10 @@ from ...control.controller import AdaptiveController
 from ...errors import AdaptspecError
 from ...speculator import LoadState, Outcome, SharedRounds
 from ..cancelling import Cancellation
-from .loop import EngineFailed, EngineLoop, QueueFull, Reservation, Ticket
 from ..request_error import RequestError
 from ..responses import unavailable
 from ..runner import answered, resolve
+from .loop import EngineFailed, EngineLoop, QueueFull, Reservation, Ticket
 
 if TYPE_CHECKING:
     from ...control.generation import Generation
@@ -321,10 +321,9 @@ def batched_runner(
     """One batched engine over ``speculator``'s target and drafter, deciding through ``controllers``
     (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
     records go, or None); ``stall_s``: its watchdog's bound (:class:`EngineLoop`)."""
-    from .round_rule import RoundRule
-
     from ...batching import BatchEngine
     from ...reward.latency import get_profile
+    from .round_rule import RoundRule
 
     s = settings
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)

@@ -1,4 +1,4 @@
-"""The engine loop: one thread owns the model and runs batched rounds; requests are submitted from any thread.
+r"""The engine loop: one thread owns the model and runs batched rounds; requests are submitted from any thread.
 
 One thread owns a :class:`~adaptspec.batching.engine.BatchEngine`: a server (its event loop)
 :meth:`~EngineLoop.submit`\ s a request and gets a :class:`Ticket`; the loop drains new
