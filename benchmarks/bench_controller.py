@@ -283,7 +283,10 @@ def bench_server(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    q = lambda xs, p: 1000 * float(np.percentile(xs, p)) if xs else None
+
+    def q(xs, p):
+        return 1000 * float(np.percentile(xs, p)) if xs else None
+
     return {
         "clients": clients,
         "requests": len(lat),

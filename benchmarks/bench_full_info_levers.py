@@ -176,7 +176,10 @@ def trace_set_part(st: Settings) -> dict[str, Any]:
         X = ctx.X
         heads = train_heads(X[tr], R[tr], arms, seed=s)
         hind = train_heads(X[ev], R[ev], arms, seed=s)  # trained on the requests it is scored on
-        head_pred = lambda x, h=heads.regression: h.predict(x[None])[0]
+
+        def head_pred(x, h=heads.regression):
+            return h.predict(x[None])[0]
+
         T = st.passes * len(ev)
         k, dim = len(arms), X.shape[1]
         for o in range(st.orders):

@@ -143,9 +143,10 @@ def summarise(rows: list[dict], variants: list[str], n_boot: int = 2000, seed: i
     idx = rng.integers(0, len(rows), size=(n_boot, len(rows)))
     out = {}
     for v in variants[1:]:
-        ratio = lambda i: (
-            (tok[v][i].sum() / sec[v][i].sum()) / (tok["plain"][i].sum() / sec["plain"][i].sum())
-        )
+
+        def ratio(i):
+            return (tok[v][i].sum() / sec[v][i].sum()) / (tok["plain"][i].sum() / sec["plain"][i].sum())
+
         boot = np.array([ratio(i) for i in idx])
         out[v] = {
             "ratio": float(ratio(np.arange(len(rows)))),

@@ -39,7 +39,7 @@ def test_slot_store_matches_a_list_per_row(ops):
         if op[0] == "join" and store.rows < 4:
             kv = [(fresh(1, 2, op[1], 3), fresh(1, 2, op[1], 3)) for _ in range(2)]
             store.load(store.rows, kv)
-            rows.append([torch.stack([kv[l][0][0, :, t] for l in range(2)]) for t in range(op[1])])
+            rows.append([torch.stack([kv[layer][0][0, :, t] for layer in range(2)]) for t in range(op[1])])
         elif op[0] == "pass" and store.rows:
             width, g = op[1], torch.Generator().manual_seed(op[2])
             cache = store.pass_cache(width)
@@ -49,7 +49,7 @@ def test_slot_store_matches_a_list_per_row(ops):
                 assert k.shape[2] == max(store.lengths) + width
             kept = torch.randint(1, width + 1, (store.rows,), generator=g).tolist()
             for i, keep in enumerate(kept):
-                rows[i] += [torch.stack([new[l][i, :, t] for l in range(2)]) for t in range(keep)]
+                rows[i] += [torch.stack([new[layer][i, :, t] for layer in range(2)]) for t in range(keep)]
             store.commit(kept)
         elif op[0] == "leave" and store.rows:
             i = op[1] % store.rows
@@ -60,7 +60,7 @@ def test_slot_store_matches_a_list_per_row(ops):
         for i, r in enumerate(rows):
             if r:
                 want = torch.stack(r, dim=2)  # [layers, kv, n, dim]
-                got = torch.stack([store.keys[l][i, :, : len(r)] for l in range(2)])
+                got = torch.stack([store.keys[layer][i, :, : len(r)] for layer in range(2)])
                 assert torch.equal(got, want)
 
 

@@ -30,7 +30,7 @@ def model():
 def _alone(model, seq):
     with torch.no_grad():
         hs = model.model(input_ids=torch.as_tensor(seq)[None], output_hidden_states=True).hidden_states
-    return torch.cat([hs[l][0] for l in LAYERS], -1).numpy()
+    return torch.cat([hs[layer][0] for layer in LAYERS], -1).numpy()
 
 
 def test_batched_right_padded_pass_equals_one_sequence_at_a_time(model):

@@ -85,7 +85,7 @@ def test_every_example_has_a_docstring_a_main_and_a_readme_line():
 
 def test_wrap_speculator(tmp_path):
     out = run_example("wrap_speculator.py", "--prompts", "2", "--max-new-tokens", "8", "--out", str(tmp_path))
-    rows = [l.split() for l in out.splitlines() if re.match(r"^(gsm8k|mt-bench|humaneval)", l)]
+    rows = [line.split() for line in out.splitlines() if re.match(r"^(gsm8k|mt-bench|humaneval)", line)]
     assert [r[0] for r in rows] == [p.domain for p in benchmark_prompts(per_benchmark=1)[:2]]
     for domain, b, tau, tps, reward in rows:
         if int(b) == 1:  # plain decoding commits one token a round

@@ -44,12 +44,12 @@ HERE = Path(__file__).resolve().parent
 ARMS = (1, 2, 4, 8)
 
 
-def closed_form(R: np.ndarray, O: np.ndarray) -> np.ndarray:
-    """fi-ucb's paired means (every arm paired), from the rewards ``R`` and the observed mask ``O``."""
-    ref = O[:, 0]
+def closed_form(R: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """fi-ucb's paired means (every arm paired), from the rewards ``R`` and the observed mask ``M``."""
+    ref = M[:, 0]
     out = []
     for k in range(R.shape[1]):
-        both = ref & O[:, k]
+        both = ref & M[:, k]
         out.append(R[ref, 0].mean() + (R[both, k] - R[both, 0]).mean())
     return np.array(out)
 
@@ -61,27 +61,27 @@ def requests(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     R = rng.normal(size=(n, len(ARMS))) + np.array([1.0, 2.0, 2.6, 1.8])
     ran = rng.integers(0, len(ARMS), size=n)
     censored = rng.random(n) < 0.4
-    O = (np.arange(len(ARMS))[None, :] <= ran[:, None]) | ~censored[:, None]
-    O[0] = True
-    return R, O
+    M = (np.arange(len(ARMS))[None, :] <= ran[:, None]) | ~censored[:, None]
+    M[0] = True
+    return R, M
 
 
-def fed(R: np.ndarray, O: np.ndarray, rows) -> object:
+def fed(R: np.ndarray, M: np.ndarray, rows) -> object:
     pol = make_policy("fi-ucb", ARMS, seed=0)
     for i in rows:
-        pol.update_full(None, R[i], O[i])
+        pol.update_full(None, R[i], M[i])
     return pol
 
 
-def replica_sums(R: np.ndarray, O: np.ndarray, rows) -> dict[str, np.ndarray]:
+def replica_sums(R: np.ndarray, M: np.ndarray, rows) -> dict[str, np.ndarray]:
     """One replica learning ``rows`` alone, as SharedState counts its own updates."""
     pol = make_policy("fi-ucb", ARMS, seed=0)
     fam = family_for(pol)
     sums = fam.zero()
     for i in rows:
         pre = fam.before(pol)
-        pol.update_full(None, R[i], O[i])
-        fam.observe_full(sums, pol, None, R[i], O[i], pre)
+        pol.update_full(None, R[i], M[i])
+        fam.observe_full(sums, pol, None, R[i], M[i], pre)
     return sums
 
 
@@ -98,18 +98,18 @@ def assert_exact_statistics(merged, single) -> None:
 
 # ----------------------------------------------------------------------------- the family
 def test_two_replicas_merged_equal_one_policy_fed_both_streams_and_the_closed_form():
-    R, O = requests(400, seed=1)
+    R, M = requests(400, seed=1)
     split = np.random.default_rng(2).random(400) < 0.35  # disjoint streams of unequal sizes
-    a = replica_sums(R, O, [i for i in range(400) if i == 0 or split[i]])
-    b = replica_sums(R, O, [i for i in range(1, 400) if not split[i]])
+    a = replica_sums(R, M, [i for i in range(400) if i == 0 or split[i]])
+    b = replica_sums(R, M, [i for i in range(1, 400) if not split[i]])
     fam = FullInfo(make_policy("fi-ucb", ARMS))
     for total in (fam.add(a, b), fam.add(b, a)):  # the order of the replicas does not matter
         merged = make_policy("fi-ucb", ARMS, seed=0)
         fam.apply(merged, total)
-        single = fed(R, O, range(400))  # the reference: one policy fed everything, in the stream's order
+        single = fed(R, M, range(400))  # the reference: one policy fed everything, in the stream's order
         assert_exact_statistics(merged, single)
-        np.testing.assert_allclose(merged.means(), closed_form(R, O), rtol=1e-12)
-        np.testing.assert_array_equal(merged.stats.n, O.sum(axis=0))
+        np.testing.assert_allclose(merged.means(), closed_form(R, M), rtol=1e-12)
+        np.testing.assert_array_equal(merged.stats.n, M.sum(axis=0))
         # the estimates: the bonus' scale within a few per cent of the single process's
         merged_sd = np.sqrt(merged.err[1] / merged.err[0])
         assert merged_sd == pytest.approx(np.sqrt(single.err[1] / single.err[0]), rel=0.05)
@@ -119,13 +119,13 @@ def test_two_replicas_merged_equal_one_policy_fed_both_streams_and_the_closed_fo
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 60), st.integers(0, 10_000), st.integers(0, 10_000))
 def test_any_split_of_any_stream_merges_to_the_closed_form(n, seed, split_seed):
-    R, O = requests(n, seed)
+    R, M = requests(n, seed)
     split = np.random.default_rng(split_seed).random(n) < 0.5
     fam = FullInfo(make_policy("fi-ucb", ARMS))
-    total = fam.add(replica_sums(R, O, np.flatnonzero(split)), replica_sums(R, O, np.flatnonzero(~split)))
+    total = fam.add(replica_sums(R, M, np.flatnonzero(split)), replica_sums(R, M, np.flatnonzero(~split)))
     merged = make_policy("fi-ucb", ARMS, seed=0)
     fam.apply(merged, total)
-    np.testing.assert_allclose(merged.means(), closed_form(R, O), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(merged.means(), closed_form(R, M), rtol=1e-9, atol=1e-9)
     assert merged.version == n and FullInfo.updates(total) == n
 
 
@@ -138,11 +138,11 @@ def test_the_arm_that_ran_alone_is_a_full_update_with_one_arm_shown():
     )
     shared = SharedState(backend, "r1", sync_interval_s=60, lease_ttl_s=180)
     shared.attach(pol, "A")
-    R, O = requests(30, seed=3)
+    R, M = requests(30, seed=3)
     for i in range(30):
         if i % 3:
-            shared.update_full(pol, None, R[i], O[i])
-            ref.update_full(None, R[i], O[i])
+            shared.update_full(pol, None, R[i], M[i])
+            ref.update_full(None, R[i], M[i])
         else:
             shared.update(pol, None, ARMS[i % 4], float(R[i, i % 4]))
             ref.update(None, ARMS[i % 4], float(R[i, i % 4]))
@@ -335,12 +335,12 @@ def test_two_replicas_on_disjoint_streams_learn_the_means_of_both(redis_server, 
     finally:
         a.close()
         b.close()
-    R, O = logged(tmp_path / "r0", tmp_path / "r1")  # the logs are whole once closed
-    assert len(R) == 40 and (~O).any() and O[:, 0].all()  # some arms were censored: the paired means matter
-    want = closed_form(R, O)
+    R, M = logged(tmp_path / "r0", tmp_path / "r1")  # the logs are whole once closed
+    assert len(R) == 40 and (~M).any() and M[:, 0].all()  # some arms were censored: the paired means matter
+    want = closed_form(R, M)
     for pol, stats in seen:
         np.testing.assert_allclose(pol.means(), want, rtol=1e-9)
-        np.testing.assert_array_equal(pol.stats.n, O.sum(axis=0))  # every arm a request showed, not one
+        np.testing.assert_array_equal(pol.stats.n, M.sum(axis=0))  # every arm a request showed, not one
         assert pol.version == 40 and stats["shared"]["fleet_updates"] == 40 and stats["update_errors"] == 0
 
 
@@ -387,12 +387,12 @@ def test_a_replica_killed_mid_stream_rebuilds_its_full_information_sums_from_its
     finally:
         back.close()
         other.close()
-    R, O = logged(log, tmp_path / "r1")
+    R, M = logged(log, tmp_path / "r1")
     assert len(R) == 34
     for pol, stats in seen:
-        np.testing.assert_allclose(pol.means(), closed_form(R, O), rtol=1e-9)
+        np.testing.assert_allclose(pol.means(), closed_form(R, M), rtol=1e-9)
         np.testing.assert_array_equal(
-            pol.stats.n, O.sum(axis=0)
+            pol.stats.n, M.sum(axis=0)
         )  # rebuilt from the vectors, not the arm alone
         assert stats["shared"]["fleet_updates"] == 34
 

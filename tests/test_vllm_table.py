@@ -91,7 +91,7 @@ def test_speculative_entry_asks_vllm_for_the_largest_k_and_at_least_one():
 
 def hand_built(arms, taus_per_request, decode_s, concurrency=None, prompt_tokens=None):
     """A trace set from per-request, per-arm tau lists (new tokens: their sum + the prefill's one)."""
-    n, k = len(taus_per_request), len(arms)
+    n = len(taus_per_request)
     flat = [t for row in taus_per_request for t in row]
     return TraceSet.from_arrays(
         [f"r{i}" for i in range(n)],

@@ -152,7 +152,7 @@ def _each_row(module, query, key, value, mask, scaling):
     a time over the keys it sees, gathered in order. A tree node's keys are then laid out as the
     chain of its path lays them out, so it computes what that chain computes, bit for bit. Every
     row computes what it computes alone."""
-    rows, q_len, kv_len = mask.shape[0], mask.shape[2], mask.shape[3]
+    q_len, kv_len = mask.shape[2], mask.shape[3]
     sees = mask[:, 0]
     counts = sees.sum(-1)  # [R, q]
     chain = (

@@ -72,7 +72,7 @@ def teacher_forced(
         for r, i in enumerate(rows):
             ids[r, : len(sequences[i])] = torch.as_tensor(np.asarray(sequences[i], dtype=np.int64))
         res = model.model(input_ids=ids.to(model.device), output_hidden_states=True)
-        cat = torch.cat([res.hidden_states[l] for l in layers], dim=-1).to(torch.float16).cpu()
+        cat = torch.cat([res.hidden_states[layer] for layer in layers], dim=-1).to(torch.float16).cpu()
         for r, i in enumerate(rows):
             n = len(sequences[i])
             top = None if not top_k else _top_k(model, res.last_hidden_state[r, :n], top_k)

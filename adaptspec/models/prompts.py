@@ -592,4 +592,4 @@ def benchmark_prompts(benchmark: str | None = None, per_benchmark: int | None = 
             by.setdefault(p.domain, []).append(p)
         turns = [g[i] for i in range(max(map(len, by.values()))) for g in by.values() if i < len(g)]
         lists.append(turns[:per_benchmark] if per_benchmark is not None else turns)
-    return [l[i] for i in range(max(map(len, lists))) for l in lists if i < len(l)]
+    return [each[i] for i in range(max(map(len, lists))) for each in lists if i < len(each)]

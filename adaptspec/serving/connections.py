@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 __all__ = ["PROBE_S", "HalfCloseProtocol", "uvicorn_config"]
 
 #: seconds between the two interim responses written after a client's end of input
 PROBE_S = 0.1
-
-
-import h11
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 class HalfCloseProtocol(H11Protocol):

@@ -355,9 +355,10 @@ class ReplayReport:
                 ]
             )
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        line = lambda r: "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-        )
+
+        def line(r):
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
         seeds = f"{len(self.seeds)} seed{'s' if len(self.seeds) > 1 else ''}"
         title = (
             f"{self.traces or 'trace set'}: {self.n_steps} steps over {self.extras.get('requests', '?')} requests, "
