@@ -486,12 +486,34 @@ def train(
     (default: :func:`greedy_acceptance` on 120 sequences).
     """
     device = torch.device(device)
-    emb_device = target.get_input_embeddings().weight.device
-    if emb_device.type != device.type:
-        raise AdaptspecError(f"training on {device}, but the target is on {emb_device}: move it there first")
+    _check_target_device(target, device)
     torch.set_num_threads(cfg.threads)
     evaluate = evaluate or (lambda d, h: greedy_acceptance(d, h, max_seqs=120))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    data, held = _training_data(train_dirs, eval_dirs, cfg, device)
+    run = _start(target, data, ckpt_dir / "state.pt", cfg, device, log, target_layers, vocab_prior)
+    log(f"position weights (gamma {cfg.gamma or 'default'}): {[round(float(w), 3) for w in run.weights]}")
+    log(
+        f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {run.step}/{cfg.total_steps}"
+    )
+    with open(ckpt_dir / "train_log.jsonl", "a") as logf:
+        _train_steps(run, data, held, evaluate, max_minutes, log, logf)
+        run.save()
+    return run.drafter.eval()
+
+
+def _check_target_device(target, device: torch.device) -> None:
+    """Refuse a target that is not on the training device."""
+    emb_device = target.get_input_embeddings().weight.device
+    if emb_device.type != device.type:
+        raise AdaptspecError(f"training on {device}, but the target is on {emb_device}: move it there first")
+
+
+def _training_data(
+    train_dirs: list[Path], eval_dirs: list[Path], cfg: TrainConfig, device: torch.device
+) -> tuple[ShardData, ShardData | None]:
+    """The training sequences (on ``device``) and the held-out ones (None without ``eval_dirs``),
+    refused when they cannot fill a step or lack the soft targets ``cfg`` asks for."""
     data = ShardData(train_dirs, cfg.max_train_tokens)
     held = ShardData(eval_dirs) if eval_dirs else None
     if len(data) == 0:
@@ -510,138 +532,187 @@ def train(
         )
     if device.type != "cpu":
         data.to(device)
-    state_path = ckpt_dir / "state.pt"
-    rng = np.random.default_rng(cfg.seed)
-    if state_path.exists():
-        st = load_state(state_path)
-        draft_vocab = st["draft_vocab"]
-        saved = st["cfg"]
-        if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
-            log(
-                f"the checkpoint was trained with {saved['num_layers']} layers, layout "
-                f"{saved.get('layout', 'adaptspec')}; continuing with it"
-            )
-        for (
-            k
-        ) in _ARCHITECTURE:  # the architecture is the checkpoint's (block_size included: it sets the loss)
-            if k in saved:
-                setattr(cfg, k, saved[k])
-        drafter = build_drafter(target, saved, draft_vocab, target_layers, cfg.seed)
-        drafter.load_state_dict(st["model"])
-        step = st["step"]
-        rng.bit_generator.state = st["rng"]
-        log(f"resumed from step {step}")
-    elif cfg.init_from is not None:
-        drafter, draft_vocab, arch, trained = weights_to_start_from(
-            Path(cfg.init_from), target, target_layers, cfg.seed
-        )
-        for k, v in arch.items():  # the architecture is the source's
-            setattr(cfg, k, v)
-        cfg.extra = {**cfg.extra, "steps_before": trained, "init_from": str(cfg.init_from)}
-        step, st = 0, None
-        log(
-            f"starting from the weights of {cfg.init_from} (trained {trained} steps), new optimiser and schedule"
-        )
-    else:
-        draft_vocab = None
-        if cfg.draft_vocab_size:
-            eos = target.generation_config.eos_token_id
-            always = [eos] if isinstance(eos, int) else list(eos or [])
-            counts = data.token_counts()
-            weighted = Counter({t: 10 * c for t, c in counts.items()})
-            weighted.update(vocab_prior or {})
-            draft_vocab = draft_vocabulary(weighted, cfg.draft_vocab_size, always)
-            cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
-            log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
-        drafter = build_drafter(target, asdict(cfg), draft_vocab, target_layers, cfg.seed)
-        step, st = 0, None
-        if cfg.init_from_target:
-            log(
-                f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}"
-            )
-    for p in target.parameters():
-        p.requires_grad_(False)
-    drafter.to(device).train()
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    if st is not None:
-        opt.load_state_dict(st["opt"])
-    vmap = None if draft_vocab is None else vocab_index(draft_vocab, target.config.vocab_size)
-    weights = block_position_weights(cfg.block_size, cfg.gamma).to(device)
-    log(f"position weights (gamma {cfg.gamma or 'default'}): {[round(float(w), 3) for w in weights]}")
-    log(
-        f"training on {len(data)} sequences, {data.n_tokens()} response tokens; step {step}/{cfg.total_steps}"
-    )
+    return data, held
 
-    def save() -> None:
-        tmp = state_path.with_suffix(".tmp")
+
+class _TrainingRun:
+    """What the training loop changes and a checkpoint saves: the drafter, its optimiser, the step
+    reached, the generator of batches and the CPU time of the steps; and the losses and accuracies
+    summed since they were last logged."""
+
+    def __init__(
+        self, drafter, draft_vocab, vocab_size: int, step: int, st: dict | None, rng, cfg, device, state_path
+    ):
+        self.drafter, self.draft_vocab, self.step, self.rng, self.cfg = drafter, draft_vocab, step, rng, cfg
+        self.device, self.state_path = device, state_path
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        if st is not None:
+            self.opt.load_state_dict(st["opt"])
+        self.vmap = None if draft_vocab is None else vocab_index(draft_vocab, vocab_size)
+        self.weights = block_position_weights(cfg.block_size, cfg.gamma).to(device)
+        self.cpu_s = float(st.get("train_cpu_s", 0.0)) if st is not None else 0.0  # not evaluations
+        self.run_loss = self.run_acc = 0.0
+
+    def train_step(self, data: ShardData) -> None:
+        """One optimiser step on a batch of ``seqs_per_step`` random sequences, timed in CPU seconds."""
+        cfg = self.cfg
+        c0 = time.process_time()
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, cfg)
+        idx = self.rng.choice(len(data), size=cfg.seqs_per_step, replace=False)
+        batch = make_batch(data, idx, cfg, self.rng, self.vmap, self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+            loss, acc = block_loss(self.drafter, batch, self.weights)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        self.cpu_s += time.process_time() - c0
+        self.run_loss += float(loss.detach())
+        self.run_acc += acc
+
+    def running_means(self, t_start: float) -> dict:
+        """The record of the last ``log_every`` steps (mean loss and accuracy); the sums restart."""
+        every = self.cfg.log_every
+        rec = {
+            "step": self.step,
+            "loss": self.run_loss / every,
+            "acc": self.run_acc / every,
+            "lr": lr_at(self.step, self.cfg),
+            "elapsed_s": time.time() - t_start,
+            "cpu_s": self.cpu_s,
+        }
+        self.run_loss = self.run_acc = 0.0
+        return rec
+
+    def evaluation(self, held: ShardData, evaluate) -> dict:
+        """The record of ``evaluate(drafter, held)``, run with the drafter in eval mode."""
+        self.drafter.eval()
+        ev = evaluate(self.drafter, held)
+        self.drafter.train()
+        return {"step": self.step, "cpu_s": self.cpu_s, "eval_tau": ev}
+
+    def save(self) -> None:
+        """The checkpoint (``state.pt``), written whole or not at all."""
+        tmp = self.state_path.with_suffix(".tmp")
         torch.save(
             {
-                "model": drafter.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "rng": rng.bit_generator.state,
-                "draft_vocab": draft_vocab,
-                "cfg": asdict(cfg) | trained_architecture(drafter),
-                "train_cpu_s": cpu_s,
+                "model": self.drafter.state_dict(),
+                "opt": self.opt.state_dict(),
+                "step": self.step,
+                "rng": self.rng.bit_generator.state,
+                "draft_vocab": self.draft_vocab,
+                "cfg": asdict(self.cfg) | trained_architecture(self.drafter),
+                "train_cpu_s": self.cpu_s,
             },
             tmp,
         )
-        os.replace(tmp, state_path)
+        os.replace(tmp, self.state_path)
 
+
+def _start(
+    target, data: ShardData, state_path: Path, cfg: TrainConfig, device, log, target_layers, vocab_prior
+) -> _TrainingRun:
+    """Where training starts: resumed from the checkpoint at ``state_path`` if there is one, else
+    from the weights ``cfg.init_from`` names, else a fresh drafter."""
+    rng = np.random.default_rng(cfg.seed)
+    if state_path.exists():
+        drafter, draft_vocab, step, st = _resume(target, state_path, cfg, rng, log, target_layers)
+    elif cfg.init_from is not None:
+        drafter, draft_vocab = _start_from_weights(target, cfg, log, target_layers)
+        step, st = 0, None
+    else:
+        drafter, draft_vocab = _fresh_drafter(target, data, cfg, log, target_layers, vocab_prior)
+        step, st = 0, None
+    for p in target.parameters():  # the target stays as it is; the drafter trains on the device
+        p.requires_grad_(False)
+    drafter.to(device).train()
+    vocab_size = target.config.vocab_size
+    return _TrainingRun(drafter, draft_vocab, vocab_size, step, st, rng, cfg, device, state_path)
+
+
+def _resume(target, state_path: Path, cfg: TrainConfig, rng, log, target_layers):
+    """``(drafter, draft_vocab, step, checkpoint)`` from the run's own checkpoint, whose
+    architecture replaces ``cfg``'s; ``rng`` continues where it stopped."""
+    st = load_state(state_path)
+    draft_vocab = st["draft_vocab"]
+    saved = st["cfg"]
+    if (cfg.layout, cfg.num_layers) != (saved.get("layout", "adaptspec"), saved["num_layers"]):
+        log(
+            f"the checkpoint was trained with {saved['num_layers']} layers, layout "
+            f"{saved.get('layout', 'adaptspec')}; continuing with it"
+        )
+    for k in _ARCHITECTURE:  # the architecture is the checkpoint's (block_size included: it sets the loss)
+        if k in saved:
+            setattr(cfg, k, saved[k])
+    drafter = build_drafter(target, saved, draft_vocab, target_layers, cfg.seed)
+    drafter.load_state_dict(st["model"])
+    step = st["step"]
+    rng.bit_generator.state = st["rng"]
+    log(f"resumed from step {step}")
+    return drafter, draft_vocab, step, st
+
+
+def _start_from_weights(target, cfg: TrainConfig, log, target_layers):
+    """``(drafter, draft_vocab)`` from the weights of ``cfg.init_from``, whose architecture
+    replaces ``cfg``'s; ``cfg.extra`` records the source and the steps it was trained."""
+    drafter, draft_vocab, arch, trained = weights_to_start_from(
+        Path(cfg.init_from), target, target_layers, cfg.seed
+    )
+    for k, v in arch.items():  # the architecture is the source's
+        setattr(cfg, k, v)
+    cfg.extra = {**cfg.extra, "steps_before": trained, "init_from": str(cfg.init_from)}
+    log(f"starting from the weights of {cfg.init_from} (trained {trained} steps), new optimiser and schedule")
+    return drafter, draft_vocab
+
+
+def _fresh_drafter(target, data: ShardData, cfg: TrainConfig, log, target_layers, vocab_prior):
+    """``(drafter, draft_vocab)``: a new drafter, its draft vocabulary the response tokens (counted
+    10 times) and ``vocab_prior`` most frequent, end-of-sequence tokens always in."""
+    draft_vocab = None
+    if cfg.draft_vocab_size:
+        eos = target.generation_config.eos_token_id
+        always = [eos] if isinstance(eos, int) else list(eos or [])
+        counts = data.token_counts()
+        weighted = Counter({t: 10 * c for t, c in counts.items()})
+        weighted.update(vocab_prior or {})
+        draft_vocab = draft_vocabulary(weighted, cfg.draft_vocab_size, always)
+        cover = sum(counts[int(t)] for t in draft_vocab) / max(1, sum(counts.values()))
+        log(f"draft vocabulary: {len(draft_vocab)} tokens cover {cover:.2%} of response tokens")
+    drafter = build_drafter(target, asdict(cfg), draft_vocab, target_layers, cfg.seed)
+    if cfg.init_from_target:
+        log(f"drafter layers start as copies of the target's layers {copy_target_layers(drafter, target)}")
+    return drafter, draft_vocab
+
+
+def _train_steps(run: _TrainingRun, data: ShardData, held, evaluate, max_minutes, log, logf) -> None:
+    """Steps until ``total_steps`` (or ``max_minutes``): the running means logged every
+    ``log_every`` steps, the held-out figures every ``eval_every``, a checkpoint every
+    ``checkpoint_every_s`` seconds, after which shards written meanwhile join the data."""
+    cfg = run.cfg
     t_start = last_ckpt = time.time()
-    cpu_s = (
-        float(st.get("train_cpu_s", 0.0)) if st is not None else 0.0
-    )  # CPU time of the steps (not evaluations)
-    run_loss = run_acc = 0.0
-    logf = open(ckpt_dir / "train_log.jsonl", "a")
-    while step < cfg.total_steps:
+    while run.step < cfg.total_steps:
         if max_minutes is not None and time.time() - t_start > max_minutes * 60:
             break
-        c0 = time.process_time()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        idx = rng.choice(len(data), size=cfg.seqs_per_step, replace=False)
-        batch = make_batch(data, idx, cfg, rng, vmap, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            loss, acc = block_loss(drafter, batch, weights)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        step += 1
-        cpu_s += time.process_time() - c0
-        run_loss += float(loss.detach())
-        run_acc += acc
-        if step % cfg.log_every == 0:
-            rec = {
-                "step": step,
-                "loss": run_loss / cfg.log_every,
-                "acc": run_acc / cfg.log_every,
-                "lr": lr_at(step, cfg),
-                "elapsed_s": time.time() - t_start,
-                "cpu_s": cpu_s,
-            }
-            log(json.dumps(rec))
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
-            run_loss = run_acc = 0.0
-        if held is not None and step % cfg.eval_every == 0:
-            drafter.eval()
-            ev = evaluate(drafter, held)
-            drafter.train()
-            rec = {"step": step, "cpu_s": cpu_s, "eval_tau": ev}
-            log(json.dumps(rec))
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
+        run.train_step(data)
+        if run.step % cfg.log_every == 0:
+            _log_record(run.running_means(t_start), log, logf)
+        if held is not None and run.step % cfg.eval_every == 0:
+            _log_record(run.evaluation(held, evaluate), log, logf)
         if time.time() - last_ckpt > cfg.checkpoint_every_s:
-            save()
+            run.save()
             last_ckpt = time.time()
             if data.reload():  # shards written meanwhile by a running distillation
                 log(f"now {len(data)} sequences, {data.n_tokens()} response tokens")
-    save()
-    logf.close()
-    return drafter.eval()
+
+
+def _log_record(rec: dict, log, logf) -> None:
+    """``rec`` logged and appended to the training log, flushed."""
+    log(json.dumps(rec))
+    logf.write(json.dumps(rec) + "\n")
+    logf.flush()
 
 
 # ---------------------------------------------------------------------- pipeline
