@@ -479,48 +479,80 @@ def replay(
     ``OnlineFeedback``) is used as given. Each result says which it got.
     """
     check_reward_name(reward)
+    policies, seeds = _checked(policies, seeds, feedback)
+    prof = None if latency is None else get_profile(latency)
+    R = finite_rewards(traces, reward, prof, batch_size)
+    T = traces.n_requests if n_steps is None else int(n_steps)
+    ctx = _replay_context(traces, R, prof, batch_size, T, curve_points)
+    probes = [_build(spec, traces.arms, seeds[0])[1] for spec in policies]  # what each spec builds, once
+    fb = None
+    if not isinstance(feedback, str) or any(feedback_of(p, True) == "full" for p in probes):
+        fb = _feedback(feedback, traces, R, reward, prof, batch_size)
+    ctx["feedback"] = fb
+    orders = [stream_order(traces, order, seed, T) for seed in seeds]
+    jobs = [(spec, seed, idx) for seed, idx in zip(seeds, orders) for spec in policies]
+    with _progress_bar(T * len(jobs), progress) as bar:
+        oracle, best_fixed = _reference_results(ctx, orders)
+        results = _run_jobs(ctx, jobs, ray, bar, T)
+    policy_results = _policy_results(results, len(policies))
+    any_full = any(p.feedback == "full" for p in policy_results)
+    return ReplayReport(
+        policies=policy_results,
+        oracle=oracle,
+        best_fixed=best_fixed,
+        reward=reward,
+        order=order,
+        seeds=seeds,
+        n_steps=T,
+        arms=traces.arms,
+        curve_steps=ctx["steps"],
+        latency=None if prof is None else prof.name,
+        traces=None if traces.path is None else str(traces.path),
+        has_throughput=ctx["costs"] is not None,
+        extras={"requests": traces.n_requests},
+        feedback_profile=fb.profile if fb is not None and any_full else None,
+        warnings=in_sample_warnings(probes, traces),
+    )
+
+
+def _checked(
+    policies: Sequence[Any] | str | Policy, seeds: Iterable[int], feedback: Any
+) -> tuple[list, list[int]]:
+    """:func:`replay`'s policies as a list and its seeds as ints, refused without a seed or with an
+    unknown feedback mode."""
     if isinstance(feedback, str) and feedback not in FEEDBACK_MODES:
         raise AdaptspecError(f"unknown feedback {feedback!r}: choose one of {', '.join(FEEDBACK_MODES)}")
     if isinstance(policies, (str, Policy)):
         policies = [policies]
-    policies = list(policies)
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise AdaptspecError("replay needs at least one seed")
-    prof = None if latency is None else get_profile(latency)
-    R = finite_rewards(traces, reward, prof, batch_size)
+    return list(policies), seeds
+
+
+def _replay_context(
+    traces: TraceSet, R: np.ndarray, prof: LatencyProfile | None, batch_size: int, T: int, curve_points: int
+) -> dict:
+    """What every replay job reads (:func:`replay_job`'s ``ctx``) but the counterfactual feedback:
+    the reward, tau and cost matrices, each request's best reward, the best fixed arm, the steps
+    the regret curve keeps (at most ``curve_points`` of ``T``), the features and the arms."""
     tau = traces.tau_matrix()
     costs = trace_costs(traces, prof, batch_size)
-    best = R.max(axis=1)
-    fixed = int(np.argmax(R.mean(axis=0)))
-    arms = traces.arms
-    X = traces.features
-    T = traces.n_requests if n_steps is None else int(n_steps)
-    steps = np.unique(np.linspace(1, T, min(T, max(2, curve_points))).round().astype(np.int64))
-
-    refs = {"oracle": Oracle(arms), "fixed": Fixed(arms[fixed], arms=arms)}
-    ref_vals = {k: {m: [] for m in METRICS} for k in refs}
-    ref_curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
-    ref_chosen: dict[str, np.ndarray] = {}
-    probes = [_build(spec, arms, seeds[0])[1] for spec in policies]  # what each spec builds, once
-    fb = None
-    if not isinstance(feedback, str) or any(feedback_of(p, True) == "full" for p in probes):
-        fb = _feedback(feedback, traces, R, reward, prof, batch_size)
-    ctx = {
+    return {
         "R": R,
         "tau": tau,
-        "best": best,
-        "fixed": fixed,
+        "best": R.max(axis=1),
+        "fixed": int(np.argmax(R.mean(axis=0))),
         "costs": costs,
-        "steps": steps,
-        "X": X,
-        "arms": arms,
-        "feedback": fb,
+        "steps": np.unique(np.linspace(1, T, min(T, max(2, curve_points))).round().astype(np.int64)),
+        "X": traces.features,
+        "arms": traces.arms,
     }
-    orders = [stream_order(traces, order, seed, T) for seed in seeds]
-    jobs = [(spec, seed, idx) for seed, idx in zip(seeds, orders) for spec in policies]
-    total = T * len(jobs)
-    bar = tqdm(
+
+
+def _progress_bar(total: int, progress: bool | None) -> tqdm:
+    """The replay's progress bar over ``total`` steps (``progress`` None: shown on a terminal)."""
+    return tqdm(
         total=total,
         desc="replay",
         unit="step",
@@ -529,31 +561,51 @@ def replay(
         disable=(not progress) if progress is not None else None,
         delay=1.0,
     )
-    try:
-        for k, idx in enumerate(orders):
-            for key, ref in refs.items():
-                a = run_policy(ref, R, idx, X)
-                m, c = _metrics(a, idx, R, tau, best, fixed, costs, steps)
-                for name, v in m.items():
-                    ref_vals[key][name].append(v)
-                ref_curves[key].append(c)
-                if k == 0:
-                    ref_chosen[key] = a.astype(np.int16)
-        if ray is not None and ray is not False:
-            from .ray_sweep import replay_jobs
 
-            results = replay_jobs(replay_job, ctx, jobs, None if ray is True else ray, bar, T)
-        else:
-            results = [replay_job(ctx, spec, seed, idx, bar) for spec, seed, idx in jobs]
-    finally:
-        bar.close()
+
+def _reference_results(ctx: dict, orders: list[np.ndarray]) -> tuple[PolicyResult, PolicyResult]:
+    """The oracle and the best fixed arm, replayed over every stream order."""
+    arms, fixed = ctx["arms"], ctx["fixed"]
+    refs = {"oracle": Oracle(arms), "fixed": Fixed(arms[fixed], arms=arms)}
+    vals = {k: {m: [] for m in METRICS} for k in refs}
+    curves: dict[str, list[np.ndarray]] = {k: [] for k in refs}
+    chosen: dict[str, np.ndarray] = {}
+    for k, idx in enumerate(orders):
+        for key, ref in refs.items():
+            a = run_policy(ref, ctx["R"], idx, ctx["X"])
+            m, c = _metrics(a, idx, ctx["R"], ctx["tau"], ctx["best"], fixed, ctx["costs"], ctx["steps"])
+            for name, v in m.items():
+                vals[key][name].append(v)
+            curves[key].append(c)
+            if k == 0:
+                chosen[key] = a.astype(np.int16)
+    oracle = _result("oracle", vals["oracle"], curves["oracle"], chosen["oracle"], "oracle")
+    best_fixed = _result(
+        f"fixed:{arms[fixed]}", vals["fixed"], curves["fixed"], chosen["fixed"], "none", arms[fixed]
+    )
+    return oracle, best_fixed
+
+
+def _run_jobs(ctx: dict, jobs: list[tuple], ray: str | bool | None, bar: tqdm, T: int) -> list[tuple]:
+    """Every (policy, seed, order) job's :func:`replay_job` result, in the jobs' order: here, or
+    as Ray tasks when ``ray`` is given."""
+    if ray is not None and ray is not False:
+        from .ray_sweep import replay_jobs
+
+        return replay_jobs(replay_job, ctx, jobs, None if ray is True else ray, bar, T)
+    return [replay_job(ctx, spec, seed, idx, bar) for spec, seed, idx in jobs]
+
+
+def _policy_results(results: list[tuple], n_policies: int) -> list[PolicyResult]:
+    """The jobs' results (seed-major) gathered per policy, over its seeds; a name given twice is
+    numbered (``ucb#2``)."""
     names: list[str] = []
     vals: list[dict[str, list[float]]] = []
     curves: list[list[np.ndarray]] = []
     chosen: list[np.ndarray] = []
     kinds: list[str] = []
     for n, (name, m, c, a, kind) in enumerate(results):  # seed-major, as the jobs
-        k, j = divmod(n, len(policies))
+        k, j = divmod(n, n_policies)
         if k == 0:
             names.append(name)
             vals.append({mm: [] for mm in METRICS})
@@ -568,41 +620,14 @@ def replay(
         seen[n] = seen.get(n, 0) + 1
         if seen[n] > 1:
             names[i] = f"{n}#{seen[n]}"
+    return [_result(n, v, c, ch, kd) for n, v, c, ch, kd in zip(names, vals, curves, chosen, kinds)]
 
-    def result(
-        name: str,
-        v: dict[str, list[float]],
-        c: list[np.ndarray],
-        ch: np.ndarray,
-        kind: str,
-        b: int | None = None,
-    ) -> PolicyResult:
-        return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b, kind)
 
-    return ReplayReport(
-        policies=[result(n, v, c, ch, kd) for n, v, c, ch, kd in zip(names, vals, curves, chosen, kinds)],
-        oracle=result("oracle", ref_vals["oracle"], ref_curves["oracle"], ref_chosen["oracle"], "oracle"),
-        best_fixed=result(
-            f"fixed:{arms[fixed]}",
-            ref_vals["fixed"],
-            ref_curves["fixed"],
-            ref_chosen["fixed"],
-            "none",
-            arms[fixed],
-        ),
-        reward=reward,
-        order=order,
-        seeds=seeds,
-        n_steps=T,
-        arms=arms,
-        curve_steps=steps,
-        latency=None if prof is None else prof.name,
-        traces=None if traces.path is None else str(traces.path),
-        has_throughput=costs is not None,
-        extras={"requests": traces.n_requests},
-        feedback_profile=None if fb is None or "full" not in kinds else fb.profile,
-        warnings=in_sample_warnings(probes, traces),
-    )
+def _result(
+    name: str, v: dict[str, list[float]], c: list[np.ndarray], ch: np.ndarray, kind: str, b: int | None = None
+) -> PolicyResult:
+    """A policy's :class:`PolicyResult` from its per-seed metrics and regret curves."""
+    return PolicyResult(name, {m: np.asarray(x) for m, x in v.items()}, np.stack(c), ch, b, kind)
 
 
 # ============================================================================ decision logs
