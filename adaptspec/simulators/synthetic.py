@@ -188,6 +188,32 @@ def generate(
     columns and ``decode_ms`` are always written). ``latency`` overrides the scenario's
     profile; ``batch_size`` is the batch the latencies are taken at.
     """
+    sc = _checked_scenario(scenario, n_requests, arms, dim)
+    prof = get_profile(latency or sc.latency)
+    rng = np.random.default_rng(seed)
+    req = _requests(sc, int(n_requests), drift, rng)
+    X = _features(sc, req, seed)
+    out = _Outcomes.empty(len(req.dom), len(sc.arms))
+    with tqdm(
+        total=out.mean_tau.size,
+        desc=f"synth {sc.name}",
+        unit="trace",
+        leave=False,
+        disable=(not progress) if progress is not None else None,
+        delay=1.0,
+    ) as bar:
+        for j, B in enumerate(sc.arms):
+            _arm_outcomes(sc, req, j, B, prof, batch_size, per_round, seed, out, bar)
+    if np.any(req.need < 1):
+        raise AdaptspecError("every request needs at least 2 new tokens")
+    return _trace_set(sc, req, X, out, prof, seed, drift, batch_size, per_round)
+
+
+def _checked_scenario(
+    scenario: str | Scenario, n_requests: int, arms: Sequence[int] | None, dim: int | None
+) -> Scenario:
+    """The scenario with ``arms`` and ``dim`` in place of its own when given, refused when it
+    cannot make ``n_requests`` requests."""
     sc = get_scenario(scenario)
     if dim is not None:
         sc = replace(sc, dim=int(dim))
@@ -199,11 +225,30 @@ def generate(
         raise AdaptspecError(f"dim must be >= 2, got {sc.dim}")
     if not sc.arms or min(sc.arms) < 1:
         raise AdaptspecError(f"arms must be positive block sizes, got {list(sc.arms)}")
-    prof = get_profile(latency or sc.latency)
-    rng = np.random.default_rng(seed)
-    n, K, D = int(n_requests), len(sc.arms), len(sc.domains)
+    return sc
 
-    # --- requests: domain, skill, lengths, features
+
+@dataclass
+class _Requests:
+    """The requests drawn: domain index, skill, prompt and new tokens, and the machine's
+    per-request timing factor."""
+
+    dom: np.ndarray
+    skill: np.ndarray
+    prompt: np.ndarray
+    new: np.ndarray
+    machine: np.ndarray
+
+    @property
+    def need(self) -> np.ndarray:
+        """Tokens the rounds commit (the first comes from prefill)."""
+        return self.new - 1
+
+
+def _requests(sc: Scenario, n: int, drift: bool, rng: np.random.Generator) -> _Requests:
+    """``n`` requests: each one's domain (by the domain weights, drifting if asked), skill, prompt
+    length (log-uniform in its domain's range), new tokens and timing factor."""
+    D = len(sc.domains)
     w = _domain_weights(sc, n, drift)
     dom = (rng.random(n)[:, None] > np.cumsum(w, axis=1)).sum(axis=1).clip(0, D - 1)
     skill = rng.normal(0.0, sc.skill_sd, n)
@@ -213,71 +258,124 @@ def generate(
     lo_n = np.array([d.new_tokens[0] for d in sc.domains])[dom]
     hi_n = np.array([d.new_tokens[1] for d in sc.domains])[dom]
     new = rng.integers(lo_n, hi_n + 1).astype(np.int64)
+    machine = np.exp(rng.normal(0.0, sc.request_timing_sd, len(dom)))
+    return _Requests(dom, skill, prompt, new, machine)
+
+
+def _features(sc: Scenario, req: _Requests, seed: int) -> np.ndarray:
+    """The requests' feature vectors: their domain's cluster, one direction carrying the skill
+    (standardised), the last feature the log prompt length."""
+    n, D = len(req.dom), len(sc.domains)
     frng = np.random.default_rng([seed, 1])
     centres = frng.normal(0.0, 1.0, (D, sc.dim)) * sc.cluster_scale / math.sqrt(2.0)
     u = frng.normal(0.0, 1.0, sc.dim)
     u /= np.linalg.norm(u)
-    X = centres[dom] + frng.normal(0.0, 1.0, (n, sc.dim))
-    X += (skill / sc.skill_sd - X @ u)[:, None] * u  # the skill direction carries the skill, standardised
-    X[:, -1] = np.log(prompt) - 5.0  # last feature: log prompt length
-    machine = np.exp(rng.normal(0.0, sc.request_timing_sd, n))
+    X = centres[req.dom] + frng.normal(0.0, 1.0, (n, sc.dim))
+    X += (req.skill / sc.skill_sd - X @ u)[:, None] * u  # the skill direction carries the skill, standardised
+    X[:, -1] = np.log(req.prompt) - 5.0  # last feature: log prompt length
+    return X
 
-    # --- outcomes, arm by arm
-    mean_tau = np.empty((n, K))
-    exp_tau = np.empty((n, K))
-    rounds = np.empty((n, K), dtype=np.int64)
-    decode_ms = np.empty((n, K))
-    tau_lists: list[list[np.ndarray]] = [[None] * K for _ in range(n)]  # type: ignore[list-item]
-    d_lists: list[list[np.ndarray]] = [[None] * K for _ in range(n)]  # type: ignore[list-item]
-    v_lists: list[list[np.ndarray]] = [[None] * K for _ in range(n)]  # type: ignore[list-item]
-    need = new - 1  # tokens the rounds commit (the first comes from prefill)
-    bar = tqdm(
-        total=n * K,
-        desc=f"synth {sc.name}",
-        unit="trace",
-        leave=False,
-        disable=(not progress) if progress is not None else None,
-        delay=1.0,
-    )
-    for j, B in enumerate(sc.arms):
-        base = np.stack([position_logits(sc, sc.domains[d], B) for d in range(D)])[dom] + skill[:, None]
-        exp_tau[:, j] = expected_tau(base, sc.round_sd)
-        R = int(max(need.max(), 1))
-        chunk = max(1, int(4e6 // max(1, R * max(B - 1, 1))))
-        arng = np.random.default_rng([seed, 2, B])
-        for s in range(0, n, chunk):
-            sl = slice(s, min(n, s + chunk))
-            m = sl.stop - sl.start
-            if B == 1:
-                taus = np.ones((m, R), dtype=np.int64)
-            else:
-                noise = arng.normal(0.0, sc.round_sd, (m, R, 1))
-                q = _sigmoid(base[sl, None, :] + noise)
-                acc = arng.random((m, R, B - 1)) < q
-                taus = 1 + np.cumprod(acc, axis=2).sum(axis=2)
-            done_before = np.cumsum(taus, axis=1) - taus
-            left = need[sl, None] - done_before
-            taus = np.minimum(taus, left)  # last round truncated; rounds past the end <= 0
-            live = taus > 0
-            ctx = prompt[sl, None] + 1 + done_before
-            vt = prof.verify_s(B, ctx, batch_size) * 1000.0
-            dt = prof.draft_s(B, ctx, batch_size) * 1000.0
-            jit = np.exp(arng.normal(0.0, sc.timing_sd, (2, m, R))) * machine[sl, None]
-            vt, dt = np.round(vt * jit[0], 2), np.round(dt * jit[1], 2)
-            nr = live.sum(axis=1)
-            rounds[sl, j] = nr
-            mean_tau[sl, j] = need[sl] / np.maximum(nr, 1)
-            decode_ms[sl, j] = np.where(live, vt + dt + sc.overhead_ms, 0.0).sum(axis=1)
-            if per_round:
-                for r in range(m):
-                    c = nr[r]
-                    tau_lists[sl.start + r][j] = taus[r, :c].astype(np.int32)
-                    d_lists[sl.start + r][j] = dt[r, :c].astype(np.float32)
-                    v_lists[sl.start + r][j] = vt[r, :c].astype(np.float32)
-            bar.update(m)
-    bar.close()
-    if np.any(need < 1):
-        raise AdaptspecError("every request needs at least 2 new tokens")
+
+@dataclass
+class _Outcomes:
+    """Every (request, arm)'s outcome: mean and expected tau, rounds, decode time, and the
+    per-round tau, draft and verify times."""
+
+    mean_tau: np.ndarray
+    exp_tau: np.ndarray
+    rounds: np.ndarray
+    decode_ms: np.ndarray
+    tau_lists: list[list[np.ndarray]]
+    d_lists: list[list[np.ndarray]]
+    v_lists: list[list[np.ndarray]]
+
+    @classmethod
+    def empty(cls, n: int, K: int) -> _Outcomes:
+        return cls(
+            np.empty((n, K)),
+            np.empty((n, K)),
+            np.empty((n, K), dtype=np.int64),
+            np.empty((n, K)),
+            [[None] * K for _ in range(n)],  # type: ignore[list-item]
+            [[None] * K for _ in range(n)],  # type: ignore[list-item]
+            [[None] * K for _ in range(n)],  # type: ignore[list-item]
+        )
+
+
+def _arm_outcomes(
+    sc: Scenario,
+    req: _Requests,
+    j: int,
+    B: int,
+    prof: LatencyProfile,
+    batch_size: int,
+    per_round: bool,
+    seed: int,
+    out: _Outcomes,
+    bar: tqdm,
+) -> None:
+    """Block size ``B``'s (arm ``j``'s) outcomes for every request, decoded in chunks of requests
+    (each arm's noise its own generator's, seeded by ``seed`` and ``B``)."""
+    arng = np.random.default_rng([seed, 2, B])
+    n, D = len(req.dom), len(sc.domains)
+    base = np.stack([position_logits(sc, sc.domains[d], B) for d in range(D)])[req.dom] + req.skill[:, None]
+    out.exp_tau[:, j] = expected_tau(base, sc.round_sd)
+    R = int(max(req.need.max(), 1))
+    chunk = max(1, int(4e6 // max(1, R * max(B - 1, 1))))
+    for s in range(0, n, chunk):
+        sl = slice(s, min(n, s + chunk))
+        taus, done_before = _round_taus(sc, req, B, base[sl], R, sl, arng)
+        live = taus > 0
+        ctx = req.prompt[sl, None] + 1 + done_before
+        vt = prof.verify_s(B, ctx, batch_size) * 1000.0
+        dt = prof.draft_s(B, ctx, batch_size) * 1000.0
+        jit = np.exp(arng.normal(0.0, sc.timing_sd, (2, *taus.shape))) * req.machine[sl, None]
+        vt, dt = np.round(vt * jit[0], 2), np.round(dt * jit[1], 2)
+        nr = live.sum(axis=1)
+        out.rounds[sl, j] = nr
+        out.mean_tau[sl, j] = req.need[sl] / np.maximum(nr, 1)
+        out.decode_ms[sl, j] = np.where(live, vt + dt + sc.overhead_ms, 0.0).sum(axis=1)
+        if per_round:
+            for r in range(len(nr)):
+                c = nr[r]
+                out.tau_lists[sl.start + r][j] = taus[r, :c].astype(np.int32)
+                out.d_lists[sl.start + r][j] = dt[r, :c].astype(np.float32)
+                out.v_lists[sl.start + r][j] = vt[r, :c].astype(np.float32)
+        bar.update(len(nr))
+
+
+def _round_taus(
+    sc: Scenario, req: _Requests, B: int, base: np.ndarray, R: int, sl: slice, arng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(taus, committed before)`` of ``R`` rounds at block size ``B`` for the requests in ``sl``:
+    each round's accepted prefix plus the bonus token, the last one cut to the tokens left and
+    the rounds past the end <= 0."""
+    m = sl.stop - sl.start
+    if B == 1:
+        taus = np.ones((m, R), dtype=np.int64)
+    else:
+        noise = arng.normal(0.0, sc.round_sd, (m, R, 1))
+        q = _sigmoid(base[:, None, :] + noise)
+        acc = arng.random((m, R, B - 1)) < q
+        taus = 1 + np.cumprod(acc, axis=2).sum(axis=2)
+    done_before = np.cumsum(taus, axis=1) - taus
+    left = req.need[sl, None] - done_before
+    return np.minimum(taus, left), done_before
+
+
+def _trace_set(
+    sc: Scenario,
+    req: _Requests,
+    X: np.ndarray,
+    out: _Outcomes,
+    prof: LatencyProfile,
+    seed: int,
+    drift: bool,
+    batch_size: int,
+    per_round: bool,
+) -> TraceSet:
+    """The trace set of the requests and their outcomes, its meta naming the scenario and source."""
+    n = len(req.dom)
     flat = (lambda L: [x for row in L for x in row]) if per_round else (lambda L: None)
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -297,21 +395,20 @@ def generate(
         "temperature": 0.0,
         "domains": {d.name: {"weight": d.weight, "accept": d.accept, "decay": d.decay} for d in sc.domains},
     }
-    ts = TraceSet.from_arrays(
+    return TraceSet.from_arrays(
         [f"{sc.name}-{seed}-{i:06d}" for i in range(n)],
-        [sc.domains[d].name for d in dom],
+        [sc.domains[d].name for d in req.dom],
         sc.arms,
-        mean_tau,
-        prompt_tokens=prompt,
+        out.mean_tau,
+        prompt_tokens=req.prompt,
         features=X.astype(np.float32),
-        new_tokens=new,
-        rounds=rounds,
-        decode_ms=np.round(decode_ms, 3),
-        tau=flat(tau_lists),
-        draft_ms=flat(d_lists),
-        verify_ms=flat(v_lists),
-        request_columns={"skill": skill.astype(np.float32)},
-        outcome_columns={"expected_tau": exp_tau.ravel()},
+        new_tokens=req.new,
+        rounds=out.rounds,
+        decode_ms=np.round(out.decode_ms, 3),
+        tau=flat(out.tau_lists),
+        draft_ms=flat(out.d_lists),
+        verify_ms=flat(out.v_lists),
+        request_columns={"skill": req.skill.astype(np.float32)},
+        outcome_columns={"expected_tau": out.exp_tau.ravel()},
         meta=meta,
     )
-    return ts
