@@ -190,7 +190,8 @@ def test_an_operator_sees_the_plugins_metrics_next_to_vllms(served):
 
     for v, spec in VARIANTS.items():
         assert value("adaptspec_vllm_decisions_total", variant=v, block_size=spec.split(":")[1]) == 3
-    assert value("adaptspec_vllm_fallbacks_total", where="decide") == 2
+    assert value("adaptspec_vllm_fallbacks_total", variant="A", reason="decide") == 2
+    assert value("adaptspec_vllm_faults_total", variant="A", where="decide") == 2
     # the decided requests' drafts (the first run; the fallen back ones are vLLM's), every one accepted
     # here (the target drafts for itself): vLLM's own per-position counter agrees
     assert value("adaptspec_vllm_accepted_tokens_total") == value("adaptspec_vllm_drafted_tokens_total") \

@@ -25,7 +25,7 @@ def test_an_unknown_variant_runs_at_vllms_own_length_and_is_counted(tmp_path):
         p.admit("r1", [1, 2, 3], {"adaptspec_variant": "Z"})
         p.decide("r1", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
         assert p.cut({"r1": [9, 9, 9, 9]}, rows=1, queue=0) == {}          # not cut: vLLM's own 4 drafts
-        assert p.stats()["counts"] == {"fallbacks": 1, "faults_admit": 1}
+        assert p.stats()["counts"] == {"fallbacks": 1, "fallbacks_unknown_variant": 1}  # the client's, not a fault
         p.admit("r2", [1, 2, 3], {"adaptspec_variant": "A"})
         p.decide("r2", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
         assert p.cut({"r2": [9, 9, 9, 9]}, rows=1, queue=0) == {"r2": [9]}  # fixed:2: one draft verified

@@ -1,8 +1,12 @@
 """The plug-in's Prometheus metrics, next to vLLM's own (``vllm:spec_decode_*``).
 
 Counted in the engine process, where the scheduler runs: block sizes chosen (per variant),
-drafts verified and accepted after the cut, fallbacks to vLLM's own length and the faults
-behind them, and the plug-in's own time against the engine steps' (its per-step cost).
+drafts verified and accepted after the cut, the requests run at the fallback length instead of
+their policy's choice (per variant and reason), the failures of the plug-in's work and of its
+controllers' background work (per variant and where), and the plug-in's own time against the
+engine steps' (its per-step cost). A variant label is one of the configured variants' names, never
+a client's string: empty where none is known (a request naming no variant of this engine, a fault
+of a whole step).
 
 vLLM's HTTP server serves metrics written by its engine processes when
 ``PROMETHEUS_MULTIPROC_DIR`` is set (``vllm serve`` sets it; with ``python -m
@@ -26,12 +30,15 @@ def plugin_metrics() -> dict[str, Any]:
     from prometheus_client import Counter
 
     return {
-        "decisions": Counter("adaptspec_vllm_decisions", "Requests decided, by variant and block size chosen "
-                             "(1 + drafts verified)", ["variant", "block_size"]),
-        "fallbacks": Counter("adaptspec_vllm_fallbacks", "Requests run at vLLM's own length after a failure, by "
-                             "where it failed (admit, decide)", ["where"]),
-        "faults": Counter("adaptspec_vllm_faults", "Failures of the plug-in's work, by where (admit, decide, cut, "
-                          "observe, load_rule, feedback, close)", ["where"]),
+        "decisions": Counter("adaptspec_vllm_decisions", "Requests whose policy chose their block size, by variant "
+                             "and block size (1 + drafts verified); fallbacks are counted apart",
+                             ["variant", "block_size"]),
+        "fallbacks": Counter("adaptspec_vllm_fallbacks", "Requests run at the fallback length instead of their "
+                             "policy's choice, by variant and reason: the policy's (error, invalid, timeout) or the "
+                             "plug-in's (unknown_variant, admit, decide)", ["variant", "reason"]),
+        "faults": Counter("adaptspec_vllm_faults", "Failures of the plug-in's work (admit, decide, drafts, cut, "
+                          "observe, load_rule, step, feedback, outcome, close) and of its controllers' background "
+                          "work (update, checkpoint, log), by variant and where", ["variant", "where"]),
         "drafted": Counter("adaptspec_vllm_drafted_tokens", "Drafts verified after the plug-in's cut"),
         "accepted": Counter("adaptspec_vllm_accepted_tokens", "Drafts accepted among those verified"),
         "plugin_seconds": Counter("adaptspec_vllm_plugin_seconds", "Time spent in the plug-in's hooks"),

@@ -22,10 +22,17 @@ with ids, token lists and counts, so every rule lives here once, whatever vLLM c
 - **account**: the caller's clock: the engine's time and the plug-in's own time in vLLM's hooks
   (the scheduler times both, so the plug-in's cost per step is measured where vLLM pays it).
 
-A failure of a policy, a controller or the load rule never stops vLLM: the request it concerns
-runs at vLLM's own length from then on (``fallback``), and the fault is logged and counted
-(``stats()["faults"]``). The controllers' decision logs keep their guarantee: an acknowledged
-decision (its feedback returned) survives a SIGKILL of the engine.
+A failure of a policy, a controller or the load rule never stops vLLM, and neither does a slow
+policy: a decision runs on its controller's decision thread and the hook waits for it at most
+``decide_timeout`` (:mod:`adaptspec.control.decider`); a policy that raises, answers something
+invalid or is late gives its request the controller's fallback length, and while a late decision
+still holds that thread every later request of the variant gets it at once. A request the plug-in
+itself fails on (or whose ``adaptspec_variant`` names no variant) runs at vLLM's own length from
+then on (``fallback``). Every fallback is counted by variant and reason, every fault by variant and
+where, the controllers' update, checkpoint and log errors among them (:meth:`AdaptspecPlugin.watch`;
+:mod:`adaptspec.vllm.metrics`), and logged in a bounded line: a client's string is cut
+(:mod:`adaptspec.vllm.client_text`). The controllers' decision logs keep their guarantee: an
+acknowledged decision (its feedback returned) survives a SIGKILL of the engine.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 from ..errors import AdaptspecError
 from ..reward.attribution import attribute
 from ..speculator import LoadState, Outcome
+from .client_text import shown
 from .config import ENTRY, PLUGIN_PROFILE, PluginSettings
 from .features import FEATURE_DIM, prompt_features
 from .metrics import plugin_metrics
@@ -56,6 +64,10 @@ log = logging.getLogger("adaptspec.vllm")
 DEFAULT_VARIANT = "default"
 #: The per-request extra argument naming a variant (``SamplingParams(extra_args=...)``, ``vllm_xargs``).
 VARIANT_ARG = "adaptspec_variant"
+#: How often (seconds) the controllers' background errors are read into the counters (:meth:`AdaptspecPlugin.watch`).
+WATCH_EVERY_S = 1.0
+#: A controller's background counters (``stats()`` keys) and the fault each is counted as.
+CONTROLLER_ERRORS = {"update_errors": "update", "checkpoint_errors": "checkpoint", "log_errors": "log"}
 #: The learned rule's forced plain steps at a level come after 32, 64, ... up to this many steps
 #: (``Learned(plain_every_max=...)``): its costs are this engine's measured steps, whose plain step
 #: needs measuring once, not every 32 steps.
@@ -83,9 +95,13 @@ class AdaptspecPlugin:
         if max(arms) > self.max_block_size:
             raise AdaptspecError(f"additional_config {ENTRY}.arms {list(arms)}: block size {max(arms)} needs "
                                  f"{max(arms) - 1} drafts, beyond num_speculative_tokens {num_speculative_tokens}")
+        if settings.fallback_block_size is not None and settings.fallback_block_size not in arms:
+            raise AdaptspecError(f"additional_config {ENTRY}.fallback_block_size {settings.fallback_block_size} is "
+                                 f"not one of the block sizes {list(arms)}")
         fallback = settings.fallback_block_size or max(arms)
         variants = settings.variants or {DEFAULT_VARIANT: None}
-        self.router = ABRouter.parse([f"{n}={s or 'default'}" for n, s in variants.items()], settings.split)
+        self.router = ABRouter(settings.variant_weights() or {DEFAULT_VARIANT: 1.0},
+                               {n: s or "default" for n, s in variants.items()})
         self.shared_states = _shared_states(settings, list(variants))
         self.controllers: dict[str, Any] = {}
         try:
@@ -112,6 +128,8 @@ class AdaptspecPlugin:
         self.step_blocks: Counter[int] = Counter()  # decode steps by their widest verified block
         self.steps = 0
         self.metrics = plugin_metrics()
+        self._errors_seen: dict[tuple[str, str], int] = {}  # (variant, stats key) -> counted so far
+        self._watched_s = time.perf_counter()
         #: Called with (request id, variant, Outcome) for every request that ends decided, after its
         #: feedback: how a caller in the engine's process (``adaptspec collect-vllm``) reads what
         #: each request ran. None: nobody listens.
@@ -124,14 +142,20 @@ class AdaptspecPlugin:
     # ------------------------------------------------------------------ the hooks' work
     def admit(self, request_id: str, prompt_ids: Sequence[int], extra_args: Mapping[str, Any] | None) -> None:
         """A new request: its variant and its features."""
-        rec = RequestRecord(request_id, DEFAULT_VARIANT, prompt_tokens=max(len(prompt_ids), 1),
-                            admitted_s=time.perf_counter())
+        rec = RequestRecord(request_id, "", prompt_tokens=max(len(prompt_ids), 1), admitted_s=time.perf_counter())
         self.records[request_id] = rec
         try:
             asked = (extra_args or {}).get(VARIANT_ARG)
-            rec.variant = self.router.check(asked) if asked is not None else self.router.assign()
+            if asked is not None and (not isinstance(asked, str) or asked not in self.controllers):
+                rec.fallback = "unknown_variant"  # the client's value: never a label, cut in the log line
+                self._count_fallback("", "unknown_variant")
+                log.warning("adaptspec.vllm: request %s asks for %s %s, not one of this engine's variants (%s); "
+                            "vLLM runs it at its own length", shown(request_id), VARIANT_ARG, shown(asked),
+                            ", ".join(self.controllers))
+                return
+            rec.variant = asked if asked is not None else self.router.assign()
             rec.features = prompt_features(prompt_ids)
-        except Exception as e:  # noqa: BLE001 - a bad variant or prompt costs this request its policy, never vLLM
+        except Exception as e:  # noqa: BLE001 - a bad prompt costs this request its policy, never vLLM
             self._fall_back(rec, "admit", e)
 
     def decide(self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int,
@@ -146,10 +170,12 @@ class AdaptspecPlugin:
             rec.decision = self.controllers[rec.variant].decide(rec.features, request_id=request_id, load=load)
             rec.decided_s = time.perf_counter()
             rec.view.m = output_tokens
-            self.chosen[int(rec.decision.block_size)] += 1
-            self.metrics["decisions"].labels(rec.variant, str(int(rec.decision.block_size))).inc()
-            if "fallback" in rec.decision.extras:
-                self.counts["policy_fallbacks"] += 1
+            reason = rec.decision.extras.get("fallback")
+            if reason is not None:  # the policy raised, was late or answered something invalid: the controller's fallback
+                self._count_fallback(rec.variant, str(reason))
+            else:
+                self.chosen[int(rec.decision.block_size)] += 1
+                self.metrics["decisions"].labels(rec.variant, str(int(rec.decision.block_size))).inc()
         except Exception as e:  # noqa: BLE001
             self._fall_back(rec, "decide", e)
 
@@ -224,6 +250,25 @@ class AdaptspecPlugin:
             self.fault("observe", e)
             self._asked = {}
 
+    def watch(self, now: float | None = None) -> None:
+        """Count the controllers' background errors (a policy update that raised, a checkpoint or a log
+        write that failed, on their update threads) as faults of their variant (``update``,
+        ``checkpoint``, ``log``), each once; at most every :data:`WATCH_EVERY_S` seconds unless ``now`` is
+        None (then at once). The scheduler calls it every step, and :meth:`close` last."""
+        if now is not None and now - self._watched_s < WATCH_EVERY_S:
+            return
+        self._watched_s = time.perf_counter() if now is None else now
+        for name, c in self.controllers.items():
+            st = c.stats()
+            for key, where in CONTROLLER_ERRORS.items():
+                new = int(st.get(key) or 0) - self._errors_seen.get((name, key), 0)
+                if new > 0:
+                    self._errors_seen[(name, key)] = int(st[key])
+                    self.counts[f"faults_{where}"] += new
+                    self.metrics["faults"].labels(name, where).inc(new)
+                    log.warning("adaptspec.vllm: variant %s: %d more %s error(s) on its controller's update thread "
+                                "(%s)", name, new, where, st.get("last_error") or "see the adaptspec.control log")
+
     def account(self, engine_s: float = 0.0, own_s: float = 0.0, step: bool = False, fetch_s: float = 0.0) -> None:
         """The caller's clock: ``engine_s`` more seconds of the engine's steps, ``own_s`` of them the
         plug-in's own work in vLLM's hooks, ``fetch_s`` of them vLLM's engine fetching the drafts from
@@ -253,13 +298,13 @@ class AdaptspecPlugin:
                                                              shared=rec.shared(time.perf_counter()))
                 self.counts[f"feedback_{fed}"] += 1
             except Exception as e:  # noqa: BLE001
-                self.fault("feedback", e)
+                self.fault("feedback", e, request_id, variant=rec.variant)
             else:
                 if self.on_outcome is not None:
                     try:
                         self.on_outcome(request_id, rec.variant, outcome)
                     except Exception as e:  # noqa: BLE001 - the listener's failure never stops vLLM either
-                        self.fault("outcome", e, request_id)
+                        self.fault("outcome", e, request_id, variant=rec.variant)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict[str, Any]:
@@ -276,11 +321,17 @@ class AdaptspecPlugin:
                 "variants": {n: c.stats() for n, c in self.controllers.items()}}
 
     def close(self) -> None:
-        """Close every controller (updates applied, checkpoints written, logs rolled)."""
-        for c in getattr(self, "controllers", {}).values():
+        """Close every controller (updates applied, checkpoints written, logs rolled), then count their
+        background errors one last time."""
+        for name, c in getattr(self, "controllers", {}).items():
             try:
                 c.close()
             except Exception as e:  # noqa: BLE001 - the others still close
+                self.fault("close", e, variant=name)
+        if getattr(self, "metrics", None) is not None:
+            try:
+                self.watch()
+            except Exception as e:  # noqa: BLE001
                 self.fault("close", e)
         for s in (getattr(self, "shared_states", None) or {}).values():
             s.close()
@@ -348,18 +399,28 @@ class AdaptspecPlugin:
         return get_profile(self.settings.latency)
 
     def _fall_back(self, rec: RequestRecord, where: str, e: Exception) -> None:
+        """The plug-in failed for ``rec`` at ``where``: vLLM runs it at its own length from now on."""
         rec.fallback = f"{where}: {type(e).__name__}: {e}"
-        self.counts["fallbacks"] += 1
-        self.metrics["fallbacks"].labels(where).inc()
-        self.fault(where, e, rec.request_id)
+        self._count_fallback(rec.variant, where)
+        self.fault(where, e, rec.request_id, variant=rec.variant)
 
-    def fault(self, where: str, e: Exception, request_id: str | None = None) -> None:
+    def _count_fallback(self, variant: str, reason: str) -> None:
+        self.counts["fallbacks"] += 1
+        self.counts[f"fallbacks_{reason}"] += 1
+        self.metrics["fallbacks"].labels(variant, reason).inc()
+
+    def fault(self, where: str, e: Exception, request_id: str | None = None, variant: str | None = None) -> None:
+        """The plug-in's work at ``where`` failed (for ``request_id`` of ``variant``, when it is one
+        request's): counted, and logged in one line."""
+        if variant is None:
+            rec = self.records.get(request_id) if request_id is not None and hasattr(self, "records") else None
+            variant = "" if rec is None else rec.variant
         self.counts[f"faults_{where}"] += 1
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
-            metrics["faults"].labels(where).inc()
+            metrics["faults"].labels(variant, where).inc()
         log.warning("adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length", where,
-                    f" for request {request_id}" if request_id else "", type(e).__name__, e)
+                    f" for request {shown(request_id)}" if request_id else "", type(e).__name__, e)
 
 
 def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int, settings: PluginSettings,
@@ -374,7 +435,7 @@ def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int,
             checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
             reward=settings.reward, latency=settings.latency or PLUGIN_PROFILE, featurizer=settings.featurizer,
             seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
-            decide_on_caller=True, feedback_timeout_s=settings.feedback_timeout,
+            feedback_timeout_s=settings.feedback_timeout,  # decisions on its decision thread: the hook waits decide_timeout at most
             checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
             roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
             shared=shared, prefix_drafts=True)  # vLLM drafts its K and the cut verifies a prefix: exact counterfactuals

@@ -7,7 +7,9 @@ the work:
 
 - ``add_request``: the request is admitted (its variant, its features);
 - ``schedule``: once vLLM has made the batch, the requests whose prefill ends in this step are
-  decided (before the step runs, so the drafter's pass after it drafts for their lengths), and the
+  decided (before the step runs, so the drafter's pass after it drafts for their lengths; a decision
+  runs on its controller's decision thread and holds the step at most ``decide_timeout``, a late or
+  stuck policy's request getting the fallback length), and the
   drafts vLLM's drafter will propose after the step are as many as its requests will verify
   (vLLM's ``num_spec_tokens_to_schedule``, which its per-batch-size table sets the same way; never
   more than vLLM's own); with the worker extension ``IdleDrafterSkip`` (:mod:`adaptspec.vllm.idle_drafter`)
@@ -170,6 +172,7 @@ class AdaptiveScheduler(Scheduler):
         for request in requests.values():
             if request is not None and request.is_finished():
                 self._finish(request)
+        self.adaptspec.watch(time.perf_counter())  # the controllers' background errors, into the counters
 
     def _finish(self, request: Any) -> None:
         reason = request.get_finished_reason()
