@@ -35,8 +35,9 @@ next step's draft slots before the drafts exist, so they cannot be cut per reque
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import vllm
 
@@ -62,14 +63,17 @@ class AdaptiveScheduler(Scheduler):
     (see the module docstring)."""
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        settings = plugin_settings(vllm_config.additional_config)  # a bad entry: one line, before vLLM builds anything
-        if vllm_config.scheduler_config.async_scheduling:
-            raise AdaptspecError("adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
-                                 "asynchronous scheduling vLLM reserves draft slots before the drafts exist")
+        # vLLM builds its scheduler after its workers and the model (docs/vllm.md): the entry is checked first thing here
+        with _refusal_logged():
+            settings = plugin_settings(vllm_config.additional_config)
+            if vllm_config.scheduler_config.async_scheduling:
+                raise AdaptspecError("adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
+                                     "asynchronous scheduling vLLM reserves draft slots before the drafts exist")
         super().__init__(vllm_config, *args, **kwargs)
         spec = vllm_config.speculative_config
-        self.adaptspec = AdaptspecPlugin(settings, int(self.num_spec_tokens or 0),
-                                         spec.method if spec is not None else "none")
+        with _refusal_logged():
+            self.adaptspec = AdaptspecPlugin(settings, int(self.num_spec_tokens or 0),
+                                             spec.method if spec is not None else "none")
         self._step_started = self._output_done = time.perf_counter()
         #: the worker skips the drafter's pass on the steps marked (adaptspec.vllm.IdleDrafterSkip)
         self.skips_idle_drafter = enabled(vllm_config.parallel_config.worker_extension_cls)
@@ -178,6 +182,17 @@ class AdaptiveScheduler(Scheduler):
         reason = request.get_finished_reason()
         name = str(getattr(reason, "name", reason)).lower()
         self.adaptspec.finish(request.request_id, list(request.output_token_ids), _FINISH.get(name, "length"))
+
+
+@contextlib.contextmanager
+def _refusal_logged() -> Iterator[None]:
+    """A refusal to start (a bad ``adaptspec`` entry) logged as one ERROR line before it is raised: in a
+    served vLLM the engine's process logs its traceback and the front end raises its own error last."""
+    try:
+        yield
+    except AdaptspecError as e:
+        log.error("adaptspec.vllm: vLLM cannot start: %s", e)
+        raise
 
 
 def _still_prefilling(request: Any) -> bool:
