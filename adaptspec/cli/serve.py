@@ -60,8 +60,27 @@ SHUTDOWN_GRACE_S, MAX_SHUTDOWN_GRACE_S = 15.0, KILL_AFTER_S - AFTER_GRACE_S
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    start = p.add_argument_group("start here: the options most servers set")
-    start.add_argument(
+    """``adaptspec serve``'s options, group by group as ``--help`` lists them."""
+    _start_options(p.add_argument_group("start here: the options most servers set"))
+    _ab_options(p.add_argument_group("A/B design (see docs/serving.md)"))
+    _model_options(p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)"))
+    controller = p.add_argument_group("controller")
+    _decision_options(controller)
+    _saving_options(controller)
+    _fleet_options(p.add_argument_group("fleet (replicas learning together; see docs/serving.md#fleet)"))
+    _engine_options(
+        p.add_argument_group(
+            "batched engine: every request is a row of one continuous-batching engine "
+            "(see docs/serving.md#batched-serving); with --speculator only when its factory "
+            "returns a SpeculativeDecoder"
+        )
+    )
+    _limit_options(p.add_argument_group("server and limits"))
+
+
+def _start_options(group: argparse._ArgumentGroup) -> None:
+    """The options most servers set: variants, log and checkpoint directories, port, rows."""
+    group.add_argument(
         "--variant",
         action="append",
         metavar="NAME=SPEC",
@@ -69,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default policy: neural-linear over the bundled head when it fits the model, else fi-ucb, "
         "UCB learning every block size a request's rounds reveal; the server says which at start)",
     )
-    start.add_argument(
+    group.add_argument(
         "--log-dir",
         type=log_dir,
         default=None,
@@ -77,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decision log directory (needed for /ab): new, or a decision log this server can append to "
         "(every part readable, contexts of this server's width); anything else is refused at start",
     )
-    start.add_argument(
+    group.add_argument(
         "--checkpoint-dir",
         type=state_dir,
         default=None,
@@ -85,19 +104,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="policy checkpoints, one subdirectory per variant; resumed from at start (refused at start "
         "unless it is a writable directory)",
     )
-    start.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
-    start.add_argument(
+    group.add_argument("--port", type=port, default=8000, help="port (default: 8000)")
+    group.add_argument(
         "--max-rows",
         type=int_range(1, 256),
         default=None,
         metavar="N",
         help="requests decoding at once (default 8; 1: one at a time, through the same engine)",
     )
-    ab = p.add_argument_group("A/B design (see docs/serving.md)")
-    ab.add_argument(
+
+
+def _ab_options(group: argparse._ArgumentGroup) -> None:
+    """How traffic is split among the variants: by request or by switchback slices."""
+    group.add_argument(
         "--split", default=None, metavar="W1,W2,...", help="traffic weights of the variants (default: equal)"
     )
-    ab.add_argument(
+    group.add_argument(
         "--ab-design",
         choices=("requests", "switchback"),
         default=None,
@@ -106,15 +128,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seed) and every request joining in it is that variant; slices are recorded in --log-dir "
         "for ab-report; needs --log-dir and 2+ variants, not --split",
     )
-    ab.add_argument(
+    group.add_argument(
         "--slice-rounds",
         type=int_range(1),
         default=None,
         metavar="N",
         help="rounds per switchback slice (default 32; needs --ab-design switchback)",
     )
-    models = p.add_argument_group("models (default: the bundled SmolLM2 target and its drafter)")
-    models.add_argument(
+
+
+def _model_options(group: argparse._ArgumentGroup) -> None:
+    """The target and drafter served: bundled, tiny, local paths or your own speculator."""
+    group.add_argument(
         "--speculator",
         type=speculator_path,
         default=None,
@@ -124,54 +149,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "options apply); any other speculator one request at a time (the engine options are "
         "refused)",
     )
-    models.add_argument(
+    group.add_argument(
         "--tiny",
         action="store_true",
         help="a tiny random model with a character tokenizer, for development and tests",
     )
-    models.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
-    models.add_argument(
+    group.add_argument("--tiny-seed", type=seed, default=0, help="seed of the --tiny model")
+    group.add_argument(
         "--target", default=None, metavar="PATH", help="local Hugging Face target model directory"
     )
-    models.add_argument(
+    group.add_argument(
         "--drafter",
         default=None,
         metavar="PATH",
         help="drafter directory: adaptspec's save_pretrained or a published DFlash v1 one",
     )
-    models.add_argument(
+    group.add_argument(
         "--verification",
         choices=["fast", "exact"],
         default="fast",
         help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
     )
-    models.add_argument(
+    group.add_argument(
         "--dtype",
         default=None,
         help="dtype of the real models (default on a CPU: the one measured fastest on this host, "
         "see --remeasure; elsewhere bfloat16)",
     )
-    models.add_argument(
+    group.add_argument(
         "--remeasure",
         action="store_true",
         help="time this host's round costs again instead of reading them from the cache (a CPU only)",
     )
-    models.add_argument(
+    group.add_argument(
         "--device", type=device, default="cpu", help="device of the real models (default: cpu)"
     )
-    models.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
-    models.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
-    ctl = p.add_argument_group("controller")
-    ctl.add_argument(
+    group.add_argument("--threads", type=threads, default=None, metavar="N", help="torch CPU threads")
+    group.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
+
+
+def _decision_options(group: argparse._ArgumentGroup) -> None:
+    """What the policies learn from and decide among, and their time budgets."""
+    group.add_argument(
         "--reward",
         default=DEFAULT_REWARD,
         choices=REWARDS,
         help=f"reward the policies learn from (default: {DEFAULT_REWARD}, minus measured ms per token)",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--latency", default=None, metavar="PROFILE", help="latency profile for --reward modelled"
     )
-    ctl.add_argument(
+    group.add_argument(
         "--arms",
         type=arm_list,
         default=None,
@@ -181,7 +209,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "draft trees tree:N (the arm -N: the best tree of N nodes, fixed:-N plays it) where the "
         "decoder runs trees",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--featurizer",
         type=input_dir,
         default=None,
@@ -189,15 +217,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="saved featurizer, for every variant (default: the one saved next to the variants' "
         "heads, if any; heads that bring different ones need this flag)",
     )
-    ctl.add_argument("--seed", type=seed, default=0, help="seed of the policies")
-    ctl.add_argument(
+    group.add_argument("--seed", type=seed, default=0, help="seed of the policies")
+    group.add_argument(
         "--fallback-block-size",
         type=int_range(1, MAX_BLOCK_SIZE),
         default=None,
         metavar="B",
         help="block size used when a policy fails or is late (default: the arm closest to 8)",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--decide-timeout",
         type=float_range(0, lo_open=True),
         default=0.1,
@@ -205,14 +233,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time budget of a decision (default 0.1): one request at a time, a later one gets the "
         "fallback block size; on the engine, whose thread decides, it is counted late",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--feedback-timeout",
         type=float_range(0, lo_open=True),
         default=300.0,
         metavar="S",
         help="drop a decision without feedback after this long",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--redecide-every",
         type=int_range(1),
         default=None,
@@ -220,27 +248,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decide again every K rounds inside a request (off by default; only with a --speculator "
         "served one request at a time: the batched engine decides once per request, at join)",
     )
-    ctl.add_argument(
+
+
+def _saving_options(group: argparse._ArgumentGroup) -> None:
+    """When the policies are checkpointed and the decision log written."""
+    group.add_argument(
         "--checkpoint-every", type=int_range(1), default=100, metavar="N", help="checkpoint after N updates"
     )
-    ctl.add_argument(
+    group.add_argument(
         "--checkpoint-interval",
         type=float_range(0, lo_open=True),
         default=60.0,
         metavar="S",
         help="... or S seconds after the last checkpoint",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--roll-rows", type=int_range(1), default=1000, metavar="N", help="log rows per Parquet part"
     )
-    ctl.add_argument(
+    group.add_argument(
         "--no-fsync",
         action="store_true",
         help="do not fsync each logged decision: acknowledged decisions then survive a crash of the "
         "server but not of the machine (saves a few ms per request)",
     )
-    fleet = p.add_argument_group("fleet (replicas learning together; see docs/serving.md#fleet)")
-    fleet.add_argument(
+
+
+def _fleet_options(group: argparse._ArgumentGroup) -> None:
+    """Replicas sharing their policies' statistics through Redis."""
+    group.add_argument(
         "--shared",
         type=_shared_url,
         default=None,
@@ -248,27 +283,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share every variant's policy statistics with the other replicas of fleet NAME through "
         "Redis (needs the fleet extra); off by default: this server learns alone",
     )
-    fleet.add_argument(
+    group.add_argument(
         "--replica-id",
         default=None,
         metavar="ID",
         help="this replica's id in the fleet, stable across restarts (default: HOSTNAME:PORT)",
     )
-    fleet.add_argument(
+    group.add_argument(
         "--sync-every",
         type=int_range(1),
         default=32,
         metavar="N",
         help="publish and merge after N own updates (default 32) ...",
     )
-    fleet.add_argument(
+    group.add_argument(
         "--sync-interval",
         type=float_range(0, lo_open=True),
         default=1.0,
         metavar="S",
         help="... or every S seconds (default 1)",
     )
-    fleet.add_argument(
+    group.add_argument(
         "--lease-ttl",
         type=float_range(0, lo_open=True),
         default=15.0,
@@ -276,25 +311,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a replica id is held by one live process: a second one claiming it is refused; a "
         "crashed replica's id is free after S seconds (default 15, at least 3 sync intervals)",
     )
-    bat = p.add_argument_group(
-        "batched engine: every request is a row of one continuous-batching engine "
-        "(see docs/serving.md#batched-serving); with --speculator only when its factory "
-        "returns a SpeculativeDecoder"
-    )
-    bat.add_argument(
+
+
+def _engine_options(group: argparse._ArgumentGroup) -> None:
+    """The batched engine's queue, reward attribution and per-round load rule."""
+    group.add_argument(
         "--batched",
         action="store_true",
         help="no effect, accepted for old scripts: the batched engine is the default (--max-rows 1 "
         "decodes one request at a time)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--max-queue",
         type=int_range(0),
         default=None,
         metavar="Q",
         help="requests waiting for a row; past it a request gets 429 with Retry-After (default 64)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--attribution",
         choices=ATTRIBUTIONS,
         default=None,
@@ -302,7 +336,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "marginal cost on the --latency profile, default cpu-smollm2-batched on a CPU; the default) "
         "or tokens (by block size; also used on other devices without --latency)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--load-rule",
         type=_load_rule_name,
         default=None,
@@ -312,21 +346,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
         "round every row verifies min(the rule's choice, its request's own)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--load-features",
         action="store_true",
         help="each variant's policy decides on the load at join too (rows in flight, queue, context "
         "tokens, temperature, max_tokens: 5 more context columns; a policy that fits them, such "
         "as linucb or lints, not the bundled head; every variant of a log directory alike)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--load-prior",
         type=float_range(0, 1, hi_open=True),
         default=0.4,
         metavar="A",
         help="prior per-draft acceptance of the goodput and learned rules (default 0.4)",
     )
-    bat.add_argument(
+    group.add_argument(
         "--load-margin",
         type=float_range(0, 1, hi_open=True),
         default=SPECULATION_MARGIN,
@@ -334,14 +368,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the learned rule's margin over plain decoding: a speculating block size is preferred "
         f"only where its rounds beat plain's by M (default {SPECULATION_MARGIN}; 0: the rounds alone)",
     )
-    lim = p.add_argument_group("server and limits")
-    lim.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    lim.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
-    lim.add_argument(
+
+
+def _limit_options(group: argparse._ArgumentGroup) -> None:
+    """The listening address, request limits, stall and shutdown timeouts, log level."""
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    group.add_argument("--max-prompt-tokens", type=int_range(1), default=2048, metavar="N")
+    group.add_argument(
         "--max-tokens", type=int_range(1), default=1024, metavar="N", help="largest max_tokens accepted"
     )
-    lim.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
-    lim.add_argument(
+    group.add_argument("--default-max-tokens", type=int_range(1), default=16, metavar="N")
+    group.add_argument(
         "--stall-timeout",
         type=float_range(0, lo_open=True),
         default=STALL_S,
@@ -351,7 +388,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"declared stalled: the requests waiting on it get 503, new ones too, /health says stalled "
         f"(HTTP 503) and SIGTERM exits without it (default {STALL_S:g})",
     )
-    lim.add_argument(
+    group.add_argument(
         "--shutdown-grace",
         type=float_range(0, MAX_SHUTDOWN_GRACE_S),
         default=SHUTDOWN_GRACE_S,
@@ -361,7 +398,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"and the server exits (default {SHUTDOWN_GRACE_S:g}; at most {MAX_SHUTDOWN_GRACE_S:g}, so "
         f"that it is gone within {KILL_AFTER_S:g} s of the signal)",
     )
-    lim.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    group.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
 
 
 def _load_rule_name(text: str) -> str:
