@@ -51,6 +51,7 @@ from .._util.outputs import check_output
 from ..errors import AdaptspecError
 from ..speculator import Outcome, outcome_fault
 from ..traces import TraceSet
+from .config import MAX_DECIDE_TIMEOUT
 from .features import FEATURE_NAMES, prompt_features
 
 __all__ = ["collect_vllm", "variant_name"]
@@ -134,7 +135,10 @@ def _run(target: str, spec: dict, todo: list, arms: list[int], out: Path, rows: 
     from vllm.inputs import TokensPrompt
 
     spec["num_speculative_tokens"] = arms[-1] - 1
-    settings = {"variants": {variant_name(b): f"fixed:{b}" for b in arms}, "arms": arms, "load_rule": "none"}
+    # a fixed policy decides in microseconds: the longest budget, so that a busy host's slow hand-off to the
+    # decision thread never gives a request the fallback length in place of its variant's
+    settings = {"variants": {variant_name(b): f"fixed:{b}" for b in arms}, "arms": arms, "load_rule": "none",
+                "decide_timeout": MAX_DECIDE_TIMEOUT}
     kwargs = {"seed": seed, **engine_args, "max_num_seqs": concurrency, "speculative_config": spec,
               "scheduler_cls": "adaptspec.vllm.AdaptiveScheduler", "additional_config": {"adaptspec": settings}}
     llm = LLM(model=str(target), **kwargs)
