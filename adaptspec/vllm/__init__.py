@@ -13,6 +13,9 @@ The parts, one concept a module:
 - :mod:`~adaptspec.vllm.config`: the ``adaptspec`` entry of ``additional_config``, checked once;
 - :mod:`~adaptspec.vllm.features`: the context of a request, from its prompt's tokens;
 - :mod:`~adaptspec.vllm.record`: one request's decision, rounds and attributed time;
+- :mod:`~adaptspec.vllm.metrics`: the Prometheus counters an operator watches (decisions, fallbacks
+  and faults by variant, the plug-in's time);
+- :mod:`~adaptspec.vllm.client_text`: a client's values as a log line may show them (cut);
 - :mod:`~adaptspec.vllm.plugin`: the controllers, the load rule and the records, driven by plain
   values (no vLLM object), so every rule is written once and tested without an engine;
 - :mod:`~adaptspec.vllm.scheduler`: :class:`AdaptiveScheduler`, the subclass of vLLM's scheduler
