@@ -21,6 +21,7 @@ import json
 import platform
 import sys
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 from ..collect.checked import checked_decode, checked_prefill
 from ._types import block_sizes, device, input_file, int_range, threads
@@ -179,15 +180,37 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-    from tqdm import tqdm
-
+    """Time the speculator's rounds on held-out prompts (and the batched engine's with
+    ``--batch-rows``), fit the latency profile to them, write it and say what it holds."""
     from .._util.outputs import check_output, write_file
     from ..decoding.loading import cache_dir
+    from ..models.prompts import heldout_prompts
+
+    _check_flags(args)
+    out = args.out or cache_dir() / "latency" / f"{args.name}.json"
+    check_output(out, "latency-profile", replace=True)
+    pool = heldout_prompts()
+    picked = _picked_prompts(args, pool)
+    timed = _own_models(args, picked) if args.speculator is None else _user_speculator(args, picked)
+    _choose_arms(args, timed.spec)
+    rounds, whole = timed_rounds(_decoded(args, timed, picked), timed.who)
+    if args.batch_rows:
+        surface = _batched_rounds(args, timed.spec, pool)
+        rounds += surface
+    profile = _fitted_profile(args, rounds, whole, timed.where)
+    write_file(out, "latency-profile", True, profile.save)
+    if args.batch_rows and not args.json:
+        from ..batching.cost_surface import fit_errors
+
+        errs = fit_errors(profile, surface, totals=args.batch_engine)
+        print("fit on the batched rounds: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in errs.items()))
+    _report(args, profile, out, len(rounds), whole, timed.host)
+    return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that do not go together, before anything loads."""
     from ..errors import AdaptspecError
-    from ..models import load_speculator
-    from ..models.prompts import IDS_INSTEAD, check_prompt_ids, heldout_prompts, read_prompts
-    from ..reward.latency import fit_profile
 
     model_flags_given(
         args,
@@ -205,9 +228,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.batch_only and not args.batch_rows:
         raise AdaptspecError("--batch-only needs --batch-rows")
-    out = args.out or cache_dir() / "latency" / f"{args.name}.json"
-    check_output(out, "latency-profile", replace=True)
-    pool = heldout_prompts()
+
+
+def _picked_prompts(args: argparse.Namespace, pool: list) -> list:
+    """The prompts timed: ``--prompts N`` held-out ones taken in turn by domain, or a file's."""
+    from ..errors import AdaptspecError
+    from ..models.prompts import read_prompts
+
     domains = sorted({p.domain for p in pool})
     most = len(domains) * min(sum(p.domain == d for p in pool) for d in domains)
     if isinstance(args.prompts, int) and args.prompts > most:
@@ -215,116 +242,169 @@ def run(args: argparse.Namespace) -> int:
             f"--prompts {args.prompts}: there are {most} held-out prompts to take in turn by domain"
         )
     if isinstance(args.prompts, int):
-        picked = [
+        return [
             [p for p in pool if p.domain == domains[i % len(domains)]][i // len(domains)]
             for i in range(args.prompts)
         ]
-    else:
-        picked = read_prompts(args.prompts)  # one line naming the file and the row, before any model loads
+    return read_prompts(args.prompts)  # one line naming the file and the row, before any model loads
+
+
+class _Timed(NamedTuple):
+    """The speculator timed, how it encodes a prompt, where it runs (said in the profile's
+    source), who decodes (said in errors) and the host measurement (None unless measured)."""
+
+    spec: Any
+    encode: Callable[[str], list[int]]
+    where: str
+    who: str
+    host: Any = None
+
+
+def _own_models(args: argparse.Namespace, picked: list) -> _Timed:
+    """adaptspec's own target and drafter, the prompts checked against the target; on a CPU,
+    the host measurement too (said before the timings)."""
+    import torch
+
+    from ..errors import AdaptspecError
+    from ..models import load_speculator
+    from ..models.prompts import IDS_INSTEAD, check_prompt_ids
+
+    spec = load_speculator(
+        args.target,
+        args.drafter,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        verification=args.verification,
+    )
+    text = [p for p in picked if p.prompt_ids is None]
+    if spec.target.tokenizer is None and text and not args.batch_only:
+        what = text[0].where if isinstance(args.prompts, Path) else "its held-out text prompts"
+        raise AdaptspecError(
+            f"--target {args.target}: this target has no tokenizer, so profile-latency cannot encode "
+            f"text prompts ({what}): add the tokenizer's files to the target directory, or "
+            f"{IDS_INSTEAD}"
+        )
+    check_prompt_ids(
+        picked,
+        spec.target.vocab_size,
+        getattr(spec.target.model.config, "max_position_embeddings", None),
+        args.max_new_tokens,
+        "the target's",
+    )
     host = None
-    if args.speculator is None:
-        spec = load_speculator(
+    if args.device == "cpu":  # what demo and serve measure and choose on this host, said before the timings
+        from ..host import for_models
+
+        host = for_models(
             args.target,
             args.drafter,
-            dtype=args.dtype,
-            device=args.device,
-            threads=args.threads,
-            verification=args.verification,
+            args.verification,
+            torch.get_num_threads(),
+            remeasure=args.remeasure,
         )
-        text = [p for p in picked if p.prompt_ids is None]
-        if spec.target.tokenizer is None and text and not args.batch_only:
-            what = text[0].where if isinstance(args.prompts, Path) else "its held-out text prompts"
-            raise AdaptspecError(
-                f"--target {args.target}: this target has no tokenizer, so profile-latency cannot encode "
-                f"text prompts ({what}): add the tokenizer's files to the target directory, or "
-                f"{IDS_INSTEAD}"
-            )
-        check_prompt_ids(
-            picked,
-            spec.target.vocab_size,
-            getattr(spec.target.model.config, "max_position_embeddings", None),
-            args.max_new_tokens,
-            "the target's",
-        )
-        encode, where, who = spec.target.encode_chat, f"{args.device}, {args.dtype}", "the decoder"
-        if (
-            args.device == "cpu"
-        ):  # what demo and serve measure and choose on this host, said before the timings
-            from ..host import for_models
+        if not args.json:
+            print(f"host measurement: {host.summary()}", flush=True)
+    return _Timed(spec, spec.target.encode_chat, f"{args.device}, {args.dtype}", "the decoder", host)
 
-            host = for_models(
-                args.target,
-                args.drafter,
-                args.verification,
-                torch.get_num_threads(),
-                remeasure=args.remeasure,
-            )
-            if not args.json:
-                print(f"host measurement: {host.summary()}", flush=True)
-    else:
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        user = load_speculator_factory(args.speculator)
-        spec, encode, where = user.speculator, user.codec.encode, f"--speculator {user.path}"
-        who = where
-        check_prompt_ids(picked, user.vocab_size, user.max_context, args.max_new_tokens, f"{where}'s")
+
+def _user_speculator(args: argparse.Namespace, picked: list) -> _Timed:
+    """The speculator ``--speculator`` makes, the prompts checked against its vocabulary and context."""
+    import torch
+
+    from ..models.prompts import check_prompt_ids
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    user = load_speculator_factory(args.speculator)
+    where = f"--speculator {user.path}"
+    check_prompt_ids(picked, user.vocab_size, user.max_context, args.max_new_tokens, f"{where}'s")
+    return _Timed(user.speculator, user.codec.encode, where, where)
+
+
+def _choose_arms(args: argparse.Namespace, spec) -> None:
+    """``--arms`` by default the timed block sizes up to the speculator's largest; refused beyond it."""
+    from ..errors import AdaptspecError
+
     if args.arms is None:
         args.arms = [b for b in DEFAULT_ARMS if b <= spec.max_block_size]
     bad = [a for a in args.arms if not 1 <= a <= spec.max_block_size]
     if bad:
         raise AdaptspecError(f"--arms {bad} outside 1..{spec.max_block_size}")
-    decoded = []  # (prompt tokens, block size, outcome)
+
+
+def _decoded(args: argparse.Namespace, timed: _Timed, picked: list) -> list:
+    """``(prompt tokens, block size, outcome)`` of every picked prompt decoded at every block
+    size (none with ``--batch-only``)."""
+    from tqdm import tqdm
+
+    decoded = []
     for i, p in enumerate(
         tqdm(
             [] if args.batch_only else picked, desc="profile", unit="prompt", disable=not sys.stderr.isatty()
         )
     ):
-        ids = encode(p.prompt) if p.prompt_ids is None else list(p.prompt_ids)
+        ids = timed.encode(p.prompt) if p.prompt_ids is None else list(p.prompt_ids)
+        who = timed.who
         at = f"{who}, held-out prompt {i}" if isinstance(args.prompts, int) else f"{who}, {p.where}"
-        pre = checked_prefill(spec, ids, 0.0, 0, at)
-        decoded += [(len(ids), b, checked_decode(spec, pre, b, args.max_new_tokens, at)) for b in args.arms]
-    rounds, whole = timed_rounds(decoded, who)
-    if args.batch_rows:
-        from ..batching.cost_surface import measure_rounds, measure_surface, round_table, surface_table
+        pre = checked_prefill(timed.spec, ids, 0.0, 0, at)
+        decoded += [
+            (len(ids), b, checked_decode(timed.spec, pre, b, args.max_new_tokens, at)) for b in args.arms
+        ]
+    return decoded
 
-        if args.batch_engine:
-            bad = [b for b in args.batch_tokens if b > spec.max_block_size]
-            if bad:
-                raise AdaptspecError(
-                    f"--batch-tokens {bad}: the drafter's largest block is {spec.max_block_size}"
-                )
-            text = [
-                t for p in pool for t in spec.target.encode_chat(p.prompt)
-            ]  # held-out prompts, end to end
-            surface = []
-            for c in args.batch_contexts:  # each row a different stretch of them, c tokens long
-                ids = [text[i * 37 % max(1, len(text) - c) :][:c] for i in range(max(args.batch_rows))]
-                surface += measure_rounds(
-                    spec.target,
-                    spec.drafter,
-                    ids,
-                    args.batch_rows,
-                    args.batch_tokens,
-                    rounds=args.batch_repeats,
-                )
-        else:
-            surface = measure_surface(
+
+def _batched_rounds(args: argparse.Namespace, spec, pool: list) -> list[dict]:
+    """The batched rounds ``--batch-rows`` asks for: whole engine rounds on held-out prompts
+    (``--batch-engine``) or the target's and drafter's passes alone; printed as tables
+    unless ``--json``."""
+    from ..batching.cost_surface import measure_rounds, measure_surface, round_table, surface_table
+    from ..errors import AdaptspecError
+
+    if args.batch_engine:
+        bad = [b for b in args.batch_tokens if b > spec.max_block_size]
+        if bad:
+            raise AdaptspecError(
+                f"--batch-tokens {bad}: the drafter's largest block is {spec.max_block_size}"
+            )
+        text = [t for p in pool for t in spec.target.encode_chat(p.prompt)]  # held-out prompts, end to end
+        surface = []
+        for c in args.batch_contexts:  # each row a different stretch of them, c tokens long
+            ids = [text[i * 37 % max(1, len(text) - c) :][:c] for i in range(max(args.batch_rows))]
+            surface += measure_rounds(
                 spec.target,
                 spec.drafter,
+                ids,
                 args.batch_rows,
                 args.batch_tokens,
-                args.batch_contexts,
-                repeats=args.batch_repeats,
-                cpu_time=args.batch_cpu_time,
+                rounds=args.batch_repeats,
             )
-        rounds += surface
-        if not args.json:
-            tables = (
-                [round_table(surface)]
-                if args.batch_engine
-                else [surface_table(surface, f) for f in ("verify_s", "draft_s")]
-            )
-            print(*tables, sep="\n")
+    else:
+        surface = measure_surface(
+            spec.target,
+            spec.drafter,
+            args.batch_rows,
+            args.batch_tokens,
+            args.batch_contexts,
+            repeats=args.batch_repeats,
+            cpu_time=args.batch_cpu_time,
+        )
+    if not args.json:
+        tables = (
+            [round_table(surface)]
+            if args.batch_engine
+            else [surface_table(surface, f) for f in ("verify_s", "draft_s")]
+        )
+        print(*tables, sep="\n")
+    return surface
+
+
+def _fitted_profile(args: argparse.Namespace, rounds: list[dict], whole: bool, where: str):
+    """The latency profile fitted to the rounds, its source saying what was timed on what machine."""
+    import torch
+
+    from ..reward.latency import fit_profile
+
     machine = f"{platform.machine()}, {where}, {torch.get_num_threads()} threads"
     source = f"adaptspec profile-latency: {len(rounds)} rounds on {machine}"
     if whole:
@@ -334,15 +414,13 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_engine and args.batch_only:
         from ..reward.latency import fit_round_totals
 
-        profile = fit_round_totals(rounds, args.name, source=source + " (whole engine rounds)")
-    else:
-        profile = fit_profile(rounds, args.name, source=source)
-    write_file(out, "latency-profile", True, profile.save)
-    if args.batch_rows and not args.json:
-        from ..batching.cost_surface import fit_errors
+        return fit_round_totals(rounds, args.name, source=source + " (whole engine rounds)")
+    return fit_profile(rounds, args.name, source=source)
 
-        errs = fit_errors(profile, surface, totals=args.batch_engine)
-        print("fit on the batched rounds: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in errs.items()))
+
+def _report(args: argparse.Namespace, profile, out: Path, n_rounds: int, whole: bool, host) -> None:
+    """The profile's draft and verify times at its median context, per block size: a table, or
+    one JSON object with ``--json``."""
     ctx = profile.context_tokens
     rows = [
         {
@@ -359,21 +437,20 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "profile": str(out),
                     "context_tokens": ctx,
-                    "rounds": len(rounds),
+                    "rounds": n_rounds,
                     "times": timing,
                     "fit": rows,
                     "host": None if host is None else host.to_dict(),
                 }
             )
         )
-    else:
-        if whole:
-            print(
-                "the speculator's rounds carry no times (draft_s and verify_s 0): fitted to each request's decode_s "
-                "shared among its rounds, the whole round on the verify curve"
-            )
-        print(f"fitted to {len(rounds)} rounds at a median context of {ctx} tokens; wrote {out}")
-        print(f"{'B':>4} {'draft ms':>9} {'verify ms':>10}")
-        for r in rows:
-            print(f"{r['block_size']:>4} {r['draft_ms']:>9.1f} {r['verify_ms']:>10.1f}")
-    return 0
+        return
+    if whole:
+        print(
+            "the speculator's rounds carry no times (draft_s and verify_s 0): fitted to each request's decode_s "
+            "shared among its rounds, the whole round on the verify curve"
+        )
+    print(f"fitted to {n_rounds} rounds at a median context of {ctx} tokens; wrote {out}")
+    print(f"{'B':>4} {'draft ms':>9} {'verify ms':>10}")
+    for r in rows:
+        print(f"{r['block_size']:>4} {r['draft_ms']:>9.1f} {r['verify_ms']:>10.1f}")
