@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any, NamedTuple
 
 from .._util.guarded import STALL_S
 from ..errors import AdaptspecError
@@ -499,18 +500,37 @@ def build(args: argparse.Namespace):
 
 def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None):
     """The model and the service (the part of :func:`build` that may take minutes)."""
-    from ..serving.codec import HFCodec
-    from ..serving.service import CompletionService, ServerLimits
-
     if args.tiny:
         from ..serving.tiny import TINY_MAX_BLOCK_SIZE
 
-        _check_arms(
-            args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's", trees=True
-        )  # a drafter, sdpa or exact kernels
-    import torch
+        # a drafter, sdpa or exact kernels
+        _check_arms(args.arms, TINY_MAX_BLOCK_SIZE, "the --tiny model's", trees=True)
+    engine_threads = _set_threads(args)
+    if args.speculator is not None:
+        model = _user_model(args)
+    elif args.tiny:
+        model = _tiny_model(args)
+    else:
+        model = _own_model(args, engine_threads)
+    specs = specs or _default_specs(args, model.speculator)
+    return _service(args, model, specs, shared, engine_threads)
 
-    from ..serving.service import runs_on_engine
+
+class _Model(NamedTuple):
+    """The speculator served, its codec, the model name answers carry, its context and vocabulary
+    (None: unknown) and the device the engine runs on."""
+
+    speculator: Any
+    codec: Any
+    name: str
+    max_context: int | None
+    vocab: int | None
+    device: str
+
+
+def _set_threads(args: argparse.Namespace) -> int:
+    """The engine's torch threads (``--threads``, else torch's default), this thread's set first."""
+    import torch
 
     engine_threads = args.threads or torch.get_num_threads()
     if args.speculator is None:  # the batched engine decodes
@@ -519,107 +539,136 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         torch.set_num_threads(1)
     elif args.threads is not None:
         torch.set_num_threads(args.threads)
-    vocab = None
+    return engine_threads
+
+
+def _user_model(args: argparse.Namespace) -> _Model:
+    """The speculator ``--speculator``'s factory makes, checked against the arms and engine options."""
+    import torch
+
+    from ..serving.service import runs_on_engine
+
+    user = load_speculator_factory(args.speculator)
+    speculator = user.speculator
+    _check_arms(
+        args.arms,
+        speculator.max_block_size,
+        "the speculator's",
+        bool(getattr(speculator, "draft_trees", False)),
+    )
+    _check_user_engine(args, speculator)
     device = args.device
-    if args.speculator is not None:
-        user = load_speculator_factory(args.speculator)
-        speculator, codec, model_name = user.speculator, user.codec, user.path
-        max_context, vocab = user.max_context, user.vocab_size
-        _check_arms(
-            args.arms,
-            speculator.max_block_size,
-            "the speculator's",
-            bool(getattr(speculator, "draft_trees", False)),
+    if runs_on_engine(speculator):  # the factory's target and drafter run on the engine, as the bundled ones
+        torch.set_num_threads(1)
+        device = speculator.target.device.type
+    return _Model(speculator, user.codec, user.path, user.max_context, user.vocab_size, device)
+
+
+def _tiny_model(args: argparse.Namespace) -> _Model:
+    """The tiny random model ``--tiny`` asks for."""
+    from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
+
+    speculator, codec = tiny_speculator(args.tiny_seed, verification=args.verification)
+    name = f"adaptspec-tiny-{args.tiny_seed}"
+    return _Model(speculator, codec, name, TINY_MAX_POSITIONS, speculator.target.vocab_size, args.device)
+
+
+def _own_model(args: argparse.Namespace, engine_threads: int) -> _Model:
+    """adaptspec's own target and drafter (the bundled ones, or ``--target``/``--drafter``), in the
+    dtype measured fastest on this host where it is a CPU and ``--dtype`` leaves the choice."""
+    from ..host.costs import TIMED_DTYPES
+    from ..models import load_speculator
+    from ..serving.codec import HFCodec
+
+    dtype = args.dtype or "bfloat16"
+    if args.device == "cpu" and args.dtype in (None, *TIMED_DTYPES):
+        dtype = _host_dtype(args, engine_threads)
+    speculator = load_speculator(
+        args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification
+    )
+    tok = speculator.target.tokenizer
+    if tok is None and args.chat:  # else the server starts, then answers every chat request 400
+        raise AdaptspecError(
+            f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
+            "tokenizer (its prompts are token ids): drop --chat, or add the tokenizer's files"
         )
-        _check_user_engine(args, speculator)
-        if runs_on_engine(
-            speculator
-        ):  # the factory's target and drafter run on the engine, as the bundled ones
-            torch.set_num_threads(1)
-            device = speculator.target.device.type
-    elif args.tiny:
-        from ..serving.tiny import TINY_MAX_POSITIONS, tiny_speculator
+    codec = None if tok is None else HFCodec(tok, chat=args.chat)
+    name = str(args.target or "smollm2-135m-instruct")
+    max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
+    _check_arms(
+        args.arms,
+        speculator.max_block_size,
+        "the speculator's",
+        bool(getattr(speculator, "draft_trees", False)),
+    )
+    return _Model(speculator, codec, name, max_context, speculator.target.vocab_size, args.device)
 
-        speculator, codec = tiny_speculator(args.tiny_seed, verification=args.verification)
-        model_name, max_context = f"adaptspec-tiny-{args.tiny_seed}", TINY_MAX_POSITIONS
-        vocab = speculator.target.vocab_size
-    else:
-        from ..host.costs import TIMED_DTYPES
-        from ..models import load_speculator
 
-        dtype = args.dtype or "bfloat16"
-        if args.device == "cpu" and args.dtype in (
-            None,
-            *TIMED_DTYPES,
-        ):  # this host's costs: the dtype run, the
-            # head's prior and every price (adaptspec.host)
-            from ..host import for_models, server_rows
+def _host_dtype(args: argparse.Namespace, engine_threads: int) -> str:
+    """The dtype this host's costs choose (:mod:`adaptspec.host`: the dtype run, the head's prior
+    and every price), kept as ``args.host_choice``; its profile is the ``--latency`` default."""
+    from ..host import for_models, server_rows
 
-            # the dtype at every load the engine runs: bfloat16 without native kernels is cheap at one row, dear at 8
-            args.host_choice = for_models(
-                args.target,
-                args.drafter,
-                args.verification,
-                engine_threads,
-                args.dtype,
-                args.remeasure,
-                rows=server_rows(args.max_rows or 8),
-            )
-            dtype = args.host_choice.dtype
-            args.latency = args.latency or str(args.host_choice.profile_path)
-        speculator = load_speculator(
-            args.target, args.drafter, dtype=dtype, device=args.device, verification=args.verification
+    # the dtype at every load the engine runs: bfloat16 without native kernels is cheap at one row, dear at 8
+    args.host_choice = for_models(
+        args.target,
+        args.drafter,
+        args.verification,
+        engine_threads,
+        args.dtype,
+        args.remeasure,
+        rows=server_rows(args.max_rows or 8),
+    )
+    args.latency = args.latency or str(args.host_choice.profile_path)
+    return args.host_choice.dtype
+
+
+def _default_specs(args: argparse.Namespace, speculator) -> dict[str, str]:
+    """One variant, ``default``, with the library's default policy for this speculator and host;
+    the choice is kept as ``args.default_choice`` (said once the server is up), and its fallback
+    is the ``--fallback-block-size`` default."""
+    from ..control.policy_build import default_on_host
+    from ..control.protocol import speculator_shape
+
+    shape = speculator_shape(speculator)
+    host = getattr(args, "host_choice", None)
+    choice, fallback = default_on_host(
+        shape.max_block_size,
+        shape.feature_dim,
+        args.arms,  # a fleet shares fi-ucb too
+        None if host is None else lambda: host,
+    )  # the library's default, the same code
+    args.default_choice = choice  # said once the server is up (run), not before a refusal
+    if args.fallback_block_size is None:
+        args.fallback_block_size = (
+            fallback  # a late decision plays what pays here (1 where nothing else does)
         )
-        tok = speculator.target.tokenizer
-        if tok is None and args.chat:  # else the server starts, then answers every chat request 400
-            raise AdaptspecError(
-                f"--chat wraps prompts in the target's chat template, but --target {args.target} has no "
-                "tokenizer (its prompts are token ids): drop --chat, or add the tokenizer's files"
-            )
-        codec = None if tok is None else HFCodec(tok, chat=args.chat)
-        model_name = str(args.target or "smollm2-135m-instruct")
-        max_context = getattr(speculator.target.model.config, "max_position_embeddings", None)
-        vocab = speculator.target.vocab_size
-        _check_arms(
-            args.arms,
-            speculator.max_block_size,
-            "the speculator's",
-            bool(getattr(speculator, "draft_trees", False)),
-        )
-    if not specs:
-        from ..control.policy_build import default_on_host
-        from ..control.protocol import speculator_shape
+    return {"default": choice.spec}
 
-        shape = speculator_shape(speculator)
-        host = getattr(args, "host_choice", None)
-        choice, fallback = default_on_host(
-            shape.max_block_size,
-            shape.feature_dim,
-            args.arms,  # a fleet shares fi-ucb too
-            None if host is None else lambda: host,
-        )  # the library's default, the same code
-        args.default_choice = choice  # said once the server is up (run), not before a refusal
-        if args.fallback_block_size is None:
-            args.fallback_block_size = (
-                fallback  # a late decision plays what pays here (1 where nothing else does)
-            )
-        specs = {"default": choice.spec}
+
+def _service(
+    args: argparse.Namespace, model: _Model, specs: dict[str, str], shared: dict | None, engine_threads: int
+):
+    """The :class:`~adaptspec.serving.CompletionService` serving ``model`` with the variants ``specs``."""
+    from ..serving.service import CompletionService, ServerLimits, runs_on_engine
+
     limits = ServerLimits(
         max_prompt_tokens=args.max_prompt_tokens,
         max_tokens=args.max_tokens,
         default_max_tokens=args.default_max_tokens,
-        max_context=max_context,
-        vocab_size=vocab,
+        max_context=model.max_context,
+        vocab_size=model.vocab,
     )
-    service = CompletionService.build(
-        speculator,
+    engine = runs_on_engine(model.speculator)
+    return CompletionService.build(
+        model.speculator,
         specs,
         args.split,
-        codec=codec,
+        codec=model.codec,
         log_dir=args.log_dir,
         checkpoint_dir=args.checkpoint_dir,
         limits=limits,
-        model_name=model_name,
+        model_name=model.name,
         arms=args.arms,
         featurizer=args.featurizer,
         reward=args.reward,
@@ -637,9 +686,8 @@ def _build(args: argparse.Namespace, specs: dict[str, str], shared: dict | None)
         host=None if getattr(args, "host_choice", None) is None else args.host_choice.to_dict(),
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
-        **({"engine": _engine_settings(args, engine_threads, device)} if runs_on_engine(speculator) else {}),
+        **({"engine": _engine_settings(args, engine_threads, model.device)} if engine else {}),
     )
-    return service
 
 
 def _one_featurizer(featurizer, specs: dict[str, str]):
