@@ -76,7 +76,25 @@ class TraceSet:
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
-        wr, wo = self._where_req, self._where_out
+        """Check the tables as read (a refusal names the file, the column and the row) and index the
+        outcomes by request and arm."""
+        ids, req_ids = self._check_requests()
+        bs = self._index_outcomes(ids, req_ids)
+        mt, most = self._check_mean_tau(bs)
+        self._check_token_counts()
+        if "tau" in self.outcomes.column_names:
+            self._check_round_lists(mt, most)
+        else:
+            for name in ("draft_ms", "verify_ms"):
+                if name in self.outcomes.column_names:
+                    raise _err(self._where_out, f"column {name!r} needs the per-round column 'tau'")
+        self._check_decode_ms()
+        self._check_meta_arms()
+
+    def _check_requests(self) -> tuple[np.ndarray, pa.ChunkedArray]:
+        """``(request ids, their column)``: ids present and unique, prompt lengths in range; the
+        features read (None without the column)."""
+        wr = self._where_req
         req_ids = self.requests.column("request_id")
         ids = np.asarray(req_ids.to_numpy(zero_copy_only=False), dtype=object)
         if len(ids) == 0:
@@ -98,9 +116,12 @@ class TraceSet:
             self._features = _matrix(self.requests.column("features"), wr, "features")
         else:
             self._features = None
+        return ids, req_ids
 
-        out = self.outcomes
-        n_out = out.num_rows
+    def _index_outcomes(self, ids: np.ndarray, req_ids: pa.ChunkedArray) -> np.ndarray:
+        """Each outcome row's request and arm (``arms``, ``_ridx``, ``_aidx``, ``_cell``), refused
+        unless every request has exactly one row per arm; returns the rows' block sizes."""
+        wo, out = self._where_out, self.outcomes
         ridx = _np(pc.index_in(out.column("request_id"), value_set=req_ids), np.float64)
         if np.any(np.isnan(ridx)):
             bad = _first(np.isnan(ridx))
@@ -108,10 +129,11 @@ class TraceSet:
             raise _err(wo, f"column 'request_id', row {bad}: request {rid!r} is not in requests.parquet")
         ridx = ridx.astype(np.int64)
         bs = _np(out.column("block_size"), np.int64)
-        if np.any(
-            (bs == 0) | (bs < -MAX_TREE_NODES)
-        ):  # a negative block size is a tree arm (speculator.tree_arm)
-            bad = _first((bs == 0) | (bs < -MAX_TREE_NODES))
+        not_an_arm = (bs == 0) | (
+            bs < -MAX_TREE_NODES
+        )  # a negative block size is a tree arm (speculator.tree_arm)
+        if np.any(not_an_arm):
+            bad = _first(not_an_arm)
             raise _err(
                 wo,
                 f"column 'block_size', row {bad}: block size {bs[bad]} is neither >= 1 nor a tree arm "
@@ -139,15 +161,27 @@ class TraceSet:
                 f"(every request needs every arm; missing {int(arms[c % k])})",
             )
         self._ridx, self._aidx, self._cell = ridx, aidx, cell
+        return bs
 
-        mt = _np(out.column("mean_tau"), np.float64)
+    def _check_mean_tau(self, bs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean tau, most a round commits)`` of each outcome row: 1 up to what its block size drafts
+        (a tree arm: its depth + 1)."""
+        mt = _np(self.outcomes.column("mean_tau"), np.float64)
         most = drafted_positions(bs)  # a round commits at most what it drafted (a tree arm: its depth + 1)
         bad = ~np.isfinite(mt) | (mt < 1 - 1e-9) | (mt > most + 1e-9)
         if bad.any():
             r = _first(bad)
-            raise _err(wo, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block_size {bs[r]})")
+            raise _err(
+                self._where_out,
+                f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block_size {bs[r]})",
+            )
+        return mt, most
+
+    def _check_token_counts(self) -> None:
+        """New tokens (>= 0) and rounds (>= 1) in range."""
+        wo = self._where_out
         for name, lo in (("new_tokens", 0), ("rounds", 1)):
-            v = _np(out.column(name), np.float64)
+            v = _np(self.outcomes.column(name), np.float64)
             neg = v < lo
             if neg.any():
                 raise _err(wo, f"column {name!r}, row {_first(neg)}: {v[neg][0]:g} < {lo}")
@@ -158,57 +192,71 @@ class TraceSet:
                     f"column {name!r}, row {_first(big)}: {v[big][0]:.6g} is more than {MAX_TOKENS} "
                     "(no request decodes that many tokens)",
                 )
+
+    def _check_round_lists(self, mt: np.ndarray, most: np.ndarray) -> None:
+        """The per-round tau lists: as many rounds as ``rounds`` says, none empty, each tau in range,
+        averaging ``mean_tau``; the round times listed alike."""
+        wo, out = self._where_out, self.outcomes
         rounds = _np(out.column("rounds"), np.float64)
-        if "tau" in out.column_names:
-            lengths, vals, parents = _list_parts(out.column("tau"))
-            known = ~np.isnan(rounds)
-            if np.any(known & (lengths != rounds)):
-                r = _first(known & (lengths != rounds))
+        lengths, vals, parents = _list_parts(out.column("tau"))
+        known = ~np.isnan(rounds)
+        if np.any(known & (lengths != rounds)):
+            r = _first(known & (lengths != rounds))
+            raise _err(
+                wo,
+                f"column 'tau', row {r}: {lengths[r]} rounds listed, column 'rounds' says {int(rounds[r])}",
+            )
+        if np.any(lengths == 0):
+            raise _err(wo, f"column 'tau', row {_first(lengths == 0)}: empty list")
+        badv = (vals < 1) | (vals > most[parents])
+        if badv.any():
+            r = int(parents[_first(badv)])
+            raise _err(wo, f"column 'tau', row {r}: tau {vals[_first(badv)]} outside 1..{most[r]}")
+        means = np.bincount(parents, weights=vals, minlength=out.num_rows) / np.maximum(lengths, 1)
+        off = np.abs(means - mt) > 1e-6 * np.maximum(1.0, mt)
+        if off.any():
+            r = _first(off)
+            raise _err(
+                wo,
+                f"column 'mean_tau', row {r}: {mt[r]} but the per-round tau list averages {means[r]:.6g}",
+            )
+        self._check_round_times(lengths)
+
+    def _check_round_times(self, lengths: np.ndarray) -> None:
+        """The per-round draft and verify times: one per round, a draft time >= 0 (a draft pass at
+        block size 1 takes none), a verify time > 0."""
+        wo, out = self._where_out, self.outcomes
+        for name in ("draft_ms", "verify_ms"):
+            if name not in out.column_names:
+                continue
+            ln, v, p = _list_parts(out.column(name))
+            if np.any(ln != lengths):
+                r = _first(ln != lengths)
                 raise _err(
-                    wo,
-                    f"column 'tau', row {r}: {lengths[r]} rounds listed, column 'rounds' says {int(rounds[r])}",
+                    wo, f"column {name!r}, row {r}: {ln[r]} values, column 'tau' has {lengths[r]} rounds"
                 )
-            if np.any(lengths == 0):
-                raise _err(wo, f"column 'tau', row {_first(lengths == 0)}: empty list")
-            badv = (vals < 1) | (vals > most[parents])
+            lo = (
+                0.0 if name == "draft_ms" else None
+            )  # a target pass takes time; a draft pass at block size 1 none
+            badv = ~np.isfinite(v) | ((v < 0) if lo is not None else (v <= 0))
             if badv.any():
-                r = int(parents[_first(badv)])
-                raise _err(wo, f"column 'tau', row {r}: tau {vals[_first(badv)]} outside 1..{most[r]}")
-            means = np.bincount(parents, weights=vals, minlength=n_out) / np.maximum(lengths, 1)
-            off = np.abs(means - mt) > 1e-6 * np.maximum(1.0, mt)
-            if off.any():
-                r = _first(off)
+                what = "a time >= 0" if lo is not None else "a time > 0"
                 raise _err(
-                    wo,
-                    f"column 'mean_tau', row {r}: {mt[r]} but the per-round tau list averages {means[r]:.6g}",
+                    wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not {what}"
                 )
-            for name in ("draft_ms", "verify_ms"):
-                if name not in out.column_names:
-                    continue
-                ln, v, p = _list_parts(out.column(name))
-                if np.any(ln != lengths):
-                    r = _first(ln != lengths)
-                    raise _err(
-                        wo, f"column {name!r}, row {r}: {ln[r]} values, column 'tau' has {lengths[r]} rounds"
-                    )
-                lo = (
-                    0.0 if name == "draft_ms" else None
-                )  # a target pass takes time; a draft pass at block size 1 none
-                badv = ~np.isfinite(v) | ((v < 0) if lo is not None else (v <= 0))
-                if badv.any():
-                    what = "a time >= 0" if lo is not None else "a time > 0"
-                    raise _err(
-                        wo, f"column {name!r}, row {int(p[_first(badv)])}: {v[_first(badv)]} is not {what}"
-                    )
-        else:
-            for name in ("draft_ms", "verify_ms"):
-                if name in out.column_names:
-                    raise _err(wo, f"column {name!r} needs the per-round column 'tau'")
-        if "decode_ms" in out.column_names:
-            d = _np(out.column("decode_ms"), np.float64)
+
+    def _check_decode_ms(self) -> None:
+        """Each request's decode time, where known, > 0."""
+        if "decode_ms" in self.outcomes.column_names:
+            d = _np(self.outcomes.column("decode_ms"), np.float64)
             badd = ~np.isnan(d) & ~(np.isfinite(d) & (d > 0))
             if badd.any():
-                raise _err(wo, f"column 'decode_ms', row {_first(badd)}: {d[badd][0]} is not a time > 0")
+                raise _err(
+                    self._where_out, f"column 'decode_ms', row {_first(badd)}: {d[badd][0]} is not a time > 0"
+                )
+
+    def _check_meta_arms(self) -> None:
+        """The arms meta.json names, if any, are the outcomes' block sizes."""
         meta_arms = self.meta.get("arms")
         if meta_arms is not None and sorted(int(a) for a in meta_arms) != list(self.arms):
             raise AdaptspecError(
