@@ -17,7 +17,7 @@ import uuid
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -202,14 +202,38 @@ def _to_datetime(v: Any, row: int) -> datetime | None:
 def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = None) -> pa.Table:
     """Check a decision-log table; returns it with canonical column types."""
     table = _check_columns(table, DECISION_COLUMNS, where)
-    n = table.num_rows
-    if n == 0:
+    if table.num_rows == 0:
         return table
     prop = _np(table.column("propensity"), np.float64)
     bad = ~np.isfinite(prop) | (prop <= 0) | (prop > 1 + 1e-9)
     if bad.any():
         r = _first(bad)
         raise _err(where, f"column 'propensity', row {r}: {prop[r]} outside (0, 1]")
+    arm_sets = _checked_arm_sets(table, where)
+    bs, hit = _checked_choices(table, where, arm_sets, prop)
+    _check_decision_floats(table, where)
+    _check_decision_counts(table, where)
+    _check_per_arm_lists(table, where, arm_sets.lengths)
+    _check_rewards(table, where, hit, arm_sets.parents, arm_sets.lengths, bs)
+    _check_decision_mean_tau(table, where, bs)
+    _check_decision_features(table, where, feature_dim)
+    _check_decision_ids(table, where)
+    return table
+
+
+class _ArmSets(NamedTuple):
+    """Each row's arm set and probabilities, flattened: the sets' lengths, every arm, the row
+    each belongs to and its probability."""
+
+    lengths: np.ndarray
+    arms: np.ndarray
+    parents: np.ndarray
+    probs: np.ndarray
+
+
+def _checked_arm_sets(table: pa.Table, where: str) -> _ArmSets:
+    """The rows' arm sets, each non-empty with one finite probability >= 0 per arm, summing to 1."""
+    n = table.num_rows
     la, arms_flat, ap = _list_parts(table.column("arms"))
     lp, probs_flat, pp = _list_parts(table.column("probs"))
     if np.any(la == 0):
@@ -225,15 +249,24 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
     if off.any():
         r = _first(off)
         raise _err(where, f"column 'probs', row {r}: probabilities sum to {sums[r]:.6g}, not 1")
+    return _ArmSets(la, arms_flat, ap, probs_flat)
+
+
+def _checked_choices(
+    table: pa.Table, where: str, arm_sets: _ArmSets, prop: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(block sizes chosen, which flattened arm each row chose)``: each row's block size one of
+    its arms, its propensity the probability the row gives it."""
+    n = table.num_rows
     bs = _np(table.column("block_size"), np.int64)
-    hit = arms_flat == bs[ap]
-    chosen = np.bincount(ap, weights=hit, minlength=n)
+    hit = arm_sets.arms == bs[arm_sets.parents]
+    chosen = np.bincount(arm_sets.parents, weights=hit, minlength=n)
     if np.any(chosen != 1):
         r = _first(chosen != 1)
         arms_r = table.column("arms")[r].as_py()
         raise _err(where, f"column 'block_size', row {r}: {bs[r]} is not one of the row's arms {arms_r}")
     p_chosen = np.zeros(n)
-    p_chosen[ap[hit]] = probs_flat[hit]
+    p_chosen[arm_sets.parents[hit]] = arm_sets.probs[hit]
     off = np.abs(p_chosen - prop) > 1e-6
     if off.any():
         r = _first(off)
@@ -241,6 +274,11 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             where,
             f"column 'propensity', row {r}: {prop[r]} but probs gives {p_chosen[r]:.6g} to block size {bs[r]}",
         )
+    return bs, hit
+
+
+def _check_decision_floats(table: pa.Table, where: str) -> None:
+    """The float columns finite where present (null for a missing value)."""
     for name in DECISION_FLOATS:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
@@ -250,6 +288,10 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
                 raise _err(
                     where, f"column {name!r}, row {r}: {col[r].as_py()} (use null for a missing value)"
                 )
+
+
+def _check_decision_counts(table: pa.Table, where: str) -> None:
+    """The token counts between 0 and MAX_TOKENS where present."""
     for name in DECISION_COUNTS:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
@@ -261,6 +303,11 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             if bad.any():
                 r = _first(bad)
                 raise _err(where, f"column {name!r}, row {r}: {col[r].as_py()} is more than {MAX_TOKENS}")
+
+
+def _check_per_arm_lists(table: pa.Table, where: str, arm_counts: np.ndarray) -> None:
+    """The per-arm list columns: a whole row null or one value per arm, finite where a float."""
+    n = table.num_rows
     for name in DECISION_PER_ARM:
         if name in table.column_names:
             col = table.column(name).combine_chunks()
@@ -271,14 +318,17 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
                     f"column {name!r}: a missing value inside a row's list (null the whole row instead)",
                 )
             present = ~np.asarray(pc.is_null(col))
-            bad = present & (lc != la)
+            bad = present & (lc != arm_counts)
             if bad.any():
                 r = _first(bad)
-                raise _err(where, f"column {name!r}, row {r}: {lc[r]} values for {la[r]} arms")
+                raise _err(where, f"column {name!r}, row {r}: {lc[r]} values for {arm_counts[r]} arms")
             if name in DECISION_PER_ARM_FLOATS and not np.all(np.isfinite(flat.astype(np.float64))):
                 r = int(np.repeat(np.arange(n), lc)[_first(~np.isfinite(flat.astype(np.float64)))])
                 raise _err(where, f"column {name!r}, row {r}: NaN or infinite value")
-    _check_rewards(table, where, hit, ap, la, bs)
+
+
+def _check_decision_mean_tau(table: pa.Table, where: str, bs: np.ndarray) -> None:
+    """Mean tau, where known, between 1 and what the chosen block size drafts."""
     if "mean_tau" in table.column_names:
         mt = _np(table.column("mean_tau"), np.float64)
         most = drafted_positions(bs)  # a round commits at most what it drafted (a tree arm -N: its depth + 1)
@@ -288,6 +338,10 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
             raise _err(
                 where, f"column 'mean_tau', row {r}: {mt[r]} outside 1..{most[r]} (block size {bs[r]})"
             )
+
+
+def _check_decision_features(table: pa.Table, where: str, feature_dim: int | None) -> None:
+    """The features present readable, as wide as the earlier parts' (``feature_dim``)."""
     if "features" in table.column_names:
         col = table.column("features")
         present = ~np.asarray(pc.is_null(col.combine_chunks()))
@@ -300,12 +354,15 @@ def _validate_decisions(table: pa.Table, where: str, feature_dim: int | None = N
                     f"column 'features', row {int(rows[0])}: {X.shape[1]} values, "
                     f"earlier parts of this log have {feature_dim}",
                 )
+
+
+def _check_decision_ids(table: pa.Table, where: str) -> None:
+    """Every decision id once."""
     ids = np.asarray(table.column("decision_id").to_pylist(), dtype=object)
     _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-    if len(first) != n:
+    if len(first) != table.num_rows:
         r = _first(np.bincount(inv)[inv] > 1)
         raise _err(where, f"column 'decision_id', row {r}: duplicate decision_id {ids[r]!r}")
-    return table
 
 
 def _check_rewards(
