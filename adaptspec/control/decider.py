@@ -94,8 +94,8 @@ class Decider:
             None if on_caller else queue.SimpleQueue()
         )  # to the decision thread
         self._overdue: cf.Future | None = None  # the call past its budget that holds the decision thread
-        if self._calls is not None:
-            threading.Thread(target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True).start()
+        self._thread: threading.Thread | None = None  # started at the first call (a controller that never
+        # decides here, as on the batched engine, has none)
         self._own = threading.Lock()  # on_caller: the snapshot's owner at the moment
         self._lock = threading.Lock()
         self.decisions = 0
@@ -205,6 +205,10 @@ class Decider:
             raise _StillBusy(f"{self.name}: the decision thread is still in a call that overran its budget")
         future: cf.Future = cf.Future()
         started = time.perf_counter()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True)
+                self._thread.start()
         self._calls.put((future, fn, args))  # type: ignore[union-attr]
         try:
             return future.result(timeout)
