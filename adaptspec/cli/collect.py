@@ -174,9 +174,21 @@ def _check_dense_out(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._util.outputs import check_output
-    from ..models.prompts import benchmark_prompts, check_prompt_ids, read_prompts, trace_prompts
+    """Collect every block size's outcome on every prompt: with adaptspec's own models here
+    (traces, or dense traces with ``--dense``), with ``--speculator``'s, or as Ray tasks."""
+    _check_flags(args)
+    _check_out(args)
+    numbered = _numbered_prompts(args)
+    if args.speculator is not None:
+        return _run_user_speculator(args, numbered)
+    if args.ray:
+        return _run_ray(args, numbered)
+    return _run_own_models(args, numbered)
 
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that do not go together, before anything loads (``--ray`` takes the default
+    arms now: its driver loads no model)."""
     model_flags_given(
         args,
         {
@@ -206,6 +218,13 @@ def run(args: argparse.Namespace) -> int:
         from ..traces.dense import DenseTraceSet
 
         DenseTraceSet.open(args.greedy_from)  # not a dense set: one line, before the model loads
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an output the collection cannot write (a dense set resumes its own), before the
+    model is loaded and any prompt decoded."""
+    from .._util.outputs import check_output
+
     if args.dense:
         if args.temperature != 0 or args.part or args.force:
             raise AdaptspecError(
@@ -219,6 +238,13 @@ def run(args: argparse.Namespace) -> int:
             args.force,  # before the model is loaded and any prompt decoded
             reads=[p for p in (args.prompts,) if isinstance(p, Path)],
         )
+
+
+def _numbered_prompts(args: argparse.Namespace) -> list:
+    """``(number, prompt)`` of the prompts collected: the default set, the benchmarks' or a file's;
+    ``--limit N`` takes N of them in turn by domain."""
+    from ..models.prompts import benchmark_prompts, read_prompts, trace_prompts
+
     if args.prompts is None:
         numbered = trace_prompts()
     elif args.prompts == "benchmarks":
@@ -231,16 +257,17 @@ def run(args: argparse.Namespace) -> int:
             by.setdefault(item[1].domain, []).append(item)
         turns = [by[d][i] for i in range(max(map(len, by.values()))) for d in sorted(by) if i < len(by[d])]
         numbered = sorted(turns[: args.limit])
+    return numbered
 
-    if args.speculator is not None:
-        return _run_user_speculator(args, numbered)
-    if args.ray:
-        return _run_ray(args, numbered)
 
+def _run_own_models(args: argparse.Namespace, numbered: list) -> int:
+    """``collect`` with adaptspec's own target and drafter, in this process: every block size on
+    every prompt, or the dense traces with ``--dense``."""
     import torch
 
     from ..collect.every_arm import collect_traces
     from ..models import load_speculator
+    from ..models.prompts import check_prompt_ids
 
     spec = load_speculator(
         args.target,
@@ -263,27 +290,7 @@ def run(args: argparse.Namespace) -> int:
         _check_dense_out(args)  # the default arms, now known: the same checks as a given --arms had before
     triples = [(f"{p.domain}-{i:04d}", p.domain, _encode(spec.target, p, args.target)) for i, p in numbered]
     if args.dense:
-        from ..collect.dense import collect_dense
-
-        ds = collect_dense(
-            spec,
-            triples,
-            args.out,
-            args.max_new_tokens,
-            max(args.arms),
-            meta={
-                "target": args.target or "smollm2-135m-instruct",
-                "drafter": args.drafter or "bundled",
-                "dtype": args.dtype,
-                "device": args.device,
-                "features": spec.target.feature_spec,
-            },
-            greedy_from=args.greedy_from,
-        )
-        print(
-            f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}"
-        )
-        return 0
+        return _collect_dense(args, spec, triples)
     traces = collect_traces(
         spec,
         triples,
@@ -295,20 +302,41 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.force,
         part=args.part,
         progress=sys.stderr.isatty(),
-        meta={
-            "target": args.target or "smollm2-135m-instruct",
-            "drafter": args.drafter or "bundled",
-            "dtype": args.dtype,
-            "device": args.device,
-            "features": spec.target.feature_spec,
-            "threads": torch.get_num_threads(),
-        },
+        meta={**_model_meta(args, spec), "threads": torch.get_num_threads()},
     )
     if traces is None:
         print(f"part {args.part[0]}/{args.part[1]} done; run again without --part to write {args.out}")
     else:
         print(f"wrote {args.out}: {len(traces)} requests x {len(args.arms)} block sizes")
     return 0
+
+
+def _collect_dense(args: argparse.Namespace, spec, triples: list) -> int:
+    """``collect --dense``: the dense traces of the prompts, resumed where ``--out`` stopped."""
+    from ..collect.dense import collect_dense
+
+    ds = collect_dense(
+        spec,
+        triples,
+        args.out,
+        args.max_new_tokens,
+        max(args.arms),
+        meta=_model_meta(args, spec),
+        greedy_from=args.greedy_from,
+    )
+    print(f"{args.out}: dense traces of {len(ds.request_ids())} requests, block sizes 2..{ds.max_block_size}")
+    return 0
+
+
+def _model_meta(args: argparse.Namespace, spec) -> dict:
+    """What the traces' meta.json says of adaptspec's own models."""
+    return {
+        "target": args.target or "smollm2-135m-instruct",
+        "drafter": args.drafter or "bundled",
+        "dtype": args.dtype,
+        "device": args.device,
+        "features": spec.target.feature_spec,
+    }
 
 
 def _arms(arms: list[int] | None, max_block_size: int, whose: str = "the speculator's") -> list[int]:
