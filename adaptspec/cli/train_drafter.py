@@ -25,6 +25,15 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``adaptspec train-drafter``'s options, in the order ``--help`` lists them."""
+    _data_options(p)
+    _training_options(p)
+    _drafter_options(p)
+    _source_options(p)
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
+    """Where the work lives, the target, and the data stage's prompts and answers."""
     p.add_argument(
         "--work", type=Path, default=None, help="work directory for data and checkpoints (default: cache dir)"
     )
@@ -41,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-new-tokens", type=int_range(1), default=256)
     p.add_argument("--threads", type=threads, default=1, help="CPU threads (one core leaves the other free)")
+
+
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """The drafter's depth and the training run: steps, batches, learning rate, evaluation, time."""
     p.add_argument("--layers", type=int_range(1), default=2, help="drafter layers")
     p.add_argument(
         "--steps", type=int_range(1), default=20_000, help="total optimiser steps (cosine schedule length)"
@@ -86,6 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop training after this long (resume later)",
     )
+
+
+def _drafter_options(p: argparse.ArgumentParser) -> None:
+    """Where the weights go, and the drafter's architecture and loss."""
     p.add_argument("--export", type=Path, default=None, help="directory for the final weights")
     p.add_argument(
         "--checkpoints", type=Path, default=None, help="checkpoint directory (default: WORK/checkpoints)"
@@ -120,6 +137,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="loss weight decay over block positions, exp(-(k-1)/gamma) (default: DFlash's for the block size)",
     )
+
+
+def _source_options(p: argparse.ArgumentParser) -> None:
+    """Training from a distillation corpus or from earlier weights; the data stage's direction."""
     p.add_argument(
         "--corpus",
         type=Path,
