@@ -27,6 +27,15 @@ DEFAULT_POLICIES = ("random", "ucb", "linucb")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``adaptspec simulate``'s arguments, in the order ``--help`` lists them."""
+    _scoring_options(p)
+    _replay_options(p)
+    _output_options(p)
+    _ab_options(p)
+
+
+def _scoring_options(p: argparse.ArgumentParser) -> None:
+    """The trace set, the policies replayed on it and the reward they are scored by."""
     p.add_argument(
         "traces",
         nargs="?",
@@ -64,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="batch size the latency profile is taken at",
     )
+
+
+def _replay_options(p: argparse.ArgumentParser) -> None:
+    """How the policies are replayed: seeds, stream order, steps, featurizer, feedback."""
     p.add_argument(
         "--seeds",
         type=parse_seeds,
@@ -100,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "when the trace set keeps per-round taus; any other the chosen arm's reward) or bandit (every "
         "policy the chosen arm's reward only); the table and the JSON say which each policy got",
     )
+
+
+def _output_options(p: argparse.ArgumentParser) -> None:
+    """What is written (table, JSON, plot, per-step log) and where it runs (here or on Ray)."""
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument(
         "--plot",
@@ -131,6 +148,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the (policy, seed) replays as Ray tasks (pip install 'adaptspec[ray]'); same report. "
         + ADDRESS_HELP[len("run as Ray tasks: ") :],
     )
+
+
+def _ab_options(p: argparse.ArgumentParser) -> None:
+    """The simulated A/B test between two policies."""
     p.add_argument(
         "--ab",
         metavar="A=SPEC,B=SPEC",
