@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -213,11 +214,11 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..policies.spec import REGISTRY
-    from ..simulators.replay import replay, replay_log
-    from ..traces import DecisionLog, load_traces
+    """Replay the policies on the trace set and print the report (a table, or JSON with
+    ``--json``); ``--plot`` and ``--log`` also write the regret plot and each policy's decision
+    log. ``--ab`` replays an A/B test instead."""
+    from ..traces import load_traces
 
-    seeds = args.seeds
     if args.log and not args.ab:
         from .._util.outputs import check_output
 
@@ -228,12 +229,37 @@ def run(args: argparse.Namespace) -> int:
         if args.ray:
             raise AdaptspecError("--ray runs the replays of --policy sweeps; --ab runs in one process")
         return _run_ab(args, traces, reward)
+    policies, traces = _policies(args, traces)
+    feedback = args.feedback
+    if args.log and feedback == "auto":  # priced once, for the replay and every policy's log
+        feedback = _priced_feedback(args, traces, reward)
+    report = _replay(args, traces, policies, reward, feedback)
+    if args.plot:
+        plot_report(report, args.plot)
+    if args.log:
+        _write_logs(args, traces, policies, reward, feedback, report.seeds[0])
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(report.table())
+        if args.plot:
+            print(f"plot: {args.plot}")
+        if args.log:
+            print(f"decision log: {args.log}")
+    return 0
+
+
+def _policies(args: argparse.Namespace, traces) -> tuple[list, Any]:
+    """``(policies, traces)``: ``--policy`` or the defaults that fit the trace set, head-based
+    ones paired with the head trained on it; the traces' features mapped by the featurizer
+    the policies share, if any."""
+    from ..models.bundled import BUNDLED_HEAD, paired_head
+    from ..policies.featurizer import featurizer_for
+    from ..policies.spec import REGISTRY
+
     policies = args.policy or [
         s for s in DEFAULT_POLICIES if s in REGISTRY and not (s.startswith("lin") and traces.features is None)
     ]
-    from ..models.bundled import BUNDLED_HEAD, paired_head
-    from ..policies.featurizer import featurizer_for
-
     home = paired_head(traces.path)  # each bundled trace set with the head trained on it
     if home != BUNDLED_HEAD:
         policies = [pair_spec(s, home) for s in policies]
@@ -246,84 +272,72 @@ def run(args: argparse.Namespace) -> int:
     if feat is not None:
         path, traces = traces.path, feat.transform_traces(traces)
         traces.path = path  # the same requests (their features mapped): the report names them, the in-sample check reads it
-    feedback = args.feedback
-    if args.log and feedback == "auto":  # priced once, for the replay and every policy's log
-        from ..reward.latency import get_profile
-        from ..simulators.counterfactuals import replay_feedback
-        from ..simulators.replay import finite_rewards
+    return policies, traces
 
-        prof = None if args.latency is None else get_profile(args.latency)
-        feedback = (
-            replay_feedback(
-                traces, finite_rewards(traces, reward, prof, args.batch_size), reward, prof, args.batch_size
-            )
-            or "bandit"
-        )  # None: no rounds, so nothing to price
+
+def _priced_feedback(args: argparse.Namespace, traces, reward: str) -> Any:
+    """The counterfactual feedback of ``--feedback auto``, priced once for the replay and every
+    policy's log; ``bandit`` where the traces keep no rounds to price."""
+    from ..reward.latency import get_profile
+    from ..simulators.counterfactuals import replay_feedback
+    from ..simulators.replay import finite_rewards
+
+    prof = None if args.latency is None else get_profile(args.latency)
+    rewards = finite_rewards(traces, reward, prof, args.batch_size)
+    return replay_feedback(traces, rewards, reward, prof, args.batch_size) or "bandit"  # None: no rounds
+
+
+def _replay(args: argparse.Namespace, traces, policies: list, reward: str, feedback: Any):
+    """The replay of every policy over the seeds: here, or as Ray tasks with ``--ray``."""
+    from ..simulators.replay import replay
+
+    options = {
+        "reward": reward,
+        "latency": args.latency,
+        "batch_size": args.batch_size,
+        "seeds": args.seeds,
+        "order": args.order,
+        "n_steps": args.steps,
+        "progress": False if args.no_progress else None,
+        "feedback": feedback,
+    }
     if args.ray:
         from .._util.ray import session
 
         with session(args.ray):
-            report = replay(
-                traces,
-                policies,
-                reward=reward,
-                latency=args.latency,
-                batch_size=args.batch_size,
-                seeds=seeds,
-                order=args.order,
-                n_steps=args.steps,
-                progress=False if args.no_progress else None,
-                ray=True,
-                feedback=feedback,
-            )
-    else:
-        report = replay(
-            traces,
-            policies,
-            reward=reward,
-            latency=args.latency,
-            batch_size=args.batch_size,
-            seeds=seeds,
-            order=args.order,
-            n_steps=args.steps,
-            progress=False if args.no_progress else None,
-            feedback=feedback,
-        )
-    if args.plot:
-        plot_report(report, args.plot)
-    if args.log:
-        from .._util.outputs import write_dir
+            return replay(traces, policies, ray=True, **options)
+    return replay(traces, policies, **options)
 
-        def write(tmp: Path) -> None:
-            log = DecisionLog(tmp)
-            for spec in policies:
-                if spec.split(":")[0].strip().lower() == "oracle":
-                    continue
-                log.append(
-                    replay_log(
-                        traces,
-                        spec,
-                        reward=reward,
-                        latency=args.latency,
-                        batch_size=args.batch_size,
-                        seed=report.seeds[0],
-                        order=args.order,
-                        n_steps=args.steps,
-                        progress=False if args.no_progress else None,
-                        feedback=feedback,
-                    )
+
+def _write_logs(
+    args: argparse.Namespace, traces, policies: list, reward: str, feedback: Any, seed: int
+) -> None:
+    """``--log``: one decision log of every policy but the oracle, replayed with the first seed."""
+    from .._util.outputs import write_dir
+    from ..simulators.replay import replay_log
+    from ..traces import DecisionLog
+
+    def write(tmp: Path) -> None:
+        log = DecisionLog(tmp)
+        for spec in policies:
+            if spec.split(":")[0].strip().lower() == "oracle":
+                continue
+            log.append(
+                replay_log(
+                    traces,
+                    spec,
+                    reward=reward,
+                    latency=args.latency,
+                    batch_size=args.batch_size,
+                    seed=seed,
+                    order=args.order,
+                    n_steps=args.steps,
+                    progress=False if args.no_progress else None,
+                    feedback=feedback,
                 )
+            )
 
-        write_dir(args.log, "decision-log", args.force, write, reads=[args.traces])
-    if args.json:
-        print(json.dumps(report.to_json()))
-    else:
-        print(report.table())
-        if args.plot:
-            print(f"plot: {args.plot}")
-        if args.log:
-            print(f"decision log: {args.log}")
-    return 0
+    write_dir(args.log, "decision-log", args.force, write, reads=[args.traces])
 
 
 def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
