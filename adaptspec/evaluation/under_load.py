@@ -89,37 +89,129 @@ def compare_under_load(
     engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run. ``seeds``:
     the learned rules run with seeds 0 to ``seeds - 1`` (each its own warm-up for a cold rule);
     their tok/s is the mean, each seed's in ``seed_tokens_per_s``."""
-    from ..load_rules import Fixed, Goodput, Learned, Table
     from ..reward.latency import get_profile
-    from ..simulators.load_sim import draft_acceptance, misjudged, simulate
 
-    prof = get_profile(profile_name)
-    arms = sorted(int(a) for a in arms)
-    prior = draft_acceptance(tune, max(a for a in arms if a <= tune[0].accept.shape[1] + 1))
-    ctx = sum(r.prompt_tokens for r in tune) / len(tune) + MAX_NEW_TOKENS / 2
+    bench = _LoadBench(tune, test, get_profile(profile_name), arms, wrong, seeds)
+    rows, tuned, oracle = [], {}, {}
+    for c in levels:
+        row = bench.level(c, requests)
+        tuned[c], oracle[c] = row["tuned_fixed"], row["best_fixed"]
+        rows.append(row)
+        say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
+    phases = day_phases(bench.prof, levels, requests)
+    arr = {"day": phases, "requests": 100_000}
+    day = bench.day(arr, tuned, oracle)
+    say(f"{profile_name}, the day: done")
+    out = {
+        "profile": profile_name,
+        "prior_acceptance": bench.prior,
+        "prior_weight": PRIOR_WEIGHT,
+        "context": bench.ctx,
+        "seeds": seeds,
+        "levels": rows,
+        "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": bench.wrong_runs(arr)},
+        "tuned_table": {str(k): v for k, v in tuned.items()},
+        "oracle_table": {str(k): v for k, v in oracle.items()},
+    }
+    return with_ratios(out)
 
-    def warm(model: Any) -> Any:
-        return Learned(arms, model, prior=prior, prior_weight=PRIOR_WEIGHT, context=ctx)
 
-    def run(rule: Any, pool: Sequence[Any], model: Any = None, **arrivals: Any) -> dict[str, Any]:
+class _LoadBench:
+    """The rules of :func:`compare_under_load` simulated on one profile: tuned on ``tune``,
+    measured on ``test``; the warm learned rules' prior is the tuning half's draft acceptance
+    at its mean context."""
+
+    def __init__(
+        self, tune: Sequence[Any], test: Sequence[Any], prof: Any, arms: Sequence[int], wrong, seeds: int
+    ) -> None:
+        from ..simulators.load_sim import draft_acceptance
+
+        self.tune, self.test, self.prof, self.wrong, self.seeds = tune, test, prof, wrong, seeds
+        self.arms = sorted(int(a) for a in arms)
+        self.prior = draft_acceptance(tune, max(a for a in self.arms if a <= tune[0].accept.shape[1] + 1))
+        self.ctx = sum(r.prompt_tokens for r in tune) / len(tune) + MAX_NEW_TOKENS / 2
+
+    def run(self, rule: Any, pool: Sequence[Any], model: Any = None, **arrivals: Any) -> dict[str, Any]:
+        """One simulation of ``rule`` on ``pool``: tok/s, p50/p95 latency, requests, block sizes."""
+        from ..simulators.load_sim import simulate
+
         s = simulate(
-            rule, pool, prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals
+            rule, pool, self.prof, max_rows=64, max_new_tokens=MAX_NEW_TOKENS, model=model, **arrivals
         ).summary()
         return {k: s[k] for k in ("tokens_per_s", "p50_s", "p95_s", "requests", "block_sizes")}
 
-    def wrong_runs(arrivals: dict[str, Any]) -> dict[str, Any]:
+    def warm(self, model: Any) -> Any:
+        """A learned rule warm-started from ``model`` at the tuning half's acceptance."""
+        from ..load_rules import Learned
+
+        return Learned(self.arms, model, prior=self.prior, prior_weight=PRIOR_WEIGHT, context=self.ctx)
+
+    def level(self, c: int, requests: int) -> dict[str, Any]:
+        """Every rule with ``c`` clients: the fixed sizes (the best on the tuning half is the
+        table's), the table, goodput, the learned rules and the misjudged cost models."""
+        from ..load_rules import Fixed, Goodput, Table
+
+        arms, test = self.arms, self.test
+        arr = {"clients": c, "requests": max(requests, 4 * c)}
+        tuning = {b: self.run(Fixed(b), self.tune, **arr)["tokens_per_s"] for b in arms}
+        tuned = max(tuning, key=tuning.get)
+        fixed = {_fixed_name(b): self.run(Fixed(b), test, **arr) for b in arms}
+        oracle = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
+        runs = {
+            **fixed,
+            "table": self.run(Table({c: tuned}), test, **arr),
+            "goodput": self.run(Goodput(arms, self.prof, prior=self.prior), test, **arr),
+            **self.learned(test, arr),
+        }
+        return {
+            "clients": c,
+            "requests": arr["requests"],
+            "best_fixed": oracle,
+            "tuned_fixed": tuned,
+            "runs": runs,
+            "wrong": self.wrong_runs(arr),
+        }
+
+    def day(self, arr: dict[str, Any], tuned: dict[int, int], oracle: dict[int, int]) -> dict[str, Any]:
+        """Every rule over the day: the fixed sizes, the tuned table, goodput, the learned rules
+        and the per-level oracle."""
+        from ..load_rules import Fixed, Goodput, Table
+
+        test = self.test
+        day = {_fixed_name(b): self.run(Fixed(b), test, **arr) for b in self.arms}
+        day.update(
+            {
+                "table": self.run(Table(tuned), test, **arr),
+                "goodput": self.run(Goodput(self.arms, self.prof, prior=self.prior), test, **arr),
+                **self.learned(test, arr),  # the cold ones after a warm-up day on the tuning half
+                "per-level oracle": self.run(Table(oracle), test, **arr),
+            }
+        )
+        return day
+
+    def wrong_runs(self, arrivals: dict[str, Any]) -> dict[str, Any]:
+        """The goodput and warm learned rules on each misjudged cost model (the last with the
+        engine's attribution misjudged too)."""
+        from ..load_rules import Goodput
+        from ..simulators.load_sim import misjudged
+
         out = {}
-        for f in wrong:
-            m = misjudged(prof, f)
+        for f in self.wrong:
+            m = misjudged(self.prof, f)
             out[f"{f:g}"] = {
-                "goodput": run(Goodput(arms, m, prior=prior), test, **arrivals),
-                "learned (warm)": run(warm(m), test, **arrivals),
-                "learned (warm), attribution misjudged too": run(warm(m), test, model=m, **arrivals),
+                "goodput": self.run(Goodput(self.arms, m, prior=self.prior), self.test, **arrivals),
+                "learned (warm)": self.run(self.warm(m), self.test, **arrivals),
+                "learned (warm), attribution misjudged too": self.run(
+                    self.warm(m), self.test, model=m, **arrivals
+                ),
             }
         return out
 
-    def learned(pool: Sequence[Any], arrivals: dict[str, Any]) -> dict[str, Any]:
+    def learned(self, pool: Sequence[Any], arrivals: dict[str, Any]) -> dict[str, Any]:
         """The learned rules, each over ``seeds`` seeds: the cold ones after a warm-up run on the tuning half."""
+        from ..load_rules import Learned
+
+        arms, prof, prior, ctx = self.arms, self.prof, self.prior, self.ctx
         out = {}
         for name, make, warm_up in (
             ("learned (cold)", lambda s: Learned(arms, prof, seed=s), True),
@@ -138,66 +230,17 @@ def compare_under_load(
             ),
         ):
             runs = []
-            for s in range(seeds):
+            for s in range(self.seeds):
                 rule = make(s)
                 if warm_up:
-                    run(rule, tune, **arrivals)
-                runs.append(run(rule, pool, **arrivals))
+                    self.run(rule, self.tune, **arrivals)
+                runs.append(self.run(rule, pool, **arrivals))
             out[name] = {
                 **runs[0],
-                "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / seeds,
+                "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / self.seeds,
                 "seed_tokens_per_s": [r["tokens_per_s"] for r in runs],
             }
         return out
-
-    rows, tuned, oracle = [], {}, {}
-    for c in levels:
-        arr = {"clients": c, "requests": max(requests, 4 * c)}
-        tuning = {b: run(Fixed(b), tune, **arr)["tokens_per_s"] for b in arms}
-        tuned[c] = max(tuning, key=tuning.get)
-        fixed = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
-        oracle[c] = arms[max(range(len(arms)), key=lambda i: fixed[_fixed_name(arms[i])]["tokens_per_s"])]
-        runs = {
-            **fixed,
-            "table": run(Table({c: tuned[c]}), test, **arr),
-            "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-            **learned(test, arr),
-        }
-        rows.append(
-            {
-                "clients": c,
-                "requests": arr["requests"],
-                "best_fixed": oracle[c],
-                "tuned_fixed": tuned[c],
-                "runs": runs,
-                "wrong": wrong_runs(arr),
-            }
-        )
-        say(f"{profile_name}, {c} clients: best fixed B = {oracle[c]}")
-    phases = day_phases(prof, levels, requests)
-    arr = {"day": phases, "requests": 100_000}
-    day = {_fixed_name(b): run(Fixed(b), test, **arr) for b in arms}
-    day.update(
-        {
-            "table": run(Table(tuned), test, **arr),
-            "goodput": run(Goodput(arms, prof, prior=prior), test, **arr),
-            **learned(test, arr),  # the cold ones after a warm-up day on the tuning half
-            "per-level oracle": run(Table(oracle), test, **arr),
-        }
-    )
-    say(f"{profile_name}, the day: done")
-    out = {
-        "profile": profile_name,
-        "prior_acceptance": prior,
-        "prior_weight": PRIOR_WEIGHT,
-        "context": ctx,
-        "seeds": seeds,
-        "levels": rows,
-        "day": {"phases": [list(p) for p in phases], "runs": day, "wrong": wrong_runs(arr)},
-        "tuned_table": {str(k): v for k, v in tuned.items()},
-        "oracle_table": {str(k): v for k, v in oracle.items()},
-    }
-    return with_ratios(out)
 
 
 def with_ratios(p: dict[str, Any]) -> dict[str, Any]:
