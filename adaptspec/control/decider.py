@@ -207,7 +207,9 @@ class Decider:
         started = time.perf_counter()
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._serve, name=f"adaptspec-decide-{self.name}", daemon=True
+                )
                 self._thread.start()
         self._calls.put((future, fn, args))  # type: ignore[union-attr]
         try:
