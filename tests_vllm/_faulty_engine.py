@@ -36,7 +36,11 @@ from pathlib import Path
 from conftest import make_llm, prompts, scheduler_of, shut_down
 
 K, TOKENS, REPEATS = 2, 128, 5
-ENTRY = {"variants": {"B": "fixed:2", "F": "fixed:3", "S": "misbehaving"}, "load_rule": "none", "decide_timeout": 0.05}
+ENTRY = {
+    "variants": {"B": "fixed:2", "F": "fixed:3", "S": "misbehaving"},
+    "load_rule": "none",
+    "decide_timeout": 0.05,
+}
 COUNTERS = ("adaptspec_vllm_decisions_total", "adaptspec_vllm_fallbacks_total", "adaptspec_vllm_faults_total")
 LONG_VARIANT = "x" * 10_000
 
@@ -67,8 +71,12 @@ def counters() -> dict[str, float]:
 def main(model: Path) -> None:
     from vllm import SamplingParams
 
-    llm = make_llm(model, {"method": "draft_model", "model": str(model), "num_speculative_tokens": K}, ENTRY,
-                   scheduler_cls="_misbehaving.AdaptiveScheduler")  # _misbehaving.SCHEDULER: imported by vLLM, after its worker
+    llm = make_llm(
+        model,
+        {"method": "draft_model", "model": str(model), "num_speculative_tokens": K},
+        ENTRY,
+        scheduler_cls="_misbehaving.AdaptiveScheduler",
+    )  # _misbehaving.SCHEDULER: imported by vLLM, after its worker
     from _misbehaving import Misbehaving  # imported by vLLM with the scheduler class: the same module
 
     kept = Kept()
@@ -78,8 +86,12 @@ def main(model: Path) -> None:
 
     def run(name: str, variants: list[str], after=None) -> None:
         """One batch; its time, tokens and counters added to scenario ``name``'s."""
-        params = [SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True,
-                                 extra_args={"adaptspec_variant": v}) for v in variants]
+        params = [
+            SamplingParams(
+                temperature=0.0, max_tokens=TOKENS, ignore_eos=True, extra_args={"adaptspec_variant": v}
+            )
+            for v in variants
+        ]
         before = counters()
         t0 = time.perf_counter()
         outs = llm.generate(prompts(len(variants), seed=3), params, use_tqdm=False)

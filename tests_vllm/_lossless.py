@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-
-
 from conftest import make_llm, prompts, scheduler_of, shut_down
 
 K = 4
@@ -20,7 +18,10 @@ def _generate(llm):
     from vllm import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in MAX_TOKENS]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts(len(MAX_TOKENS), seed=3), params, use_tqdm=False)]
+    return [
+        list(o.outputs[0].token_ids)
+        for o in llm.generate(prompts(len(MAX_TOKENS), seed=3), params, use_tqdm=False)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,11 @@ def reference(models):
 
 def same_tokens_as_vllm_without_speculation(models, reference, method, tmp_path):
     spec = {"method": method, "num_speculative_tokens": K}
-    spec |= {"model": str(models["drafter"])} if method == "draft_model" else {"prompt_lookup_max": 3,
-                                                                               "prompt_lookup_min": 1}
+    spec |= (
+        {"model": str(models["drafter"])}
+        if method == "draft_model"
+        else {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    )
     llm = make_llm(models["target"], spec, {"log_dir": str(tmp_path / "log"), "load_rule": "learned"})
     try:
         got = _generate(llm)
@@ -44,8 +48,12 @@ def same_tokens_as_vllm_without_speculation(models, reference, method, tmp_path)
         shut_down(llm)
     assert got == reference
     assert [len(t) for t in got] == MAX_TOKENS
-    assert stats["counts"].get("fallbacks", 0) == 0 and not any(k.startswith("faults") for k in stats["counts"])
-    assert sum(stats["chosen"].values()) == sum(m > 1 for m in MAX_TOKENS)   # every request past its first token decided
+    assert stats["counts"].get("fallbacks", 0) == 0 and not any(
+        k.startswith("faults") for k in stats["counts"]
+    )
+    assert sum(stats["chosen"].values()) == sum(
+        m > 1 for m in MAX_TOKENS
+    )  # every request past its first token decided
     assert stats["drafted"] > 0
     if method == "draft_model":
-        assert 0 < stats["accepted"] < stats["drafted"]                        # drafts accepted and rejected both
+        assert 0 < stats["accepted"] < stats["drafted"]  # drafts accepted and rejected both

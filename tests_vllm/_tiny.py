@@ -22,9 +22,20 @@ def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2, noise: float = 0.0) -
     if (path / "config.json").exists():
         return path
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
-                      tie_word_embeddings=True, torch_dtype="float32", eos_token_id=VOCAB - 1, bos_token_id=0)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+        eos_token_id=VOCAB - 1,
+        bos_token_id=0,
+    )
     model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():  # larger logits than the default init: a peaked, repetitive greedy text
         for p in model.parameters():

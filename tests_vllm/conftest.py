@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vLLM is imported: the engine in this process
+os.environ.setdefault(
+    "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+)  # before vLLM is imported: the engine in this process
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from pathlib import Path  # noqa: E402
@@ -20,8 +22,16 @@ import pytest  # noqa: E402
 from _tiny import tiny_qwen3  # noqa: E402
 
 #: Engine settings every test engine shares: fp32 (exact greedy comparisons), eager, a small KV cache.
-ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, enforce_eager=True,
-              gpu_memory_utilization=0.05, max_num_seqs=8, seed=0, disable_log_stats=False)
+ENGINE = dict(
+    skip_tokenizer_init=True,
+    dtype="float32",
+    max_model_len=512,
+    enforce_eager=True,
+    gpu_memory_utilization=0.05,
+    max_num_seqs=8,
+    seed=0,
+    disable_log_stats=False,
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,10 +39,15 @@ def models(tmp_path_factory) -> dict[str, Path]:
     """A tiny random Qwen3 target and, as a drafter, the same model with noise in its weights: it
     agrees with the target on some tokens and not on others."""
     root = tmp_path_factory.mktemp("models")
-    return {"target": tiny_qwen3(root / "target", seed=0), "drafter": tiny_qwen3(root / "drafter", seed=0, noise=0.2)}
+    return {
+        "target": tiny_qwen3(root / "target", seed=0),
+        "drafter": tiny_qwen3(root / "drafter", seed=0, noise=0.2),
+    }
 
 
-def make_llm(model: Path, speculative: dict | None = None, adaptspec: dict | None = None, plugin: bool = True, **kw):
+def make_llm(
+    model: Path, speculative: dict | None = None, adaptspec: dict | None = None, plugin: bool = True, **kw
+):
     """A vLLM engine on ``model``; with ``plugin``, adaptspec's scheduler and its ``adaptspec`` entry.
 
     vLLM 0.32 starts a worker by scanning every loaded module for its kernels, and the scan fails
@@ -46,12 +61,16 @@ def make_llm(model: Path, speculative: dict | None = None, adaptspec: dict | Non
     from vllm import LLM
 
     if "llvmlite" in sys.modules:
-        raise RuntimeError("numba is loaded in this process: vLLM 0.32 cannot start another engine here "
-                           "(run each tests_vllm module in its own process, as .ci/run does)")
+        raise RuntimeError(
+            "numba is loaded in this process: vLLM 0.32 cannot start another engine here "
+            "(run each tests_vllm module in its own process, as .ci/run does)"
+        )
 
     extra = {}
     if plugin:
-        extra = dict(scheduler_cls="adaptspec.vllm.AdaptiveScheduler", additional_config={"adaptspec": adaptspec or {}})
+        extra = dict(
+            scheduler_cls="adaptspec.vllm.AdaptiveScheduler", additional_config={"adaptspec": adaptspec or {}}
+        )
     return LLM(model=str(model), speculative_config=speculative, **(ENGINE | extra | kw))
 
 
@@ -79,4 +98,7 @@ def prompts(n: int, seed: int = 0, lo: int = 8, hi: int = 40):
     from vllm.inputs import TokensPrompt
 
     rng = np.random.default_rng(seed)
-    return [TokensPrompt(prompt_token_ids=rng.integers(1, 500, int(rng.integers(lo, hi))).tolist()) for _ in range(n)]
+    return [
+        TokensPrompt(prompt_token_ids=rng.integers(1, 500, int(rng.integers(lo, hi))).tolist())
+        for _ in range(n)
+    ]

@@ -44,8 +44,11 @@ def _greedy(llm, ids_list):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in ids_list],
-                        [SamplingParams(temperature=0.0, max_tokens=M)] * len(ids_list), use_tqdm=False)
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids) for ids in ids_list],
+        [SamplingParams(temperature=0.0, max_tokens=M)] * len(ids_list),
+        use_tqdm=False,
+    )
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -58,10 +61,18 @@ def _hand_built_sets(root):
     paths = []
     for c, secs in ((1, [1.0, 0.8, 0.5]), (4, [0.2, 0.4, 0.6])):
         taus = [[1] * 10, [2] * 5, [3, 3, 3, 1]] * 2
-        ts = TraceSet.from_arrays(["a", "b"], ["x", "x"], ARMS, np.array([[np.mean(t) for t in taus[:3]]] * 2),
-                                  new_tokens=np.full((2, 3), 11), rounds=np.array([[len(t) for t in taus[:3]]] * 2),
-                                  decode_ms=np.array([secs, secs]) * 1e3, tau=taus, prompt_tokens=[10, 10],
-                                  meta={"concurrency": c})
+        ts = TraceSet.from_arrays(
+            ["a", "b"],
+            ["x", "x"],
+            ARMS,
+            np.array([[np.mean(t) for t in taus[:3]]] * 2),
+            new_tokens=np.full((2, 3), 11),
+            rounds=np.array([[len(t) for t in taus[:3]]] * 2),
+            decode_ms=np.array([secs, secs]) * 1e3,
+            tau=taus,
+            prompt_tokens=[10, 10],
+            meta={"concurrency": c},
+        )
         paths.append(ts.write(root / f"c{c}"))
     return paths
 
@@ -75,11 +86,28 @@ def run(models, tmp_path_factory):
 
     # the table: exported by the command, then given to vLLM as its speculative_config
     sets = _hand_built_sets(root)
-    export = subprocess.run([sys.executable, "-m", "adaptspec", "export-vllm-table", *map(str, sets), "--max-batch", "8",
-                             "--out", str(root / "table.json")], capture_output=True, text=True, timeout=120, env=env)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "export-vllm-table",
+            *map(str, sets),
+            "--max-batch",
+            "8",
+            "--out",
+            str(root / "table.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert export.returncode == 0, export.stderr
     entry = json.loads((root / "table.json").read_text())
-    llm = make_llm(models["target"], {"method": "draft_model", "model": str(models["drafter"]), **entry}, plugin=False)
+    llm = make_llm(
+        models["target"], {"method": "draft_model", "model": str(models["drafter"]), **entry}, plugin=False
+    )
     try:
         table_parsed = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens_per_batch_size
         table_text = _greedy(llm, PROMPT_IDS)
@@ -105,43 +133,90 @@ def run(models, tmp_path_factory):
         if PROMPT_IDS[STOP] in ids:
             raise Interrupted
         outs = generate(self, prompts, params, **kwargs)
-        sent.extend((i, p.extra_args["adaptspec_variant"], list(o.outputs[0].token_ids))
-                    for i, p, o in zip(ids, params, outs))
+        sent.extend(
+            (i, p.extra_args["adaptspec_variant"], list(o.outputs[0].token_ids))
+            for i, p, o in zip(ids, params, outs)
+        )
         return outs
 
     triples = [(rid, "t", ids) for rid, ids in zip(RIDS, PROMPT_IDS)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm.LLM, "generate", watched)
         with pytest.raises(Interrupted):
-            collect_vllm(models["target"], spec, triples, ARMS, out, max_new_tokens=M, engine_args=ENGINE_ARGS,
-                         progress=False)
+            collect_vllm(
+                models["target"],
+                spec,
+                triples,
+                ARMS,
+                out,
+                max_new_tokens=M,
+                engine_args=ENGINE_ARGS,
+                progress=False,
+            )
     partial = [json.loads(line) for line in (root / "traces.partial.jsonl").read_text().splitlines()]
 
     # resumed by the command, in a process of its own
     prompts_file = root / "prompts.jsonl"
-    prompts_file.write_text("".join(json.dumps({"prompt_ids": ids, "domain": "t"}) + "\n" for ids in PROMPT_IDS))
+    prompts_file.write_text(
+        "".join(json.dumps({"prompt_ids": ids, "domain": "t"}) + "\n" for ids in PROMPT_IDS)
+    )
     resumed = subprocess.run(
-        [sys.executable, "-m", "adaptspec", "collect-vllm", "--target", str(models["target"]),
-         "--drafter", str(models["drafter"]), "--method", "draft_model", "--prompts", str(prompts_file),
-         "--arms", "1,2,3", "--out", str(out), "--max-new-tokens", str(M), "--max-model-len", "512",
-         "--engine-args", json.dumps({"enforce_eager": True, "gpu_memory_utilization": 0.05})],
-        capture_output=True, text=True, timeout=300, env=env)
-    return dict(root=root, out=out, reference=reference, sent=sent, partial=partial, resumed=resumed,
-                table_parsed=table_parsed, table_text=table_text, entry=entry)
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "collect-vllm",
+            "--target",
+            str(models["target"]),
+            "--drafter",
+            str(models["drafter"]),
+            "--method",
+            "draft_model",
+            "--prompts",
+            str(prompts_file),
+            "--arms",
+            "1,2,3",
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            str(M),
+            "--max-model-len",
+            "512",
+            "--engine-args",
+            json.dumps({"enforce_eager": True, "gpu_memory_utilization": 0.05}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    return dict(
+        root=root,
+        out=out,
+        reference=reference,
+        sent=sent,
+        partial=partial,
+        resumed=resumed,
+        table_parsed=table_parsed,
+        table_text=table_text,
+        entry=entry,
+    )
 
 
 def test_the_exported_table_is_the_closed_forms_and_vllm_runs_it(run):
     assert run["entry"] == {"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": TABLE}
-    assert [list(r) for r in run["table_parsed"]] == TABLE      # vLLM's parser took it as it is
-    assert run["table_text"] == run["reference"]                # and its text is vLLM's without speculation
+    assert [list(r) for r in run["table_parsed"]] == TABLE  # vLLM's parser took it as it is
+    assert run["table_text"] == run["reference"]  # and its text is vLLM's without speculation
 
 
 def test_every_arm_gives_vllms_text_without_speculation(run):
     # the two prompts collected in this process, each at every block size, through the plug-in's variants
-    assert sorted((PROMPT_IDS.index(i), v) for i, v, _ in run["sent"]) == [(p, f"b{b}") for p in range(STOP) for b in ARMS]
+    assert sorted((PROMPT_IDS.index(i), v) for i, v, _ in run["sent"]) == [
+        (p, f"b{b}") for p in range(STOP) for b in ARMS
+    ]
     for ids, _, tokens in run["sent"]:
         assert tokens == run["reference"][PROMPT_IDS.index(ids)]
-    assert [r["request_id"] for r in run["partial"]] == RIDS[:STOP]   # the interruption kept what was done
+    assert [r["request_id"] for r in run["partial"]] == RIDS[:STOP]  # the interruption kept what was done
 
 
 def test_the_command_resumes_and_writes_one_row_per_prompt_with_every_arm(run):
@@ -155,7 +230,7 @@ def test_the_command_resumes_and_writes_one_row_per_prompt_with_every_arm(run):
     assert not list(run["root"].glob("traces.partial*"))
     new, rounds, tau = ts.new_tokens_matrix(), ts.rounds_matrix(), ts.tau_matrix()
     lengths = np.array([len(t) for t in run["reference"]])
-    assert np.array_equal(new, np.repeat(lengths[:, None], 3, axis=1))   # every arm: the reference's length
+    assert np.array_equal(new, np.repeat(lengths[:, None], 3, axis=1))  # every arm: the reference's length
     # B = 1: every step commits one token, after the prefill's first
     assert np.array_equal(rounds[:, 0], lengths - 1) and np.all(tau[:, 0] == 1.0)
     assert np.all(tau <= np.array(ARMS)) and np.all(rounds[:, 1:] <= rounds[:, :1])
@@ -163,7 +238,9 @@ def test_the_command_resumes_and_writes_one_row_per_prompt_with_every_arm(run):
     # the rows collected before the interruption are the partial file's, not run again
     for i, row in enumerate(run["partial"]):
         for j, b in enumerate(ARMS):
-            assert ts.decode_s_matrix()[i, j] * 1e3 == pytest.approx(row["outcomes"][str(b)]["decode_ms"], rel=1e-9)
+            assert ts.decode_s_matrix()[i, j] * 1e3 == pytest.approx(
+                row["outcomes"][str(b)]["decode_ms"], rel=1e-9
+            )
     assert np.allclose(ts.features, np.stack([prompt_features(ids) for ids in PROMPT_IDS]))
     meta = ts.meta
     assert meta["engine"].startswith("vLLM 0.32") and meta["method"] == "draft_model"
@@ -179,5 +256,19 @@ def test_simulate_train_head_and_evaluate_read_the_trace_set(run, tmp_path, caps
     assert report
     assert main(["train-head", str(run["out"]), "--out", str(tmp_path / "head"), "--epochs", "3"]) == 0
     assert (tmp_path / "head").is_dir()
-    assert main(["evaluate", "--traces", str(run["out"]), "--sections", "replay", "--quick", "--docs",
-                 str(tmp_path / "docs"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--traces",
+                str(run["out"]),
+                "--sections",
+                "replay",
+                "--quick",
+                "--docs",
+                str(tmp_path / "docs"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )

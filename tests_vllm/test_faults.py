@@ -29,25 +29,31 @@ def test_vllm_refuses_to_start_on_a_bad_entry_in_one_line(models):
     # first in the module: it starts an engine, which vLLM 0.32 cannot after numba is loaded (conftest.make_llm)
     # the real start: the scheduler is built with the entry, and the first line vLLM raises names the key
     with pytest.raises(AdaptspecError) as e:
-        make_llm(models["target"], {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
-                 {"variants": {"A": "no-such-policy"}})
+        make_llm(
+            models["target"],
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+            {"variants": {"A": "no-such-policy"}},
+        )
     msg = str(e.value)
     assert msg.startswith("additional_config adaptspec.variants.A: ") and "\n" not in msg
 
 
-@pytest.mark.parametrize("entry, key", [
-    ({"log-dir": "x"}, "'log-dir'"),
-    ({"checkpoint_every": 0}, "checkpoint_every"),
-    ({"load_rule": "sometimes"}, "adaptspec.load_rule: expected one of"),
-    ({"variants": {"A": "fixed:2"}, "split": "1,2"}, "adaptspec.split has 2 weights for 1 variants"),
-    ({"seed": -5}, "adaptspec.seed: "),
-    ({"decide_timeout": float("inf")}, "adaptspec.decide_timeout: "),
-    ({"log_dir": ""}, "adaptspec.log_dir: "),
-    ({"variants": {"A b": "fixed:2"}}, "'A b'"),
-    ({"attribution": "marginal"}, "attribution 'marginal' needs latency"),
-    ({"decide_timeout": "fast"}, "decide_timeout"),
-    ({"shared": "http://nowhere"}, "shared"),
-])
+@pytest.mark.parametrize(
+    "entry, key",
+    [
+        ({"log-dir": "x"}, "'log-dir'"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"load_rule": "sometimes"}, "adaptspec.load_rule: expected one of"),
+        ({"variants": {"A": "fixed:2"}, "split": "1,2"}, "adaptspec.split has 2 weights for 1 variants"),
+        ({"seed": -5}, "adaptspec.seed: "),
+        ({"decide_timeout": float("inf")}, "adaptspec.decide_timeout: "),
+        ({"log_dir": ""}, "adaptspec.log_dir: "),
+        ({"variants": {"A b": "fixed:2"}}, "'A b'"),
+        ({"attribution": "marginal"}, "attribution 'marginal' needs latency"),
+        ({"decide_timeout": "fast"}, "decide_timeout"),
+        ({"shared": "http://nowhere"}, "shared"),
+    ],
+)
 def test_a_bad_entry_is_one_line_naming_the_key(entry, key):
     from adaptspec.vllm.config import plugin_settings
 
@@ -70,7 +76,11 @@ def test_another_vllm_release_is_refused_in_one_line_naming_both():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("adaptspec.errors.AdaptspecError: ") and "vLLM 0.32.0" in last and "vLLM 0.31.2" in last
+    assert (
+        last.startswith("adaptspec.errors.AdaptspecError: ")
+        and "vLLM 0.32.0" in last
+        and "vLLM 0.31.2" in last
+    )
 
 
 KILLED = textwrap.dedent("""
@@ -92,11 +102,16 @@ def test_a_sigkill_loses_no_acknowledged_decision(models, tmp_path):
 
     log = tmp_path / "log"
     script = KILLED.format(here=str(HERE), model=str(models["target"]), log=str(log))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                         env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     assert "served 5" in out.stdout
-    rows = log_rows(log)            # the journal the killed engine left, read as any log reader does
+    rows = log_rows(log)  # the journal the killed engine left, read as any log reader does
     assert len(rows) == 5 and all(r["reward"] is not None and r["new_tokens"] == 9 for r in rows)
 
 
@@ -114,11 +129,21 @@ def test_a_bad_value_is_refused_in_one_line_naming_the_key_and_logged_before_vll
     # a negative seed once passed the check and failed in numpy, naming no key; the engine's process logs
     # the refusal as one line of its own before vLLM's traceback (a served vLLM's front end raises its own last)
     script = REFUSED.format(here=str(HERE), model=str(models["target"]))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                         env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    lines = [line.removeprefix("[rank0]: ") for line in out.stderr.strip().splitlines()]  # torch's prefix, in-process
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    lines = [
+        line.removeprefix("[rank0]: ") for line in out.stderr.strip().splitlines()
+    ]  # torch's prefix, in-process
     assert out.returncode == 1
-    assert lines[-1].startswith("adaptspec.errors.AdaptspecError: additional_config adaptspec.seed: ") and "-5" in lines[-1]
+    assert (
+        lines[-1].startswith("adaptspec.errors.AdaptspecError: additional_config adaptspec.seed: ")
+        and "-5" in lines[-1]
+    )
     refusal = lines[-1].removeprefix("adaptspec.errors.AdaptspecError: ")
     logged = [i for i, line in enumerate(lines) if "adaptspec.vllm: vLLM cannot start: " in line]
     assert len(logged) == 1 and lines[logged[0]].endswith("adaptspec.vllm: vLLM cannot start: " + refusal)
@@ -126,7 +151,10 @@ def test_a_bad_value_is_refused_in_one_line_naming_the_key_and_logged_before_vll
 
 
 #: the decisions of variants B and S at block size 2, and of F at 3 (_faulty_engine.py)
-B2, S2 = "adaptspec_vllm_decisions_total{block_size=2,variant=B}", "adaptspec_vllm_decisions_total{block_size=2,variant=S}"
+B2, S2 = (
+    "adaptspec_vllm_decisions_total{block_size=2,variant=B}",
+    "adaptspec_vllm_decisions_total{block_size=2,variant=S}",
+)
 F3 = "adaptspec_vllm_decisions_total{block_size=3,variant=F}"
 
 
@@ -137,8 +165,13 @@ def fallbacks(reason: str, variant: str = "S") -> str:
 @pytest.fixture(scope="module")
 def faulty(models):
     """What ``_faulty_engine.py`` measured, run in a process of its own (its docstring lists the scenarios)."""
-    out = subprocess.run([sys.executable, str(HERE / "_faulty_engine.py"), str(models["target"])], capture_output=True,
-                         text=True, timeout=900, env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    out = subprocess.run(
+        [sys.executable, str(HERE / "_faulty_engine.py"), str(models["target"])],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -153,8 +186,11 @@ def test_a_policy_that_never_returns_or_sleeps_costs_another_variants_requests_n
     sc = faulty["scenarios"]
     took, base = sc[scenario]["seconds"], sc[f"base_{scenario}"]["seconds"]
     assert min(took) <= 1.5 * statistics.median(base), (took, base)
-    assert sc[scenario]["tokens"] == [TOKENS] * 6 * REPEATS                          # every request served in full
-    assert sc[scenario]["counters"] == {B2: 4 * REPEATS, fallbacks("timeout"): 2 * REPEATS}  # no S decision used
+    assert sc[scenario]["tokens"] == [TOKENS] * 6 * REPEATS  # every request served in full
+    assert sc[scenario]["counters"] == {
+        B2: 4 * REPEATS,
+        fallbacks("timeout"): 2 * REPEATS,
+    }  # no S decision used
     assert sc[f"base_{scenario}"]["counters"] == {B2: 4 * REPEATS, F3: 2 * REPEATS}
 
 
@@ -165,7 +201,9 @@ def test_a_late_answer_is_dropped_and_said_so(faulty):
 
 
 @pytest.mark.parametrize("scenario, reason", [("raise", "error"), ("invalid", "invalid")])
-def test_a_broken_policys_fallbacks_are_counted_by_variant_and_reason_not_as_decisions(faulty, scenario, reason):
+def test_a_broken_policys_fallbacks_are_counted_by_variant_and_reason_not_as_decisions(
+    faulty, scenario, reason
+):
     sc = faulty["scenarios"][scenario]
     assert sc["counters"] == {B2: 4, fallbacks(reason): 2}
     assert sc["tokens"] == [TOKENS] * 6
@@ -178,7 +216,7 @@ def test_a_policys_update_errors_are_counted_as_faults_of_its_variant(faulty):
 
 def test_a_clients_variant_is_cut_and_counted_in_the_log_not_echoed(faulty):
     sc = faulty["scenarios"]["long_variant"]
-    assert sc["counters"] == {B2: 1, fallbacks("unknown_variant", variant=""): 1}   # no label of the client's
+    assert sc["counters"] == {B2: 1, fallbacks("unknown_variant", variant=""): 1}  # no label of the client's
     assert sc["tokens"] == [TOKENS, TOKENS]
     said = [line for line in faulty["log"] if "adaptspec_variant" in line]
     assert len(said) == 1 and "(10000 characters)" in said[0] and "x" * 33 not in said[0]

@@ -31,7 +31,7 @@ def _serve(plugin, request_id: str, tokens: int = 12) -> None:
     while len(out) < tokens:
         cut = plugin.cut({request_id: [5] * 4}, rows=1, queue=0)
         drafted = len(cut[request_id])
-        committed = min(1 + min(drafted, 2), tokens - len(out))   # two drafts accepted, then a rejection
+        committed = min(1 + min(drafted, 2), tokens - len(out))  # two drafts accepted, then a rejection
         plugin.observe([(request_id, 1 + drafted, 30 + len(out), drafted, committed)], step_s=0.01)
         out += [7] * committed
     plugin.finish(request_id, out, "length")
@@ -42,8 +42,13 @@ def test_two_replicas_learn_from_each_others_requests(redis_url, tmp_path):
     from adaptspec.vllm.plugin import AdaptspecPlugin
 
     def replica(name):
-        entry = {"shared": f"{redis_url}/fleet", "replica_id": name, "sync_every": 1, "sync_interval": 0.05,
-                 "log_dir": str(tmp_path / name / "log")}
+        entry = {
+            "shared": f"{redis_url}/fleet",
+            "replica_id": name,
+            "sync_every": 1,
+            "sync_interval": 0.05,
+            "log_dir": str(tmp_path / name / "log"),
+        }
         return AdaptspecPlugin(plugin_settings({"adaptspec": entry}), 4, "sim")
 
     one, two = replica("one"), replica("two")
@@ -52,11 +57,14 @@ def test_two_replicas_learn_from_each_others_requests(redis_url, tmp_path):
             _serve(one, f"a{i}")
         _serve(two, "b0")
         ctl_one, ctl_two = one.controllers["default"].sync(), two.controllers["default"].sync()
-        deadline = time.monotonic() + 60   # the sync threads publish and merge in the background
+        deadline = time.monotonic() + 60  # the sync threads publish and merge in the background
         while time.monotonic() < deadline and ctl_two.stats()["shared"]["fleet_updates"] < 5:
             time.sleep(0.05)
         assert ctl_two.stats()["shared"]["local_updates"] == 1
-        assert ctl_two.stats()["shared"]["fleet_updates"] == 5 and ctl_two.stats()["shared"]["other_replicas"] == 1
+        assert (
+            ctl_two.stats()["shared"]["fleet_updates"] == 5
+            and ctl_two.stats()["shared"]["other_replicas"] == 1
+        )
         assert ctl_one.stats()["shared"]["local_updates"] == 4
     finally:
         one.close()

@@ -22,7 +22,9 @@ def _generate(llm, max_tokens, variant=None, seed=3):
     from vllm import SamplingParams
 
     extra = None if variant is None else {"adaptspec_variant": variant}
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, extra_args=extra) for m in max_tokens]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, extra_args=extra) for m in max_tokens
+    ]
     outs = llm.generate(prompts(len(max_tokens), seed=seed), params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -42,24 +44,36 @@ def served(models):
         shut_down(ref)
     # variant one: every request at B = 1; variant four: B = 4, capped by the load rule to 1 while
     # more than 2 requests run, so the batch skips the drafter and drafts again as requests end
-    llm = make_llm(models["target"], {"method": "draft_model", "model": str(models["drafter"]), "num_speculative_tokens": K},
-                   {"variants": {"one": "fixed:1", "four": "fixed:4"}, "load_rule": "table:2=4,8=1"},
-                   worker_extension_cls=QUALNAME)
+    llm = make_llm(
+        models["target"],
+        {"method": "draft_model", "model": str(models["drafter"]), "num_speculative_tokens": K},
+        {"variants": {"one": "fixed:1", "four": "fixed:4"}, "load_rule": "table:2=4,8=1"},
+        worker_extension_cls=QUALNAME,
+    )
     try:
         sched = scheduler_of(llm)
         skipped0, drafts0 = llm.collective_rpc("adaptspec_skipped_drafter_passes")[0], _spec_drafts(llm)
         steps0 = sched.adaptspec.steps
         plain_mix = _generate(llm, [M] * 4, "one", seed=5)
-        ones = dict(steps=sched.adaptspec.steps - steps0,
-                    skipped=llm.collective_rpc("adaptspec_skipped_drafter_passes")[0] - skipped0,
-                    drafts=_spec_drafts(llm) - drafts0)
+        ones = dict(
+            steps=sched.adaptspec.steps - steps0,
+            skipped=llm.collective_rpc("adaptspec_skipped_drafter_passes")[0] - skipped0,
+            drafts=_spec_drafts(llm) - drafts0,
+        )
         capped = _generate(llm, MAX_TOKENS, "four")
         stats = sched.adaptspec.stats()
         skipped = llm.collective_rpc("adaptspec_skipped_drafter_passes")[0]
     finally:
         shut_down(llm)
-    return dict(reference=reference, ones=ones, plain_mix=plain_mix, capped=capped, stats=stats, skipped=skipped,
-                marked=stats["counts"].get("drafter_skipped", 0))
+    return dict(
+        reference=reference,
+        ones=ones,
+        plain_mix=plain_mix,
+        capped=capped,
+        stats=stats,
+        skipped=skipped,
+        marked=stats["counts"].get("drafter_skipped", 0),
+    )
 
 
 def test_requests_at_block_size_one_skip_every_drafter_pass(served):
@@ -73,6 +87,6 @@ def test_requests_at_block_size_one_skip_every_drafter_pass(served):
 def test_capped_requests_that_draft_again_keep_vllms_output(served):
     assert served["capped"] == served["reference"]
     assert served["stats"]["drafted"] > 0 and 0 < served["stats"]["accepted"] < served["stats"]["drafted"]
-    assert served["skipped"] > served["ones"]["skipped"]           # the capped mix skipped some passes too
-    assert served["skipped"] == served["marked"]                   # the worker skips exactly the steps marked
+    assert served["skipped"] > served["ones"]["skipped"]  # the capped mix skipped some passes too
+    assert served["skipped"] == served["marked"]  # the worker skips exactly the steps marked
     assert not any(k.startswith("faults") for k in served["stats"]["counts"])

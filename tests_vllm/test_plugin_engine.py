@@ -17,7 +17,7 @@ import pytest
 
 from conftest import accepted_per_position, make_llm, prompts, scheduler_of, shut_down
 
-K, M = 4, 17   # drafts vLLM may propose a step; tokens per request
+K, M = 4, 17  # drafts vLLM may propose a step; tokens per request
 VARIANTS = {"A": "fixed:2", "B": "fixed:4"}
 
 
@@ -29,15 +29,27 @@ def served(models, tmp_path_factory):
     from vllm import SamplingParams
 
     root = tmp_path_factory.mktemp("served")
-    entry = {"variants": VARIANTS, "log_dir": str(root / "log"), "checkpoint_dir": str(root / "ckpt"),
-             "load_rule": "none"}  # each request keeps its variant's length (the lengths are what is tested)
-    llm = make_llm(models["target"], {"method": "draft_model", "model": str(models["target"]),
-                                      "num_speculative_tokens": K}, entry)
+    entry = {
+        "variants": VARIANTS,
+        "log_dir": str(root / "log"),
+        "checkpoint_dir": str(root / "ckpt"),
+        "load_rule": "none",
+    }  # each request keeps its variant's length (the lengths are what is tested)
+    llm = make_llm(
+        models["target"],
+        {"method": "draft_model", "model": str(models["target"]), "num_speculative_tokens": K},
+        entry,
+    )
     try:
         plugin = scheduler_of(llm).adaptspec
         steps = _watch_drafts(scheduler_of(llm))
         asked = ["A", "B"] * 3
-        params = [SamplingParams(temperature=0.0, max_tokens=M, ignore_eos=True, extra_args={"adaptspec_variant": v}) for v in asked]
+        params = [
+            SamplingParams(
+                temperature=0.0, max_tokens=M, ignore_eos=True, extra_args={"adaptspec_variant": v}
+            )
+            for v in asked
+        ]
         outs = llm.generate(prompts(len(asked)), params, use_tqdm=False)
         per_pos = accepted_per_position(llm)
 
@@ -48,17 +60,33 @@ def served(models, tmp_path_factory):
 
         ctl.decide = broken  # the controller itself fails (not its policy): vLLM must go on at its own length
         try:
-            faulty = llm.generate(prompts(2, seed=1), [SamplingParams(temperature=0.0, max_tokens=M, ignore_eos=True,
-                                                                      extra_args={"adaptspec_variant": "A"})] * 2,
-                                  use_tqdm=False)
+            faulty = llm.generate(
+                prompts(2, seed=1),
+                [
+                    SamplingParams(
+                        temperature=0.0, max_tokens=M, ignore_eos=True, extra_args={"adaptspec_variant": "A"}
+                    )
+                ]
+                * 2,
+                use_tqdm=False,
+            )
         finally:
             del ctl.decide
         per_pos_after = accepted_per_position(llm)
         stats = plugin.stats()
     finally:
         shut_down(llm)
-    return dict(root=root, entry=entry, asked=asked, outs=outs, per_pos=per_pos, faulty=faulty,
-                per_pos_after=per_pos_after, stats=stats, steps=steps)
+    return dict(
+        root=root,
+        entry=entry,
+        asked=asked,
+        outs=outs,
+        per_pos=per_pos,
+        faulty=faulty,
+        per_pos_after=per_pos_after,
+        stats=stats,
+        steps=steps,
+    )
 
 
 def _watch_drafts(scheduler) -> list[dict]:
@@ -80,12 +108,19 @@ def _watch_drafts(scheduler) -> list[dict]:
 
     def watched_schedule(*args, **kwargs):
         out = schedule(*args, **kwargs)
-        steps.append({"k": out.num_spec_tokens_to_schedule, "rows": {r: state(r) for r in out.num_scheduled_tokens},
-                      "proposed": None})
+        steps.append(
+            {
+                "k": out.num_spec_tokens_to_schedule,
+                "rows": {r: state(r) for r in out.num_scheduled_tokens},
+                "proposed": None,
+            }
+        )
         return out
 
     def watched_update(draft_token_ids):
-        steps[-1]["proposed"] = {r: len(d) for r, d in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)}
+        steps[-1]["proposed"] = {
+            r: len(d) for r, d in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
+        }
         return update(draft_token_ids)
 
     scheduler.schedule, scheduler.update_draft_token_ids = watched_schedule, watched_update
@@ -113,10 +148,12 @@ def test_the_drafter_proposes_only_the_drafts_its_batch_verifies(served):
     # a step whose requests are all decided asks the drafter for the largest block size among them - 1
     # (the variants' fixed sizes; no load here caps them: the per-position counts above show it), a
     # step with a fallen-back request vLLM's K; vLLM's drafter then proposes that many for every request
-    decided = [s for s in served["steps"] if s["rows"] and all(isinstance(b, int) for b in s["rows"].values())]
+    decided = [
+        s for s in served["steps"] if s["rows"] and all(isinstance(b, int) for b in s["rows"].values())
+    ]
     fallen = [s for s in served["steps"] if "fallback" in s["rows"].values()]
     assert decided and fallen
-    assert {s["k"] for s in decided} == {1, 3}                       # B = 2 alone, and with a B = 4 request
+    assert {s["k"] for s in decided} == {1, 3}  # B = 2 alone, and with a B = 4 request
     for s in decided:
         assert s["k"] == max(s["rows"].values()) - 1
     assert all(s["k"] == K for s in fallen)
@@ -135,35 +172,57 @@ def test_each_request_is_decided_in_the_step_its_prefill_ends(served):
 def test_the_log_holds_one_decision_and_its_feedback_per_request_served(served):
     log = _log(served["root"])
     assert len(log["decision_id"]) == len(served["asked"]) == len(set(log["request_id"]))
-    assert sorted(log["variant"]) == sorted(served["asked"])               # each as its request asked
+    assert sorted(log["variant"]) == sorted(served["asked"])  # each as its request asked
     assert all(b == int(VARIANTS[v].split(":")[1]) for v, b in zip(log["variant"], log["block_size"]))
-    assert all(r is not None and r < 0 for r in log["reward"])            # minus ms per token, measured
+    assert all(r is not None and r < 0 for r in log["reward"])  # minus ms per token, measured
     assert log["new_tokens"] == [M] * len(served["asked"])
     assert all(q >= 0 and rows >= 1 for q, rows in zip(log["queue_length"], log["rows_in_flight"]))
     # full information: vLLM drafted every block it could and verified a prefix, so no shorter arm is a guess
-    assert all(not any(row) for row in log["cf_approximate"]) and all(len(row) > 1 for row in log["cf_rewards"])
+    assert all(not any(row) for row in log["cf_approximate"]) and all(
+        len(row) > 1 for row in log["cf_rewards"]
+    )
 
 
 def test_ab_report_reads_the_log(served):
-    out = subprocess.run([sys.executable, "-m", "adaptspec", "ab-report", str(served["root"] / "log"), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "adaptspec", "ab-report", str(served["root"] / "log"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert '"A"' in out.stdout and '"B"' in out.stdout
 
 
 def test_ope_reads_the_log(served):
     # off-policy value of fixed:4 from the log both variants wrote (its counterfactuals: full information)
-    out = subprocess.run([sys.executable, "-m", "adaptspec", "ope", str(served["root"] / "log"), "--policy", "fixed:4",
-                          "--counterfactuals", "--bootstrap", "20", "--json"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptspec",
+            "ope",
+            str(served["root"] / "log"),
+            "--policy",
+            "fixed:4",
+            "--counterfactuals",
+            "--bootstrap",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "fixed:4" in out.stdout
 
 
 def test_a_controller_that_raises_falls_back_to_vllms_own_length(served):
     assert served["stats"]["counts"]["fallbacks"] == 2 == served["stats"]["counts"]["faults_decide"]
-    assert all(len(o.outputs[0].token_ids) == M for o in served["faulty"])       # served all the same
+    assert all(len(o.outputs[0].token_ids) == M for o in served["faulty"])  # served all the same
     delta = [a - b for a, b in zip(served["per_pos_after"], served["per_pos"])]
-    steps = math.ceil((M - 1) / (K + 1))                                         # vLLM's K drafts a step
+    steps = math.ceil((M - 1) / (K + 1))  # vLLM's K drafts a step
     assert delta == [2 * steps] * K
 
 
@@ -194,7 +253,12 @@ def test_an_operator_sees_the_plugins_metrics_next_to_vllms(served):
     assert value("adaptspec_vllm_faults_total", variant="A", where="decide") == 2
     # the decided requests' drafts (the first run; the fallen back ones are vLLM's), every one accepted
     # here (the target drafts for itself): vLLM's own per-position counter agrees
-    assert value("adaptspec_vllm_accepted_tokens_total") == value("adaptspec_vllm_drafted_tokens_total") \
+    assert (
+        value("adaptspec_vllm_accepted_tokens_total")
+        == value("adaptspec_vllm_drafted_tokens_total")
         == sum(served["per_pos"])
+    )
     assert 0 < value("adaptspec_vllm_plugin_seconds_total") < value("adaptspec_vllm_step_seconds_total")
-    assert value("adaptspec_vllm_steps_total") == len(served["steps"]) == served["stats"]["steps"]  # one a schedule()
+    assert (
+        value("adaptspec_vllm_steps_total") == len(served["steps"]) == served["stats"]["steps"]
+    )  # one a schedule()

@@ -24,8 +24,11 @@ def test_an_unknown_variant_runs_at_vllms_own_length_and_is_counted(tmp_path):
     try:
         p.admit("r1", [1, 2, 3], {"adaptspec_variant": "Z"})
         p.decide("r1", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
-        assert p.cut({"r1": [9, 9, 9, 9]}, rows=1, queue=0) == {}          # not cut: vLLM's own 4 drafts
-        assert p.stats()["counts"] == {"fallbacks": 1, "fallbacks_unknown_variant": 1}  # the client's, not a fault
+        assert p.cut({"r1": [9, 9, 9, 9]}, rows=1, queue=0) == {}  # not cut: vLLM's own 4 drafts
+        assert p.stats()["counts"] == {
+            "fallbacks": 1,
+            "fallbacks_unknown_variant": 1,
+        }  # the client's, not a fault
         p.admit("r2", [1, 2, 3], {"adaptspec_variant": "A"})
         p.decide("r2", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
         assert p.cut({"r2": [9, 9, 9, 9]}, rows=1, queue=0) == {"r2": [9]}  # fixed:2: one draft verified
@@ -65,19 +68,19 @@ def test_the_drafter_is_asked_for_the_drafts_the_batch_verifies():
     try:
         for r, v in (("a", "A"), ("b", "B")):
             p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
-        assert p.drafts_wanted({"a": True, "b": True}) == 0           # both still prefilling: no draft kept
-        assert p.drafts_wanted({"a": False}) == 0                     # its prefill ends undecided (one token asked)
-        for r in ("a", "b"):                                          # decided in the step their prefill ends
+        assert p.drafts_wanted({"a": True, "b": True}) == 0  # both still prefilling: no draft kept
+        assert p.drafts_wanted({"a": False}) == 0  # its prefill ends undecided (one token asked)
+        for r in ("a", "b"):  # decided in the step their prefill ends
             p.decide(r, 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
-        assert p.drafts_wanted({"a": False, "b": False}) == 4        # no cut yet: A's own B - 1
-        assert p.drafts_wanted({"b": False}) == 0                     # B = 1 alone: the drafter drafts nothing
-        p.cut({"a": [9] * 4, "b": [9] * 4}, rows=2, queue=0)          # the rule asks 2 for both
-        assert p.drafts_wanted({"a": False, "b": False}) == 1        # A capped to 2: one draft
+        assert p.drafts_wanted({"a": False, "b": False}) == 4  # no cut yet: A's own B - 1
+        assert p.drafts_wanted({"b": False}) == 0  # B = 1 alone: the drafter drafts nothing
+        p.cut({"a": [9] * 4, "b": [9] * 4}, rows=2, queue=0)  # the rule asks 2 for both
+        assert p.drafts_wanted({"a": False, "b": False}) == 1  # A capped to 2: one draft
         p.admit("c", [1, 2], {"adaptspec_variant": "A"})
         p.decide("c", 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
-        assert p.drafts_wanted({"b": False, "c": False}) == 1        # c not cut yet: the rule's latest level
-        p.admit("z", [1, 2], {"adaptspec_variant": "nope"})           # falls back to vLLM's length
-        assert p.drafts_wanted({"b": False, "z": True}) == 0          # its prefill chunk: none (vLLM drops them)
+        assert p.drafts_wanted({"b": False, "c": False}) == 1  # c not cut yet: the rule's latest level
+        p.admit("z", [1, 2], {"adaptspec_variant": "nope"})  # falls back to vLLM's length
+        assert p.drafts_wanted({"b": False, "z": True}) == 0  # its prefill chunk: none (vLLM drops them)
         assert p.drafts_wanted({"b": False, "z": False}) == 4
         assert p.drafts_wanted({"b": False, "unknown": False}) == 4  # a request the plug-in never saw
     finally:
@@ -91,8 +94,8 @@ def test_the_drafters_pass_may_be_skipped_only_when_no_prompt_a_drafting_request
             p.admit(r, [1, 2, 3], {"adaptspec_variant": v})
         for r in ("a", "b"):
             p.decide(r, 1, rows=2, queue=0, max_tokens=8, temperature=0.0)
-        assert p.drafter_idle([]) and p.drafter_idle(["a"])          # decode rows only; a prompt at B = 1
-        assert not p.drafter_idle(["a", "b"])                         # a prompt B = 4 will draft from
+        assert p.drafter_idle([]) and p.drafter_idle(["a"])  # decode rows only; a prompt at B = 1
+        assert not p.drafter_idle(["a", "b"])  # a prompt B = 4 will draft from
         assert not p.drafter_idle(["c"]) and not p.drafter_idle(["zz"])  # undecided, unknown
         assert p.stats()["counts"]["drafter_skipped"] == 2
     finally:
@@ -106,9 +109,9 @@ def test_the_load_rule_learns_the_block_that_ran_when_fewer_drafts_were_proposed
         p.rule.feedback = lambda views, blocks, *rest: fed.append(list(blocks))
         p.admit("a", [1, 2, 3], None)
         p.decide("a", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
-        assert p.cut({"a": [9]}, rows=1, queue=0) == {"a": [9]}       # asked 5, one draft there
+        assert p.cut({"a": [9]}, rows=1, queue=0) == {"a": [9]}  # asked 5, one draft there
         p.observe([("a", 2, 4, 1, 2)], step_s=0.01)
-        assert fed == [[2]]                                           # B = 2 ran, not the 5 asked
+        assert fed == [[2]]  # B = 2 ran, not the 5 asked
     finally:
         p.close()
 
@@ -117,21 +120,25 @@ def test_a_listener_gets_each_decided_requests_outcome_and_its_failure_is_counte
     p = _plugin({"variants": {"A": "fixed:4"}, "load_rule": "none"})
     heard = []
     try:
-        p.on_outcome = lambda rid, variant, outcome: heard.append((rid, variant, outcome.tokens, len(outcome.rounds)))
+        p.on_outcome = lambda rid, variant, outcome: heard.append(
+            (rid, variant, outcome.tokens, len(outcome.rounds))
+        )
         for r in ("a", "b"):
             p.admit(r, [1, 2, 3], None)
         p.decide("a", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
         p.cut({"a": [9, 9, 9]}, rows=1, queue=0)
         p.observe([("a", 3, 4, 2, 3)], step_s=0.01)
         p.finish("a", [5, 6, 7, 8], "length")
-        p.finish("b", [5], "length")                                  # never decided: nothing to hear
+        p.finish("b", [5], "length")  # never decided: nothing to hear
         assert heard == [("a", "A", [5, 6, 7, 8], 1)]
         p.on_outcome = lambda *args: 1 / 0
         p.admit("c", [1, 2, 3], None)
         p.decide("c", 1, rows=1, queue=0, max_tokens=8, temperature=0.0)
         p.observe([("c", 1, 4, 0, 1)], step_s=0.01)
         p.finish("c", [5, 6], "length")
-        assert p.stats()["counts"]["faults_outcome"] == 1 and p.stats()["counts"]["feedback_applied"] == 2  # fed back all the same
+        assert (
+            p.stats()["counts"]["faults_outcome"] == 1 and p.stats()["counts"]["feedback_applied"] == 2
+        )  # fed back all the same
     finally:
         p.close()
 
@@ -145,8 +152,8 @@ def test_a_last_step_vllm_cut_at_the_requests_stop_gives_its_round_the_tokens_ke
         p.on_outcome = lambda rid, variant, outcome: heard.append(outcome)
         p.admit("a", [1, 2, 3], None)
         p.decide("a", 1, rows=1, queue=0, max_tokens=6, temperature=0.0)
-        p.observe([("a", 4, 4, 3, 4)], step_s=0.01)   # 1 + 4 tokens out
-        p.observe([("a", 4, 8, 3, 3)], step_s=0.01)   # 3 sampled, 1 left before max_tokens = 6: vLLM keeps 1
+        p.observe([("a", 4, 4, 3, 4)], step_s=0.01)  # 1 + 4 tokens out
+        p.observe([("a", 4, 8, 3, 3)], step_s=0.01)  # 3 sampled, 1 left before max_tokens = 6: vLLM keeps 1
         p.finish("a", [5, 6, 7, 8, 9, 10], "length")
     finally:
         p.close()
@@ -164,12 +171,12 @@ def test_a_step_with_a_prompt_in_it_teaches_the_load_rule_nothing():
         for r in ("a", "b"):
             p.admit(r, [1, 2, 3], None)
         p.decide("a", 1, rows=1, queue=0, max_tokens=400, temperature=0.0)
-        assert p.cut({"a": [9] * 4}, rows=1, queue=0) == {"a": []}   # a level's first round is plain
+        assert p.cut({"a": [9] * 4}, rows=1, queue=0) == {"a": []}  # a level's first round is plain
         # a's plain row beside b's 150-token prompt: by tokens its share is 1/151 of the step
         p.observe([("a", 1, 4, 0, 1), ("b", 150, 0, 0, 0)], step_s=0.150)
         assert fed == []
         ran = {}
-        for i in range(100):                                           # then a alone, one draft accepted a step
+        for i in range(100):  # then a alone, one draft accepted a step
             d = len(p.cut({"a": [9] * 4}, rows=1, queue=0)["a"])
             ran[1 + d] = ran.get(1 + d, 0) + 1
             p.observe([("a", 1 + d, 5 + 2 * i, d, 1 + min(d, 1))], step_s=0.050)
@@ -199,16 +206,19 @@ def test_the_load_rules_are_priced_by_the_decode_steps_this_engine_ran(rule):
         for _ in range(4):
             p.observe([("a", 4, 8, 3, 2), ("b", 2, 8, 1, 2)], step_s=0.080)
             p.observe([("a", 2, 9, 1, 1), ("b", 2, 9, 1, 2)], step_s=0.060)
-        assert p.stats()["step_costs_ms"] == {"2": {2: 30.0, 4: 40.0}}   # ms a request, at the 2-request level
+        assert p.stats()["step_costs_ms"] == {"2": {2: 30.0, 4: 40.0}}  # ms a request, at the 2-request level
         assert p.stats()["step_blocks"] == {2: 4, 4: 4}
-        assert p.step_costs.verify(3, None, 2) == pytest.approx(0.070)   # between the two measured sizes
+        assert p.step_costs.verify(3, None, 2) == pytest.approx(0.070)  # between the two measured sizes
     finally:
         p.close()
 
 
 def test_block_sizes_beyond_k_plus_one_are_refused_at_start():
-    with pytest.raises(AdaptspecError, match=r"adaptspec.arms \[1, 2, 8\]: block size 8 needs 7 drafts, beyond "
-                                             r"num_speculative_tokens 4"):
+    with pytest.raises(
+        AdaptspecError,
+        match=r"adaptspec.arms \[1, 2, 8\]: block size 8 needs 7 drafts, beyond "
+        r"num_speculative_tokens 4",
+    ):
         _plugin({"arms": [1, 2, 8]})
 
 
@@ -220,7 +230,11 @@ def test_vllm_without_speculation_is_refused_at_start():
 def test_the_learned_rule_asks_speculation_to_clear_the_load_margin():
     from adaptspec.load_rules import SPECULATION_MARGIN
 
-    for entry, margin in (({}, SPECULATION_MARGIN), ({"load_margin": 0.0}, 0.0), ({"load_margin": 0.25}, 0.25)):
+    for entry, margin in (
+        ({}, SPECULATION_MARGIN),
+        ({"load_margin": 0.0}, 0.0),
+        ({"load_margin": 0.25}, 0.25),
+    ):
         p = _plugin({"variants": {"A": "fixed:5"}, "load_rule": "learned", **entry})
         try:
             assert p.rule.discount == pytest.approx(1 / (1 + margin))

@@ -27,12 +27,34 @@ def test_the_openai_server_routes_vllm_xargs_to_the_variant(models, tmp_path):
     port = free_port()
     log = tmp_path / "log"
     entry = {"variants": {"A": "fixed:2", "B": "fixed:3"}, "log_dir": str(log), "load_rule": "none"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["target"]),
-           "--port", str(port), "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32",
-           "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.05",
-           "--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
-           "--scheduler-cls", "adaptspec.vllm.AdaptiveScheduler", "--additional-config", json.dumps({"adaptspec": entry})]
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # the server's own engine process
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(models["target"]),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.05",
+        "--speculative-config",
+        json.dumps({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
+        "--scheduler-cls",
+        "adaptspec.vllm.AdaptiveScheduler",
+        "--additional-config",
+        json.dumps({"adaptspec": entry}),
+    ]
+    env = {
+        k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"
+    }  # the server's own engine process
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -46,12 +68,22 @@ def test_the_openai_server_routes_vllm_xargs_to_the_variant(models, tmp_path):
                 time.sleep(1)
         base = f"http://127.0.0.1:{port}/v1/completions"
         for variant in ("B", "A", "B"):
-            out = _post(base, {"model": str(models["target"]), "prompt": list(range(3, 30)), "max_tokens": 8,
-                               "temperature": 0, "vllm_xargs": {"adaptspec_variant": variant}})
+            out = _post(
+                base,
+                {
+                    "model": str(models["target"]),
+                    "prompt": list(range(3, 30)),
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "vllm_xargs": {"adaptspec_variant": variant},
+                },
+            )
             assert out["choices"][0]["finish_reason"] == "length"
     finally:
         server.terminate()
         server.wait(timeout=120)
-    rows = sorted(log_rows(log), key=lambda r: r["time"])   # each variant writes its own journal: in time order
+    rows = sorted(
+        log_rows(log), key=lambda r: r["time"]
+    )  # each variant writes its own journal: in time order
     assert [r["variant"] for r in rows] == ["B", "A", "B"]
     assert [r["block_size"] for r in rows] == [3, 2, 3] and all(r["reward"] is not None for r in rows)

@@ -62,11 +62,21 @@ def variant_name(block_size: int) -> str:
     return f"b{block_size}"
 
 
-def collect_vllm(target: str, speculative_config: Mapping[str, Any], prompts: Sequence[tuple[str, str, Sequence[int]]],
-                 arms: Sequence[int], out: str | os.PathLike, max_new_tokens: int = 64, temperature: float = 0.0,
-                 seed: int = 0, concurrency: int = 1, engine_args: Mapping[str, Any] | None = None,
-                 meta: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 progress: bool = True) -> TraceSet:
+def collect_vllm(
+    target: str,
+    speculative_config: Mapping[str, Any],
+    prompts: Sequence[tuple[str, str, Sequence[int]]],
+    arms: Sequence[int],
+    out: str | os.PathLike,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    concurrency: int = 1,
+    engine_args: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> TraceSet:
     """Run every block size of ``arms`` on every prompt in one vLLM engine on ``target`` and write
     the trace set at ``out`` (see the module docstring).
 
@@ -77,8 +87,10 @@ def collect_vllm(target: str, speculative_config: Mapping[str, Any], prompts: Se
     if not arms or arms[0] < 1:
         raise AdaptspecError(f"block sizes must be integers >= 1, got {list(arms)}")
     if arms[-1] < 2:
-        raise AdaptspecError("collect-vllm needs a block size >= 2 (B = 1 + the drafts verified): with B = 1 alone "
-                             "vLLM verifies nothing it drafts")
+        raise AdaptspecError(
+            "collect-vllm needs a block size >= 2 (B = 1 + the drafts verified): with B = 1 alone "
+            "vLLM verifies nothing it drafts"
+        )
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise AdaptspecError(f"concurrency must be an integer >= 1, got {concurrency!r}")
     out = Path(out)
@@ -90,22 +102,53 @@ def collect_vllm(target: str, speculative_config: Mapping[str, Any], prompts: Se
     rows = _done_rows(out, arms)
     todo = [p for p in prompts if p[0] not in rows]
     if todo:
-        _run(target, dict(speculative_config), todo, arms, out, rows, max_new_tokens, temperature, seed, concurrency,
-             dict(engine_args or {}), progress)
+        _run(
+            target,
+            dict(speculative_config),
+            todo,
+            arms,
+            out,
+            rows,
+            max_new_tokens,
+            temperature,
+            seed,
+            concurrency,
+            dict(engine_args or {}),
+            progress,
+        )
     from ..collect.every_arm import finish
 
     dropped = {rid: r["dropped"] for rid, r in rows.items() if "dropped" in r}
     kept = [p for p in prompts if p[0] not in dropped]
     if not kept:
-        raise AdaptspecError(f"every request ended at its first token ({len(dropped)}): nothing to write at {out}")
-    info = {"source": "adaptspec collect-vllm", "engine": f"vLLM {_vllm_version()}", "target": str(target),
-            "drafter": speculative_config.get("model"), "method": speculative_config.get("method"),
-            "num_speculative_tokens": arms[-1] - 1, "concurrency": concurrency,
-            "features": "vllm-prompt-tokens", "feature_names": list(FEATURE_NAMES),
-            "times": "verify_ms: each round's attributed share of vLLM's step (target and drafter passes); "
-                     "draft_ms: 0", **dict(meta or {}), "dropped": dropped}
-    return finish(out, kept, arms, {r: v for r, v in rows.items() if r not in dropped}, max_new_tokens, temperature,
-                  info, overwrite)
+        raise AdaptspecError(
+            f"every request ended at its first token ({len(dropped)}): nothing to write at {out}"
+        )
+    info = {
+        "source": "adaptspec collect-vllm",
+        "engine": f"vLLM {_vllm_version()}",
+        "target": str(target),
+        "drafter": speculative_config.get("model"),
+        "method": speculative_config.get("method"),
+        "num_speculative_tokens": arms[-1] - 1,
+        "concurrency": concurrency,
+        "features": "vllm-prompt-tokens",
+        "feature_names": list(FEATURE_NAMES),
+        "times": "verify_ms: each round's attributed share of vLLM's step (target and drafter passes); "
+        "draft_ms: 0",
+        **dict(meta or {}),
+        "dropped": dropped,
+    }
+    return finish(
+        out,
+        kept,
+        arms,
+        {r: v for r, v in rows.items() if r not in dropped},
+        max_new_tokens,
+        temperature,
+        info,
+        overwrite,
+    )
 
 
 def _vllm_version() -> str:
@@ -119,17 +162,35 @@ def _done_rows(out: Path, arms: list[int]) -> dict[str, dict]:
     with other block sizes are refused. (The embedded collection's ``read_partials``, read here
     without importing it: see the module docstring.)"""
     path = out.with_name(out.name + ".partial.jsonl")
-    rows = read_jsonl(path, "a collection's partial file", missing_ok=True).records  # a torn last line: a crash
+    rows = read_jsonl(
+        path, "a collection's partial file", missing_ok=True
+    ).records  # a torn last line: a crash
     for r in rows:
         if r.get("arms") != arms:
-            raise AdaptspecError(f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart")
+            raise AdaptspecError(
+                f"{path}: collected with arms {r.get('arms')}, now asked for {arms}; remove it to restart"
+            )
     return {r["request_id"]: r for r in rows}
 
 
-def _run(target: str, spec: dict, todo: list, arms: list[int], out: Path, rows: dict, max_new_tokens: int,
-         temperature: float, seed: int, concurrency: int, engine_args: dict, progress: bool) -> None:
+def _run(
+    target: str,
+    spec: dict,
+    todo: list,
+    arms: list[int],
+    out: Path,
+    rows: dict,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    concurrency: int,
+    engine_args: dict,
+    progress: bool,
+) -> None:
     """Start the engine, run ``todo`` chunk by chunk (every block size a chunk), append each prompt's row."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its plug-in hands us outcomes
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+        "0"  # the engine in this process: its plug-in hands us outcomes
+    )
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -137,10 +198,20 @@ def _run(target: str, spec: dict, todo: list, arms: list[int], out: Path, rows: 
     spec["num_speculative_tokens"] = arms[-1] - 1
     # a fixed policy decides in microseconds: the longest budget, so that a busy host's slow hand-off to the
     # decision thread never gives a request the fallback length in place of its variant's
-    settings = {"variants": {variant_name(b): f"fixed:{b}" for b in arms}, "arms": arms, "load_rule": "none",
-                "decide_timeout": MAX_DECIDE_TIMEOUT}
-    kwargs = {"seed": seed, **engine_args, "max_num_seqs": concurrency, "speculative_config": spec,
-              "scheduler_cls": "adaptspec.vllm.AdaptiveScheduler", "additional_config": {"adaptspec": settings}}
+    settings = {
+        "variants": {variant_name(b): f"fixed:{b}" for b in arms},
+        "arms": arms,
+        "load_rule": "none",
+        "decide_timeout": MAX_DECIDE_TIMEOUT,
+    }
+    kwargs = {
+        "seed": seed,
+        **engine_args,
+        "max_num_seqs": concurrency,
+        "speculative_config": spec,
+        "scheduler_cls": "adaptspec.vllm.AdaptiveScheduler",
+        "additional_config": {"adaptspec": settings},
+    }
     llm = LLM(model=str(target), **kwargs)
     try:
         from ..collect.every_arm import append_row, open_partial  # now: it loads numba (the module docstring)
@@ -148,22 +219,32 @@ def _run(target: str, spec: dict, todo: list, arms: list[int], out: Path, rows: 
         try:
             plugin = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec
         except AttributeError:
-            raise AdaptspecError("collect-vllm reads the plug-in in its own process: vLLM's engine ran in another one "
-                                 "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0)") from None
+            raise AdaptspecError(
+                "collect-vllm reads the plug-in in its own process: vLLM's engine ran in another one "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0)"
+            ) from None
         finished: dict[str, tuple[str, Outcome]] = {}
         plugin.on_outcome = lambda rid, variant, outcome: finished.__setitem__(rid, (variant, outcome))
-        chunks = [todo[i:i + concurrency] for i in range(0, len(todo), concurrency)]
+        chunks = [todo[i : i + concurrency] for i in range(0, len(todo), concurrency)]
         offset, f = len(rows), None
         try:
             for c, chunk in enumerate(tqdm(chunks, desc="collect-vllm", unit="chunk", disable=not progress)):
                 k = (offset + c) % len(arms)
                 per_prompt: dict[str, dict] = {p[0]: {} for p in chunk}
                 for b in arms[k:] + arms[:k]:
-                    params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
-                                             extra_args={"adaptspec_variant": variant_name(b)}) for _ in chunk]
+                    params = [
+                        SamplingParams(
+                            temperature=temperature,
+                            max_tokens=max_new_tokens,
+                            seed=seed,
+                            extra_args={"adaptspec_variant": variant_name(b)},
+                        )
+                        for _ in chunk
+                    ]
                     finished.clear()
-                    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p[2])) for p in chunk], params,
-                                        use_tqdm=False)
+                    outs = llm.generate(
+                        [TokensPrompt(prompt_token_ids=list(p[2])) for p in chunk], params, use_tqdm=False
+                    )
                     for p, o in zip(chunk, outs):
                         per_prompt[p[0]][b] = _arm_result(p[0], b, o, finished, max_new_tokens)
                 if f is None:
@@ -182,8 +263,9 @@ def _run(target: str, spec: dict, todo: list, arms: list[int], out: Path, rows: 
         llm.llm_engine.engine_core.shutdown()
 
 
-def _arm_result(rid: str, b: int, output: Any, finished: dict[str, tuple[str, Outcome]],
-                max_new_tokens: int) -> dict | str:
+def _arm_result(
+    rid: str, b: int, output: Any, finished: dict[str, tuple[str, Outcome]], max_new_tokens: int
+) -> dict | str:
     """Block size ``b``'s record of request ``rid`` from vLLM's output and the plug-in's outcome
     (or why there is none: a request that ended at its first token)."""
     tokens = list(output.outputs[0].token_ids)
@@ -191,19 +273,28 @@ def _arm_result(rid: str, b: int, output: Any, finished: dict[str, tuple[str, Ou
     if len(mine) != 1:
         if len(tokens) <= 1:
             return "it ended at its first token (no step after its prefill)"
-        raise AdaptspecError(f"request {rid} at block size {b}: the plug-in reported {len(mine)} outcomes for vLLM's "
-                             f"request {output.request_id} (a plug-in fault: see the adaptspec.vllm log)")
+        raise AdaptspecError(
+            f"request {rid} at block size {b}: the plug-in reported {len(mine)} outcomes for vLLM's "
+            f"request {output.request_id} (a plug-in fault: see the adaptspec.vllm log)"
+        )
     variant, o = finished[mine[0]]
     where = f"request {rid} at block size {b}"
     if variant != variant_name(b):
         raise AdaptspecError(f"{where}: the plug-in ran it as variant {variant}, not {variant_name(b)}")
     if list(o.tokens) != tokens:
-        raise AdaptspecError(f"{where}: the plug-in's outcome holds {len(o.tokens)} tokens, vLLM returned {len(tokens)}")
+        raise AdaptspecError(
+            f"{where}: the plug-in's outcome holds {len(o.tokens)} tokens, vLLM returned {len(tokens)}"
+        )
     fault = outcome_fault(o, b, max_new_tokens)
     if fault is not None or not o.rounds:
         raise AdaptspecError(f"{where}: the plug-in's outcome is refused: {fault or 'no rounds'}")
-    return {"new_tokens": len(o.tokens), "tau": [r.tau for r in o.rounds], "draft_ms": [0.0] * len(o.rounds),
-            "verify_ms": [r.verify_s * 1e3 for r in o.rounds], "decode_ms": o.decode_s * 1e3}
+    return {
+        "new_tokens": len(o.tokens),
+        "tau": [r.tau for r in o.rounds],
+        "draft_ms": [0.0] * len(o.rounds),
+        "verify_ms": [r.verify_s * 1e3 for r in o.rounds],
+        "decode_ms": o.decode_s * 1e3,
+    }
 
 
 def _row(rid: str, domain: str, ids: Sequence[int], arms: list[int], per_arm: dict[int, dict | str]) -> dict:
@@ -212,6 +303,11 @@ def _row(rid: str, domain: str, ids: Sequence[int], arms: list[int], per_arm: di
     why = next((v for v in per_arm.values() if isinstance(v, str)), None)
     if why is not None:
         return {"request_id": rid, "domain": domain, "arms": arms, "dropped": why}
-    return {"request_id": rid, "domain": domain, "prompt_tokens": len(ids),
-            "features": prompt_features(ids).tolist(), "arms": arms,
-            "outcomes": {str(b): per_arm[b] for b in arms}}
+    return {
+        "request_id": rid,
+        "domain": domain,
+        "prompt_tokens": len(ids),
+        "features": prompt_features(ids).tolist(),
+        "arms": arms,
+        "outcomes": {str(b): per_arm[b] for b in arms},
+    }

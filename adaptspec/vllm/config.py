@@ -42,7 +42,14 @@ from ..errors import AdaptspecError
 from ..load_rules import SPECULATION_MARGIN
 from ..reward.attribution import ATTRIBUTIONS
 
-__all__ = ["PluginSettings", "plugin_settings", "ENTRY", "MAX_DECIDE_TIMEOUT", "PLUGIN_PRIOR", "PLUGIN_PROFILE"]
+__all__ = [
+    "PluginSettings",
+    "plugin_settings",
+    "ENTRY",
+    "MAX_DECIDE_TIMEOUT",
+    "PLUGIN_PRIOR",
+    "PLUGIN_PROFILE",
+]
 
 #: The key of ``additional_config`` the plug-in reads.
 ENTRY = "adaptspec"
@@ -66,7 +73,17 @@ PLUGIN_PRIOR = 0.3
 MAX_DECIDE_TIMEOUT = 1.0
 #: The settings that name a file, a folder or a service: an empty string would silently mean the
 #: working directory or the default, so it is refused.
-_NAMES = ("split", "log_dir", "checkpoint_dir", "load_rule", "latency", "reward", "featurizer", "shared", "replica_id")
+_NAMES = (
+    "split",
+    "log_dir",
+    "checkpoint_dir",
+    "load_rule",
+    "latency",
+    "reward",
+    "featurizer",
+    "shared",
+    "replica_id",
+)
 
 
 class PluginSettings(BaseModel):
@@ -74,16 +91,16 @@ class PluginSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    variants: dict[str, str] | None = None          # name -> policy spec; None: one variant, the default policy
-    split: str | None = None                        # traffic weights "50,50" (default: equal)
+    variants: dict[str, str] | None = None  # name -> policy spec; None: one variant, the default policy
+    split: str | None = None  # traffic weights "50,50" (default: equal)
     log_dir: str | None = None
     checkpoint_dir: str | None = None
-    arms: list[int] | None = None                   # block sizes (1 + drafts); default: adaptspec's up to K + 1
-    load_rule: str = "learned"                      # learned | goodput | fixed:B | table:R=B,... | none
+    arms: list[int] | None = None  # block sizes (1 + drafts); default: adaptspec's up to K + 1
+    load_rule: str = "learned"  # learned | goodput | fixed:B | table:R=B,... | none
     load_features: bool = False
     load_prior: float = Field(PLUGIN_PRIOR, ge=0.0, lt=1.0)
     load_margin: float = Field(SPECULATION_MARGIN, ge=0.0, lt=1.0)  # the learned rule's margin over plain
-    latency: str | None = None                      # cost profile of the goodput / learned rules and modelled reward
+    latency: str | None = None  # cost profile of the goodput / learned rules and modelled reward
     attribution: Literal["marginal", "tokens"] = "tokens"
     reward: str = "token_latency"
     featurizer: str | None = None
@@ -95,7 +112,7 @@ class PluginSettings(BaseModel):
     checkpoint_interval: float = Field(60.0, gt=0)
     roll_rows: int = Field(1000, ge=1)
     no_fsync: bool = False
-    shared: str | None = None                       # redis://HOST:PORT/NAME: learn with the fleet's other replicas
+    shared: str | None = None  # redis://HOST:PORT/NAME: learn with the fleet's other replicas
     replica_id: str | None = None
     sync_every: int = Field(32, ge=1)
     sync_interval: float = Field(1.0, gt=0)
@@ -135,7 +152,9 @@ class PluginSettings(BaseModel):
     @classmethod
     def _budget(cls, v: float) -> float:
         if v > MAX_DECIDE_TIMEOUT:
-            raise ValueError(f"at most {MAX_DECIDE_TIMEOUT:g} s: a decision holds vLLM's step up to this long")
+            raise ValueError(
+                f"at most {MAX_DECIDE_TIMEOUT:g} s: a decision holds vLLM's step up to this long"
+            )
         return v
 
     @field_validator("variants")
@@ -190,12 +209,16 @@ def plugin_settings(additional_config: Mapping[str, Any] | Any) -> PluginSetting
     ``additional_config`` is not a mapping: vLLM also takes an object there, which holds no entry)."""
     entry = additional_config.get(ENTRY, {}) if isinstance(additional_config, Mapping) else {}
     if not isinstance(entry, Mapping):
-        raise AdaptspecError(f"additional_config {ENTRY}: expected an object of settings, got {type(entry).__name__}")
+        raise AdaptspecError(
+            f"additional_config {ENTRY}: expected an object of settings, got {type(entry).__name__}"
+        )
     unknown = [k for k in entry if k not in PluginSettings.model_fields]
     if unknown:
         keys = ", ".join(sorted(PluginSettings.model_fields)[:2])
-        raise AdaptspecError(f"additional_config {ENTRY}: unknown key {unknown[0]!r} (the keys are serve's options "
-                             f"with underscores: {keys}, ...)")
+        raise AdaptspecError(
+            f"additional_config {ENTRY}: unknown key {unknown[0]!r} (the keys are serve's options "
+            f"with underscores: {keys}, ...)"
+        )
     try:
         settings = PluginSettings(**entry)
     except ValidationError as e:
@@ -212,7 +235,9 @@ def _one_line(err: Mapping[str, Any]) -> str:
         key, _, rest = msg.partition(" ")
         return f"additional_config {ENTRY}.{key} {rest}"
     given = repr(err.get("input"))
-    return f"additional_config {ENTRY}.{where}: {msg} (got {given if len(given) <= 80 else given[:80] + '...'})"
+    return (
+        f"additional_config {ENTRY}.{where}: {msg} (got {given if len(given) <= 80 else given[:80] + '...'})"
+    )
 
 
 def _weights(split: str) -> list[float]:
@@ -236,10 +261,18 @@ def _check_load_rule(rule: str) -> None:
         return
     if colon and kind == "fixed" and _positive_int(rest):
         return
-    if colon and kind == "table" and all(eq and _positive_int(rows) and _positive_int(b)
-                                         for rows, eq, b in (part.partition("=") for part in rest.split(","))):
+    if (
+        colon
+        and kind == "table"
+        and all(
+            eq and _positive_int(rows) and _positive_int(b)
+            for rows, eq, b in (part.partition("=") for part in rest.split(","))
+        )
+    ):
         return
-    raise ValueError(f"expected one of {', '.join(LOAD_RULES)} (numbers: integers >= 1, e.g. fixed:2, table:1=3,4=1)")
+    raise ValueError(
+        f"expected one of {', '.join(LOAD_RULES)} (numbers: integers >= 1, e.g. fixed:2, table:1=3,4=1)"
+    )
 
 
 def _positive_int(text: str) -> bool:
@@ -258,11 +291,14 @@ def _check_names(s: PluginSettings) -> None:
     if s.attribution not in ATTRIBUTIONS:  # pragma: no cover - the Literal above holds them
         raise AdaptspecError(f"additional_config {ENTRY}.attribution: one of {ATTRIBUTIONS}")
     if s.attribution == "marginal" and s.latency is None:
-        raise AdaptspecError(f"additional_config {ENTRY}.attribution 'marginal' needs latency (the cost profile its "
-                             "shares are computed on)")
+        raise AdaptspecError(
+            f"additional_config {ENTRY}.attribution 'marginal' needs latency (the cost profile its "
+            "shares are computed on)"
+        )
     if s.reward == "modelled" and s.latency is None:
-        raise AdaptspecError(f"additional_config {ENTRY}.reward 'modelled' needs latency (the cost profile it is "
-                             "computed on)")
+        raise AdaptspecError(
+            f"additional_config {ENTRY}.reward 'modelled' needs latency (the cost profile it is computed on)"
+        )
     if s.shared is not None:
         from ..fleet.redis_backend import parse_url
 

@@ -31,7 +31,14 @@ import numpy as np
 
 __all__ = ["FEATURE_NAMES", "FEATURE_DIM", "SUFFIX_WINDOW", "prompt_features"]
 
-FEATURE_NAMES = ("log1p_tokens", "distinct", "repeated_bigrams", "repeated_trigrams", "top_token_share", "suffix_match")
+FEATURE_NAMES = (
+    "log1p_tokens",
+    "distinct",
+    "repeated_bigrams",
+    "repeated_trigrams",
+    "top_token_share",
+    "suffix_match",
+)
 FEATURE_DIM = len(FEATURE_NAMES)
 #: The longest prompt suffix ``suffix_match`` looks for earlier in the prompt.
 SUFFIX_WINDOW = 8
@@ -42,8 +49,17 @@ def prompt_features(token_ids: Sequence[int]) -> np.ndarray:
     ids = np.asarray(token_ids, dtype=np.int64)
     n = ids.size
     _, counts = np.unique(ids, return_counts=True)
-    return np.array([np.log1p(n), counts.size / n, _repeated(ids, 2), _repeated(ids, 3), counts.max() / n,
-                     _suffix_match(ids) / SUFFIX_WINDOW], dtype=np.float32)
+    return np.array(
+        [
+            np.log1p(n),
+            counts.size / n,
+            _repeated(ids, 2),
+            _repeated(ids, 3),
+            counts.max() / n,
+            _suffix_match(ids) / SUFFIX_WINDOW,
+        ],
+        dtype=np.float32,
+    )
 
 
 def _repeated(ids: np.ndarray, k: int) -> float:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["IdleDrafterSkip", "MARK", "install", "skipped_passes"]
+__all__ = ["IdleDrafterSkip", "MARK", "install", "skipped_passes"]  # noqa: F822 (IdleDrafterSkip: the module's __getattr__)
 
 #: The attribute the plug-in sets (True) on a ``SchedulerOutput`` whose drafter pass may be skipped.
 MARK = "adaptspec_idle_drafter"
@@ -60,8 +60,9 @@ def install() -> None:
         return
 
     @functools.wraps(original)
-    def propose_draft_token_ids(self: Any, scheduler_output: Any, sampled_token_ids: Any, *args: Any,
-                                **kwargs: Any) -> Any:
+    def propose_draft_token_ids(
+        self: Any, scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if getattr(scheduler_output, MARK, False) and scheduler_output.num_spec_tokens_to_schedule == 0:
             _skipped[0] += 1
             if isinstance(sampled_token_ids, list):  # drafters on the CPU lists (n-gram, suffix): lists back
@@ -90,7 +91,9 @@ def enabled(worker_extension_cls: Any) -> bool:
     if worker_extension_cls is _IdleDrafterSkip:
         return True
     return isinstance(worker_extension_cls, str) and worker_extension_cls in (
-        QUALNAME, f"{__name__}.IdleDrafterSkip")
+        QUALNAME,
+        f"{__name__}.IdleDrafterSkip",
+    )
 
 
 def __getattr__(name: str) -> Any:

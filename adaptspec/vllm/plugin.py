@@ -86,40 +86,55 @@ class AdaptspecPlugin:
         from ..serving.router import ABRouter
 
         if num_speculative_tokens < 1:
-            raise AdaptspecError("adaptspec.vllm chooses each request's speculative length: vLLM runs without "
-                                 "speculative decoding here (give --speculative-config with num_speculative_tokens >= 1)")
+            raise AdaptspecError(
+                "adaptspec.vllm chooses each request's speculative length: vLLM runs without "
+                "speculative decoding here (give --speculative-config with num_speculative_tokens >= 1)"
+            )
         self.settings, self.method = settings, method
         self.max_block_size = num_speculative_tokens + 1
         # every block size up to K + 1: full information shows each of them from every request (a prefix of vLLM's drafts)
         arms = tuple(settings.arms) if settings.arms is not None else tuple(range(1, self.max_block_size + 1))
         if max(arms) > self.max_block_size:
-            raise AdaptspecError(f"additional_config {ENTRY}.arms {list(arms)}: block size {max(arms)} needs "
-                                 f"{max(arms) - 1} drafts, beyond num_speculative_tokens {num_speculative_tokens}")
+            raise AdaptspecError(
+                f"additional_config {ENTRY}.arms {list(arms)}: block size {max(arms)} needs "
+                f"{max(arms) - 1} drafts, beyond num_speculative_tokens {num_speculative_tokens}"
+            )
         if settings.fallback_block_size is not None and settings.fallback_block_size not in arms:
-            raise AdaptspecError(f"additional_config {ENTRY}.fallback_block_size {settings.fallback_block_size} is "
-                                 f"not one of the block sizes {list(arms)}")
+            raise AdaptspecError(
+                f"additional_config {ENTRY}.fallback_block_size {settings.fallback_block_size} is "
+                f"not one of the block sizes {list(arms)}"
+            )
         fallback = settings.fallback_block_size or max(arms)
         variants = settings.variants or {DEFAULT_VARIANT: None}
-        self.router = ABRouter(settings.variant_weights() or {DEFAULT_VARIANT: 1.0},
-                               {n: s or "default" for n, s in variants.items()})
+        self.router = ABRouter(
+            settings.variant_weights() or {DEFAULT_VARIANT: 1.0},
+            {n: s or "default" for n, s in variants.items()},
+        )
         self.shared_states = _shared_states(settings, list(variants))
         self.controllers: dict[str, Any] = {}
         try:
             for name, spec in variants.items():
-                self.controllers[name] = _controller(name, spec, arms, fallback, settings,
-                                                     None if self.shared_states is None else self.shared_states[name])
+                self.controllers[name] = _controller(
+                    name,
+                    spec,
+                    arms,
+                    fallback,
+                    settings,
+                    None if self.shared_states is None else self.shared_states[name],
+                )
             #: this engine's measured step costs: the goodput and learned rules' cost model
-            self.step_costs = StepCosts(get_profile(settings.latency or PLUGIN_PROFILE),
-                                        max_block_size=self.max_block_size)
+            self.step_costs = StepCosts(
+                get_profile(settings.latency or PLUGIN_PROFILE), max_block_size=self.max_block_size
+            )
             self.rule = _load_rule(settings, arms, self.step_costs)
         except BaseException:
             self.close()
             raise
         self.arms = arms
         self.records: dict[str, RequestRecord] = {}
-        self._asked: dict[str, int] = {}      # request -> the load rule's block size this step
+        self._asked: dict[str, int] = {}  # request -> the load rule's block size this step
         self._last_asked: dict[str, int] = {}  # request -> the load rule's block size at its latest cut
-        self._proposed: dict[str, int] = {}   # request -> drafts vLLM proposed this step, before the cut
+        self._proposed: dict[str, int] = {}  # request -> drafts vLLM proposed this step, before the cut
         self._load: Any = None
         self.counts: Counter[str] = Counter()
         self.chosen: Counter[int] = Counter()
@@ -135,43 +150,65 @@ class AdaptspecPlugin:
         #: each request ran. None: nobody listens.
         self.on_outcome: Callable[[str, str, Outcome], None] | None = None
         for name, c in self.controllers.items():
-            log.info("adaptspec.vllm: variant %s: %s over block sizes %s (%s, K = %d)", name,
-                     c.policy_choice if variants[name] is None else c.policy_label, list(arms), method,
-                     num_speculative_tokens)
+            log.info(
+                "adaptspec.vllm: variant %s: %s over block sizes %s (%s, K = %d)",
+                name,
+                c.policy_choice if variants[name] is None else c.policy_label,
+                list(arms),
+                method,
+                num_speculative_tokens,
+            )
 
     # ------------------------------------------------------------------ the hooks' work
     def admit(self, request_id: str, prompt_ids: Sequence[int], extra_args: Mapping[str, Any] | None) -> None:
         """A new request: its variant and its features."""
-        rec = RequestRecord(request_id, "", prompt_tokens=max(len(prompt_ids), 1), admitted_s=time.perf_counter())
+        rec = RequestRecord(
+            request_id, "", prompt_tokens=max(len(prompt_ids), 1), admitted_s=time.perf_counter()
+        )
         self.records[request_id] = rec
         try:
             asked = (extra_args or {}).get(VARIANT_ARG)
             if asked is not None and (not isinstance(asked, str) or asked not in self.controllers):
                 rec.fallback = "unknown_variant"  # the client's value: never a label, cut in the log line
                 self._count_fallback("", "unknown_variant")
-                log.warning("adaptspec.vllm: request %s asks for %s %s, not one of this engine's variants (%s); "
-                            "vLLM runs it at its own length", shown(request_id), VARIANT_ARG, shown(asked),
-                            ", ".join(self.controllers))
+                log.warning(
+                    "adaptspec.vllm: request %s asks for %s %s, not one of this engine's variants (%s); "
+                    "vLLM runs it at its own length",
+                    shown(request_id),
+                    VARIANT_ARG,
+                    shown(asked),
+                    ", ".join(self.controllers),
+                )
                 return
             rec.variant = asked if asked is not None else self.router.assign()
             rec.features = prompt_features(prompt_ids)
         except Exception as e:  # noqa: BLE001 - a bad prompt costs this request its policy, never vLLM
             self._fall_back(rec, "admit", e)
 
-    def decide(self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int,
-               temperature: float) -> None:
+    def decide(
+        self, request_id: str, output_tokens: int, rows: int, queue: int, max_tokens: int, temperature: float
+    ) -> None:
         """Its prefill ends (``output_tokens`` out when it has: 1, the prefill's): decide its block size."""
         rec = self.records.get(request_id)
         if rec is None or rec.decision is not None or rec.fallback is not None:
             return
         try:
-            load = LoadState(rows=max(rows, 1), queue=queue, context_tokens=rec.prompt_tokens,
-                             temperature=float(temperature), max_tokens=max(int(max_tokens), 1))
-            rec.decision = self.controllers[rec.variant].decide(rec.features, request_id=request_id, load=load)
+            load = LoadState(
+                rows=max(rows, 1),
+                queue=queue,
+                context_tokens=rec.prompt_tokens,
+                temperature=float(temperature),
+                max_tokens=max(int(max_tokens), 1),
+            )
+            rec.decision = self.controllers[rec.variant].decide(
+                rec.features, request_id=request_id, load=load
+            )
             rec.decided_s = time.perf_counter()
             rec.view.m = output_tokens
             reason = rec.decision.extras.get("fallback")
-            if reason is not None:  # the policy raised, was late or answered something invalid: the controller's fallback
+            if (
+                reason is not None
+            ):  # the policy raised, was late or answered something invalid: the controller's fallback
                 self._count_fallback(rec.variant, str(reason))
             else:
                 self.chosen[int(rec.decision.block_size)] += 1
@@ -220,7 +257,9 @@ class AdaptspecPlugin:
         """Each decided request's drafts for the next step cut to its length (the load rule's,
         when smaller); ``drafts``: request -> the drafts vLLM proposed. Returns the cut lists."""
         out: dict[str, list[int]] = {}
-        decided = [(rid, rec) for rid in drafts if (rec := self.records.get(rid)) is not None and rec.block_size]
+        decided = [
+            (rid, rec) for rid in drafts if (rec := self.records.get(rid)) is not None and rec.block_size
+        ]
         asked = self._rule_choice(decided, rows, queue)
         self._proposed = {}
         for rid, rec in decided:
@@ -237,8 +276,9 @@ class AdaptspecPlugin:
         try:
             if step:
                 blocks = [max(int(s[1]), 1) for s in step]
-                shares = attribute(self.settings.attribution, step_s, blocks, [max(s[2], 1) for s in step],
-                                   self._profile)
+                shares = attribute(
+                    self.settings.attribution, step_s, blocks, [max(s[2], 1) for s in step], self._profile
+                )
                 decode = all(s[4] >= 1 for s in step)  # no prompt in the step
                 self._record_rounds(step, shares, teach_rule=decode)
                 if decode:  # what a step at its block costs
@@ -266,10 +306,18 @@ class AdaptspecPlugin:
                     self._errors_seen[(name, key)] = int(st[key])
                     self.counts[f"faults_{where}"] += new
                     self.metrics["faults"].labels(name, where).inc(new)
-                    log.warning("adaptspec.vllm: variant %s: %d more %s error(s) on its controller's update thread "
-                                "(%s)", name, new, where, st.get("last_error") or "see the adaptspec.control log")
+                    log.warning(
+                        "adaptspec.vllm: variant %s: %d more %s error(s) on its controller's update thread "
+                        "(%s)",
+                        name,
+                        new,
+                        where,
+                        st.get("last_error") or "see the adaptspec.control log",
+                    )
 
-    def account(self, engine_s: float = 0.0, own_s: float = 0.0, step: bool = False, fetch_s: float = 0.0) -> None:
+    def account(
+        self, engine_s: float = 0.0, own_s: float = 0.0, step: bool = False, fetch_s: float = 0.0
+    ) -> None:
         """The caller's clock: ``engine_s`` more seconds of the engine's steps, ``own_s`` of them the
         plug-in's own work in vLLM's hooks, ``fetch_s`` of them vLLM's engine fetching the drafts from
         its worker after a step; ``step``: one more engine step ended."""
@@ -294,8 +342,9 @@ class AdaptspecPlugin:
         if rec is not None and rec.decision is not None:
             try:
                 outcome = rec.outcome(tokens, finish_reason)
-                fed = self.controllers[rec.variant].feedback(rec.decision.decision_id, outcome,
-                                                             shared=rec.shared(time.perf_counter()))
+                fed = self.controllers[rec.variant].feedback(
+                    rec.decision.decision_id, outcome, shared=rec.shared(time.perf_counter())
+                )
                 self.counts[f"feedback_{fed}"] += 1
             except Exception as e:  # noqa: BLE001
                 self.fault("feedback", e, request_id, variant=rec.variant)
@@ -310,15 +359,25 @@ class AdaptspecPlugin:
     def stats(self) -> dict[str, Any]:
         """Counters for an operator: block sizes chosen, drafts verified and accepted, fallbacks and
         faults, the plug-in's own time against the engine steps' (as :meth:`account` was told)."""
-        return {"method": self.method, "max_block_size": self.max_block_size, "arms": list(self.arms),
-                "in_flight": len(self.records), "chosen": dict(sorted(self.chosen.items())),
-                "drafted": self.drafted, "accepted": self.accepted,
-                "acceptance": self.accepted / self.drafted if self.drafted else None,
-                "counts": dict(self.counts), "steps": self.steps, "step_s": self.step_s, "plugin_s": self.busy_s,
-                "plugin_share": self.busy_s / self.step_s if self.step_s > 0 else None, "fetch_s": self.fetch_s,
-                "step_blocks": dict(sorted(self.step_blocks.items())),
-                "step_costs_ms": self.step_costs.stats(),
-                "variants": {n: c.stats() for n, c in self.controllers.items()}}
+        return {
+            "method": self.method,
+            "max_block_size": self.max_block_size,
+            "arms": list(self.arms),
+            "in_flight": len(self.records),
+            "chosen": dict(sorted(self.chosen.items())),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else None,
+            "counts": dict(self.counts),
+            "steps": self.steps,
+            "step_s": self.step_s,
+            "plugin_s": self.busy_s,
+            "plugin_share": self.busy_s / self.step_s if self.step_s > 0 else None,
+            "fetch_s": self.fetch_s,
+            "step_blocks": dict(sorted(self.step_blocks.items())),
+            "step_costs_ms": self.step_costs.stats(),
+            "variants": {n: c.stats() for n, c in self.controllers.items()},
+        }
 
     def close(self) -> None:
         """Close every controller (updates applied, checkpoints written, logs rolled), then count their
@@ -348,15 +407,18 @@ class AdaptspecPlugin:
             self._load = Load(rows=max(rows, 1), queue=queue)
             choice = [int(b) for b in self.rule.choose([rec.view for _, rec in decided], self._load)]
             if len(choice) != len(decided):
-                raise AdaptspecError(f"load rule {self.rule.name} gave {len(choice)} block sizes for {len(decided)} rows")
+                raise AdaptspecError(
+                    f"load rule {self.rule.name} gave {len(choice)} block sizes for {len(decided)} rows"
+                )
             self._asked = {rid: b for (rid, _), b in zip(decided, choice)}
             self._last_asked.update(self._asked)
         except Exception as e:  # noqa: BLE001 - the rows keep their own lengths this step
             self.fault("load_rule", e)
         return self._asked
 
-    def _record_rounds(self, step: Sequence[tuple[str, int, int, int, int]], shares: np.ndarray,
-                       teach_rule: bool) -> None:
+    def _record_rounds(
+        self, step: Sequence[tuple[str, int, int, int, int]], shares: np.ndarray, teach_rule: bool
+    ) -> None:
         """Each decided request's round of the step, with its share of the step's time; the load rule
         learns the step only when ``teach_rule`` (a decode step). A step with a prompt in it is left out
         of the rule as of the step costs: its rows' shares are slivers of a prefill's pass (one decode
@@ -381,8 +443,9 @@ class AdaptspecPlugin:
         if ruled and self.rule is not None:  # the rule reads the rows as they were before the round
             try:
                 ran = [min(self._asked[d[0]], 1 + d[2]) for d in ruled]  # fewer drafts than asked: what ran
-                self.rule.feedback([d[1].view for d in ruled], ran,
-                                   [d[3] for d in ruled], [d[4] for d in ruled], self._load)
+                self.rule.feedback(
+                    [d[1].view for d in ruled], ran, [d[3] for d in ruled], [d[4] for d in ruled], self._load
+                )
             except Exception as e:  # noqa: BLE001
                 self.fault("load_rule", e)
         for rid, rec, drafted, committed, share in done:
@@ -409,36 +472,59 @@ class AdaptspecPlugin:
         self.counts[f"fallbacks_{reason}"] += 1
         self.metrics["fallbacks"].labels(variant, reason).inc()
 
-    def fault(self, where: str, e: Exception, request_id: str | None = None, variant: str | None = None) -> None:
+    def fault(
+        self, where: str, e: Exception, request_id: str | None = None, variant: str | None = None
+    ) -> None:
         """The plug-in's work at ``where`` failed (for ``request_id`` of ``variant``, when it is one
         request's): counted, and logged in one line."""
         if variant is None:
-            rec = self.records.get(request_id) if request_id is not None and hasattr(self, "records") else None
+            rec = (
+                self.records.get(request_id) if request_id is not None and hasattr(self, "records") else None
+            )
             variant = "" if rec is None else rec.variant
         self.counts[f"faults_{where}"] += 1
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics["faults"].labels(variant, where).inc()
-        log.warning("adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length", where,
-                    f" for request {shown(request_id)}" if request_id else "", type(e).__name__, e)
+        log.warning(
+            "adaptspec.vllm: %s failed%s (%s: %s); vLLM goes on at its own length",
+            where,
+            f" for request {shown(request_id)}" if request_id else "",
+            type(e).__name__,
+            e,
+        )
 
 
-def _controller(name: str, spec: str | None, arms: Sequence[int], fallback: int, settings: PluginSettings,
-                shared: Any) -> Any:
+def _controller(
+    name: str, spec: str | None, arms: Sequence[int], fallback: int, settings: PluginSettings, shared: Any
+) -> Any:
     """Variant ``name``'s controller (split form) over the engine's block sizes; a spec, head or
     checkpoint that does not fit is one line naming the variant's key."""
     from ..control.controller import AdaptiveController
 
     try:
         return AdaptiveController.for_engine(
-            arms, FEATURE_DIM, spec, variant=name, log_dir=settings.log_dir,
+            arms,
+            FEATURE_DIM,
+            spec,
+            variant=name,
+            log_dir=settings.log_dir,
             checkpoint_dir=None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / name,
-            reward=settings.reward, latency=settings.latency or PLUGIN_PROFILE, featurizer=settings.featurizer,
-            seed=settings.seed, fallback_block_size=fallback, decide_timeout_s=settings.decide_timeout,
+            reward=settings.reward,
+            latency=settings.latency or PLUGIN_PROFILE,
+            featurizer=settings.featurizer,
+            seed=settings.seed,
+            fallback_block_size=fallback,
+            decide_timeout_s=settings.decide_timeout,
             feedback_timeout_s=settings.feedback_timeout,  # decisions on its decision thread: the hook waits decide_timeout at most
-            checkpoint_every=settings.checkpoint_every, checkpoint_interval_s=settings.checkpoint_interval,
-            roll_rows=settings.roll_rows, log_fsync=not settings.no_fsync, load_features=settings.load_features,
-            shared=shared, prefix_drafts=True)  # vLLM drafts its K and the cut verifies a prefix: exact counterfactuals
+            checkpoint_every=settings.checkpoint_every,
+            checkpoint_interval_s=settings.checkpoint_interval,
+            roll_rows=settings.roll_rows,
+            log_fsync=not settings.no_fsync,
+            load_features=settings.load_features,
+            shared=shared,
+            prefix_drafts=True,
+        )  # vLLM drafts its K and the cut verifies a prefix: exact counterfactuals
     except AdaptspecError as e:
         key = f"variants.{name}" if settings.variants else "the default policy"
         raise AdaptspecError(f"additional_config {ENTRY}.{key}: {e}") from None
@@ -453,8 +539,15 @@ def _load_rule(settings: PluginSettings, arms: Sequence[int], costs: StepCosts) 
     if settings.load_rule == "goodput":
         return Goodput(arms, costs, prior=settings.load_prior)  # type: ignore[arg-type]  # a profile's interface
     if settings.load_rule == "learned":  # full information: every shorter block a step shows
-        return Learned(arms, costs, prior=settings.load_prior, seed=settings.seed, full_info=True,  # type: ignore[arg-type]
-                       margin=settings.load_margin, plain_every_max=PLAIN_EVERY_MAX)
+        return Learned(
+            arms,
+            costs,
+            prior=settings.load_prior,
+            seed=settings.seed,
+            full_info=True,  # type: ignore[arg-type]
+            margin=settings.load_margin,
+            plain_every_max=PLAIN_EVERY_MAX,
+        )
     return make_load_rule(settings.load_rule, arms, None, prior=settings.load_prior, seed=settings.seed)
 
 
@@ -466,6 +559,11 @@ def _shared_states(settings: PluginSettings, variants: list[str]) -> dict[str, A
 
     from ..fleet import claimed_states
 
-    return claimed_states(settings.shared, settings.replica_id or f"{socket.gethostname()}:vllm", variants,
-                          sync_every=settings.sync_every, sync_interval_s=settings.sync_interval,
-                          lease_ttl_s=settings.lease_ttl)
+    return claimed_states(
+        settings.shared,
+        settings.replica_id or f"{socket.gethostname()}:vllm",
+        variants,
+        sync_every=settings.sync_every,
+        sync_interval_s=settings.sync_interval,
+        lease_ttl_s=settings.lease_ttl,
+    )

@@ -38,7 +38,16 @@ __all__ = ["POOLED_FEATURES", "POOLED_FEATURE_NAMES", "with_load", "request_id_a
 POOLED_FEATURES = "vllm-prompt-tokens+load"
 POOLED_FEATURE_NAMES = (*FEATURE_NAMES, *LOAD_FEATURES)
 #: meta keys every pooled set must agree on (what makes their requests comparable)
-_SAME = ("target", "drafter", "method", "engine", "num_speculative_tokens", "temperature", "max_new_tokens", "dtype")
+_SAME = (
+    "target",
+    "drafter",
+    "method",
+    "engine",
+    "num_speculative_tokens",
+    "temperature",
+    "max_new_tokens",
+    "dtype",
+)
 
 
 def request_id_at(request_id: str, concurrency: int) -> str:
@@ -69,25 +78,45 @@ def with_load(trace_sets: Sequence[TraceSet]) -> TraceSet:
         if c in seen:
             raise AdaptspecError(f"{where}: a second trace set at concurrency {c} ({seen[c]} is the first)")
         seen[c] = where
-        if ts.meta.get("features") != "vllm-prompt-tokens" or ts.features is None or ts.features.shape[1] != FEATURE_DIM:
-            raise AdaptspecError(f"{where}: not a collect-vllm trace set (meta.json features "
-                                 f"{ts.meta.get('features')!r}, {0 if ts.features is None else ts.features.shape[1]} "
-                                 f"values a request; the plug-in's prompt features are {FEATURE_DIM})")
+        if (
+            ts.meta.get("features") != "vllm-prompt-tokens"
+            or ts.features is None
+            or ts.features.shape[1] != FEATURE_DIM
+        ):
+            raise AdaptspecError(
+                f"{where}: not a collect-vllm trace set (meta.json features "
+                f"{ts.meta.get('features')!r}, {0 if ts.features is None else ts.features.shape[1]} "
+                f"values a request; the plug-in's prompt features are {FEATURE_DIM})"
+            )
         if ts.arms != first.arms:
-            raise AdaptspecError(f"{where}: block sizes {list(ts.arms)}, {first.path or 'the first set'} has "
-                                 f"{list(first.arms)}")
+            raise AdaptspecError(
+                f"{where}: block sizes {list(ts.arms)}, {first.path or 'the first set'} has "
+                f"{list(first.arms)}"
+            )
         for key in _SAME:
             if ts.meta.get(key) != first.meta.get(key):
-                raise AdaptspecError(f"{where}: meta.json {key} {ts.meta.get(key)!r}, {first.path or 'the first set'} "
-                                     f"has {first.meta.get(key)!r}: pooled requests must run the same thing")
+                raise AdaptspecError(
+                    f"{where}: meta.json {key} {ts.meta.get(key)!r}, {first.path or 'the first set'} "
+                    f"has {first.meta.get(key)!r}: pooled requests must run the same thing"
+                )
         requests.append(_requests_at(ts, c))
         outcomes.append(_outcomes_at(ts, c))
     meta = {k: first.meta[k] for k in (*_SAME, "source", "times", "hardware") if k in first.meta}
-    meta.update({"schema_version": SCHEMA_VERSION, "features": POOLED_FEATURES, "feature_names": list(POOLED_FEATURE_NAMES),
-                 "concurrency": sorted(seen), "pooled_from": {str(c): seen[c] for c in sorted(seen)},
-                 "load": "the plug-in's load_features at rows = the set's concurrency, queue 0 (adaptspec.vllm.pool)"})
-    return TraceSet(pa.concat_tables(requests, promote_options="permissive"),
-                    pa.concat_tables(outcomes, promote_options="permissive"), meta)
+    meta.update(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "features": POOLED_FEATURES,
+            "feature_names": list(POOLED_FEATURE_NAMES),
+            "concurrency": sorted(seen),
+            "pooled_from": {str(c): seen[c] for c in sorted(seen)},
+            "load": "the plug-in's load_features at rows = the set's concurrency, queue 0 (adaptspec.vllm.pool)",
+        }
+    )
+    return TraceSet(
+        pa.concat_tables(requests, promote_options="permissive"),
+        pa.concat_tables(outcomes, promote_options="permissive"),
+        meta,
+    )
 
 
 def _concurrency(ts: TraceSet, where: str) -> int:
@@ -101,21 +130,42 @@ def _requests_at(ts: TraceSet, c: int) -> pa.Table:
     temperature = float(ts.meta.get("temperature", 0.0))
     max_tokens = ts.meta.get("max_new_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise AdaptspecError(f"{ts.path or 'a trace set'}: meta.json max_new_tokens {max_tokens!r} is not an integer "
-                             ">= 1 (the load's max_tokens)")
-    loads = np.stack([load_vector(LoadState(rows=c, queue=0, context_tokens=max(int(n), 1), temperature=temperature,
-                                            max_tokens=max_tokens)) for n in ts.prompt_tokens])
+        raise AdaptspecError(
+            f"{ts.path or 'a trace set'}: meta.json max_new_tokens {max_tokens!r} is not an integer "
+            ">= 1 (the load's max_tokens)"
+        )
+    loads = np.stack(
+        [
+            load_vector(
+                LoadState(
+                    rows=c,
+                    queue=0,
+                    context_tokens=max(int(n), 1),
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                )
+            )
+            for n in ts.prompt_tokens
+        ]
+    )
     features = np.concatenate([ts.features.astype(np.float64), loads], axis=1).astype(np.float32)
     req = ts.requests
-    req = req.set_column(req.schema.get_field_index("request_id"), "request_id", _ids_at(req.column("request_id"), c))
-    req = req.set_column(req.schema.get_field_index("features"), "features",
-                         pa.array(list(features), type=pa.list_(pa.float32())))
+    req = req.set_column(
+        req.schema.get_field_index("request_id"), "request_id", _ids_at(req.column("request_id"), c)
+    )
+    req = req.set_column(
+        req.schema.get_field_index("features"),
+        "features",
+        pa.array(list(features), type=pa.list_(pa.float32())),
+    )
     return req.append_column("concurrency", pa.array(np.full(len(req), c, dtype=np.int64)))
 
 
 def _outcomes_at(ts: TraceSet, c: int) -> pa.Table:
     out = ts.outcomes
-    return out.set_column(out.schema.get_field_index("request_id"), "request_id", _ids_at(out.column("request_id"), c))
+    return out.set_column(
+        out.schema.get_field_index("request_id"), "request_id", _ids_at(out.column("request_id"), c)
+    )
 
 
 def _ids_at(column: Any, c: int) -> pa.Array:

@@ -40,13 +40,13 @@ class RequestRecord:
     prompt_tokens: int
     admitted_s: float
     features: Any = None
-    decision: Any = None            # the controller's Decision, once the prefill ended
+    decision: Any = None  # the controller's Decision, once the prefill ended
     decided_s: float = 0.0
-    fallback: str | None = None     # why the request runs at vLLM's own length (None: it does not)
+    fallback: str | None = None  # why the request runs at vLLM's own length (None: it does not)
     rounds: list[Round] = field(default_factory=list)
     attributed_s: float = 0.0
     row_rounds: int = 0
-    view: RowView = None            # type: ignore[assignment]  # what a load rule sees of it
+    view: RowView = None  # type: ignore[assignment]  # what a load rule sees of it
 
     def __post_init__(self) -> None:
         self.view = RowView(self.prompt_tokens)
@@ -62,7 +62,9 @@ class RequestRecord:
         ``share_s`` its share of the step's time, in a pass of ``rows`` requests."""
         block = 1 + drafted
         whole = 1 + proposed if drafted else 0
-        self.rounds.append(Round(block, committed, 0.0, share_s, drafted=whole if whole > block else 0, rows=rows))
+        self.rounds.append(
+            Round(block, committed, 0.0, share_s, drafted=whole if whole > block else 0, rows=rows)
+        )
         self.view.after_round(block, committed, self.view.m + committed)
         self.attributed_s += share_s
         self.row_rounds += rows
@@ -78,8 +80,12 @@ class RequestRecord:
 
     def shared(self, now_s: float) -> SharedRounds:
         """How its decode time was counted (the log keeps it)."""
-        return SharedRounds(attributed_s=self.attributed_s, wall_decode_s=max(now_s - self.decided_s, 0.0),
-                            rounds=len(self.rounds), row_rounds=self.row_rounds)
+        return SharedRounds(
+            attributed_s=self.attributed_s,
+            wall_decode_s=max(now_s - self.decided_s, 0.0),
+            rounds=len(self.rounds),
+            row_rounds=self.row_rounds,
+        )
 
 
 def kept_last_tau(taus: Sequence[int], tokens_out: int) -> int:

@@ -67,13 +67,16 @@ class AdaptiveScheduler(Scheduler):
         with _refusal_logged():
             settings = plugin_settings(vllm_config.additional_config)
             if vllm_config.scheduler_config.async_scheduling:
-                raise AdaptspecError("adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
-                                     "asynchronous scheduling vLLM reserves draft slots before the drafts exist")
+                raise AdaptspecError(
+                    "adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
+                    "asynchronous scheduling vLLM reserves draft slots before the drafts exist"
+                )
         super().__init__(vllm_config, *args, **kwargs)
         spec = vllm_config.speculative_config
         with _refusal_logged():
-            self.adaptspec = AdaptspecPlugin(settings, int(self.num_spec_tokens or 0),
-                                             spec.method if spec is not None else "none")
+            self.adaptspec = AdaptspecPlugin(
+                settings, int(self.num_spec_tokens or 0), spec.method if spec is not None else "none"
+            )
         self._step_started = self._output_done = time.perf_counter()
         #: the worker skips the drafter's pass on the steps marked (adaptspec.vllm.IdleDrafterSkip)
         self.skips_idle_drafter = enabled(vllm_config.parallel_config.worker_extension_cls)
@@ -83,8 +86,9 @@ class AdaptiveScheduler(Scheduler):
         super().add_request(request)
         t0 = time.perf_counter()
         params = request.sampling_params
-        self.adaptspec.admit(request.request_id, request.prompt_token_ids or [],
-                             None if params is None else params.extra_args)
+        self.adaptspec.admit(
+            request.request_id, request.prompt_token_ids or [], None if params is None else params.extra_args
+        )
         self.adaptspec.account(own_s=time.perf_counter() - t0)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -99,11 +103,19 @@ class AdaptiveScheduler(Scheduler):
         try:  # vLLM's drafter proposes, after this step, only as many drafts as its requests will verify
             step = {rid: _still_prefilling(self.requests.get(rid)) for rid in out.num_scheduled_tokens}
             if step:
-                out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule,
-                                                      self.adaptspec.drafts_wanted(step))
-                if self.skips_idle_drafter and out.num_spec_tokens_to_schedule == 0 and \
-                        self.adaptspec.drafter_idle([rid for rid in step if _in_prompt(self.requests.get(rid))]):
-                    setattr(out, MARK, True)  # no draft wanted, no prompt a drafting request needs: no drafter pass
+                out.num_spec_tokens_to_schedule = min(
+                    out.num_spec_tokens_to_schedule, self.adaptspec.drafts_wanted(step)
+                )
+                if (
+                    self.skips_idle_drafter
+                    and out.num_spec_tokens_to_schedule == 0
+                    and self.adaptspec.drafter_idle(
+                        [rid for rid in step if _in_prompt(self.requests.get(rid))]
+                    )
+                ):
+                    setattr(
+                        out, MARK, True
+                    )  # no draft wanted, no prompt a drafting request needs: no drafter pass
         except Exception as e:  # noqa: BLE001 - vLLM's own count this step
             self.adaptspec.fault("drafts", e)
         self.adaptspec.account(own_s=time.perf_counter() - t1)
@@ -130,7 +142,9 @@ class AdaptiveScheduler(Scheduler):
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
         t0 = time.perf_counter()
-        fetch_s = t0 - self._output_done  # vLLM's engine fetching the drafts from its worker, after the step's output
+        fetch_s = (
+            t0 - self._output_done
+        )  # vLLM's engine fetching the drafts from its worker, after the step's output
         try:
             drafts = dict(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids))
             cut = self.adaptspec.cut(drafts, rows=len(self.running), queue=len(self.waiting))
@@ -167,10 +181,17 @@ class AdaptiveScheduler(Scheduler):
         rows, queue = len(self.running), len(self.waiting)
         for rid in out.num_scheduled_tokens:
             request = self.requests.get(rid)
-            if request is None or request.is_prefill_chunk or request.num_output_tokens or request.max_tokens <= 1:
+            if (
+                request is None
+                or request.is_prefill_chunk
+                or request.num_output_tokens
+                or request.max_tokens <= 1
+            ):
                 continue
             params = request.sampling_params
-            self.adaptspec.decide(rid, 1, rows, queue, request.max_tokens, 0.0 if params is None else params.temperature)
+            self.adaptspec.decide(
+                rid, 1, rows, queue, request.max_tokens, 0.0 if params is None else params.temperature
+            )
 
     def _after_step(self, requests: dict[str, Any]) -> None:
         for request in requests.values():
@@ -229,6 +250,8 @@ def _step_rows(scheduler_output: Any, model_runner_output: Any, requests: dict[s
 
 def _summary(stats: dict[str, Any]) -> str:
     share = stats["plugin_share"]
-    return (f"{stats['steps']} steps, block sizes chosen {stats['chosen']}, acceptance "
-            f"{stats['acceptance'] if stats['acceptance'] is None else round(stats['acceptance'], 3)}, "
-            f"counts {stats['counts']}, plug-in time {'n/a' if share is None else f'{100 * share:.2f}%'} of the steps'")
+    return (
+        f"{stats['steps']} steps, block sizes chosen {stats['chosen']}, acceptance "
+        f"{stats['acceptance'] if stats['acceptance'] is None else round(stats['acceptance'], 3)}, "
+        f"counts {stats['counts']}, plug-in time {'n/a' if share is None else f'{100 * share:.2f}%'} of the steps'"
+    )

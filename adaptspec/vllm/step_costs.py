@@ -58,21 +58,31 @@ class StepCosts:
     """Measured seconds of vLLM's steps by load level and block size (see the module docstring);
     a latency profile's ``verify``/``draft``/``context_tokens`` for the load rules."""
 
-    def __init__(self, prior: LatencyProfile, *, max_block_size: int = 64, min_steps: int = 4,
-                 window: int = 64) -> None:
+    def __init__(
+        self, prior: LatencyProfile, *, max_block_size: int = 64, min_steps: int = 4, window: int = 64
+    ) -> None:
         self.prior = prior
         self.name = f"vllm steps measured (prior {prior.name})"
         self.context_tokens = prior.context_tokens
         self.min_steps = int(min_steps)
         self.weight = 1.0 / float(window)
         shape = (len(LEVELS) + 1, int(max_block_size) + 1)
-        self.mean_s = np.zeros(shape)                  # seconds a request of a step, by level and block size
-        self.steps = np.zeros(shape, dtype=np.int64)    # steps seen, by level and block size
+        self.mean_s = np.zeros(shape)  # seconds a request of a step, by level and block size
+        self.steps = np.zeros(shape, dtype=np.int64)  # steps seen, by level and block size
         self._blocks = np.arange(shape[1], dtype=np.float64)
         # the prior's seconds a request at every block size, at each level's largest request count
-        self._prior = np.array([[batch_round_s(prior, [max(b, 1)] * rows, [prior.context_tokens] * rows) / rows
-                                 for b in range(shape[1])] for rows in LEVEL_ROWS])
-        self._table: dict[int, np.ndarray] = {}  # level -> seconds a request at every block size, as answered now
+        self._prior = np.array(
+            [
+                [
+                    batch_round_s(prior, [max(b, 1)] * rows, [prior.context_tokens] * rows) / rows
+                    for b in range(shape[1])
+                ]
+                for rows in LEVEL_ROWS
+            ]
+        )
+        self._table: dict[
+            int, np.ndarray
+        ] = {}  # level -> seconds a request at every block size, as answered now
 
     def observe(self, rows: int, block: int, step_s: float) -> None:
         """A decode step over ``rows`` requests, its widest verified block ``block``, took ``step_s``."""
@@ -94,7 +104,9 @@ class StepCosts:
 
     def _measured(self, i: int) -> np.ndarray:
         """The block sizes measured at level ``i``: seen ``min_steps`` times, the plain step once."""
-        return np.flatnonzero((self.steps[i] >= self.min_steps) | ((self._blocks == 1) & (self.steps[i] >= 1)))
+        return np.flatnonzero(
+            (self.steps[i] >= self.min_steps) | ((self._blocks == 1) & (self.steps[i] >= 1))
+        )
 
     def _answer(self, i: int) -> np.ndarray:
         prior = self._prior[i]
@@ -102,10 +114,12 @@ class StepCosts:
         if seen.size == 0:
             return prior.copy()
         means = self.mean_s[i, seen]
-        out = np.interp(self._blocks, seen, means)  # linear between measured sizes; beyond them, rescaled below
+        out = np.interp(
+            self._blocks, seen, means
+        )  # linear between measured sizes; beyond them, rescaled below
         lo, hi = seen[0], seen[-1]
         out[:lo] = means[0] * prior[:lo] / prior[lo]
-        out[hi + 1:] = means[-1] * prior[hi + 1:] / prior[hi]
+        out[hi + 1 :] = means[-1] * prior[hi + 1 :] / prior[hi]
         return out
 
     # ------------------------------------------------------------------ as a latency profile

@@ -52,13 +52,19 @@ def measured_levels(trace_sets: Sequence[Any]) -> list[Level]:
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise AdaptspecError(f"{where}: meta.json concurrency {c!r} is not an integer >= 1")
         if c in levels:
-            raise AdaptspecError(f"{where}: a second trace set at concurrency {c} ({levels[c][0]} is the first): "
-                                 "give one a concurrency")
+            raise AdaptspecError(
+                f"{where}: a second trace set at concurrency {c} ({levels[c][0]} is the first): "
+                "give one a concurrency"
+            )
         secs = ts.decode_s_matrix()
         if secs is None:
-            raise AdaptspecError(f"{where}: no decode times (collect it with adaptspec collect-vllm or collect), or "
-                                 "give --latency to re-time its acceptance")
-        tokens = np.clip(ts.new_tokens_matrix() - 1, 0, None)  # after the first: the prefill's, in no decode time
+            raise AdaptspecError(
+                f"{where}: no decode times (collect it with adaptspec collect-vllm or collect), or "
+                "give --latency to re-time its acceptance"
+            )
+        tokens = np.clip(
+            ts.new_tokens_matrix() - 1, 0, None
+        )  # after the first: the prefill's, in no decode time
         if np.isnan(tokens).any():
             raise AdaptspecError(f"{where}: new_tokens missing for some requests")
         rate = tokens.sum(axis=0) / secs.sum(axis=0)
@@ -66,7 +72,9 @@ def measured_levels(trace_sets: Sequence[Any]) -> list[Level]:
     return [lvl for _, (_, lvl) in sorted(levels.items())]
 
 
-def modelled_levels(ts: Any, profile: Any, batch_sizes: Sequence[int], max_new_tokens: int | None = None) -> list[Level]:
+def modelled_levels(
+    ts: Any, profile: Any, batch_sizes: Sequence[int], max_new_tokens: int | None = None
+) -> list[Level]:
     """One level per batch size of ``batch_sizes``: ``ts``'s mean tokens a round at each block
     size, timed by ``profile``'s batched round at that many rows, each at the set's mean context
     (prompt plus half the new tokens)."""
@@ -75,13 +83,21 @@ def modelled_levels(ts: Any, profile: Any, batch_sizes: Sequence[int], max_new_t
     rounds, taus = ts.rounds_matrix(), ts.tau_matrix()
     if np.isnan(rounds).any():
         raise AdaptspecError(f"{ts.path or 'the trace set'}: rounds missing for some requests")
-    per_round = (rounds * taus).sum(axis=0) / rounds.sum(axis=0)  # E[tau_B]: tokens over rounds, every request
+    per_round = (rounds * taus).sum(axis=0) / rounds.sum(
+        axis=0
+    )  # E[tau_B]: tokens over rounds, every request
     new = ts.new_tokens_matrix()
-    context = float(np.nanmean(ts.prompt_tokens) + 0.5 * (np.nanmean(new) if max_new_tokens is None else max_new_tokens))
+    context = float(
+        np.nanmean(ts.prompt_tokens) + 0.5 * (np.nanmean(new) if max_new_tokens is None else max_new_tokens)
+    )
     levels = []
     for rows in sorted(set(int(r) for r in batch_sizes)):
-        rate = np.array([rows * tau / batch_round_s(profile, [b] * rows, [context] * rows)
-                         for b, tau in zip(ts.arms, per_round)])
+        rate = np.array(
+            [
+                rows * tau / batch_round_s(profile, [b] * rows, [context] * rows)
+                for b, tau in zip(ts.arms, per_round)
+            ]
+        )
         levels.append(_level(rows, rate, ts.arms))
     return levels
 
@@ -124,7 +140,9 @@ def table_ranges(levels: Sequence[tuple], max_batch: int) -> list[list[int]]:
     if starts[0][0] < 1 or min(b for _, b in starts) < 1:
         raise AdaptspecError(f"levels need batch sizes >= 1 and block sizes >= 1, got {starts}")
     if starts[-1][0] > max_batch:
-        raise AdaptspecError(f"a level starts at batch size {starts[-1][0]}, beyond the largest batch {max_batch}")
+        raise AdaptspecError(
+            f"a level starts at batch size {starts[-1][0]}, beyond the largest batch {max_batch}"
+        )
     ranges: list[list[int]] = []
     for i, (start, b) in enumerate(starts):
         lo = 1 if i == 0 else start
@@ -139,5 +157,7 @@ def table_ranges(levels: Sequence[tuple], max_batch: int) -> list[list[int]]:
 def speculative_entry(ranges: list[list[int]]) -> dict[str, Any]:
     """The ``speculative_config`` keys that give vLLM ``ranges``: its ``num_speculative_tokens``
     (the largest K, at least 1: vLLM needs one) and the table."""
-    return {"num_speculative_tokens": max(1, max(k for _, _, k in ranges)),
-            "num_speculative_tokens_per_batch_size": ranges}
+    return {
+        "num_speculative_tokens": max(1, max(k for _, _, k in ranges)),
+        "num_speculative_tokens_per_batch_size": ranges,
+    }

