@@ -195,8 +195,7 @@ class Prepacked:
             object.__setattr__(layer, "small_rows", self.small_rows)
 
     def _kind(self, layer: nn.Linear) -> type[PrepackedLinear]:
-        """The class ``layer`` runs as inside a block: with its small copy where it holds a current one."""
-        small = getattr(layer, "small", None)
-        return (
-            SmallCopyLinear if small is not None and layer.weight.dtype == torch.float32 else PrepackedLinear
-        )
+        """The class ``layer`` runs as inside a block: with its small copy where the layers hold one
+        (a float32 weight's, made by :meth:`_pack` whenever the weight changes)."""
+        small = self.small_dtype is not None and layer.weight.dtype == torch.float32
+        return SmallCopyLinear if small else PrepackedLinear

@@ -29,6 +29,10 @@ class RequestError(AdaptspecError):
         self.headers = headers  # extra response headers (a 429's Retry-After)
 
 
+#: what a request gets (503) once the server has begun shutting down
+SHUTTING_DOWN = "the server is shutting down"
+
+
 def short(v: Any, n: int = 60) -> str:
     """A value for an error message, cut to ``n`` characters."""
     r = repr(v)

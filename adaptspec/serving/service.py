@@ -29,7 +29,7 @@ from .cancelling import Cancellation
 from .codec import Codec
 from .openai_models import ChatRequest, GenerationOptions, validate
 from .request import CompletionRequest, Output
-from .request_error import RequestError, short as _short
+from .request_error import SHUTTING_DOWN, RequestError, short as _short
 from .responses import finish_reason, unavailable
 from .router import ABRouter
 from .runner import Runner
@@ -65,8 +65,6 @@ _UNSUPPORTED = {
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 #: the largest ``seed`` (torch and numpy generators take 64-bit seeds)
 MAX_SEED = 2**63 - 1
-#: what a request gets once the service has stopped admitting (503)
-SHUTTING_DOWN = "the server is shutting down"
 #: seconds :meth:`CompletionService.close` waits for the decoding thread: to finish the requests it
 #: holds, or, once they were answered by a drain, to leave its round
 CLOSE_WAIT_S, DRAINED_WAIT_S = 120.0, 1.0

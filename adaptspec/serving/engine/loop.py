@@ -87,6 +87,7 @@ from ...errors import AdaptspecError
 from ...reward.attribution import ATTRIBUTIONS, attribute
 from ...reward.load_scale import OneRowScale
 from ...speculator import Outcome
+from ..request_error import SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from ...batching import BatchEngine
@@ -358,7 +359,7 @@ class EngineLoop:
         if self._guard.stalled:
             raise self._stall_error()
         if self._closed:
-            raise EngineFailed("the server is shutting down")
+            raise EngineFailed(SHUTTING_DOWN)
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Outcome:
         """``ticket``'s outcome, waiting at most ``timeout`` (default ``request_timeout_s``) seconds: past
@@ -431,7 +432,7 @@ class EngineLoop:
         if not self._guard.alive:
             self._fail_everything(EngineFailed("the server shut down before this request finished"))
         else:
-            self.drain("the server is shutting down")
+            self.drain(SHUTTING_DOWN)
             if self._guard.stalled:
                 log.error(
                     "the engine thread is stalled (no round for %g s): shutting down without it", self.stall_s
@@ -453,10 +454,7 @@ class EngineLoop:
         with self._lock:
             self._closed = True
             self._drained = error
-        for t in self._take_inbox() + list(
-            self._tickets
-        ):  # as _stalled: the loop's own may be stuck in a round
-            t.complete(error)
+        self._answer_held(error)
         self._wake.set()
 
     def __enter__(self) -> "EngineLoop":
@@ -607,10 +605,12 @@ class EngineLoop:
     def _stalled(self, message: str) -> None:
         """On the watchdog's thread, once the engine is stalled: answer every request in flight or
         queued with a 503. The engine itself is the stuck thread's: not touched here (see _after_stall)."""
-        error = self._stall_error()
-        for t in self._take_inbox() + list(
-            self._tickets
-        ):  # the inbox: submitted, not yet taken by the (stuck) loop
+        self._answer_held(self._stall_error())
+
+    def _answer_held(self, error: EngineFailed) -> None:
+        """Answer every request queued (the inbox: submitted, not yet taken by the loop) or in flight
+        with ``error``, from any thread: the loop's own may be stuck in a round."""
+        for t in self._take_inbox() + list(self._tickets):
             t.complete(error)
 
     def _after_stall(self) -> None:

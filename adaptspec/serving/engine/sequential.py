@@ -48,7 +48,7 @@ from ..._util.guarded import STALL_S, GuardedThread
 from ...control.controller import AdaptiveController
 from ...errors import AdaptspecError
 from ..cancelling import Cancellation
-from ..request_error import RequestError
+from ..request_error import SHUTTING_DOWN, RequestError
 from ..responses import unavailable
 from ..runner import answered, resolve
 from .halting import halt_when
@@ -131,7 +131,7 @@ class SequentialRunner:
         self._guard.join_unless_stalled(timeout)
         if not self._guard.alive:
             return
-        self.drain("the server is shutting down")
+        self.drain(SHUTTING_DOWN)
         if self._guard.stalled:
             log.error(
                 "the speculator's thread is stalled (no progress for %g s): shutting down without it",
@@ -165,7 +165,7 @@ class SequentialRunner:
         :class:`RequestError` it answers with. A stalled, failed or closing runner refuses it now (503)."""
         with self._lock:
             if self._closed or self._drained is not None:
-                raise RequestError("the server is shutting down", 503)
+                raise RequestError(SHUTTING_DOWN, 503)
             if self._guard.gave_up:
                 raise RequestError(
                     "the speculator's thread has stopped after repeated failures (the server's log "
