@@ -535,7 +535,7 @@ def _set_threads(args: argparse.Namespace) -> int:
     engine_threads = args.threads or torch.get_num_threads()
     if args.speculator is None:  # the batched engine decodes
         # this thread at one intra-op thread before any torch work (model loading included): a second
-        # OpenMP team here would make the engine thread's rounds ~1.6x slower (EngineLoop docstring)
+        # OpenMP team here would make the engine thread's rounds slower (EngineLoop docstring)
         torch.set_num_threads(1)
     elif args.threads is not None:
         torch.set_num_threads(args.threads)

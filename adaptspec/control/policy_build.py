@@ -124,9 +124,8 @@ DEFAULT_TREE_NODES = tuple(sorted(TREE_PRIOR_TAU))
 TREE_VERIFY_RATIO = 1.5
 #: The best tree must beat the best chain at the prior's acceptance by this share for the default to
 #: add trees: the bar issue 47 sets for trees (1.10x the best chain's tok/s). The prior is one
-#: drafter's mean, and the tree arms' exploration costs, so a tree that only ties is not added. On
-#: the AVX-512 host of BENCHMARKS.md ("Draft trees") the best fixed tree measured 1.06x the best
-#: chain [1.01, 1.11] and its curve prices it at 1.01x: the default keeps chains there.
+#: drafter's mean, and the tree arms' exploration costs, so a tree that only ties is not added
+#: (what trees measured, and why the default keeps chains there: BENCHMARKS.md, "Draft trees").
 TREE_MARGIN = 0.10
 
 

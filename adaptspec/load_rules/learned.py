@@ -38,8 +38,8 @@ LEVEL_ROWS = (*LEVELS, 2 * LEVELS[-1])
 ROW_NOISE = 0.5
 #: A cold rule's prior: every block size as fast as plain decoding (1.0), weighted as this many
 #: row-rounds: next to nothing, so a block size never tried is still drawn when another one has
-#: shown several times plain's speed (with 1 row-round a toy whose best block is 5.6x plain
-#: settled on B = 4 at 3.75x; tests/test_load_sim.py).
+#: shown several times plain's speed (with 1 row-round a toy whose best block is far ahead of the
+#: others settled on a worse one; tests/test_load_sim.py).
 COLD_WEIGHT = 0.01
 #: A cold rule's prior weight, in row-rounds, that a level's reward is its block size's reward at
 #: every level (the shared term): a level seen little borrows from the levels seen, a level seen
@@ -52,12 +52,10 @@ LEVEL_WEIGHT = 16.0
 #: (``Learned(margin=...)``; 0 when not given): each speculating row's reward is divided by
 #: ``1 + margin`` before it is learnt. A round's reward sees only that round, and speculation has
 #: costs no round shows: requests it lets finish at different steps stop sharing their prefill
-#: steps, a draining batch's last rows each pay a whole step, the drafter's bookkeeping. Measured in
-#: vLLM on this CPU (4 concurrent requests, 64 tokens, BENCHMARKS.md): B = 2's decode steps
-#: committed 1.02x plain's tokens a second while the whole run took 0.93-1.00x plain's time (prefill
-#: steps 19 against 6, 1-row tail steps), and served at 4 clients every fixed K ran below plain; in
-#: adaptspec's own server at 4 clients the default without it ran B = 2, 0.93x plain, with it B = 1,
-#: 0.99x (one run on a loaded host, benchmarks/results/host-served-margin.json).
+#: steps, a draining batch's last rows each pay a whole step, the drafter's bookkeeping: in vLLM on a
+#: CPU at 4 requests B = 2's decode steps beat plain's while the whole run did not (more prefill
+#: steps, 1-row tail steps), and without the margin adaptspec's own server ran B = 2 at 4 clients
+#: below plain (BENCHMARKS.md, "The served default under load" and "The vLLM plug-in").
 SPECULATION_MARGIN = 0.10
 
 
@@ -82,10 +80,10 @@ class Learned:
     = as fast as plain decoding, on one scale at every load. Every row of the round is one
     observation of the round's block size, so a round of 16 rows counts 16 times: at high load
     the posterior narrows as fast as the evidence grows (learning from the round's mean once,
-    with one noise level for every load, explored too much at 8-16 rows: 0.87x batched plain
+    with one noise level for every load, explored too much at 8-16 rows: below batched plain
     decoding end to end). The machine may run uniformly slower or faster than the cost model
-    (a server's HTTP and streaming threads share the cores: its rounds took ~1.6x the engine's
-    alone here), which would put measured rewards on another scale than the prior's and send the
+    (a server's HTTP and streaming threads share the cores: its rounds take longer than the
+    engine's alone), which would put measured rewards on another scale than the prior's and send the
     rule after every arm it has not tried yet. So each level keeps the ratio of measured to
     modelled *plain* round time (over its last :data:`SCALE_ROUNDS` plain rounds; a plain round
     is verified at a level's first round and after ``plain_every`` rounds without one, default
@@ -117,9 +115,9 @@ class Learned:
     (raw rewards, no standardising warm-up). Before its first round it prefers the goodput
     model's block size at every level; measured rounds then outweigh the prior, so a wrong cost
     model is corrected. The weight, 32 row-rounds: in simulation on the measured CPU cost model
-    (``cpu-smollm2-batched``, the 336 benchmark traces, one run each) 8, 32 and 128 gave a worst
-    level of 0.977x, 0.982x and 0.980x the best fixed size and 1.062x, 1.069x, 1.071x over the
-    day, all within noise; against a cost model that thinks long blocks are free
+    (``cpu-smollm2-batched``, the 336 benchmark traces, one run each) 8, 32 and 128 were within
+    noise of each other at every level and over the day; against a cost model that thinks long
+    blocks are free
     (tests/test_load_rules.py) 32 unlearns it within two runs of 32 requests at 16 rows.
 
     **Cold start** (no ``prior``): every block size starts as fast as plain decoding (1.0) at
@@ -133,7 +131,7 @@ class Learned:
     the first rounds of the first requests, and to estimate the noise pooled over the arms: at 2
     rows on the CPU profile the speculating arms' first means were 0.80-0.95 against 1.03-1.09
     over a run, plain's rewards, exactly 1, pulled the noise to 0.048, and the rule played plain
-    or B = 2 for the rest: 0.93-0.96x the best fixed size.)
+    or B = 2 for the rest, below the best fixed size.)
 
     **A margin over plain** (``margin``, 0 by default; :data:`SPECULATION_MARGIN` as
     ``adaptspec serve --load-margin`` and the vLLM plug-in's ``load_margin`` give it by default): every speculating row's reward, played or counterfactual, and a warm
@@ -153,8 +151,8 @@ class Learned:
     rejected a draft, so learning them from those rows alone (as this rule first did) sees only
     the rounds that went badly and drives the estimates of long blocks down (at 2 rows on the CPU
     profile rounds at B = 2 teach B = 3-8 0.62-0.73, below plain, where their own means are
-    0.95-1.09: ``benchmarks/bench_load_rule_diagnosis.py``; cold at one row, four seeds: 0.88x
-    the best fixed size with it, 0.97x without).
+    0.95-1.09: ``benchmarks/bench_load_rule_diagnosis.py``, BENCHMARKS.md, "What was tried and
+    did not pay").
 
     >>> from adaptspec.reward.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")

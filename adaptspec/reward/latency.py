@@ -125,7 +125,8 @@ class CostCurve:
 class RowsCostCurve:
     """A pass's seconds from one :class:`CostCurve` per measured row count, for an engine whose
     passes do not cost one function of the tokens in them (vLLM on a CPU: at 2 requests a step
-    verifying 2 tokens each took less than a plain one, at 4 requests 1.25x; BENCHMARKS.md).
+    verifying 2 tokens each took less than a plain one, at 4 requests more; the step logs
+    ``benchmarks/results/vllm-steps*.json``).
 
     At a measured row count its own curve; between two measured ones, linear in the rows between
     their curves at the same block size; beyond them, the nearest one's curve over the tokens in

@@ -1,13 +1,13 @@
 """A batched request's time on the scale of one row: rewards that do not move with the load.
 
 Under batching a row's attributed share of a round (:mod:`adaptspec.reward.attribution`) falls
-as rows join: at 16 rows a plain round of the bundled pair costs ~1.7x a one-row round, so each
-row's share is ~9x smaller than alone. A request's measured reward (``token_latency``: minus ms
+as rows join: at 16 rows a plain round of the bundled pair costs little more than a one-row
+round, so each row's share is many times smaller than alone. A request's measured reward (``token_latency``: minus ms
 per token over its attributed time) therefore says more about the load it ran under than about
 the block size it chose. A per-request policy that does not see the load then learns whatever
 block sizes happened to run in busy minutes: on the load sweep the controller, after a phase of
 16 clients in which the load rule played plain decoding for everyone, chose plain decoding for
-later requests at one row, where B = 3 is 1.07x faster.
+later requests at one row, where B = 3 is faster.
 
 So the server puts each round's share back on the scale of one row: ``share x rows x t1 /
 t(rows)``, with ``t(rows)`` the cost model's plain round over ``rows`` rows (one target pass at

@@ -56,8 +56,8 @@ ENTRY = "adaptspec"
 #: The cost profile of the plug-in when ``latency`` is unset: vLLM's own steps on a CPU, the median
 #: step at each (requests, block size) measured (``benchmarks/fit_vllm_profile.py``), whose shape (at
 #: 1 request a step verifying 3-6 tokens takes less than a plain one, at 2 a plain step more than one
-#: verifying 2-3 tokens each, at 4 a 2-token step 1.25x a plain one, at 8 every token verified adds
-#: ~3 ms) is vLLM's, not adaptspec's engine's. The load rules' costs start from it before this engine
+#: verifying 2-3 tokens each, at 4 a 2-token step more than a plain one, at 8 every token verified
+#: adds its share) is vLLM's, not adaptspec's engine's. The load rules' costs start from it before this engine
 #: has run a block size (:mod:`adaptspec.vllm.step_costs`), the learned rule's warm prior is priced on
 #: it, and the controllers price each request's shorter block sizes (full information) on it.
 PLUGIN_PROFILE = "vllm-cpu-smollm2"

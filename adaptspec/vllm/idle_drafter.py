@@ -5,10 +5,10 @@ it for no draft (``num_spec_tokens_to_schedule`` 0: vLLM's own per-batch-size ta
 the plug-in with every request of the step at B = 1): EAGLE and DFlash still push the step's
 context through the drafter so that its cache misses no position (``llm_base_proposer.propose``),
 a draft model still runs its forward. Measured on this 2-core CPU with the bundled pair
-(``benchmarks/bench_vllm_steps.py``, BENCHMARKS.md): a step that verifies nothing took about 7%
-longer than a step without speculation (1 and 8 requests), so an engine whose requests all run
-B = 1 is that much slower than vLLM without speculation, whatever the plug-in chooses; with this
-extension such a step took 0.98x a plain one (95% intervals [0.95, 1.01] at 1 request, [0.90, 1.08] at 8). No seam of vLLM 0.32 skips it: the scheduler's output carries one number for the
+(``benchmarks/bench_vllm_steps.py``, ``benchmarks/results/vllm-steps.json``): a step that verifies
+nothing took longer than a step without speculation (1 and 8 requests), so an engine whose requests
+all run B = 1 is that much slower than vLLM without speculation, whatever the plug-in chooses; with
+this extension such a step costs what a plain one does. No seam of vLLM 0.32 skips it: the scheduler's output carries one number for the
 drafter (``num_spec_tokens_to_schedule``), and the model runner runs the drafter whenever the batch
 fits its length limit (``_input_fits_in_drafter``).
 

@@ -20,8 +20,8 @@ latency profile (``verify``, ``draft``, ``context_tokens``): a batch's round at 
 block size not measured at a level yet (fewer than ``min_steps`` steps there; the plain step, B = 1,
 after one: it is what every speculating block size is weighed against, the learned rule forces it
 rarely, and one measured plain step is nearer the truth than the prior's shape: at 4 requests the
-prior priced a 2-token step at 1.14x a plain one where vLLM's took 1.31x, and a rule measuring its
-plain step only every fourth forced one kept B = 2 there for three runs):
+prior priced a 2-token step well below what vLLM's took, and a rule measuring its plain step only
+every fourth forced one kept B = 2 there for three runs):
 
 - between two measured ones, linear between them;
 - beyond the measured ones, the nearest measured one scaled by the prior profile's ratio of the two

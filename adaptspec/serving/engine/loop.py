@@ -52,9 +52,8 @@ request's reward is measured on (without one, the attributed time itself).
 **Threads.** With OpenMP (torch's CPU build), every thread that runs torch work keeps its own
 team of ``torch.get_num_threads()`` threads. Once two teams hold more threads than the machine
 has cores, OpenMP stops spinning between parallel regions and every small matrix product pays to
-wake its team: on 2 cores the engine's rounds then run 1.5-1.9x slower on this thread than the
-same rounds on the main thread (4 rows of the bundled pair: 55 against 33 ms a round at B = 1, 79
-against 43 ms at B = 4). A team, once made, stays. So a server runs torch work on the engine's
+wake its team: on 2 cores the engine's rounds then run markedly slower on this thread than the
+same rounds on the main thread. A team, once made, stays. So a server runs torch work on the engine's
 thread only, and no other thread may have made a team of more than one thread before:
 ``torch.set_num_threads(1)`` first thing in the main thread (model loading then runs on one
 thread), then ``threads`` here, set when the loop thread starts (torch's setting is process-wide,
