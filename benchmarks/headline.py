@@ -14,8 +14,8 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,8 +51,7 @@ def per_level(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}x" for v in values)
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One line of the headline: what, the figure, the host, its result file and section."""
 
     what: str

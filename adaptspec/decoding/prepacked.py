@@ -3,10 +3,8 @@
 On a CPU, a bfloat16 ``nn.Linear`` runs oneDNN's matrix product, which reorders the weight into
 its blocked layout at every call, and a float32 one runs MKL's, which packs it at every call. At
 the row counts of a decoding round (1 to a few dozen positions a pass) that work is a large share
-of the layer's time. Measured on an AMD EPYC host with AVX-512 BF16 (2 threads, the bundled
-target's 30 layers and head, BENCHMARKS.md "Prepacked linear weights"): the linear layers of one
-pass at 8 rows take 16.0 ms on their own bfloat16 weights against 10.2 ms on reordered ones,
-38.0 ms in float32 against 17.7 ms, and at one row 12.8 against 7.3 ms in bfloat16.
+of the layer's time, which a weight reordered once saves (what the engine gains with it:
+BENCHMARKS.md, "Decoding and the bundled pair", adaptspec's own B = 1).
 
 :class:`Prepacked` reorders the weight of every plain ``nn.Linear`` of a model once
 (``torch.ops.mkldnn._reorder_linear_weight``) and, inside :meth:`Prepacked.on`, runs those

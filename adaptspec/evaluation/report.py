@@ -489,7 +489,7 @@ def _in_distribution_note(current: dict[str, Any]) -> list[str]:
         "with it): these figures describe that training distribution, "
         "not prompts nobody here wrote. "
         "The headline on the public benchmark prompts (GSM8K, MT-Bench, HumanEval) is in "
-        "[BENCHMARKS.md](../BENCHMARKS.md#real-prompts).",
+        "[BENCHMARKS.md](../BENCHMARKS.md#decoding-and-the-bundled-pair).",
         "",
     ]
 
