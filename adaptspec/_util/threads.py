@@ -5,10 +5,9 @@ regions libgomp's idle team members spin before they sleep: 300,000 turns of a b
 by default, about 3 ms here. With the cores to itself a process gains from that (the next
 region starts at once); when other work wants the same cores, a team member waiting for a
 descheduled one burns its whole spin at every region, the process loses its share and its
-neighbours theirs: 2-thread decoding on 2 shared cores ran 10-100 times slower than alone
-instead of 2-3 times (BENCHMARKS.md, "Shared cores"). 10,000 turns (about 0.1 ms here) made it
-5-18 times faster there, but cost 3-4% with the cores to itself (8% in the served engine at a load of
-1.3 that was mostly its own earlier work: 24.9 against 27.1 tok/s, one client, two repeats); so
+neighbours theirs: 2-thread decoding on 2 shared cores ran an order of magnitude slower or worse
+(BENCHMARKS.md, "Shared cores"). 10,000 turns (about 0.1 ms here) made it many times faster there,
+but cost a few percent with the cores to itself; so
 the short spin is set only when
 the machine is already busy as the command starts (1-minute load average of at least
 :data:`BUSY_LOAD`). Processes started together on idle cores are not seen this way: for them

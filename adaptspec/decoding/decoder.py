@@ -133,7 +133,7 @@ class SpeculativeDecoder:
         return self.target.verification
 
     # ------------------------------------------------------------------ protocol
-    # inference mode, not just no_grad: a plain one-token step is ~3% faster without autograd's
+    # inference mode, not just no_grad: a plain one-token step is faster without autograd's
     # version counters, and that is the speed a B = 1 request must match
     @torch.inference_mode()
     def prefill(

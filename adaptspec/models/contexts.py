@@ -2,9 +2,9 @@
 
 A distillation corpus (:mod:`adaptspec.models.corpus`) keeps only token ids. The drafter
 trains on the target's hidden states at its context layers along each sequence; one
-teacher-forced pass over prompt + answer gives them all at once (~560 tokens/s on one thread
-of this CPU, against ~150 for generating them, so recomputing costs about a quarter of what
-generating did, and nothing in the repository). The states go to a work directory outside the repository, one file per
+teacher-forced pass over prompt + answer gives them all at once (several times faster than
+generating them, so recomputing costs a fraction of what generating did, and nothing in the
+repository). The states go to a work directory outside the repository, one file per
 corpus shard, in the layout :class:`~adaptspec.models.train_drafter.ShardData` reads:
 ``shards/shard-XXXXX.npz`` (tokens, lengths, prompt lengths, domains) and
 ``shards/shard-XXXXX.hidden.npy`` (float16 ``[sum(lengths), k * H]``, memory-mapped at

@@ -14,7 +14,7 @@ kernels are compiled in memory instead.
 The buffer layout is ``RidgeArms._buf``: ``A^-1`` of every arm stacked as ``K * D`` rows,
 then the ``K`` rows of ``theta``; each row starts on a 64-byte cache line and is padded to a
 multiple of 8 doubles (:func:`cache_aligned_rows`). The kernels read the first ``D`` values of a
-row. Aligned rows make the decision ~15% faster with AVX-512: no load straddles two lines.
+row. Aligned rows make the decision faster with AVX-512: no load straddles two lines.
 """
 
 from __future__ import annotations
