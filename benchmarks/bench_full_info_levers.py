@@ -236,8 +236,8 @@ def trace_set_part(st: Settings) -> dict[str, Any]:
 
 def cold_part(orders: int) -> dict[str, Any]:
     """Section 9's cold setting for the ``c`` sweep."""
+    from adaptspec.costs.latency import get_profile
     from adaptspec.evaluation.full_info import ARMS, CPU_PROFILE
-    from adaptspec.reward.latency import get_profile
     from adaptspec.traces.dense import DenseTraceSet, to_traceset
 
     traces = load_traces(None)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from adaptspec.costs.latency import get_profile
 from adaptspec.load_rules import Fixed
 from adaptspec.reward.attribution import batch_round_s
-from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseTraceSet
 

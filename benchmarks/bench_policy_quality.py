@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from adaptspec.costs.latency import get_profile
 from adaptspec.policies import (
     EXP3,
     UCB,
@@ -48,7 +49,6 @@ from adaptspec.policies import (
 )
 from adaptspec.policies.river_adapter import river_policy
 from adaptspec.reward.functions import modelled_throughput, trace_context
-from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.replay import run_policy
 from adaptspec.simulators.synthetic import generate
 

@@ -187,9 +187,9 @@ def time_full(pol, X: np.ndarray | None, R: np.ndarray, warm: int) -> np.ndarray
 
 
 def full_information(X: np.ndarray, R: np.ndarray, warm: int) -> list[dict]:
+    from adaptspec.costs.latency import get_profile
     from adaptspec.policies import FullInfoLinUCB, FullInfoUCB
     from adaptspec.reward.counterfactual import counterfactuals
-    from adaptspec.reward.latency import get_profile
 
     rng = np.random.default_rng(5)
     R16 = rng.normal(-35.0, 5.0, size=(len(R), 16))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptspec.reward.latency import get_profile
+from adaptspec.costs.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 from adaptspec.simulators.rounds import evaluate_rounds
 from adaptspec.traces.dense import DenseTraceSet, replay_rounds

@@ -183,8 +183,8 @@ def main() -> None:
     t0 = time.perf_counter()
     load0 = os.getloadavg()
     spec = load_speculator()
+    from adaptspec.costs.latency import LatencyProfile
     from adaptspec.host import for_models
-    from adaptspec.reward.latency import LatencyProfile
 
     host = for_models(None, None, "fast", args.threads, "bfloat16")
     profile = LatencyProfile.load(host.profile_path)

@@ -22,7 +22,7 @@ measured often (``MIN_STEPS`` decode steps, no prompt token in them), from the s
 takes the median seconds of the steps at each block size (the steps whose tokens are that many a
 request, ``MIN_BLOCK_STEPS`` of them or more) as a table of measured medians
 (``CostCurve(monotone=False)``, linear between block sizes, past the last one the slope of the
-last two), and the profile reads them as a :class:`~adaptspec.reward.latency.RowsCostCurve`
+last two), and the profile reads them as a :class:`~adaptspec.costs.latency.RowsCostCurve`
 (linear in the requests between two measured counts). A step there drafted a random number of
 tokens, so each step's seconds are first moved to what the step would have cost drafting as many
 queries as it verified (the plug-in's steady state: a row verifying B tokens next drafts B - 1 and
@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adaptspec.reward.latency import CostCurve, LatencyProfile, RowsCostCurve  # noqa: E402
+from adaptspec.costs.latency import CostCurve, LatencyProfile, RowsCostCurve  # noqa: E402
 
 NAME = "vllm-cpu-smollm2"
 

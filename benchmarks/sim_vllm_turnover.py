@@ -26,7 +26,7 @@ import collections
 import random
 import tempfile
 
-from adaptspec.reward.latency import get_profile
+from adaptspec.costs.latency import get_profile
 from adaptspec.vllm.config import plugin_settings
 from adaptspec.vllm.plugin import AdaptspecPlugin
 

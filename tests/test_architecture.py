@@ -21,7 +21,8 @@ PKG = Path(adaptspec.__file__).parent
 LAYERS = [
     {"errors"},
     {"speculator", "_util"},
-    {"reward", "schedules"},
+    {"costs", "schedules"},  # what a round or a pass costs (the one cost package); per-round schedules
+    {"reward"},
     {"traces"},
     {"decoding"},
     {"models", "batching"},

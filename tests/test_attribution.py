@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.attribution import attribute, batch_round_s, batch_rounds_s, by_serial_cost, by_tokens
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 
 #: A pass costs a + k * (positions in the pass): a = 38 ms, k = 2 ms; no draft cost.
 A, K = 0.038, 0.002

@@ -353,7 +353,7 @@ def _make_world(root: Path) -> None:
     (root / "notes" / "notes.txt").write_text("a user's notes: nothing may delete them\n")
     (root / "notes" / "plot.png").write_text("not a PNG, but named like one\n")
     (root / "afile").write_text("a regular file\n")
-    from adaptspec.reward.latency import get_profile
+    from adaptspec.costs.latency import get_profile
 
     profile = get_profile("cpu-smollm2-bf16").to_dict()
     for curve in ("draft", "verify"):

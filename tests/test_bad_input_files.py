@@ -139,7 +139,7 @@ def read_dense(p: Path):
 
 
 def derive_dense(p: Path):
-    from adaptspec.reward.latency import get_profile
+    from adaptspec.costs.latency import get_profile
     from adaptspec.traces.dense import DenseTraceSet, to_traceset
 
     return to_traceset(DenseTraceSet.open(p), [1, 2, 4], get_profile("cpu-smollm2-bf16"))
@@ -297,7 +297,7 @@ def make_traceset_per_round(root: Path) -> Path:
 
 
 def make_latency(root: Path) -> Path:
-    from adaptspec.reward.latency import get_profile
+    from adaptspec.costs.latency import get_profile
 
     (root / "lat").mkdir()
     get_profile("cpu-smollm2-bf16").save(root / "lat" / "profile.json")
@@ -305,7 +305,7 @@ def make_latency(root: Path) -> Path:
 
 
 def read_latency(p: Path):
-    from adaptspec.reward.latency import LatencyProfile
+    from adaptspec.costs.latency import LatencyProfile
 
     return LatencyProfile.load(p / "profile.json")
 

@@ -581,7 +581,7 @@ def test_profile_latency_refusals_are_one_line(errmod, capsys, factory, message)
 
 
 def test_profile_latency_times_a_speculator_whose_rounds_carry_no_times_from_its_decode_times(errmod, capsys):
-    from adaptspec.reward.latency import LatencyProfile
+    from adaptspec.costs.latency import LatencyProfile
 
     assert (
         main(
@@ -610,7 +610,7 @@ def test_profile_latency_fits_rounds_whose_time_is_all_context(errmod, capsys):
     # what a busy host measured for make16's two prompts, made exact: verify = 10 us per context token past
     # the 10th, nothing fixed; the least-squares fit's constant is then exactly 0 (it was refused:
     # "verify times must be > 0 s (a target pass takes time), got values_s [0.0, 0.0, ...]")
-    from adaptspec.reward.latency import LatencyProfile
+    from adaptspec.costs.latency import LatencyProfile
 
     assert (
         main(

@@ -22,9 +22,9 @@ import pytest
 
 from adaptspec import AdaptiveController
 from adaptspec.control.policy_checkpoint import state_digest
+from adaptspec.costs.latency import get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import make_policy
-from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import as_schedule
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import DecisionLog

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.counterfactual import counterfactuals, from_outcome
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces.dense import DenseRequest, replay_rounds
 

@@ -10,8 +10,8 @@ import pytest
 from _bundled import bundled_exact as load_bundled_exact
 from _threads import torch_threads
 from adaptspec.collect.dense import collect_dense, dense_request
+from adaptspec.costs.latency import get_profile
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import get_profile
 from adaptspec.schedules import AcceptanceHistory, ConfidenceThreshold
 from adaptspec.traces.dense import DenseTraceSet, replay, replay_rounds, to_traceset
 from decoding_helpers import make_decoder, tiny_target

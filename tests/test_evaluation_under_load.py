@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from adaptspec.costs.latency import get_profile
 from adaptspec.evaluation import Outputs, Request, Settings, run_evaluation, under_load as L
 from adaptspec.load_rules import Fixed, Table
-from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseRequest, DenseTraceSet
 

@@ -173,7 +173,7 @@ def refused_in_one_line(fn, fifo: Path, timeout: float = 10.0) -> str:
 
 
 def _latency_profile(tmp_path: Path) -> Path:
-    from adaptspec.reward.latency import get_profile
+    from adaptspec.costs.latency import get_profile
 
     p = tmp_path / "profile.json"
     get_profile("cpu-smollm2-bf16").save(p)
@@ -206,7 +206,7 @@ def _swap_in_fifo(f: Path) -> Path:
 
 
 def test_a_latency_profile_that_is_a_fifo(tmp_path):
-    from adaptspec.reward.latency import LatencyProfile, get_profile
+    from adaptspec.costs.latency import LatencyProfile, get_profile
 
     fifo = _swap_in_fifo(_latency_profile(tmp_path))
     assert "latency profile" in refused(lambda: LatencyProfile.load(fifo), fifo)

@@ -142,8 +142,8 @@ def test_specs_and_replay_with_feedback() -> None:
 def test_learned_load_rule_counterfactual_rewards_closed_form() -> None:
     """A round at B = 4 over two rows (one capped at 2 by its own request): every other block
     size's rewards, from min(tau, B') over the cost model's round time at B' (hand-computed)."""
+    from adaptspec.costs.latency import CostCurve, LatencyProfile
     from adaptspec.load_rules import Learned
-    from adaptspec.reward.latency import CostCurve, LatencyProfile
 
     # verify: 0.040 s flat up to 2 rows x 1 token, then 0.002 s per token; no draft cost
     prof = LatencyProfile(
@@ -166,8 +166,8 @@ def test_learned_load_rule_with_full_information_learns_every_shorter_size_its_r
     ridge posterior mean (level term prior 0, weight LEVEL_WEIGHT; shared term prior 1, weight
     COLD_WEIGHT) of the rewards computed here by hand: the played size's own, and min(tau, B') over
     the cost model's round time at B' for every shorter size; no longer size learns."""
+    from adaptspec.costs.latency import CostCurve, LatencyProfile
     from adaptspec.load_rules import COLD_WEIGHT, LEVEL_WEIGHT, Learned
-    from adaptspec.reward.latency import CostCurve, LatencyProfile
     from adaptspec.simulators.load_sim import Load
 
     prof = LatencyProfile(

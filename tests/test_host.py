@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, fit_round_totals, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.host.choice import choose
 from adaptspec.host.costs import HostCosts, host_costs, read_record, write_record
@@ -16,7 +17,6 @@ from adaptspec.host.identity import host_key, key_digest
 from adaptspec.host.pricing import best_block_size, cheaper_dtype, cost_ratios, expected_speeds, reprice_head
 from adaptspec.models.bundled import BUNDLED_HEAD
 from adaptspec.policies.offline_head import HeadModel
-from adaptspec.reward.latency import CostCurve, LatencyProfile, fit_round_totals, get_profile
 
 ARMS = (1, 2, 3, 4, 6, 8)
 

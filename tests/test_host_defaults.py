@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from adaptspec import AdaptiveController
+from adaptspec.costs.latency import fit_round_totals
 from adaptspec.host import for_models, for_speculator, models_key
 from adaptspec.host.costs import HostCosts, write_record
 from adaptspec.host.identity import host_key
 from adaptspec.models.bundled import BUNDLED_HEAD, loaded_from
-from adaptspec.reward.latency import fit_round_totals
 from adaptspec.traces import DEFAULT_TRACES, load_traces
 
 ROOT = Path(__file__).resolve().parents[1]

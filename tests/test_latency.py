@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import adaptspec
-from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import (
+from adaptspec.costs.latency import (
     PROFILES,
     CostCurve,
     LatencyProfile,
@@ -20,6 +19,7 @@ from adaptspec.reward.latency import (
     fit_profile,
     get_profile,
 )
+from adaptspec.errors import AdaptspecError
 from adaptspec.speculator import Round
 
 
@@ -261,7 +261,7 @@ def test_whole_round_fit_recovers_a_batched_cost_it_can_represent(
 ):
     # rounds generated from a known model: target pass a + k * tokens + e * context * rows, and for
     # speculating rounds a draft pass d + r * rows; the joint fit must reproduce every total
-    from adaptspec.reward.latency import fit_round_totals
+    from adaptspec.costs.latency import fit_round_totals
 
     rounds = [
         dict(

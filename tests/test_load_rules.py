@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.load_rules import LEVEL_ROWS, LEVELS, Goodput, Learned
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.simulators.load_sim import draft_acceptance, misjudged, simulate
 from adaptspec.traces.dense import DenseRequest
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from adaptspec.batching import BatchEngine
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.reward.load_scale import OneRowScale
 from adaptspec.serving.engine.loop import EngineLoop
 from adaptspec.serving.tiny import tiny_speculator

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile
 from adaptspec.errors import AdaptspecError
 from adaptspec.load_rules import Fixed, Goodput, Learned, Table, expected_tau
-from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.simulators.load_sim import simulate
 from adaptspec.traces.dense import DenseRequest
 

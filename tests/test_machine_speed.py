@@ -1,4 +1,4 @@
-"""The controller's machine-speed calibration (adaptspec.reward.machine_speed).
+"""The controller's machine-speed calibration (adaptspec.costs.machine_speed).
 
 The requests are the bundled trace set's (features and outcomes of the public benchmark prompts,
 timed by the ``cpu-smollm2-fast`` profile the bundled head was trained with), replayed through a
@@ -16,9 +16,9 @@ from hypothesis import given, settings, strategies as st
 
 from adaptspec import AdaptiveController
 from adaptspec.control.policy_checkpoint import latest_checkpoint
+from adaptspec.costs.latency import CostCurve, LatencyProfile
+from adaptspec.costs.machine_speed import MachineSpeed
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile
-from adaptspec.reward.machine_speed import MachineSpeed
 from adaptspec.speculator import Outcome, Prefill, Round
 from adaptspec.traces import load_traces
 from adaptspec.traces.log_writer import log_rows

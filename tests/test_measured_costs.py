@@ -1,4 +1,4 @@
-"""Costs measured from the rounds (reward/measured_costs.py): the curves against the closed form of
+"""Costs measured from the rounds (costs/measured.py): the curves against the closed form of
 the times the rounds carried, and the counterfactual prices of a decoder whose costs are not the
 CPU profile's against what each block size really earns on it (a second run at that size)."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from adaptspec import AdaptiveController
 from adaptspec.control.full_feedback import CounterfactualPricer, pricing_profile
-from adaptspec.reward.latency import get_profile
-from adaptspec.reward.measured_costs import MeasuredCosts
+from adaptspec.costs.latency import get_profile
+from adaptspec.costs.measured import MeasuredCosts
 from adaptspec.speculator import Decision, Outcome, Prefill, Round
 
 PRIOR = get_profile("cpu-smollm2-fast")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from adaptspec.reward.latency import fit_profile
+from adaptspec.costs.latency import fit_profile
 
 BLOCKS = (1, 2, 4, 8, 16)
 

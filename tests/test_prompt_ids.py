@@ -115,7 +115,7 @@ def test_collect_a_target_without_a_tokenizer_from_a_file_of_token_ids(tmp_path,
 
 @pytest.mark.slow
 def test_profile_latency_a_target_without_a_tokenizer_from_a_file_of_token_ids(tmp_path, capsys):
-    from adaptspec.reward.latency import LatencyProfile
+    from adaptspec.costs.latency import LatencyProfile
 
     ids = _ids_file(tmp_path)
     out = tmp_path / "p.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.functions import (
     REWARDS,
@@ -16,7 +17,6 @@ from adaptspec.reward.functions import (
     trace_costs,
     trace_rewards,
 )
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.simulators.synthetic import generate
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces import TraceSet

@@ -1,4 +1,4 @@
-"""The rows' share of a target pass that also ran joining prompts' chunks (batching/rows_pass_cost.py).
+"""The rows' share of a target pass that also ran joining prompts' chunks (costs/rows_pass.py).
 
 Expected values: an exponential average and a linear interpolation written out here, and in the
 engine the same average recomputed from its own rows-only rounds (their ``verify_s``).
@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thread per module)
 from adaptspec.batching import BatchEngine
-from adaptspec.batching.rows_pass_cost import RowsPassCost
+from adaptspec.costs.rows_pass import RowsPassCost
 from adaptspec.decoding import BlockDiffusionDrafter, TargetModel
 from decoding_helpers import tiny_target
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.schedules import (
     AcceptanceHistory,
     ConfidenceThreshold,

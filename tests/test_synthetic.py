@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptspec.costs.latency import get_profile
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import get_profile
 from adaptspec.simulators.synthetic import SCENARIOS, expected_tau, generate
 from adaptspec.traces import TraceSet
 

@@ -246,7 +246,7 @@ def test_cost_aware_budget_does_not_stop_at_a_local_maximum_of_a_measured_curve(
 
 
 def test_cost_aware_budget_priced_by_a_profile_pays_the_draft_every_round():
-    from adaptspec.reward.latency import CostCurve, LatencyProfile
+    from adaptspec.costs.latency import CostCurve, LatencyProfile
 
     profile = LatencyProfile(
         "t", draft=CostCurve((2, 16), (0.004, 0.006)), verify=CostCurve((1, 65), (0.05, 0.114))

@@ -23,10 +23,10 @@ from adaptspec.control.policy_build import (
     default_on_host,
     tree_default,
 )
+from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.counterfactual import from_outcome
-from adaptspec.reward.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.speculator import (
     TREE_ARM_DEPTH,
     Outcome,

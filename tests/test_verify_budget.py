@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _batching_helpers import KnowingDrafter, one_thread  # noqa: F401  (one torch thread per module)
 from adaptspec.batching import BatchEngine, accept
+from adaptspec.costs.latency import get_profile
 from adaptspec.decoding import BlockDiffusionDrafter, SpeculativeDecoder, TargetModel
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.counterfactual import from_outcome
-from adaptspec.reward.latency import get_profile
 from decoding_helpers import tiny_target
 
 VOCAB = 96

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptspec.reward.latency import get_profile
+from adaptspec.costs.latency import get_profile
 from adaptspec.vllm.config import PLUGIN_PROFILE
 
 ROOT = Path(__file__).resolve().parent.parent

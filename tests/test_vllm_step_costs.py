@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from adaptspec.costs.latency import CostCurve, LatencyProfile
 from adaptspec.load_rules import Goodput
-from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.vllm.step_costs import StepCosts
 
 PRIOR = LatencyProfile(
@@ -152,8 +152,8 @@ def _learned_rule_in_a_linear_world(
     by StepCosts) at 4 requests, in a world whose step costs 36 ms + ``per_token_s`` a verified
     token (vLLM's steps on this CPU: ~3 ms at 8 requests, BENCHMARKS.md) and whose drafts are each
     accepted with ``acceptance``. Its preference at the end, and the block sizes it ran in the last half."""
+    from adaptspec.costs.latency import get_profile
     from adaptspec.load_rules import Learned
-    from adaptspec.reward.latency import get_profile
     from adaptspec.serving.engine.round_rule import RowView
     from adaptspec.simulators.load_sim import Load
 

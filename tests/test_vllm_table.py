@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from adaptspec.cli import main
+from adaptspec.costs.latency import CostCurve, LatencyProfile
 from adaptspec.errors import AdaptspecError
-from adaptspec.reward.latency import CostCurve, LatencyProfile
 from adaptspec.traces import TraceSet
 from adaptspec.vllm.table import (
     measured_levels,

@@ -11,7 +11,7 @@ Two ways to measure it:
 ``context`` tokens prefilled once and copied into every row's KV slot. Nothing is
 committed, so every pass sees the same context.
 The result is a list of round records (``block_size``, ``batch_size``, ``context_tokens``,
-``draft_s``, ``verify_s``) that :func:`adaptspec.reward.latency.fit_profile` fits.
+``draft_s``, ``verify_s``) that :func:`adaptspec.costs.latency.fit_profile` fits.
 Each figure is the fastest of ``repeats`` passes (after one warm-up pass): on a shared
 machine the slower ones include waits for a core.
 
@@ -121,7 +121,7 @@ def measure_rounds(
     """Measured rounds of the engine at every (rows, block size): ``rows`` requests from
     ``prompts`` (in turn) decode together at one block size; after ``warmup`` rounds, ``rounds``
     rounds are kept. Each kept round is a record for
-    :func:`~adaptspec.reward.latency.fit_profile`: ``draft_s`` the drafter phase, ``verify_s``
+    :func:`~adaptspec.costs.latency.fit_profile`: ``draft_s`` the drafter phase, ``verify_s``
     the rest of the round less its prefills (the target pass, acceptance, commit), at the rows'
     mean context (at B = 1 all of it: there is no drafter pass). Requests are long enough not to
     finish during the measurement, and end-of-sequence tokens are ignored while it runs.
@@ -253,7 +253,7 @@ def fit_errors(profile, rounds: list[dict], totals: bool = False) -> dict[str, f
     measured ``rounds`` (how well the latency model's batch axis fits the surface); ``totals``:
     of its whole-round predictions (``round_median``, ``round_max``).
 
-    >>> from adaptspec.reward.latency import fit_profile
+    >>> from adaptspec.costs.latency import fit_profile
     >>> rs = [dict(block_size=b, batch_size=m, context_tokens=c, draft_s=0.001 * b * m, verify_s=0.02 + 0.001 * b * m)
     ...       for b in (1, 2, 4) for m in (1, 2) for c in (8, 16)]
     >>> {k: round(v, 3) for k, v in fit_errors(fit_profile(rs), rs).items()}

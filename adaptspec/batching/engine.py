@@ -68,6 +68,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ..costs.rows_pass import RowsPassCost
 from ..decoding.decoder import as_tree_budget, check_block_size, check_draft_length, first_token
 from ..decoding.drafter import BlockDiffusionDrafter
 from ..decoding.features import prefill_features
@@ -87,7 +88,6 @@ from .fills import Fills
 from .packed_pass import Chunk, PackedOutput, Packer
 from .records import RoundRecord
 from .rows import Filling, RequestHandle, Row
-from .rows_pass_cost import RowsPassCost
 from .target_pass import new_store, prefill_layers, verify_rows
 
 #: prompt tokens one target pass carries while rows decode (``BatchEngine(chunk_tokens=)``)
@@ -154,7 +154,7 @@ class BatchEngine:
         self.chunk_tokens = chunk_tokens
         #: the packed passes (rows and prompt chunks together), None when prompts are prefilled alone
         self.packer = None if chunk_tokens is None else Packer(target)
-        #: the rows' share of a pass that also ran prompt chunks (:mod:`~adaptspec.batching.rows_pass_cost`)
+        #: the rows' share of a pass that also ran prompt chunks (:mod:`~adaptspec.costs.rows_pass`)
         self.rows_pass_cost = RowsPassCost()
         self.capacity = capacity
         self.store = new_store(target, max_rows, capacity, self.max_context + self.max_width)

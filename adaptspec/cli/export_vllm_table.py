@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise AdaptspecError("--latency re-times one trace set: give one TRACES")
     sets = [load_traces(t) for t in args.traces]
     if args.latency is not None:
-        from ..reward.latency import get_profile
+        from ..costs.latency import get_profile
 
         levels = modelled_levels(
             sets[0], get_profile(args.latency), [b for b in args.batch_sizes if b <= args.max_batch]

@@ -2,7 +2,7 @@
 
 Runs the real decoder on a few held-out prompts at several block sizes, records every
 round's draft and verify seconds with its context length, fits the monotone latency model
-of :mod:`adaptspec.reward.latency` and writes it as JSON (usable anywhere a profile name is:
+of :mod:`adaptspec.costs.latency` and writes it as JSON (usable anywhere a profile name is:
 ``adaptspec simulate --latency FILE``). ``--speculator MODULE:FACTORY`` times your own
 speculator instead (:mod:`adaptspec.cli.user_speculator`; its codec encodes the prompts).
 
@@ -403,7 +403,7 @@ def _fitted_profile(args: argparse.Namespace, rounds: list[dict], whole: bool, w
     """The latency profile fitted to the rounds, its source saying what was timed on what machine."""
     import torch
 
-    from ..reward.latency import fit_profile
+    from ..costs.latency import fit_profile
 
     machine = f"{platform.machine()}, {where}, {torch.get_num_threads()} threads"
     source = f"adaptspec profile-latency: {len(rounds)} rounds on {machine}"
@@ -412,7 +412,7 @@ def _fitted_profile(args: argparse.Namespace, rounds: list[dict], whole: bool, w
             " (timed from whole-request decode_s: its rounds carry no times; round time on the verify curve)"
         )
     if args.batch_engine and args.batch_only:
-        from ..reward.latency import fit_round_totals
+        from ..costs.latency import fit_round_totals
 
         return fit_round_totals(rounds, args.name, source=source + " (whole engine rounds)")
     return fit_profile(rounds, args.name, source=source)

@@ -278,7 +278,7 @@ def _policies(args: argparse.Namespace, traces) -> tuple[list, Any]:
 def _priced_feedback(args: argparse.Namespace, traces, reward: str) -> Any:
     """The counterfactual feedback of ``--feedback auto``, priced once for the replay and every
     policy's log; ``bandit`` where the traces keep no rounds to price."""
-    from ..reward.latency import get_profile
+    from ..costs.latency import get_profile
     from ..simulators.counterfactuals import replay_feedback
     from ..simulators.replay import finite_rewards
 

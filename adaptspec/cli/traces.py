@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "derive":
         from .._util.outputs import check_output
+        from ..costs.latency import get_profile
         from ..errors import AdaptspecError
-        from ..reward.latency import get_profile
         from ..traces.dense import DenseTraceSet, to_traceset
 
         check_output(args.out, "traceset", args.force, reads=[args.path])  # never the dense set itself

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..costs.machine_speed import MEASURED_REWARDS
 from ..errors import AdaptspecError
 from ..reward.functions import REWARDS, trace_reward_name
-from ..reward.machine_speed import MEASURED_REWARDS
 from ._types import float_range, int_range, seed
 
 

@@ -196,7 +196,7 @@ class AdaptiveController:
         ``f(outcome) -> float``.
     speed_reference
         A latency profile the measured rewards are calibrated to before the policy learns from
-        them (:class:`~adaptspec.reward.machine_speed.MachineSpeed`: a uniform machine slowdown cancels,
+        them (:class:`~adaptspec.costs.machine_speed.MachineSpeed`: a uniform machine slowdown cancels,
         what differs between arms on this machine stays). ``"auto"`` (default): the profile the
         policy's head was trained with, if it records one (the bundled head does); None: learn
         from the measured rewards as they are. The log keeps the measured reward and the

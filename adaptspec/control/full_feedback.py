@@ -16,7 +16,7 @@ as before. Resume replays the logged vectors, so it learns the same.
 
 Which profile prices the rounds (:func:`pricing_profile`): the controller's ``latency`` when given,
 else its machine-speed reference, else the costs measured from the rounds themselves
-(:class:`~adaptspec.reward.measured_costs.MeasuredCosts`: each round's ``draft_s`` and ``verify_s``,
+(:class:`~adaptspec.costs.measured.MeasuredCosts`: each round's ``draft_s`` and ``verify_s``,
 rounds timed alone only). Until two block sizes have been timed, a request timed alone gets no
 counterfactual rewards (it is learnt as a bandit learns it: pricing other sizes from one size's
 rounds would carry another machine's costs into the learner for good), and a request of a batching
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..reward.latency import LatencyProfile, get_profile
-from ..reward.measured_costs import MeasuredCosts
+from ..costs.latency import LatencyProfile, get_profile
+from ..costs.measured import MeasuredCosts
 from ..reward.pricing import DEFAULT_PROFILE, CounterfactualPricer, FullFeedback
 
 __all__ = ["DEFAULT_PROFILE", "CounterfactualPricer", "FullFeedback", "pricing_profile"]

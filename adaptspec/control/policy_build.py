@@ -324,15 +324,15 @@ def resolve_featurizer(featurizer: Any, policy_spec: str | None) -> Featurizer |
 
 
 def resolve_machine_speed(speed_reference: Any, learner: Any, reward: Any) -> Any:
-    """The controller's :class:`~adaptspec.reward.machine_speed.MachineSpeed`, or None (no calibration).
+    """The controller's :class:`~adaptspec.costs.machine_speed.MachineSpeed`, or None (no calibration).
 
     ``"auto"``: the latency profile the policy's head was trained on (the ``info["timings"]`` of
     its ``head``, which the head-based policies, NeuralLinear, OfflineHead and SquareCB, carry),
     when the reward is measured on this machine; ``None``: none; a profile (name, path or
     object): that one.
     """
+    from ..costs.machine_speed import MEASURED_REWARDS, MachineSpeed
     from ..policies.offline_head import HeadModel
-    from ..reward.machine_speed import MEASURED_REWARDS, MachineSpeed
 
     if speed_reference is None:
         return None

@@ -14,7 +14,7 @@ per-round budget: with ``m`` nodes the expected tokens a round commits are ``1 +
 the sum of the first ``m`` path masses (a node is accepted exactly when its whole path is, and
 the masses are the drafter's estimate of that chance), and the round costs ``cost(m)``, a
 draft pass and a target pass of ``m + 1`` positions on the host's measured curve (a
-:class:`~adaptspec.reward.latency.LatencyProfile`, :mod:`adaptspec.host`); it verifies the ``m``
+:class:`~adaptspec.costs.latency.LatencyProfile`, :mod:`adaptspec.host`); it verifies the ``m``
 that maximises ``(1 + M(m)) / cost(m)``. The masses fall in best-first order, so ``1 + M`` is
 concave; under a convex cost the ratio is then unimodal in ``m`` and CaDDTree's stop (grow while
 the ratio still rises) finds the same ``m`` (arXiv 2606.01813). A measured curve is piecewise
@@ -110,7 +110,7 @@ class CostAwareTree(TreeBudget):
     def from_profile(
         cls, profile: Any, max_nodes: int = 64, top_k: int = 0, depth: int | None = None
     ) -> "CostAwareTree":
-        """Priced by ``profile`` (a :class:`~adaptspec.reward.latency.LatencyProfile`, at its
+        """Priced by ``profile`` (a :class:`~adaptspec.costs.latency.LatencyProfile`, at its
         context): a drafter pass of ``depth + 1`` positions and a target pass of ``m + 1`` (the
         draft is paid every round, whatever the tree)."""
         draft = float(profile.draft_s((depth or DEFAULT_DEPTH) + 1))

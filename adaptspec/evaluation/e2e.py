@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..costs.machine_speed import MEASURED_REWARDS
 from ..errors import AdaptspecError
 from ..reward.functions import DEFAULT_REWARD
-from ..reward.machine_speed import MEASURED_REWARDS
 from .core import ProgressBar, Settings, make_contexts, provenance, split_requests
 from .replay_sections import default_reward
 

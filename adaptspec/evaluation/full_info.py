@@ -62,7 +62,7 @@ ORDERS = 20
 
 
 def section_full_info(traces: Any, st: Settings) -> dict[str, Any]:
-    from ..reward.latency import get_profile
+    from ..costs.latency import get_profile
     from ..simulators.counterfactuals import trace_feedback
     from ..traces.dense import DenseTraceSet, to_traceset
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ..costs.latency import get_profile
 from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs
-from ..reward.latency import get_profile
 from ..simulators.replay import finite_rewards
 from .core import (
     Contender,

@@ -89,7 +89,7 @@ def compare_under_load(
     engine's attribution too). Returns tok/s, p50/p95 latency and block sizes per run. ``seeds``:
     the learned rules run with seeds 0 to ``seeds - 1`` (each its own warm-up for a cold rule);
     their tok/s is the mean, each seed's in ``seed_tokens_per_s``."""
-    from ..reward.latency import get_profile
+    from ..costs.latency import get_profile
 
     bench = _LoadBench(tune, test, get_profile(profile_name), arms, wrong, seeds)
     rows, tuned, oracle = [], {}, {}

@@ -64,7 +64,7 @@ from .stats import NOTHING, Family, family_for, merge_sums
 from .wire import Published, decode, encode
 
 if TYPE_CHECKING:
-    from ..reward.machine_speed import LogCalibration
+    from ..costs.machine_speed import LogCalibration
 
 __all__ = ["SharedState"]
 
@@ -173,7 +173,7 @@ class SharedState:
         """Bind to ``policy`` (the controller's learning copy) before the controller starts its threads.
 
         Rebuilds this replica's own sums from ``log_dir`` (its rows of ``variant`` with a reward;
-        ``calibration``, a fresh :class:`~adaptspec.reward.machine_speed.LogCalibration` where the
+        ``calibration``, a fresh :class:`~adaptspec.costs.machine_speed.LogCalibration` where the
         controller calibrates rewards for the machine's speed, turns each row's logged reward into
         the one the learner learnt),
         refuses to start (one line) when the backend holds more of this replica's updates than the

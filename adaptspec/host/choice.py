@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
-from ..reward.latency import LatencyProfile, get_profile
 from .costs import HostCosts
 from .identity import describe
 from .pricing import PAYS_MARGIN, cheaper_dtype, expected_speeds, paying_block_size, prior_tokens_per_round

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..costs.latency import LatencyProfile
 from ..errors import AdaptspecError
-from ..reward.latency import LatencyProfile
 from .identity import describe, key_digest
 
 FORMAT = 2  # 2: passes timed on prepacked linear weights (batching.prepacked), as the engine runs them

@@ -11,7 +11,7 @@ were timed with. :func:`reprice_head` keeps its acceptance model and swaps the c
 prediction times ``k(B) = c(B) / c0(B)``, an exact rewrite of the output layer (and of its
 validation errors, which NeuralLinear's prior is made of), the hidden layers untouched.
 
->>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> from adaptspec.costs.latency import CostCurve, LatencyProfile
 >>> flat = LatencyProfile("flat", CostCurve((1,), (0.0,)), CostCurve((1.0, 4.0), (0.040, 0.048)))
 >>> steep = LatencyProfile("steep", CostCurve((1,), (0.0,)), CostCurve((1.0, 4.0), (0.040, 0.102)))
 >>> tau = {1: 1.0, 2: 1.4, 4: 1.67}
@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..errors import AdaptspecError
-from ..reward.latency import LatencyProfile
 
 
 def expected_speeds(
@@ -63,7 +63,7 @@ def paying_block_size(
     """:func:`best_block_size`, or 1 where it decodes less than ``1 + margin`` times as fast as
     plain decoding (``B = 1``).
 
-    >>> from adaptspec.reward.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve
     >>> zero = CostCurve((1,), (0.0,))
     >>> curve = LatencyProfile("c", draft=zero, verify=CostCurve((1, 2), (0.040, 0.052)))
     >>> tau = {1: 1.0, 2: 1.4}   # B = 2: 1.4 / 1.3 = 1.08x plain
@@ -86,7 +86,7 @@ def cheaper_dtype(
     server's rows matter because the dtypes' curves cross: bfloat16 kernels without native bf16
     are cheap at one row and steep in the positions a pass carries, float32 the other way round.
 
-    >>> from adaptspec.reward.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve
     >>> zero = CostCurve((1,), (0.0,))
     >>> steep = LatencyProfile("steep", draft=zero, verify=CostCurve((1, 8), (0.030, 0.200)))
     >>> flat = LatencyProfile("flat", draft=zero, verify=CostCurve((1, 8), (0.060, 0.080)))

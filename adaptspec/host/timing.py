@@ -7,10 +7,10 @@ passes after a warm-up, counted in the process's CPU seconds on one torch thread
 work, which the waits for a core on a shared host (other programs, other agents) do not inflate
 as they inflate wall time. What a round costs in wall time at the engine's threads differs from
 this by a factor common to the block sizes, to first order, which the controller's machine-speed
-calibration learns (:mod:`adaptspec.reward.machine_speed`); what decides between block sizes and
+calibration learns (:mod:`adaptspec.costs.machine_speed`); what decides between block sizes and
 dtypes is the curve's shape, which this measures. :func:`fit_host_profile` fits a
-:class:`~adaptspec.reward.latency.LatencyProfile` to the records
-(:func:`~adaptspec.reward.latency.fit_profile`; past the sizes timed, the last slopes).
+:class:`~adaptspec.costs.latency.LatencyProfile` to the records
+(:func:`~adaptspec.costs.latency.fit_profile`; past the sizes timed, the last slopes).
 
 Its cost: 9 cells of ``REPEATS + 1`` passes a dtype; BENCHMARKS.md ("The host measurement") gives
 the seconds measured.
@@ -37,7 +37,7 @@ def time_rounds(
     """Draft and verify CPU seconds of every (rows, block size) of ``grid`` on ``speculator`` (a
     :class:`~adaptspec.decoding.SpeculativeDecoder`), on one torch thread (restored after); block
     sizes past its drafter's largest are left out. Records as
-    :func:`~adaptspec.reward.latency.fit_profile` reads them."""
+    :func:`~adaptspec.costs.latency.fit_profile` reads them."""
     import torch
 
     from ..batching.cost_surface import measure_surface
@@ -64,6 +64,6 @@ def time_rounds(
 
 def fit_host_profile(records: list[dict], name: str, source: str) -> Any:
     """The latency profile of ``records``, named ``name`` (at their one context: no context terms)."""
-    from ..reward.latency import fit_profile
+    from ..costs.latency import fit_profile
 
     return fit_profile(records, name, source=source)

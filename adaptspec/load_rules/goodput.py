@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..reward.attribution import batch_round_s
-from ..reward.latency import LatencyProfile
 
 
 def acceptance(row: Any, prior: float, weight: float) -> float:
@@ -37,7 +37,7 @@ def predicted_speedup(
     tokens a row in one round of ``batch_round_s``, plain decoding one token a row in a plain
     round, so ``E[tau_B] x t(plain) / t(B)``.
 
-    >>> from adaptspec.reward.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve
     >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
     >>> predicted_speedup(flat, [1, 2, 4], 0.5, rows=8, context=100).round(3)   # 1, 1.5 and 1.875 tokens in 40/50 ms
     array([1. , 1.2, 1.5])

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..errors import AdaptspecError
 from ..reward.attribution import batch_round_s, batch_rounds_s
-from ..reward.latency import LatencyProfile
 from .goodput import predicted_speedup
 
 #: Load levels (rows in flight) the learned rule tells apart: 1, 2, 3-4, 5-8, 9-16, 17-32, 33+.
@@ -154,7 +154,7 @@ class Learned:
     0.95-1.09: ``benchmarks/bench_load_rule_diagnosis.py``, BENCHMARKS.md, "What was tried and
     did not pay").
 
-    >>> from adaptspec.reward.latency import get_profile
+    >>> from adaptspec.costs.latency import get_profile
     >>> gpu = get_profile("h100-qwen3-8b")
     >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
     >>> [warm.preference(rows) for rows in (1, 8, 64)]     # before any round: the goodput model's choice

@@ -29,7 +29,7 @@ For a pass costing ``t = a + k x rows x max(B)`` (draft free), rows at B = 1 and
 
 >>> by_tokens(0.048, [1, 4]).round(4)
 array([0.0096, 0.0384])
->>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> from adaptspec.costs.latency import CostCurve, LatencyProfile
 >>> linear = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)),
 ...                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))   # a = 0.038, k = 0.002
 >>> round(batch_round_s(linear, [1, 4], [100, 100]), 4)   # 2 rows x 4 positions
@@ -44,8 +44,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..errors import AdaptspecError
-from .latency import LatencyProfile
 
 #: The attribution rules by name (``--attribution``): ``"marginal"`` is :func:`by_serial_cost`
 #: (the name is kept for the command line and the logs), ``"tokens"`` is :func:`by_tokens`.
@@ -69,7 +69,7 @@ def batch_round_s(profile: LatencyProfile, blocks: Sequence[int], contexts: Sequ
     the drafter pass ``profile.draft(max B, mean context, rows)`` over the speculating rows
     (none when every row is plain).
 
-    >>> from adaptspec.reward.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve
     >>> linear = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)),
     ...                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
     >>> round(batch_round_s(linear, [8] + [1] * 7, [100] * 8), 3)   # 0.038 + 0.002 x 64 positions
@@ -90,7 +90,7 @@ def batch_rounds_s(profile: LatencyProfile, blocks: np.ndarray, contexts: Sequen
     ``contexts``, in two calls of the profile's curves instead of two a round (the learned load rule
     prices every shorter block size of a step this way, once a step).
 
-    >>> from adaptspec.reward.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve
     >>> p = LatencyProfile("p", draft=CostCurve((2,), (0.010,), tail_slope_s=0.001),
     ...                    verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
     >>> rounds = np.array([[1, 1], [2, 1], [4, 3]])

@@ -26,7 +26,7 @@ by the measured over the modelled time of what did run (the machine's speed), so
 is paid exactly its measured decode time; rewards follow as
 :mod:`~adaptspec.reward.functions` defines them.
 
->>> from adaptspec.reward.latency import get_profile
+>>> from adaptspec.costs.latency import get_profile
 >>> cf = counterfactuals([3, 1, 2], [4, 4, 2], arms=[1, 2, 4, 8], decided=4, context_tokens=50,
 ...                      profile=get_profile("cpu-smollm2-fast"))
 >>> cf.tokens.tolist(), cf.censored.tolist(), cf.approximate.tolist()
@@ -44,9 +44,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..errors import AdaptspecError
 from .functions import check_reward_name, modelled_throughput
-from .latency import LatencyProfile
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ B = 8 (very fast on math, slower overall) where aggregate throughput is best at 
 >>> out = Outcome(tokens=[1] * 9, rounds=[Round(8, 3, 0.01, 0.05), Round(8, 5, 0.01, 0.05)], decode_s=0.125)
 >>> measured_throughput(out), mean_tau(out), round(measured_token_latency(out), 2)
 (72.0, 4.0, -13.89)
->>> from adaptspec.reward.latency import get_profile
+>>> from adaptspec.costs.latency import get_profile
 >>> p = get_profile("cpu-smollm2-bf16")
 >>> round(float(modelled_throughput(4.0, 8, p)), 2)   # 4 tokens per 10 + 45 ms round
 72.73
@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
 from ..speculator import Outcome, tree_arm
-from .latency import LatencyProfile, get_profile
 
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")

@@ -20,7 +20,7 @@ unit the head and the batch-1 policy were trained in). What stays is what the bl
 For a pass costing ``a + k x rows`` seconds at one token a row, the factor is
 ``rows (a + k) / (a + k rows)``:
 
->>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> from adaptspec.costs.latency import CostCurve, LatencyProfile
 >>> linear = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)),
 ...                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))   # a = 0.038, k = 0.002
 >>> scale = OneRowScale(linear)
@@ -32,7 +32,7 @@ For a pass costing ``a + k x rows`` seconds at one token a row, the factor is
 
 from __future__ import annotations
 
-from .latency import LatencyProfile
+from ..costs.latency import LatencyProfile
 
 #: Contexts are rounded to this many tokens when caching a factor (the plain pass's cost moves
 #: little with the context; a cache keeps the per-round work to one dict lookup).

@@ -7,7 +7,7 @@ reward (:func:`~adaptspec.reward.counterfactual.from_outcome`, priced with a rew
 trace replay (:mod:`adaptspec.simulators.counterfactuals`, which hands it each trace row as the
 outcome a decoder returned) both call it, so a replayed policy learns what a served one learns.
 
->>> from adaptspec.reward.latency import get_profile
+>>> from adaptspec.costs.latency import get_profile
 >>> from adaptspec.speculator import Decision, Outcome, Round
 >>> d = Decision(4, 1.0, [0.0, 0.0, 1.0, 0.0], (1, 2, 4, 8), "fixed:4", decision_id="d1")
 >>> out = Outcome([1] * 7, [Round(4, 3, 0.0, 0.01), Round(4, 2, 0.0, 0.01), Round(4, 1, 0.0, 0.01)], decode_s=0.03)
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
+from ..costs.measured import MeasuredCosts
 from ..errors import AdaptspecError
 from .counterfactual import from_outcome
 from .functions import REWARDS
-from .latency import LatencyProfile
-from .measured_costs import MeasuredCosts
 
 log = logging.getLogger("adaptspec.reward.pricing")
 

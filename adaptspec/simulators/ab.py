@@ -162,8 +162,8 @@ def simulate_ab(
     would feed it (:func:`~adaptspec.simulators.replay.feedback_of`): a full-feedback one every
     arm its chosen arm's rounds show when the trace set keeps per-round taus.
     """
+    from ..costs.latency import get_profile
     from ..policies.spec import make_policy
-    from ..reward.latency import get_profile
     from .counterfactuals import replay_feedback
     from .replay import feedback_of, run_policy, stream_order
 

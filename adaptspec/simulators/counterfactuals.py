@@ -7,7 +7,7 @@ controller would be set up):
 - on a fixed latency profile (the controller's ``latency=``): :func:`trace_feedback` prices every
   (request, arm) once, a :class:`Feedback` of arrays;
 - on the costs measured from the rounds themselves (the controller's default, no ``latency``:
-  :class:`~adaptspec.reward.measured_costs.MeasuredCosts`, which learns as requests come, so the
+  :class:`~adaptspec.costs.measured.MeasuredCosts`, which learns as requests come, so the
   prices depend on what was served before): :class:`OnlineFeedback` prices each request when a
   replay serves it, with a fresh pricer per replay, exactly as a controller serving that stream.
 
@@ -41,10 +41,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile, get_profile
+from ..costs.measured import MeasuredCosts
 from ..errors import AdaptspecError
 from ..reward.functions import trace_context
-from ..reward.latency import LatencyProfile, get_profile
-from ..reward.measured_costs import MeasuredCosts
 from ..reward.pricing import DEFAULT_PROFILE, CounterfactualPricer
 from ..speculator import Decision, Outcome, Round, arm_label, drafted_positions, verified_positions
 
@@ -95,7 +95,7 @@ class Feedback:
 @dataclass(frozen=True)
 class OnlineFeedback:
     """Counterfactual feedback priced as a replay serves each request, on the costs measured from
-    the rounds so far (a fresh :class:`~adaptspec.reward.measured_costs.MeasuredCosts` per replay:
+    the rounds so far (a fresh :class:`~adaptspec.costs.measured.MeasuredCosts` per replay:
     :meth:`fresh`), as a controller with no latency profile prices them. ``outcomes[i][j]`` is the
     outcome of arm ``j`` on request ``i``; ``rewards`` the reward matrix (the arm that ran is paid
     its own)."""

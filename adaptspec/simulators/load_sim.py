@@ -24,7 +24,7 @@ Aggregate throughput is tokens over the run's duration (what a server sees); lat
 request, from arrival to its last token.
 
 >>> import numpy as np
->>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> from adaptspec.costs.latency import CostCurve, LatencyProfile
 >>> from adaptspec.load_rules import Fixed
 >>> from adaptspec.traces.dense import DenseRequest
 >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
@@ -45,9 +45,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..costs.latency import CostCurve, LatencyProfile, RowsCostCurve
 from ..errors import AdaptspecError
 from ..reward.attribution import ATTRIBUTIONS, attribute, batch_round_s
-from ..reward.latency import CostCurve, LatencyProfile, RowsCostCurve
 from ..traces.dense import DenseRequest
 
 
@@ -215,7 +215,7 @@ def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:
     token costs what it did, each further token in the pass ``per_token`` times as much (the cost
     model of an engine that misjudges how its pass grows; the draft pass is unchanged).
 
-    >>> from adaptspec.reward.latency import get_profile
+    >>> from adaptspec.costs.latency import get_profile
     >>> cpu = get_profile("cpu-smollm2-bf16")
     >>> wrong = misjudged(cpu, 2.0)
     >>> [round(1000 * float(p.verify_s(b)), 1) for p in (cpu, wrong) for b in (1, 16)]   # 40 -> 52 ms becomes 40 -> 64

@@ -37,12 +37,12 @@ from tqdm.auto import tqdm
 
 from .._util.numbers import rounded
 from ..analysis.statistics import mean_interval
+from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
 from ..policies.base import Policy
 from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
 from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
-from ..reward.latency import LatencyProfile, get_profile
 from ..traces import TraceSet
 from .counterfactuals import replay_feedback
 from .in_sample import in_sample_warnings

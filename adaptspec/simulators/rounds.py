@@ -17,7 +17,7 @@ Aggregate speed is total tokens over total time (what a server sees), and speed-
 against plain decoding on the same profile.
 
 >>> from adaptspec.traces.dense import DenseRequest
->>> from adaptspec.reward.latency import CostCurve, LatencyProfile
+>>> from adaptspec.costs.latency import CostCurve, LatencyProfile
 >>> flat = LatencyProfile("toy", draft=CostCurve((2.0,), (0.01,)), verify=CostCurve((1.0,), (0.04,)))
 >>> accept = np.array([[1, 2, 3]] * 8, dtype=np.uint8)     # 3 drafts accepted of 3 at B = 4
 >>> r = DenseRequest(np.arange(9), accept, np.ones((8, 3), np.float32), np.zeros((8, 3), np.float32),
@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
-from ..reward.latency import LatencyProfile, get_profile
 from ..traces.dense import DenseRequest, DenseTraceSet, replay_rounds
 
 

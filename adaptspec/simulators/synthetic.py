@@ -34,8 +34,8 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
-from ..reward.latency import LatencyProfile, get_profile
 from ..traces import SCHEMA_VERSION, TraceSet
 
 ARMS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24)

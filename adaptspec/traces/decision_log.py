@@ -96,7 +96,7 @@ def decision_row(
 
     ``outcome`` (an :class:`~adaptspec.speculator.Outcome`, or None when feedback never came)
     fills ``new_tokens``, ``decode_ms``, ``mean_tau`` and ``rounds``. ``speed_ratio`` is the
-    decode time over the speed reference's (:class:`~adaptspec.reward.machine_speed.MachineSpeed`)
+    decode time over the speed reference's (:class:`~adaptspec.costs.machine_speed.MachineSpeed`)
     when the policy learnt from a calibrated reward; ``reward`` is always the measured one.
     ``load`` (a :class:`~adaptspec.speculator.LoadState`) fills the load columns
     (``rows_in_flight``, ``queue_length``, ``context_tokens``, ``temperature``, ``max_tokens``),

@@ -243,7 +243,7 @@ _NOT_GREEDY_KEYS = ("format", "drafter", "max_block_size", "features", "greedy_f
 def to_traceset(ds: DenseTraceSet, arms, profile, meta: dict | None = None):
     """The per-request trace set a dense one implies for fixed block sizes ``arms``: tau of every
     round replayed exactly (:func:`replay_rounds`), each round's draft and verify time from ``profile``
-    (a :class:`~adaptspec.reward.latency.LatencyProfile`) at its context length."""
+    (a :class:`~adaptspec.costs.latency.LatencyProfile`) at its context length."""
     from ..traces import TraceSet
 
     arms = sorted(int(a) for a in arms)

@@ -282,8 +282,8 @@ def _positive_int(text: str) -> bool:
 def _check_names(s: PluginSettings) -> None:
     """The values that name something another part of adaptspec knows (a reward, a cost profile, a
     Redis URL), checked now; a bad one is one line naming its key."""
+    from ..costs.latency import get_profile
     from ..reward.functions import check_reward_name
-    from ..reward.latency import get_profile
 
     checks = [("reward", lambda: check_reward_name(s.reward))]
     if s.latency is not None:

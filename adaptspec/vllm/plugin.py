@@ -82,7 +82,7 @@ class AdaptspecPlugin:
     """
 
     def __init__(self, settings: PluginSettings, num_speculative_tokens: int, method: str) -> None:
-        from ..reward.latency import get_profile
+        from ..costs.latency import get_profile
         from ..serving.router import ABRouter
 
         if num_speculative_tokens < 1:
@@ -457,7 +457,7 @@ class AdaptspecPlugin:
         """The cost profile of the marginal attribution (None for ``tokens``), read once."""
         if self.settings.attribution != "marginal":
             return None
-        from ..reward.latency import get_profile
+        from ..costs.latency import get_profile
 
         return get_profile(self.settings.latency)
 

@@ -28,7 +28,7 @@ every fourth forced one kept B = 2 there for three runs):
   (``prior``: ``latency``, ``cpu-smollm2-bf16`` when unset), at the level's largest request count;
 - with none measured at that level, the prior profile's own round there.
 
->>> from adaptspec.reward.latency import get_profile
+>>> from adaptspec.costs.latency import get_profile
 >>> c = StepCosts(get_profile("cpu-smollm2-bf16"), min_steps=2)
 >>> for _ in range(2):
 ...     c.observe(rows=1, block=1, step_s=0.050); c.observe(rows=1, block=5, step_s=0.046)
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from ..costs.latency import LatencyProfile
 from ..load_rules import LEVEL_ROWS, LEVELS, level_index
 from ..reward.attribution import batch_round_s
-from ..reward.latency import LatencyProfile
 
 __all__ = ["StepCosts"]
 

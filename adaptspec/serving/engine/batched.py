@@ -322,7 +322,7 @@ def batched_runner(
     (``variants``: the router's, in order, for a switchback schedule; ``log_dir``: where slice
     records go, or None); ``stall_s``: its watchdog's bound (:class:`EngineLoop`)."""
     from ...batching import BatchEngine
-    from ...reward.latency import get_profile
+    from ...costs.latency import get_profile
     from .round_rule import RoundRule
 
     s = settings

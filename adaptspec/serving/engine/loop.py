@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from ...batching import BatchEngine
     from ...batching.records import RoundRecord
     from ...batching.rows import RequestHandle, Row
-    from ...reward.latency import LatencyProfile
+    from ...costs.latency import LatencyProfile
     from .switchback import Switchback
 
 log = logging.getLogger("adaptspec.serving")

@@ -128,8 +128,8 @@ def make_load_rule(
     >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
     [(1, 3), (2, 4), (4, 1)]
     """
+    from ...costs.latency import get_profile
     from ...load_rules import Fixed, Goodput, Learned, Table
-    from ...reward.latency import get_profile
 
     if spec == "none":
         return None

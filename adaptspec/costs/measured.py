@@ -10,7 +10,7 @@ learns the curves instead from the times every :class:`~adaptspec.speculator.Rou
 - a round timed alone (``rows == 1``) with a positive verify time is kept (the last ``window``);
   a round of a batched pass is not (its time holds the other rows' work);
 - once ``min_rounds`` rounds of at least two verified sizes are in, the verify curve is a
-  least-squares fit through them (:func:`~adaptspec.reward.latency.fit_curve`, never decreasing),
+  least-squares fit through them (:func:`~adaptspec.costs.latency.fit_curve`, never decreasing),
   its end pieces continued as straight lines outside the sizes measured (a pass costs a fixed
   part and a part per token); the drafted sizes likewise for the draft curve (with one drafted
   size, or none, the prior's draft curve scaled to what was measured).
@@ -22,7 +22,7 @@ reference context): only the relative cost of block sizes matters to the prices,
 to the measured time of what ran.
 
 >>> from adaptspec.speculator import Outcome, Round
->>> from adaptspec.reward.latency import get_profile
+>>> from adaptspec.costs.latency import get_profile
 >>> m = MeasuredCosts(get_profile("cpu-smollm2-fast"), min_rounds=2)
 >>> flat = lambda b: 0.020 + 0.0001 * b  # a GPU-like verify: about as dear at every size
 >>> for b in (4, 16):
