@@ -1,6 +1,9 @@
 """What a round or a pass costs: the models the controller's pricing, the load rules and the
 simulators read.
 
+- :mod:`~adaptspec.costs.pass_costs`: :class:`~adaptspec.costs.pass_costs.PassCosts`, what a pass of
+  R rows x B tokens costs: the one interface every cost model answers (a latency profile, the
+  vLLM plug-in's measured steps) and a batched round's price and the load rules read;
 - :mod:`~adaptspec.costs.latency`: the latency profiles, seconds of a draft and a verify pass by
   block size, context and batch, their curves and their fits (the simulators' clock);
 - :mod:`~adaptspec.costs.measured`: the curves learnt from the rounds a decoder reports;

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..costs.latency import LatencyProfile
+from ..costs.pass_costs import PassCosts
 from ..reward.attribution import batch_round_s
 
 
@@ -30,14 +30,14 @@ def expected_tau(acceptance: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def predicted_speedup(
-    profile: LatencyProfile, arms: Sequence[int], acceptance: float, rows: int, context: float
+    profile: PassCosts, arms: Sequence[int], acceptance: float, rows: int, context: float
 ) -> np.ndarray:
     """The goodput model's reward of each block size in ``arms`` at ``rows`` rows in flight, in the
     learned rule's unit (1.0 = plain decoding): a batch all at ``B`` commits :func:`expected_tau`
     tokens a row in one round of ``batch_round_s``, plain decoding one token a row in a plain
     round, so ``E[tau_B] x t(plain) / t(B)``.
 
-    >>> from adaptspec.costs.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve, LatencyProfile
     >>> flat = LatencyProfile("flat", draft=CostCurve((2,), (0.010,)), verify=CostCurve((1,), (0.040,)))
     >>> predicted_speedup(flat, [1, 2, 4], 0.5, rows=8, context=100).round(3)   # 1, 1.5 and 1.875 tokens in 40/50 ms
     array([1. , 1.2, 1.5])
@@ -65,7 +65,7 @@ class Goodput:
     def __init__(
         self,
         arms: Sequence[int],
-        profile: LatencyProfile,
+        profile: PassCosts,
         prior: float = 0.5,
         prior_drafts: float = 8.0,
         max_new_tokens: int = 128,

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..costs.latency import LatencyProfile
+from ..costs.pass_costs import PassCosts
 from ..errors import AdaptspecError
 from ..reward.attribution import batch_round_s, batch_rounds_s
 from .goodput import predicted_speedup
@@ -167,7 +167,7 @@ class Learned:
     def __init__(
         self,
         arms: Sequence[int],
-        profile: LatencyProfile,
+        profile: PassCosts,
         policy: str = "lints",
         seed: int = 0,
         prior: float | None = None,

@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..costs.latency import LatencyProfile
+from ..costs.pass_costs import PassCosts
 from ..errors import AdaptspecError
 
 #: The attribution rules by name (``--attribution``): ``"marginal"`` is :func:`by_serial_cost`
@@ -58,7 +58,7 @@ def by_tokens(round_s: float, blocks: Sequence[int]) -> np.ndarray:
     return round_s * b / b.sum()
 
 
-def batch_round_s(profile: LatencyProfile, blocks: Sequence[int], contexts: Sequence[float]) -> float:
+def batch_round_s(profile: PassCosts, blocks: Sequence[int], contexts: Sequence[float]) -> float:
     """Modelled seconds of one batched round: one drafter pass over the rows that speculate
     (B > 1) and one target pass over every row's block, both padded to their widest block.
 
@@ -69,7 +69,7 @@ def batch_round_s(profile: LatencyProfile, blocks: Sequence[int], contexts: Sequ
     the drafter pass ``profile.draft(max B, mean context, rows)`` over the speculating rows
     (none when every row is plain).
 
-    >>> from adaptspec.costs.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve, LatencyProfile
     >>> linear = LatencyProfile("linear", draft=CostCurve((1,), (0.0,)),
     ...                         verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
     >>> round(batch_round_s(linear, [8] + [1] * 7, [100] * 8), 3)   # 0.038 + 0.002 x 64 positions
@@ -85,12 +85,12 @@ def batch_round_s(profile: LatencyProfile, blocks: Sequence[int], contexts: Sequ
     return draft + verify
 
 
-def batch_rounds_s(profile: LatencyProfile, blocks: np.ndarray, contexts: Sequence[float]) -> np.ndarray:
+def batch_rounds_s(profile: PassCosts, blocks: np.ndarray, contexts: Sequence[float]) -> np.ndarray:
     """:func:`batch_round_s` of each row of ``blocks`` (rounds x rows) over the same rows'
     ``contexts``, in two calls of the profile's curves instead of two a round (the learned load rule
     prices every shorter block size of a step this way, once a step).
 
-    >>> from adaptspec.costs.latency import CostCurve
+    >>> from adaptspec.costs.latency import CostCurve, LatencyProfile
     >>> p = LatencyProfile("p", draft=CostCurve((2,), (0.010,), tail_slope_s=0.001),
     ...                    verify=CostCurve((1,), (0.040,), tail_slope_s=0.002))
     >>> rounds = np.array([[1, 1], [2, 1], [4, 3]])
@@ -115,7 +115,7 @@ def batch_rounds_s(profile: LatencyProfile, blocks: np.ndarray, contexts: Sequen
     return draft + np.broadcast_to(verify, draft.shape)
 
 
-def serial_costs(profile: LatencyProfile, blocks: Sequence[int], contexts: Sequence[float]) -> np.ndarray:
+def serial_costs(profile: PassCosts, blocks: Sequence[int], contexts: Sequence[float]) -> np.ndarray:
     """Each row's serial cost share of the modelled round (see the module docstring); they sum
     to ``batch_round_s(profile, blocks, contexts)``."""
     b = np.asarray(blocks, dtype=np.int64)
@@ -133,7 +133,7 @@ def serial_costs(profile: LatencyProfile, blocks: Sequence[int], contexts: Seque
 
 
 def by_serial_cost(
-    round_s: float, blocks: Sequence[int], contexts: Sequence[float], profile: LatencyProfile
+    round_s: float, blocks: Sequence[int], contexts: Sequence[float], profile: PassCosts
 ) -> np.ndarray:
     """``round_s`` split by serial cost sharing on ``profile`` (see the module docstring), scaled
     to sum to ``round_s``."""
@@ -148,7 +148,7 @@ def attribute(
     round_s: float,
     blocks: Sequence[int],
     contexts: Sequence[float],
-    profile: LatencyProfile | None = None,
+    profile: PassCosts | None = None,
 ) -> np.ndarray:
     """Each row's share of ``round_s`` under ``rule`` (one of :data:`ATTRIBUTIONS`)."""
     if rule not in ATTRIBUTIONS:
