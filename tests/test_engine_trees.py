@@ -528,7 +528,7 @@ def test_the_exact_kernel_computes_every_tree_node_bit_for_bit_as_the_chain_of_i
 def test_a_load_rule_sets_chains_only_and_learns_from_them_only():
     """A per-round rule asking B = 1 of every row: the chain rows run plain steps, the tree row its
     tree; the rule's feedback holds the chain rows' rounds alone (the tree row ran no size it asked)."""
-    from adaptspec.serving.engine.round_rule import RoundRule
+    from adaptspec.load_rules.round_rule import RoundRule
 
     class AskOne:
         name = "ask-one"

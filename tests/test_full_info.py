@@ -168,7 +168,7 @@ def test_learned_load_rule_with_full_information_learns_every_shorter_size_its_r
     the cost model's round time at B' for every shorter size; no longer size learns."""
     from adaptspec.costs.latency import CostCurve, LatencyProfile
     from adaptspec.load_rules import COLD_WEIGHT, LEVEL_WEIGHT, Learned
-    from adaptspec.simulators.load_sim import Load
+    from adaptspec.load_rules.load import Load
 
     prof = LatencyProfile(
         "toy", draft=CostCurve((1,), (0.0,)), verify=CostCurve((2,), (0.040,), tail_slope_s=0.002)

@@ -129,7 +129,7 @@ class _Row:
 
 
 def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in_one_update():
-    from adaptspec.simulators.load_sim import Load
+    from adaptspec.load_rules.load import Load
 
     rule = Learned(ARMS, KNEE, prior=0.5, seed=3, hold=3)
     rows = [_Row(100), _Row(300)]
@@ -174,7 +174,7 @@ def test_a_decision_holds_for_its_rounds_at_one_level_and_its_rows_are_learnt_in
 def test_forced_plain_rounds_come_after_a_gap_that_doubles_up_to_its_most(
     plain_every, plain_every_max, forced
 ):
-    from adaptspec.simulators.load_sim import Load
+    from adaptspec.load_rules.load import Load
 
     flat = LatencyProfile("flat", draft=CostCurve((1,), (0.0,)), verify=CostCurve((1,), (0.040,)))
     rule = Learned([1, 4], flat, prior=0.9, hold=1, plain_every=plain_every, plain_every_max=plain_every_max)

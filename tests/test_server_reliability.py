@@ -28,12 +28,12 @@ from _batching_helpers import one_thread  # noqa: F401  (autouse: one torch thre
 from _redis import free_port
 from _serving_helpers import OwnSpeculator, ThreadServer, post_all, sse, wait_up
 from adaptspec.batching import BatchEngine
+from adaptspec.load_rules.round_rule import make_load_rule
 from adaptspec.serving import CompletionService, ServerLimits
 from adaptspec.serving.app import create_app
 from adaptspec.serving.codec import CharCodec
 from adaptspec.serving.engine.batched import EngineSettings
 from adaptspec.serving.engine.loop import EngineFailed, EngineLoop
-from adaptspec.serving.engine.round_rule import make_load_rule
 from adaptspec.serving.tiny import tiny_model, tiny_speculator
 
 pytestmark = pytest.mark.integration  # every test here starts a server on loopback

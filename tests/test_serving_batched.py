@@ -295,7 +295,7 @@ class Recording:
 def test_a_load_rule_chooses_every_round_capped_by_each_requests_own_block_size(tmp_path, spec):
     from fastapi.testclient import TestClient
 
-    from adaptspec.serving.engine.round_rule import make_load_rule
+    from adaptspec.load_rules.round_rule import make_load_rule
 
     rule = Recording(make_load_rule(spec, [1, 2, 3, 4, 6, 8], "cpu-smollm2-bf16", prior=0.4))
     tiny, codec = tiny_speculator(0, verification="exact")

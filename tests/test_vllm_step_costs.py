@@ -154,8 +154,7 @@ def _learned_rule_in_a_linear_world(
     accepted with ``acceptance``. Its preference at the end, and the block sizes it ran in the last half."""
     from adaptspec.costs.latency import get_profile
     from adaptspec.load_rules import Learned
-    from adaptspec.serving.engine.round_rule import RowView
-    from adaptspec.simulators.load_sim import Load
+    from adaptspec.load_rules.load import Load, RowView
 
     arms = list(range(1, 10))
     costs = StepCosts(get_profile("cpu-smollm2-bf16"), max_block_size=9)
@@ -216,7 +215,7 @@ def test_serve_gives_the_learned_rule_its_load_margin():
 
     from adaptspec.cli.serve import add_arguments
     from adaptspec.load_rules import SPECULATION_MARGIN
-    from adaptspec.serving.engine.round_rule import make_load_rule
+    from adaptspec.load_rules.round_rule import make_load_rule
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

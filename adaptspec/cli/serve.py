@@ -815,7 +815,7 @@ def _cost_model(args: argparse.Namespace, device: str) -> str | None:
 
 def _load_rule(args: argparse.Namespace, device: str) -> object | None:
     """The per-round rule ``--load-rule`` names (default ``learned``; ``none``: no rule)."""
-    from ..serving.engine.round_rule import make_load_rule
+    from ..load_rules.round_rule import make_load_rule
 
     spec = args.load_rule or "learned"
     if spec == "none":

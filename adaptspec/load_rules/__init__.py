@@ -6,7 +6,7 @@ round, ``feedback(rows, block_sizes, taus, attributed_s, load)``: for every row 
 size the rule asked, the tokens the row committed and its share of the round's time
 (:mod:`adaptspec.reward.attribution`). The same rule objects run in the load simulator
 (:mod:`adaptspec.simulators.load_sim`) and in the batched engine's server loop
-(:mod:`adaptspec.serving.engine.round_rule`). One rule a module:
+(:mod:`adaptspec.load_rules.round_rule`). One rule a module:
 
 - :class:`Fixed` (:mod:`~adaptspec.load_rules.fixed`): one block size, whatever the load (1 =
   plain decoding).
@@ -26,7 +26,7 @@ size the rule asked, the tokens the row committed and its share of the round's t
   With ``full_info`` it learns every block size a round reveals (every size up to the one
   verified), not only the one it chose.
 
->>> from adaptspec.simulators.load_sim import Load
+>>> from adaptspec.load_rules.load import Load
 >>> Table({1: 4, 8: 2, 64: 1}).choose([None] * 5, Load(rows=5, queue=0))   # 5 rows: the level up to 8
 [2, 2, 2, 2, 2]
 """

@@ -3,7 +3,9 @@ every active row's block size each round, and the round's outcome back after it.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
+
+from .load import Load, LoadRow
 
 
 class LoadRule(Protocol):
@@ -11,18 +13,18 @@ class LoadRule(Protocol):
 
     name: str
 
-    def choose(self, rows: Sequence[Any], load: Any) -> list[int]:
+    def choose(self, rows: Sequence[LoadRow], load: Load) -> list[int]:
         """Every row's block size this round (one per row), given the rows (their ``accepted``,
         ``rejected``, ``context`` and ``m``) and the load (its ``rows`` and ``queue``)."""
         ...
 
     def feedback(
         self,
-        rows: Sequence[Any],
+        rows: Sequence[LoadRow],
         block_sizes: Sequence[int],
         taus: Sequence[int],
         attributed_s: Sequence[float],
-        load: Any,
+        load: Load,
     ) -> None:
         """After the round: each row's asked block size, committed tokens and share of the round's time."""
         ...

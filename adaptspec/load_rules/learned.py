@@ -159,7 +159,7 @@ class Learned:
     >>> warm = Learned([1, 2, 3, 4, 6, 8], gpu, prior=0.41)
     >>> [warm.preference(rows) for rows in (1, 8, 64)]     # before any round: the goodput model's choice
     [6, 4, 3]
-    >>> from adaptspec.simulators.load_sim import Load
+    >>> from adaptspec.load_rules.load import Load
     >>> len(set(warm.choose([None] * 5, Load(rows=5, queue=0))))   # one block size for the whole round
     1
     """

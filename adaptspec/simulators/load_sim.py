@@ -47,6 +47,7 @@ import numpy as np
 
 from ..costs.latency import CostCurve, LatencyProfile, RowsCostCurve
 from ..errors import AdaptspecError
+from ..load_rules.load import Load
 from ..reward.attribution import ATTRIBUTIONS, attribute, batch_round_s
 from ..traces.dense import DenseRequest
 
@@ -72,14 +73,6 @@ class Row:
     @property
     def context(self) -> int:
         return self.request.prompt_tokens + self.m
-
-
-@dataclass
-class Load:
-    """What a rule sees of the system when it chooses: rows in the pass and requests waiting."""
-
-    rows: int
-    queue: int
 
 
 @dataclass

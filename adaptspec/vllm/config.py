@@ -252,9 +252,9 @@ def _weights(split: str) -> list[float]:
 
 
 def _check_load_rule(rule: str) -> None:
-    """``rule`` is one of the load rules' forms (:data:`~adaptspec.serving.engine.round_rule.LOAD_RULES`),
+    """``rule`` is one of the load rules' forms (:data:`~adaptspec.load_rules.round_rule.LOAD_RULES`),
     with integers >= 1 where it takes numbers; else ValueError."""
-    from ..serving.engine.round_rule import LOAD_RULES
+    from ..load_rules.round_rule import LOAD_RULES
 
     kind, colon, rest = rule.partition(":")
     if not colon and kind in ("learned", "goodput", "none"):

@@ -401,7 +401,7 @@ class AdaptspecPlugin:
         self._asked = {}
         if self.rule is None or not decided:
             return {}
-        from ..simulators.load_sim import Load
+        from ..load_rules.load import Load
 
         try:
             self._load = Load(rows=max(rows, 1), queue=queue)
@@ -534,7 +534,7 @@ def _load_rule(settings: PluginSettings, arms: Sequence[int], costs: StepCosts) 
     """The per-step load rule ``settings.load_rule`` names (None for ``none``); the goodput and learned
     rules priced by this engine's measured steps (``costs``), the others as ``serve`` makes them."""
     from ..load_rules import Goodput, Learned
-    from ..serving.engine.round_rule import make_load_rule
+    from ..load_rules.round_rule import make_load_rule
 
     if settings.load_rule == "goodput":
         return Goodput(arms, costs, prior=settings.load_prior)  # type: ignore[arg-type]  # a profile's interface

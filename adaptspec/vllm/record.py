@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..serving.engine.round_rule import RowView
+from ..load_rules.load import RowView
 from ..speculator import Outcome, Round, SharedRounds
 
 __all__ = ["RequestRecord", "kept_last_tau"]

@@ -3,8 +3,6 @@
 - :mod:`~adaptspec.serving.engine.batched`: adaptspec's own target and drafter, every request a
   row of one continuous-batching engine (:class:`BatchedRunner`, :class:`EngineSettings`);
 - :mod:`~adaptspec.serving.engine.loop`: the engine's thread, its queue and tickets;
-- :mod:`~adaptspec.serving.engine.round_rule`: a load rule (:mod:`adaptspec.load_rules`) driving
-  every round's block sizes;
 - :mod:`~adaptspec.serving.engine.switchback`: the switchback A/B design over the engine's rounds;
 - :mod:`~adaptspec.serving.engine.sequential` and :mod:`~adaptspec.serving.engine.halting`: a
   speculator of one's own, one request at a time through its controller.

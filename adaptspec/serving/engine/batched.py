@@ -69,7 +69,7 @@ class EngineSettings:
     ``max_queue`` waiting requests a request gets 429. ``profile`` (a latency profile, or its name)
     is the cost model of the ``"marginal"`` attribution; without one, rounds are split by tokens.
     ``rule``: a per-round load rule of :mod:`adaptspec.load_rules` (see
-    :mod:`adaptspec.serving.engine.round_rule`); without one each row verifies its controller's block size.
+    :mod:`adaptspec.load_rules.round_rule`); without one each row verifies its controller's block size.
     ``design``: ``"requests"`` (each request keeps the router's variant) or ``"switchback"``
     (:mod:`adaptspec.serving.engine.switchback`: slices of ``slice_rounds`` rounds, default 32, each on one
     variant drawn from ``seed``; slice records go next to the decision log). Under switchback
@@ -323,7 +323,7 @@ def batched_runner(
     records go, or None); ``stall_s``: its watchdog's bound (:class:`EngineLoop`)."""
     from ...batching import BatchEngine
     from ...costs.latency import get_profile
-    from .round_rule import RoundRule
+    from ...load_rules.round_rule import RoundRule
 
     s = settings
     target, drafter = getattr(speculator, "target", None), getattr(speculator, "drafter", None)

@@ -99,7 +99,7 @@ log = logging.getLogger("adaptspec.serving")
 
 
 class EngineRule(Protocol):
-    """A per-round rule as the loop drives it (:class:`~adaptspec.serving.engine.round_rule.RoundRule`, or
+    """A per-round rule as the loop drives it (:class:`~adaptspec.load_rules.round_rule.RoundRule`, or
     :class:`~adaptspec.serving.engine.switchback.SliceRule` over several): every row's block size before
     a round, the round's outcome after it, and its own time."""
 
@@ -256,7 +256,7 @@ class EngineLoop:
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
         self.profile = profile
         self._one_row = None if profile is None else OneRowScale(profile)
-        self.rule = rule  # a serving.engine.round_rule.RoundRule: every row's block size, every round
+        self.rule = rule  # a load_rules.round_rule.RoundRule: every row's block size, every round
         if rule is not None:
             engine.round_block_sizes = rule.choose
         engine.on_first_token = (

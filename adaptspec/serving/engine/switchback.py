@@ -219,7 +219,7 @@ class Switchback:
 
 class SliceRule:
     """Per-variant round rules under a switchback design: each round, the slice's variant's
-    rule (a :class:`~adaptspec.serving.engine.round_rule.RoundRule`, or None: every row keeps its own
+    rule (a :class:`~adaptspec.load_rules.round_rule.RoundRule`, or None: every row keeps its own
     block size) chooses every row's block size and gets that round's feedback. Presents the
     interface of a single ``RoundRule`` to the engine loop."""
 

@@ -5,15 +5,8 @@ join). With one (:mod:`adaptspec.load_rules`: ``fixed:B``, ``goodput``, ``learne
 round the engine asks the rule for every row's block size, given the load (rows in the pass,
 requests waiting), and verifies ``min(rule's choice, the request's own)``; after the round
 the rule gets every row's tokens and attributed time back, in one call. The rule sees a row through a
-:class:`RowView`, the fields the rules read: ``accepted`` (drafts accepted so far),
-``rejected`` (rounds that ended on a rejected draft), ``context`` (prompt + committed tokens)
-and ``m`` (committed tokens).
-
->>> v = RowView(prompt_tokens=5)
->>> v.after_round(block_size=4, tau=2, committed=3); (v.accepted, v.rejected, v.m, v.context)
-(1, 1, 3, 8)
->>> v.after_round(block_size=2, tau=2, committed=5); (v.accepted, v.rejected)
-(2, 1)
+:class:`~adaptspec.load_rules.load.RowView`. :func:`make_load_rule` reads the forms of ``--load-rule``
+(:data:`LOAD_RULES`), for the server and the vLLM plug-in alike.
 """
 
 from __future__ import annotations
@@ -21,33 +14,14 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from ...errors import AdaptspecError
-from ...load_rules.base import LoadRule
+from ..errors import AdaptspecError
+from .base import LoadRule
+from .load import Load, RowView
 
-__all__ = ["RoundRule", "RowView", "LOAD_RULES", "make_load_rule"]
+__all__ = ["RoundRule", "LOAD_RULES", "make_load_rule"]
 
 #: what ``--load-rule`` takes (``none``: no rule; ``table:R=B,...``: a static rows -> block size table)
 LOAD_RULES = ("fixed:B", "goodput", "learned", "table:R=B,...", "none")
-
-
-class RowView:
-    """What a load rule sees of one request in the batch."""
-
-    def __init__(self, prompt_tokens: int) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.accepted = 0
-        self.rejected = 0
-        self.m = 0
-
-    @property
-    def context(self) -> int:
-        return self.prompt_tokens + self.m
-
-    def after_round(self, block_size: int, tau: int, committed: int) -> None:
-        """A round verified ``block_size`` and committed ``tau``; ``committed`` tokens in all now."""
-        self.accepted += tau - 1
-        self.rejected += int(tau < block_size)
-        self.m = committed
 
 
 class RoundRule:
@@ -55,15 +29,12 @@ class RoundRule:
     ``round_block_sizes`` hook (:meth:`choose`) and the feedback after a round (:meth:`feedback`)."""
 
     def __init__(self, rule: LoadRule, queue_length: Any) -> None:
-        from ...simulators.load_sim import Load
-
         self.rule = rule
         self.name = getattr(rule, "name", type(rule).__name__)
-        self._Load = Load
         self._queue_length = queue_length  # () -> requests waiting
         self._views: dict[int, RowView] = {}
         self._asked: list[int] = []
-        self._load: Any = None
+        self._load: Load | None = None
         # the rule's own time (choose + feedback), in CPU seconds of the engine's thread: the decision
         # overhead; its wall time beside it adds the waits for the interpreter lock that the
         # server's HTTP threads hold meanwhile (at 16 clients: 0.28% against 0.58% of decode time).
@@ -82,7 +53,7 @@ class RoundRule:
                 v.m = len(h.tokens)
             views.append(v)
         self._views = {row.handle.id: v for row, v in zip(rows, views)}
-        self._load = self._Load(rows=len(rows), queue=int(self._queue_length()))
+        self._load = Load(rows=len(rows), queue=int(self._queue_length()))
         self._asked = [int(b) for b in self.rule.choose(views, self._load)]
         if len(self._asked) != len(rows):
             raise AdaptspecError(
@@ -95,7 +66,7 @@ class RoundRule:
     def feedback(self, record: Any, shares: Sequence[float], handles: Sequence[Any]) -> None:
         """After the round ``record``: each row's tau and attributed seconds back to the rule
         (``handles``: the rows' request handles, in the record's order)."""
-        from ...decoding.decoder import as_tree_budget
+        from ..decoding.decoder import as_tree_budget
 
         t0, w0 = time.thread_time(), time.perf_counter()
         # a draft tree's row ran its tree, not the size asked for it (the engine sets chains only): left out
@@ -128,8 +99,8 @@ def make_load_rule(
     >>> make_load_rule("table:1=3,2=4,4=1", [1, 2, 4], None).levels      # up to 1 row: 3, 2 rows: 4, beyond: plain
     [(1, 3), (2, 4), (4, 1)]
     """
-    from ...costs.latency import get_profile
-    from ...load_rules import Fixed, Goodput, Learned, Table
+    from ..costs.latency import get_profile
+    from . import Fixed, Goodput, Learned, Table
 
     if spec == "none":
         return None
