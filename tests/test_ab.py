@@ -11,10 +11,10 @@ import pytest
 
 from _controller_helpers import FakeSpeculator
 from adaptspec import AdaptiveController, AdaptspecError
+from adaptspec.ab.variants import parse_ab_specs
 from adaptspec.analysis.ab import analyze, rows_to_arrays
 from adaptspec.analysis.statistics import sequential_test
 from adaptspec.cli import main
-from adaptspec.policies.variants import parse_ab_specs
 from adaptspec.simulators.ab import simulate_ab
 from adaptspec.simulators.synthetic import generate
 

@@ -2,7 +2,9 @@
 
 Every import of an adaptspec module (at module level or inside a function) is read with
 ``ast``; the test fails on an import cycle between modules, on a package importing a package
-of its own layer or above, and on a top level that grows past five modules.
+of its own layer or above, on a top level that grows past five modules, on the two front doors
+(vllm/, serving/) importing each other, on a cost model outside costs/, and on an import graph
+taller than ``MAX_LAYERS``.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ LAYERS = [
     {"models", "batching"},
     {"policies"},
     {
+        "ab",
         "analysis",
         "load_rules",
         "host",
-    },  # served-log analysis and its statistics (which the A/B simulation uses); load rules; the host's measured costs
+    },  # A/B variants and router; served-log analysis and its statistics; load rules; the host's measured costs
     {"collect", "simulators"},
     {"control", "fleet"},
-    {"evaluation", "serving"},
-    {"vllm"},  # adaptspec inside vLLM (only vllm/scheduler.py imports vLLM; tests_vllm/ runs it)
+    # the two front doors, siblings: the HTTP server, and adaptspec inside vLLM (only
+    # vllm/scheduler.py imports vLLM; tests_vllm/ runs it); and the evaluation
+    {"evaluation", "serving", "vllm"},
     {"cli"},
 ]
 FACADE = {"adaptspec", "adaptspec.__main__"}  # the lazy public names and `python -m adaptspec`
@@ -126,6 +130,72 @@ def test_every_package_has_a_layer_and_imports_only_lower_layers():
             if b in FACADE or (ua != ub and LAYER_OF[ub] >= LAYER_OF[ua]):
                 bad.append(f"{a} -> {b}")
     assert bad == []
+
+
+def test_vllm_and_serving_are_siblings():
+    """The two front doors share what they both need from below (load_rules/, ab/, control/):
+    neither imports the other."""
+    bad = [
+        f"{a} -> {b}"
+        for a, targets in _edges(_modules()).items()
+        for b in targets
+        if {_unit(a), _unit(b)} == {"vllm", "serving"}
+    ]
+    assert bad == []
+
+
+#: Modules outside costs/ that still model or measure what a round costs, each for a reason; no
+#: other module outside costs/ may carry "cost" or "latency" in its name.
+COSTS_ELSEWHERE = {
+    "adaptspec.vllm.step_costs",  # reads the load rules' levels (load_rules/), which sit above costs/
+    "adaptspec.host.costs",  # the host's record, measured by running the engine (above costs/)
+    "adaptspec.batching.cost_surface",  # times the engine's own passes (above costs/)
+}
+
+
+def test_one_cost_package():
+    named = {
+        m
+        for m in _modules()
+        if _unit(m) not in ("costs", "cli")  # a command is named after what it does
+        and any(w in m.rsplit(".", 1)[-1] for w in ("cost", "latency"))
+    }
+    assert named - COSTS_ELSEWHERE == set(), "a cost model belongs in adaptspec/costs/"
+    assert COSTS_ELSEWHERE <= named, "moved into costs/? take it off COSTS_ELSEWHERE"
+
+
+#: The height of the project's import graph (adaptspec's packages and top-level modules, and
+#: benchmarks/ above them): at most this many layers, each standing above all it imports. The
+#: target is 10 (issue 62); lower this as packages come down, never raise it.
+MAX_LAYERS = 12
+
+
+def _layer_count() -> int:
+    mods = _modules()
+    up: dict[str, set[str]] = defaultdict(set)
+    for a, targets in _edges(mods).items():
+        up[_unit(a)].update(_unit(b) for b in targets if _unit(b) != _unit(a))
+    for path in (PKG.parent / "benchmarks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module in mods:
+                up["benchmarks/"].add(_unit(node.module))
+            elif isinstance(node, ast.Import):
+                up["benchmarks/"].update(_unit(a.name) for a in node.names if a.name in mods)
+
+    heights: dict[str, int] = {}
+
+    def height(unit: str) -> int:  # the units' graph has no cycle (the layers above say so)
+        if unit not in heights:
+            heights[unit] = 1 + max((height(u) for u in up[unit]), default=0)
+        return heights[unit]
+
+    return max(height(u) for u in list(up))
+
+
+def test_the_import_graph_is_at_most_max_layers_tall():
+    layers = _layer_count()
+    print(f"import graph: {layers} layers (at most {MAX_LAYERS}; the target is 10)")
+    assert layers <= MAX_LAYERS
 
 
 def test_top_level_holds_at_most_five_modules():

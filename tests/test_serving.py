@@ -22,9 +22,10 @@ import pytest
 
 from _threads import torch_threads
 from adaptspec import AdaptspecError
+from adaptspec.ab.router import ABRouter
 from adaptspec.control.policy_checkpoint import state_digest
 from adaptspec.policies import make_policy
-from adaptspec.serving import ABRouter, CompletionService, RequestError, ServerLimits
+from adaptspec.serving import CompletionService, RequestError, ServerLimits
 from adaptspec.serving.codec import CharCodec, TextStream
 from adaptspec.serving.engine.sequential import SequentialRunner
 from adaptspec.serving.responses import completion_body, error_body

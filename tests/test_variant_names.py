@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from _redis import free_port
+from adaptspec.ab.router import ABRouter
+from adaptspec.ab.variants import check_variant_name, named_specs, parse_ab_specs
 from adaptspec.errors import AdaptspecError
 from adaptspec.fleet import MemoryBackend, SharedState
-from adaptspec.policies.variants import check_variant_name, named_specs, parse_ab_specs
-from adaptspec.serving.router import ABRouter
 
 GOOD = ["A", "b", "default", "v1.0", "ctl_2", "x-y", "9", "A" * 32]
 BAD = [

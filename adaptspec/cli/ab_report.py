@@ -92,10 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_policies(checkpoint_dir: str | Path | None, specs: list[str]) -> dict[str, Any]:
     """Variant -> policy: rebuilt from the newest checkpoint of each variant, or from ``NAME=SPEC``."""
+    from ..ab.variants import named_specs
     from ..control.policy_build import build_policy
     from ..control.policy_checkpoint import latest_checkpoint, load_policy, read_checkpoint
     from ..policies.spec import make_policy
-    from ..policies.variants import named_specs
 
     out: dict[str, Any] = {}
     given = named_specs(specs, "--policy", "B=fixed:16")

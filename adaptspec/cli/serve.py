@@ -450,7 +450,7 @@ def build(args: argparse.Namespace):
 
     Everything that can be checked without the model is checked before it is loaded.
     """
-    from ..policies.variants import named_specs
+    from ..ab.variants import named_specs
     from ..reward.functions import reward_function
 
     if args.default_max_tokens > args.max_tokens:
@@ -486,7 +486,7 @@ def build(args: argparse.Namespace):
     _check_ab_design(args)
     specs = named_specs(args.variant or [], "--variant", "A=fixed:16")
     args.featurizer = _one_featurizer(args.featurizer, specs)
-    from ..serving.router import ABRouter
+    from ..ab.router import ABRouter
 
     ABRouter.parse([f"{n}={s}" for n, s in (specs or {"default": "ucb"}).items()], args.split)  # --split
     shared = _shared(args, list(specs) or ["default"])
@@ -797,7 +797,7 @@ def _check_ab_design(args: argparse.Namespace) -> None:
         raise AdaptspecError(
             "--ab-design switchback needs --log-dir (its slices are recorded next to the decision log)"
         )
-    from ..policies.variants import named_specs
+    from ..ab.variants import named_specs
 
     if len(named_specs(args.variant or [], "--variant", "A=fixed:16")) < 2:
         raise AdaptspecError("--ab-design switchback needs at least 2 --variant")

@@ -341,7 +341,7 @@ def _write_logs(
 
 
 def _run_ab(args: argparse.Namespace, traces, reward: str) -> int:
-    from ..policies.variants import parse_ab_specs
+    from ..ab.variants import parse_ab_specs
     from ..simulators.ab import simulate_ab
 
     for flag, value in (("--policy", args.policy), ("--plot", args.plot), ("--log", args.log)):

@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..ab.variants import check_variant_name
 from ..errors import AdaptspecError
-from ..policies.variants import check_variant_name
 from .identity import ReplicaLease
 from .stats import NOTHING, Family, family_for, merge_sums
 from .wire import Published, decode, encode

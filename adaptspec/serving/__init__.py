@@ -8,11 +8,9 @@ FastAPI, uvicorn and prometheus-client come with the ``serve`` extra and are imp
 when an app is built.
 """
 
-from .router import ABRouter
 from .service import CompletionRequest, CompletionService, RequestError, ServerLimits, runs_on_engine
 
 __all__ = [
-    "ABRouter",
     "CompletionRequest",
     "CompletionService",
     "RequestError",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .._util.guarded import STALL_S
+from ..ab.router import ABRouter
 from ..errors import AdaptspecError
 from .cancelling import Cancellation
 from .codec import Codec
@@ -31,7 +32,6 @@ from .openai_models import ChatRequest, GenerationOptions, validate
 from .request import CompletionRequest, Output
 from .request_error import SHUTTING_DOWN, RequestError, short as _short
 from .responses import finish_reason, unavailable
-from .router import ABRouter
 from .runner import Runner
 
 if TYPE_CHECKING:

@@ -160,7 +160,7 @@ class PluginSettings(BaseModel):
     @field_validator("variants")
     @classmethod
     def _variants(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        from ..policies.variants import check_variant_name
+        from ..ab.variants import check_variant_name
 
         if v is None:
             return v

@@ -82,8 +82,8 @@ class AdaptspecPlugin:
     """
 
     def __init__(self, settings: PluginSettings, num_speculative_tokens: int, method: str) -> None:
+        from ..ab.router import ABRouter
         from ..costs.latency import get_profile
-        from ..serving.router import ABRouter
 
         if num_speculative_tokens < 1:
             raise AdaptspecError(

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..policies.variants import VARIANT_NAME, check_variant_name, named_specs
+from .variants import VARIANT_NAME, check_variant_name, named_specs
 
 __all__ = ["ABRouter", "VARIANT_NAME"]
 

@@ -66,7 +66,7 @@ def split_variants(text: str) -> list[str]:
     >>> split_variants("ctl=linucb:alpha=0.5,lam=2;new=ucb")
     ['ctl=linucb:alpha=0.5,lam=2', 'new=ucb']
     """
-    from .spec import REGISTRY
+    from ..policies.spec import REGISTRY
 
     out: list[str] = []
     for chunk in text.split(";"):
