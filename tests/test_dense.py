@@ -42,7 +42,7 @@ def test_replay_equals_the_real_decoder_round_by_round(bundled_exact, two_thread
         ids = spec.target.encode_chat(p.prompt)
         d = dense_request(spec, ids, n, 16)
         pre = spec.prefill(ids)
-        for b in (2, 4, 8, 16, schedule):
+        for b in (2, 16, schedule):  # the schedule runs 4 and 8 (and 1) too
             out = spec.decode(pre, b if not callable(b) else (lambda i, rounds: schedule(i, None)), n)
             assert out.tokens == d.tokens.tolist()
             if out.finish_reason == "length":  # (after an EOS the decoder also checks drafts past it)

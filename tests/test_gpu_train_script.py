@@ -103,6 +103,8 @@ def test_the_train_path_runs_tiny_on_cpu_and_writes_the_shipped_layout(g, tmp_pa
                 "1",
                 "--seqs-per-step",
                 "2",
+                "--anchors",  # 2 blocks a sequence, not the 32 a GPU step trains: the path, not the figures
+                "2",
                 "--threads",
                 "1",
                 "--lr",

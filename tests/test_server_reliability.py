@@ -552,6 +552,32 @@ def test_cli_server_repeats_a_seeded_request_under_its_default_learned_rule(cli_
     assert len(texts[0]) > 10 and texts == [texts[0]] * 5
 
 
+@pytest.mark.parametrize(
+    "flags, rule",
+    [
+        (["--variant", "P=fixed:1"], "none"),  # plain everywhere: no block for a rule to cut
+        (["--variant", "P=fixed:1", "--variant", "Q=fixed:1"], "none"),
+        (["--variant", "P=fixed:1", "--variant", "Q=fixed:3"], "learned"),  # one variant speculates
+        (["--variant", "P=fixed:3"], "learned"),
+        (["--variant", "P=fixed:1", "--load-rule", "learned"], "learned"),  # asked for: kept
+        (["--variant", "P=fixed:1", "--load-rule", "fixed:2"], "fixed:2"),
+    ],
+)
+def test_a_server_whose_variants_all_decode_plainly_runs_no_load_rule_unless_asked(tmp_path, flags, rule):
+    """The default on a host where speculation cannot pay is plain decoding (``fixed:1``); a per-round
+    rule there would only add its bookkeeping to every round (BENCHMARKS.md, the served default)."""
+    from adaptspec.cli import build_parser
+    from adaptspec.cli.serve import build
+
+    args = build_parser("serve").parse_args(["serve", "--tiny", "--port", "0", "--arms", "1,2,3", *flags])
+    service = build(args)
+    try:
+        described = service.runner.describe()
+        assert described.split("load rule ")[1].startswith(rule), described
+    finally:
+        service.close()
+
+
 def test_cli_server_logs_no_traceback_for_clients_that_leave_mid_body_and_answers_half_closed_ones(
     cli_server,
 ):

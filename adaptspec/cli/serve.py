@@ -344,7 +344,8 @@ def _engine_options(group: argparse._ArgumentGroup) -> None:
         metavar="RULE",
         help="the per-round block-size rule under load: learned (the default: one block "
         "size a round for every row, learned from measured rounds, warm-started from the cost "
-        "model), goodput, fixed:B, or none (each request keeps its controller's block size); each "
+        "model; none where every variant decodes plainly, as the default does where speculation cannot "
+        "pay), goodput, fixed:B, or none (each request keeps its controller's block size); each "
         "round every row verifies min(the rule's choice, its request's own)",
     )
     group.add_argument(
@@ -686,7 +687,7 @@ def _service(
         host=None if getattr(args, "host_choice", None) is None else args.host_choice.to_dict(),
         **({"load_features": True} if getattr(args, "load_features", False) else {}),
         **({} if shared is None else {"shared": shared.__getitem__}),
-        **({"engine": _engine_settings(args, engine_threads, model.device)} if engine else {}),
+        **({"engine": _engine_settings(args, engine_threads, model.device, specs)} if engine else {}),
     )
 
 
@@ -766,9 +767,9 @@ def _check_user_engine(args: argparse.Namespace, speculator: object) -> None:
         )
 
 
-def _engine_settings(args: argparse.Namespace, threads: int, device: str):
+def _engine_settings(args: argparse.Namespace, threads: int, device: str, specs: dict[str, str]):
     """The batched engine's :class:`~adaptspec.serving.engine.batched.EngineSettings` the arguments
-    describe, for models on ``device``."""
+    describe, for models on ``device``, serving the variants ``specs``."""
     from ..serving.engine.batched import EngineSettings
 
     return EngineSettings(
@@ -776,7 +777,7 @@ def _engine_settings(args: argparse.Namespace, threads: int, device: str):
         max_queue=64 if args.max_queue is None else args.max_queue,
         attribution=args.attribution or "marginal",
         profile=_cost_model(args, device),
-        rule=_load_rule(args, device),
+        rule=None if _plain_only(args, specs) else _load_rule(args, device),
         design=getattr(args, "ab_design", None) or "requests",
         slice_rounds=getattr(args, "slice_rounds", None),
         seed=args.seed,
@@ -811,6 +812,15 @@ def _cost_model(args: argparse.Namespace, device: str) -> str | None:
     """The batched engine's cost model: --latency, else on a CPU the bundled pair's measured batched
     surface (``cpu-smollm2-batched``); None elsewhere (rounds are split by tokens)."""
     return args.latency or ("cpu-smollm2-batched" if device == "cpu" else None)
+
+
+def _plain_only(args: argparse.Namespace, specs: dict[str, str]) -> bool:
+    """Whether every variant decodes plainly (``fixed:1``: the default where speculation cannot pay on
+    this host) and no ``--load-rule`` was given: then the engine runs no per-round rule, which could
+    only cut a block that plain decoding does not draft, and would cost each round its bookkeeping."""
+    from ..control.policy_build import PLAIN_SPEC
+
+    return args.load_rule is None and all(spec == PLAIN_SPEC for spec in specs.values())
 
 
 def _load_rule(args: argparse.Namespace, device: str) -> object | None:
