@@ -430,9 +430,44 @@ def evaluate(
         r_hat = fit_reward_model(
             contexts, a, r, k, model=reward_model, alpha=alpha, folds=folds, seed=seed, observed=observed
         )
-    # every estimator is sum(c * num) / sum(c * den) for bootstrap multiplicities c
+    parts = _estimator_terms(estimators, w, r, a, p, pi, r_hat, switch_tau)
+    point = {e: _ratio(num.sum(), den.sum()) for e, (num, den) in parts.items()}
+    if n_boot < 1:
+        raise AdaptspecError(f"n_boot must be >= 1, got {n_boot}")
+    reps = _bootstrap(parts, n, n_boot, np.random.default_rng([seed, 11]), progress)
+    out = {}
+    q = (1 - level) / 2
+    diag = weight_diagnostics(a, p, pi, logging_probs, switch_tau)
+    for e in parts:
+        v = reps[e][np.isfinite(reps[e])]
+        ci = (float(np.quantile(v, q)), float(np.quantile(v, 1 - q))) if len(v) else (math.nan, math.nan)
+        d = None if e == "dm" else diag
+        out[e] = Estimate(
+            e,
+            point[e],
+            ci,
+            float(v.std(ddof=1)) if len(v) > 1 else math.nan,
+            n,
+            d,
+            None if d is None else weight_note(e, point[e], r, d),
+        )
+    return out
+
+
+def _estimator_terms(
+    estimators: Sequence[str],
+    w: np.ndarray,
+    r: np.ndarray,
+    a: np.ndarray,
+    p: np.ndarray,
+    pi: np.ndarray,
+    r_hat: np.ndarray | None,
+    switch_tau: float,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each estimator's per-row terms (num, den): the estimate is sum(c * num) / sum(c * den), with
+    c = 1 for the point estimate and the bootstrap's multiplicities for its resamples."""
     parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    ones = np.ones(n)
+    ones = np.ones(len(r))
     for e in estimators:
         if e == "ips":
             parts[e] = (w * r, ones)
@@ -444,11 +479,19 @@ def evaluate(
             parts[e] = (_dr_terms(r, a, p, pi, r_hat), ones)
         else:
             parts[e] = (_dr_terms(r, a, p, pi, r_hat, switch_tau), ones)
-    point = {e: _ratio(num.sum(), den.sum()) for e, (num, den) in parts.items()}
+    return parts
+
+
+def _bootstrap(
+    parts: dict[str, tuple[np.ndarray, np.ndarray]],
+    n: int,
+    n_boot: int,
+    rng: np.random.Generator,
+    progress: bool | None,
+) -> dict[str, np.ndarray]:
+    """n_boot resamples of the n rows, each one's estimate by every estimator (NaN where a resample's
+    denominator is 0), drawn in chunks of resamples."""
     reps = {e: np.empty(n_boot) for e in parts}
-    rng = np.random.default_rng([seed, 11])
-    if n_boot < 1:
-        raise AdaptspecError(f"n_boot must be >= 1, got {n_boot}")
     chunk = max(1, int(2e6 // n))
     bar = tqdm(
         total=n_boot,
@@ -467,23 +510,7 @@ def evaluate(
             with np.errstate(invalid="ignore", divide="ignore"):
                 reps[e][s : s + m] = np.where(dd > 0, nn / np.where(dd > 0, dd, 1.0), np.nan)
     bar.close()
-    out = {}
-    q = (1 - level) / 2
-    diag = weight_diagnostics(a, p, pi, logging_probs, switch_tau)
-    for e in parts:
-        v = reps[e][np.isfinite(reps[e])]
-        ci = (float(np.quantile(v, q)), float(np.quantile(v, 1 - q))) if len(v) else (math.nan, math.nan)
-        d = None if e == "dm" else diag
-        out[e] = Estimate(
-            e,
-            point[e],
-            ci,
-            float(v.std(ddof=1)) if len(v) > 1 else math.nan,
-            n,
-            d,
-            None if d is None else weight_note(e, point[e], r, d),
-        )
-    return out
+    return reps
 
 
 def _ratio(num: float, den: float) -> float:

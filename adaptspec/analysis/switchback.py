@@ -30,7 +30,7 @@ These are fixed-sample intervals: read them at a number of slices chosen in adva
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -95,6 +95,38 @@ def analyze_slices(
         raise AdaptspecError(f"the slice burn-in must be an int >= 0, got {burn_in!r}")
     if not 0 < level < 1:
         raise AdaptspecError(f"level must be in (0, 1), got {level!r}")
+    per, incomplete, too_short = _slices_by_variant(records, burn_in)
+    q = lambda df: float(stats.t.ppf(0.5 + level / 2, df))  # noqa: E731
+    variants: dict[str, dict[str, Any]] = {}
+    est: dict[str, tuple[float, float, int]] = {}
+    for v in sorted(per):
+        variants[v], est[v] = _variant(per[v], q)
+    comparisons = []
+    names = sorted(est)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            comparisons.append(_compare(x, est[x], y, est[y], q))
+    return {
+        "design": "switchback",
+        "metric": "tokens per decode second",
+        "method": METHOD,
+        "level": level,
+        "burn_in": burn_in,
+        "slices": {
+            "used": sum(len(p) for p in per.values()),
+            "incomplete": incomplete,
+            "too_short": too_short,
+        },
+        "variants": variants,
+        "comparisons": comparisons,
+    }
+
+
+def _slices_by_variant(
+    records: Sequence[Mapping[str, Any]], burn_in: int
+) -> tuple[dict[str, list[tuple[float, float, int, int, int]]], int, int]:
+    """Each variant's complete slices' figures (tokens, decode seconds, rounds, row-rounds, carried
+    row-rounds), and how many slices were incomplete and how many too short after the burn-in."""
     per: dict[str, list[tuple[float, float, int, int, int]]] = {}
     incomplete = too_short = 0
     for i, r in enumerate(records):
@@ -110,72 +142,61 @@ def analyze_slices(
             too_short += 1
             continue
         per.setdefault(v, []).append(f)
-    q = lambda df: float(stats.t.ppf(0.5 + level / 2, df))  # noqa: E731
-    variants: dict[str, dict[str, Any]] = {}
-    est: dict[str, tuple[float, float, int]] = {}
-    for v in sorted(per):
-        a = np.asarray(per[v], dtype=np.float64)
-        T, D = a[:, 0], a[:, 1]
-        R, se = _se(T, D)
-        est[v] = (R, se, len(T))
-        ci = (
-            None
-            if not math.isfinite(se)
-            else [rounded(R - q(len(T) - 1) * se), rounded(R + q(len(T) - 1) * se)]
-        )
-        variants[v] = {
-            "slices": int(len(T)),
-            "rounds": int(a[:, 2].sum()),
-            "tokens": int(T.sum()),
-            "decode_s": rounded(float(D.sum())),
-            "tokens_per_s": rounded(R),
-            "ci": ci,
-            "se": rounded(se) if math.isfinite(se) else None,
-            "row_rounds": int(a[:, 3].sum()),
-            "carried_share": rounded(float(a[:, 4].sum() / a[:, 3].sum())) if a[:, 3].sum() > 0 else None,
-        }
-    comparisons = []
-    names = sorted(est)
-    for i, x in enumerate(names):
-        for y in names[i + 1 :]:
-            (Ra, sa, na), (Rb, sb, nb) = est[x], est[y]
-            c: dict[str, Any] = {
-                "a": x,
-                "b": y,
-                "diff": rounded(Ra - Rb),
-                "ratio": rounded(Ra / Rb) if Rb > 0 else None,
-                "diff_ci": None,
-                "ratio_ci": None,
-                "p_value": None,
-                "df": None,
-            }
-            if math.isfinite(sa) and math.isfinite(sb):
-                se, df = _welch(sa, na, sb, nb)
-                if se > 0:
-                    c["diff_ci"] = [rounded(Ra - Rb - q(df) * se), rounded(Ra - Rb + q(df) * se)]
-                    c["p_value"] = rounded(float(2 * stats.t.sf(abs(Ra - Rb) / se, df)))
-                    c["df"] = rounded(df)
-                else:
-                    c["diff_ci"] = [rounded(Ra - Rb)] * 2
-                if Ra > 0 and Rb > 0:
-                    lse, ldf = _welch(sa / Ra, na, sb / Rb, nb)
-                    d = math.log(Ra / Rb)
-                    c["ratio_ci"] = [rounded(math.exp(d - q(ldf) * lse)), rounded(math.exp(d + q(ldf) * lse))]
-            comparisons.append(c)
-    return {
-        "design": "switchback",
-        "metric": "tokens per decode second",
-        "method": METHOD,
-        "level": level,
-        "burn_in": burn_in,
-        "slices": {
-            "used": sum(len(p) for p in per.values()),
-            "incomplete": incomplete,
-            "too_short": too_short,
-        },
-        "variants": variants,
-        "comparisons": comparisons,
+    return per, incomplete, too_short
+
+
+def _variant(
+    figures: list[tuple[float, float, int, int, int]], q: Callable[[float], float]
+) -> tuple[dict[str, Any], tuple[float, float, int]]:
+    """A variant's row of the report (q: the t quantile for a number of degrees of freedom), and its
+    throughput, standard error and slice count."""
+    a = np.asarray(figures, dtype=np.float64)
+    T, D = a[:, 0], a[:, 1]
+    R, se = _se(T, D)
+    ci = None if not math.isfinite(se) else [rounded(R - q(len(T) - 1) * se), rounded(R + q(len(T) - 1) * se)]
+    row = {
+        "slices": int(len(T)),
+        "rounds": int(a[:, 2].sum()),
+        "tokens": int(T.sum()),
+        "decode_s": rounded(float(D.sum())),
+        "tokens_per_s": rounded(R),
+        "ci": ci,
+        "se": rounded(se) if math.isfinite(se) else None,
+        "row_rounds": int(a[:, 3].sum()),
+        "carried_share": rounded(float(a[:, 4].sum() / a[:, 3].sum())) if a[:, 3].sum() > 0 else None,
     }
+    return row, (R, se, len(T))
+
+
+def _compare(
+    x: str, ex: tuple[float, float, int], y: str, ey: tuple[float, float, int], q: Callable[[float], float]
+) -> dict[str, Any]:
+    """Variant x against variant y: the difference and the ratio of their throughputs, with Welch t
+    intervals where both have a standard error."""
+    (Ra, sa, na), (Rb, sb, nb) = ex, ey
+    c: dict[str, Any] = {
+        "a": x,
+        "b": y,
+        "diff": rounded(Ra - Rb),
+        "ratio": rounded(Ra / Rb) if Rb > 0 else None,
+        "diff_ci": None,
+        "ratio_ci": None,
+        "p_value": None,
+        "df": None,
+    }
+    if math.isfinite(sa) and math.isfinite(sb):
+        se, df = _welch(sa, na, sb, nb)
+        if se > 0:
+            c["diff_ci"] = [rounded(Ra - Rb - q(df) * se), rounded(Ra - Rb + q(df) * se)]
+            c["p_value"] = rounded(float(2 * stats.t.sf(abs(Ra - Rb) / se, df)))
+            c["df"] = rounded(df)
+        else:
+            c["diff_ci"] = [rounded(Ra - Rb)] * 2
+        if Ra > 0 and Rb > 0:
+            lse, ldf = _welch(sa / Ra, na, sb / Rb, nb)
+            d = math.log(Ra / Rb)
+            c["ratio_ci"] = [rounded(math.exp(d - q(ldf) * lse)), rounded(math.exp(d + q(ldf) * lse))]
+    return c
 
 
 def slices_text(s: Mapping[str, Any]) -> list[str]:

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -92,6 +93,17 @@ from .target_pass import new_store, prefill_layers, verify_rows
 
 #: prompt tokens one target pass carries while rows decode (``BatchEngine(chunk_tokens=)``)
 DEFAULT_CHUNK_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class _RoundPlan:
+    """What each row drafts in one round (BatchEngine._plan), row by row."""
+
+    cap: int  # the widest block a row may verify: the token budget shared among the rows
+    widths: list[int]  # the positions each row verifies (1 for a tree row until its tree is built)
+    drafted: list[int]  # the positions each row drafts
+    noise: list  # a sampled row's Gumbel noise over its drafted positions; None for a greedy row
+    budgets: list  # a tree row's TreeBudget; None for a chain row
 
 
 class BatchEngine:
@@ -249,6 +261,57 @@ class BatchEngine:
         if not self.rows and not chunks:
             return None
         clock.mark()
+        plan = self._plan()
+        blocks, drafts, trees = (
+            self._draft(plan.widths, plan.drafted, plan.noise, plan.budgets, plan.cap)
+            if self.rows
+            else (None, None, [])
+        )
+        clock.mark()
+        with self.target.prepacked.on():
+            packed = self._pass(blocks, chunks, trees) if chunks else None
+            logits, hidden = (
+                (packed.logits, packed.context)
+                if chunks
+                else verify_rows(
+                    self.target, self.store, blocks, context=self.drafter is not None, trees=trees
+                )
+            )
+        new, paths, outcomes = self._accept(logits, drafts, trees, plan)
+        taus = [len(n) for n in new]
+        self._keep_accepted(paths, taus, hidden)
+        clock.mark()
+        admit_s, draft_s, pass_s = clock.spans()
+        # the rows' share of the pass: what a pass of their positions alone costs here (the rest was the prompts')
+        prompt_tokens = sum(len(c.ids) for c in chunks)
+        verify_s = self.rows_pass_cost.rows_share(
+            pass_s, len(self.rows) * max(plan.widths, default=0), prompt_tokens
+        )
+        rows = list(self.rows)
+        self._leave(self._log_rounds(rows, plan, taus, new, trees, outcomes, draft_s, verify_s))
+        started_at = time.perf_counter()
+        if chunks:  # the prompts that ended in this pass start their rows (from the next round on)
+            joined += self._start_filled(self.fills.absorb(chunks, packed))
+        if not rows:
+            return None
+        join_s = admit_s + pass_s - verify_s + time.perf_counter() - started_at
+        record = RoundRecord(
+            requests=tuple(row.handle.id for row in rows),
+            block_sizes=tuple(plan.widths),
+            taus=tuple(taus),
+            draft_s=draft_s,
+            verify_s=verify_s,
+            round_s=max(clock.total(), join_s + draft_s + verify_s),
+            joined=joined,
+            join_s=join_s,
+            prompt_tokens=prompt_tokens,
+        )
+        self.history.append(record)
+        return record
+
+    def _plan(self) -> _RoundPlan:
+        """What each row drafts this round: the width it verifies, the positions it drafts, its tree
+        budget and its sampling noise."""
         cap = max(1, self.token_budget // max(1, len(self.rows)))
         asked = [row.handle.block_size for row in self.rows]
         if self.round_block_sizes is not None and self.rows:  # a tree row keeps its tree
@@ -277,19 +340,17 @@ class BatchEngine:
             else row.keys.noise(len(row.handle.tokens), d, self.target.vocab_size, self.target.device)
             for row, d in zip(self.rows, drafted)
         ]
-        blocks, drafts, trees = (
-            self._draft(widths, drafted, noise, budgets, cap) if self.rows else (None, None, [])
-        )
-        clock.mark()
-        with self.target.prepacked.on():
-            packed = self._pass(blocks, chunks, trees) if chunks else None
-            logits, hidden = (
-                (packed.logits, packed.context)
-                if chunks
-                else verify_rows(
-                    self.target, self.store, blocks, context=self.drafter is not None, trees=trees
-                )
-            )
+        return _RoundPlan(cap, widths, drafted, noise, budgets)
+
+    def _accept(
+        self,
+        logits: torch.Tensor,
+        drafts: torch.Tensor | None,
+        trees: list[DraftTree | None],
+        plan: _RoundPlan,
+    ) -> tuple[list[list[int]], dict[int, list[int]], dict[int, TreeOutcomes]]:
+        """Each row's accepted tokens; a tree row's accepted path and outcomes besides."""
+        widths, noise = plan.widths, plan.noise
         new = accept.greedy(logits, drafts, widths) if self.rows else []
         paths: dict[int, list[int]] = {}
         outcomes: dict[int, TreeOutcomes] = {}
@@ -303,21 +364,33 @@ class BatchEngine:
             ):  # the target's keyed samples (decoding.sampling): the batch changes nothing
                 b = widths[i]
                 new[i] = accept_keyed(logits[i, :b], drafts[i, : b - 1], noise[i][:b], row.handle.temperature)
-        taus = [len(n) for n in new]
+        return new, paths, outcomes
+
+    def _keep_accepted(
+        self, paths: dict[int, list[int]], taus: list[int], hidden: torch.Tensor | None
+    ) -> None:
+        """Commits the accepted positions to the cache and the drafter's context."""
         for i, path in paths.items():  # the accepted path laid out as a chain, the rest dropped by the commit
             self.store.keep_path(i, path)
         self.store.commit(taus)
         if hidden is not None:  # copies: a view would keep the whole pass's hidden states alive
             for i, row in enumerate(self.rows):
                 row.draft.append(hidden[i, [0, *paths[i]]] if i in paths else hidden[i, : taus[i]].clone())
-        clock.mark()
-        admit_s, draft_s, pass_s = clock.spans()
-        # the rows' share of the pass: what a pass of their positions alone costs here (the rest was the prompts')
-        prompt_tokens = sum(len(c.ids) for c in chunks)
-        verify_s = self.rows_pass_cost.rows_share(
-            pass_s, len(self.rows) * max(widths, default=0), prompt_tokens
-        )
-        rows, done = list(self.rows), []
+
+    def _log_rounds(
+        self,
+        rows: list[Row],
+        plan: _RoundPlan,
+        taus: list[int],
+        new: list[list[int]],
+        trees: list[DraftTree | None],
+        outcomes: dict[int, TreeOutcomes],
+        draft_s: float,
+        verify_s: float,
+    ) -> list[int]:
+        """Appends the round to each row's request and commits its tokens; the rows that finished."""
+        widths, drafted = plan.widths, plan.drafted
+        done = []
         for i, row in enumerate(rows):
             tree = trees[i] is not None
             row.handle.rounds.append(
@@ -334,26 +407,7 @@ class BatchEngine:
             )
             if self._commit(row.handle, new[i]):
                 done.append(i)
-        self._leave(done)
-        started_at = time.perf_counter()
-        if chunks:  # the prompts that ended in this pass start their rows (from the next round on)
-            joined += self._start_filled(self.fills.absorb(chunks, packed))
-        if not rows:
-            return None
-        join_s = admit_s + pass_s - verify_s + time.perf_counter() - started_at
-        record = RoundRecord(
-            requests=tuple(row.handle.id for row in rows),
-            block_sizes=tuple(widths),
-            taus=tuple(taus),
-            draft_s=draft_s,
-            verify_s=verify_s,
-            round_s=max(clock.total(), join_s + draft_s + verify_s),
-            joined=joined,
-            join_s=join_s,
-            prompt_tokens=prompt_tokens,
-        )
-        self.history.append(record)
-        return record
+        return done
 
     def _pass(
         self, blocks: torch.Tensor | None, chunks: list[Chunk], trees: list[DraftTree | None]

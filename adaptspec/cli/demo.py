@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..control.controller import AdaptiveController
-    from ..decoding.greedy import TIE_GAP, PlainGreedy
+    from ..decoding.greedy import PlainGreedy
     from ..host import for_models
     from ..models import load_speculator
     from ..models.prompts import benchmark_prompts
@@ -127,6 +127,16 @@ def run(args: argparse.Namespace) -> int:
             g = ctl.generate(ids, max_new_tokens=args.max_new_tokens)
             rows.append((p, plain, g, baseline.verdict(g.tokens, plain[0], ids, args.max_new_tokens)))
         ctl.sync()
+    _print_rows(rows)
+    _print_totals(rows, t0)
+    for p, _, g, _ in rows[: args.show]:
+        print(f"\n--- {p.domain}: {p.prompt[:200]}\n{tok.decode(g.tokens, skip_special_tokens=True)}")
+    return 0 if all(r[3] != "NO" for r in rows) else 1
+
+
+def _print_rows(rows: list[tuple]) -> None:
+    """One line per request: its block size, tau, speed against plain greedy, and whether its output
+    is plain greedy's."""
     print()
     print(f"{'domain':<12} {'prompt':<42} {'B':>3} {'tau':>5} {'tok/s':>6} {'plain':>6} {'speedup':>8}  same")
     for p, (plain_tokens, plain_s), g, same in rows:
@@ -137,11 +147,16 @@ def run(args: argparse.Namespace) -> int:
             f"{p.domain:<12} {text:<42} {g.decision.block_size:>3} {o.mean_tau:>5.2f} {o.new_tokens / o.decode_s:>6.1f} "
             f"{len(plain_tokens) / plain_s:>6.1f} {sp:>7.2f}x  {same}"
         )
+
+
+def _print_totals(rows: list[tuple], t0: float) -> None:
+    """The speed over all requests against plain greedy, the verdicts, and what "tie" and "yes*" mean."""
+    from ..decoding.greedy import TIE_GAP
+
     spec_tok = sum(r[2].outcome.new_tokens for r in rows)
     spec_s = sum(r[2].outcome.decode_s for r in rows)
     plain_tok = sum(len(r[1][0]) for r in rows)
     plain_s = sum(r[1][1] for r in rows)
-    same = sum(r[3] != "NO" for r in rows)
     verdicts = ", ".join(
         f"{v} {sum(r[3] == v for r in rows)}"
         for v in ("yes", "yes*", "tie", "NO")
@@ -162,6 +177,3 @@ def run(args: argparse.Namespace) -> int:
             "yes*: equal to the target's own greedy output under the batch-invariant kernels the decoder runs; "
             "transformers' standard bf16 kernels round differently and drifted on that prompt (docs/decoding.md)"
         )
-    for p, _, g, _ in rows[: args.show]:
-        print(f"\n--- {p.domain}: {p.prompt[:200]}\n{tok.decode(g.tokens, skip_special_tokens=True)}")
-    return 0 if same == len(rows) else 1

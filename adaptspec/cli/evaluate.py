@@ -37,6 +37,14 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input_options(p)
+    _add_e2e_options(p)
+    _add_run_options(p)
+    _add_output_options(p)
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """What is evaluated: the trace set, a BlockPilot result folder and the sections."""
     p.add_argument(
         "--traces",
         default=None,
@@ -58,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated sections to regenerate: replay, hardware, blockpilot, drift, coldstart, e2e, rounds, load, full_info "
         "(default: all but e2e; e2e is added by --e2e)",
     )
+
+
+def _add_e2e_options(p: argparse.ArgumentParser) -> None:
+    """Section 6 on the real decoder: its prompts, tokens, fixed block size and models."""
     p.add_argument(
         "--e2e",
         type=int_range(1),
@@ -87,6 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target", default=None, metavar="DIR", help="target for section 6 (default: the bundled SmolLM2)"
     )
     p.add_argument("--threads", type=threads, default=None, metavar="N", help="torch threads for section 6")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """The replay's splits, orders and passes."""
     p.add_argument(
         "--splits",
         type=int_range(1),
@@ -104,6 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="passes over the evaluation requests per stream (default 10)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """What is written: the docs, replacing them, JSON, progress."""
     p.add_argument(
         "--render-only",
         action="store_true",

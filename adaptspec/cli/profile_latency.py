@@ -32,6 +32,14 @@ DEFAULT_ARMS = [1, 2, 4, 8, 12, 16, 24, 32]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_profile_options(p)
+    _add_model_options(p)
+    _add_output_options(p)
+    _add_batch_options(p)
+
+
+def _add_profile_options(p: argparse.ArgumentParser) -> None:
+    """What is profiled: the prompts, the block sizes and where the profile goes."""
     p.add_argument(
         "--prompts",
         type=_prompts,
@@ -56,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="profile JSON (default: <cache>/latency/NAME.json); replaces only a latency profile",
     )
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The speculator: a factory, or the target and drafter and how they run."""
     p.add_argument(
         "--speculator",
         type=speculator_path,
@@ -82,12 +94,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cpu, cuda, cuda:N or mps (checked before the model loads)",
     )
     p.add_argument("--threads", type=threads, default=None)
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Whether the host's round costs are timed again, and the output as JSON."""
     p.add_argument(
         "--remeasure",
         action="store_true",
         help="time this host's round costs again (adaptspec.host) instead of reading the cached record",
     )
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+
+
+def _add_batch_options(p: argparse.ArgumentParser) -> None:
+    """Timing batched rounds: the rows, tokens and contexts, the repeats and the engine."""
     p.add_argument(
         "--batch-rows",
         type=_positive_ints,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def _hidden(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from .._util.outputs import check_output, write_dir
     from ..policies.offline_head import train_head
-    from ..traces import load_traces, path_label
+    from ..traces import load_traces
 
     hidden = args.hidden
     out = Path(args.out)
@@ -135,30 +136,12 @@ def run(args: argparse.Namespace) -> int:
         )
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
     R = traces.reward_matrix(reward, args.latency, args.batch_size)
-    pca = args.pca if args.pca is not None else (32 if X.shape[1] > 64 else 0)
-    featurizer = None
-    if pca:
-        from ..policies.featurizer import Featurizer
-
-        keep = [-1] if str(traces.meta.get("features", "")).endswith("len") else []
-        featurizer = Featurizer.fit_traces(traces, dim=pca, keep=keep)
-        X = featurizer.transform(X)
+    X, featurizer = _reduced(traces, X, args.pca)
     ok = np.isfinite(R).all(axis=1)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise AdaptspecError(f"reward {reward} is not finite for request {traces.request_ids[bad]!r}")
-    info = {
-        "traces": path_label(traces.path),
-        "reward": reward,
-        "latency": args.latency,
-        "batch_size": args.batch_size,
-        "features": int(X.shape[1]),
-        "featurizer": None if featurizer is None else featurizer.fingerprint,
-        # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
-        "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None,
-        # what it was trained on (training and validation parts): a replay on these requests warns it is in-sample
-        "request_ids": [str(r) for r in traces.request_ids.tolist()],
-    }
+    info = _training_info(traces, args, reward, X, featurizer)
     head = train_head(
         np.asarray(X, dtype=np.float64),
         R,
@@ -181,7 +164,46 @@ def run(args: argparse.Namespace) -> int:
             featurizer.save(tmp)
 
     write_dir(out, "head", args.overwrite, write, "--overwrite", reads=[args.traces])
+    _print_summary(head, out, reward, args.json)
+    return 0
 
+
+def _reduced(traces: Any, X: np.ndarray, pca: int | None) -> tuple[np.ndarray, Any]:
+    """The features the head learns from, and the featurizer that made them (None: the raw features);
+    by default a PCA to 32 dimensions for features wider than 64 (keeping the length feature)."""
+    pca = pca if pca is not None else (32 if X.shape[1] > 64 else 0)
+    featurizer = None
+    if pca:
+        from ..policies.featurizer import Featurizer
+
+        keep = [-1] if str(traces.meta.get("features", "")).endswith("len") else []
+        featurizer = Featurizer.fit_traces(traces, dim=pca, keep=keep)
+        X = featurizer.transform(X)
+    return X, featurizer
+
+
+def _training_info(
+    traces: Any, args: argparse.Namespace, reward: str, X: np.ndarray, featurizer: Any
+) -> dict[str, Any]:
+    """What the head was trained on, saved with it."""
+    from ..traces import path_label
+
+    return {
+        "traces": path_label(traces.path),
+        "reward": reward,
+        "latency": args.latency,
+        "batch_size": args.batch_size,
+        "features": int(X.shape[1]),
+        "featurizer": None if featurizer is None else featurizer.fingerprint,
+        # the profile that timed these rewards: a controller calibrates its machine to it (MachineSpeed)
+        "timings": traces.meta.get("latency_profile") if reward in MEASURED_REWARDS else None,
+        # what it was trained on (training and validation parts): a replay on these requests warns it is in-sample
+        "request_ids": [str(r) for r in traces.request_ids.tolist()],
+    }
+
+
+def _print_summary(head: Any, out: Path, reward: str, as_json: bool) -> None:
+    """The head's training and validation figures, as one JSON object or as sentences."""
     keys = (
         "n_train",
         "n_val",
@@ -200,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         "reward": reward,
         **{k: head.info[k] for k in keys},
     }
-    if args.json:
+    if as_json:
         print(json.dumps(summary))
     else:
         print(
@@ -213,4 +235,3 @@ def run(args: argparse.Namespace) -> int:
             f"best arm picked {100 * summary['val_accuracy']:.1f}% of the time (reward {reward})"
         )
         print(f"wrote {out}  (use: --policy head:path={out}  or  --policy neural-linear:head={out})")
-    return 0

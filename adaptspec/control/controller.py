@@ -311,13 +311,7 @@ class AdaptiveController:
         self.shape = shape = _decoder_shape(speculator, cfg)
         self.speculator, self.max_block_size = speculator, shape.max_block_size
         self.setup = setup = setup_policy(policy, cfg, shape, host=_host_pricing(speculator))
-        if any(is_tree_arm(a) for a in setup.arms) and (
-            cfg.redecide_every is not None or cfg.round_rule is not None
-        ):
-            raise AdaptspecError(
-                f"arms {list(setup.arms)} hold draft trees, which redecide_every and round_rule "
-                "cannot choose between rounds: give chain arms only"
-            )
+        _check_round_choices(setup.arms, cfg)
         self.round_rule = cfg.round_schedule(self.max_block_size)
         self._spec_lock = speculator_lock(speculator) if speculator is not None else threading.Lock()
         self._requests, self._inflight, self._closed = (
@@ -329,62 +323,67 @@ class AdaptiveController:
             log.info("%s: policy %s", variant or "controller", setup.choice)
         self._log = open_decision_log(cfg)
         try:
-            self._updates = UpdateQueue()
-            self._book = DecisionBook(
-                self._updates,
-                reward_fn=setup.reward_fn,
-                log_writer=self._log,
-                variant=variant,
-                machine_speed=setup.machine_speed,
-                log_features=log_features,
-                feedback_timeout_s=feedback_timeout_s,
-                max_pending=cfg.max_pending,
-                pricer=_pricer(cfg, setup, shape),
-            )
-            learner = Learner(
-                setup.learner,
-                contextual=setup.contextual,
-                machine_speed=setup.machine_speed,
-                reward_name=cfg.reward_name,
-                name=variant or "",
-            )
-            checkpointer = _checkpointer(cfg, setup)
-            self.resumed = checkpointer.resume(learner) if checkpointer is not None and resume else None
-            contexts = Contexts.settled(
-                _width(cfg, shape, setup, self._log, learner, self.resumed),
-                setup.featurizer,
-                contextual=setup.contextual,
-                policy_label=setup.label,
-                load_features=cfg.load_features,
-            )
-            if shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
-                learner.attach(shared, variant, cfg.path("log_dir"))
-            self._decider = Decider(
-                copy_policy(learner.policy),
-                contexts,
-                arms=setup.arms,
-                name=variant or "",
-                fallback_block_size=setup.fallback_block_size,
-                timeout_s=decide_timeout_s,
-                on_caller=cfg.decide_on_caller,
-            )
-            self._worker = UpdateWorker(
-                learner,
-                self._updates,
-                decider=self._decider,
-                book=self._book,
-                checkpointer=checkpointer,
-                log_writer=self._log,
-                name=variant or "",
-            )
-            self._worker.start()
-            self._blas_limits = (
-                None if blas_threads is None else threadpool_limits(blas_threads, user_api="blas")
-            )
+            self._start_learning(cfg, setup, shape)
         except BaseException:
             if self._log is not None:
                 self._log.close()
             raise
+
+    def _start_learning(self, cfg: ControllerConfig, setup: PolicySetup, shape: DecoderShape) -> None:
+        """Wires the decision book, the learner (resumed from its checkpoint, then joined to the fleet's
+        statistics), the decider and the update worker, and starts the worker."""
+        self._updates = UpdateQueue()
+        self._book = DecisionBook(
+            self._updates,
+            reward_fn=setup.reward_fn,
+            log_writer=self._log,
+            variant=cfg.variant,
+            machine_speed=setup.machine_speed,
+            log_features=cfg.log_features,
+            feedback_timeout_s=cfg.feedback_timeout_s,
+            max_pending=cfg.max_pending,
+            pricer=_pricer(cfg, setup, shape),
+        )
+        learner = Learner(
+            setup.learner,
+            contextual=setup.contextual,
+            machine_speed=setup.machine_speed,
+            reward_name=cfg.reward_name,
+            name=cfg.variant or "",
+        )
+        checkpointer = _checkpointer(cfg, setup)
+        self.resumed = checkpointer.resume(learner) if checkpointer is not None and cfg.resume else None
+        contexts = Contexts.settled(
+            _width(cfg, shape, setup, self._log, learner, self.resumed),
+            setup.featurizer,
+            contextual=setup.contextual,
+            policy_label=setup.label,
+            load_features=cfg.load_features,
+        )
+        if cfg.shared is not None:  # after resume: the fleet's statistics replace the checkpoint's
+            learner.attach(cfg.shared, cfg.variant, cfg.path("log_dir"))
+        self._decider = Decider(
+            copy_policy(learner.policy),
+            contexts,
+            arms=setup.arms,
+            name=cfg.variant or "",
+            fallback_block_size=setup.fallback_block_size,
+            timeout_s=cfg.decide_timeout_s,
+            on_caller=cfg.decide_on_caller,
+        )
+        self._worker = UpdateWorker(
+            learner,
+            self._updates,
+            decider=self._decider,
+            book=self._book,
+            checkpointer=checkpointer,
+            log_writer=self._log,
+            name=cfg.variant or "",
+        )
+        self._worker.start()
+        self._blas_limits = (
+            None if cfg.blas_threads is None else threadpool_limits(cfg.blas_threads, user_api="blas")
+        )
 
     @classmethod
     def for_engine(
@@ -509,23 +508,7 @@ class AdaptiveController:
         first = self._decide(ctx, request_id, load, int(pre.prompt_tokens))
         decisions = [first]
         starts = [0]
-        schedule: Any = (
-            first.block_size if self.round_rule is None else self.round_rule.with_block_size(first.block_size)
-        )
-        if self.config.redecide_every is not None:
-            k = self.config.redecide_every
-
-            def redecide(i: int, rounds: list[Round]) -> int:
-                if i > 0 and i % k == 0 and starts[-1] != i:
-                    before = int(pre.prompt_tokens) + sum(
-                        r.tau for r in rounds
-                    )  # its rounds' context starts there
-                    decisions.append(self._decide(ctx, request_id, load, before))
-                    starts.append(i)
-                return decisions[-1].block_size
-
-            schedule = BlockFunction(redecide)
-
+        schedule = self._schedule(first, decisions, starts, ctx, request_id, load, int(pre.prompt_tokens))
         kwargs: dict[str, Any] = {"temperature": temperature}
         if on_tokens is not None:
             kwargs["on_round"] = lambda new, r: on_tokens(list(new))
@@ -538,28 +521,8 @@ class AdaptiveController:
                 self._book.abandon(d.decision_id, "decode_error")
             raise
         t3 = time.perf_counter()
-        largest = (
-            self.max_block_size
-            if self.round_rule is not None
-            else max(verified_positions(d.block_size) for d in decisions)
-        )
         try:
-            if not isinstance(outcome, Outcome):
-                raise AdaptspecError(
-                    f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
-                    "not an adaptspec Outcome"
-                )
-            check_outcome(outcome, first, largest, max_new_tokens)
-            segments = [outcome] if len(decisions) == 1 else split_outcome(outcome, starts)
-            for d, seg in zip(
-                decisions, segments if len(decisions) > 1 else []
-            ):  # each one's rounds: at most its size
-                big = max((r.block_size for r in seg.rounds), default=0)
-                if big > verified_positions(d.block_size):
-                    raise AdaptspecError(
-                        f"outcome of decision {d.decision_id} refused: its rounds ran block size "
-                        f"{big}, larger than the {d.block_size} decided"
-                    )
+            segments = self._segments(outcome, decisions, starts, max_new_tokens)
         except AdaptspecError:
             for d in decisions:
                 self._book.abandon(d.decision_id, "decode_error")
@@ -573,6 +536,64 @@ class AdaptiveController:
         return Generation(
             outcome, first, decisions, rewards, prefill_s=t1 - t0, overhead_s=(t2 - ta) + (t4 - t3)
         )
+
+    def _schedule(
+        self,
+        first: Decision,
+        decisions: list[Decision],
+        starts: list[int],
+        ctx: Any,
+        request_id: str | None,
+        load: LoadState | None,
+        prompt_tokens: int,
+    ) -> Any:
+        """The request's block sizes round by round: the first decision's (through the round rule if
+        any), or with redecide_every a fresh decision every k rounds, appended to decisions (and the
+        round it starts at to starts) as decoding reaches it."""
+        if self.config.redecide_every is None:
+            return (
+                first.block_size
+                if self.round_rule is None
+                else self.round_rule.with_block_size(first.block_size)
+            )
+        k = self.config.redecide_every
+
+        def redecide(i: int, rounds: list[Round]) -> int:
+            if i > 0 and i % k == 0 and starts[-1] != i:
+                before = prompt_tokens + sum(r.tau for r in rounds)  # its rounds' context starts there
+                decisions.append(self._decide(ctx, request_id, load, before))
+                starts.append(i)
+            return decisions[-1].block_size
+
+        return BlockFunction(redecide)
+
+    def _segments(
+        self, outcome: Any, decisions: list[Decision], starts: list[int], max_new_tokens: int
+    ) -> list[Outcome]:
+        """The decoded outcome checked and split into each decision's rounds (raises AdaptspecError
+        for an outcome that breaks what was decided)."""
+        if not isinstance(outcome, Outcome):
+            raise AdaptspecError(
+                f"speculator {self.shape.name}: decode returned {type(outcome).__name__}, "
+                "not an adaptspec Outcome"
+            )
+        largest = (
+            self.max_block_size
+            if self.round_rule is not None
+            else max(verified_positions(d.block_size) for d in decisions)
+        )
+        check_outcome(outcome, decisions[0], largest, max_new_tokens)
+        if len(decisions) == 1:
+            return [outcome]
+        segments = split_outcome(outcome, starts)
+        for d, seg in zip(decisions, segments):  # each one's rounds: at most its size
+            big = max((r.block_size for r in seg.rounds), default=0)
+            if big > verified_positions(d.block_size):
+                raise AdaptspecError(
+                    f"outcome of decision {d.decision_id} refused: its rounds ran block size "
+                    f"{big}, larger than the {d.block_size} decided"
+                )
+        return segments
 
     def decide(
         self,
@@ -858,3 +879,12 @@ def _checkpointer(cfg: ControllerConfig, setup: PolicySetup) -> Checkpointer | N
         every=cfg.checkpoint_every,
         interval_s=cfg.checkpoint_interval_s,
     )
+
+
+def _check_round_choices(arms: Sequence[Any], cfg: ControllerConfig) -> None:
+    """Draft trees are chosen once per request: a rule that chooses between rounds takes chain arms only."""
+    if any(is_tree_arm(a) for a in arms) and (cfg.redecide_every is not None or cfg.round_rule is not None):
+        raise AdaptspecError(
+            f"arms {list(arms)} hold draft trees, which redecide_every and round_rule "
+            "cannot choose between rounds: give chain arms only"
+        )

@@ -181,12 +181,7 @@ class SpeculativeDecoder:
         ``on_round(tokens, round)`` is called after each round with the tokens it committed
         (for streaming).
         """
-        _check_temperature(temperature)
-        if max_new_tokens < 1:
-            raise AdaptspecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        state: _PrefillState = prefill.state
-        if not isinstance(state, _PrefillState):
-            raise AdaptspecError("this Prefill was not made by this decoder")
+        state = self._decodable(prefill, temperature, max_new_tokens)
         tree = as_tree_budget(block_size)
         if tree is not None and self.drafter is None:
             raise AdaptspecError("draft trees need a drafter")
@@ -218,17 +213,8 @@ class SpeculativeDecoder:
                     tokens[-1], n, room, cache, draft, temperature, keys, len(tokens), tree
                 )
             else:
-                b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
-                if not schedule.uses_confidence:
-                    b = min(b, room)  # drafts past the end would be thrown away
-                d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
-                noise = (
-                    None
-                    if temperature == 0
-                    else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
-                )
-                new, r = self._round(
-                    tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds
+                new, r = self._chain_round(
+                    tokens, n, room, cache, draft, temperature, keys, fixed, schedule, rounds
                 )
             rounds.append(r)
             n += r.tau
@@ -242,6 +228,43 @@ class SpeculativeDecoder:
                 on_round(tokens[kept:], r)
         decode_s = _now(self.target.device) - start
         return Outcome(tokens=tokens, rounds=rounds, decode_s=decode_s, finish_reason=finish)
+
+    def _decodable(self, prefill: Prefill, temperature: float, max_new_tokens: int) -> _PrefillState:
+        """decode's settings checked; the prefill's state (made by this decoder)."""
+        _check_temperature(temperature)
+        if max_new_tokens < 1:
+            raise AdaptspecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        state: _PrefillState = prefill.state
+        if not isinstance(state, _PrefillState):
+            raise AdaptspecError("this Prefill was not made by this decoder")
+        return state
+
+    def _chain_round(
+        self,
+        tokens: list[int],
+        n: int,
+        room: int,
+        cache: Any,
+        draft: Any,
+        temperature: float,
+        keys: SampleKeys | None,
+        fixed: int | None,
+        schedule: Any,
+        rounds: list[Round],
+    ) -> tuple[list[int], Round]:
+        """One round of a chain: the block size (fixed, or the schedule's, cut to the room left
+        unless the schedule verifies by confidence), the block drafted (draft_length if set), the
+        sampling noise at T > 0; the tokens it committed and its record."""
+        b = fixed if fixed is not None else self._check_block_size(schedule.draft_size(rounds))
+        if not schedule.uses_confidence:
+            b = min(b, room)  # drafts past the end would be thrown away
+        d = self.draft_length if self.draft_length is not None and b > 1 else b  # the block to draft
+        noise = (
+            None
+            if temperature == 0
+            else keys.noise(len(tokens), d, self.target.vocab_size, self.target.device)
+        )
+        return self._round(tokens[-1], n, b, d, room, cache, draft, temperature, noise, schedule, rounds)
 
     @torch.inference_mode()
     def teacher_forced_context(self, prefill: Prefill, tokens: Sequence[int]) -> torch.Tensor:

@@ -254,52 +254,17 @@ class BlockDiffusionDrafter(nn.Module):
         the target's depth recorded. ``"adaptspec"`` (default): no q/k norm and a learned mask
         vector, unless ``mask_token_id`` is given.
         """
-        if layout not in LAYOUTS:
-            raise AdaptspecError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
-        tc = target.config
-        L = tc.num_hidden_layers
-        layers = (
-            list(target_layers) if target_layers is not None else default_target_layers(L, num_target_layers)
+        config = _config_for(
+            target,
+            num_layers,
+            target_layers,
+            num_target_layers,
+            max_block_size,
+            draft_vocab,
+            normalize_context_layers,
+            layout,
+            mask_token_id,
         )
-        if any(not 0 <= i <= L for i in layers):
-            raise AdaptspecError(f"target_layers {layers} outside 0..{L}")
-        dflash = layout == "dflash"
-        if dflash and mask_token_id is None:
-            mask_token_id = default_mask_token_id(target)
-        if mask_token_id is not None and not 0 <= mask_token_id < tc.vocab_size:
-            raise AdaptspecError(
-                f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}"
-            )
-        heads = tc.num_attention_heads
-        rope = getattr(tc, "rope_parameters", None) or {}
-        config = DrafterConfig(
-            hidden_size=tc.hidden_size,
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=getattr(tc, "num_key_value_heads", None) or heads,
-            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
-            intermediate_size=tc.intermediate_size,
-            vocab_size=tc.vocab_size,
-            target_layers=layers,
-            max_block_size=max_block_size,
-            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-5),
-            rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))),
-            draft_vocab_size=None if draft_vocab is None else len(draft_vocab),
-            target_name=getattr(tc, "_name_or_path", "") or tc.model_type,
-            normalize_context_layers=normalize_context_layers,
-            qk_norm=dflash,
-            mask_token_id=mask_token_id,
-            num_target_layers=L if dflash else None,
-            extra={"max_position_embeddings": tc.max_position_embeddings}
-            if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int)
-            else {},
-        )
-        if dflash:  # the layout's own rules, in one place
-            from .dflash_format import unsupported
-
-            why = unsupported(config)
-            if why is not None:
-                raise AdaptspecError(f"layout dflash: {why}")
         if seed is not None:
             torch.manual_seed(seed)
         drafter = cls(config, None if draft_vocab is None else torch.as_tensor(list(draft_vocab)))
@@ -588,3 +553,63 @@ __all__ = [
     "default_mask_token_id",
     "default_target_layers",
 ]
+
+
+def _config_for(
+    target: nn.Module,
+    num_layers: int,
+    target_layers: Sequence[int] | None,
+    num_target_layers: int,
+    max_block_size: int,
+    draft_vocab: Sequence[int] | None,
+    normalize_context_layers: bool,
+    layout: str,
+    mask_token_id: int | None,
+) -> DrafterConfig:
+    """A drafter's configuration shaped after target's (BlockDiffusionDrafter.for_target), checked:
+    the layout, the target layers it reads, the mask token, and the dflash layout's own rules."""
+    if layout not in LAYOUTS:
+        raise AdaptspecError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    tc = target.config
+    L = tc.num_hidden_layers
+    layers = list(target_layers) if target_layers is not None else default_target_layers(L, num_target_layers)
+    if any(not 0 <= i <= L for i in layers):
+        raise AdaptspecError(f"target_layers {layers} outside 0..{L}")
+    dflash = layout == "dflash"
+    if dflash and mask_token_id is None:
+        mask_token_id = default_mask_token_id(target)
+    if mask_token_id is not None and not 0 <= mask_token_id < tc.vocab_size:
+        raise AdaptspecError(
+            f"mask_token_id {mask_token_id} outside the target's vocabulary 0..{tc.vocab_size - 1}"
+        )
+    heads = tc.num_attention_heads
+    rope = getattr(tc, "rope_parameters", None) or {}
+    config = DrafterConfig(
+        hidden_size=tc.hidden_size,
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(tc, "num_key_value_heads", None) or heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        intermediate_size=tc.intermediate_size,
+        vocab_size=tc.vocab_size,
+        target_layers=layers,
+        max_block_size=max_block_size,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-5),
+        rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))),
+        draft_vocab_size=None if draft_vocab is None else len(draft_vocab),
+        target_name=getattr(tc, "_name_or_path", "") or tc.model_type,
+        normalize_context_layers=normalize_context_layers,
+        qk_norm=dflash,
+        mask_token_id=mask_token_id,
+        num_target_layers=L if dflash else None,
+        extra={"max_position_embeddings": tc.max_position_embeddings}
+        if dflash and isinstance(getattr(tc, "max_position_embeddings", None), int)
+        else {},
+    )
+    if dflash:  # the layout's own rules, in one place
+        from .dflash_format import unsupported
+
+        why = unsupported(config)
+        if why is not None:
+            raise AdaptspecError(f"layout dflash: {why}")
+    return config

@@ -68,9 +68,6 @@ def section_coldstart(
     traces: Any, st: Settings, seed: int = 0
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Learning curve of the warm start over head training-set sizes, against cold bandits."""
-    from ..policies.neural_linear import NeuralLinear
-    from ..policies.offline_head import OfflineHead
-
     reward, latency = default_reward(traces)
     base = {"traces": provenance(traces), "reward": reward, "latency": latency}
     if traces.features is None:
@@ -107,18 +104,7 @@ def section_coldstart(
             for s in sizes:
                 sub = np.sort(rng.choice(tr, size=s, replace=False)) if s < len(tr) else tr
                 heads = train_heads(ctx.X[sub], R[sub], arms, seed=1000 * r + s, classification=False)
-                warm_c = [
-                    Contender(
-                        "neural-linear (warm)",
-                        "contextual",
-                        lambda ar, sd, h=heads.regression: NeuralLinear(h, seed=sd),
-                    ),
-                    Contender(
-                        "head alone (regression)",
-                        "offline",
-                        lambda ar, sd, h=heads.regression: OfflineHead(h, seed=sd),
-                    ),
-                ]
+                warm_c = _warm_contenders(heads.regression)
                 bar.plan(len(warm_c) * T)
                 ch = run_contenders(warm_c, R, ctx.X, idx, arms, 7000 + r, bar, feedback=fb)
                 for lbl, a in ch.items():
@@ -138,24 +124,42 @@ def section_coldstart(
         "horizons": {},
     }
     for key, cold_t in (("stream", cold), ("first_pass", first_cold)):
-        cold_rows = cold_t.summary()
-        curve = {lbl: [] for lbl in ("neural-linear (warm)", "head alone (regression)")}
-        for s in sizes:
-            for row in warm[key][s].summary():
-                curve[row["policy"]].append(
-                    {"size": s, "pct_oracle": row["pct_oracle"], "gain_pct": row["gain_pct"]}
-                )
-        best_cold = max(
-            (c for c in cold_rows if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"]
-        )
-        nl = [p["pct_oracle"]["mean"] for p in curve["neural-linear (warm)"]]
-        out["horizons"][key] = {
-            "cold": cold_rows,
-            "warm": curve,
-            "best_cold": best_cold["policy"],
-            "crossing": crossing(sizes, nl, best_cold["pct_oracle"]["mean"]),
-            "crossing_best_fixed": crossing(
-                sizes, nl, next(c for c in cold_rows if c["policy"] == "best fixed")["pct_oracle"]["mean"]
-            ),
-        }
+        out["horizons"][key] = _horizon(cold_t, warm[key], sizes)
     return out, out
+
+
+def _warm_contenders(head: Any) -> list[Contender]:
+    """The warm start (neural-linear on the head) and the head alone."""
+    from ..policies.neural_linear import NeuralLinear
+    from ..policies.offline_head import OfflineHead
+
+    return [
+        Contender("neural-linear (warm)", "contextual", lambda ar, sd, h=head: NeuralLinear(h, seed=sd)),
+        Contender("head alone (regression)", "offline", lambda ar, sd, h=head: OfflineHead(h, seed=sd)),
+    ]
+
+
+def _horizon(cold_t: Tally, warm_t: dict[int, Tally], sizes: list[int]) -> dict[str, Any]:
+    """One horizon (the stream or the first pass): the cold policies, the warm ones' curve over the
+    head's training-set sizes, and the size where the warm start overtakes the best cold policy and
+    the best fixed block size."""
+    cold_rows = cold_t.summary()
+    curve = {lbl: [] for lbl in ("neural-linear (warm)", "head alone (regression)")}
+    for s in sizes:
+        for row in warm_t[s].summary():
+            curve[row["policy"]].append(
+                {"size": s, "pct_oracle": row["pct_oracle"], "gain_pct": row["gain_pct"]}
+            )
+    best_cold = max(
+        (c for c in cold_rows if c["policy"] != "best fixed"), key=lambda c: c["pct_oracle"]["mean"]
+    )
+    nl = [p["pct_oracle"]["mean"] for p in curve["neural-linear (warm)"]]
+    return {
+        "cold": cold_rows,
+        "warm": curve,
+        "best_cold": best_cold["policy"],
+        "crossing": crossing(sizes, nl, best_cold["pct_oracle"]["mean"]),
+        "crossing_best_fixed": crossing(
+            sizes, nl, next(c for c in cold_rows if c["policy"] == "best fixed")["pct_oracle"]["mean"]
+        ),
+    }

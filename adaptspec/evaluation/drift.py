@@ -97,15 +97,7 @@ def drift_stream(
     tr, pool = split_requests(traces.domains, train_fraction, seed)
     ctx = make_contexts(traces, tr)
     heads = None if ctx.X is None else train_heads(ctx.X[tr], R[tr], arms, seed=seed)
-    fixed_tr = int(np.argmax(R[tr].mean(axis=0)))
-    contenders = [
-        Contender(
-            f"fixed:{arms[fixed_tr]} (best on the training split)",
-            "fixed",
-            choices=np.full(traces.n_requests, fixed_tr),
-        )
-    ]
-    contenders += standard_lineup(heads, ctx.X is not None, discount=True)
+    contenders = _contenders(traces, R[tr], heads, ctx.X is not None)
     fb = contender_feedback(contenders, traces, R, reward, latency)
     fed = {"best fixed of each phase (reference)": "none", "oracle": "oracle"}
     a_doms, b_doms, dom_best = phase_domains(traces.domains, R, pool)
@@ -127,41 +119,16 @@ def drift_stream(
             ra = int(np.argmax(R[idx[:P]].sum(axis=0)))
             rb = int(np.argmax(R[idx[P:]].sum(axis=0)))
             refs.append((int(arms[ra]), int(arms[rb])))
-            best = R[idx].max(axis=1)
-            ref_r = np.concatenate([R[idx[:P], ra], R[idx[P:], rb]])
             chosen = {
                 "best fixed of each phase (reference)": np.concatenate([np.full(P, ra), np.full(P, rb)]),
                 "oracle": scorer.oracle_choice(idx),
                 **chosen,
             }
-            for lbl, a in chosen.items():
-                r = R[idx, a]
-                e = rows.setdefault(
-                    lbl, {"before": [], "first_window": [], "last_window": [], "recovery": [], "phase_b": []}
-                )
-                e["before"].append(float(pct_of(r[:P].sum(), best[:P].sum())))
-                e["phase_b"].append(float(pct_of(r[P:].sum(), best[P:].sum())))
-                e["first_window"].append(float(pct_of(r[P : P + W].sum(), best[P : P + W].sum())))
-                e["last_window"].append(float(pct_of(r[-W:].sum(), best[-W:].sum())))
-                e["recovery"].append(recovery_time(r[P:], ref_r[P:], W))
-                curves.setdefault(lbl, []).append(windowed_pct(r, best, W, pts))
+            _record_order(rows, curves, chosen, R, idx, P, (ra, rb), W, pts)
     finally:
         bar.close()
     kinds = {c.label: c.kind for c in contenders}
-    table = []
-    for lbl, e in rows.items():
-        rec = e["recovery"]
-        table.append(
-            {
-                "policy": lbl,
-                "kind": kinds.get(lbl, "reference"),
-                "feedback": fed[lbl],
-                **{k: round(ci95(e[k])[0], 3) for k in ("before", "first_window", "last_window", "phase_b")},
-                "recovery": rec,
-                "recovered_runs": sum(x is not None for x in rec),
-                "recovery_median": None if any(x is None for x in rec) else float(np.median(rec)),
-            }
-        )
+    table = [_policy_row(lbl, e, kinds.get(lbl, "reference"), fed[lbl]) for lbl, e in rows.items()]
     data = {
         "label": label,
         "traces": provenance(traces),
@@ -187,6 +154,63 @@ def drift_stream(
         "change": P,
         "window": W,
         "curves": {k: np.mean(v, axis=0) for k, v in curves.items()},
+    }
+
+
+def _contenders(traces: Any, R_train: np.ndarray, heads: Any, contextual: bool) -> list[Contender]:
+    """The block size best on the training split, then the standard lineup (discounted)."""
+    fixed_tr = int(np.argmax(R_train.mean(axis=0)))
+    return [
+        Contender(
+            f"fixed:{traces.arms[fixed_tr]} (best on the training split)",
+            "fixed",
+            choices=np.full(traces.n_requests, fixed_tr),
+        ),
+        *standard_lineup(heads, contextual, discount=True),
+    ]
+
+
+def _record_order(
+    rows: dict[str, dict[str, list]],
+    curves: dict[str, list[np.ndarray]],
+    chosen: dict[str, np.ndarray],
+    R: np.ndarray,
+    idx: np.ndarray,
+    P: int,
+    phase_best: tuple[int, int],
+    W: int,
+    pts: np.ndarray,
+) -> None:
+    """Adds one shuffled order's scores (phase A, phase B, the windows after the change, the recovery
+    time against each phase's best fixed block size) and windowed curve to every policy's; the first P
+    requests of the order are phase A's."""
+    ra, rb = phase_best
+    best = R[idx].max(axis=1)
+    ref_r = np.concatenate([R[idx[:P], ra], R[idx[P:], rb]])
+    for lbl, a in chosen.items():
+        r = R[idx, a]
+        e = rows.setdefault(
+            lbl, {"before": [], "first_window": [], "last_window": [], "recovery": [], "phase_b": []}
+        )
+        e["before"].append(float(pct_of(r[:P].sum(), best[:P].sum())))
+        e["phase_b"].append(float(pct_of(r[P:].sum(), best[P:].sum())))
+        e["first_window"].append(float(pct_of(r[P : P + W].sum(), best[P : P + W].sum())))
+        e["last_window"].append(float(pct_of(r[-W:].sum(), best[-W:].sum())))
+        e["recovery"].append(recovery_time(r[P:], ref_r[P:], W))
+        curves.setdefault(lbl, []).append(windowed_pct(r, best, W, pts))
+
+
+def _policy_row(label: str, e: dict[str, list], kind: str, feedback: str) -> dict[str, Any]:
+    """A policy's mean scores over the orders and its recovery times."""
+    rec = e["recovery"]
+    return {
+        "policy": label,
+        "kind": kind,
+        "feedback": feedback,
+        **{k: round(ci95(e[k])[0], 3) for k in ("before", "first_window", "last_window", "phase_b")},
+        "recovery": rec,
+        "recovered_runs": sum(x is not None for x in rec),
+        "recovery_median": None if any(x is None for x in rec) else float(np.median(rec)),
     }
 
 

@@ -73,39 +73,9 @@ def run_e2e(
     bar.plan(len(prompts))
     try:
         for i, (rid, domain, ids) in enumerate(prompts):
-            ids = list(ids)
-            pre = None
-            rec: dict[str, Any] = {"request_id": rid, "domain": domain, "prompt_tokens": len(ids)}
-            toks = {}
-            for m in METHODS[i % 3 :] + METHODS[: i % 3]:
-                if m == "controller":
-                    g = ctrl.generate(ids, max_new_tokens=max_new_tokens, request_id=rid)
-                    out = g.outcome
-                    rec[m] = {
-                        "block_size": int(g.decision.block_size),
-                        "overhead_s": float(g.overhead_s),
-                        "fallback": g.fallback,
-                        "reward": g.reward,
-                    }
-                elif m == "plain":
-                    out = plain(ids, max_new_tokens)
-                    rec[m] = {"block_size": 1}
-                else:
-                    if pre is None:
-                        pre = speculator.prefill(ids)
-                    out = speculator.decode(pre, fixed_block, max_new_tokens)
-                    rec[m] = {"block_size": int(fixed_block)}
-                rec[m].update(
-                    new_tokens=int(out.new_tokens),
-                    decode_s=float(out.decode_s),
-                    mean_tau=float(out.mean_tau) if out.rounds else None,
-                )
-                toks[m] = list(out.tokens)
-            verdict = plain.verdict(toks["fixed"], toks["plain"], ids, max_new_tokens)
-            rec["identical"] = toks["fixed"] == toks["controller"] and verdict != "NO"
-            if verdict == "yes*":  # standard bf16 kernels drifted; equal to the exact-kernel greedy output
-                rec["plain_kernels_differ"] = True
-            rows.append(rec)
+            rows.append(
+                _three_ways(i, rid, domain, list(ids), speculator, plain, ctrl, fixed_block, max_new_tokens)
+            )
             bar.update(1)
         ctrl.sync()
         stats = ctrl.stats()
@@ -115,6 +85,53 @@ def run_e2e(
     summary = summarize_e2e(rows, stats, fixed_block, ctrl.policy_label)
     summary["plain"] = plain.description
     return summary
+
+
+def _three_ways(
+    i: int,
+    rid: str,
+    domain: str,
+    ids: list[int],
+    speculator: Any,
+    plain: _Plain,
+    ctrl: Any,
+    fixed_block: int,
+    max_new_tokens: int,
+) -> dict[str, Any]:
+    """Prompt i decoded plainly, at the fixed block size and through the controller (the method that
+    goes first turns with i); each one's speed and tau, and whether the outputs are identical."""
+    pre = None
+    rec: dict[str, Any] = {"request_id": rid, "domain": domain, "prompt_tokens": len(ids)}
+    toks = {}
+    for m in METHODS[i % 3 :] + METHODS[: i % 3]:
+        if m == "controller":
+            g = ctrl.generate(ids, max_new_tokens=max_new_tokens, request_id=rid)
+            out = g.outcome
+            rec[m] = {
+                "block_size": int(g.decision.block_size),
+                "overhead_s": float(g.overhead_s),
+                "fallback": g.fallback,
+                "reward": g.reward,
+            }
+        elif m == "plain":
+            out = plain(ids, max_new_tokens)
+            rec[m] = {"block_size": 1}
+        else:
+            if pre is None:
+                pre = speculator.prefill(ids)
+            out = speculator.decode(pre, fixed_block, max_new_tokens)
+            rec[m] = {"block_size": int(fixed_block)}
+        rec[m].update(
+            new_tokens=int(out.new_tokens),
+            decode_s=float(out.decode_s),
+            mean_tau=float(out.mean_tau) if out.rounds else None,
+        )
+        toks[m] = list(out.tokens)
+    verdict = plain.verdict(toks["fixed"], toks["plain"], ids, max_new_tokens)
+    rec["identical"] = toks["fixed"] == toks["controller"] and verdict != "NO"
+    if verdict == "yes*":  # standard bf16 kernels drifted; equal to the exact-kernel greedy output
+        rec["plain_kernels_differ"] = True
+    return rec
 
 
 class _Plain:

@@ -376,62 +376,11 @@ def where_it_does_not_help(results: dict[str, Any]) -> list[str]:
     out = []
     rep = results.get("replay", {}).get("data")
     if rep:
-        rows = rows_by_name(rep["stream"])
-        room = rows["oracle"]["gain_pct"]["mean"]
-        if room < SMALL_HEADROOM:
-            out.append(
-                f"On the trace set the per-request oracle is only {pct(room, True)} above the best fixed block: "
-                "the requests' best block sizes barely differ, so no policy can gain much."
-            )
-        first = rows_by_name(rep["first_pass"])
-        for name in (DEFAULT, BLOCKPILOT, BANDITSPEC, "linucb (cold)", "squarecb (cold)"):
-            if (
-                name in rows
-                and rows[name]["gain_pct"]["lo"] is not None
-                and rows[name]["gain_pct"]["lo"] <= 0
-            ):
-                if name == BANDITSPEC:
-                    why = (
-                        "it is context-free: it can at best find the best fixed block, and pays for exploring"
-                    )
-                elif "(cold)" in name:
-                    why = (
-                        f"it starts without offline data; over the first pass it is at "
-                        f"{pct(first[name]['gain_pct']['mean'], True)} against the best fixed block"
-                    )
-                else:
-                    why = "its per-request choices are not reliably better than one well-chosen block"
-                out.append(
-                    f"`{name}` does not reliably beat the best fixed block on the trace set "
-                    f"({with_ci(rows[name]['gain_pct'])}): {why}."
-                )
-        fp = rows_by_name(rep["first_pass"]).get(DEFAULT)
-        if (
-            fp
-            and fp["gain_pct"]["lo"] is not None
-            and fp["gain_pct"]["lo"] <= 0 < rows[DEFAULT]["gain_pct"]["lo"]
-        ):
-            out.append(
-                f"Over the first pass (each request seen once) the default policy does not reliably beat the "
-                f"best fixed block ({with_ci(fp['gain_pct'])}): its gain comes from learning on repeated traffic."
-            )
+        out += _replay_limits(rep)
         out += domain_findings(rep)
     hw = results.get("hardware", {}).get("data")
     if hw:
-        for b in hw["batches"]:
-            g = b["all_requests"]["oracle_gain_pct"]
-            if g < SMALL_HEADROOM:
-                out.append(
-                    f"GPU profile, batch {b['batch_size']}: the oracle is only {pct(g, True)} above fixed "
-                    f"B={b['all_requests']['best_fixed']}: one block size is right for nearly every request."
-                )
-            r = rows_by_name(b["stream"]).get(DEFAULT)
-            if r and r["gain_pct"]["lo"] is not None and r["gain_pct"]["lo"] <= 0:
-                out.append(
-                    f"GPU profile, batch {b['batch_size']}: the default policy does not reliably beat fixed "
-                    f"B={b['all_requests']['best_fixed']} ({with_ci(r['gain_pct'])}; the oracle's margin there "
-                    f"is {pct(g, True)})."
-                )
+        out += _hardware_limits(hw)
     bp = results.get("blockpilot", {}).get("data")
     if bp and bp.get("status") == "ok":
         g = bp["rewards"][0]["all_requests"]["oracle_gain_pct"]
@@ -451,4 +400,65 @@ def where_it_does_not_help(results: dict[str, Any]) -> list[str]:
             f"`{e2e['drafter']}`: where the drafter's acceptance does not pay for a block, the right choice is "
             "B=1, and a policy can only gain by learning that."
         )
+    return out
+
+
+def _replay_limits(rep: dict[str, Any]) -> list[str]:
+    """Section 1's: too little headroom, policies that do not reliably beat the best fixed block
+    size, and the default policy's first pass."""
+    out = []
+    rows = rows_by_name(rep["stream"])
+    room = rows["oracle"]["gain_pct"]["mean"]
+    if room < SMALL_HEADROOM:
+        out.append(
+            f"On the trace set the per-request oracle is only {pct(room, True)} above the best fixed block: "
+            "the requests' best block sizes barely differ, so no policy can gain much."
+        )
+    first = rows_by_name(rep["first_pass"])
+    for name in (DEFAULT, BLOCKPILOT, BANDITSPEC, "linucb (cold)", "squarecb (cold)"):
+        if name in rows and rows[name]["gain_pct"]["lo"] is not None and rows[name]["gain_pct"]["lo"] <= 0:
+            if name == BANDITSPEC:
+                why = "it is context-free: it can at best find the best fixed block, and pays for exploring"
+            elif "(cold)" in name:
+                why = (
+                    f"it starts without offline data; over the first pass it is at "
+                    f"{pct(first[name]['gain_pct']['mean'], True)} against the best fixed block"
+                )
+            else:
+                why = "its per-request choices are not reliably better than one well-chosen block"
+            out.append(
+                f"`{name}` does not reliably beat the best fixed block on the trace set "
+                f"({with_ci(rows[name]['gain_pct'])}): {why}."
+            )
+    fp = rows_by_name(rep["first_pass"]).get(DEFAULT)
+    if (
+        fp
+        and fp["gain_pct"]["lo"] is not None
+        and fp["gain_pct"]["lo"] <= 0 < rows[DEFAULT]["gain_pct"]["lo"]
+    ):
+        out.append(
+            f"Over the first pass (each request seen once) the default policy does not reliably beat the "
+            f"best fixed block ({with_ci(fp['gain_pct'])}): its gain comes from learning on repeated traffic."
+        )
+    return out
+
+
+def _hardware_limits(hw: dict[str, Any]) -> list[str]:
+    """The GPU profile's: batch sizes with too little headroom, or where the default policy does not
+    reliably beat the best fixed block size."""
+    out = []
+    for b in hw["batches"]:
+        g = b["all_requests"]["oracle_gain_pct"]
+        if g < SMALL_HEADROOM:
+            out.append(
+                f"GPU profile, batch {b['batch_size']}: the oracle is only {pct(g, True)} above fixed "
+                f"B={b['all_requests']['best_fixed']}: one block size is right for nearly every request."
+            )
+        r = rows_by_name(b["stream"]).get(DEFAULT)
+        if r and r["gain_pct"]["lo"] is not None and r["gain_pct"]["lo"] <= 0:
+            out.append(
+                f"GPU profile, batch {b['batch_size']}: the default policy does not reliably beat fixed "
+                f"B={b['all_requests']['best_fixed']} ({with_ci(r['gain_pct'])}; the oracle's margin there "
+                f"is {pct(g, True)})."
+            )
     return out

@@ -278,115 +278,129 @@ def render_full_info(d: dict[str, Any] | None, figs: list[str]) -> str:
     ]
     dn = d.get("dense", {})
     if dn.get("status") == "ok":
-        e, rd = dn["errors"], dn["rounds"]
-        out += [
-            f"**How good the counterfactuals are** (dense set `{dn['path']}`, {dn['requests']} requests, block "
-            f"sizes {dn['arms'][0]}-{dn['arms'][-1]}, `{dn['profile']}`): each block size's counterfactual ms per "
-            "token, from the rounds of another, against its own replay (drafting that block alone, the truth at "
-            "T = 0). Error in % of speed.",
-            "",
-            table(
-                ["counterfactual of", "pairs", "observed", "mean abs error, %", "bias, %", "90th pct abs, %"],
-                [
-                    [
-                        f"a {k} block size",
-                        f"{e[k]['pairs']:,}",
-                        f"{100 * e[k]['observed_share']:.0f}%",
-                        num(e[k]["mae_pct"], 2),
-                        f"{e[k]['bias_pct']:+.2f}",
-                        num(e[k]["p90_abs_pct"], 2),
-                    ]
-                    for k in ("shorter", "longer")
-                ],
-                "lrrrrr",
-            ),
-            "",
-            f"- Per round, a prefix of a longer draft accepts a different number of drafts than the shorter block "
-            f"drafted alone in {100 * rd['differ_share']:.1f}% of {rd['comparisons']:,} (position, B, B') "
-            f"comparisons (more in {100 * rd['prefix_more_share']:.1f}%), {rd['mean_abs_drafts']:.3f} drafts "
-            "apart on average: the drafter attends both ways inside a block, so these counterfactuals are "
-            "approximate; they are exact for a speculator that drafts once and verifies a prefix.",
-            f"- Choosing the block size with the best counterfactual reward among those a request shows loses "
-            f"{-e['choice_loss_pct']:.2f}% of the speed of the truly best of them on average (the same choice "
-            f"in {100 * e['choice_exact_share']:.0f}% of (request, block size) pairs).",
-            "",
-        ]
-        c = d["cold"]
-        H = c["horizons"]
-        rows = []
-        for r in c["rows"]:
-            rtw = r["requests_to_within"]
-            rows.append(
-                [
-                    f"`{r['policy']}`",
-                    *[ci(r[f"pct_best_fixed_{h}"]) for h in H],
-                    (f"{rtw['median']:.0f}" if rtw["median"] <= c["requests"] else f"not in {c['requests']}")
-                    + (
-                        f" ({100 * rtw['never_share']:.0f}% of orders never)"
-                        if 0 < rtw["never_share"] < 1
-                        else ""
-                    ),
-                    ci(r["first_pass_pct_oracle"]),
-                ]
-            )
-        out += [
-            f"**Cold, on prompts no policy has seen** (block sizes {dn['arms'][0]}-{dn['arms'][-1]}, "
-            f"`{dn['profile']}`; every one of the {c['requests']} prompts once, {c['orders']} shuffled orders; "
-            f"contextual policies: {c['contexts']}). % of the best fixed block "
-            "size's reward on the same requests so far (B = "
-            f"{c['best_fixed']} over all; the per-request oracle is {c['oracle_gain_pct']:+.1f}% over it); "
-            f"requests until the running total stays within {100 - 100 * c['within']:.0f}% of it (median over "
-            "orders).",
-            "",
-            table(
-                [
-                    "policy",
-                    *[f"% of best fixed, first {h}" for h in H],
-                    "requests to within 1%",
-                    "first pass, % of oracle",
-                ],
-                rows,
-                "l" + "r" * (len(H) + 2),
-            ),
-            "",
-        ]
+        out += _counterfactual_quality(dn)
+        out += _cold_section(d["cold"], dn)
     t = d.get("trace_set", {})
     if t.get("status") != "ok":
         out += [f"The trace set part was not run: {t.get('reason')}.", ""]
     if dn.get("status") != "ok":
         out += [f"The dense parts were not run: {dn.get('reason')}.", ""]
     if t.get("status") == "ok":
-        fp = {r["policy"]: r for r in t["first_pass"]}
-        rows = [
-            [
-                f"`{r['policy']}`",
-                ci(fp[r["policy"]]["pct_oracle"]),
-                ci(fp[r["policy"]]["gain_pct"], sign=True),
-                ci(r["pct_oracle"]),
-                ci(r["gain_pct"], sign=True),
-            ]
-            for r in t["stream"]
-        ]
-        out += [
-            f"**The trace set, cold** (section 1's protocol: {t['runs']} runs, {t['passes']} passes over "
-            f"{t['n_eval']} evaluation requests; contexts: {t['contexts']}). % of the per-request oracle and gain "
-            "over the best fixed block size:",
-            "",
-            table(
-                [
-                    "policy",
-                    "first pass: % of oracle",
-                    "first pass: gain, %",
-                    "stream: % of oracle",
-                    "stream: gain, %",
-                ],
-                rows,
-                "lrrrr",
-            ),
-            "",
-        ]
+        out += _trace_set_section(t)
     out += ["", *[f"- {x}" for x in full_info_findings(d)]]
     return "\n".join(out).rstrip()
+
+
+def _counterfactual_quality(dn: dict[str, Any]) -> list[str]:
+    """How close each block size's counterfactual comes to its own replay, on the dense set."""
+    e, rd = dn["errors"], dn["rounds"]
+    return [
+        f"**How good the counterfactuals are** (dense set `{dn['path']}`, {dn['requests']} requests, block "
+        f"sizes {dn['arms'][0]}-{dn['arms'][-1]}, `{dn['profile']}`): each block size's counterfactual ms per "
+        "token, from the rounds of another, against its own replay (drafting that block alone, the truth at "
+        "T = 0). Error in % of speed.",
+        "",
+        table(
+            ["counterfactual of", "pairs", "observed", "mean abs error, %", "bias, %", "90th pct abs, %"],
+            [
+                [
+                    f"a {k} block size",
+                    f"{e[k]['pairs']:,}",
+                    f"{100 * e[k]['observed_share']:.0f}%",
+                    num(e[k]["mae_pct"], 2),
+                    f"{e[k]['bias_pct']:+.2f}",
+                    num(e[k]["p90_abs_pct"], 2),
+                ]
+                for k in ("shorter", "longer")
+            ],
+            "lrrrrr",
+        ),
+        "",
+        f"- Per round, a prefix of a longer draft accepts a different number of drafts than the shorter block "
+        f"drafted alone in {100 * rd['differ_share']:.1f}% of {rd['comparisons']:,} (position, B, B') "
+        f"comparisons (more in {100 * rd['prefix_more_share']:.1f}%), {rd['mean_abs_drafts']:.3f} drafts "
+        "apart on average: the drafter attends both ways inside a block, so these counterfactuals are "
+        "approximate; they are exact for a speculator that drafts once and verifies a prefix.",
+        f"- Choosing the block size with the best counterfactual reward among those a request shows loses "
+        f"{-e['choice_loss_pct']:.2f}% of the speed of the truly best of them on average (the same choice "
+        f"in {100 * e['choice_exact_share']:.0f}% of (request, block size) pairs).",
+        "",
+    ]
+
+
+def _cold_section(c: dict[str, Any], dn: dict[str, Any]) -> list[str]:
+    """Each policy's reward on prompts no policy has seen, against the best fixed block size."""
+    H = c["horizons"]
+    rows = []
+    for r in c["rows"]:
+        rtw = r["requests_to_within"]
+        rows.append(
+            [
+                f"`{r['policy']}`",
+                *[ci(r[f"pct_best_fixed_{h}"]) for h in H],
+                (f"{rtw['median']:.0f}" if rtw["median"] <= c["requests"] else f"not in {c['requests']}")
+                + (
+                    f" ({100 * rtw['never_share']:.0f}% of orders never)"
+                    if 0 < rtw["never_share"] < 1
+                    else ""
+                ),
+                ci(r["first_pass_pct_oracle"]),
+            ]
+        )
+    return [
+        f"**Cold, on prompts no policy has seen** (block sizes {dn['arms'][0]}-{dn['arms'][-1]}, "
+        f"`{dn['profile']}`; every one of the {c['requests']} prompts once, {c['orders']} shuffled orders; "
+        f"contextual policies: {c['contexts']}). % of the best fixed block "
+        "size's reward on the same requests so far (B = "
+        f"{c['best_fixed']} over all; the per-request oracle is {c['oracle_gain_pct']:+.1f}% over it); "
+        f"requests until the running total stays within {100 - 100 * c['within']:.0f}% of it (median over "
+        "orders).",
+        "",
+        table(
+            [
+                "policy",
+                *[f"% of best fixed, first {h}" for h in H],
+                "requests to within 1%",
+                "first pass, % of oracle",
+            ],
+            rows,
+            "l" + "r" * (len(H) + 2),
+        ),
+        "",
+    ]
+
+
+def _trace_set_section(t: dict[str, Any]) -> list[str]:
+    """Each policy's first pass and stream over the trace set, cold."""
+    fp = {r["policy"]: r for r in t["first_pass"]}
+    rows = [
+        [
+            f"`{r['policy']}`",
+            ci(fp[r["policy"]]["pct_oracle"]),
+            ci(fp[r["policy"]]["gain_pct"], sign=True),
+            ci(r["pct_oracle"]),
+            ci(r["gain_pct"], sign=True),
+        ]
+        for r in t["stream"]
+    ]
+    return [
+        f"**The trace set, cold** (section 1's protocol: {t['runs']} runs, {t['passes']} passes over "
+        f"{t['n_eval']} evaluation requests; contexts: {t['contexts']}). % of the per-request oracle and gain "
+        "over the best fixed block size:",
+        "",
+        table(
+            [
+                "policy",
+                "first pass: % of oracle",
+                "first pass: gain, %",
+                "stream: % of oracle",
+                "stream: gain, %",
+            ],
+            rows,
+            "lrrrr",
+        ),
+        "",
+    ]
 
 
 def full_info_findings(d: dict[str, Any]) -> list[str]:

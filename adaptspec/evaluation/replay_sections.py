@@ -89,6 +89,7 @@ def evaluate_lineup(
     stream, first = Tally(), Tally()
     best_runs: list[int] = []
     reg: dict[str, list[np.ndarray]] = {}
+    tallies = (stream, first, reg if curves else None)
     dom: dict[str, dict[str, list[float]]] = {}
     dom_best: dict[str, Counter] = {}
     dom_share: dict[str, float] = {}
@@ -97,22 +98,13 @@ def evaluate_lineup(
     pts = None
     try:
         for s in range(st.splits):
-            tr, ev = split_requests(traces.domains, st.train_fraction, seed + s)
-            ctx = make_contexts(traces, tr)
-            heads = None if ctx.X is None else train_heads(ctx.X[tr], R[tr], arms, seed=seed + s)
-            lineup = standard_lineup(heads, ctx.X is not None)
+            tr, ev, ctx, lineup = _split_lineup(traces, R, st.train_fraction, seed + s)
             contenders = fixed_contenders(arms) + lineup
             if s == 0:  # every split's line-up has the same policies
                 fb = contender_feedback(contenders, traces, R, reward, prof, batch_size)
             T = st.passes * len(ev)
             pts = curve_points(T)
-            info = {
-                "contexts": ctx.description,
-                "n_train": int(len(tr)),
-                "n_eval": int(len(ev)),
-                "steps": int(T),
-                "notes": {c.label: c.note for c in lineup if c.note},
-            }
+            info = _split_info(ctx.description, tr, ev, T, lineup)
             for o in range(st.orders):
                 run_seed = 1000 * (seed + s) + o
                 idx = shuffled_stream(ev, T, run_seed)
@@ -124,16 +116,7 @@ def evaluate_lineup(
                 ref = int(np.argmax(R[idx].sum(axis=0)))
                 best_runs.append(int(arms[ref]))
                 chosen = {"oracle": scorer.oracle_choice(idx), "best fixed": np.full(T, ref), **chosen}
-                one = idx[: len(ev)]
-                ref1 = int(np.argmax(R[one].sum(axis=0)))
-                kinds = {c.label: c.kind for c in contenders}
-                for label, a in chosen.items():
-                    kind = kinds.get(label, "reference")
-                    stream.add(label, scorer.score(idx, a, ref), kind=kind, feedback=fed[label])
-                    a1 = np.full(len(one), ref1) if label == "best fixed" else a[: len(one)]
-                    first.add(label, scorer.score(one, a1, ref1), kind=kind, feedback=fed[label])
-                    if curves and kind != "fixed":
-                        reg.setdefault(label, []).append(scorer.regret(idx, a)[pts - 1])
+                _tally_order(scorer, idx, len(ev), chosen, ref, contenders, fed, tallies, pts)
                 if domains:
                     _domain_scores(
                         traces.domains.astype(str)[idx], R[idx], chosen, ref, dom, dom_best, dom_share, arms
@@ -157,16 +140,75 @@ def evaluate_lineup(
         "first_pass": first.summary(),
     }
     if domains:
-        data["domains"] = [
-            {
-                "domain": str(d),
-                "share": round(dom_share[d] / st.runs, 4),
-                "best_fixed_in_domain": dom_best[d].most_common(1)[0][0],
-                "gain_pct": {label: _mci(v) for label, v in dom[d].items()},
-            }
-            for d in sorted(dom)
-        ]
+        data["domains"] = _domain_rows(dom, dom_best, dom_share, st.runs)
     return LineupResult(data, reg, pts)
+
+
+def _split_lineup(traces: Any, R: np.ndarray, train_fraction: float, seed: int) -> tuple:
+    """A training/evaluation split, its contexts, and the standard line-up with heads trained on it."""
+    tr, ev = split_requests(traces.domains, train_fraction, seed)
+    ctx = make_contexts(traces, tr)
+    heads = None if ctx.X is None else train_heads(ctx.X[tr], R[tr], traces.arms, seed=seed)
+    return tr, ev, ctx, standard_lineup(heads, ctx.X is not None)
+
+
+def _split_info(
+    contexts: str, tr: np.ndarray, ev: np.ndarray, T: int, lineup: list[Contender]
+) -> dict[str, Any]:
+    """What a split ran on: its contexts, its training and evaluation sizes, the stream's steps and the
+    line-up's notes."""
+    return {
+        "contexts": contexts,
+        "n_train": int(len(tr)),
+        "n_eval": int(len(ev)),
+        "steps": int(T),
+        "notes": {c.label: c.note for c in lineup if c.note},
+    }
+
+
+def _tally_order(
+    scorer: Scorer,
+    idx: np.ndarray,
+    n_eval: int,
+    chosen: dict[str, np.ndarray],
+    ref: int,
+    contenders: list[Contender],
+    fed: dict[str, str],
+    tallies: tuple[Tally, Tally, dict[str, list[np.ndarray]] | None],
+    pts: np.ndarray,
+) -> None:
+    """Scores one stream order for every policy: the whole stream against its best fixed block size
+    ref, the first pass (its first n_eval steps) against that pass's; with reg, each learner's regret
+    at the curve points pts (tallies: the stream's, the first pass's and the regret curves', or None)."""
+    stream, first, reg = tallies
+    kinds = {c.label: c.kind for c in contenders}
+    one = idx[:n_eval]
+    ref1 = int(np.argmax(scorer.R[one].sum(axis=0)))
+    for label, a in chosen.items():
+        kind = kinds.get(label, "reference")
+        stream.add(label, scorer.score(idx, a, ref), kind=kind, feedback=fed[label])
+        a1 = np.full(len(one), ref1) if label == "best fixed" else a[: len(one)]
+        first.add(label, scorer.score(one, a1, ref1), kind=kind, feedback=fed[label])
+        if reg is not None and kind != "fixed":
+            reg.setdefault(label, []).append(scorer.regret(idx, a)[pts - 1])
+
+
+def _domain_rows(
+    dom: dict[str, dict[str, list[float]]],
+    dom_best: dict[str, Counter],
+    dom_share: dict[str, float],
+    runs: int,
+) -> list[dict[str, Any]]:
+    """Each domain's share of the stream, its most often best fixed block size and each policy's gain."""
+    return [
+        {
+            "domain": str(d),
+            "share": round(dom_share[d] / runs, 4),
+            "best_fixed_in_domain": dom_best[d].most_common(1)[0][0],
+            "gain_pct": {label: _mci(v) for label, v in dom[d].items()},
+        }
+        for d in sorted(dom)
+    ]
 
 
 def _mci(v: list[float]) -> dict[str, float]:

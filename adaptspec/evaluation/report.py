@@ -303,9 +303,45 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
             "```\npython benchmarks/evaluate.py --force --e2e 50              # 50 held-out prompts\n"
             "python benchmarks/evaluate.py --force --e2e 3 --e2e-max-new-tokens 32 --sections e2e   # a quick check\n```"
         )
-    m, c = d["methods"], d["controller"]
+    parts = [
+        f"Target {d['target']}, drafter `{d['drafter']}`, {d['machine']}; temperature 0, up to {d['max_new_tokens']} "
+        f"new tokens per prompt; {d['prompts']} {d['prompt_selection']}. Policy: {d['policy_description']}. "
+        "Tokens/s = new tokens / decode seconds, prefill excluded; the three methods take turns first per prompt.",
+        "",
+        table(
+            ["method", "B", "tokens/s", "speedup", "mean tau", "new tokens", "decode s"],
+            _e2e_method_rows(d),
+            "lllrrrr",
+        ),
+        "",
+        _e2e_overhead(d),
+        "",
+        table(
+            [
+                "request",
+                "domain",
+                "prompt tokens",
+                "plain tok/s",
+                f"fixed B={d['fixed_block']} tok/s",
+                "controller B",
+                "controller tok/s",
+                "controller tau",
+                "identical",
+            ],
+            _e2e_request_rows(d),
+            "llrrrrrrl",
+        ),
+        "",
+        bullets(F.e2e_findings(d)),
+    ]
+    return "\n".join(parts)
+
+
+def _e2e_method_rows(d: dict[str, Any]) -> list[list[Any]]:
+    """Plain decoding, the best fixed block size and the controller: speed, tau and output."""
+    m = d["methods"]
     plain = f"plain decoding ({d['plain']})" if d.get("plain") else "plain decoding"
-    rows = [
+    return [
         [
             plain,
             1,
@@ -334,7 +370,11 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
             num(m["controller"]["decode_s"], 1),
         ],
     ]
-    per = [
+
+
+def _e2e_request_rows(d: dict[str, Any]) -> list[list[Any]]:
+    """Each prompt's speed under the three methods, and whether their outputs are identical."""
+    return [
         [
             r["request_id"],
             r["domain"],
@@ -348,13 +388,12 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
         ]
         for r in d["rows"]
     ]
-    parts = [
-        f"Target {d['target']}, drafter `{d['drafter']}`, {d['machine']}; temperature 0, up to {d['max_new_tokens']} "
-        f"new tokens per prompt; {d['prompts']} {d['prompt_selection']}. Policy: {d['policy_description']}. "
-        "Tokens/s = new tokens / decode seconds, prefill excluded; the three methods take turns first per prompt.",
-        "",
-        table(["method", "B", "tokens/s", "speedup", "mean tau", "new tokens", "decode s"], rows, "lllrrrr"),
-        "",
+
+
+def _e2e_overhead(d: dict[str, Any]) -> str:
+    """The controller's overhead per request, its updates, fallbacks and the identical outputs."""
+    c = d["controller"]
+    return (
         f"Controller overhead (featurize + decide + reward + log + enqueue, per request): mean "
         f"{c['overhead_ms_mean']:.2f} ms, max {c['overhead_ms_max']:.2f} ms = {num(c['overhead_pct_of_decode'], 2)}% of "
         f"decode time; tokens/s counting it: {num(c['tokens_per_s_with_overhead'], 2)}. Policy updates (background "
@@ -372,27 +411,8 @@ def render_e2e(d: dict[str, Any] | None, figs: list[str]) -> str:
             "kernels; transformers' standard bfloat16 kernels round differently and drifted on that prompt)."
             if any(r.get("plain_kernels_differ") for r in d["rows"])
             else "."
-        ),
-        "",
-        table(
-            [
-                "request",
-                "domain",
-                "prompt tokens",
-                "plain tok/s",
-                f"fixed B={d['fixed_block']} tok/s",
-                "controller B",
-                "controller tok/s",
-                "controller tau",
-                "identical",
-            ],
-            per,
-            "llrrrrrrl",
-        ),
-        "",
-        bullets(F.e2e_findings(d)),
-    ]
-    return "\n".join(parts)
+        )
+    )
 
 
 def _render_rounds(d: dict[str, Any] | None, figs: list[str]) -> str:
@@ -499,6 +519,21 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
     runs = results["runs"]
     secs = results["sections"]
     out = [
+        *_header(current),
+        *_provenance(runs, secs, current),
+        "",
+        "## Headline",
+        "",
+        *_headline(secs, headline_link),
+        *_sections(secs, current),
+        *_what_the_numbers_say(secs),
+    ]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _header(current: dict[str, Any]) -> list[str]:
+    """The title, the commands that regenerate the file and the trace set under evaluation."""
+    return [
         "# Evaluation",
         "",
         "<!-- generated by `python benchmarks/evaluate.py` (= `adaptspec evaluate`); do not edit by hand -->",
@@ -523,6 +558,10 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
         "them (stored in `evaluation/results.json`).",
         "",
     ]
+
+
+def _provenance(runs: dict[str, Any], secs: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Which run produced which section, and each run's command, commit, machine and settings."""
     rows = []
     for key in SECTIONS:
         s = secs.get(key)
@@ -544,7 +583,7 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
                 f"`{s.get('trace_fingerprint') or '-'}`{stale}",
             ]
         )
-    out += [table(["section", "run", "finished (UTC)", "time", "trace set"], rows, "lllrl"), ""]
+    out = [table(["section", "run", "finished (UTC)", "time", "trace set"], rows, "lllrl"), ""]
     used = sorted({s["run"] for s in secs.values() if s}, reverse=True)
     for rid in used:
         r = runs[rid]
@@ -553,9 +592,13 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
             f"- Run `{rid}`: `{r['command']}`; git {r['git']}; {r['machine']}; settings: {sets}; "
             f"{r['seconds']:.0f} s in all."
         )
-    out += ["", "## Headline", ""]
+    return out
+
+
+def _headline(secs: dict[str, Any], headline_link: str) -> list[str]:
+    """Section 1's stream table, the same as the README's."""
     if secs.get("replay"):
-        out += [
+        return [
             table(
                 ["policy", "% of per-request oracle", "gain over best fixed B, %", "mean tau"],
                 headline_rows(secs["replay"]["data"]),
@@ -565,8 +608,12 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
             "README.)",
             "",
         ]
-    else:
-        out += ["Section 1 has not been run.", ""]
+    return ["Section 1 has not been run.", ""]
+
+
+def _sections(secs: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Every section's text, each marked when computed on another trace set."""
+    out = []
     for key in SECTIONS:
         out += [f"## {TITLES[key]}", ""]
         s = secs.get(key)
@@ -582,7 +629,12 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
             else "Not run yet.",
             "",
         ]
-    out += [
+    return out
+
+
+def _what_the_numbers_say(secs: dict[str, Any]) -> list[str]:
+    """The summary generated from the sections' numbers, and where adaptation does not help."""
+    return [
         f"## {len(SECTIONS) + 1}. What the numbers say",
         "",
         "Generated from the numbers above (comparison words follow the 95% intervals); each section's own "
@@ -597,7 +649,6 @@ def render_report(results: dict[str, Any], current: dict[str, Any], headline_lin
         bullets(F.where_it_does_not_help({k: v for k, v in secs.items() if v})),
         "",
     ]
-    return "\n".join(out).rstrip() + "\n"
 
 
 def _full_info_findings(d: dict[str, Any]) -> list[str]:

@@ -185,7 +185,6 @@ class Learned:
 
         self.arms = sorted(int(a) for a in arms)
         self.profile = profile
-        dim = len(LEVELS) + 1
         for what, v in (("noise", noise), ("level_weight", level_weight)):
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise AdaptspecError(f"{what} must be > 0, got {v!r}")
@@ -196,56 +195,23 @@ class Learned:
         fast = {"mc_samples": 1} if policy.split(":")[0] == "lints" else {}
         fast["noise"] = float(noise)
         self.shared = prior is None
-        if prior is None:
-            # every block size as fast as plain at every level (the shared term), no preference;
-            # a level's own term starts at 0 and is held there with the weight of LEVEL_WEIGHT rows
-            mean = np.zeros((len(self.arms), dim + 1))
-            mean[:, -1] = 1.0
-            precision = np.full((len(self.arms), dim + 1), float(level_weight))
-            precision[:, -1] = COLD_WEIGHT
-            self.policy = make_policy(
-                policy,
-                self.arms,
-                seed=seed,
-                standardize=False,
-                fit_intercept=False,
-                dim=dim + 1,
-                prior_mean=mean,
-                prior_precision=precision,
-                **fast,
-            )
-            self.name = f"learned ({policy})"
-        else:
-            if not 0.0 <= prior < 1.0:
-                raise AdaptspecError(f"prior acceptance must be in [0, 1), got {prior!r}")
-            if not (prior_weight > 0 and math.isfinite(prior_weight)):
-                raise AdaptspecError(f"prior_weight must be > 0, got {prior_weight!r}")
-            ctx = float(profile.context_tokens if context is None else context)
-            mean = np.stack(
-                [predicted_speedup(profile, self.arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1
-            )
-            mean[np.asarray(self.arms) > 1] *= self.discount
-            self.policy = make_policy(
-                policy,
-                self.arms,
-                seed=seed,
-                standardize=False,
-                fit_intercept=False,
-                dim=dim,
-                prior_mean=mean,
-                prior_precision=float(prior_weight),
-                **fast,
-            )
-            self.name = f"learned ({policy}, warm)"
+        mean, precision, dim, self.name = _prior_belief(
+            policy, self.arms, profile, prior, prior_weight, context, level_weight, self.discount
+        )
+        self.policy = make_policy(
+            policy,
+            self.arms,
+            seed=seed,
+            standardize=False,
+            fit_intercept=False,
+            dim=dim,
+            prior_mean=mean,
+            prior_precision=precision,
+            **fast,
+        )
         if not isinstance(hold, int) or hold < 1:
             raise AdaptspecError(f"hold must be an int >= 1, got {hold!r}")
-        top = plain_every if plain_every_max is None else plain_every_max
-        for what, v in (("plain_every", plain_every), ("plain_every_max", top)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise AdaptspecError(f"{what} must be an int >= 1, got {v!r}")
-        if top < plain_every:
-            raise AdaptspecError(f"plain_every_max {top} is below plain_every {plain_every}")
-        self.plain_every_max = top
+        self.plain_every_max = _checked_plain_every(plain_every, plain_every_max)
         self.hold = hold
         self.full_info = bool(full_info)
         if self.full_info:
@@ -407,3 +373,46 @@ class Learned:
         self._pending = []
         self._cf = {}
         self._held = None
+
+
+def _prior_belief(
+    policy: str,
+    arms: list[int],
+    profile: PassCosts,
+    prior: float | None,
+    prior_weight: float,
+    context: float | None,
+    level_weight: float,
+    discount: float,
+) -> tuple[np.ndarray, np.ndarray | float, int, str]:
+    """The policy's prior (mean, precision, context width) and the rule's name. Cold (no prior
+    acceptance): every block size as fast as plain at every level, through a shared term. Warm: the
+    profile's predicted speed-up at each level for the prior acceptance, held with prior_weight."""
+    dim = len(LEVELS) + 1
+    if prior is None:
+        # every block size as fast as plain at every level (the shared term), no preference;
+        # a level's own term starts at 0 and is held there with the weight of LEVEL_WEIGHT rows
+        mean = np.zeros((len(arms), dim + 1))
+        mean[:, -1] = 1.0
+        precision = np.full((len(arms), dim + 1), float(level_weight))
+        precision[:, -1] = COLD_WEIGHT
+        return mean, precision, dim + 1, f"learned ({policy})"
+    if not 0.0 <= prior < 1.0:
+        raise AdaptspecError(f"prior acceptance must be in [0, 1), got {prior!r}")
+    if not (prior_weight > 0 and math.isfinite(prior_weight)):
+        raise AdaptspecError(f"prior_weight must be > 0, got {prior_weight!r}")
+    ctx = float(profile.context_tokens if context is None else context)
+    mean = np.stack([predicted_speedup(profile, arms, prior, rows, ctx) for rows in LEVEL_ROWS], axis=1)
+    mean[np.asarray(arms) > 1] *= discount
+    return mean, float(prior_weight), dim, f"learned ({policy}, warm)"
+
+
+def _checked_plain_every(plain_every: int, plain_every_max: int | None) -> int:
+    """The longest gap between forced plain rounds (plain_every when not given), both checked."""
+    top = plain_every if plain_every_max is None else plain_every_max
+    for what, v in (("plain_every", plain_every), ("plain_every_max", top)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise AdaptspecError(f"{what} must be an int >= 1, got {v!r}")
+    if top < plain_every:
+        raise AdaptspecError(f"plain_every_max {top} is below plain_every {plain_every}")
+    return top

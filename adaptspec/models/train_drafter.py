@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -174,20 +174,7 @@ def make_batch(
     b, a = cfg.block_size, cfg.anchors_per_seq
     device = torch.device(device)
     k_soft = cfg.soft_targets
-    seqs, tops = [], []
-    for i in idx:
-        tok, hid, pl = data.tokens[i], data.hidden[i], data.prompt_lens[i]
-        top = data.top[i] if k_soft else None
-        if cfg.max_response_len is not None:  # the response's first max_response_len tokens
-            tok, hid = tok[: pl + cfg.max_response_len], hid[: pl + cfg.max_response_len]
-        n, m = len(tok), cfg.max_seq_len
-        lo = 0
-        if n > m:  # a window of m positions that still holds response tokens to anchor on
-            lo = int(rng.integers(max(0, pl + 2 - m), n - m + 1))
-            tok, hid, pl = tok[lo : lo + m], hid[lo : lo + m], max(1, pl - lo)
-        seqs.append((np.asarray(tok, dtype=np.int64), hid, max(1, pl)))
-        if k_soft:  # row t - 1 predicts position t; the window's first position has no row before it
-            tops.append((lo, top))
+    seqs, tops = _windows(data, idx, cfg, rng)
     width = max(len(t) for t, _, _ in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     hidden = torch.zeros(
@@ -216,15 +203,7 @@ def make_batch(
         )  # the b - 1 positions each block drafts; past the end: no label
         labels[r] = torch.from_numpy(np.where(after < n, tok[np.minimum(after, n - 1)], -100))
         if k_soft:
-            lo, (top_ids, top_probs) = tops[r]
-            rows = lo + np.minimum(after, n - 1) - 1  # the distribution each labelled token was drawn from
-            soft_ids[r] = torch.from_numpy(np.asarray(top_ids[rows.ravel(), :k_soft], dtype=np.int64)).view(
-                a, b - 1, k_soft
-            )
-            p = torch.from_numpy(np.asarray(top_probs[rows.ravel(), :k_soft], dtype=np.float32)).view(
-                a, b - 1, k_soft
-            )
-            soft_probs[r] = p * torch.from_numpy(after < n)[..., None]
+            soft_ids[r], soft_probs[r] = _soft_row(tops[r], after, n, k_soft)
     if vocab_map is not None:
         labels = torch.where(labels >= 0, vocab_map[labels.clamp_min(0)], labels)
     batch = {
@@ -241,6 +220,44 @@ def make_batch(
         soft_probs = soft_probs / soft_probs.sum(-1, keepdim=True).clamp_min(1e-12)
         batch |= {"soft_ids": soft_ids.to(device), "soft_probs": soft_probs.to(device)}
     return batch
+
+
+def _windows(
+    data: ShardData, idx: np.ndarray, cfg: TrainConfig, rng: np.random.Generator
+) -> tuple[list[tuple[np.ndarray, Any, int]], list[tuple[int, Any]]]:
+    """Each sequence's tokens, hidden states and prompt length, cropped to its response's first
+    max_response_len tokens and then to a random window of max_seq_len positions that still holds
+    response tokens; with soft targets, each window's start and the sequence's top tokens."""
+    seqs, tops = [], []
+    for i in idx:
+        tok, hid, pl = data.tokens[i], data.hidden[i], data.prompt_lens[i]
+        top = data.top[i] if cfg.soft_targets else None
+        if cfg.max_response_len is not None:  # the response's first max_response_len tokens
+            tok, hid = tok[: pl + cfg.max_response_len], hid[: pl + cfg.max_response_len]
+        n, m = len(tok), cfg.max_seq_len
+        lo = 0
+        if n > m:  # a window of m positions that still holds response tokens to anchor on
+            lo = int(rng.integers(max(0, pl + 2 - m), n - m + 1))
+            tok, hid, pl = tok[lo : lo + m], hid[lo : lo + m], max(1, pl - lo)
+        seqs.append((np.asarray(tok, dtype=np.int64), hid, max(1, pl)))
+        if (
+            cfg.soft_targets
+        ):  # row t - 1 predicts position t; the window's first position has no row before it
+            tops.append((lo, top))
+    return seqs, tops
+
+
+def _soft_row(
+    top: tuple[int, Any], after: np.ndarray, n: int, k_soft: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's soft targets at its labelled positions after (anchors x positions): the target's
+    top k_soft tokens and their probabilities (0 past the sequence's end)."""
+    lo, (top_ids, top_probs) = top
+    a, w = after.shape
+    rows = lo + np.minimum(after, n - 1) - 1  # the distribution each labelled token was drawn from
+    ids = torch.from_numpy(np.asarray(top_ids[rows.ravel(), :k_soft], dtype=np.int64)).view(a, w, k_soft)
+    p = torch.from_numpy(np.asarray(top_probs[rows.ravel(), :k_soft], dtype=np.float32)).view(a, w, k_soft)
+    return ids, p * torch.from_numpy(after < n)[..., None]
 
 
 def draft_vocabulary(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:

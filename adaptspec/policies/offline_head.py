@@ -250,47 +250,9 @@ def train_head(
     """
     import torch
 
-    X = np.asarray(X, dtype=np.float64)
-    R = np.asarray(R, dtype=np.float64)
-    arms = tuple(int(a) for a in arms)
-    if len(set(arms)) != len(arms) or not arms or min(arms) < 1:
-        raise AdaptspecError(f"arms must be unique positive block sizes, got {list(arms)}")
-    n = X.shape[0] if X.ndim == 2 else 0
-    if X.ndim != 2 or n < 5:
-        raise AdaptspecError(f"train_head needs a (n, d) feature matrix with n >= 5, got shape {X.shape}")
-    if R.shape != (n, len(arms)):
-        raise AdaptspecError(f"rewards must have shape ({n}, {len(arms)}) (requests x arms), got {R.shape}")
-    if not np.isfinite(X).all():
-        raise AdaptspecError("features contain NaN or infinite values")
-    if not np.isfinite(R).all():
-        raise AdaptspecError("rewards contain NaN or infinite values")
-    if mode not in MODES:
-        raise AdaptspecError(f"mode must be one of {MODES}, got {mode!r}")
-    hidden = tuple(int(h) for h in hidden)
-    if not hidden or min(hidden) < 1:
-        raise AdaptspecError(f"hidden must list positive layer widths, got {hidden}")
-    if not 0.0 < val_fraction < 1.0:
-        raise AdaptspecError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    order = np.argsort(arms)  # the head's outputs follow the arms in increasing order, as policies do
-    arms = tuple(arms[i] for i in order)
-    R = R[:, order]
-
+    X, R, arms, hidden = _checked(X, R, arms, mode, hidden, val_fraction)
     rng = np.random.default_rng(seed)
-    perm = rng.permutation(n)
-    n_val = min(n - 2, max(2, int(round(val_fraction * n))))
-    val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-    x_mean = X[tr_idx].mean(axis=0)
-    x_scale = X[tr_idx].std(axis=0)
-    x_scale = np.where(x_scale > 1e-8 * np.maximum(1.0, np.abs(X).max(axis=0)), x_scale, 1.0)
-    Xs = (X - x_mean) / x_scale
-    if mode == "regression":
-        r_mean = float(R[tr_idx].mean())
-        r_scale = float(R[tr_idx].std()) or 1.0
-        Y = (R - r_mean) / r_scale
-    else:
-        r_mean, r_scale = 0.0, 1.0
-        Y = np.argmax(R, axis=1)
-
+    val_idx, tr_idx, x_mean, x_scale, Xs, r_mean, r_scale, Y = _split_and_scale(X, R, mode, val_fraction, rng)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a small MLP on mini-batches: one thread is fastest and deterministic
     try:
@@ -338,6 +300,61 @@ def train_head(
         patience,
         info,
     )
+
+
+def _checked(
+    X: Any, R: Any, arms: Sequence[int], mode: str, hidden: Sequence[int], val_fraction: float
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[int, ...]]:
+    """train_head's inputs checked: the features, the rewards and the arms (sorted, the rewards' columns
+    with them) and the hidden widths."""
+    X = np.asarray(X, dtype=np.float64)
+    R = np.asarray(R, dtype=np.float64)
+    arms = tuple(int(a) for a in arms)
+    if len(set(arms)) != len(arms) or not arms or min(arms) < 1:
+        raise AdaptspecError(f"arms must be unique positive block sizes, got {list(arms)}")
+    n = X.shape[0] if X.ndim == 2 else 0
+    if X.ndim != 2 or n < 5:
+        raise AdaptspecError(f"train_head needs a (n, d) feature matrix with n >= 5, got shape {X.shape}")
+    if R.shape != (n, len(arms)):
+        raise AdaptspecError(f"rewards must have shape ({n}, {len(arms)}) (requests x arms), got {R.shape}")
+    if not np.isfinite(X).all():
+        raise AdaptspecError("features contain NaN or infinite values")
+    if not np.isfinite(R).all():
+        raise AdaptspecError("rewards contain NaN or infinite values")
+    if mode not in MODES:
+        raise AdaptspecError(f"mode must be one of {MODES}, got {mode!r}")
+    hidden = tuple(int(h) for h in hidden)
+    if not hidden or min(hidden) < 1:
+        raise AdaptspecError(f"hidden must list positive layer widths, got {hidden}")
+    if not 0.0 < val_fraction < 1.0:
+        raise AdaptspecError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    order = np.argsort(arms)  # the head's outputs follow the arms in increasing order, as policies do
+    arms = tuple(arms[i] for i in order)
+    R = R[:, order]
+    return X, R, arms, hidden
+
+
+def _split_and_scale(
+    X: np.ndarray, R: np.ndarray, mode: str, val_fraction: float, rng: np.random.Generator
+) -> tuple:
+    """The held-out and training requests (a seeded draw), the features standardized on the training
+    requests, and the targets: standardized rewards (regression) or the best arm's index."""
+    n = X.shape[0]
+    perm = rng.permutation(n)
+    n_val = min(n - 2, max(2, int(round(val_fraction * n))))
+    val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    x_mean = X[tr_idx].mean(axis=0)
+    x_scale = X[tr_idx].std(axis=0)
+    x_scale = np.where(x_scale > 1e-8 * np.maximum(1.0, np.abs(X).max(axis=0)), x_scale, 1.0)
+    Xs = (X - x_mean) / x_scale
+    if mode == "regression":
+        r_mean = float(R[tr_idx].mean())
+        r_scale = float(R[tr_idx].std()) or 1.0
+        Y = (R - r_mean) / r_scale
+    else:
+        r_mean, r_scale = 0.0, 1.0
+        Y = np.argmax(R, axis=1)
+    return val_idx, tr_idx, x_mean, x_scale, Xs, r_mean, r_scale, Y
 
 
 def _fit(

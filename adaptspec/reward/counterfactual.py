@@ -155,21 +155,8 @@ def counterfactuals(
     tree round may verify more positions than it drafted. A request that ran chains tells nothing
     of tree arms: they are censored (at one token a round).
     """
-    t = np.asarray(taus, dtype=np.int64)
-    v = np.asarray(verified, dtype=np.int64)
-    d = v if drafted is None else np.asarray(drafted, dtype=np.int64)
-    arm_t = tuple(sorted(int(a) for a in arms))
+    t, v, d, arm_t, outcomes, is_tree = _checked_rounds(taus, verified, drafted, arms, tree_outcomes)
     A = np.asarray(arm_t, dtype=np.int64)
-    if t.shape != v.shape or d.shape != t.shape or t.ndim != 1:
-        raise AdaptspecError("taus, verified and drafted must be 1-D sequences of the same length")
-    outcomes = list(tree_outcomes) if tree_outcomes is not None else [None] * t.size
-    if len(outcomes) != t.size:
-        raise AdaptspecError("tree_outcomes must have one entry per round")
-    is_tree = np.array([o is not None for o in outcomes], dtype=bool)
-    if t.size and (np.any(t < 1) or np.any(t > v) or np.any((d < v) & ~is_tree) or np.any((d < t) & is_tree)):
-        raise AdaptspecError("every round needs 1 <= tau <= verified <= drafted (a tree's: tau <= drafted)")
-    if not arm_t or 0 in arm_t:
-        raise AdaptspecError(f"arms must be block sizes >= 1 or tree arms, got {list(arms)}")
     committed = int(t.sum())
     n_new = committed + 1 if new_tokens is None else int(new_tokens)
     exact = (A == int(decided)) | (A == 1)
@@ -209,6 +196,32 @@ def counterfactuals(
     scale = 1.0 if decode_s is None else float(decode_s) / float(ran.sum())
     secs = scale * committed / tokens * cost.sum(axis=0)
     return Counterfactuals(arm_t, int(decided), tokens, int(t.size), committed, secs, n_new, censored, approx)
+
+
+def _checked_rounds(
+    taus: Sequence[int] | np.ndarray,
+    verified: Sequence[int] | np.ndarray,
+    drafted: Sequence[int] | np.ndarray | None,
+    arms: Sequence[int],
+    tree_outcomes: Sequence[Any] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...], list[Any], np.ndarray]:
+    """counterfactuals' rounds checked: the taus, verified and drafted positions, the arms sorted,
+    each round's tree outcomes (None: a chain round) and which rounds verified a tree."""
+    t = np.asarray(taus, dtype=np.int64)
+    v = np.asarray(verified, dtype=np.int64)
+    d = v if drafted is None else np.asarray(drafted, dtype=np.int64)
+    arm_t = tuple(sorted(int(a) for a in arms))
+    if t.shape != v.shape or d.shape != t.shape or t.ndim != 1:
+        raise AdaptspecError("taus, verified and drafted must be 1-D sequences of the same length")
+    outcomes = list(tree_outcomes) if tree_outcomes is not None else [None] * t.size
+    if len(outcomes) != t.size:
+        raise AdaptspecError("tree_outcomes must have one entry per round")
+    is_tree = np.array([o is not None for o in outcomes], dtype=bool)
+    if t.size and (np.any(t < 1) or np.any(t > v) or np.any((d < v) & ~is_tree) or np.any((d < t) & is_tree)):
+        raise AdaptspecError("every round needs 1 <= tau <= verified <= drafted (a tree's: tau <= drafted)")
+    if not arm_t or 0 in arm_t:
+        raise AdaptspecError(f"arms must be block sizes >= 1 or tree arms, got {list(arms)}")
+    return t, v, d, arm_t, outcomes, is_tree
 
 
 def tree_round_tokens(

@@ -70,8 +70,7 @@ def create_app(service: CompletionService) -> Any:
 
     Requests run on the event loop: it checks a request, hands it to the service's runner and
     awaits its answer (the batched engine hands it back; no thread waits for it)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import FastAPI
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -82,12 +81,26 @@ def create_app(service: CompletionService) -> Any:
 
     app = FastAPI(title="adaptspec", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    model = service.model_name
+    _add_completion_routes(app, service)
+    _add_status_routes(app, service)
+    return app
 
-    def error(e: RequestError) -> Any:
-        if service.metrics is not None:
-            service.metrics.rejected_request(e.status)
-        return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
+
+def _rejected(service: CompletionService, e: RequestError) -> Any:
+    """The error's JSON answer, counted in the service's metrics."""
+    from fastapi.responses import JSONResponse
+
+    if service.metrics is not None:
+        service.metrics.rejected_request(e.status)
+    return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
+
+
+def _add_completion_routes(app: Any, service: CompletionService) -> None:
+    """POST /v1/completions and /v1/chat/completions: each streams its answer or sends it whole."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    model = service.model_name
 
     async def answer(
         request: Request,
@@ -99,13 +112,13 @@ def create_app(service: CompletionService) -> Any:
         try:
             body = await read_body(request, service)  # 413, 408, or the client left mid-body
         except RequestError as e:
-            return error(e)
+            return _rejected(service, e)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         try:
             req = parse(body, request.headers.get("x-adaptspec-variant"))
         except RequestError as e:
-            return error(e)
+            return _rejected(service, e)
         if req.stream:
             return StreamingResponse(
                 events(service, req, chunks(req)),
@@ -115,9 +128,9 @@ def create_app(service: CompletionService) -> Any:
         try:
             done = await complete(request, service, req)  # None: the client went away (cancelled)
         except RequestError as e:
-            return error(e)
+            return _rejected(service, e)
         except Exception as e:  # noqa: BLE001 - a defect: a 503 with a reason (logged), keep serving
-            return error(server_fault(e, req.request_id))
+            return _rejected(service, server_fault(e, req.request_id))
         if done is None:
             return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
         return JSONResponse(whole(req, *done))
@@ -140,6 +153,11 @@ def create_app(service: CompletionService) -> Any:
             lambda req: ChatChunks(model, req),
         )
 
+
+def _add_status_routes(app: Any, service: CompletionService) -> None:
+    """GET /v1/models, /metrics, /ab (the A/B report) and /health."""
+    from fastapi.responses import JSONResponse, Response
+
     @app.get("/v1/models")
     async def models() -> Any:
         return JSONResponse(models_body(service.model_ids(), service.started))
@@ -156,14 +174,12 @@ def create_app(service: CompletionService) -> Any:
         try:
             rep = await asyncio.get_running_loop().run_in_executor(None, service.ab_report, bool(ope))
         except RequestError as e:
-            return error(e)
+            return _rejected(service, e)
         except Exception as e:  # noqa: BLE001 - a defect in the report: a 503 with a reason (logged), never a 500
-            return error(server_fault(e))
+            return _rejected(service, server_fault(e))
         return JSONResponse(finite(rep))
 
     @app.get("/health")
     async def health(digest: int = 0) -> Any:
         h = await asyncio.get_running_loop().run_in_executor(None, service.health, bool(digest))
         return JSONResponse(h, status_code=503 if h["status"] in ("failed", "stalled") else 200)
-
-    return app

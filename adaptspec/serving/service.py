@@ -167,48 +167,22 @@ class CompletionService:
         request (``redecide_every``). Either decodes on a watched thread: busy ``stall_s`` seconds
         with no progress (a round), it is stalled (:mod:`adaptspec.serving.runner`).
         """
-        from ..control.controller import AdaptiveController
         from .engine.batched import EngineSettings, batched_runner
         from .engine.halting import HaltableSpeculator
         from .engine.sequential import SequentialRunner
         from .metrics import ServingMetrics
 
         batched = runs_on_engine(speculator)
-        if batched and controller_options.get("redecide_every") is not None:
-            raise AdaptspecError(
-                "redecide_every is not available with the batched engine (each request decides "
-                "once, at join); it applies to a speculator of your own, served one request at a time"
-            )
-        if not batched and engine is not None:
-            raise AdaptspecError(
-                f"engine settings apply to adaptspec's own target and drafter; a "
-                f"{type(speculator).__name__} is served one request at a time"
-            )
-        if (
-            isinstance(stall_s, bool)
-            or not isinstance(stall_s, (int, float))
-            or not 0 < stall_s < float("inf")
-        ):
-            raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
+        _check_runner_settings(speculator, batched, engine, stall_s, controller_options)
         if not batched:
             speculator = HaltableSpeculator.around(
                 speculator
             )  # a stop sequence ends decoding (serving.engine.halting)
         router = ABRouter.parse([f"{n}={s}" for n, s in variants.items()], split)
-        controllers: dict[str, AdaptiveController] = {}
-        shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
+        if batched:  # the engine's thread decides
+            controller_options = {"decide_on_caller": True} | controller_options
+        controllers = _controllers(speculator, router, log_dir, checkpoint_dir, controller_options)
         try:
-            for name, spec in router.specs.items():
-                if shared is not None:
-                    controller_options["shared"] = shared(name)
-                controllers[name] = AdaptiveController(
-                    speculator,
-                    spec,
-                    variant=name,
-                    log_dir=log_dir,
-                    checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name,
-                    **({"decide_on_caller": True} if batched else {}) | controller_options,
-                )  # the engine's thread decides
             runner: Runner = (
                 batched_runner(
                     speculator, controllers, router.variants, log_dir, engine or EngineSettings(), stall_s
@@ -624,3 +598,55 @@ def _hide_dirs(value: Any, controller: "AdaptiveController") -> Any:
             for shown in sorted({str(d), str(d.absolute()), str(d.resolve())}, key=len, reverse=True):
                 value = value.replace(shown, d.name)
     return value
+
+
+def _check_runner_settings(
+    speculator: Any, batched: bool, engine: Any, stall_s: float, controller_options: Mapping[str, Any]
+) -> None:
+    """What only one runner takes: redecide_every the sequential one, engine settings the batched one;
+    and the stall time, a number of seconds > 0."""
+    if batched and controller_options.get("redecide_every") is not None:
+        raise AdaptspecError(
+            "redecide_every is not available with the batched engine (each request decides "
+            "once, at join); it applies to a speculator of your own, served one request at a time"
+        )
+    if not batched and engine is not None:
+        raise AdaptspecError(
+            f"engine settings apply to adaptspec's own target and drafter; a "
+            f"{type(speculator).__name__} is served one request at a time"
+        )
+    if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+        raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
+
+
+def _controllers(
+    speculator: Any,
+    router: ABRouter,
+    log_dir: str | Path | None,
+    checkpoint_dir: str | Path | None,
+    controller_options: dict[str, Any],
+) -> dict[str, Any]:
+    """One controller per variant, each logging under its name and checkpointing to
+    checkpoint_dir/NAME; a ``shared`` option (variant -> SharedState) gives each its fleet
+    statistics. Those built are closed if one fails."""
+    from ..control.controller import AdaptiveController
+
+    controllers: dict[str, AdaptiveController] = {}
+    shared = controller_options.pop("shared", None)  # variant -> SharedState (fleet learning)
+    try:
+        for name, spec in router.specs.items():
+            if shared is not None:
+                controller_options["shared"] = shared(name)
+            controllers[name] = AdaptiveController(
+                speculator,
+                spec,
+                variant=name,
+                log_dir=log_dir,
+                checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / name,
+                **controller_options,
+            )
+    except BaseException:
+        for c in controllers.values():
+            c.close()
+        raise
+    return controllers

@@ -165,7 +165,7 @@ def simulate_ab(
     from ..costs.latency import get_profile
     from ..policies.spec import make_policy
     from .counterfactuals import replay_feedback
-    from .replay import feedback_of, run_policy, stream_order
+    from .replay import feedback_of, stream_order
 
     names = list(specs)
     if len(names) != 2:
@@ -183,17 +183,9 @@ def simulate_ab(
     for seed in seeds:
         idx = stream_order(traces, order, seed, n_steps)
         to_b = np.random.default_rng([int(seed), 99]).random(len(idx)) >= split
-        r = np.empty(len(idx))
-        for k, name in enumerate(names):
-            mask = to_b if k == 1 else ~to_b
-            pol = make_policy(specs[name], arms, seed=seed)
-            if getattr(pol, "full_information", False):
-                raise AdaptspecError(f"{specs[name]} sees every arm's reward: it cannot run in an A/B test")
-            kinds[name] = feedback_of(pol, fb)
-            if mask.any():
-                r[mask] = R[idx[mask], run_policy(pol, R, idx[mask], X, feedback=fb)]
-            alone = make_policy(specs[name], arms, seed=seed)
-            truth[name].append(float(R[idx, run_policy(alone, R, idx, X, feedback=fb)].mean()))
+        r, value = _split_run(specs, R, X, arms, idx, to_b, seed, fb, kinds)
+        for name in names:
+            truth[name].append(value[name])
         g = to_b.astype(np.int64)
         t = sequential_test(g, r, alpha=alpha, tau_sd=tau_sd, min_n=min_n)
         better_here = names[int(truth[names[1]][-1] > truth[names[0]][-1])]
@@ -221,3 +213,35 @@ def simulate_ab(
         min_n,
         kinds,
     )
+
+
+def _split_run(
+    specs: Mapping[str, str],
+    R: np.ndarray,
+    X: np.ndarray | None,
+    arms: Sequence[int],
+    idx: np.ndarray,
+    to_b: np.ndarray,
+    seed: int,
+    fb: Any,
+    kinds: dict[str, str],
+) -> tuple[np.ndarray, dict[str, float]]:
+    """One seed's test: each variant's policy decides and learns on its own requests (the second
+    variant's where to_b), giving the reward each request got; and each policy alone over the whole
+    stream, its true value. kinds gets each variant's feedback."""
+    from ..policies.spec import make_policy
+    from .replay import feedback_of, run_policy
+
+    r = np.empty(len(idx))
+    value: dict[str, float] = {}
+    for k, name in enumerate(specs):
+        mask = to_b if k == 1 else ~to_b
+        pol = make_policy(specs[name], arms, seed=seed)
+        if getattr(pol, "full_information", False):
+            raise AdaptspecError(f"{specs[name]} sees every arm's reward: it cannot run in an A/B test")
+        kinds[name] = feedback_of(pol, fb)
+        if mask.any():
+            r[mask] = R[idx[mask], run_policy(pol, R, idx[mask], X, feedback=fb)]
+        alone = make_policy(specs[name], arms, seed=seed)
+        value[name] = float(R[idx, run_policy(alone, R, idx, X, feedback=fb)].mean())
+    return r, value

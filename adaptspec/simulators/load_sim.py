@@ -148,13 +148,7 @@ def simulate(
     for client in arrivals.start():
         arrivals.push(0.0, client)
     while True:
-        # admit whoever has arrived, while a row is free; each prefill runs alone
-        while len(active) < max_rows and arrivals.ready(t):
-            arrival_s, client, i = arrivals.pop()
-            req = pool[i % len(pool)]
-            if prefill:
-                t += float(profile.verify(req.prompt_tokens, 0, 1))
-            active.append(Row(req, arrival_s, client, first_token_s=t))
+        t = _admit(active, arrivals, pool, profile, t, max_rows, prefill)
         if not active:
             nxt = arrivals.next_time()
             if nxt is None:
@@ -170,26 +164,11 @@ def simulate(
         t += round_s
         rounds += 1
         rows_time += len(active) * round_s
-        still: list[Row] = []
-        taus = []
-        for row, b in zip(active, blocks):
-            n = len(row.request.tokens)
-            j = min(int(row.request.accept[row.m - 1, b - 2]), n - 1 - row.m) if b > 1 else 0
-            row.m += j + 1
-            row.accepted += j
-            row.rejected += int(j < b - 1)
-            tokens += j + 1
-            blocks_seen[b] = blocks_seen.get(b, 0) + 1
-            taus.append(j + 1)
+        taus = _advance(active, blocks, blocks_seen)
+        tokens += sum(taus)
         rule.feedback(active, [int(a) for a in chosen], taus, [float(x) for x in shares], load)
-        for row in active:
-            if row.done:
-                latency.append(t - row.arrival_s)
-                ttft.append(row.first_token_s - row.arrival_s)
-                tokens += 1  # the prefill's token
-                arrivals.finished(t, row.client)
-            else:
-                still.append(row)
+        still = _retire(active, t, arrivals, latency, ttft)
+        tokens += len(active) - len(still)  # each finished request's prefill token
         active = still
     return LoadRun(
         getattr(rule, "name", type(rule).__name__),
@@ -201,6 +180,56 @@ def simulate(
         rows_time / t if t > 0 else 0.0,
         blocks_seen,
     )
+
+
+def _admit(
+    active: list[Row],
+    arrivals: _Arrivals,
+    pool: Sequence[DenseRequest],
+    profile: LatencyProfile,
+    t: float,
+    max_rows: int,
+    prefill: bool,
+) -> float:
+    """Admits whoever has arrived, while a row is free (each prefill runs alone); the time after."""
+    while len(active) < max_rows and arrivals.ready(t):
+        arrival_s, client, i = arrivals.pop()
+        req = pool[i % len(pool)]
+        if prefill:
+            t += float(profile.verify(req.prompt_tokens, 0, 1))
+        active.append(Row(req, arrival_s, client, first_token_s=t))
+    return t
+
+
+def _advance(active: list[Row], blocks: list[int], blocks_seen: dict[int, int]) -> list[int]:
+    """One round: each row accepts what its dense trace accepted at its position for its block size;
+    the tokens each row committed (accepted drafts + 1)."""
+    taus = []
+    for row, b in zip(active, blocks):
+        n = len(row.request.tokens)
+        j = min(int(row.request.accept[row.m - 1, b - 2]), n - 1 - row.m) if b > 1 else 0
+        row.m += j + 1
+        row.accepted += j
+        row.rejected += int(j < b - 1)
+        blocks_seen[b] = blocks_seen.get(b, 0) + 1
+        taus.append(j + 1)
+    return taus
+
+
+def _retire(
+    active: list[Row], t: float, arrivals: _Arrivals, latency: list[float], ttft: list[float]
+) -> list[Row]:
+    """Records the finished rows' latency and time to first token and frees their clients; the rows
+    still decoding."""
+    still: list[Row] = []
+    for row in active:
+        if row.done:
+            latency.append(t - row.arrival_s)
+            ttft.append(row.first_token_s - row.arrival_s)
+            arrivals.finished(t, row.client)
+        else:
+            still.append(row)
+    return still
 
 
 def misjudged(profile: LatencyProfile, per_token: float) -> LatencyProfile:

@@ -670,12 +670,24 @@ def replay_log(
     if pol.contextual and X is None:
         raise AdaptspecError(f"policy {name} needs features, and this trace set has none")
     idx = stream_order(traces, order, seed, n_steps)
-    T, K = len(idx), len(traces.arms)
+    kind = feedback_of(pol, fb)
+    fb = None if fb is None else fb.fresh()
+    chosen, probs, version, shown = _run_logged(pol, name, idx, X, R, fb, kind, progress)
+    cols = _log_columns(traces, R, idx, chosen, probs, version, f"{name}/{seed}", name, variant, start_time)
+    if fb is not None:
+        cols.update(_cf_columns(shown, len(traces.arms)))
+    return pa.table(cols)
+
+
+def _run_logged(
+    pol: Any, name: str, idx: np.ndarray, X: Any, R: np.ndarray, fb: Any, kind: str, progress: bool | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    """Steps the policy through the requests idx: each step's arm index, probabilities, policy version
+    and shown feedback."""
+    T, K = len(idx), R.shape[1]
     chosen = np.empty(T, dtype=np.int64)
     probs = np.empty((T, K))
     version = np.empty(T, dtype=np.int64)
-    kind = feedback_of(pol, fb)
-    fb = None if fb is None else fb.fresh()
     shown: list[Any] = []
     for t, i in enumerate(
         tqdm(
@@ -698,12 +710,32 @@ def replay_log(
             pol.update_full(ctx, s.rewards, s.observed)
         elif kind in ("full", "bandit"):
             pol.update(ctx, d.block_size, R[i, a])
+    return chosen, probs, version, shown
+
+
+def _log_columns(
+    traces: TraceSet,
+    R: np.ndarray,
+    idx: np.ndarray,
+    chosen: np.ndarray,
+    probs: np.ndarray,
+    version: np.ndarray,
+    id_prefix: str,
+    name: str,
+    variant: str | None,
+    start_time: float,
+) -> dict[str, Any]:
+    """The decision log's columns, as the controller writes them, for the steps run."""
+    import pyarrow as pa
+
+    T, K = probs.shape
+    X = traces.features
     arms = traces.arm_array
     new = traces.new_tokens_matrix()[idx, chosen]
     rounds = traces.rounds_matrix()[idx, chosen]
     dec = traces.decode_s_matrix()
     cols = {
-        "decision_id": pa.array([f"{name}/{seed}/{t}" for t in range(T)]),
+        "decision_id": pa.array([f"{id_prefix}/{t}" for t in range(T)]),
         "time": pa.array(((start_time + np.arange(T)) * 1e6).astype(np.int64)).cast(
             pa.timestamp("us", tz="UTC")
         ),
@@ -729,9 +761,7 @@ def replay_log(
         cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(
             pa.list_(pa.float32())
         )
-    if fb is not None:
-        cols.update(_cf_columns(shown, K))
-    return pa.table(cols)
+    return cols
 
 
 def _feedback(

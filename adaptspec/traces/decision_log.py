@@ -130,35 +130,55 @@ def decision_row(
     if speed_ratio is not None:
         row["speed_ratio"] = float(speed_ratio)
     if load is not None:
-        row.update(
-            rows_in_flight=load.rows,
-            queue_length=load.queue,
-            context_tokens=load.context_tokens,
-            temperature=load.temperature,
-            max_tokens=load.max_tokens,
-        )
+        row.update(_load_columns(load))
     if shared is not None:
-        row.update(
-            attributed_ms=1000.0 * shared.attributed_s,
-            wall_decode_ms=1000.0 * shared.wall_decode_s,
-            row_rounds=shared.row_rounds,
-            mean_rows=shared.mean_rows,
-        )
+        row.update(_shared_columns(shared))
     if counterfactual is not None:
-        row.update(
-            cf_rewards=np.asarray(counterfactual.rewards, dtype=np.float64),
-            cf_tokens=np.asarray(counterfactual.tokens, dtype=np.float64),
-            cf_censored=[bool(c) for c in counterfactual.censored],
-            cf_approximate=[bool(c) for c in counterfactual.approximate],
-        )
+        row.update(_counterfactual_columns(counterfactual))
     if outcome is not None:
-        row.update(
-            new_tokens=int(outcome.new_tokens),
-            decode_ms=1000.0 * float(outcome.decode_s),
-            mean_tau=float(outcome.mean_tau) if outcome.rounds else None,
-            rounds=len(outcome.rounds),
-        )
+        row.update(_outcome_columns(outcome))
     return row
+
+
+def _load_columns(load: Any) -> dict[str, Any]:
+    """The load the decision was made under (a LoadState)."""
+    return dict(
+        rows_in_flight=load.rows,
+        queue_length=load.queue,
+        context_tokens=load.context_tokens,
+        temperature=load.temperature,
+        max_tokens=load.max_tokens,
+    )
+
+
+def _shared_columns(shared: Any) -> dict[str, Any]:
+    """The request's share of the batched rounds it ran in (a SharedRounds)."""
+    return dict(
+        attributed_ms=1000.0 * shared.attributed_s,
+        wall_decode_ms=1000.0 * shared.wall_decode_s,
+        row_rounds=shared.row_rounds,
+        mean_rows=shared.mean_rows,
+    )
+
+
+def _counterfactual_columns(counterfactual: Any) -> dict[str, Any]:
+    """Every arm's counterfactual reward and tokens, and which are censored or approximate."""
+    return dict(
+        cf_rewards=np.asarray(counterfactual.rewards, dtype=np.float64),
+        cf_tokens=np.asarray(counterfactual.tokens, dtype=np.float64),
+        cf_censored=[bool(c) for c in counterfactual.censored],
+        cf_approximate=[bool(c) for c in counterfactual.approximate],
+    )
+
+
+def _outcome_columns(outcome: Any) -> dict[str, Any]:
+    """What the decision's decoding gave (an Outcome)."""
+    return dict(
+        new_tokens=int(outcome.new_tokens),
+        decode_ms=1000.0 * float(outcome.decode_s),
+        mean_tau=float(outcome.mean_tau) if outcome.rounds else None,
+        rounds=len(outcome.rounds),
+    )
 
 
 def _rows_to_table(rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:

@@ -330,24 +330,7 @@ class TraceSet:
         mt = np.asarray(mean_tau, dtype=np.float64)
         if mt.shape != (n, k):
             raise AdaptspecError(f"mean_tau has shape {mt.shape}, expected ({n}, {k})")
-        req: dict[str, Any] = {
-            "request_id": pa.array([str(r) for r in request_ids], pa.string()),
-            "domain": pa.array([str(d) for d in domains], pa.string()),
-            "prompt_tokens": (
-                pa.nulls(n, pa.int64())
-                if prompt_tokens is None
-                else pa.array(np.asarray(prompt_tokens, dtype=np.int64))
-            ),
-        }
-        if features is not None:
-            f = np.ascontiguousarray(features, dtype=np.float32)
-            if f.ndim != 2 or f.shape[0] != n:
-                raise AdaptspecError(f"features has shape {f.shape}, expected ({n}, d)")
-            req["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(
-                _F32_LIST
-            )
-        for name, values in (request_columns or {}).items():
-            req[name] = pa.array(values)
+        req = _request_columns(request_ids, domains, prompt_tokens, features, request_columns)
 
         def mat(x: Any, dtype: Any) -> pa.Array:
             a = np.asarray(x)
@@ -374,12 +357,7 @@ class TraceSet:
             ("verify_ms", verify_ms, _F32_LIST),
         ):
             if lists is not None:
-                if len(lists) != n * k:
-                    raise AdaptspecError(f"{name}: {len(lists)} lists, expected {n * k}")
-                lengths = np.fromiter((len(x) for x in lists), np.int32, n * k)
-                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-                flat = np.concatenate([np.asarray(x) for x in lists]) if n * k else np.zeros(0)
-                out[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat).cast(typ.value_type))
+                out[name] = _list_column(name, lists, typ, n * k)
         if decode_ms is not None:
             out["decode_ms"] = mat(decode_ms, np.float64)
         for name, values in (outcome_columns or {}).items():
@@ -632,3 +610,42 @@ def path_label(path: str | os.PathLike | None) -> str | None:
     p = Path(path).resolve()
     package = _BUNDLED.parents[1]
     return str(Path("adaptspec") / p.relative_to(package)) if p.is_relative_to(package) else str(path)
+
+
+def _request_columns(
+    request_ids: Sequence[str],
+    domains: Sequence[str],
+    prompt_tokens: Sequence[int] | None,
+    features: np.ndarray | None,
+    request_columns: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The requests table's columns (TraceSet.from_arrays): ids, domains, prompt lengths (null when
+    not given), features (n, d) as float32 lists, and the extra columns."""
+    n = len(request_ids)
+    req: dict[str, Any] = {
+        "request_id": pa.array([str(r) for r in request_ids], pa.string()),
+        "domain": pa.array([str(d) for d in domains], pa.string()),
+        "prompt_tokens": (
+            pa.nulls(n, pa.int64())
+            if prompt_tokens is None
+            else pa.array(np.asarray(prompt_tokens, dtype=np.int64))
+        ),
+    }
+    if features is not None:
+        f = np.ascontiguousarray(features, dtype=np.float32)
+        if f.ndim != 2 or f.shape[0] != n:
+            raise AdaptspecError(f"features has shape {f.shape}, expected ({n}, d)")
+        req["features"] = pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), f.shape[1]).cast(_F32_LIST)
+    for name, values in (request_columns or {}).items():
+        req[name] = pa.array(values)
+    return req
+
+
+def _list_column(name: str, lists: Sequence[Sequence[Any]], typ: Any, count: int) -> pa.Array:
+    """A per-round column: count lists (one per outcome, row-major) as one list array of type typ."""
+    if len(lists) != count:
+        raise AdaptspecError(f"{name}: {len(lists)} lists, expected {count}")
+    lengths = np.fromiter((len(x) for x in lists), np.int32, count)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    flat = np.concatenate([np.asarray(x) for x in lists]) if count else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat).cast(typ.value_type))

@@ -225,32 +225,11 @@ class EngineLoop:
         failure_window_s: float = 60.0,
         stall_s: float = STALL_S,
     ) -> None:
-        if not isinstance(max_queue, int) or max_queue < 0:
-            raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
-        if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
-            raise AdaptspecError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
-        if (
-            isinstance(stall_s, bool)
-            or not isinstance(stall_s, (int, float))
-            or not 0 < stall_s < float("inf")
-        ):
-            raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
+        _check_loop_settings(max_queue, request_timeout_s, stall_s, threads)
         self.request_timeout_s = float(request_timeout_s)
         self.stall_s = float(stall_s)
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise AdaptspecError(f"threads must be an int >= 1, got {threads!r}")
         self.threads = threads
-        if threads is not None and threads > 1:
-            import torch
-
-            if torch.get_num_threads() > 1:
-                log.warning(
-                    "the engine loop gets %d torch threads while the thread starting it has %d: if that "
-                    "thread has run torch work, the engine runs ~1.6x slower (call "
-                    "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine.loop)",
-                    threads,
-                    torch.get_num_threads(),
-                )
+        _warn_if_threads_split(threads)
         if attribution not in ATTRIBUTIONS:
             raise AdaptspecError(f"attribution must be one of {', '.join(ATTRIBUTIONS)}, got {attribution!r}")
         self.attribution = attribution if profile is not None else "tokens"  # marginal needs a cost model
@@ -641,3 +620,31 @@ class EngineLoop:
             finished = h is not None and h.done and h.error is None  # one that finished keeps its outcome
             t.complete(None if finished else error)
         self._tickets = []
+
+
+def _check_loop_settings(max_queue: Any, request_timeout_s: Any, stall_s: Any, threads: Any) -> None:
+    """EngineLoop's queue length (an int >= 0), request time bound and stall time (seconds > 0) and
+    torch threads (None or an int >= 1)."""
+    if not isinstance(max_queue, int) or max_queue < 0:
+        raise AdaptspecError(f"max_queue must be an int >= 0, got {max_queue!r}")
+    if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
+        raise AdaptspecError(f"request_timeout_s must be a number > 0, got {request_timeout_s!r}")
+    if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not 0 < stall_s < float("inf"):
+        raise AdaptspecError(f"stall_s must be a number of seconds > 0, got {stall_s!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise AdaptspecError(f"threads must be an int >= 1, got {threads!r}")
+
+
+def _warn_if_threads_split(threads: int | None) -> None:
+    """Warns when the loop gets several torch threads and the starting thread has several too."""
+    if threads is not None and threads > 1:
+        import torch
+
+        if torch.get_num_threads() > 1:
+            log.warning(
+                "the engine loop gets %d torch threads while the thread starting it has %d: if that "
+                "thread has run torch work, the engine runs ~1.6x slower (call "
+                "torch.set_num_threads(1) before any torch work; see adaptspec.serving.engine.loop)",
+                threads,
+                torch.get_num_threads(),
+            )
