@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from ..errors import AdaptspecError
+from .optional import require
 
 #: what ``--ray`` accepts: nothing (a local Ray with this machine's CPUs), ``local``, ``auto`` (the
 #: cluster this machine is part of), ``ray://HOST:PORT`` (Ray Client) or ``HOST:PORT`` (a head's GCS)
@@ -45,21 +46,11 @@ def parse_address(text: str) -> str:
     )
 
 
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise AdaptspecError(
-            "--ray needs Ray, which is not installed: pip install 'adaptspec[ray]'"
-        ) from None
-    return ray
-
-
 def connect(address: str | None = "local"):
     """``ray``, initialised: the running Ray when there is one, else a new local one (``address``
     None or ``local``: this machine's CPUs) or the cluster at ``address``. Returns
     ``(ray, started)``; ``started`` says this call started it (see :func:`session`)."""
-    ray = import_ray()
+    ray = require("ray", extra="ray", needed_by="--ray")
     if ray.is_initialized():
         return ray, False
     kw: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR)

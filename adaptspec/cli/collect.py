@@ -36,6 +36,14 @@ def _prompt_source(text: str) -> Path | str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_collection_options(p)
+    _add_model_options(p)
+    _add_output_options(p)
+    _add_parallel_options(p)
+
+
+def _add_collection_options(p: argparse.ArgumentParser) -> None:
+    """What is collected: the prompts, the block sizes, the decoding settings and where the trace set goes."""
     p.add_argument(
         "--prompts",
         type=_prompt_source,
@@ -64,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn"
     )
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The speculator: a factory, or the target and drafter and how they run."""
     p.add_argument(
         "--speculator",
         type=speculator_path,
@@ -92,6 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cpu, cuda, cuda:N or mps (checked before the model loads)",
     )
     p.add_argument("--threads", type=threads, default=None)
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Replacing a trace set, and dense traces (every block size at every position)."""
     p.add_argument("--force", action="store_true", help="replace the trace set at OUT (only a trace set)")
     p.add_argument(
         "--dense",
@@ -109,6 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "drafter) instead of decoding; a new drafter's dense traces then cost a teacher-forced "
         "pass and drafter passes per prompt",
     )
+
+
+def _add_parallel_options(p: argparse.ArgumentParser) -> None:
+    """Collecting in parts: one part per process, or parts run as Ray tasks."""
     p.add_argument(
         "--part",
         type=_part,
@@ -421,11 +441,12 @@ def _run_ray(args: argparse.Namespace, numbered: list) -> int:
     encode the prompts)."""
     import functools
 
-    from .._util.ray import import_ray, session
+    from .._util.optional import require
+    from .._util.ray import session
     from ..collect.ray_tasks import collect_dense_ray, collect_traces_ray
     from ..models import load_speculator
 
-    import_ray()  # a missing Ray is one line, before anything else
+    require("ray", extra="ray", needed_by="--ray")  # a missing Ray is one line, before anything else
     if args.dense and (args.out / "meta.json").exists():
         from ..traces.dense import DenseTraceSet
 

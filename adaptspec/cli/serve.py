@@ -30,6 +30,7 @@ import sys
 from typing import Any, NamedTuple
 
 from .._util.guarded import STALL_S
+from .._util.optional import require
 from ..errors import AdaptspecError
 from ..load_rules import SPECULATION_MARGIN
 from ..reward.attribution import ATTRIBUTIONS
@@ -875,15 +876,11 @@ def _check_port(host: str, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from ..serving.app import create_app
-        from ..serving.shutdown import (
-            GracefulServer,
-        )  # uvicorn's, its shutdown bounded whatever the requests do
-    except ImportError as e:
-        raise AdaptspecError(
-            f"serving needs the serve extra ({e.name} is missing): pip install 'adaptspec[serve]'"
-        ) from None
+    for package in ("fastapi", "uvicorn"):
+        require(package, extra="serve", needed_by="serving")
+    from ..serving.app import create_app
+    from ..serving.shutdown import GracefulServer  # uvicorn's, its shutdown bounded whatever the requests do
+
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
     )

@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .._util.optional import require
 from ..errors import AdaptspecError
 
 __all__ = ["RedisURL", "RedisBackend", "parse_url", "redact"]
@@ -101,12 +102,10 @@ class RedisBackend:
 
     def __init__(self, url: str | RedisURL, timeout_s: float = 1.0) -> None:
         self.url = url if isinstance(url, RedisURL) else parse_url(url)
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError:
-            raise AdaptspecError("--shared needs the redis client: pip install 'adaptspec[fleet]'") from None
+        redis = require("redis", extra="fleet", needed_by="--shared")
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         self._redis = redis.Redis(
             host=self.url.host,
             port=self.url.port,
