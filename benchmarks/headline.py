@@ -90,6 +90,9 @@ def served() -> list[Row]:
     default = [s[lv]["configs"]["default"] for lv in LEVELS]
     mixed = load("host-served-avx2-mixed.json")["summary"]["8"]["configs"]
     bf16 = mixed["plain-bfloat16"]["vs_plain"]
+    low = load("host-served-avx2-pooled-1-4.json")["summary"]
+    high = load("host-served-avx2-pooled-4-8.json")["summary"]
+    capped = {"1": low["1"], "2": low["2"], "4": high["4"], "8": high["8"]}
     return [
         Row(
             "Served (`adaptspec serve`), the default against plain decoding, 1 / 2 / 4 / 8 clients",
@@ -104,6 +107,14 @@ def served() -> list[Row]:
             AMD,
             "host-served-trees.json",
             "the-served-default-under-load",
+        ),
+        Row(
+            "Served where speculation does not pay (every server decodes plainly), the default "
+            "against plain decoding, 1 / 2 / 4 / 8 clients",
+            per_level([capped[lv]["configs"]["default"]["vs_plain"]["geomean"] for lv in LEVELS]),
+            AMD_AVX2,
+            "host-served-avx2-pooled-1-4.json, -4-8.json",
+            "two-weight-copies-the-dtype-mixed",
         ),
         Row(
             "Served, 8 clients: plain decoding on two weight copies (`mixed`) against plain in bfloat16",
