@@ -1,7 +1,8 @@
 """What a GPU run must check of adaptspec.vllm (docs/vllm.md, "Out of reach on this CPU"). Prepared, not run here.
 
-On one GPU with vLLM 0.32.0 (``pip install -e '.[vllm,dev]'``), each check in a process of its own
-(one engine a process), results as JSON lines in ``--out``:
+On one GPU with a supported vLLM (``pip install -e '.[vllm,dev]'`` keeps the installed 0.32-0.34;
+each line of ``--out`` names the release), each check in a process of its own (one engine a
+process), results as JSON lines in ``--out``:
 
 - ``lossless``: greedy, every request of a concurrent mix, vLLM without speculation against the
   plug-in (default policy, learned load rule), with CUDA graphs (not eager): the same tokens;
@@ -11,13 +12,16 @@ On one GPU with vLLM 0.32.0 (``pip install -e '.[vllm,dev]'``), each check in a 
 - ``cost``: step time of the plug-in at ``fixed:K+1`` (no cut: the same work as vLLM's K) against
   vLLM's own K, at 8, 32 and 64 concurrent requests, and the plug-in's own share of a step
   (``adaptspec_vllm_plugin_seconds`` over ``adaptspec_vllm_step_seconds``; the issue asks < 2%);
-- the same ``lossless`` and ``cut`` under MRV2 (``VLLM_USE_V2_MODEL_RUNNER=1``), each reported
-  as passed, failed or refused by vLLM.
+- ``lossless`` and ``cut`` again with asynchronous scheduling (vLLM's default on a GPU: the
+  plug-in runs as ``AdaptiveAsyncScheduler``), and ``cost`` with it at 8 and 64 requests;
+- ``mrv2_refused``: under MRV2 (``VLLM_USE_V2_MODEL_RUNNER=1`` on 0.32/0.33; every engine on 0.34)
+  the plug-in's engine stops at start with the one line naming ``VLLM_USE_V2_MODEL_RUNNER=0``.
+  (vLLM 0.34 has only MRV2: there every plug-in check but this one reports the refusal.)
 
     python benchmarks/gpu_check_vllm.py --out runs/gpu_check_vllm.jsonl            # tiny Qwen3 models built here
     python benchmarks/gpu_check_vllm.py --target DIR --drafter DIR --out runs/x.jsonl  # a real pair (dflash drafter)
 
-The async scheduler is refused by the plug-in, so every engine here runs with
+A check named ``NAME:async`` runs with ``async_scheduling=True``, every other with
 ``async_scheduling=False``. Nothing is downloaded: ``--target``/``--drafter`` are local folders.
 ``GPU_CHECK_MEMORY`` (default 0.9) is vLLM's ``gpu_memory_utilization`` (on the CPU build, the share
 of RAM: a smoke run of one check on a CPU, ``GPU_CHECK_MEMORY=0.05 ... --check cut``, needs it small).
@@ -52,7 +56,7 @@ def _models(args) -> tuple[Path, Path, str]:
     return tiny_qwen3(root / "target"), tiny_qwen3(root / "drafter", noise=0.2), "draft_model"
 
 
-def _llm(target: Path, spec: dict | None, entry: dict | None):
+def _llm(target: Path, spec: dict | None, entry: dict | None, async_scheduling: bool = False):
     from vllm import LLM
 
     kw = dict(
@@ -63,7 +67,7 @@ def _llm(target: Path, spec: dict | None, entry: dict | None):
         max_num_seqs=64,
         seed=0,
         disable_log_stats=False,
-        async_scheduling=False,
+        async_scheduling=async_scheduling,
         speculative_config=spec,
         gpu_memory_utilization=float(os.environ.get("GPU_CHECK_MEMORY", "0.9")),
     )
@@ -94,21 +98,27 @@ def check(name: str, args) -> dict:
 
     target, drafter, method = _models(args)
     spec = {"method": method, "model": str(drafter), "num_speculative_tokens": K}
+    is_async = name.endswith(":async")
+    name = name.removesuffix(":async")
+
+    def make(target, spec, entry):
+        return _llm(target, spec, entry, async_scheduling=is_async)
+
     if name == "reference":
-        llm = _llm(target, None, None)
+        llm = make(target, None, None)
         outs = llm.generate(
             _prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)]
         )
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if name == "lossless":
-        llm = _llm(target, spec, {"load_rule": "learned"})
+        llm = make(target, spec, {"load_rule": "learned"})
         outs = llm.generate(
             _prompts(32), [SamplingParams(temperature=0, max_tokens=16 + 3 * i) for i in range(32)]
         )
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
     if name == "cut":
         m = 33
-        llm = _llm(
+        llm = make(
             target,
             {"method": "draft_model", "model": str(target), "num_speculative_tokens": K},
             {"variants": {"A": "fixed:2", "B": f"fixed:{K + 1}"}},
@@ -130,7 +140,7 @@ def check(name: str, args) -> dict:
     if name.startswith("cost"):  # cost:ROWS:LABEL, one engine a process
         _, rows, label = name.split(":")
         entry = None if label == "vllm_K" else {"variants": {"A": f"fixed:{K + 1}"}}
-        llm = _llm(target, spec, entry)
+        llm = make(target, spec, entry)
         llm.generate(_prompts(int(rows), seed=2), SamplingParams(temperature=0, max_tokens=8))  # warm-up
         t0 = time.perf_counter()
         llm.generate(
@@ -174,15 +184,26 @@ def main() -> None:
     if args.check:
         print(json.dumps(check(args.check, args)))
         return
+    import vllm
+
     results = []
-    for mrv2 in ("0", "1"):
-        env = {"VLLM_USE_V2_MODEL_RUNNER": mrv2}
-        ref, got = _run("reference", args, env), _run("lossless", args, env)
+    v1 = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    refused = _run("lossless", args, {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    results.append(
+        {
+            "check": "mrv2_refused",
+            "passed": refused.get("status") == "refused or failed"
+            and "VLLM_USE_V2_MODEL_RUNNER=0" in refused.get("stderr_tail", ""),
+            "stderr_tail": refused.get("stderr_tail"),
+        }
+    )
+    for suffix in ("", ":async"):
+        env = v1
+        ref, got = _run("reference" + suffix, args, env), _run("lossless" + suffix, args, env)
         same = "tokens" in ref and "tokens" in got and ref["tokens"] == got["tokens"]
         results.append(
             {
-                "check": "lossless",
-                "mrv2": mrv2 == "1",
+                "check": "lossless" + suffix,
                 "passed": same,
                 **(
                     {}
@@ -195,13 +216,15 @@ def main() -> None:
                 ),
             }
         )
-        results.append({"mrv2": mrv2 == "1", **_run("cut", args, env)})
-    for rows in (8, 32, 64):
-        base, plug = _run(f"cost:{rows}:vllm_K", args, {}), _run(f"cost:{rows}:plugin_fixed", args, {})
+        results.append(_run("cut" + suffix, args, env))
+    costs = [(rows, "") for rows in (8, 32, 64)] + [(rows, ":async") for rows in (8, 64)]
+    for rows, suffix in costs:
+        base = _run(f"cost:{rows}:vllm_K{suffix}", args, v1)
+        plug = _run(f"cost:{rows}:plugin_fixed{suffix}", args, v1)
         ok = "seconds" in base and "seconds" in plug
         results.append(
             {
-                "check": "cost",
+                "check": "cost" + suffix,
                 "rows": rows,
                 "vllm_K_s": base.get("seconds"),
                 "plugin_s": plug.get("seconds"),
@@ -211,6 +234,7 @@ def main() -> None:
         )
     with open(args.out, "w") as f:
         for r in results:
+            r = {"vllm": vllm.__version__, **r}
             f.write(json.dumps(r) + "\n")
             print(json.dumps({k: v for k, v in r.items() if k != "stderr_tail"}))
 

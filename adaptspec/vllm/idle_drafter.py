@@ -28,7 +28,9 @@ B = 1 never drafts again, so nothing is lost; a request whose block size is abov
 load rule capped to B = 1 on the skipped steps drafts, when the rule raises it again, from a
 context with those positions missing: its acceptance may drop, never its output (the target
 verifies every draft; the lossless tests run with the extension). This is a patch of vLLM's
-internals, pinned to the release the plug-in checks at start (:mod:`adaptspec.vllm.version`).
+internals, written for the releases the plug-in checks at start (:mod:`adaptspec.vllm.version`) that
+ship vLLM's V1 runner (0.32, 0.33); it refuses to install, in one line, where the runner it patches
+would not run (:func:`install`).
 """
 
 from __future__ import annotations
@@ -52,9 +54,21 @@ def skipped_passes() -> int:
 
 
 def install() -> None:
-    """Wrap ``GPUModelRunner.propose_draft_token_ids`` (once a process; see the module docstring)."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """Wrap ``GPUModelRunner.propose_draft_token_ids`` (once a process; see the module docstring).
 
+    The runner it patches is checked first: a release without vLLM's V1 runner (0.34), or a worker
+    whose config picks Model Runner V2, where the wrapped method never runs, is one line naming the
+    setting to change (:mod:`adaptspec.vllm.releases`), never a silent no-op."""
+    import vllm
+
+    from ..errors import AdaptspecError
+    from .releases import release_of, runner_refusal, v1_runner_class
+
+    release = release_of(vllm.__version__)
+    GPUModelRunner = v1_runner_class(release)  # noqa: N806 - vLLM's class
+    refusal = runner_refusal(release, _worker_uses_v2_model_runner())
+    if refusal is not None:
+        raise AdaptspecError(f"adaptspec.vllm.IdleDrafterSkip cannot run here: {refusal}")
     original = GPUModelRunner.propose_draft_token_ids
     if getattr(original, "adaptspec_original", None) is not None:
         return
@@ -74,6 +88,20 @@ def install() -> None:
 
     propose_draft_token_ids.adaptspec_original = original  # type: ignore[attr-defined]
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _worker_uses_v2_model_runner() -> bool:
+    """Whether the worker looking the extension up runs Model Runner V2: its config's choice when
+    vLLM has set it as the current one, else ``VLLM_USE_V2_MODEL_RUNNER`` as given (vLLM resolves the
+    extension before it sets the config; where vLLM would pick MRV2 itself, the scheduler, which
+    reads the same config, has refused to start: :mod:`adaptspec.vllm.releases`)."""
+    from vllm import envs
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is not None:
+        return bool(config.use_v2_model_runner)
+    return bool(envs.VLLM_USE_V2_MODEL_RUNNER)
 
 
 class _IdleDrafterSkip:

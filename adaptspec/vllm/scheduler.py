@@ -22,15 +22,22 @@ the work:
   length before vLLM schedules them (as vLLM itself cuts them to its token budget);
 - ``finish_requests``: requests aborted from outside (a client gone, a stop string) fed back.
 
-Built against vLLM |version| (:mod:`adaptspec.vllm.version`): any other release is refused when
-this module is imported, in one line.
+Written for vLLM |version| (:mod:`adaptspec.vllm.version`; what differs between those releases
+sits in :mod:`adaptspec.vllm.releases`): any other release is refused when this module is imported,
+in one line; so is a model runner that ignores the scheduler's speculative length (vLLM's Model
+Runner V2, vllm#51510: ``VLLM_USE_V2_MODEL_RUNNER=0`` on 0.32 and 0.33), when vLLM builds the
+scheduler.
+
+With asynchronous scheduling (vLLM's default on a GPU) vLLM builds ``AdaptiveScheduler`` as
+:class:`AdaptiveAsyncScheduler`, its form over vLLM's ``AsyncScheduler``: there the drafts of the
+next step do not pass through the scheduler (the worker keeps them) and the scheduler reserves
+their slots one step ahead, so the cut applies to the slots each request reserves
+(``_update_after_schedule``), decided in the same step as with synchronous scheduling.
 
 The plug-in's own cost is timed here, where vLLM calls it: every hook's work outside vLLM's own
 (``super()``), against the engine's step (from ``schedule`` to the end of ``update_from_output``,
 plus ``update_draft_token_ids`` and ``finish_requests``): ``adaptspec_vllm_plugin_seconds_total``
-over ``adaptspec_vllm_step_seconds_total``. It needs synchronous scheduling (vLLM's CPU platform forces
-it; on a GPU give ``--no-async-scheduling``): with asynchronous scheduling vLLM schedules the
-next step's draft slots before the drafts exist, so they cannot be cut per request.
+over ``adaptspec_vllm_step_seconds_total``.
 """
 
 from __future__ import annotations
@@ -41,10 +48,12 @@ from typing import Any, Iterable, Iterator
 
 import vllm
 
-from .version import VLLM_VERSION, check_vllm_version
+from .releases import output_index, release_of, runner_refusal
+from .version import VLLM_VERSIONS
 
-check_vllm_version(vllm.__version__)  # before importing vLLM's internals, whose names move between releases
+RELEASE = release_of(vllm.__version__)  # before importing vLLM's internals, whose names move between releases
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from ..errors import AdaptspecError  # noqa: E402
@@ -52,25 +61,27 @@ from .config import plugin_settings  # noqa: E402
 from .idle_drafter import MARK, enabled  # noqa: E402
 from .plugin import AdaptspecPlugin, log  # noqa: E402
 
-__all__ = ["AdaptiveScheduler", "VLLM_VERSION"]
-__doc__ = __doc__.replace("|version|", VLLM_VERSION)
+__all__ = ["AdaptiveAsyncScheduler", "AdaptiveScheduler", "VLLM_VERSIONS"]
+__doc__ = __doc__.replace("|version|", VLLM_VERSIONS)
 
 _FINISH = {"stop": "eos"}  # vLLM's finish reasons in adaptspec's words; every other one is "length"
 
 
 class AdaptiveScheduler(Scheduler):
     """vLLM's :class:`~vllm.v1.core.sched.scheduler.Scheduler` with adaptspec's per-request lengths
-    (see the module docstring)."""
+    (see the module docstring). With asynchronous scheduling vLLM's config makes it an
+    :class:`AdaptiveAsyncScheduler`."""
+
+    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> AdaptiveScheduler:
+        if cls is AdaptiveScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = AdaptiveAsyncScheduler  # vLLM builds the class it is given: the async form is chosen here
+        return super().__new__(cls)
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         # vLLM builds its scheduler after its workers and the model (docs/vllm.md): the entry is checked first thing here
         with _refusal_logged():
             settings = plugin_settings(vllm_config.additional_config)
-            if vllm_config.scheduler_config.async_scheduling:
-                raise AdaptspecError(
-                    "adaptspec.vllm needs synchronous scheduling (--no-async-scheduling): with "
-                    "asynchronous scheduling vLLM reserves draft slots before the drafts exist"
-                )
+            self.check_runner(vllm_config)
         super().__init__(vllm_config, *args, **kwargs)
         spec = vllm_config.speculative_config
         with _refusal_logged():
@@ -80,6 +91,13 @@ class AdaptiveScheduler(Scheduler):
         self._step_started = self._output_done = time.perf_counter()
         #: the worker skips the drafter's pass on the steps marked (adaptspec.vllm.IdleDrafterSkip)
         self.skips_idle_drafter = enabled(vllm_config.parallel_config.worker_extension_cls)
+
+    def check_runner(self, vllm_config: Any) -> None:
+        """Refuse (one line naming the setting to change) a model runner that would ignore the
+        scheduler's per-request speculative length (:func:`~adaptspec.vllm.releases.runner_refusal`)."""
+        refusal = runner_refusal(RELEASE, RELEASE.has_v1_runner and bool(vllm_config.use_v2_model_runner))
+        if refusal is not None:
+            raise AdaptspecError(f"adaptspec.vllm cannot start: {refusal}")
 
     # ------------------------------------------------------------------ vLLM's hooks
     def add_request(self, request: Any) -> None:
@@ -205,6 +223,46 @@ class AdaptiveScheduler(Scheduler):
         self.adaptspec.finish(request.request_id, list(request.output_token_ids), _FINISH.get(name, "length"))
 
 
+class AdaptiveAsyncScheduler(AdaptiveScheduler, AsyncScheduler):
+    """:class:`AdaptiveScheduler` over vLLM's ``AsyncScheduler`` (asynchronous scheduling: vLLM builds
+    ``AdaptiveScheduler`` as this class when its config asks for it).
+
+    vLLM's asynchronous scheduler schedules step n + 1 before step n's output is back: when it has
+    scheduled a step, it reserves for each request in it that many draft slots for the next step
+    (placeholders the worker fills with its own drafts, never passing them to the scheduler), as
+    many as the step asks the drafter for. Here each request's reserved slots are cut to its length
+    right after vLLM reserves them, the requests whose prefill ends in the step being decided first,
+    so the next step verifies for each request as many drafts as with synchronous scheduling. The
+    drafts a request is scheduled never exceed its slots (vLLM trims the worker's drafts to them).
+    ``IdleDrafterSkip`` marks no step here (the worker's drafter pass feeds the next step's slots)."""
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        self.skips_idle_drafter = False
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        super()._update_after_schedule(
+            scheduler_output
+        )  # vLLM's: every decoding request reserves the step's slots
+        t0 = time.perf_counter()
+        try:
+            self._decide_prefills_ending(scheduler_output)
+        except Exception as e:  # noqa: BLE001 - undecided requests run at vLLM's own length
+            self.adaptspec.fault("step", e)
+        try:
+            slots = {
+                rid: request.spec_token_ids
+                for rid in scheduler_output.num_scheduled_tokens
+                if (request := self.requests.get(rid)) is not None and not request.is_prefill_chunk
+            }
+            cut = self.adaptspec.cut(slots, rows=len(self.running), queue=len(self.waiting))
+            for rid, kept in cut.items():
+                self.requests[rid].spec_token_ids = kept  # a new list: vLLM shares one placeholder list
+        except Exception as e:  # noqa: BLE001 - vLLM's own slots this step
+            self.adaptspec.fault("cut", e)
+        self.adaptspec.account(own_s=time.perf_counter() - t0)
+
+
 @contextlib.contextmanager
 def _refusal_logged() -> Iterator[None]:
     """A refusal to start (a bad ``adaptspec`` entry) logged as one ERROR line before it is raised: in a
@@ -233,7 +291,7 @@ def _step_rows(scheduler_output: Any, model_runner_output: Any, requests: dict[s
     row (no token out before the step: its sampled token is the prefill's, no decode round)
     commits 0."""
     sampled = model_runner_output.sampled_token_ids
-    index = model_runner_output.req_id_to_index
+    index = output_index(RELEASE, model_runner_output)
     spec = scheduler_output.scheduled_spec_decode_tokens
     invalid = scheduler_output.num_invalid_spec_tokens or {}
     rows = []
