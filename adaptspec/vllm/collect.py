@@ -83,22 +83,7 @@ def collect_vllm(
     ``speculative_config``: vLLM's (``method``, ``model``, ...); its ``num_speculative_tokens`` is
     set to max(arms) - 1. ``prompts``: ``(request_id, domain, token_ids)``. ``engine_args``: more
     keyword arguments of ``vllm.LLM`` (``dtype``, ``max_model_len``, ...). Returns the trace set."""
-    arms = sorted({int(b) for b in arms})
-    if not arms or arms[0] < 1:
-        raise AdaptspecError(f"block sizes must be integers >= 1, got {list(arms)}")
-    if arms[-1] < 2:
-        raise AdaptspecError(
-            "collect-vllm needs a block size >= 2 (B = 1 + the drafts verified): with B = 1 alone "
-            "vLLM verifies nothing it drafts"
-        )
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise AdaptspecError(f"concurrency must be an integer >= 1, got {concurrency!r}")
-    out = Path(out)
-    check_output(out, "traceset", overwrite)  # the embedded collection's checks, before the engine starts
-    if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
-        raise AdaptspecError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    arms, out = _checked_args(arms, concurrency, out, overwrite, temperature, max_new_tokens)
     rows = _done_rows(out, arms)
     todo = [p for p in prompts if p[0] not in rows]
     if todo:
@@ -124,7 +109,59 @@ def collect_vllm(
         raise AdaptspecError(
             f"every request ended at its first token ({len(dropped)}): nothing to write at {out}"
         )
-    info = {
+    info = _info(target, speculative_config, arms, concurrency, meta, dropped)
+    return finish(
+        out,
+        kept,
+        arms,
+        {r: v for r, v in rows.items() if r not in dropped},
+        max_new_tokens,
+        temperature,
+        info,
+        overwrite,
+    )
+
+
+def _checked_args(
+    arms: Sequence[int],
+    concurrency: int,
+    out: str | os.PathLike,
+    overwrite: bool,
+    temperature: float,
+    max_new_tokens: int,
+) -> tuple[list[int], Path]:
+    """:func:`collect_vllm`'s arguments checked, before the engine starts: its block sizes sorted,
+    without repeats, and ``out`` as a path."""
+    arms = sorted({int(b) for b in arms})
+    if not arms or arms[0] < 1:
+        raise AdaptspecError(f"block sizes must be integers >= 1, got {list(arms)}")
+    if arms[-1] < 2:
+        raise AdaptspecError(
+            "collect-vllm needs a block size >= 2 (B = 1 + the drafts verified): with B = 1 alone "
+            "vLLM verifies nothing it drafts"
+        )
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise AdaptspecError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+    out = Path(out)
+    check_output(out, "traceset", overwrite)  # the embedded collection's checks, before the engine starts
+    if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature >= 0):
+        raise AdaptspecError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise AdaptspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    return arms, out
+
+
+def _info(
+    target: str,
+    speculative_config: Mapping[str, Any],
+    arms: list[int],
+    concurrency: int,
+    meta: Mapping[str, Any] | None,
+    dropped: dict[str, str],
+) -> dict:
+    """The trace set's ``meta.json`` entries that say how vLLM collected it (``meta`` added, then
+    ``dropped``)."""
+    return {
         "source": "adaptspec collect-vllm",
         "engine": f"vLLM {_vllm_version()}",
         "target": str(target),
@@ -139,16 +176,6 @@ def collect_vllm(
         **dict(meta or {}),
         "dropped": dropped,
     }
-    return finish(
-        out,
-        kept,
-        arms,
-        {r: v for r, v in rows.items() if r not in dropped},
-        max_new_tokens,
-        temperature,
-        info,
-        overwrite,
-    )
 
 
 def _vllm_version() -> str:
@@ -192,9 +219,35 @@ def _run(
         "0"  # the engine in this process: its plug-in hands us outcomes
     )
     from tqdm import tqdm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM  # loads vllm.SamplingParams and vllm.inputs too (_run_chunk's)
 
+    llm = LLM(model=str(target), **_engine_kwargs(spec, arms, seed, concurrency, engine_args))
+    try:
+        from ..collect.every_arm import open_partial  # now: it loads numba (the module docstring)
+
+        finished = _listen(llm)
+        chunks = [todo[i : i + concurrency] for i in range(0, len(todo), concurrency)]
+        offset, f = len(rows), None
+        try:
+            for c, chunk in enumerate(tqdm(chunks, desc="collect-vllm", unit="chunk", disable=not progress)):
+                k = (offset + c) % len(arms)
+                per_prompt = _run_chunk(
+                    llm, chunk, arms[k:] + arms[:k], finished, max_new_tokens, temperature, seed
+                )
+                if f is None:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    f = open_partial(out.with_name(out.name + ".partial.jsonl"))
+                _append_rows(f, chunk, arms, per_prompt, rows)
+        finally:
+            if f is not None:
+                f.close()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _engine_kwargs(spec: dict, arms: list[int], seed: int, concurrency: int, engine_args: dict) -> dict:
+    """``vllm.LLM``'s keyword arguments: the plug-in's scheduler, one ``fixed:B`` variant per block
+    size, ``spec`` (set here to draft max(arms) - 1 tokens) as vLLM's speculative config."""
     spec["num_speculative_tokens"] = arms[-1] - 1
     # a fixed policy decides in microseconds: the longest budget, so that a busy host's slow hand-off to the
     # decision thread never gives a request the fallback length in place of its variant's
@@ -204,7 +257,7 @@ def _run(
         "load_rule": "none",
         "decide_timeout": MAX_DECIDE_TIMEOUT,
     }
-    kwargs = {
+    return {
         "seed": seed,
         **engine_args,
         "max_num_seqs": concurrency,
@@ -212,55 +265,68 @@ def _run(
         "scheduler_cls": "adaptspec.vllm.AdaptiveScheduler",
         "additional_config": {"adaptspec": settings},
     }
-    llm = LLM(model=str(target), **kwargs)
-    try:
-        from ..collect.every_arm import append_row, open_partial  # now: it loads numba (the module docstring)
 
-        try:
-            plugin = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec
-        except AttributeError:
-            raise AdaptspecError(
-                "collect-vllm reads the plug-in in its own process: vLLM's engine ran in another one "
-                "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0)"
-            ) from None
-        finished: dict[str, tuple[str, Outcome]] = {}
-        plugin.on_outcome = lambda rid, variant, outcome: finished.__setitem__(rid, (variant, outcome))
-        chunks = [todo[i : i + concurrency] for i in range(0, len(todo), concurrency)]
-        offset, f = len(rows), None
-        try:
-            for c, chunk in enumerate(tqdm(chunks, desc="collect-vllm", unit="chunk", disable=not progress)):
-                k = (offset + c) % len(arms)
-                per_prompt: dict[str, dict] = {p[0]: {} for p in chunk}
-                for b in arms[k:] + arms[:k]:
-                    params = [
-                        SamplingParams(
-                            temperature=temperature,
-                            max_tokens=max_new_tokens,
-                            seed=seed,
-                            extra_args={"adaptspec_variant": variant_name(b)},
-                        )
-                        for _ in chunk
-                    ]
-                    finished.clear()
-                    outs = llm.generate(
-                        [TokensPrompt(prompt_token_ids=list(p[2])) for p in chunk], params, use_tqdm=False
-                    )
-                    for p, o in zip(chunk, outs):
-                        per_prompt[p[0]][b] = _arm_result(p[0], b, o, finished, max_new_tokens)
-                if f is None:
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    f = open_partial(out.with_name(out.name + ".partial.jsonl"))
-                for rid, domain, ids in chunk:
-                    row = _row(rid, domain, ids, arms, per_prompt[rid])
-                    if "dropped" in row:
-                        print(f"collect-vllm: request {rid} left out: {row['dropped']}", file=sys.stderr)
-                    append_row(f, row)
-                    rows[rid] = row
-        finally:
-            if f is not None:
-                f.close()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+
+def _listen(llm: Any) -> dict[str, tuple[str, Outcome]]:
+    """The dict the engine's plug-in fills from now on with each finished request's variant and
+    outcome, by vLLM's request id (its ``on_outcome``)."""
+    try:
+        plugin = llm.llm_engine.engine_core.engine_core.scheduler.adaptspec
+    except AttributeError:
+        raise AdaptspecError(
+            "collect-vllm reads the plug-in in its own process: vLLM's engine ran in another one "
+            "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0)"
+        ) from None
+    finished: dict[str, tuple[str, Outcome]] = {}
+    plugin.on_outcome = lambda rid, variant, outcome: finished.__setitem__(rid, (variant, outcome))
+    return finished
+
+
+def _run_chunk(
+    llm: Any,
+    chunk: list,
+    order: list[int],
+    finished: dict[str, tuple[str, Outcome]],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, dict]:
+    """Every prompt of ``chunk`` run at once at each block size of ``order`` in turn: each prompt's
+    records (:func:`_arm_result`), by request id, then by block size in ``order``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    per_prompt: dict[str, dict] = {p[0]: {} for p in chunk}
+    for b in order:
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=max_new_tokens,
+                seed=seed,
+                extra_args={"adaptspec_variant": variant_name(b)},
+            )
+            for _ in chunk
+        ]
+        finished.clear()
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p[2])) for p in chunk], params, use_tqdm=False
+        )
+        for p, o in zip(chunk, outs):
+            per_prompt[p[0]][b] = _arm_result(p[0], b, o, finished, max_new_tokens)
+    return per_prompt
+
+
+def _append_rows(f: Any, chunk: list, arms: list[int], per_prompt: dict[str, dict], rows: dict) -> None:
+    """Each prompt of ``chunk``'s row appended to the partial file ``f`` and kept in ``rows``; a
+    prompt left out is named on stderr."""
+    from ..collect.every_arm import append_row  # loaded already (by _run)
+
+    for rid, domain, ids in chunk:
+        row = _row(rid, domain, ids, arms, per_prompt[rid])
+        if "dropped" in row:
+            print(f"collect-vllm: request {rid} left out: {row['dropped']}", file=sys.stderr)
+        append_row(f, row)
+        rows[rid] = row
 
 
 def _arm_result(
