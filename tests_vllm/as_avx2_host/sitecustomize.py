@@ -7,9 +7,11 @@ the CPU has AVX-512, which the variables do not change. Here torch answers as su
 vLLM loads and runs its AVX2 build, in the test process and in every process it starts.
 """
 
+import importlib.util
 import os
 
-if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2":
+# (a Python without torch, such as pip's in a venv still being made, has no kernels to choose)
+if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2" and importlib.util.find_spec("torch"):
     import torch.cpu
 
     torch.cpu._is_avx512_supported = lambda: False
