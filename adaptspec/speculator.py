@@ -366,6 +366,16 @@ def outcome_fault(outcome: Outcome, largest: int, max_new_tokens: int | None = N
     return None
 
 
+# ---------------------------------------------------------------------- rewards
+#: The largest size of a reward anything learns from, read from a log or given by a caller:
+#: ``|reward| <= REWARD_LIMIT``. A reward is tokens per second (one request decodes at most some
+#: thousands, on any machine), minus milliseconds per token (a billion is 11.6 days a token) or
+#: tokens per round (at most the block size), so a billion is past every honest reward by orders
+#: of magnitude, and what is beyond it is a corrupted value or a unit error. It keeps a learner's
+#: sums finite: a squared reward is at most 1e18, and float64 holds 1.8e308.
+REWARD_LIMIT = 1e9
+
+
 # ---------------------------------------------------------------------- arms
 #: An **arm** is what a decision chooses for a request: a chain block size ``B >= 1``, or, for a
 #: speculator that declares ``draft_trees``, the best draft tree of ``N`` nodes, written as the

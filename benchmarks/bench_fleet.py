@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Redis test server (tests/_redis.p
 
 def learning(steps: int = 500, seeds: int = 20, width: int = 40) -> dict:
     from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
     from adaptspec.policies.featurizer import Featurizer
     from adaptspec.policies.spec import make_policy
     from adaptspec.simulators.replay import finite_rewards
@@ -103,11 +103,12 @@ def latency(n: int = 1500) -> dict:
     from adaptspec import AdaptiveController
     from adaptspec.fleet import SharedState
     from adaptspec.fleet.redis_backend import RedisBackend
+    from adaptspec.reward.functions import trace_rewards
     from adaptspec.traces import load_traces
 
     t = load_traces(ROOT / "adaptspec/data/traces/benchmarks")
     F = t.features.astype(np.float32)
-    R = t.reward_matrix("token_latency")
+    R = trace_rewards(t, "token_latency")
     arms = list(t.arms)
     out = {}
     tmp = Path(tempfile.mkdtemp())

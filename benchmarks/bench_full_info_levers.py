@@ -48,7 +48,7 @@ from adaptspec.evaluation.core import (
 from adaptspec.policies.neural_linear import NeuralLinear
 from adaptspec.policies.offline_head import OfflineHead
 from adaptspec.policies.spec import make_policy
-from adaptspec.reward.functions import pct_of
+from adaptspec.reward.functions import pct_of, trace_rewards
 from adaptspec.simulators.counterfactuals import trace_feedback
 from adaptspec.traces import load_traces
 
@@ -151,7 +151,7 @@ def hindsight_linear(X: np.ndarray, R: np.ndarray, lam: float = 1.0) -> np.ndarr
 
 def trace_set_part(st: Settings) -> dict[str, Any]:
     traces = load_traces(None)
-    R = traces.reward_matrix("token_latency")
+    R = trace_rewards(traces, "token_latency")
     fb = trace_feedback(traces, R, "token_latency")
     arms = traces.arms
     per: dict[str, dict[str, list[float]]] = {}
@@ -244,7 +244,7 @@ def cold_part(orders: int) -> dict[str, Any]:
     ds = DenseTraceSet.open(traces.meta["dense"])
     arms = tuple(a for a in ARMS if a <= ds.max_block_size)
     ts = to_traceset(ds, arms, get_profile(CPU_PROFILE))
-    R = ts.reward_matrix("token_latency")
+    R = trace_rewards(ts, "token_latency")
     fb = trace_feedback(ts, R, "token_latency")
     n = ts.n_requests
     per: dict[str, dict[str, list[float]]] = {}

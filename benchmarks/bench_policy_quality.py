@@ -48,7 +48,7 @@ from adaptspec.policies import (
     train_head,
 )
 from adaptspec.policies.river_adapter import river_policy
-from adaptspec.reward.functions import modelled_throughput, trace_context
+from adaptspec.reward.functions import modelled_throughput, trace_context, trace_rewards
 from adaptspec.simulators.replay import run_policy
 from adaptspec.simulators.synthetic import generate
 
@@ -62,7 +62,7 @@ def expected_and_realised(ts, prof, batch: int) -> tuple[np.ndarray, np.ndarray]
     E_tau = ts._scatter(ts.outcomes.column("expected_tau").to_numpy())
     ctx = trace_context(ts, prof)
     E = modelled_throughput(E_tau, ts.arm_array[None, :], prof, ctx, batch)
-    R = ts.reward_matrix("modelled", prof, batch)
+    R = trace_rewards(ts, "modelled", prof, batch)
     return E, R
 
 
@@ -124,7 +124,7 @@ def stationary(scenario: str, n_train: int, batch: int, seeds: list[int]) -> dic
     curves: dict[str, list[np.ndarray]] = {}
     for seed in seeds:
         A, B, prof = make_split(scenario, n_train, seed)
-        head = train_head(A.features, A.reward_matrix("modelled", prof, 1), A.arms, seed=seed)
+        head = train_head(A.features, trace_rewards(A, "modelled", prof, 1), A.arms, seed=seed)
         E, R = expected_and_realised(B, prof, batch)
         idx = np.random.default_rng([seed, 9]).permutation(B.n_requests)
         X = B.features.astype(np.float64)
@@ -178,7 +178,7 @@ def drift_streams(seed: int):
     perm = rng.permutation(ts.n_requests)
     train, pool = np.sort(perm[:n_train]), perm[n_train:]
     A = ts.subset(train)
-    head = train_head(A.features, A.reward_matrix("modelled", prof, 1), A.arms, seed=seed)
+    head = train_head(A.features, trace_rewards(A, "modelled", prof, 1), A.arms, seed=seed)
     E1, R1 = expected_and_realised(ts, prof, 1)
     E8, R8 = expected_and_realised(ts, prof, 8)
     dom = ts.domains.astype(str)

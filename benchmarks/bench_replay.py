@@ -18,6 +18,7 @@ import numpy as np
 
 from adaptspec.policies import make_policy
 from adaptspec.policies.spec import REGISTRY
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.replay import replay, stream_order
 from adaptspec.simulators.synthetic import generate
 
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs per figure")
     args = ap.parse_args()
     ts = generate("cpu-small", n_requests=300, seed=0, per_round=False, progress=False)  # 32 features
-    R = ts.reward_matrix("throughput")
+    R = trace_rewards(ts, "throughput")
     print(
         f"{platform.processor() or platform.machine()}, numpy {np.__version__}; synthetic cpu-small trace set "
         f"({len(ts)} requests, {len(ts.arms)} arms); reward: measured throughput"

@@ -150,6 +150,7 @@ def main() -> int:
 
     from adaptspec.decoding.target import TargetModel
     from adaptspec.policies.offline_head import train_head
+    from adaptspec.reward.functions import trace_rewards
     from adaptspec.traces import load_traces
     from adaptspec.vllm.features import prompt_features
     from adaptspec.vllm.pool import with_load
@@ -172,7 +173,7 @@ def main() -> int:
         [v for _, v in sorted(hidden_features(ids, target).items(), key=lambda kv: prompts.index(kv[0]))]
     )
     Xp, L = pooled.features[:, :6].astype(np.float64), pooled.features[:, 6:].astype(np.float64)
-    R = pooled.reward_matrix("token_latency")
+    R = trace_rewards(pooled, "token_latency")
     tokens = np.clip(pooled.new_tokens_matrix() - 1, 0, None)
     secs = pooled.decode_s_matrix()
     conc = pooled.column("concurrency")

@@ -65,6 +65,7 @@ def main() -> int:
     t0 = time.time()
 
     from adaptspec.control.policy_build import cold_policy_spec
+    from adaptspec.reward.functions import trace_rewards
     from adaptspec.traces import load_traces
     from adaptspec.vllm.pool import with_load
 
@@ -74,7 +75,7 @@ def main() -> int:
     base = np.array([rid.rsplit("@c", 1)[0] for rid in pooled.request_ids])
     prompts = sorted(set(base))
     P = np.array([prompts.index(b) for b in base])
-    R = pooled.reward_matrix("token_latency")
+    R = trace_rewards(pooled, "token_latency")
     tokens, secs = np.clip(pooled.new_tokens_matrix() - 1, 0, None), pooled.decode_s_matrix()
     conc = pooled.column("concurrency")
     names = [

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from adaptspec.analysis import evaluate_log
-from adaptspec.models import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
+from adaptspec.paths import BUNDLED_HEAD  # the head trained on the default (benchmark) trace set
 from adaptspec.policies.featurizer import Featurizer
 from adaptspec.simulators import replay_log
 from adaptspec.simulators.replay import replay

@@ -33,9 +33,11 @@ from __future__ import annotations
 import argparse
 
 from adaptspec.evaluation.core import split_requests
-from adaptspec.models import BUNDLED_HEAD, TEMPLATES_HEAD  # heads trained on the default / the template set
+from adaptspec.models import TEMPLATES_HEAD  # the head trained on the template set
+from adaptspec.paths import BUNDLED_HEAD  # the head trained on the default set
 from adaptspec.policies import NeuralLinear, OfflineHead, train_head
 from adaptspec.policies.featurizer import Featurizer
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.replay import replay
 from adaptspec.traces import TEMPLATE_TRACES, load_traces
 
@@ -80,7 +82,7 @@ def main() -> None:
         train, evaluation = traces.subset(train_idx), traces.subset(eval_idx)
         featurizer = Featurizer.fit_traces(train, dim=32, keep=[-1])  # 32 PCA components + log prompt length
         train, evaluation = featurizer.transform_traces(train), featurizer.transform_traces(evaluation)
-        head = train_head(train.features, train.reward_matrix(reward), train.arms, seed=0)
+        head = train_head(train.features, trace_rewards(train, reward), train.arms, seed=0)
         # Policy objects are copied for every seed, so each run starts from the same head.
         policies = ["ucb", OfflineHead(head), NeuralLinear(head)]  # or Policy objects
         print(f"head trained on {len(train_idx)} requests, policies replayed on the other {len(eval_idx)}")

@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from adaptspec.errors import AdaptspecError
-from adaptspec.models.bundled import BUNDLED_HEAD, TEMPLATES_HEAD
+from adaptspec.models.bundled import TEMPLATES_HEAD
 from adaptspec.models.prompts import HELDOUT_PATH, benchmark_prompts, demo_prompts
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.traces import DEFAULT_TRACES, TEMPLATE_TRACES, TraceSet, load_traces, path_label
 
 DATA = Path(__file__).resolve().parents[1] / "adaptspec" / "data" / "traces"

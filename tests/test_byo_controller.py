@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.policy_build import DEFAULT_ARMS, default_policy_spec
-from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.speculator import Outcome, Prefill, Round
 
 VOCAB = 50

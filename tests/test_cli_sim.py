@@ -223,7 +223,8 @@ def test_subprocess_json_and_error():
 def test_each_bundled_trace_set_is_replayed_with_the_head_trained_on_it(capsys):
     # neural-linear without head= and the automatic featurizer: BUNDLED_HEAD on the default (benchmark)
     # set, TEMPLATES_HEAD on the template set (the head config's fingerprints, read as JSON)
-    from adaptspec.models.bundled import BUNDLED_HEAD, TEMPLATES_HEAD
+    from adaptspec.models.bundled import TEMPLATES_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
     from adaptspec.policies.featurizer import featurizer_for
     from adaptspec.traces import TEMPLATE_TRACES
 

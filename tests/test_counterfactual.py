@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from adaptspec.costs.latency import CostCurve, LatencyProfile, get_profile
 from adaptspec.errors import AdaptspecError
 from adaptspec.reward.counterfactual import counterfactuals, from_outcome
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.speculator import Outcome, Round
 from adaptspec.traces.dense import DenseRequest, replay_rounds
 
@@ -160,7 +161,7 @@ def test_trace_feedback_pays_the_arm_that_ran_its_own_reward() -> None:
         verify_ms=verify,
         meta={"latency_profile": "cpu-smollm2-fast", "max_new_tokens": 31},
     )
-    R = ts.reward_matrix("token_latency")
+    R = trace_rewards(ts, "token_latency")
     fb = trace_feedback(ts, R, "token_latency")
     assert np.allclose(np.diagonal(fb.rewards[0]), R[0])
     # every draft of B = 8 past the second is rejected: nothing is censored, and the prefix is exact here

@@ -11,6 +11,7 @@ from _controller_helpers import FakeSpeculator
 from _threads import torch_threads
 from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.policies.featurizer import Featurizer
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.traces import TraceSet
 
 
@@ -149,7 +150,7 @@ def test_replay_and_the_controller_see_identical_contexts(tmp_path):
 
     with torch_threads(1):
         head = train_head(
-            tf.features, tf.reward_matrix("throughput"), arms, hidden=(8,), max_epochs=30, seed=0
+            tf.features, trace_rewards(tf, "throughput"), arms, hidden=(8,), max_epochs=30, seed=0
         )
     head.save(tmp_path / "head")
     f.save(tmp_path / "head")  # saved with the head: the controller picks it up

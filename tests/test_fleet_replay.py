@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from adaptspec.fleet.replay import fleet_replay, learning_curve, speedup
-from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.policies.featurizer import Featurizer
 from adaptspec.policies.spec import make_policy
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.replay import finite_rewards
 from adaptspec.traces import load_traces
 
@@ -72,7 +73,7 @@ def test_a_full_information_fleet_learns_every_arm_its_requests_show():
     from adaptspec.simulators.counterfactuals import trace_feedback
 
     t = load_traces("adaptspec/data/traces/benchmarks")
-    R = t.reward_matrix("token_latency")
+    R = trace_rewards(t, "token_latency")
     fb = trace_feedback(t, R, "token_latency")
     make = lambda i: make_policy("fi-ucb", t.arms, seed=0)  # noqa: E731
     got = fleet_replay(make, R, None, replicas=1, steps_per_replica=200, seed=3, feedback=fb)[0]

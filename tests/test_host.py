@@ -15,7 +15,7 @@ from adaptspec.host.choice import choose
 from adaptspec.host.costs import HostCosts, host_costs, read_record, write_record
 from adaptspec.host.identity import host_key, key_digest
 from adaptspec.host.pricing import best_block_size, cheaper_dtype, cost_ratios, expected_speeds, reprice_head
-from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.policies.offline_head import HeadModel
 
 ARMS = (1, 2, 3, 4, 6, 8)

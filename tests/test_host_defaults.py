@@ -18,7 +18,8 @@ from adaptspec.costs.latency import fit_round_totals
 from adaptspec.host import for_models, for_speculator, models_key
 from adaptspec.host.costs import HostCosts, write_record
 from adaptspec.host.identity import host_key
-from adaptspec.models.bundled import BUNDLED_HEAD, loaded_from
+from adaptspec.models.bundled import loaded_from
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.traces import DEFAULT_TRACES, load_traces
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -118,7 +118,7 @@ def test_the_bundled_head_names_its_profile_and_the_default_controller_uses_it()
 
 
 def test_a_policy_object_is_calibrated_by_its_own_heads_profile():
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
     from adaptspec.policies import NeuralLinear, SquareCB, make_policy
 
     for policy in (NeuralLinear(BUNDLED_HEAD), SquareCB(head=BUNDLED_HEAD), make_policy("ucb", [1, 2, 4])):

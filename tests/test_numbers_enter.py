@@ -21,8 +21,8 @@ from adaptspec import AdaptiveController, AdaptspecError
 from adaptspec.control.context_width import settle_width
 from adaptspec.control.protocol import engine_shape
 from adaptspec.policies import make_policy
-from adaptspec.reward.functions import REWARD_LIMIT, check_reward
-from adaptspec.speculator import Outcome, Round
+from adaptspec.reward.functions import check_reward
+from adaptspec.speculator import REWARD_LIMIT, Outcome, Round
 from adaptspec.traces import DecisionLog
 from adaptspec.traces.log_writer import DecisionLogWriter, log_rows
 

@@ -20,6 +20,7 @@ from adaptspec.analysis.ope import (
 )
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import Fixed, Oracle, RandomPolicy
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.replay import replay_log
 from adaptspec.simulators.synthetic import generate
 from adaptspec.traces import DecisionLog
@@ -131,7 +132,7 @@ def test_evaluate_log_recovers_replay_values(tmp_path):
     log = DecisionLog(tmp_path / "log")
     log.append(replay_log(ts, "random", reward="throughput", seed=0, n_steps=6000, order="shuffled"))
     log = DecisionLog.read(tmp_path / "log")
-    R = ts.reward_matrix("throughput")
+    R = trace_rewards(ts, "throughput")
     pos = {rid: i for i, rid in enumerate(ts.request_ids)}
     idx = np.array([pos[rid] for rid in log.table.column("request_id").to_pylist()])
     for b in (2, 8):

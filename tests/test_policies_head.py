@@ -263,7 +263,7 @@ def test_train_head_command_and_specs(tiny_traces, tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
     assert main(["train-head", str(tiny_traces), "--out", str(tmp_path / "h2"), "--hidden", "0"]) == 2
     # without head=, neural-linear stands on the bundled head (trained on the bundled traces)
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
 
     bundled = make_policy("neural-linear", list(HeadModel.load(BUNDLED_HEAD).arms))
     assert (

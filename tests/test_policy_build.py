@@ -8,7 +8,7 @@ import pytest
 
 from adaptspec import AdaptspecError
 from adaptspec.control.policy_build import make_learner, spec_head
-from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.policies.offline_head import HeadModel
 
 

@@ -10,6 +10,7 @@ import pytest
 from adaptspec.errors import AdaptspecError
 from adaptspec.policies import Fixed, RandomPolicy
 from adaptspec.policies.base import Policy
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.replay import METRICS, replay, replay_log, run_policy, stream_order
 from adaptspec.simulators.synthetic import generate
 from adaptspec.traces import DecisionLog, TraceSet
@@ -102,7 +103,7 @@ def test_one_seed_has_no_interval_and_table_renders():
 
 def test_vectorised_and_looped_paths_agree():
     ts = generate("cpu-small", n_requests=50, seed=2, per_round=False)
-    Rm = ts.reward_matrix("throughput")
+    Rm = trace_rewards(ts, "throughput")
     idx = stream_order(ts, "shuffled", 3, 500)
     a = run_policy(RandomPolicy(ts.arms, seed=7), Rm, idx)
     b = run_policy(LoopRandom(ts.arms, seed=7), Rm, idx)

@@ -14,6 +14,7 @@ import pytest
 
 from adaptspec.cli import main
 from adaptspec.control import AdaptiveController
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.counterfactuals import MEASURED
 from adaptspec.simulators.replay import replay, replay_log
 from adaptspec.speculator import Outcome, Prefill, Round
@@ -210,7 +211,7 @@ def test_the_evaluation_feeds_full_feedback_contenders_and_says_so() -> None:
     from adaptspec.evaluation.core import contender_feedback, run_contenders, spec_contender
 
     ts = bench_subset(16)
-    R = ts.reward_matrix("token_latency")
+    R = trace_rewards(ts, "token_latency")
     full, bandit = (
         spec_contender("fi-ucb", "fi-ucb", "context-free"),
         spec_contender("ucb", "ucb", "context-free"),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from adaptspec.cli import main
-from adaptspec.models.bundled import BUNDLED_HEAD
+from adaptspec.paths import BUNDLED_HEAD
 from adaptspec.policies.neural_linear import NeuralLinear
 from adaptspec.policies.offline_head import HeadModel, OfflineHead
 from adaptspec.simulators.in_sample import in_sample_warnings

@@ -217,7 +217,7 @@ finally:
 
 # ============================================================================ item 4: a controller's failure is a 503
 def test_a_head_of_another_feature_width_is_refused_at_start_in_one_line(tmp_path):
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
 
     r = subprocess.run(
         [

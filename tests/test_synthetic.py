@@ -7,6 +7,7 @@ import pytest
 
 from adaptspec.costs.latency import get_profile
 from adaptspec.errors import AdaptspecError
+from adaptspec.reward.functions import trace_rewards
 from adaptspec.simulators.synthetic import SCENARIOS, expected_tau, generate
 from adaptspec.traces import TraceSet
 
@@ -58,7 +59,7 @@ def test_cpu_small_is_calibrated_to_this_machine(cpu):
     assert 2.9 < tau["math"][j16] < 3.8 and 1.6 < tau["code"][j16] < 2.1
     for d in ("prose", "lists", "chat"):
         assert 1.15 < tau[d][j16] < 1.45
-    thr = per_domain(cpu, cpu.reward_matrix("throughput"))
+    thr = per_domain(cpu, trace_rewards(cpu, "throughput"))
     best = {d: cpu.arms[int(np.argmax(v))] for d, v in thr.items()}
     assert best["chat"] <= 2 and best["prose"] <= 4 and best["math"] >= 6
     assert len(set(best.values())) >= 3  # different block sizes win in different domains
@@ -70,7 +71,7 @@ def test_dflash_gpu_is_calibrated_to_published_figures(gpu):
     assert 7.0 < tau["math"][j16] < 8.5 and 3.8 < tau["chat"][j16] < 4.8
     assert 6.0 < tau["gsm8k"][j16] < 7.0
     assert tau["gsm8k"][gpu.arms.index(32)] < 0.75 * tau["gsm8k"][j16]  # drafter trained at 16
-    thr = per_domain(gpu, gpu.reward_matrix("modelled", "h100-qwen3-8b"))
+    thr = per_domain(gpu, trace_rewards(gpu, "modelled", "h100-qwen3-8b"))
     assert gpu.arms[int(np.argmax(thr["chat"]))] < gpu.arms[int(np.argmax(thr["math"]))]
 
 
@@ -81,7 +82,7 @@ def test_features_carry_domain_and_request_skill(cpu):
     fit = A @ np.linalg.lstsq(A, skill, rcond=None)[0]
     assert np.corrcoef(fit, skill)[0, 1] > 0.8
     # within a domain the best block size moves with the skill: per-domain policies leave gains
-    R = cpu.reward_matrix("throughput")
+    R = trace_rewards(cpu, "throughput")
     math = cpu.domains == "math"
     best = np.asarray(cpu.arms)[np.argmax(R[math], axis=1)]
     assert np.corrcoef(best, skill[math])[0, 1] > 0.3

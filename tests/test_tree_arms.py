@@ -293,7 +293,7 @@ def curve(ratio4: float, per_token_after: float) -> LatencyProfile:
 
 
 def test_the_default_never_plays_a_tree_where_a_wide_verify_is_not_cheap():
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
 
     steep = Host(curve(2.55, 5.0), BUNDLED_HEAD)  # the AVX2 host of issue 47
     choice, fallback = default_on_host(16, 1153, None, lambda: steep, trees=True)
@@ -305,7 +305,7 @@ def test_the_default_never_plays_a_tree_where_a_wide_verify_is_not_cheap():
 
 
 def test_the_default_adds_trees_only_where_they_beat_the_best_chain_on_the_hosts_curve():
-    from adaptspec.models.bundled import BUNDLED_HEAD
+    from adaptspec.paths import BUNDLED_HEAD
 
     flat = Host(curve(1.02, 0.2), BUNDLED_HEAD)  # a GPU-like curve: a wide verify nearly free
     choice, fallback = default_on_host(16, 1153, None, lambda: flat, trees=True)

@@ -253,7 +253,8 @@ def _policies(args: argparse.Namespace, traces) -> tuple[list, Any]:
     """``(policies, traces)``: ``--policy`` or the defaults that fit the trace set, head-based
     ones paired with the head trained on it; the traces' features mapped by the featurizer
     the policies share, if any."""
-    from ..models.bundled import BUNDLED_HEAD, paired_head
+    from ..models.bundled import paired_head
+    from ..paths import BUNDLED_HEAD
     from ..policies.featurizer import featurizer_for
     from ..policies.spec import REGISTRY
 

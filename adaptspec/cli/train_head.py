@@ -24,7 +24,7 @@ import numpy as np
 
 from ..costs.machine_speed import MEASURED_REWARDS
 from ..errors import AdaptspecError
-from ..reward.functions import REWARDS, trace_reward_name
+from ..reward.functions import REWARDS, trace_reward_name, trace_rewards
 from ._types import float_range, int_range, seed
 
 
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             "features (collect traces with features, or use a synthetic set)"
         )
     reward = args.reward or trace_reward_name(traces.has_timings, args.latency)
-    R = traces.reward_matrix(reward, args.latency, args.batch_size)
+    R = trace_rewards(traces, reward, args.latency, args.batch_size)
     X, featurizer = _reduced(traces, X, args.pca)
     ok = np.isfinite(R).all(axis=1)
     if not ok.all():

@@ -78,7 +78,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..errors import AdaptspecError
-from ..models.bundled import (
+from ..paths import (
     BUNDLED_HEAD,
 )  # the head trained on the bundled default (benchmark) traces, with its featurizer
 from ..policies.featurizer import Featurizer
@@ -636,7 +636,7 @@ class AdaptiveController:
         is ``"late"``, ``"duplicate"`` or ``"unknown"``.
 
         A reward must be a real number (not a string, not a boolean), finite and of plausible size
-        (:data:`~adaptspec.reward.functions.REWARD_LIMIT`); an outcome the decision cannot have
+        (:data:`~adaptspec.speculator.REWARD_LIMIT`); an outcome the decision cannot have
         produced (:func:`~adaptspec.control.block_sizes.check_outcome`) raises, and the decision is
         logged without a reward (``decode_error``), no longer pending.
         """

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import AdaptspecError
-from ..models.bundled import (
-    BUNDLED_HEAD,
-)  # the head trained on the bundled default (benchmark) traces, with its featurizer
+from ..paths import (
+    BUNDLED_HEAD,  # the head trained on the bundled default (benchmark) traces, with its featurizer
+)
 from ..policies.featurizer import Featurizer
 from .context import LOAD_FEATURES
 

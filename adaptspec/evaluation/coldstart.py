@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..reward.functions import trace_rewards
 from .core import (
     Contender,
     ProgressBar,
@@ -72,7 +73,7 @@ def section_coldstart(
     base = {"traces": provenance(traces), "reward": reward, "latency": latency}
     if traces.features is None:
         return {**base, "status": "no-features"}, None
-    R = traces.reward_matrix(reward, latency)
+    R = trace_rewards(traces, reward, latency)
     arms = traces.arms
     tr, ev = split_requests(traces.domains, st.train_fraction, seed)
     ctx = make_contexts(traces, tr)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..reward.functions import pct_of
+from ..reward.functions import pct_of, trace_rewards
 from .core import (
     Contender,
     ProgressBar,
@@ -91,7 +91,7 @@ def drift_stream(
 ) -> tuple[dict, dict]:
     """One source: train heads on a split with the full mix, then stream phase A then phase B."""
     reward, latency = default_reward(traces)
-    R = traces.reward_matrix(reward, latency)
+    R = trace_rewards(traces, reward, latency)
     arms = traces.arms
     scorer = Scorer(R, traces.tau_matrix())
     tr, pool = split_requests(traces.domains, train_fraction, seed)

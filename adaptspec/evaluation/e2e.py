@@ -20,7 +20,7 @@ import numpy as np
 
 from ..costs.machine_speed import MEASURED_REWARDS
 from ..errors import AdaptspecError
-from ..reward.functions import DEFAULT_REWARD
+from ..reward.functions import DEFAULT_REWARD, trace_rewards
 from .core import ProgressBar, Settings, make_contexts, provenance, split_requests
 from .replay_sections import default_reward
 
@@ -258,7 +258,7 @@ def e2e_policy(traces: Any, feature_dim: int, train_fraction: float) -> tuple[An
     X = traces.features
     if X is not None and X.shape[1] == feature_dim and not prov["synthetic"]:
         reward, latency = default_reward(traces)
-        R = traces.reward_matrix(reward, latency)
+        R = trace_rewards(traces, reward, latency)
         tr, _ = split_requests(traces.domains, train_fraction, 0)
         ctx = make_contexts(traces, tr)
         head = train_head(ctx.X[tr], R[tr], traces.arms, seed=0)
@@ -314,7 +314,7 @@ def section_e2e(
     arms = [a for a in traces.arms if a <= spec.max_block_size]
     if fixed_block is None:
         tr, _ = split_requests(traces.domains, st.train_fraction, 0)
-        R = traces.reward_matrix(reward, latency)[:, [traces.arms.index(a) for a in arms]]
+        R = trace_rewards(traces, reward, latency)[:, [traces.arms.index(a) for a in arms]]
         fixed_block = int(arms[int(np.argmax(R[tr].mean(axis=0)))])
         fixed_how = "the best fixed block size on the trace set's training split"
     else:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._util.markdown import ci, num, table
-from ..reward.functions import pct_of
+from ..reward.functions import pct_of, trace_rewards
 from .core import (
     ProgressBar,
     Scorer,
@@ -80,7 +80,7 @@ def section_full_info(traces: Any, st: Settings) -> dict[str, Any]:
         ds = DenseTraceSet.open(where)
         arms = tuple(a for a in ARMS if a <= ds.max_block_size)
         ts = to_traceset(ds, arms, get_profile(CPU_PROFILE))
-        R = ts.reward_matrix("token_latency")
+        R = trace_rewards(ts, "token_latency")
         fb = trace_feedback(ts, R, "token_latency")
         out["dense"] = {
             "status": "ok",
@@ -220,7 +220,7 @@ def _trace_set_part(traces: Any, st: Settings, bar: ProgressBar, trace_feedback:
             "reason": "the trace set has no timings, per-round taus and latency profile "
             "to price counterfactual rounds with",
         }
-    R = traces.reward_matrix(reward)
+    R = trace_rewards(traces, reward)
     fb = trace_feedback(traces, R, reward)
     scorer = Scorer(R, traces.tau_matrix())
     stream, first = Tally(), Tally()

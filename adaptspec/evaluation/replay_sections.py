@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..costs.latency import get_profile
-from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs
+from ..reward.functions import DEFAULT_REWARD, pct_of, trace_costs, trace_rewards
 from ..simulators.replay import finite_rewards
 from .core import (
     Contender,
@@ -256,7 +256,7 @@ def section_replay(traces: Any, st: Settings) -> tuple[dict[str, Any], LineupRes
 def section_hardware(traces: Any, st: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
     """The trace set's acceptance re-timed with the GPU latency profile at each batch size."""
     reward, latency = default_reward(traces)
-    base = arm_profile(traces.reward_matrix(reward, latency), traces.arms)
+    base = arm_profile(trace_rewards(traces, reward, latency), traces.arms)
     out: dict[str, Any] = {
         "profile": st.gpu_profile,
         "reference": {"reward": reward, "latency": latency, **base},
@@ -322,7 +322,7 @@ def section_blockpilot(
     bar = ProgressBar("3 blockpilot", st.progress)
     try:
         for reward, latency in (("tau", None), ("modelled", st.gpu_profile)):
-            R = ts.reward_matrix(reward, latency)
+            R = trace_rewards(ts, reward, latency)
             fb = contender_feedback(contenders, ts, R, reward, latency)
             scorer = Scorer(R, ts.tau_matrix(), trace_costs(ts, latency) if latency else None)
             tally = Tally()

@@ -119,7 +119,7 @@ def choose(
     the row counts the engine will run (a server's loads, :func:`server_rows`; one request: 1),
     at every one of which the dtype chosen decodes as nearly as fast as the faster one
     (:func:`~adaptspec.host.pricing.cheaper_dtype`)."""
-    from ..models.bundled import BUNDLED_HEAD
+    from ..paths import BUNDLED_HEAD
     from ..policies.offline_head import HeadModel
 
     source = Path(head) if head is not None else BUNDLED_HEAD

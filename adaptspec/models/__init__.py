@@ -6,11 +6,10 @@ a command reading a prompt file checks it before any model) does not import torc
 
 from typing import Any
 
-from .bundled import BUNDLED_DRAFTER, BUNDLED_HEAD, TEMPLATES_HEAD, load_speculator
+from .bundled import BUNDLED_DRAFTER, TEMPLATES_HEAD, load_speculator
 
 __all__ = [
     "BUNDLED_DRAFTER",
-    "BUNDLED_HEAD",
     "TEMPLATES_HEAD",
     "BUNDLED_TARGET",
     "load_speculator",

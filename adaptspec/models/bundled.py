@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdaptspecError
+from ..paths import BUNDLED_HEAD
 
 #: the dtype name of a float32 target whose one- and two-row products run on a bfloat16 copy of its
 #: weights (:mod:`adaptspec.decoding.prepacked`, "Small products on a second copy"); its drafter runs in float32
 MIXED = "mixed"
 
 BUNDLED_DRAFTER = Path(__file__).resolve().parent / "weights" / "smollm2-135m-drafter"
-#: The offline head (and its featurizer) trained on the bundled default trace set, the public
-#: benchmark prompts' (:data:`adaptspec.traces.DEFAULT_TRACES`, ``adaptspec/data/traces/benchmarks``).
-BUNDLED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-head"
 #: The head trained on the template prompts' trace set (:data:`adaptspec.traces.TEMPLATE_TRACES`,
 #: ``adaptspec/data/traces/templates``, the drafter's training distribution), with its
 #: featurizer: the pair for in-distribution replay.
@@ -30,7 +28,7 @@ TEMPLATES_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-135m-hea
 
 def paired_head(traces: str | os.PathLike | None) -> Path:
     """The shipped head that goes with trace set directory ``traces``: :data:`TEMPLATES_HEAD`
-    for the bundled template set, else :data:`BUNDLED_HEAD` (trained on the bundled default).
+    for the bundled template set, else :data:`~adaptspec.paths.BUNDLED_HEAD` (trained on the bundled default).
 
     >>> from adaptspec.traces import DEFAULT_TRACES, TEMPLATE_TRACES
     >>> paired_head(DEFAULT_TRACES).name, paired_head(TEMPLATE_TRACES).name, paired_head(None).name

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import AdaptspecError
-from ..reward.functions import REWARD_LIMIT, check_reward
-from ..speculator import Decision
+from ..reward.functions import check_reward
+from ..speculator import REWARD_LIMIT, Decision
 
 _F64 = np.dtype(np.float64)
 
@@ -315,7 +315,7 @@ class Policy(abc.ABC):
     def state_fault(self) -> str | None:
         """Where the learnt state holds a number that is not finite (NaN, or an infinity outside
         :attr:`infinite_ok`), in words; None when every number is finite. Checkpoints are written
-        and loaded only without one: bounded rewards and contexts (:data:`~adaptspec.reward.functions.REWARD_LIMIT`,
+        and loaded only without one: bounded rewards and contexts (:data:`~adaptspec.speculator.REWARD_LIMIT`,
         :data:`CONTEXT_LIMIT`) keep a learner's sums finite, and a state that is not came from elsewhere."""
         for key, value in self._state().items():
             fault = _non_finite(value, str(key), self.infinite_ok.get(key))

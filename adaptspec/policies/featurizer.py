@@ -347,7 +347,7 @@ def featurizer_for(
         return None
     if choice != "auto":
         return Featurizer.load(choice)
-    from ..models.bundled import BUNDLED_HEAD
+    from ..paths import BUNDLED_HEAD
     from .spec import parse_spec
 
     home = Path(default_head) if default_head is not None else BUNDLED_HEAD

@@ -532,7 +532,7 @@ def neural_linear_policy(
 ) -> NeuralLinear:
     """Factory of the ``neural-linear[:head=PATH,exploration=ucb,...]`` spec (default head: the bundled one)."""
     if head is None:
-        from ..models.bundled import BUNDLED_HEAD
+        from ..paths import BUNDLED_HEAD
 
         if not (BUNDLED_HEAD / "config.json").is_file():
             raise AdaptspecError(

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..costs.latency import LatencyProfile, get_profile
 from ..errors import AdaptspecError
-from ..speculator import Outcome, tree_arm
+from ..speculator import REWARD_LIMIT, Outcome, tree_arm
 
 #: The reward names accepted everywhere (``--reward``).
 REWARDS = ("throughput", "token_latency", "modelled", "tau")
@@ -63,18 +63,10 @@ REWARD_NAMES = {
     "tau": "tau",
 }
 
-#: The largest size of a reward anything learns from, read from a log or given by a caller:
-#: ``|reward| <= REWARD_LIMIT``. A reward is tokens per second (one request decodes at most some
-#: thousands, on any machine), minus milliseconds per token (a billion is 11.6 days a token) or
-#: tokens per round (at most the block size), so a billion is past every honest reward by orders
-#: of magnitude, and what is beyond it is a corrupted value or a unit error. It keeps a learner's
-#: sums finite: a squared reward is at most 1e18, and float64 holds 1.8e308.
-REWARD_LIMIT = 1e9
-
 
 def check_reward(value: Any, what: str = "reward") -> float:
     """``value`` as a reward: a real number (not a string or a boolean), finite, of plausible size
-    (:data:`REWARD_LIMIT`); anything else is one :class:`~adaptspec.errors.AdaptspecError` line.
+    (:data:`~adaptspec.speculator.REWARD_LIMIT`); anything else is one :class:`~adaptspec.errors.AdaptspecError` line.
 
     >>> check_reward(-12.5), check_reward(np.float32(3))
     (-12.5, 3.0)
@@ -104,7 +96,7 @@ def check_reward(value: Any, what: str = "reward") -> float:
 
 
 def plausible_rewards(values: Any) -> bool:
-    """Whether every value of ``values`` (an array) is finite and of plausible size (:data:`REWARD_LIMIT`).
+    """Whether every value of ``values`` (an array) is finite and of plausible size (:data:`~adaptspec.speculator.REWARD_LIMIT`).
 
     >>> plausible_rewards(np.array([1.0, -3.0])), plausible_rewards(np.array([1.0, 1e300])), plausible_rewards(np.array([np.nan]))
     (True, False, False)

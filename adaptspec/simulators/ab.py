@@ -28,6 +28,7 @@ from .._util.markdown import sig, table
 from .._util.numbers import rounded
 from ..analysis.statistics import sequential_test, welch_p
 from ..errors import AdaptspecError
+from ..reward.functions import trace_rewards
 
 __all__ = ["ABSimulation", "simulate_ab"]
 
@@ -173,7 +174,7 @@ def simulate_ab(
     if not 0 < split < 1:
         raise AdaptspecError(f"split must be in (0, 1), got {split}")
     prof = None if latency is None else get_profile(latency)
-    R = traces.reward_matrix(reward, prof, batch_size)
+    R = trace_rewards(traces, reward, prof, batch_size)
     X, arms = traces.features, traces.arms
     full = any(feedback_of(make_policy(specs[n], arms), True) == "full" for n in names)
     fb = replay_feedback(traces, R, reward, prof, batch_size) if full else None

@@ -78,7 +78,8 @@ def _warning(label: str, head: HeadModel, key: str, traces: Any) -> str | None:
 
 def _shipped_home(key: str) -> Path | None:
     """The bundled trace set a shipped head (by weights fingerprint) was trained on, or None."""
-    from ..models.bundled import BUNDLED_HEAD, TEMPLATES_HEAD
+    from ..models.bundled import TEMPLATES_HEAD
+    from ..paths import BUNDLED_HEAD
     from ..traces import DEFAULT_TRACES, TEMPLATE_TRACES
 
     for head, home in ((BUNDLED_HEAD, DEFAULT_TRACES), (TEMPLATES_HEAD, TEMPLATE_TRACES)):

@@ -42,7 +42,7 @@ from ..errors import AdaptspecError
 from ..policies.base import Policy
 from ..policies.baselines import Fixed, Oracle
 from ..policies.spec import make_policy
-from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs
+from ..reward.functions import REWARD_UNITS, check_reward_name, pct_of, trace_costs, trace_rewards
 from ..traces import TraceSet
 from .counterfactuals import replay_feedback
 from .in_sample import in_sample_warnings
@@ -426,9 +426,9 @@ def _metrics(
 
 
 def finite_rewards(traces: TraceSet, reward: str, profile: Any = None, batch_size: int = 1) -> np.ndarray:
-    """``traces.reward_matrix(...)`` (n, K), with an error naming the first request and block
+    """``trace_rewards(traces, ...)`` (n, K), with an error naming the first request and block
     size whose reward is not finite (a replay cannot score it)."""
-    R = traces.reward_matrix(reward, profile, batch_size)
+    R = trace_rewards(traces, reward, profile, batch_size)
     if not np.all(np.isfinite(R)):
         bad = np.argwhere(~np.isfinite(R))[0]
         raise AdaptspecError(
@@ -661,7 +661,7 @@ def replay_log(
 
     check_reward_name(reward)
     prof = None if latency is None else get_profile(latency)
-    R = traces.reward_matrix(reward, prof, batch_size)
+    R = trace_rewards(traces, reward, prof, batch_size)
     fb = _feedback(feedback, traces, R, reward, prof, batch_size)
     name, pol = _build(policy, traces.arms, seed)
     if pol.full_information:

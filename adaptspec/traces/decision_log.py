@@ -24,8 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import AdaptspecError
-from ..reward.functions import REWARD_LIMIT
-from ..speculator import drafted_positions
+from ..speculator import REWARD_LIMIT, drafted_positions
 from .parquet import _check_columns, _err, _first, _list_parts, _matrix, _np, _write_parquet, read_parquet
 from .schema import (
     DECISION_COLUMNS,
@@ -389,7 +388,7 @@ def _check_rewards(
     table: pa.Table, where: str, hit: np.ndarray, ap: np.ndarray, la: np.ndarray, bs: np.ndarray
 ) -> None:
     """The rewards of a decision-log table (finite already): of plausible size
-    (:data:`~adaptspec.reward.functions.REWARD_LIMIT`), and the counterfactual columns' own
+    (:data:`~adaptspec.speculator.REWARD_LIMIT`), and the counterfactual columns' own
     invariants (docs/data.md): the four ``cf_`` columns null together, only in rows with a
     reward, and ``cf_rewards`` at the arm that ran is the row's ``reward``. ``hit`` marks the
     chosen arm among the flattened ``arms`` (``ap``: their rows, ``la``: the rows' lengths)."""

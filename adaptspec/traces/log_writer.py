@@ -55,7 +55,7 @@ from .._util.append import LineAppender
 from .._util.atomic import fsync_path
 from .._util.jsonlines import read_jsonl
 from ..errors import AdaptspecError
-from ..speculator import arm_label, drafted_positions
+from ..speculator import REWARD_LIMIT, arm_label, drafted_positions
 from .decision_check import decision_fault
 
 __all__ = ["DecisionLogWriter", "journal_rows", "log_rows"]
@@ -468,9 +468,8 @@ def _encode(row: Mapping[str, Any], check_decision: bool = True) -> tuple[dict[s
 def _reward_fault(row: Mapping[str, Any]) -> str | None:
     """What breaks a row's reward invariants (the reader's, ``decision_log._check_rewards``, for
     one row, so that a row written is a row that reads): a reward beyond
-    :data:`~adaptspec.reward.functions.REWARD_LIMIT`, the ``cf_`` columns not null together,
+    :data:`~adaptspec.speculator.REWARD_LIMIT`, the ``cf_`` columns not null together,
     counterfactuals without a reward, or ``cf_rewards`` at the arm that ran other than ``reward``."""
-    from ..reward.functions import REWARD_LIMIT
     from .schema import DECISION_PER_ARM
 
     reward = row.get("reward")

@@ -456,17 +456,6 @@ class TraceSet:
             self._cache["decode_s"] = None if secs is None else self._scatter(secs)
         return self._cache["decode_s"]
 
-    def reward_matrix(self, reward: str = "tau", latency: Any = None, batch_size: int = 1) -> np.ndarray:
-        """``(n_requests, n_arms)`` rewards: ``tau``, measured ``throughput`` or ``modelled``
-        throughput (see :mod:`adaptspec.reward.functions`)."""
-        from ..reward.functions import trace_rewards
-
-        return trace_rewards(self, reward, latency, batch_size)
-
-    def best_arm(self, reward: str = "tau", latency: Any = None) -> np.ndarray:
-        """Per request, the index of the arm with the highest reward (lowest block size on ties)."""
-        return np.argmax(self.reward_matrix(reward, latency), axis=1)
-
     # ------------------------------------------------------------------ subsets and summaries
     def subset(self, indices: Sequence[int] | np.ndarray) -> "TraceSet":
         """A trace set of the given requests (in that order); for train/test splits.
