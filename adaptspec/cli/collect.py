@@ -14,8 +14,13 @@ from pathlib import Path
 
 from .._util.ray import ADDRESS_HELP, parse_address
 from ..errors import AdaptspecError
-from ._types import block_sizes, device, float_range, input_file, int_range, seed, threads
-from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
+from ._types import block_sizes, float_range, input_file, int_range, seed
+from .user_speculator import (
+    add_model_options,
+    load_speculator_factory,
+    model_flags_given,
+    speculator_from_flags,
+)
 
 #: the block sizes collected by default (those up to the speculator's max_block_size)
 DEFAULT_ARMS = [1, 2, 4, 6, 8, 12, 16]
@@ -37,7 +42,7 @@ def _prompt_source(text: str) -> Path | str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_collection_options(p)
-    _add_model_options(p)
+    add_model_options(p, not_with=", --dense or --ray")
     _add_output_options(p)
     _add_parallel_options(p)
 
@@ -72,38 +77,6 @@ def _add_collection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--limit", type=int_range(1), default=None, help="only N prompts, taking the domains in turn"
     )
-
-
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    """The speculator: a factory, or the target and drafter and how they run."""
-    p.add_argument(
-        "--speculator",
-        type=speculator_path,
-        default=None,
-        metavar="MODULE:FACTORY",
-        help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device, "
-        "--dense or --ray)",
-    )
-    p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
-    p.add_argument(
-        "--drafter",
-        default=None,
-        help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)",
-    )
-    p.add_argument(
-        "--verification",
-        choices=["fast", "exact"],
-        default="fast",
-        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
-    )
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument(
-        "--device",
-        type=device,
-        default="cpu",
-        help="cpu, cuda, cuda:N or mps (checked before the model loads)",
-    )
-    p.add_argument("--threads", type=threads, default=None)
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -286,17 +259,9 @@ def _run_own_models(args: argparse.Namespace, numbered: list) -> int:
     import torch
 
     from ..collect.every_arm import collect_traces
-    from ..models import load_speculator
     from ..models.prompts import check_prompt_ids
 
-    spec = load_speculator(
-        args.target,
-        args.drafter,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        verification=args.verification,
-    )
+    spec = speculator_from_flags(args)
     check_prompt_ids(
         [p for _, p in numbered],
         spec.target.vocab_size,

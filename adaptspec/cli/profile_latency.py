@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..collect.checked import checked_decode, checked_prefill
-from ._types import block_sizes, device, input_file, int_range, threads
-from .user_speculator import SPECULATOR_HELP, load_speculator_factory, model_flags_given, speculator_path
+from ._types import block_sizes, input_file, int_range
+from .user_speculator import (
+    add_model_options,
+    load_speculator_factory,
+    model_flags_given,
+    speculator_from_flags,
+)
 
 #: the block sizes timed by default (those up to the speculator's max_block_size)
 DEFAULT_ARMS = [1, 2, 4, 8, 12, 16, 24, 32]
@@ -33,7 +38,7 @@ DEFAULT_ARMS = [1, 2, 4, 8, 12, 16, 24, 32]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_profile_options(p)
-    _add_model_options(p)
+    add_model_options(p, not_with=" or the --batch-* timings")
     _add_output_options(p)
     _add_batch_options(p)
 
@@ -64,36 +69,6 @@ def _add_profile_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="profile JSON (default: <cache>/latency/NAME.json); replaces only a latency profile",
     )
-
-
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    """The speculator: a factory, or the target and drafter and how they run."""
-    p.add_argument(
-        "--speculator",
-        type=speculator_path,
-        default=None,
-        metavar="MODULE:FACTORY",
-        help=SPECULATOR_HELP + " (not with --target, --drafter, --verification, --dtype, --device or "
-        "the --batch-* timings)",
-    )
-    p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
-    p.add_argument(
-        "--drafter", default=None, help="drafter directory: adaptspec's own or a published DFlash v1 one"
-    )
-    p.add_argument(
-        "--verification",
-        choices=["fast", "exact"],
-        default="fast",
-        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
-    )
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument(
-        "--device",
-        type=device,
-        default="cpu",
-        help="cpu, cuda, cuda:N or mps (checked before the model loads)",
-    )
-    p.add_argument("--threads", type=threads, default=None)
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -286,17 +261,9 @@ def _own_models(args: argparse.Namespace, picked: list) -> _Timed:
     import torch
 
     from ..errors import AdaptspecError
-    from ..models import load_speculator
     from ..models.prompts import IDS_INSTEAD, check_prompt_ids
 
-    spec = load_speculator(
-        args.target,
-        args.drafter,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        verification=args.verification,
-    )
+    spec = speculator_from_flags(args)
     text = [p for p in picked if p.prompt_ids is None]
     if spec.target.tokenizer is None and text and not args.batch_only:
         what = text[0].where if isinstance(args.prompts, Path) else "its held-out text prompts"

@@ -159,3 +159,52 @@ def model_flags_given(args: argparse.Namespace, defaults: dict[str, Any]) -> Non
 
 def _line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def add_model_options(p: argparse.ArgumentParser, not_with: str) -> None:
+    """The speculator a command runs: ``--speculator``, or the target and drafter and how they run
+    (:func:`speculator_from_flags`); ``not_with``: the other flags ``--speculator`` excludes, as its
+    help lists them."""
+    from ._types import device, threads
+
+    p.add_argument(
+        "--speculator",
+        type=speculator_path,
+        default=None,
+        metavar="MODULE:FACTORY",
+        help=f"{SPECULATOR_HELP} (not with --target, --drafter, --verification, --dtype, --device{not_with})",
+    )
+    p.add_argument("--target", default=None, help="target model directory (default: bundled SmolLM2)")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter directory: adaptspec's own or a published DFlash v1 one (default: the bundled drafter)",
+    )
+    p.add_argument(
+        "--verification",
+        choices=["fast", "exact"],
+        default="fast",
+        help="fast: the model's own kernels, plain speed at B=1 (default); exact: bit-identical to one-token greedy, slower",
+    )
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="cpu, cuda, cuda:N or mps (checked before the model loads)",
+    )
+    p.add_argument("--threads", type=threads, default=None)
+
+
+def speculator_from_flags(args: argparse.Namespace) -> Any:
+    """The speculator :func:`add_model_options`' target and drafter flags describe, loaded."""
+    from ..models import load_speculator
+
+    return load_speculator(
+        args.target,
+        args.drafter,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        verification=args.verification,
+    )
